@@ -1,0 +1,1 @@
+"""One module per command: a frozen Spec -> run(spec, progress) -> Result."""

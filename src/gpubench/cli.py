@@ -1,0 +1,101 @@
+"""The ``gpubench`` command line: a click group whose commands are imported only when they run.
+
+Each command lives in ``gpubench.commands.<name>`` and defines ``command``. ``gpubench --help``
+lists them from the table below without importing them (nor cupy, nor dask).
+
+Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (bad option, no GPU);
+3 a machine or library fault; 130 / 143 interrupted by SIGINT / SIGTERM (what was measured is kept).
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+import click
+
+from gpubench import __version__
+from gpubench.core.errors import GpubenchError, Interrupted
+
+# name -> (module, one-line help). Order is the order of `gpubench --help`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "copy": ("gpubench.commands.copy", "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."),
+    "env": ("gpubench.commands.env", "The machine: GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click Group that imports a command's module only when the command is run or its help shown
+    (click docs, "Lazily Loading Subcommands")."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[name][0])
+        return module.command
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="gpubench")
+def cli():
+    """gpubench: how fast data moves on GPU machines.
+
+    Every command prints a table, saves its result with --json PATH, and exits
+    0 (ok), 1 (expectation failed), 2 (bad input or no GPU), 3 (machine fault),
+    130/143 (interrupted; what was measured is kept).
+    """
+
+
+def _sigterm(signum, frame):
+    raise Interrupted(signum)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script: runs the group and turns every error into one line."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        rc = cli.main(args=args, prog_name="gpubench", standalone_mode=False)
+        code = rc if isinstance(rc, int) else 0
+    except click.exceptions.NoArgsIsHelpError as e:  # click >= 8.2
+        click.echo(e.ctx.get_help())
+        code = 0
+    except click.UsageError as e:
+        where = f"gpubench {e.ctx.info_name}" if e.ctx and e.ctx.parent else "gpubench"
+        click.echo(f"{where}: error: {e.format_message()}", err=True)
+        code = 2
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.Abort:
+        click.echo("gpubench: interrupted", err=True)
+        code = 130
+    except GpubenchError as e:
+        if debug:
+            raise
+        click.echo(f"gpubench: error: {e.one_line()}", err=True)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        click.echo("gpubench: interrupted", err=True)
+        code = 130
+    except Interrupted as e:
+        click.echo("gpubench: terminated", err=True)
+        code = 128 + e.signum
+    except Exception as e:  # a bug or an unexpected library fault: one line unless --debug
+        if debug:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        click.echo(f"gpubench: error: {type(e).__name__}: {first} (run with --debug for the traceback)", err=True)
+        code = 3
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    sys.exit(code)

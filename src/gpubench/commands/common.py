@@ -1,0 +1,59 @@
+"""Options every command shares, and the steps every command ends with (render, save, exit code)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable
+
+import click
+
+from gpubench.core import report
+from gpubench.core.errors import UsageError
+from gpubench.core.result import Result, check_output_path, save
+
+
+def common_options(f: Callable) -> Callable:
+    """Add --json PATH, --units GB|GiB, -q/--quiet and --debug to a command."""
+
+    @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                  help="Save the result (samples, spec, environment) to this JSON file.")
+    @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
+                  help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
+    @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+    @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        if kwargs.get("json_path"):
+            check_output_path(kwargs["json_path"])
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
+    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted)."""
+    report.display(renderables, quiet=quiet)
+    if json_path:
+        save(result, json_path)
+        if not quiet:
+            report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
+    if result.partial:
+        sig = result.interrupted_by or "SIGINT"
+        print(f"gpubench: interrupted by {sig}; kept {sum(1 for r in result.records if r.samples_s)} "
+              f"measured point(s)", file=sys.stderr)
+        return 143 if sig == "SIGTERM" else 130
+    return 0
+
+
+def positive_int(name: str, value: int | None, *, allow_zero: bool = False) -> int | None:
+    """Check an integer option; None passes through.
+
+    Raises:
+        UsageError: negative, or zero when not allowed.
+    """
+    if value is None:
+        return None
+    if value < 0 or (value == 0 and not allow_zero):
+        raise UsageError(f"{name} {value} must be {'>= 0' if allow_zero else '>= 1'}")
+    return value

@@ -1,0 +1,171 @@
+"""``gpubench copy`` options and report."""
+
+from __future__ import annotations
+
+import click
+
+from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.core import report
+from gpubench.core.errors import UsageError
+from gpubench.core.units import format_rate, format_size, parse_size, size_sweep
+
+
+@click.command("copy")
+@click.option("--pinned", "only", flag_value="pinned", help="Measure page-locked (cudaHostAlloc) host memory only.")
+@click.option("--pageable", "only", flag_value="pageable", help="Measure plain (pageable) host memory only.")
+@click.option("-m", "--memory", "memory", default=None,
+              help="Host memory kinds, comma list of pinned, pageable, write-combined, registered "
+                   "[default: pinned,pageable].")
+@click.option("--direction", "directions", default="h2d,d2h", show_default=True,
+              help="Comma list of h2d, d2h, bidir (both at once on two streams).")
+@click.option("-b", "--min-bytes", default="4KiB", show_default=True, help="Smallest copy (4KiB, 1M, 1GB, bytes).")
+@click.option("-e", "--max-bytes", default="1GiB", show_default=True, help="Largest copy.")
+@click.option("-f", "--step-factor", type=float, default=4.0, show_default=True, help="Multiply the size by this each step.")
+@click.option("-d", "--devices", default=None, help="CUDA devices, e.g. 0 or 0,1 (each measured, then all at once) [default: 0].")
+@click.option("-w", "--warmup", type=int, default=2, show_default=True, help="Untimed samples per point.")
+@click.option("-n", "--iters", type=int, default=None, help="Timed samples per point [default: enough for --min-time].")
+@click.option("--min-time", type=float, default=0.1, show_default=True, help="Seconds of timed copies per point when -n is not given.")
+@click.option("--verify", is_flag=True, help="Fill with a pattern and check it arrived after the copies.")
+@click.option("--max-pinned", default=None, help="Cap on page-locked host memory [default: half of host RAM].")
+@click.option("--spread", type=click.Choice(["iqr", "range"]), default="iqr", show_default=True,
+              help="Spread shown beside the median: p25-p75 or min-max.")
+@common_options
+def command(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,
+            verify, max_pinned, spread, json_path, units, quiet, debug):
+    """Host<->device copy bandwidth (H2D, D2H, bidir) over a size sweep.
+
+    By default pinned and pageable host memory are shown side by side with the speed-up.
+    GB/s = 1e9 bytes per second; the median of the samples with its p25-p75.
+    """
+    spec = build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters,
+                      min_time, verify, max_pinned)
+    from gpubench.bench import copy as bench
+
+    with report.progress(not quiet) as prog:
+        result = bench.run(spec, prog)
+    return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,
+               verify, max_pinned):
+    """Validate the options (no GPU needed) and build a CopySpec.
+
+    Raises:
+        UsageError: any bad value, named in the message.
+    """
+    from gpubench.bench.copy import DIRECTIONS, CopySpec
+    from gpubench.core.gpu import MEMORY_KINDS, parse_devices
+    from gpubench.core.timing import TimingPlan
+
+    if only and memory:
+        raise UsageError(f"--{only} and --memory {memory!r} both given", "use one of them")
+    kinds = (only,) if only else _csv(memory) if memory else ("pinned", "pageable")
+    for k in kinds:
+        if k not in MEMORY_KINDS:
+            raise UsageError(f"memory kind {k!r} not known", f"use {', '.join(MEMORY_KINDS)}")
+    if len(set(kinds)) != len(kinds):
+        raise UsageError(f"memory kind repeated in {memory!r}")
+    dirs = _csv(directions)
+    for d in dirs:
+        if d not in DIRECTIONS:
+            raise UsageError(f"direction {d!r} not known", f"use {', '.join(DIRECTIONS)}")
+    if not dirs or len(set(dirs)) != len(dirs):
+        raise UsageError(f"--direction {directions!r} must name each of {', '.join(DIRECTIONS)} at most once")
+    lo = parse_size(min_bytes, what="-b/--min-bytes")
+    hi = parse_size(max_bytes, what="-e/--max-bytes")
+    sizes = size_sweep(lo, hi, step_factor)
+    positive_int("-w/--warmup", warmup, allow_zero=True)
+    positive_int("-n/--iters", iters)
+    if not (min_time > 0):
+        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
+    cap = parse_size(max_pinned, what="--max-pinned") if max_pinned is not None else None
+    return CopySpec(
+        sizes=tuple(sizes), directions=dirs, memory=kinds, devices=parse_devices(devices),
+        plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time), verify=verify, max_pinned_bytes=cap,
+    )
+
+
+_DIR_TITLES = {
+    "h2d": "H2D (host to device)",
+    "d2h": "D2H (device to host)",
+    "bidir-h2d": "bidir: H2D while D2H runs",
+    "bidir-d2h": "bidir: D2H while H2D runs",
+    "bidir-total": "bidir: total of both directions",
+}
+
+
+def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
+    """Tables per (device, direction): size rows, a column per memory kind with % of the link peak,
+    and pinned/pageable when both were measured. Returns rich renderables."""
+    from gpubench.core.env import gpu_by_index
+    from gpubench.core.limits import pcie_label
+
+    out: list = []
+    recs = result.records
+    kinds = list(result.spec.get("memory", []))
+    devices: list = []
+    directions: list = []
+    for r in recs:
+        if r.params["device"] not in devices:
+            devices.append(r.params["device"])
+        if r.params["direction"] not in directions:
+            directions.append(r.params["direction"])
+    index = {(r.params["device"], r.params["direction"], r.params["memory"], r.params["nbytes"]): r for r in recs}
+    sizes = sorted({r.params["nbytes"] for r in recs})
+    spread_name = "p25-p75" if spread == "iqr" else "min-max"
+    for dev in devices:
+        g = gpu_by_index(result.env, dev) if isinstance(dev, int) else None
+        link = ""
+        if g:
+            link = f" - {g.get('name')}, {pcie_label(g.get('pcie_gen_max'), g.get('pcie_width_max'))}"
+        for direction in directions:
+            if not any((dev, direction, k, n) in index for k in kinds for n in sizes):
+                continue
+            cols = ["size"]
+            for k in kinds:
+                cols += [f"{k} {units}/s ({spread_name})", "% peak"]
+            ratio = "pinned" in kinds and "pageable" in kinds
+            if ratio:
+                cols.append("pinned/pageable")
+            label = f"GPU {dev}" if isinstance(dev, int) else ("all GPUs at once" if dev == "all" else f"GPU {dev.split('@')[0]} while all copy")
+            t = report.table(f"{_DIR_TITLES.get(direction, direction)} - {label}{link}", cols)
+            for n in sizes:
+                row = [format_size(n)]
+                med = {}
+                for k in kinds:
+                    r = index.get((dev, direction, k, n))
+                    if r is None:
+                        row += ["", ""]
+                    elif r.error:
+                        row += [f"failed: {r.error[:48]}", ""]
+                    else:
+                        s = r.rate_summary()
+                        med[k] = s.median
+                        cell = report.rate_cell(s, units, spread)
+                        if r.extra.get("verified") is False:
+                            cell += " WRONG DATA"
+                        row += [cell, report.peak_cell(r.extra.get("pct_of_peak"))]
+                if ratio:
+                    row.append(f"{med['pinned'] / med['pageable']:.2f}x" if "pinned" in med and "pageable" in med else "")
+                t.add_row(*row)
+            out.append(t)
+    peaks = {r.extra.get("peak_bytes_per_s") for r in recs if r.extra.get("peak_bytes_per_s")}
+    notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; sizes in binary units; median over "
+             f"samples, timed with CUDA events ({result.timing.get('warmup')} warm-up(s))."]
+    if peaks:
+        notes.append("% peak: of the raw PCIe line rate per direction " +
+                     ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
+    if any(r.extra.get("above_peak") for r in recs):
+        notes.append("!! marks a figure above the link's physical peak: a timing fault, not a real speed.")
+    if any(r.extra.get("verified") is False for r in recs):
+        notes.append("WRONG DATA: --verify found bytes that did not arrive as sent.")
+    elif any(r.extra.get("verified") for r in recs):
+        notes.append("--verify: every checked copy arrived intact.")
+    if result.partial:
+        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
+    out.extend(notes)
+    return out

@@ -1,0 +1,84 @@
+"""``gpubench env``: the environment report."""
+
+from __future__ import annotations
+
+import click
+
+from gpubench.commands.common import common_options, finish
+from gpubench.core import report
+
+
+@click.command("env")
+@common_options
+def command(json_path, units, quiet, debug):
+    """The machine: GPUs, driver, CUDA, PCIe generation and width, NVLink, topology, NUMA.
+
+    Works without a GPU: then it says so and prints the host part.
+    """
+    from gpubench.core import env as envmod
+    from gpubench.core.result import Result
+
+    env = envmod.capture()
+    result = Result(command="env", spec={}, timing={}, env=env)
+    return finish(result, format_report(env, units), json_path=json_path, quiet=quiet)
+
+
+def _fmt_bytes(n):
+    from gpubench.core.units import format_size
+
+    return format_size(n) if isinstance(n, int) else "-"
+
+
+def format_report(env: dict, units: str = "GB") -> list:
+    """Host table, GPU table, topology matrix (rich renderables)."""
+    from gpubench.core.limits import pcie_label
+    from gpubench.core.units import format_rate
+
+    out: list = []
+    h = env["host"]
+    v = env["versions"]
+    c = env["cuda"]
+    out.append(report.kv_table("Host", [
+        ("hostname", str(h.get("hostname"))),
+        ("os", str(h.get("os"))),
+        ("cpu", f"{h.get('cpu_model')} ({h.get('cpu_count')} logical, {h.get('cpus_usable')} usable)"),
+        ("numa nodes", str(h.get("numa_nodes"))),
+        ("memory", f"{_fmt_bytes(h.get('mem_total_bytes'))} total, {_fmt_bytes(h.get('mem_available_bytes'))} available"),
+        ("python", str(h.get("python"))),
+        ("versions", ", ".join(f"{k} {val}" for k, val in v.items())),
+        ("CUDA driver / runtime", f"{c.get('driver_version') or '-'} / {c.get('runtime_version') or '-'}"),
+        ("NVIDIA driver", str(env["nvml"].get("driver_version") or "-")),
+    ]))
+    gpus = env.get("gpus", [])
+    if not gpus:
+        why = c.get("error") or env["nvml"].get("error") or "the CUDA runtime reports 0 devices"
+        out.append(f"No CUDA device is visible ({why}). Commands that work without a GPU: env, compare, plot, net, merge -t cpu.")
+        return out
+    t = report.table("GPUs", ["#", "name", "memory (free)", "PCIe now", "PCIe max", f"PCIe peak {units}/s",
+                              "NVLink", "NUMA", "CPUs", "bus id"])
+    for g in gpus:
+        peak = g.get("pcie_peak_bytes_per_s")
+        nvl = "-"
+        if g.get("nvlink_links_up"):
+            per = g.get("nvlink_bytes_per_s_per_link")
+            nvl = f"{g['nvlink_links_up']} x {format_rate(per, units) if per else '?'} {units}/s"
+        t.add_row(
+            str(g["index"]), str(g.get("name")),
+            f"{_fmt_bytes(g.get('memory_total_bytes'))} ({_fmt_bytes(g.get('memory_free_bytes'))})",
+            pcie_label(g.get("pcie_gen"), g.get("pcie_width")),
+            pcie_label(g.get("pcie_gen_max"), g.get("pcie_width_max")),
+            format_rate(peak, units) if peak else "-", nvl, str(g.get("numa_node")),
+            str(g.get("cpu_affinity") or "-"), str(g.get("pci_bus_id")),
+        )
+    out.append(t)
+    if len(gpus) > 1:
+        idx = [g["index"] for g in gpus]
+        t = report.table("Topology (nvidia-smi topo -m legend: NV# = # NVLinks, PIX/PXB/PHB/NODE/SYS = PCIe path)",
+                         [""] + [f"GPU{i}" for i in idx])
+        for a in idx:
+            row = [f"GPU{a}"]
+            for b in idx:
+                row.append("X" if a == b else env["topology"].get(f"{min(a, b)},{max(a, b)}", "?"))
+            t.add_row(*row)
+        out.append(t)
+    return out

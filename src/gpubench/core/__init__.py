@@ -1,0 +1,1 @@
+"""Shared by every benchmark; knows no benchmark."""

@@ -1,0 +1,313 @@
+"""The machine, read through NVML (nvidia-ml-py) and the CUDA runtime (through CuPy).
+
+:func:`capture` returns a JSON-able dict::
+
+    {"host": {hostname, os, python, cpu_count, numa_nodes, mem_total_bytes, mem_available_bytes},
+     "versions": {gpubench, numpy, cupy, nvidia-ml-py},
+     "cuda": {driver_version, runtime_version, device_count, error},
+     "nvml": {driver_version, error},
+     "gpus": [{index, name, uuid, pci_bus_id, memory_total_bytes, memory_free_bytes,
+               pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, pcie_peak_bytes_per_s,
+               nvlink_links_up, nvlink_bytes_per_s_per_link, nvlink_peak_bytes_per_s,
+               nvlink_peers {other_index: links}, numa_node, cpu_affinity}],
+     "topology": {"0,1": "NV18", ...}}          # nvidia-smi topo -m style
+
+Every query is guarded: a field the driver does not report is None, and an absent driver or
+library leaves ``gpus`` empty with the reason in ``cuda.error`` / ``nvml.error``. Nothing here raises.
+
+GPU indices are CUDA runtime ordinals (as CUDA_VISIBLE_DEVICES presents them), matched to NVML
+devices by PCI bus id.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+from gpubench import __version__
+from gpubench.core import limits
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                parts = v.split()
+                if parts and parts[0].isdigit():
+                    out[k] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def host_memory() -> tuple[int | None, int | None]:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo, None where unknown."""
+    m = _meminfo()
+    return m.get("MemTotal"), m.get("MemAvailable")
+
+
+def _numa_nodes() -> int | None:
+    try:
+        return len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node")])
+    except OSError:
+        return None
+
+
+def host_info() -> dict[str, Any]:
+    """The host part of the environment (works with no GPU)."""
+    total, avail = host_memory()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": affinity,
+        "cpu_model": _cpu_model(),
+        "numa_nodes": _numa_nodes(),
+        "mem_total_bytes": total,
+        "mem_available_bytes": avail,
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of gpubench and the libraries it measures through (None when not installed)."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"gpubench": __version__}
+    for dist in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "nvidia-ml-py", "click", "rich"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _short(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0] if s else ''}".strip().rstrip(":")
+
+
+def cuda_info() -> dict[str, Any]:
+    """CUDA driver/runtime versions and device count through CuPy; ``error`` says why not."""
+    out: dict[str, Any] = {"driver_version": None, "runtime_version": None, "device_count": 0, "error": None}
+    try:
+        import cupy  # noqa: F401
+        from cupy.cuda import runtime
+    except Exception as e:  # ImportError, or a broken CUDA install
+        out["error"] = f"CuPy not importable ({_short(e)})"
+        return out
+    try:
+        out["runtime_version"] = _fmt_cuda_version(runtime.runtimeGetVersion())
+    except Exception as e:
+        out["error"] = _short(e)
+    try:
+        out["driver_version"] = _fmt_cuda_version(runtime.driverGetVersion())
+        out["device_count"] = runtime.getDeviceCount()
+    except Exception as e:
+        out["error"] = _short(e)
+    return out
+
+
+def _fmt_cuda_version(v: int) -> str | None:
+    if not v:
+        return None
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _nvml_call(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def _dec(x):
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def _norm_bus_id(bus: str | None) -> str | None:
+    """'00000000:1B:00.0' -> '0000:1b:00.0' (the form CUDA and sysfs use)."""
+    if not bus:
+        return None
+    bus = bus.lower()
+    dom, _, rest = bus.partition(":")
+    return f"{int(dom, 16):04x}:{rest}" if rest else bus
+
+
+def _cuda_bus_ids() -> list[str]:
+    try:
+        from cupy.cuda import runtime
+
+        n = runtime.getDeviceCount()
+        return [_norm_bus_id(runtime.deviceGetPCIBusId(i)) for i in range(n)]
+    except Exception:
+        return []
+
+
+def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
+    """(gpus, topology, nvml_status) through NVML; empty lists with the reason when NVML is absent."""
+    status: dict[str, Any] = {"driver_version": None, "error": None}
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+    except Exception as e:
+        status["error"] = _short(e)
+        return [], {}, status
+    try:
+        status["driver_version"] = _dec(_nvml_call(nv.nvmlSystemGetDriverVersion))
+        n = nv.nvmlDeviceGetCount()
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        nvml_bus = [_norm_bus_id(_dec(nv.nvmlDeviceGetPciInfo(h).busId)) for h in handles]
+        cuda_bus = _cuda_bus_ids()
+        # CUDA ordinal order (respects CUDA_VISIBLE_DEVICES); fall back to NVML order.
+        order = [nvml_bus.index(b) for b in cuda_bus if b in nvml_bus] if cuda_bus else list(range(n))
+        gpus = []
+        for cuda_idx, ni in enumerate(order):
+            gpus.append(_one_gpu(nv, handles[ni], cuda_idx, nvml_bus[ni]))
+        bus_to_idx = {g["pci_bus_id"]: g["index"] for g in gpus}
+        for g in gpus:
+            g["nvlink_peers"] = {
+                str(bus_to_idx[b]): c for b, c in g.pop("_nvlink_remote").items() if b in bus_to_idx
+            }
+        topo = {}
+        for a in gpus:
+            for b in gpus:
+                if a["index"] >= b["index"]:
+                    continue
+                links = a["nvlink_peers"].get(str(b["index"]), 0)
+                if links:
+                    kind = f"NV{links}"
+                else:
+                    lvl = _nvml_call(
+                        nv.nvmlDeviceGetTopologyCommonAncestor,
+                        handles[order[a["index"]]],
+                        handles[order[b["index"]]],
+                    )
+                    kind = _TOPO_NAMES.get(lvl, "?")
+                topo[f"{a['index']},{b['index']}"] = kind
+        return gpus, topo, status
+    except Exception as e:
+        status["error"] = _short(e)
+        return [], {}, status
+    finally:
+        _nvml_call(nv.nvmlShutdown)
+
+
+# nvmlGpuTopologyLevel_t -> nvidia-smi topo -m legend
+_TOPO_NAMES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
+    mem = _nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
+    gen = _nvml_call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
+    width = _nvml_call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
+    gen_max = _nvml_call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
+    width_max = _nvml_call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
+    links_up = 0
+    remote: dict[str, int] = {}
+    version = None
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        state = _nvml_call(nv.nvmlDeviceGetNvLinkState, h, link)
+        if state != 1:  # NVML_FEATURE_ENABLED
+            continue
+        links_up += 1
+        version = version or _nvml_call(nv.nvmlDeviceGetNvLinkVersion, h, link)
+        pci = _nvml_call(nv.nvmlDeviceGetNvLinkRemotePciInfo_v2, h, link) or _nvml_call(
+            nv.nvmlDeviceGetNvLinkRemotePciInfo, h, link
+        )
+        if pci is not None:
+            rb = _norm_bus_id(_dec(pci.busId))
+            remote[rb] = remote.get(rb, 0) + 1
+    per_link = None
+    if links_up:
+        field = getattr(nv, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", None)
+        if field is not None:
+            vals = _nvml_call(nv.nvmlDeviceGetFieldValues, h, [field])
+            if vals and getattr(vals[0], "nvmlReturn", 1) == 0:
+                v = vals[0].value
+                mbps = getattr(v, "uiVal", 0) or getattr(v, "ulVal", 0) or getattr(v, "ullVal", 0)
+                if mbps:
+                    per_link = mbps * 1e6
+        if per_link is None and version in limits.NVLINK_GBPS_PER_LINK:
+            per_link = limits.NVLINK_GBPS_PER_LINK[version] * 1e9
+    numa = None
+    if bus:
+        try:
+            with open(f"/sys/bus/pci/devices/{bus}/numa_node") as f:
+                numa = int(f.read().strip())
+        except (OSError, ValueError):
+            pass
+    cpus = None
+    try:
+        with open(f"/sys/bus/pci/devices/{bus}/local_cpulist") as f:
+            cpus = f.read().strip()
+    except (OSError, TypeError):
+        pass
+    return {
+        "index": index,
+        "name": _dec(_nvml_call(nv.nvmlDeviceGetName, h)),
+        "uuid": _dec(_nvml_call(nv.nvmlDeviceGetUUID, h)),
+        "pci_bus_id": bus,
+        "memory_total_bytes": getattr(mem, "total", None),
+        "memory_free_bytes": getattr(mem, "free", None),
+        "pcie_gen": gen,
+        "pcie_width": width,
+        "pcie_gen_max": gen_max,
+        "pcie_width_max": width_max,
+        # The link's capability, not its current state: an idle GPU trains its link down.
+        "pcie_peak_bytes_per_s": limits.pcie_peak_bytes_per_s(gen_max or gen, width_max or width),
+        "nvlink_links_up": links_up,
+        "nvlink_version": version,
+        "nvlink_bytes_per_s_per_link": per_link,
+        "numa_node": numa,
+        "cpu_affinity": cpus,
+        "_nvlink_remote": remote,
+    }
+
+
+def capture() -> dict[str, Any]:
+    """The whole environment as a JSON-able dict (see module docstring). Never raises."""
+    cuda = cuda_info()
+    gpus, topo, nvml = gpu_info()
+    for g in gpus:
+        peers = g.get("nvlink_peers", {})
+        g["nvlink_peak_bytes_per_s_by_peer"] = {
+            k: limits.nvlink_peak_bytes_per_s(v, g.get("nvlink_bytes_per_s_per_link")) for k, v in peers.items()
+        }
+    return {
+        "host": host_info(),
+        "versions": versions(),
+        "cuda": cuda,
+        "nvml": nvml,
+        "gpus": gpus,
+        "topology": topo,
+    }
+
+
+def gpu_by_index(env: dict[str, Any], index: int) -> dict[str, Any] | None:
+    """The env entry of CUDA device ``index``, or None."""
+    for g in env.get("gpus", []):
+        if g.get("index") == index:
+            return g
+    return None

@@ -1,0 +1,79 @@
+"""One small error hierarchy; the CLI's top-level handler maps each to an exit code.
+
+- :class:`UsageError` (exit 2): the user's mistake, e.g. a bad option value or no GPU visible.
+- :class:`MachineError` (exit 3): a fault of the machine or of a library (CUDA, NCCL, Dask).
+- :class:`RegressionFound` (exit 1): ``compare --fail-on-regression`` / ``suite`` found a failure.
+
+Every error carries one line of message and an optional hint; neither contains a traceback.
+"""
+
+from __future__ import annotations
+
+NO_GPU_COMMANDS = ("env", "compare", "plot", "net", "merge -t cpu")
+
+
+class GpubenchError(Exception):
+    """Base of gpubench's errors.
+
+    Args:
+        message: one line naming what is wrong (the bad value, the failing call).
+        hint: optional one line saying what would be accepted or what to do.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        """The message and hint joined into the single line printed to stderr."""
+        if self.hint:
+            return f"{self.message} ({self.hint})"
+        return self.message
+
+
+class UsageError(GpubenchError):
+    """A bad option value or a request this machine cannot serve; exit code 2."""
+
+    exit_code = 2
+
+
+class NoGPUError(UsageError):
+    """No CUDA device is visible; exit code 2.
+
+    Args:
+        detail: what the CUDA runtime or CuPy said, kept short.
+    """
+
+    def __init__(self, detail: str = ""):
+        msg = "no CUDA device is visible"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(
+            msg + f"; commands that work without a GPU: {', '.join(NO_GPU_COMMANDS)}"
+        )
+
+
+class MachineError(GpubenchError):
+    """A fault of the machine or a library (CUDA, NCCL, Dask) during a run; exit code 3."""
+
+    exit_code = 3
+
+
+class RegressionFound(GpubenchError):
+    """A comparison or expectation failed; exit code 1."""
+
+    exit_code = 1
+
+
+class Interrupted(BaseException):
+    """Raised by gpubench's SIGTERM handler so a run stops as on Ctrl-C; carries the signal number.
+
+    A BaseException, like KeyboardInterrupt, so ``except Exception`` in measurement code lets it pass.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -1,0 +1,267 @@
+"""CUDA helpers shared by GPU benchmarks: finding devices, host buffers of each kind, the spin gate.
+
+CuPy is imported inside functions only, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from gpubench.core.errors import MachineError, NoGPUError, UsageError
+
+# cudaMemcpyKind
+H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4
+# cudaHostAlloc / cudaHostRegister flags (CUDA runtime API reference)
+HOST_ALLOC_PORTABLE = 0x01
+HOST_ALLOC_WRITE_COMBINED = 0x04
+HOST_REGISTER_PORTABLE = 0x01
+
+MEMORY_KINDS = ("pinned", "pageable", "write-combined", "registered")
+
+
+def parse_devices(text: str | None) -> tuple[int, ...] | None:
+    """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU.
+
+    Returns None for None/"" (meaning: the default device).
+
+    Raises:
+        UsageError: not a comma list of integers, a negative id, or a repeated id.
+    """
+    if text is None or str(text).strip() == "":
+        return None
+    out: list[int] = []
+    for part in str(text).split(","):
+        p = part.strip()
+        try:
+            v = int(p)
+        except ValueError:
+            raise UsageError(f"device {p!r} in -d {text!r} is not an integer", "e.g. -d 0 or -d 0,1") from None
+        if v < 0:
+            raise UsageError(f"device {v} in -d {text!r} is negative", "device ids start at 0")
+        if v in out:
+            raise UsageError(f"device {v} is repeated in -d {text!r}", "name each GPU once")
+        out.append(v)
+    return tuple(out)
+
+
+def require_gpu() -> Any:
+    """Import CuPy and check that at least one CUDA device is visible; return the cupy module.
+
+    Raises:
+        NoGPUError: CuPy is missing, or the runtime sees no device (no driver, insufficient driver,
+            CUDA_VISIBLE_DEVICES empty).
+    """
+    try:
+        import cupy
+        from cupy.cuda import runtime
+    except Exception as e:
+        raise NoGPUError(f"CuPy is not importable: {type(e).__name__}; install gpubench[cuda13] or [cuda12]") from None
+    try:
+        n = runtime.getDeviceCount()
+    except Exception as e:
+        raise NoGPUError(_cuda_error_text(e)) from None
+    if n < 1:
+        raise NoGPUError("the CUDA runtime reports 0 devices")
+    return cupy
+
+
+def device_count() -> int:
+    """Number of visible CUDA devices (after require_gpu)."""
+    from cupy.cuda import runtime
+
+    return runtime.getDeviceCount()
+
+
+def resolve_devices(devices: tuple[int, ...] | None, *, minimum: int = 1) -> tuple[int, ...]:
+    """Check requested ordinals against the visible devices; None means (0,).
+
+    Raises:
+        NoGPUError: no device visible.
+        UsageError: an ordinal >= the visible count, or fewer than ``minimum`` devices.
+    """
+    require_gpu()
+    n = device_count()
+    devs = devices if devices is not None else tuple(range(minimum)) if minimum > 1 else (0,)
+    for d in devs:
+        if d >= n:
+            raise UsageError(
+                f"device {d} is not visible: this machine shows {n} CUDA device(s)",
+                f"use ids 0..{n - 1}; CUDA_VISIBLE_DEVICES renumbers them",
+            )
+    if len(devs) < minimum:
+        raise UsageError(f"this needs {minimum} GPUs; {len(devs)} selected, {n} visible")
+    return devs
+
+
+def _cuda_error_text(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
+
+
+def is_oom(e: BaseException) -> bool:
+    """True when ``e`` is an allocation failure (device or pinned host) rather than a fault."""
+    name = type(e).__name__
+    text = str(e)
+    return (
+        isinstance(e, MemoryError)
+        or name in ("OutOfMemoryError",)
+        or "cudaErrorMemoryAllocation" in text
+        or "out of memory" in text.lower()
+    )
+
+
+def machine_error(what: str, e: BaseException) -> MachineError:
+    """Wrap a CUDA/CuPy exception into a one-line MachineError naming ``what`` failed."""
+    return MachineError(f"{what} failed: {_cuda_error_text(e)}")
+
+
+def device_free_bytes(device: int) -> tuple[int, int]:
+    """(free, total) device memory in bytes of CUDA device ``device`` (cudaMemGetInfo)."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.cuda.runtime.memGetInfo()
+
+
+class HostBuffer:
+    """``nbytes`` of host memory of one kind, with a numpy uint8 view and its address.
+
+    Kinds: "pinned" (cudaHostAlloc, portable), "write-combined" (cudaHostAlloc with
+    cudaHostAllocWriteCombined), "pageable" (a plain numpy array), "registered" (a numpy array
+    page-locked afterwards with cudaHostRegister). Call :meth:`free` (or use ``with``) to release.
+
+    Raises:
+        MemoryError / CUDARuntimeError: the allocation or registration failed.
+    """
+
+    def __init__(self, nbytes: int, kind: str):
+        import numpy as np
+        from cupy.cuda import runtime
+
+        self.nbytes = nbytes
+        self.kind = kind
+        self._runtime = runtime
+        self._host_ptr = None
+        self._registered = False
+        if kind in ("pinned", "write-combined"):
+            flags = HOST_ALLOC_PORTABLE | (HOST_ALLOC_WRITE_COMBINED if kind == "write-combined" else 0)
+            self._host_ptr = runtime.hostAlloc(nbytes, flags)
+            buf = (ctypes.c_uint8 * nbytes).from_address(self._host_ptr)
+            self.array = np.frombuffer(buf, dtype=np.uint8)
+            self.ptr = self._host_ptr
+        elif kind in ("pageable", "registered"):
+            self.array = np.empty(nbytes, dtype=np.uint8)
+            self.ptr = self.array.ctypes.data
+            if kind == "registered":
+                runtime.hostRegister(self.ptr, nbytes, HOST_REGISTER_PORTABLE)
+                self._registered = True
+        else:
+            raise UsageError(f"host memory kind {kind!r} not known", f"use one of {', '.join(MEMORY_KINDS)}")
+
+    def free(self) -> None:
+        """Release the memory (unregister / cudaFreeHost). Safe to call twice."""
+        if self._registered:
+            self._registered = False
+            self._runtime.hostUnregister(self.ptr)
+        if self._host_ptr is not None:
+            self.array = None
+            ptr, self._host_ptr = self._host_ptr, None
+            self._runtime.freeHost(ptr)
+        else:
+            self.array = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory on the current device through cudaMalloc (not CuPy's pool),
+    freed with :meth:`free`, so a sweep returns each size's memory before the next.
+
+    Raises:
+        CUDARuntimeError: cudaErrorMemoryAllocation when it does not fit.
+    """
+
+    def __init__(self, nbytes: int):
+        from cupy.cuda import runtime
+
+        self._runtime = runtime
+        self.nbytes = nbytes
+        self.ptr = runtime.malloc(nbytes)
+
+    def free(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            self._runtime.free(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+_PATTERN_LEN = 1_048_573  # a prime, so the pattern does not line up with power-of-two sizes
+
+
+def pattern(nbytes: int, seed: int = 0):
+    """A deterministic pseudo-random uint8 numpy array of ``nbytes`` (never zeros only)."""
+    import numpy as np
+
+    base = np.random.default_rng(seed).integers(0, 256, size=min(nbytes, _PATTERN_LEN), dtype=np.uint8)
+    return np.resize(base, nbytes)
+
+
+_SPIN_SRC = r"""
+extern "C" __global__ void gpubench_spin(volatile int* flag, unsigned long long timeout_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (*flag == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > timeout_ns) break;
+    }
+}
+"""
+_spin_kernels: dict[int, Any] = {}
+
+
+class SpinGate:
+    """Holds a stream with a kernel that spins on a flag in pinned host memory (nvbandwidth's
+    blocking kernel), so many asynchronous copies are queued before the first one starts.
+
+    The kernel gives up after ``timeout_s`` (default 10 s) so a lost release never hangs the GPU.
+    Only for work that does not block the host (pinned copies); a pageable copy queued behind a
+    held stream would wait for the host, which waits for it.
+
+    Args:
+        stream: the cupy.cuda.Stream to hold.
+        timeout_s: seconds before the spinning kernel gives up on its own.
+
+    Raises:
+        CUDARuntimeError / CompileException: the kernel cannot be built or launched.
+    """
+
+    def __init__(self, stream, timeout_s: float = 10.0):
+        import cupy
+        import numpy as np
+
+        dev = cupy.cuda.Device().id
+        if dev not in _spin_kernels:
+            _spin_kernels[dev] = cupy.RawKernel(_SPIN_SRC, "gpubench_spin")
+        self._kernel = _spin_kernels[dev]
+        self._stream = stream
+        self._flag_mem = cupy.cuda.alloc_pinned_memory(4)
+        self._flag = np.frombuffer(self._flag_mem, dtype=np.int32, count=1)
+        self._args = (np.uint64(self._flag_mem.ptr), np.uint64(int(timeout_s * 1e9)))
+
+    def hold(self) -> None:
+        self._flag[0] = 0
+        with self._stream:
+            self._kernel((1,), (1,), self._args)
+
+    def release(self) -> None:
+        self._flag[0] = 1

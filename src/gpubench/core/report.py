@@ -1,0 +1,132 @@
+"""Rendering: rich tables and the progress bar. ``format_*`` build renderables; ``display`` prints.
+
+Measurement code never prints; it calls a progress callback (``Progress.advance``), and the CLI
+renders the returned Result with the helpers here.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from gpubench.core.stats import Summary
+from gpubench.core.units import format_rate, to_rate
+
+
+def console(stderr: bool = False):
+    """A rich Console on stdout (or stderr), without colour when not a terminal."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def table(title: str, columns: list[str], caption: str | None = None):
+    """A rich Table with right-aligned columns after the first."""
+    from rich.table import Table
+
+    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right", no_wrap=True)
+    return t
+
+
+def kv_table(title: str, rows: list[tuple[str, str]]):
+    """A two-column key/value table, values left-aligned and wrapped."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("", no_wrap=True, style="bold")
+    t.add_column("", overflow="fold")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def rate_cell(rate: Summary, units: str = "GB", spread: str = "iqr") -> str:
+    """'55.41 (55.38-55.44)': median bandwidth with p25-p75 (spread="iqr") or min-max ("range").
+
+    Args:
+        rate: a Summary of rates in bytes per second.
+    """
+    lo, hi = (rate.p25, rate.p75) if spread == "iqr" else (rate.min, rate.max)
+    return f"{format_rate(rate.median, units)} ({format_rate(lo, units)}-{format_rate(hi, units)})"
+
+
+def peak_cell(pct: float | None) -> str:
+    """'88%' of the physical peak; '!! 104%' when above it (impossible: a timing fault)."""
+    if pct is None:
+        return "-"
+    if pct > 100.0:
+        return f"!! {pct:.0f}% > peak"
+    return f"{pct:.0f}%"
+
+
+def display(renderables, quiet: bool = False) -> None:
+    """Print renderables (tables, strings) to stdout unless quiet."""
+    if quiet:
+        return
+    c = console()
+    for r in renderables:
+        c.print(r)
+
+
+class ProgressSink:
+    """A progress callback: ``start(total, label)``, ``advance(label)``, ``done()``.
+
+    The CLI passes a :class:`RichProgress`; tests and library users may pass this silent base.
+    """
+
+    def start(self, total: int, label: str = "") -> None:
+        pass
+
+    def advance(self, label: str = "") -> None:
+        pass
+
+    def done(self) -> None:
+        pass
+
+
+class RichProgress(ProgressSink):
+    """A transient rich progress bar on stderr, shown only on a terminal."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and sys.stderr.isatty()
+        self._p = None
+        self._task = None
+
+    def start(self, total: int, label: str = "") -> None:
+        if not self.enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console(stderr=True), transient=True,
+        )
+        self._p.start()
+        self._task = self._p.add_task(label, total=total)
+
+    def advance(self, label: str = "") -> None:
+        if self._p is not None:
+            self._p.update(self._task, advance=1, description=label)
+
+    def done(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None
+
+
+@contextmanager
+def progress(enabled: bool) -> Iterator[ProgressSink]:
+    """Context manager yielding a progress sink that is always stopped."""
+    p = RichProgress(enabled)
+    try:
+        yield p
+    finally:
+        p.done()
+
+
+def gbps(rate_bytes_per_s: float, units: str) -> float:
+    """Bytes/s -> GB/s or GiB/s (for JSON extras and tests)."""
+    return to_rate(rate_bytes_per_s, units)

@@ -1,0 +1,274 @@
+"""The result model: what every command returns and ``--json`` saves; atomic save and checked load.
+
+JSON layout (schema version 1)::
+
+    {
+      "schema": "gpubench.result",        # marks a gpubench file
+      "schema_version": 1,
+      "command": "copy",                  # the command that made it
+      "gpubench_version": "0.1.0",
+      "created": "2026-11-30T01:00:00+00:00",
+      "argv": ["copy", "--pinned"],
+      "spec": {...},                      # the parsed options
+      "timing": {...},                    # clock, warm-ups, iteration rule, method notes
+      "env": {...},                       # gpubench.core.env.capture()
+      "partial": false,                   # true when interrupted; "interrupted_by" names the signal
+      "records": [                        # one per measured point
+        {"params": {"direction": "h2d", "memory": "pinned", "device": 0, "nbytes": 4096},
+         "metric": "bandwidth",           # "bandwidth" (higher is better) or "time" (lower is better)
+         "nbytes": 4096,                  # bytes moved per step; a sample's rate = nbytes / sample
+         "samples_s": [1.2e-06, ...],     # raw per-step seconds, every timed sample
+         "reps": 16,                      # steps per sample
+         "error": null,                   # or one line: why this point has no samples
+         "extra": {}}                     # command-specific derived values
+      ]
+    }
+
+Raw bytes and seconds are kept so GB/s or GiB/s can be derived later. History of the schema:
+version 1 (gpubench 0.1.0) is the first. Loading a newer version is refused; older versions are
+upgraded through ``_MIGRATIONS``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpubench import __version__
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.stats import Summary
+
+SCHEMA = "gpubench.result"
+SCHEMA_VERSION = 1
+# version -> function upgrading a dict of that version to version + 1
+_MIGRATIONS: dict[int, Any] = {}
+MAX_LOAD_BYTES = 256 * 2**20
+
+
+@dataclass
+class Record:
+    """One measured point.
+
+    Attributes:
+        params: what identifies the point (compare pairs records on these), JSON scalars only.
+        metric: "bandwidth" (nbytes / seconds, higher is better) or "time" (lower is better).
+        nbytes: bytes moved per step (0 for a pure time).
+        samples_s: per-step seconds of every timed sample.
+        reps: steps per sample.
+        error: one line when the point could not be measured (then samples_s is empty).
+        extra: derived or command-specific values.
+    """
+
+    params: dict[str, Any]
+    metric: str = "bandwidth"
+    nbytes: int = 0
+    samples_s: list[float] = field(default_factory=list)
+    reps: int = 1
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> tuple:
+        """Hashable identity of the point, from its params."""
+        return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in self.params.items()))
+
+    def time_summary(self) -> Summary:
+        """Summary of the per-step seconds. Raises ValueError when there are no samples."""
+        return Summary.of(self.samples_s)
+
+    def rate_summary(self) -> Summary:
+        """Summary of per-sample bandwidth in bytes per second (nbytes / seconds).
+
+        Raises:
+            ValueError: no samples or nbytes is 0.
+        """
+        if not self.nbytes:
+            raise ValueError("record moves no bytes")
+        return Summary.of([self.nbytes / t for t in self.samples_s])
+
+    def to_dict(self) -> dict:
+        return {
+            "params": self.params,
+            "metric": self.metric,
+            "nbytes": self.nbytes,
+            "samples_s": self.samples_s,
+            "reps": self.reps,
+            "error": self.error,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Record":
+        return cls(
+            params=dict(d["params"]),
+            metric=d.get("metric", "bandwidth"),
+            nbytes=int(d.get("nbytes", 0)),
+            samples_s=[float(x) for x in d.get("samples_s", [])],
+            reps=int(d.get("reps", 1)),
+            error=d.get("error"),
+            extra=dict(d.get("extra", {})),
+        )
+
+
+@dataclass
+class Result:
+    """A command's whole outcome: spec, timing, environment and records.
+
+    Attributes:
+        command: command name ("copy", ...).
+        spec: the parsed options as a JSON-able dict.
+        timing: how the records were timed (clock, warm-ups, iteration rule, method).
+        env: the machine, from :func:`gpubench.core.env.capture`.
+        records: measured points.
+        partial: True when the run was interrupted before the end.
+        interrupted_by: "SIGINT" / "SIGTERM" when partial.
+        argv: the command line.
+        created: ISO 8601 UTC time of creation.
+    """
+
+    command: str
+    spec: dict[str, Any]
+    timing: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+    partial: bool = False
+    interrupted_by: str | None = None
+    argv: list[str] = field(default_factory=list)
+    created: str = field(
+        default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    )
+    gpubench_version: str = __version__
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "schema_version": self.schema_version,
+            "command": self.command,
+            "gpubench_version": self.gpubench_version,
+            "created": self.created,
+            "argv": self.argv,
+            "spec": self.spec,
+            "timing": self.timing,
+            "env": self.env,
+            "partial": self.partial,
+            "interrupted_by": self.interrupted_by,
+            "records": [r.to_dict() for r in self.records],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, *, source: str = "result") -> "Result":
+        """Build a Result from a dict, upgrading older schema versions.
+
+        Raises:
+            UsageError: not a gpubench result, a newer or unknown schema version, or a malformed one.
+        """
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise UsageError(f"{source} is not a gpubench result", "expected a file saved by --json")
+        version = d.get("schema_version")
+        if not isinstance(version, int) or version < 1:
+            raise UsageError(f"{source} has an unknown schema version {version!r}")
+        if version > SCHEMA_VERSION:
+            raise UsageError(
+                f"{source} has schema version {version}, newer than this gpubench reads ({SCHEMA_VERSION})",
+                "upgrade gpubench",
+            )
+        while version < SCHEMA_VERSION:
+            d = _MIGRATIONS[version](d)
+            version += 1
+        try:
+            return cls(
+                command=str(d["command"]),
+                spec=dict(d.get("spec", {})),
+                timing=dict(d.get("timing", {})),
+                env=dict(d.get("env", {})),
+                records=[Record.from_dict(r) for r in d.get("records", [])],
+                partial=bool(d.get("partial", False)),
+                interrupted_by=d.get("interrupted_by"),
+                argv=list(d.get("argv", [])),
+                created=str(d.get("created", "")),
+                gpubench_version=str(d.get("gpubench_version", "")),
+                schema_version=SCHEMA_VERSION,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UsageError(f"{source} is a malformed gpubench result: {e}") from None
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Check, before a run, that ``path`` can be written: its folder exists and is writable.
+
+    Raises:
+        UsageError: the folder does not exist, is not a folder, or cannot be written; or path is a folder.
+    """
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UsageError(f"--json {str(p)!r} is a folder", "give a file name, e.g. out.json")
+    if not parent.is_dir():
+        raise UsageError(f"--json {str(p)!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--json {str(p)!r}: folder {str(parent)!r} is not writable")
+    return p
+
+
+def save(result: Result, path: str | os.PathLike) -> Path:
+    """Write ``result`` as JSON atomically: a temporary file in the same folder, fsync, rename.
+
+    An earlier file at ``path`` stays intact if anything fails.
+
+    Raises:
+        MachineError: the write failed (full disk, read-only target...); the message names the path.
+    """
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    data = json.dumps(result.to_dict(), indent=1, allow_nan=False)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as e:
+        raise MachineError(f"could not save result to {str(p)!r}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return p
+
+
+def load(path: str | os.PathLike) -> Result:
+    """Read a saved result, refusing files that are not gpubench results.
+
+    Reads at most MAX_LOAD_BYTES (256 MiB) so garbage cannot exhaust memory.
+
+    Raises:
+        UsageError: unreadable, too large, not JSON, not a result, or a newer schema.
+    """
+    p = Path(path)
+    name = str(p)
+    try:
+        size = p.stat().st_size
+        if size > MAX_LOAD_BYTES:
+            raise UsageError(f"{name} is {size} bytes, too large for a gpubench result")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_LOAD_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+    if not raw.strip():
+        raise UsageError(f"{name} is empty", "expected a file saved by --json")
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{name} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+    return Result.from_dict(d, source=name)

@@ -1,0 +1,135 @@
+"""Sizes in and out, and the GB / GiB rule.
+
+Sizes given by the user may be binary ("64KiB") or decimal ("64KB"). Rules, chosen to match how
+nccl-tests and dask-cuda read their own options:
+
+- ``"4KiB"``, ``"1MiB"``, ``"1GiB"``: binary (1024-based).
+- ``"4KB"``, ``"1MB"``, ``"30GB"``: decimal (1000-based), as ``--rmm-pool-size 30GB`` means in dask-cuda.
+- ``"4K"``, ``"1M"``, ``"1G"`` (no "B"): binary, as nccl-tests' ``-b 8 -e 128M`` means.
+- a plain integer: bytes. A trailing "B" alone is allowed ("4096B").
+
+Bandwidth is printed in GB/s (1e9 B/s) by default or GiB/s (2**30 B/s) with ``--units GiB``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpubench.core.errors import UsageError
+
+_BINARY = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)(B?)\s*$", re.IGNORECASE)
+
+UNITS = {"GB": 1e9, "GiB": float(2**30)}
+
+
+def parse_size(text: str | int, *, what: str = "size") -> int:
+    """Parse a size into a whole number of bytes.
+
+    Args:
+        text: e.g. ``"4KiB"``, ``"1M"``, ``"30GB"``, ``"4096"`` or an int.
+        what: the option's name, used in the error message.
+
+    Returns:
+        The size in bytes (int, >= 1).
+
+    Raises:
+        UsageError: the text is not a size, is zero or negative, or is not a whole number of bytes.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        s = str(text)
+        m = _SIZE_RE.match(s)
+        if not m:
+            raise UsageError(
+                f"{what} {s!r} is not a size",
+                "use bytes or a number with K, M, G, T; KiB/K = 1024, KB = 1000, e.g. 4KiB, 1M, 30GB",
+            )
+        number, prefix, binary_i, b = m.groups()
+        prefix = prefix.upper()
+        if binary_i and not prefix:
+            raise UsageError(f"{what} {s!r} is not a size", "e.g. 4KiB, 1M, 30GB")
+        if prefix and b and not binary_i:
+            mult = _DECIMAL[prefix]
+        else:
+            mult = _BINARY[prefix]
+        exact = float(number) * mult
+        if exact != int(exact):
+            raise UsageError(f"{what} {s!r} is not a whole number of bytes")
+        value = int(exact)
+    if value <= 0:
+        raise UsageError(f"{what} {text!r} must be at least 1 byte")
+    return value
+
+
+def format_size(nbytes: int) -> str:
+    """Format a byte count compactly in binary units: 4096 -> "4 KiB", 1536 -> "1.5 KiB".
+
+    Args:
+        nbytes: a size in bytes (>= 0).
+    """
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    for unit, mult in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= mult:
+            v = nbytes / mult
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{nbytes} B"  # pragma: no cover
+
+
+def check_units(units: str) -> float:
+    """Return bytes per unit for ``"GB"`` (1e9) or ``"GiB"`` (2**30).
+
+    Raises:
+        UsageError: any other text.
+    """
+    try:
+        return UNITS[units]
+    except KeyError:
+        raise UsageError(f"units {units!r} not known", "use GB or GiB") from None
+
+
+def to_rate(bytes_per_second: float, units: str = "GB") -> float:
+    """Convert B/s into GB/s (1e9) or GiB/s (2**30)."""
+    return bytes_per_second / check_units(units)
+
+
+def format_rate(bytes_per_second: float, units: str = "GB") -> str:
+    """Format a bandwidth like "55.41" (no unit; the column header carries it)."""
+    v = to_rate(bytes_per_second, units)
+    if v >= 100:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
+    """Sizes from min to max multiplying by step_factor, as nccl-tests' -b/-e/-f; max always included.
+
+    Args:
+        min_bytes, max_bytes: bounds in bytes, min <= max.
+        step_factor: > 1.
+
+    Raises:
+        UsageError: min > max or step_factor <= 1.
+    """
+    if min_bytes > max_bytes:
+        raise UsageError(
+            f"min size {format_size(min_bytes)} is larger than max size {format_size(max_bytes)}",
+            "give -b <= -e",
+        )
+    if not step_factor > 1:
+        raise UsageError(f"step factor {step_factor!r} must be greater than 1", "e.g. -f 2")
+    sizes = []
+    s = float(min_bytes)
+    while s <= max_bytes:
+        v = int(round(s))
+        if not sizes or v != sizes[-1]:
+            sizes.append(v)
+        s *= step_factor
+    if sizes[-1] != max_bytes:
+        sizes.append(max_bytes)
+    return sizes
