@@ -1,0 +1,510 @@
+"""Compare saved results: pair figures, test the change against the noise, and say what differs.
+
+Works on saved results only (:func:`gpubench.core.result.load`); no GPU is needed.
+
+Pairing: two records are the same figure when their ``params`` are equal (:meth:`Record.key`).
+Figures present on one side only are listed, not dropped.
+
+Value of a figure: for metric "bandwidth" each sample's rate nbytes / seconds in B/s (higher is
+better); for metric "time" each sample's seconds (lower is better). The change is
+``100 * (median_new - median_base) / median_base`` of those values.
+
+Verdict, from the raw samples: a two-sided Mann-Whitney U test (:func:`mann_whitney_u`) at level
+``alpha`` (default 0.01). A figure is "worse" (or "better") only when the test finds a difference
+(p < alpha) AND the medians differ by more than ``threshold_pct`` in the worse (better) direction;
+otherwise it is "same" (within noise or within the threshold). ``--fail-on-regression`` fails on any
+"worse" figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from gpubench.core.errors import UsageError
+from gpubench.core.result import Record, Result
+
+DEFAULT_ALPHA = 0.01
+DEFAULT_THRESHOLD_PCT = 1.0
+HIGHER_IS_BETTER = {"bandwidth": True, "time": False}
+
+
+@dataclass(frozen=True)
+class MWU:
+    """Outcome of a Mann-Whitney U test.
+
+    Attributes:
+        u: U statistic of the first sample (number of pairs (x, y) with x > y, ties counting 1/2).
+        z: normal score of u with tie and continuity corrections (0 when the variance is 0).
+        p: two-sided p-value from the normal approximation, in [0, 1].
+    """
+
+    u: float
+    z: float
+    p: float
+
+
+def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
+    """Two-sided Mann-Whitney U test, normal approximation with tie and continuity corrections.
+
+    With the n = n1 + n2 values ranked together (ties get their average rank) and R1 the sum of the
+    ranks of ``x``::
+
+        U1      = R1 - n1 (n1 + 1) / 2
+        mu      = n1 n2 / 2
+        sigma^2 = n1 n2 / 12 * ((n + 1) - sum_k (t_k^3 - t_k) / (n (n - 1)))   # t_k: size of tie group k
+        z       = (|U1 - mu| - 1/2) / sigma        (continuity correction; 0 if that goes negative)
+        p       = erfc(|z| / sqrt(2))              (two-sided)
+
+    Sources: H. B. Mann and D. R. Whitney, "On a test of whether one of two random variables is
+    stochastically larger than the other", Ann. Math. Statist. 18 (1947) 50-60; the tie-corrected
+    variance from E. L. Lehmann, "Nonparametrics: Statistical Methods Based on Ranks" (1975), eq.
+    (1.35); the same computation as ``scipy.stats.mannwhitneyu(method="asymptotic")``.
+
+    Args:
+        x, y: samples (any unit, finite), each with at least one value.
+
+    Returns:
+        MWU(u, z, p). When every value is tied (sigma = 0) the samples cannot be told apart: z = 0, p = 1.
+
+    Raises:
+        ValueError: an empty sample.
+    """
+    import numpy as np
+
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("Mann-Whitney U needs two non-empty samples")
+    allv = np.concatenate([np.asarray(x, dtype=float), np.asarray(y, dtype=float)])
+    n = n1 + n2
+    # average ranks (1-based) of tied groups
+    uniq, inverse, counts = np.unique(allv, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)  # rank of each group's last member
+    avg_rank = ends - (counts - 1) / 2.0
+    ranks = avg_rank[inverse]
+    r1 = float(ranks[:n1].sum())
+    u1 = r1 - n1 * (n1 + 1) / 2.0
+    mu = n1 * n2 / 2.0
+    tie_term = float(((counts.astype(float) ** 3) - counts).sum())
+    var = n1 * n2 / 12.0 * ((n + 1) - (tie_term / (n * (n - 1)) if n > 1 else 0.0))
+    if var <= 0:
+        return MWU(u1, 0.0, 1.0)
+    z = max(abs(u1 - mu) - 0.5, 0.0) / math.sqrt(var)
+    z = math.copysign(z, u1 - mu)
+    p = min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
+    return MWU(u1, z, p)
+
+
+def figure_values(record: Record, source: str = "result") -> list[float]:
+    """The values a figure is judged on: rates nbytes / s in B/s for "bandwidth", seconds for "time".
+
+    Raises:
+        UsageError: an unknown metric, a bandwidth record that moves no bytes, or a sample that is
+            not a finite positive number of seconds.
+    """
+    if record.metric not in HIGHER_IS_BETTER:
+        raise UsageError(
+            f"{source}: record {record.params} has metric {record.metric!r}", "known metrics: bandwidth, time"
+        )
+    for t in record.samples_s:
+        if not (math.isfinite(t) and t > 0):
+            raise UsageError(f"{source}: record {record.params} has a sample of {t!r} seconds",
+                             "samples must be finite and > 0")
+    if record.metric == "time":
+        return list(record.samples_s)
+    if record.nbytes <= 0:
+        raise UsageError(f"{source}: bandwidth record {record.params} moves {record.nbytes} bytes")
+    return [record.nbytes / t for t in record.samples_s]
+
+
+def _median(xs: Sequence[float]) -> float:
+    from gpubench.core.stats import Summary
+
+    return Summary.of(xs).median
+
+
+@dataclass
+class Row:
+    """One figure of a comparison.
+
+    Attributes:
+        params: the figure's params.
+        metric: "bandwidth" (values in B/s) or "time" (values in seconds).
+        status: "paired", "only-base", "only-new" or "no-data" (a side has an error or no samples).
+        base_median, new_median: median value of each side (B/s or s), None where absent.
+        change_pct: 100 * (new - base) / base, None unless paired.
+        p: Mann-Whitney two-sided p-value, None unless paired.
+        verdict: "better", "worse", "same", or "" when not paired.
+        note: why a figure has no verdict (an error text), else "".
+    """
+
+    params: dict[str, Any]
+    metric: str
+    status: str
+    base_median: float | None = None
+    new_median: float | None = None
+    n_base: int = 0
+    n_new: int = 0
+    change_pct: float | None = None
+    p: float | None = None
+    verdict: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold_pct: float,
+          alpha: float = DEFAULT_ALPHA) -> tuple[float, float, str, float, float]:
+    """Verdict on one figure from its two samples of values.
+
+    Args:
+        base, new: values (B/s for bandwidth, seconds for time).
+        metric: "bandwidth" (higher is better) or "time" (lower is better).
+        threshold_pct: a change smaller than this (in %) is "same" whatever the test says.
+        alpha: significance level of the two-sided Mann-Whitney U test.
+
+    Returns:
+        (change_pct, p, verdict, base_median, new_median).
+    """
+    mb, mn = _median(base), _median(new)
+    change = 100.0 * (mn - mb) / mb if mb else 0.0
+    p = mann_whitney_u(new, base).p
+    gain = change if HIGHER_IS_BETTER[metric] else -change
+    if p < alpha and abs(change) > threshold_pct:
+        verdict = "better" if gain > 0 else "worse"
+    else:
+        verdict = "same"
+    return change, p, verdict, mb, mn
+
+
+@dataclass
+class Comparison:
+    """``new`` against ``base``: the env differences and one Row per figure (base order, then new-only)."""
+
+    base_name: str
+    new_name: str
+    command: str
+    env_diff: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        c = {"better": 0, "worse": 0, "same": 0, "only-base": 0, "only-new": 0, "no-data": 0}
+        for r in self.rows:
+            c[r.verdict if r.status == "paired" else r.status] += 1
+        return c
+
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.verdict == "worse"]
+
+    def to_dict(self) -> dict:
+        return {
+            "base": self.base_name,
+            "new": self.new_name,
+            "command": self.command,
+            "env_diff": [{"what": w, "base": b, "new": n} for w, b, n in self.env_diff],
+            "notes": self.notes,
+            "counts": self.counts(),
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+
+def _gpu_field(env: dict, key: str) -> str:
+    gpus = env.get("gpus") or []
+    vals = [g.get(key) for g in gpus]
+    if not vals:
+        return "-"
+    return ", ".join(str(v) for v in vals)
+
+
+def _pcie(env: dict) -> str:
+    gpus = env.get("gpus") or []
+    if not gpus:
+        return "-"
+    return ", ".join(f"Gen{g.get('pcie_gen') or '?'} x{g.get('pcie_width') or '?'}" for g in gpus)
+
+
+def env_facts(env: dict) -> dict[str, str]:
+    """The machine facts a comparison header shows, as text: GPUs, driver, CUDA, PCIe link, versions, host."""
+    host = env.get("host") or {}
+    cuda = env.get("cuda") or {}
+    nvml = env.get("nvml") or {}
+    facts = {
+        "hostname": str(host.get("hostname", "-")),
+        "GPUs": _gpu_field(env, "name"),
+        "GPU count": str(cuda.get("device_count", len(env.get("gpus") or [])) or "-"),
+        "PCIe link (now)": _pcie(env),
+        "NVIDIA driver": str(nvml.get("driver_version") or "-"),
+        "CUDA driver": str(cuda.get("driver_version") or "-"),
+        "CUDA runtime": str(cuda.get("runtime_version") or "-"),
+        "CPU": str(host.get("cpu_model", "-")),
+        "OS": str(host.get("os", "-")),
+        "python": str(host.get("python", "-")),
+    }
+    for k, v in sorted((env.get("versions") or {}).items()):
+        facts[k] = str(v)
+    return facts
+
+
+def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
+    """(what, base value, new value) for each machine fact, gpubench version or option that differs."""
+    a, b = env_facts(base.env), env_facts(new.env)
+    out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
+    if base.gpubench_version != new.gpubench_version:
+        out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
+    for k in sorted(set(base.spec) | set(new.spec)):
+        va, vb = base.spec.get(k), new.spec.get(k)
+        if va != vb:
+            out.append((f"option {k}", _short(va), _short(vb)))
+    return out
+
+
+def _short(v: Any, width: int = 60) -> str:
+    import json
+
+    s = json.dumps(v, sort_keys=True) if not isinstance(v, str) else v
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def check_same_command(results: Sequence[tuple[str, Result]]) -> str:
+    """The command all results share.
+
+    Raises:
+        UsageError: results of different commands.
+    """
+    base_name, base = results[0]
+    for name, r in results[1:]:
+        if r.command != base.command:
+            raise UsageError(
+                f"{name} is a {r.command!r} result and {base_name} a {base.command!r} result",
+                "compare results of the same command",
+            )
+    return base.command
+
+
+def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str = "new",
+            threshold_pct: float = DEFAULT_THRESHOLD_PCT, alpha: float = DEFAULT_ALPHA) -> Comparison:
+    """Compare ``new`` against ``base``, figure by figure.
+
+    Args:
+        base, new: results of the same command.
+        threshold_pct: changes at or under this many percent are "same" (>= 0).
+        alpha: significance level of the Mann-Whitney U test, in (0, 1).
+
+    Raises:
+        UsageError: different commands; a record with an unknown metric or impossible samples.
+    """
+    check_same_command([(base_name, base), (new_name, new)])
+    cmp = Comparison(base_name, new_name, base.command, env_diff(base, new))
+    for name, r in ((base_name, base), (new_name, new)):
+        if r.partial:
+            cmp.notes.append(f"{name} is partial (interrupted by {r.interrupted_by or 'a signal'})")
+    new_by_key: dict[tuple, Record] = {}
+    for r in new.records:
+        new_by_key.setdefault(r.key(), r)
+    seen: set[tuple] = set()
+    for rb in base.records:
+        k = rb.key()
+        if k in seen:
+            continue
+        seen.add(k)
+        rn = new_by_key.get(k)
+        if rn is None:
+            cmp.rows.append(_one_side(rb, "only-base", base_name))
+            continue
+        if rb.metric != rn.metric:
+            raise UsageError(f"figure {rb.params}: metric {rb.metric!r} in {base_name} but {rn.metric!r} in {new_name}")
+        if rb.error or rn.error or not rb.samples_s or not rn.samples_s:
+            why = rb.error or rn.error or "no samples"
+            row = Row(dict(rb.params), rb.metric, "no-data", note=why)
+            if rb.samples_s and not rb.error:
+                row.base_median = _median(figure_values(rb, base_name))
+            if rn.samples_s and not rn.error:
+                row.new_median = _median(figure_values(rn, new_name))
+            cmp.rows.append(row)
+            continue
+        vb, vn = figure_values(rb, base_name), figure_values(rn, new_name)
+        change, p, verdict, mb, mn = judge(vb, vn, rb.metric, threshold_pct=threshold_pct, alpha=alpha)
+        cmp.rows.append(Row(dict(rb.params), rb.metric, "paired", mb, mn, len(vb), len(vn), change, p, verdict))
+    for rn in new.records:
+        if rn.key() not in seen:
+            seen.add(rn.key())
+            cmp.rows.append(_one_side(rn, "only-new", new_name))
+    return cmp
+
+
+def _one_side(r: Record, status: str, source: str) -> Row:
+    row = Row(dict(r.params), r.metric, status, note=r.error or "")
+    if r.samples_s and not r.error:
+        m = _median(figure_values(r, source))
+        if status == "only-base":
+            row.base_median, row.n_base = m, len(r.samples_s)
+        else:
+            row.new_median, row.n_new = m, len(r.samples_s)
+    return row
+
+
+# ---- formatting: format_* return data (rich renderables or lines); the command displays them ----
+
+def varying_params(rows: Sequence[Row]) -> list[str]:
+    """Param names whose value differs between rows, in first-seen order (all names if one row)."""
+    keys: list[str] = []
+    for r in rows:
+        for k in r.params:
+            if k not in keys:
+                keys.append(k)
+    if len(rows) <= 1:
+        return keys
+    out = []
+    for k in keys:
+        vals = {repr(r.params.get(k)) for r in rows}
+        if len(vals) > 1:
+            out.append(k)
+    return out or keys[:1]
+
+
+def _param_cell(key: str, value: Any) -> str:
+    from gpubench.core.units import format_size
+
+    if value is None:
+        return "-"
+    if key in ("nbytes", "size", "piece") and isinstance(value, int) and not isinstance(value, bool):
+        return format_size(value)
+    return str(value)
+
+
+def _value_cell(v: float | None, metric: str, units: str) -> str:
+    from gpubench.core.units import format_rate
+
+    if v is None:
+        return "-"
+    if metric == "time":
+        us = v * 1e6
+        return f"{us:.3g}" if us < 100 else f"{us:.0f}"
+    return format_rate(v, units)
+
+
+def _p_cell(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _change_cell(c: float | None) -> str:
+    return "-" if c is None else f"{c:+.2f}%"
+
+
+def table_rows(cmp: Comparison, units: str = "GB") -> tuple[list[str], list[list[str]]]:
+    """Column names and text cells of a comparison table (shared by the rich and markdown forms)."""
+    keys = varying_params(cmp.rows)
+    metrics = {r.metric for r in cmp.rows}
+    unit_label = f"{units}/s" if metrics == {"bandwidth"} else "us" if metrics == {"time"} else f"{units}/s or us"
+    cols = keys + [f"base {unit_label}", f"new {unit_label}", "change", "p", "verdict"]
+    body = []
+    for r in cmp.rows:
+        cells = [_param_cell(k, r.params.get(k)) for k in keys]
+        cells += [_value_cell(r.base_median, r.metric, units), _value_cell(r.new_median, r.metric, units)]
+        if r.status == "paired":
+            cells += [_change_cell(r.change_pct), _p_cell(r.p), r.verdict]
+        else:
+            label = {"only-base": "only in base", "only-new": "only in new", "no-data": "no data"}[r.status]
+            cells += ["-", "-", label + (f": {r.note[:40]}" if r.note else "")]
+        body.append(cells)
+    return cols, body
+
+
+def summary_line(cmp: Comparison) -> str:
+    c = cmp.counts()
+    paired = c["better"] + c["worse"] + c["same"]
+    s = f"{paired} figure(s) paired: {c['better']} better, {c['worse']} worse, {c['same']} same"
+    extra = []
+    if c["only-base"]:
+        extra.append(f"{c['only-base']} only in base")
+    if c["only-new"]:
+        extra.append(f"{c['only-new']} only in new")
+    if c["no-data"]:
+        extra.append(f"{c['no-data']} without data")
+    return s + ("; " + ", ".join(extra) if extra else "") + "."
+
+
+def method_line(threshold_pct: float, alpha: float, units: str) -> str:
+    return (f"verdict: two-sided Mann-Whitney U test on the raw samples at p < {alpha:g} and a change over "
+            f"{threshold_pct:g}%; bandwidth higher is better ({units}/s = "
+            f"{'1e9' if units == 'GB' else '2^30'} B/s), time lower is better (us); medians shown.")
+
+
+def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float, units: str = "GB") -> list:
+    """Rich renderables: per comparison, the env differences and the figure table."""
+    from gpubench.core import report
+
+    out: list = []
+    for cmp in cmps:
+        title = f"{cmp.command}: {cmp.new_name} vs base {cmp.base_name}"
+        if cmp.env_diff:
+            t = report.table(f"What differs - {title}", ["", "base", "new"])
+            for w, b, n in cmp.env_diff:
+                t.add_row(w, b, n)
+            out.append(t)
+        else:
+            out.append(f"Same machine and options: {title}")
+        out.extend(f"note: {n}" for n in cmp.notes)
+        cols, body = table_rows(cmp, units)
+        t = report.table(title, cols)
+        for cells in body:
+            style = {"worse": "red", "better": "green"}.get(cells[-1])
+            t.add_row(*cells, style=style)
+        out.append(t)
+        out.append(summary_line(cmp))
+    out.append(method_line(threshold_pct, alpha, units))
+    return out
+
+
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float, units: str = "GB") -> list[str]:
+    """Lines of GitHub markdown (for a pull-request comment)."""
+    lines: list[str] = []
+    for cmp in cmps:
+        c = cmp.counts()
+        lines.append(f"### gpubench {cmp.command}: `{cmp.new_name}` vs base `{cmp.base_name}`")
+        lines.append("")
+        if c["worse"]:
+            lines.append(f"**{c['worse']} figure(s) worse.** {summary_line(cmp)}")
+        else:
+            lines.append(summary_line(cmp))
+        lines.append("")
+        if cmp.env_diff:
+            lines += ["| what differs | base | new |", "| --- | --- | --- |"]
+            lines += [f"| {_md_escape(w)} | {_md_escape(b)} | {_md_escape(n)} |" for w, b, n in cmp.env_diff]
+        else:
+            lines.append("Same machine and options.")
+        lines.append("")
+        for n in cmp.notes:
+            lines += [f"> note: {n}", ""]
+        cols, body = table_rows(cmp, units)
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("| " + " | ".join(["---"] + ["---:"] * (len(cols) - 2) + ["---"]) + " |")
+        for cells in body:
+            if cells[-1] in ("worse", "better"):
+                cells = cells[:-1] + [f"**{cells[-1]}**"]
+            lines.append("| " + " | ".join(_md_escape(x) for x in cells) + " |")
+        lines.append("")
+    lines.append(f"<sub>{method_line(threshold_pct, alpha, units)}</sub>")
+    return lines
+
+
+def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float) -> dict:
+    """A JSON-able dict: method, then each comparison with its rows (medians in B/s or seconds)."""
+    return {
+        "schema": "gpubench.compare",
+        "schema_version": 1,
+        "method": {"test": "mann-whitney-u two-sided, normal approximation with tie and continuity corrections",
+                   "alpha": alpha, "threshold_pct": threshold_pct,
+                   "values": {"bandwidth": "B/s per sample, higher is better", "time": "seconds, lower is better"}},
+        "comparisons": [c.to_dict() for c in cmps],
+        "regressions": sum(len(c.regressions()) for c in cmps),
+    }
