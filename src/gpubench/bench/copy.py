@@ -121,19 +121,24 @@ def preflight(spec: CopySpec, devices: tuple[int, ...]) -> None:
 
 
 class _Pair:
-    """A host buffer of one kind and a device buffer of the same size, holding the pattern."""
+    """A host buffer of one kind and a device buffer of the same size (allocated, not yet filled)."""
 
-    def __init__(self, nbytes: int, kind: str, pat):
+    def __init__(self, nbytes: int, kind: str):
+        self.nbytes = nbytes
         self.host = gpu.HostBuffer(nbytes, kind)
         try:
-            self.host.array[:] = pat
             self.dev = gpu.DeviceBuffer(nbytes)
         except BaseException:
             self.host.free()
             raise
+
+    def fill(self, pat) -> "_Pair":
+        """Write the pattern into the host buffer and copy it to the device buffer (untimed)."""
         from cupy.cuda import runtime
 
-        runtime.memcpy(self.dev.ptr, self.host.ptr, nbytes, gpu.H2D)
+        self.host.array[:] = pat
+        runtime.memcpy(self.dev.ptr, self.host.ptr, self.nbytes, gpu.H2D)
+        return self
 
     def free(self):
         self.dev.free()
@@ -184,12 +189,13 @@ def _copy_records(device, nbytes, kind, spec: CopySpec, peak) -> list[Record]:
     import cupy
     from cupy.cuda import runtime
 
-    pat = gpu.pattern(nbytes, seed=nbytes)
     gated = kind != "pageable"
     out: list[Record] = []
-    a = _Pair(nbytes, kind, pat)
+    a = _Pair(nbytes, kind)  # allocate first: a size that does not fit fails before any work
     b = None
     try:
+        pat = gpu.pattern(nbytes, seed=nbytes)
+        a.fill(pat)
         stream = cupy.cuda.Stream(non_blocking=True)
         gate = gpu.SpinGate(stream) if gated else None
 
@@ -219,7 +225,7 @@ def _copy_records(device, nbytes, kind, spec: CopySpec, peak) -> list[Record]:
                 out.append(_record(params(direction), nbytes, samples, reps, gated, verified, peak))
             else:  # bidir
                 if b is None:
-                    b = _Pair(nbytes, kind, pat)
+                    b = _Pair(nbytes, kind).fill(pat)
                 s2 = cupy.cuda.Stream(non_blocking=True)
                 if spec.verify:
                     b.host.array[:] = ~pat
@@ -273,13 +279,15 @@ def _all_devices_records(devices, nbytes, kind, spec: CopySpec, peaks) -> list[R
     import cupy
     from cupy.cuda import runtime
 
-    pat = gpu.pattern(nbytes, seed=nbytes)
     pairs, streams, gates = [], [], []
     out: list[Record] = []
     try:
+        pat = None
         for d in devices:
             with cupy.cuda.Device(d):
-                pairs.append(_Pair(nbytes, kind, pat))
+                pairs.append(_Pair(nbytes, kind))
+                pat = gpu.pattern(nbytes, seed=nbytes) if pat is None else pat
+                pairs[-1].fill(pat)
                 s = cupy.cuda.Stream(non_blocking=True)
                 streams.append(s)
                 gates.append(gpu.SpinGate(s))

@@ -73,8 +73,8 @@ def format_report(env: dict, units: str = "GB") -> list:
     out.append(t)
     if len(gpus) > 1:
         idx = [g["index"] for g in gpus]
-        t = report.table("Topology (nvidia-smi topo -m legend: NV# = # NVLinks, PIX/PXB/PHB/NODE/SYS = PCIe path)",
-                         [""] + [f"GPU{i}" for i in idx])
+        t = report.table("Topology", [""] + [f"GPU{i}" for i in idx],
+                         caption="NV# = # NVLinks; PIX/PXB/PHB/NODE/SYS = PCIe path (nvidia-smi topo -m legend)")
         for a in idx:
             row = [f"GPU{a}"]
             for b in idx:

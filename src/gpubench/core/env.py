@@ -190,6 +190,7 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
             g["nvlink_peers"] = {
                 str(bus_to_idx[b]): c for b, c in g.pop("_nvlink_remote").items() if b in bus_to_idx
             }
+        _nvlink_peers_by_p2p_status(nv, gpus, [handles[i] for i in order])
         topo = {}
         for a in gpus:
             for b in gpus:
@@ -214,6 +215,28 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
         _nvml_call(nv.nvmlShutdown)
 
 
+def _nvlink_peers_by_p2p_status(nv, gpus: list[dict], handles: list) -> None:
+    """Fill nvlink_peers where the links' remote PCI ids name no visible GPU.
+
+    Inside a VM NVML reports the remote end's host-side PCI id, which differs from the guest's; and
+    on NVSwitch systems the remote end is a switch. Then NVLink P2P status (NVML_P2P_CAPS_INDEX_NVLINK)
+    says which pairs talk over NVLink, and, as nvidia-smi topo -m does, each such pair is shown with
+    the device's links up (exact for one peer or a switch fabric).
+    """
+    idx = getattr(nv, "NVML_P2P_CAPS_INDEX_NVLINK", None)
+    if idx is None:
+        return
+    for a, ha in zip(gpus, handles):
+        if a["nvlink_peers"] or not a["nvlink_links_up"]:
+            continue
+        for b, hb in zip(gpus, handles):
+            if a is b:
+                continue
+            if _nvml_call(nv.nvmlDeviceGetP2PStatus, ha, hb, idx) == getattr(nv, "NVML_P2P_STATUS_OK", 0):
+                a["nvlink_peers"][str(b["index"])] = a["nvlink_links_up"]
+                a["nvlink_peers_inferred"] = True
+
+
 # nvmlGpuTopologyLevel_t -> nvidia-smi topo -m legend
 _TOPO_NAMES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
@@ -233,9 +256,12 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
             continue
         links_up += 1
         version = version or _nvml_call(nv.nvmlDeviceGetNvLinkVersion, h, link)
-        pci = _nvml_call(nv.nvmlDeviceGetNvLinkRemotePciInfo_v2, h, link) or _nvml_call(
-            nv.nvmlDeviceGetNvLinkRemotePciInfo, h, link
-        )
+        pci = None
+        for fn_name in ("nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"):
+            fn = getattr(nv, fn_name, None)
+            pci = _nvml_call(fn, h, link) if fn is not None else None
+            if pci is not None:
+                break
         if pci is not None:
             rb = _norm_bus_id(_dec(pci.busId))
             remote[rb] = remote.get(rb, 0) + 1

@@ -18,7 +18,10 @@ def console(stderr: bool = False):
     """A rich Console on stdout (or stderr), without colour when not a terminal."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # Off a terminal (CI logs, pipes) rich would wrap at 80 columns and squeeze wide tables.
+    width = None if stream.isatty() else 200
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def table(title: str, columns: list[str], caption: str | None = None):

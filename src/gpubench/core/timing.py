@@ -108,7 +108,7 @@ class TimingPlan:
     warmup: int = 2
     iters: int | None = None
     min_time: float = 0.1
-    min_iters: int = 5
+    min_iters: int = 10
     max_iters: int = 1000
 
     def to_dict(self) -> dict:

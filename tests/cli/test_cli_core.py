@@ -1,0 +1,124 @@
+"""The command line as a user meets it: help, version, exit codes, one-line errors, no GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpubench.cli import COMMANDS
+from gpubench.core.gpu import require_gpu
+from gpubench.core.errors import NoGPUError
+
+
+def gb(*args, env=None, timeout=120):
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=e)
+
+
+def _have_gpu() -> bool:
+    try:
+        require_gpu()
+        return True
+    except NoGPUError:
+        return False
+
+
+def test_help_lists_every_command_and_imports_no_heavy_module():
+    code = ("import sys; from gpubench.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "heavy = [m for m in ('cupy', 'dask', 'distributed', 'cudf', 'ucxx', 'matplotlib', 'pynvml') if m in sys.modules]\n"
+            "print('HEAVY', heavy, 'RC', rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    for name in COMMANDS:
+        assert name in out
+    assert "HEAVY [] RC 0" in out
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_each_command_help(name):
+    r = gb(name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "Usage:" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_version():
+    from gpubench import __version__
+
+    r = gb("--version")
+    assert r.returncode == 0 and __version__ in r.stdout
+
+
+def test_unknown_command_one_line():
+    r = gb("nosuch")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "nosuch" in r.stderr
+
+
+BAD = [
+    (["-b", "0"], "at least 1 byte"),
+    (["-b", "-5"], "-5"),
+    (["-b", "12xb"], "12xb"),
+    (["-b", "1G", "-e", "1M"], "larger than max"),
+    (["-f", "1"], "greater than 1"),
+    (["-f", "abc"], "abc"),
+    (["-d", "0,0"], "repeated"),
+    (["-d", "-1"], "negative"),
+    (["-d", "x"], "not an integer"),
+    (["-m", "gold"], "gold"),
+    (["--direction", "up"], "up"),
+    (["-n", "0"], "-n/--iters"),
+    (["--pinned", "-m", "pageable"], "both given"),
+    (["--units", "MB"], "MB"),
+    (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_copy_bad_input_is_one_line_exit_2(args, needle):
+    r = gb("copy", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(_have_gpu(), reason="a GPU is visible")
+def test_copy_without_gpu_one_line():
+    r = gb("copy", "--pinned")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "no CUDA device is visible" in lines[0] and "env" in lines[0]
+
+
+def test_copy_device_hidden_by_cuda_visible_devices():
+    """An empty CUDA_VISIBLE_DEVICES hides every GPU: the same one line, exit 2."""
+    r = gb("copy", "-d", "0", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "no CUDA device is visible" in r.stderr
+
+
+def test_env_prints_and_saves(tmp_path):
+    out = tmp_path / "env.json"
+    r = gb("env", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "Host" in r.stdout
+    if not _have_gpu():
+        assert "No CUDA device is visible" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["command"] == "env" and data["env"]["host"]["hostname"]
+
+
+def test_env_quiet_prints_nothing():
+    r = gb("env", "-q")
+    assert r.returncode == 0 and r.stdout == ""

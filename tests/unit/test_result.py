@@ -1,0 +1,88 @@
+import json
+import os
+
+import pytest
+
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.result import SCHEMA_VERSION, Record, Result, check_output_path, load, save
+
+
+def _result():
+    r = Record(params={"direction": "h2d", "memory": "pinned", "nbytes": 4096}, nbytes=4096,
+               samples_s=[1e-6, 2e-6, 3e-6], reps=4, extra={"gated": True})
+    return Result(command="copy", spec={"sizes": [4096]}, timing={"clock": "cuda-event"},
+                  env={"host": {"hostname": "x"}}, records=[r])
+
+
+def test_round_trip(tmp_path):
+    res = _result()
+    p = save(res, tmp_path / "r.json")
+    back = load(p)
+    assert back.to_dict() == res.to_dict()
+    assert back.records[0].rate_summary().median == pytest.approx(4096 / 2e-6)
+    raw = json.loads(p.read_text())
+    assert raw["schema"] == "gpubench.result" and raw["schema_version"] == SCHEMA_VERSION
+
+
+def test_save_is_atomic_and_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    p = tmp_path / "r.json"
+    save(_result(), p)
+    before = p.read_text()
+    bad = _result()
+    bad.records[0].samples_s = [float("nan")]  # json refuses NaN: the write must fail before rename
+    with pytest.raises(ValueError):
+        save(bad, p)
+    assert p.read_text() == before
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
+
+
+def test_save_to_read_only_folder(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        if os.access(d, os.W_OK):
+            pytest.skip("running as root: permissions are not enforced")
+        with pytest.raises(MachineError, match="could not save"):
+            save(_result(), d / "r.json")
+    finally:
+        d.chmod(0o700)
+
+
+def test_save_failure_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder")
+    with pytest.raises(MachineError, match="could not save result to"):
+        save(_result(), blocker / "r.json")
+
+
+def test_check_output_path(tmp_path):
+    assert check_output_path(tmp_path / "a.json").name == "a.json"
+    with pytest.raises(UsageError, match="does not exist"):
+        check_output_path(tmp_path / "nope" / "a.json")
+    with pytest.raises(UsageError, match="is a folder"):
+        check_output_path(tmp_path)
+
+
+@pytest.mark.parametrize("content,match", [
+    ("", "empty"), ("{", "not valid JSON"), ("[1, 2]", "not a gpubench result"),
+    ('{"schema": "other"}', "not a gpubench result"),
+    ('{"schema": "gpubench.result", "schema_version": 99, "command": "copy"}', "newer"),
+    ('{"schema": "gpubench.result", "schema_version": "x", "command": "copy"}', "unknown schema"),
+    ('{"schema": "gpubench.result", "schema_version": 1}', "malformed"),
+    ('{"schema": "gpubench.result", "schema_version": 1, "command": "copy", "records": [{"x": 1}]}', "malformed"),
+])
+def test_load_refuses(tmp_path, content, match):
+    p = tmp_path / "x.json"
+    p.write_text(content)
+    with pytest.raises(UsageError, match=match):
+        load(p)
+
+
+def test_load_missing_and_binary(tmp_path):
+    with pytest.raises(UsageError, match="cannot read"):
+        load(tmp_path / "missing.json")
+    p = tmp_path / "bin.json"
+    p.write_bytes(os.urandom(4096))
+    with pytest.raises(UsageError):
+        load(p)
