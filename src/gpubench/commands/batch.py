@@ -1,0 +1,192 @@
+"""``gpubench batch`` options and report."""
+
+from __future__ import annotations
+
+import click
+
+from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.core import report
+from gpubench.core.errors import UsageError
+from gpubench.core.units import format_rate, format_size, parse_size
+
+SWEEP_PIECES = ("1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "1MiB")
+SWEEP_TOTAL = "16MiB"
+
+
+@click.command("batch")
+@click.option("--count", type=int, default=None, help="Pieces per transfer [default: 4096, or --total / --piece].")
+@click.option("--piece", default=None, help="Bytes per piece; a comma list sweeps (e.g. 1KiB,4KiB,64KiB) [default: 4KiB].")
+@click.option("--total", default=None, help="Hold count x piece at this many bytes across a sweep (count = total / piece).")
+@click.option("--sweep", is_flag=True, help=f"Piece sizes {','.join(SWEEP_PIECES)} at a total of {SWEEP_TOTAL} "
+                                            "(unless --piece / --total say otherwise).")
+@click.option("-s", "--strategy", "strategies", default="separate,packed,batched-api,contiguous", show_default=True,
+              help="Comma list of separate, packed, batched-api, contiguous.")
+@click.option("--direction", "directions", default="h2d,d2h", show_default=True, help="Comma list of h2d, d2h.")
+@click.option("-m", "--memory", default="pinned,pageable", show_default=True,
+              help="Host memory holding the pieces: comma list of pinned, pageable.")
+@click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device.")
+@click.option("-w", "--warmup", type=int, default=2, show_default=True, help="Untimed samples per point.")
+@click.option("-n", "--iters", type=int, default=None, help="Timed samples per point [default: enough for --min-time].")
+@click.option("--min-time", type=float, default=0.1, show_default=True, help="Seconds of timed transfers per point when -n is not given.")
+@click.option("--no-gate", is_flag=True, help="Do not queue page-locked copies behind the spin kernel: the "
+                                              "figure then includes the host's cost of issuing each copy.")
+@click.option("--spread", type=click.Choice(["iqr", "range"]), default="iqr", show_default=True,
+              help="Spread shown beside the median: p25-p75 or min-max.")
+@common_options
+def command(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time, no_gate,
+            spread, json_path, units, quiet, debug):
+    """Many small copies vs one packed copy vs cudaMemcpyBatchAsync vs one contiguous copy.
+
+    N pieces of S bytes, scattered on the host, go H2D or D2H: one cudaMemcpyAsync each
+    (separate), gathered into pinned staging then one copy (packed), one cudaMemcpyBatchAsync
+    (batched-api, CUDA 12.8+ through cuda-bindings), or one copy of N x S (contiguous, the
+    ceiling). Every strategy's data is checked. GB/s = N x S / time; see docs/batch.md.
+    """
+    spec = build_spec(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time,
+                      no_gate)
+    from gpubench.bench import batch as bench
+
+    with report.progress(not quiet) as prog:
+        result = bench.run(spec, prog)
+    return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
+
+
+def _csv(text: str, what: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in str(text).split(",") if x.strip())
+    if not items:
+        raise UsageError(f"{what} {text!r} is empty")
+    if len(set(items)) != len(items):
+        raise UsageError(f"{what} {text!r} repeats a value", "name each once")
+    return items
+
+
+def build_spec(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time,
+               no_gate=False):
+    """Validate the options (no GPU needed) and build a BatchSpec.
+
+    Raises:
+        UsageError: any bad value, named in the message.
+    """
+    from gpubench.bench.batch import DIRECTIONS, HOST_KINDS, MAX_COUNT, STRATEGIES, BatchSpec
+    from gpubench.core.timing import TimingPlan
+
+    if sweep:
+        piece = piece if piece is not None else ",".join(SWEEP_PIECES)
+        if total is None and count is None:
+            total = SWEEP_TOTAL
+    pieces = [parse_size(p, what="--piece") for p in _csv(piece if piece is not None else "4KiB", "--piece")]
+    if len(set(pieces)) != len(pieces):
+        raise UsageError(f"--piece {piece!r} repeats a size")
+    if count is not None and total is not None:
+        raise UsageError(f"--count {count} and --total {total!r} both given", "give one of them")
+    if count is not None:
+        positive_int("--count", count)
+        points = [(count, p) for p in pieces]
+    elif total is not None:
+        tot = parse_size(total, what="--total")
+        points = []
+        for p in pieces:
+            if tot % p:
+                raise UsageError(f"--total {total!r} is not a whole number of {format_size(p)} pieces",
+                                 "give a total that each piece size divides")
+            points.append((tot // p, p))
+    else:
+        points = [(4096, p) for p in pieces]
+    for c, p in points:
+        if c > MAX_COUNT:
+            raise UsageError(f"{c} pieces of {format_size(p)} is over the limit of {MAX_COUNT} per transfer",
+                             "raise --piece or lower --count / --total")
+    strat = _csv(strategies, "--strategy")
+    for x in strat:
+        if x not in STRATEGIES:
+            raise UsageError(f"strategy {x!r} not known", f"use {', '.join(STRATEGIES)}")
+    dirs = _csv(directions, "--direction")
+    for x in dirs:
+        if x not in DIRECTIONS:
+            raise UsageError(f"direction {x!r} not known", f"use {', '.join(DIRECTIONS)}")
+    kinds = _csv(memory, "--memory")
+    for x in kinds:
+        if x not in HOST_KINDS:
+            raise UsageError(f"memory kind {x!r} not known for batch", f"use {', '.join(HOST_KINDS)}")
+    if device < 0:
+        raise UsageError(f"-d/--device {device} is negative", "device ids start at 0")
+    positive_int("-w/--warmup", warmup, allow_zero=True)
+    positive_int("-n/--iters", iters)
+    if not (min_time > 0):
+        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
+    return BatchSpec(points=tuple(points), strategies=strat, directions=dirs, memory=kinds, device=device,
+                     plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time), gate=not no_gate)
+
+
+_DIR_TITLES = {"h2d": "H2D (host to device)", "d2h": "D2H (device to host)"}
+_ORDER = ("separate", "batched-api", "packed", "packed+gather", "contiguous")
+
+
+def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
+    """One table per (direction, count, piece): a row per (strategy, memory) with GB/s, us per
+    piece, speed-up over separate and % of the link's peak. Returns rich renderables."""
+    recs = result.records
+    out: list = []
+    points: list = []
+    for r in recs:
+        key = (r.params["direction"], r.params["count"], r.params["piece_bytes"])
+        if key not in points:
+            points.append(key)
+    spread_name = "p25-p75" if spread == "iqr" else "min-max"
+    for direction, count, piece in points:
+        rows = [r for r in recs if (r.params["direction"], r.params["count"], r.params["piece_bytes"])
+                == (direction, count, piece)]
+        rows.sort(key=lambda r: (_ORDER.index(r.params["strategy"]) if r.params["strategy"] in _ORDER else 99,
+                                 r.params["memory"]))
+        t = report.table(
+            f"{_DIR_TITLES.get(direction, direction)} - {count} x {format_size(piece)} = "
+            f"{format_size(count * piece)} - GPU {result.spec.get('device', 0)}",
+            ["strategy", "host memory", f"{units}/s ({spread_name})", "us / piece", "vs separate", "% peak", "check"],
+        )
+        for r in rows:
+            name, mem = r.params["strategy"], r.params["memory"]
+            if r.error:
+                t.add_row(name, mem, r.error[:90], "", "", "", "")
+                continue
+            rate = r.rate_summary()
+            sp = r.extra.get("speedup_vs_separate")
+            check = {True: "ok", False: "WRONG DATA", None: "-"}[r.extra.get("verified")]
+            t.add_row(name, mem, report.rate_cell(rate, units, spread),
+                      f"{r.extra.get('time_per_piece_us', 0):.3f}", f"{sp:.2f}x" if sp else "-",
+                      report.peak_cell(r.extra.get("pct_of_peak")), check)
+        out.append(t)
+    out.extend(_notes(result, units))
+    return out
+
+
+def _notes(result, units: str) -> list[str]:
+    recs = result.records
+    notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s of pieces moved (count x piece / time); "
+             f"median over samples ({result.timing.get('warmup')} warm-up(s)); sizes in binary units."]
+    if result.spec.get("gate", True):
+        notes.append("separate / batched-api / packed / contiguous from page-locked memory: copies queued behind a "
+                     "spin kernel, timed with CUDA events (the copy engines' time, not the host's issue rate; "
+                     "--no-gate includes it). pageable: no gate.")
+    else:
+        notes.append("--no-gate: each figure includes the host's cost of issuing the copies.")
+    if any(r.params.get("strategy") == "packed+gather" for r in recs):
+        notes.append("packed: the copy alone; packed+gather: host gather (H2D) or scatter (D2H) through pinned "
+                     "staging, timed with perf_counter, plus the copy.")
+    skipped = {r.error for r in recs if r.extra.get("skipped") and r.error}
+    for s in sorted(skipped):
+        notes.append(f"batched-api {s}")
+    if any(r.extra.get("gate_dropped") for r in recs):
+        notes.append("Some rows were timed without the gate: the driver's queue filled while the gate held.")
+    if any(r.extra.get("above_peak") for r in recs):
+        notes.append("!! marks a figure above the link's physical peak: a timing fault, not a real speed.")
+    if any(r.extra.get("verified") is False for r in recs):
+        notes.append("WRONG DATA: a strategy delivered bytes that differ from what was sent.")
+    elif any(r.extra.get("verified") for r in recs):
+        notes.append("check: every strategy's pieces arrived intact, in the right places.")
+    if result.partial:
+        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
+    peaks = {r.extra.get("peak_bytes_per_s") for r in recs if r.extra.get("peak_bytes_per_s")}
+    if peaks:
+        notes.append("% peak: of the raw PCIe line rate per direction, " +
+                     ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
+    return notes
