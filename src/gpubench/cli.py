@@ -22,6 +22,7 @@ from gpubench.core.errors import GpubenchError, Interrupted
 COMMANDS: dict[str, tuple[str, str]] = {
     "copy": ("gpubench.commands.copy", "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."),
     "env": ("gpubench.commands.env", "The machine: GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA."),
+    "net": ("gpubench.commands.net", "Multi-stream TCP throughput between two hosts (server, client, local)."),
 }
 
 
