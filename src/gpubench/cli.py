@@ -23,6 +23,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "copy": ("gpubench.commands.copy", "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."),
     "env": ("gpubench.commands.env", "The machine: GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA."),
     "net": ("gpubench.commands.net", "Multi-stream TCP throughput between two hosts (server, client, local)."),
+    "compare": ("gpubench.commands.compare", "Compare saved results: per-figure change and a noise-aware verdict."),
+    "plot": ("gpubench.commands.plot", "PNG of saved results: bandwidth vs size, p2p heatmaps, merge pairs."),
+    "suite": ("gpubench.commands.suite", "Node validation: env, copy, batch, p2p, nccl; expectations from TOML."),
 }
 
 

@@ -370,7 +370,7 @@ def _param_cell(key: str, value: Any) -> str:
 
     if value is None:
         return "-"
-    if key in ("nbytes", "size", "piece") and isinstance(value, int) and not isinstance(value, bool):
+    if key in ("nbytes", "size", "piece", "piece_bytes") and isinstance(value, int) and not isinstance(value, bool):
         return format_size(value)
     return str(value)
 

@@ -39,12 +39,24 @@ class Panel:
     series: list[tuple[str, list[Record]]] = field(default_factory=list)
 
 
+SIZE_KEYS = ("nbytes", "piece_bytes", "piece", "size")  # params that can be a sweep's x axis, in bytes
+
+
+def size_key(r: Record) -> str | None:
+    """The param holding the swept size in bytes (nbytes, or batch's piece_bytes), or None."""
+    for k in SIZE_KEYS:
+        v = r.params.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return k
+    return None
+
+
 def _kind(r: Record) -> str:
     if "src" in r.params and "dst" in r.params:
         return "matrix"
     if "pair" in r.params:
         return "pairs"
-    if "nbytes" in r.params:
+    if size_key(r):
         return "sweep"
     return "other"
 
@@ -63,7 +75,7 @@ def _mode_label(r: Record, keys: Sequence[str]) -> str:
     parts = []
     for k in keys:
         v = r.params.get(k)
-        if k == "nbytes" and isinstance(v, int):
+        if k in SIZE_KEYS and isinstance(v, int):
             parts.append(format_size(v))
         elif k == "device":
             parts.append(f"GPU {v}")
@@ -105,7 +117,7 @@ def build_panels(results: Sequence[tuple[str, Result]]) -> list[Panel]:
     for (kind, metric, command), items in groups.items():
         recs = [r for _, r in items]
         if kind == "sweep":
-            keys = _mode_keys(recs, {"nbytes"})
+            keys = _mode_keys(recs, {size_key(recs[0]) or "nbytes"})
             series: dict[str, list[Record]] = {}
             for name, r in items:
                 label = _mode_label(r, keys) or command
@@ -146,15 +158,16 @@ def _unit_label(metric: str, units: str) -> str:
 def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> None:
     styles = _series_styles(panel)
     for label, recs in panel.series:
-        recs = sorted(recs, key=lambda r: r.params["nbytes"])
-        xs = [r.params["nbytes"] for r in recs]
+        recs = sorted(recs, key=lambda r: r.params[size_key(r)])
+        xs = [r.params[size_key(r)] for r in recs]
         ss = [values(r, units) for r in recs]
         color, linestyle, marker = styles[label]
         line, = ax.plot(xs, [s.median for s in ss], color=color, linestyle=linestyle, marker=marker,
                         markersize=3, lw=1.3, label=label)
         ax.fill_between(xs, [s.p25 for s in ss], [s.p75 for s in ss], color=line.get_color(), alpha=0.2, lw=0)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("size per copy (bytes, log2)")
+    xkey = size_key(panel.series[0][1][0])
+    ax.set_xlabel(("bytes per piece" if xkey != "nbytes" else "size per copy") + " (log2)")
     ax.set_ylabel(f"{'bandwidth' if panel.metric == 'bandwidth' else 'time'} ({_unit_label(panel.metric, units)}), median")
     if panel.metric == "time":
         ax.set_yscale("log")
@@ -168,7 +181,7 @@ def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> N
             ax.annotate(f"link peak {v:.1f} {units}/s", (0.01, v), xycoords=("axes fraction", "data"),
                         textcoords="offset points", xytext=(0, 3), fontsize=8, color="0.3")
         ax.set_ylim(bottom=0)
-    ticks = sorted({r.params["nbytes"] for _, rs in panel.series for r in rs})
+    ticks = sorted({r.params[size_key(r)] for _, rs in panel.series for r in rs})
     if len(ticks) > 12:
         step = math.ceil(len(ticks) / 12)
         ticks = ticks[::step]
