@@ -1,0 +1,467 @@
+"""``gpubench memcpy2d``: a window of W bytes x H rows copied out of rows with a pitch, four ways.
+
+Layout (docs/memcpy2d.md): the source holds H rows of ``src_pitch`` bytes; the window is the first W
+bytes of each row. The destination holds H rows of ``dst_pitch`` bytes between two guard zones of
+:data:`GUARD` bytes; the window lands in the first W bytes of each destination row. Everything in
+the destination outside the window (row tails and guards) is filled with a second pattern first and
+checked to be untouched afterwards.
+
+Strategies:
+
+- ``2d``: one ``cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, W, H, kind, stream)``.
+- ``row-loop``: H ``cudaMemcpyAsync`` calls of W bytes, one per row (from page-locked or device
+  memory queued behind the spin gate in segments of :data:`gpubench.bench.batch.SEGMENT`).
+- ``contiguous``: one ``cudaMemcpyAsync`` of W x H bytes from the start of the source to the window's
+  start: the same bytes with no pitch, the ceiling.
+- ``cupy-slice``: what users write in CuPy: H2D ``dst[:, :W] = cupy.asarray(host[:, :W])``; D2H
+  ``host_dst[:, :W] = cupy.asnumpy(dev[:, :W])``; D2D ``dst[:, :W] = src[:, :W]``. Timed with
+  perf_counter around the line and a stream synchronize, since CuPy does host work (a contiguous
+  host copy, allocations) inside it.
+
+Figures: effective bandwidth = W x H / seconds (window bytes moved once, as nvbandwidth counts
+copies; the pitch padding is not counted); time per row = seconds / H; relative to 2d = 2d's
+median time / this strategy's median time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from gpubench.bench.batch import SEGMENT, GatedTimer, SumClock, segments
+from gpubench.core import env as envmod
+from gpubench.core import gpu
+from gpubench.core.errors import UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.sweep import run_groups
+from gpubench.core.timing import HostClock, TimingPlan, choose_reps, measure
+from gpubench.core.units import format_size
+
+STRATEGIES = ("2d", "row-loop", "contiguous", "cupy-slice")
+DIRECTIONS = ("h2d", "d2h", "d2d")
+HOST_KINDS = ("pinned", "pageable")
+GUARD = 4096  # bytes before and after the destination rows, checked to stay untouched
+MAX_PITCH = 2**31 - 1  # cudaDevAttrMaxPitch on current NVIDIA GPUs; checked again on the device
+MAX_BUFFER = 1 << 40  # a pitch x rows beyond 1 TiB cannot be a buffer on any machine here
+MAX_LOOP_ROWS = 1 << 18  # row-loop issues one Python call per row; beyond this a sample takes seconds
+DEVICE_MARGIN_BYTES = 512 * 2**20
+CUDA_DEV_ATTR_MAX_PITCH = 11  # cudaDevAttrMaxPitch
+
+
+def check_geometry(width: int, height: int, src_pitch: int, dst_pitch: int) -> None:
+    """Check a window against its pitches, without a GPU.
+
+    Args:
+        width: W, bytes per row of the window.
+        height: H, rows.
+        src_pitch, dst_pitch: bytes from one row's start to the next, in source and destination.
+
+    Raises:
+        UsageError: a size below 1, W larger than a pitch, a pitch above MAX_PITCH, or pitch x rows
+            beyond MAX_BUFFER.
+    """
+    for name, v in (("--width", width), ("--height", height), ("--src-pitch", src_pitch),
+                    ("--dst-pitch", dst_pitch)):
+        if not isinstance(v, int) or v < 1:
+            raise UsageError(f"{name} {v!r} must be a whole number >= 1")
+    for name, p in (("--src-pitch", src_pitch), ("--dst-pitch", dst_pitch)):
+        if width > p:
+            raise UsageError(f"--width {format_size(width)} is wider than {name} {format_size(p)}",
+                             "a row's window must fit in its pitch: W <= pitch")
+        if p > MAX_PITCH:
+            raise UsageError(f"{name} {format_size(p)} is over CUDA's maximum pitch of {MAX_PITCH} bytes")
+        if p * height > MAX_BUFFER:
+            raise UsageError(f"{name} {format_size(p)} x {height} rows = {format_size(p * height)} does not fit "
+                             f"in a buffer (limit {format_size(MAX_BUFFER)})", "lower --height or the pitch")
+
+
+@dataclass(frozen=True)
+class Memcpy2dSpec:
+    """Parsed options of ``gpubench memcpy2d``.
+
+    Attributes:
+        points: (width, height, src_pitch, dst_pitch) in bytes / rows.
+        strategies: subset of STRATEGIES.
+        directions: subset of DIRECTIONS.
+        memory: host memory kinds for h2d / d2h (d2d uses device memory only).
+        device: CUDA ordinal.
+        plan: warm-ups and iterations (a sample moves the whole window once).
+        gate: queue page-locked / device copies behind the spin gate.
+    """
+
+    points: tuple[tuple[int, int, int, int], ...]
+    strategies: tuple[str, ...] = STRATEGIES
+    directions: tuple[str, ...] = DIRECTIONS
+    memory: tuple[str, ...] = ("pinned",)
+    device: int = 0
+    plan: TimingPlan = field(default_factory=TimingPlan)
+    gate: bool = True
+
+    def __post_init__(self):
+        if not self.points:
+            raise UsageError("no window to measure")
+        for p in self.points:
+            check_geometry(*p)
+        for name, got, allowed in (("strategy", self.strategies, STRATEGIES),
+                                   ("direction", self.directions, DIRECTIONS),
+                                   ("memory kind", self.memory, HOST_KINDS)):
+            if not got:
+                raise UsageError(f"no {name} selected", f"use {', '.join(allowed)}")
+            for x in got:
+                if x not in allowed:
+                    raise UsageError(f"{name} {x!r} not known", f"use {', '.join(allowed)}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["points"] = [list(p) for p in self.points]
+        d["plan"] = self.plan.to_dict()
+        return d
+
+
+def buffer_sizes(width: int, height: int, src_pitch: int, dst_pitch: int) -> tuple[int, int]:
+    """(source bytes, destination bytes incl. the two guards) for one window."""
+    return src_pitch * height, GUARD + dst_pitch * height + GUARD
+
+
+def expected_destination(src, baseline, width: int, height: int, src_pitch: int, dst_pitch: int, *,
+                         contiguous: bool = False):
+    """The destination after a correct copy: ``baseline`` with the window written.
+
+    Args:
+        src: uint8 numpy array, the whole source (src_pitch x height bytes).
+        baseline: uint8 numpy array, the destination's prior contents (buffer_sizes()[1] bytes).
+        contiguous: the ``contiguous`` strategy: W x H bytes from src[0] to the window's start.
+
+    Returns:
+        A new uint8 numpy array of baseline's size.
+    """
+    out = baseline.copy()
+    if contiguous:
+        out[GUARD:GUARD + width * height] = src[:width * height]
+        return out
+    rows = out[GUARD:GUARD + dst_pitch * height].reshape(height, dst_pitch)
+    rows[:, :width] = src[:src_pitch * height].reshape(height, src_pitch)[:, :width]
+    return out
+
+
+@dataclass(frozen=True)
+class _Group:
+    point: tuple[int, int, int, int]
+    memory: str  # "pinned" / "pageable" for h2d, d2h; "device" for d2d
+    directions: tuple[str, ...]
+
+
+def _label(g: _Group) -> str:
+    w, h, sp, dp = g.point
+    return f"{format_size(w)} x {h} rows ({g.memory})"
+
+
+def preflight(spec: Memcpy2dSpec) -> None:
+    """Check every window fits on the GPU and under its maximum pitch before allocating.
+
+    Raises:
+        UsageError: a pitch above the device's maximum, or buffers larger than its free memory.
+    """
+    from cupy.cuda import runtime
+
+    try:
+        max_pitch = runtime.deviceGetAttribute(CUDA_DEV_ATTR_MAX_PITCH, spec.device)
+    except Exception:
+        max_pitch = MAX_PITCH
+    free, _ = gpu.device_free_bytes(spec.device)
+    _, avail = envmod.host_memory()
+    for w, h, sp, dp in spec.points:
+        for name, p in (("--src-pitch", sp), ("--dst-pitch", dp)):
+            if p > max_pitch:
+                raise UsageError(f"{name} {format_size(p)} is over GPU {spec.device}'s maximum pitch of "
+                                 f"{max_pitch} bytes")
+        s, d = buffer_sizes(w, h, sp, dp)
+        need = s + d if "d2d" in spec.directions else max(s, d)
+        if need + DEVICE_MARGIN_BYTES > free:
+            raise UsageError(f"a {format_size(w)} x {h}-row window with pitches {format_size(sp)} / {format_size(dp)} "
+                             f"needs {format_size(need)} on GPU {spec.device}, which has {format_size(free)} free",
+                             "lower --height or the pitches")
+        if avail is not None and 4 * max(s, d) > avail:
+            raise UsageError(f"a {format_size(w)} x {h}-row window needs about {format_size(4 * max(s, d))} of host "
+                             f"memory; {format_size(avail)} is available", "lower --height or the pitches")
+
+
+def _device_array(cupy, ptr: int, nbytes: int, owner):
+    mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner)
+    return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Record]:
+    import cupy
+    import numpy as np
+    from cupy.cuda import runtime
+
+    w, h, sp, dp = g.point
+    src_n, dst_n = buffer_sizes(w, h, sp, dp)
+    src_pat = gpu.pattern(src_n, seed=src_n + w)
+    baseline = gpu.pattern(dst_n, seed=dst_n + w + 1)[::-1].copy()  # a different sequence than the source
+    window = w * h
+    out: list[Record] = []
+    bufs: list = []
+    try:
+        # host side (h2d / d2h) or a second device buffer (d2d)
+        dev_a = gpu.DeviceBuffer(max(src_n, dst_n))
+        bufs.append(dev_a)
+        if g.memory == "device":
+            dev_b = gpu.DeviceBuffer(dst_n)
+            bufs.append(dev_b)
+            host = None
+        else:
+            host = gpu.HostBuffer(max(src_n, dst_n), g.memory)
+            bufs.append(host)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        gated = spec.gate and g.memory != "pageable"
+        check = np.empty(max(src_n, dst_n), dtype=np.uint8)
+
+        def dev_put(ptr, data):
+            runtime.memcpy(ptr, data.ctypes.data, data.size, gpu.H2D)
+
+        def dev_get(ptr, n):
+            runtime.memcpy(check.ctypes.data, ptr, n, gpu.D2H)
+            return check[:n]
+
+        for direction in g.directions:
+            if direction == "h2d":
+                src_ptr, dst_ptr, kind = host.ptr, dev_a.ptr, gpu.H2D
+            elif direction == "d2h":
+                src_ptr, dst_ptr, kind = dev_a.ptr, host.ptr, gpu.D2H
+            else:
+                src_ptr, dst_ptr, kind = dev_a.ptr, dev_b.ptr, gpu.D2D
+            win_ptr = dst_ptr + GUARD
+
+            def prepare():
+                stream.synchronize()
+                if direction == "h2d":
+                    host.array[:src_n] = src_pat
+                    dev_put(dst_ptr, baseline)
+                elif direction == "d2h":
+                    dev_put(src_ptr, src_pat)
+                    host.array[:dst_n] = baseline
+                else:
+                    dev_put(src_ptr, src_pat)
+                    dev_put(dst_ptr, baseline)
+
+            def destination():
+                stream.synchronize()
+                if direction == "d2h":
+                    return host.array[:dst_n]
+                return dev_get(dst_ptr, dst_n)
+
+            exp_window = expected_destination(src_pat, baseline, w, h, sp, dp)
+            exp_contig = None
+            for strategy in spec.strategies:
+                params = {"device": spec.device, "direction": direction, "strategy": strategy, "memory": g.memory,
+                          "width": w, "height": h, "src_pitch": sp, "dst_pitch": dp}
+                extra = {"gated": gated, "peak_bytes_per_s": peak if direction != "d2d" else None}
+                expected = exp_window
+                prepare()
+                reps = 1
+                if strategy == "2d":
+                    timer = GatedTimer(stream, gated)
+
+                    def one(timer=timer):
+                        runtime.memcpy2DAsync(win_ptr, dp, src_ptr, sp, w, h, kind, stream.ptr)
+
+                    t1 = timer.time(one)
+                    reps = choose_reps(t1) if timer.gate is not None else 1
+                    clock = SumClock()
+
+                    def step(timer=timer, one=one, reps=reps):
+                        clock.add(timer.time(lambda: [one() for _ in range(reps)]) / reps)
+
+                    samples = measure(step, clock, spec.plan)
+                elif strategy == "contiguous":
+                    if exp_contig is None:
+                        exp_contig = expected_destination(src_pat, baseline, w, h, sp, dp, contiguous=True)
+                    expected = exp_contig
+                    timer = GatedTimer(stream, gated)
+
+                    def one(timer=timer):
+                        runtime.memcpyAsync(win_ptr, src_ptr, window, kind, stream.ptr)
+
+                    t1 = timer.time(one)
+                    reps = choose_reps(t1) if timer.gate is not None else 1
+                    clock = SumClock()
+
+                    def step(timer=timer, one=one, reps=reps):
+                        clock.add(timer.time(lambda: [one() for _ in range(reps)]) / reps)
+
+                    samples = measure(step, clock, spec.plan)
+                elif strategy == "row-loop":
+                    if h > MAX_LOOP_ROWS:
+                        out.append(Record(params=params, nbytes=window, extra={"skipped": True},
+                                          error=f"skipped: {h} rows is over {MAX_LOOP_ROWS} one-row copies per sample"))
+                        continue
+                    timer = GatedTimer(stream, gated)
+                    segs = segments(h, SEGMENT) if gated else [range(h)]
+                    memcpy_async = runtime.memcpyAsync
+                    sptr = stream.ptr
+
+                    def enqueue(seg):
+                        for r in seg:
+                            memcpy_async(win_ptr + r * dp, src_ptr + r * sp, w, kind, sptr)
+
+                    clock = SumClock()
+
+                    def step(timer=timer, segs=segs):
+                        for seg in segs:
+                            clock.add(timer.time(lambda seg=seg: enqueue(seg)))
+
+                    clock.start()
+                    step()  # untimed trial; shows a stalled gate before the timed samples
+                    if timer.stalled:
+                        timer.drop_gate()
+                        extra["gated"] = False
+                        extra["gate_dropped"] = "the driver's queue filled while the gate held; timed ungated"
+                    samples = measure(step, clock, spec.plan)
+                else:  # cupy-slice
+                    extra["gated"] = False
+                    if direction == "d2h":
+                        src_arr = _device_array(cupy, src_ptr, src_n, dev_a).reshape(h, sp)
+                        dst_rows = host.array[GUARD:GUARD + dp * h].reshape(h, dp)
+
+                        def step(src_arr=src_arr, dst_rows=dst_rows):
+                            with stream:
+                                dst_rows[:, :w] = cupy.asnumpy(src_arr[:, :w], stream=stream)
+                            stream.synchronize()
+                    else:
+                        owner = dev_a if direction == "h2d" else dev_b
+                        dst_arr = _device_array(cupy, dst_ptr, dst_n, owner)[GUARD:GUARD + dp * h].reshape(h, dp)
+                        if direction == "h2d":
+                            src_rows = host.array[:src_n].reshape(h, sp)
+
+                            def step(dst_arr=dst_arr, src_rows=src_rows):
+                                with stream:
+                                    dst_arr[:, :w] = cupy.asarray(src_rows[:, :w])
+                                stream.synchronize()
+                        else:
+                            src_arr = _device_array(cupy, src_ptr, src_n, dev_a).reshape(h, sp)
+
+                            def step(dst_arr=dst_arr, src_arr=src_arr):
+                                with stream:
+                                    dst_arr[:, :w] = src_arr[:, :w]
+                                stream.synchronize()
+
+                    samples = measure(step, HostClock(), spec.plan)
+                got = destination()
+                inside, outside = _compare(got, expected, w, h, dp, contiguous=strategy == "contiguous")
+                extra.update(verified=inside, untouched=outside)
+                out.append(Record(params=params, metric="bandwidth", nbytes=window, samples_s=list(samples),
+                                  reps=reps, extra=extra))
+        stream.synchronize()
+    finally:
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+        for b in reversed(bufs):
+            b.free()
+    return out
+
+
+def _compare(got, expected, width: int, height: int, dst_pitch: int, *, contiguous: bool) -> tuple[bool, bool]:
+    """(window correct, everything outside it untouched) for a destination buffer.
+
+    Args:
+        got, expected: uint8 numpy arrays of the destination's size (see buffer_sizes).
+    """
+    import numpy as np
+
+    inside = np.zeros(got.size, dtype=bool)
+    if contiguous:
+        inside[GUARD:GUARD + width * height] = True
+    else:
+        inside[GUARD:GUARD + dst_pitch * height].reshape(height, dst_pitch)[:, :width] = True
+    same = got == expected
+    return bool(same[inside].all()), bool(same[~inside].all())
+
+
+def add_derived(records: list[Record]) -> None:
+    """Fill extra with time per row (us), time relative to ``2d`` (2d's median / this median; >1 is
+    faster than 2d) and % of the link's peak. Mutates ``records``."""
+    base = {}
+    for r in records:
+        if r.params.get("strategy") == "2d" and r.samples_s:
+            base[_key(r)] = r.time_summary().median
+    for r in records:
+        if not r.samples_s:
+            continue
+        med = r.time_summary().median
+        r.extra["time_per_row_us"] = med / r.params["height"] * 1e6
+        b = base.get(_key(r))
+        r.extra["relative_to_2d"] = b / med if b else None
+        peak = r.extra.get("peak_bytes_per_s")
+        rate = r.rate_summary().median
+        r.extra["pct_of_peak"] = 100.0 * rate / peak if peak else None
+        r.extra["above_peak"] = bool(peak and rate > peak)
+
+
+def _key(r: Record) -> tuple:
+    p = r.params
+    return (p["device"], p["direction"], p["memory"], p["width"], p["height"], p["src_pitch"], p["dst_pitch"])
+
+
+def run(spec: Memcpy2dSpec, progress: ProgressSink | None = None) -> Result:
+    """Measure each window in each direction with each strategy.
+
+    Returns:
+        A Result with one record per (direction, strategy, memory, window). A row-loop over more than
+        MAX_LOOP_ROWS rows has ``error`` "skipped: ...".
+
+    Raises:
+        NoGPUError: no CUDA device visible.
+        UsageError: the device is not visible, a pitch over its maximum, or buffers that do not fit.
+        MachineError: a CUDA fault other than an allocation failure.
+    """
+    import cupy
+
+    gpu.resolve_devices((spec.device,))
+    with cupy.cuda.Device(spec.device):
+        preflight(spec)
+    env = envmod.capture()
+    peak = (envmod.gpu_by_index(env, spec.device) or {}).get("pcie_peak_bytes_per_s")
+    host_dirs = tuple(d for d in spec.directions if d != "d2d")
+    groups: list[_Group] = []
+    for p in spec.points:
+        if host_dirs:
+            groups += [_Group(p, m, host_dirs) for m in spec.memory]
+        if "d2d" in spec.directions:
+            groups.append(_Group(p, "device", ("d2d",)))
+
+    def measure_group(g: _Group):
+        try:
+            with cupy.cuda.Device(spec.device):
+                return _group_records(spec, g, peak)
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            if gpu.is_oom(e):
+                raise
+            raise gpu.machine_error(f"memcpy2d on GPU {spec.device} ({_label(g)})", e) from None
+
+    def on_alloc_error(g: _Group, e: BaseException):
+        w, h, sp, dp = g.point
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return [Record(params={"device": spec.device, "direction": d, "strategy": s, "memory": g.memory, "width": w,
+                               "height": h, "src_pitch": sp, "dst_pitch": dp}, nbytes=w * h,
+                       error=f"allocation for {_label(g)} failed: {first}")
+                for d in g.directions for s in spec.strategies]
+
+    records, interrupted = run_groups(groups, measure_group, on_alloc_error, progress or ProgressSink(), _label)
+    add_derived(records)
+    return Result(
+        command="memcpy2d",
+        spec=spec.to_dict(),
+        timing={
+            "clock": "cuda-event (2d, row-loop, contiguous), perf_counter + stream sync (cupy-slice)",
+            "method": f"page-locked and device copies queued behind a spin kernel (2d / contiguous: reps per "
+                      f"sample; row-loop: segments of {SEGMENT} rows, summed); pageable: no gate",
+            "guard_bytes": GUARD,
+            **spec.plan.to_dict(),
+        },
+        env=env,
+        records=records,
+        partial=interrupted is not None,
+        interrupted_by=interrupted,
+    )
