@@ -9,8 +9,9 @@ block the host, so they are timed one per sample with no gate. Allocation, pinni
 first touch happen before the timed region.
 
 Figures: bandwidth of a sample = nbytes / (elapsed / reps), in B/s; the report shows the median
-and p25-p75 over samples. bidir runs H2D and D2H at the same time on two streams released together;
-per direction = nbytes / that stream's elapsed time, total = 2 * nbytes / the time until both end.
+and p25-p75 over samples. bidir runs H2D and D2H at the same time on two streams released together:
+per direction = nbytes / that stream's elapsed time while a copy twice as long runs the other way
+(as nvbandwidth's bidirectional tests); total = 2 * nbytes / the time until two equal copies end.
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ def _label(g: _Group) -> str:
 def bytes_needed(spec: CopySpec) -> tuple[int, int, int]:
     """(device bytes, host bytes, page-locked host bytes) one point of the largest size needs."""
     n = max(spec.sizes)
-    pairs = 2 if "bidir" in spec.directions else 1
-    device = pairs * n
-    host = (pairs + 1 + (1 if spec.verify else 0)) * n  # buffers + the pattern (+ the check copy)
-    locked = pairs * n if any(m != "pageable" for m in spec.memory) else 0
+    units = 3 if "bidir" in spec.directions else 1  # bidir adds a pair of twice the size
+    device = units * n
+    host = (2 * units + (1 if spec.verify else 0)) * n  # buffers + the patterns (+ the check copy)
+    locked = units * n if any(m != "pageable" for m in spec.memory) else 0
     return device, host, locked
 
 
@@ -225,39 +226,80 @@ def _copy_records(device, nbytes, kind, spec: CopySpec, peak) -> list[Record]:
                 out.append(_record(params(direction), nbytes, samples, reps, gated, verified, peak))
             else:  # bidir
                 if b is None:
-                    b = _Pair(nbytes, kind).fill(pat)
-                s2 = cupy.cuda.Stream(non_blocking=True)
-                if spec.verify:
-                    b.host.array[:] = ~pat
-
-                def both():
-                    runtime.memcpyAsync(a.dev.ptr, a.host.ptr, nbytes, gpu.H2D, stream.ptr)
-                    runtime.memcpyAsync(b.host.ptr, b.dev.ptr, nbytes, gpu.D2H, s2.ptr)
-
-                clock = _MultiClock([stream, s2])
-                both()
-                stream.synchronize()
-                s2.synchronize()
-                t1 = measure(both, clock, TimingPlan(warmup=0, iters=1), gate=gate)[0]
-                reps = choose_reps(t1) if gated else 1
-                clock.history.clear()
-                total = measure(both, clock, spec.plan, reps=reps, gate=gate)
-                per = clock.history[-len(total):]
-                verified = None
-                if spec.verify:
-                    s2.synchronize()
-                    verified = _device_equals(a.dev.ptr, pat) and bool((b.host.array == pat).all())
-                h2d = [p[0] / reps for p in per]
-                d2h = [p[1] / reps for p in per]
-                out.append(_record(params("bidir-h2d"), nbytes, h2d, reps, gated, verified, peak))
-                out.append(_record(params("bidir-d2h"), nbytes, d2h, reps, gated, verified, peak))
-                out.append(_record(params("bidir-total"), 2 * nbytes, total, reps, gated, verified,
-                                   2 * peak if peak else None))
+                    pat2 = gpu.pattern(2 * nbytes, seed=nbytes + 1)
+                    b = _Pair(2 * nbytes, kind).fill(pat2)  # the interfering copy is twice as long
+                out.extend(_bidir_records(a, b, pat, pat2, stream, gate, spec, params, peak))
         stream.synchronize()
     finally:
         a.free()
         if b is not None:
             b.free()
+    return out
+
+
+def _bidir_records(a: _Pair, b: _Pair, pat, pat2, stream, gate, spec: CopySpec, params, peak) -> list[Record]:
+    """The three bidirectional figures, each from copies released together on two streams.
+
+    - bidir-h2d: H2D of nbytes timed while a D2H of 2 x nbytes runs on the other stream, so the
+      timed copy is interfered with from start to end (nvbandwidth's host_to_device_bidirectional
+      test doubles the interfering copy for the same reason, testcases_ce.cpp);
+    - bidir-d2h: the same with the directions swapped;
+    - bidir-total: H2D and D2H of nbytes each at once; 2 x nbytes / time until both end.
+    """
+    import cupy
+    from cupy.cuda import runtime
+
+    n = a.nbytes
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    gated = gate is not None
+    out = []
+
+    def concurrent(copies, check):
+        """copies: (dst, src, nbytes, kind) for stream 1 then stream 2. Returns per-stream and
+        total per-copy samples."""
+        (d1, s1_, n1, k1), (d2, s2_, n2, k2) = copies
+
+        def both():
+            runtime.memcpyAsync(d1, s1_, n1, k1, stream.ptr)
+            runtime.memcpyAsync(d2, s2_, n2, k2, s2.ptr)
+
+        clock = _MultiClock([stream, s2])
+        both()
+        stream.synchronize()
+        s2.synchronize()
+        t1 = measure(both, clock, TimingPlan(warmup=0, iters=1), gate=gate)[0]
+        reps = choose_reps(t1) if gated else 1
+        clock.history.clear()
+        total = measure(both, clock, spec.plan, reps=reps, gate=gate)
+        per = clock.history[-len(total):]
+        verified = None
+        if spec.verify:
+            stream.synchronize()
+            s2.synchronize()
+            verified = check()
+        return [p[0] / reps for p in per], [p[1] / reps for p in per], total, reps, verified
+
+    def poison(buf: _Pair, p):
+        if spec.verify:
+            buf.host.array[:] = ~p
+
+    # H2D timed, D2H of twice the size interfering
+    poison(b, pat2)
+    first, _, _, reps, ok = concurrent(
+        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, 2 * n, gpu.D2H)],
+        lambda: _device_equals(a.dev.ptr, pat) and bool((b.host.array == pat2).all()))
+    out.append(_record(params("bidir-h2d"), n, first, reps, gated, ok, peak))
+    # D2H timed, H2D of twice the size interfering
+    poison(a, pat)
+    first, _, _, reps, ok = concurrent(
+        [(a.host.ptr, a.dev.ptr, n, gpu.D2H), (b.dev.ptr, b.host.ptr, 2 * n, gpu.H2D)],
+        lambda: bool((a.host.array == pat).all()) and _device_equals(b.dev.ptr, pat2))
+    out.append(_record(params("bidir-d2h"), n, first, reps, gated, ok, peak))
+    # both directions, equal sizes: the total
+    _, _, total, reps, ok = concurrent(
+        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, n, gpu.D2H)],
+        lambda: _device_equals(a.dev.ptr, pat) and bool((b.host.array[:n] == pat2[:n]).all()))
+    out.append(_record(params("bidir-total"), 2 * n, total, reps, gated, ok, 2 * peak if peak else None))
     return out
 
 

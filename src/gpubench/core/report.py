@@ -28,7 +28,8 @@ def table(title: str, columns: list[str], caption: str | None = None):
     """A rich Table with right-aligned columns after the first."""
     from rich.table import Table
 
-    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    # min_width keeps the title on one line above a narrow table
+    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left", min_width=len(title) + 2)
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right", no_wrap=True)
     return t
