@@ -84,3 +84,21 @@ def test_oversized_pinned_point_fails_alone_and_sweep_goes_on():
     from gpubench.core.gpu import is_oom
 
     assert is_oom(info.value), repr(info.value)
+
+
+def test_memory_stays_flat_over_repeated_sweeps():
+    """100 repetitions of a small sweep leave host RSS and device memory where the first left them."""
+    from gpubench.core.gpu import device_free_bytes
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    spec = CopySpec(sizes=(4096, 1 << 20), directions=("h2d", "d2h", "bidir"), memory=MEMORY_KINDS,
+                    plan=TimingPlan(warmup=0, iters=2))
+    run(spec)
+    rss0, dev0 = rss(), device_free_bytes(0)[0]
+    for _ in range(100):
+        run(spec)
+    assert rss() - rss0 < 32 * 2**20
+    assert dev0 - device_free_bytes(0)[0] < 16 * 2**20
