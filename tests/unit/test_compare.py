@@ -1,0 +1,209 @@
+"""compare: the Mann-Whitney U test, verdicts on samples from known distributions, pairing, env diff."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import synth  # noqa: E402
+
+from gpubench import compare as cmp  # noqa: E402
+from gpubench.core.errors import UsageError  # noqa: E402
+from gpubench.core.result import Record, Result, load  # noqa: E402
+
+
+# ---- Mann-Whitney U ----
+
+def test_mwu_separated_small_samples_by_hand():
+    # x all below y: U1 = 0, mu = 4.5, sigma^2 = 9/12 * 7 = 5.25, z = (4.5 - 0.5)/sqrt(5.25)
+    r = cmp.mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert r.u == 0
+    z = 4.0 / math.sqrt(5.25)
+    assert r.z == pytest.approx(-z)
+    assert r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
+
+
+def test_mwu_tie_correction_by_hand():
+    # values 1,2,2,3 | 2,3,3,4: two tie groups of three (the 2s and the 3s), each adding t^3 - t = 24
+    x, y = [1, 2, 2, 3], [2, 3, 3, 4]
+    # ranks: 1 -> 1; 2,2,2 -> 3; 3,3,3 -> 6; 4 -> 8. R1 = 1 + 3 + 3 + 6 = 13, U1 = 13 - 10 = 3
+    r = cmp.mann_whitney_u(x, y)
+    assert r.u == 3
+    n = 8
+    var = 16 / 12 * ((n + 1) - (2 * (27 - 3)) / (n * (n - 1)))
+    assert r.z == pytest.approx(-(abs(3 - 8) - 0.5) / math.sqrt(var))
+
+
+@pytest.mark.parametrize("seed,n1,n2,shift,ties,p_scipy", [
+    # p-values from scipy.stats.mannwhitneyu(x, y, method="asymptotic") 1.17.1 on the same draws
+    (1, 5, 7, 0.3, False, 0.8709911947974633),
+    (2, 30, 40, 0.3, True, 0.055075407484131034),
+    (3, 200, 150, 0.3, True, 0.027736830787877906),
+    (4, 8, 8, 0.0, True, 0.4001203439746188),
+])
+def test_mwu_matches_scipy(seed, n1, n2, shift, ties, p_scipy):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, n1)
+    y = rng.normal(shift, 1, n2)
+    if ties:  # rounding to 0.1 makes many ties
+        x, y = np.round(x, 1), np.round(y, 1)
+    assert cmp.mann_whitney_u(x, y).p == pytest.approx(p_scipy, rel=1e-12)
+
+
+def test_mwu_symmetry_and_u_sum():
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(0, 1, 30), rng.normal(0.5, 1, 40)
+    a, b = cmp.mann_whitney_u(x, y), cmp.mann_whitney_u(y, x)
+    assert a.u + b.u == 30 * 40
+    assert a.p == pytest.approx(b.p)
+    assert a.z == pytest.approx(-b.z)
+
+
+def test_mwu_all_tied_is_p_one():
+    assert cmp.mann_whitney_u([2.0] * 5, [2.0] * 7).p == 1.0
+    assert cmp.mann_whitney_u([1.0], [1.0]).p == 1.0
+
+
+def test_mwu_empty_raises():
+    with pytest.raises(ValueError):
+        cmp.mann_whitney_u([], [1.0])
+
+
+def test_mwu_false_positive_rate_is_near_alpha():
+    # Same distribution on both sides: at alpha = 0.05 about 5% of tests reject.
+    rng = np.random.default_rng(7)
+    rejections = sum(cmp.mann_whitney_u(rng.normal(0, 1, 30), rng.normal(0, 1, 30)).p < 0.05 for _ in range(400))
+    assert 0.02 <= rejections / 400 <= 0.09
+
+
+# ---- verdicts on samples from known distributions ----
+
+def _values(res: Result) -> list[list[float]]:
+    return [cmp.figure_values(r) for r in res.records]
+
+
+def test_same_distribution_is_same_for_every_figure():
+    c = cmp.compare(synth.copy_like(1), synth.copy_like(2), threshold_pct=1.0)
+    assert [r.verdict for r in c.rows] == ["same"] * 6
+    assert all(abs(r.change_pct) < 1.0 for r in c.rows)
+
+
+def test_five_percent_drop_is_worse_with_change_near_minus_five():
+    c = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=0.95), threshold_pct=2.0)
+    assert [r.verdict for r in c.rows] == ["worse"] * 6
+    for r in c.rows:
+        assert r.change_pct == pytest.approx(-5.0, abs=1.0)
+        assert r.p < 1e-6
+    assert len(c.regressions()) == 6
+
+
+def test_five_percent_gain_is_better_and_threshold_hides_it():
+    better = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=1.05), threshold_pct=2.0)
+    assert {r.verdict for r in better.rows} == {"better"}
+    hidden = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=1.05), threshold_pct=10.0)
+    assert {r.verdict for r in hidden.rows} == {"same"}
+
+
+def test_noisy_five_percent_drop_is_same_within_noise():
+    # cv 30% and 6 samples: a 5% drop cannot be told from noise.
+    c = cmp.compare(synth.copy_like(1, cv=0.3, n=6), synth.copy_like(2, scale=0.95, cv=0.3, n=6), threshold_pct=2.0)
+    assert {r.verdict for r in c.rows} == {"same"}
+
+
+def test_detection_power_over_many_draws():
+    # 5% drop, cv 2%, 20 samples a side: found in (nearly) every draw; equal distributions almost never flagged.
+    worse = same_flagged = 0
+    for seed in range(40):
+        a = synth.copy_like(seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,))
+        b = synth.copy_like(1000 + seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,), scale=0.95)
+        c = synth.copy_like(2000 + seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,))
+        worse += sum(r.verdict == "worse" for r in cmp.compare(a, b, threshold_pct=2.0).rows)
+        same_flagged += sum(r.verdict != "same" for r in cmp.compare(a, c, threshold_pct=0.0).rows)
+    assert worse >= 78  # of 80 figures
+    assert same_flagged <= 4  # alpha 0.01 on 80 figures: ~0.8 expected
+
+
+def test_time_metric_lower_is_better():
+    rng = np.random.default_rng(5)
+    base = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4,
+                                             samples_s=list(2e-6 * np.exp(rng.normal(0, 0.01, 40))))])
+    slow = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4,
+                                             samples_s=list(2.2e-6 * np.exp(rng.normal(0, 0.01, 40))))])
+    (row,) = cmp.compare(base, slow, threshold_pct=2.0).rows
+    assert row.verdict == "worse" and row.change_pct == pytest.approx(10, abs=1.5)
+    (row,) = cmp.compare(slow, base, threshold_pct=2.0).rows
+    assert row.verdict == "better"
+
+
+# ---- pairing on the real H200 results ----
+
+def test_real_result_against_itself_is_all_same():
+    r = load(synth.REAL_PINNED)
+    c = cmp.compare(r, r)
+    assert c.counts() == {"better": 0, "worse": 0, "same": 20, "only-base": 0, "only-new": 0, "no-data": 0}
+    assert all(row.change_pct == 0 and row.p == 1.0 for row in c.rows)
+    assert c.env_diff == []
+
+
+def test_real_results_pair_shared_points_and_list_one_sided_ones():
+    a, b = load(synth.REAL_PINNED), load(synth.REAL_ALL)
+    c = cmp.compare(a, b)
+    counts = c.counts()
+    # shared: pinned h2d/d2h at 4 KiB, 64 KiB, 1 MiB, 16 MiB, 256 MiB
+    assert counts["better"] + counts["worse"] + counts["same"] == 10
+    assert counts["only-base"] == 10 and counts["only-new"] == 90
+    paired = {(r.params["direction"], r.params["nbytes"]) for r in c.rows if r.status == "paired"}
+    assert paired == {(d, n) for d in ("h2d", "d2h") for n in (4096, 65536, 2**20, 2**24, 2**28)}
+    assert [r.status for r in c.rows][-90:] == ["only-new"] * 90
+    what = [w for w, _, _ in c.env_diff]
+    assert "option memory" in what and "option directions" in what
+
+
+def test_env_diff_names_driver_gpu_and_host():
+    a = synth.copy_like(1)
+    b = synth.copy_like(2)
+    b.env = dict(b.env, nvml=dict(b.env["nvml"], driver_version="590.10"), host=dict(b.env["host"], hostname="node7"),
+                 gpus=[{"name": "NVIDIA H100", "pcie_gen": 4, "pcie_width": 16}])
+    diff = {w: (x, y) for w, x, y in cmp.env_diff(a, b)}
+    assert diff["NVIDIA driver"] == ("580.159.04", "590.10")
+    assert diff["hostname"] == ("vm", "node7")
+    assert diff["GPUs"] == ("-", "NVIDIA H100")
+    assert diff["PCIe link (now)"] == ("-", "Gen4 x16")
+
+
+def test_failed_point_has_no_verdict():
+    a, b = synth.copy_like(1), synth.copy_like(2)
+    b.records[0] = Record(dict(b.records[0].params), nbytes=b.records[0].nbytes, error="allocation failed")
+    c = cmp.compare(a, b)
+    assert c.rows[0].status == "no-data" and c.rows[0].verdict == "" and "allocation" in c.rows[0].note
+    assert c.rows[0].base_median is not None and c.rows[0].new_median is None
+
+
+def test_different_commands_refused():
+    with pytest.raises(UsageError, match="'merge' result"):
+        cmp.compare(synth.copy_like(1), synth.merge_like(1))
+
+
+def test_impossible_samples_refused():
+    a = synth.copy_like(1)
+    b = synth.copy_like(2)
+    b.records[0].samples_s[3] = 0.0
+    with pytest.raises(UsageError, match="sample of 0.0 seconds"):
+        cmp.compare(a, b)
+
+
+def test_markdown_and_json_forms():
+    c = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=0.95), threshold_pct=2.0)
+    md = cmp.format_markdown([c], threshold_pct=2.0, alpha=0.01)
+    assert md[0] == "### gpubench copy: `new` vs base `base`"
+    assert "**6 figure(s) worse.**" in md[2]
+    header = next(line for line in md if line.startswith("| direction"))
+    assert header == "| direction | nbytes | base GB/s | new GB/s | change | p | verdict |"
+    assert sum("**worse**" in line for line in md) == 6
+    j = cmp.format_json([c], threshold_pct=2.0, alpha=0.01)
+    assert j["regressions"] == 6 and j["comparisons"][0]["counts"]["worse"] == 6
