@@ -22,6 +22,7 @@ from gpubench.core.errors import GpubenchError, Interrupted
 COMMANDS: dict[str, tuple[str, str]] = {
     "copy": ("gpubench.commands.copy", "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."),
     "env": ("gpubench.commands.env", "The machine: GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA."),
+    "merge": ("gpubench.commands.merge", "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge."),
     "net": ("gpubench.commands.net", "Multi-stream TCP throughput between two hosts (server, client, local)."),
     "compare": ("gpubench.commands.compare", "Compare saved results: per-figure change and a noise-aware verdict."),
     "plot": ("gpubench.commands.plot", "PNG of saved results: bandwidth vs size, p2p heatmaps, merge pairs."),
