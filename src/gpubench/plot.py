@@ -130,7 +130,8 @@ def build_panels(results: Sequence[tuple[str, Result]]) -> list[Panel]:
             keys = _mode_keys(recs, {"src", "dst"})
             per: dict[str, list[Record]] = {}
             for name, r in items:
-                label = _mode_label(r, keys) or command
+                label = (_mode_label(r, keys) or _mode_label(r, [k for k in r.params if k not in ("src", "dst")])
+                         or command)
                 if many:
                     label = f"{label} [{Path(name).stem}]"
                 per.setdefault(label, []).append(r)
@@ -225,14 +226,15 @@ def _draw_matrix(ax, panel: Panel, units: str) -> None:
     m = np.full((len(devs), len(devs)), np.nan)
     for r in recs:
         m[idx[r.params["src"]], idx[r.params["dst"]]] = values(r, units).median
-    im = ax.imshow(np.ma.masked_invalid(m), cmap="viridis")
+    finite = m[np.isfinite(m)]
+    top = float(finite.max()) if finite.size else 1.0
+    im = ax.imshow(np.ma.masked_invalid(m), cmap="viridis", vmin=0, vmax=top)  # from 0: colours show magnitude
     ax.figure.colorbar(im, ax=ax, label=_unit_label(panel.metric, units))
     ax.set_xticks(range(len(devs)), [f"GPU {d}" for d in devs])
     ax.set_yticks(range(len(devs)), [f"GPU {d}" for d in devs])
     ax.set_xlabel("destination")
     ax.set_ylabel("source")
-    finite = m[np.isfinite(m)]
-    mid = (finite.min() + finite.max()) / 2 if finite.size else 0
+    mid = top / 2
     for i in range(len(devs)):
         for j in range(len(devs)):
             if np.isfinite(m[i, j]):
