@@ -1,0 +1,401 @@
+"""``gpubench overlap``: H2D -> kernel -> D2H over N bytes, on one stream and split over K streams.
+
+What is timed (docs/overlap.md), all with CUDA events, each sample queued behind
+:class:`gpubench.core.gpu.SpinGate` so the host's launch cost stays out:
+
+- each stage alone over all N bytes: ``h2d`` (pinned host -> device), ``kernel`` (device in -> out),
+  ``d2h`` (device -> pinned host);
+- ``serial``: the three stages one after another on one stream;
+- ``overlapped``: the data cut into C chunks; chunk c runs H2D, kernel, D2H on stream c mod K. The
+  K streams wait on one start event, and the sample ends when the last stream's end event fires.
+
+The kernel reads float32 x and writes y = f^work(x) with f(v) = fmaf(v, a, b): ``work`` dependent
+FMAs per element (2 x work flops per 4 bytes), so the compute per byte is set by ``--work``.
+
+Figures: speed-up = serial median / overlapped median; ratio to the longest stage = overlapped
+median / max(stage medians) (1.0 is the best overlap can do when H2D and D2H use separate copy
+engines, as on every datacenter GPU since Kepler; NVIDIA blog "How to Overlap Data Transfers in
+CUDA C/C++", Harris 2012). Output data are checked against the closed form
+y = a^n x + b (1 - a^n) / (1 - a) (n = work).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from gpubench.bench.batch import GATE_TIMEOUT_S, GatedTimer, SumClock
+from gpubench.core import env as envmod
+from gpubench.core import gpu
+from gpubench.core.errors import UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.sweep import run_groups
+from gpubench.core.timing import TimingPlan, choose_reps, measure
+from gpubench.core.units import format_size
+
+STAGES = ("h2d", "kernel", "d2h")
+MAX_WORK = 1 << 20
+MAX_STREAMS = 64
+MAX_CHUNKS = 1024
+ELEMENT_BYTES = 4  # float32
+FMA_A = 1.0 - 2.0**-12  # f(v) = a v + b keeps v in [0, 1] for x in [0, 1]: fixed point b / (1 - a) = 1
+FMA_B = 2.0**-12
+THREADS = 256
+DEVICE_MARGIN_BYTES = 512 * 2**20
+
+_KERNEL_SRC = r"""
+extern "C" __global__ void gpubench_fma(const float* __restrict__ x, float* __restrict__ y,
+                                        unsigned long long n, int work, float a, float b) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = x[i];
+        for (int k = 0; k < work; ++k) v = fmaf(v, a, b);
+        y[i] = v;
+    }
+}
+"""
+_kernels: dict[int, object] = {}
+
+
+@dataclass(frozen=True)
+class OverlapSpec:
+    """Parsed options of ``gpubench overlap``.
+
+    Attributes:
+        nbytes: N, bytes moved each way (a whole number of float32 elements).
+        works: dependent FMAs per element, one group each.
+        streams: K streams of the overlapped run.
+        chunks: C chunks (>= K), given round-robin to the streams.
+        device: CUDA ordinal.
+        plan: warm-ups and iterations per stage.
+    """
+
+    nbytes: int
+    works: tuple[int, ...] = (0, 1024, 4096)
+    streams: int = 4
+    chunks: int = 4
+    device: int = 0
+    plan: TimingPlan = field(default_factory=TimingPlan)
+
+    def __post_init__(self):
+        check_shape(self.nbytes, self.streams, self.chunks)
+        if not self.works:
+            raise UsageError("no --work value to measure")
+        for w in self.works:
+            if not isinstance(w, int) or w < 0 or w > MAX_WORK:
+                raise UsageError(f"--work {w!r} is out of range", f"use 0..{MAX_WORK} FMAs per element")
+        if self.device < 0:
+            raise UsageError(f"device {self.device} is negative", "device ids start at 0")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["plan"] = self.plan.to_dict()
+        return d
+
+
+def check_shape(nbytes: int, streams: int, chunks: int) -> None:
+    """Check the data size, stream and chunk counts without a GPU.
+
+    Raises:
+        UsageError: nbytes below 4 or not a multiple of 4, streams or chunks out of range, fewer
+            chunks than streams, or fewer elements than chunks.
+    """
+    if nbytes < ELEMENT_BYTES or nbytes % ELEMENT_BYTES:
+        raise UsageError(f"--size {nbytes} bytes is not a whole number of float32 elements",
+                         "give a multiple of 4 bytes")
+    if not 1 <= streams <= MAX_STREAMS:
+        raise UsageError(f"--streams {streams} is out of range", f"use 1..{MAX_STREAMS}")
+    if not 1 <= chunks <= MAX_CHUNKS:
+        raise UsageError(f"--chunks {chunks} is out of range", f"use 1..{MAX_CHUNKS}")
+    if chunks < streams:
+        raise UsageError(f"--chunks {chunks} is fewer than --streams {streams}", "some streams would have no work")
+    if nbytes // ELEMENT_BYTES < chunks:
+        raise UsageError(f"--size {nbytes} bytes has fewer float32 elements than --chunks {chunks}")
+
+
+def chunk_bounds(n_elems: int, chunks: int) -> list[tuple[int, int]]:
+    """(start, stop) element ranges of ``chunks`` nearly equal chunks covering range(n_elems)."""
+    return [(c * n_elems // chunks, (c + 1) * n_elems // chunks) for c in range(chunks)]
+
+
+def expected_output(x, work: int):
+    """The kernel's output for input x (float32 numpy array) in float32: a^n x + b (1 - a^n)/(1 - a)."""
+    import numpy as np
+
+    an = FMA_A**work
+    return (x * np.float32(an) + np.float32(FMA_B * (1.0 - an) / (1.0 - FMA_A))).astype(np.float32)
+
+
+def tolerance(work: int) -> float:
+    """Largest |computed - closed form| allowed: each fmaf rounds once (relative 2^-24, |v| <= 1) and
+    earlier errors shrink by a < 1, so the error is at most (work + 1) x 2^-24; doubled, plus the
+    closed form's own float32 rounding."""
+    return 2.0 * (work + 1) * 2.0**-24 + 4 * 2.0**-24
+
+
+def _kernel():
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _kernels:
+        _kernels[dev] = cupy.RawKernel(_KERNEL_SRC, "gpubench_fma")
+    return _kernels[dev]
+
+
+class _StreamsTimer:
+    """Events on K streams released together: stream 0 is held by the gate, its start event gates
+    the others (cudaStreamWaitEvent); ``time`` returns seconds until the last stream's end event."""
+
+    def __init__(self, streams, gated: bool = True):
+        import cupy
+
+        self._cupy = cupy
+        self.streams = streams
+        self.start = cupy.cuda.Event()
+        self.ends = [cupy.cuda.Event() for _ in streams]
+        self.gate = gpu.SpinGate(streams[0], timeout_s=GATE_TIMEOUT_S) if gated else None
+        self.stalled = False
+
+    def time(self, enqueue) -> float:
+        if self.gate is not None:
+            self.gate.hold()
+        self.start.record(self.streams[0])
+        for s in self.streams[1:]:
+            s.wait_event(self.start)
+        t0 = time.perf_counter()
+        try:
+            enqueue()
+        finally:
+            for e, s in zip(self.ends, self.streams):
+                e.record(s)
+            enqueue_s = time.perf_counter() - t0
+            if self.gate is not None:
+                self.gate.release()
+        if self.gate is not None and enqueue_s > 0.5 * GATE_TIMEOUT_S:
+            self.stalled = True
+        for e in self.ends:
+            e.synchronize()
+        return max(self._cupy.cuda.get_elapsed_time(self.start, e) for e in self.ends) / 1e3
+
+
+def preflight(spec: OverlapSpec) -> None:
+    """Check the buffers fit on the GPU and the host before allocating.
+
+    Raises:
+        UsageError: 2 x N does not fit in the GPU's free memory, or the host lacks about 5 x N.
+    """
+    free, _ = gpu.device_free_bytes(spec.device)
+    if 2 * spec.nbytes + DEVICE_MARGIN_BYTES > free:
+        raise UsageError(f"--size {format_size(spec.nbytes)} needs {format_size(2 * spec.nbytes)} on GPU "
+                         f"{spec.device}, which has {format_size(free)} free", "lower --size")
+    _, avail = envmod.host_memory()
+    if avail is not None and 5 * spec.nbytes > avail:
+        raise UsageError(f"--size {format_size(spec.nbytes)} needs about {format_size(5 * spec.nbytes)} of host "
+                         f"memory; {format_size(avail)} is available", "lower --size")
+
+
+def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
+    import cupy
+    import numpy as np
+    from cupy.cuda import runtime
+
+    n = spec.nbytes
+    n_elems = n // ELEMENT_BYTES
+    x = (gpu.pattern(n_elems, seed=n_elems).astype(np.float32) / np.float32(255.0))
+    want = expected_output(x, work)
+    tol = tolerance(work)
+    kernel = _kernel()
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    bufs: list = []
+    out: list[Record] = []
+    try:
+        h_in = gpu.HostBuffer(n, "pinned")
+        bufs.append(h_in)
+        h_out = gpu.HostBuffer(n, "pinned")
+        bufs.append(h_out)
+        d_in = gpu.DeviceBuffer(n)
+        bufs.append(d_in)
+        d_out = gpu.DeviceBuffer(n)
+        bufs.append(d_out)
+        h_in.array.view(np.float32)[:] = x
+        h_out_f = h_out.array.view(np.float32)
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(spec.streams)]
+        s0 = streams[0]
+        a, b = np.float32(FMA_A), np.float32(FMA_B)
+
+        def h2d(stream, lo=0, hi=n_elems):
+            runtime.memcpyAsync(d_in.ptr + lo * 4, h_in.ptr + lo * 4, (hi - lo) * 4, gpu.H2D, stream.ptr)
+
+        def run_kernel(stream, lo=0, hi=n_elems):
+            m = hi - lo
+            blocks = max(1, min((m + THREADS - 1) // THREADS, sms * 8))
+            with stream:
+                kernel((blocks,), (THREADS,), (np.uint64(d_in.ptr + lo * 4), np.uint64(d_out.ptr + lo * 4),
+                                               np.uint64(m), np.int32(work), a, b))
+
+        def d2h(stream, lo=0, hi=n_elems):
+            runtime.memcpyAsync(h_out.ptr + lo * 4, d_out.ptr + lo * 4, (hi - lo) * 4, gpu.D2H, stream.ptr)
+
+        def params(stage):
+            return {"device": spec.device, "work": work, "streams": spec.streams, "chunks": spec.chunks,
+                    "nbytes": n, "stage": stage}
+
+        def check() -> tuple[bool, float | None]:
+            for s in streams:
+                s.synchronize()
+            err = float(np.max(np.abs(h_out_f - want)))
+            if not np.isfinite(err):  # a NaN left by poison(): some chunk never arrived
+                return False, None
+            return bool(err <= tol), err
+
+        def poison():
+            for s in streams:
+                s.synchronize()
+            h_out_f[:] = np.nan
+            runtime.memset(d_out.ptr, 0xFF, n)  # 0xFFFFFFFF is a NaN: a chunk not computed shows
+
+        # one untimed pass fills d_in / d_out and builds the kernel
+        h2d(s0)
+        run_kernel(s0)
+        d2h(s0)
+        s0.synchronize()
+
+        meds = {}
+        for stage, fn in (("h2d", h2d), ("kernel", run_kernel), ("d2h", d2h)):
+            timer = GatedTimer(s0, True)
+            t1 = timer.time(lambda fn=fn: fn(s0))
+            reps = choose_reps(t1)
+            clock = SumClock()
+
+            def step(timer=timer, fn=fn, reps=reps):
+                clock.add(timer.time(lambda: [fn(s0) for _ in range(reps)]) / reps)
+
+            samples = measure(step, clock, spec.plan)
+            extra = {"gated": True}
+            if stage == "kernel":
+                med = float(np.median(samples))
+                extra["gflops"] = 2.0 * work * n_elems / med / 1e9 if work else 0.0
+                extra["flops_per_byte"] = 2.0 * work / ELEMENT_BYTES
+            out.append(Record(params=params(stage), metric="time", nbytes=n, samples_s=list(samples), reps=reps,
+                              extra=extra))
+            meds[stage] = out[-1].time_summary().median
+
+        # serial: the three stages on one stream
+        poison()
+        timer = GatedTimer(s0, True)
+
+        def serial():
+            h2d(s0)
+            run_kernel(s0)
+            d2h(s0)
+
+        clock = SumClock()
+
+        def step_serial(timer=timer):
+            clock.add(timer.time(serial))
+
+        samples = measure(step_serial, clock, spec.plan)
+        ok, err = check()
+        out.append(Record(params=params("serial"), metric="time", nbytes=n, samples_s=list(samples),
+                          extra={"gated": True, "verified": ok, "max_abs_error": err, "tolerance": tol}))
+        serial_med = out[-1].time_summary().median
+
+        # overlapped: C chunks round-robin over K streams
+        poison()
+        bounds = chunk_bounds(n_elems, spec.chunks)
+        mtimer = _StreamsTimer(streams)
+
+        def overlapped():
+            for c, (lo, hi) in enumerate(bounds):
+                s = streams[c % len(streams)]
+                h2d(s, lo, hi)
+                run_kernel(s, lo, hi)
+                d2h(s, lo, hi)
+
+        clock = SumClock()
+
+        def step_over(mtimer=mtimer):
+            clock.add(mtimer.time(overlapped))
+
+        clock.start()
+        step_over()  # trial: a stalled gate shows here
+        extra = {"gated": True}
+        if mtimer.stalled:
+            mtimer.gate = None
+            extra["gated"] = False
+            extra["gate_dropped"] = "the driver's queue filled while the gate held; timed ungated"
+        samples = measure(step_over, clock, spec.plan)
+        ok, err = check()
+        longest = max(meds.values())
+        over = Record(params=params("overlapped"), metric="time", nbytes=n, samples_s=list(samples), extra=extra)
+        over_med = over.time_summary().median
+        over.extra.update(
+            verified=ok, max_abs_error=err, tolerance=tol,
+            speedup_vs_serial=serial_med / over_med,
+            ratio_to_longest_stage=over_med / longest,
+            longest_stage=max(meds, key=meds.get),
+            sum_of_stages_s=sum(meds.values()),
+        )
+        out.append(over)
+        out[-2].extra["sum_of_stages_s"] = sum(meds.values())
+        for s in streams:
+            s.synchronize()
+    finally:
+        for buf in reversed(bufs):
+            buf.free()
+    return out
+
+
+def run(spec: OverlapSpec, progress: ProgressSink | None = None) -> Result:
+    """Measure each --work value: the stages alone, serial, and overlapped.
+
+    Returns:
+        A Result with records (metric "time", nbytes = N) per work value and stage in
+        ("h2d", "kernel", "d2h", "serial", "overlapped"); the overlapped record's extra holds
+        speedup_vs_serial and ratio_to_longest_stage.
+
+    Raises:
+        NoGPUError: no CUDA device visible.
+        UsageError: the device is not visible or the buffers do not fit.
+        MachineError: a CUDA fault other than an allocation failure.
+    """
+    import cupy
+
+    gpu.resolve_devices((spec.device,))
+    preflight(spec)
+    env = envmod.capture()
+
+    def measure_group(work: int):
+        try:
+            with cupy.cuda.Device(spec.device):
+                return _group_records(spec, work)
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            if gpu.is_oom(e):
+                raise
+            raise gpu.machine_error(f"overlap on GPU {spec.device} (work {work})", e) from None
+
+    def on_alloc_error(work: int, e: BaseException):
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return [Record(params={"device": spec.device, "work": work, "streams": spec.streams, "chunks": spec.chunks,
+                               "nbytes": spec.nbytes, "stage": st}, metric="time", nbytes=spec.nbytes,
+                       error=f"allocation of {format_size(spec.nbytes)} failed: {first}")
+                for st in (*STAGES, "serial", "overlapped")]
+
+    records, interrupted = run_groups(list(spec.works), measure_group, on_alloc_error, progress or ProgressSink(),
+                                      lambda w: f"work {w}")
+    return Result(
+        command="overlap",
+        spec=spec.to_dict(),
+        timing={
+            "clock": "cuda-event",
+            "method": "every sample queued behind a spin kernel; stages alone with reps per sample; serial on one "
+                      "stream; overlapped over K streams released by one start event, timed to the last end event",
+            "kernel": f"y = f^work(x), f(v) = fmaf(v, {FMA_A!r}, {FMA_B!r}), float32, grid-stride, {THREADS} threads",
+            **spec.plan.to_dict(),
+        },
+        env=env,
+        records=records,
+        partial=interrupted is not None,
+        interrupted_by=interrupted,
+    )
