@@ -69,7 +69,8 @@ class Caps:
         max_omit: leading seconds left out of the figures.
         max_buffer: bytes per write on the client.
         min_interval, max_interval: reporting interval in seconds.
-        max_intervals: (omit + seconds) / interval, so a test's report stays small.
+        max_intervals: (omit + seconds) / interval, so a test's report stays small (at most
+            128 streams x 3600 intervals of counts).
     """
 
     max_streams: int = 128
@@ -78,7 +79,7 @@ class Caps:
     max_buffer: int = 64 * 2**20
     min_interval: float = 0.1
     max_interval: float = 60.0
-    max_intervals: int = 36000
+    max_intervals: int = 3600
 
 
 CAPS = Caps()
@@ -365,12 +366,14 @@ class NetServer:
         header_timeout: seconds a new connection has to send its request line.
         setup_timeout: seconds a client has to connect all its data streams.
         drain_timeout: seconds to wait for the client to close its streams after the end.
-        max_handshakes: connections whose request line is awaited at once; more are refused busy.
+        max_handshakes: connections whose request line is awaited at once; a further one waits
+            up to ``slot_wait`` seconds for a free slot, then is refused busy.
     """
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, caps: Caps = CAPS,
                  log: Callable[[str], None] | None = None, header_timeout: float = 5.0,
-                 setup_timeout: float = 5.0, drain_timeout: float = 5.0, max_handshakes: int = 64):
+                 setup_timeout: float = 5.0, drain_timeout: float = 5.0, max_handshakes: int = 64,
+                 slot_wait: float = 1.0):
         self.bind = bind
         self.port = port
         self.caps = caps
@@ -378,6 +381,7 @@ class NetServer:
         self.header_timeout = header_timeout
         self.setup_timeout = setup_timeout
         self.drain_timeout = drain_timeout
+        self.slot_wait = slot_wait
         self.stats = ServerStats()
         self._slots = threading.BoundedSemaphore(max_handshakes)
         self._stop = threading.Event()
@@ -445,7 +449,9 @@ class NetServer:
                     self.log(f"accept failed: {e.strerror or e}")
                     time.sleep(0.05)  # e.g. out of file descriptors: do not spin
                     continue
-                if not self._slots.acquire(blocking=False):
+                # queue briefly for a handshake slot (refusals are quick, so slots free up fast);
+                # the kernel's listen backlog holds the connections behind this one meanwhile
+                if not self._slots.acquire(timeout=self.slot_wait):
                     self.stats.refused += 1
                     _refuse(conn, "busy: too many connections at once; try again later")
                     continue

@@ -108,12 +108,12 @@ def server(bind, port, one_off, quiet, debug):
     def log(line: str) -> None:
         if not quiet:
             click.echo(line)
+            sys.stdout.flush()  # a server's log is read live (pipes are block-buffered)
 
     srv = NetServer(bind, port, log=log)
     addr, real_port = srv.open()
     scope = " (loopback only; --bind 0.0.0.0 to serve other hosts)" if addr.startswith("127.") or addr == "::1" else ""
     log(f"gpubench net server: listening on {_hostport(addr, real_port)}{scope}")
-    sys.stdout.flush()
     try:
         stats = srv.serve_forever(max_tests=1 if one_off else None)
     except (KeyboardInterrupt, Interrupted):

@@ -1,0 +1,261 @@
+"""`gpubench net` as a user meets it: help, bad options, `net local` with its report and JSON, and a
+`net server` process on loopback abused from outside (memory measured from /proc), a client killed
+mid-test, and the server stopped by SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+
+def gb(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(p, code):
+    assert p.returncode == code, (p.returncode, p.stdout[-500:], p.stderr[-500:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpubench"), p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize("args", [["net", "--help"], ["net", "server", "--help"], ["net", "client", "--help"],
+                                  ["net", "local", "--help"]])
+def test_help(args):
+    p = gb(*args)
+    assert p.returncode == 0 and "Usage:" in p.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["local", "-P", "0"], "-P/--parallel 0"),
+    (["local", "-P", "10000"], "-P/--parallel 10000"),
+    (["local", "-t", "31536000"], "-t/--time"),
+    (["local", "-t", "0"], "-t/--time 0"),
+    (["local", "-t", "nan"], "-t/--time nan"),
+    (["local", "-t", "soon"], "soon"),
+    (["local", "-O", "-1"], "-O/--omit -1"),
+    (["local", "-i", "0.01"], "-i/--interval 0.01"),
+    (["local", "-l", "1GiB"], "-l/--length '1GiB'"),
+    (["local", "-l", "0"], "-l/--length"),
+    (["local", "--units", "MB"], "MB"),
+    (["client"], "HOST"),
+    (["client", "127.0.0.1", "--port", "70000"], "--port 70000"),
+    (["client", "127.0.0.1", "--port", "0"], "--port 0"),
+    (["client", "no-such-host.invalid", "-t", "1"], "no-such-host.invalid"),
+    (["server", "--port", "-5"], "--port -5"),
+    (["server", "--bind", "not an address"], "not an address"),
+    (["server", "--bind", "192.0.2.1", "--port", "0"], "cannot listen on 192.0.2.1"),
+])
+def test_bad_input_is_one_line_exit_2(args, fragment):
+    line = _one_line_error(gb("net", *args), 2)
+    assert fragment in line
+
+
+def test_client_with_no_server_is_one_line_exit_3():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    line = _one_line_error(gb("net", "client", "127.0.0.1", "--port", str(port), "-t", "1"), 3)
+    assert f"cannot connect to 127.0.0.1 port {port}" in line
+
+
+def test_local_reports_and_saves_consistent_figures(tmp_path):
+    out = tmp_path / "net.json"
+    p = gb("net", "local", "-P", "2", "-t", "0.6", "-O", "0.3", "-i", "0.3", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    for text in ("TCP throughput to loopback", "(omitted)", "total Gbit/s", "stream 1 Gbit/s", "Per stream",
+                 "total", "GB/s"):
+        assert text in p.stdout
+    d = json.loads(out.read_text())
+    assert d["command"] == "net" and d["spec"]["mode"] == "local" and d["spec"]["streams"] == 2
+    recs = {r["params"]["stream"]: r for r in d["records"]}
+    assert set(recs) == {0, 1, "total"}
+    tot = recs["total"]["extra"]
+    assert tot["interval_omit"] == [True, False, False]
+    assert tot["counted_seconds"] == pytest.approx(0.6, abs=0.15)
+    counted = [b for b, o in zip(tot["interval_bytes"], tot["interval_omit"]) if not o]
+    assert tot["counted_bytes"] == sum(counted) == recs[0]["extra"]["counted_bytes"] + recs[1]["extra"]["counted_bytes"]
+    assert tot["counted_bytes"] > 0
+    rates = [b / (e - s) for b, s, e, o in zip(tot["interval_bytes"], tot["interval_start_s"], tot["interval_end_s"],
+                                               tot["interval_omit"]) if not o]
+    assert min(rates) <= tot["bytes_per_s"] <= max(rates)  # never above what the intervals show
+    assert tot["gbit_per_s"] == pytest.approx(tot["bytes_per_s"] * 8 / 1e9)
+    assert tot["sent_bytes"] >= sum(tot["interval_bytes"])
+    # the printed total is the saved one
+    row = next(line for line in p.stdout.splitlines() if re.match(r"\W*total\s", line))
+    assert f"{tot['gbit_per_s']:.2f}" in row
+
+
+# -- a server process -------------------------------------------------------------------------
+
+
+class ServerProc:
+    def __init__(self, *extra):
+        self.p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "server", "--port", "0", *extra],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = self.p.stdout.readline()
+        m = re.search(r"listening on (\S+):(\d+)", first)
+        assert m, first + self.p.stderr.read()
+        self.addr, self.port = m.group(1), int(m.group(2))
+        self.lines: list[str] = [first]
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+
+    def _pump(self):
+        for line in self.p.stdout:
+            self.lines.append(line)
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.p.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def threads(self) -> int:
+        return len(os.listdir(f"/proc/{self.p.pid}/task"))
+
+    def client(self, *args, timeout=60):
+        return gb("net", "client", "127.0.0.1", "--port", str(self.port), *args, timeout=timeout)
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        try:
+            self.p.wait(10)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+                self.p.wait()
+        self._t.join(2)
+        return self.p.returncode, self.p.stderr.read()
+
+
+@pytest.fixture
+def server():
+    s = ServerProc()
+    yield s
+    s.stop(signal.SIGKILL)
+
+
+def _listening_addresses(port: int) -> list[str]:
+    out = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        out += [r[1].split(":")[0] for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port]
+    return out
+
+
+def test_server_listens_on_loopback_only_by_default(server):
+    assert server.addr == "127.0.0.1"
+    assert "loopback only" in server.lines[0]
+    assert _listening_addresses(server.port) == ["0100007F"]
+
+
+def test_server_serves_a_client_and_stops_on_sigterm(server, tmp_path):
+    p = server.client("-P", "2", "-t", "0.5", "--json", str(tmp_path / "c.json"))
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "c.json").read_text())
+    assert d["spec"]["mode"] == "client" and d["records"][-1]["extra"]["counted_bytes"] > 0
+    t0 = time.monotonic()
+    rc, err = server.stop(signal.SIGTERM)
+    assert rc == 143 and time.monotonic() - t0 < 3
+    assert "terminated" in err and "Traceback" not in err
+    assert any("1 test(s) done" in line for line in server.lines)
+
+
+def test_server_stops_on_ctrl_c_during_a_test(server):
+    c = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "client", "127.0.0.1", "--port", str(server.port),
+                          "-t", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        rc, err = server.stop(signal.SIGINT)
+        assert rc == 130 and time.monotonic() - t0 < 3
+        assert "interrupted" in err and "Traceback" not in err
+        out, cerr = c.communicate(timeout=15)
+        assert c.returncode == 3 and "server stopping" in cerr and "Traceback" not in cerr
+    finally:
+        if c.poll() is None:
+            c.kill()
+            c.wait()
+
+
+def test_a_killed_client_frees_the_server_for_the_next(server):
+    c = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "client", "127.0.0.1", "--port", str(server.port),
+                          "-P", "2", "-t", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    c.kill()
+    c.wait()
+    t0 = time.monotonic()
+    p = server.client("-t", "0.5")
+    assert p.returncode == 0, p.stderr  # not "busy" for the 60 s the killed client asked for
+    assert time.monotonic() - t0 < 15
+    assert any("aborted" in line for line in server.lines)
+
+
+def test_server_memory_and_threads_stay_bounded_under_abuse(server):
+    server.client("-t", "0.5")  # warm: first test's imports and buffers
+    rss0, threads0 = server.rss_bytes(), server.threads()
+
+    def silent():
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        s.settimeout(10)
+        try:
+            s.recv(4096)  # waits for the server's timeout reply
+        except OSError:
+            pass
+        s.close()
+
+    def flood():
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            s.sendall(os.urandom(1 << 20) * 16)  # 16 MiB, no newline
+        except OSError:
+            pass
+        s.close()
+
+    def greedy(i):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        ask = {"gpubench_net": 1, "role": "control", "streams": 10_000 if i % 2 else 1,
+               "seconds": 31_536_000 if i % 3 else 1, "omit": 0, "interval": 1, "buffer": 1 << 20}
+        s.sendall(json.dumps(ask).encode() + b"\n")
+        try:
+            s.recv(4096)
+        except OSError:
+            pass
+        s.close()
+
+    jobs = ([threading.Thread(target=silent) for _ in range(60)]
+            + [threading.Thread(target=flood) for _ in range(20)]
+            + [threading.Thread(target=greedy, args=(i,)) for i in range(200)])
+    peak_threads = 0
+    for j in jobs:
+        j.start()
+    while any(j.is_alive() for j in jobs):
+        peak_threads = max(peak_threads, server.threads())
+        time.sleep(0.05)
+    assert peak_threads <= threads0 + 64 + 1  # handshakes are bounded
+    p = server.client("-P", "2", "-t", "0.5")
+    assert p.returncode == 0, p.stderr  # still serving
+    grown = server.rss_bytes() - rss0
+    print(f"server RSS grew by {grown / 2**20:.1f} MiB; threads peaked at {peak_threads} (from {threads0})")
+    assert grown < 32 * 2**20, f"server RSS grew by {grown / 2**20:.1f} MiB"
+    deadline = time.monotonic() + 5
+    while server.threads() > threads0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.threads() <= threads0
