@@ -1,0 +1,133 @@
+"""gpubench suite as a user meets it: --check against saved results, exit codes, no GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import synth  # noqa: E402
+
+from gpubench import suite  # noqa: E402
+from gpubench.cli import main  # noqa: E402
+from gpubench.commands.suite import module_exists, run_cli_step  # noqa: E402
+from gpubench.core.errors import NoGPUError  # noqa: E402
+from gpubench.core.gpu import require_gpu  # noqa: E402
+from gpubench.core.result import load  # noqa: E402
+
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "h200x2-expect.toml")
+PINNED = str(synth.REAL_PINNED)
+
+# The real H200 pinned copy run: h2d 1 GiB 54.35 GB/s, d2h 1 GiB 54.41, h2d 1 MiB 42.22.
+GOOD = """
+[[expect]]
+name = "H2D 1 GiB"
+command = "copy"
+where = { direction = "h2d", memory = "pinned", nbytes = 1073741824 }
+min_gbps = 52.5
+[[expect]]
+command = "copy"
+where = { direction = "d2h", nbytes = 1048576 }
+min_gbps = 39
+[[expect]]
+command = "nccl"
+where = { nbytes = 1073741824 }
+min_gbps = 300
+"""
+
+
+def run(capsys, *args):
+    with pytest.raises(SystemExit) as e:
+        main(["suite", *args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def _toml(tmp_path, text, name="e.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_check_passes_on_the_real_result(capsys, tmp_path):
+    rc, out, err = run(capsys, "--check", PINNED, "--expect", _toml(tmp_path, GOOD))
+    assert rc == 0, err
+    assert "PASSED: 2 pass, 0 fail, 0 missing, 1 skipped." in out
+    assert "no nccl result given" in out
+
+
+def test_check_strict_fails_on_skipped(capsys, tmp_path):
+    rc, out, err = run(capsys, "--check", PINNED, "--expect", _toml(tmp_path, GOOD), "--strict")
+    assert rc == 1 and "1 expectation(s) not met" in err
+
+
+def test_check_fails_a_figure_under_its_bound(capsys, tmp_path):
+    rc, out, err = run(capsys, "--check", PINNED, "--expect", _toml(tmp_path, GOOD.replace("52.5", "60")))
+    assert rc == 1
+    assert err.strip() == "gpubench: error: suite failed: 1 expectation(s) not met"
+    assert "FAILED: 1 pass, 1 fail" in out and ">= 60 GB/s" in out and "54.35" in out
+
+
+def test_example_expectations_on_the_real_gpu0_result(capsys):
+    # the real result covers GPU 0 only: GPU 0 figures pass, GPU 1 figures are missing (-> exit 1)
+    rc, out, _ = run(capsys, "--check", PINNED, "--expect", EXAMPLE)
+    assert rc == 1
+    assert "6 pass, 0 fail, 2 missing" in out
+
+
+def test_check_a_bundle(capsys, tmp_path):
+    b = suite.Bundle(env=synth.real_env())
+    b.steps = [suite.Step("copy pinned", "copy", "ok", seconds=1.0, result=load(synth.REAL_PINNED)),
+               suite.Step("nccl all-reduce", "nccl", "skipped", "needs 2 GPUs, 1 visible")]
+    p = suite.save_bundle(b, tmp_path / "bundle.json")
+    rc, out, _ = run(capsys, "--check", str(p), "--expect", _toml(tmp_path, GOOD))
+    assert rc == 0 and "needs 2 GPUs, 1 visible" in out
+
+
+def test_check_needs_expect_and_readable_files(capsys, tmp_path):
+    rc, _, err = run(capsys, "--check", PINNED)
+    assert rc == 2 and "--check needs --expect" in err
+    rc, _, err = run(capsys, "--check", str(tmp_path / "none.json"), "--expect", _toml(tmp_path, GOOD))
+    assert rc == 2 and "cannot read" in err
+    (tmp_path / "arr.json").write_text("[]")
+    rc, _, err = run(capsys, "--check", str(tmp_path / "arr.json"), "--expect", _toml(tmp_path, GOOD))
+    assert rc == 2 and "not a gpubench result" in err and err.count("\n") == 1
+
+
+def test_bad_expectations_exit_2_before_any_gpu_lookup(capsys, tmp_path):
+    rc, _, err = run(capsys, "--expect", _toml(tmp_path, "[[expect]]\ncommand='copy'\nmin_gbps=0\n"))
+    assert rc == 2 and "min_gbps = 0 must be a number > 0" in err
+    rc, _, err = run(capsys, "--expect", str(tmp_path / "missing.toml"))
+    assert rc == 2 and "cannot read" in err
+
+
+def test_output_folder_must_exist(capsys, tmp_path):
+    rc, _, err = run(capsys, "-o", str(tmp_path / "nope"))
+    assert rc == 2 and "is not an existing folder" in err
+
+
+def _no_gpu() -> bool:
+    try:
+        require_gpu()
+        return False
+    except NoGPUError:
+        return True
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="a GPU is visible here")
+def test_suite_without_gpu_exits_2_with_the_standard_line(capsys, tmp_path):
+    rc, out, err = run(capsys, "--expect", EXAMPLE, "-o", str(tmp_path))
+    assert rc == 2
+    assert err.startswith("gpubench: error: no CUDA device is visible") and "compare, plot" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_runs_through_its_command_in_process(tmp_path):
+    # the mechanism suite uses for batch/p2p/nccl/merge, exercised with env (works without a GPU)
+    res = run_cli_step("env", [], tmp_path / "env.json")
+    assert res.command == "env" and res.env["host"]["hostname"]
+    assert json.loads((tmp_path / "env.json").read_text())["schema"] == "gpubench.result"
+    assert module_exists("copy") and not module_exists("no_such_command")
