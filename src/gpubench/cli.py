@@ -22,6 +22,8 @@ from gpubench.core.errors import GpubenchError, Interrupted
 COMMANDS: dict[str, tuple[str, str]] = {
     "copy": ("gpubench.commands.copy", "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."),
     "env": ("gpubench.commands.env", "The machine: GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA."),
+    "p2p": ("gpubench.commands.p2p", "GPU<->GPU copy matrix: peer access on/off, read/write, bidir, SM copy, latency."),
+    "nccl": ("gpubench.commands.nccl", "NCCL collectives (all-reduce, all-gather, ...): algbw and busbw as nccl-tests."),
     "merge": ("gpubench.commands.merge", "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge."),
     "net": ("gpubench.commands.net", "Multi-stream TCP throughput between two hosts (server, client, local)."),
     "batch": ("gpubench.commands.batch", "Many small copies vs packed vs cudaMemcpyBatchAsync vs one contiguous copy."),

@@ -1,0 +1,735 @@
+"""``gpubench nccl``: NCCL collectives through CuPy's bindings, timed as nccl-tests times them.
+
+One process, one communicator per GPU (``NcclCommunicator.initAll``), the ranks' calls grouped
+between ``ncclGroupStart``/``ncclGroupEnd`` (nccl-tests ``-g N``); or, with a Dask scheduler, one
+rank per worker (the unique id passed through the scheduler; nccl-tests under MPI).
+
+What is timed (nccl-tests 2.19.6 src/common.cu BenchTime; docs/nccl.md): a host clock
+(``perf_counter``) started before ``iters`` grouped launches are queued and stopped when every
+rank's stream has finished (polled with cudaStreamQuery, as testStreamSynchronize does); the
+per-iteration time is that span / iters (with ``--cuda-graph G``: the iterations captured once, the
+graph launched G times, span / (iters * G)). Each iteration moves its buffers by one operation size
+within buffers of the largest size (nccl-tests' ``shift``, against cache effects). Before the
+timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each followed by a
+full synchronisation. A sample is one such timed span; the report shows the median over samples;
+across processes the per-sample times are averaged (nccl-tests' default ``-a 1``).
+
+algbw = S / t and busbw = algbw * factor come from bench/collectives.py (nccl-tests' GetBw and
+doc/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from gpubench.bench import collectives as C
+from gpubench.core import env as envmod
+from gpubench.core import gpu
+from gpubench.core.errors import Interrupted, MachineError, UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.units import format_size
+
+PLACES = ("out-of-place", "in-place")
+CHECK_CHUNK = 1 << 24  # elements checked per step, so the check's temporaries stay small
+_TOLERANCE = {"half": 1e-3, "bfloat16": 8e-3, "float": 1e-6, "double": 1e-12}
+
+
+@dataclass(frozen=True)
+class NcclSpec:
+    """Parsed options of ``gpubench nccl``.
+
+    Attributes:
+        collective: canonical name (a key of collectives.COLLECTIVES).
+        sizes: operation sizes in bytes (nccl-tests -b/-e/-f), ascending.
+        dtype: a key of collectives.DTYPES.
+        op: a key of collectives.OPS (ignored by collectives that do not reduce).
+        root: root rank of broadcast and reduce.
+        devices: CUDA ordinals for the single-process run, or None for every visible GPU.
+        warmup: untimed iterations per size before timing (nccl-tests -w).
+        iters: iterations per timed sample (nccl-tests -n).
+        samples: timed samples per point; the median is reported.
+        check: data checks per point (nccl-tests -c; 0 = none).
+        places: subset of PLACES.
+        cuda_graph: graph launches per sample (nccl-tests -G; 0 = no graph).
+        timeout_s: abort when a wait lasts longer (nccl-tests -T; 0 = never).
+        scheduler_address, scheduler_file: an existing Dask cluster; one rank per worker.
+    """
+
+    collective: str = "all-reduce"
+    sizes: tuple[int, ...] = (2**20, 2**22, 2**24, 2**26, 2**28, 2**30)
+    dtype: str = "float"
+    op: str = "sum"
+    root: int = 0
+    devices: tuple[int, ...] | None = None
+    warmup: int = 1
+    iters: int = 20
+    samples: int = 5
+    check: int = 1
+    places: tuple[str, ...] = PLACES
+    cuda_graph: int = 0
+    timeout_s: float = 0.0
+    scheduler_address: str | None = None
+    scheduler_file: str | None = None
+
+    def __post_init__(self):
+        C.collective(self.collective)
+        C.dtype(self.dtype)
+        C.op(self.op)
+        if not self.sizes or min(self.sizes) < 1:
+            raise UsageError("sizes must be at least 1 byte")
+        for p in self.places:
+            if p not in PLACES:
+                raise UsageError(f"placement {p!r} not known", f"use {', '.join(PLACES)}")
+        if not self.places:
+            raise UsageError("no placement selected", "give out-of-place, in-place or both")
+        if self.root < 0:
+            raise UsageError(f"root {self.root} must be >= 0")
+        if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0 or self.cuda_graph < 0:
+            raise UsageError("-n and --samples must be >= 1; -w, -c and -G >= 0")
+        if self.timeout_s < 0:
+            raise UsageError(f"--timeout {self.timeout_s} must be >= 0 seconds")
+        if self.scheduler_address and self.scheduler_file:
+            raise UsageError("--scheduler-address and --scheduler-file both given", "use one of them")
+        if (self.scheduler_address or self.scheduler_file) and self.devices is not None:
+            raise UsageError("-d does not apply with a Dask scheduler", "each worker uses its own GPU")
+
+    @property
+    def distributed(self) -> bool:
+        return bool(self.scheduler_address or self.scheduler_file)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Point:
+    """One measured point before it becomes a Record (also what a Dask worker sends back)."""
+
+    nbytes: int  # nccl-tests' "size": max(send, receive) bytes of one rank
+    count: int  # the NCCL call's count argument
+    place: str
+    samples_s: list[float]
+    wrong: int | None  # elements that differ from the expected result (None: not checked)
+    error: str | None = None
+
+
+class _Rank:
+    """A rank in this process: its communicator, GPU, stream and two buffers of the largest size."""
+
+    def __init__(self, rank: int, device: int, comm, maxbytes: int):
+        import cupy
+
+        self.rank = rank
+        self.device = device
+        self.comm = comm
+        with cupy.cuda.Device(device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.send = gpu.DeviceBuffer(maxbytes)
+            try:
+                self.recv = gpu.DeviceBuffer(maxbytes)
+            except BaseException:
+                self.send.free()
+                raise
+
+    def free(self) -> None:
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            self.send.free()
+            self.recv.free()
+
+
+# -- data: the values each rank sends, and what every rank must receive --------------------------
+
+
+def _values(xp, p, k, op_name: str):
+    """The value rank(s) ``p`` send at element index(es) ``k``: small integers, exact in every type.
+
+    ``(k + 3p) mod 7 + 1`` (1..7); for prod ``1 + (k + p) mod 2`` (1 or 2) so products stay exact.
+    """
+    if op_name == "prod":
+        return 1 + (k + p) % 2
+    return (k + 3 * p) % 7 + 1
+
+
+def _reduce(xp, stack, op_name: str, nranks: int, kind: str):
+    if op_name in ("sum", "avg"):
+        s = stack.sum(axis=0)
+        if op_name == "avg":
+            s = s // nranks if kind != "float" else s / nranks
+        return s
+    if op_name == "prod":
+        return stack.prod(axis=0)
+    if op_name == "max":
+        return stack.max(axis=0)
+    return stack.min(axis=0)
+
+
+def expected_values(xp, coll: C.Collective, rank: int, nranks: int, root: int, base: int, idx, op_name: str,
+                    kind: str):
+    """What rank ``rank`` must hold at output element indices ``idx`` (int64 array of ``xp``).
+
+    Args:
+        xp: numpy or cupy.
+        coll: the collective.
+        base: the per-rank count (param_count) of the call.
+        idx: output indices, int64.
+        op_name: reduction op name; kind: "int", "uint" or "float".
+
+    Returns:
+        int64 (integer kinds) or float64 values (before conversion to the data type).
+    """
+    idx = idx.astype(xp.int64)
+    ftype = xp.float64 if kind == "float" else xp.int64
+    name = coll.name
+    if name == "broadcast":
+        return _values(xp, root, idx, op_name).astype(ftype)
+    if name == "send-recv":
+        return _values(xp, (rank - 1) % nranks, idx, op_name).astype(ftype)
+    if name == "all-gather":
+        return _values(xp, idx // base, idx % base, op_name).astype(ftype)
+    if name == "all-to-all":
+        return _values(xp, idx // base, rank * base + idx % base, op_name).astype(ftype)
+    src_idx = rank * base + idx if name == "reduce-scatter" else idx
+    stack = xp.stack([_values(xp, p, src_idx, op_name).astype(ftype) for p in range(nranks)])
+    return _reduce(xp, stack, op_name, nranks, kind)
+
+
+def encode(xp, values, dt: C.DType):
+    """Values (int64/float64) -> the storage array of ``dt`` (bfloat16: the high 16 bits of float32)."""
+    if dt.name == "bfloat16":
+        f = values.astype(xp.float32)
+        return (f.view(xp.uint32) >> 16).astype(xp.uint16)
+    return values.astype(dt.numpy)
+
+
+def decode(xp, stored, dt: C.DType):
+    """Storage array of ``dt`` -> float64 (float kinds) or the storage itself (integer kinds)."""
+    if dt.name == "bfloat16":
+        return (stored.astype(xp.uint32) << 16).view(xp.float32).astype(xp.float64)
+    if dt.kind == "float":
+        return stored.astype(xp.float64)
+    return stored
+
+
+def count_wrong(xp, got_stored, expected, dt: C.DType) -> int:
+    """Elements of ``got_stored`` that differ from ``expected`` (exact for integers; a relative
+    tolerance of the type's precision for floats, since avg divides)."""
+    if dt.kind == "float":
+        got = decode(xp, got_stored, dt)
+        tol = _TOLERANCE[dt.name]
+        bad = xp.abs(got - expected) > tol * xp.maximum(1.0, xp.abs(expected))
+        return int(bad.sum())
+    return int((got_stored != encode(xp, expected, dt)).sum())
+
+
+def _view(ptr: int, nelems: int, dt: C.DType, device: int):
+    import cupy
+
+    itemsize = cupy.dtype(dt.numpy).itemsize
+    mem = cupy.cuda.UnownedMemory(ptr, max(1, nelems * itemsize), None, device)
+    return cupy.ndarray((nelems,), dtype=dt.numpy, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def _pointers(rk: _Rank, cc: C.CollCounts, elt: int, in_place: bool, shift: int) -> tuple[int, int]:
+    """(send, recv) addresses of rank ``rk`` for one call (nccl-tests startColl)."""
+    if in_place:
+        base = rk.recv.ptr + shift
+        return base + cc.send_inplace_offset * rk.rank * elt, base + cc.recv_inplace_offset * rk.rank * elt
+    return rk.send.ptr + shift, rk.recv.ptr + shift
+
+
+def _init_data(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_name: str, in_place: bool,
+               nranks: int) -> None:
+    """Fill each rank's input region with its values and zero its output (nccl-tests InitData)."""
+    import cupy
+
+    elt = dt.size
+    for rk in ranks:
+        with cupy.cuda.Device(rk.device):
+            cupy.cuda.runtime.memset(rk.recv.ptr, 0, max(cc.recv_count, cc.send_count) * elt)
+            sptr, _ = _pointers(rk, cc, elt, in_place, 0)
+            for start in range(0, cc.send_count, CHECK_CHUNK):
+                n = min(CHECK_CHUNK, cc.send_count - start)
+                k = cupy.arange(start, start + n, dtype=cupy.int64)
+                vals = _values(cupy, rk.rank, k, op_name).astype(cupy.float64 if dt.kind == "float" else cupy.int64)
+                _view(sptr + start * elt, n, dt, rk.device)[...] = encode(cupy, vals, dt)
+            cupy.cuda.Device().synchronize()
+
+
+def _check(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_name: str, in_place: bool,
+           nranks: int, root: int) -> int:
+    """Wrong elements on this process's ranks after one call (nccl-tests CheckData)."""
+    import cupy
+
+    elt = dt.size
+    wrong = 0
+    for rk in ranks:
+        if coll.name == "reduce" and rk.rank != root:
+            continue  # only the root holds a result
+        _, rptr = _pointers(rk, cc, elt, in_place, 0)
+        with cupy.cuda.Device(rk.device):
+            for start in range(0, cc.recv_count, CHECK_CHUNK):
+                n = min(CHECK_CHUNK, cc.recv_count - start)
+                idx = cupy.arange(start, start + n, dtype=cupy.int64)
+                exp = expected_values(cupy, coll, rk.rank, nranks, root, cc.param_count, idx, op_name, dt.kind)
+                wrong += count_wrong(cupy, _view(rptr + start * elt, n, dt, rk.device), exp, dt)
+    return wrong
+
+
+# -- launching and waiting ---------------------------------------------------------------------------
+
+
+def _launch(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_id: int, root: int, in_place: bool,
+            shift: int, nranks: int) -> None:
+    """One grouped call of the collective on every local rank (nccl-tests startColl)."""
+    from cupy.cuda import nccl
+
+    elt = dt.size
+    count = cc.param_count
+    grouped = len(ranks) > 1
+    if grouped:
+        nccl.groupStart()
+    try:
+        for rk in ranks:
+            s, r = _pointers(rk, cc, elt, in_place, shift)
+            st = rk.stream.ptr
+            name = coll.name
+            if name == "all-reduce":
+                rk.comm.allReduce(s, r, count, dt.nccl, op_id, st)
+            elif name == "all-gather":
+                rk.comm.allGather(s, r, count, dt.nccl, st)
+            elif name == "reduce-scatter":
+                rk.comm.reduceScatter(s, r, count, dt.nccl, op_id, st)
+            elif name == "broadcast":
+                rk.comm.broadcast(s, r, count, dt.nccl, root, st)
+            elif name == "reduce":
+                rk.comm.reduce(s, r, count, dt.nccl, op_id, root, st)
+            elif name == "all-to-all":  # nccl-tests alltoall.cu before NCCL 2.28: grouped send/recv
+                nccl.groupStart()
+                try:
+                    for p in range(nranks):
+                        rk.comm.send(s + p * count * elt, count, dt.nccl, p, st)
+                        rk.comm.recv(r + p * count * elt, count, dt.nccl, p, st)
+                finally:
+                    nccl.groupEnd()
+            elif name == "send-recv":  # sendrecv.cu: send to rank+1, receive from rank-1
+                nccl.groupStart()
+                try:
+                    rk.comm.send(s, count, dt.nccl, (rk.rank + 1) % nranks, st)
+                    rk.comm.recv(r, count, dt.nccl, (rk.rank - 1) % nranks, st)
+                finally:
+                    nccl.groupEnd()
+            else:  # pragma: no cover - the table and this switch are kept together
+                raise UsageError(f"collective {name!r} not known")
+    finally:
+        if grouped:
+            nccl.groupEnd()
+
+
+def wait_all(ranks: list[_Rank], timeout_s: float) -> None:
+    """Wait for every rank's stream, polling as nccl-tests' testStreamSynchronize does.
+
+    Raises:
+        MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
+            are aborted first, as nccl-tests does.
+    """
+    t0 = time.perf_counter()
+    last_check = t0
+    pending = list(ranks)
+    while pending:
+        pending = [rk for rk in pending if not rk.stream.done]
+        if not pending:
+            return
+        now = time.perf_counter()
+        if now - last_check > 0.01:
+            last_check = now
+            for rk in pending:
+                try:
+                    rk.comm.check_async_error()
+                except Exception as e:
+                    _abort(ranks)
+                    raise MachineError(f"NCCL reported an error on rank {rk.rank}: {str(e).splitlines()[0]}") from None
+            if timeout_s and now - t0 > timeout_s:
+                _abort(ranks)
+                raise MachineError(f"NCCL operation did not finish within --timeout {timeout_s:g} s; "
+                                   "communicators aborted")
+        time.sleep(0)
+
+
+def _abort(ranks: list[_Rank]) -> None:
+    for rk in ranks:
+        try:
+            rk.comm.abort()
+        except Exception:
+            pass
+
+
+def _shift(it: int, total_bytes: int, maxbytes: int) -> int:
+    """nccl-tests startColl: each iteration moves by one operation size, wrapping inside the buffers."""
+    steps = maxbytes // total_bytes if total_bytes else 1
+    return total_bytes * (it % max(1, steps))
+
+
+def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Callable[[], None],
+                   progress: ProgressSink, on_point: Callable[[Point], None] | None = None) -> list[Point]:
+    """Measure every (size, placement) of ``spec`` on this process's ``ranks``.
+
+    Args:
+        ranks: the local ranks (all of them in one process, or one per Dask worker).
+        nranks: ranks in the communicator.
+        barrier: called before each timed sample (a no-op in one process; an NCCL barrier across
+            processes, as nccl-tests' Barrier).
+
+    Returns:
+        One Point per (size, placement), in order.
+    """
+    import cupy
+
+    coll = C.collective(spec.collective)
+    dt = C.dtype(spec.dtype)
+    op_id = C.op(spec.op)
+    maxbytes = max(spec.sizes)
+    points: list[Point] = []
+    for size in spec.sizes:
+        cc = C.counts(coll, size, dt.size, nranks)
+        total = max(cc.send_count, cc.recv_count) * dt.size
+        for place in spec.places:
+            progress.advance(f"{coll.name} {format_size(size)} {place}")
+            in_place = place == "in-place"
+            if cc.param_count == 0:
+                points.append(Point(total, 0, place, [], None,
+                                    error=f"{format_size(size)} gives 0 elements per rank for {nranks} ranks"))
+                continue
+
+            def one(it: int) -> None:
+                _launch(ranks, coll, cc, dt, op_id, spec.root, in_place, _shift(it, total, maxbytes), nranks)
+
+            for it in range(spec.warmup):
+                one(it)
+            wait_all(ranks, spec.timeout_s)
+            one(0)  # nccl-tests BenchTime's "Sync" call
+            wait_all(ranks, spec.timeout_s)
+            graphs = _capture(ranks, one, spec.iters) if spec.cuda_graph else None
+            samples: list[float] = []
+            try:
+                for _ in range(spec.samples):
+                    barrier()
+                    t0 = time.perf_counter()
+                    if graphs is None:
+                        for it in range(spec.iters):
+                            one(it)
+                    else:
+                        for _ in range(spec.cuda_graph):
+                            for g, rk in zip(graphs, ranks):
+                                with cupy.cuda.Device(rk.device):
+                                    g.launch(rk.stream)
+                    wait_all(ranks, spec.timeout_s)
+                    n_iter = spec.iters * (spec.cuda_graph or 1)
+                    samples.append((time.perf_counter() - t0) / n_iter)
+            finally:
+                graphs = None
+            wrong = None
+            if spec.check:
+                wrong = 0
+                for _ in range(spec.check):
+                    _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
+                    barrier()
+                    one(0)
+                    wait_all(ranks, spec.timeout_s)
+                    wrong += _check(ranks, coll, cc, dt, spec.op, in_place, nranks, spec.root)
+                    if wrong:
+                        break
+            p = Point(total, cc.param_count, place, samples, wrong)
+            points.append(p)
+            if on_point:
+                on_point(p)
+    return points
+
+
+def _capture(ranks: list[_Rank], one: Callable[[int], None], iters: int) -> list:
+    """Capture ``iters`` grouped iterations into one CUDA graph per rank's stream (nccl-tests -G)."""
+    import cupy
+    from cupy.cuda import runtime
+
+    for rk in ranks:
+        with cupy.cuda.Device(rk.device):
+            rk.stream.begin_capture(mode=runtime.streamCaptureModeThreadLocal)
+    graphs = []
+    try:
+        for it in range(iters):
+            one(it)
+    finally:
+        for rk in ranks:
+            with cupy.cuda.Device(rk.device):
+                graphs.append(rk.stream.end_capture())
+    return graphs
+
+
+# -- results -------------------------------------------------------------------------------------------
+
+
+def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]:
+    """Records from points: metric bandwidth with nbytes = S of algbw = S / t; busbw in extra."""
+    coll = C.collective(spec.collective)
+    dt = C.dtype(spec.dtype)
+    factor = C.busbw_factor(coll, nranks)
+    out = []
+    for p in points:
+        params: dict[str, Any] = {"collective": coll.name, "nbytes": p.nbytes, "dtype": dt.name,
+                                  "placement": p.place, "nranks": nranks}
+        if coll.reduces:
+            params["op"] = spec.op
+        if coll.rooted:
+            params["root"] = spec.root
+        s_bytes = C.algbw_bytes(coll, p.count, dt.size, nranks)
+        r = Record(params=params, metric="bandwidth", nbytes=s_bytes, samples_s=list(p.samples_s),
+                   reps=spec.iters * (spec.cuda_graph or 1), error=p.error)
+        extra: dict[str, Any] = {"count": p.count, "busbw_factor": factor, "wrong": p.wrong,
+                                 "busbw_formula": f"algbw * {coll.factor_text}"}
+        if p.samples_s and s_bytes:
+            med = r.time_summary().median
+            alg, bus = C.bandwidths(coll, p.count, dt.size, med, nranks)
+            extra.update({"time_s": med, "algbw_bytes_per_s": alg, "busbw_bytes_per_s": bus})
+        r.extra = extra
+        out.append(r)
+    return out
+
+
+def select_devices(spec: NcclSpec) -> tuple[int, ...]:
+    """-d checked against the visible GPUs, or every visible GPU; the root must be one of the ranks.
+
+    Raises:
+        NoGPUError / UsageError.
+    """
+    gpu.require_gpu()
+    devices = gpu.resolve_devices(spec.devices) if spec.devices is not None else tuple(range(gpu.device_count()))
+    _check_root(spec, len(devices))
+    return devices
+
+
+def _check_root(spec: NcclSpec, nranks: int) -> None:
+    coll = C.collective(spec.collective)
+    if coll.rooted and spec.root >= nranks:
+        raise UsageError(f"root {spec.root} is not a rank: {nranks} rank(s)", f"use -r 0..{nranks - 1}")
+
+
+def _nccl():
+    """cupy.cuda.nccl, or a one-line error saying how to get NCCL."""
+    try:
+        from cupy.cuda import nccl
+    except Exception as e:  # pragma: no cover - depends on the install
+        raise UsageError(f"CuPy's NCCL bindings are not importable ({type(e).__name__})",
+                         "pip install nvidia-nccl-cu13 (or -cu12)") from None
+    if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
+        raise UsageError("NCCL is not available to CuPy (libnccl.so.2 not found)",
+                         "pip install nvidia-nccl-cu13 (or -cu12)")
+    return nccl
+
+
+def preflight(spec: NcclSpec, devices: tuple[int, ...]) -> None:
+    """Two buffers of the largest size per GPU must fit.
+
+    Raises:
+        UsageError: they do not; the message says which -e would.
+    """
+    need = 2 * max(spec.sizes)
+    margin = 1024 * 2**20  # NCCL's own buffers and the CUDA context
+    for d in devices:
+        free, _ = gpu.device_free_bytes(d)
+        if need + margin > free:
+            raise UsageError(f"-e {format_size(max(spec.sizes))} needs {format_size(need)} on GPU {d}, which has "
+                             f"{format_size(free)} free", f"use -e {format_size(max(0, free - margin) // 2)} or less")
+
+
+def _timing(spec: NcclSpec) -> dict:
+    return {
+        "clock": "perf_counter",
+        "method": "nccl-tests BenchTime: host clock around iters grouped launches and the wait for every "
+                  "rank's stream; per-iteration time = span / iters (/ graph launches); buffers shifted "
+                  "by one size per iteration; median over samples; averaged over processes",
+        "warmup": spec.warmup, "iters": spec.iters, "samples": spec.samples, "cuda_graph": spec.cuda_graph,
+    }
+
+
+def _nccl_env(nccl_mod) -> dict:
+    import os
+
+    try:
+        version = nccl_mod.get_version()
+    except Exception:
+        version = None
+    return {"version": version,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+
+
+def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
+    """Run the sweep in this process (one communicator per selected GPU) or on a Dask cluster.
+
+    Returns:
+        A Result with one record per (size, placement); see :func:`to_records`.
+
+    Raises:
+        NoGPUError / UsageError: no GPU, a GPU not visible, a root that is not a rank, NCCL missing,
+            the sizes do not fit.
+        MachineError: an NCCL or CUDA fault, or --timeout passed.
+    """
+    if spec.distributed:
+        return run_on_dask(spec, progress)
+    import cupy
+
+    progress = progress or ProgressSink()
+    devices = select_devices(spec)
+    nccl = _nccl()
+    preflight(spec, devices)
+    env = envmod.capture()
+    try:
+        comms = nccl.NcclCommunicator.initAll(list(devices))
+    except Exception as e:
+        raise MachineError(f"ncclCommInitAll on GPUs {list(devices)} failed: {str(e).splitlines()[0]}") from None
+    ranks: list[_Rank] = []
+    points: list[Point] = []
+    interrupted = None
+    progress.start(len(spec.sizes) * len(spec.places), spec.collective)
+    try:
+        for r, (d, c) in enumerate(zip(devices, comms)):
+            ranks.append(_Rank(r, d, c, max(spec.sizes)))
+        measure_points(spec, ranks, len(devices), lambda: None, progress, on_point=points.append)
+    except KeyboardInterrupt:
+        interrupted = "SIGINT"
+    except Interrupted as e:
+        interrupted = signal.Signals(e.signum).name
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        raise gpu.machine_error("NCCL run", e) from None
+    except Exception as e:
+        if type(e).__name__ == "NcclError":
+            raise MachineError(f"NCCL call failed: {str(e).splitlines()[0]}") from None
+        raise
+    finally:
+        progress.done()
+        for rk in ranks:
+            try:
+                rk.free()
+            except Exception:
+                pass
+        for c in comms:
+            try:
+                c.destroy()
+            except Exception:
+                pass
+    return Result(
+        command="nccl",
+        spec={**spec.to_dict(), "devices": list(devices), "nranks": len(devices)},
+        timing=_timing(spec),
+        env={**env, "nccl": _nccl_env(nccl)},
+        records=to_records(spec, points, len(devices)),
+        partial=interrupted is not None,
+        interrupted_by=interrupted,
+    )
+
+
+# -- across nodes: one rank per worker of an existing Dask cluster --------------------------------------
+
+
+def _worker_unique_id():
+    from cupy.cuda import nccl
+
+    return nccl.get_unique_id()
+
+
+def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int) -> dict:
+    """Runs on a Dask worker: one rank on the worker's current GPU; returns its points as dicts."""
+    import socket
+
+    import cupy
+    from cupy.cuda import nccl
+
+    device = cupy.cuda.Device().id
+    comm = nccl.NcclCommunicator(nranks, uid, rank)
+    rk = _Rank(rank, device, comm, max(spec.sizes))
+    flag = cupy.zeros(1, dtype=cupy.float32)
+
+    def barrier():
+        comm.allReduce(flag.data.ptr, flag.data.ptr, 1, C.DTYPES["float"].nccl, C.OPS["sum"], rk.stream.ptr)
+        wait_all([rk], spec.timeout_s)
+
+    try:
+        points = measure_points(spec, [rk], nranks, barrier, ProgressSink())
+    finally:
+        rk.free()
+        comm.destroy()
+    return {"rank": rank, "host": socket.gethostname(), "device": device,
+            "points": [asdict(p) for p in points]}
+
+
+def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
+    """Points of every rank -> one list: per-sample times averaged over ranks (nccl-tests ``-a 1``),
+    wrong counts summed (a rank's None counts as unchecked)."""
+    out = []
+    for pts in zip(*per_rank):
+        first = pts[0]
+        samples = [sum(p["samples_s"][k] for p in pts) / len(pts) for k in range(len(first["samples_s"]))]
+        wrongs = [p["wrong"] for p in pts]
+        wrong = None if any(w is None for w in wrongs) else sum(wrongs)
+        err = next((p["error"] for p in pts if p.get("error")), None)
+        out.append(Point(first["nbytes"], first["count"], first["place"], samples, wrong, err))
+    return out
+
+
+def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
+    """One rank per worker of an existing Dask cluster; the NCCL unique id comes from rank 0's worker
+    through the scheduler. Workers use their current GPU (dask-cuda gives each worker one).
+
+    Raises:
+        UsageError: dask.distributed not installed, the scheduler cannot be reached, no workers.
+        MachineError: a worker failed.
+    """
+    progress = progress or ProgressSink()
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageError("--scheduler-address/--scheduler-file need dask.distributed",
+                         "pip install gpubench[dask]") from None
+    try:
+        client = Client(spec.scheduler_address, timeout=30) if spec.scheduler_address else \
+            Client(scheduler_file=spec.scheduler_file, timeout=30)
+    except (OSError, ValueError) as e:
+        where = spec.scheduler_address or spec.scheduler_file
+        raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {str(e).splitlines()[0]}") from None
+    try:
+        workers = sorted(client.scheduler_info()["workers"])
+        if not workers:
+            raise UsageError("the Dask cluster has no workers")
+        nranks = len(workers)
+        _check_root(spec, nranks)
+        progress.start(1, f"{spec.collective} on {nranks} Dask workers")
+        try:
+            uid = client.submit(_worker_unique_id, workers=[workers[0]], pure=False).result()
+            futures = [client.submit(_worker_run, spec, uid, r, nranks, workers=[w], allow_other_workers=False,
+                                     pure=False) for r, w in enumerate(workers)]
+            results = client.gather(futures)
+        except UsageError:
+            raise
+        except Exception as e:
+            raise MachineError(f"a Dask worker failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") \
+                from None
+        progress.advance()
+        results.sort(key=lambda d: d["rank"])
+        points = combine_ranks([d["points"] for d in results])
+    finally:
+        progress.done()
+        client.close()
+    env = envmod.capture()
+    env["dask_workers"] = [{"address": w, "host": d["host"], "device": d["device"], "rank": d["rank"]}
+                           for w, d in zip(workers, results)]
+    return Result(
+        command="nccl",
+        spec={**spec.to_dict(), "nranks": nranks},
+        timing=_timing(spec),
+        env=env,
+        records=to_records(spec, points, nranks),
+    )

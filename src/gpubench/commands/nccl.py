@@ -1,0 +1,178 @@
+"""``gpubench nccl`` options and report (nccl-tests' columns: size, count, type, redop, root, then
+time, algbw, busbw and #wrong per placement)."""
+
+from __future__ import annotations
+
+import click
+
+from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.core import report
+from gpubench.core.errors import RegressionFound, UsageError
+from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
+
+
+@click.command("nccl")
+@click.argument("collective", required=False, default="all-reduce")
+@click.option("-d", "--devices", default=None, help="CUDA devices, one rank each, e.g. 0,1 [default: every visible GPU].")
+@click.option("-b", "--min-bytes", default="1M", show_default=True, help="Smallest size (nccl-tests -b; 1M = 2^20 B).")
+@click.option("-e", "--max-bytes", default="1G", show_default=True, help="Largest size (nccl-tests -e).")
+@click.option("-f", "--step-factor", type=float, default=4.0, show_default=True, help="Size multiplier per step (nccl-tests -f).")
+@click.option("-t", "--dtype", default="float", show_default=True,
+              help="Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16.")
+@click.option("-o", "--op", default="sum", show_default=True, help="Reduction: sum, prod, max, min, avg.")
+@click.option("-r", "--root", type=int, default=0, show_default=True, help="Root rank of broadcast and reduce.")
+@click.option("-w", "--warmup", type=int, default=1, show_default=True, help="Untimed iterations per size (nccl-tests -w).")
+@click.option("-n", "--iters", type=int, default=20, show_default=True, help="Iterations per timed sample (nccl-tests -n).")
+@click.option("--samples", type=int, default=5, show_default=True, help="Timed samples per point; the median is shown.")
+@click.option("-c", "--check", type=int, default=1, show_default=True,
+              help="Data checks per point, counting wrong elements (nccl-tests -c; 0 = off).")
+@click.option("--placement", type=click.Choice(["both", "out-of-place", "in-place"]), default="both",
+              show_default=True, help="Separate send and receive buffers, the same buffer, or both.")
+@click.option("-G", "--cuda-graph", type=int, default=0, show_default=True,
+              help="Capture the iterations in a CUDA graph and launch it this many times per sample (nccl-tests -G).")
+@click.option("-T", "--timeout", type=float, default=0.0, show_default=True,
+              help="Abort when one wait lasts longer than this many seconds (0 = never; nccl-tests -T).")
+@click.option("--expect-busbw", type=float, default=None,
+              help="Exit 1 when the busbw (GB/s) at the largest size is below this (node validation).")
+@click.option("--scheduler-address", default=None, help="Run one rank per worker of this Dask scheduler (tcp://host:8786).")
+@click.option("--scheduler-file", default=None, help="Like --scheduler-address, from a Dask scheduler file.")
+@common_options
+def command(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters, samples,
+            check, placement, cuda_graph, timeout, expect_busbw, scheduler_address, scheduler_file, json_path,
+            units, quiet, debug):
+    """NCCL collective bandwidth, measured as nccl-tests measures it.
+
+    COLLECTIVE: all-reduce (default), all-gather, reduce-scatter, broadcast, reduce, all-to-all,
+    send-recv. algbw = S/t; busbw = algbw x the collective's factor (nccl-tests doc/PERFORMANCE.md).
+    NCCL reads its own NCCL_* environment variables (e.g. NCCL_NVLS_ENABLE); gpubench sets none.
+    """
+    spec = build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters,
+                      samples, check, placement, cuda_graph, timeout, scheduler_address, scheduler_file)
+    if expect_busbw is not None and not expect_busbw > 0:
+        raise UsageError(f"--expect-busbw {expect_busbw} must be > 0 GB/s")
+    from gpubench.bench import nccl as bench
+
+    with report.progress(not quiet) as prog:
+        result = bench.run(spec, prog)
+    if expect_busbw is not None:
+        result.spec["expect_busbw_gbps"] = expect_busbw
+    code = finish(result, format_report(result, units), json_path=json_path, quiet=quiet)
+    if code:
+        return code
+    failure = verdict(result, expect_busbw)
+    if failure:
+        raise RegressionFound(failure)
+    return 0
+
+
+def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters, samples,
+               check, placement, cuda_graph, timeout, scheduler_address=None, scheduler_file=None):
+    """Validate the options (no GPU needed) and build an NcclSpec.
+
+    Raises:
+        UsageError: any bad value, named in the message.
+    """
+    from gpubench.bench import collectives as C
+    from gpubench.bench.nccl import PLACES, NcclSpec
+    from gpubench.core.gpu import parse_devices
+
+    coll = C.collective(collective)
+    dt = C.dtype(dtype)
+    C.op(op)
+    devs = parse_devices(devices)
+    lo = parse_size(min_bytes, what="-b/--min-bytes")
+    hi = parse_size(max_bytes, what="-e/--max-bytes")
+    sizes = size_sweep(lo, hi, step_factor)
+    if root < 0:
+        raise UsageError(f"-r/--root {root} must be >= 0")
+    positive_int("-w/--warmup", warmup, allow_zero=True)
+    positive_int("-n/--iters", iters)
+    positive_int("--samples", samples)
+    positive_int("-c/--check", check, allow_zero=True)
+    positive_int("-G/--cuda-graph", cuda_graph, allow_zero=True)
+    if not timeout >= 0:
+        raise UsageError(f"-T/--timeout {timeout} must be >= 0 seconds")
+    places = PLACES if placement == "both" else (placement,)
+    return NcclSpec(collective=coll.name, sizes=tuple(sizes), dtype=dt.name, op=op.strip().lower(), root=root,
+                    devices=devs, warmup=warmup, iters=iters, samples=samples, check=check, places=places,
+                    cuda_graph=cuda_graph, timeout_s=float(timeout), scheduler_address=scheduler_address,
+                    scheduler_file=scheduler_file)
+
+
+def _busbw_gbps(r) -> float | None:
+    b = r.extra.get("busbw_bytes_per_s")
+    return None if b is None else b / 1e9
+
+
+def verdict(result, expect_busbw: float | None) -> str | None:
+    """Why the run failed, or None: wrong elements (nccl-tests exits 1 on them), or the busbw at the
+    largest size (out-of-place when measured) below --expect-busbw GB/s."""
+    wrong = sum(r.extra.get("wrong") or 0 for r in result.records)
+    if wrong:
+        return f"data check found {wrong} wrong element(s)"
+    if expect_busbw is None:
+        return None
+    measured = [r for r in result.records if r.samples_s]
+    if not measured:
+        return f"no point was measured, so busbw cannot be checked against --expect-busbw {expect_busbw:g}"
+    top = max(r.params["nbytes"] for r in measured)
+    at_top = [r for r in measured if r.params["nbytes"] == top]
+    r = next((x for x in at_top if x.params["placement"] == "out-of-place"), at_top[0])
+    bus = _busbw_gbps(r)
+    if bus is None or bus < expect_busbw:
+        return (f"busbw {bus or 0:.1f} GB/s at {top} B ({r.params['placement']}) is below --expect-busbw "
+                f"{expect_busbw:g} GB/s")
+    return None
+
+
+def format_report(result, units: str = "GB") -> list:
+    """The nccl-tests table, a line with the average busbw, and notes. Returns rich renderables."""
+    spec = result.spec
+    places = [p for p in ("out-of-place", "in-place") if p in spec.get("places", [])]
+    nranks = spec.get("nranks")
+    cols = ["size (B)", "count", "type", "redop", "root"]
+    for p in places:
+        cols += [f"{p} time (us)", f"algbw {units}/s", f"busbw {units}/s", "#wrong"]
+    rows: dict[int, dict] = {}
+    for r in result.records:
+        rows.setdefault(r.params["nbytes"], {})[r.params["placement"]] = r
+    t = report.table(f"{spec.get('collective')} - {nranks} rank(s), {spec.get('dtype')}, median of "
+                     f"{spec.get('samples')} samples of {spec.get('iters')} iterations", cols)
+    busbws = []
+    for size in sorted(rows):
+        by = rows[size]
+        any_r = next(iter(by.values()))
+        row = [str(size), str(any_r.extra.get("count", "")), any_r.params.get("dtype", ""),
+               any_r.params.get("op", "none"), str(any_r.params.get("root", -1))]
+        for p in places:
+            r = by.get(p)
+            if r is None:
+                row += ["", "", "", ""]
+            elif r.error or not r.samples_s:
+                row += [f"failed: {(r.error or 'no samples')[:40]}", "", "", ""]
+            else:
+                alg = r.extra["algbw_bytes_per_s"]
+                bus = r.extra["busbw_bytes_per_s"]
+                busbws.append(bus)
+                w = r.extra.get("wrong")
+                row += [f"{r.extra['time_s'] * 1e6:.2f}", format_rate(alg, units), format_rate(bus, units),
+                        "N/A" if w is None else str(w)]
+        t.add_row(*row)
+    out: list = [t]
+    if busbws:
+        out.append(f"Avg bus bandwidth: {to_rate(sum(busbws) / len(busbws), units):.3f} {units}/s "
+                   "(mean over the points above, as nccl-tests prints it)")
+    factor = next((r.extra.get("busbw_formula") for r in result.records if r.extra.get("busbw_formula")), None)
+    out.append(f"algbw = S/t; busbw = {factor or 'algbw * factor'} with n = {nranks} (nccl-tests doc/PERFORMANCE.md); "
+               f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; t = host time of {spec.get('iters')} grouped "
+               "iterations until every stream finished, per iteration (nccl-tests' method)"
+               + (f", captured in a CUDA graph launched {spec.get('cuda_graph')} time(s)" if spec.get("cuda_graph") else "")
+               + ".")
+    nccl_env = (result.env.get("nccl") or {}).get("env") or {}
+    if nccl_env:
+        out.append("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl_env.items())))
+    if spec.get("expect_busbw_gbps") is not None:
+        out.append(f"--expect-busbw {spec['expect_busbw_gbps']:g} GB/s: checked on the largest size.")
+    if result.partial:
+        out.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the rows above were measured.")
+    return out
