@@ -128,10 +128,14 @@ def expected_output(x, work: int):
 
 
 def tolerance(work: int) -> float:
-    """Largest |computed - closed form| allowed: each fmaf rounds once (relative 2^-24, |v| <= 1) and
-    earlier errors shrink by a < 1, so the error is at most (work + 1) x 2^-24; doubled, plus the
-    closed form's own float32 rounding."""
-    return 2.0 * (work + 1) * 2.0**-24 + 4 * 2.0**-24
+    """Largest |computed - closed form| allowed after ``work`` FMAs.
+
+    Each fmaf rounds once (at most 2^-24 absolute, since |v| <= 1) and an earlier error shrinks by
+    a < 1 each step, so the total is at most 2^-24 x sum_k a^k <= 2^-24 x min(work, 1 / (1 - a)).
+    Doubled for margin, plus 4 x 2^-24 for the closed form's own float32 rounding.
+    """
+    steps = min(work, int(round(1.0 / (1.0 - FMA_A))))
+    return 2.0 * (steps + 1) * 2.0**-24 + 4 * 2.0**-24
 
 
 def _kernel():
