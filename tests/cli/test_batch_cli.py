@@ -1,0 +1,72 @@
+"""gpubench batch as a user meets it: bad input is one line and exit 2, before any GPU lookup."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpubench.cli import main
+from gpubench.core.errors import NoGPUError
+from gpubench.core.gpu import require_gpu
+
+
+def run_main(capsys, *args):
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def have_gpu() -> bool:
+    try:
+        require_gpu()
+        return True
+    except NoGPUError:
+        return False
+
+
+BAD = [
+    (["--count", "0"], "--count 0 must be >= 1"),
+    (["--count", "-5"], "--count -5"),
+    (["--count", "many"], "many"),
+    (["--piece", "0"], "at least 1 byte"),
+    (["--piece", "4KiB,zz"], "'zz' is not a size"),
+    (["--piece", "3KiB", "--total", "16MiB"], "not a whole number"),
+    (["--count", "4", "--total", "1MiB"], "both given"),
+    (["-s", "separate,teleport"], "teleport"),
+    (["--direction", "sideways"], "sideways"),
+    (["-m", "pinned,gold"], "gold"),
+    (["-d", "-1"], "negative"),
+    (["-n", "0"], "-n/--iters"),
+    (["--min-time", "0"], "--min-time"),
+    (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_input_one_line_exit_2(capsys, args, needle):
+    code, out, err = run_main(capsys, "batch", *args)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(have_gpu(), reason="a GPU is visible")
+def test_without_gpu_one_line_exit_2(capsys):
+    code, out, err = run_main(capsys, "batch", "--sweep")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "no CUDA device is visible" in lines[0]
+
+
+def test_command_modules_import_no_cupy():
+    code = ("import sys\n"
+            "import gpubench.commands.batch, gpubench.commands.memcpy2d, gpubench.commands.overlap\n"
+            "import gpubench.bench.batch, gpubench.bench.memcpy2d, gpubench.bench.overlap\n"
+            "print('HEAVY', [m for m in ('cupy', 'cuda.bindings', 'dask') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout

@@ -1,0 +1,50 @@
+"""gpubench overlap: bad sizes, work, streams and chunks are one line, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubench.cli import main
+from gpubench.core.errors import NoGPUError
+from gpubench.core.gpu import require_gpu
+
+
+def run_main(capsys, *args):
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def have_gpu() -> bool:
+    try:
+        require_gpu()
+        return True
+    except NoGPUError:
+        return False
+
+BAD = [
+    (["--size", "10"], "multiple of 4"),
+    (["--size", "0"], "at least 1 byte"),
+    (["--work", "-1"], "out of range"),
+    (["--work", "lots"], "'lots' is not an integer"),
+    (["--streams", "0"], "--streams 0"),
+    (["--streams", "8", "--chunks", "2"], "fewer than --streams"),
+    (["--chunks", "5000"], "--chunks 5000"),
+    (["-n", "0"], "-n/--iters"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_input_one_line_exit_2(capsys, args, needle):
+    code, out, err = run_main(capsys, "overlap", *args)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+@pytest.mark.skipif(have_gpu(), reason="a GPU is visible")
+def test_without_gpu_one_line_exit_2(capsys):
+    code, out, err = run_main(capsys, "overlap", "--sweep")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "no CUDA device is visible" in err
