@@ -259,3 +259,18 @@ def test_server_memory_and_threads_stay_bounded_under_abuse(server):
     while server.threads() > threads0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.threads() <= threads0
+
+
+def test_local_interrupted_keeps_the_intervals_received(tmp_path):
+    out = tmp_path / "p.json"
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-t", "20", "-i", "0.25", "--json", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=15)
+    assert p.returncode == 130, stderr
+    assert "PARTIAL: interrupted by SIGINT" in stdout and "Traceback" not in stderr
+    d = json.loads(out.read_text())
+    assert d["partial"] is True and d["interrupted_by"] == "SIGINT"
+    tot = d["records"][-1]["extra"]
+    assert 1 <= len(tot["interval_bytes"]) < 80 and tot["counted_bytes"] == sum(tot["interval_bytes"])
