@@ -297,9 +297,9 @@ def random_ddf(chunk_size: int, num_chunks: int, frac_match: float, chunk_type: 
 
 
 def hmean(xs: Sequence[float]) -> float:
-    """Harmonic mean, 1 / mean(1/x); 0 for no values (dask-cuda's hmean)."""
+    """Harmonic mean, 1 / mean(1/x); 0 (an int, so it prints "0 B/s" as in dask-cuda) for no values."""
     if not len(xs):
-        return 0.0
+        return 0
     return 1.0 / (math.fsum(1.0 / x for x in xs) / len(xs))
 
 
@@ -308,7 +308,7 @@ def hstd(xs: Sequence[float]) -> float:
     population variance (numpy's var, ddof=0); 0 for no values."""
     n = len(xs)
     if not n:
-        return 0.0
+        return 0
     inv = [1.0 / x for x in xs]
     rmean = math.fsum(inv) / n
     rvar = math.fsum((v - rmean) ** 2 for v in inv) / n
@@ -594,6 +594,11 @@ def _import_ucxx() -> None:
         ) from None
 
 
+def _is_oom_text(text: str) -> bool:
+    t = text.lower()
+    return "out of memory" in t or "out_of_memory" in t or "bad_alloc" in t or "memoryerror" in t
+
+
 def _one_line(e: BaseException) -> str:
     s = (str(e).strip().splitlines() or [""])[0]
     return f"{type(e).__name__}: {s}" if s else type(e).__name__
@@ -630,9 +635,9 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                 where = spec.scheduler_address or spec.scheduler_file
                 try:
                     if spec.scheduler_address:
-                        client = Client(spec.scheduler_address, timeout=min(spec.timeout_s, 30))
+                        client = Client(spec.scheduler_address, timeout=min(spec.timeout_s, 10))
                     else:
-                        client = Client(scheduler_file=spec.scheduler_file, timeout=min(spec.timeout_s, 30))
+                        client = Client(scheduler_file=spec.scheduler_file, timeout=min(spec.timeout_s, 10))
                 except (OSError, TimeoutError, ValueError) as e:
                     raise UsageError(f"cannot reach the scheduler at {where}: {_one_line(e)}",
                                      "check the address (e.g. tcp://HOST:8786) and that it runs") from None
@@ -644,7 +649,8 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                 common = dict(
                     n_workers=len(spec.devices), threads_per_worker=spec.threads_per_worker,
                     protocol=spec.protocol, interface=spec.interface, dashboard_address=None,
-                    silence_logs=logging.ERROR,
+                    # A lost worker makes the others log tracebacks; the error we raise names it.
+                    silence_logs=logging.CRITICAL,
                 )
                 try:
                     if spec.merge_type == "gpu":
@@ -691,37 +697,54 @@ def _lost_workers_error(lost: set[str], now: set[str], index: Mapping[str, int],
     new = sorted(now - set(index))
     tail = f"; replaced by {', '.join(new)}" if new else ""
     return MachineError(f"{names} died during {what}{tail}",
-                        "the run stopped and the cluster was shut down; see the worker's log or dmesg")
+                        "the run was stopped; the worker's log or dmesg may say why, e.g. an out-of-memory kill")
+
+
+def _check_workers(client, workers: Mapping[str, int], what: str) -> None:
+    """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster."""
+    now = _worker_addresses(client)
+    lost = set(workers) - now
+    if lost:
+        raise _lost_workers_error(lost, now, workers, what)
+
+
+def run_on_workers(client, fn, workers: Mapping[str, int], what: str, **kwargs) -> dict:
+    """client.run(fn) on every worker; a failure becomes a MachineError naming a lost worker if
+    one left, else the failure's first line."""
+    try:
+        return client.run(fn, **kwargs)
+    except (KeyboardInterrupt, MachineError, UsageError):
+        raise
+    except Exception as e:
+        _check_workers(client, workers, what)
+        raise MachineError(f"{what} failed on the workers: {_one_line(e)[:200]}") from None
 
 
 def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: float, what: str) -> None:
-    """Wait for a persisted collection while checking every POLL_S that no worker left.
+    """Wait for a persisted collection (or a list of futures) while checking every POLL_S that no
+    worker left.
 
     Args:
         client: the distributed Client.
-        collection: a persisted Dask collection (its futures).
+        collection: a persisted Dask collection, or futures.
         workers: the cluster's workers at the start, address -> index.
         timeout_s: seconds it may take.
-        what: named in errors, e.g. "run 2 (join)".
+        what: named in errors, e.g. "run 2/3 (join)".
 
     Raises:
-        MachineError: a worker left (names it), a task failed, or the deadline passed.
+        MachineError: a worker left (names it), a task failed or was cancelled, or the time ran out.
     """
     from distributed import futures_of, wait
 
     deadline = time.monotonic() + timeout_s
     futs = futures_of(collection)
-    expected = set(workers)
     while True:
         try:
             wait(futs, timeout=POLL_S)
             done = True
         except TimeoutError:
             done = False
-        now = _worker_addresses(client)
-        lost = expected - now
-        if lost:
-            raise _lost_workers_error(lost, now, workers, what)
+        _check_workers(client, workers, what)
         if done:
             break
         if time.monotonic() > deadline:
@@ -732,6 +755,13 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
             raise MachineError(f"{what} failed on the cluster: {_one_line(f.exception())[:200]}")
         if f.status == "cancelled":
             raise MachineError(f"{what} was cancelled on the cluster (a worker or the scheduler went away)")
+
+
+def compute_watching(client, values: Sequence[Any], workers: Mapping[str, int], timeout_s: float, what: str) -> list:
+    """dask.compute of small lazy values (lengths, sums) on the cluster, watched as wait_watching."""
+    futs = client.compute(list(values))
+    wait_watching(client, futs, workers, timeout_s, what)
+    return [f.result() for f in futs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -773,10 +803,12 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
     ddf_other = random_ddf(spec.chunk_size, other_chunks, spec.frac_match, "other", gpu).persist()
     wait_watching(client, ddf_base, workers, spec.timeout_s, f"{what} (generating the base frame)")
     wait_watching(client, ddf_other, workers, spec.timeout_s, f"{what} (generating the other frame)")
-    data_processed = len(ddf_base) * sum(t.itemsize for t in ddf_base.dtypes)
-    data_processed += len(ddf_other) * sum(t.itemsize for t in ddf_other.dtypes)
+    rows_base, rows_other = compute_watching(client, [ddf_base.shape[0], ddf_other.shape[0]], workers,
+                                             spec.timeout_s, f"{what} (counting rows)")
+    data_processed = rows_base * sum(t.itemsize for t in ddf_base.dtypes)
+    data_processed += rows_other * sum(t.itemsize for t in ddf_other.dtypes)
 
-    maxlens = client.run(_clear_transfer_log)
+    maxlens = run_on_workers(client, _clear_transfer_log, workers, f"{what} (clearing the transfer logs)")
     t0 = time.perf_counter()
     joined = ddf_base.merge(ddf_other, on=["key"], how="inner", broadcast=spec.broadcast)
     if spec.set_index:
@@ -784,19 +816,19 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
     joined = joined.persist()
     wait_watching(client, joined, workers, spec.timeout_s, f"{what} (join)")
     seconds = time.perf_counter() - t0
-    logs = client.run(_take_transfer_log)
+    logs = run_on_workers(client, _take_transfer_log, workers, f"{what} (reading the transfer logs)")
     full = [a for a, entries in logs.items() if maxlens.get(a) and len(entries) >= maxlens[a]]
     del ddf_base, ddf_other
     return RunOutcome(int(data_processed), seconds, logs, full), (joined if keep_result else None)
 
 
-def join_check(joined) -> dict[str, int]:
+def join_check(client, joined, workers: Mapping[str, int], timeout_s: float) -> dict[str, int]:
     """Rows of the join and sums of its columns (computed after the timed runs), to compare with
     pandas on the same data: {"rows", "key_sum", "payload_x_sum", "payload_y_sum"}."""
-    import dask
-
     df = joined.reset_index() if "key" not in joined.columns else joined
-    rows, k, px, py = dask.compute(df.shape[0], df["key"].sum(), df["payload_x"].sum(), df["payload_y"].sum())
+    rows, k, px, py = compute_watching(
+        client, [df.shape[0], df["key"].sum(), df["payload_x"].sum(), df["payload_y"].sum()], workers,
+        timeout_s, "the join check")
     return {"rows": int(rows), "key_sum": int(k), "payload_x_sum": int(px), "payload_y_sum": int(py)}
 
 
@@ -845,11 +877,11 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
     info: dict[str, Any] = {}
     with dask.config.set({"dataframe.shuffle.method": spec.shuffle_method}):
         with cluster_client(spec) as (client, cluster):
-            devices = client.run(_worker_device)
+            devices = run_on_workers(client, _worker_device, {}, "asking the workers for their GPU")
             index = address_to_index(devices)
             n_workers = len(index)
             info["workers"] = [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()]
-            info["rmm"] = _rmm_setup(client, spec, n_workers) if spec.merge_type == "gpu" else "not used (-t cpu)"
+            info["rmm"] = _rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)"
             groups = [("warm-up", i) for i in range(spec.warmup_runs)] + [("run", i) for i in range(spec.runs)]
 
             def label(g):
@@ -862,7 +894,7 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
                 if g[0] == "run":
                     outcomes.append(out)
                 if joined is not None:
-                    check = join_check(joined)
+                    check = join_check(client, joined, index, spec.timeout_s)
                 return []
 
             def on_alloc_error(g, e):
@@ -896,22 +928,30 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
     )
 
 
-def _rmm_setup(client, spec: MergeSpec, n_workers: int) -> str:
+def _rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
     """Set up RMM on the workers and the scheduler as dask-cuda's setup_memory_pools does."""
-    if spec.external and any(client.run(_has_rmm_plugin).values()):
+    if spec.external and any(run_on_workers(client, _has_rmm_plugin, workers, "looking for RMMSetup").values()):
         return "already set up on the external cluster (RMMSetup plugin); pool options not applied"
     pool = spec.rmm_pool_bytes if spec.rmm_pool_bytes is not None else spec.rmm_pool_fraction
     kw = dict(pool_size=pool, disable_rmm_pool=spec.disable_rmm_pool, rmm_async=spec.rmm_async)
     try:
-        descs = client.run(_setup_rmm, **kw)
-        client.run_on_scheduler(_setup_rmm, **{**kw, "pool_size": SCHEDULER_POOL_BYTES
-                                               if not (spec.rmm_async or spec.disable_rmm_pool) else None})
-    except Exception as e:
-        if "MemoryError" in type(e).__name__ or "out of memory" in str(e).lower():
-            raise UsageError(f"the RMM pool could not be made on the workers: {_one_line(e)[:160]}",
+        descs = run_on_workers(client, _setup_rmm, workers, "RMM setup", **kw)
+    except MachineError as e:
+        if _is_oom_text(e.message):
+            raise UsageError(f"the RMM pool did not fit on a worker's GPU: {e.message[:200]}",
                              "use a smaller --rmm-pool-size") from None
-        raise MachineError(f"RMM setup on the workers failed: {_one_line(e)[:160]}") from None
-    return "; ".join(sorted(set(descs.values())))
+        raise
+    # dask-cuda also makes a 1 GB pool in the scheduler "due to occasional deserialization of CUDA
+    # objects"; for a local cluster that is this process, on its CUDA device 0.
+    try:
+        client.run_on_scheduler(_setup_rmm, **{**kw, "pool_size": None if (spec.rmm_async or spec.disable_rmm_pool)
+                                               else SCHEDULER_POOL_BYTES})
+        sched = ""
+    except Exception as e:
+        if not spec.external:
+            raise MachineError(f"RMM setup on the scheduler failed: {_one_line(e)[:200]}") from None
+        sched = f"; scheduler: not set up ({_one_line(e)[:80]})"
+    return "; ".join(sorted(set(descs.values()))) + sched
 
 
 def _record(spec: MergeSpec, outcomes: list[RunOutcome], info: dict, check: dict | None) -> Record:

@@ -1,0 +1,165 @@
+"""``gpubench merge -t cpu`` for real: a 2-worker distributed LocalCluster over tcp and over ucx
+(UCXX's tcp/shared-memory transports), the join checked against pandas on the same data, the
+report's sections and the JSON; bad input; an unreachable scheduler; a worker killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("distributed")
+pytest.importorskip("pandas")
+
+CHUNK = 100_000
+RUNS = 2
+
+
+def gpubench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def pandas_reference(chunk_size: int, base_chunks: int, other_chunks: int, frac_match: float) -> dict:
+    """The same frames made in this process with the benchmark's generator, joined by pandas."""
+    import pandas as pd
+
+    from gpubench.bench.merge import generate_chunk
+
+    base = pd.concat([generate_chunk((i, chunk_size, base_chunks, "build", frac_match, False))
+                      for i in range(base_chunks)]).drop(columns="shuffle")
+    other = pd.concat([generate_chunk((i, chunk_size, other_chunks, "other", frac_match, False))
+                       for i in range(other_chunks)])
+    j = base.merge(other, on="key", how="inner")
+    return {"rows": len(j), "key_sum": int(j["key"].sum()), "payload_x_sum": int(j["payload_x"].sum()),
+            "payload_y_sum": int(j["payload_y"].sum())}
+
+
+def _has_ucxx() -> bool:
+    try:
+        import distributed_ucxx  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("protocol", [
+    "tcp",
+    pytest.param("ucx", marks=pytest.mark.skipif(not _has_ucxx(), reason="distributed-ucxx not installed")),
+])
+def test_cpu_merge_runs_on_a_local_cluster(protocol, tmp_path):
+    out = tmp_path / "merge.json"
+    p = gpubench("merge", "-t", "cpu", "-d", "0,1", "-p", protocol, "-c", f"{CHUNK:_}", "--runs", str(RUNS),
+                 "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    # dask-cuda's report
+    for head in ("Merge benchmark", "Merge type                | cpu", f"Protocol                  | {protocol}",
+                 "Wall clock                | Throughput", "(w1,w2)                   | 25% 50% 75% (total nbytes)",
+                 "Worker index              | Worker address"):
+        assert any(line.startswith(head) for line in lines), head
+    for key in ("Throughput", "Bandwidth", "Wall clock"):
+        assert any(line.startswith(f"{key:<25} | ") and "+/-" in line for line in lines), key
+    workers = [line for line in lines if line[:1] in "01" and f"| {protocol}://" in line]
+    assert len(workers) == 2
+    pair_rows = [line for line in lines if line.startswith("(0,1)") or line.startswith("(1,0)")]
+    assert pair_rows, "two workers joining must move data between them"
+
+    d = json.loads(out.read_text())
+    assert d["command"] == "merge" and d["partial"] is False
+    [rec] = d["records"]
+    ex = rec["extra"]
+    assert rec["params"]["protocol"] == protocol and rec["params"]["n_workers"] == 2
+    # data processed = rows x bytes per row of both frames: 2 frames x 2 chunks x CHUNK rows x 2 int64
+    assert rec["nbytes"] == 2 * 2 * CHUNK * 16
+    assert len(rec["samples_s"]) == RUNS and all(s > 0 for s in rec["samples_s"])
+    assert ex["throughputs_Bps"] == pytest.approx([rec["nbytes"] / s for s in rec["samples_s"]])
+    assert ex["pairs"] and all(pr["total_bytes"] >= 2**20 and pr["n"] >= 1 for pr in ex["pairs"])
+    assert ex["transfers_counted"] <= ex["transfers_logged"]
+    assert {w["address"].split("://")[0] for w in ex["workers"]} == {protocol}
+    # the join is right: same rows and sums as pandas on the same data
+    assert ex["join_check"] == pandas_reference(CHUNK, 2, 2, 0.3)
+
+
+def test_cpu_merge_with_other_shapes_matches_pandas(tmp_path):
+    out = tmp_path / "m.json"
+    p = gpubench("merge", "-t", "cpu", "-d", "0,1", "-c", "20000", "--base-chunks", "3", "--other-chunks", "2",
+                 "--frac-match", "0.7", "--shuffle-join", "--runs", "1", "--warmup-runs", "0",
+                 "--ignore-size", "0", "-q", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines() == []  # -q
+    [rec] = json.loads(out.read_text())["records"]
+    assert rec["params"]["base_chunks"] == 3 and rec["params"]["broadcast"] == "False"
+    assert rec["nbytes"] == (3 + 2) * 20000 * 16
+    assert rec["extra"]["join_check"] == pandas_reference(20000, 3, 2, 0.7)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-p", "carrier-pigeon"], "carrier-pigeon"),
+    (["-t", "cpu", "-c", "0"], "-c/--chunk-size 0"),
+    (["-t", "cpu", "--frac-match", "1.5"], "--frac-match 1.5"),
+    (["-t", "cpu", "--rmm-pool-size", "30GB"], "-t gpu only"),
+    (["--rmm-pool-size", "lots"], "--rmm-pool-size"),
+    (["-t", "cpu", "-d", "0,0"], "repeated"),
+    (["-t", "cpu", "--scheduler-file", "/nonexistent/scheduler.json"], "does not exist"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle):
+    p = gpubench("merge", *args, timeout=60)
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in p.stderr
+
+
+def test_unreachable_scheduler_exits_2_quickly():
+    t0 = time.monotonic()
+    p = gpubench("merge", "-t", "cpu", "--scheduler-address", "tcp://127.0.0.1:9", "--timeout", "2", timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert "cannot reach the scheduler at tcp://127.0.0.1:9" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - t0 < 30
+
+
+def _spawned_workers() -> list:
+    import psutil
+
+    return [c for c in psutil.Process().children(recursive=True)
+            if "spawn_main" in " ".join(c.cmdline())]
+
+
+def test_worker_killed_mid_run_stops_with_an_error_naming_it_and_leaves_no_process():
+    """A worker killed during the timed runs: a MachineError (exit 3) naming it, within seconds, and
+    the local cluster's processes are gone afterwards."""
+    pytest.importorskip("psutil")
+    from gpubench.bench.merge import MergeSpec, run
+    from gpubench.core.errors import MachineError
+    from gpubench.core.report import ProgressSink
+
+    seen: list[int] = []
+
+    class KillDuringRun2(ProgressSink):
+        def advance(self, label=""):
+            if label.startswith("run 2/"):
+                victims = _spawned_workers()
+                seen.extend(v.pid for v in victims)
+                threading.Timer(0.2, os.kill, (victims[-1].pid, signal.SIGKILL)).start()
+
+    t0 = time.monotonic()
+    with pytest.raises(MachineError) as e:
+        run(MergeSpec(merge_type="cpu", devices=(0, 1), chunk_size=300_000, runs=4, warmup_runs=0), KillDuringRun2())
+    assert time.monotonic() - t0 < 60
+    msg = e.value.one_line()
+    assert e.value.exit_code == 3
+    assert "worker" in msg and "died during run 2/4" in msg and "tcp://127.0.0.1:" in msg
+    assert len(seen) == 2
+    import psutil
+
+    deadline = time.monotonic() + 10
+    while _spawned_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _spawned_workers() == []
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in seen)
