@@ -35,6 +35,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -628,7 +629,7 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
     # The workers inherit this config through their Nanny (a local cluster only).
     cfg = {"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}
     try:
-        with dask.config.set(cfg), _quiet_ucx_env():
+        with dask.config.set(cfg), _quiet_ucx_env(), warnings.catch_warnings():
             if spec.external:
                 if spec.scheduler_file and not os.path.isfile(spec.scheduler_file):
                     raise UsageError(f"--scheduler-file {spec.scheduler_file!r} does not exist")
@@ -653,6 +654,8 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                     silence_logs=logging.CRITICAL,
                 )
                 try:
+                    # dask-cuda's benchmark hides this one too: the pool is made after the start.
+                    warnings.filterwarnings("ignore", message=".*NVLink.*rmm_pool_size.*", category=UserWarning)
                     if spec.merge_type == "gpu":
                         try:
                             from dask_cuda import LocalCUDACluster
@@ -720,7 +723,7 @@ def run_on_workers(client, fn, workers: Mapping[str, int], what: str, **kwargs) 
         raise MachineError(f"{what} failed on the workers: {_one_line(e)[:200]}") from None
 
 
-def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: float, what: str) -> None:
+def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: float, what: str) -> float:
     """Wait for a persisted collection (or a list of futures) while checking every POLL_S that no
     worker left.
 
@@ -730,6 +733,10 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
         workers: the cluster's workers at the start, address -> index.
         timeout_s: seconds it may take.
         what: named in errors, e.g. "run 2/3 (join)".
+
+    Returns:
+        time.perf_counter() when the wait returned, before the last check of the workers (so the
+        check's round trip to the scheduler stays out of a timed region).
 
     Raises:
         MachineError: a worker left (names it), a task failed or was cancelled, or the time ran out.
@@ -744,6 +751,7 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
             done = True
         except TimeoutError:
             done = False
+        finished_at = time.perf_counter()
         _check_workers(client, workers, what)
         if done:
             break
@@ -755,6 +763,7 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
             raise MachineError(f"{what} failed on the cluster: {_one_line(f.exception())[:200]}")
         if f.status == "cancelled":
             raise MachineError(f"{what} was cancelled on the cluster (a worker or the scheduler went away)")
+    return finished_at
 
 
 def compute_watching(client, values: Sequence[Any], workers: Mapping[str, int], timeout_s: float, what: str) -> list:
@@ -814,8 +823,7 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
     if spec.set_index:
         joined = joined.set_index("key")
     joined = joined.persist()
-    wait_watching(client, joined, workers, spec.timeout_s, f"{what} (join)")
-    seconds = time.perf_counter() - t0
+    seconds = wait_watching(client, joined, workers, spec.timeout_s, f"{what} (join)") - t0
     logs = run_on_workers(client, _take_transfer_log, workers, f"{what} (reading the transfer logs)")
     full = [a for a, entries in logs.items() if maxlens.get(a) and len(entries) >= maxlens[a]]
     del ddf_base, ddf_other
