@@ -30,7 +30,7 @@ class Served:
 
     def __init__(self, **kw):
         self.lines: list[str] = []
-        opts = dict(header_timeout=0.5, setup_timeout=1.0, drain_timeout=1.0)
+        opts = dict(header_timeout=0.5, setup_timeout=1.0, drain_timeout=1.0, stall_timeout=1.0)
         opts.update(kw)
         self.server = NetServer("127.0.0.1", 0, log=self.lines.append, **opts)
         self.host, self.port = self.server.open()
@@ -171,7 +171,15 @@ def test_a_greedy_client_gets_one_line_through_the_client_too(srv):
         srv.test(Request(streams=129, seconds=0.2, interval=0.2))
 
 
-def test_200_clients_at_once_one_test_at_a_time_the_rest_busy(srv):
+def test_200_clients_at_once_one_test_at_a_time_the_rest_busy():
+    srv = Served(setup_timeout=5.0)  # the winner's stream may queue behind the burst
+    try:
+        _200_at_once(srv)
+    finally:
+        srv.close()
+
+
+def _200_at_once(srv):
     base = _server_threads()
     n = 200
     barrier = threading.Barrier(n)
@@ -205,17 +213,7 @@ def test_200_clients_at_once_one_test_at_a_time_the_rest_busy(srv):
 
 
 def test_a_client_that_vanishes_mid_test_frees_the_server_at_once(srv):
-    ctl = srv.connect()
-    ctl.sendall(json.dumps(Request(streams=2, seconds=60, interval=1.0).header()).encode() + b"\n")
-    reader = LineReader(ctl, 65536)
-    ok = reader.readjson(5)
-    assert ok["ok"] is True
-    data = []
-    for k in range(2):
-        d = srv.connect()
-        d.sendall(json.dumps({"gpubench_net": 1, "role": "data", "cookie": ok["cookie"], "stream": k}).encode() + b"\n")
-        data.append(d)
-    assert reader.readjson(5) == {"start": True}
+    ctl, reader, data = _raw_test(srv, Request(streams=2, seconds=60, interval=1.0))
     for d in data:
         d.sendall(b"z" * 100_000)
     assert srv.server.busy
@@ -224,6 +222,44 @@ def test_a_client_that_vanishes_mid_test_frees_the_server_at_once(srv):
     assert srv.wait_idle() < 3.0  # not the 60 s asked for
     assert srv.server.stats.tests_aborted == 1
     assert any("aborted" in line for line in srv.lines)
+    _check_next_test_works(srv)
+
+
+def _raw_test(srv: Served, req: Request):
+    """Start a test by hand: returns (control socket, its reader, data sockets) after "start"."""
+    ctl = srv.connect()
+    ctl.sendall(json.dumps(req.header()).encode() + b"\n")
+    reader = LineReader(ctl, 65536)
+    ok = reader.readjson(5)
+    assert ok["ok"] is True
+    data = []
+    for k in range(req.streams):
+        d = srv.connect()
+        d.sendall(json.dumps({"gpubench_net": 1, "role": "data", "cookie": ok["cookie"], "stream": k}).encode() + b"\n")
+        data.append(d)
+    assert reader.readjson(5) == {"start": True}
+    return ctl, reader, data
+
+
+def test_a_client_that_goes_silent_without_closing_is_dropped_after_the_stall_timeout(srv):
+    ctl, reader, data = _raw_test(srv, Request(streams=2, seconds=60, interval=0.2))
+    try:
+        for d in data:
+            d.sendall(b"z" * 10_000)
+        t0 = time.monotonic()
+        msgs = []
+        while True:  # intervals, then the abort line
+            m = reader.readjson(10)
+            msgs.append(m)
+            if "interval" not in m:
+                break
+        assert m == {"ok": False, "error": "no data on any stream for 1 s"}
+        assert 0.9 < time.monotonic() - t0 < 3.0
+        assert sum(sum(x["bytes"]) for x in msgs[:-1]) == 20_000  # every byte sent was counted
+        srv.wait_idle()
+    finally:
+        for s in [*data, ctl]:
+            s.close()
     _check_next_test_works(srv)
 
 

@@ -366,13 +366,16 @@ class NetServer:
         header_timeout: seconds a new connection has to send its request line.
         setup_timeout: seconds a client has to connect all its data streams.
         drain_timeout: seconds to wait for the client to close its streams after the end.
+        stall_timeout: seconds without a byte on any stream after which a test is aborted (a
+            client that vanished without closing, e.g. a host that lost power).
         max_handshakes: connections whose request line is awaited at once; a further one waits
             up to ``slot_wait`` seconds for a free slot, then is refused busy.
     """
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, caps: Caps = CAPS,
                  log: Callable[[str], None] | None = None, header_timeout: float = 5.0,
-                 setup_timeout: float = 5.0, drain_timeout: float = 5.0, max_handshakes: int = 64,
+                 setup_timeout: float = 5.0, drain_timeout: float = 5.0, stall_timeout: float = 10.0,
+                 max_handshakes: int = 64,
                  slot_wait: float = 1.0):
         self.bind = bind
         self.port = port
@@ -381,6 +384,8 @@ class NetServer:
         self.header_timeout = header_timeout
         self.setup_timeout = setup_timeout
         self.drain_timeout = drain_timeout
+        self.stall_timeout = stall_timeout
+        self._stats_lock = threading.Lock()
         self.slot_wait = slot_wait
         self.stats = ServerStats()
         self._slots = threading.BoundedSemaphore(max_handshakes)
@@ -407,7 +412,7 @@ class NetServer:
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(sockaddr)
-            s.listen(128)
+            s.listen(1024)  # a burst of connections waits in the kernel, not refused
         except OSError as e:
             s.close()
             raise UsageError(f"cannot listen on {self.bind} port {self.port}: {e.strerror or e}",
@@ -416,6 +421,10 @@ class NetServer:
         addr = s.getsockname()
         self.address = (addr[0], addr[1])
         return self.address
+
+    def _count(self, what: str) -> None:
+        with self._stats_lock:
+            setattr(self.stats, what, getattr(self.stats, what) + 1)
 
     def stop(self) -> None:
         """Ask the server to stop; :meth:`serve_forever` returns within about half a second."""
@@ -452,7 +461,7 @@ class NetServer:
                 # queue briefly for a handshake slot (refusals are quick, so slots free up fast);
                 # the kernel's listen backlog holds the connections behind this one meanwhile
                 if not self._slots.acquire(timeout=self.slot_wait):
-                    self.stats.refused += 1
+                    self._count("refused")
                     _refuse(conn, "busy: too many connections at once; try again later")
                     continue
                 t = threading.Thread(target=self._handle, args=(conn, peer), daemon=True, name="gpubench-net")
@@ -531,7 +540,7 @@ class NetServer:
                 self._threads.discard(threading.current_thread())
 
     def _refused(self, conn: socket.socket, who: str, message: str) -> None:
-        self.stats.refused += 1
+        self._count("refused")
         self.log(f"refused {who}: {message}")
         _refuse(conn, message)
 
@@ -570,13 +579,13 @@ class NetServer:
         except OSError as e:
             self._abort(conn, who, tag, f"control connection failed: {e.strerror or e}")
             return
-        self.stats.tests_done += 1
+        self._count("tests_done")
         rate = counted_bytes / counted_s if counted_s > 0 else 0.0
         self.log(f"{tag}: {counted_bytes} B in {counted_s:.3f} s = {rate * 8 / 1e9:.2f} Gbit/s ({rate / 1e9:.3f} GB/s)")
         test.all_ended.wait(self.drain_timeout)  # let the client close first: no reset mid-write
 
     def _abort(self, conn: socket.socket, who: str, tag: str, why: str) -> None:
-        self.stats.tests_aborted += 1
+        self._count("tests_aborted")
         self.log(f"{tag}: aborted: {why}")
         try:
             send_json(conn, {"ok": False, "error": why}, timeout=1.0)
@@ -613,15 +622,22 @@ class NetServer:
         prev = list(test.counts)
         t_prev = t0
         counted_bytes, counted_s = 0, 0.0
+        seen, seen_at = sum(prev), t0
         for i, (end, omitted) in enumerate(ends):
             while True:
-                left = t0 + end - time.perf_counter()
+                now = time.perf_counter()
+                left = t0 + end - now
                 if left <= 0:
                     break
                 if self._stop.is_set():
                     raise _Abort("server stopping")
                 if test.all_ended.is_set():
                     raise _Abort("client closed every data stream before the end")
+                total = sum(test.counts)
+                if total != seen:
+                    seen, seen_at = total, now
+                elif now - seen_at > self.stall_timeout:
+                    raise _Abort(f"no data on any stream for {self.stall_timeout:g} s")
                 if self._peer_gone(conn, min(left, 0.2)):
                     raise _Abort("client closed the control connection")
             now = time.perf_counter()
