@@ -234,8 +234,9 @@ class BatchCall:
         res = self.cudart.cudaMemcpyBatchAsync(self.dsts, self.srcs, self.sizes, len(self.sizes),
                                                self.attrs, [0], 1, self.stream)
         err = res[0] if isinstance(res, tuple) else res
-        if int(err) != 0:
-            where = f" at copy {res[1]}" if isinstance(res, tuple) and len(res) > 1 and res[1] < len(self.sizes) else ""
+        if err != self.cudart.cudaError_t.cudaSuccess:
+            idx = res[1] if isinstance(res, tuple) and len(res) > 1 else None  # 12.x only: failIdx
+            where = f" at copy {idx}" if isinstance(idx, int) and idx < len(self.sizes) else ""
             raise MachineError(f"cudaMemcpyBatchAsync failed{where}: {getattr(err, 'name', err)}")
 
 
