@@ -410,6 +410,9 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
             def one(it: int) -> None:
                 _launch(ranks, coll, cc, dt, op_id, spec.root, in_place, _shift(it, total, maxbytes), nranks)
 
+            # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
+            # initialises before timing when it checks)
+            _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
             for it in range(spec.warmup):
                 one(it)
             wait_all(ranks, spec.timeout_s)

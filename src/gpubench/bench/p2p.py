@@ -463,9 +463,10 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
     can = peers.can(i, j)
     if not off and not can:
         n = spec.latency_bytes if test in LATENCY_TESTS else spec.nbytes
-        return [Record(params={**base, "nbytes": n}, nbytes=n,
+        parts = ("forward", "reverse", "total") if test in BIDIR_TESTS else (None,)
+        return [Record(params={**base, "nbytes": n, **({"part": p} if p else {})}, nbytes=n,
                        error=f"no peer access between GPU {i} and GPU {j} (cudaDeviceCanAccessPeer = 0)",
-                       extra={"peer_access_capable": False})]
+                       extra={"peer_access_capable": False}) for p in parts]
     peers.set(i, j, on=not off)
     peak, link = link_peak(env, i, j, peer_access=not off)
     common = {"peer_access": not off, "peer_access_capable": can, "link": link}
