@@ -168,7 +168,8 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
     if any(r.extra.get("above_peak") for r in result.records):
         notes.append("!! marks a figure above the link's physical peak: a timing fault, not a real speed.")
     if any(r.extra.get("gate_expired") for r in result.records):
-        notes.append("* the copies blocked the host while being queued, so that figure includes launch time.")
+        notes.append("* the copies blocked the host while being queued, so they were timed without the spin "
+                     "kernel and the figure includes launch time.")
     if any(r.extra.get("verified") is False for r in result.records):
         notes.append("WRONG DATA: bytes that did not arrive as sent.")
     elif any(r.extra.get("verified") for r in result.records):
