@@ -283,7 +283,7 @@ def test_report_has_dask_cudas_sections_in_order():
 
 def test_notes_label_totals_and_per_pair_figures_and_explain_an_empty_table():
     r = _result([_pair(0, 1, GiB)])
-    notes = " ".join(format_notes(r, "GB"))
+    notes = " ".join(" ".join(format_notes(r, "GB")).split())
     assert "whole cluster" in notes and "per worker pair" in notes and "not a total" in notes
     assert "warm-up" in notes
     empty = _result([], spec_kw={"merge_type": "cpu", "shuffle_method": "p2p"})

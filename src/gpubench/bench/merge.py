@@ -650,6 +650,7 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                 common = dict(
                     n_workers=len(spec.devices), threads_per_worker=spec.threads_per_worker,
                     protocol=spec.protocol, interface=spec.interface, dashboard_address=None,
+                    death_timeout=spec.timeout_s,  # bounds each worker's start (Nanny)
                     # A lost worker makes the others log tracebacks; the error we raise names it.
                     silence_logs=logging.CRITICAL,
                 )

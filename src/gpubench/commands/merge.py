@@ -275,16 +275,15 @@ def format_notes(result, units: str = "GB") -> list[str]:
     ex = rec.extra
     s = rec.rate_summary()
     notes.append(
-        f"Throughput is for the whole cluster ({len(ex.get('workers', []))} workers): data processed "
-        f"(rows x bytes per row of both frames) / wall clock; median {format_rate(s.median, units)} {units}/s "
-        f"over {s.n} run(s), harmonic mean {format_rate(ex['throughput_hmean_Bps'], units)} {units}/s.")
+        f"Throughput is for the whole cluster ({len(ex.get('workers', []))} workers): data processed (rows x bytes "
+        f"per row of both frames) / wall clock; median {format_rate(s.median, units)} {units}/s over {s.n} run(s).")
     ignore = result.spec.get("ignore_size", 0)
     notes.append(
-        f"Bandwidth and (w1,w2) are per worker pair (w1 received from w2), from the transfers of the timed "
-        f"joins only (warm-up and data generation left out), transfers under {format_bytes(ignore)} left out: "
-        f"{ex.get('transfers_counted', 0)} of {ex.get('transfers_logged', 0)} counted; Bandwidth = harmonic mean "
-        f"of the pairs' harmonic means = {format_rate(ex['bandwidth_hmean_Bps'], units)} {units}/s per pair, "
-        f"not a total.")
+        f"Bandwidth and (w1,w2) are per worker pair (w1 received from w2), from the transfers of the timed joins "
+        f"only (warm-up runs and data generation left out): {ex.get('transfers_counted', 0)} of "
+        f"{ex.get('transfers_logged', 0)} transfers counted, those under {format_bytes(ignore)} left out. "
+        f"Bandwidth = harmonic mean over pairs = {format_rate(ex['bandwidth_hmean_Bps'], units)} {units}/s "
+        f"per pair, not a total.")
     if not ex.get("pairs"):
         why = ("under --shuffle-method p2p the data moves through the shuffle extension, not the logged "
                "transfers; use --shuffle-method tasks for the pair table"
@@ -308,4 +307,7 @@ def format_report(result, units: str = "GB") -> list:
     """The report as rich renderables (Text, so nothing is read as markup)."""
     from rich.text import Text
 
-    return [Text(line) for line in format_lines(result)] + [Text(n) for n in format_notes(result, units)]
+    import textwrap
+
+    notes = [w for n in format_notes(result, units) for w in textwrap.wrap(n, 100, subsequent_indent="  ")]
+    return [Text(line) for line in format_lines(result)] + [Text(n) for n in notes]
