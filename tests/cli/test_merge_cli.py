@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("distributed")
 pytest.importorskip("pandas")
+pytest.importorskip("dask.dataframe")  # needs pyarrow
 
 CHUNK = 100_000
 RUNS = 2

@@ -841,6 +841,17 @@ def join_check(client, joined, workers: Mapping[str, int], timeout_s: float) -> 
     return {"rows": int(rows), "key_sum": int(k), "payload_x_sum": int(px), "payload_y_sum": int(py)}
 
 
+def _require_dask() -> None:
+    """Raise a UsageError naming what to install when Dask's distributed or dataframe parts are missing."""
+    for mod, pkg in (("distributed", "dask[distributed]"), ("pandas", "pandas"),
+                     ("dask.dataframe", "dask[dataframe] (it needs pyarrow)")):
+        try:
+            __import__(mod)
+        except Exception as e:
+            raise UsageError(f"merge needs {pkg}, which cannot be imported ({_one_line(e)[:120]})",
+                             "pip install 'gpubench[dask]'") from None
+
+
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -873,6 +884,7 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
         UsageError: a device not visible, a pool that does not fit, an unreachable scheduler.
         MachineError: the cluster did not start, a worker died, a task failed, a timeout.
     """
+    _require_dask()
     import dask
 
     progress = progress or ProgressSink()
