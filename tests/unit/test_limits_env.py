@@ -34,3 +34,8 @@ def test_bus_id_normalisation():
     assert env._norm_bus_id("00000000:1B:00.0") == "0000:1b:00.0"
     assert env._norm_bus_id("0000:1b:00.0") == "0000:1b:00.0"
     assert env._norm_bus_id(None) is None
+
+
+def test_nvml_nvlink_version_enum_maps_to_generation():
+    # an H200 reports nvmlNvlinkVersion_t 6 = NVLink 4.0, 26.5625 GB/s per link per direction
+    assert limits.NVLINK_GBPS_PER_LINK[limits.NVML_NVLINK_VERSION[6]] == 26.5625

@@ -267,16 +267,19 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
             remote[rb] = remote.get(rb, 0) + 1
     per_link = None
     if links_up:
-        field = getattr(nv, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", None)
-        if field is not None:
+        # Per-link speed in MB/s: NVML_FI_DEV_NVLINK_GET_SPEED (newer drivers; H200 reports 26562),
+        # then NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON, then a table by NVLink version.
+        for name, fallback in (("NVML_FI_DEV_NVLINK_GET_SPEED", 164), ("NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", 90)):
+            field = getattr(nv, name, fallback)
             vals = _nvml_call(nv.nvmlDeviceGetFieldValues, h, [field])
             if vals and getattr(vals[0], "nvmlReturn", 1) == 0:
                 v = vals[0].value
                 mbps = getattr(v, "uiVal", 0) or getattr(v, "ulVal", 0) or getattr(v, "ullVal", 0)
                 if mbps:
                     per_link = mbps * 1e6
-        if per_link is None and version in limits.NVLINK_GBPS_PER_LINK:
-            per_link = limits.NVLINK_GBPS_PER_LINK[version] * 1e9
+                    break
+        if per_link is None and version in limits.NVML_NVLINK_VERSION:
+            per_link = limits.NVLINK_GBPS_PER_LINK[limits.NVML_NVLINK_VERSION[version]] * 1e9
     numa = None
     if bus:
         try:

@@ -6,8 +6,8 @@ Gen5 32 GT/s with 128b/130b; Gen6 64 GT/s PAM4 with FLIT mode (taken as 1 byte p
 here, FLIT overhead not deducted). Gen5 x16: 32e9 * 16 * 128/130 / 8 = 63.0 GB/s, the figure in
 ../shared/reference.
 
-NVLink (per direction per link): NVML's NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON field where the driver
-reports it (H100/H200 report 26562 MB/s, so 18 links = 478.1 GB/s), otherwise by NVLink version:
+NVLink (per direction per link): NVML's NVML_FI_DEV_NVLINK_GET_SPEED field where the driver reports
+it (an H200 with driver 580 reports 26562 MB/s, so 18 links = 478.1 GB/s), otherwise by NVLink version:
 1.0 20 GB/s, 2.0 25, 3.0 25, 4.0 26.5625, 5.0 53.125 (NVIDIA's architecture whitepapers).
 
 Measured copies never reach these raw figures (PCIe TLP headers cost ~10-13%); the "% of peak" is
@@ -19,6 +19,9 @@ from __future__ import annotations
 _PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _PCIE_ENC = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 1.0}
 NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 26.5625, 5: 53.125}
+# nvmlDeviceGetNvLinkVersion returns nvmlNvlinkVersion_t (1: 1.0, 2: 2.0, 3: 2.2, 4: 3.0, 5: 3.1,
+# 6: 4.0, 7: 5.0; an H200 reads 6), mapped here to the NVLink generation above.
+NVML_NVLINK_VERSION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
 
 
 def pcie_peak_bytes_per_s(gen: int | None, width: int | None) -> float | None:
