@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed-$(CUDA): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[$(CUDA),test]"
+	$(BIN)/python -m pip install -q -e ".[$(CUDA),test,ucx]"
 	touch $@
 
 venv: $(VENV)/.installed-$(CUDA)
