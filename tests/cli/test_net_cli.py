@@ -82,7 +82,9 @@ def test_local_reports_and_saves_consistent_figures(tmp_path):
     assert set(recs) == {0, 1, "total"}
     tot = recs["total"]["extra"]
     assert tot["interval_omit"] == [True, False, False]
-    assert tot["counted_seconds"] == pytest.approx(0.6, abs=0.15)
+    # measured, not nominal, seconds: the server wakes a little after each boundary (more on a loaded CI box)
+    assert tot["counted_seconds"] == pytest.approx(tot["interval_end_s"][-1] - tot["interval_end_s"][0])
+    assert tot["counted_seconds"] == pytest.approx(0.6, abs=0.3)
     counted = [b for b, o in zip(tot["interval_bytes"], tot["interval_omit"]) if not o]
     assert tot["counted_bytes"] == sum(counted) == recs[0]["extra"]["counted_bytes"] + recs[1]["extra"]["counted_bytes"]
     assert tot["counted_bytes"] > 0
