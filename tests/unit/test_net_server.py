@@ -128,6 +128,10 @@ def test_a_silent_client_is_timed_out_and_the_server_goes_on(srv):
     (json.dumps({"gpubench_net": PROTOCOL_VERSION, "role": "data", "cookie": "00", "stream": 0}).encode() + b"\n",
      "data stream for no running test"),
     (json.dumps({"gpubench_net": PROTOCOL_VERSION, "role": "shell"}).encode() + b"\n", "role"),
+    (json.dumps({"gpubench_net": PROTOCOL_VERSION, "role": "data", "cookie": "\u00e9\u4e2d", "stream": 0}).encode()
+     + b"\n", "data stream for no running test"),
+    (json.dumps({"gpubench_net": PROTOCOL_VERSION, "role": "data", "cookie": ["x"], "stream": 0}).encode() + b"\n",
+     "data stream for no running test"),
 ])
 def test_a_malformed_request_is_refused_with_one_line(srv, payload, fragment):
     with srv.connect() as s:
@@ -301,6 +305,19 @@ def test_stop_during_a_test_ends_it_quickly_and_the_client_says_so():
     t.join(10)
     assert time.monotonic() - t1 < 3.0
     assert "server stopping" in err["e"]
+
+
+def test_stop_releases_connections_waiting_for_their_request_at_once():
+    s = Served(header_timeout=30.0)
+    socks = [s.connect() for _ in range(5)]
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    s.close()
+    assert time.monotonic() - t0 < 2.0  # not the 30 s header timeout
+    replies = [_reply(x) for x in socks]
+    for x in socks:
+        x.close()
+    assert all(r == {"ok": False, "error": "server stopping"} for r in replies)
 
 
 def test_threads_and_connections_stay_bounded_under_many_silent_clients():

@@ -205,15 +205,21 @@ class LineReader:
         self.limit = limit
         self._buf = bytearray()
 
-    def readline(self, timeout: float) -> bytes:
+    def readline(self, timeout: float, stop: threading.Event | None = None) -> bytes:
         """The next line (without the newline), waiting at most ``timeout`` seconds in all.
+
+        Args:
+            timeout: seconds for the whole line.
+            stop: when given and set, give up within half a second.
 
         Raises:
             ProtocolError: the line is longer than the limit, the peer closed first, the time ran
-                out, or a socket error.
+                out, ``stop`` was set, or a socket error.
         """
         deadline = time.monotonic() + timeout
         while True:
+            if stop is not None and stop.is_set():
+                raise ProtocolError("server stopping")
             nl = self._buf.find(b"\n")
             if nl >= 0:
                 line = bytes(self._buf[:nl])
@@ -235,13 +241,13 @@ class LineReader:
                 raise ProtocolError("connection closed" + (" mid-line" if self._buf else ""))
             self._buf += chunk
 
-    def readjson(self, timeout: float) -> Any:
+    def readjson(self, timeout: float, stop: threading.Event | None = None) -> Any:
         """The next line parsed as JSON.
 
         Raises:
             ProtocolError: as :meth:`readline`, or the line is not JSON.
         """
-        line = self.readline(timeout)
+        line = self.readline(timeout, stop)
         try:
             return json.loads(line)
         except (ValueError, UnicodeDecodeError):
@@ -467,7 +473,14 @@ class NetServer:
                 t = threading.Thread(target=self._handle, args=(conn, peer), daemon=True, name="gpubench-net")
                 with self._lock:
                     self._threads.add(t)
-                t.start()
+                try:
+                    t.start()
+                except RuntimeError:  # "can't start new thread": the host is out of threads
+                    with self._lock:
+                        self._threads.discard(t)
+                    self._slots.release()
+                    self._count("refused")
+                    _refuse(conn, "busy: the server cannot take more connections now")
         finally:
             self._stop.set()
             try:
@@ -491,7 +504,7 @@ class NetServer:
         slot = True
         try:
             try:
-                header = LineReader(conn, MAX_HEADER_BYTES).readjson(self.header_timeout)
+                header = LineReader(conn, MAX_HEADER_BYTES).readjson(self.header_timeout, self._stop)
             except ProtocolError as e:
                 msg = str(e)
                 if msg.startswith("nothing complete"):
@@ -517,7 +530,8 @@ class NetServer:
                 else:
                     test = self._active = _Test(req, peer[0])
             if test is None:
-                self._refused(conn, who, "busy: a test is running; try again when it ends")
+                self._refused(conn, who, "server stopping" if self._stop.is_set()
+                              else "busy: a test is running; try again when it ends")
                 return
             self._slots.release()
             slot = False
@@ -550,8 +564,9 @@ class NetServer:
         if header.get("gpubench_net") != PROTOCOL_VERSION:
             self._refused(conn, who, f"protocol version not supported (this server speaks {PROTOCOL_VERSION})")
             return
-        if test is None or not isinstance(header.get("cookie"), str) or not secrets.compare_digest(
-            header["cookie"], test.cookie
+        cookie = header.get("cookie")
+        if test is None or not isinstance(cookie, str) or not secrets.compare_digest(
+            cookie.encode("utf-8", "replace"), test.cookie.encode()
         ):
             self._refused(conn, who, "data stream for no running test")
             return
