@@ -383,35 +383,24 @@ class Bundle:
                 reason=str(s.get("reason") or ""), seconds=float(s.get("seconds") or 0.0),
                 result=Result.from_dict(res, source=f"{source} step {s['name']}") if res is not None else None,
                 path=s.get("path")))
+        exp = d.get("expectations") or {}
+        b.expect_file = exp.get("file")
+        try:
+            for o in exp.get("outcomes") or []:
+                e = dict(o["expectation"])
+                b.outcomes.append(Outcome(
+                    Expectation(**{k: e[k] for k in e if k in Expectation.__dataclass_fields__}),
+                    status=str(o["status"]), params=o.get("params"), value=o.get("value"), note=str(o.get("note") or "")))
+        except (KeyError, TypeError) as err:
+            raise UsageError(f"{source} is a malformed gpubench bundle: expectation outcome ({err})") from None
         return b
 
 
 def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
-    """Write the bundle atomically (as core.result.save does). Raises MachineError on a failed write."""
-    import tempfile
+    """Write the bundle atomically (core.result.write_json_atomic). Raises MachineError on a failed write."""
+    from gpubench.core.result import write_json_atomic
 
-    from gpubench.core.errors import MachineError
-
-    p = Path(path)
-    data = json.dumps(bundle.to_dict(), indent=1, allow_nan=False)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(data + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        tmp = None
-    except OSError as e:
-        raise MachineError(f"could not save bundle to {str(p)!r}: {e.strerror or e}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return p
+    return write_json_atomic(bundle.to_dict(), path, "bundle")
 
 
 def load_checkable(path: str | os.PathLike) -> Bundle:
@@ -420,22 +409,10 @@ def load_checkable(path: str | os.PathLike) -> Bundle:
     Raises:
         UsageError: unreadable, empty, not JSON, neither a bundle nor a result, or a newer schema.
     """
-    p = Path(path)
-    name = str(p)
-    try:
-        size = p.stat().st_size
-        if size > MAX_LOAD_BYTES:
-            raise UsageError(f"{name} is {size} bytes, too large for a gpubench result")
-        with open(p, "rb") as f:
-            raw = f.read(MAX_LOAD_BYTES + 1)
-    except OSError as e:
-        raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
-    if not raw.strip():
-        raise UsageError(f"{name} is empty", "expected a suite bundle or a file saved by --json")
-    try:
-        d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"{name} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+    from gpubench.core.result import read_json
+
+    name = str(path)
+    d = read_json(path, "a suite bundle or a file saved by --json")
     if isinstance(d, dict) and d.get("schema") == BUNDLE_SCHEMA:
         return Bundle.from_dict(d, name)
     res = Result.from_dict(d, source=name)

@@ -215,29 +215,30 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
-def save(result: Result, path: str | os.PathLike) -> Path:
-    """Write ``result`` as JSON atomically: a temporary file in the same folder, fsync, rename.
+def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result") -> Path:
+    """Write ``data`` as JSON atomically: a temporary file in the same folder, fsync, rename.
 
     An earlier file at ``path`` stays intact if anything fails.
 
     Raises:
+        ValueError: data holds NaN or infinity (not JSON); nothing is written.
         MachineError: the write failed (full disk, read-only target...); the message names the path.
     """
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
-    data = json.dumps(result.to_dict(), indent=1, allow_nan=False)
+    text = json.dumps(data, indent=1, allow_nan=False)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
         with os.fdopen(fd, "w") as f:
-            f.write(data)
+            f.write(text)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
         tmp = None
     except OSError as e:
-        raise MachineError(f"could not save result to {str(p)!r}: {e.strerror or e}") from None
+        raise MachineError(f"could not save {what} to {str(p)!r}: {e.strerror or e}") from None
     finally:
         if tmp is not None:
             try:
@@ -247,13 +248,20 @@ def save(result: Result, path: str | os.PathLike) -> Path:
     return p
 
 
-def load(path: str | os.PathLike) -> Result:
-    """Read a saved result, refusing files that are not gpubench results.
-
-    Reads at most MAX_LOAD_BYTES (256 MiB) so garbage cannot exhaust memory.
+def save(result: Result, path: str | os.PathLike) -> Path:
+    """Write ``result`` as JSON atomically (see :func:`write_json_atomic`).
 
     Raises:
-        UsageError: unreadable, too large, not JSON, not a result, or a newer schema.
+        MachineError: the write failed (full disk, read-only target...); the message names the path.
+    """
+    return write_json_atomic(result.to_dict(), path, "result")
+
+
+def read_json(path: str | os.PathLike, expected: str = "a file saved by --json") -> Any:
+    """Read a JSON file of at most MAX_LOAD_BYTES (256 MiB), so garbage cannot exhaust memory.
+
+    Raises:
+        UsageError: unreadable, too large, empty or not JSON; one line naming the file.
     """
     p = Path(path)
     name = str(p)
@@ -266,9 +274,17 @@ def load(path: str | os.PathLike) -> Result:
     except OSError as e:
         raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
     if not raw.strip():
-        raise UsageError(f"{name} is empty", "expected a file saved by --json")
+        raise UsageError(f"{name} is empty", f"expected {expected}")
     try:
-        d = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise UsageError(f"{name} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
-    return Result.from_dict(d, source=name)
+
+
+def load(path: str | os.PathLike) -> Result:
+    """Read a saved result, refusing files that are not gpubench results.
+
+    Raises:
+        UsageError: unreadable, too large, not JSON, not a result, or a newer schema.
+    """
+    return Result.from_dict(read_json(path), source=str(path))
