@@ -25,7 +25,6 @@ the environment, and the outcomes; :func:`load_checkable` reads a bundle or a si
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 from dataclasses import dataclass, field

@@ -111,6 +111,11 @@ def test_build_spec_defaults_and_sweep():
     assert _spec(collective="allgather", dtype="bf16", placement="in-place").places == ("in-place",)
 
 
+def test_cuda_graph_mode_is_refused():
+    with pytest.raises(UsageError, match="not available"):
+        _spec(cuda_graph=2)
+
+
 @pytest.mark.parametrize("kw,needle", [
     (dict(collective="allreduse"), "collective 'allreduse'"),
     (dict(dtype="f8"), "data type 'f8'"),

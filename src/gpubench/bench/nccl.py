@@ -7,8 +7,7 @@ rank per worker (the unique id passed through the scheduler; nccl-tests under MP
 What is timed (nccl-tests 2.19.6 src/common.cu BenchTime; docs/nccl.md): a host clock
 (``perf_counter``) started before ``iters`` grouped launches are queued and stopped when every
 rank's stream has finished (polled with cudaStreamQuery, as testStreamSynchronize does); the
-per-iteration time is that span / iters (with ``--cuda-graph G``: the iterations captured once, the
-graph launched G times, span / (iters * G)). Each iteration moves its buffers by one operation size
+per-iteration time is that span / iters. Each iteration moves its buffers by one operation size
 within buffers of the largest size (nccl-tests' ``shift``, against cache effects). Before the
 timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each followed by a
 full synchronisation. A sample is one such timed span; the report shows the median over samples;
@@ -55,7 +54,6 @@ class NcclSpec:
         samples: timed samples per point; the median is reported.
         check: data checks per point (nccl-tests -c; 0 = none).
         places: subset of PLACES.
-        cuda_graph: graph launches per sample (nccl-tests -G; 0 = no graph).
         timeout_s: abort when a wait lasts longer (nccl-tests -T; 0 = never).
         scheduler_address, scheduler_file: an existing Dask cluster; one rank per worker.
     """
@@ -71,7 +69,6 @@ class NcclSpec:
     samples: int = 5
     check: int = 1
     places: tuple[str, ...] = PLACES
-    cuda_graph: int = 0
     timeout_s: float = 0.0
     scheduler_address: str | None = None
     scheduler_file: str | None = None
@@ -89,7 +86,7 @@ class NcclSpec:
             raise UsageError("no placement selected", "give out-of-place, in-place or both")
         if self.root < 0:
             raise UsageError(f"root {self.root} must be >= 0")
-        if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0 or self.cuda_graph < 0:
+        if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0:
             raise UsageError("-n and --samples must be >= 1; -w, -c and -G >= 0")
         if self.timeout_s < 0:
             raise UsageError(f"--timeout {self.timeout_s} must be >= 0 seconds")
@@ -389,8 +386,6 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
     Returns:
         One Point per (size, placement), in order.
     """
-    import cupy
-
     coll = C.collective(spec.collective)
     dt = C.dtype(spec.dtype)
     op_id = C.op(spec.op)
@@ -418,25 +413,14 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
             wait_all(ranks, spec.timeout_s)
             one(0)  # nccl-tests BenchTime's "Sync" call
             wait_all(ranks, spec.timeout_s)
-            graphs = _capture(ranks, one, spec.iters) if spec.cuda_graph else None
             samples: list[float] = []
-            try:
-                for _ in range(spec.samples):
-                    barrier()
-                    t0 = time.perf_counter()
-                    if graphs is None:
-                        for it in range(spec.iters):
-                            one(it)
-                    else:
-                        for _ in range(spec.cuda_graph):
-                            for g, rk in zip(graphs, ranks):
-                                with cupy.cuda.Device(rk.device):
-                                    g.launch(rk.stream)
-                    wait_all(ranks, spec.timeout_s)
-                    n_iter = spec.iters * (spec.cuda_graph or 1)
-                    samples.append((time.perf_counter() - t0) / n_iter)
-            finally:
-                graphs = None
+            for _ in range(spec.samples):
+                barrier()
+                t0 = time.perf_counter()
+                for it in range(spec.iters):
+                    one(it)
+                wait_all(ranks, spec.timeout_s)
+                samples.append((time.perf_counter() - t0) / spec.iters)
             wrong = None
             # nccl-tests does not check in-place all-to-all and send/recv ("We don't support in-place
             # alltoall/sendrecv": the send and receive regions overlap), and prints N/A for them.
@@ -457,25 +441,6 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
     return points
 
 
-def _capture(ranks: list[_Rank], one: Callable[[int], None], iters: int) -> list:
-    """Capture ``iters`` grouped iterations into one CUDA graph per rank's stream (nccl-tests -G)."""
-    import cupy
-    from cupy.cuda import runtime
-
-    for rk in ranks:
-        with cupy.cuda.Device(rk.device):
-            rk.stream.begin_capture(mode=runtime.streamCaptureModeThreadLocal)
-    graphs = []
-    try:
-        for it in range(iters):
-            one(it)
-    finally:
-        for rk in ranks:
-            with cupy.cuda.Device(rk.device):
-                graphs.append(rk.stream.end_capture())
-    return graphs
-
-
 # -- results -------------------------------------------------------------------------------------------
 
 
@@ -494,7 +459,7 @@ def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]
             params["root"] = spec.root
         s_bytes = C.algbw_bytes(coll, p.count, dt.size, nranks)
         r = Record(params=params, metric="bandwidth", nbytes=s_bytes, samples_s=list(p.samples_s),
-                   reps=spec.iters * (spec.cuda_graph or 1), error=p.error)
+                   reps=spec.iters, error=p.error)
         extra: dict[str, Any] = {"count": p.count, "busbw_factor": factor, "wrong": p.wrong,
                                  "busbw_formula": f"algbw * {coll.factor_text}"}
         if p.samples_s and s_bytes:
@@ -556,9 +521,9 @@ def _timing(spec: NcclSpec) -> dict:
     return {
         "clock": "perf_counter",
         "method": "nccl-tests BenchTime: host clock around iters grouped launches and the wait for every "
-                  "rank's stream; per-iteration time = span / iters (/ graph launches); buffers shifted "
+                  "rank's stream; per-iteration time = span / iters; buffers shifted "
                   "by one size per iteration; median over samples; averaged over processes",
-        "warmup": spec.warmup, "iters": spec.iters, "samples": spec.samples, "cuda_graph": spec.cuda_graph,
+        "warmup": spec.warmup, "iters": spec.iters, "samples": spec.samples,
     }
 
 

@@ -611,7 +611,7 @@ class NetServer:
         """Wait up to ``wait`` s for the control connection; True when the client closed or sent anything."""
         conn.settimeout(max(wait, 0.001))
         try:
-            data = conn.recv(1)
+            conn.recv(1)
         except socket.timeout:
             return False
         except OSError:
