@@ -50,7 +50,7 @@ def test_count_with_piece_list():
     (dict(piece="1", total="4MiB"), "over the limit"),
     (dict(strategies="separate,magic"), "'magic'"),
     (dict(directions="d2d"), "'d2d'"),
-    (dict(memory="write-combined"), "not known for batch"),
+    (dict(memory="write-combined"), "memory kind 'write-combined' not known"),
     (dict(device=-1), "negative"),
     (dict(iters=0), "-n/--iters"),
     (dict(warmup=-1), "-w/--warmup"),

@@ -56,7 +56,7 @@ def test_explicit_pitches():
     (dict(total="4MiB", height=5), "both given"),
     (dict(strategies="2d,3d"), "'3d'"),
     (dict(directions="h2h"), "'h2h'"),
-    (dict(memory="registered"), "not known for memcpy2d"),
+    (dict(memory="registered"), "memory kind 'registered' not known"),
     (dict(width="64,64"), "repeats"),
 ])
 def test_bad_geometry_and_names(kw, needle):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.commands.common import common_options, csv_list, device_id, finish, positive_int, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -51,15 +51,6 @@ def command(count, piece, total, sweep, strategies, directions, memory, device, 
     return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
 
 
-def _csv(text: str, what: str) -> tuple[str, ...]:
-    items = tuple(x.strip() for x in str(text).split(",") if x.strip())
-    if not items:
-        raise UsageError(f"{what} {text!r} is empty")
-    if len(set(items)) != len(items):
-        raise UsageError(f"{what} {text!r} repeats a value", "name each once")
-    return items
-
-
 def build_spec(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time,
                no_gate=False):
     """Validate the options (no GPU needed) and build a BatchSpec.
@@ -68,13 +59,12 @@ def build_spec(count, piece, total, sweep, strategies, directions, memory, devic
         UsageError: any bad value, named in the message.
     """
     from gpubench.bench.batch import DIRECTIONS, HOST_KINDS, MAX_COUNT, STRATEGIES, BatchSpec
-    from gpubench.core.timing import TimingPlan
 
     if sweep:
         piece = piece if piece is not None else ",".join(SWEEP_PIECES)
         if total is None and count is None:
             total = SWEEP_TOTAL
-    pieces = [parse_size(p, what="--piece") for p in _csv(piece if piece is not None else "4KiB", "--piece")]
+    pieces = [parse_size(p, what="--piece") for p in csv_list(piece if piece is not None else "4KiB", "--piece")]
     if len(set(pieces)) != len(pieces):
         raise UsageError(f"--piece {piece!r} repeats a size")
     if count is not None and total is not None:
@@ -96,26 +86,11 @@ def build_spec(count, piece, total, sweep, strategies, directions, memory, devic
         if c > MAX_COUNT:
             raise UsageError(f"{c} pieces of {format_size(p)} is over the limit of {MAX_COUNT} per transfer",
                              "raise --piece or lower --count / --total")
-    strat = _csv(strategies, "--strategy")
-    for x in strat:
-        if x not in STRATEGIES:
-            raise UsageError(f"strategy {x!r} not known", f"use {', '.join(STRATEGIES)}")
-    dirs = _csv(directions, "--direction")
-    for x in dirs:
-        if x not in DIRECTIONS:
-            raise UsageError(f"direction {x!r} not known", f"use {', '.join(DIRECTIONS)}")
-    kinds = _csv(memory, "--memory")
-    for x in kinds:
-        if x not in HOST_KINDS:
-            raise UsageError(f"memory kind {x!r} not known for batch", f"use {', '.join(HOST_KINDS)}")
-    if device < 0:
-        raise UsageError(f"-d/--device {device} is negative", "device ids start at 0")
-    positive_int("-w/--warmup", warmup, allow_zero=True)
-    positive_int("-n/--iters", iters)
-    if not (min_time > 0):
-        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
-    return BatchSpec(points=tuple(points), strategies=strat, directions=dirs, memory=kinds, device=device,
-                     plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time), gate=not no_gate)
+    strat = csv_list(strategies, "--strategy", STRATEGIES, "strategy")
+    dirs = csv_list(directions, "--direction", DIRECTIONS, "direction")
+    kinds = csv_list(memory, "--memory", HOST_KINDS, "memory kind")
+    return BatchSpec(points=tuple(points), strategies=strat, directions=dirs, memory=kinds, device=device_id(device),
+                     plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
 
 
 _DIR_TITLES = {"h2d": "H2D (host to device)", "d2h": "D2H (device to host)"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.commands.common import common_options, csv_list, finish, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size, size_sweep
@@ -46,10 +46,6 @@ def command(only, memory, directions, min_bytes, max_bytes, step_factor, devices
     return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
 
 
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
 def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,
                verify, max_pinned):
     """Validate the options (no GPU needed) and build a CopySpec.
@@ -59,33 +55,20 @@ def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devi
     """
     from gpubench.bench.copy import DIRECTIONS, CopySpec
     from gpubench.core.gpu import MEMORY_KINDS, parse_devices
-    from gpubench.core.timing import TimingPlan
 
     if only and memory:
         raise UsageError(f"--{only} and --memory {memory!r} both given", "use one of them")
-    kinds = (only,) if only else _csv(memory) if memory else ("pinned", "pageable")
-    for k in kinds:
-        if k not in MEMORY_KINDS:
-            raise UsageError(f"memory kind {k!r} not known", f"use {', '.join(MEMORY_KINDS)}")
-    if len(set(kinds)) != len(kinds):
-        raise UsageError(f"memory kind repeated in {memory!r}")
-    dirs = _csv(directions)
-    for d in dirs:
-        if d not in DIRECTIONS:
-            raise UsageError(f"direction {d!r} not known", f"use {', '.join(DIRECTIONS)}")
-    if not dirs or len(set(dirs)) != len(dirs):
-        raise UsageError(f"--direction {directions!r} must name each of {', '.join(DIRECTIONS)} at most once")
+    kinds = (only,) if only else csv_list(memory, "-m/--memory", MEMORY_KINDS, "memory kind") if memory \
+        else ("pinned", "pageable")
+    dirs = csv_list(directions, "--direction", DIRECTIONS, "direction")
     lo = parse_size(min_bytes, what="-b/--min-bytes")
     hi = parse_size(max_bytes, what="-e/--max-bytes")
     sizes = size_sweep(lo, hi, step_factor)
-    positive_int("-w/--warmup", warmup, allow_zero=True)
-    positive_int("-n/--iters", iters)
-    if not (min_time > 0):
-        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
+    plan = timing_plan(warmup, iters, min_time)
     cap = parse_size(max_pinned, what="--max-pinned") if max_pinned is not None else None
     return CopySpec(
         sizes=tuple(sizes), directions=dirs, memory=kinds, devices=parse_devices(devices),
-        plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time), verify=verify, max_pinned_bytes=cap,
+        plan=plan, verify=verify, max_pinned_bytes=cap,
     )
 
 

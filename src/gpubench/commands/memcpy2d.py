@@ -6,7 +6,7 @@ import re
 
 import click
 
-from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.commands.common import common_options, csv_list, device_id, finish, positive_int, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -56,15 +56,6 @@ def command(width, height, total, sweep, src_pitch, dst_pitch, strategies, direc
     return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
 
 
-def _csv(text: str, what: str) -> tuple[str, ...]:
-    items = tuple(x.strip() for x in str(text).split(",") if x.strip())
-    if not items:
-        raise UsageError(f"{what} {text!r} is empty")
-    if len(set(items)) != len(items):
-        raise UsageError(f"{what} {text!r} repeats a value", "name each once")
-    return items
-
-
 def parse_pitch(text: str, width: int, what: str) -> int:
     """A pitch in bytes: a size ("16KiB") or a multiple of the width ("4x").
 
@@ -92,13 +83,12 @@ def build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, di
             do not fit a buffer, unknown names).
     """
     from gpubench.bench.memcpy2d import DIRECTIONS, HOST_KINDS, STRATEGIES, Memcpy2dSpec, check_geometry
-    from gpubench.core.timing import TimingPlan
 
     if sweep:
         width = width if width is not None else ",".join(SWEEP_WIDTHS)
         if total is None and height is None:
             total = SWEEP_TOTAL
-    widths = [parse_size(x, what="--width") for x in _csv(width if width is not None else "4096", "--width")]
+    widths = [parse_size(x, what="--width") for x in csv_list(width if width is not None else "4096", "--width")]
     if len(set(widths)) != len(widths):
         raise UsageError(f"--width {width!r} repeats a size")
     if height is not None and total is not None:
@@ -120,26 +110,11 @@ def build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, di
         dp = parse_pitch(dst_pitch, w, "--dst-pitch")
         check_geometry(w, h, sp, dp)
         points.append((w, h, sp, dp))
-    strat = _csv(strategies, "--strategy")
-    for x in strat:
-        if x not in STRATEGIES:
-            raise UsageError(f"strategy {x!r} not known", f"use {', '.join(STRATEGIES)}")
-    dirs = _csv(directions, "--direction")
-    for x in dirs:
-        if x not in DIRECTIONS:
-            raise UsageError(f"direction {x!r} not known", f"use {', '.join(DIRECTIONS)}")
-    kinds = _csv(memory, "--memory")
-    for x in kinds:
-        if x not in HOST_KINDS:
-            raise UsageError(f"memory kind {x!r} not known for memcpy2d", f"use {', '.join(HOST_KINDS)}")
-    if device < 0:
-        raise UsageError(f"-d/--device {device} is negative", "device ids start at 0")
-    positive_int("-w/--warmup", warmup, allow_zero=True)
-    positive_int("-n/--iters", iters)
-    if not (min_time > 0):
-        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
-    return Memcpy2dSpec(points=tuple(points), strategies=strat, directions=dirs, memory=kinds, device=device,
-                        plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time), gate=not no_gate)
+    strat = csv_list(strategies, "--strategy", STRATEGIES, "strategy")
+    dirs = csv_list(directions, "--direction", DIRECTIONS, "direction")
+    kinds = csv_list(memory, "--memory", HOST_KINDS, "memory kind")
+    return Memcpy2dSpec(points=tuple(points), strategies=strat, directions=dirs, memory=kinds, device=device_id(device),
+                        plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
 
 
 def check_cell(verified: bool | None, untouched: bool | None) -> str:

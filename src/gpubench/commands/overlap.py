@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.commands.common import common_options, device_id, finish, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -72,7 +72,6 @@ def build_spec(size, works, sweep, streams, chunks, device, warmup, iters, min_t
         UsageError: any bad value, named in the message.
     """
     from gpubench.bench.overlap import OverlapSpec, check_shape
-    from gpubench.core.timing import TimingPlan
 
     nbytes = parse_size(size, what="--size")
     if works is None:
@@ -82,14 +81,8 @@ def build_spec(size, works, sweep, streams, chunks, device, warmup, iters, min_t
     k = streams
     c = chunks if chunks is not None else streams
     check_shape(nbytes, k, c)
-    if device < 0:
-        raise UsageError(f"-d/--device {device} is negative", "device ids start at 0")
-    positive_int("-w/--warmup", warmup, allow_zero=True)
-    positive_int("-n/--iters", iters)
-    if not (min_time > 0):
-        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
-    return OverlapSpec(nbytes=nbytes, works=tuple(ws), streams=k, chunks=c, device=device,
-                       plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time))
+    return OverlapSpec(nbytes=nbytes, works=tuple(ws), streams=k, chunks=c, device=device_id(device),
+                       plan=timing_plan(warmup, iters, min_time))
 
 
 def _ms(seconds: float) -> str:
