@@ -86,3 +86,13 @@ def test_load_missing_and_binary(tmp_path):
     p.write_bytes(os.urandom(4096))
     with pytest.raises(UsageError):
         load(p)
+
+
+def test_mark_peak_flags_a_figure_above_the_link():
+    r = Record(params={}, nbytes=100, samples_s=[1.0, 1.0, 1.0])  # 100 B/s
+    r.mark_peak(200.0)
+    assert r.extra == {"peak_bytes_per_s": 200.0, "pct_of_peak": 50.0, "above_peak": False}
+    r.mark_peak(50.0)
+    assert r.extra["above_peak"] is True and r.extra["pct_of_peak"] == 200.0
+    r.mark_peak(None)
+    assert r.extra["pct_of_peak"] is None and r.extra["above_peak"] is False

@@ -481,10 +481,7 @@ def add_derived(records: list[Record]) -> None:
         r.extra["time_per_piece_us"] = med_t / r.params["count"] * 1e6
         base = sep.get(_point_key(r))
         r.extra["speedup_vs_separate"] = base / med_t if base else None
-        peak = r.extra.get("peak_bytes_per_s")
-        rate = r.rate_summary().median
-        r.extra["pct_of_peak"] = 100.0 * rate / peak if peak else None
-        r.extra["above_peak"] = bool(peak and rate > peak)
+        r.mark_peak(r.extra.get("peak_bytes_per_s"))
 
 
 def _first_line(e: BaseException) -> str:

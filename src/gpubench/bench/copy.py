@@ -304,15 +304,9 @@ def _bidir_records(a: _Pair, b: _Pair, pat, pat2, stream, gate, spec: CopySpec, 
 
 
 def _record(params, nbytes, samples, reps, gated, verified, peak) -> Record:
-    r = Record(params=params, metric="bandwidth", nbytes=nbytes, samples_s=list(samples), reps=reps)
-    med = r.rate_summary().median
-    r.extra = {
-        "gated": gated,
-        "verified": verified,
-        "peak_bytes_per_s": peak,
-        "pct_of_peak": 100.0 * med / peak if peak else None,
-        "above_peak": bool(peak and med > peak),
-    }
+    r = Record(params=params, metric="bandwidth", nbytes=nbytes, samples_s=list(samples), reps=reps,
+               extra={"gated": gated, "verified": verified})
+    r.mark_peak(peak)
     return r
 
 

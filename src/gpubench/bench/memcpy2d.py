@@ -393,10 +393,7 @@ def add_derived(records: list[Record]) -> None:
         r.extra["time_per_row_us"] = med / r.params["height"] * 1e6
         b = base.get(_key(r))
         r.extra["relative_to_2d"] = b / med if b else None
-        peak = r.extra.get("peak_bytes_per_s")
-        rate = r.rate_summary().median
-        r.extra["pct_of_peak"] = 100.0 * rate / peak if peak else None
-        r.extra["above_peak"] = bool(peak and rate > peak)
+        r.mark_peak(r.extra.get("peak_bytes_per_s"))
 
 
 def _key(r: Record) -> tuple:

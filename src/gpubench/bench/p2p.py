@@ -441,12 +441,8 @@ def _sm_enqueue(device: int, dst_ptr: int, src_ptr: int, nbytes: int):
 
 
 def _bw_record(params, nbytes, per_copy_s, reps, extra) -> Record:
-    r = Record(params=params, metric="bandwidth", nbytes=nbytes, samples_s=list(per_copy_s), reps=reps)
-    med = r.rate_summary().median
-    peak = extra.get("peak_bytes_per_s")
-    extra["pct_of_peak"] = 100.0 * med / peak if peak else None
-    extra["above_peak"] = bool(peak and med > peak)
-    r.extra = extra
+    r = Record(params=params, metric="bandwidth", nbytes=nbytes, samples_s=list(per_copy_s), reps=reps, extra=extra)
+    r.mark_peak(extra.get("peak_bytes_per_s"))
     return r
 
 

@@ -90,6 +90,15 @@ class Record:
             raise ValueError("record moves no bytes")
         return Summary.of([self.nbytes / t for t in self.samples_s])
 
+    def mark_peak(self, peak_bytes_per_s: float | None) -> None:
+        """Record the link's physical peak (B/s) in extra with the median's % of it, and flag a
+        median above it ("above_peak": a timing fault, never a real speed). Needs samples."""
+        med = self.rate_summary().median
+        peak = peak_bytes_per_s
+        self.extra["peak_bytes_per_s"] = peak
+        self.extra["pct_of_peak"] = 100.0 * med / peak if peak else None
+        self.extra["above_peak"] = bool(peak and med > peak)
+
     def to_dict(self) -> dict:
         return {
             "params": self.params,
