@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(e.ctx.get_help())
         code = 0
     except click.UsageError as e:
-        where = f"gpubench {e.ctx.info_name}" if e.ctx and e.ctx.parent else "gpubench"
+        where = e.ctx.command_path if e.ctx else "gpubench"
         click.echo(f"{where}: error: {e.format_message()}", err=True)
         code = 2
     except click.exceptions.Exit as e:
