@@ -1,27 +1,36 @@
 # Two commands set up and use a fresh machine:
-#   make run   - create .venv, install gpubench with the CUDA 13 extra, run `gpubench copy --pinned`
-#   make test  - create .venv if missing, install the test extra, run the whole test suite
+#   make run   - create .venv, install gpubench with the CUDA extra, run `gpubench copy --pinned`
+#   make test  - create .venv if missing, install the test extras, run the whole test suite
+# CUDA=cuda12 picks CuPy for CUDA 12. The ucx extra (distributed-ucxx, for `merge -p ucx` tests)
+# exists for CUDA 13 only, so it is installed with cuda13 alone.
 PYTHON ?= python3
 VENV ?= .venv
 CUDA ?= cuda13
 BIN := $(VENV)/bin
+ifeq ($(CUDA),cuda13)
+TEST_EXTRAS := $(CUDA),test,ucx
+else
+TEST_EXTRAS := $(CUDA),test
+endif
 
-.PHONY: run test venv clean
+.PHONY: run test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed-$(CUDA): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[$(CUDA),test,ucx]"
+$(VENV)/.run-$(CUDA): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[$(CUDA)]"
 	touch $@
 
-venv: $(VENV)/.installed-$(CUDA)
+$(VENV)/.test-$(CUDA): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[$(TEST_EXTRAS)]"
+	touch $@
 
-run: venv
+run: $(VENV)/.run-$(CUDA)
 	$(BIN)/gpubench copy --pinned
 
-test: venv
+test: $(VENV)/.test-$(CUDA)
 	$(BIN)/python -m pytest -q
 
 clean:

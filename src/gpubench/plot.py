@@ -303,7 +303,10 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
         UsageError: nothing to plot.
         MachineError: the PNG cannot be written.
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("plot needs matplotlib, which is not installed", "pip install 'gpubench[plot]'") from None
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

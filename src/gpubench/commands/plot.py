@@ -32,7 +32,7 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
 
     if not output.lower().endswith(".png"):
         raise UsageError(f"-o {output!r} must end in .png", "e.g. -o out.png")
-    check_output_path(output)
+    check_output_path(output, "-o")
     if not (10 <= dpi <= 1000):
         raise UsageError(f"--dpi {dpi} must be between 10 and 1000")
     for p in peaks:

@@ -4,7 +4,7 @@ PCIe (per direction, raw after line encoding, before packet/protocol overhead), 
 base specifications: Gen1 2.5 GT/s and Gen2 5 GT/s per lane with 8b/10b encoding; Gen3 8, Gen4 16,
 Gen5 32 GT/s with 128b/130b; Gen6 64 GT/s PAM4 with FLIT mode (taken as 1 byte per 8 transfers
 here, FLIT overhead not deducted). Gen5 x16: 32e9 * 16 * 128/130 / 8 = 63.0 GB/s, the figure in
-../shared/reference.
+the reference measurements of the lent 2x H200 machine.
 
 NVLink (per direction per link): NVML's NVML_FI_DEV_NVLINK_GET_SPEED field where the driver reports
 it (an H200 with driver 580 reports 26562 MB/s, so 18 links = 478.1 GB/s), otherwise by NVLink version:

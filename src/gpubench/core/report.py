@@ -66,12 +66,48 @@ def peak_cell(pct: float | None) -> str:
     return f"{pct:.0f}%"
 
 
+_SHORT_CELL = 24  # columns whose cells are all this short are never squeezed or cut
+
+
+def _fit(t) -> int:
+    """Keep figures whole: short columns (numbers, sizes, names) get a minimum width of their
+    longest cell and never wrap; long text columns fold. Returns the width the table needs with
+    every short column whole and each long column at least 20 wide."""
+    need = 1
+    for col in t.columns:
+        cells = [str(x) for x in getattr(col, "_cells", [])] + [str(col.header)]
+        longest = max((len(line) for c in cells for line in c.splitlines() or [""]), default=0)
+        if longest <= _SHORT_CELL:
+            col.min_width = max(col.min_width or 0, longest)
+            col.no_wrap = True
+            need += longest + 3
+        else:
+            col.no_wrap = False
+            col.overflow = "fold"
+            need += min(longest, 20) + 3
+    return need
+
+
 def display(renderables, quiet: bool = False) -> None:
-    """Print renderables (tables, strings) to stdout unless quiet."""
+    """Print renderables (tables, strings) to stdout unless quiet.
+
+    Tables never lose digits: on a narrow terminal long text columns fold first, and a table that
+    still does not fit is printed at the width it needs (the terminal wraps its lines) rather
+    than with figures cut to "…".
+    """
     if quiet:
         return
+    from rich.table import Table
+
     c = console()
     for r in renderables:
+        if isinstance(r, Table):
+            need = _fit(r)
+            if need > c.width:
+                console_wide = console()
+                console_wide.width = need
+                console_wide.print(r)
+                continue
         c.print(r)
 
 

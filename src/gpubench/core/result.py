@@ -207,8 +207,12 @@ class Result:
             raise UsageError(f"{source} is a malformed gpubench result: {e}") from None
 
 
-def check_output_path(path: str | os.PathLike) -> Path:
+def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
     """Check, before a run, that ``path`` can be written: its folder exists and is writable.
+
+    Args:
+        path: the file to be written.
+        option: the option that named it, for messages ("--json", "-o").
 
     Raises:
         UsageError: the folder does not exist, is not a folder, or cannot be written; or path is a folder.
@@ -216,11 +220,11 @@ def check_output_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
-        raise UsageError(f"--json {str(p)!r} is a folder", "give a file name, e.g. out.json")
+        raise UsageError(f"{option} {str(p)!r} is a folder", "give a file name, e.g. out.json")
     if not parent.is_dir():
-        raise UsageError(f"--json {str(p)!r}: folder {str(parent)!r} does not exist")
+        raise UsageError(f"{option} {str(p)!r}: folder {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"--json {str(p)!r}: folder {str(parent)!r} is not writable")
+        raise UsageError(f"{option} {str(p)!r}: folder {str(parent)!r} is not writable")
     return p
 
 
