@@ -164,3 +164,31 @@ def test_worker_killed_mid_run_stops_with_an_error_naming_it_and_leaves_no_proce
         time.sleep(0.2)
     assert _spawned_workers() == []
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in seen)
+
+
+def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C: exit 130, partial JSON, and no
+    KeyboardInterrupt tracebacks from the worker processes."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("distributed")
+    out = tmp_path / "m.json"
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "merge", "-t", "cpu", "-d", "0,1", "-c", "200_000",
+                          "--runs", "200", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.5)
+        if out.exists() or time.monotonic() > deadline - 80:  # give it ~10 s to start and run a few joins
+            break
+    os.killpg(p.pid, signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    data = json.loads(out.read_text())
+    assert data["partial"] is True

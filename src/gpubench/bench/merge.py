@@ -606,6 +606,26 @@ def _one_line(e: BaseException) -> str:
 
 
 @contextlib.contextmanager
+def _workers_ignore_sigint() -> Iterator[None]:
+    """Ignore SIGINT while worker processes are spawned, so they inherit SIG_IGN (kept across
+    exec, and CPython installs no KeyboardInterrupt handler over an ignored SIGINT). A Ctrl-C at
+    the terminal reaches the whole process group; without this every worker prints its own
+    KeyboardInterrupt traceback while gpubench itself stops the cluster and keeps what it measured.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
 def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
     """Start (or attach to) the cluster and yield (client, cluster); cluster is None when external.
 
@@ -664,18 +684,20 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                             raise UsageError(f"-t gpu needs dask-cuda, which cannot be imported "
                                              f"({_one_line(e)[:100]})",
                                              "pip install 'dask-cuda[cu13]' cudf-cu13, or use -t cpu") from None
-                        cluster = LocalCUDACluster(
-                            CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)),
-                            device_memory_limit=None,
-                            enable_cudf_spill=spec.enable_cudf_spill,
-                            enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
-                            enable_infiniband=spec.enable_infiniband,
-                            enable_nvlink=spec.enable_nvlink,
-                            enable_rdmacm=spec.enable_rdmacm,
-                            **common,
-                        )
+                        with _workers_ignore_sigint():
+                            cluster = LocalCUDACluster(
+                                CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)),
+                                device_memory_limit=None,
+                                enable_cudf_spill=spec.enable_cudf_spill,
+                                enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
+                                enable_infiniband=spec.enable_infiniband,
+                                enable_nvlink=spec.enable_nvlink,
+                                enable_rdmacm=spec.enable_rdmacm,
+                                **common,
+                            )
                     else:
-                        cluster = LocalCluster(processes=True, **common)
+                        with _workers_ignore_sigint():
+                            cluster = LocalCluster(processes=True, **common)
                 except (UsageError, KeyboardInterrupt):
                     raise
                 except Exception as e:

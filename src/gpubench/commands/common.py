@@ -40,8 +40,9 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
             report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
     if result.partial:
         sig = result.interrupted_by or "SIGINT"
-        print(f"gpubench: interrupted by {sig}; kept {sum(1 for r in result.records if r.samples_s)} "
-              f"measured point(s)", file=sys.stderr)
+        measured = [r for r in result.records if r.samples_s]
+        print(f"gpubench: interrupted by {sig}; kept what was measured: {len(measured)} point(s), "
+              f"{sum(len(r.samples_s) for r in measured)} sample(s)", file=sys.stderr)
         return 143 if sig == "SIGTERM" else 130
     return 0
 
