@@ -31,12 +31,34 @@ PANEL_W_IN, PANEL_H_IN = 9.5, 5.0
 
 @dataclass
 class Panel:
-    """One subplot: its kind ("sweep", "matrix", "pairs"), title, and the (label, records) it draws."""
+    """One subplot: its kind ("sweep", "matrix", "pairs", "intervals"), title, and the
+    (label, records) it draws."""
 
     kind: str
     metric: str
     title: str
     series: list[tuple[str, list[Record]]] = field(default_factory=list)
+
+
+def _merge_pair_stats(r: Record) -> dict[str, Summary]:
+    """merge's per worker-pair bandwidth (extra["pairs"]: q25/q50/q75 of B/s per transfer, as
+    dask-cuda's table) as Summaries keyed "(w1,w2)"; {} when the record has none."""
+    out = {}
+    for p in r.extra.get("pairs") or []:
+        try:
+            out[f"({p['w1']},{p['w2']})"] = Summary(
+                n=int(p["n"]), median=float(p["q50"]), mean=float(p["hmean"]), min=float(p["min"]),
+                max=float(p["max"]), p25=float(p["q25"]), p75=float(p["q75"]), stdev=float(p["hstd"]),
+                cv=float(p["hstd"]) / float(p["hmean"]) if p["hmean"] else 0.0)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _has_intervals(r: Record) -> bool:
+    """net's records: per-interval bytes with start and end times in extra."""
+    e = r.extra
+    return all(isinstance(e.get(k), list) and e.get(k) for k in ("interval_bytes", "interval_start_s", "interval_end_s"))
 
 
 SIZE_KEYS = ("nbytes", "piece_bytes", "piece", "size")  # params that can be a sweep's x axis, in bytes
@@ -54,8 +76,10 @@ def size_key(r: Record) -> str | None:
 def _kind(r: Record) -> str:
     if "src" in r.params and "dst" in r.params:
         return "matrix"
-    if "pair" in r.params:
+    if "pair" in r.params or _merge_pair_stats(r):
         return "pairs"
+    if _has_intervals(r):
+        return "intervals"
     if size_key(r):
         return "sweep"
     return "other"
@@ -137,6 +161,14 @@ def build_panels(results: Sequence[tuple[str, Result]]) -> list[Panel]:
                 per.setdefault(label, []).append(r)
             for label, rs in per.items():
                 panels.append(Panel(kind, metric, f"{command}: {label}", [(label, rs)]))
+        elif kind == "intervals":
+            series = {}
+            for name, r in items:
+                label = " ".join(f"{k}={v}" for k, v in r.params.items() if k == "stream") or command
+                if many:
+                    label = f"{label} [{Path(name).stem}]"
+                series.setdefault(label, []).append(r)
+            panels.append(Panel(kind, metric, f"{command}: throughput per interval", list(series.items())))
         else:  # pairs
             keys = _mode_keys(recs, {"pair"})
             per = {}
@@ -147,8 +179,8 @@ def build_panels(results: Sequence[tuple[str, Result]]) -> list[Panel]:
                 per.setdefault(label, []).append(r)
             panels.append(Panel(kind, metric, f"{command}: per worker pair", list(per.items())))
     if not panels:
-        raise UsageError("nothing to plot: no record with samples and a size, a src/dst pair or a worker pair",
-                         "give results saved with --json")
+        raise UsageError("nothing to plot: no record with samples and a size, a src/dst pair, a worker pair "
+                         "or per-interval figures", "plot reads copy, batch, memcpy2d, p2p, nccl, merge and net results")
     return panels
 
 
@@ -242,20 +274,54 @@ def _draw_matrix(ax, panel: Panel, units: str) -> None:
                         color="black" if m[i, j] > mid else "white")
 
 
+def _pair_summaries(recs: Sequence[Record], units: str) -> dict[str, Summary]:
+    """Per-pair Summaries in ``units``/s: from records with a "pair" param, or merge's extra."""
+    out: dict[str, Summary] = {}
+    scale = UNITS[units]
+    for r in recs:
+        if "pair" in r.params:
+            out[str(r.params["pair"])] = values(r, units)
+        for pair, s in _merge_pair_stats(r).items():
+            out[pair] = Summary(s.n, s.median / scale, s.mean / scale, s.min / scale, s.max / scale,
+                                s.p25 / scale, s.p75 / scale, s.stdev / scale, s.cv)
+    return out
+
+
+def _draw_intervals(ax, panel: Panel, units: str) -> None:
+    """net: each stream's (and the total's) rate per interval against the interval's end time;
+    omitted intervals drawn hollow."""
+    scale = UNITS[units]
+    for label, recs in panel.series:
+        for r in recs:
+            e = r.extra
+            ends = e["interval_end_s"]
+            rates = [b / (t1 - t0) / scale if t1 > t0 else float("nan")
+                     for b, t0, t1 in zip(e["interval_bytes"], e["interval_start_s"], ends)]
+            line, = ax.plot(ends, rates, marker="o", label=label)
+            omit = e.get("interval_omit") or []
+            xs = [t for t, o in zip(ends, omit) if o]
+            ys = [v for v, o in zip(rates, omit) if o]
+            if xs:
+                ax.plot(xs, ys, "o", markerfacecolor="white", color=line.get_color())
+    ax.set_xlabel("time (s), end of interval; hollow = omitted")
+    ax.set_ylabel(f"{units}/s received")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+
+
 def _draw_pairs(ax, panel: Panel, units: str) -> None:
     import numpy as np
 
     pairs: list[str] = []
     for _, recs in panel.series:
-        for r in recs:
-            p = str(r.params["pair"])
+        for p in _pair_summaries(recs, units):
             if p not in pairs:
                 pairs.append(p)
     k = len(panel.series)
     width = 0.8 / max(k, 1)
     x = np.arange(len(pairs))
     for i, (label, recs) in enumerate(panel.series):
-        by = {str(r.params["pair"]): values(r, units) for r in recs}
+        by = _pair_summaries(recs, units)
         med = [by[p].median if p in by else np.nan for p in pairs]
         lo = [by[p].median - by[p].p25 if p in by else 0 for p in pairs]
         hi = [by[p].p75 - by[p].median if p in by else 0 for p in pairs]
@@ -326,6 +392,8 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
                 _draw_sweep(ax, panel, units, peaks_bps)
             elif panel.kind == "matrix":
                 _draw_matrix(ax, panel, units)
+            elif panel.kind == "intervals":
+                _draw_intervals(ax, panel, units)
             else:
                 _draw_pairs(ax, panel, units)
         for ax in list(axes.flat)[len(panels):]:

@@ -96,3 +96,12 @@ def test_mark_peak_flags_a_figure_above_the_link():
     assert r.extra["above_peak"] is True and r.extra["pct_of_peak"] == 200.0
     r.mark_peak(None)
     assert r.extra["pct_of_peak"] is None and r.extra["above_peak"] is False
+
+
+def test_saved_file_has_ordinary_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        p = save(_result(), tmp_path / "r.json")
+    finally:
+        os.umask(old)
+    assert (p.stat().st_mode & 0o777) == 0o644

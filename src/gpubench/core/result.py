@@ -243,6 +243,9 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a result is an ordinary file
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.write("\n")
