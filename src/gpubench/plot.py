@@ -99,6 +99,8 @@ def _mode_label(r: Record, keys: Sequence[str]) -> str:
     parts = []
     for k in keys:
         v = r.params.get(k)
+        if v is None:
+            continue
         if k in SIZE_KEYS and isinstance(v, int):
             parts.append(format_size(v))
         elif k == "device":

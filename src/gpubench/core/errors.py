@@ -9,7 +9,7 @@ Every error carries one line of message and an optional hint; neither contains a
 
 from __future__ import annotations
 
-NO_GPU_COMMANDS = ("env", "compare", "plot", "net", "merge -t cpu")
+NO_GPU_COMMANDS = ("env", "compare", "plot", "net", "merge -t cpu", "suite --check")
 
 
 class GpubenchError(Exception):

@@ -60,10 +60,23 @@ def require_gpu() -> Any:
     try:
         n = runtime.getDeviceCount()
     except Exception as e:
-        raise NoGPUError(_cuda_error_text(e)) from None
+        text = _cuda_error_text(e)
+        if "InsufficientDriver" in text and not _driver_library_present():
+            # the runtime says "insufficient driver" when there is no driver at all
+            text = "no NVIDIA driver is installed: libcuda and NVML cannot be loaded"
+        raise NoGPUError(text) from None
     if n < 1:
         raise NoGPUError("the CUDA runtime reports 0 devices")
     return cupy
+
+
+def _driver_library_present() -> bool:
+    """True when the NVIDIA driver's user-space library (libcuda.so.1) can be loaded."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
 
 
 def device_count() -> int:
