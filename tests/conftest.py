@@ -5,6 +5,20 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``gpubench ARGS`` in-process through cli.main; returns (exit code, stdout, stderr)."""
+    from gpubench.cli import main
+
+    def run(*args):
+        with pytest.raises(SystemExit) as e:
+            main([str(a) for a in args])
+        out = capsys.readouterr()
+        return e.value.code, out.out, out.err
+
+    return run
+
+
 def _gpu_reason() -> str | None:
     from gpubench.core.errors import NoGPUError
     from gpubench.core.gpu import require_gpu

@@ -7,24 +7,7 @@ import sys
 
 import pytest
 
-from gpubench.cli import main
-from gpubench.core.errors import NoGPUError
-from gpubench.core.gpu import require_gpu
-
-
-def run_main(capsys, *args):
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
-def have_gpu() -> bool:
-    try:
-        require_gpu()
-        return True
-    except NoGPUError:
-        return False
+from gpubench.core.gpu import gpu_available
 
 
 BAD = [
@@ -46,17 +29,17 @@ BAD = [
 
 
 @pytest.mark.parametrize("args,needle", BAD)
-def test_bad_input_one_line_exit_2(capsys, args, needle):
-    code, out, err = run_main(capsys, "batch", *args)
+def test_bad_input_one_line_exit_2(run_cli, args, needle):
+    code, out, err = run_cli("batch", *args)
     assert code == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], err
     assert "Traceback" not in err
 
 
-@pytest.mark.skipif(have_gpu(), reason="a GPU is visible")
-def test_without_gpu_one_line_exit_2(capsys):
-    code, out, err = run_main(capsys, "batch", "--sweep")
+@pytest.mark.skipif(gpu_available(), reason="a GPU is visible")
+def test_without_gpu_one_line_exit_2(run_cli):
+    code, out, err = run_cli("batch", "--sweep")
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "no CUDA device is visible" in lines[0]

@@ -4,24 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.cli import main
-from gpubench.core.errors import NoGPUError
-from gpubench.core.gpu import require_gpu
+from gpubench.core.gpu import gpu_available
 
-
-def run_main(capsys, *args):
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
-def have_gpu() -> bool:
-    try:
-        require_gpu()
-        return True
-    except NoGPUError:
-        return False
 
 BAD = [
     (["--size", "10"], "multiple of 4"),
@@ -36,15 +20,15 @@ BAD = [
 
 
 @pytest.mark.parametrize("args,needle", BAD)
-def test_bad_input_one_line_exit_2(capsys, args, needle):
-    code, out, err = run_main(capsys, "overlap", *args)
+def test_bad_input_one_line_exit_2(run_cli, args, needle):
+    code, out, err = run_cli("overlap", *args)
     assert code == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], err
 
 
-@pytest.mark.skipif(have_gpu(), reason="a GPU is visible")
-def test_without_gpu_one_line_exit_2(capsys):
-    code, out, err = run_main(capsys, "overlap", "--sweep")
+@pytest.mark.skipif(gpu_available(), reason="a GPU is visible")
+def test_without_gpu_one_line_exit_2(run_cli):
+    code, out, err = run_cli("overlap", "--sweep")
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "no CUDA device is visible" in err

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from gpubench.core.errors import NoGPUError
-from gpubench.core.gpu import require_gpu
+from gpubench.core.gpu import gpu_available
 
 
 def gb(*args, env=None):
@@ -18,14 +17,6 @@ def gb(*args, env=None):
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, timeout=120,
                           env=e)
-
-
-def _have_gpu() -> bool:
-    try:
-        require_gpu()
-        return True
-    except NoGPUError:
-        return False
 
 
 def _one_line_error(p, *needles):
@@ -68,7 +59,7 @@ def test_bad_input_exits_2_with_one_line(args, needles):
     _one_line_error(gb(*args), *needles)
 
 
-@pytest.mark.skipif(_have_gpu(), reason="a GPU is visible")
+@pytest.mark.skipif(gpu_available(), reason="a GPU is visible")
 @pytest.mark.parametrize("args", [["p2p"], ["p2p", "-d", "0,9"], ["nccl"], ["nccl", "-d", "0,9"]])
 def test_no_gpu_exits_2_with_one_line(args):
     _one_line_error(gb(*args), "no CUDA device")

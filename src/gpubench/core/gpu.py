@@ -79,6 +79,15 @@ def _driver_library_present() -> bool:
         return False
 
 
+def gpu_available() -> bool:
+    """True when CuPy imports and the CUDA runtime sees at least one device (never raises)."""
+    try:
+        require_gpu()
+    except NoGPUError:
+        return False
+    return True
+
+
 def device_count() -> int:
     """Number of visible CUDA devices (after require_gpu)."""
     from cupy.cuda import runtime
