@@ -13,7 +13,10 @@ Bandwidth is printed in GB/s (1e9 B/s) by default or GiB/s (2**30 B/s) with ``--
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
+from fractions import Fraction
 
 from gpubench.core.errors import UsageError
 
@@ -22,6 +25,8 @@ _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)(B?)\s*$", re.IGNORECASE)
 
 UNITS = {"GB": 1e9, "GiB": float(2**30)}
+MAX_BYTES = 2**63 - 1  # the largest size a signed 64-bit count (CUDA, NumPy) can hold
+MAX_SWEEP_POINTS = 1000  # sizes in one -b/-e/-f sweep; more is a typo in -f (1.0001), not a study
 
 
 def parse_size(text: str | int, *, what: str = "size") -> int:
@@ -35,7 +40,8 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
         The size in bytes (int, >= 1).
 
     Raises:
-        UsageError: the text is not a size, is zero or negative, or is not a whole number of bytes.
+        UsageError: the text is not a size, is zero or negative, is not a whole number of bytes, or
+            is over MAX_BYTES (2**63 - 1).
     """
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
@@ -55,12 +61,14 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
             mult = _DECIMAL[prefix]
         else:
             mult = _BINARY[prefix]
-        exact = float(number) * mult
-        if exact != int(exact):
+        exact = Fraction(number) * mult  # exact: a float would overflow on a long number or round it
+        if exact.denominator != 1:
             raise UsageError(f"{what} {s!r} is not a whole number of bytes")
         value = int(exact)
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be at least 1 byte")
+    if value > MAX_BYTES:
+        raise UsageError(f"{what} {str(text)[:40]!r} is over {MAX_BYTES} bytes (8 EiB), more than any machine holds")
     return value
 
 
@@ -74,7 +82,10 @@ def format_size(nbytes: int) -> str:
         return f"{nbytes} B"
     for unit, mult in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= mult:
-            v = nbytes / mult
+            try:
+                v = nbytes / mult
+            except OverflowError:  # an int with more digits than a float holds (a fuzzed --height)
+                return f"{Decimal(nbytes):.3E} B"
             return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
     return f"{nbytes} B"  # pragma: no cover
 
@@ -114,7 +125,8 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
         step_factor: > 1.
 
     Raises:
-        UsageError: min > max or step_factor <= 1.
+        UsageError: min > max, step_factor <= 1, or more than MAX_SWEEP_POINTS sizes (-f 1.0001 would
+            otherwise loop for minutes and fill memory).
     """
     if min_bytes > max_bytes:
         raise UsageError(
@@ -123,6 +135,9 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
         )
     if not step_factor > 1:
         raise UsageError(f"step factor {step_factor!r} must be greater than 1", "e.g. -f 2")
+    if math.isfinite(step_factor) and math.log(max_bytes / min_bytes) / math.log(step_factor) > MAX_SWEEP_POINTS:
+        raise UsageError(f"step factor {step_factor!r} from {format_size(min_bytes)} to {format_size(max_bytes)} "
+                         f"gives more than {MAX_SWEEP_POINTS} sizes", "use a larger -f, e.g. -f 2")
     sizes = []
     s = float(min_bytes)
     while s <= max_bytes:
