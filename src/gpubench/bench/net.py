@@ -411,8 +411,9 @@ class NetServer:
         """
         try:
             infos = socket.getaddrinfo(self.bind, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except socket.gaierror as e:
-            raise UsageError(f"--bind {self.bind!r} is not an address ({e.strerror})", "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
+        except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
+            raise UsageError(f"--bind {self.bind!r} is not an address ({getattr(e, 'strerror', None) or e})",
+                             "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
         family, _, _, _, sockaddr = infos[0]
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -720,8 +721,8 @@ class Interval:
 def _connect(host: str, port: int, timeout: float) -> socket.socket:
     try:
         s = socket.create_connection((host, port), timeout=timeout)
-    except socket.gaierror as e:
-        raise UsageError(f"host {host!r} not found ({e.strerror})") from None
+    except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
+        raise UsageError(f"host {host!r} not found ({getattr(e, 'strerror', None) or e})") from None
     except socket.timeout:
         raise MachineError(f"cannot connect to {host} port {port}: no answer within {timeout:g} s") from None
     except OSError as e:
