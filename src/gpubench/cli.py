@@ -69,6 +69,12 @@ def _sigterm(signum, frame):
     raise Interrupted(signum)
 
 
+def _one_line(text: str) -> str:
+    """``text`` with control and other unprintable characters escaped (a newline or carriage return in
+    a file name the user gave, say), so an error is always one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: runs the group and turns every error into one line."""
     args = sys.argv[1:] if argv is None else argv
@@ -82,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         code = 0
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx else "gpubench"
-        click.echo(f"{where}: error: {e.format_message()}", err=True)
+        click.echo(f"{where}: error: {_one_line(e.format_message())}", err=True)
         code = 2
     except click.exceptions.Exit as e:
         code = e.exit_code
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     except GpubenchError as e:
         if debug:
             raise
-        click.echo(f"gpubench: error: {e.one_line()}", err=True)
+        click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
         code = e.exit_code
     except KeyboardInterrupt:
         click.echo("gpubench: interrupted", err=True)
@@ -104,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         first = (str(e).strip().splitlines() or [""])[0]
-        click.echo(f"gpubench: error: {type(e).__name__}: {first} (run with --debug for the traceback)", err=True)
+        click.echo(f"gpubench: error: {type(e).__name__}: {_one_line(first)} (run with --debug for the traceback)",
+                   err=True)
         code = 3
     finally:
         signal.signal(signal.SIGTERM, old)
