@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from gpubench import __version__
 from gpubench.core.errors import UsageError
-from gpubench.core.result import MAX_LOAD_BYTES, Record, Result
+from gpubench.core.result import Record, Result
 
 BUNDLE_SCHEMA = "gpubench.bundle"
 BUNDLE_VERSION = 1
@@ -172,12 +172,10 @@ def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | N
     Raises:
         UsageError: unreadable, not TOML, or not a valid expectations file (see parse_expectations).
     """
+    from gpubench.core.result import read_bounded
+
     name = str(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_LOAD_BYTES + 1)
-    except OSError as e:
-        raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+    raw = read_bounded(path, "an expectations file")  # bounded; a named pipe does not block
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

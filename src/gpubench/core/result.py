@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import stat as _stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,22 +274,46 @@ def save(result: Result, path: str | os.PathLike) -> Path:
     return write_json_atomic(result.to_dict(), path, "result")
 
 
-def read_json(path: str | os.PathLike, expected: str = "a file saved by --json") -> Any:
-    """Read a JSON file of at most MAX_LOAD_BYTES (256 MiB), so garbage cannot exhaust memory.
+def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> bytes:
+    """The bytes of ``path``, at most MAX_LOAD_BYTES (256 MiB), never blocking on a named pipe.
 
     Raises:
-        UsageError: unreadable, too large, empty or not JSON; one line naming the file.
+        UsageError: unreadable, a device or socket, or larger than MAX_LOAD_BYTES; one line naming
+            the file. A named pipe that nobody writes to reads as empty.
     """
     p = Path(path)
     name = str(p)
     try:
-        size = p.stat().st_size
+        st = p.stat()
+        if _stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode) or _stat.S_ISSOCK(st.st_mode):
+            raise UsageError(f"cannot read {name}: a device or socket, not a file")
+        size = st.st_size
         if size > MAX_LOAD_BYTES:
-            raise UsageError(f"{name} is {size} bytes, too large for a gpubench result")
-        with open(p, "rb") as f:
+            raise UsageError(f"{name} is {size} bytes, too large for {what}")
+        if _stat.S_ISFIFO(st.st_mode):  # <(cmd) works; a named pipe nobody writes to reads as empty, no wait
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+            os.set_blocking(fd, True)
+            f = os.fdopen(fd, "rb")
+        else:
+            f = open(p, "rb")
+        with f:
             raw = f.read(MAX_LOAD_BYTES + 1)
     except OSError as e:
         raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+    if len(raw) > MAX_LOAD_BYTES:
+        raise UsageError(f"{name} is over {MAX_LOAD_BYTES} bytes, too large for {what}")
+    return raw
+
+
+def read_json(path: str | os.PathLike, expected: str = "a file saved by --json") -> Any:
+    """Read a JSON file of at most MAX_LOAD_BYTES (256 MiB), so garbage cannot exhaust memory.
+
+    Raises:
+        UsageError: unreadable, a device or socket, too large, empty (a named pipe with no writer
+            too) or not JSON; one line naming the file.
+    """
+    name = str(Path(path))
+    raw = read_bounded(path)
     if not raw.strip():
         raise UsageError(f"{name} is empty", f"expected {expected}")
     try:
