@@ -651,8 +651,12 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
     try:
         with dask.config.set(cfg), _quiet_ucx_env(), warnings.catch_warnings():
             if spec.external:
-                if spec.scheduler_file and not os.path.isfile(spec.scheduler_file):
-                    raise UsageError(f"--scheduler-file {spec.scheduler_file!r} does not exist")
+                from gpubench.core.scheduler import check_scheduler_address, scheduler_file_address
+
+                if spec.scheduler_address:
+                    check_scheduler_address(spec.scheduler_address)
+                else:
+                    scheduler_file_address(spec.scheduler_file)  # distributed waits forever for a missing one
                 where = spec.scheduler_address or spec.scheduler_file
                 try:
                     if spec.scheduler_address:

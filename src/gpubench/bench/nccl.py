@@ -665,6 +665,12 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     except ImportError:
         raise UsageError("--scheduler-address/--scheduler-file need dask.distributed",
                          "pip install gpubench[dask]") from None
+    from gpubench.core.scheduler import check_scheduler_address, scheduler_file_address
+
+    if spec.scheduler_address:
+        check_scheduler_address(spec.scheduler_address)
+    else:
+        scheduler_file_address(spec.scheduler_file)  # distributed waits forever for a missing one
     try:
         client = Client(spec.scheduler_address, timeout=30) if spec.scheduler_address else \
             Client(scheduler_file=spec.scheduler_file, timeout=30)
