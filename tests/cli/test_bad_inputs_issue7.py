@@ -23,18 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.cli import main
-
 NO_GPU = "no CUDA device is visible"
 PINNED = str(Path(__file__).resolve().parents[1] / "data" / "copy-pinned-h200.json")
 MAX_RSS_MB = 200
-
-
-def run_main(capsys, *argv):
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def one_line(err: str) -> str:
@@ -46,8 +37,8 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
-def refused(capsys, *argv, needle: str) -> str:
-    code, out, err = run_main(capsys, *argv)
+def refused(run_cli, *argv, needle: str) -> str:
+    code, out, err = run_cli(*argv)
     assert code == 2, (argv, code, out, err)
     line = one_line(err)
     assert re.search(needle, line), (needle, line)
@@ -85,8 +76,8 @@ HUGE = "9" * 400  # 400 digits: a float overflows on it
     # a row count with 400 digits: formatting its buffer size overflowed a float
     (["memcpy2d", "-H", HUGE], "does not fit in a buffer"),
 ])
-def test_sweep_limits_that_collapse_are_one_line(capsys, argv, needle):
-    refused(capsys, *argv, needle=needle)
+def test_sweep_limits_that_collapse_are_one_line(run_cli, argv, needle):
+    refused(run_cli, *argv, needle=needle)
 
 
 @pytest.mark.parametrize("argv", [
@@ -96,9 +87,9 @@ def test_sweep_limits_that_collapse_are_one_line(capsys, argv, needle):
     ["nccl", "reduce-scatter", "-b", "8T", "-e", "8T"],
     ["batch", "--piece", "1T", "--count", "4096"],
 ])
-def test_min_and_max_both_above_memory_are_refused_before_any_work(capsys, argv):
+def test_min_and_max_both_above_memory_are_refused_before_any_work(run_cli, argv):
     # no GPU: the no-GPU line; with a GPU: the preflight names the size and the free memory
-    refused(capsys, *argv, needle=f"{NO_GPU}| free|fit|host memory|page-lock")
+    refused(run_cli, *argv, needle=f"{NO_GPU}| free|fit|host memory|page-lock")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,16 +108,16 @@ def test_min_and_max_both_above_memory_are_refused_before_any_work(capsys, argv)
     (["memcpy2d", "-d", "-1"], "-d/--device -1 is negative"),
     (["overlap", "-d", "-1"], "-d/--device -1 is negative"),
 ])
-def test_repeated_and_negative_devices(capsys, argv, needle):
-    refused(capsys, *argv, needle=needle)
+def test_repeated_and_negative_devices(run_cli, argv, needle):
+    refused(run_cli, *argv, needle=needle)
 
 
 @pytest.mark.parametrize("argv", [
     ["copy", "-d", "0,63"], ["p2p", "-d", "0,63"], ["nccl", "-d", "0,63", "-b", "1K", "-e", "1K"],
     ["batch", "-d", "63"], ["memcpy2d", "-d", "63"], ["overlap", "-d", "63"], ["merge", "-d", "63"],
 ])
-def test_more_devices_than_visible(capsys, argv):
-    refused(capsys, *argv, needle=f"{NO_GPU}|not visible")
+def test_more_devices_than_visible(run_cli, argv):
+    refused(run_cli, *argv, needle=f"{NO_GPU}|not visible")
 
 
 @pytest.mark.parametrize("argv", [["batch"], ["memcpy2d"], ["overlap"], ["merge", "-d", "0"], ["suite", "-o", "."]])
@@ -184,10 +175,10 @@ def test_garbage_under_the_size_limit_is_read_once_with_bounded_memory(tmp_path)
     assert rss_mb < MAX_RSS_MB, rss_mb
 
 
-def test_broken_symlink_is_unreadable(capsys, tmp_path):
+def test_broken_symlink_is_unreadable(run_cli, tmp_path):
     link = tmp_path / "gone.json"
     link.symlink_to(tmp_path / "deleted-result.json")
-    refused(capsys, "compare", PINNED, str(link), needle=r"cannot read .*gone\.json: No such file")
+    refused(run_cli, "compare", PINNED, str(link), needle=r"cannot read .*gone\.json: No such file")
 
 
 def test_named_pipe_with_no_writer_does_not_hang(tmp_path):
@@ -198,9 +189,9 @@ def test_named_pipe_with_no_writer_does_not_hang(tmp_path):
     assert "pipe.json is empty" in one_line(err)
 
 
-def test_device_file_is_refused_without_reading(capsys):
+def test_device_file_is_refused_without_reading(run_cli):
     # /dev/zero has no end: it was read up to the 256 MiB limit before being refused
-    refused(capsys, "compare", "/dev/zero", PINNED, needle="cannot read /dev/zero: a device or socket")
+    refused(run_cli, "compare", "/dev/zero", PINNED, needle="cannot read /dev/zero: a device or socket")
 
 
 def test_process_substitution_pipe_still_reads(tmp_path):
@@ -211,9 +202,9 @@ def test_process_substitution_pipe_still_reads(tmp_path):
     assert "20 figure(s) paired: 0 better, 0 worse, 20 same." in p.stdout
 
 
-def test_file_name_with_a_newline_stays_one_line(capsys, tmp_path):
+def test_file_name_with_a_newline_stays_one_line(run_cli, tmp_path):
     # the message quotes the name; its newline is shown escaped so the error stays one line
-    refused(capsys, "compare", PINNED, str(tmp_path / "two\nlines.json"), needle=r"two\\nlines\.json")
+    refused(run_cli, "compare", PINNED, str(tmp_path / "two\nlines.json"), needle=r"two\\nlines\.json")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,23 +213,23 @@ def test_file_name_with_a_newline_stays_one_line(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["env"], ["net", "local", "-t", "0.1"]])
-def test_json_into_a_missing_folder_is_refused_before_the_run(capsys, tmp_path, argv):
+def test_json_into_a_missing_folder_is_refused_before_the_run(run_cli, tmp_path, argv):
     target = tmp_path / "no-such-folder" / "r.json"
-    refused(capsys, *argv, "--json", str(target), needle="no-such-folder.* does not exist")
+    refused(run_cli, *argv, "--json", str(target), needle="no-such-folder.* does not exist")
     assert not target.parent.exists()
 
 
-def test_json_inside_a_file_is_refused_and_the_file_kept(capsys, tmp_path):
+def test_json_inside_a_file_is_refused_and_the_file_kept(run_cli, tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("keep me")
-    refused(capsys, "env", "--json", str(f / "r.json"), needle="notes.txt")
+    refused(run_cli, "env", "--json", str(f / "r.json"), needle="notes.txt")
     assert f.read_text() == "keep me"
 
 
-def test_json_onto_a_read_only_target(capsys):
+def test_json_onto_a_read_only_target(run_cli):
     # chmod does not stop root; /proc accepts no new files for anyone
     target = "/proc/gpubench-issue7.json"
-    code, out, err = run_main(capsys, "env", "--json", target)
+    code, out, err = run_cli("env", "--json", target)
     assert code in (2, 3), (code, out, err)  # refused up front (2), or the save failed after the run (3)
     assert target in one_line(err)
     assert not os.path.exists(target)

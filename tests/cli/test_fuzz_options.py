@@ -35,8 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpubench.cli import COMMANDS, main
-from gpubench.core.errors import NoGPUError
-from gpubench.core.gpu import require_gpu
+from gpubench.core.gpu import gpu_available
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -49,16 +48,7 @@ GPU_COMMANDS = ("copy", "p2p", "nccl", "merge", "batch", "memcpy2d", "overlap", 
 BUG_LINE = "run with --debug for the traceback"
 NO_GPU_LINE = "no CUDA device is visible"
 
-
-def _have_gpu() -> bool:
-    try:
-        require_gpu()
-        return True
-    except NoGPUError:
-        return False
-
-
-HAVE_GPU = _have_gpu()
+HAVE_GPU = gpu_available()
 
 
 def _closed_port() -> int:
