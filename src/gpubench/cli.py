@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+import traceback
 
 import click
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         code = 130
     except GpubenchError as e:
         if debug:
-            raise
+            traceback.print_exc()
         click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
         code = e.exit_code
     except KeyboardInterrupt:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         code = 128 + e.signum
     except Exception as e:  # a bug or an unexpected library fault: one line unless --debug
         if debug:
-            raise
+            traceback.print_exc()
         first = (str(e).strip().splitlines() or [""])[0]
         click.echo(f"gpubench: error: {type(e).__name__}: {_one_line(first)} (run with --debug for the traceback)",
                    err=True)

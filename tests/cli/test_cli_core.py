@@ -113,3 +113,10 @@ def test_env_prints_and_saves(tmp_path):
 def test_env_quiet_prints_nothing():
     r = gb("env", "-q")
     assert r.returncode == 0 and r.stdout == ""
+
+
+def test_debug_shows_traceback_and_keeps_exit_code():
+    r = gb("copy", "-b", "0", "--debug")
+    assert r.returncode == 2
+    assert "Traceback" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("gpubench: error: -b/--min-bytes")

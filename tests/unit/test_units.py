@@ -52,3 +52,9 @@ def test_size_sweep():
         size_sweep(2**30, 2**20, 2)
     with pytest.raises(UsageError, match="greater than 1"):
         size_sweep(1, 10, 1)
+
+
+def test_tiny_rate_keeps_digits():
+    assert format_rate(0) == "0.000"
+    assert format_rate(4.98e5) == "0.000498"  # 498 kB/s is not 0
+    assert format_rate(2.5e6) == "0.003"

@@ -114,7 +114,9 @@ def format_rate(bytes_per_second: float, units: str = "GB") -> str:
         return f"{v:.1f}"
     if v >= 1:
         return f"{v:.2f}"
-    return f"{v:.3f}"
+    if v >= 0.001 or v == 0:
+        return f"{v:.3f}"
+    return f"{v:.3g}"  # a tiny rate keeps its digits instead of printing as 0.000
 
 
 def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
