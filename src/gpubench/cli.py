@@ -17,7 +17,7 @@ import traceback
 import click
 
 from gpubench import __version__
-from gpubench.core.errors import GpubenchError, Interrupted
+from gpubench.core.errors import GpubenchError, Interrupted, clear_signals, note_signal
 
 # name -> (module, one-line help). Order is the order of `gpubench --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,7 +67,13 @@ def cli():
 
 
 def _sigterm(signum, frame):
+    note_signal(signum)
     raise Interrupted(signum)
+
+
+def _sigint(signum, frame):
+    note_signal(signum)
+    raise KeyboardInterrupt
 
 
 def _one_line(text: str) -> str:
@@ -76,11 +82,24 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _unraisable(u) -> None:
+    """An interrupt swallowed inside a __del__ or gc callback is noted (note_signal) and acted on
+    by the sweep driver; do not print it as an "Exception ignored" traceback."""
+    if isinstance(u.exc_value, (KeyboardInterrupt, Interrupted)):
+        return
+    sys.__unraisablehook__(u)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: runs the group and turns every error into one line."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    clear_signals()
+    sys.unraisablehook = _unraisable
     old = signal.signal(signal.SIGTERM, _sigterm)
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is signal.default_int_handler:  # leave an ignored SIGINT (a background job) ignored
+        signal.signal(signal.SIGINT, _sigint)
     try:
         rc = cli.main(args=args, prog_name="gpubench", standalone_mode=False)
         code = rc if isinstance(rc, int) else 0
@@ -116,4 +135,5 @@ def main(argv: list[str] | None = None) -> None:
         code = 3
     finally:
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
     sys.exit(code)

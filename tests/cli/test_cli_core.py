@@ -120,3 +120,10 @@ def test_debug_shows_traceback_and_keeps_exit_code():
     assert r.returncode == 2
     assert "Traceback" in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("gpubench: error: -b/--min-bytes")
+
+
+@pytest.mark.parametrize("args", [["-n", "10" * 40], ["-w", "2000000"]])
+def test_absurd_repeat_counts_are_refused(args):
+    r = gb("copy", *args)
+    assert r.returncode == 2 and "too large" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -57,3 +57,21 @@ def test_sigterm_named():
 
     records, stop = run_groups([1], measure, _err, ProgressSink())
     assert (records, stop) == ([], "SIGTERM")
+
+
+def test_a_swallowed_interrupt_still_stops_the_sweep():
+    """A KeyboardInterrupt lost in a gc callback ("Exception ignored") was noted by the handler;
+    the driver stops at the next point and keeps what was measured."""
+    from gpubench.core.errors import clear_signals, note_signal
+
+    def measure(g):
+        if g == 2:
+            note_signal(signal.SIGINT)  # the handler ran, but its exception was swallowed
+        return _rec(g)
+
+    try:
+        records, stop = run_groups([1, 2, 3, 4], measure, _err, ProgressSink())
+    finally:
+        clear_signals()
+    assert stop == "SIGINT"
+    assert [r.params["n"] for r in records] == [1, 2]

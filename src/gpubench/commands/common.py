@@ -47,16 +47,23 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
     return 0
 
 
-def positive_int(name: str, value: int | None, *, allow_zero: bool = False) -> int | None:
+MAX_COUNT = 10**9  # any count option; beyond it is a typo, not a measurement
+MAX_REPEATS = 10**6  # warm-ups, iterations and samples per point
+
+
+def positive_int(name: str, value: int | None, *, allow_zero: bool = False, maximum: int = MAX_COUNT) -> int | None:
     """Check an integer option; None passes through.
 
     Raises:
-        UsageError: negative, or zero when not allowed.
+        UsageError: negative, zero when not allowed, or above ``maximum``.
     """
     if value is None:
         return None
     if value < 0 or (value == 0 and not allow_zero):
         raise UsageError(f"{name} {value} must be {'>= 0' if allow_zero else '>= 1'}")
+    if value > maximum:
+        shown = value if value < 10**12 else f"(a {len(str(value))}-digit number)"
+        raise UsageError(f"{name} {shown} is too large", f"at most {maximum:,}")
     return value
 
 
@@ -92,8 +99,8 @@ def timing_plan(warmup: int, iters: int | None, min_time: float):
     """
     from gpubench.core.timing import TimingPlan
 
-    positive_int("-w/--warmup", warmup, allow_zero=True)
-    positive_int("-n/--iters", iters)
+    positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
+    positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
     if not (min_time > 0):
         raise UsageError(f"--min-time {min_time} must be > 0 seconds")
     return TimingPlan(warmup=warmup, iters=iters, min_time=min_time)

@@ -96,7 +96,7 @@ def build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, di
     points = []
     for w in widths:
         if height is not None:
-            positive_int("-H/--height", height)
+            positive_int("-H/--height", height, maximum=10**400)  # memcpy2d checks its own geometry
             h = height
         elif total is not None:
             tot = parse_size(total, what="--total")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.commands.common import MAX_REPEATS, common_options, finish, positive_int
 from gpubench.core import report
 from gpubench.core.errors import RegressionFound, UsageError
 from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
@@ -86,9 +86,9 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
     sizes = size_sweep(lo, hi, step_factor)
     if root < 0:
         raise UsageError(f"-r/--root {root} must be >= 0")
-    positive_int("-w/--warmup", warmup, allow_zero=True)
-    positive_int("-n/--iters", iters)
-    positive_int("--samples", samples)
+    positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
+    positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
+    positive_int("--samples", samples, maximum=MAX_REPEATS)
     positive_int("-c/--check", check, allow_zero=True)
     positive_int("-G/--cuda-graph", cuda_graph, allow_zero=True)
     if cuda_graph:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, finish, positive_int
+from gpubench.commands.common import MAX_REPEATS, common_options, finish, positive_int
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -68,8 +68,8 @@ def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters,
     n = parse_size(nbytes, what="-b/--nbytes")
     lat = parse_size(latency_bytes, what="--latency-bytes")
     positive_int("--loop-count", loop_count)
-    positive_int("-w/--warmup", warmup, allow_zero=True)
-    positive_int("-n/--iters", iters)
+    positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
+    positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
     return P2PSpec(devices=devs, tests=names, nbytes=n, latency_bytes=lat, loop_count=loop_count,
                    plan=TimingPlan(warmup=warmup, iters=iters), verify=verify)
 

@@ -77,3 +77,31 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+# Signals received by this process (the CLI's handlers note them before raising). A
+# KeyboardInterrupt raised while Python runs a __del__ or a gc callback (distributed installs
+# one) is printed as "Exception ignored" and lost; the sweep driver asks here between points, so
+# such a Ctrl-C still stops the run.
+_pending_signals: list[int] = []
+
+
+def note_signal(signum: int) -> None:
+    """Remember that ``signum`` (SIGINT or SIGTERM) arrived."""
+    _pending_signals.append(signum)
+
+
+def clear_signals() -> None:
+    """Forget noted signals (at the start of a command)."""
+    _pending_signals.clear()
+
+
+def raise_if_signalled() -> None:
+    """Raise KeyboardInterrupt (SIGINT) or Interrupted (SIGTERM) if a noted signal was swallowed."""
+    import signal as _signal
+
+    if _pending_signals:
+        s = _pending_signals[-1]
+        if s == _signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Interrupted(s)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from gpubench.core.errors import Interrupted
+from gpubench.core.errors import Interrupted, raise_if_signalled
 from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record
@@ -43,6 +43,7 @@ def run_groups(
     progress.start(len(groups), label(groups[0]) if groups else "")
     try:
         for g in groups:
+            raise_if_signalled()
             progress.advance(label(g))
             try:
                 records.extend(measure(g))
@@ -52,6 +53,7 @@ def run_groups(
                 if not is_oom(e):
                     raise
                 records.extend(on_alloc_error(g, e))
+        raise_if_signalled()
     except KeyboardInterrupt:
         return records, "SIGINT"
     except Interrupted as e:
