@@ -105,3 +105,15 @@ def test_saved_file_has_ordinary_permissions(tmp_path):
     finally:
         os.umask(old)
     assert (p.stat().st_mode & 0o777) == 0o644
+
+
+def test_time_ratios_against_the_baseline_strategy():
+    from gpubench.core.result import time_ratios
+
+    def rec(strategy, n, t):
+        return Record(params={"strategy": strategy, "n": n}, nbytes=1, samples_s=[t, t, t])
+
+    recs = [rec("separate", 1, 4.0), rec("packed", 1, 1.0), rec("packed", 2, 1.0),
+            Record(params={"strategy": "separate", "n": 3}, error="failed")]
+    got = {(r.params["strategy"], r.params["n"]): v for r, v in time_ratios(recs, "separate", lambda r: r.params["n"])}
+    assert got == {("separate", 1): 1.0, ("packed", 1): 4.0, ("packed", 2): None}

@@ -33,7 +33,7 @@ from gpubench.core import env as envmod
 from gpubench.core import gpu
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.report import ProgressSink
-from gpubench.core.result import Record, Result
+from gpubench.core.result import Record, Result, time_ratios
 from gpubench.core.sweep import run_groups
 from gpubench.core.timing import CudaEventClock, HostClock, TimingPlan, choose_reps, measure
 from gpubench.core.units import format_size
@@ -470,23 +470,10 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
 def add_derived(records: list[Record]) -> None:
     """Fill each measured record's extra with time per piece (us), speed-up over ``separate`` (same
     direction, memory, count, piece) and % of the link's peak. Mutates ``records``."""
-    sep = {}
-    for r in records:
-        if r.params.get("strategy") == "separate" and r.samples_s:
-            sep[_point_key(r)] = r.time_summary().median
-    for r in records:
-        if not r.samples_s:
-            continue
-        med_t = r.time_summary().median
-        r.extra["time_per_piece_us"] = med_t / r.params["count"] * 1e6
-        base = sep.get(_point_key(r))
-        r.extra["speedup_vs_separate"] = base / med_t if base else None
+    for r, ratio in time_ratios(records, "separate", _point_key):
+        r.extra["time_per_piece_us"] = r.time_summary().median / r.params["count"] * 1e6
+        r.extra["speedup_vs_separate"] = ratio
         r.mark_peak(r.extra.get("peak_bytes_per_s"))
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 def _point_key(r: Record) -> tuple:
@@ -525,7 +512,7 @@ def run(spec: BatchSpec, progress: ProgressSink | None = None) -> Result:
             raise gpu.machine_error(f"batch on GPU {spec.device} ({_label(g)})", e) from None
 
     def on_alloc_error(g: _Group, e: BaseException):
-        msg = f"allocation of {g.count} x {format_size(g.piece)} {g.memory} failed: {_first_line(e)}"
+        msg = f"allocation of {g.count} x {format_size(g.piece)} {g.memory} failed: {gpu.first_line(e)}"
         strategies = [x for st in spec.strategies for x in ((st, "packed+gather") if st == "packed" else (st,))]
         return [Record(params=_params(spec, d, st, g), nbytes=g.count * g.piece, error=msg)
                 for d in spec.directions for st in strategies]

@@ -32,7 +32,7 @@ from gpubench.core import env as envmod
 from gpubench.core import gpu
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
-from gpubench.core.result import Record, Result
+from gpubench.core.result import Record, Result, time_ratios
 from gpubench.core.sweep import run_groups
 from gpubench.core.timing import HostClock, TimingPlan, choose_reps, measure
 from gpubench.core.units import format_size
@@ -382,17 +382,9 @@ def _compare(got, expected, width: int, height: int, dst_pitch: int, *, contiguo
 def add_derived(records: list[Record]) -> None:
     """Fill extra with time per row (us), time relative to ``2d`` (2d's median / this median; >1 is
     faster than 2d) and % of the link's peak. Mutates ``records``."""
-    base = {}
-    for r in records:
-        if r.params.get("strategy") == "2d" and r.samples_s:
-            base[_key(r)] = r.time_summary().median
-    for r in records:
-        if not r.samples_s:
-            continue
-        med = r.time_summary().median
-        r.extra["time_per_row_us"] = med / r.params["height"] * 1e6
-        b = base.get(_key(r))
-        r.extra["relative_to_2d"] = b / med if b else None
+    for r, ratio in time_ratios(records, "2d", _key):
+        r.extra["time_per_row_us"] = r.time_summary().median / r.params["height"] * 1e6
+        r.extra["relative_to_2d"] = ratio
         r.mark_peak(r.extra.get("peak_bytes_per_s"))
 
 

@@ -60,7 +60,7 @@ def require_gpu() -> Any:
     try:
         n = runtime.getDeviceCount()
     except Exception as e:
-        text = _cuda_error_text(e)
+        text = first_line(e)
         if "InsufficientDriver" in text and not _driver_library_present():
             # the runtime says "insufficient driver" when there is no driver at all
             text = "no NVIDIA driver is installed: libcuda and NVML cannot be loaded"
@@ -116,7 +116,8 @@ def resolve_devices(devices: tuple[int, ...] | None, *, minimum: int = 1) -> tup
     return devs
 
 
-def _cuda_error_text(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's text (CUDA errors carry the code and its description), or its type name."""
     s = str(e).strip().splitlines()
     return s[0] if s else type(e).__name__
 
@@ -135,7 +136,7 @@ def is_oom(e: BaseException) -> bool:
 
 def machine_error(what: str, e: BaseException) -> MachineError:
     """Wrap a CUDA/CuPy exception into a one-line MachineError naming ``what`` failed."""
-    return MachineError(f"{what} failed: {_cuda_error_text(e)}")
+    return MachineError(f"{what} failed: {first_line(e)}")
 
 
 def device_free_bytes(device: int) -> tuple[int, int]:

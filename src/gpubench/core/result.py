@@ -124,6 +124,21 @@ class Record:
         )
 
 
+def time_ratios(records: list[Record], baseline: str, key) -> list[tuple[Record, float | None]]:
+    """For each record with samples: (record, baseline median time / its median time), where the
+    baseline is the record whose params["strategy"] is ``baseline`` and whose ``key(record)`` is the
+    same; None when there is no baseline. A ratio above 1 is faster than the baseline.
+    """
+    base = {key(r): r.time_summary().median for r in records
+            if r.params.get("strategy") == baseline and r.samples_s}
+    out = []
+    for r in records:
+        if r.samples_s:
+            b = base.get(key(r))
+            out.append((r, b / r.time_summary().median if b else None))
+    return out
+
+
 @dataclass
 class Result:
     """A command's whole outcome: spec, timing, environment and records.
