@@ -43,6 +43,7 @@ from gpubench.core import env as envmod
 from gpubench.core.errors import MachineError, NoGPUError, UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
+from gpubench.core.scheduler import check_workers, error_line, run_on_workers, wait_watching
 from gpubench.core.stats import _percentile
 from gpubench.core.sweep import run_groups
 from gpubench.core.units import format_size
@@ -57,7 +58,6 @@ CONTEXT_MARGIN_BYTES = 1 * 2**30
 SCHEDULER_POOL_BYTES = 10**9
 # Entries kept in each worker's transfer_incoming_log (distributed's default is 1000).
 TRANSFER_LOG_LENGTH = 100_000
-POLL_S = 0.5
 CLOSE_TIMEOUT_S = 30
 
 
@@ -600,11 +600,6 @@ def _is_oom_text(text: str) -> bool:
     return "out of memory" in t or "out_of_memory" in t or "bad_alloc" in t or "memoryerror" in t
 
 
-def _one_line(e: BaseException) -> str:
-    s = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {s}" if s else type(e).__name__
-
-
 @contextlib.contextmanager
 def _workers_ignore_sigint() -> Iterator[None]:
     """Ignore SIGINT while worker processes are spawned, so they inherit SIG_IGN (kept across
@@ -664,12 +659,12 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                     else:
                         client = Client(scheduler_file=spec.scheduler_file, timeout=min(spec.timeout_s, 10))
                 except (OSError, TimeoutError, ValueError) as e:
-                    raise UsageError(f"cannot reach the scheduler at {where}: {_one_line(e)}",
+                    raise UsageError(f"cannot reach the scheduler at {where}: {error_line(e)}",
                                      "check the address (e.g. tcp://HOST:8786) and that it runs") from None
                 try:
                     client.wait_for_workers(1, timeout=min(spec.timeout_s, 60))
                 except (OSError, TimeoutError) as e:
-                    raise UsageError(f"the scheduler at {where} has no workers ({_one_line(e)})") from None
+                    raise UsageError(f"the scheduler at {where} has no workers ({error_line(e)})") from None
             else:
                 common = dict(
                     n_workers=len(spec.devices), threads_per_worker=spec.threads_per_worker,
@@ -686,7 +681,7 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                             from dask_cuda import LocalCUDACluster
                         except Exception as e:
                             raise UsageError(f"-t gpu needs dask-cuda, which cannot be imported "
-                                             f"({_one_line(e)[:100]})",
+                                             f"({error_line(e)[:100]})",
                                              "pip install 'dask-cuda[cu13]' cudf-cu13, or use -t cpu") from None
                         with _workers_ignore_sigint():
                             cluster = LocalCUDACluster(
@@ -706,7 +701,7 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                     raise
                 except Exception as e:
                     raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start: "
-                                       f"{_one_line(e)[:160]}") from None
+                                       f"{error_line(e)[:160]}") from None
                 client = Client(cluster, timeout=min(spec.timeout_s, 60))
         yield client, cluster
     finally:
@@ -716,81 +711,6 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
         if cluster is not None:
             with contextlib.suppress(Exception):
                 cluster.close(timeout=CLOSE_TIMEOUT_S)
-
-
-def _worker_addresses(client) -> set[str]:
-    return set(client.scheduler_info(n_workers=-1)["workers"])
-
-
-def _lost_workers_error(lost: set[str], now: set[str], index: Mapping[str, int], what: str) -> MachineError:
-    names = ", ".join(f"worker {index.get(a, '?')} ({a})" for a in sorted(lost, key=lambda a: index.get(a, 0)))
-    new = sorted(now - set(index))
-    tail = f"; replaced by {', '.join(new)}" if new else ""
-    return MachineError(f"{names} died during {what}{tail}",
-                        "the run was stopped; the worker's log or dmesg may say why, e.g. an out-of-memory kill")
-
-
-def _check_workers(client, workers: Mapping[str, int], what: str) -> None:
-    """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster."""
-    now = _worker_addresses(client)
-    lost = set(workers) - now
-    if lost:
-        raise _lost_workers_error(lost, now, workers, what)
-
-
-def run_on_workers(client, fn, workers: Mapping[str, int], what: str, **kwargs) -> dict:
-    """client.run(fn) on every worker; a failure becomes a MachineError naming a lost worker if
-    one left, else the failure's first line."""
-    try:
-        return client.run(fn, **kwargs)
-    except (KeyboardInterrupt, MachineError, UsageError):
-        raise
-    except Exception as e:
-        _check_workers(client, workers, what)
-        raise MachineError(f"{what} failed on the workers: {_one_line(e)[:200]}") from None
-
-
-def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: float, what: str) -> float:
-    """Wait for a persisted collection (or a list of futures) while checking every POLL_S that no
-    worker left.
-
-    Args:
-        client: the distributed Client.
-        collection: a persisted Dask collection, or futures.
-        workers: the cluster's workers at the start, address -> index.
-        timeout_s: seconds it may take.
-        what: named in errors, e.g. "run 2/3 (join)".
-
-    Returns:
-        time.perf_counter() when the wait returned, before the last check of the workers (so the
-        check's round trip to the scheduler stays out of a timed region).
-
-    Raises:
-        MachineError: a worker left (names it), a task failed or was cancelled, or the time ran out.
-    """
-    from distributed import futures_of, wait
-
-    deadline = time.monotonic() + timeout_s
-    futs = futures_of(collection)
-    while True:
-        try:
-            wait(futs, timeout=POLL_S)
-            done = True
-        except TimeoutError:
-            done = False
-        finished_at = time.perf_counter()
-        _check_workers(client, workers, what)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            raise MachineError(f"{what} did not finish within --timeout {timeout_s:g} s",
-                               "raise --timeout or use a smaller -c")
-    for f in futs:
-        if f.status == "error":
-            raise MachineError(f"{what} failed on the cluster: {_one_line(f.exception())[:200]}")
-        if f.status == "cancelled":
-            raise MachineError(f"{what} was cancelled on the cluster (a worker or the scheduler went away)")
-    return finished_at
 
 
 def compute_watching(client, values: Sequence[Any], workers: Mapping[str, int], timeout_s: float, what: str) -> list:
@@ -874,7 +794,7 @@ def _require_dask() -> None:
         try:
             __import__(mod)
         except Exception as e:
-            raise UsageError(f"merge needs {pkg}, which cannot be imported ({_one_line(e)[:120]})",
+            raise UsageError(f"merge needs {pkg}, which cannot be imported ({error_line(e)[:120]})",
                              "pip install 'gpubench[dask]'") from None
 
 
@@ -945,7 +865,7 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
                 return []
 
             def on_alloc_error(g, e):
-                raise MachineError(f"{label(g)} ran out of memory: {_one_line(e)[:160]}",
+                raise MachineError(f"{label(g)} ran out of memory: {error_line(e)[:160]}",
                                    "use a smaller -c, or a larger --rmm-pool-size") from None
 
             _, interrupted = run_groups(groups, measure, on_alloc_error, progress, label)
@@ -996,8 +916,8 @@ def _rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
         sched = ""
     except Exception as e:
         if not spec.external:
-            raise MachineError(f"RMM setup on the scheduler failed: {_one_line(e)[:200]}") from None
-        sched = f"; scheduler: not set up ({_one_line(e)[:80]})"
+            raise MachineError(f"RMM setup on the scheduler failed: {error_line(e)[:200]}") from None
+        sched = f"; scheduler: not set up ({error_line(e)[:80]})"
     return "; ".join(sorted(set(descs.values()))) + sched
 
 

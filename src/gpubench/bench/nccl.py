@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -87,7 +88,7 @@ class NcclSpec:
         if self.root < 0:
             raise UsageError(f"root {self.root} must be >= 0")
         if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0:
-            raise UsageError("-n and --samples must be >= 1; -w, -c and -G >= 0")
+            raise UsageError("-n and --samples must be >= 1; -w and -c >= 0")
         if self.timeout_s < 0:
             raise UsageError(f"--timeout {self.timeout_s} must be >= 0 seconds")
         if self.scheduler_address and self.scheduler_file:
@@ -612,29 +613,83 @@ def _worker_unique_id():
     return nccl.get_unique_id()
 
 
-def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int) -> dict:
-    """Runs on a Dask worker: one rank on the worker's current GPU; returns its points as dicts."""
+def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) -> dict:
+    """Runs on a Dask worker: one rank on the worker's current GPU; returns its points as dicts.
+
+    After the communicator is up and after each point it logs an event on ``topic`` (rank, points
+    done), which the client watches to name a rank that stopped answering.
+    """
     import socket
 
     import cupy
     from cupy.cuda import nccl
+    from distributed import get_worker
+
+    worker = get_worker()
+
+    def tell(done: int) -> None:
+        worker.log_event(topic, {"rank": rank, "points": done})
 
     device = cupy.cuda.Device().id
     comm = nccl.NcclCommunicator(nranks, uid, rank)
+    tell(0)
     rk = _Rank(rank, device, comm, max(spec.sizes))
     flag = cupy.zeros(1, dtype=cupy.float32)
+    done: list[Point] = []
 
     def barrier():
         comm.allReduce(flag.data.ptr, flag.data.ptr, 1, C.DTYPES["float"].nccl, C.OPS["sum"], rk.stream.ptr)
         wait_all([rk], spec.timeout_s)
 
+    def on_point(p: Point) -> None:
+        done.append(p)
+        tell(len(done))
+
     try:
-        points = measure_points(spec, [rk], nranks, barrier, ProgressSink())
+        points = measure_points(spec, [rk], nranks, barrier, ProgressSink(), on_point=on_point)
+    except BaseException:
+        _abort([rk])  # a peer left or timed out: the communicator cannot be destroyed cleanly
+        raise
     finally:
         rk.free()
-        comm.destroy()
+    comm.destroy()
     return {"rank": rank, "host": socket.gethostname(), "device": device,
             "points": [asdict(p) for p in points]}
+
+
+class StallWatch:
+    """Names the rank whose progress stopped: each rank logs (rank, points done) as it goes; if no
+    rank has logged anything new for ``timeout_s``, the ranks with the fewest points are the ones
+    the others wait for.
+
+    ``events`` is a callable returning [(time, {"rank": r, "points": n}), ...] (``client.get_events``).
+    """
+
+    def __init__(self, events: Callable[[], Any], workers: list[str], timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.events, self.workers, self.timeout_s, self.clock = events, workers, timeout_s, clock
+        self.progress = {r: -1 for r in range(len(workers))}  # -1: communicator not up yet
+        self.last_change = clock()
+
+    def __call__(self) -> None:
+        """Raises MachineError when nothing moved for timeout_s, naming the lagging ranks."""
+        changed = False
+        for _t, msg in self.events():
+            r, n = msg.get("rank"), msg.get("points", -1)
+            if r in self.progress and n > self.progress[r]:
+                self.progress[r] = n
+                changed = True
+        now = self.clock()
+        if changed:
+            self.last_change = now
+            return
+        if self.timeout_s and now - self.last_change > self.timeout_s:
+            low = min(self.progress.values())
+            lag = [r for r, n in self.progress.items() if n == low]
+            where = "before the communicator was up" if low < 0 else f"after {low} point(s)"
+            names = ", ".join(f"rank {r} ({self.workers[r]})" for r in lag)
+            raise MachineError(f"{names} stopped answering {where}: nothing moved for --timeout "
+                               f"{self.timeout_s:g} s", "the rank's worker log says why; raise -T for a slow link")
 
 
 def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
@@ -655,9 +710,13 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     """One rank per worker of an existing Dask cluster; the NCCL unique id comes from rank 0's worker
     through the scheduler. Workers use their current GPU (dask-cuda gives each worker one).
 
+    Every wait is watched (core.scheduler.wait_watching): a worker that leaves the cluster, a rank
+    whose task fails (a peer gone: its NCCL wait times out after -T and aborts the communicator), or
+    no rank moving for -T seconds (StallWatch) ends the run with exit 3 naming the worker and rank.
+
     Raises:
         UsageError: dask.distributed not installed, the scheduler cannot be reached, no workers.
-        MachineError: a worker failed.
+        MachineError: a worker failed, left or stalled.
     """
     progress = progress or ProgressSink()
     try:
@@ -665,7 +724,7 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     except ImportError:
         raise UsageError("--scheduler-address/--scheduler-file need dask.distributed",
                          "pip install gpubench[dask]") from None
-    from gpubench.core.scheduler import check_scheduler_address, scheduler_file_address
+    from gpubench.core.scheduler import check_scheduler_address, error_line, scheduler_file_address, wait_watching
 
     if spec.scheduler_address:
         check_scheduler_address(spec.scheduler_address)
@@ -684,16 +743,28 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
         nranks = len(workers)
         _check_root(spec, nranks)
         progress.start(1, f"{spec.collective} on {nranks} Dask workers")
+        index = {w: r for r, w in enumerate(workers)}
+        topic = f"gpubench-nccl-{uuid.uuid4().hex}"
+        futures = []
         try:
-            uid = client.submit(_worker_unique_id, workers=[workers[0]], pure=False).result()
-            futures = [client.submit(_worker_run, spec, uid, r, nranks, workers=[w], allow_other_workers=False,
-                                     pure=False) for r, w in enumerate(workers)]
-            results = client.gather(futures)
-        except UsageError:
-            raise
-        except Exception as e:
-            raise MachineError(f"a Dask worker failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") \
-                from None
+            uid_f = client.submit(_worker_unique_id, workers=[workers[0]], pure=False)
+            wait_watching(client, [uid_f], index, spec.timeout_s or 3600, "getting the NCCL unique id on rank 0",
+                          hint="raise -T")
+            uid = uid_f.result()
+            futures = [client.submit(_worker_run, spec, uid, r, nranks, topic, workers=[w],
+                                     allow_other_workers=False, pure=False) for r, w in enumerate(workers)]
+            stall = StallWatch(lambda: client.get_events(topic), workers, spec.timeout_s)
+            # no overall deadline: a run of many sizes may be long; StallWatch stops one that stalls
+            wait_watching(client, futures, index, float("inf"), f"{spec.collective} on {nranks} Dask workers",
+                          on_poll=stall)
+            results = [f.result() for f in futures]
+        except BaseException as e:
+            for f in futures:
+                f.cancel()
+            if isinstance(e, (MachineError, UsageError, KeyboardInterrupt, Interrupted)) or \
+                    not isinstance(e, Exception):
+                raise
+            raise MachineError(f"the Dask cluster failed during the run: {error_line(e)[:200]}") from None
         progress.advance()
         results.sort(key=lambda d: d["rank"])
         points = combine_ranks([d["points"] for d in results])

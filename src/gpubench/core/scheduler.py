@@ -1,4 +1,5 @@
-"""Dask scheduler addresses and files, checked before ``distributed.Client`` sees them.
+"""Dask scheduler addresses and files, checked before ``distributed.Client`` sees them, and waits on
+a running cluster that notice a lost worker or a failed task.
 
 ``Client(scheduler_file=PATH)`` waits forever for a missing file and raises UnboundLocalError or
 TypeError for one that is not a scheduler file; a Client that fails on a malformed address is left
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from typing import Mapping
 
-from gpubench.core.errors import UsageError
+from gpubench.core.errors import MachineError, UsageError
 
 _HINT = "give the file written by `dask scheduler --scheduler-file`"
 
@@ -55,3 +58,101 @@ def check_scheduler_address(address: str) -> None:
                          "e.g. tcp://HOST:8786") from None
     if not 0 < port < 65536:
         raise UsageError(f"--scheduler-address {address!r}: port {port} out of range", "e.g. tcp://HOST:8786")
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching a running cluster (merge, nccl across Dask workers)
+# ---------------------------------------------------------------------------------------------
+
+POLL_S = 0.5  # how often a wait on the cluster checks that every worker is still there
+
+
+def error_line(e: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (or the type alone) for a one-line error."""
+    s = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {s}" if s else type(e).__name__
+
+
+def _worker_addresses(client) -> set[str]:
+    return set(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def _lost_workers_error(lost: set[str], now: set[str], index: Mapping[str, int], what: str) -> MachineError:
+    names = ", ".join(f"worker {index.get(a, '?')} ({a})" for a in sorted(lost, key=lambda a: index.get(a, 0)))
+    new = sorted(now - set(index))
+    tail = f"; replaced by {', '.join(new)}" if new else ""
+    return MachineError(f"{names} died during {what}{tail}",
+                        "the run was stopped; the worker's log or dmesg may say why, e.g. an out-of-memory kill")
+
+
+def check_workers(client, workers: Mapping[str, int], what: str) -> None:
+    """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster."""
+    now = _worker_addresses(client)
+    lost = set(workers) - now
+    if lost:
+        raise _lost_workers_error(lost, now, workers, what)
+
+
+def run_on_workers(client, fn, workers: Mapping[str, int], what: str, **kwargs) -> dict:
+    """client.run(fn) on every worker; a failure becomes a MachineError naming a lost worker if
+    one left, else the failure's first line."""
+    try:
+        return client.run(fn, **kwargs)
+    except (KeyboardInterrupt, MachineError, UsageError):
+        raise
+    except Exception as e:
+        check_workers(client, workers, what)
+        raise MachineError(f"{what} failed on the workers: {error_line(e)[:200]}") from None
+
+
+def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: float, what: str,
+                  hint: str = "raise --timeout or use a smaller -c", on_poll=None) -> float:
+    """Wait for a persisted collection (or a list of futures) while checking every POLL_S that no
+    worker left and no task failed.
+
+    Args:
+        client: the distributed Client.
+        collection: a persisted Dask collection, or futures.
+        workers: the cluster's workers at the start, address -> index.
+        timeout_s: seconds it may take.
+        what: named in errors, e.g. "run 2/3 (join)".
+        hint: the second line of the time-out error (what the user can change).
+        on_poll: called with no arguments after each poll; may raise (a MachineError naming what
+            stalled) to stop the wait early.
+
+    Returns:
+        time.perf_counter() when the wait returned, before the last check of the workers (so the
+        check's round trip to the scheduler stays out of a timed region).
+
+    Raises:
+        MachineError: a worker left (names it), a task failed (its first line, as soon as it fails,
+            without waiting for the others) or was cancelled, or the time ran out.
+    """
+    from distributed import futures_of, wait
+
+    deadline = time.monotonic() + timeout_s
+    futs = futures_of(collection)
+    while True:
+        try:
+            wait(futs, timeout=POLL_S)
+            done = True
+        except TimeoutError:
+            done = False
+        finished_at = time.perf_counter()
+        check_workers(client, workers, what)
+        _raise_failed(futs, what)
+        if done:
+            break
+        if on_poll is not None:
+            on_poll()
+        if time.monotonic() > deadline:
+            raise MachineError(f"{what} did not finish within --timeout {timeout_s:g} s", hint)
+    return finished_at
+
+
+def _raise_failed(futs, what: str) -> None:
+    for f in futs:
+        if f.status == "error":
+            raise MachineError(f"{what} failed on the cluster: {error_line(f.exception())[:200]}")
+        if f.status == "cancelled":
+            raise MachineError(f"{what} was cancelled on the cluster (a worker or the scheduler went away)")
