@@ -48,6 +48,9 @@ def refused(run_cli, *argv, needle: str) -> str:
 def gb(*args, env=None, timeout=60, preexec_fn=None, cwd=None):
     """``python -m gpubench`` in a fresh process (for CUDA_VISIBLE_DEVICES and resource limits)."""
     e = dict(os.environ)
+    # the source tree first, so an uninstalled checkout (PYTHONPATH=src) also runs from another cwd
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2] / "src"),
+                                                    e.get("PYTHONPATH")]))
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True,
                           timeout=timeout, env=e, preexec_fn=preexec_fn, cwd=cwd)

@@ -125,6 +125,7 @@ class _Rank:
         self.rank = rank
         self.device = device
         self.comm = comm
+        self.aborted = False
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.send = gpu.DeviceBuffer(maxbytes)
@@ -283,55 +284,83 @@ def _check(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_name: str
 # -- launching and waiting ---------------------------------------------------------------------------
 
 
-def _launch(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_id: int, root: int, in_place: bool,
-            shift: int, nranks: int) -> None:
-    """One grouped call of the collective on every local rank (nccl-tests startColl)."""
+def _calls(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_id: int, root: int, in_place: bool,
+           shift: int, nranks: int) -> list[tuple[Callable, tuple]]:
+    """The NCCL calls of one iteration on every local rank (nccl-tests startColl), as (function,
+    arguments) pairs, grouped between ncclGroupStart/ncclGroupEnd when there are several local
+    ranks (nccl-tests -g N). Built once per buffer shift, so that an iteration is only these calls."""
     from cupy.cuda import nccl
 
     elt = dt.size
     count = cc.param_count
+    name = coll.name
+    out: list[tuple[Callable, tuple]] = []
     grouped = len(ranks) > 1
     if grouped:
-        nccl.groupStart()
-    try:
-        for rk in ranks:
-            s, r = _pointers(rk, cc, elt, in_place, shift)
-            st = rk.stream.ptr
-            name = coll.name
-            if name == "all-reduce":
-                rk.comm.allReduce(s, r, count, dt.nccl, op_id, st)
-            elif name == "all-gather":
-                rk.comm.allGather(s, r, count, dt.nccl, st)
-            elif name == "reduce-scatter":
-                rk.comm.reduceScatter(s, r, count, dt.nccl, op_id, st)
-            elif name == "broadcast":
-                rk.comm.broadcast(s, r, count, dt.nccl, root, st)
-            elif name == "reduce":
-                rk.comm.reduce(s, r, count, dt.nccl, op_id, root, st)
-            elif name == "all-to-all":  # nccl-tests alltoall.cu before NCCL 2.28: grouped send/recv
-                nccl.groupStart()
-                try:
-                    for p in range(nranks):
-                        rk.comm.send(s + p * count * elt, count, dt.nccl, p, st)
-                        rk.comm.recv(r + p * count * elt, count, dt.nccl, p, st)
-                finally:
-                    nccl.groupEnd()
-            elif name == "send-recv":  # sendrecv.cu: send to rank+1, receive from rank-1
-                nccl.groupStart()
-                try:
-                    rk.comm.send(s, count, dt.nccl, (rk.rank + 1) % nranks, st)
-                    rk.comm.recv(r, count, dt.nccl, (rk.rank - 1) % nranks, st)
-                finally:
-                    nccl.groupEnd()
-            else:  # pragma: no cover - the table and this switch are kept together
-                raise UsageError(f"collective {name!r} not known")
-    finally:
-        if grouped:
-            nccl.groupEnd()
+        out.append((nccl.groupStart, ()))
+    for rk in ranks:
+        s, r = _pointers(rk, cc, elt, in_place, shift)
+        st = rk.stream.ptr
+        c = rk.comm
+        if name == "all-reduce":
+            out.append((c.allReduce, (s, r, count, dt.nccl, op_id, st)))
+        elif name == "all-gather":
+            out.append((c.allGather, (s, r, count, dt.nccl, st)))
+        elif name == "reduce-scatter":
+            out.append((c.reduceScatter, (s, r, count, dt.nccl, op_id, st)))
+        elif name == "broadcast":
+            out.append((c.broadcast, (s, r, count, dt.nccl, root, st)))
+        elif name == "reduce":
+            out.append((c.reduce, (s, r, count, dt.nccl, op_id, root, st)))
+        elif name == "all-to-all":  # nccl-tests alltoall.cu before NCCL 2.28: grouped send/recv
+            out.append((nccl.groupStart, ()))
+            for p in range(nranks):
+                out.append((c.send, (s + p * count * elt, count, dt.nccl, p, st)))
+                out.append((c.recv, (r + p * count * elt, count, dt.nccl, p, st)))
+            out.append((nccl.groupEnd, ()))
+        elif name == "send-recv":  # sendrecv.cu: send to rank+1, receive from rank-1
+            out.append((nccl.groupStart, ()))
+            out.append((c.send, (s, count, dt.nccl, (rk.rank + 1) % nranks, st)))
+            out.append((c.recv, (r, count, dt.nccl, (rk.rank - 1) % nranks, st)))
+            out.append((nccl.groupEnd, ()))
+        else:  # pragma: no cover - the table and this switch are kept together
+            raise UsageError(f"collective {name!r} not known")
+    if grouped:
+        out.append((nccl.groupEnd, ()))
+    return out
 
 
-def wait_all(ranks: list[_Rank], timeout_s: float) -> None:
-    """Wait for every rank's stream, polling as nccl-tests' testStreamSynchronize does.
+_MAX_PLANS = 4096
+
+
+def _launcher(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_id: int, root: int, in_place: bool,
+              nranks: int, total: int, maxbytes: int, iters: int) -> Callable[[int], None]:
+    """``launch(it)``: iteration ``it``'s calls, its buffers moved by one operation size per
+    iteration (nccl-tests' shift). The call lists of iterations 0..iters-1 are built here, before
+    any timing, up to _MAX_PLANS distinct shifts (tiny sizes in large buffers have millions);
+    past that a call list is built at each use."""
+    plans: dict[int, list[tuple[Callable, tuple]]] = {}
+    for it in range(min(iters, _MAX_PLANS)):
+        shift = _shift(it, total, maxbytes)
+        if shift not in plans:
+            plans[shift] = _calls(ranks, coll, cc, dt, op_id, root, in_place, shift, nranks)
+
+    def launch(it: int) -> None:
+        shift = _shift(it, total, maxbytes)
+        calls = plans.get(shift)
+        if calls is None:
+            calls = _calls(ranks, coll, cc, dt, op_id, root, in_place, shift, nranks)
+            if len(plans) < _MAX_PLANS:
+                plans[shift] = calls
+        for fn, args in calls:
+            fn(*args)
+
+    return launch
+
+
+def wait_all(ranks: list[_Rank], timeout_s: float, events: list | None = None) -> None:
+    """Wait for every rank's stream (or, given ``events``, one CUDA event per rank), polling as
+    nccl-tests' testStreamSynchronize does, so that the wait has a deadline.
 
     Raises:
         MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
@@ -339,15 +368,16 @@ def wait_all(ranks: list[_Rank], timeout_s: float) -> None:
     """
     t0 = time.perf_counter()
     last_check = t0
-    pending = list(ranks)
+    waits = list(zip(ranks, events)) if events is not None else [(rk, rk.stream) for rk in ranks]
+    pending = waits
     while pending:
-        pending = [rk for rk in pending if not rk.stream.done]
+        pending = [(rk, w) for rk, w in pending if not w.done]
         if not pending:
             return
         now = time.perf_counter()
         if now - last_check > 0.01:
             last_check = now
-            for rk in pending:
+            for rk, _ in pending:
                 try:
                     rk.comm.check_async_error()
                 except Exception as e:
@@ -360,8 +390,43 @@ def wait_all(ranks: list[_Rank], timeout_s: float) -> None:
         time.sleep(0)
 
 
+# At most this many iterations are queued ahead of the GPU. Past CUDA's launch-queue depth a launch
+# blocks the host inside the driver, where no deadline can reach it: a rank whose peer died would
+# then hang in a launch instead of timing out in wait_all.
+MAX_QUEUED = 256
+_MARK_EVERY = 32  # an event is recorded on each stream every this many iterations
+
+
+def run_iters(ranks: list[_Rank], n: int, launch: Callable[[int], None], timeout_s: float) -> None:
+    """Queue ``launch(0..n-1)`` with at most MAX_QUEUED iterations in flight, without waiting for
+    the last ones (the caller's wait_all does). While fewer than MAX_QUEUED + _MARK_EVERY iterations
+    are asked for, nothing but the launches happens; past that, an event recorded every _MARK_EVERY
+    iterations is waited for (with the deadline) once MAX_QUEUED newer iterations are queued behind
+    it, which leaves the GPU a full queue and keeps the host's launch loop out of its timing.
+    """
+    import cupy
+
+    marks: list[list] = []
+    for it in range(n):
+        if it and it % _MARK_EVERY == 0 and n > MAX_QUEUED + _MARK_EVERY:
+            evs = []
+            for rk in ranks:
+                with cupy.cuda.Device(rk.device):
+                    ev = cupy.cuda.Event(block=False, disable_timing=True)
+                    ev.record(rk.stream)
+                evs.append(ev)
+            marks.append(evs)
+            if len(marks) * _MARK_EVERY > MAX_QUEUED:
+                wait_all(ranks, timeout_s, events=marks.pop(0))
+        launch(it)
+
+
 def _abort(ranks: list[_Rank]) -> None:
+    """ncclCommAbort each rank's communicator once (its kernels quit; the communicator is gone)."""
     for rk in ranks:
+        if rk.aborted:
+            continue
+        rk.aborted = True
         try:
             rk.comm.abort()
         except Exception:
@@ -403,14 +468,13 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
                                     error=f"{format_size(size)} gives 0 elements per rank for {nranks} ranks"))
                 continue
 
-            def one(it: int) -> None:
-                _launch(ranks, coll, cc, dt, op_id, spec.root, in_place, _shift(it, total, maxbytes), nranks)
+            one = _launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, maxbytes,
+                            max(spec.iters, spec.warmup, 1))
 
             # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
             # initialises before timing when it checks)
             _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
-            for it in range(spec.warmup):
-                one(it)
+            run_iters(ranks, spec.warmup, one, spec.timeout_s)
             wait_all(ranks, spec.timeout_s)
             one(0)  # nccl-tests BenchTime's "Sync" call
             wait_all(ranks, spec.timeout_s)
@@ -418,8 +482,7 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
             for _ in range(spec.samples):
                 barrier()
                 t0 = time.perf_counter()
-                for it in range(spec.iters):
-                    one(it)
+                run_iters(ranks, spec.iters, one, spec.timeout_s)
                 wait_all(ranks, spec.timeout_s)
                 samples.append((time.perf_counter() - t0) / spec.iters)
             wrong = None
