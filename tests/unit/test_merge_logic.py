@@ -298,3 +298,35 @@ def test_report_of_a_run_with_no_timed_result():
     lines = format_lines(r)
     assert lines[-1].startswith("no timed run finished")
     assert any("PARTIAL" in n for n in format_notes(r))
+
+
+# -- CUDA_VISIBLE_DEVICES against -d (NVML ignores the variable) -------------------------------------
+
+
+@pytest.mark.parametrize("value", ["", " ", "-1", "-1,0"])
+def test_cuda_visible_devices_hiding_every_gpu_is_no_gpu(value):
+    from gpubench.bench.merge import check_cuda_visible_devices
+    from gpubench.core.errors import NoGPUError
+
+    with pytest.raises(NoGPUError) as ei:
+        check_cuda_visible_devices((0,), value)
+    assert "hides every GPU" in ei.value.one_line()
+
+
+@pytest.mark.parametrize("value, devices, hidden", [("1", (0,), 0), ("0", (0, 1), 1), ("2,3", (2, 0), 0),
+                                                     ("0,-1,1", (0, 1), 1)])
+def test_a_device_hidden_by_cuda_visible_devices_is_named(value, devices, hidden):
+    from gpubench.bench.merge import check_cuda_visible_devices
+    from gpubench.core.errors import UsageError
+
+    with pytest.raises(UsageError) as ei:
+        check_cuda_visible_devices(devices, value)
+    assert f"device {hidden} in -d" in ei.value.one_line() and repr(value) in ei.value.one_line()
+
+
+@pytest.mark.parametrize("value, devices", [(None, (0, 5)), ("0,1", (1, 0)), ("3,2", (2,)),
+                                            ("GPU-8c1e2f3a", (0,)), ("MIG-1234", (7,))])
+def test_devices_shown_or_not_comparable_pass(value, devices):
+    from gpubench.bench.merge import check_cuda_visible_devices
+
+    check_cuda_visible_devices(devices, value)

@@ -496,12 +496,51 @@ def _scheduler_device() -> int:
     return int(first) if first.isdigit() else 0
 
 
-def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
-    """Check, for a local -t gpu cluster, the devices and the pool against NVML; returns the memory.
+def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> None:
+    """Refuse -d devices that this process's CUDA_VISIBLE_DEVICES hides.
+
+    -d names physical GPUs, as dask-cuda's does (its workers get CUDA_VISIBLE_DEVICES rotated from
+    the list), so dask-cuda would start workers on a GPU the user hid from this process; gpubench
+    refuses instead. NVML, which the other checks use, ignores CUDA_VISIBLE_DEVICES. Entries that
+    are not integers (GPU-UUIDs, MIG names) cannot be matched to -d and are not checked.
+
+    Args:
+        devices: the -d ids.
+        value: the environment variable's value, None when it is not set.
 
     Raises:
-        NoGPUError, UsageError: see check_devices_and_memory.
+        NoGPUError: the variable is set but lists no GPU ("", "-1").
+        UsageError: a -d id that is not in it.
     """
+    if value is None:
+        return
+    entries = [e.strip() for e in value.split(",")]
+    # CUDA stops at the first invalid entry: "0,-1,1" shows GPU 0 only
+    shown: list[int] = []
+    for e in entries:
+        if not e.isdigit():
+            if e and not e.lstrip("-").isdigit():
+                return  # a UUID or MIG name: not comparable with -d
+            break
+        shown.append(int(e))
+    if not shown:
+        raise NoGPUError(f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU")
+    hidden = [d for d in devices if d not in shown]
+    if hidden:
+        raise UsageError(f"device {hidden[0]} in -d {','.join(map(str, devices))} is hidden by "
+                         f"CUDA_VISIBLE_DEVICES={value!r}",
+                         f"-d names physical GPUs (dask-cuda's meaning): use {','.join(map(str, shown))} "
+                         "or unset CUDA_VISIBLE_DEVICES")
+
+
+def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
+    """Check, for a local -t gpu cluster, the devices and the pool against NVML and
+    CUDA_VISIBLE_DEVICES; returns the memory.
+
+    Raises:
+        NoGPUError, UsageError: see check_cuda_visible_devices and check_devices_and_memory.
+    """
+    check_cuda_visible_devices(spec.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     visible, mem = _nvml_memory(spec.devices)
     check_devices_and_memory(spec, visible, mem, _scheduler_device())
     return mem
