@@ -19,7 +19,6 @@ doc/PERFORMANCE.md).
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 import uuid
@@ -363,9 +362,11 @@ def wait_all(ranks: list[_Rank], timeout_s: float, events: list | None = None) -
     """Wait for every rank's stream (or, given ``events``, one CUDA event per rank), polling as
     nccl-tests' testStreamSynchronize does, so that the wait has a deadline.
 
-    Between passes the thread yields with sched_yield, as nccl-tests does. Not time.sleep(0): that
-    is a nanosleep, which Linux rounds up by the thread's timer slack (50 us by default); on the
-    2x H200 it added ~50 us to every timed sample and ~1 % to the 64 MiB all-reduce at -n 20.
+    The poll spins without yielding (cudaStreamQuery releases the GIL, so other Python threads
+    still run). nccl-tests yields (std::this_thread::yield) between passes; from Python neither
+    time.sleep(0) (a nanosleep, rounded up by Linux's 50 us timer slack) nor os.sched_yield kept up:
+    on the 2x H200 each added 40-80 us to a timed sample of -n 20, 0.5-2 % at 64 MiB, where a
+    spin matched nccl-tests (probe in the issue-4 notes).
 
     Raises:
         MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
@@ -392,10 +393,7 @@ def wait_all(ranks: list[_Rank], timeout_s: float, events: list | None = None) -
                 _abort(ranks)
                 raise MachineError(f"NCCL operation did not finish within --timeout {timeout_s:g} s; "
                                    "communicators aborted")
-        _yield()  # nccl-tests: std::this_thread::yield() when no stream finished in this pass
 
-
-_yield = getattr(os, "sched_yield", lambda: None)
 
 # At most this many iterations are queued ahead of the GPU. Past CUDA's launch-queue depth a launch
 # blocks the host inside the driver, where no deadline can reach it: a rank whose peer died would
