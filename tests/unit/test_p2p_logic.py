@@ -14,7 +14,7 @@ from gpubench.core.result import Record, Result, load, save
 
 
 def _spec(**kw):
-    args = dict(devices=None, tests=cmd._DEFAULT_TESTS, nbytes="1GiB", latency_bytes="16", loop_count=16, warmup=1,
+    args = dict(devices=None, tests=cmd._DEFAULT_TESTS, nbytes="1GiB", latency_bytes="16", loop_count=None, warmup=1,
                 iters=5, verify=True)
     args.update(kw)
     return cmd.build_spec(**args)
@@ -22,7 +22,11 @@ def _spec(**kw):
 
 def test_defaults():
     s = _spec()
-    assert s.nbytes == 1 << 30 and s.latency_bytes == 16 and s.loop_count == 16
+    assert s.nbytes == 1 << 30 and s.latency_bytes == 16 and s.loop_count is None
+    # each test follows its tool's copies per sample unless --loop-count says otherwise
+    assert P.loop_count(s, "write") == 16 and P.loop_count(s, "bidir") == 16
+    assert P.loop_count(s, "off") == 5 and P.loop_count(s, "off-bidir") == 5
+    assert P.loop_count(_spec(loop_count=3), "off") == 3 and P.loop_count(_spec(loop_count=3), "write") == 3
     assert s.tests == tuple(P.TESTS) and s.devices is None and s.plan.iters == 5
 
 
@@ -173,3 +177,28 @@ def test_json_round_trip_keeps_src_dst(tmp_path):
     raw = json.loads(path.read_text())
     assert all("src" in r["params"] and "dst" in r["params"] for r in raw["records"])
     assert _text(cmd.format_report(back)) == _text(cmd.format_report(res))
+
+
+def _bidir(test):
+    # forward 2 ms and reverse 4 ms per sample of 2 copies of 1 MB; both finished 5 ms after the start
+    return P.bidir_records({"test": test, "src": 0, "dst": 1}, 10**6, [[2e-3], [4e-3]], [5e-3], 2, test,
+                           {"peer_access": test == "bidir"}, 100e9, 100e9, 1)
+
+
+def test_bidir_total_is_nvbandwidths_sum_of_directions():
+    fwd, rev, tot = _bidir("bidir")
+    assert [r.params["part"] for r in (fwd, rev, tot)] == ["forward", "reverse", "total"]
+    assert fwd.rate_summary().median == pytest.approx(1e9)  # 1 MB per 1 ms
+    assert rev.rate_summary().median == pytest.approx(0.5e9)
+    assert tot.nbytes == 2 * 10**6 and tot.rate_summary().median == pytest.approx(1.5e9)  # 1.0 + 0.5
+    assert tot.extra["span_samples_s"] == [pytest.approx(2.5e-3)]
+    assert "nvbandwidth" in tot.extra["total_rule"] and rev.extra["stream_device"] == 1
+
+
+def test_off_bidir_total_is_p2pbandwidthlatencytests_bytes_over_span():
+    *_, tot = _bidir("off-bidir")
+    # 2 directions x 2 copies x 1 MB over the 5 ms until both finished: 0.8 GB/s, under the 1.5 of the sum
+    assert tot.rate_summary().median == pytest.approx(0.8e9)
+    assert "p2pBandwidthLatencyTest" in tot.extra["total_rule"]
+    (summed,) = tot.extra["sum_rule_samples_s"]
+    assert 2 * 10**6 / summed == pytest.approx(1.5e9)

@@ -14,8 +14,9 @@ Methods (see docs/p2p.md), matched to the reference tools:
 - ``latency`` / ``off-latency`` (p2pBandwidthLatencyTest): 100 copies of 16 bytes (one int4) per
   sample, pushed by the source's stream, time per copy.
 - ``off`` / ``off-bidir`` / ``off-latency``: peer access disabled (``cudaDeviceDisablePeerAccess``);
-  ``cudaMemcpyPeerAsync`` then stages through host memory (p2pBandwidthLatencyTest "P2P=Disabled";
-  off-bidir pushes both ways as that test does).
+  ``cudaMemcpyPeerAsync`` then stages through host memory (p2pBandwidthLatencyTest "P2P=Disabled",
+  5 copies per sample as its ``repeat``; off-bidir pushes both ways as that test does, and its total
+  is that test's: both directions' bytes over the time until both finished).
 
 Every sample (nvbandwidth's doMemcpyCore): a spinning kernel holds each stream, 4 untimed warm-up
 copies are queued, the start event is recorded (other streams wait on the first one's), ``reps``
@@ -51,6 +52,8 @@ PEER_OFF_TESTS = ("off", "off-bidir", "off-latency")
 LATENCY_TESTS = ("latency", "off-latency")
 BIDIR_TESTS = ("bidir", "off-bidir")
 
+NVB_LOOP_COUNT = 16  # nvbandwidth --loopCount default
+OFF_REPEAT = 5  # p2pBandwidthLatencyTest outputBandwidthMatrix / outputBidirectionalBandwidthMatrix: repeat = 5
 WARMUP_COPIES = 4  # nvbandwidth memcpy.cpp WARMUP_COUNT, queued behind the gate before the start event
 LATENCY_REPS = 100  # p2pBandwidthLatencyTest outputLatencyMatrix: repeat = 100
 SM_THREADS_PER_BLOCK = 512  # nvbandwidth common.h numThreadPerBlock
@@ -73,7 +76,8 @@ class P2PSpec:
         tests: subset of TESTS, in the order given.
         nbytes: bytes per bandwidth copy (default 1 GiB).
         latency_bytes: bytes per latency copy (p2pBandwidthLatencyTest: one int4, 16 bytes).
-        loop_count: copies per sample (nvbandwidth --loopCount, 16).
+        loop_count: copies per sample; None: 16 with peer access on (nvbandwidth --loopCount) and 5 with
+            it off (p2pBandwidthLatencyTest's repeat), the tool each test follows.
         plan: warm-up samples and timed samples (``iters`` must be set).
         verify: fill the source with a pattern, poison the destination, check it after the copies.
     """
@@ -82,7 +86,7 @@ class P2PSpec:
     tests: tuple[str, ...] = tuple(TESTS)
     nbytes: int = 2**30
     latency_bytes: int = 16
-    loop_count: int = 16
+    loop_count: int | None = None
     plan: TimingPlan = field(default_factory=lambda: TimingPlan(warmup=1, iters=5))
     verify: bool = True
 
@@ -96,7 +100,7 @@ class P2PSpec:
             raise UsageError(f"p2p needs two GPUs; -d names {len(self.devices)}", "e.g. -d 0,1")
         if self.plan.iters is None or self.plan.iters < 1:
             raise UsageError("p2p needs a fixed number of samples (-n >= 1)")
-        if self.nbytes < 1 or self.latency_bytes < 1 or self.loop_count < 1:
+        if self.nbytes < 1 or self.latency_bytes < 1 or (self.loop_count is not None and self.loop_count < 1):
             raise UsageError("sizes and --loop-count must be >= 1")
 
     def to_dict(self) -> dict:
@@ -440,6 +444,61 @@ def _sm_enqueue(device: int, dst_ptr: int, src_ptr: int, nbytes: int):
     return enqueue, copied
 
 
+def loop_count(spec: P2PSpec, test: str) -> int:
+    """Copies per sample for ``test``: --loop-count if given, else the followed tool's default."""
+    if spec.loop_count is not None:
+        return spec.loop_count
+    return OFF_REPEAT if test in PEER_OFF_TESTS else NVB_LOOP_COUNT
+
+
+def bidir_records(base: dict, copied: int, per: list[list[float]], spans: list[float], reps: int, test: str,
+                  extra: dict, peak: float | None, peak_rev: float | None, rev_device: int) -> list[Record]:
+    """The forward, reverse and total records of a bidirectional test.
+
+    Args:
+        base: params shared by the three records (test, src, dst).
+        copied: bytes per copy in each direction.
+        per: [forward, reverse] elapsed seconds per sample, each from its own stream's events.
+        spans: seconds per sample from the common start until both directions finished.
+        reps: copies per sample in each direction.
+        test: "bidir" or "off-bidir".
+        extra: fields shared by the records; peak / peak_rev: link peaks (B/s) per direction.
+
+    Returns:
+        Three bandwidth Records (part forward, reverse, total); samples are seconds per copy (per
+        copy pair for the total, whose nbytes is 2 * copied).
+
+    The total follows the tool the test mirrors:
+        - bidir (nvbandwidth): the sum of the two directions' bandwidths per sample, kept as the
+          equivalent seconds 2 * copied / (bw_forward + bw_reverse);
+        - off-bidir (p2pBandwidthLatencyTest outputBidirectionalBandwidthMatrix):
+          2 * copied * reps / span, the bytes of both directions over the time until both finished.
+          Peer-off copies are staged through the host and block it while queued, so the directions
+          only partly overlap and the sum of the directions would count time they did not share.
+        Both are recorded: the other rule's samples go in extra ("span_samples_s" or
+        "sum_rule_samples_s").
+    """
+    fwd = [t / reps for t in per[0]]
+    rev = [t / reps for t in per[1]]
+    span = [s / reps for s in spans]
+    summed = [2 * copied / (copied / a + copied / b) for a, b in zip(fwd, rev)]
+    both_peak = (peak + peak_rev) if (peak and peak_rev) else None
+    if test == "off-bidir":
+        total, rule, other = span, "both directions' bytes over the time until both finished " \
+                                   "(p2pBandwidthLatencyTest)", {"sum_rule_samples_s": summed}
+    else:
+        total, rule, other = summed, "sum of the two directions' bandwidths per sample (nvbandwidth)", \
+            {"span_samples_s": span}
+    return [
+        _bw_record({**base, "nbytes": copied, "part": "forward"}, copied, fwd, reps,
+                   {**extra, "peak_bytes_per_s": peak}),
+        _bw_record({**base, "nbytes": copied, "part": "reverse"}, copied, rev, reps,
+                   {**extra, "peak_bytes_per_s": peak_rev, "stream_device": rev_device}),
+        _bw_record({**base, "nbytes": copied, "part": "total"}, 2 * copied, total, reps,
+                   {**extra, "peak_bytes_per_s": both_peak, "total_rule": rule, **other}),
+    ]
+
+
 def _bw_record(params, nbytes, per_copy_s, reps, extra) -> Record:
     r = Record(params=params, metric="bandwidth", nbytes=nbytes, samples_s=list(per_copy_s), reps=reps, extra=extra)
     r.mark_peak(extra.get("peak_bytes_per_s"))
@@ -515,7 +574,7 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         if test in LATENCY_TESTS:
             reps = LATENCY_REPS
         else:
-            reps = _choose(lanes, spec.loop_count, WARMUP_COPIES)
+            reps = _choose(lanes, loop_count(spec, test), WARMUP_COPIES)
         per, spans, queued = _run_lanes(lanes, reps, spec.plan)
         gate_expired = queued >= 0.9 * gate_timeout
         if gate_expired:
@@ -542,20 +601,8 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
                        samples_s=[t / reps for t in per[0]], reps=reps, extra=extra)
             out.append(r)
         elif test in BIDIR_TESTS:
-            fwd = [t / reps for t in per[0]]
-            rev = [t / reps for t in per[1]]
             peak_rev, _ = link_peak(env, j, i, peer_access=not off)
-            out.append(_bw_record({**base, "nbytes": copied, "part": "forward"}, copied, fwd, reps,
-                                  {**extra, "peak_bytes_per_s": peak}))
-            out.append(_bw_record({**base, "nbytes": copied, "part": "reverse"}, copied, rev, reps,
-                                  {**extra, "peak_bytes_per_s": peak_rev, "stream_device": lanes[1].device}))
-            # nvbandwidth: total = sum of the two directions' bandwidths; kept as equivalent seconds
-            total = [2 * copied / (copied / a + copied / b) for a, b in zip(fwd, rev)]
-            both_peak = (peak + peak_rev) if (peak and peak_rev) else None
-            out.append(_bw_record({**base, "nbytes": copied, "part": "total"}, 2 * copied, total, reps,
-                                  {**extra, "peak_bytes_per_s": both_peak,
-                                   "total_rule": "sum of the two directions' bandwidths per sample (nvbandwidth)",
-                                   "span_samples_s": [s / reps for s in spans]}))
+            out += bidir_records(base, copied, per, spans, reps, test, extra, peak, peak_rev, lanes[1].device)
         else:
             extra["peak_bytes_per_s"] = peak
             if test == "sm":

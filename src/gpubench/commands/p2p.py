@@ -19,8 +19,9 @@ _DEFAULT_TESTS = "write,read,bidir,sm,latency,off,off-bidir,off-latency"
 @click.option("-b", "--nbytes", default="1GiB", show_default=True, help="Bytes per bandwidth copy (1GiB, 512M, bytes).")
 @click.option("--latency-bytes", default="16", show_default=True,
               help="Bytes per latency copy (p2pBandwidthLatencyTest copies one int4 = 16 bytes).")
-@click.option("--loop-count", type=int, default=16, show_default=True,
-              help="Copies per sample (nvbandwidth --loopCount); fewer for slow peer-off copies.")
+@click.option("--loop-count", type=int, default=None,
+              help="Copies per sample [default: 16 with peer access on (nvbandwidth --loopCount), 5 with it "
+                   "off (p2pBandwidthLatencyTest's repeat); fewer when a sample would pass 0.2 s].")
 @click.option("-w", "--warmup", type=int, default=1, show_default=True, help="Untimed samples per point.")
 @click.option("-n", "--iters", type=int, default=5, show_default=True, help="Timed samples per point (median shown).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
@@ -67,7 +68,8 @@ def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters,
         raise UsageError(f"a test is repeated in -t {tests!r}")
     n = parse_size(nbytes, what="-b/--nbytes")
     lat = parse_size(latency_bytes, what="--latency-bytes")
-    positive_int("--loop-count", loop_count)
+    if loop_count is not None:
+        positive_int("--loop-count", loop_count)
     positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
     positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
     return P2PSpec(devices=devs, tests=names, nbytes=n, latency_bytes=lat, loop_count=loop_count,
@@ -160,9 +162,12 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
                           f"{format_rate(peak, units)} {units}/s" if peak else "?")
         out.append(t)
     notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; median of {result.timing.get('iters')} samples, "
-             f"each {result.timing.get('warmup_copies')} untimed + up to {result.spec.get('loop_count')} timed "
+             f"each {result.timing.get('warmup_copies')} untimed + up to "
+             f"{result.spec.get('loop_count') or '16 (peer-off: 5)'} timed "
              "copies between CUDA events, streams released together by a spin kernel (nvbandwidth's method)."]
-    notes.append("bidir total = sum of the two directions' bandwidths (nvbandwidth); latency = time per copy of "
+    notes.append("bidir total = sum of the two directions' bandwidths (nvbandwidth); off-bidir total = both "
+                 "directions' bytes over the time until both finished (p2pBandwidthLatencyTest); "
+                 "latency = time per copy of "
                  f"{result.spec.get('latency_bytes')} B, {result.timing.get('latency_reps')} copies per sample "
                  "(p2pBandwidthLatencyTest).")
     if any(r.extra.get("above_peak") for r in result.records):
