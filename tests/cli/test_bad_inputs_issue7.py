@@ -178,6 +178,17 @@ def test_garbage_under_the_size_limit_is_read_once_with_bounded_memory(tmp_path)
     assert rss_mb < MAX_RSS_MB, rss_mb
 
 
+@pytest.mark.parametrize("unit", [b"0,", b"[],"])
+def test_many_tiny_json_values_are_refused_before_parsing(tmp_path, unit):
+    # 24-36 MB of text that json.loads would turn into 0.1-0.3 GB ("0,") or 0.7 GB ("[],")
+    many = tmp_path / "many.json"
+    many.write_bytes(b"[" + unit * 12_000_000 + b"0]")
+    code, err, rss_mb = compare_measured(str(many), PINNED)
+    assert code == 2
+    assert re.search(r"many\.json holds about \d+ JSON values, more than the 8000000", one_line(err))
+    assert rss_mb < MAX_RSS_MB, rss_mb
+
+
 def test_broken_symlink_is_unreadable(run_cli, tmp_path):
     link = tmp_path / "gone.json"
     link.symlink_to(tmp_path / "deleted-result.json")
@@ -193,7 +204,7 @@ def test_named_pipe_with_no_writer_does_not_hang(tmp_path):
 
 
 def test_device_file_is_refused_without_reading(run_cli):
-    # /dev/zero has no end: it was read up to the 256 MiB limit before being refused
+    # /dev/zero has no end: it was read up to the size limit before being refused
     refused(run_cli, "compare", "/dev/zero", PINNED, needle="cannot read /dev/zero: a device or socket")
 
 

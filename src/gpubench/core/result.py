@@ -48,7 +48,11 @@ SCHEMA = "gpubench.result"
 SCHEMA_VERSION = 1
 # version -> function upgrading a dict of that version to version + 1
 _MIGRATIONS: dict[int, Any] = {}
-MAX_LOAD_BYTES = 256 * 2**20
+MAX_LOAD_BYTES = 64 * 2**20
+# JSON values a file may hold (counted as commas and opening brackets, strings included, so an
+# overestimate). A result of a million samples is about 20 MB and a million values; a file of
+# 64 MiB of "0," or "[]," would parse into 1-5 GB of Python objects, so it is refused before parsing.
+MAX_JSON_ITEMS = 8_000_000
 
 
 @dataclass
@@ -290,7 +294,7 @@ def save(result: Result, path: str | os.PathLike) -> Path:
 
 
 def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> bytes:
-    """The bytes of ``path``, at most MAX_LOAD_BYTES (256 MiB), never blocking on a named pipe.
+    """The bytes of ``path``, at most MAX_LOAD_BYTES (64 MiB), never blocking on a named pipe.
 
     Raises:
         UsageError: unreadable, a device or socket, or larger than MAX_LOAD_BYTES; one line naming
@@ -321,16 +325,21 @@ def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> by
 
 
 def read_json(path: str | os.PathLike, expected: str = "a file saved by --json") -> Any:
-    """Read a JSON file of at most MAX_LOAD_BYTES (256 MiB), so garbage cannot exhaust memory.
+    """Read a JSON file of at most MAX_LOAD_BYTES (64 MiB) and about MAX_JSON_ITEMS values, so
+    garbage cannot exhaust memory (parsing costs up to ~20x the text for tiny values).
 
     Raises:
-        UsageError: unreadable, a device or socket, too large, empty (a named pipe with no writer
-            too) or not JSON; one line naming the file.
+        UsageError: unreadable, a device or socket, too large, too many values, empty (a named pipe
+            with no writer too) or not JSON; one line naming the file.
     """
     name = str(Path(path))
     raw = read_bounded(path)
     if not raw.strip():
         raise UsageError(f"{name} is empty", f"expected {expected}")
+    items = raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+    if items > MAX_JSON_ITEMS:
+        raise UsageError(f"{name} holds about {items} JSON values, more than the {MAX_JSON_ITEMS} "
+                         f"a gpubench file may hold", f"expected {expected}")
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
