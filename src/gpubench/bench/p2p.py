@@ -293,6 +293,9 @@ class _Peers:
 
     def __init__(self):
         self.enabled: set[tuple[int, int]] = set()
+        # set once a peer-off bandwidth copy blocked the host past the gate's timeout: the later
+        # peer-off bandwidth groups of the run are then timed without the gate from the start
+        self.off_blocks_host = False
 
     def can(self, i: int, j: int) -> bool:
         from cupy.cuda import runtime
@@ -505,10 +508,14 @@ def _bw_record(params, nbytes, per_copy_s, reps, extra) -> Record:
     return r
 
 
-def _choose(lanes, plan_reps_cap: int, warm: int) -> int:
-    """Copies per sample: nvbandwidth's loop count, cut so a sample of slow copies stays ~0.2 s."""
-    per, _, _ = _run_lanes(lanes, 1, TimingPlan(warmup=0, iters=1), warm=0)
-    return choose_reps(max(per[0]), target=SAMPLE_TARGET_S, cap=plan_reps_cap)
+def _choose(lanes, plan_reps_cap: int, warm: int) -> tuple[int, float]:
+    """Copies per sample: nvbandwidth's loop count, cut so a sample of slow copies stays ~0.2 s.
+
+    Returns:
+        (copies per sample, host seconds the probe copy took to queue).
+    """
+    per, _, queued = _run_lanes(lanes, 1, TimingPlan(warmup=0, iters=1), warm=0)
+    return choose_reps(max(per[0]), target=SAMPLE_TARGET_S, cap=plan_reps_cap), queued
 
 
 def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[Record]:
@@ -574,10 +581,21 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         if test in LATENCY_TESTS:
             reps = LATENCY_REPS
         else:
-            reps = _choose(lanes, loop_count(spec, test), WARMUP_COPIES)
+            if off and peers.off_blocks_host:
+                for ln in lanes:
+                    ln.gate = None
+            reps, probe_queued = _choose(lanes, loop_count(spec, test), WARMUP_COPIES)
+            if lanes[0].gate is not None and probe_queued >= 0.9 * gate_timeout:
+                # queueing one copy already outlasted the gate: every gated sample would wait for
+                # its timeout (2 s) and be thrown away, so time this point without the gate
+                for ln in lanes:
+                    ln.gate = None
+                if off:
+                    peers.off_blocks_host = True
+        gated = lanes[0].gate is not None
         per, spans, queued = _run_lanes(lanes, reps, spec.plan)
-        gate_expired = queued >= 0.9 * gate_timeout
-        if gate_expired:
+        gate_expired = not gated or queued >= 0.9 * gate_timeout
+        if gated and gate_expired:
             # the copies blocked the host while the gate held the stream: measure again without the
             # gate (events then time the copies as the host queues them; launch cost included)
             for ln in lanes:
@@ -594,7 +612,7 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
                  "gated": not gate_expired, "stream_device": lanes[0].device}
         if gate_expired:
             extra["note"] = ("queueing the copies blocked the host while the spin kernel held the stream, so "
-                             "they were timed again without it; the figure includes launch time")
+                             "they were timed without it; the figure includes launch time")
         out: list[Record] = []
         if test in LATENCY_TESTS:
             r = Record(params={**base, "nbytes": n}, metric="time", nbytes=n,
