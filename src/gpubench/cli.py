@@ -90,9 +90,13 @@ def _unraisable(u) -> None:
     sys.__unraisablehook__(u)
 
 
+INVOCATION: list[str] = []  # this run's arguments, saved in each result's "argv"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: runs the group and turns every error into one line."""
     args = sys.argv[1:] if argv is None else argv
+    INVOCATION[:] = [str(a) for a in args]
     debug = "--debug" in args
     clear_signals()
     sys.unraisablehook = _unraisable

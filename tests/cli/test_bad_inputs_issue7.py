@@ -265,3 +265,34 @@ def test_full_disk_keeps_the_earlier_file_intact(tmp_path):
     assert "could not save" in line and "env.json" in line
     assert old.read_text() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["env.json"]  # no temporary file left
+
+
+# ---------------------------------------------------------------------------------------------
+# setup mistakes and output targets found by a new user
+# ---------------------------------------------------------------------------------------------
+
+_WITHOUT_CUPY = ("import sys\nsys.modules['cupy'] = None\nsys.modules['cupy.cuda'] = None\n"
+                 "from gpubench.cli import main\nmain(sys.argv[1:])\n")
+
+
+@pytest.mark.parametrize("name", ["copy", "p2p", "nccl", "batch", "memcpy2d", "overlap"])
+def test_a_missing_cupy_is_a_setup_error_naming_the_extra(name):
+    p = subprocess.run([sys.executable, "-c", _WITHOUT_CUPY, name], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    assert p.returncode == 2, p.stderr
+    assert "CuPy is not importable" in one_line(p.stderr) and "gpubench[cuda13]" in p.stderr
+
+
+@pytest.mark.parametrize("target", ["", "/sys/gpubench-x.json", "/proc/gpubench-x.json"])
+def test_json_targets_that_cannot_be_written_are_refused_before_the_run(run_cli, target):
+    # net local would run for its -t seconds before finding out
+    code, _out, err = run_cli("net", "local", "-t", "30", "--json", target)
+    assert code == 2, err
+    assert "--json" in one_line(err)
+
+
+def test_saved_results_keep_the_command_line(tmp_path):
+    out = tmp_path / "n.json"
+    p = gb("net", "local", "-t", "1", "-P", "1", "--json", str(out), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text())["argv"] == ["net", "local", "-t", "1", "-P", "1", "--json", str(out)]

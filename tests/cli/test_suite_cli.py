@@ -104,9 +104,18 @@ def test_bad_expectations_exit_2_before_any_gpu_lookup(capsys, tmp_path):
     assert rc == 2 and "cannot read" in err
 
 
-def test_output_folder_must_exist(capsys, tmp_path):
-    rc, _, err = run(capsys, "-o", str(tmp_path / "nope"))
-    assert rc == 2 and "is not an existing folder" in err
+def test_output_must_not_be_a_file(capsys, tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    rc, _, err = run(capsys, "-o", str(f))
+    assert rc == 2 and "is a file" in err  # click.Path(file_okay=False) says so first
+
+
+def test_a_missing_output_folder_is_not_created_when_the_run_cannot_start(capsys, tmp_path):
+    rc, _, err = run(capsys, "-o", str(tmp_path / "new" / "dir"))
+    if _no_gpu():  # refused before anything is created
+        assert rc == 2 and "no CUDA device" in err
+        assert not (tmp_path / "new").exists()
 
 
 def _no_gpu() -> bool:

@@ -330,3 +330,13 @@ def test_devices_shown_or_not_comparable_pass(value, devices):
     from gpubench.bench.merge import check_cuda_visible_devices
 
     check_cuda_visible_devices(devices, value)
+
+
+def test_an_interface_this_host_lacks_is_a_usage_error():
+    from gpubench.bench.merge import check_interface
+    from gpubench.core.errors import UsageError
+
+    check_interface("lo")
+    with pytest.raises(UsageError) as ei:
+        check_interface("nosuch0")
+    assert "--interface 'nosuch0' is not a network interface" in ei.value.one_line() and "lo" in ei.value.one_line()

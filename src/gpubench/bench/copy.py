@@ -400,7 +400,7 @@ def run(spec: CopySpec, progress: ProgressSink | None = None) -> Result:
         UsageError: a device not visible, or the sweep does not fit (see preflight).
         MachineError: a CUDA fault other than an allocation failure.
     """
-    import cupy
+    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
 
     devices = gpu.resolve_devices(spec.devices)
     preflight(spec, devices)

@@ -405,7 +405,7 @@ def run(spec: Memcpy2dSpec, progress: ProgressSink | None = None) -> Result:
         UsageError: the device is not visible, a pitch over its maximum, or buffers that do not fit.
         MachineError: a CUDA fault other than an allocation failure.
     """
-    import cupy
+    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
 
     gpu.resolve_devices((spec.device,))
     with cupy.cuda.Device(spec.device):

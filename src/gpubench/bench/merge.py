@@ -659,6 +659,21 @@ def _workers_ignore_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
+def check_interface(name: str) -> None:
+    """Refuse a --interface this host does not have (distributed only says so once the cluster is
+    starting, as a RuntimeError).
+
+    Raises:
+        UsageError: ``name`` is not one of psutil.net_if_addrs(); the line lists those that are.
+    """
+    import psutil
+
+    have = sorted(psutil.net_if_addrs())
+    if name not in have:
+        raise UsageError(f"--interface {name!r} is not a network interface of this host",
+                         f"use one of {', '.join(have)}")
+
+
 @contextlib.contextmanager
 def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
     """Start (or attach to) the cluster and yield (client, cluster); cluster is None when external.
@@ -678,6 +693,8 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
 
     if spec.protocol == "ucx":
         _import_ucxx()
+    if spec.interface is not None and not spec.external:
+        check_interface(spec.interface)
     cluster = None
     client = None
     # The workers inherit this config through their Nanny (a local cluster only).

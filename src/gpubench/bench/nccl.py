@@ -620,7 +620,7 @@ def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     """
     if spec.distributed:
         return run_on_dask(spec, progress)
-    import cupy
+    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
 
     progress = progress or ProgressSink()
     devices = select_devices(spec)

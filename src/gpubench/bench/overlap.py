@@ -364,7 +364,7 @@ def run(spec: OverlapSpec, progress: ProgressSink | None = None) -> Result:
         UsageError: the device is not visible or the buffers do not fit.
         MachineError: a CUDA fault other than an allocation failure.
     """
-    import cupy
+    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
 
     gpu.resolve_devices((spec.device,))
     preflight(spec)

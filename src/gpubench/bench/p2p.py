@@ -679,7 +679,7 @@ def run(spec: P2PSpec, progress: ProgressSink | None = None) -> Result:
         NoGPUError / UsageError: no GPU, fewer than two, or -b does not fit.
         MachineError: a CUDA fault other than an allocation failure.
     """
-    import cupy
+    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
 
     devices = select_devices(spec)
     preflight(spec, devices)

@@ -24,7 +24,7 @@ def common_options(f: Callable) -> Callable:
     @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        if kwargs.get("json_path"):
+        if kwargs.get("json_path") is not None:  # --json "" is a mistake, not "don't save"
             check_output_path(kwargs["json_path"])
         return f(*args, **kwargs)
 
@@ -33,6 +33,10 @@ def common_options(f: Callable) -> Callable:
 
 def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
     """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted)."""
+    from gpubench import cli
+
+    if not result.argv:
+        result.argv = list(cli.INVOCATION)
     report.display(renderables, quiet=quiet)
     if json_path:
         save(result, json_path)

@@ -65,17 +65,22 @@ def command(expect_file, out_dir, check_files, with_merge, strict, quiet, debug)
             raise RegressionFound(failed_why)
         return 0
     out = Path(out_dir)
-    if not out.is_dir():
-        raise UsageError(f"-o {out_dir!r} is not an existing folder", "create it first")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out_dir!r} is a file, not a folder", "give a folder; it is created if missing")
+    from gpubench.core import gpu
     from gpubench.core.result import check_output_path
 
+    gpu.require_gpu()  # before creating anything
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
     check_output_path(out / "suite-probe.json")
-    from gpubench.core import gpu
-
-    gpu.require_gpu()
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
-    bundle.argv = list(sys.argv[1:])
+    from gpubench import cli
+
+    bundle.argv = list(cli.INVOCATION)
     if expectations is not None:
         bundle.outcomes = suite.evaluate(expectations, bundle.results(), bundle.skipped(), bundle.failed())
     stamp = time.strftime("%Y%m%d-%H%M%S")

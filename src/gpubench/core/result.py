@@ -228,23 +228,33 @@ class Result:
 
 
 def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
-    """Check, before a run, that ``path`` can be written: its folder exists and is writable.
+    """Check, before a run, that ``path`` can be written: its folder exists and a file can be
+    created in it (tried: a temporary file is made and removed, which also catches read-only file
+    systems and /sys or /proc, where the permission bits say yes).
 
     Args:
         path: the file to be written.
         option: the option that named it, for messages ("--json", "-o").
 
     Raises:
-        UsageError: the folder does not exist, is not a folder, or cannot be written; or path is a folder.
+        UsageError: an empty name, the folder does not exist, is not a folder, or cannot be written;
+            or path is a folder.
     """
+    if not str(path).strip():
+        raise UsageError(f"{option} needs a file name, got {str(path)!r}", "e.g. out.json")
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise UsageError(f"{option} {str(p)!r} is a folder", "give a file name, e.g. out.json")
     if not parent.is_dir():
         raise UsageError(f"{option} {str(p)!r}: folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{option} {str(p)!r}: folder {str(parent)!r} is not writable")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".gpubench-probe-", suffix=".tmp", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{option} {str(p)!r}: cannot write in folder {str(parent)!r} "
+                         f"({e.strerror or type(e).__name__})") from None
     return p
 
 
