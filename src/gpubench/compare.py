@@ -37,16 +37,72 @@ class MWU:
     Attributes:
         u: U statistic of the first sample (number of pairs (x, y) with x > y, ties counting 1/2).
         z: normal score of u with tie and continuity corrections (0 when the variance is 0).
-        p: two-sided p-value from the normal approximation, in [0, 1].
+        p: two-sided p-value, in [0, 1]: exact when there are no ties and the smaller sample has
+            at most EXACT_MAX values, else from the normal approximation.
+        method: "exact" or "asymptotic".
+        p_min: the smallest p these sample sizes can give (complete separation, no ties): when it
+            is not below alpha the test cannot find any difference, however large.
     """
 
     u: float
     z: float
     p: float
+    method: str = "asymptotic"
+    p_min: float = 0.0
+
+
+EXACT_MAX = 8  # scipy.stats.mannwhitneyu(method="auto"): exact when a sample has <= 8 values and no ties
+
+
+def _u_counts(n1: int, n2: int) -> list[int]:
+    """Number of orderings of n1 + n2 distinct values giving each U = 0 .. n1*n2 (the exact null
+    distribution of U), by the recurrence f(u; m, n) = f(u - n; m - 1, n) + f(u; m, n - 1)
+    (Mann and Whitney 1947, eq. 2)."""
+    # f[m][n] as lists indexed by u, built up over m for every n
+    prev = [[1] for _ in range(n2 + 1)]  # m = 0: only U = 0
+    for m in range(1, n1 + 1):
+        cur = [[1]]  # n = 0: only U = 0
+        for n in range(1, n2 + 1):
+            size = m * n + 1
+            row = [0] * size
+            a = prev[n]  # f(.; m - 1, n): shifted by n
+            for u, c in enumerate(a):
+                row[u + n] += c
+            b = cur[n - 1]  # f(.; m, n - 1)
+            for u, c in enumerate(b):
+                row[u] += c
+            cur.append(row)
+        prev = cur
+    return prev[n2]
+
+
+def _exact_p(u1: float, n1: int, n2: int) -> float:
+    """Two-sided exact p: 2 * P(U <= min(u1, n1 n2 - u1)), capped at 1."""
+    counts = _u_counts(n1, n2)
+    total = sum(counts)
+    k = int(math.floor(min(u1, n1 * n2 - u1) + 1e-9))
+    return min(1.0, 2.0 * sum(counts[: k + 1]) / total)
+
+
+def min_p(n1: int, n2: int) -> float:
+    """The smallest two-sided p of the test for these sizes (every new value beyond every base value):
+    exact 2 / C(n1 + n2, n1) when the exact test applies, else the normal approximation's."""
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    if min(n1, n2) <= EXACT_MAX:
+        return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+    n = n1 + n2
+    sigma = math.sqrt(n1 * n2 / 12.0 * (n + 1))
+    return min(1.0, math.erfc(max(n1 * n2 / 2.0 - 0.5, 0.0) / sigma / math.sqrt(2.0)))
 
 
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
-    """Two-sided Mann-Whitney U test, normal approximation with tie and continuity corrections.
+    """Two-sided Mann-Whitney U test: exact for small samples without ties, else the normal
+    approximation with tie and continuity corrections.
+
+    Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto"): p = 2 *
+    P(U <= min(U1, n1 n2 - U1)) under the null distribution of U (every ordering equally likely),
+    counted by Mann and Whitney's recurrence. Otherwise:
 
     With the n = n1 + n2 values ranked together (ties get their average rank) and R1 the sum of the
     ranks of ``x``::
@@ -60,13 +116,15 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     Sources: H. B. Mann and D. R. Whitney, "On a test of whether one of two random variables is
     stochastically larger than the other", Ann. Math. Statist. 18 (1947) 50-60; the tie-corrected
     variance from E. L. Lehmann, "Nonparametrics: Statistical Methods Based on Ranks" (1975), eq.
-    (1.35); the same computation as ``scipy.stats.mannwhitneyu(method="asymptotic")``.
+    (1.35); the same computation as ``scipy.stats.mannwhitneyu(method="asymptotic")``, and the exact
+    branch as ``method="exact"``.
 
     Args:
         x, y: samples (any unit, finite), each with at least one value.
 
     Returns:
-        MWU(u, z, p). When every value is tied (sigma = 0) the samples cannot be told apart: z = 0, p = 1.
+        MWU(u, z, p, method, p_min). When every value is tied (sigma = 0) the samples cannot be told
+        apart: z = 0, p = 1.
 
     Raises:
         ValueError: an empty sample.
@@ -88,12 +146,15 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     mu = n1 * n2 / 2.0
     tie_term = float(((counts.astype(float) ** 3) - counts).sum())
     var = n1 * n2 / 12.0 * ((n + 1) - (tie_term / (n * (n - 1)) if n > 1 else 0.0))
+    pmin = min_p(n1, n2)
     if var <= 0:
-        return MWU(u1, 0.0, 1.0)
+        return MWU(u1, 0.0, 1.0, "asymptotic", pmin)
     z = max(abs(u1 - mu) - 0.5, 0.0) / math.sqrt(var)
     z = math.copysign(z, u1 - mu)
+    if len(uniq) == n and min(n1, n2) <= EXACT_MAX:
+        return MWU(u1, z, _exact_p(u1, n1, n2), "exact", pmin)
     p = min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
-    return MWU(u1, z, p)
+    return MWU(u1, z, p, "asymptotic", pmin)
 
 
 def figure_values(record: Record, source: str = "result") -> list[float]:
@@ -166,17 +227,23 @@ def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold
         alpha: significance level of the two-sided Mann-Whitney U test.
 
     Returns:
-        (change_pct, p, verdict, base_median, new_median).
+        (change_pct, p, verdict, base_median, new_median). verdict is "better", "worse", "same",
+        or, when these sample sizes cannot reach p < alpha at all (3 runs against 3: p >= 0.1),
+        "worse (untested)" / "better (untested)" for a change over the threshold and "same" below it.
     """
     mb, mn = _median(base), _median(new)
     change = 100.0 * (mn - mb) / mb if mb else 0.0
-    p = mann_whitney_u(new, base).p
+    t = mann_whitney_u(new, base)
     gain = change if HIGHER_IS_BETTER[metric] else -change
-    if p < alpha and abs(change) > threshold_pct:
+    if abs(change) <= threshold_pct:
+        verdict = "same"
+    elif t.p_min >= alpha:
+        verdict = ("better" if gain > 0 else "worse") + " (untested)"
+    elif t.p < alpha:
         verdict = "better" if gain > 0 else "worse"
     else:
         verdict = "same"
-    return change, p, verdict, mb, mn
+    return change, t.p, verdict, mb, mn
 
 
 @dataclass
@@ -191,13 +258,21 @@ class Comparison:
     rows: list[Row] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        c = {"better": 0, "worse": 0, "same": 0, "only-base": 0, "only-new": 0, "no-data": 0}
+        c = {"better": 0, "worse": 0, "same": 0, "better (untested)": 0, "worse (untested)": 0,
+             "only-base": 0, "only-new": 0, "no-data": 0}
         for r in self.rows:
             c[r.verdict if r.status == "paired" else r.status] += 1
         return c
 
     def regressions(self) -> list[Row]:
-        return [r for r in self.rows if r.verdict == "worse"]
+        """Figures worse beyond noise and threshold, and those worse beyond the threshold whose sample
+        sizes cannot be tested at alpha (a CI gate must not pass a 50 % drop for want of runs)."""
+        return [r for r in self.rows if r.verdict in ("worse", "worse (untested)")]
+
+    def missing(self) -> list[Row]:
+        """Figures the base has data for and the new result lacks (absent, or an error row)."""
+        return [r for r in self.rows if r.status == "only-base" and r.base_median is not None
+                or r.status == "no-data" and r.base_median is not None and r.new_median is None]
 
     def to_dict(self) -> dict:
         return {
@@ -417,9 +492,13 @@ def table_rows(cmp: Comparison, units: str = "GB") -> tuple[list[str], list[list
 
 def summary_line(cmp: Comparison) -> str:
     c = cmp.counts()
-    paired = c["better"] + c["worse"] + c["same"]
+    paired = c["better"] + c["worse"] + c["same"] + c["better (untested)"] + c["worse (untested)"]
     s = f"{paired} figure(s) paired: {c['better']} better, {c['worse']} worse, {c['same']} same"
     extra = []
+    untested = c["better (untested)"] + c["worse (untested)"]
+    if untested:
+        extra.append(f"{untested} changed beyond the threshold with too few samples to test "
+                     f"({c['worse (untested)']} worse)")
     if c["only-base"]:
         extra.append(f"{c['only-base']} only in base")
     if c["only-new"]:

@@ -156,3 +156,30 @@ def test_bad_options_exit_2(capsys, opt, needle):
 def test_one_file_only_exits_2(capsys):
     rc, _, err = run(capsys, PINNED)
     assert rc == 2 and "Missing argument" in err
+
+
+def _scaled(tmp_path, name, factor, keep=None):
+    """A copy of a shipped result with every sample time multiplied by factor (keep: records kept)."""
+    doc = json.loads((synth.DATA / name).read_text())
+    doc["records"] = doc["records"][:keep] if keep is not None else doc["records"]
+    for r in doc["records"]:
+        r["samples_s"] = [t * factor for t in r["samples_s"]]
+    out = tmp_path / f"scaled-{name}"
+    out.write_text(json.dumps(doc))
+    return str(out)
+
+
+@pytest.mark.parametrize("name", ["nccl-h200x2.json", "p2p-h200x2.json"])
+def test_half_the_bandwidth_fails_the_gate_with_five_samples(capsys, tmp_path, name):
+    base = str(synth.DATA / name)
+    code, out, err = run(capsys, base, _scaled(tmp_path, name, 2.0), "--fail-on-regression")
+    assert code == 1, (out, err)
+    assert "worse by more than 1%" in err
+
+
+def test_a_new_result_without_the_figures_fails_the_gate(capsys, tmp_path):
+    base = str(synth.DATA / "nccl-h200x2.json")
+    code, out, err = run(capsys, base, _scaled(tmp_path, "nccl-h200x2.json", 1.0, keep=2), "--fail-on-regression")
+    assert code == 1 and "have none in the new result" in err, (out, err)
+    code, _, _ = run(capsys, base, _scaled(tmp_path, "nccl-h200x2.json", 1.0, keep=2))
+    assert code == 0  # without the flag it is a report, not a failure

@@ -25,7 +25,20 @@ def test_mwu_separated_small_samples_by_hand():
     assert r.u == 0
     z = 4.0 / math.sqrt(5.25)
     assert r.z == pytest.approx(-z)
-    assert r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
+    # no ties, 3 values: exact. Of the C(6, 3) = 20 orderings one gives U = 0: p = 2 / 20
+    assert r.method == "exact" and r.p == pytest.approx(0.1) and r.p_min == pytest.approx(0.1)
+    # with a tie the normal approximation is used
+    t = cmp.mann_whitney_u([1, 2, 3], [3, 5, 6])
+    assert t.method == "asymptotic"
+
+
+def test_mwu_exact_null_distribution_by_hand():
+    # n1 = n2 = 2: the 6 orderings give U = 0, 1, 2, 2, 3, 4
+    assert cmp._u_counts(2, 2) == [1, 1, 2, 1, 1]
+    # 5 against 5, completely separated: 2 / C(10, 5) = 2 / 252, the only way under 0.01 with 5 samples
+    r = cmp.mann_whitney_u([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+    assert r.p == pytest.approx(2 / 252) and r.p < 0.01
+    assert cmp.min_p(3, 3) == pytest.approx(0.1) and cmp.min_p(5, 5) == pytest.approx(2 / 252)
 
 
 def test_mwu_tie_correction_by_hand():
@@ -40,8 +53,9 @@ def test_mwu_tie_correction_by_hand():
 
 
 @pytest.mark.parametrize("seed,n1,n2,shift,ties,p_scipy", [
-    # p-values from scipy.stats.mannwhitneyu(x, y, method="asymptotic") 1.17.1 on the same draws
-    (1, 5, 7, 0.3, False, 0.8709911947974633),
+    # p-values from scipy.stats.mannwhitneyu(x, y) 1.17.1 on the same draws: method="exact" for the
+    # first (no ties, a sample of <= 8, as scipy's "auto"), method="asymptotic" for the others
+    (1, 5, 7, 0.3, False, 0.8762626262626263),
     (2, 30, 40, 0.3, True, 0.055075407484131034),
     (3, 200, 150, 0.3, True, 0.027736830787877906),
     (4, 8, 8, 0.0, True, 0.4001203439746188),
@@ -145,7 +159,9 @@ def test_time_metric_lower_is_better():
 def test_real_result_against_itself_is_all_same():
     r = load(synth.REAL_PINNED)
     c = cmp.compare(r, r)
-    assert c.counts() == {"better": 0, "worse": 0, "same": 20, "only-base": 0, "only-new": 0, "no-data": 0}
+    assert c.counts() == {"better": 0, "worse": 0, "same": 20, "better (untested)": 0, "worse (untested)": 0,
+                          "only-base": 0, "only-new": 0, "no-data": 0}
+    assert c.missing() == []
     assert all(row.change_pct == 0 and row.p == 1.0 for row in c.rows)
     assert c.env_diff == []
 
@@ -207,3 +223,38 @@ def test_markdown_and_json_forms():
     assert sum("**worse**" in line for line in md) == 6
     j = cmp.format_json([c], threshold_pct=2.0, alpha=0.01)
     assert j["regressions"] == 6 and j["comparisons"][0]["counts"]["worse"] == 6
+
+
+# ---- small samples and missing figures (a CI gate must not pass a 50 % drop or an empty run) ----
+
+def _res(samples_by_size, command="nccl"):
+    return Result(command, {}, records=[Record({"nbytes": n}, nbytes=n, samples_s=list(s))
+                                        for n, s in samples_by_size.items()])
+
+
+def test_three_runs_cannot_be_tested_but_a_big_drop_is_still_a_regression():
+    base = _res({1: [1.00, 1.01, 0.99]})
+    slow = _res({1: [2.00, 2.02, 1.98]})  # half the bandwidth
+    (row,) = cmp.compare(base, slow).rows
+    assert row.p == pytest.approx(0.1)  # the least 3 vs 3 can give
+    assert row.verdict == "worse (untested)" and cmp.compare(base, slow).regressions() == [row]
+    (row,) = cmp.compare(slow, base).rows
+    assert row.verdict == "better (untested)"
+    (row,) = cmp.compare(base, _res({1: [1.001, 1.011, 0.991]})).rows  # inside the 1 % threshold
+    assert row.verdict == "same"
+
+
+def test_five_samples_separated_are_worse_at_the_default_alpha():
+    base = _res({1: [1.00, 1.01, 0.99, 1.02, 0.98]})
+    slow = _res({1: [2.00, 2.01, 1.99, 2.02, 1.98]})
+    (row,) = cmp.compare(base, slow).rows
+    assert row.p == pytest.approx(2 / 252) and row.verdict == "worse"
+
+
+def test_figures_missing_from_the_new_result_are_listed():
+    base = _res({1: [1.0, 1.1, 0.9], 2: [1.0, 1.1, 0.9]})
+    new = Result("nccl", {}, records=[Record({"nbytes": 1}, nbytes=1, error="out of memory")])
+    c = cmp.compare(base, new)
+    assert {r.params["nbytes"] for r in c.missing()} == {1, 2}
+    assert cmp.compare(base, base).missing() == []
+    assert cmp.compare(new, base).missing() == []  # the new result has more: nothing is missing

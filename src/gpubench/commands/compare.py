@@ -15,7 +15,9 @@ from gpubench.core.errors import RegressionFound, UsageError
 @click.option("--alpha", type=float, default=0.01, show_default=True,
               help="Significance level of the Mann-Whitney U test on the samples.")
 @click.option("--fail-on-regression", is_flag=True,
-              help="Exit 1 when any figure is worse by more than --threshold and beyond noise.")
+              help="Exit 1 when a figure is worse by more than --threshold and beyond noise (or worse "
+                   "by more than --threshold with too few samples to test), or when a figure with "
+                   "data in BASE has none in NEW.")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True, help="table for a terminal, markdown for a pull-request comment, json for tools.")
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
@@ -39,9 +41,18 @@ def command(base, new, threshold_pct, alpha, fail_on_regression, fmt, units, deb
     cmps = [cmpmod.compare(b, r, base_name=bname, new_name=n, threshold_pct=threshold_pct, alpha=alpha)
             for n, r in rest]
     display(cmps, fmt, threshold_pct=threshold_pct, alpha=alpha, units=units)
-    worse = sum(len(c.regressions()) for c in cmps)
-    if fail_on_regression and worse:
-        raise RegressionFound(f"{worse} figure(s) worse by more than {threshold_pct:g}% beyond noise")
+    if fail_on_regression:
+        worse = [r for c in cmps for r in c.regressions()]
+        missing = sum(len(c.missing()) for c in cmps)
+        why = []
+        if worse:
+            untested = sum(r.verdict == "worse (untested)" for r in worse)
+            why.append(f"{len(worse)} figure(s) worse by more than {threshold_pct:g}% beyond noise"
+                       + (f" ({untested} with too few samples to test at alpha {alpha:g})" if untested else ""))
+        if missing:
+            why.append(f"{missing} figure(s) with data in the base have none in the new result")
+        if why:
+            raise RegressionFound("; ".join(why))
     return 0
 
 
