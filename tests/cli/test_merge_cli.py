@@ -157,6 +157,11 @@ def test_worker_killed_mid_run_stops_with_an_error_naming_it_and_leaves_no_proce
     assert e.value.exit_code == 3
     assert "worker" in msg and "died during run 2/4" in msg and "tcp://127.0.0.1:" in msg
     assert len(seen) == 2
+    # run 1 had finished: it travels with the error, marked partial, for the command to print and save
+    kept = e.value.partial_result
+    assert kept is not None and kept.partial and kept.interrupted_by is None and kept.failed_by == msg
+    (rec,) = kept.records
+    assert len(rec.samples_s) == 1
     import psutil
 
     deadline = time.monotonic() + 10
@@ -164,6 +169,36 @@ def test_worker_killed_mid_run_stops_with_an_error_naming_it_and_leaves_no_proce
         time.sleep(0.2)
     assert _spawned_workers() == []
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in seen)
+
+
+def test_a_dead_worker_keeps_the_finished_runs_in_the_report_and_json(tmp_path, capsys, monkeypatch):
+    """Through the command: the runs before the fault are printed and saved (partial, failed_by), exit 3."""
+    import json
+
+    from gpubench.bench import merge as bench
+    from gpubench.cli import main
+    from gpubench.core.errors import MachineError
+
+    real = bench.bench_once
+    calls = {"n": 0}
+
+    def fails_on_run_2(client, spec, n_workers, index, what, keep_result=False):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MachineError(f"worker 1 (tcp://127.0.0.1:1) died during {what}")
+        return real(client, spec, n_workers, index, what, keep_result=keep_result)
+
+    monkeypatch.setattr(bench, "bench_once", fails_on_run_2)
+    out = tmp_path / "m.json"
+    with pytest.raises(SystemExit) as ei:
+        main(["merge", "-t", "cpu", "-c", "20_000", "--runs", "3", "--warmup-runs", "0", "--json", str(out)])
+    o, err = capsys.readouterr()
+    assert ei.value.code == 3
+    assert err.strip().splitlines()[-1] == "gpubench: error: worker 1 (tcp://127.0.0.1:1) died during run 2/3"
+    assert "Wall clock" in o and "PARTIAL: stopped by a fault" in o
+    data = json.loads(out.read_text())
+    assert data["partial"] is True and data["failed_by"].startswith("worker 1") and data["interrupted_by"] is None
+    assert len(data["records"][0]["samples_s"]) == 1
 
 
 def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path):

@@ -887,8 +887,6 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
         MachineError: the cluster did not start, a worker died, a task failed, a timeout.
     """
     _require_dask()
-    import dask
-
     progress = progress or ProgressSink()
     if spec.merge_type == "gpu" and not spec.external:
         preflight(spec)
@@ -896,14 +894,35 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
     env.setdefault("versions", {}).update(_versions())
 
     outcomes: list[RunOutcome] = []
-    check: dict[str, int] | None = None
     info: dict[str, Any] = {}
+    check_box: dict[str, Any] = {}
+    try:
+        _drive(spec, progress, outcomes, info, check_box)
+    except MachineError as e:
+        if outcomes:  # keep the timed runs that finished (printed and saved by the command, exit 3)
+            e.partial_result = _result(spec, env, outcomes, info, check_box.get("check"), None, e.one_line())
+        raise
+    return _result(spec, env, outcomes, info, check_box.get("check"), check_box.get("interrupted"), None)
+
+
+def _drive(spec: MergeSpec, progress: ProgressSink, outcomes: list, info: dict, box: dict) -> None:
+    """The cluster and the runs of :func:`run`; fills ``outcomes``, ``info`` and ``box`` (the join
+    check, the interrupting signal) as it goes, so a fault keeps what came before it."""
+    import dask
+
+    box["check"] = None
+    box["interrupted"] = None
     with dask.config.set({"dataframe.shuffle.method": spec.shuffle_method}):
         with cluster_client(spec) as (client, cluster):
             devices = run_on_workers(client, _worker_device, {}, "asking the workers for their GPU")
             index = address_to_index(devices)
             n_workers = len(index)
             info["workers"] = [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()]
+            info["n_workers"] = n_workers
+            info["base_chunks"] = spec.base_chunks or n_workers
+            info["other_chunks"] = spec.other_chunks or n_workers
+            info["scheduler_address"] = client.scheduler.address
+            info["address_to_index"] = dict(index)
             info["rmm"] = _rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)"
             groups = [("warm-up", i) for i in range(spec.warmup_runs)] + [("run", i) for i in range(spec.runs)]
 
@@ -911,27 +930,24 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
                 return f"{g[0]} {g[1] + 1}/{spec.warmup_runs if g[0] == 'warm-up' else spec.runs}"
 
             def measure(g):
-                nonlocal check
                 last = g == ("run", spec.runs - 1)
                 out, joined = bench_once(client, spec, n_workers, index, label(g), keep_result=last)
                 if g[0] == "run":
                     outcomes.append(out)
                 if joined is not None:
-                    check = join_check(client, joined, index, spec.timeout_s)
+                    box["check"] = join_check(client, joined, index, spec.timeout_s)
                 return []
 
             def on_alloc_error(g, e):
                 raise MachineError(f"{label(g)} ran out of memory: {error_line(e)[:160]}",
                                    "use a smaller -c, or a larger --rmm-pool-size") from None
 
-            _, interrupted = run_groups(groups, measure, on_alloc_error, progress, label)
-            info["n_workers"] = n_workers
-            info["base_chunks"] = spec.base_chunks or n_workers
-            info["other_chunks"] = spec.other_chunks or n_workers
-            info["scheduler_address"] = client.scheduler.address
-            info["address_to_index"] = dict(index)
+            _, box["interrupted"] = run_groups(groups, measure, on_alloc_error, progress, label)
 
-    record = _record(spec, outcomes, info, check)
+
+def _result(spec: MergeSpec, env: dict, outcomes: list, info: dict, check: dict | None,
+            interrupted: str | None, failed_by: str | None) -> Result:
+    """The Result of the timed runs in ``outcomes`` (partial when a signal or a fault cut them short)."""
     return Result(
         command="merge",
         spec=spec.to_dict(),
@@ -945,9 +961,10 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
             "transfer_log": "cleared before each timed join and read after it",
         },
         env=env,
-        records=[record] if outcomes else [],
-        partial=interrupted is not None,
+        records=[_record(spec, outcomes, info, check)] if outcomes else [],
+        partial=interrupted is not None or failed_by is not None,
         interrupted_by=interrupted,
+        failed_by=failed_by,
     )
 
 

@@ -9,7 +9,7 @@ from typing import Callable
 import click
 
 from gpubench.core import report
-from gpubench.core.errors import UsageError
+from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.result import Result, check_output_path, save
 
 
@@ -42,6 +42,8 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
         save(result, json_path)
         if not quiet:
             report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
+    if result.partial and result.failed_by:
+        return 3  # the caller re-raises the MachineError, whose line says what failed
     if result.partial:
         sig = result.interrupted_by or "SIGINT"
         measured = [r for r in result.records if r.samples_s]
@@ -49,6 +51,20 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
               f"{sum(len(r.samples_s) for r in measured)} sample(s)", file=sys.stderr)
         return 143 if sig == "SIGTERM" else 130
     return 0
+
+
+def run_keeping_partial(run: Callable[[], Result], report: Callable[[Result], list], *, json_path: str | None,
+                        quiet: bool) -> int:
+    """``run()`` then :func:`finish`; when the run fails with a MachineError that carries what was
+    measured (``partial_result``), print and save that first (marked partial, ``failed_by``), then
+    re-raise the error (exit 3)."""
+    try:
+        result = run()
+    except MachineError as e:
+        if e.partial_result is not None:
+            finish(e.partial_result, report(e.partial_result), json_path=json_path, quiet=quiet)
+        raise
+    return finish(result, report(result), json_path=json_path, quiet=quiet)
 
 
 MAX_COUNT = 10**9  # any count option; beyond it is a typo, not a measurement

@@ -10,7 +10,7 @@ import re
 
 import click
 
-from gpubench.commands.common import common_options, finish
+from gpubench.commands.common import common_options, finish, run_keeping_partial
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, parse_size
@@ -81,9 +81,17 @@ def command(merge_type, devices, protocol, chunk_size, base_chunks, other_chunks
                       ignore_size, scheduler_address, scheduler_file, timeout_s)
     from gpubench.bench import merge as bench
 
-    with report.progress(not quiet) as prog:
-        result = bench.run(spec, prog)
-    return finish(result, format_report(result, units), json_path=json_path, quiet=quiet)
+    def run():
+        with report.progress(not quiet) as prog:
+            return bench.run(spec, prog)
+
+    return run_keeping_partial(run, lambda r: format_report(r, units), json_path=json_path, quiet=quiet)
+
+
+def _stopped_by(result) -> str:
+    if result.failed_by:
+        return f"stopped by a fault ({result.failed_by[:120]})"
+    return f"interrupted by {result.interrupted_by}"
 
 
 _FLOAT_RE = re.compile(r"^\s*\d*\.\d+\s*$|^\s*\d+(\.\d*)?[eE][-+]?\d+\s*$")
@@ -270,7 +278,7 @@ def format_notes(result, units: str = "GB") -> list[str]:
     notes: list[str] = []
     if rec is None or not rec.samples_s:
         if result.partial:
-            notes.append(f"PARTIAL: interrupted by {result.interrupted_by} before a timed run finished.")
+            notes.append(f"PARTIAL: {_stopped_by(result)} before a timed run finished.")
         return notes
     ex = rec.extra
     s = rec.rate_summary()
@@ -299,7 +307,7 @@ def format_notes(result, units: str = "GB") -> list[str]:
     if isinstance(ex.get("rmm"), str) and "already set up" in ex["rmm"]:
         notes.append("RMM " + ex["rmm"] + ".")
     if result.partial:
-        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; {s.n} timed run(s) kept.")
+        notes.append(f"PARTIAL: {_stopped_by(result)}; {s.n} timed run(s) kept.")
     return notes
 
 

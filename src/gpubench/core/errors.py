@@ -57,9 +57,15 @@ class NoGPUError(UsageError):
 
 
 class MachineError(GpubenchError):
-    """A fault of the machine or a library (CUDA, NCCL, Dask) during a run; exit code 3."""
+    """A fault of the machine or a library (CUDA, NCCL, Dask) during a run; exit code 3.
+
+    Attributes:
+        partial_result: what the run had measured before the fault (a Result with partial=True and
+            failed_by set), for the command to print and save before exiting; None when nothing was.
+    """
 
     exit_code = 3
+    partial_result = None
 
 
 class RegressionFound(GpubenchError):

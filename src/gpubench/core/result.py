@@ -12,7 +12,8 @@ JSON layout (schema version 1)::
       "spec": {...},                      # the parsed options
       "timing": {...},                    # clock, warm-ups, iteration rule, method notes
       "env": {...},                       # gpubench.core.env.capture()
-      "partial": false,                   # true when interrupted; "interrupted_by" names the signal
+      "partial": false,                   # true when stopped early; "interrupted_by" names the signal,
+                                          # "failed_by" (present only then) the machine fault
       "records": [                        # one per measured point
         {"params": {"direction": "h2d", "memory": "pinned", "device": 0, "nbytes": 4096},
          "metric": "bandwidth",           # "bandwidth" (higher is better) or "time" (lower is better)
@@ -153,8 +154,9 @@ class Result:
         timing: how the records were timed (clock, warm-ups, iteration rule, method).
         env: the machine, from :func:`gpubench.core.env.capture`.
         records: measured points.
-        partial: True when the run was interrupted before the end.
-        interrupted_by: "SIGINT" / "SIGTERM" when partial.
+        partial: True when the run stopped before the end (a signal, or a machine fault).
+        interrupted_by: "SIGINT" / "SIGTERM" when a signal stopped it.
+        failed_by: the error line when a machine fault stopped it (the run then exits 3).
         argv: the command line.
         created: ISO 8601 UTC time of creation.
     """
@@ -166,6 +168,7 @@ class Result:
     records: list[Record] = field(default_factory=list)
     partial: bool = False
     interrupted_by: str | None = None
+    failed_by: str | None = None
     argv: list[str] = field(default_factory=list)
     created: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -186,6 +189,7 @@ class Result:
             "env": self.env,
             "partial": self.partial,
             "interrupted_by": self.interrupted_by,
+            **({"failed_by": self.failed_by} if self.failed_by else {}),
             "records": [r.to_dict() for r in self.records],
         }
 
@@ -218,6 +222,7 @@ class Result:
                 records=[Record.from_dict(r) for r in d.get("records", [])],
                 partial=bool(d.get("partial", False)),
                 interrupted_by=d.get("interrupted_by"),
+                failed_by=d.get("failed_by"),
                 argv=list(d.get("argv", [])),
                 created=str(d.get("created", "")),
                 gpubench_version=str(d.get("gpubench_version", "")),
