@@ -17,7 +17,7 @@ import traceback
 import click
 
 from gpubench import __version__
-from gpubench.core.errors import GpubenchError, Interrupted, clear_signals, note_signal
+from gpubench.core.errors import GpubenchError, Interrupted, clear_signals, note_signal, signal_noted
 
 # name -> (module, one-line help). Order is the order of `gpubench --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -66,12 +66,24 @@ def cli():
     """
 
 
+_AGAIN = ("gpubench: already stopping: saving what was measured and closing what the run started "
+          "(Ctrl-\\ quits at once and keeps nothing)")
+
+
 def _sigterm(signum, frame):
+    if signal_noted():  # a second signal while the first one's cleanup runs must not lose the result
+        note_signal(signum)
+        print(_AGAIN, file=sys.stderr)
+        return
     note_signal(signum)
     raise Interrupted(signum)
 
 
 def _sigint(signum, frame):
+    if signal_noted():
+        note_signal(signum)
+        print(_AGAIN, file=sys.stderr)
+        return
     note_signal(signum)
     raise KeyboardInterrupt
 

@@ -97,6 +97,11 @@ def note_signal(signum: int) -> None:
     _pending_signals.append(signum)
 
 
+def signal_noted() -> bool:
+    """True when a SIGINT or SIGTERM already arrived during this command."""
+    return bool(_pending_signals)
+
+
 def clear_signals() -> None:
     """Forget noted signals (at the start of a command)."""
     _pending_signals.clear()
