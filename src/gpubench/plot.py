@@ -223,8 +223,9 @@ def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> N
     ax.set_xticks(ticks)
     ax.set_xticklabels([format_size(t).replace(" ", "") for t in ticks], rotation=45, fontsize=8)
     ax.grid(True, which="major", alpha=0.3)
+    # handles long enough to tell the dash patterns apart (pinned and registered share a colour)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
-              ncol=1 if len(panel.series) <= 14 else 2)
+              ncol=1 if len(panel.series) <= 14 else 2, handlelength=4)
 
 
 _LINESTYLES = ["-", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]

@@ -258,3 +258,13 @@ def test_figures_missing_from_the_new_result_are_listed():
     assert {r.params["nbytes"] for r in c.missing()} == {1, 2}
     assert cmp.compare(base, base).missing() == []
     assert cmp.compare(new, base).missing() == []  # the new result has more: nothing is missing
+
+
+def test_net_local_random_port_is_not_a_difference():
+    a = load(str(synth.DATA / "net-local.json"))
+    b = load(str(synth.DATA / "net-local.json"))
+    b.spec = {**b.spec, "port": b.spec["port"] + 1}
+    assert not [w for w, *_ in cmp.env_diff(a, b) if w == "option port"]
+    b.spec["mode"] = "client"  # between a client run and another, the port is the user's choice
+    a.spec["mode"] = "client"
+    assert [w for w, *_ in cmp.env_diff(a, b) if w == "option port"] == ["option port"]

@@ -125,6 +125,11 @@ def cuda_info() -> dict[str, Any]:
         out["device_count"] = runtime.getDeviceCount()
     except Exception as e:
         out["error"] = _short(e)
+        from gpubench.core.gpu import _driver_library_present
+
+        if "InsufficientDriver" in out["error"] and not _driver_library_present():
+            # the runtime says "insufficient driver" when there is no driver at all (as require_gpu)
+            out["error"] = "no NVIDIA driver is installed: libcuda and NVML cannot be loaded"
     return out
 
 
