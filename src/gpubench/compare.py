@@ -39,7 +39,7 @@ class MWU:
         z: normal score of u with tie and continuity corrections (0 when the variance is 0).
         p: two-sided p-value, in [0, 1]: exact when there are no ties and the smaller sample has
             at most EXACT_MAX values, else from the normal approximation.
-        method: "exact" or "asymptotic".
+        method: "exact", "exact (ties)" or "asymptotic".
         p_min: the smallest p these sample sizes can give (complete separation, no ties): when it
             is not below alpha the test cannot find any difference, however large.
     """
@@ -84,6 +84,30 @@ def _exact_p(u1: float, n1: int, n2: int) -> float:
     return min(1.0, 2.0 * sum(counts[: k + 1]) / total)
 
 
+EXACT_TIES_MAX_SPLITS = 50_000  # with ties: the exact permutation distribution while C(n1+n2, n1) <= this
+
+
+def _exact_p_ties(ranks: "Any", n1: int, u1: float) -> float:
+    """Two-sided exact p with ties: every way of choosing which n1 of the pooled (mid)ranks belong
+    to the first sample is equally likely under the null; p is the share of them whose U is at least
+    as far from n1 n2 / 2 as the observed one (the permutation test of U, conditional on the ties).
+    """
+    import itertools
+
+    n = len(ranks)
+    n2 = n - n1
+    mu = n1 * n2 / 2.0
+    base = n1 * (n1 + 1) / 2.0
+    far = abs(u1 - mu) - 1e-9
+    hits = total = 0
+    for idx in itertools.combinations(range(n), n1):
+        u = sum(ranks[i] for i in idx) - base
+        total += 1
+        if abs(u - mu) >= far:
+            hits += 1
+    return min(1.0, hits / total)
+
+
 def min_p(n1: int, n2: int) -> float:
     """The smallest two-sided p of the test for these sizes (every new value beyond every base value):
     exact 2 / C(n1 + n2, n1) when the exact test applies, else the normal approximation's."""
@@ -102,7 +126,9 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
 
     Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto"): p = 2 *
     P(U <= min(U1, n1 n2 - U1)) under the null distribution of U (every ordering equally likely),
-    counted by Mann and Whitney's recurrence. Otherwise:
+    counted by Mann and Whitney's recurrence. With ties and at most EXACT_TIES_MAX_SPLITS ways to
+    split the pooled values: the exact permutation distribution of U given the tied ranks (scipy
+    would use the normal approximation, whose p cannot go under ~0.012 at 5 vs 5). Otherwise:
 
     With the n = n1 + n2 values ranked together (ties get their average rank) and R1 the sum of the
     ranks of ``x``::
@@ -153,6 +179,9 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     z = math.copysign(z, u1 - mu)
     if len(uniq) == n and min(n1, n2) <= EXACT_MAX:
         return MWU(u1, z, _exact_p(u1, n1, n2), "exact", pmin)
+    if len(uniq) < n and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS:
+        # the normal approximation cannot go below ~0.012 at 5 vs 5, so a tie would hide any change
+        return MWU(u1, z, _exact_p_ties([float(r) for r in ranks], n1, u1), "exact (ties)", pmin)
     p = min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
     return MWU(u1, z, p, "asymptotic", pmin)
 
@@ -265,9 +294,13 @@ class Comparison:
         return c
 
     def regressions(self) -> list[Row]:
-        """Figures worse beyond noise and threshold, and those worse beyond the threshold whose sample
-        sizes cannot be tested at alpha (a CI gate must not pass a 50 % drop for want of runs)."""
-        return [r for r in self.rows if r.verdict in ("worse", "worse (untested)")]
+        """Figures worse beyond the noise (p < alpha) and the threshold."""
+        return [r for r in self.rows if r.verdict == "worse"]
+
+    def untested_worse(self) -> list[Row]:
+        """Figures worse by more than the threshold whose sample sizes cannot reach p < alpha: not
+        regressions (noise alone moves 3 merge runs by several %), but said out loud."""
+        return [r for r in self.rows if r.verdict == "worse (untested)"]
 
     def missing(self) -> list[Row]:
         """Figures the base has data for and the new result lacks (absent, or an error row)."""
@@ -377,7 +410,9 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     cmp = Comparison(base_name, new_name, base.command, env_diff(base, new))
     for name, r in ((base_name, base), (new_name, new)):
         if r.partial:
-            cmp.notes.append(f"{name} is partial (interrupted by {r.interrupted_by or 'a signal'})")
+            why = f"stopped by a fault: {r.failed_by[:100]}" if r.failed_by else \
+                f"interrupted by {r.interrupted_by or 'a signal'}"
+            cmp.notes.append(f"{name} is partial ({why})")
     new_by_key: dict[tuple, Record] = {}
     for r in new.records:
         new_by_key.setdefault(r.key(), r)
@@ -534,7 +569,8 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
         cols, body = table_rows(cmp, units)
         t = report.table(title, cols)
         for cells in body:
-            style = {"worse": "red", "better": "green"}.get(cells[-1])
+            style = {"worse": "red", "better": "green", "worse (untested)": "yellow",
+                     "better (untested)": "yellow"}.get(cells[-1])
             t.add_row(*cells, style=style)
         out.append(t)
         out.append(summary_line(cmp))
@@ -553,8 +589,11 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
         c = cmp.counts()
         lines.append(f"### gpubench {cmp.command}: `{cmp.new_name}` vs base `{cmp.base_name}`")
         lines.append("")
-        if c["worse"]:
-            lines.append(f"**{c['worse']} figure(s) worse.** {summary_line(cmp)}")
+        if c["worse"] or c["worse (untested)"]:
+            head = f"**{c['worse']} figure(s) worse.** " if c["worse"] else ""
+            if c["worse (untested)"]:
+                head += f"**{c['worse (untested)']} worse by more than the threshold but untested (too few samples).** "
+            lines.append(head + summary_line(cmp))
         else:
             lines.append(summary_line(cmp))
         lines.append("")
@@ -570,7 +609,7 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
         lines.append("| " + " | ".join(cols) + " |")
         lines.append("| " + " | ".join(["---"] + ["---:"] * (len(cols) - 2) + ["---"]) + " |")
         for cells in body:
-            if cells[-1] in ("worse", "better"):
+            if cells[-1] in ("worse", "better", "worse (untested)", "better (untested)"):
                 cells = cells[:-1] + [f"**{cells[-1]}**"]
             lines.append("| " + " | ".join(_md_escape(x) for x in cells) + " |")
         lines.append("")
@@ -583,9 +622,12 @@ def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: floa
     return {
         "schema": "gpubench.compare",
         "schema_version": 1,
-        "method": {"test": "mann-whitney-u two-sided, normal approximation with tie and continuity corrections",
+        "method": {"test": "mann-whitney-u two-sided: exact for small samples (with ties: the exact "
+                           "permutation distribution), else the normal approximation with tie and "
+                           "continuity corrections",
                    "alpha": alpha, "threshold_pct": threshold_pct,
                    "values": {"bandwidth": "B/s per sample, higher is better", "time": "seconds, lower is better"}},
         "comparisons": [c.to_dict() for c in cmps],
         "regressions": sum(len(c.regressions()) for c in cmps),
+        "untested_worse": sum(len(c.untested_worse()) for c in cmps),
     }

@@ -183,3 +183,12 @@ def test_a_new_result_without_the_figures_fails_the_gate(capsys, tmp_path):
     assert code == 1 and "have none in the new result" in err, (out, err)
     code, _, _ = run(capsys, base, _scaled(tmp_path, "nccl-h200x2.json", 1.0, keep=2))
     assert code == 0  # without the flag it is a report, not a failure
+
+
+def test_untested_drops_warn_but_do_not_fail_the_gate(capsys, tmp_path):
+    base = str(synth.DATA / "merge-cpu.json")
+    code, out, err = run(capsys, base, _scaled(tmp_path, "merge-cpu.json", 2.0), "--fail-on-regression")
+    assert code == 0, (out, err)
+    assert "could not be tested" in err and "worse (untested)" in out
+    code, out, _ = run(capsys, base, _scaled(tmp_path, "merge-cpu.json", 2.0), "--format", "markdown")
+    assert "untested (too few samples)" in out

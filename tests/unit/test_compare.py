@@ -27,9 +27,24 @@ def test_mwu_separated_small_samples_by_hand():
     assert r.z == pytest.approx(-z)
     # no ties, 3 values: exact. Of the C(6, 3) = 20 orderings one gives U = 0: p = 2 / 20
     assert r.method == "exact" and r.p == pytest.approx(0.1) and r.p_min == pytest.approx(0.1)
-    # with a tie the normal approximation is used
+    # with a tie, small samples use the exact permutation distribution given the tied ranks
     t = cmp.mann_whitney_u([1, 2, 3], [3, 5, 6])
-    assert t.method == "asymptotic"
+    assert t.method == "exact (ties)"
+
+
+def test_mwu_exact_with_ties_by_hand():
+    # x = 1, 2 and y = 2, 3: ranks 1, 2.5, 2.5, 4. The 6 ways to give x two of them have U = 0.5, 0.5,
+    # 2, 2, 3.5, 3.5 (mu = 2); the observed U = 0.5 is 1.5 from mu, as are 4 of the 6: p = 4/6
+    r = cmp.mann_whitney_u([1, 2], [2, 3])
+    assert r.method == "exact (ties)" and r.u == 0.5 and r.p == pytest.approx(4 / 6)
+
+
+def test_a_tie_does_not_hide_a_doubled_latency():
+    # 5 vs 5 with one tie inside the base: the normal approximation's best p is ~0.012 (> 0.01)
+    base = [2.2e-6, 2.2e-6, 2.3e-6, 2.25e-6, 2.21e-6]
+    slow = [2 * v for v in base]
+    r = cmp.mann_whitney_u(slow, base)
+    assert r.p == pytest.approx(2 / 252) and r.p < 0.01
 
 
 def test_mwu_exact_null_distribution_by_hand():
@@ -58,7 +73,7 @@ def test_mwu_tie_correction_by_hand():
     (1, 5, 7, 0.3, False, 0.8762626262626263),
     (2, 30, 40, 0.3, True, 0.055075407484131034),
     (3, 200, 150, 0.3, True, 0.027736830787877906),
-    (4, 8, 8, 0.0, True, 0.4001203439746188),
+    (4, 10, 10, 0.0, True, 0.4959675729800952),  # C(20, 10) splits: over the exact-with-ties limit
 ])
 def test_mwu_matches_scipy(seed, n1, n2, shift, ties, p_scipy):
     rng = np.random.default_rng(seed)
@@ -232,12 +247,14 @@ def _res(samples_by_size, command="nccl"):
                                         for n, s in samples_by_size.items()])
 
 
-def test_three_runs_cannot_be_tested_but_a_big_drop_is_still_a_regression():
+def test_three_runs_cannot_be_tested_so_a_big_drop_is_flagged_untested_not_failed():
     base = _res({1: [1.00, 1.01, 0.99]})
     slow = _res({1: [2.00, 2.02, 1.98]})  # half the bandwidth
-    (row,) = cmp.compare(base, slow).rows
+    c = cmp.compare(base, slow)
+    (row,) = c.rows
     assert row.p == pytest.approx(0.1)  # the least 3 vs 3 can give
-    assert row.verdict == "worse (untested)" and cmp.compare(base, slow).regressions() == [row]
+    # noise alone moves 3 merge runs by several %: failing on it failed ~40 % of healthy re-runs
+    assert row.verdict == "worse (untested)" and c.regressions() == [] and c.untested_worse() == [row]
     (row,) = cmp.compare(slow, base).rows
     assert row.verdict == "better (untested)"
     (row,) = cmp.compare(base, _res({1: [1.001, 1.011, 0.991]})).rows  # inside the 1 % threshold

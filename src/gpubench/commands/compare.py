@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from gpubench.core.errors import RegressionFound, UsageError
@@ -15,9 +17,9 @@ from gpubench.core.errors import RegressionFound, UsageError
 @click.option("--alpha", type=float, default=0.01, show_default=True,
               help="Significance level of the Mann-Whitney U test on the samples.")
 @click.option("--fail-on-regression", is_flag=True,
-              help="Exit 1 when a figure is worse by more than --threshold and beyond noise (or worse "
-                   "by more than --threshold with too few samples to test), or when a figure with "
-                   "data in BASE has none in NEW.")
+              help="Exit 1 when a figure is worse by more than --threshold and beyond noise, or when a "
+                   "figure with data in BASE has none in NEW. Figures worse with too few samples to "
+                   "test are warned about, not failed.")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True, help="table for a terminal, markdown for a pull-request comment, json for tools.")
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
@@ -45,10 +47,13 @@ def command(base, new, threshold_pct, alpha, fail_on_regression, fmt, units, deb
         worse = [r for c in cmps for r in c.regressions()]
         missing = sum(len(c.missing()) for c in cmps)
         why = []
+        untested = sum(len(c.untested_worse()) for c in cmps)
+        if untested:
+            print(f"gpubench: warning: {untested} figure(s) worse by more than {threshold_pct:g}% could not be "
+                  f"tested at alpha {alpha:g} (too few samples: 3 against 3 give p >= 0.1); not counted as "
+                  "regressions; take more samples (-n, --samples, --runs) to test them", file=sys.stderr)
         if worse:
-            untested = sum(r.verdict == "worse (untested)" for r in worse)
-            why.append(f"{len(worse)} figure(s) worse by more than {threshold_pct:g}% beyond noise"
-                       + (f" ({untested} with too few samples to test at alpha {alpha:g})" if untested else ""))
+            why.append(f"{len(worse)} figure(s) worse by more than {threshold_pct:g}% beyond noise")
         if missing:
             why.append(f"{missing} figure(s) with data in the base have none in the new result")
         if why:
