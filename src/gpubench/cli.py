@@ -150,6 +150,12 @@ def main(argv: list[str] | None = None) -> None:
                    err=True)
         code = 3
     finally:
-        signal.signal(signal.SIGTERM, old)
-        signal.signal(signal.SIGINT, old_int)
+        if argv is None:
+            # the process's own run: the exit code is decided and the result saved; a Ctrl-C during
+            # interpreter teardown (Dask's atexit hooks) must not turn exit 3 into a KeyboardInterrupt
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:  # called in-process (tests): give the caller its handlers back
+            signal.signal(signal.SIGTERM, old)
+            signal.signal(signal.SIGINT, old_int)
     sys.exit(code)

@@ -235,3 +235,39 @@ def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path, pr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     data = json.loads(out.read_text())
     assert data["partial"] is True
+
+
+def test_ctrl_c_while_the_cluster_closes_keeps_the_runs_and_closes_it(tmp_path, capsys, monkeypatch):
+    """A KeyboardInterrupt inside LocalCluster.close (the first one): the close is tried again, no
+    worker is left, and the finished runs are printed and saved as partial (exit 130)."""
+    import json
+
+    pytest.importorskip("psutil")
+    import distributed
+
+    from gpubench.cli import main
+
+    real_close = distributed.LocalCluster.close
+    calls = {"n": 0}
+
+    def close_interrupted_once(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real_close(self, *a, **k)
+
+    monkeypatch.setattr(distributed.LocalCluster, "close", close_interrupted_once)
+    out = tmp_path / "m.json"
+    with pytest.raises(SystemExit) as ei:
+        main(["merge", "-t", "cpu", "-d", "0,1", "-c", "20_000", "--runs", "2", "--warmup-runs", "0",
+              "--json", str(out)])
+    o, err = capsys.readouterr()
+    assert ei.value.code == 130, err
+    assert calls["n"] >= 2
+    data = json.loads(out.read_text())
+    assert data["partial"] is True and data["interrupted_by"] == "SIGINT"
+    assert len(data["records"][0]["samples_s"]) == 2
+    deadline = time.monotonic() + 10
+    while _spawned_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _spawned_workers() == []

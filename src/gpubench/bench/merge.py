@@ -34,13 +34,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from gpubench.core import env as envmod
-from gpubench.core.errors import MachineError, NoGPUError, UsageError
+from gpubench.core.errors import Interrupted, MachineError, NoGPUError, UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.scheduler import check_workers, error_line, run_on_workers, wait_watching
@@ -761,12 +762,28 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                 client = Client(cluster, timeout=min(spec.timeout_s, 60))
         yield client, cluster
     finally:
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close(timeout=10)
-        if cluster is not None:
-            with contextlib.suppress(Exception):
-                cluster.close(timeout=CLOSE_TIMEOUT_S)
+        _close_all(client, cluster)
+
+
+def _close_all(client, cluster) -> None:
+    """Close the client, then the cluster, even when a Ctrl-C or SIGTERM lands in the middle: the
+    interrupted close is tried once more (the CLI notes and ignores later signals) so no worker
+    process is left, then the interrupt is raised again for the caller to keep the result."""
+    pending: BaseException | None = None
+    for what, close in (("client", lambda: client.close(timeout=10)),
+                        ("cluster", lambda: cluster.close(timeout=CLOSE_TIMEOUT_S))):
+        if (client if what == "client" else cluster) is None:
+            continue
+        for _attempt in range(2):
+            try:
+                close()
+                break
+            except (KeyboardInterrupt, Interrupted) as e:
+                pending = pending or e
+            except Exception:
+                break
+    if pending is not None:
+        raise pending
 
 
 def compute_watching(client, values: Sequence[Any], workers: Mapping[str, int], timeout_s: float, what: str) -> list:
@@ -902,6 +919,12 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
         if outcomes:  # keep the timed runs that finished (printed and saved by the command, exit 3)
             e.partial_result = _result(spec, env, outcomes, info, check_box.get("check"), None, e.one_line())
         raise
+    except (KeyboardInterrupt, Interrupted) as e:
+        # a signal outside the runs (while the cluster closed, say): keep what was measured
+        if not outcomes:
+            raise
+        sig = "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
+        return _result(spec, env, outcomes, info, check_box.get("check"), sig, None)
     return _result(spec, env, outcomes, info, check_box.get("check"), check_box.get("interrupted"), None)
 
 
