@@ -296,3 +296,22 @@ def test_saved_results_keep_the_command_line(tmp_path):
     p = gb("net", "local", "-t", "1", "-P", "1", "--json", str(out), timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(out.read_text())["argv"] == ["net", "local", "-t", "1", "-P", "1", "--json", str(out)]
+
+
+def test_json_names_near_the_limit_save_and_over_it_are_refused_before_the_run(run_cli, tmp_path):
+    near = tmp_path / ("a" * 245 + ".json")  # 250 bytes: the save's temporary name must still fit
+    code, _out, err = run_cli("env", "--json", str(near))
+    assert code == 0, err
+    assert json.loads(near.read_text())["command"] == "env"
+    code, _out, err = run_cli("net", "local", "-t", "30", "--json", str(tmp_path / ("b" * 300)))
+    assert code == 2 and "file name is 300 bytes" in one_line(err)
+
+
+def test_json_through_a_symlink_replaces_its_target_and_keeps_the_link(run_cli, tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    code, _out, err = run_cli("env", "--json", str(link))
+    assert code == 0, err
+    assert link.is_symlink() and json.loads(target.read_text())["command"] == "env"

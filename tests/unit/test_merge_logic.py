@@ -340,3 +340,19 @@ def test_an_interface_this_host_lacks_is_a_usage_error():
     with pytest.raises(UsageError) as ei:
         check_interface("nosuch0")
     assert "--interface 'nosuch0' is not a network interface" in ei.value.one_line() and "lo" in ei.value.one_line()
+
+
+def test_an_interface_without_ipv4_is_a_usage_error(monkeypatch):
+    import socket
+    from types import SimpleNamespace
+
+    import psutil
+
+    from gpubench.bench.merge import check_interface
+    from gpubench.core.errors import UsageError
+
+    fake = {"lo": [SimpleNamespace(family=socket.AF_INET)], "ifb0": [SimpleNamespace(family=socket.AF_INET6)]}
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: fake)
+    with pytest.raises(UsageError) as ei:
+        check_interface("ifb0")
+    assert "has no IPv4 address" in ei.value.one_line() and "use one of lo" in ei.value.one_line()

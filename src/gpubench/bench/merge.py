@@ -665,14 +665,21 @@ def check_interface(name: str) -> None:
     starting, as a RuntimeError).
 
     Raises:
-        UsageError: ``name`` is not one of psutil.net_if_addrs(); the line lists those that are.
+        UsageError: ``name`` is not an interface of this host with an IPv4 address (distributed
+            binds to the interface's IPv4 address); the line lists those that have one.
     """
+    import socket
+
     import psutil
 
-    have = sorted(psutil.net_if_addrs())
-    if name not in have:
+    addrs = psutil.net_if_addrs()
+    usable = sorted(n for n, a in addrs.items() if any(x.family == socket.AF_INET for x in a))
+    if name not in addrs:
         raise UsageError(f"--interface {name!r} is not a network interface of this host",
-                         f"use one of {', '.join(have)}")
+                         f"use one of {', '.join(usable)}")
+    if name not in usable:
+        raise UsageError(f"--interface {name!r} has no IPv4 address, which Dask binds to",
+                         f"use one of {', '.join(usable)}")
 
 
 @contextlib.contextmanager

@@ -242,42 +242,51 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
         option: the option that named it, for messages ("--json", "-o").
 
     Raises:
-        UsageError: an empty name, the folder does not exist, is not a folder, or cannot be written;
-            or path is a folder.
+        UsageError: an empty name or one over 255 bytes; the folder does not exist, is not a folder,
+            or cannot be written; path is a folder; path exists and this user cannot write it.
     """
     if not str(path).strip():
         raise UsageError(f"{option} needs a file name, got {str(path)!r}", "e.g. out.json")
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise UsageError(f"{option} {str(p)!r} is a folder", "give a file name, e.g. out.json")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {str(p)!r}: folder {str(parent)!r} does not exist")
+    name_len = len(os.fsencode(Path(path).name))
+    if name_len > 255:
+        raise UsageError(f"{option}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
     try:
+        p = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+        parent = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            raise UsageError(f"{option} {str(path)!r} is a folder", "give a file name, e.g. out.json")
+        if not parent.is_dir():
+            raise UsageError(f"{option} {str(path)!r}: folder {str(parent)!r} does not exist")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise UsageError(f"{option} {str(path)!r} exists and cannot be written (read-only, or another "
+                             "user's file)", "remove it or give another name")
         fd, probe = tempfile.mkstemp(prefix=".gpubench-probe-", suffix=".tmp", dir=parent)
         os.close(fd)
         os.unlink(probe)
+    except UsageError:
+        raise
     except OSError as e:
-        raise UsageError(f"{option} {str(p)!r}: cannot write in folder {str(parent)!r} "
-                         f"({e.strerror or type(e).__name__})") from None
-    return p
+        raise UsageError(f"{option} {str(path)!r}: cannot write there ({e.strerror or type(e).__name__})") from None
+    return Path(path)
 
 
 def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result") -> Path:
     """Write ``data`` as JSON atomically: a temporary file in the same folder, fsync, rename.
 
-    An earlier file at ``path`` stays intact if anything fails.
+    An earlier file at ``path`` stays intact if anything fails. A symbolic link is followed: the file
+    it points to is replaced, the link kept.
 
     Raises:
         ValueError: data holds NaN or infinity (not JSON); nothing is written.
         MachineError: the write failed (full disk, read-only target...); the message names the path.
     """
-    p = Path(path)
+    p = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     text = json.dumps(data, indent=1, allow_nan=False)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+        # a short temporary name: the target's own name may already be near the 255-byte limit
+        fd, tmp = tempfile.mkstemp(prefix=".gpubench-", suffix=".tmp", dir=parent)
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a result is an ordinary file
