@@ -552,6 +552,16 @@ def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _quiet_shutdown_logs() -> None:
+    """On a worker: a closing worker's heartbeat can fail with "ConnectionPool is closed", which
+    tornado logs as a traceback ("Exception in callback Worker.heartbeat") after the run, on Ctrl-C
+    most of all. gpubench closes the cluster itself, so those loggers are told to keep quiet."""
+    import logging
+
+    for name in ("tornado.application", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def _worker_device() -> int:
     """First entry of the worker's CUDA_VISIBLE_DEVICES, -1 without one (dask-cuda's get_worker_device)."""
     try:
@@ -945,6 +955,8 @@ def _drive(spec: MergeSpec, progress: ProgressSink, outcomes: list, info: dict, 
     with dask.config.set({"dataframe.shuffle.method": spec.shuffle_method}):
         with cluster_client(spec) as (client, cluster):
             devices = run_on_workers(client, _worker_device, {}, "asking the workers for their GPU")
+            if cluster is not None:  # our own workers only; an external cluster's logs are its owner's
+                run_on_workers(client, _quiet_shutdown_logs, {}, "quieting the workers' shutdown logs")
             index = address_to_index(devices)
             n_workers = len(index)
             info["workers"] = [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()]
