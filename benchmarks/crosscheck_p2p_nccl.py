@@ -11,7 +11,8 @@ Compared figures (GPU 0 -> GPU 1 where a matrix):
 - all_reduce_perf -g N (float sum, out of place) busbw per size vs gpubench nccl at the same sizes
   and the same -e (nccl-tests offsets buffers within the largest size).
 - with --reference: the stored figures of a reference file (nvbandwidth_v0.8, p2pBandwidthLatencyTest,
-  nccl_tests_*) vs gpubench now.
+  nccl_tests_*) vs gpubench now; the p2pBandwidthLatencyTest ones against a gpubench run at that
+  tool's 160,000,000-byte copies.
 A ratio within 0.99..1.01 is marked ok.
 """
 
@@ -25,6 +26,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+
+PBLT_BYTES = 40_000_000 * 4  # p2pBandwidthLatencyTest numElems (ints) x sizeof(int)
 
 
 def run(cmd: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -125,7 +129,12 @@ def main() -> None:
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="gpubench-crosscheck-")
-    p2p = p2p_figures(gpubench(["p2p", "-d", "0,1", "-b", f"{args.p2p_size_mib}M"], os.path.join(tmp, "p2p.json")))
+    p2p = p2p_figures(gpubench(["p2p", "-d", "0,1", "-t", "write,read,bidir", "-b", f"{args.p2p_size_mib}M"],
+                               os.path.join(tmp, "p2p.json")))
+    # p2pBandwidthLatencyTest's own size (40 M ints) and copies per sample (5, gpubench's peer-off
+    # default): its peer-off bidirectional figure depends on both (docs/p2p.md)
+    pblt = p2p_figures(gpubench(["p2p", "-d", "0,1", "-t", "off,off-bidir,off-latency,latency",
+                                 "-b", str(PBLT_BYTES)], os.path.join(tmp, "p2p-pblt.json")))
     ncres = gpubench(["nccl", "-b", args.b, "-e", args.e, "-f", str(args.f), "--placement", "out-of-place"],
                      os.path.join(tmp, "nccl.json"))
     nccl = nccl_figures(ncres)
@@ -164,13 +173,13 @@ def main() -> None:
              nvb.get("device_to_device_memcpy_read_ce_0_1")),
             ("p2p bidir total vs stored nvbandwidth bidir read total", p2p.get(("bidir", "total", 0, 1)),
              nvb.get("device_to_device_bidirectional_memcpy_read_ce_total_0_1")),
-            ("p2p off 0->1 vs stored p2pBandwidthLatencyTest P2P disabled", p2p.get(("off", None, 0, 1)),
+            ("p2p off 0->1 vs stored p2pBandwidthLatencyTest P2P disabled", pblt.get(("off", None, 0, 1)),
              pbl.get("unidir_p2p_disabled_0_1")),
-            ("p2p off-bidir total vs stored p2pBLT bidir disabled", p2p.get(("off-bidir", "total", 0, 1)),
+            ("p2p off-bidir total vs stored p2pBLT bidir disabled", pblt.get(("off-bidir", "total", 0, 1)),
              pbl.get("bidir_p2p_disabled_0_1")),
-            ("p2p latency us 0->1 vs stored p2pBLT P2P writes", p2p.get(("latency", None, 0, 1)),
+            ("p2p latency us 0->1 vs stored p2pBLT P2P writes", pblt.get(("latency", None, 0, 1)),
              pbl.get("latency_p2p_writes_us_0_1")),
-            ("p2p off-latency us 0->1 vs stored p2pBLT P2P disabled", p2p.get(("off-latency", None, 0, 1)),
+            ("p2p off-latency us 0->1 vs stored p2pBLT P2P disabled", pblt.get(("off-latency", None, 0, 1)),
              pbl.get("latency_p2p_disabled_us_0_1")),
         ]
         for size, bus in sorted((int(k), v) for k, v in nct.get("busbw_out_of_place_GBps_by_bytes", {}).items()):
