@@ -161,6 +161,58 @@ class GatedTimer:
         self.gate = None
 
 
+GATE_DROPPED = "the driver's queue filled while the gate held; timed ungated"
+
+
+def drop_stalled_gate(timer: GatedTimer, extra: dict) -> None:
+    """After an untimed trial: if the gate stalled, time without it from now on and say so in extra."""
+    if timer.stalled:
+        timer.drop_gate()
+        extra["gated"] = False
+        extra["gate_dropped"] = GATE_DROPPED
+
+
+def time_repeated(stream, gated: bool, one: Callable[[], None], plan: TimingPlan) -> tuple[list[float], int]:
+    """Samples of one enqueue ``one`` (one copy or kernel): a first gated call sets how many calls a
+    sample queues behind the gate (choose_reps, so launch gaps stay out of the events); ungated, one.
+
+    Returns:
+        (seconds per call of each sample, calls per sample).
+    """
+    timer = GatedTimer(stream, gated)
+    t1 = timer.time(one)
+    reps = choose_reps(t1) if timer.gate is not None else 1
+    clock = SumClock()
+
+    def step():
+        clock.add(timer.time(lambda: [one() for _ in range(reps)]) / reps)
+
+    return measure(step, clock, plan), reps
+
+
+def time_segments(stream, gated: bool, enqueue: Callable[[range], None], n: int, plan: TimingPlan,
+                  extra: dict) -> tuple[list[float], GatedTimer]:
+    """Samples of ``n`` small copies queued one by one (``enqueue(range)`` queues those copies):
+    gated, in segments of SEGMENT per hold of the gate, a sample being the sum of its segments. An
+    untimed trial comes first; a gate that stalled in it is dropped (drop_stalled_gate, noted in extra).
+
+    Returns:
+        (seconds per sample, the timer: its ``gate`` is None when the copies were timed ungated).
+    """
+    timer = GatedTimer(stream, gated)
+    segs = segments(n, SEGMENT) if gated else [range(n)]
+    clock = SumClock()
+
+    def step():
+        for seg in segs:
+            clock.add(timer.time(lambda seg=seg: enqueue(seg)))
+
+    clock.start()
+    step()  # untimed trial; shows a stalled gate before the timed samples
+    drop_stalled_gate(timer, extra)
+    return measure(step, clock, plan), timer
+
+
 def segments(n: int, size: int) -> list[range]:
     """Split range(n) into consecutive ranges of at most ``size`` (size >= 1)."""
     return [range(i, min(n, i + size)) for i in range(0, n, size)]
@@ -352,8 +404,6 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
                     expected = scattered_dev if h2d else scattered_host
                     prepare(expected)
                     pairs = list(zip(dev_off, host_off)) if h2d else list(zip(host_off, dev_off))
-                    timer = GatedTimer(stream, gated)
-                    segs = segments(n, SEGMENT) if gated else [range(n)]
                     sp = stream.ptr
                     memcpy_async = runtime.memcpyAsync
 
@@ -362,40 +412,20 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
                             d, src = pairs[i]
                             memcpy_async(d, src, s, kind, sp)
 
-                    clock = SumClock()
-
-                    def step():
-                        for seg in segs:
-                            clock.add(timer.time(lambda seg=seg: enqueue(seg)))
-
-                    clock.start()
-                    step()  # untimed trial; shows a stalled gate before the timed samples
                     extra = dict(base_extra)
-                    if timer.stalled:
-                        timer.drop_gate()
-                        extra["gated"] = False
-                        extra["gate_dropped"] = "the driver's queue filled while the gate held; timed ungated"
-                    samples = measure(step, clock, spec.plan)
+                    samples, timer = time_segments(stream, gated, enqueue, n, spec.plan, extra)
                     extra["segment_copies"] = SEGMENT if timer.gate is not None else n
                     extra["verified"] = arrived(expected)
                     out.append(_record(params, total, samples, 1, extra))
                 elif strategy == "contiguous":
                     prepare(pat)
                     src, dst = (host.ptr, dev.ptr) if h2d else (dev.ptr, host.ptr)
-                    timer = GatedTimer(stream, gated)
 
                     def one(src=src, dst=dst, kind=kind):
                         runtime.memcpyAsync(dst, src, total, kind, stream.ptr)
 
-                    t1 = timer.time(one)
-                    reps = choose_reps(t1) if timer.gate is not None else 1
-                    clock = SumClock()
-
-                    def step(reps=reps, one=one, timer=timer):
-                        clock.add(timer.time(lambda: [one() for _ in range(reps)]) / reps)
-
-                    samples = measure(step, clock, spec.plan)
-                    extra = dict(base_extra, gated=timer.gate is not None, verified=arrived(pat))
+                    samples, reps = time_repeated(stream, gated, one, spec.plan)
+                    extra = dict(base_extra, gated=gated, verified=arrived(pat))
                     out.append(_record(params, total, samples, reps, extra))
                 elif strategy == "packed":
                     expected = scattered_dev if h2d else scattered_host
@@ -452,10 +482,7 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
                         out.append(Record(params=params, nbytes=total, error=e.message, extra={"skipped": True}))
                         continue
                     extra = dict(base_extra)
-                    if timer.stalled:
-                        timer.drop_gate()
-                        extra["gated"] = False
-                        extra["gate_dropped"] = "the driver's queue filled while the gate held; timed ungated"
+                    drop_stalled_gate(timer, extra)
                     samples = measure(step, clock, spec.plan)
                     extra["verified"] = arrived(expected)
                     out.append(_record(params, total, samples, 1, extra))

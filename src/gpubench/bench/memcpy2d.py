@@ -27,14 +27,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from gpubench.bench.batch import SEGMENT, GatedTimer, SumClock, segments
+from gpubench.bench.batch import SEGMENT, time_repeated, time_segments
 from gpubench.core import env as envmod
 from gpubench.core import gpu
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result, time_ratios
 from gpubench.core.sweep import run_groups
-from gpubench.core.timing import HostClock, TimingPlan, choose_reps, measure
+from gpubench.core.timing import HostClock, TimingPlan, measure
 from gpubench.core.units import format_size
 
 STRATEGIES = ("2d", "row-loop", "contiguous", "cupy-slice")
@@ -262,43 +262,24 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Re
                 prepare()
                 reps = 1
                 if strategy == "2d":
-                    timer = GatedTimer(stream, gated)
-
-                    def one(timer=timer):
+                    def one():
                         runtime.memcpy2DAsync(win_ptr, dp, src_ptr, sp, w, h, kind, stream.ptr)
 
-                    t1 = timer.time(one)
-                    reps = choose_reps(t1) if timer.gate is not None else 1
-                    clock = SumClock()
-
-                    def step(timer=timer, one=one, reps=reps):
-                        clock.add(timer.time(lambda: [one() for _ in range(reps)]) / reps)
-
-                    samples = measure(step, clock, spec.plan)
+                    samples, reps = time_repeated(stream, gated, one, spec.plan)
                 elif strategy == "contiguous":
                     if exp_contig is None:
                         exp_contig = expected_destination(src_pat, baseline, w, h, sp, dp, contiguous=True)
                     expected = exp_contig
-                    timer = GatedTimer(stream, gated)
 
-                    def one(timer=timer):
+                    def one():
                         runtime.memcpyAsync(win_ptr, src_ptr, window, kind, stream.ptr)
 
-                    t1 = timer.time(one)
-                    reps = choose_reps(t1) if timer.gate is not None else 1
-                    clock = SumClock()
-
-                    def step(timer=timer, one=one, reps=reps):
-                        clock.add(timer.time(lambda: [one() for _ in range(reps)]) / reps)
-
-                    samples = measure(step, clock, spec.plan)
+                    samples, reps = time_repeated(stream, gated, one, spec.plan)
                 elif strategy == "row-loop":
                     if h > MAX_LOOP_ROWS:
                         out.append(Record(params=params, nbytes=window, extra={"skipped": True},
                                           error=f"skipped: {h} rows is over {MAX_LOOP_ROWS} one-row copies per sample"))
                         continue
-                    timer = GatedTimer(stream, gated)
-                    segs = segments(h, SEGMENT) if gated else [range(h)]
                     memcpy_async = runtime.memcpyAsync
                     sptr = stream.ptr
 
@@ -306,19 +287,7 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Re
                         for r in seg:
                             memcpy_async(win_ptr + r * dp, src_ptr + r * sp, w, kind, sptr)
 
-                    clock = SumClock()
-
-                    def step(timer=timer, segs=segs):
-                        for seg in segs:
-                            clock.add(timer.time(lambda seg=seg: enqueue(seg)))
-
-                    clock.start()
-                    step()  # untimed trial; shows a stalled gate before the timed samples
-                    if timer.stalled:
-                        timer.drop_gate()
-                        extra["gated"] = False
-                        extra["gate_dropped"] = "the driver's queue filled while the gate held; timed ungated"
-                    samples = measure(step, clock, spec.plan)
+                    samples, _timer = time_segments(stream, gated, enqueue, h, spec.plan, extra)
                 else:  # cupy-slice
                     extra["gated"] = False
                     if direction == "d2h":

@@ -44,7 +44,7 @@ from gpubench.core import env as envmod
 from gpubench.core.errors import Interrupted, MachineError, NoGPUError, UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
-from gpubench.core.scheduler import check_workers, error_line, run_on_workers, wait_watching
+from gpubench.core.scheduler import error_line, run_on_workers, wait_watching
 from gpubench.core.stats import _percentile
 from gpubench.core.sweep import run_groups
 from gpubench.core.units import format_size

@@ -24,14 +24,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from gpubench.bench.batch import GATE_TIMEOUT_S, GatedTimer, SumClock
+from gpubench.bench.batch import GATE_TIMEOUT_S, GatedTimer, SumClock, time_repeated
 from gpubench.core import env as envmod
 from gpubench.core import gpu
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.sweep import run_groups
-from gpubench.core.timing import TimingPlan, choose_reps, measure
+from gpubench.core.timing import TimingPlan, measure
 from gpubench.core.units import format_size
 
 STAGES = ("h2d", "kernel", "d2h")
@@ -267,15 +267,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
 
         meds = {}
         for stage, fn in (("h2d", h2d), ("kernel", run_kernel), ("d2h", d2h)):
-            timer = GatedTimer(s0, True)
-            t1 = timer.time(lambda fn=fn: fn(s0))
-            reps = choose_reps(t1)
-            clock = SumClock()
-
-            def step(timer=timer, fn=fn, reps=reps):
-                clock.add(timer.time(lambda: [fn(s0) for _ in range(reps)]) / reps)
-
-            samples = measure(step, clock, spec.plan)
+            samples, reps = time_repeated(s0, True, lambda fn=fn: fn(s0), spec.plan)
             extra = {"gated": True}
             if stage == "kernel":
                 med = float(np.median(samples))

@@ -10,7 +10,7 @@ import re
 
 import click
 
-from gpubench.commands.common import common_options, finish, run_keeping_partial
+from gpubench.commands.common import common_options, run_keeping_partial
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, parse_size
