@@ -31,7 +31,7 @@ from typing import Callable
 
 from gpubench.core import env as envmod
 from gpubench.core import gpu
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result, time_ratios
 from gpubench.core.sweep import run_groups
@@ -81,11 +81,7 @@ class BatchSpec:
         for name, got, allowed in (("strategy", self.strategies, STRATEGIES),
                                    ("direction", self.directions, DIRECTIONS),
                                    ("memory kind", self.memory, HOST_KINDS)):
-            if not got:
-                raise UsageError(f"no {name} selected", f"use {', '.join(allowed)}")
-            for x in got:
-                if x not in allowed:
-                    raise UsageError(f"{name} {x!r} not known", f"use {', '.join(allowed)}")
+            check_choices(name, got, allowed)
         if self.device < 0:
             raise UsageError(f"device {self.device} is negative", "device ids start at 0")
 

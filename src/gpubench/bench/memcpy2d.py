@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from gpubench.bench.batch import SEGMENT, time_repeated, time_segments
 from gpubench.core import env as envmod
 from gpubench.core import gpu
-from gpubench.core.errors import UsageError
+from gpubench.core.errors import UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result, time_ratios
 from gpubench.core.sweep import run_groups
@@ -105,11 +105,7 @@ class Memcpy2dSpec:
         for name, got, allowed in (("strategy", self.strategies, STRATEGIES),
                                    ("direction", self.directions, DIRECTIONS),
                                    ("memory kind", self.memory, HOST_KINDS)):
-            if not got:
-                raise UsageError(f"no {name} selected", f"use {', '.join(allowed)}")
-            for x in got:
-                if x not in allowed:
-                    raise UsageError(f"{name} {x!r} not known", f"use {', '.join(allowed)}")
+            check_choices(name, got, allowed)
 
     def to_dict(self) -> dict:
         d = asdict(self)

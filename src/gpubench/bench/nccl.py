@@ -28,7 +28,7 @@ from typing import Any, Callable
 from gpubench.bench import collectives as C
 from gpubench.core import env as envmod
 from gpubench.core import gpu
-from gpubench.core.errors import Interrupted, MachineError, UsageError
+from gpubench.core.errors import Interrupted, MachineError, UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.units import format_size
@@ -80,11 +80,7 @@ class NcclSpec:
         C.op(self.op)
         if not self.sizes or min(self.sizes) < 1:
             raise UsageError("sizes must be at least 1 byte")
-        for p in self.places:
-            if p not in PLACES:
-                raise UsageError(f"placement {p!r} not known", f"use {', '.join(PLACES)}")
-        if not self.places:
-            raise UsageError("no placement selected", "give out-of-place, in-place or both")
+        check_choices("placement", self.places, PLACES)
         if self.root < 0:
             raise UsageError(f"root {self.root} must be >= 0")
         if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0:

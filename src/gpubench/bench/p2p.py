@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from gpubench.core import env as envmod
 from gpubench.core import gpu
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.sweep import run_groups
@@ -91,11 +91,7 @@ class P2PSpec:
     verify: bool = True
 
     def __post_init__(self):
-        for t in self.tests:
-            if t not in TESTS:
-                raise UsageError(f"test {t!r} not known", f"use {', '.join(TESTS)}")
-        if not self.tests:
-            raise UsageError("no test selected", f"use {', '.join(TESTS)}")
+        check_choices("test", self.tests, TESTS)
         if self.devices is not None and len(self.devices) < 2:
             raise UsageError(f"p2p needs two GPUs; -d names {len(self.devices)}", "e.g. -d 0,1")
         if self.plan.iters is None or self.plan.iters < 1:

@@ -40,6 +40,21 @@ class UsageError(GpubenchError):
     exit_code = 2
 
 
+def check_choices(name: str, got, allowed) -> None:
+    """Check an option's list of choices (strategies, directions, tests...).
+
+    Raises:
+        UsageError: ``got`` is empty ("no NAME selected"), or holds a value not in ``allowed``; the
+            line lists the accepted values.
+    """
+    hint = f"use {', '.join(allowed)}"
+    if not got:
+        raise UsageError(f"no {name} selected", hint)
+    for x in got:
+        if x not in allowed:
+            raise UsageError(f"{name} {x!r} not known", hint)
+
+
 class NoGPUError(UsageError):
     """No CUDA device is visible; exit code 2.
 
