@@ -362,11 +362,9 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
     out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
     if base.gpubench_version != new.gpubench_version:
         out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
-    # net local's port is picked at random each run: not a difference between the runs
-    ignored = {"port"} if base.command == "net" and base.spec.get("mode") == new.spec.get("mode") == "local" else set()
     for k in sorted(set(base.spec) | set(new.spec)):
         va, vb = base.spec.get(k), new.spec.get(k)
-        if va != vb and k not in ignored:
+        if va != vb:
             out.append((f"option {k}", _short(va), _short(vb)))
     return out
 

@@ -695,7 +695,10 @@ class NetSpec:
     connect_timeout: float = 10.0
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "port": self.port, "mode": self.mode, **asdict(self.request)}
+        """The options as asked: net local asks for any free port (0); the one it got is in the
+        result's timing ("server_port"), so two local runs do not differ by their random ports."""
+        port = 0 if self.mode == "local" else self.port
+        return {"host": self.host, "port": port, "mode": self.mode, **asdict(self.request)}
 
 
 @dataclass
@@ -936,6 +939,7 @@ def build_result(spec: NetSpec, intervals: list[Interval], sent: list[int] | Non
         spec=spec.to_dict(),
         timing={
             "clock": "perf_counter (server, the receiver)",
+            "server_port": spec.port,
             "interval_s": spec.request.interval,
             "omit_s": spec.request.omit,
             "method": "bytes received per stream per interval, counted by the server; total = counted "
