@@ -232,6 +232,11 @@ class Result:
             raise UsageError(f"{source} is a malformed gpubench result: {e}") from None
 
 
+def _write_target(path: str | os.PathLike) -> Path:
+    """The file a save to ``path`` replaces: a symbolic link's target (the link is kept), else path."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+
+
 def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
     """Check, before a run, that ``path`` can be written: its folder exists and a file can be
     created in it (tried: a temporary file is made and removed, which also catches read-only file
@@ -251,7 +256,7 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
     if name_len > 255:
         raise UsageError(f"{option}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
     try:
-        p = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+        p = _write_target(path)
         parent = p.parent if str(p.parent) else Path(".")
         if p.is_dir():
             raise UsageError(f"{option} {str(path)!r} is a folder", "give a file name, e.g. out.json")
@@ -280,7 +285,7 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
         ValueError: data holds NaN or infinity (not JSON); nothing is written.
         MachineError: the write failed (full disk, read-only target...); the message names the path.
     """
-    p = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    p = _write_target(path)
     parent = p.parent if str(p.parent) else Path(".")
     text = json.dumps(data, indent=1, allow_nan=False)
     tmp = None
