@@ -17,7 +17,8 @@ import traceback
 import click
 
 from gpubench import __version__
-from gpubench.core.errors import GpubenchError, Interrupted, clear_signals, note_signal, signal_noted
+from gpubench.core.errors import (GpubenchError, Interrupted, clear_signals, defer_signal, in_critical_section,
+                                   note_signal, signal_noted)
 
 # name -> (module, one-line help). Order is the order of `gpubench --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -76,6 +77,9 @@ def _sigterm(signum, frame):
         print(_AGAIN, file=sys.stderr)
         return
     note_signal(signum)
+    if in_critical_section():  # raised when the launches under way are all queued
+        defer_signal(signum)
+        return
     raise Interrupted(signum)
 
 
@@ -85,6 +89,9 @@ def _sigint(signum, frame):
         print(_AGAIN, file=sys.stderr)
         return
     note_signal(signum)
+    if in_critical_section():
+        defer_signal(signum)
+        return
     raise KeyboardInterrupt
 
 

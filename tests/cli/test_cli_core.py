@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from gpubench.cli import COMMANDS
+from gpubench.core.errors import Interrupted
 from gpubench.core.gpu import gpu_available
 
 
@@ -127,3 +130,36 @@ def test_absurd_repeat_counts_are_refused(args):
     r = gb("copy", *args)
     assert r.returncode == 2 and "too large" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("signum,exc", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Interrupted)])
+def test_a_signal_inside_a_critical_section_is_raised_when_it_ends(signum, exc):
+    """Every rank's launch of one iteration (or CUDA graph) happens, or none: the CLI's handlers
+    defer a signal that arrives in between until the section ends."""
+    from gpubench import cli as cli_mod
+    from gpubench.core.errors import CRITICAL, clear_signals
+
+    old_int, old_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, cli_mod._sigint)
+    signal.signal(signal.SIGTERM, cli_mod._sigterm)
+    clear_signals()
+    done = []
+    try:
+        with pytest.raises(exc):
+            with CRITICAL:
+                with CRITICAL:  # nested: raised only when the outer one ends
+                    os.kill(os.getpid(), signum)
+                    time.sleep(0.05)  # the handler runs here
+                    done.append("inner")
+                done.append("outer")
+        assert done == ["inner", "outer"]
+        clear_signals()
+        with pytest.raises(exc):  # outside a section: at once
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)
+            done.append("never")
+        assert "never" not in done
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+        clear_signals()

@@ -120,6 +120,8 @@ def signal_noted() -> bool:
 def clear_signals() -> None:
     """Forget noted signals (at the start of a command)."""
     _pending_signals.clear()
+    _deferred.clear()
+    _critical[0] = 0
 
 
 def raise_if_signalled() -> None:
@@ -131,3 +133,48 @@ def raise_if_signalled() -> None:
         if s == _signal.SIGINT:
             raise KeyboardInterrupt
         raise Interrupted(s)
+
+
+# Critical sections: launches that must all happen or none (every local rank's part of one NCCL
+# iteration or CUDA-graph launch). A rank whose kernels were queued while its peer's were not waits
+# for the peer for ever, so the CLI's handlers defer a signal that arrives inside one until it ends.
+_critical = [0]
+_deferred: list[int] = []
+
+
+def in_critical_section() -> bool:
+    """True inside ``with CRITICAL:``."""
+    return _critical[0] > 0
+
+
+def defer_signal(signum: int) -> None:
+    """Raise ``signum``'s exception when the current critical section ends (called by the CLI's
+    handlers; the signal must be noted with note_signal as well)."""
+    _deferred.append(signum)
+
+
+class _CriticalSection:
+    """``with CRITICAL:`` - SIGINT/SIGTERM arriving inside are raised (KeyboardInterrupt,
+    Interrupted) when the outermost section ends, not in the middle of it. Costs two integer
+    updates; nests."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        _critical[0] += 1
+
+    def __exit__(self, et, ev, tb):
+        _critical[0] -= 1
+        if _critical[0] == 0 and _deferred:
+            s = _deferred[-1]
+            _deferred.clear()
+            if et is None:
+                import signal as _signal
+
+                if s == _signal.SIGINT:
+                    raise KeyboardInterrupt
+                raise Interrupted(s)
+        return False
+
+
+CRITICAL = _CriticalSection()
