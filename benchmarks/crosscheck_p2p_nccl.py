@@ -2,7 +2,7 @@
 """Run gpubench p2p and nccl beside nvbandwidth and nccl-tests' all_reduce_perf (where they are on
 PATH) on the same GPUs and print gpubench / reference ratios.
 
-    PYTHONPATH=src python3 benchmarks/crosscheck_p2p_nccl.py [--reference ../shared/reference/h200x2-2026-11-30.json]
+    PYTHONPATH=src python3 benchmarks/crosscheck_p2p_nccl.py [--reference ../shared/reference/h200x2-2026-11-30.json] [-G 10]
 
 Compared figures (GPU 0 -> GPU 1 where a matrix):
 - nvbandwidth device_to_device_memcpy_write_ce / _read_ce / _bidirectional_memcpy_read_ce (total)
@@ -93,9 +93,9 @@ def _num(x):
         return None
 
 
-def all_reduce_perf(ngpus: int, b: str, e: str, f: int) -> dict:
-    """{size: out-of-place busbw GB/s} parsed from all_reduce_perf's table."""
-    p = run(["all_reduce_perf", "-g", str(ngpus), "-b", b, "-e", e, "-f", str(f)])
+def all_reduce_perf(ngpus: int, b: str, e: str, f: int, graph: int = 0) -> dict:
+    """{size: out-of-place busbw GB/s} parsed from all_reduce_perf's table (-G graph when > 0)."""
+    p = run(["all_reduce_perf", "-g", str(ngpus), "-b", b, "-e", e, "-f", str(f), "-G", str(graph)])
     if p.returncode != 0:
         print(f"all_reduce_perf failed: {p.stderr.strip()[:200]}")
         return {}
@@ -126,6 +126,7 @@ def main() -> None:
     ap.add_argument("-b", default="1M")
     ap.add_argument("-e", default="1G")
     ap.add_argument("-f", type=int, default=4)
+    ap.add_argument("-G", type=int, default=0, help="CUDA-graph launches, for both tools (nccl-tests -G)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="gpubench-crosscheck-")
@@ -135,7 +136,8 @@ def main() -> None:
     # default): its peer-off bidirectional figure depends on both (docs/p2p.md)
     pblt = p2p_figures(gpubench(["p2p", "-d", "0,1", "-t", "off,off-bidir,off-latency,latency",
                                  "-b", str(PBLT_BYTES)], os.path.join(tmp, "p2p-pblt.json")))
-    ncres = gpubench(["nccl", "-b", args.b, "-e", args.e, "-f", str(args.f), "--placement", "out-of-place"],
+    ncres = gpubench(["nccl", "-b", args.b, "-e", args.e, "-f", str(args.f), "-G", str(args.G),
+                      "--placement", "out-of-place"],
                      os.path.join(tmp, "nccl.json"))
     nccl = nccl_figures(ncres)
     ngpus = ncres["spec"]["nranks"]
@@ -154,9 +156,11 @@ def main() -> None:
     else:
         print("nvbandwidth not on PATH: skipped")
     if shutil.which("all_reduce_perf"):
-        ref = all_reduce_perf(ngpus, args.b, args.e, args.f)
+        ref = all_reduce_perf(ngpus, args.b, args.e, args.f, args.G)
+        g = f" -G {args.G}" if args.G else ""
         for size in sorted(set(ref) & set(nccl)):
-            rows.append((f"nccl all-reduce busbw {size} B vs all_reduce_perf -g {ngpus}", nccl[size], ref[size]))
+            rows.append((f"nccl{g} all-reduce busbw {size} B vs all_reduce_perf -g {ngpus}{g}", nccl[size],
+                         ref[size]))
     else:
         print("all_reduce_perf not on PATH: skipped")
 

@@ -1,7 +1,8 @@
 """``gpubench nccl --scheduler-file`` on a real Dask cluster: one worker process per GPU, each seeing
 one GPU (CUDA_VISIBLE_DEVICES), one NCCL rank per worker. Needs two GPUs and dask.distributed.
 
-- the data check reports 0 wrong over both ranks and busbw is reported;
+- the data check reports 0 wrong over both ranks and busbw is reported, launched one by one and
+  as CUDA graphs (-G) captured in each worker;
 - a worker killed (SIGKILL) mid-run ends the run with exit 3 naming the dead worker, within the
   watch's polling time, and the surviving worker is not left hanging in NCCL past -T.
 """
@@ -70,13 +71,15 @@ def _gpubench(*args, timeout=300):
                           env=_env(), timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def test_one_rank_per_worker_checks_zero_wrong(two_worker_cluster, tmp_path):
+@pytest.mark.parametrize("graph", ["0", "5"])
+def test_one_rank_per_worker_checks_zero_wrong(two_worker_cluster, tmp_path, graph):
     sfile, _ = two_worker_cluster
     out = tmp_path / "nccl-dask.json"
     p = _gpubench("nccl", "--scheduler-file", str(sfile), "-b", "64M", "-e", "256M", "-f", "4", "-c", "1",
-                  "--json", str(out))
+                  "-G", graph, "--json", str(out))
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
+    assert doc["timing"]["cuda_graph"] == int(graph)
     assert doc["spec"]["nranks"] == 2
     assert sorted(w["rank"] for w in doc["env"]["dask_workers"]) == [0, 1]
     recs = doc["records"]

@@ -111,9 +111,34 @@ def test_build_spec_defaults_and_sweep():
     assert _spec(collective="allgather", dtype="bf16", placement="in-place").places == ("in-place",)
 
 
-def test_cuda_graph_mode_is_refused():
-    with pytest.raises(UsageError, match="not available"):
-        _spec(cuda_graph=2)
+def test_cuda_graph_launches_go_into_the_spec_and_are_bounded():
+    assert _spec(cuda_graph=10).cuda_graph == 10 and _spec().cuda_graph == 0
+    for bad, needle in ((-1, "-G/--cuda-graph -1 must be >= 0"), (10**7, "-G/--cuda-graph 10000000 is too large")):
+        with pytest.raises(UsageError) as e:
+            _spec(cuda_graph=bad)
+        assert needle in e.value.one_line()
+    with pytest.raises(UsageError, match="-G"):
+        N.NcclSpec(cuda_graph=-2)
+
+
+def test_graph_mode_records_count_every_launched_iteration_and_say_how_they_were_timed():
+    spec = N.NcclSpec(sizes=(1 << 20,), iters=20, cuda_graph=10, places=("out-of-place",))
+    [r] = N.to_records(spec, [N.Point(1 << 20, 1 << 18, "out-of-place", [1e-5] * 3, 0)], 2)
+    assert r.reps == 200
+    t = N._timing(spec)
+    assert t["cuda_graph"] == 10 and "(iters * cuda_graph)" in t["method"] and "CUDA graphs" in t["method"]
+    assert "CUDA graph" not in N._timing(N.NcclSpec())["method"]
+
+
+@pytest.mark.parametrize("n,per_launch", [(1, 1), (20, 1), (288, 1), (289, 1), (2000, 1), (10, 20), (100, 20),
+                                          (3, 1000), (50, 33), (1000, 7)])
+def test_queue_bounds_keep_at_most_max_queued_iterations_in_flight(n, per_launch):
+    bounded, every, window = N.queue_bounds(n, per_launch)
+    assert bounded == (n * per_launch > N.MAX_QUEUED + N._MARK_EVERY)
+    assert every >= 1 and window >= 1
+    assert every * per_launch * window <= max(N.MAX_QUEUED, per_launch)
+    if per_launch == 1:  # the eager path: an event every 32 iterations, 256 in flight
+        assert (every, window) == (N._MARK_EVERY, N.MAX_QUEUED // N._MARK_EVERY)
 
 
 @pytest.mark.parametrize("kw,needle", [

@@ -7,7 +7,9 @@ rank per worker (the unique id passed through the scheduler; nccl-tests under MP
 What is timed (nccl-tests 2.19.6 src/common.cu BenchTime; docs/nccl.md): a host clock
 (``perf_counter``) started before ``iters`` grouped launches are queued and stopped when every
 rank's stream has finished (polled with cudaStreamQuery, as testStreamSynchronize does); the
-per-iteration time is that span / iters. Each iteration moves its buffers by one operation size
+per-iteration time is that span / iters. With ``cuda_graph`` G > 0 (nccl-tests ``-G``), the
+``iters`` iterations are captured once per point into one CUDA graph per rank's stream and a
+sample is G launches of those graphs: span / (iters * G). Each iteration moves its buffers by one operation size
 within buffers of the largest size (nccl-tests' ``shift``, against cache effects). Before the
 timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each followed by a
 full synchronisation. A sample is one such timed span; the report shows the median over samples;
@@ -28,7 +30,7 @@ from typing import Any, Callable
 from gpubench.bench import collectives as C
 from gpubench.core import env as envmod
 from gpubench.core import gpu
-from gpubench.core.errors import Interrupted, MachineError, UsageError, check_choices
+from gpubench.core.errors import CRITICAL, Interrupted, MachineError, UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.units import format_size
@@ -55,6 +57,8 @@ class NcclSpec:
         samples: timed samples per point; the median is reported.
         check: data checks per point (nccl-tests -c; 0 = none).
         places: subset of PLACES.
+        cuda_graph: graph launches per sample (nccl-tests -G; 0 = the iterations launched one by
+            one, no graph).
         timeout_s: abort when a wait lasts longer (nccl-tests -T; 0 = never).
         scheduler_address, scheduler_file: an existing Dask cluster; one rank per worker.
     """
@@ -70,6 +74,7 @@ class NcclSpec:
     samples: int = 5
     check: int = 1
     places: tuple[str, ...] = PLACES
+    cuda_graph: int = 0
     timeout_s: float = 0.0
     scheduler_address: str | None = None
     scheduler_file: str | None = None
@@ -83,8 +88,8 @@ class NcclSpec:
         check_choices("placement", self.places, PLACES)
         if self.root < 0:
             raise UsageError(f"root {self.root} must be >= 0")
-        if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0:
-            raise UsageError("-n and --samples must be >= 1; -w and -c >= 0")
+        if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0 or self.cuda_graph < 0:
+            raise UsageError("-n and --samples must be >= 1; -w, -c and -G >= 0")
         if self.timeout_s < 0:
             raise UsageError(f"--timeout {self.timeout_s} must be >= 0 seconds")
         if self.scheduler_address and self.scheduler_file:
@@ -112,8 +117,88 @@ class Point:
     error: str | None = None
 
 
+def _libnccl():
+    """The NCCL library CuPy loaded (ctypes), or None. Found in /proc/self/maps, else by its soname
+    (which returns the copy already loaded)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = [ln.split()[-1] for ln in f if "libnccl.so" in ln and "/" in ln]
+    except OSError:
+        paths = []
+    for name in [*dict.fromkeys(paths), "libnccl.so.2"]:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+class NcclBuffer:
+    """``nbytes`` of device memory on the current device from ncclMemAlloc, freed with ncclMemFree
+    (NCCL >= 2.19), else cudaMalloc.
+
+    ncclMemAlloc is what nccl-tests allocates its buffers with since 2.19 (src/common.cu
+    AllocateBuffs): cuMem memory with exportable handles, which NCCL can register for zero-copy
+    transfers when the calls are captured in a CUDA graph (NCCL_GRAPH_REGISTER). It fails to
+    register cudaMalloc memory ("failed to IPC register userbuff" with NCCL_DEBUG_SUBSYS=REG), and
+    on the 2x H200 a -G 10 all-reduce of 128 MiB out of place then gave 286 instead of nccl-tests'
+    294-297 GB/s busbw.
+
+    Attributes:
+        ptr: the device address; allocator: "ncclMemAlloc" or "cudaMalloc".
+
+    Raises:
+        MachineError: ncclMemAlloc failed (its NCCL error string is in the message).
+        CUDARuntimeError: cudaMalloc failed (the fallback).
+    """
+
+    def __init__(self, nbytes: int):
+        import ctypes
+
+        lib = _libnccl()
+        self._lib = lib if lib is not None and hasattr(lib, "ncclMemAlloc") else None
+        self.nbytes = nbytes
+        if self._lib is None:
+            self.allocator = "cudaMalloc"
+            self._buf = gpu.DeviceBuffer(nbytes)
+            self.ptr = self._buf.ptr
+            return
+        self.allocator = "ncclMemAlloc"
+        p = ctypes.c_void_p()
+        self._lib.ncclMemAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        self._lib.ncclMemFree.argtypes = [ctypes.c_void_p]
+        rc = self._lib.ncclMemAlloc(ctypes.byref(p), ctypes.c_size_t(nbytes))
+        if rc != 0 or not p.value:
+            self.ptr = 0
+            raise MachineError(f"ncclMemAlloc of {format_size(nbytes)} failed: {_nccl_error(self._lib, rc)}",
+                               "free GPU memory or use a smaller -e")
+        self.ptr = p.value
+
+    def free(self) -> None:
+        if not self.ptr:
+            return
+        ptr, self.ptr = self.ptr, 0
+        if self._lib is None:
+            self._buf.free()
+        else:
+            self._lib.ncclMemFree(ptr)
+
+
+def _nccl_error(lib, rc: int) -> str:
+    import ctypes
+
+    try:
+        lib.ncclGetErrorString.restype = ctypes.c_char_p
+        return f"{lib.ncclGetErrorString(rc).decode()} (ncclResult {rc})"
+    except Exception:
+        return f"ncclResult {rc}"
+
+
 class _Rank:
-    """A rank in this process: its communicator, GPU, stream and two buffers of the largest size."""
+    """A rank in this process: its communicator, GPU, stream and two buffers of the largest size
+    (NcclBuffer: ncclMemAlloc, as nccl-tests)."""
 
     def __init__(self, rank: int, device: int, comm, maxbytes: int):
         import cupy
@@ -124,9 +209,9 @@ class _Rank:
         self.aborted = False
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
-            self.send = gpu.DeviceBuffer(maxbytes)
+            self.send = NcclBuffer(maxbytes)
             try:
-                self.recv = gpu.DeviceBuffer(maxbytes)
+                self.recv = NcclBuffer(maxbytes)
             except BaseException:
                 self.send.free()
                 raise
@@ -348,8 +433,9 @@ def _launcher(ranks: list[_Rank], coll, cc: C.CollCounts, dt: C.DType, op_id: in
             calls = _calls(ranks, coll, cc, dt, op_id, root, in_place, shift, nranks)
             if len(plans) < _MAX_PLANS:
                 plans[shift] = calls
-        for fn, args in calls:
-            fn(*args)
+        with CRITICAL:  # a Ctrl-C between ncclGroupStart and ncclGroupEnd would leave the group open
+            for fn, args in calls:
+                fn(*args)
 
     return launch
 
@@ -398,18 +484,32 @@ MAX_QUEUED = 256
 _MARK_EVERY = 32  # an event is recorded on each stream every this many iterations
 
 
-def run_iters(ranks: list[_Rank], n: int, launch: Callable[[int], None], timeout_s: float) -> None:
-    """Queue ``launch(0..n-1)`` with at most MAX_QUEUED iterations in flight, without waiting for
-    the last ones (the caller's wait_all does). While fewer than MAX_QUEUED + _MARK_EVERY iterations
-    are asked for, nothing but the launches happens; past that, an event recorded every _MARK_EVERY
-    iterations is waited for (with the deadline) once MAX_QUEUED newer iterations are queued behind
-    it, which leaves the GPU a full queue and keeps the host's launch loop out of its timing.
+def queue_bounds(n: int, per_launch: int = 1) -> tuple[bool, int, int]:
+    """How run_iters bounds the launch queue for ``n`` launches of ``per_launch`` iterations each:
+    (bounded, launches between events, events allowed in flight). In flight stay at most
+    max(MAX_QUEUED, per_launch) iterations beyond the ones the oldest awaited event covers."""
+    every = max(1, _MARK_EVERY // per_launch)
+    window = max(1, MAX_QUEUED // (every * per_launch))
+    return n * per_launch > MAX_QUEUED + _MARK_EVERY, every, window
+
+
+def run_iters(ranks: list[_Rank], n: int, launch: Callable[[int], None], timeout_s: float,
+              per_launch: int = 1) -> None:
+    """Queue ``launch(0..n-1)`` with at most about MAX_QUEUED iterations in flight, without waiting
+    for the last ones (the caller's wait_all does). ``per_launch`` is the iterations one launch
+    queues (``iters`` for a CUDA graph of them, else 1).
+
+    While n * per_launch <= MAX_QUEUED + _MARK_EVERY, nothing but the launches happens; past that,
+    an event recorded every _MARK_EVERY iterations (at least every launch) is waited for (with the
+    deadline) once MAX_QUEUED newer iterations are queued behind it (at least one launch), which
+    leaves the GPU a full queue and keeps the host's launch loop out of its timing.
     """
     import cupy
 
+    bounded, every, window = queue_bounds(n, per_launch)
     marks: list[list] = []
     for it in range(n):
-        if it and it % _MARK_EVERY == 0 and n > MAX_QUEUED + _MARK_EVERY:
+        if bounded and it and it % every == 0:
             evs = []
             for rk in ranks:
                 with cupy.cuda.Device(rk.device):
@@ -417,9 +517,96 @@ def run_iters(ranks: list[_Rank], n: int, launch: Callable[[int], None], timeout
                     ev.record(rk.stream)
                 evs.append(ev)
             marks.append(evs)
-            if len(marks) * _MARK_EVERY > MAX_QUEUED:
+            if len(marks) > window:
                 wait_all(ranks, timeout_s, events=marks.pop(0))
         launch(it)
+
+
+class CapturedGraphs:
+    """One CUDA graph per local rank's stream, captured from the NCCL calls ``issue()`` makes
+    (nccl-tests BenchTime with -G; CUDA programming guide, "Creating a Graph Using Stream Capture").
+
+    Every rank's stream begins capture (cudaStreamCaptureModeThreadLocal, as nccl-tests), ``issue()``
+    queues the calls, every capture ends, and only then is each graph instantiated and uploaded to
+    its stream (so that the first launch of a timed sample does not pay the upload). The order
+    matters: instantiating while another stream of this thread is still capturing fails with
+    cudaErrorStreamCaptureUnsupported, which CuPy's Stream.end_capture (end and instantiate, one
+    stream at a time) runs into with two GPUs.
+
+    The executable graphs hold NCCL resources that ncclCommDestroy waits for, so :meth:`close` must
+    run before the communicators are destroyed (a process that left them alive hung at exit on the
+    2x H200). Destroying a graph that is still running is allowed: CUDA frees it when it completes.
+
+    Raises:
+        MachineError: a capture was invalidated or a graph could not be instantiated (the captures
+            are ended and every graph made so far destroyed first).
+    """
+
+    def __init__(self, ranks: list[_Rank], issue: Callable[[], None]):
+        from cupy.cuda import runtime
+
+        self._rt = runtime
+        self.launches: list[tuple[int, int, int]] = []  # (device, graph exec, stream) per rank
+        prev = runtime.getDevice()
+        capturing: list[_Rank] = []
+        graphs: list[tuple[_Rank, int]] = []
+        failure: BaseException | None = None
+        try:
+            try:
+                for rk in ranks:
+                    runtime.setDevice(rk.device)
+                    runtime.streamBeginCapture(rk.stream.ptr, runtime.streamCaptureModeThreadLocal)
+                    capturing.append(rk)
+                issue()
+            except BaseException as e:
+                failure = e
+            for rk in capturing:  # every capture ends, whatever happened inside it
+                runtime.setDevice(rk.device)
+                try:
+                    graphs.append((rk, runtime.streamEndCapture(rk.stream.ptr)))
+                except Exception as e:
+                    failure = failure or MachineError(
+                        f"CUDA-graph capture on GPU {rk.device} failed: {str(e).splitlines()[0]}")
+            if failure is None:
+                for rk, g in graphs:
+                    runtime.setDevice(rk.device)
+                    try:
+                        ex = runtime.graphInstantiate(g)
+                    except Exception as e:
+                        failure = MachineError(f"instantiating the CUDA graph of GPU {rk.device} failed: "
+                                               f"{str(e).splitlines()[0]}")
+                        break
+                    self.launches.append((rk.device, ex, rk.stream.ptr))
+                    runtime.graphUpload(ex, rk.stream.ptr)
+        finally:
+            for rk, g in graphs:  # an executable graph keeps what it needs of its graph
+                try:
+                    runtime.graphDestroy(g)
+                except Exception:
+                    pass
+            runtime.setDevice(prev)
+        if failure is not None:
+            self.close()
+            raise failure
+
+    def launch(self, _k: int = 0) -> None:
+        """Launch every rank's graph on its stream (cudaGraphLaunch; asynchronous)."""
+        rt = self._rt
+        prev = rt.getDevice()
+        with CRITICAL:  # one rank's graph launched without its peer's would wait for it for ever
+            for dev, ex, stream in self.launches:
+                rt.setDevice(dev)
+                rt.graphLaunch(ex, stream)
+            rt.setDevice(prev)
+
+    def close(self) -> None:
+        """Destroy the executable graphs (idempotent)."""
+        launches, self.launches = self.launches, []
+        for dev, ex, _ in launches:
+            try:
+                self._rt.graphExecDestroy(ex)
+            except Exception:
+                pass
 
 
 def _abort(ranks: list[_Rank]) -> None:
@@ -438,6 +625,64 @@ def _shift(it: int, total_bytes: int, maxbytes: int) -> int:
     """nccl-tests startColl: each iteration moves by one operation size, wrapping inside the buffers."""
     steps = maxbytes // total_bytes if total_bytes else 1
     return total_bytes * (it % max(1, steps))
+
+
+def _timed_samples(spec: NcclSpec, ranks: list[_Rank], one: Callable[[int], None],
+                   barrier: Callable[[], None]) -> list[float]:
+    """spec.samples per-iteration times in seconds: span / iters, or with -G G the iterations
+    captured into graphs once and each sample G graph launches, span / (iters * G) (nccl-tests
+    BenchTime)."""
+    graphs = None
+    try:
+        if spec.cuda_graph:
+            graphs = CapturedGraphs(ranks, lambda: [one(it) for it in range(spec.iters)])
+            n, per_launch, launch = spec.cuda_graph, spec.iters, graphs.launch
+        else:
+            n, per_launch, launch = spec.iters, 1, one
+        samples = []
+        for _ in range(spec.samples):
+            barrier()
+            t0 = time.perf_counter()
+            run_iters(ranks, n, launch, spec.timeout_s, per_launch)
+            wait_all(ranks, spec.timeout_s)
+            samples.append((time.perf_counter() - t0) / (n * per_launch))
+        return samples
+    except BaseException:
+        drain(ranks, spec.timeout_s)
+        raise
+    finally:
+        if graphs is not None:
+            graphs.close()
+
+
+DRAIN_S = 10.0
+
+
+def drain(ranks: list[_Rank], timeout_s: float) -> None:
+    """After an interrupt or a fault: let the queued iterations finish (at most DRAIN_S seconds, or
+    -T if shorter) before graphs, buffers and communicators are freed under them; past that the
+    communicators are aborted (wait_all does), which stops NCCL's kernels. Never raises."""
+    if all(rk.aborted for rk in ranks):
+        return
+    try:
+        wait_all(ranks, min(DRAIN_S, timeout_s) if timeout_s else DRAIN_S)
+    except BaseException:
+        pass
+
+
+def _checked_call(spec: NcclSpec, ranks: list[_Rank], one: Callable[[int], None]) -> None:
+    """The call whose output is checked, run to completion: launched directly, or with -G captured
+    into a graph of one iteration and launched, as nccl-tests checks in graph mode."""
+    if not spec.cuda_graph:
+        one(0)
+        wait_all(ranks, spec.timeout_s)
+        return
+    graphs = CapturedGraphs(ranks, lambda: one(0))
+    try:
+        graphs.launch()
+        wait_all(ranks, spec.timeout_s)
+    finally:
+        graphs.close()
 
 
 def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Callable[[], None],
@@ -479,13 +724,7 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
             wait_all(ranks, spec.timeout_s)
             one(0)  # nccl-tests BenchTime's "Sync" call
             wait_all(ranks, spec.timeout_s)
-            samples: list[float] = []
-            for _ in range(spec.samples):
-                barrier()
-                t0 = time.perf_counter()
-                run_iters(ranks, spec.iters, one, spec.timeout_s)
-                wait_all(ranks, spec.timeout_s)
-                samples.append((time.perf_counter() - t0) / spec.iters)
+            samples = _timed_samples(spec, ranks, one, barrier)
             wrong = None
             # nccl-tests does not check in-place all-to-all and send/recv ("We don't support in-place
             # alltoall/sendrecv": the send and receive regions overlap), and prints N/A for them.
@@ -494,8 +733,7 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
                 for _ in range(spec.check):
                     _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
                     barrier()
-                    one(0)
-                    wait_all(ranks, spec.timeout_s)
+                    _checked_call(spec, ranks, one)
                     wrong += _check(ranks, coll, cc, dt, spec.op, in_place, nranks, spec.root)
                     if wrong:
                         break
@@ -524,7 +762,7 @@ def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]
             params["root"] = spec.root
         s_bytes = C.algbw_bytes(coll, p.count, dt.size, nranks)
         r = Record(params=params, metric="bandwidth", nbytes=s_bytes, samples_s=list(p.samples_s),
-                   reps=spec.iters, error=p.error)
+                   reps=spec.iters * (spec.cuda_graph or 1), error=p.error)
         extra: dict[str, Any] = {"count": p.count, "busbw_factor": factor, "wrong": p.wrong,
                                  "busbw_formula": f"algbw * {coll.factor_text}"}
         if p.samples_s and s_bytes:
@@ -582,13 +820,17 @@ def preflight(spec: NcclSpec, devices: tuple[int, ...]) -> None:
                              f"{format_size(free)} free", f"use -e {format_size(max(0, free - margin) // 2)} or less")
 
 
-def _timing(spec: NcclSpec) -> dict:
+def _timing(spec: NcclSpec, allocator: str | None = None) -> dict:
     return {
+        "buffers": allocator,
         "clock": "perf_counter",
-        "method": "nccl-tests BenchTime: host clock around iters grouped launches and the wait for every "
-                  "rank's stream; per-iteration time = span / iters; buffers shifted "
-                  "by one size per iteration; median over samples; averaged over processes",
-        "warmup": spec.warmup, "iters": spec.iters, "samples": spec.samples,
+        "method": ("nccl-tests BenchTime: host clock around "
+                   + (f"{spec.cuda_graph} launches of per-rank CUDA graphs of iters grouped iterations"
+                      if spec.cuda_graph else "iters grouped launches")
+                   + " and the wait for every rank's stream; per-iteration time = span / "
+                   + ("(iters * cuda_graph)" if spec.cuda_graph else "iters")
+                   + "; buffers shifted by one size per iteration; median over samples; averaged over processes"),
+        "warmup": spec.warmup, "iters": spec.iters, "samples": spec.samples, "cuda_graph": spec.cuda_graph,
     }
 
 
@@ -660,7 +902,7 @@ def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     return Result(
         command="nccl",
         spec={**spec.to_dict(), "devices": list(devices), "nranks": len(devices)},
-        timing=_timing(spec),
+        timing=_timing(spec, ranks[0].send.allocator if ranks else None),
         env={**env, "nccl": _nccl_env(nccl)},
         records=to_records(spec, points, len(devices)),
         partial=interrupted is not None,
@@ -717,7 +959,7 @@ def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) 
     finally:
         rk.free()
     comm.destroy()
-    return {"rank": rank, "host": socket.gethostname(), "device": device,
+    return {"rank": rank, "host": socket.gethostname(), "device": device, "allocator": rk.send.allocator,
             "points": [asdict(p) for p in points]}
 
 
@@ -841,7 +1083,7 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     return Result(
         command="nccl",
         spec={**spec.to_dict(), "nranks": nranks},
-        timing=_timing(spec),
+        timing=_timing(spec, results[0].get("allocator")),
         env=env,
         records=to_records(spec, points, nranks),
     )

@@ -29,7 +29,8 @@ from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 @click.option("--placement", type=click.Choice(["both", "out-of-place", "in-place"]), default="both",
               show_default=True, help="Separate send and receive buffers, the same buffer, or both.")
 @click.option("-G", "--cuda-graph", type=int, default=0, show_default=True,
-              help="nccl-tests' CUDA-graph mode: not available (refused; see docs/nccl.md).")
+              help="Capture the -n iterations of each size into one CUDA graph per GPU and launch it this many "
+                   "times per sample (nccl-tests -G; 0 = no graph). Cuts launch overhead at small sizes.")
 @click.option("-T", "--timeout", type=float, default=300.0, show_default=True,
               help="Abort the communicators and exit 3 when one wait lasts longer than this many seconds "
                    "(0 = never; nccl-tests -T).")
@@ -90,16 +91,13 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
     positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
     positive_int("--samples", samples, maximum=MAX_REPEATS)
     positive_int("-c/--check", check, allow_zero=True)
-    positive_int("-G/--cuda-graph", cuda_graph, allow_zero=True)
-    if cuda_graph:
-        raise UsageError(f"-G/--cuda-graph {cuda_graph} is not available: capturing the grouped NCCL calls of "
-                         "several GPUs in one process hung on the 2x H200 test machine", "run without -G")
+    positive_int("-G/--cuda-graph", cuda_graph, allow_zero=True, maximum=MAX_REPEATS)
     if not timeout >= 0:
         raise UsageError(f"-T/--timeout {timeout} must be >= 0 seconds")
     places = PLACES if placement == "both" else (placement,)
     return NcclSpec(collective=coll.name, sizes=tuple(sizes), dtype=dt.name, op=op.strip().lower(), root=root,
                     devices=devs, warmup=warmup, iters=iters, samples=samples, check=check, places=places,
-                    timeout_s=float(timeout), scheduler_address=scheduler_address,
+                    cuda_graph=cuda_graph, timeout_s=float(timeout), scheduler_address=scheduler_address,
                     scheduler_file=scheduler_file)
 
 
@@ -140,8 +138,11 @@ def format_report(result, units: str = "GB") -> list:
     rows: dict[int, dict] = {}
     for r in result.records:
         rows.setdefault(r.params["nbytes"], {})[r.params["placement"]] = r
+    graphs = spec.get("cuda_graph") or 0
+    per_sample = (f"{graphs} CUDA-graph launches of {spec.get('iters')} iterations" if graphs
+                  else f"{spec.get('iters')} iterations")
     t = report.table(f"{spec.get('collective')} - {nranks} rank(s), {spec.get('dtype')}, median of "
-                     f"{spec.get('samples')} samples of {spec.get('iters')} iterations", cols)
+                     f"{spec.get('samples')} samples of {per_sample}", cols)
     busbws = []
     for size in sorted(rows):
         by = rows[size]
@@ -168,10 +169,11 @@ def format_report(result, units: str = "GB") -> list:
                    "(mean over the points above, as nccl-tests prints it)")
     factor = next((r.extra.get("busbw_formula") for r in result.records if r.extra.get("busbw_formula")), None)
     out.append(f"algbw = S/t; busbw = {factor or 'algbw * factor'} with n = {nranks} (nccl-tests doc/PERFORMANCE.md); "
-               f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; t = host time of {spec.get('iters')} grouped "
-               "iterations until every stream finished, per iteration (nccl-tests' method)"
-
-               + ".")
+               f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; t = host time of {per_sample} "
+               "(grouped) until every stream finished, per iteration (nccl-tests' method).")
+    if graphs and result.timing.get("buffers") == "cudaMalloc":
+        out.append("Buffers come from cudaMalloc (this NCCL has no ncclMemAlloc): NCCL cannot register them for "
+                   "zero-copy under CUDA graphs, so -G figures can be lower than nccl-tests'.")
     nccl_env = (result.env.get("nccl") or {}).get("env") or {}
     if nccl_env:
         out.append("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl_env.items())))
