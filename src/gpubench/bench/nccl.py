@@ -542,8 +542,11 @@ class CapturedGraphs:
             are ended and every graph made so far destroyed first).
     """
 
-    def __init__(self, ranks: list[_Rank], issue: Callable[[], None]):
-        from cupy.cuda import runtime
+    def __init__(self, ranks: list[_Rank], issue: Callable[[], None], runtime=None):
+        """``ranks``: objects with ``device`` and ``stream.ptr``; ``runtime``: CuPy's CUDA runtime
+        module (cupy.cuda.runtime) unless given (the CPU tests pass a recorder of the calls)."""
+        if runtime is None:
+            from cupy.cuda import runtime
 
         self._rt = runtime
         self.launches: list[tuple[int, int, int]] = []  # (device, graph exec, stream) per rank
@@ -560,13 +563,14 @@ class CapturedGraphs:
                 issue()
             except BaseException as e:
                 failure = e
-            for rk in capturing:  # every capture ends, whatever happened inside it
-                runtime.setDevice(rk.device)
-                try:
-                    graphs.append((rk, runtime.streamEndCapture(rk.stream.ptr)))
-                except Exception as e:
-                    failure = failure or MachineError(
-                        f"CUDA-graph capture on GPU {rk.device} failed: {str(e).splitlines()[0]}")
+            with CRITICAL:  # every capture ends, whatever happened inside it, Ctrl-C included
+                for rk in capturing:
+                    runtime.setDevice(rk.device)
+                    try:
+                        graphs.append((rk, runtime.streamEndCapture(rk.stream.ptr)))
+                    except Exception as e:
+                        failure = failure or MachineError(
+                            f"CUDA-graph capture on GPU {rk.device} failed: {str(e).splitlines()[0]}")
             if failure is None:
                 for rk, g in graphs:
                     runtime.setDevice(rk.device)
@@ -578,6 +582,9 @@ class CapturedGraphs:
                         break
                     self.launches.append((rk.device, ex, rk.stream.ptr))
                     runtime.graphUpload(ex, rk.stream.ptr)
+        except BaseException:  # a Ctrl-C while instantiating: no executable graph may outlive this
+            self.close()
+            raise
         finally:
             for rk, g in graphs:  # an executable graph keeps what it needs of its graph
                 try:
