@@ -155,3 +155,14 @@ def test_stall_watch_with_no_timeout_never_raises():
     w = nccl.StallWatch(lambda: [], ["tcp://a:1"], 0.0, clock=lambda: now[0])
     now[0] = 1e9
     w()
+
+
+def test_scheduler_connect_timeout_is_dasks_own_capped_by_T():
+    import dask.config
+
+    from gpubench.bench.nccl import connect_timeout
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "45s"}):
+        assert connect_timeout(0) == 45 and connect_timeout(300) == 45 and connect_timeout(10) == 10
+    with dask.config.set({"distributed.comm.timeouts.connect": "2 minutes"}):
+        assert connect_timeout(0) == 120

@@ -1019,6 +1019,17 @@ def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
     return out
 
 
+def connect_timeout(timeout_s: float) -> float:
+    """Seconds to wait for the Dask scheduler: Dask's own distributed.comm.timeouts.connect (30 s
+    unless configured, e.g. DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=120s), or -T when that is
+    shorter (0 = no -T)."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    dask_s = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
+    return min(dask_s, timeout_s) if timeout_s else dask_s
+
+
 def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     """One rank per worker of an existing Dask cluster; the NCCL unique id comes from rank 0's worker
     through the scheduler. Workers use their current GPU (dask-cuda gives each worker one).
@@ -1044,8 +1055,9 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     else:
         scheduler_file_address(spec.scheduler_file)  # distributed waits forever for a missing one
     try:
-        client = Client(spec.scheduler_address, timeout=30) if spec.scheduler_address else \
-            Client(scheduler_file=spec.scheduler_file, timeout=30)
+        connect = connect_timeout(spec.timeout_s)
+        client = Client(spec.scheduler_address, timeout=connect) if spec.scheduler_address else \
+            Client(scheduler_file=spec.scheduler_file, timeout=connect)
     except (OSError, ValueError) as e:
         where = spec.scheduler_address or spec.scheduler_file
         raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {str(e).splitlines()[0]}") from None
