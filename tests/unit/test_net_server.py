@@ -260,7 +260,7 @@ def test_a_client_that_goes_silent_without_closing_is_dropped_after_the_stall_ti
                 break
         assert m == {"ok": False, "error": "no data on any stream for 1 s"}
         assert 0.9 < time.monotonic() - t0 < 3.0
-        assert sum(sum(x["bytes"]) for x in msgs[:-1]) == 20_000  # every byte sent was counted
+        assert sum(sum(x["bytes"]) for x in msgs[:-1]) == 20_000, msgs  # every byte sent was counted
         srv.wait_idle()
     finally:
         for s in [*data, ctl]:

@@ -633,9 +633,11 @@ class NetServer:
     def _measure(self, conn: socket.socket, test: _Test) -> tuple[int, float]:
         req = test.req
         ends = schedule(req.omit, req.seconds, req.interval)
-        send_json(conn, {"start": True})
+        # the clock and the byte counts start before "start" goes out: a client's first bytes can be
+        # counted by the receiving threads before this thread runs again, and were then in no interval
         t0 = time.perf_counter()
         prev = list(test.counts)
+        send_json(conn, {"start": True})
         t_prev = t0
         counted_bytes, counted_s = 0, 0.0
         seen, seen_at = sum(prev), t0
