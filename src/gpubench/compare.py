@@ -364,9 +364,21 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
         out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
     for k in sorted(set(base.spec) | set(new.spec)):
         va, vb = base.spec.get(k), new.spec.get(k)
+        if k not in base.spec or k not in new.spec:
+            if not (va or vb):  # an option one gpubench did not record, at its off value (0, None)
+                continue
         if va != vb:
             out.append((f"option {k}", _short(va), _short(vb)))
+    for k in TIMING_FACTS:  # how the figures were taken, where a command records it
+        va, vb = base.timing.get(k), new.timing.get(k)
+        if va != vb:
+            out.append((f"timing {k}", _short(va), _short(vb)))
     return out
+
+
+# timing keys that change what a figure means (nccl: the buffers' allocator, which NCCL's
+# zero-copy registration under -G depends on)
+TIMING_FACTS = ("buffers",)
 
 
 def _short(v: Any, width: int = 60) -> str:

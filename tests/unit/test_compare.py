@@ -207,6 +207,17 @@ def test_env_diff_names_driver_gpu_and_host():
     assert diff["PCIe link (now)"] == ("-", "Gen4 x16")
 
 
+def test_env_diff_skips_an_option_an_older_result_lacks_at_its_off_value_and_shows_the_buffers():
+    a, b = synth.copy_like(1), synth.copy_like(2)
+    b.spec = dict(b.spec, cuda_graph=0, new_flag=None)  # options an older gpubench did not record, off
+    assert not [w for w, *_ in cmp.env_diff(a, b) if w.startswith("option")]
+    b.spec = dict(b.spec, cuda_graph=10)  # on: a real difference
+    assert ("option cuda_graph", "null", "10") in cmp.env_diff(a, b)
+    a.timing = dict(a.timing, buffers="cudaMalloc")
+    b.timing = dict(b.timing, buffers="ncclMemAlloc")
+    assert ("timing buffers", "cudaMalloc", "ncclMemAlloc") in cmp.env_diff(a, b)
+
+
 def test_failed_point_has_no_verdict():
     a, b = synth.copy_like(1), synth.copy_like(2)
     b.records[0] = Record(dict(b.records[0].params), nbytes=b.records[0].nbytes, error="allocation failed")
