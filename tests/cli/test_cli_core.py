@@ -163,3 +163,33 @@ def test_a_signal_inside_a_critical_section_is_raised_when_it_ends(signum, exc):
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
         clear_signals()
+
+
+def test_a_critical_section_in_another_thread_does_not_delay_the_main_threads_ctrl_c():
+    import threading
+
+    from gpubench import cli as cli_mod
+    from gpubench.core.errors import CRITICAL, clear_signals
+
+    old_int = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, cli_mod._sigint)
+    clear_signals()
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with CRITICAL:
+            inside.set()
+            leave.wait(5)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    try:
+        assert inside.wait(5)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # raised here, in the main thread, at once
+    finally:
+        leave.set()
+        t.join(5)
+        signal.signal(signal.SIGINT, old_int)
+        clear_signals()

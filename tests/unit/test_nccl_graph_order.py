@@ -5,12 +5,14 @@ the clean-up on every failure are what these tests pin down. Nothing here measur
 
 from __future__ import annotations
 
+import os
+import signal
 from types import SimpleNamespace
 
 import pytest
 
 from gpubench.bench import nccl as N
-from gpubench.core.errors import MachineError
+from gpubench.core.errors import MachineError, clear_signals
 
 
 class Recorder:
@@ -18,9 +20,10 @@ class Recorder:
 
     streamCaptureModeThreadLocal = 1
 
-    def __init__(self, fail=None):
+    def __init__(self, fail=None, signal_in=()):
         self.calls: list[tuple] = []
         self.fail = fail or {}
+        self.signal_in = set(signal_in)  # (call, device): a SIGINT arrives while this call runs
         self.device = 7
         self.live_execs: set[int] = set()
         self.live_graphs: set[int] = set()
@@ -30,7 +33,13 @@ class Recorder:
         exc = self.fail.get((name, dev))
         if exc is not None:
             raise exc
+        self._maybe_signal(name, dev)
         return result
+
+    def _maybe_signal(self, name, dev):
+        if (name, dev) in self.signal_in:
+            self.signal_in.discard((name, dev))
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before this call returns
 
     def getDevice(self):
         return self.device
@@ -63,10 +72,15 @@ class Recorder:
     def graphDestroy(self, g):
         self.live_graphs.discard(g)
         self.calls.append(("destroy-graph", g - 100))
+        self._maybe_signal("destroy-graph", g - 100)
 
     def graphExecDestroy(self, e):
         self.live_execs.discard(e)
         self.calls.append(("destroy-exec", e - 200))
+        self._maybe_signal("destroy-exec", e - 200)
+
+    def capturing(self):
+        return sum(c[0] == "begin" for c in self.calls) - sum(c[0] == "end" for c in self.calls)
 
     def graphLaunch(self, e, stream):
         assert self.device == e - 200 and stream == 1000 + self.device
@@ -84,9 +98,20 @@ def _issue(rt, exc=None):
     return issue
 
 
+def _capture_and_close(rt, issue):
+    """What the nccl code does: hold the object, capture, close in finally."""
+    g = N.CapturedGraphs(runtime=rt)
+    try:
+        g.capture(RANKS, issue)
+    finally:
+        g.close()
+
+
 def test_every_capture_ends_before_any_graph_is_instantiated_and_graphs_launch_on_their_gpu():
     rt = Recorder()
-    g = N.CapturedGraphs(RANKS, _issue(rt), runtime=rt)
+    g = N.CapturedGraphs(runtime=rt)
+    assert rt.calls == []  # nothing is made before the caller holds the object
+    g.capture(RANKS, _issue(rt))
     names = [c for c in rt.calls if c[0] != "destroy-graph"]
     assert names == [("begin", 0), ("begin", 1), ("issue", None), ("end", 0), ("end", 1),
                      ("instantiate", 0), ("upload", 0), ("instantiate", 1), ("upload", 1)]
@@ -103,7 +128,7 @@ def test_every_capture_ends_before_any_graph_is_instantiated_and_graphs_launch_o
 def test_a_failure_while_capturing_ends_every_capture_and_leaves_nothing(exc):
     rt = Recorder()
     with pytest.raises(type(exc)):
-        N.CapturedGraphs(RANKS, _issue(rt, exc), runtime=rt)
+        _capture_and_close(rt, _issue(rt, exc))
     assert ("end", 0) in rt.calls and ("end", 1) in rt.calls
     assert not any(c[0] == "instantiate" for c in rt.calls)
     assert not rt.live_graphs and not rt.live_execs and rt.device == 7
@@ -112,7 +137,7 @@ def test_a_failure_while_capturing_ends_every_capture_and_leaves_nothing(exc):
 def test_a_failure_beginning_the_second_capture_ends_the_first():
     rt = Recorder(fail={("begin", 1): RuntimeError("cudaErrorStreamCaptureUnsupported")})
     with pytest.raises(RuntimeError):
-        N.CapturedGraphs(RANKS, _issue(rt), runtime=rt)
+        _capture_and_close(rt, _issue(rt))
     assert ("end", 0) in rt.calls and ("end", 1) not in rt.calls and ("issue", None) not in rt.calls
     assert not rt.live_graphs
 
@@ -120,7 +145,7 @@ def test_a_failure_beginning_the_second_capture_ends_the_first():
 def test_an_invalidated_capture_is_a_machine_error_and_the_other_graph_is_destroyed():
     rt = Recorder(fail={("end", 1): RuntimeError("cudaErrorStreamCaptureInvalidated: x\nmore")})
     with pytest.raises(MachineError, match="CUDA-graph capture on GPU 1 failed: cudaErrorStreamCaptureInvalidated"):
-        N.CapturedGraphs(RANKS, _issue(rt), runtime=rt)
+        _capture_and_close(rt, _issue(rt))
     assert not rt.live_graphs and not rt.live_execs
 
 
@@ -130,5 +155,31 @@ def test_a_failure_after_the_first_graph_was_instantiated_destroys_it(where, exc
     """An executable graph left alive keeps ncclCommDestroy waiting for ever."""
     rt = Recorder(fail={where: exc})
     with pytest.raises(MachineError if isinstance(exc, RuntimeError) else KeyboardInterrupt):
-        N.CapturedGraphs(RANKS, _issue(rt), runtime=rt)
+        _capture_and_close(rt, _issue(rt))
     assert not rt.live_execs and not rt.live_graphs and rt.device == 7
+
+
+@pytest.fixture
+def cli_handlers():
+    """The CLI's SIGINT handler (defers inside critical sections), restored afterwards."""
+    from gpubench import cli
+
+    old = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, cli._sigint)
+    clear_signals()
+    yield
+    signal.signal(signal.SIGINT, old)
+    clear_signals()
+
+
+@pytest.mark.parametrize("where", [("begin", 0), ("begin", 1), ("end", 0), ("end", 1), ("instantiate", 0),
+                                   ("instantiate", 1), ("upload", 0), ("upload", 1), ("destroy-graph", 0),
+                                   ("destroy-graph", 1), ("destroy-exec", 0), ("destroy-exec", 1)])
+def test_a_ctrl_c_at_any_runtime_call_leaves_no_capture_open_and_no_graph_alive(cli_handlers, where):
+    """A Ctrl-C handled right after a runtime call returns used to lose what the call made (an
+    executable graph then kept ncclCommDestroy waiting for ever)."""
+    rt = Recorder(signal_in=[where])
+    with pytest.raises(KeyboardInterrupt):
+        _capture_and_close(rt, _issue(rt))
+    assert rt.capturing() == 0 and not rt.live_graphs and not rt.live_execs and rt.device == 7
+    assert not rt.signal_in, "the signal was never sent: the window was not reached"

@@ -526,74 +526,87 @@ class CapturedGraphs:
     """One CUDA graph per local rank's stream, captured from the NCCL calls ``issue()`` makes
     (nccl-tests BenchTime with -G; CUDA programming guide, "Creating a Graph Using Stream Capture").
 
-    Every rank's stream begins capture (cudaStreamCaptureModeThreadLocal, as nccl-tests), ``issue()``
-    queues the calls, every capture ends, and only then is each graph instantiated and uploaded to
-    its stream (so that the first launch of a timed sample does not pay the upload). The order
-    matters: instantiating while another stream of this thread is still capturing fails with
+    Two steps, so that the caller holds the object before any CUDA work and its ``finally`` can
+    always :meth:`close` it: ``g = CapturedGraphs()`` then ``g.capture(ranks, issue)``.
+
+    :meth:`capture`: every rank's stream begins capture (cudaStreamCaptureModeThreadLocal, as
+    nccl-tests), ``issue()`` queues the calls, every capture ends, and only then is each graph
+    instantiated and uploaded to its stream (so the timed samples measure the graph, not its first
+    upload; nccl-tests does not upload and times one sample that includes it). The order matters:
+    instantiating while another stream of this thread is still capturing fails with
     cudaErrorStreamCaptureUnsupported, which CuPy's Stream.end_capture (end and instantiate, one
     stream at a time) runs into with two GPUs.
 
     The executable graphs hold NCCL resources that ncclCommDestroy waits for, so :meth:`close` must
     run before the communicators are destroyed (a process that left them alive hung at exit on the
     2x H200). Destroying a graph that is still running is allowed: CUDA frees it when it completes.
-
-    Raises:
-        MachineError: a capture was invalidated or a graph could not be instantiated (the captures
-            are ended and every graph made so far destroyed first).
+    Each runtime call and the bookkeeping of what it made are one critical section (core.errors
+    CRITICAL), so a Ctrl-C cannot land between a graph's creation and its being recorded for close.
     """
 
-    def __init__(self, ranks: list[_Rank], issue: Callable[[], None], runtime=None):
-        """``ranks``: objects with ``device`` and ``stream.ptr``; ``runtime``: CuPy's CUDA runtime
-        module (cupy.cuda.runtime) unless given (the CPU tests pass a recorder of the calls)."""
+    def __init__(self, runtime=None):
+        """``runtime``: CuPy's CUDA runtime module (cupy.cuda.runtime) unless given (the CPU tests
+        pass a recorder of the calls)."""
         if runtime is None:
             from cupy.cuda import runtime
 
         self._rt = runtime
         self.launches: list[tuple[int, int, int]] = []  # (device, graph exec, stream) per rank
-        prev = runtime.getDevice()
+
+    def capture(self, ranks: list[_Rank], issue: Callable[[], None]) -> None:
+        """Capture ``issue()``'s calls on every rank's stream (``ranks``: objects with ``device``
+        and ``stream.ptr``) into one instantiated, uploaded graph per rank.
+
+        Raises:
+            MachineError: a capture was invalidated or a graph could not be instantiated.
+            Whatever ``issue()`` or the runtime raised (an NcclError, a CUDARuntimeError,
+            KeyboardInterrupt), after every capture was ended and every cudaGraph_t destroyed;
+            executable graphs made so far stay in ``launches`` for :meth:`close`.
+        """
+        rt = self._rt
+        prev = rt.getDevice()
         capturing: list[_Rank] = []
         graphs: list[tuple[_Rank, int]] = []
         failure: BaseException | None = None
         try:
             try:
                 for rk in ranks:
-                    runtime.setDevice(rk.device)
-                    runtime.streamBeginCapture(rk.stream.ptr, runtime.streamCaptureModeThreadLocal)
-                    capturing.append(rk)
+                    with CRITICAL:
+                        rt.setDevice(rk.device)
+                        rt.streamBeginCapture(rk.stream.ptr, rt.streamCaptureModeThreadLocal)
+                        capturing.append(rk)
                 issue()
             except BaseException as e:
                 failure = e
             with CRITICAL:  # every capture ends, whatever happened inside it, Ctrl-C included
                 for rk in capturing:
-                    runtime.setDevice(rk.device)
+                    rt.setDevice(rk.device)
                     try:
-                        graphs.append((rk, runtime.streamEndCapture(rk.stream.ptr)))
+                        graphs.append((rk, rt.streamEndCapture(rk.stream.ptr)))
                     except Exception as e:
                         failure = failure or MachineError(
                             f"CUDA-graph capture on GPU {rk.device} failed: {str(e).splitlines()[0]}")
             if failure is None:
                 for rk, g in graphs:
-                    runtime.setDevice(rk.device)
-                    try:
-                        ex = runtime.graphInstantiate(g)
-                    except Exception as e:
-                        failure = MachineError(f"instantiating the CUDA graph of GPU {rk.device} failed: "
-                                               f"{str(e).splitlines()[0]}")
-                        break
-                    self.launches.append((rk.device, ex, rk.stream.ptr))
-                    runtime.graphUpload(ex, rk.stream.ptr)
-        except BaseException:  # a Ctrl-C while instantiating: no executable graph may outlive this
-            self.close()
-            raise
+                    with CRITICAL:
+                        rt.setDevice(rk.device)
+                        try:
+                            ex = rt.graphInstantiate(g)
+                        except Exception as e:
+                            failure = MachineError(f"instantiating the CUDA graph of GPU {rk.device} failed: "
+                                                   f"{str(e).splitlines()[0]}")
+                            break
+                        self.launches.append((rk.device, ex, rk.stream.ptr))
+                    rt.graphUpload(ex, rk.stream.ptr)
         finally:
-            for rk, g in graphs:  # an executable graph keeps what it needs of its graph
-                try:
-                    runtime.graphDestroy(g)
-                except Exception:
-                    pass
-            runtime.setDevice(prev)
+            with CRITICAL:  # an executable graph keeps what it needs of its graph
+                for _, g in graphs:
+                    try:
+                        rt.graphDestroy(g)
+                    except Exception:
+                        pass
+                rt.setDevice(prev)
         if failure is not None:
-            self.close()
             raise failure
 
     def launch(self, _k: int = 0) -> None:
@@ -607,13 +620,14 @@ class CapturedGraphs:
             rt.setDevice(prev)
 
     def close(self) -> None:
-        """Destroy the executable graphs (idempotent)."""
-        launches, self.launches = self.launches, []
-        for dev, ex, _ in launches:
-            try:
-                self._rt.graphExecDestroy(ex)
-            except Exception:
-                pass
+        """Destroy the executable graphs (idempotent; a signal arriving meanwhile is raised after)."""
+        with CRITICAL:
+            while self.launches:
+                _, ex, _ = self.launches.pop()
+                try:
+                    self._rt.graphExecDestroy(ex)
+                except Exception:
+                    pass
 
 
 def _abort(ranks: list[_Rank]) -> None:
@@ -639,10 +653,10 @@ def _timed_samples(spec: NcclSpec, ranks: list[_Rank], one: Callable[[int], None
     """spec.samples per-iteration times in seconds: span / iters, or with -G G the iterations
     captured into graphs once and each sample G graph launches, span / (iters * G) (nccl-tests
     BenchTime)."""
-    graphs = None
+    graphs = CapturedGraphs() if spec.cuda_graph else None
     try:
-        if spec.cuda_graph:
-            graphs = CapturedGraphs(ranks, lambda: [one(it) for it in range(spec.iters)])
+        if graphs is not None:
+            graphs.capture(ranks, lambda: [one(it) for it in range(spec.iters)])
             n, per_launch, launch = spec.cuda_graph, spec.iters, graphs.launch
         else:
             n, per_launch, launch = spec.iters, 1, one
@@ -654,27 +668,9 @@ def _timed_samples(spec: NcclSpec, ranks: list[_Rank], one: Callable[[int], None
             wait_all(ranks, spec.timeout_s)
             samples.append((time.perf_counter() - t0) / (n * per_launch))
         return samples
-    except BaseException:
-        drain(ranks, spec.timeout_s)
-        raise
     finally:
         if graphs is not None:
             graphs.close()
-
-
-DRAIN_S = 10.0
-
-
-def drain(ranks: list[_Rank], timeout_s: float) -> None:
-    """After an interrupt or a fault: let the queued iterations finish (at most DRAIN_S seconds, or
-    -T if shorter) before graphs, buffers and communicators are freed under them; past that the
-    communicators are aborted (wait_all does), which stops NCCL's kernels. Never raises."""
-    if all(rk.aborted for rk in ranks):
-        return
-    try:
-        wait_all(ranks, min(DRAIN_S, timeout_s) if timeout_s else DRAIN_S)
-    except BaseException:
-        pass
 
 
 def _checked_call(spec: NcclSpec, ranks: list[_Rank], one: Callable[[int], None]) -> None:
@@ -684,12 +680,29 @@ def _checked_call(spec: NcclSpec, ranks: list[_Rank], one: Callable[[int], None]
         one(0)
         wait_all(ranks, spec.timeout_s)
         return
-    graphs = CapturedGraphs(ranks, lambda: one(0))
+    graphs = CapturedGraphs()
     try:
+        graphs.capture(ranks, lambda: one(0))
         graphs.launch()
         wait_all(ranks, spec.timeout_s)
     finally:
         graphs.close()
+
+
+DRAIN_S = 10.0
+
+
+def drain(ranks: list[_Rank], timeout_s: float) -> None:
+    """After an interrupt or a fault: let the queued work finish (at most DRAIN_S seconds, or -T if
+    shorter) before graphs, buffers and communicators are freed under it; past that the
+    communicators are aborted (wait_all does), which stops NCCL's kernels. Never raises (a second
+    Ctrl-C meanwhile is noted and ignored by the CLI's handler)."""
+    if all(rk.aborted for rk in ranks):
+        return
+    try:
+        wait_all(ranks, min(DRAIN_S, timeout_s) if timeout_s else DRAIN_S)
+    except BaseException:
+        pass
 
 
 def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Callable[[], None],
@@ -704,50 +717,57 @@ def measure_points(spec: NcclSpec, ranks: list[_Rank], nranks: int, barrier: Cal
 
     Returns:
         One Point per (size, placement), in order.
+
+    Raises:
+        whatever a point raised (MachineError, KeyboardInterrupt, ...), after :func:`drain`.
     """
     coll = C.collective(spec.collective)
     dt = C.dtype(spec.dtype)
     op_id = C.op(spec.op)
     maxbytes = max(spec.sizes)
     points: list[Point] = []
-    for size in spec.sizes:
-        cc = C.counts(coll, size, dt.size, nranks)
-        total = max(cc.send_count, cc.recv_count) * dt.size
-        for place in spec.places:
-            progress.advance(f"{coll.name} {format_size(size)} {place}")
-            in_place = place == "in-place"
-            if cc.param_count == 0:
-                points.append(Point(total, 0, place, [], None,
-                                    error=f"{format_size(size)} gives 0 elements per rank for {nranks} ranks"))
-                continue
+    try:
+        for size in spec.sizes:
+            cc = C.counts(coll, size, dt.size, nranks)
+            total = max(cc.send_count, cc.recv_count) * dt.size
+            for place in spec.places:
+                progress.advance(f"{coll.name} {format_size(size)} {place}")
+                in_place = place == "in-place"
+                if cc.param_count == 0:
+                    points.append(Point(total, 0, place, [], None,
+                                        error=f"{format_size(size)} gives 0 elements per rank for {nranks} ranks"))
+                    continue
 
-            one = _launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, maxbytes,
-                            max(spec.iters, spec.warmup, 1))
+                one = _launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, maxbytes,
+                                max(spec.iters, spec.warmup, 1))
 
-            # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
-            # initialises before timing when it checks)
-            _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
-            run_iters(ranks, spec.warmup, one, spec.timeout_s)
-            wait_all(ranks, spec.timeout_s)
-            one(0)  # nccl-tests BenchTime's "Sync" call
-            wait_all(ranks, spec.timeout_s)
-            samples = _timed_samples(spec, ranks, one, barrier)
-            wrong = None
-            # nccl-tests does not check in-place all-to-all and send/recv ("We don't support in-place
-            # alltoall/sendrecv": the send and receive regions overlap), and prints N/A for them.
-            if spec.check and not (in_place and coll.name in UNCHECKED_IN_PLACE):
-                wrong = 0
-                for _ in range(spec.check):
-                    _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
-                    barrier()
-                    _checked_call(spec, ranks, one)
-                    wrong += _check(ranks, coll, cc, dt, spec.op, in_place, nranks, spec.root)
-                    if wrong:
-                        break
-            p = Point(total, cc.param_count, place, samples, wrong)
-            points.append(p)
-            if on_point:
-                on_point(p)
+                # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
+                # initialises before timing when it checks)
+                _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
+                run_iters(ranks, spec.warmup, one, spec.timeout_s)
+                wait_all(ranks, spec.timeout_s)
+                one(0)  # nccl-tests BenchTime's "Sync" call
+                wait_all(ranks, spec.timeout_s)
+                samples = _timed_samples(spec, ranks, one, barrier)
+                wrong = None
+                # nccl-tests does not check in-place all-to-all and send/recv ("We don't support in-place
+                # alltoall/sendrecv": the send and receive regions overlap), and prints N/A for them.
+                if spec.check and not (in_place and coll.name in UNCHECKED_IN_PLACE):
+                    wrong = 0
+                    for _ in range(spec.check):
+                        _init_data(ranks, coll, cc, dt, spec.op, in_place, nranks)
+                        barrier()
+                        _checked_call(spec, ranks, one)
+                        wrong += _check(ranks, coll, cc, dt, spec.op, in_place, nranks, spec.root)
+                        if wrong:
+                            break
+                p = Point(total, cc.param_count, place, samples, wrong)
+                points.append(p)
+                if on_point:
+                    on_point(p)
+    except BaseException:  # an interrupt or a fault: nothing is freed under queued work
+        drain(ranks, spec.timeout_s)
+        raise
     return points
 
 

@@ -67,6 +67,9 @@ def command(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, r
     return 0
 
 
+MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured into one graph
+
+
 def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters, samples,
                check, placement, cuda_graph, timeout, scheduler_address=None, scheduler_file=None):
     """Validate the options (no GPU needed) and build an NcclSpec.
@@ -92,6 +95,9 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
     positive_int("--samples", samples, maximum=MAX_REPEATS)
     positive_int("-c/--check", check, allow_zero=True)
     positive_int("-G/--cuda-graph", cuda_graph, allow_zero=True, maximum=MAX_REPEATS)
+    if cuda_graph and iters > MAX_GRAPH_ITERS:
+        raise UsageError(f"-n/--iters {iters} with -G: the -n iterations are captured into one CUDA graph per GPU",
+                         f"at most {MAX_GRAPH_ITERS:,} with -G; raise -G for longer samples")
     if not timeout >= 0:
         raise UsageError(f"-T/--timeout {timeout} must be >= 0 seconds")
     places = PLACES if placement == "both" else (placement,)

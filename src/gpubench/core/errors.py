@@ -9,6 +9,8 @@ Every error carries one line of message and an optional hint; neither contains a
 
 from __future__ import annotations
 
+import threading
+
 NO_GPU_COMMANDS = ("env", "compare", "plot", "net", "merge -t cpu", "suite --check")
 
 
@@ -121,7 +123,6 @@ def clear_signals() -> None:
     """Forget noted signals (at the start of a command)."""
     _pending_signals.clear()
     _deferred.clear()
-    _critical[0] = 0
 
 
 def raise_if_signalled() -> None:
@@ -138,8 +139,9 @@ def raise_if_signalled() -> None:
 # Critical sections: launches that must all happen or none (every local rank's part of one NCCL
 # iteration or CUDA-graph launch). A rank whose kernels were queued while its peer's were not waits
 # for the peer for ever, so the CLI's handlers defer a signal that arrives inside one until it ends.
-_critical = [0]
+_critical = [0]  # depth of the main thread's open sections
 _deferred: list[int] = []
+_MAIN = threading.main_thread().ident
 
 
 def in_critical_section() -> bool:
@@ -155,15 +157,20 @@ def defer_signal(signum: int) -> None:
 
 class _CriticalSection:
     """``with CRITICAL:`` - SIGINT/SIGTERM arriving inside are raised (KeyboardInterrupt,
-    Interrupted) when the outermost section ends, not in the middle of it. Costs two integer
-    updates; nests."""
+    Interrupted) when the outermost section ends, not in the middle of it. Nests. Only the main
+    thread's sections count: Python runs signal handlers there alone, so a section in another
+    thread must not delay the main thread's Ctrl-C. A deferred signal is dropped (it stays noted,
+    see note_signal) when the section ends with an exception of its own: that one propagates."""
 
     __slots__ = ()
 
     def __enter__(self):
-        _critical[0] += 1
+        if threading.get_ident() == _MAIN:
+            _critical[0] += 1
 
     def __exit__(self, et, ev, tb):
+        if threading.get_ident() != _MAIN:
+            return False
         _critical[0] -= 1
         if _critical[0] == 0 and _deferred:
             s = _deferred[-1]
