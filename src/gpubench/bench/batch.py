@@ -87,8 +87,7 @@ class BatchSpec:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["points"] = [list(p) for p in self.points]
-        d["plan"] = self.plan.to_dict()
+        d["points"] = [list(p) for p in self.points]  # tuples -> JSON arrays, as they load back
         return d
 
 

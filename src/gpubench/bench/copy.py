@@ -64,9 +64,7 @@ class CopySpec:
             raise UsageError("no sizes to measure")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["plan"] = self.plan.to_dict()
-        return d
+        return asdict(self)  # the plan (a dataclass) becomes a dict too
 
 
 @dataclass(frozen=True)

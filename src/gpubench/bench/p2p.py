@@ -100,9 +100,7 @@ class P2PSpec:
             raise UsageError("sizes and --loop-count must be >= 1")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["plan"] = self.plan.to_dict()
-        return d
+        return asdict(self)  # the plan (a dataclass) becomes a dict too
 
 
 @dataclass(frozen=True)
