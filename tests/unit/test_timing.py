@@ -1,5 +1,7 @@
 import time
 
+import pytest
+
 from gpubench.core.timing import HostClock, TimingPlan, choose_reps, measure, take_sample
 
 
@@ -49,3 +51,43 @@ def test_choose_reps():
     assert choose_reps(10e-6) == 10
     assert choose_reps(1.0) == 1
     assert choose_reps(0) == 32
+
+
+def test_behind_a_gate_an_event_clock_records_its_end_before_the_gate_opens():
+    """nvbandwidth's order: the end event is queued with the copies, then the blocking kernel is
+    released; recording it after the release would time the host's delay in between."""
+    events = []
+
+    class Gate:
+        def hold(self):
+            events.append("hold")
+
+        def release(self):
+            events.append("release")
+
+    class EventLikeClock:
+        name = "cuda-event"
+
+        def start(self):
+            events.append("start")
+
+        def mark_end(self):
+            events.append("mark_end")
+
+        def elapsed(self):
+            events.append("elapsed")
+            return 2.0
+
+        def stop(self):
+            raise AssertionError("stop() records after the release")
+
+    assert take_sample(lambda: events.append("step"), EventLikeClock(), reps=2, gate=Gate()) == 1.0
+    assert events == ["hold", "start", "step", "step", "mark_end", "release", "elapsed"]
+    events.clear()
+
+    def boom():
+        raise RuntimeError("copy failed")
+
+    with pytest.raises(RuntimeError):
+        take_sample(boom, EventLikeClock(), reps=1, gate=Gate())
+    assert events == ["hold", "start", "release"]  # the gate opens; nothing waits on an unrecorded end

@@ -121,7 +121,8 @@ class GatedTimer:
     """Times enqueued device work on ``stream`` with CUDA events, optionally behind a SpinGate.
 
     ``time(enqueue)`` holds the stream (when gated), records the start event, calls ``enqueue``,
-    releases, and returns the seconds between the events. If ``enqueue`` took longer than half the
+    records the end event, releases (nvbandwidth's order), and returns the seconds between the
+    events. If ``enqueue`` took longer than half the
     gate's timeout the driver's queue was full and the gate gave up: ``stalled`` becomes True and
     the caller should time without the gate.
 
@@ -143,11 +144,12 @@ class GatedTimer:
         t0 = time.perf_counter()
         try:
             enqueue()
+            self.clock.mark_end()  # queued behind the gate with the work
         finally:
             enqueue_s = time.perf_counter() - t0
             if gate is not None:
                 gate.release()
-        t = self.clock.stop()
+        t = self.clock.elapsed()
         if gate is not None and enqueue_s > 0.5 * GATE_TIMEOUT_S:
             self.stalled = True
         return t

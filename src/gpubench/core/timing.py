@@ -10,8 +10,10 @@ A *sample* is ``reps`` back-to-back steps between one ``start()`` and one ``stop
 the elapsed time divided by ``reps`` (seconds per step). Optional *gate*: an object with ``hold()``
 and ``release()`` (see :class:`gpubench.core.gpu.SpinGate`). ``hold()`` runs before ``start()`` and
 blocks the stream with a spinning kernel so that every step is queued before the first one runs;
-``release()`` runs before ``stop()``. This is nvbandwidth's method (its blocking kernel in
-memcpy.cpp): the host's launch cost stays out of the figure.
+a clock that can record its end without waiting (``mark_end()``, as CudaEventClock) records it
+before ``release()``, and waits for it after. This is nvbandwidth's method (its blocking kernel in
+memcpy.cpp: the end event is queued, then the kernel is released): the host's launch cost stays
+out of the figure, and so does the host's delay between releasing and recording the end.
 
 Iterations: with ``iters`` given, exactly that many samples. Otherwise samples are taken until
 ``min_time`` seconds of measured time and at least ``min_iters`` samples, or ``max_iters`` samples.
@@ -116,17 +118,22 @@ class TimingPlan:
 
 
 def take_sample(step: Callable[[], None], clock: Clock, reps: int = 1, gate: Gate | None = None) -> float:
-    """Time ``reps`` calls of ``step`` as one sample; returns seconds per call."""
+    """Time ``reps`` calls of ``step`` as one sample; returns seconds per call. Behind a gate, a
+    clock with ``mark_end`` records its end before the gate opens (see the module's docstring)."""
     if gate is not None:
         gate.hold()
     clock.start()
+    marked = False
     try:
         for _ in range(reps):
             step()
+        if gate is not None and hasattr(clock, "mark_end"):
+            clock.mark_end()
+            marked = True
     finally:
         if gate is not None:
             gate.release()
-    return clock.stop() / reps
+    return (clock.elapsed() if marked else clock.stop()) / reps
 
 
 def measure(
