@@ -82,6 +82,7 @@ def test_one_rank_per_worker_checks_zero_wrong(two_worker_cluster, tmp_path, gra
     assert doc["timing"]["cuda_graph"] == int(graph)
     assert doc["spec"]["nranks"] == 2
     assert sorted(w["rank"] for w in doc["env"]["dask_workers"]) == [0, 1]
+    assert doc["env"]["nccl"]["version"] and all(w["nccl"]["version"] for w in doc["env"]["dask_workers"])
     recs = doc["records"]
     assert len(recs) == 4  # 2 sizes x 2 placements
     for r in recs:

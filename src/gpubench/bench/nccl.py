@@ -987,7 +987,7 @@ def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) 
         rk.free()
     comm.destroy()
     return {"rank": rank, "host": socket.gethostname(), "device": device, "allocator": rk.send.allocator,
-            "points": [asdict(p) for p in points]}
+            "nccl": _nccl_env(nccl), "points": [asdict(p) for p in points]}
 
 
 class StallWatch:
@@ -1117,8 +1117,9 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
         progress.done()
         client.close()
     env = envmod.capture()
-    env["dask_workers"] = [{"address": w, "host": d["host"], "device": d["device"], "rank": d["rank"]}
-                           for w, d in zip(workers, results)]
+    env["dask_workers"] = [{"address": w, "host": d["host"], "device": d["device"], "rank": d["rank"],
+                            "nccl": d.get("nccl")} for w, d in zip(workers, results)]
+    env["nccl"] = results[0].get("nccl")  # rank 0's NCCL version and NCCL_* variables; each worker's above
     return Result(
         command="nccl",
         spec={**spec.to_dict(), "nranks": nranks},
