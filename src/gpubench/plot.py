@@ -61,11 +61,12 @@ def _has_intervals(r: Record) -> bool:
     return all(isinstance(e.get(k), list) and e.get(k) for k in ("interval_bytes", "interval_start_s", "interval_end_s"))
 
 
-SIZE_KEYS = ("nbytes", "piece_bytes", "piece", "size")  # params that can be a sweep's x axis, in bytes
+# params that can be a sweep's x axis, in bytes (memcpy2d's is the row width)
+SIZE_KEYS = ("nbytes", "piece_bytes", "piece", "size", "width")
 
 
 def size_key(r: Record) -> str | None:
-    """The param holding the swept size in bytes (nbytes, or batch's piece_bytes), or None."""
+    """The param holding the swept size in bytes (nbytes, batch's piece_bytes, memcpy2d's width), or None."""
     for k in SIZE_KEYS:
         v = r.params.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
@@ -202,7 +203,8 @@ def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> N
         ax.fill_between(xs, [s.p25 for s in ss], [s.p75 for s in ss], color=line.get_color(), alpha=0.2, lw=0)
     ax.set_xscale("log", base=2)
     xkey = size_key(panel.series[0][1][0])
-    ax.set_xlabel(("bytes per piece" if xkey != "nbytes" else "size per copy") + " (log2)")
+    xname = {"nbytes": "size per copy", "width": "row width (bytes)"}.get(xkey, "bytes per piece")
+    ax.set_xlabel(xname + " (log2)")
     ax.set_ylabel(f"{'bandwidth' if panel.metric == 'bandwidth' else 'time'} ({_unit_label(panel.metric, units)}), median")
     if panel.metric == "time":
         ax.set_yscale("log")

@@ -87,3 +87,20 @@ def test_cli_bad_options_exit_2(tmp_path, capsys, monkeypatch, args, needle):
     err = capsys.readouterr().err
     assert e.value.code == 2 and needle in err and err.count("\n") == 1
     assert not (tmp_path / "out.png").exists()
+
+
+def test_memcpy2d_windows_plot_against_the_row_width(tmp_path):
+    from gpubench.core.result import Record
+
+    recs = []
+    for strategy, t in (("2d", 1e-5), ("row-loop", 4e-5)):
+        for w in (256, 4096):
+            recs.append(Record(params={"device": 0, "direction": "h2d", "strategy": strategy, "memory": "pinned",
+                                       "width": w, "height": 64, "src_pitch": 8192, "dst_pitch": 8192},
+                               metric="bandwidth", nbytes=w * 64, samples_s=[t, t * 1.1, t * 0.9]))
+    (p,) = plot.build_panels([("m.json", Result("memcpy2d", {}, records=recs))])
+    assert p.kind == "sweep" and sorted(label for label, _ in p.series) == ["2d", "row-loop"]
+    assert all([r.params["width"] for r in rs] == [256, 4096] for _, rs in p.series)
+    out = tmp_path / "m.png"
+    plot.render([("m", Result("memcpy2d", {}, records=recs))], out, size_in=(6, 4), dpi=50)
+    assert png_size(out) == (300, 200)
