@@ -403,8 +403,8 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
                 _draw_pairs(ax, panel, units)
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")
-        if title:
-            fig.suptitle(title)
+        if title:  # a tab or newline in --title has no glyph: drawn as a space
+            fig.suptitle("".join(c if c.isprintable() else " " for c in title))
         try:
             fig.savefig(out, dpi=dpi, format="png")
         except OSError as e:
