@@ -155,8 +155,9 @@ def _device_equals(dev_ptr: int, pat) -> bool:
 
 class _MultiClock:
     """Event clocks on several streams released together: the first stream's start event gates the
-    others (cudaStreamWaitEvent), so all copies start when the gate opens. ``stop()`` returns the
-    time until the last stream ends; ``last`` holds each stream's own elapsed seconds."""
+    others (cudaStreamWaitEvent), so all copies start when the gate opens. ``stop()`` (or
+    ``mark_end()`` before the gate opens, then ``elapsed()``) returns the time until the last stream
+    ends; ``last`` holds each stream's own elapsed seconds."""
 
     name = "cuda-event"
 
@@ -172,9 +173,17 @@ class _MultiClock:
             c.stream.wait_event(first._start)
             c.start()
 
-    def stop(self):
+    def mark_end(self):
+        """Record every stream's end event without waiting (before the gate opens)."""
         for c in self.clocks:
             c.mark_end()
+
+    def stop(self):
+        self.mark_end()
+        return self.elapsed()
+
+    def elapsed(self):
+        """Wait for every end event; seconds until the last one (``last``: each stream's)."""
         first = self.clocks[0]
         self.last = []
         for c in self.clocks:
