@@ -74,6 +74,22 @@ def size_key(r: Record) -> str | None:
     return None
 
 
+# params that can move with the x axis: memcpy2d's --sweep grows height and pitches with the width
+_COMPANIONS = {"width": ("height", "src_pitch", "dst_pitch")}
+
+
+def _tied_to_x(records: Sequence[Record], xkey: str) -> set[str]:
+    """Companions of ``xkey`` whose value is fixed by x across ``records`` (one value per x): they
+    say nothing the x axis does not, so they make no separate lines. A companion that takes two
+    values at one x (several heights at one width) stays a mode."""
+    tied = set()
+    for k in _COMPANIONS.get(xkey, ()):
+        seen: dict = {}
+        if all(seen.setdefault(r.params.get(xkey), r.params.get(k)) == r.params.get(k) for r in records):
+            tied.add(k)
+    return tied
+
+
 def _kind(r: Record) -> str:
     if "src" in r.params and "dst" in r.params:
         return "matrix"
@@ -144,7 +160,8 @@ def build_panels(results: Sequence[tuple[str, Result]]) -> list[Panel]:
     for (kind, metric, command), items in groups.items():
         recs = [r for _, r in items]
         if kind == "sweep":
-            keys = _mode_keys(recs, {size_key(recs[0]) or "nbytes"})
+            xkey = size_key(recs[0]) or "nbytes"
+            keys = _mode_keys(recs, {xkey, *_tied_to_x(recs, xkey)})
             series: dict[str, list[Record]] = {}
             for name, r in items:
                 label = _mode_label(r, keys) or command

@@ -104,3 +104,27 @@ def test_memcpy2d_windows_plot_against_the_row_width(tmp_path):
     out = tmp_path / "m.png"
     plot.render([("m", Result("memcpy2d", {}, records=recs))], out, size_in=(6, 4), dpi=50)
     assert png_size(out) == (300, 200)
+
+
+def test_a_memcpy2d_sweep_is_one_line_per_strategy_though_height_and_pitches_move_with_the_width():
+    from gpubench.commands.memcpy2d import build_spec
+    from gpubench.core.result import Record
+
+    # the CLI's --sweep with its default pitches (4x source, 1x destination)
+    spec = build_spec(width=None, height=None, total=None, sweep=True, src_pitch="4x", dst_pitch="1x",
+                      strategies="2d,row-loop", directions="h2d", memory="pinned", device=0, warmup=2, iters=None,
+                      min_time=0.1)
+    points = spec.points
+    assert len({h for _, h, _, _ in points}) > 1 or len({sp for _, _, sp, _ in points}) > 1  # they do move
+    recs = [Record(params={"device": 0, "direction": "h2d", "strategy": s, "memory": "pinned", "width": w,
+                           "height": h, "src_pitch": sp, "dst_pitch": dp},
+                   metric="bandwidth", nbytes=w * h, samples_s=[1e-5, 1.1e-5])
+            for s in ("2d", "row-loop") for (w, h, sp, dp) in points]
+    (p,) = plot.build_panels([("m.json", Result("memcpy2d", {}, records=recs))])
+    assert sorted(label for label, _ in p.series) == ["2d", "row-loop"]
+    assert all(len(rs) == len(points) for _, rs in p.series)
+    # two heights at one width stay apart
+    recs2 = [Record(params={"strategy": "2d", "width": 256, "height": h, "src_pitch": 256, "dst_pitch": 256},
+                    metric="bandwidth", nbytes=256 * h, samples_s=[1e-5]) for h in (8, 64)]
+    (p2,) = plot.build_panels([("m.json", Result("memcpy2d", {}, records=recs2))])
+    assert sorted(label for label, _ in p2.series) == ["64", "8"]
