@@ -353,6 +353,10 @@ def env_facts(env: dict) -> dict[str, str]:
     }
     for k, v in sorted((env.get("versions") or {}).items()):
         facts[k] = str(v)
+    nccl = env.get("nccl")
+    if isinstance(nccl, dict):  # nccl results: the library and the NCCL_* variables it read
+        facts["NCCL"] = str(nccl.get("version") or "-")
+        facts["NCCL_* variables"] = " ".join(f"{k}={v}" for k, v in sorted((nccl.get("env") or {}).items())) or "-"
     return facts
 
 
@@ -364,9 +368,9 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
         out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
     for k in sorted(set(base.spec) | set(new.spec)):
         va, vb = base.spec.get(k), new.spec.get(k)
-        if k not in base.spec or k not in new.spec:
-            if not (va or vb):  # an option one gpubench did not record, at its off value (0, None)
-                continue
+        if (k not in base.spec or k not in new.spec) and (va if k in base.spec else vb) == \
+                ADDED_OPTIONS.get((new.command, k), _NO_DEFAULT):
+            continue  # an option an older gpubench did not have, at the value that means "off"
         if va != vb:
             out.append((f"option {k}", _short(va), _short(vb)))
     for k in TIMING_FACTS:  # how the figures were taken, where a command records it
@@ -375,6 +379,11 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
             out.append((f"timing {k}", _short(va), _short(vb)))
     return out
 
+
+# options added to a command after results of it were saved, with the value that behaves as the
+# results before them did: a result without the key equals one with this value
+ADDED_OPTIONS: dict[tuple[str, str], Any] = {("nccl", "cuda_graph"): 0}
+_NO_DEFAULT = object()
 
 # timing keys that change what a figure means (nccl: the buffers' allocator, which NCCL's
 # zero-copy registration under -G depends on)

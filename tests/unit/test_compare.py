@@ -209,16 +209,30 @@ def test_env_diff_names_driver_gpu_and_host():
 
 def test_env_diff_skips_an_option_an_older_result_lacks_at_its_off_value_and_shows_the_buffers():
     a, b = synth.copy_like(1), synth.copy_like(2)
-    b.spec = dict(b.spec, cuda_graph=0, new_flag=None)  # options an older gpubench did not record, off
+    a.command = b.command = "nccl"
+    b.spec = dict(b.spec, cuda_graph=0)  # added after nccl results were saved; 0 = as before
     assert not [w for w, *_ in cmp.env_diff(a, b) if w.startswith("option")]
     b.spec = dict(b.spec, cuda_graph=10)  # on: a real difference
     assert ("option cuda_graph", "null", "10") in cmp.env_diff(a, b)
+    b.spec = dict(b.spec, cuda_graph=0, gate=False)  # an unknown key at a falsy value is still shown
+    assert [w for w, *_ in cmp.env_diff(a, b) if w.startswith("option")] == ["option gate"]
     a.timing = dict(a.timing, buffers="cudaMalloc")
     b.timing = dict(b.timing, buffers="ncclMemAlloc")
     assert ("timing buffers", "cudaMalloc", "ncclMemAlloc") in cmp.env_diff(a, b)
 
 
-def test_failed_point_has_no_verdict():
+def test_env_diff_names_a_different_nccl_or_nccl_variables():
+    a, b = synth.copy_like(1), synth.copy_like(2)
+    a.env = dict(a.env, nccl={"version": 22803, "env": {"NCCL_NVLS_ENABLE": "0"}})
+    b.env = dict(b.env, nccl={"version": 22809, "env": {"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"}})
+    diff = {w: (x, y) for w, x, y in cmp.env_diff(a, b)}
+    assert diff["NCCL"] == ("22803", "22809")
+    assert diff["NCCL_* variables"] == ("NCCL_NVLS_ENABLE=0", "NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0")
+    b.env = dict(b.env, nccl=dict(a.env["nccl"]))
+    assert not [w for w, *_ in cmp.env_diff(a, b) if w.startswith("NCCL")]
+
+
+
     a, b = synth.copy_like(1), synth.copy_like(2)
     b.records[0] = Record(dict(b.records[0].params), nbytes=b.records[0].nbytes, error="allocation failed")
     c = cmp.compare(a, b)
