@@ -237,3 +237,19 @@ def test_report_has_nccl_tests_columns_and_average():
     for col in ("size (B)", "count", "redop", "out-of-place time (us)", "in-place time (us)", "busbw GB/s", "#wrong",
                 "Avg bus bandwidth", "2(n-1)/n", "N/A", "1073741824", "268435456"):
         assert col in text, col
+
+
+def test_report_warns_when_dask_workers_differ_in_nccl():
+    pts = [N.Point(1 << 20, 1 << 18, "out-of-place", [1e-4], 0)]
+
+    def text_of(workers):
+        res = _result(pts)
+        res.env = dict(res.env, dask_workers=workers)
+        return " ".join(str(x) for x in cmd.format_report(res) if isinstance(x, str))
+
+    same = [{"rank": r, "nccl": {"version": 22809, "env": {"NCCL_NVLS_ENABLE": "0"}}} for r in (0, 1)]
+    assert "differ in NCCL" not in text_of(same)
+    mixed = [same[0], {"rank": 1, "nccl": {"version": 22803, "env": {"NCCL_NVLS_ENABLE": "0"}}}]
+    assert "differ in NCCL" in text_of(mixed)
+    env_mixed = [same[0], {"rank": 1, "nccl": {"version": 22809, "env": {}}}]
+    assert "differ in NCCL" in text_of(env_mixed)

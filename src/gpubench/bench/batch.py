@@ -140,9 +140,9 @@ class GatedTimer:
         gate = self.gate
         if gate is not None:
             gate.hold()
-        self.clock.start()
         t0 = time.perf_counter()
         try:
+            self.clock.start()
             enqueue()
             self.clock.mark_end()  # queued behind the gate with the work
         finally:

@@ -180,6 +180,12 @@ def format_report(result, units: str = "GB") -> list:
     if graphs and result.timing.get("buffers") == "cudaMalloc":
         out.append("Buffers come from cudaMalloc (this NCCL has no ncclMemAlloc): NCCL cannot register them for "
                    "zero-copy under CUDA graphs, so -G figures can be lower than nccl-tests'.")
+    workers = result.env.get("dask_workers") or []
+    seen = {repr((w.get("nccl") or {}).get("version")) + " " + repr(sorted(((w.get("nccl") or {}).get("env") or {}).items()))
+            for w in workers}
+    if len(seen) > 1:
+        out.append("WARNING: the Dask workers differ in NCCL version or NCCL_* variables (env.dask_workers[i].nccl "
+                   "in the JSON); the figures mix them.")
     nccl_env = (result.env.get("nccl") or {}).get("env") or {}
     if nccl_env:
         out.append("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl_env.items())))

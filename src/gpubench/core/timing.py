@@ -122,9 +122,9 @@ def take_sample(step: Callable[[], None], clock: Clock, reps: int = 1, gate: Gat
     clock with ``mark_end`` records its end before the gate opens (see the module's docstring)."""
     if gate is not None:
         gate.hold()
-    clock.start()
     marked = False
     try:
+        clock.start()
         for _ in range(reps):
             step()
         if gate is not None and hasattr(clock, "mark_end"):
