@@ -32,17 +32,22 @@ def test_measure_auto_respects_max_iters():
     assert len(measure(lambda: None, HostClock(), plan)) == 5
 
 
+class RecordingGate:
+    """A gate that writes "hold"/"release" into ``events`` (the order is what the tests check)."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def hold(self):
+        self.events.append("hold")
+
+    def release(self):
+        self.events.append("release")
+
+
 def test_gate_wraps_each_sample():
     events = []
-
-    class Gate:
-        def hold(self):
-            events.append("hold")
-
-        def release(self):
-            events.append("release")
-
-    take_sample(lambda: events.append("step"), HostClock(), reps=2, gate=Gate())
+    take_sample(lambda: events.append("step"), HostClock(), reps=2, gate=RecordingGate(events))
     assert events == ["hold", "step", "step", "release"]
 
 
@@ -57,13 +62,7 @@ def test_behind_a_gate_an_event_clock_records_its_end_before_the_gate_opens():
     """nvbandwidth's order: the end event is queued with the copies, then the blocking kernel is
     released; recording it after the release would time the host's delay in between."""
     events = []
-
-    class Gate:
-        def hold(self):
-            events.append("hold")
-
-        def release(self):
-            events.append("release")
+    Gate = lambda: RecordingGate(events)  # noqa: E731
 
     class EventLikeClock:
         name = "cuda-event"
