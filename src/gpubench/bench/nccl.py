@@ -10,9 +10,9 @@ rank's stream has finished (polled with cudaStreamQuery, as testStreamSynchroniz
 per-iteration time is that span / iters. With ``cuda_graph`` G > 0 (nccl-tests ``-G``), the
 ``iters`` iterations are captured once per point into one CUDA graph per rank's stream and a
 sample is G launches of those graphs: span / (iters * G). Each iteration moves its buffers by one
-operation size within buffers of the largest size (nccl-tests' ``shift``, against cache effects). Before the
-timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each followed by a
-full synchronisation. A sample is one such timed span; the report shows the median over samples;
+operation size within buffers of the largest size (nccl-tests' ``shift``, against cache effects).
+Before the timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each
+followed by a full synchronisation. A sample is one such timed span; the report shows the median over samples;
 across processes the per-sample times are averaged (nccl-tests' default ``-a 1``).
 
 algbw = S / t and busbw = algbw * factor come from bench/collectives.py (nccl-tests' GetBw and
