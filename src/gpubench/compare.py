@@ -432,6 +432,11 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
             why = f"stopped by a fault: {r.failed_by[:100]}" if r.failed_by else \
                 f"interrupted by {r.interrupted_by or 'a signal'}"
             cmp.notes.append(f"{name} is partial ({why})")
+    if base.command == "nccl":
+        formula = next((r.extra.get("busbw_formula") for r in new.records if r.extra.get("busbw_formula")),
+                       "algbw * factor")
+        cmp.notes.append(f"nccl rates are algbw = S/t; busbw = {formula} is the same figure scaled, so its change "
+                         "and verdict are the same")
     new_by_key: dict[tuple, Record] = {}
     for r in new.records:
         new_by_key.setdefault(r.key(), r)

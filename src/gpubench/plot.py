@@ -221,6 +221,8 @@ def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> N
     ax.set_xscale("log", base=2)
     xkey = size_key(panel.series[0][1][0])
     xname = {"nbytes": "size per copy", "width": "row width (bytes)"}.get(xkey, "bytes per piece")
+    if panel.title.startswith("nccl:"):  # algbw = S/t against nccl-tests' size column
+        xname = "size (nccl-tests' size, bytes per rank)"
     ax.set_xlabel(xname + " (log2)")
     ax.set_ylabel(f"{'bandwidth' if panel.metric == 'bandwidth' else 'time'} ({_unit_label(panel.metric, units)}), median")
     if panel.metric == "time":

@@ -310,3 +310,17 @@ def test_two_net_local_runs_do_not_differ_by_their_random_ports():
     assert a.spec["port"] == b.spec["port"] == 0  # asked: any free port
     assert a.timing["server_port"] > 0 and b.timing["server_port"] > 0
     assert not [w for w, *_ in cmp.env_diff(a, b) if w.startswith("option")]
+
+
+def test_nccl_comparisons_say_the_rates_are_algbw_and_busbw_moves_with_them():
+    from gpubench.bench import nccl as N
+
+    spec = N.NcclSpec(sizes=(1 << 20,), places=("out-of-place",))
+
+    def res(t):
+        return Result("nccl", spec.to_dict(), records=N.to_records(spec, [N.Point(1 << 20, 1 << 18, "out-of-place",
+                                                                                  [t] * 5, 0)], 4))
+
+    c = cmp.compare(res(1e-4), res(1e-4))
+    assert any("algbw = S/t" in n and "algbw * 2(n-1)/n" in n for n in c.notes)
+    assert not any("algbw" in n for n in cmp.compare(synth.copy_like(1), synth.copy_like(2)).notes)
