@@ -18,7 +18,7 @@ import click
 
 from gpubench import __version__
 from gpubench.core.errors import (GpubenchError, Interrupted, clear_signals, defer_signal, in_critical_section,
-                                   note_signal, signal_noted)
+                                   note_signal, signal_exception, signal_noted)
 
 # name -> (module, one-line help). Order is the order of `gpubench --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -71,8 +71,11 @@ _AGAIN = ("gpubench: already stopping: saving what was measured and closing what
           "(Ctrl-\\ quits at once and keeps nothing)")
 
 
-def _sigterm(signum, frame):
-    if signal_noted():  # a second signal while the first one's cleanup runs must not lose the result
+def _on_signal(signum, frame):
+    """SIGINT and SIGTERM: raise KeyboardInterrupt / Interrupted; inside a critical section, when it
+    ends; a second signal while the first one's cleanup runs is noted and ignored, so the cleanup
+    does not lose the result."""
+    if signal_noted():
         note_signal(signum)
         print(_AGAIN, file=sys.stderr)
         return
@@ -80,19 +83,10 @@ def _sigterm(signum, frame):
     if in_critical_section():  # raised when the launches under way are all queued
         defer_signal(signum)
         return
-    raise Interrupted(signum)
+    raise signal_exception(signum)
 
 
-def _sigint(signum, frame):
-    if signal_noted():
-        note_signal(signum)
-        print(_AGAIN, file=sys.stderr)
-        return
-    note_signal(signum)
-    if in_critical_section():
-        defer_signal(signum)
-        return
-    raise KeyboardInterrupt
+_sigint = _sigterm = _on_signal
 
 
 def _one_line(text: str) -> str:

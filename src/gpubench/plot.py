@@ -38,6 +38,7 @@ class Panel:
     metric: str
     title: str
     series: list[tuple[str, list[Record]]] = field(default_factory=list)
+    command: str = ""  # the results' command, for axis names
 
 
 def _merge_pair_stats(r: Record) -> dict[str, Summary]:
@@ -169,7 +170,7 @@ def build_panels(results: Sequence[tuple[str, Result]]) -> list[Panel]:
                     label = f"{label} [{Path(name).stem}]"
                 series.setdefault(label, []).append(r)
             panels.append(Panel(kind, metric, f"{command}: {'bandwidth' if metric == 'bandwidth' else 'time'} vs size",
-                                list(series.items())))
+                                list(series.items()), command))
         elif kind == "matrix":
             keys = _mode_keys(recs, {"src", "dst"})
             per: dict[str, list[Record]] = {}
@@ -208,6 +209,11 @@ def _unit_label(metric: str, units: str) -> str:
     return f"{units}/s" if metric == "bandwidth" else "us"
 
 
+# a sweep's x axis by command, else by its size param
+X_NAMES = {"nccl": "size (nccl-tests' size, bytes per rank)", "nbytes": "size per copy",
+           "width": "row width (bytes)"}
+
+
 def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> None:
     styles = _series_styles(panel)
     for label, recs in panel.series:
@@ -220,9 +226,7 @@ def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> N
         ax.fill_between(xs, [s.p25 for s in ss], [s.p75 for s in ss], color=line.get_color(), alpha=0.2, lw=0)
     ax.set_xscale("log", base=2)
     xkey = size_key(panel.series[0][1][0])
-    xname = {"nbytes": "size per copy", "width": "row width (bytes)"}.get(xkey, "bytes per piece")
-    if panel.title.startswith("nccl:"):  # algbw = S/t against nccl-tests' size column
-        xname = "size (nccl-tests' size, bytes per rank)"
+    xname = X_NAMES.get(panel.command) or X_NAMES.get(xkey, "bytes per piece")
     ax.set_xlabel(xname + " (log2)")
     ax.set_ylabel(f"{'bandwidth' if panel.metric == 'bandwidth' else 'time'} ({_unit_label(panel.metric, units)}), median")
     if panel.metric == "time":

@@ -21,6 +21,7 @@ doc/PERFORMANCE.md).
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 import uuid
@@ -117,9 +118,10 @@ class Point:
     error: str | None = None
 
 
+@functools.lru_cache(maxsize=None)
 def _libnccl():
     """The NCCL library CuPy loaded (ctypes), or None. Found in /proc/self/maps, else by its soname
-    (which returns the copy already loaded)."""
+    (which returns the copy already loaded). ncclMemAlloc/ncclMemFree get their argument types."""
     import ctypes
 
     try:
@@ -129,9 +131,13 @@ def _libnccl():
         paths = []
     for name in [*dict.fromkeys(paths), "libnccl.so.2"]:
         try:
-            return ctypes.CDLL(name)
+            lib = ctypes.CDLL(name)
         except OSError:
             continue
+        if hasattr(lib, "ncclMemAlloc"):
+            lib.ncclMemAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+            lib.ncclMemFree.argtypes = [ctypes.c_void_p]
+        return lib
     return None
 
 
@@ -167,8 +173,6 @@ class NcclBuffer:
             return
         self.allocator = "ncclMemAlloc"
         p = ctypes.c_void_p()
-        self._lib.ncclMemAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-        self._lib.ncclMemFree.argtypes = [ctypes.c_void_p]
         rc = self._lib.ncclMemAlloc(ctypes.byref(p), ctypes.c_size_t(nbytes))
         if rc != 0 or not p.value:
             self.ptr = 0

@@ -125,15 +125,17 @@ def clear_signals() -> None:
     _deferred.clear()
 
 
-def raise_if_signalled() -> None:
-    """Raise KeyboardInterrupt (SIGINT) or Interrupted (SIGTERM) if a noted signal was swallowed."""
+def signal_exception(signum: int) -> BaseException:
+    """The exception a signal stops a command with: KeyboardInterrupt for SIGINT, else Interrupted."""
     import signal as _signal
 
+    return KeyboardInterrupt() if signum == _signal.SIGINT else Interrupted(signum)
+
+
+def raise_if_signalled() -> None:
+    """Raise KeyboardInterrupt (SIGINT) or Interrupted (SIGTERM) if a noted signal was swallowed."""
     if _pending_signals:
-        s = _pending_signals[-1]
-        if s == _signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Interrupted(s)
+        raise signal_exception(_pending_signals[-1])
 
 
 # Critical sections: launches that must all happen or none (every local rank's part of one NCCL
@@ -176,11 +178,7 @@ class _CriticalSection:
             s = _deferred[-1]
             _deferred.clear()
             if et is None:
-                import signal as _signal
-
-                if s == _signal.SIGINT:
-                    raise KeyboardInterrupt
-                raise Interrupted(s)
+                raise signal_exception(s)
         return False
 
 
