@@ -10,31 +10,18 @@ Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (ba
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
 import traceback
 
 import click
 
 from gpubench import __version__
-from gpubench.core.errors import (GpubenchError, Interrupted, clear_signals, defer_signal, in_critical_section,
-                                   note_signal, signal_exception, signal_noted)
+from gpubench.core import signals
+from gpubench.core.errors import GpubenchError
+from gpubench.core.registry import INVOCATION, REGISTRY
+from gpubench.core.signals import Interrupted
 
-# name -> (module, one-line help). Order is the order of `gpubench --help`.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "copy": ("gpubench.commands.copy", "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."),
-    "env": ("gpubench.commands.env", "The machine: GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA."),
-    "p2p": ("gpubench.commands.p2p", "GPU<->GPU copy matrix: peer access on/off, read/write, bidir, SM copy, latency."),
-    "nccl": ("gpubench.commands.nccl", "NCCL collectives (all-reduce, all-gather, ...): algbw and busbw as nccl-tests."),
-    "merge": ("gpubench.commands.merge", "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge."),
-    "net": ("gpubench.commands.net", "Multi-stream TCP throughput between two hosts (server, client, local)."),
-    "batch": ("gpubench.commands.batch", "Many small copies vs packed vs cudaMemcpyBatchAsync vs one contiguous copy."),
-    "memcpy2d": ("gpubench.commands.memcpy2d", "Pitched 2-D copies vs a row-by-row loop vs one contiguous copy vs CuPy slices."),
-    "overlap": ("gpubench.commands.overlap", "Copy/compute overlap: H2D -> kernel -> D2H on one stream vs chunks on N streams."),
-    "compare": ("gpubench.commands.compare", "Compare saved results: per-figure change and a noise-aware verdict."),
-    "plot": ("gpubench.commands.plot", "PNG of saved results: bandwidth vs size, p2p heatmaps, merge pairs."),
-    "suite": ("gpubench.commands.suite", "Node validation: env, copy, batch, p2p, nccl; expectations from TOML."),
-}
+COMMANDS = REGISTRY  # name -> Entry (module, one-line help, GPU need), in `gpubench --help` order
 
 
 class LazyGroup(click.Group):
@@ -47,11 +34,11 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS:
             return None
-        module = importlib.import_module(COMMANDS[name][0])
+        module = importlib.import_module(COMMANDS[name].module)
         return module.command
 
     def format_commands(self, ctx, formatter):
-        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
+        rows = [(name, e.help) for name, e in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -67,43 +54,10 @@ def cli():
     """
 
 
-_AGAIN = ("gpubench: already stopping: saving what was measured and closing what the run started "
-          "(Ctrl-\\ quits at once and keeps nothing)")
-
-
-def _on_signal(signum, frame):
-    """SIGINT and SIGTERM: raise KeyboardInterrupt / Interrupted; inside a critical section, when it
-    ends; a second signal while the first one's cleanup runs is noted and ignored, so the cleanup
-    does not lose the result."""
-    if signal_noted():
-        note_signal(signum)
-        print(_AGAIN, file=sys.stderr)
-        return
-    note_signal(signum)
-    if in_critical_section():  # raised when the launches under way are all queued
-        defer_signal(signum)
-        return
-    raise signal_exception(signum)
-
-
-_sigint = _sigterm = _on_signal
-
-
 def _one_line(text: str) -> str:
     """``text`` with control and other unprintable characters escaped (a newline or carriage return in
     a file name the user gave, say), so an error is always one line."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _unraisable(u) -> None:
-    """An interrupt swallowed inside a __del__ or gc callback is noted (note_signal) and acted on
-    by the sweep driver; do not print it as an "Exception ignored" traceback."""
-    if isinstance(u.exc_value, (KeyboardInterrupt, Interrupted)):
-        return
-    sys.__unraisablehook__(u)
-
-
-INVOCATION: list[str] = []  # this run's arguments, saved in each result's "argv"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,12 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     INVOCATION[:] = [str(a) for a in args]
     debug = "--debug" in args
-    clear_signals()
-    sys.unraisablehook = _unraisable
-    old = signal.signal(signal.SIGTERM, _sigterm)
-    old_int = signal.getsignal(signal.SIGINT)
-    if old_int is signal.default_int_handler:  # leave an ignored SIGINT (a background job) ignored
-        signal.signal(signal.SIGINT, _sigint)
+    previous = signals.install()
     try:
         rc = cli.main(args=args, prog_name="gpubench", standalone_mode=False)
         code = rc if isinstance(rc, int) else 0
@@ -151,12 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                    err=True)
         code = 3
     finally:
-        if argv is None:
-            # the process's own run: the exit code is decided and the result saved; a Ctrl-C during
-            # interpreter teardown (Dask's atexit hooks) must not turn exit 3 into a KeyboardInterrupt
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-        else:  # called in-process (tests): give the caller its handlers back
-            signal.signal(signal.SIGTERM, old)
-            signal.signal(signal.SIGINT, old_int)
+        # the process's own run: the exit code is decided and the result saved; in-process (tests):
+        # the caller's handlers come back
+        signals.restore(None if argv is None else previous)
     sys.exit(code)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gpubench.cli import COMMANDS
-from gpubench.core.errors import Interrupted
+from gpubench.core.signals import Interrupted
 from gpubench.core.gpu import gpu_available
 
 
@@ -136,12 +136,12 @@ def test_absurd_repeat_counts_are_refused(args):
 def test_a_signal_inside_a_critical_section_is_raised_when_it_ends(signum, exc):
     """Every rank's launch of one iteration (or CUDA graph) happens, or none: the CLI's handlers
     defer a signal that arrives in between until the section ends."""
-    from gpubench import cli as cli_mod
-    from gpubench.core.errors import CRITICAL, clear_signals
+    from gpubench.core import signals
+    from gpubench.core.signals import CRITICAL, clear_signals
 
     old_int, old_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGINT, cli_mod._sigint)
-    signal.signal(signal.SIGTERM, cli_mod._sigterm)
+    signal.signal(signal.SIGINT, signals.on_signal)
+    signal.signal(signal.SIGTERM, signals.on_signal)
     clear_signals()
     done = []
     try:
@@ -168,11 +168,11 @@ def test_a_signal_inside_a_critical_section_is_raised_when_it_ends(signum, exc):
 def test_a_critical_section_in_another_thread_does_not_delay_the_main_threads_ctrl_c():
     import threading
 
-    from gpubench import cli as cli_mod
-    from gpubench.core.errors import CRITICAL, clear_signals
+    from gpubench.core import signals
+    from gpubench.core.signals import CRITICAL, clear_signals
 
     old_int = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, cli_mod._sigint)
+    signal.signal(signal.SIGINT, signals.on_signal)
     clear_signals()
     inside, leave = threading.Event(), threading.Event()
 

@@ -152,7 +152,8 @@ EXTRAS = st.sampled_from([[]] * 10 + [["--help"], ["--nosuch"], ["stray"], ["--j
 
 def _targets() -> dict[str, click.Command]:
     out = {}
-    for name, (module, _) in COMMANDS.items():
+    for name, entry in COMMANDS.items():
+        module = entry.module
         cmd = importlib.import_module(module).command
         if isinstance(cmd, click.Group):
             for sub, sc in cmd.commands.items():

@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from gpubench.bench import batch as bench
+from gpubench.core import timing
 from gpubench.commands.batch import SWEEP_PIECES, build_spec, format_report
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
@@ -77,22 +78,22 @@ def test_spec_dict_is_json():
 
 
 def test_segments_cover_every_index_once():
-    segs = bench.segments(300, 128)
+    segs = timing.segments(300, 128)
     assert [len(s) for s in segs] == [128, 128, 44]
     assert [i for s in segs for i in s] == list(range(300))
-    assert bench.segments(5, 128) == [range(0, 5)]
+    assert timing.segments(5, 128) == [range(0, 5)]
 
 
 def test_sum_clock_and_kept():
-    c = bench.SumClock()
+    c = timing.SumClock()
     c.start()
     c.add(0.25)
     c.add(0.5)
     assert c.stop() == 0.75
     c.start()
     assert c.stop() == 0.0
-    assert bench.kept([1, 2, 3, 4], 2) == [3, 4]
-    assert bench.kept([1, 2], 0) == []
+    assert timing.kept([1, 2, 3, 4], 2) == [3, 4]
+    assert timing.kept([1, 2], 0) == []
 
 
 def test_batch_api_returns_module_or_reason():

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpubench.bench import nccl as N
-from gpubench.core.errors import MachineError, clear_signals
+from gpubench.core.errors import MachineError
+from gpubench.core.signals import clear_signals
 
 
 class Recorder:
@@ -162,10 +163,10 @@ def test_a_failure_after_the_first_graph_was_instantiated_destroys_it(where, exc
 @pytest.fixture
 def cli_handlers():
     """The CLI's SIGINT handler (defers inside critical sections), restored afterwards."""
-    from gpubench import cli
+    from gpubench.core import signals
 
     old = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, cli._sigint)
+    signal.signal(signal.SIGINT, signals.on_signal)
     clear_signals()
     yield
     signal.signal(signal.SIGINT, old)

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpubench.bench import p2p as P
+from gpubench.core import kernels as K
 from gpubench.commands import p2p as cmd
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result, load, save
@@ -66,7 +67,7 @@ def test_groups_cover_every_ordered_pair_peer_off_first(n):
 @pytest.mark.parametrize("nbytes,sms", [(1 << 30, 132), (512 << 20, 132), (64 << 20, 108), (1 << 30 | 12345, 132)])
 def test_sm_geometry_large_matches_nvbandwidth(nbytes, sms):
     # memcpy.cpp getAdjustedCopySize: total = SMs * 512; elements = total * ((size / 16) / total)
-    kind, grid, block, copied = P.sm_copy_geometry(nbytes, sms)
+    kind, grid, block, copied = K.sm_copy_geometry(nbytes, sms)
     total = sms * 512
     assert (kind, grid, block) == ("striding", sms, 512)
     assert copied == total * ((nbytes // 16) // total) * 16
@@ -75,14 +76,14 @@ def test_sm_geometry_large_matches_nvbandwidth(nbytes, sms):
 
 @pytest.mark.parametrize("nbytes", [16, 4096, 1 << 20, (1 << 20) + 48, (64 << 20) - 16])
 def test_sm_geometry_small(nbytes):
-    kind, grid, block, copied = P.sm_copy_geometry(nbytes, 132)
+    kind, grid, block, copied = K.sm_copy_geometry(nbytes, 132)
     n16 = nbytes // 16
     assert kind == "simple" and block == min(n16, 1024) and grid == n16 // block
     assert copied == grid * block * 16 <= nbytes
 
 
 def test_sm_geometry_too_small():
-    assert P.sm_copy_geometry(15, 132)[3] == 0
+    assert K.sm_copy_geometry(15, 132)[3] == 0
 
 
 def _env():

@@ -2,7 +2,7 @@
 
 import signal
 
-from gpubench.core.errors import Interrupted
+from gpubench.core.signals import Interrupted
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record
 from gpubench.core.sweep import run_groups
@@ -62,7 +62,7 @@ def test_sigterm_named():
 def test_a_swallowed_interrupt_still_stops_the_sweep():
     """A KeyboardInterrupt lost in a gc callback ("Exception ignored") was noted by the handler;
     the driver stops at the next point and keeps what was measured."""
-    from gpubench.core.errors import clear_signals, note_signal
+    from gpubench.core.signals import clear_signals, note_signal
 
     def measure(g):
         if g == 2:

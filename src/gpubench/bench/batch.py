@@ -25,26 +25,24 @@ median time / this strategy's median time, same direction and host-memory kind.
 
 from __future__ import annotations
 
-import time
+import contextlib
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
+from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu
+from gpubench.core.benchmark import Benchmark, Context, Point
 from gpubench.core.errors import MachineError, UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result, time_ratios
-from gpubench.core.sweep import run_groups
-from gpubench.core.timing import CudaEventClock, HostClock, TimingPlan, choose_reps, measure
+from gpubench.core.timing import (SEGMENT, GatedTimer, HostClock, Lane, SumClock, TimingPlan, drop_stalled_gate,
+                                  kept, measure, time_repeated, time_segments)
 from gpubench.core.units import format_size
 
 STRATEGIES = ("separate", "packed", "batched-api", "contiguous")
 DIRECTIONS = ("h2d", "d2h")
 HOST_KINDS = ("pinned", "pageable")
-SEGMENT = 128  # copies queued behind one hold of the gate (well under the driver's queue depth)
-GATE_TIMEOUT_S = 2.0  # the spin kernel gives up after this; an enqueue this slow means a stall
 MAX_COUNT = 1 << 20  # pieces per transfer: more would make one Python-issued sample take seconds
-DEVICE_MARGIN_BYTES = 512 * 2**20
 BATCH_API_MIN_VERSION = 12080  # cudaMemcpyBatchAsync appeared in CUDA 12.8
 
 
@@ -89,135 +87,6 @@ class BatchSpec:
         d = asdict(self)
         d["points"] = [list(p) for p in self.points]  # tuples -> JSON arrays, as they load back
         return d
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing helpers shared by batch, memcpy2d and overlap.
-
-
-class SumClock:
-    """A clock whose sample is the sum of sub-timings added during the step (``add``).
-
-    Lets :func:`gpubench.core.timing.measure` drive samples made of several gated segments or of a
-    host part plus a device part, so warm-up and the iteration rule stay the core's.
-    """
-
-    name = "sum"
-
-    def __init__(self) -> None:
-        self.total = 0.0
-
-    def start(self) -> None:
-        self.total = 0.0
-
-    def add(self, seconds: float) -> None:
-        self.total += seconds
-
-    def stop(self) -> float:
-        return self.total
-
-
-class GatedTimer:
-    """Times enqueued device work on ``stream`` with CUDA events, optionally behind a SpinGate.
-
-    ``time(enqueue)`` holds the stream (when gated), records the start event, calls ``enqueue``,
-    records the end event, releases (nvbandwidth's order), and returns the seconds between the
-    events. If ``enqueue`` took longer than half the
-    gate's timeout the driver's queue was full and the gate gave up: ``stalled`` becomes True and
-    the caller should time without the gate.
-
-    Args:
-        stream: a cupy.cuda.Stream.
-        gated: use the gate (page-locked or device memory only).
-    """
-
-    def __init__(self, stream, gated: bool):
-        self.clock = CudaEventClock(stream)
-        self.gate = gpu.SpinGate(stream, timeout_s=GATE_TIMEOUT_S) if gated else None
-        self.stalled = False
-
-    def time(self, enqueue: Callable[[], None]) -> float:
-        gate = self.gate
-        if gate is not None:
-            gate.hold()
-        t0 = time.perf_counter()
-        try:
-            self.clock.start()
-            enqueue()
-            self.clock.mark_end()  # queued behind the gate with the work
-        finally:
-            enqueue_s = time.perf_counter() - t0
-            if gate is not None:
-                gate.release()
-        t = self.clock.elapsed()
-        if gate is not None and enqueue_s > 0.5 * GATE_TIMEOUT_S:
-            self.stalled = True
-        return t
-
-    def drop_gate(self) -> None:
-        self.gate = None
-
-
-GATE_DROPPED = "the driver's queue filled while the gate held; timed ungated"
-
-
-def drop_stalled_gate(timer: GatedTimer, extra: dict) -> None:
-    """After an untimed trial: if the gate stalled, time without it from now on and say so in extra."""
-    if timer.stalled:
-        timer.drop_gate()
-        extra["gated"] = False
-        extra["gate_dropped"] = GATE_DROPPED
-
-
-def time_repeated(stream, gated: bool, one: Callable[[], None], plan: TimingPlan) -> tuple[list[float], int]:
-    """Samples of one enqueue ``one`` (one copy or kernel): a first gated call sets how many calls a
-    sample queues behind the gate (choose_reps, so launch gaps stay out of the events); ungated, one.
-
-    Returns:
-        (seconds per call of each sample, calls per sample).
-    """
-    timer = GatedTimer(stream, gated)
-    t1 = timer.time(one)
-    reps = choose_reps(t1) if timer.gate is not None else 1
-    clock = SumClock()
-
-    def step():
-        clock.add(timer.time(lambda: [one() for _ in range(reps)]) / reps)
-
-    return measure(step, clock, plan), reps
-
-
-def time_segments(stream, gated: bool, enqueue: Callable[[range], None], n: int, plan: TimingPlan,
-                  extra: dict) -> tuple[list[float], GatedTimer]:
-    """Samples of ``n`` small copies queued one by one (``enqueue(range)`` queues those copies):
-    gated, in segments of SEGMENT per hold of the gate, a sample being the sum of its segments. An
-    untimed trial comes first; a gate that stalled in it is dropped (drop_stalled_gate, noted in extra).
-
-    Returns:
-        (seconds per sample, the timer: its ``gate`` is None when the copies were timed ungated).
-    """
-    timer = GatedTimer(stream, gated)
-    segs = segments(n, SEGMENT) if gated else [range(n)]
-    clock = SumClock()
-
-    def step():
-        for seg in segs:
-            clock.add(timer.time(lambda seg=seg: enqueue(seg)))
-
-    clock.start()
-    step()  # untimed trial; shows a stalled gate before the timed samples
-    drop_stalled_gate(timer, extra)
-    return measure(step, clock, plan), timer
-
-
-def segments(n: int, size: int) -> list[range]:
-    """Split range(n) into consecutive ranges of at most ``size`` (size >= 1)."""
-    return [range(i, min(n, i + size)) for i in range(0, n, size)]
-
-
-def kept(parts: list, n: int) -> list:
-    """The last ``n`` entries of a list that also recorded the warm-up samples."""
-    return parts[len(parts) - n:] if n else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,31 +159,6 @@ class BatchCall:
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def bytes_needed(spec: BatchSpec) -> tuple[int, int, int]:
-    """(device bytes, host bytes, page-locked host bytes) that the largest point needs at once."""
-    total = max(c * p for c, p in spec.points)
-    # host: the pieces, pinned staging, pattern, expected, check copy
-    locked = total * (2 if "pinned" in spec.memory else 1)
-    return total, 5 * total, locked
-
-
-def preflight(spec: BatchSpec) -> None:
-    """Check the largest point fits on the GPU and the host before allocating.
-
-    Raises:
-        UsageError: it does not fit.
-    """
-    dev_need, host_need, _ = bytes_needed(spec)
-    free, _total = gpu.device_free_bytes(spec.device)
-    if dev_need + DEVICE_MARGIN_BYTES > free:
-        raise UsageError(f"count x piece = {format_size(dev_need)} does not fit on GPU {spec.device} "
-                         f"({format_size(free)} free)", "lower --count or --piece")
-    _total_host, avail = envmod.host_memory()
-    if avail is not None and host_need > avail:
-        raise UsageError(f"count x piece = {format_size(dev_need)} needs {format_size(host_need)} of host "
-                         f"memory; {format_size(avail)} is available", "lower --count or --piece")
 
 
 @dataclass(frozen=True)
@@ -411,7 +255,7 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
 
                     extra = dict(base_extra)
                     samples, timer = time_segments(stream, gated, enqueue, n, spec.plan, extra)
-                    extra["segment_copies"] = SEGMENT if timer.gate is not None else n
+                    extra["segment_copies"] = SEGMENT if timer.gated else n
                     extra["verified"] = arrived(expected)
                     out.append(_record(params, total, samples, 1, extra))
                 elif strategy == "contiguous":
@@ -427,7 +271,7 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
                 elif strategy == "packed":
                     expected = scattered_dev if h2d else scattered_host
                     prepare(expected)
-                    timer = GatedTimer(stream, True)  # the copy is always from pinned staging
+                    timer = GatedTimer([Lane(stream)])  # the copy is always from pinned staging
                     host_clock = HostClock()
                     clock = SumClock()
                     parts: list[tuple[float, float]] = []
@@ -467,7 +311,7 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
                     prepare(expected)
                     dsts, srcs = (dev_off, host_off) if h2d else (host_off, dev_off)
                     call = BatchCall(cudart, dsts, srcs, s, h2d, spec.device, stream)
-                    timer = GatedTimer(stream, gated)
+                    timer = GatedTimer([Lane(stream, gated=gated)])
                     clock = SumClock()
 
                     def step(call=call, timer=timer):
@@ -505,8 +349,68 @@ def _point_key(r: Record) -> tuple:
     return (p["device"], p["direction"], p["memory"], p["count"], p["piece_bytes"])
 
 
+class Batch(Benchmark):
+    """The batch plug-in: a point is (count, piece, memory kind); every direction and strategy."""
+
+    name = "batch"
+    description = "Many small copies vs packed vs cudaMemcpyBatchAsync vs one contiguous copy."
+
+    def devices(self, spec: BatchSpec) -> tuple[int, ...]:
+        return gpu.resolve_devices((spec.device,))
+
+    def points(self, spec: BatchSpec, devices: tuple[int, ...]) -> list[Point]:
+        out = []
+        for c, p in spec.points:
+            total = c * p
+            for m in spec.memory:
+                # host: the pieces, pinned staging, pattern, expected, check copy
+                out.append(Point(_label(_Group(c, p, m)), _Group(c, p, m), device_bytes=total, host_bytes=5 * total,
+                                 locked_bytes=total * (2 if m == "pinned" else 1), devices=(spec.device,)))
+        return out
+
+    def too_big_hint(self, spec: BatchSpec) -> str:
+        return "lower --count or --piece"
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context):
+        spec: BatchSpec = ctx.spec
+        ctx.data["peak"] = (envmod.gpu_by_index(ctx.env, spec.device) or {}).get("pcie_peak_bytes_per_s")
+        ctx.data["api"] = batch_api() if "batched-api" in spec.strategies else (None, "not selected")
+        yield ctx
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        import cupy
+
+        with cupy.cuda.Device(ctx.spec.device):
+            return _group_records(ctx.spec, point.key, ctx.data["peak"], ctx.data["api"])
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        spec: BatchSpec = ctx.spec
+        g: _Group = point.key
+        strategies = [x for st in spec.strategies for x in ((st, "packed+gather") if st == "packed" else (st,))]
+        return [Record(params=_params(spec, d, st, g), nbytes=g.count * g.piece, error=message)
+                for d in spec.directions for st in strategies]
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        add_derived(records)
+
+    def timing(self, ctx: Context) -> dict:
+        return {
+            "clock": "cuda-event (copies), perf_counter (host gather/scatter)",
+            "method": f"separate from page-locked memory: cudaMemcpyAsync queued behind a spin kernel in "
+                      f"segments of {SEGMENT}, each timed with events, summed per sample; pageable: no gate; "
+                      "packed: host gather (perf_counter) + one gated copy (events); batched-api: one gated "
+                      "cudaMemcpyBatchAsync; contiguous: gated copies of N x S bytes, reps per sample",
+            "batch_api": ctx.data["api"][1] or "available",
+            **ctx.spec.plan.to_dict(),
+        }
+
+
+BENCHMARK = Batch()
+
+
 def run(spec: BatchSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure every (point, memory kind) group: all directions and strategies.
+    """Measure every (point, memory kind) group: all directions and strategies, through the driver.
 
     Returns:
         A Result with one record per (direction, strategy, memory, count, piece); ``packed`` adds a
@@ -515,48 +419,7 @@ def run(spec: BatchSpec, progress: ProgressSink | None = None) -> Result:
     Raises:
         NoGPUError: no CUDA device visible.
         UsageError: the device is not visible, or the largest point does not fit.
-        MachineError: a CUDA fault other than an allocation failure.
+        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
+            finished points).
     """
-    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
-
-    gpu.resolve_devices((spec.device,))
-    preflight(spec)
-    env = envmod.capture()
-    peak = (envmod.gpu_by_index(env, spec.device) or {}).get("pcie_peak_bytes_per_s")
-    api = batch_api() if "batched-api" in spec.strategies else (None, "not selected")
-    groups = [_Group(c, p, m) for c, p in spec.points for m in spec.memory]
-
-    def measure_group(g: _Group):
-        try:
-            with cupy.cuda.Device(spec.device):
-                return _group_records(spec, g, peak, api)
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            if gpu.is_oom(e):
-                raise
-            raise gpu.machine_error(f"batch on GPU {spec.device} ({_label(g)})", e) from None
-
-    def on_alloc_error(g: _Group, e: BaseException):
-        msg = f"allocation of {g.count} x {format_size(g.piece)} {g.memory} failed: {gpu.first_line(e)}"
-        strategies = [x for st in spec.strategies for x in ((st, "packed+gather") if st == "packed" else (st,))]
-        return [Record(params=_params(spec, d, st, g), nbytes=g.count * g.piece, error=msg)
-                for d in spec.directions for st in strategies]
-
-    records, interrupted = run_groups(groups, measure_group, on_alloc_error, progress or ProgressSink(), _label)
-    add_derived(records)
-    return Result(
-        command="batch",
-        spec=spec.to_dict(),
-        timing={
-            "clock": "cuda-event (copies), perf_counter (host gather/scatter)",
-            "method": f"separate from page-locked memory: cudaMemcpyAsync queued behind a spin kernel in "
-                      f"segments of {SEGMENT}, each timed with events, summed per sample; pageable: no gate; "
-                      "packed: host gather (perf_counter) + one gated copy (events); batched-api: one gated "
-                      "cudaMemcpyBatchAsync; contiguous: gated copies of N x S bytes, reps per sample",
-            "batch_api": api[1] or "available",
-            **spec.plan.to_dict(),
-        },
-        env=env,
-        records=records,
-        partial=interrupted is not None,
-        interrupted_by=interrupted,
-    )
+    return driver.run(BENCHMARK, spec, progress)

@@ -12,23 +12,86 @@ Figures: bandwidth of a sample = nbytes / (elapsed / reps), in B/s; the report s
 and p25-p75 over samples. bidir runs H2D and D2H at the same time on two streams released together:
 per direction = nbytes / that stream's elapsed time while a copy twice as long runs the other way
 (as nvbandwidth's bidirectional tests); total = 2 * nbytes / the time until two equal copies end.
+
+The nvbandwidth tests that are not copy-engine copies are entries of the same table (TESTS):
+``h2d-sm`` / ``d2h-sm`` (host_to_device_memcpy_sm / device_to_host_memcpy_sm: nvbandwidth's copy
+kernel on the GPU reading or writing page-locked host memory), ``d2d`` (device_local_copy: a CE
+copy between two buffers of one GPU, bytes counted once) and ``latency`` (host_device_latency_sm:
+a pointer chase over page-locked host memory, time per access).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
-from gpubench.core import env as envmod
-from gpubench.core import gpu
+from gpubench.core import benchmark as driver
+from gpubench.core import gpu, kernels
+from gpubench.core.benchmark import Benchmark, Context, Point
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
-from gpubench.core.sweep import run_groups
-from gpubench.core.timing import CudaEventClock, TimingPlan, choose_reps, measure
+from gpubench.core.timing import (SPAN, GatedTimer, Lane, LaneTimes, TimingPlan, choose_reps, policy_seconds,
+                                  sample_loop)
 from gpubench.core.units import format_size
 
-DIRECTIONS = ("h2d", "d2h", "bidir")
-DEVICE_MARGIN_BYTES = 512 * 2**20  # left free on the GPU for the CUDA context and the spin kernel
+GATE_TIMEOUT_S = 10.0  # copy's spin gate gives up after this (SpinGate's default)
+LATENCY_ACCESSES = 10_000  # pointer-chase steps per sample (one launch); nvbandwidth does 1M over all SMs
+WARMUP_COPIES = 4  # SM tests: nvbandwidth memcpy.cpp WARMUP_COUNT, queued behind the gate
+
+
+@dataclass(frozen=True)
+class Test:
+    """One entry of copy's table: a direction a user names and how it is measured.
+
+    Attributes:
+        key: the ``--direction`` value.
+        nvbandwidth: the nvbandwidth test it matches ("" where none).
+        what: one line for docs and --help.
+        host: needs a host buffer (False: device memory only, ``d2d``).
+        locked_only: needs page-locked host memory (SM access, the gate on both sides).
+        device_units: device buffers of ``nbytes`` the test needs.
+        host_units: host buffers of ``nbytes`` (of the memory kind) the test needs.
+        records: the directions of the records it makes.
+    """
+
+    key: str
+    nvbandwidth: str
+    what: str
+    measure: Callable
+    host: bool = True
+    locked_only: bool = False
+    device_units: int = 1
+    host_units: int = 1
+    records: tuple[str, ...] = ()
+
+    def directions(self) -> tuple[str, ...]:
+        return self.records or (self.key,)
+
+
+def _ce(t: str):
+    return lambda ctx, pt, bufs: _ce_records(ctx, pt, bufs, t)
+
+
+TESTS: dict[str, Test] = {t.key: t for t in (
+    Test("h2d", "host_to_device_memcpy_ce", "copy engine, host to device", _ce("h2d")),
+    Test("d2h", "device_to_host_memcpy_ce", "copy engine, device to host", _ce("d2h")),
+    Test("bidir", "host_to_device_bidirectional_memcpy_ce", "copy engines, both directions at once",
+         lambda ctx, pt, bufs: _bidir_records(ctx, pt, bufs), device_units=3, host_units=3,
+         records=("bidir-h2d", "bidir-d2h", "bidir-total")),
+    Test("h2d-sm", "host_to_device_memcpy_sm", "copy kernel on the GPU reading page-locked host memory",
+         lambda ctx, pt, bufs: _sm_records(ctx, pt, bufs, "h2d-sm"), locked_only=True),
+    Test("d2h-sm", "device_to_host_memcpy_sm", "copy kernel on the GPU writing page-locked host memory",
+         lambda ctx, pt, bufs: _sm_records(ctx, pt, bufs, "d2h-sm"), locked_only=True),
+    Test("d2d", "device_local_copy", "copy engine between two buffers of one GPU (bytes counted once)",
+         lambda ctx, pt, bufs: _d2d_records(ctx, pt), host=False, device_units=2, host_units=0),
+    Test("latency", "host_device_latency_sm", "pointer chase by one GPU thread over page-locked host memory",
+         lambda ctx, pt, bufs: _latency_records(ctx, pt, bufs), locked_only=True, device_units=0),
+)}
+DIRECTIONS = tuple(TESTS)
+DEFAULT_DIRECTIONS = ("h2d", "d2h")
+BUFFER_TESTS = ("h2d", "d2h", "h2d-sm", "d2h-sm", "latency")  # share one host + device pair per point
 
 
 @dataclass(frozen=True)
@@ -37,7 +100,7 @@ class CopySpec:
 
     Attributes:
         sizes: bytes per copy, ascending.
-        directions: subset of DIRECTIONS.
+        directions: keys of TESTS.
         memory: host memory kinds, subset of gpu.MEMORY_KINDS.
         devices: CUDA ordinals, or None for device 0.
         plan: warm-ups and iterations.
@@ -46,7 +109,7 @@ class CopySpec:
     """
 
     sizes: tuple[int, ...]
-    directions: tuple[str, ...] = ("h2d", "d2h")
+    directions: tuple[str, ...] = DEFAULT_DIRECTIONS
     memory: tuple[str, ...] = ("pinned", "pageable")
     devices: tuple[int, ...] | None = None
     plan: TimingPlan = field(default_factory=TimingPlan)
@@ -71,52 +134,29 @@ class CopySpec:
 class _Group:
     device: int | str  # an ordinal, or "all" for every selected device at once
     nbytes: int
-    memory: str
+    memory: str  # a host memory kind, or "device" for the device-only tests
+    tests: tuple[str, ...]
 
 
 def _label(g: _Group) -> str:
     return f"GPU {g.device} {g.memory} {format_size(g.nbytes)}"
 
 
-def bytes_needed(spec: CopySpec) -> tuple[int, int, int]:
-    """(device bytes, host bytes, page-locked host bytes) one point of the largest size needs."""
-    n = max(spec.sizes)
-    units = 3 if "bidir" in spec.directions else 1  # bidir adds a pair of twice the size
-    device = units * n
-    host = (2 * units + (1 if spec.verify else 0)) * n  # buffers + the patterns (+ the check copy)
-    locked = units * n if any(m != "pageable" for m in spec.memory) else 0
-    return device, host, locked
-
-
-def preflight(spec: CopySpec, devices: tuple[int, ...]) -> None:
-    """Check the sweep fits before allocating anything.
-
-    Raises:
-        UsageError: the largest size does not fit in a GPU's free memory, in available host
-            memory, or under the page-locked cap.
-    """
-    dev_need, host_need, locked_need = bytes_needed(spec)
+def _groups(spec: CopySpec, devices: tuple[int, ...]) -> list[_Group]:
+    host_tests = tuple(d for d in spec.directions if TESTS[d].host)
+    dev_tests = tuple(d for d in spec.directions if not TESTS[d].host)
+    out = []
     for d in devices:
-        free, _total = gpu.device_free_bytes(d)
-        if dev_need + DEVICE_MARGIN_BYTES > free:
-            raise UsageError(
-                f"-e {format_size(max(spec.sizes))} needs {format_size(dev_need)} on GPU {d}, "
-                f"which has {format_size(free)} free",
-                f"use -e {format_size(max(0, free - DEVICE_MARGIN_BYTES) // (dev_need // max(spec.sizes)))} or less",
-            )
-    total, avail = envmod.host_memory()
-    if avail is not None and host_need > avail:
-        raise UsageError(
-            f"-e {format_size(max(spec.sizes))} needs {format_size(host_need)} of host memory; "
-            f"{format_size(avail)} is available"
-        )
-    cap = spec.max_pinned_bytes if spec.max_pinned_bytes is not None else (total // 2 if total else None)
-    if cap is not None and locked_need > cap:
-        raise UsageError(
-            f"-e {format_size(max(spec.sizes))} would page-lock {format_size(locked_need)}, over the cap "
-            f"of {format_size(cap)}",
-            "pinning too much slows the whole host; lower -e or raise --max-pinned",
-        )
+        for n in spec.sizes:
+            if host_tests:
+                out += [_Group(d, n, m, host_tests) for m in spec.memory]
+            if dev_tests:
+                out.append(_Group(d, n, "device", dev_tests))
+    if len(devices) > 1:
+        multi = tuple(x for x in spec.directions if x in ("h2d", "d2h"))
+        if multi:
+            out += [_Group("all", n, m, multi) for n in spec.sizes for m in spec.memory if m != "pageable"]
+    return out
 
 
 class _Pair:
@@ -131,183 +171,17 @@ class _Pair:
             self.host.free()
             raise
 
-    def fill(self, pat) -> "_Pair":
+    def fill(self, pat: gpu.Pattern) -> "_Pair":
         """Write the pattern into the host buffer and copy it to the device buffer (untimed)."""
         from cupy.cuda import runtime
 
-        self.host.array[:] = pat
+        pat.fill(self.host.array)
         runtime.memcpy(self.dev.ptr, self.host.ptr, self.nbytes, gpu.H2D)
         return self
 
     def free(self):
         self.dev.free()
         self.host.free()
-
-
-def _device_equals(dev_ptr: int, pat) -> bool:
-    import numpy as np
-    from cupy.cuda import runtime
-
-    out = np.empty(pat.size, dtype=np.uint8)
-    runtime.memcpy(out.ctypes.data, dev_ptr, pat.size, gpu.D2H)
-    return bool(np.array_equal(out, pat))
-
-
-class _MultiClock:
-    """Event clocks on several streams released together: the first stream's start event gates the
-    others (cudaStreamWaitEvent), so all copies start when the gate opens. ``stop()`` (or
-    ``mark_end()`` before the gate opens, then ``elapsed()``) returns the time until the last stream
-    ends; ``last`` holds each stream's own elapsed seconds."""
-
-    name = "cuda-event"
-
-    def __init__(self, streams):
-        self.clocks = [CudaEventClock(s) for s in streams]
-        self.last: list[float] = []
-        self.history: list[list[float]] = []
-
-    def start(self):
-        first = self.clocks[0]
-        first.start()
-        for c in self.clocks[1:]:
-            c.stream.wait_event(first._start)
-            c.start()
-
-    def mark_end(self):
-        """Record every stream's end event without waiting (before the gate opens)."""
-        for c in self.clocks:
-            c.mark_end()
-
-    def stop(self):
-        self.mark_end()
-        return self.elapsed()
-
-    def elapsed(self):
-        """Wait for every end event; seconds until the last one (``last``: each stream's)."""
-        first = self.clocks[0]
-        self.last = []
-        for c in self.clocks:
-            c._end.synchronize()
-            self.last.append(first._cupy.cuda.get_elapsed_time(first._start, c._end) / 1e3)
-        self.history.append(self.last)
-        return max(self.last)
-
-
-def _copy_records(device, nbytes, kind, spec: CopySpec, peak) -> list[Record]:
-    import cupy
-    from cupy.cuda import runtime
-
-    gated = kind != "pageable"
-    out: list[Record] = []
-    a = _Pair(nbytes, kind)  # allocate first: a size that does not fit fails before any work
-    b = None
-    try:
-        pat = gpu.pattern(nbytes, seed=nbytes)
-        a.fill(pat)
-        stream = cupy.cuda.Stream(non_blocking=True)
-        gate = gpu.SpinGate(stream) if gated else None
-
-        def params(direction):
-            return {"device": device, "direction": direction, "memory": kind, "nbytes": nbytes}
-
-        for direction in spec.directions:
-            if direction in ("h2d", "d2h"):
-                src, dst, k = (a.host.ptr, a.dev.ptr, gpu.H2D) if direction == "h2d" else (a.dev.ptr, a.host.ptr, gpu.D2H)
-                if direction == "d2h" and spec.verify:
-                    a.host.array[:] = ~pat  # poison: the copies must overwrite it
-
-                def step(src=src, dst=dst, k=k):
-                    runtime.memcpyAsync(dst, src, nbytes, k, stream.ptr)
-
-                clock = CudaEventClock(stream)
-                # one untimed copy, then one timed copy to pick copies per sample
-                step()
-                stream.synchronize()
-                t1 = measure(step, clock, TimingPlan(warmup=0, iters=1), gate=gate)[0]
-                reps = choose_reps(t1) if gated else 1
-                samples = measure(step, clock, spec.plan, reps=reps, gate=gate)
-                verified = None
-                if spec.verify:
-                    stream.synchronize()
-                    verified = _device_equals(a.dev.ptr, pat) if direction == "h2d" else bool((a.host.array == pat).all())
-                out.append(_record(params(direction), nbytes, samples, reps, gated, verified, peak))
-            else:  # bidir
-                if b is None:
-                    pat2 = gpu.pattern(2 * nbytes, seed=nbytes + 1)
-                    b = _Pair(2 * nbytes, kind).fill(pat2)  # the interfering copy is twice as long
-                out.extend(_bidir_records(a, b, pat, pat2, stream, gate, spec, params, peak))
-        stream.synchronize()
-    finally:
-        a.free()
-        if b is not None:
-            b.free()
-    return out
-
-
-def _bidir_records(a: _Pair, b: _Pair, pat, pat2, stream, gate, spec: CopySpec, params, peak) -> list[Record]:
-    """The three bidirectional figures, each from copies released together on two streams.
-
-    - bidir-h2d: H2D of nbytes timed while a D2H of 2 x nbytes runs on the other stream, so the
-      timed copy is interfered with from start to end (nvbandwidth's host_to_device_bidirectional
-      test doubles the interfering copy for the same reason, testcases_ce.cpp);
-    - bidir-d2h: the same with the directions swapped;
-    - bidir-total: H2D and D2H of nbytes each at once; 2 x nbytes / time until both end.
-    """
-    import cupy
-    from cupy.cuda import runtime
-
-    n = a.nbytes
-    s2 = cupy.cuda.Stream(non_blocking=True)
-    gated = gate is not None
-    out = []
-
-    def concurrent(copies, check):
-        """copies: (dst, src, nbytes, kind) for stream 1 then stream 2. Returns per-stream and
-        total per-copy samples."""
-        (d1, s1_, n1, k1), (d2, s2_, n2, k2) = copies
-
-        def both():
-            runtime.memcpyAsync(d1, s1_, n1, k1, stream.ptr)
-            runtime.memcpyAsync(d2, s2_, n2, k2, s2.ptr)
-
-        clock = _MultiClock([stream, s2])
-        both()
-        stream.synchronize()
-        s2.synchronize()
-        t1 = measure(both, clock, TimingPlan(warmup=0, iters=1), gate=gate)[0]
-        reps = choose_reps(t1) if gated else 1
-        clock.history.clear()
-        total = measure(both, clock, spec.plan, reps=reps, gate=gate)
-        per = clock.history[-len(total):]
-        verified = None
-        if spec.verify:
-            stream.synchronize()
-            s2.synchronize()
-            verified = check()
-        return [p[0] / reps for p in per], [p[1] / reps for p in per], total, reps, verified
-
-    def poison(buf: _Pair, p):
-        if spec.verify:
-            buf.host.array[:] = ~p
-
-    # H2D timed, D2H of twice the size interfering
-    poison(b, pat2)
-    first, _, _, reps, ok = concurrent(
-        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, 2 * n, gpu.D2H)],
-        lambda: _device_equals(a.dev.ptr, pat) and bool((b.host.array == pat2).all()))
-    out.append(_record(params("bidir-h2d"), n, first, reps, gated, ok, peak))
-    # D2H timed, H2D of twice the size interfering
-    poison(a, pat)
-    first, _, _, reps, ok = concurrent(
-        [(a.host.ptr, a.dev.ptr, n, gpu.D2H), (b.dev.ptr, b.host.ptr, 2 * n, gpu.H2D)],
-        lambda: bool((a.host.array == pat).all()) and _device_equals(b.dev.ptr, pat2))
-    out.append(_record(params("bidir-d2h"), n, first, reps, gated, ok, peak))
-    # both directions, equal sizes: the total
-    _, _, total, reps, ok = concurrent(
-        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, n, gpu.D2H)],
-        lambda: _device_equals(a.dev.ptr, pat) and bool((b.host.array[:n] == pat2[:n]).all()))
-    out.append(_record(params("bidir-total"), 2 * n, total, reps, gated, ok, 2 * peak if peak else None))
-    return out
 
 
 def _record(params, nbytes, samples, reps, gated, verified, peak) -> Record:
@@ -317,70 +191,305 @@ def _record(params, nbytes, samples, reps, gated, verified, peak) -> Record:
     return r
 
 
-def _all_devices_records(devices, nbytes, kind, spec: CopySpec, peaks) -> list[Record]:
-    """Every selected GPU copying at once (page-locked kinds only): per GPU and aggregate."""
+def _params(pt_group: _Group, direction: str) -> dict:
+    return {"device": pt_group.device, "direction": direction, "memory": pt_group.memory,
+            "nbytes": pt_group.nbytes}
+
+
+def timed(timer: GatedTimer, enqueue_k: Callable[[int], None], plan: TimingPlan, *, policy: str = SPAN,
+          warm: int = 0) -> tuple[list[LaneTimes], int]:
+    """One probe sample picks the steps per sample (choose_reps, gated lanes only), then
+    :func:`sample_loop` over ``plan``.
+
+    Args:
+        timer: the lanes.
+        enqueue_k: ``enqueue_k(k)`` queues k steps on every lane.
+        plan: warm-ups and iteration rule (the measured time is the ``policy`` time).
+        policy: which time drives the iteration rule.
+        warm: untimed steps queued behind the gate before each sample's start event.
+
+    Returns:
+        (the timed samples' LaneTimes, steps per sample).
+    """
+    probe = timer.sample(lambda: enqueue_k(1))
+    reps = choose_reps(policy_seconds(probe, policy)) if timer.gated else 1
+    got: list[LaneTimes] = []
+
+    def take() -> float:
+        t = timer.sample(lambda: enqueue_k(reps), warm=warm)
+        got.append(t)
+        return policy_seconds(t, policy) / reps
+
+    n = len(sample_loop(take, plan, reps))
+    return got[len(got) - n:], reps
+
+
+def _ce_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
+    from cupy.cuda import runtime
+
+    spec: CopySpec = ctx.spec
+    a: _Pair = bufs["pair"]
+    pat: gpu.Pattern = bufs["pattern"]
+    n = g.nbytes
+    src, dst, k = (a.host.ptr, a.dev.ptr, gpu.H2D) if direction == "h2d" else (a.dev.ptr, a.host.ptr, gpu.D2H)
+    if direction == "d2h" and spec.verify:
+        pat.fill(a.host.array, invert=True)  # poison: the copies must overwrite it
+    stream = bufs["stream"]
+    timer = GatedTimer([Lane(stream, g.device, gated=bufs["gated"], gate_timeout_s=GATE_TIMEOUT_S)])
+
+    def enqueue(reps: int) -> None:
+        for _ in range(reps):
+            runtime.memcpyAsync(dst, src, n, k, stream.ptr)
+
+    enqueue(1)  # one untimed copy
+    stream.synchronize()
+    times, reps = timed(timer, enqueue, spec.plan)
+    verified = None
+    if spec.verify:
+        stream.synchronize()
+        verified = pat.matches_device(a.dev.ptr) if direction == "h2d" else pat.matches(a.host.array)
+    return [_record(_params(g, direction), n, [t.span / reps for t in times], reps, bufs["gated"], verified,
+                    ctx.data["peaks"].get(g.device))]
+
+
+def _bidir_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
+    """The three bidirectional figures, each from copies released together on two streams.
+
+    - bidir-h2d: H2D of nbytes timed while a D2H of 2 x nbytes runs on the other stream, so the
+      timed copy is interfered with from start to end (nvbandwidth's host_to_device_bidirectional
+      test doubles the interfering copy for the same reason, testcases_ce.cpp): USE_FIRST_BW;
+    - bidir-d2h: the same with the directions swapped;
+    - bidir-total: H2D and D2H of nbytes each at once; 2 x nbytes / time until both end (TOTAL_BW).
+    """
     import cupy
     from cupy.cuda import runtime
 
-    pairs, streams, gates = [], [], []
+    spec: CopySpec = ctx.spec
+    a: _Pair = bufs["pair"]
+    pat: gpu.Pattern = bufs["pattern"]
+    n = g.nbytes
+    gated = bufs["gated"]
+    peak = ctx.data["peaks"].get(g.device)
+    if "pair2" not in bufs:
+        bufs["pattern2"] = gpu.Pattern(2 * n, seed=n + 1)
+        bufs["pair2"] = _Pair(2 * n, g.memory).fill(bufs["pattern2"])  # the interfering copy is twice as long
+    b: _Pair = bufs["pair2"]
+    pat2: gpu.Pattern = bufs["pattern2"]
+    stream = bufs["stream"]
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    # stream 1 is held by the gate; its start event releases stream 2
+    timer = GatedTimer([Lane(stream, g.device, gated=gated, gate_timeout_s=GATE_TIMEOUT_S),
+                        Lane(s2, g.device, gated=False)])
+
+    def concurrent(copies, policy, check):
+        (d1, s1_, n1, k1), (d2, s2_, n2, k2) = copies
+
+        def both(reps: int) -> None:
+            for _ in range(reps):
+                runtime.memcpyAsync(d1, s1_, n1, k1, stream.ptr)
+                runtime.memcpyAsync(d2, s2_, n2, k2, s2.ptr)
+
+        both(1)
+        stream.synchronize()
+        s2.synchronize()
+        times, reps = timed(timer, both, spec.plan, policy=SPAN)
+        verified = None
+        if spec.verify:
+            stream.synchronize()
+            s2.synchronize()
+            verified = check()
+        return [policy_seconds(t, policy) / reps for t in times], reps, verified
+
+    def poison(buf: _Pair, p: gpu.Pattern):
+        if spec.verify:
+            p.fill(buf.host.array, invert=True)
+
+    out = []
+    poison(b, pat2)
+    first, reps, ok = concurrent(
+        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, 2 * n, gpu.D2H)], "first",
+        lambda: pat.matches_device(a.dev.ptr) and pat2.matches(b.host.array))
+    out.append(_record(_params(g, "bidir-h2d"), n, first, reps, gated, ok, peak))
+    poison(a, pat)
+    first, reps, ok = concurrent(
+        [(a.host.ptr, a.dev.ptr, n, gpu.D2H), (b.dev.ptr, b.host.ptr, 2 * n, gpu.H2D)], "first",
+        lambda: pat.matches(a.host.array) and pat2.matches_device(b.dev.ptr))
+    out.append(_record(_params(g, "bidir-d2h"), n, first, reps, gated, ok, peak))
+    total, reps, ok = concurrent(
+        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, n, gpu.D2H)], SPAN,
+        lambda: pat.matches_device(a.dev.ptr) and pat2.matches(b.host.array[:n]))
+    out.append(_record(_params(g, "bidir-total"), 2 * n, total, reps, gated, ok, 2 * peak if peak else None))
+    return out
+
+
+def _sm_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
+    """nvbandwidth's host_to_device_memcpy_sm / device_to_host_memcpy_sm: its copy kernel on the GPU
+    reading (h2d-sm) or writing (d2h-sm) page-locked host memory through UVA; 4 untimed copies
+    behind the gate, then ``reps`` copies per launch; bytes = what the kernel really moves
+    (nvbandwidth's truncation, kernels.sm_copy_geometry)."""
+    spec: CopySpec = ctx.spec
+    a: _Pair = bufs["pair"]
+    pat: gpu.Pattern = bufs["pattern"]
+    src, dst = (a.host.ptr, a.dev.ptr) if direction == "h2d-sm" else (a.dev.ptr, a.host.ptr)
+    enqueue, copied = kernels.sm_copy_enqueue(g.device, dst, src, g.nbytes)
+    params = _params(g, direction)
+    if copied == 0:
+        return [Record(params=params, nbytes=g.nbytes, error=f"skipped: {format_size(g.nbytes)} is below one "
+                       "16-byte element per thread of the copy kernel", extra={"skipped": True})]
+    if direction == "d2h-sm" and spec.verify:
+        pat.fill(a.host.array, invert=True)
+    stream = bufs["stream"]
+    lane = Lane(stream, g.device, gated=True, gate_timeout_s=GATE_TIMEOUT_S,
+                enqueue=lambda k: enqueue(stream, k))
+    timer = GatedTimer([lane])
+    enqueue(stream, 1)
+    stream.synchronize()
+    times, reps = timed(timer, lambda k: enqueue(stream, k), spec.plan, warm=WARMUP_COPIES)
+    verified = None
+    if spec.verify:
+        stream.synchronize()
+        verified = pat.matches_device(a.dev.ptr, copied) if direction == "h2d-sm" \
+            else pat.matches(a.host.array[:copied])
+    r = _record(params, copied, [t.span / reps for t in times], reps, True, verified,
+                ctx.data["peaks"].get(g.device))
+    r.extra["kernel"] = kernels.sm_copy_geometry(g.nbytes, kernels.num_sms(g.device))[0]
+    return [r]
+
+
+def _latency_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
+    """nvbandwidth's host_device_latency_sm: one GPU thread follows a chain of pointers laid 128
+    bytes apart over the page-locked host buffer (kernels.chase_layout); a sample is one launch of
+    LATENCY_ACCESSES steps by one block, the block rotating over the SMs as nvbandwidth's loop
+    does; the figure is seconds per access (nvbandwidth prints ns)."""
+    import cupy
+
+    spec: CopySpec = ctx.spec
+    a: _Pair = bufs["pair"]
+    params = _params(g, "latency")
+    if g.nbytes < kernels.LATENCY_NODE_BYTES:
+        return [Record(params=params, nbytes=g.nbytes, error="skipped: the latency chain needs at least 8 bytes",
+                       extra={"skipped": True})]
+    kernels.chase_layout(a.host.array)
+    bufs["chased"] = True  # the pattern is gone from the host buffer
+    chase = kernels.ptr_chase_enqueue(g.device, a.host.ptr)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    timer = GatedTimer([Lane(stream, g.device, gated=False)])
+    count = [0]
+
+    def take() -> float:
+        count[0] += 1
+        return timer.time(lambda: chase(stream, LATENCY_ACCESSES, count[0])) / LATENCY_ACCESSES
+
+    samples = sample_loop(take, spec.plan, LATENCY_ACCESSES)
+    return [Record(params=params, metric="time", nbytes=kernels.LATENCY_NODE_BYTES, samples_s=samples,
+                   reps=LATENCY_ACCESSES, extra={"gated": False, "accesses_per_sample": LATENCY_ACCESSES,
+                                                 "stride_bytes": kernels.LATENCY_STRIDE * kernels.LATENCY_NODE_BYTES})]
+
+
+def _d2d_records(ctx: Context, g: _Group) -> list[Record]:
+    """nvbandwidth's device_local_copy: a CE copy between two buffers of one GPU, gated, bytes
+    counted once (nbytes / time, as nvbandwidth counts copies)."""
+    import cupy
+    from cupy.cuda import runtime
+
+    spec: CopySpec = ctx.spec
+    n = g.nbytes
+    a = gpu.DeviceBuffer(n)
+    try:
+        b = gpu.DeviceBuffer(n)
+    except BaseException:
+        a.free()
+        raise
+    try:
+        kernels.fill(g.device, a.ptr, n, seed=n & 0xFFFFFFFF)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        timer = GatedTimer([Lane(stream, g.device, gate_timeout_s=GATE_TIMEOUT_S)])
+
+        def enqueue(reps: int) -> None:
+            for _ in range(reps):
+                runtime.memcpyAsync(b.ptr, a.ptr, n, gpu.D2D, stream.ptr)
+
+        enqueue(1)
+        stream.synchronize()
+        times, reps = timed(timer, enqueue, spec.plan)
+        verified = kernels.count_wrong(g.device, b.ptr, n, seed=n & 0xFFFFFFFF) == 0 if spec.verify else None
+        return [_record(_params(g, "d2d"), n, [t.span / reps for t in times], reps, True, verified, None)]
+    finally:
+        b.free()
+        a.free()
+
+
+def _host_records(ctx: Context, g: _Group) -> list[Record]:
+    """Every host test of one (device, size, memory kind), sharing one buffer pair."""
+    import cupy
+
+    out: list[Record] = []
+    a = _Pair(g.nbytes, g.memory)  # allocate first: a size that does not fit fails before any work
+    bufs: dict = {"pair": a, "gated": g.memory != "pageable"}
+    try:
+        bufs["pattern"] = gpu.Pattern(g.nbytes, seed=g.nbytes)
+        a.fill(bufs["pattern"])
+        bufs["stream"] = cupy.cuda.Stream(non_blocking=True)
+        for key in g.tests:
+            t = TESTS[key]
+            if t.locked_only and g.memory == "pageable":
+                out += [Record(params=_params(g, d), nbytes=g.nbytes, error="skipped: needs page-locked host "
+                               "memory (the GPU reads it directly)", extra={"skipped": True}) for d in t.directions()]
+                continue
+            if bufs.pop("chased", False):
+                a.fill(bufs["pattern"])  # the latency chain overwrote the pattern
+            out += t.measure(ctx, g, bufs)
+        bufs["stream"].synchronize()
+    finally:
+        a.free()
+        if "pair2" in bufs:
+            bufs["pair2"].free()
+    return out
+
+
+def _all_devices_records(ctx: Context, g: _Group) -> list[Record]:
+    """Every selected GPU copying at once (page-locked kinds only): per GPU (each lane's own events,
+    nvbandwidth's VECTOR_BW) and aggregate (the sum of bytes over the longest lane's time)."""
+    import cupy
+    from cupy.cuda import runtime
+
+    spec: CopySpec = ctx.spec
+    devices, nbytes, kind, peaks = ctx.devices, g.nbytes, g.memory, ctx.data["peaks"]
+    pairs: list[_Pair] = []
     out: list[Record] = []
     try:
-        pat = None
+        pat = gpu.Pattern(nbytes, seed=nbytes)
+        lanes = []
         for d in devices:
             with cupy.cuda.Device(d):
-                pairs.append(_Pair(nbytes, kind))
-                pat = gpu.pattern(nbytes, seed=nbytes) if pat is None else pat
-                pairs[-1].fill(pat)
-                s = cupy.cuda.Stream(non_blocking=True)
-                streams.append(s)
-                gates.append(gpu.SpinGate(s))
-        for direction in [x for x in spec.directions if x in ("h2d", "d2h")]:
-            clocks = []
-            for d, s in zip(devices, streams):
-                with cupy.cuda.Device(d):
-                    clocks.append(CudaEventClock(s))
-            per: list[list[float]] = [[] for _ in devices]
-            agg: list[float] = []
+                pairs.append(_Pair(nbytes, kind).fill(pat))
+                lanes.append(Lane(cupy.cuda.Stream(non_blocking=True), d, gate_timeout_s=GATE_TIMEOUT_S))
+        # each GPU released by its own gate: independent GPUs copying at once
+        timer = GatedTimer(lanes, linked=False)
+        for direction in g.tests:
             k = gpu.H2D if direction == "h2d" else gpu.D2H
+            for p, ln in zip(pairs, lanes):
+                src, dst = (p.host.ptr, p.dev.ptr) if k == gpu.H2D else (p.dev.ptr, p.host.ptr)
+                ln.enqueue = (lambda reps, src=src, dst=dst, s=ln.stream:
+                              [runtime.memcpyAsync(dst, src, nbytes, k, s.ptr) for _ in range(reps)])
+            first = timer.sample(reps=1)
+            reps = choose_reps(first.span)
+            got: list[LaneTimes] = []
 
-            def sample(reps):
-                for d, g, c in zip(devices, gates, clocks):
-                    with cupy.cuda.Device(d):
-                        g.hold()
-                        c.start()
-                for d, p, s in zip(devices, pairs, streams):
-                    with cupy.cuda.Device(d):
-                        src, dst = (p.host.ptr, p.dev.ptr) if k == gpu.H2D else (p.dev.ptr, p.host.ptr)
-                        for _ in range(reps):
-                            runtime.memcpyAsync(dst, src, nbytes, k, s.ptr)
-                        clocks[devices.index(d)].mark_end()
-                for g in gates:
-                    g.release()
-                return [c.elapsed() for c in clocks]
+            def take() -> float:
+                t = timer.sample(reps=reps)
+                got.append(t)
+                return t.span / reps
 
-            first = sample(1)
-            reps = choose_reps(max(first))
-            for _ in range(spec.plan.warmup):
-                sample(reps)
-            total_t = 0.0
-            while True:
-                ts = sample(reps)
-                for i, t in enumerate(ts):
-                    per[i].append(t / reps)
-                agg.append(max(ts) / reps)
-                total_t += max(ts)
-                n = len(agg)
-                if spec.plan.iters is not None:
-                    if n >= spec.plan.iters:
-                        break
-                elif n >= spec.plan.max_iters or (n >= spec.plan.min_iters and total_t >= spec.plan.min_time):
-                    break
+            n = len(sample_loop(take, spec.plan, reps))
+            times = got[len(got) - n:]
             for i, d in enumerate(devices):
                 p = {"device": f"{d}@all", "direction": direction, "memory": kind, "nbytes": nbytes}
-                out.append(_record(p, nbytes, per[i], reps, True, None, peaks.get(d)))
+                out.append(_record(p, nbytes, [policy_seconds(t, "each", i) / reps for t in times], reps, True,
+                                   None, peaks.get(d)))
             p = {"device": "all", "direction": direction, "memory": kind, "nbytes": nbytes}
             total_peak = sum(peaks.get(d) or 0 for d in devices) or None
-            r = _record(p, nbytes * len(devices), agg, reps, True, None, total_peak)
+            r = _record(p, nbytes * len(devices), [t.span / reps for t in times], reps, True, None, total_peak)
             r.extra["aggregate"] = "sum of bytes over the time until the last GPU finished"
             out.append(r)
     finally:
@@ -390,66 +499,77 @@ def _all_devices_records(devices, nbytes, kind, spec: CopySpec, peaks) -> list[R
     return out
 
 
-def run(spec: CopySpec, progress: ProgressSink | None = None) -> Result:
-    """Run the copy sweep.
+class Copy(Benchmark):
+    """The copy plug-in: points are (device, size, memory kind) with the tests of TESTS."""
 
-    Args:
-        spec: the parsed options.
-        progress: progress callback (silent when None).
+    name = "copy"
+    description = "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."
+
+    def points(self, spec: CopySpec, devices: tuple[int, ...]) -> list[Point]:
+        out = []
+        for g in _groups(spec, devices):
+            tests = [TESTS[t] for t in g.tests]
+            n = g.nbytes
+            dev = max(t.device_units for t in tests) * n
+            host = max(t.host_units for t in tests) * n
+            locked = host if g.memory not in ("pageable", "device") else 0
+            on = devices if g.device == "all" else (g.device,)
+            out.append(Point(_label(g), g, device_bytes=dev, host_bytes=host * len(on), locked_bytes=locked * len(on),
+                             devices=on))
+        return out
+
+    def too_big_hint(self, spec: CopySpec) -> str:
+        return "lower -e/--max-bytes"
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context):
+        from gpubench.core import env as envmod
+
+        ctx.data["peaks"] = {d: (envmod.gpu_by_index(ctx.env, d) or {}).get("pcie_peak_bytes_per_s")
+                             for d in ctx.devices}
+        yield ctx
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        import cupy
+
+        g: _Group = point.key
+        if g.device == "all":
+            return _all_devices_records(ctx, g)
+        with cupy.cuda.Device(g.device):
+            if g.memory == "device":
+                return [r for t in g.tests for r in TESTS[t].measure(ctx, g, {})]
+            return _host_records(ctx, g)
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        g: _Group = point.key
+        return [Record(params=_params(g, d), nbytes=g.nbytes, error=message)
+                for t in g.tests for d in TESTS[t].directions()]
+
+    def timing(self, ctx: Context) -> dict:
+        return {
+            "clock": "cuda-event",
+            "method": "cudaMemcpyAsync on a non-blocking stream between CUDA events; page-locked kinds "
+            "gated by a spin kernel with reps copies per sample (nvbandwidth's method); pageable one copy per sample",
+            **ctx.spec.plan.to_dict(),
+        }
+
+
+BENCHMARK = Copy()
+
+
+def run(spec: CopySpec, progress: ProgressSink | None = None) -> Result:
+    """Run the copy sweep through the driver (:func:`gpubench.core.benchmark.run`).
 
     Returns:
         A Result whose records are one per (device, direction, memory kind, size); per-direction
         records for bidir ("bidir-h2d", "bidir-d2h", "bidir-total"); with several devices also
-        device "all" (aggregate) and "N@all" (GPU N while all copy).
+        device "all" (aggregate) and "N@all" (GPU N while all copy); ``d2d`` records have memory
+        "device"; ``latency`` records are times per access.
 
     Raises:
         NoGPUError: no CUDA device visible.
-        UsageError: a device not visible, or the sweep does not fit (see preflight).
-        MachineError: a CUDA fault other than an allocation failure.
+        UsageError: a device not visible, or the sweep does not fit (the driver's preflight).
+        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
+            finished points).
     """
-    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
-
-    devices = gpu.resolve_devices(spec.devices)
-    preflight(spec, devices)
-    env = envmod.capture()
-    peaks = {}
-    for d in devices:
-        g = envmod.gpu_by_index(env, d) or {}
-        peaks[d] = g.get("pcie_peak_bytes_per_s")
-
-    groups = [_Group(d, n, m) for d in devices for n in spec.sizes for m in spec.memory]
-    if len(devices) > 1:
-        groups += [_Group("all", n, m) for n in spec.sizes for m in spec.memory if m != "pageable"]
-
-    def measure_group(g: _Group):
-        try:
-            if g.device == "all":
-                return _all_devices_records(devices, g.nbytes, g.memory, spec, peaks)
-            with cupy.cuda.Device(g.device):
-                return _copy_records(g.device, g.nbytes, g.memory, spec, peaks[g.device])
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            if gpu.is_oom(e):
-                raise
-            raise gpu.machine_error(f"copy on GPU {g.device} ({g.memory}, {format_size(g.nbytes)})", e) from None
-
-    def on_alloc_error(g: _Group, e: BaseException):
-        dirs = [x for x in spec.directions for x in ((x,) if x != "bidir" else ("bidir-h2d", "bidir-d2h", "bidir-total"))]
-        msg = f"allocation of {format_size(g.nbytes)} {g.memory} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        return [Record(params={"device": g.device, "direction": d, "memory": g.memory, "nbytes": g.nbytes},
-                       nbytes=g.nbytes, error=msg) for d in dirs]
-
-    records, interrupted = run_groups(groups, measure_group, on_alloc_error, progress or ProgressSink(), _label)
-    return Result(
-        command="copy",
-        spec=spec.to_dict(),
-        timing={
-            "clock": "cuda-event",
-            "method": "cudaMemcpyAsync on a non-blocking stream between CUDA events; page-locked kinds "
-            "gated by a spin kernel with reps copies per sample (nvbandwidth's method); pageable one copy per sample",
-            **spec.plan.to_dict(),
-        },
-        env=env,
-        records=records,
-        partial=interrupted is not None,
-        interrupted_by=interrupted,
-    )
+    return driver.run(BENCHMARK, spec, progress)

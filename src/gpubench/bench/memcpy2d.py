@@ -10,7 +10,7 @@ Strategies:
 
 - ``2d``: one ``cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, W, H, kind, stream)``.
 - ``row-loop``: H ``cudaMemcpyAsync`` calls of W bytes, one per row (from page-locked or device
-  memory queued behind the spin gate in segments of :data:`gpubench.bench.batch.SEGMENT`).
+  memory queued behind the spin gate in segments of :data:`gpubench.core.timing.SEGMENT`).
 - ``contiguous``: one ``cudaMemcpyAsync`` of W x H bytes from the start of the source to the window's
   start: the same bytes with no pitch, the ceiling.
 - ``cupy-slice``: what users write in CuPy: H2D ``dst[:, :W] = cupy.asarray(host[:, :W])``; D2H
@@ -25,16 +25,17 @@ median time / this strategy's median time.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 
-from gpubench.bench.batch import SEGMENT, time_repeated, time_segments
+from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu
+from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
 from gpubench.core.errors import UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result, time_ratios
-from gpubench.core.sweep import run_groups
-from gpubench.core.timing import HostClock, TimingPlan, measure
+from gpubench.core.timing import SEGMENT, HostClock, TimingPlan, measure, time_repeated, time_segments
 from gpubench.core.units import format_size
 
 STRATEGIES = ("2d", "row-loop", "contiguous", "cupy-slice")
@@ -44,7 +45,6 @@ GUARD = 4096  # bytes before and after the destination rows, checked to stay unt
 MAX_PITCH = 2**31 - 1  # cudaDevAttrMaxPitch on current NVIDIA GPUs; checked again on the device
 MAX_BUFFER = 1 << 40  # a pitch x rows beyond 1 TiB cannot be a buffer on any machine here
 MAX_LOOP_ROWS = 1 << 18  # row-loop issues one Python call per row; beyond this a sample takes seconds
-DEVICE_MARGIN_BYTES = 512 * 2**20
 CUDA_DEV_ATTR_MAX_PITCH = 11  # cudaDevAttrMaxPitch
 
 
@@ -357,8 +357,68 @@ def _key(r: Record) -> tuple:
     return (p["device"], p["direction"], p["memory"], p["width"], p["height"], p["src_pitch"], p["dst_pitch"])
 
 
+class Memcpy2d(Benchmark):
+    """The memcpy2d plug-in: a point is (window, memory kind) with its directions and strategies."""
+
+    name = "memcpy2d"
+    description = "Pitched 2-D copies vs a row-by-row loop vs one contiguous copy vs CuPy slices."
+
+    def devices(self, spec: Memcpy2dSpec) -> tuple[int, ...]:
+        return gpu.resolve_devices((spec.device,))
+
+    def points(self, spec: Memcpy2dSpec, devices: tuple[int, ...]) -> list[Point]:
+        host_dirs = tuple(d for d in spec.directions if d != "d2d")
+        groups: list[_Group] = []
+        for p in spec.points:
+            if host_dirs:
+                groups += [_Group(p, m, host_dirs) for m in spec.memory]
+            if "d2d" in spec.directions:
+                groups.append(_Group(p, "device", ("d2d",)))
+        return [Point(_label(g), g, devices=(spec.device,)) for g in groups]
+
+    def preflight(self, spec: Memcpy2dSpec, points, devices) -> None:
+        import cupy
+
+        with cupy.cuda.Device(spec.device):
+            preflight(spec)  # pitches against the device's maximum, then the buffers' bytes
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context):
+        ctx.data["peak"] = (envmod.gpu_by_index(ctx.env, ctx.spec.device) or {}).get("pcie_peak_bytes_per_s")
+        yield ctx
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        import cupy
+
+        with cupy.cuda.Device(ctx.spec.device):
+            return _group_records(ctx.spec, point.key, ctx.data["peak"])
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        spec: Memcpy2dSpec = ctx.spec
+        g: _Group = point.key
+        w, h, sp, dp = g.point
+        return [Record(params={"device": spec.device, "direction": d, "strategy": s, "memory": g.memory, "width": w,
+                               "height": h, "src_pitch": sp, "dst_pitch": dp}, nbytes=w * h, error=message)
+                for d in g.directions for s in spec.strategies]
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        add_derived(records)
+
+    def timing(self, ctx: Context) -> dict:
+        return {
+            "clock": "cuda-event (2d, row-loop, contiguous), perf_counter + stream sync (cupy-slice)",
+            "method": f"page-locked and device copies queued behind a spin kernel (2d / contiguous: reps per "
+                      f"sample; row-loop: segments of {SEGMENT} rows, summed); pageable: no gate",
+            "guard_bytes": GUARD,
+            **ctx.spec.plan.to_dict(),
+        }
+
+
+BENCHMARK = Memcpy2d()
+
+
 def run(spec: Memcpy2dSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure each window in each direction with each strategy.
+    """Measure each window in each direction with each strategy, through the driver.
 
     Returns:
         A Result with one record per (direction, strategy, memory, window). A row-loop over more than
@@ -367,54 +427,7 @@ def run(spec: Memcpy2dSpec, progress: ProgressSink | None = None) -> Result:
     Raises:
         NoGPUError: no CUDA device visible.
         UsageError: the device is not visible, a pitch over its maximum, or buffers that do not fit.
-        MachineError: a CUDA fault other than an allocation failure.
+        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
+            finished points).
     """
-    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
-
-    gpu.resolve_devices((spec.device,))
-    with cupy.cuda.Device(spec.device):
-        preflight(spec)
-    env = envmod.capture()
-    peak = (envmod.gpu_by_index(env, spec.device) or {}).get("pcie_peak_bytes_per_s")
-    host_dirs = tuple(d for d in spec.directions if d != "d2d")
-    groups: list[_Group] = []
-    for p in spec.points:
-        if host_dirs:
-            groups += [_Group(p, m, host_dirs) for m in spec.memory]
-        if "d2d" in spec.directions:
-            groups.append(_Group(p, "device", ("d2d",)))
-
-    def measure_group(g: _Group):
-        try:
-            with cupy.cuda.Device(spec.device):
-                return _group_records(spec, g, peak)
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            if gpu.is_oom(e):
-                raise
-            raise gpu.machine_error(f"memcpy2d on GPU {spec.device} ({_label(g)})", e) from None
-
-    def on_alloc_error(g: _Group, e: BaseException):
-        w, h, sp, dp = g.point
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return [Record(params={"device": spec.device, "direction": d, "strategy": s, "memory": g.memory, "width": w,
-                               "height": h, "src_pitch": sp, "dst_pitch": dp}, nbytes=w * h,
-                       error=f"allocation for {_label(g)} failed: {first}")
-                for d in g.directions for s in spec.strategies]
-
-    records, interrupted = run_groups(groups, measure_group, on_alloc_error, progress or ProgressSink(), _label)
-    add_derived(records)
-    return Result(
-        command="memcpy2d",
-        spec=spec.to_dict(),
-        timing={
-            "clock": "cuda-event (2d, row-loop, contiguous), perf_counter + stream sync (cupy-slice)",
-            "method": f"page-locked and device copies queued behind a spin kernel (2d / contiguous: reps per "
-                      f"sample; row-loop: segments of {SEGMENT} rows, summed); pageable: no gate",
-            "guard_bytes": GUARD,
-            **spec.plan.to_dict(),
-        },
-        env=env,
-        records=records,
-        partial=interrupted is not None,
-        interrupted_by=interrupted,
-    )
+    return driver.run(BENCHMARK, spec, progress)

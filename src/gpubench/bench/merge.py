@@ -41,7 +41,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from gpubench.core import env as envmod
-from gpubench.core.errors import Interrupted, MachineError, NoGPUError, UsageError
+from gpubench.core.errors import MachineError, NoGPUError, UsageError
+from gpubench.core.signals import Interrupted
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.scheduler import error_line, run_on_workers, wait_watching

@@ -31,7 +31,8 @@ from typing import Any, Callable
 from gpubench.bench import collectives as C
 from gpubench.core import env as envmod
 from gpubench.core import gpu
-from gpubench.core.errors import CRITICAL, Interrupted, MachineError, UsageError, check_choices
+from gpubench.core.errors import MachineError, UsageError, check_choices
+from gpubench.core.signals import CRITICAL, Interrupted
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.units import format_size

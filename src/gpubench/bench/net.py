@@ -47,7 +47,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from gpubench.core import env as envmod
-from gpubench.core.errors import Interrupted, MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.signals import Interrupted
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 

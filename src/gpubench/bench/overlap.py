@@ -21,17 +21,16 @@ y = a^n x + b (1 - a^n) / (1 - a) (n = work).
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 
-from gpubench.bench.batch import GATE_TIMEOUT_S, GatedTimer, SumClock, time_repeated
+from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu
+from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
-from gpubench.core.sweep import run_groups
-from gpubench.core.timing import TimingPlan, measure
+from gpubench.core.timing import GatedTimer, Lane, SumClock, TimingPlan, drop_stalled_gate, measure, time_repeated
 from gpubench.core.units import format_size
 
 STAGES = ("h2d", "kernel", "d2h")
@@ -42,7 +41,6 @@ ELEMENT_BYTES = 4  # float32
 FMA_A = 1.0 - 2.0**-12  # f(v) = a v + b keeps v in [0, 1] for x in [0, 1]: fixed point b / (1 - a) = 1
 FMA_B = 2.0**-12
 THREADS = 256
-DEVICE_MARGIN_BYTES = 512 * 2**20
 
 _KERNEL_SRC = r"""
 extern "C" __global__ void gpubench_fma(const float* __restrict__ x, float* __restrict__ y,
@@ -145,42 +143,6 @@ def _kernel():
     return _kernels[dev]
 
 
-class _StreamsTimer:
-    """Events on K streams released together: stream 0 is held by the gate, its start event gates
-    the others (cudaStreamWaitEvent); ``time`` returns seconds until the last stream's end event."""
-
-    def __init__(self, streams, gated: bool = True):
-        import cupy
-
-        self._cupy = cupy
-        self.streams = streams
-        self.start = cupy.cuda.Event()
-        self.ends = [cupy.cuda.Event() for _ in streams]
-        self.gate = gpu.SpinGate(streams[0], timeout_s=GATE_TIMEOUT_S) if gated else None
-        self.stalled = False
-
-    def time(self, enqueue) -> float:
-        if self.gate is not None:
-            self.gate.hold()
-        self.start.record(self.streams[0])
-        for s in self.streams[1:]:
-            s.wait_event(self.start)
-        t0 = time.perf_counter()
-        try:
-            enqueue()
-        finally:
-            for e, s in zip(self.ends, self.streams):
-                e.record(s)
-            enqueue_s = time.perf_counter() - t0
-            if self.gate is not None:
-                self.gate.release()
-        if self.gate is not None and enqueue_s > 0.5 * GATE_TIMEOUT_S:
-            self.stalled = True
-        for e in self.ends:
-            e.synchronize()
-        return max(self._cupy.cuda.get_elapsed_time(self.start, e) for e in self.ends) / 1e3
-
-
 def preflight(spec: OverlapSpec) -> None:
     """Check the buffers fit on the GPU and the host before allocating.
 
@@ -277,7 +239,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
 
         # serial: the three stages on one stream
         poison()
-        timer = GatedTimer(s0, True)
+        timer = GatedTimer([Lane(s0)])
 
         def serial():
             h2d(s0)
@@ -298,7 +260,8 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         # overlapped: C chunks round-robin over K streams
         poison()
         bounds = chunk_bounds(n_elems, spec.chunks)
-        mtimer = _StreamsTimer(streams)
+        # stream 0 is held by the gate; its start event releases the others
+        mtimer = GatedTimer([Lane(s0)] + [Lane(s, gated=False) for s in streams[1:]])
 
         def overlapped():
             for c, (lo, hi) in enumerate(bounds):
@@ -315,10 +278,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         clock.start()
         step_over()  # trial: a stalled gate shows here
         extra = {"gated": True}
-        if mtimer.stalled:
-            mtimer.gate = None
-            extra["gated"] = False
-            extra["gate_dropped"] = "the driver's queue filled while the gate held; timed ungated"
+        drop_stalled_gate(mtimer, extra)
         samples = measure(step_over, clock, spec.plan)
         ok, err = check()
         longest = max(meds.values())
@@ -341,8 +301,49 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
     return out
 
 
+class Overlap(Benchmark):
+    """The overlap plug-in: a point is one --work value (the stages alone, serial, overlapped)."""
+
+    name = "overlap"
+    description = "Copy/compute overlap: H2D -> kernel -> D2H on one stream vs chunks on N streams."
+
+    def devices(self, spec: OverlapSpec) -> tuple[int, ...]:
+        return gpu.resolve_devices((spec.device,))
+
+    def points(self, spec: OverlapSpec, devices: tuple[int, ...]) -> list[Point]:
+        return [Point(f"work {w}", w, devices=(spec.device,)) for w in spec.works]
+
+    def preflight(self, spec: OverlapSpec, points, devices) -> None:
+        preflight(spec)
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        import cupy
+
+        with cupy.cuda.Device(ctx.spec.device):
+            return _group_records(ctx.spec, point.key)
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        spec: OverlapSpec = ctx.spec
+        return [Record(params={"device": spec.device, "work": point.key, "streams": spec.streams,
+                               "chunks": spec.chunks, "nbytes": spec.nbytes, "stage": st}, metric="time",
+                       nbytes=spec.nbytes, error=message)
+                for st in (*STAGES, "serial", "overlapped")]
+
+    def timing(self, ctx: Context) -> dict:
+        return {
+            "clock": "cuda-event",
+            "method": "every sample queued behind a spin kernel; stages alone with reps per sample; serial on one "
+                      "stream; overlapped over K streams released by one start event, timed to the last end event",
+            "kernel": f"y = f^work(x), f(v) = fmaf(v, {FMA_A!r}, {FMA_B!r}), float32, grid-stride, {THREADS} threads",
+            **ctx.spec.plan.to_dict(),
+        }
+
+
+BENCHMARK = Overlap()
+
+
 def run(spec: OverlapSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure each --work value: the stages alone, serial, and overlapped.
+    """Measure each --work value: the stages alone, serial, and overlapped, through the driver.
 
     Returns:
         A Result with records (metric "time", nbytes = N) per work value and stage in
@@ -352,44 +353,7 @@ def run(spec: OverlapSpec, progress: ProgressSink | None = None) -> Result:
     Raises:
         NoGPUError: no CUDA device visible.
         UsageError: the device is not visible or the buffers do not fit.
-        MachineError: a CUDA fault other than an allocation failure.
+        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
+            finished points).
     """
-    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
-
-    gpu.resolve_devices((spec.device,))
-    preflight(spec)
-    env = envmod.capture()
-
-    def measure_group(work: int):
-        try:
-            with cupy.cuda.Device(spec.device):
-                return _group_records(spec, work)
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            if gpu.is_oom(e):
-                raise
-            raise gpu.machine_error(f"overlap on GPU {spec.device} (work {work})", e) from None
-
-    def on_alloc_error(work: int, e: BaseException):
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return [Record(params={"device": spec.device, "work": work, "streams": spec.streams, "chunks": spec.chunks,
-                               "nbytes": spec.nbytes, "stage": st}, metric="time", nbytes=spec.nbytes,
-                       error=f"allocation of {format_size(spec.nbytes)} failed: {first}")
-                for st in (*STAGES, "serial", "overlapped")]
-
-    records, interrupted = run_groups(list(spec.works), measure_group, on_alloc_error, progress or ProgressSink(),
-                                      lambda w: f"work {w}")
-    return Result(
-        command="overlap",
-        spec=spec.to_dict(),
-        timing={
-            "clock": "cuda-event",
-            "method": "every sample queued behind a spin kernel; stages alone with reps per sample; serial on one "
-                      "stream; overlapped over K streams released by one start event, timed to the last end event",
-            "kernel": f"y = f^work(x), f(v) = fmaf(v, {FMA_A!r}, {FMA_B!r}), float32, grid-stride, {THREADS} threads",
-            **spec.plan.to_dict(),
-        },
-        env=env,
-        records=records,
-        partial=interrupted is not None,
-        interrupted_by=interrupted,
-    )
+    return driver.run(BENCHMARK, spec, progress)

@@ -26,16 +26,22 @@ sample is ``nbytes * reps / elapsed``; the report shows the median over samples.
 
 from __future__ import annotations
 
-import time
+import contextlib
 from dataclasses import asdict, dataclass, field
 
+from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu
+from gpubench.core.kernels import count_wrong as _count_wrong
+from gpubench.core.kernels import fill as _fill
+from gpubench.core.kernels import num_sms as _num_sms
+from gpubench.core.kernels import sm_copy_enqueue as _sm_enqueue
+from gpubench.core.kernels import sm_copy_geometry
+from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
 from gpubench.core.errors import MachineError, UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
-from gpubench.core.sweep import run_groups
-from gpubench.core.timing import CudaEventClock, TimingPlan, choose_reps
+from gpubench.core.timing import GatedTimer, Lane, TimingPlan, choose_reps
 from gpubench.core.units import format_size
 
 TESTS: dict[str, str] = {
@@ -56,9 +62,6 @@ NVB_LOOP_COUNT = 16  # nvbandwidth --loopCount default
 OFF_REPEAT = 5  # p2pBandwidthLatencyTest outputBandwidthMatrix / outputBidirectionalBandwidthMatrix: repeat = 5
 WARMUP_COPIES = 4  # nvbandwidth memcpy.cpp WARMUP_COUNT, queued behind the gate before the start event
 LATENCY_REPS = 100  # p2pBandwidthLatencyTest outputLatencyMatrix: repeat = 100
-SM_THREADS_PER_BLOCK = 512  # nvbandwidth common.h numThreadPerBlock
-SM_SMALL_BUFFER = 64 * 2**20  # nvbandwidth smallBufferThreshold (64 MiB): below it the simple kernel
-DEVICE_MARGIN_BYTES = 512 * 2**20
 SAMPLE_TARGET_S = 0.2  # copies per sample are cut so a sample of slow (peer-off) copies lasts about this
 OFF_GATE_TIMEOUT_S = 2.0  # the gate gives up on its own after this, so a host-blocking copy cannot hang
 
@@ -123,26 +126,6 @@ def order_groups(tests: tuple[str, ...], devices: tuple[int, ...]) -> list[_Grou
     return [_Group(t, i, j) for t in off for (i, j) in pairs] + [_Group(t, i, j) for t in on for (i, j) in pairs]
 
 
-def sm_copy_geometry(nbytes: int, num_sms: int) -> tuple[str, int, int, int]:
-    """How nvbandwidth's copyKernel splits a copy (kernels.cu, memcpy.cpp getAdjustedCopySize).
-
-    Returns:
-        (kernel, grid, block, copied_bytes): "simple" below 64 MiB (block = min(uint4s, 1024),
-        grid = uint4s // block), else "striding" (grid = SMs, block = 512, the copy truncated to a
-        multiple of SMs * 512 uint4s). copied_bytes is what the kernel really moves; 0 if too small.
-    """
-    n16 = nbytes // 16
-    if nbytes < SM_SMALL_BUFFER:
-        if n16 == 0:
-            return "simple", 0, 0, 0
-        block = min(n16, 1024)
-        grid = n16 // block
-        return "simple", grid, block, grid * block * 16
-    total = num_sms * SM_THREADS_PER_BLOCK
-    elems = total * (n16 // total)
-    return "striding", num_sms, SM_THREADS_PER_BLOCK, elems * 16
-
-
 def link_peak(env: dict, src: int, dst: int, peer_access: bool) -> tuple[float | None, str]:
     """(per-direction peak in B/s, label) of the path a copy from ``src`` to ``dst`` takes.
 
@@ -160,126 +143,6 @@ def link_peak(env: dict, src: int, dst: int, peer_access: bool) -> tuple[float |
             return nv, topo
         return pcie_peak, topo
     return pcie_peak, "PCIe via host"
-
-
-_KERNELS_SRC = r"""
-__device__ __forceinline__ uint4 gb_ldcg(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ void gb_stcg(uint4* p, uint4 v) {
-    asm volatile("st.global.cg.v4.u32 [%0], {%1,%2,%3,%4};"
-                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-// nvbandwidth kernels.cu simpleCopyKernel (__ldcg/__stcg written as PTX for NVRTC)
-extern "C" __global__ void gb_simple_copy(unsigned long long loopCount, uint4* dst, const uint4* src) {
-    for (unsigned int i = 0; i < loopCount; i++) {
-        const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-        gb_stcg(dst + idx, gb_ldcg(src + idx));
-    }
-}
-// nvbandwidth kernels.cu stridingMemcpyKernel
-extern "C" __global__ void gb_striding_copy(unsigned int totalThreadCount, unsigned long long loopCount,
-                                            uint4* dst, const uint4* src, unsigned long long chunkSizeInElement) {
-    unsigned long long from = blockDim.x * blockIdx.x + threadIdx.x;
-    unsigned long long bigChunkSizeInElement = chunkSizeInElement / 12;
-    dst += from;
-    src += from;
-    uint4* dstBigEnd = dst + (bigChunkSizeInElement * 12) * totalThreadCount;
-    uint4* dstEnd = dst + chunkSizeInElement * totalThreadCount;
-    for (unsigned int i = 0; i < loopCount; i++) {
-        uint4* cdst = dst;
-        const uint4* csrc = src;
-        while (cdst < dstBigEnd) {
-            uint4 p0 = *csrc; csrc += totalThreadCount;
-            uint4 p1 = *csrc; csrc += totalThreadCount;
-            uint4 p2 = *csrc; csrc += totalThreadCount;
-            uint4 p3 = *csrc; csrc += totalThreadCount;
-            uint4 p4 = *csrc; csrc += totalThreadCount;
-            uint4 p5 = *csrc; csrc += totalThreadCount;
-            uint4 p6 = *csrc; csrc += totalThreadCount;
-            uint4 p7 = *csrc; csrc += totalThreadCount;
-            uint4 p8 = *csrc; csrc += totalThreadCount;
-            uint4 p9 = *csrc; csrc += totalThreadCount;
-            uint4 p10 = *csrc; csrc += totalThreadCount;
-            uint4 p11 = *csrc; csrc += totalThreadCount;
-            *cdst = p0; cdst += totalThreadCount;
-            *cdst = p1; cdst += totalThreadCount;
-            *cdst = p2; cdst += totalThreadCount;
-            *cdst = p3; cdst += totalThreadCount;
-            *cdst = p4; cdst += totalThreadCount;
-            *cdst = p5; cdst += totalThreadCount;
-            *cdst = p6; cdst += totalThreadCount;
-            *cdst = p7; cdst += totalThreadCount;
-            *cdst = p8; cdst += totalThreadCount;
-            *cdst = p9; cdst += totalThreadCount;
-            *cdst = p10; cdst += totalThreadCount;
-            *cdst = p11; cdst += totalThreadCount;
-        }
-        while (cdst < dstEnd) {
-            *cdst = *csrc; cdst += totalThreadCount; csrc += totalThreadCount;
-        }
-    }
-}
-__device__ __forceinline__ unsigned char gb_pattern(unsigned long long i, unsigned int seed) {
-    unsigned int x = (unsigned int)i * 2654435761u ^ seed;
-    x ^= x >> 13; x *= 0x5bd1e995u; x ^= x >> 15;
-    return (unsigned char)x;
-}
-extern "C" __global__ void gb_fill(unsigned char* p, unsigned long long n, unsigned int seed) {
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x)
-        p[i] = gb_pattern(i, seed);
-}
-extern "C" __global__ void gb_count_wrong(const unsigned char* p, unsigned long long n, unsigned int seed,
-                                          unsigned long long* wrong) {
-    unsigned long long bad = 0;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x)
-        bad += (p[i] != gb_pattern(i, seed));
-    if (bad) atomicAdd(wrong, bad);
-}
-"""
-_modules: dict[int, object] = {}
-
-
-def _module():
-    """The kernels above as a cupy.RawModule for the current device (compiled once per device)."""
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    if dev not in _modules:
-        _modules[dev] = cupy.RawModule(code=_KERNELS_SRC)
-    return _modules[dev]
-
-
-def _num_sms(device: int) -> int:
-    from cupy.cuda import runtime
-
-    return runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device)
-
-
-def _fill(device: int, ptr: int, nbytes: int, seed: int) -> None:
-    import cupy
-    import numpy as np
-
-    with cupy.cuda.Device(device):
-        k = _module().get_function("gb_fill")
-        k((_num_sms(device) * 4,), (256,), (np.uint64(ptr), np.uint64(nbytes), np.uint32(seed)))
-        cupy.cuda.Device().synchronize()
-
-
-def _count_wrong(device: int, ptr: int, nbytes: int, seed: int) -> int:
-    import cupy
-    import numpy as np
-
-    with cupy.cuda.Device(device):
-        wrong = cupy.zeros(1, dtype=cupy.uint64)
-        k = _module().get_function("gb_count_wrong")
-        k((_num_sms(device) * 4,), (256,), (np.uint64(ptr), np.uint64(nbytes), np.uint32(seed), wrong))
-        return int(wrong.get()[0])
 
 
 class _Peers:
@@ -325,80 +188,30 @@ class _Peers:
         self.enabled.clear()
 
 
-class _Lane:
-    """One stream doing one kind of copy: its device, a gate, an event clock, and how to enqueue."""
-
-    def __init__(self, device: int, enqueue, gate_timeout_s: float):
-        import cupy
-
-        self.device = device
-        self.enqueue = enqueue  # enqueue(stream, k): queue k copies (or one kernel looping k times)
-        with cupy.cuda.Device(device):
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            self.gate = gpu.SpinGate(self.stream, timeout_s=gate_timeout_s)
-            self.clock = CudaEventClock(self.stream)
-            self.span_end = cupy.cuda.Event()
-
-
-def _sample(lanes: list[_Lane], reps: int, warm: int) -> tuple[list[float], float, float]:
-    """One nvbandwidth-style sample over all lanes at once.
-
-    Returns:
-        (per-lane elapsed seconds, seconds until every lane finished, host seconds spent queueing).
-    """
+def _lane(device: int, enqueue, gate_timeout_s: float) -> Lane:
+    """One stream of ``device`` doing one kind of copy; ``enqueue(stream, k)`` queues k copies."""
     import cupy
 
-    t0 = time.perf_counter()
-    first = lanes[0]
-    try:
-        for ln in lanes:
-            with cupy.cuda.Device(ln.device):
-                if ln.gate is not None:
-                    ln.gate.hold()
-                if warm:
-                    ln.enqueue(ln.stream, warm)
-        with cupy.cuda.Device(first.device):
-            first.clock.start()
-        for ln in lanes[1:]:
-            with cupy.cuda.Device(ln.device):
-                ln.stream.wait_event(first.clock._start)
-                ln.clock.start()
-        for ln in lanes:
-            with cupy.cuda.Device(ln.device):
-                ln.enqueue(ln.stream, reps)
-                ln.clock.mark_end()
-        with cupy.cuda.Device(first.device):
-            for ln in lanes[1:]:
-                first.stream.wait_event(ln.clock._end)
-            first.span_end.record(first.stream)
-        queued = time.perf_counter() - t0
-    finally:
-        for ln in lanes:
-            if ln.gate is not None:
-                ln.gate.release()
-    per = []
-    for ln in lanes:
-        with cupy.cuda.Device(ln.device):
-            per.append(ln.clock.elapsed())
-    with cupy.cuda.Device(first.device):
-        first.span_end.synchronize()
-        span = cupy.cuda.get_elapsed_time(first.clock._start, first.span_end) / 1e3
-    return per, span, queued
+    with cupy.cuda.Device(device):
+        stream = cupy.cuda.Stream(non_blocking=True)
+    return Lane(stream, device, enqueue=lambda k: enqueue(stream, k), gate_timeout_s=gate_timeout_s)
 
 
-def _run_lanes(lanes: list[_Lane], reps: int, plan: TimingPlan, warm: int = WARMUP_COPIES):
-    """Warm-up samples, then plan.iters samples. Returns (per-lane lists, span list, max queue s)."""
+def _run_lanes(lanes: list[Lane], reps: int, plan: TimingPlan, warm: int = WARMUP_COPIES):
+    """Warm-up samples, then plan.iters samples of the lanes released together (the core's
+    GatedTimer: nvbandwidth's doMemcpyCore). Returns (per-lane lists, span list, max queue s)."""
+    timer = GatedTimer(lanes)
     for _ in range(plan.warmup):
-        _sample(lanes, reps, warm)
+        timer.sample(reps=reps, warm=warm)
     per: list[list[float]] = [[] for _ in lanes]
     spans: list[float] = []
     queued = 0.0
     for _ in range(plan.iters or 1):
-        p, s, q = _sample(lanes, reps, warm)
-        for i, t in enumerate(p):
-            per[i].append(t)
-        spans.append(s)
-        queued = max(queued, q)
+        t = timer.sample(reps=reps, warm=warm)
+        for i, x in enumerate(t.per_lane):
+            per[i].append(x)
+        spans.append(t.span)
+        queued = max(queued, t.queued_s)
     return per, spans, queued
 
 
@@ -414,31 +227,6 @@ def _ce_enqueue(dst_ptr: int, dst_dev: int, src_ptr: int, src_dev: int, nbytes: 
             for _ in range(k):
                 runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, gpu.DEFAULT, stream.ptr)
     return enqueue
-
-
-def _sm_enqueue(device: int, dst_ptr: int, src_ptr: int, nbytes: int):
-    import numpy as np
-
-    sms = _num_sms(device)
-    kind, grid, block, copied = sm_copy_geometry(nbytes, sms)
-    import cupy
-
-    with cupy.cuda.Device(device):
-        mod = _module()
-        if kind == "simple":
-            fn = mod.get_function("gb_simple_copy")
-
-            def enqueue(stream, k):
-                fn((grid,), (block,), (np.uint64(k), np.uint64(dst_ptr), np.uint64(src_ptr)), stream=stream)
-        else:
-            fn = mod.get_function("gb_striding_copy")
-            total = grid * block
-            chunk = copied // 16 // total
-
-            def enqueue(stream, k):
-                fn((grid,), (block,), (np.uint32(total), np.uint64(k), np.uint64(dst_ptr), np.uint64(src_ptr),
-                                       np.uint64(chunk)), stream=stream)
-    return enqueue, copied
 
 
 def loop_count(spec: P2PSpec, test: str) -> int:
@@ -551,11 +339,11 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
             _fill(j, src2.ptr, n, seed + 1)
             _fill(i, dst2.ptr, n, (seed + 1) ^ 0x5A5A)
             if test == "bidir":  # each direction pulled by its destination's stream (nvbandwidth read)
-                lanes = [_Lane(j, _ce_enqueue(dst.ptr, j, src.ptr, i, n, False), gate_timeout),
-                         _Lane(i, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, False), gate_timeout)]
+                lanes = [_lane(j, _ce_enqueue(dst.ptr, j, src.ptr, i, n, False), gate_timeout),
+                         _lane(i, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, False), gate_timeout)]
             else:  # pushed by each source (p2pBandwidthLatencyTest bidirectional)
-                lanes = [_Lane(i, _ce_enqueue(dst.ptr, j, src.ptr, i, n, True), gate_timeout),
-                         _Lane(j, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, True), gate_timeout)]
+                lanes = [_lane(i, _ce_enqueue(dst.ptr, j, src.ptr, i, n, True), gate_timeout),
+                         _lane(j, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, True), gate_timeout)]
             checks = [(j, dst.ptr, n, seed), (i, dst2.ptr, n, seed + 1)]
             copied = n
         elif test == "sm":
@@ -563,12 +351,12 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
             if copied == 0:
                 return [Record(params={**base, "nbytes": n}, nbytes=n,
                                error=f"{format_size(n)} is too small for the copy kernel (16 bytes at least)")]
-            lanes = [_Lane(j, enqueue, gate_timeout)]
+            lanes = [_lane(j, enqueue, gate_timeout)]
             checks = [(j, dst.ptr, copied, seed)]
         else:
             reader = test == "read"
             lane_dev = j if reader else i
-            lanes = [_Lane(lane_dev, _ce_enqueue(dst.ptr, j, src.ptr, i, n, off), gate_timeout)]
+            lanes = [_lane(lane_dev, _ce_enqueue(dst.ptr, j, src.ptr, i, n, off), gate_timeout)]
             checks = [(j, dst.ptr, n, seed)]
             copied = n
 
@@ -661,8 +449,68 @@ def select_devices(spec: P2PSpec) -> tuple[int, ...]:
     return gpu.resolve_devices(spec.devices, minimum=2)
 
 
+class P2P(Benchmark):
+    """The p2p plug-in: a point is (test, src, dst) for every ordered pair; peer-off tests first."""
+
+    name = "p2p"
+    description = "GPU<->GPU copy matrix: peer access on/off, read/write, bidir, SM copy, latency."
+
+    def devices(self, spec: P2PSpec) -> tuple[int, ...]:
+        return select_devices(spec)
+
+    def points(self, spec: P2PSpec, devices: tuple[int, ...]) -> list[Point]:
+        return [Point(_label(g), g, devices=(g.src, g.dst)) for g in order_groups(spec.tests, devices)]
+
+    def preflight(self, spec: P2PSpec, points, devices) -> None:
+        preflight(spec, devices)
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context):
+        peers = _Peers()
+        ctx.data["peers"] = peers
+        ctx.env["peer_access"] = {f"{i},{j}": peers.can(i, j) for i in ctx.devices for j in ctx.devices if i < j}
+        try:
+            yield ctx
+        finally:
+            peers.restore()
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        import cupy
+
+        g: _Group = point.key
+        try:
+            return _measure_group(g, ctx.spec, ctx.env, ctx.data["peers"])
+        except cupy.cuda.compiler.CompileException as e:
+            raise MachineError(f"the copy kernels did not compile: {str(e).splitlines()[0]}") from None
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        spec: P2PSpec = ctx.spec
+        g: _Group = point.key
+        n = spec.latency_bytes if g.test in LATENCY_TESTS else spec.nbytes
+        parts = ("forward", "reverse", "total") if g.test in BIDIR_TESTS else (None,)
+        return [Record(params={"test": g.test, "src": g.src, "dst": g.dst, "nbytes": n,
+                               **({"part": p} if p else {})}, nbytes=n, error=message) for p in parts]
+
+    def spec_dict(self, ctx: Context) -> dict:
+        return {**ctx.spec.to_dict(), "devices": list(ctx.devices)}
+
+    def timing(self, ctx: Context) -> dict:
+        return {
+            "clock": "cuda-event",
+            "method": "nvbandwidth doMemcpyCore: streams held by a spin kernel, 4 warm-up copies, start "
+                      "events (aligned across streams), reps copies, end events, release; per-copy seconds = "
+                      "elapsed / reps; latency: p2pBandwidthLatencyTest, 100 copies per sample",
+            "warmup_copies": WARMUP_COPIES,
+            "latency_reps": LATENCY_REPS,
+            **ctx.spec.plan.to_dict(),
+        }
+
+
+BENCHMARK = P2P()
+
+
 def run(spec: P2PSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure every selected test for every ordered pair of GPUs.
+    """Measure every selected test for every ordered pair of GPUs, through the driver.
 
     Returns:
         A Result with one record per (test, src, dst) (bidirectional tests: parts forward, reverse,
@@ -671,52 +519,7 @@ def run(spec: P2PSpec, progress: ProgressSink | None = None) -> Result:
 
     Raises:
         NoGPUError / UsageError: no GPU, fewer than two, or -b does not fit.
-        MachineError: a CUDA fault other than an allocation failure.
+        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
+            finished points).
     """
-    cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
-
-    devices = select_devices(spec)
-    preflight(spec, devices)
-    env = envmod.capture()
-    peers = _Peers()
-    access = {f"{i},{j}": peers.can(i, j) for i in devices for j in devices if i < j}
-
-    def measure_group(g: _Group):
-        try:
-            return _measure_group(g, spec, env, peers)
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            if gpu.is_oom(e):
-                raise
-            raise gpu.machine_error(f"p2p {g.test} GPU {g.src} -> GPU {g.dst}", e) from None
-        except cupy.cuda.compiler.CompileException as e:
-            raise MachineError(f"the copy kernels did not compile: {str(e).splitlines()[0]}") from None
-
-    def on_alloc_error(g: _Group, e: BaseException):
-        n = spec.latency_bytes if g.test in LATENCY_TESTS else spec.nbytes
-        msg = f"allocation of {format_size(n)} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        parts = ("forward", "reverse", "total") if g.test in BIDIR_TESTS else (None,)
-        return [Record(params={"test": g.test, "src": g.src, "dst": g.dst, "nbytes": n,
-                               **({"part": p} if p else {})}, nbytes=n, error=msg) for p in parts]
-
-    try:
-        records, interrupted = run_groups(order_groups(spec.tests, devices), measure_group, on_alloc_error,
-                                          progress or ProgressSink(), _label)
-    finally:
-        peers.restore()
-    return Result(
-        command="p2p",
-        spec={**spec.to_dict(), "devices": list(devices)},
-        timing={
-            "clock": "cuda-event",
-            "method": "nvbandwidth doMemcpyCore: streams held by a spin kernel, 4 warm-up copies, start "
-                      "events (aligned across streams), reps copies, end events, release; per-copy seconds = "
-                      "elapsed / reps; latency: p2pBandwidthLatencyTest, 100 copies per sample",
-            "warmup_copies": WARMUP_COPIES,
-            "latency_reps": LATENCY_REPS,
-            **spec.plan.to_dict(),
-        },
-        env={**env, "peer_access": access},
-        records=records,
-        partial=interrupted is not None,
-        interrupted_by=interrupted,
-    )
+    return driver.run(BENCHMARK, spec, progress)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, csv_list, device_id, finish, positive_int, timing_plan
+from gpubench.commands.common import common_options, csv_list, device_id, positive_int, timing_plan, run_benchmark
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -46,9 +46,7 @@ def command(count, piece, total, sweep, strategies, directions, memory, device, 
                       no_gate)
     from gpubench.bench import batch as bench
 
-    with report.progress(not quiet) as prog:
-        result = bench.run(spec, prog)
-    return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
+    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
 
 
 def build_spec(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time,

@@ -33,10 +33,10 @@ def common_options(f: Callable) -> Callable:
 
 def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
     """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted)."""
-    from gpubench import cli
+    from gpubench.core.registry import INVOCATION
 
     if not result.argv:
-        result.argv = list(cli.INVOCATION)
+        result.argv = list(INVOCATION)
     report.display(renderables, quiet=quiet)
     if json_path:
         save(result, json_path)
@@ -65,6 +65,19 @@ def run_keeping_partial(run: Callable[[], Result], report: Callable[[Result], li
             finish(e.partial_result, report(e.partial_result), json_path=json_path, quiet=quiet)
         raise
     return finish(result, report(result), json_path=json_path, quiet=quiet)
+
+
+def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,
+                  quiet: bool) -> int:
+    """The ending every measuring command shares: ``run(spec, progress)`` through the driver with a
+    progress bar, then :func:`run_keeping_partial` (a machine fault's finished points are printed
+    and saved, marked partial, before exit 3)."""
+
+    def go() -> Result:
+        with report.progress(not quiet) as prog:
+            return run(spec, prog)
+
+    return run_keeping_partial(go, report_fn, json_path=json_path, quiet=quiet)
 
 
 MAX_COUNT = 10**9  # any count option; beyond it is a typo, not a measurement

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, csv_list, finish, timing_plan
+from gpubench.commands.common import common_options, csv_list, timing_plan, run_benchmark
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size, size_sweep
@@ -41,9 +41,7 @@ def command(only, memory, directions, min_bytes, max_bytes, step_factor, devices
                       min_time, verify, max_pinned)
     from gpubench.bench import copy as bench
 
-    with report.progress(not quiet) as prog:
-        result = bench.run(spec, prog)
-    return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
+    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
 
 
 def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,

@@ -52,9 +52,9 @@ def format_report(env: dict, units: str = "GB") -> list:
     gpus = env.get("gpus", [])
     if not gpus:
         why = c.get("error") or env["nvml"].get("error") or "the CUDA runtime reports 0 devices"
-        from gpubench.core.errors import NO_GPU_COMMANDS
+        from gpubench.core.registry import no_gpu_commands
 
-        out.append(f"No CUDA device is visible ({why}). Commands that work without a GPU: {', '.join(NO_GPU_COMMANDS)}.")
+        out.append(f"No CUDA device is visible ({why}). Commands that work without a GPU: {', '.join(no_gpu_commands())}.")
         return out
     t = report.table("GPUs", ["#", "name", "memory (free)", "PCIe now", "PCIe max", f"PCIe peak {units}/s",
                               "NVLink", "NUMA", "CPUs", "bus id"])

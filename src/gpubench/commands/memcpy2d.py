@@ -6,7 +6,7 @@ import re
 
 import click
 
-from gpubench.commands.common import common_options, csv_list, device_id, finish, positive_int, timing_plan
+from gpubench.commands.common import common_options, csv_list, device_id, positive_int, timing_plan, run_benchmark
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -51,9 +51,7 @@ def command(width, height, total, sweep, src_pitch, dst_pitch, strategies, direc
                       warmup, iters, min_time, no_gate)
     from gpubench.bench import memcpy2d as bench
 
-    with report.progress(not quiet) as prog:
-        result = bench.run(spec, prog)
-    return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
+    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
 
 
 def parse_pitch(text: str, width: int, what: str) -> int:

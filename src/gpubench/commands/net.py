@@ -9,7 +9,8 @@ import click
 
 from gpubench.commands.common import common_options, finish
 from gpubench.core import report
-from gpubench.core.errors import Interrupted, UsageError
+from gpubench.core.errors import UsageError
+from gpubench.core.signals import Interrupted
 from gpubench.core.units import format_rate, format_size, parse_size
 
 # Kept equal to gpubench.bench.net (not imported here, so `gpubench net --help` stays light).

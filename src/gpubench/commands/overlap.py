@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, device_id, finish, timing_plan
+from gpubench.commands.common import common_options, device_id, timing_plan, run_benchmark
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -35,9 +35,7 @@ def command(size, works, sweep, streams, chunks, device, warmup, iters, min_time
     spec = build_spec(size, works, sweep, streams, chunks, device, warmup, iters, min_time)
     from gpubench.bench import overlap as bench
 
-    with report.progress(not quiet) as prog:
-        result = bench.run(spec, prog)
-    return finish(result, format_report(result, units), json_path=json_path, quiet=quiet)
+    return run_benchmark(bench.run, spec, lambda r: format_report(r, units), json_path=json_path, quiet=quiet)
 
 
 def parse_works(text: str) -> tuple[int, ...]:

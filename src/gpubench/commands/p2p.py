@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import MAX_REPEATS, common_options, finish, positive_int
+from gpubench.commands.common import MAX_REPEATS, common_options, positive_int, run_benchmark
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -40,9 +40,7 @@ def command(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters, ve
     spec = build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters, verify)
     from gpubench.bench import p2p as bench
 
-    with report.progress(not quiet) as prog:
-        result = bench.run(spec, prog)
-    return finish(result, format_report(result, units, spread), json_path=json_path, quiet=quiet)
+    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
 
 
 def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters, verify):

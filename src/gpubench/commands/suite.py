@@ -45,9 +45,9 @@ def command(expect_file, out_dir, check_files, with_merge, strict, quiet, debug)
     With --check FILE, check the expectations against saved bundles or results (no GPU).
     """
     from gpubench import suite
-    from gpubench.cli import COMMANDS
+    from gpubench.core.registry import REGISTRY
 
-    known = sorted(COMMANDS)
+    known = sorted(REGISTRY)
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:
         if expectations is None:
@@ -78,9 +78,9 @@ def command(expect_file, out_dir, check_files, with_merge, strict, quiet, debug)
     check_output_path(out / "suite-probe.json")
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
-    from gpubench import cli
+    from gpubench.core.registry import INVOCATION
 
-    bundle.argv = list(cli.INVOCATION)
+    bundle.argv = list(INVOCATION)
     if expectations is not None:
         bundle.outcomes = suite.evaluate(expectations, bundle.results(), bundle.skipped(), bundle.failed())
     stamp = time.strftime("%Y%m%d-%H%M%S")

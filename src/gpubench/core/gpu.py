@@ -239,6 +239,81 @@ def pattern(nbytes: int, seed: int = 0):
     return np.resize(base, nbytes)
 
 
+class Pattern:
+    """The bytes of :func:`pattern` (``nbytes``, ``seed``) written and checked in bounded chunks, so a
+    buffer under test is the only full-size copy in host memory (nvbandwidth holds one buffer per
+    copy too): filling or checking 32 GiB costs about 2 x :data:`CHUNK_BYTES` of temporaries.
+
+    Byte ``i`` is ``base[i % len(base)]``, ``base`` being :func:`pattern`'s seeded random block, so
+    ``Pattern(n, s).array()`` equals ``pattern(n, s)``.
+
+    Args:
+        nbytes: the pattern's length in bytes.
+        seed: as for :func:`pattern`.
+    """
+
+    CHUNK_BYTES = 64 * _PATTERN_LEN  # about 64 MiB, a whole number of periods
+
+    def __init__(self, nbytes: int, seed: int = 0):
+        import numpy as np
+
+        self.nbytes = nbytes
+        self.base = np.random.default_rng(seed).integers(0, 256, size=min(nbytes, _PATTERN_LEN), dtype=np.uint8)
+
+    def chunks(self, nbytes: int | None = None):
+        """(offset, bytes) of the first ``nbytes`` (default all), chunk by chunk (uint8 arrays)."""
+        import numpy as np
+
+        n = self.nbytes if nbytes is None else nbytes
+        period = len(self.base)
+        if period == 0:
+            return
+        step = max(period, (self.CHUNK_BYTES // period) * period)
+        block = np.resize(self.base, min(step, n))
+        for off in range(0, n, step):
+            yield off, block[: min(step, n - off)]
+
+    def array(self):
+        """The whole pattern as one array (only for small sizes)."""
+        import numpy as np
+
+        return np.resize(self.base, self.nbytes)
+
+    def fill(self, dst, invert: bool = False) -> None:
+        """Write the pattern (or its complement, a poison the copy must overwrite) into the uint8
+        array ``dst`` (its first ``len(dst)`` bytes)."""
+        import numpy as np
+
+        for off, c in self.chunks(len(dst)):
+            if invert:
+                np.invert(c, out=dst[off:off + len(c)])
+            else:
+                dst[off:off + len(c)] = c
+
+    def matches(self, got) -> bool:
+        """True when the uint8 array ``got`` holds the pattern's first ``len(got)`` bytes."""
+        import numpy as np
+
+        return all(np.array_equal(got[off:off + len(c)], c) for off, c in self.chunks(len(got)))
+
+    def matches_device(self, dev_ptr: int, nbytes: int | None = None) -> bool:
+        """True when ``nbytes`` (default all) of device memory at ``dev_ptr`` hold the pattern;
+        read back through one host buffer of at most one chunk."""
+        import numpy as np
+        from cupy.cuda import runtime
+
+        n = self.nbytes if nbytes is None else nbytes
+        staging = None
+        for off, c in self.chunks(n):
+            if staging is None:
+                staging = np.empty(len(c), dtype=np.uint8)
+            view = staging[:len(c)]
+            runtime.memcpy(view.ctypes.data, dev_ptr + off, len(c), D2H)
+            if not np.array_equal(view, c):
+                return False
+        return True
+
+
 _SPIN_SRC = r"""
 extern "C" __global__ void gpubench_spin(volatile int* flag, unsigned long long timeout_ns) {
     unsigned long long t0, t;

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from gpubench.core.errors import Interrupted, raise_if_signalled
+from gpubench.core.signals import Interrupted, raise_if_signalled
 from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record

@@ -1,0 +1,254 @@
+"""The benchmark contract and the one driver every measuring command runs through.
+
+A benchmark (one module under ``gpubench/bench/``) holds only what differs between commands: its
+Spec, the points it will measure with the bytes each needs, a setup that owns what lives across
+points, the one timed step per point, derived figures and how its timing is described. Everything
+else is the driver's (:func:`run`): the GPU check, preflight of the bytes every point needs,
+capturing the environment, the point loop with progress, interrupts (what was measured is kept,
+exit 130/143), a point that cannot be allocated (an error record; the sweep goes on), a machine
+fault (the finished points kept as a partial result, exit 3) and building the Result.
+
+The shapes follow nvbandwidth's ``Testcase`` (a key, a description, a ``filter()`` that says why
+a test cannot run here, one ``run()``), nccl-tests' ``testColl`` (per collective only byte counts,
+the call and the bandwidth formula; main, timing and output once in common.cu) and dask-cuda's
+benchmark ``Config`` (bench once, tidy results, pretty print, args; one driver around them).
+
+The flow of one command: click options -> ``Spec`` (its one constructor validates) -> :func:`run`
+(check, preflight, env, ``setup``, ``measure`` per point, ``derive``) -> Result -> the command's
+report and ``--json`` (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, Sequence
+
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.signals import Interrupted, raise_if_signalled
+from gpubench.core.units import format_size
+
+DEVICE_MARGIN_BYTES = 512 * 2**20  # left free on a GPU for the CUDA context and the spin kernel
+
+
+@dataclass(frozen=True)
+class Point:
+    """One unit of the loop: what the progress bar shows, what a plug-in measures, what it needs.
+
+    Attributes:
+        label: shown in the progress bar and in an allocation failure's message.
+        key: the plug-in's own description of the point (a small frozen dataclass).
+        device_bytes: bytes of device memory the point allocates on each of ``devices``.
+        host_bytes: bytes of host memory it holds at once (page-locked included).
+        locked_bytes: bytes of page-locked host memory among ``host_bytes``.
+        devices: the CUDA ordinals whose memory ``device_bytes`` is taken from.
+    """
+
+    label: str
+    key: Any
+    device_bytes: int = 0
+    host_bytes: int = 0
+    locked_bytes: int = 0
+    devices: tuple[int, ...] = ()
+
+
+@dataclass
+class Context:
+    """What lives across the points of one run; a plug-in's ``setup`` may subclass or fill ``data``.
+
+    Attributes:
+        spec: the run's Spec.
+        env: the environment captured before the first point (:func:`gpubench.core.env.capture`).
+        devices: the resolved CUDA ordinals.
+        data: the plug-in's own (link peaks, an API handle, a cluster...).
+    """
+
+    spec: Any
+    env: dict
+    devices: tuple[int, ...] = ()
+    data: dict = field(default_factory=dict)
+
+
+class Benchmark:
+    """The contract of a plug-in. Subclass it, set the class attributes and override what differs.
+
+    Class attributes:
+        name: the command (``copy``), the Result's ``command``.
+        description: one line, for ``--help`` and ``--list``.
+        needs_gpu: the driver checks that a GPU is visible before anything else.
+        fault_what: how a machine fault's message names the run ("copy"), with the point's label.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    needs_gpu: ClassVar[bool] = True
+
+    # -- what a plug-in declares -------------------------------------------------------------
+
+    def devices(self, spec) -> tuple[int, ...]:
+        """The CUDA ordinals the run uses, checked visible (default: ``spec.devices``, or device 0).
+
+        Raises:
+            UsageError: a device that is not visible, or too few.
+        """
+        from gpubench.core import gpu
+
+        return gpu.resolve_devices(getattr(spec, "devices", None))
+
+    def points(self, spec, devices: tuple[int, ...]) -> list[Point]:
+        """Every point of the run, in order, with the bytes each needs."""
+        raise NotImplementedError
+
+    def preflight(self, spec, points: Sequence[Point], devices: tuple[int, ...]) -> None:
+        """Refuse a run that cannot fit before anything is allocated (default: :func:`check_fits`).
+
+        Raises:
+            UsageError: a point does not fit.
+        """
+        check_fits(points, getattr(spec, "max_pinned_bytes", None), self.too_big_hint(spec))
+
+    def too_big_hint(self, spec) -> str:
+        """What to change when a point does not fit (for the preflight's message)."""
+        return "lower the largest size"
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context) -> Iterator[Context]:
+        """Own what lives across points (buffers, communicators, clusters); default: nothing."""
+        yield ctx
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        """The one timed step: measure ``point`` and return its records (raw bytes and seconds)."""
+        raise NotImplementedError
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        """Records of a point whose allocation failed (``error`` = ``message``); default: one."""
+        return [Record(params={"point": point.label}, error=message)]
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """Add derived figures (speed-ups, busbw, % of peak) to ``records`` in place; default none."""
+
+    def spec_dict(self, ctx: Context) -> dict:
+        """The Result's ``spec``: the Spec as a JSON-able dict (a plug-in may add what it resolved)."""
+        return ctx.spec.to_dict()
+
+    def timing(self, ctx: Context) -> dict:
+        """How the records were timed (clock, method, warm-ups, iteration rule), for the Result."""
+        plan = getattr(ctx.spec, "plan", None)
+        return plan.to_dict() if plan is not None else {}
+
+
+# -- preflight ------------------------------------------------------------------------------------
+
+
+def check_fits(points: Sequence[Point], max_pinned_bytes: int | None, hint: str) -> None:
+    """Check the largest point against each GPU's free memory, the host's available memory and the
+    page-locked cap (``max_pinned_bytes``, default half of MemTotal), before allocating anything.
+
+    Raises:
+        UsageError: naming the point, what it needs and what there is.
+    """
+    from gpubench.core import env as envmod
+    from gpubench.core import gpu
+
+    if not points:
+        return
+    biggest_dev = max(points, key=lambda p: p.device_bytes)
+    for d in sorted({d for p in points for d in p.devices}):
+        need = max(p.device_bytes for p in points if d in p.devices)
+        free, _total = gpu.device_free_bytes(d)
+        if need + DEVICE_MARGIN_BYTES > free:
+            raise UsageError(f"{biggest_dev.label} needs {format_size(need)} on GPU {d}, which has "
+                             f"{format_size(free)} free", hint)
+    total, avail = envmod.host_memory()
+    host = max(points, key=lambda p: p.host_bytes)
+    if avail is not None and host.host_bytes > avail:
+        raise UsageError(f"{host.label} needs {format_size(host.host_bytes)} of host memory; "
+                         f"{format_size(avail)} is available", hint)
+    cap = max_pinned_bytes if max_pinned_bytes is not None else (total // 2 if total else None)
+    locked = max(points, key=lambda p: p.locked_bytes)
+    if cap is not None and locked.locked_bytes > cap:
+        raise UsageError(f"{locked.label} would page-lock {format_size(locked.locked_bytes)}, over the cap of "
+                         f"{format_size(cap)}", "pinning too much slows the whole host; " + hint +
+                         " or raise --max-pinned")
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+
+def allocation_message(point: Point, e: BaseException) -> str:
+    """The ``error`` of a record whose point could not be allocated."""
+    from gpubench.core.gpu import first_line
+
+    return f"allocation of {point.label} failed: {first_line(e)}"
+
+
+def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
+    """Run ``bench`` over ``spec``: the one driver of every measuring command.
+
+    Steps: the GPU check (``needs_gpu``), the devices made visible, the points and their preflight,
+    the environment, ``setup``, each point's ``measure`` in turn (progress; a point whose
+    allocation fails gives ``failed`` records and the loop goes on), ``derive``, the Result.
+
+    Returns:
+        The Result; ``partial`` with ``interrupted_by`` "SIGINT"/"SIGTERM" when a signal stopped the
+        loop (the finished points are kept).
+
+    Raises:
+        NoGPUError, UsageError: before anything is measured.
+        MachineError: a CUDA, NCCL or library fault; its ``partial_result`` holds the finished
+            points (``partial``, ``failed_by``), which the command prints and saves before exit 3.
+    """
+    from gpubench.core import env as envmod
+    from gpubench.core import gpu
+
+    progress = progress or ProgressSink()
+    devices: tuple[int, ...] = ()
+    if bench.needs_gpu:
+        cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
+        devices = bench.devices(spec)
+    points = bench.points(spec, devices)
+    bench.preflight(spec, points, devices)
+    ctx = Context(spec=spec, env=envmod.capture(), devices=devices)
+    records: list[Record] = []
+    interrupted: str | None = None
+    fault: MachineError | None = None
+    with bench.setup(ctx) as ctx:
+        progress.start(len(points), points[0].label if points else "")
+        try:
+            for p in points:
+                raise_if_signalled()
+                progress.advance(p.label)
+                try:
+                    records.extend(bench.measure(ctx, p))
+                except (KeyboardInterrupt, Interrupted, GeneratorExit):
+                    raise
+                except MachineError:
+                    raise
+                except Exception as e:
+                    if gpu.is_oom(e):
+                        records.extend(bench.failed(ctx, p, allocation_message(p, e)))
+                        continue
+                    if bench.needs_gpu and isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
+                        raise gpu.machine_error(f"{bench.name} ({p.label})", e) from None
+                    raise
+            raise_if_signalled()
+        except KeyboardInterrupt:
+            interrupted = "SIGINT"
+        except Interrupted as e:
+            interrupted = signal.Signals(e.signum).name
+        except MachineError as e:
+            fault = e
+        finally:
+            progress.done()
+    bench.derive(ctx, records)
+    result = Result(command=bench.name, spec=bench.spec_dict(ctx), timing=bench.timing(ctx), env=ctx.env,
+                    records=records, partial=interrupted is not None or fault is not None,
+                    interrupted_by=interrupted, failed_by=fault.one_line() if fault is not None else None)
+    if fault is not None:
+        if records:
+            fault.partial_result = result
+        raise fault
+    return result

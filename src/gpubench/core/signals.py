@@ -1,0 +1,162 @@
+"""Signals and critical sections: how SIGINT and SIGTERM stop a run without losing what it measured.
+
+- The CLI installs :func:`on_signal` for SIGINT and SIGTERM (:func:`install`). A signal raises
+  KeyboardInterrupt (SIGINT) or :class:`Interrupted` (SIGTERM) in the main thread; the driver keeps
+  the finished points and the command exits 130 / 143.
+- Inside ``with CRITICAL:`` (every local rank's part of one NCCL iteration or CUDA-graph launch:
+  all or none) a signal is deferred until the section ends.
+- A second signal while the first one's cleanup runs is noted and ignored, so the cleanup does not
+  lose the result; a Ctrl-C swallowed inside a ``__del__`` is noted and acted on between points
+  (:func:`raise_if_signalled`).
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+import sys
+import threading
+
+
+class Interrupted(BaseException):
+    """Raised by gpubench's SIGTERM handler so a run stops as on Ctrl-C; carries the signal number.
+
+    A BaseException, like KeyboardInterrupt, so ``except Exception`` in measurement code lets it pass.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Signals received by this process (the CLI's handlers note them before raising). A
+# KeyboardInterrupt raised while Python runs a __del__ or a gc callback (distributed installs
+# one) is printed as "Exception ignored" and lost; the sweep driver asks here between points, so
+# such a Ctrl-C still stops the run.
+_pending_signals: list[int] = []
+
+
+def note_signal(signum: int) -> None:
+    """Remember that ``signum`` (SIGINT or SIGTERM) arrived."""
+    _pending_signals.append(signum)
+
+
+def signal_noted() -> bool:
+    """True when a SIGINT or SIGTERM already arrived during this command."""
+    return bool(_pending_signals)
+
+
+def clear_signals() -> None:
+    """Forget noted signals (at the start of a command)."""
+    _pending_signals.clear()
+    _deferred.clear()
+
+
+def signal_exception(signum: int) -> BaseException:
+    """The exception a signal stops a command with: KeyboardInterrupt for SIGINT, else Interrupted."""
+    return KeyboardInterrupt() if signum == _signal.SIGINT else Interrupted(signum)
+
+
+def raise_if_signalled() -> None:
+    """Raise KeyboardInterrupt (SIGINT) or Interrupted (SIGTERM) if a noted signal was swallowed."""
+    if _pending_signals:
+        raise signal_exception(_pending_signals[-1])
+
+
+# Critical sections: launches that must all happen or none (every local rank's part of one NCCL
+# iteration or CUDA-graph launch). A rank whose kernels were queued while its peer's were not waits
+# for the peer for ever, so the CLI's handlers defer a signal that arrives inside one until it ends.
+_critical = [0]  # depth of the main thread's open sections
+_deferred: list[int] = []
+_MAIN = threading.main_thread().ident
+
+
+def in_critical_section() -> bool:
+    """True inside ``with CRITICAL:``."""
+    return _critical[0] > 0
+
+
+def defer_signal(signum: int) -> None:
+    """Raise ``signum``'s exception when the current critical section ends (called by the CLI's
+    handlers; the signal must be noted with note_signal as well)."""
+    _deferred.append(signum)
+
+
+class _CriticalSection:
+    """``with CRITICAL:`` - SIGINT/SIGTERM arriving inside are raised (KeyboardInterrupt,
+    Interrupted) when the outermost section ends, not in the middle of it. Nests. Only the main
+    thread's sections count: Python runs signal handlers there alone, so a section in another
+    thread must not delay the main thread's Ctrl-C. A deferred signal is dropped (it stays noted,
+    see note_signal) when the section ends with an exception of its own: that one propagates."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        if threading.get_ident() == _MAIN:
+            _critical[0] += 1
+
+    def __exit__(self, et, ev, tb):
+        if threading.get_ident() != _MAIN:
+            return False
+        _critical[0] -= 1
+        if _critical[0] == 0 and _deferred:
+            s = _deferred[-1]
+            _deferred.clear()
+            if et is None:
+                raise signal_exception(s)
+        return False
+
+
+CRITICAL = _CriticalSection()
+
+
+_AGAIN = ("gpubench: already stopping: saving what was measured and closing what the run started "
+          "(Ctrl-\\ quits at once and keeps nothing)")
+
+
+def on_signal(signum, frame) -> None:
+    """SIGINT and SIGTERM: raise KeyboardInterrupt / Interrupted; inside a critical section, when it
+    ends; a second signal while the first one's cleanup runs is noted and ignored."""
+    if signal_noted():
+        note_signal(signum)
+        print(_AGAIN, file=sys.stderr)
+        return
+    note_signal(signum)
+    if in_critical_section():  # raised when the launches under way are all queued
+        defer_signal(signum)
+        return
+    raise signal_exception(signum)
+
+
+def _unraisable(u) -> None:
+    """An interrupt swallowed inside a __del__ or gc callback is noted (note_signal) and acted on
+    by the driver; do not print it as an "Exception ignored" traceback."""
+    if isinstance(u.exc_value, (KeyboardInterrupt, Interrupted)):
+        return
+    sys.__unraisablehook__(u)
+
+
+def install() -> tuple:
+    """Install the handlers for one command (an ignored SIGINT, a background job's, stays ignored).
+
+    Returns:
+        The previous (SIGTERM, SIGINT) handlers, for :func:`restore`.
+    """
+    clear_signals()
+    sys.unraisablehook = _unraisable
+    old = _signal.signal(_signal.SIGTERM, on_signal)
+    old_int = _signal.getsignal(_signal.SIGINT)
+    if old_int is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, on_signal)
+    return old, old_int
+
+
+def restore(previous: tuple | None) -> None:
+    """After the command: give an in-process caller its handlers back (``previous`` from install),
+    or, for the process's own run (None), ignore both signals so interpreter teardown (Dask's atexit
+    hooks) cannot turn a decided exit code into a KeyboardInterrupt."""
+    if previous is None:
+        _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    else:
+        _signal.signal(_signal.SIGTERM, previous[0])
+        _signal.signal(_signal.SIGINT, previous[1])
