@@ -102,3 +102,28 @@ def test_memory_stays_flat_over_repeated_sweeps():
         run(spec)
     assert rss() - rss0 < 32 * 2**20
     assert dev0 - device_free_bytes(0)[0] < 16 * 2**20
+
+
+def test_nvbandwidth_sm_local_and_latency_entries_verify_and_stay_physical():
+    """h2d-sm / d2h-sm (copy kernel over page-locked host memory), d2d (device local copy) and
+    latency (pointer chase): data verified, SM copies under the PCIe peak, latency a plausible
+    PCIe round trip (0.3..20 us per access), pageable memory refused for the SM tests."""
+    spec = CopySpec(sizes=(1 << 20, 128 << 20), directions=("h2d-sm", "d2h-sm", "d2d", "latency"),
+                    memory=("pinned", "pageable"), plan=TimingPlan(warmup=1, iters=3), verify=True)
+    result = run(spec)
+    assert not result.partial
+    by = {(r.params["direction"], r.params["memory"], r.params["nbytes"]): r for r in result.records}
+    for n in (1 << 20, 128 << 20):
+        for d in ("h2d-sm", "d2h-sm"):
+            r = by[(d, "pinned", n)]
+            assert r.error is None and r.extra["verified"] is True, (d, n, r.error)
+            assert 0 < r.rate_summary().median <= r.extra["peak_bytes_per_s"], (d, n)
+            assert by[(d, "pageable", n)].error.startswith("skipped")
+        r = by[("d2d", "device", n)]
+        assert r.error is None and r.extra["verified"] is True and r.nbytes == n
+        lat = by[("latency", "pinned", n)]
+        assert lat.metric == "time" and lat.error is None
+        assert 0.3e-6 < lat.time_summary().median < 20e-6, lat.time_summary()
+    # device memory moves faster than any PCIe link
+    assert by[("d2d", "device", 128 << 20)].rate_summary().median > by[("h2d-sm", "pinned", 128 << 20)].extra[
+        "peak_bytes_per_s"]

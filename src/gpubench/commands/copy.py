@@ -17,7 +17,9 @@ from gpubench.core.units import format_rate, format_size, parse_size, size_sweep
               help="Host memory kinds, comma list of pinned, pageable, write-combined, registered "
                    "[default: pinned,pageable].")
 @click.option("--direction", "directions", default="h2d,d2h", show_default=True,
-              help="Comma list of h2d, d2h, bidir (both at once on two streams).")
+              help="Comma list of h2d, d2h, bidir (both at once on two streams), and nvbandwidth's h2d-sm, "
+                   "d2h-sm (a copy kernel on the GPU), d2d (device local copy), latency (pointer chase "
+                   "over host memory).")
 @click.option("-b", "--min-bytes", default="4KiB", show_default=True, help="Smallest copy (4KiB, 1M, 1GB, bytes).")
 @click.option("-e", "--max-bytes", default="1GiB", show_default=True, help="Largest copy.")
 @click.option("-f", "--step-factor", type=float, default=4.0, show_default=True, help="Multiply the size by this each step.")
@@ -76,6 +78,10 @@ _DIR_TITLES = {
     "bidir-h2d": "bidir: H2D while D2H runs",
     "bidir-d2h": "bidir: D2H while H2D runs",
     "bidir-total": "bidir: total of both directions",
+    "h2d-sm": "H2D by the GPU's SMs (copy kernel reading host memory)",
+    "d2h-sm": "D2H by the GPU's SMs (copy kernel writing host memory)",
+    "d2d": "D2D: device local copy (bytes counted once)",
+    "latency": "host memory latency from the GPU (pointer chase, ns per access)",
 }
 
 
@@ -88,6 +94,8 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
     out: list = []
     recs = result.records
     kinds = list(result.spec.get("memory", []))
+    if any(r.params.get("memory") == "device" for r in recs):
+        kinds.append("device")
     devices: list = []
     directions: list = []
     for r in recs:
@@ -104,12 +112,14 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
         if g:
             link = f" - {g.get('name')}, {pcie_label(g.get('pcie_gen_max'), g.get('pcie_width_max'))}"
         for direction in directions:
-            if not any((dev, direction, k, n) in index for k in kinds for n in sizes):
+            here = [k for k in kinds if any((dev, direction, k, n) in index for n in sizes)]
+            if not here:
                 continue
+            latency = direction == "latency"
             cols = ["size"]
-            for k in kinds:
-                cols += [f"{k} {units}/s ({spread_name})", "% peak"]
-            ratio = "pinned" in kinds and "pageable" in kinds
+            for k in here:
+                cols += [f"{k} ns ({spread_name})" if latency else f"{k} {units}/s ({spread_name})", "% peak"]
+            ratio = "pinned" in here and "pageable" in here and not latency
             if ratio:
                 cols.append("pinned/pageable")
             label = f"GPU {dev}" if isinstance(dev, int) else ("all GPUs at once" if dev == "all" else f"GPU {dev.split('@')[0]} while all copy")
@@ -117,12 +127,16 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
             for n in sizes:
                 row = [format_size(n)]
                 med = {}
-                for k in kinds:
+                for k in here:
                     r = index.get((dev, direction, k, n))
                     if r is None:
                         row += ["", ""]
                     elif r.error:
-                        row += [f"failed: {r.error[:48]}", ""]
+                        row += [r.error[:56] if r.error.startswith("skipped") else f"failed: {r.error[:48]}", ""]
+                    elif latency:
+                        t_ = r.time_summary()
+                        lo, hi = (t_.p25, t_.p75) if spread == "iqr" else (t_.min, t_.max)
+                        row += [f"{t_.median * 1e9:.1f} ({lo * 1e9:.1f}-{hi * 1e9:.1f})", ""]
                     else:
                         s = r.rate_summary()
                         med[k] = s.median
