@@ -76,11 +76,14 @@ def test_oversized_pinned_point_fails_alone_and_sweep_goes_on():
     huge = 1 << (2 * total).bit_length()  # over twice the host RAM
     from gpubench.bench import copy as bench
 
+    from gpubench.core.benchmark import Context
+
     spec = CopySpec(sizes=(1 << 20,), directions=("h2d",), memory=("pinned",), plan=TimingPlan(warmup=0, iters=2))
-    ok = bench._copy_records(0, 1 << 20, "pinned", spec, None)
+    ctx = Context(spec=spec, env={}, devices=(0,), data={"peaks": {0: None}})
+    ok = bench._host_records(ctx, bench._Group(0, 1 << 20, "pinned", ("h2d",)))
     assert ok and ok[0].error is None
     with pytest.raises(Exception) as info:
-        bench._copy_records(0, huge, "pinned", spec, None)
+        bench._host_records(ctx, bench._Group(0, huge, "pinned", ("h2d",)))
     from gpubench.core.gpu import is_oom
 
     assert is_oom(info.value), repr(info.value)

@@ -31,8 +31,11 @@ def _importable(name: str) -> bool:
 
 needs_rapids = pytest.mark.skipif(not (_importable("dask_cuda") and _importable("cudf")),
                                   reason="dask-cuda and cudf are not importable")
+# merge checks its devices and pool after it has found dask[distributed] (the GPU machine may lack it)
+needs_distributed = pytest.mark.skipif(not _importable("distributed"), reason="dask[distributed] is not importable")
 
 
+@needs_distributed
 def test_pool_larger_than_the_gpu_is_refused_before_any_worker():
     t0 = time.monotonic()
     r = gb("merge", "-d", "0", "--rmm-pool-size", "500GB")
@@ -42,6 +45,7 @@ def test_pool_larger_than_the_gpu_is_refused_before_any_worker():
     assert time.monotonic() - t0 < 30  # refused by the check, not after a cluster start
 
 
+@needs_distributed
 def test_device_not_visible_is_refused(gpu_count):
     r = gb("merge", "-d", f"0,{gpu_count + 3}")
     assert r.returncode == 2, r.stderr
