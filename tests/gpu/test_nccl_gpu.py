@@ -37,6 +37,7 @@ def _spec(**kw):
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
                                   "send-recv"])
 def test_every_collective_checks_zero_wrong(coll, gpu_count):
+    from gpubench.bench import collectives as C
     from gpubench.bench import nccl as N
 
     res = N.run(_spec(collective=coll, root=gpu_count - 1))
@@ -44,7 +45,7 @@ def test_every_collective_checks_zero_wrong(coll, gpu_count):
     assert len(res.records) == 3 * 2
     for r in res.records:
         assert r.error is None, r.error
-        if coll in N.UNCHECKED_IN_PLACE and r.params["placement"] == "in-place":
+        if not C.collective(coll).checked_in_place and r.params["placement"] == "in-place":
             assert r.extra["wrong"] is None  # N/A, as nccl-tests
         else:
             assert r.extra["wrong"] == 0, r.params
@@ -71,6 +72,7 @@ def test_one_rank_allreduce_busbw_is_zero():
 
 def test_check_catches_missing_data(monkeypatch):
     from gpubench.bench import nccl as N
+    from gpubench.bench import nccl_launch as L
 
     calls = {"n": 0}
 
@@ -79,7 +81,7 @@ def test_check_catches_missing_data(monkeypatch):
         calls["n"] += 1
 
     # every iteration's call list becomes one call that does nothing
-    monkeypatch.setattr(N, "_calls", lambda *a, **k: [(launch_nothing, ())])
+    monkeypatch.setattr(L, "_calls", lambda *a, **k: [(launch_nothing, ())])
     res = N.run(_spec(sizes=(64 << 10,), samples=1, places=("out-of-place",)))
     monkeypatch.undo()
     assert calls["n"] > 0
@@ -111,6 +113,7 @@ def test_root_not_a_rank_exits_2(gpu_count):
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
                                   "send-recv"])
 def test_graph_mode_every_collective_checks_zero_wrong(coll, gpu_count):
+    from gpubench.bench import collectives as C
     from gpubench.bench import nccl as N
 
     res = N.run(_spec(collective=coll, root=gpu_count - 1, cuda_graph=3))
@@ -118,7 +121,7 @@ def test_graph_mode_every_collective_checks_zero_wrong(coll, gpu_count):
     for r in res.records:
         assert r.error is None, r.error
         assert r.reps == 5 * 3 and len(r.samples_s) == 2 and all(t > 0 for t in r.samples_s)
-        if not (coll in N.UNCHECKED_IN_PLACE and r.params["placement"] == "in-place"):
+        if not (not C.collective(coll).checked_in_place and r.params["placement"] == "in-place"):
             assert r.extra["wrong"] == 0, r.params
 
 
