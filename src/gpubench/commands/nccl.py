@@ -12,7 +12,12 @@ from gpubench.core.errors import RegressionFound, UsageError
 from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 
 
-_ROOTED = " and ".join(c.name for c in C.COLLECTIVES.values() if c.rooted)
+def _listed(names: list[str]) -> str:
+    """``a, b and c``."""
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
+_ROOTED = _listed([c.name for c in C.COLLECTIVES.values() if c.rooted])
 _COLLECTIVE_LINES = "\n".join(f"  {c.name:<15} {c.nccl_tests:<20} busbw = algbw x {c.factor_text}"
                               for c in C.COLLECTIVES.values())
 _HELP = f"""NCCL collective bandwidth, measured as nccl-tests measures it.
