@@ -7,16 +7,15 @@ collective; adding one is adding an entry (docs/nccl.md, "Adding a collective").
 Pure Python: no CuPy, no NCCL (a call function only names methods of the communicator it is given),
 so the CLI validates options and the unit tests check every formula without a GPU.
 
-Sources (nccl-tests 2.19.6, github.com/NVIDIA/nccl-tests):
+Sources (nccl-tests 2.19.6, github.com/NVIDIA/nccl-tests), each entry's ``source`` file:
 
-- byte counts: ``<Coll>GetCollByteCount`` in src/all_reduce.cu, all_gather.cu, reduce_scatter.cu,
-  broadcast.cu, reduce.cu, alltoall.cu, sendrecv.cu. ``size`` is the user's size in bytes; ``count =
-  size // elt_size``; all-gather, reduce-scatter and all-to-all split it over the ranks and round the
-  per-rank count down to a multiple of 16 bytes (``(count / nranks) & ~(16 / eltSize - 1)``).
-- bandwidths: ``<Coll>GetBw``: ``algbw = S / t`` with S = ``paramcount * eltSize`` (all-reduce,
-  broadcast, reduce, send/recv) or ``paramcount * eltSize * nranks`` (all-gather, reduce-scatter,
-  all-to-all); ``busbw = algbw * factor``, the factor derived in doc/PERFORMANCE.md:
-  all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast, reduce, send/recv 1.
+- byte counts: ``<Coll>GetCollByteCount``. ``size`` is the user's size in bytes; ``count = size //
+  elt_size``; the collectives of per-rank blocks split it over the ranks and round the per-rank
+  count down to a multiple of 16 bytes (``(count / nranks) & ~(16 / eltSize - 1)``).
+- bandwidths: ``<Coll>GetBw``: ``algbw = S / t`` with S = ``paramcount * eltSize``, times nranks
+  where the entry's ``size_ranks`` says so; ``busbw = algbw * factor``, the factor derived in
+  doc/PERFORMANCE.md (2(n-1)/n, (n-1)/n or 1: the entry's ``factor_text``).
+- calls: ``<Coll>RunColl``; expected data: ``<Coll>InitData``.
 """
 
 from __future__ import annotations
