@@ -1,5 +1,5 @@
-"""nccl on real GPUs: every collective and placement checks 0 wrong elements, every data type and
-op too, a one-rank all-reduce has busbw 0, the check does catch missing
+"""nccl on real GPUs: every collective and placement checks 0 wrong elements (gather and scatter
+from every root too), every data type and op too, a one-rank all-reduce has busbw 0, the check does catch missing
 data, and --expect-busbw fails with exit 1. CUDA-graph mode (-G): every collective checks 0 wrong,
 small all-reduces are faster than launched one by one, and a run (finished or interrupted) exits
 instead of hanging in ncclCommDestroy. Small sizes so the run is short."""
@@ -35,7 +35,7 @@ def _spec(**kw):
 
 
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
-                                  "send-recv"])
+                                  "send-recv", "gather", "scatter"])
 def test_every_collective_checks_zero_wrong(coll, gpu_count):
     from gpubench.bench import collectives as C
     from gpubench.bench import nccl as N
@@ -51,6 +51,49 @@ def test_every_collective_checks_zero_wrong(coll, gpu_count):
             assert r.extra["wrong"] == 0, r.params
         assert len(r.samples_s) == 2 and all(t > 0 for t in r.samples_s)
         assert r.extra["busbw_bytes_per_s"] == pytest.approx(r.extra["algbw_bytes_per_s"] * r.extra["busbw_factor"])
+
+
+def test_gather_and_scatter_check_zero_wrong_from_every_root(gpu_count):
+    """nccl-tests' gather_perf and scatter_perf (grouped ncclSend/ncclRecv to and from the root), each
+    root in turn, both placements, data checked; on one GPU the one rank sends to and receives
+    from itself. busbw is algbw x (n-1)/n and S = count x elt x n (gather.cu / scatter.cu GetBw)."""
+    from gpubench.bench import nccl as N
+
+    for coll in ("gather", "scatter"):
+        for root in range(gpu_count):
+            res = N.run(_spec(collective=coll, root=root, sizes=(4096, 1 << 20), check=2))
+            assert res.spec["nranks"] == gpu_count and len(res.records) == 2 * 2
+            for r in res.records:
+                assert r.error is None, r.error
+                assert r.extra["wrong"] == 0, (coll, root, r.params)
+                assert r.params["root"] == root and "op" not in r.params
+                assert r.nbytes == r.extra["count"] * 4 * gpu_count
+                assert r.extra["busbw_factor"] == pytest.approx((gpu_count - 1) / gpu_count)
+                assert r.extra["busbw_bytes_per_s"] == pytest.approx(r.extra["algbw_bytes_per_s"]
+                                                                     * r.extra["busbw_factor"])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "half", "bfloat16", "double"])
+@pytest.mark.parametrize("coll", ["gather", "scatter"])
+def test_gather_and_scatter_dtypes(coll, dtype):
+    from gpubench.bench import nccl as N
+
+    res = N.run(_spec(collective=coll, sizes=(64 << 10,), dtype=dtype, samples=1))
+    assert [r.extra["wrong"] for r in res.records] == [0, 0]
+
+
+def test_cli_runs_gather_and_scatter(tmp_path, gpu_count):
+    for coll in ("gather", "scatter"):
+        out = tmp_path / f"{coll}.json"
+        p = subprocess.run([sys.executable, "-m", "gpubench", "nccl", coll, "-r", str(gpu_count - 1), "-b", "1M", "-e",
+                            "4M", "-n", "5", "--samples", "2", "--json", str(out)], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert "Avg bus bandwidth" in p.stdout
+        d = json.loads(out.read_text())
+        assert {r["params"]["collective"] for r in d["records"]} == {coll}
+        assert all(r["extra"]["wrong"] == 0 and r["extra"]["busbw_formula"] == "algbw * (n-1)/n"
+                   for r in d["records"])
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
@@ -111,7 +154,7 @@ def test_root_not_a_rank_exits_2(gpu_count):
 
 
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
-                                  "send-recv"])
+                                  "send-recv", "gather", "scatter"])
 def test_graph_mode_every_collective_checks_zero_wrong(coll, gpu_count):
     from gpubench.bench import collectives as C
     from gpubench.bench import nccl as N

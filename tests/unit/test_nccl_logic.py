@@ -42,6 +42,10 @@ def _simulate(name, n, root, cc, op):
             out.append(np.concatenate([ins[p][r * c:(r + 1) * c] for p in range(n)]))
         elif name == "send-recv":
             out.append(ins[(r - 1) % n])
+        elif name == "gather":  # only the root's output is checked; what the others hold is not
+            out.append(np.concatenate([ins[p][:c] for p in range(n)]))
+        elif name == "scatter":
+            out.append(ins[root][r * c:(r + 1) * c])
     return out
 
 

@@ -154,6 +154,29 @@ def _send_recv_call(a: RankCall) -> Calls:
                         (a.comm.recv, (a.recv, a.count, a.dtype.nccl, (a.rank - 1) % a.nranks, a.stream))])
 
 
+def _gather_call(a: RankCall) -> Calls:
+    """nccl-tests src/gather.cu GatherRunColl for 2.7 <= NCCL < 2.28 (NCCL 2.28's ncclGather is not
+    in CuPy's bindings): grouped, every rank sends its block to the root, and the root receives
+    rank r's block at r x count elements."""
+    calls: Calls = [(a.comm.send, (a.send, a.count, a.dtype.nccl, a.root, a.stream))]
+    if a.rank == a.root:
+        calls += [(a.comm.recv, (a.recv + r * a.block_bytes, a.count, a.dtype.nccl, r, a.stream))
+                  for r in range(a.nranks)]
+    return _grouped(a, calls)
+
+
+def _scatter_call(a: RankCall) -> Calls:
+    """nccl-tests src/scatter.cu ScatterRunColl for 2.7 <= NCCL < 2.28 (NCCL 2.28's ncclScatter is
+    not in CuPy's bindings): grouped, the root sends block r (at r x count elements) to rank r, and
+    every rank receives its block from the root."""
+    calls: Calls = []
+    if a.rank == a.root:
+        calls += [(a.comm.send, (a.send + r * a.block_bytes, a.count, a.dtype.nccl, r, a.stream))
+                  for r in range(a.nranks)]
+    calls.append((a.comm.recv, (a.recv, a.count, a.dtype.nccl, a.root, a.stream)))
+    return _grouped(a, calls)
+
+
 # Expected outputs (nccl-tests <Coll>InitData's ``expected``): (xp, output indices, DataArgs) ->
 # values. Rank p sends DataArgs.sent(xp, p, k) at its input index k (nccl_data.rank_values).
 
@@ -180,6 +203,10 @@ def _expect_my_block_of_every_rank(xp, idx, a: DataArgs):
 
 def _expect_previous_rank(xp, idx, a: DataArgs):
     return a.sent(xp, (a.rank - 1) % a.nranks, idx)
+
+
+def _expect_my_block_of_root(xp, idx, a: DataArgs):
+    return a.sent(xp, a.root, a.rank * a.base + idx)
 
 
 def _every_rank(rank: int, root: int) -> bool:
@@ -272,6 +299,11 @@ COLLECTIVES: dict[str, Collective] = {
                    _all_to_all_call, _expect_my_block_of_every_rank, checked_in_place=False),
         Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, False, _one, "1", _send_recv_call,
                    _expect_previous_rank, checked_in_place=False, aliases=("p2p",)),
+        # gather.cu's GetCollByteCount is all-gather's, scatter.cu's reduce-scatter's
+        Collective("gather", "gather_perf", "src/gather.cu", _allgather, True, _share_of_others, "(n-1)/n",
+                   _gather_call, _expect_every_rank_block, holds_result=_root_only, rooted=True),
+        Collective("scatter", "scatter_perf", "src/scatter.cu", _reducescatter, True, _share_of_others, "(n-1)/n",
+                   _scatter_call, _expect_my_block_of_root, sends=_root_only, rooted=True),
     )
 }
 # Accepted spellings (lower case) -> canonical name.
