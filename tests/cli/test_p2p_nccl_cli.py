@@ -37,7 +37,7 @@ def test_help(cmd):
 def test_nccl_help_names_every_collective_and_nccl_tests_options():
     out = gb("nccl", "--help").stdout
     for word in ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "send-recv",
-                 "--expect-busbw", "--cuda-graph", "--check", "--scheduler-address", "--scheduler-file", "NCCL_NVLS_ENABLE"):
+                 "gather_perf", "scatter_perf", "--expect-busbw", "--cuda-graph", "--check", "--scheduler-address", "--scheduler-file", "NCCL_NVLS_ENABLE"):
         assert word in out, word
 
 
@@ -69,3 +69,21 @@ def test_hidden_gpus_exit_2():
     # CUDA_VISIBLE_DEVICES="" hides every GPU, whatever the machine has
     _one_line_error(gb("p2p", env={"CUDA_VISIBLE_DEVICES": ""}))
     _one_line_error(gb("nccl", "-b", "1K", "-e", "1K", env={"CUDA_VISIBLE_DEVICES": ""}))
+
+
+@pytest.mark.parametrize("coll", ["gather", "scatter", "Gather", "SCATTER"])
+def test_nccl_accepts_gather_and_scatter_before_looking_for_a_gpu(coll):
+    # accepted: the run gets as far as the GPU lookup, which CUDA_VISIBLE_DEVICES="" makes fail
+    p = gb("nccl", coll, "-r", "1", "-b", "1K", "-e", "1K", env={"CUDA_VISIBLE_DEVICES": ""})
+    _one_line_error(p)
+    assert "not known" not in p.stderr
+
+
+def test_nccl_gather_takes_the_root_option():
+    from gpubench.commands import nccl as cmd
+
+    spec = cmd.build_spec("gather", None, "1M", "1M", 4, "float", "sum", 3, 1, 20, 5, 1, "both", 0, 0.0)
+    assert (spec.collective, spec.root) == ("gather", 3)
+    assert cmd.build_spec("scatter", None, "1M", "1M", 4, "float", "sum", 0, 1, 20, 5, 1, "both", 0,
+                          0.0).collective == "scatter"
+    _one_line_error(gb("nccl", "scatter", "-r", "-1"), "-r/--root -1")

@@ -1,5 +1,5 @@
-"""nccl on real GPUs: every collective and placement checks 0 wrong elements, every data type and
-op too, a one-rank all-reduce has busbw 0, the check does catch missing
+"""nccl on real GPUs: every collective and placement checks 0 wrong elements (gather and scatter
+from every root too), every data type and op too, a one-rank all-reduce has busbw 0, the check does catch missing
 data, and --expect-busbw fails with exit 1. CUDA-graph mode (-G): every collective checks 0 wrong,
 small all-reduces are faster than launched one by one, and a run (finished or interrupted) exits
 instead of hanging in ncclCommDestroy. Small sizes so the run is short."""
@@ -35,8 +35,9 @@ def _spec(**kw):
 
 
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
-                                  "send-recv"])
+                                  "send-recv", "gather", "scatter"])
 def test_every_collective_checks_zero_wrong(coll, gpu_count):
+    from gpubench.bench import collectives as C
     from gpubench.bench import nccl as N
 
     res = N.run(_spec(collective=coll, root=gpu_count - 1))
@@ -44,12 +45,55 @@ def test_every_collective_checks_zero_wrong(coll, gpu_count):
     assert len(res.records) == 3 * 2
     for r in res.records:
         assert r.error is None, r.error
-        if coll in N.UNCHECKED_IN_PLACE and r.params["placement"] == "in-place":
+        if not C.collective(coll).checked_in_place and r.params["placement"] == "in-place":
             assert r.extra["wrong"] is None  # N/A, as nccl-tests
         else:
             assert r.extra["wrong"] == 0, r.params
         assert len(r.samples_s) == 2 and all(t > 0 for t in r.samples_s)
         assert r.extra["busbw_bytes_per_s"] == pytest.approx(r.extra["algbw_bytes_per_s"] * r.extra["busbw_factor"])
+
+
+def test_gather_and_scatter_check_zero_wrong_from_every_root(gpu_count):
+    """nccl-tests' gather_perf and scatter_perf (grouped ncclSend/ncclRecv to and from the root), each
+    root in turn, both placements, data checked; on one GPU the one rank sends to and receives
+    from itself. busbw is algbw x (n-1)/n and S = count x elt x n (gather.cu / scatter.cu GetBw)."""
+    from gpubench.bench import nccl as N
+
+    for coll in ("gather", "scatter"):
+        for root in range(gpu_count):
+            res = N.run(_spec(collective=coll, root=root, sizes=(4096, 1 << 20), check=2))
+            assert res.spec["nranks"] == gpu_count and len(res.records) == 2 * 2
+            for r in res.records:
+                assert r.error is None, r.error
+                assert r.extra["wrong"] == 0, (coll, root, r.params)
+                assert r.params["root"] == root and "op" not in r.params
+                assert r.nbytes == r.extra["count"] * 4 * gpu_count
+                assert r.extra["busbw_factor"] == pytest.approx((gpu_count - 1) / gpu_count)
+                assert r.extra["busbw_bytes_per_s"] == pytest.approx(r.extra["algbw_bytes_per_s"]
+                                                                     * r.extra["busbw_factor"])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "half", "bfloat16", "double"])
+@pytest.mark.parametrize("coll", ["gather", "scatter"])
+def test_gather_and_scatter_dtypes(coll, dtype):
+    from gpubench.bench import nccl as N
+
+    res = N.run(_spec(collective=coll, sizes=(64 << 10,), dtype=dtype, samples=1))
+    assert [r.extra["wrong"] for r in res.records] == [0, 0]
+
+
+def test_cli_runs_gather_and_scatter(tmp_path, gpu_count):
+    for coll in ("gather", "scatter"):
+        out = tmp_path / f"{coll}.json"
+        p = subprocess.run([sys.executable, "-m", "gpubench", "nccl", coll, "-r", str(gpu_count - 1), "-b", "1M", "-e",
+                            "4M", "-n", "5", "--samples", "2", "--json", str(out)], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert "Avg bus bandwidth" in p.stdout
+        d = json.loads(out.read_text())
+        assert {r["params"]["collective"] for r in d["records"]} == {coll}
+        assert all(r["extra"]["wrong"] == 0 and r["extra"]["busbw_formula"] == "algbw * (n-1)/n"
+                   for r in d["records"])
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
@@ -71,6 +115,7 @@ def test_one_rank_allreduce_busbw_is_zero():
 
 def test_check_catches_missing_data(monkeypatch):
     from gpubench.bench import nccl as N
+    from gpubench.bench import nccl_launch as L
 
     calls = {"n": 0}
 
@@ -79,7 +124,7 @@ def test_check_catches_missing_data(monkeypatch):
         calls["n"] += 1
 
     # every iteration's call list becomes one call that does nothing
-    monkeypatch.setattr(N, "_calls", lambda *a, **k: [(launch_nothing, ())])
+    monkeypatch.setattr(L, "_calls", lambda *a, **k: [(launch_nothing, ())])
     res = N.run(_spec(sizes=(64 << 10,), samples=1, places=("out-of-place",)))
     monkeypatch.undo()
     assert calls["n"] > 0
@@ -88,7 +133,7 @@ def test_check_catches_missing_data(monkeypatch):
     assert r.extra["wrong"] == r.extra["count"] * r.params["nranks"]
 
 
-def test_cli_expect_busbw_fails_with_exit_1(tmp_path):
+def test_cli_expect_busbw_fails_with_exit_1(tmp_path, gpu_count):
     out = tmp_path / "n.json"
     p = subprocess.run([sys.executable, "-m", "gpubench", "nccl", "-b", "1M", "-e", "4M", "-n", "5", "--samples", "2",
                         "--expect-busbw", "100000", "--json", str(out)], capture_output=True, text=True, timeout=300)
@@ -96,8 +141,11 @@ def test_cli_expect_busbw_fails_with_exit_1(tmp_path):
     assert "below --expect-busbw" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     d = json.loads(out.read_text())  # the result is saved before the verdict
     assert d["command"] == "nccl" and d["records"]
-    ok = subprocess.run([sys.executable, "-m", "gpubench", "nccl", "-b", "1M", "-e", "1M", "-n", "5", "--samples", "2",
-                         "--expect-busbw", "0.001"], capture_output=True, text=True, timeout=300)
+    # the passing half needs a busbw above 0: a 1-rank all-reduce has none (factor 2(n-1)/n = 0, as
+    # nccl-tests), so on one GPU it checks broadcast, whose factor is 1 for any rank count
+    coll = "all-reduce" if gpu_count > 1 else "broadcast"
+    ok = subprocess.run([sys.executable, "-m", "gpubench", "nccl", coll, "-b", "1M", "-e", "1M", "-n", "5", "--samples",
+                         "2", "--expect-busbw", "0.001"], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "Avg bus bandwidth" in ok.stdout
 
@@ -109,8 +157,9 @@ def test_root_not_a_rank_exits_2(gpu_count):
 
 
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
-                                  "send-recv"])
+                                  "send-recv", "gather", "scatter"])
 def test_graph_mode_every_collective_checks_zero_wrong(coll, gpu_count):
+    from gpubench.bench import collectives as C
     from gpubench.bench import nccl as N
 
     res = N.run(_spec(collective=coll, root=gpu_count - 1, cuda_graph=3))
@@ -118,7 +167,7 @@ def test_graph_mode_every_collective_checks_zero_wrong(coll, gpu_count):
     for r in res.records:
         assert r.error is None, r.error
         assert r.reps == 5 * 3 and len(r.samples_s) == 2 and all(t > 0 for t in r.samples_s)
-        if not (coll in N.UNCHECKED_IN_PLACE and r.params["placement"] == "in-place"):
+        if not (not C.collective(coll).checked_in_place and r.params["placement"] == "in-place"):
             assert r.extra["wrong"] == 0, r.params
 
 
@@ -146,14 +195,22 @@ def test_cli_graph_mode_runs_and_exits(tmp_path):
     assert all(r["extra"]["wrong"] == 0 and r["reps"] == 20 for r in d["records"])
 
 
-def test_cli_graph_mode_interrupted_keeps_partial_result_and_exits(tmp_path):
+def test_cli_graph_mode_interrupted_keeps_partial_result_and_exits(tmp_path, gpu_count):
     """SIGINT while graphs run: the graphs are destroyed before the communicators (else
     ncclCommDestroy waits for them for ever), and the measured points are saved."""
+    from gpubench.core.gpu import device_free_bytes
+
+    # Sizes up to 16 GiB so that the run outlasts the sleep on any rank count: on the 2x H200, 64
+    # and 256 MiB are measured by 15 s (~6 s) and 1 GiB takes ~35 s; on one H200 a 1-rank
+    # all-reduce is a local copy and 64 MiB..1 GiB took under 15 s in all, so 4 and 16 GiB follow.
+    need = 2 * (16 << 30) + (2 << 30)  # two 16 GiB buffers per GPU and NCCL's own
+    if min(device_free_bytes(d)[0] for d in range(gpu_count)) < need:
+        pytest.skip(f"needs {need >> 30} GiB free on every GPU for the 16 GiB point")
     out = tmp_path / "gi.json"
-    p = subprocess.Popen([sys.executable, "-m", "gpubench", "nccl", "-b", "64M", "-e", "1G", "-f", "4", "-n", "20",
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "nccl", "-b", "64M", "-e", "16G", "-f", "4", "-n", "20",
                           "-G", "50", "-c", "0", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    time.sleep(15)  # 64 and 256 MiB are measured by then (~6 s); 1 GiB takes ~35 s
+    time.sleep(15)  # mid-run: at least 64 MiB measured, 16 GiB not reached
     assert p.poll() is None, p.communicate()
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)

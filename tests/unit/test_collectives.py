@@ -3,6 +3,8 @@ doc/PERFORMANCE.md), written out again here independently for every collective a
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from gpubench.bench import collectives as C
@@ -22,6 +24,8 @@ def _nccl_tests_factor(name: str, n: int) -> float:
         "broadcast": 1.0,
         "reduce": 1.0,
         "send-recv": 1.0,
+        "gather": (n - 1) / n,  # gather.cu GatherGetBw
+        "scatter": (n - 1) / n,  # scatter.cu ScatterGetBw
     }[name]
 
 
@@ -49,6 +53,10 @@ def _nccl_tests_counts(name: str, count: int, elt: int, n: int):
         return base * n, base, base, 0, base
     if name == "all-to-all":
         return n * base, n * base, base, 0, 0
+    if name == "gather":
+        return base, base * n, base, base, 0
+    if name == "scatter":
+        return base * n, base, base, 0, base
     raise AssertionError(name)
 
 
@@ -72,7 +80,8 @@ def test_algbw_numerator(name):
     n, elt, t = 4, 4, 2e-3
     cc = C.counts(coll, 1 << 24, elt, n)
     alg, bus = C.bandwidths(coll, cc.param_count, elt, t, n)
-    s = cc.param_count * elt * (n if name in ("all-gather", "reduce-scatter", "all-to-all") else 1)
+    s = cc.param_count * elt * (n if name in ("all-gather", "reduce-scatter", "all-to-all", "gather", "scatter")
+                                else 1)
     assert alg == pytest.approx(s / t)
     assert bus == pytest.approx(alg * _nccl_tests_factor(name, n))
     # the size nccl-tests prints: max(send, receive) bytes
@@ -101,7 +110,8 @@ def test_bad_time_and_ranks():
 
 @pytest.mark.parametrize("alias,name", [("allreduce", "all-reduce"), ("all_gather", "all-gather"),
                                         ("ReduceScatter", "reduce-scatter"), ("alltoall", "all-to-all"),
-                                        ("sendrecv", "send-recv"), ("bcast", "broadcast"), ("reduce", "reduce")])
+                                        ("sendrecv", "send-recv"), ("bcast", "broadcast"), ("reduce", "reduce"),
+                                        ("gather", "gather"), ("Scatter", "scatter")])
 def test_aliases(alias, name):
     assert C.collective(alias).name == name
 
@@ -122,3 +132,92 @@ def test_dtype_values_follow_nccl_h():
                                        "double", "bfloat16")] == list(range(10))
     assert [C.OPS[k] for k in ("sum", "prod", "max", "min", "avg")] == list(range(5))
     assert C.dtype("fp16").name == "half" and C.dtype("float32").name == "float" and C.dtype("bf16").size == 2
+
+
+# nccl-tests src/gather.cu and src/scatter.cu (2.19.6), written out by hand for one size:
+#   Gather:  sendcount = (count/nranks) & ~(16/eltSize - 1); recvcount = sendcount*nranks;
+#            sendInplaceOffset = sendcount; recvInplaceOffset = 0; paramcount = sendcount
+#   Scatter: recvcount = (count/nranks) & ~(16/eltSize - 1); sendcount = recvcount*nranks;
+#            sendInplaceOffset = 0; recvInplaceOffset = recvcount; paramcount = recvcount
+#   GetBw (both): algBw = count * nranks * typesize / sec; busBw = algBw * (nranks-1)/nranks
+# For 1 MiB + 100 B of float (count = 262169): count / n rounded down to a multiple of 4 elements.
+GATHER_SCATTER = {  # n: (per-rank count, busbw factor)
+    1: (262168, 0.0),
+    2: (131084, 1 / 2),
+    3: (87388, 2 / 3),
+    8: (32768, 7 / 8),
+}
+
+
+@pytest.mark.parametrize("n", sorted(GATHER_SCATTER))
+def test_gather_and_scatter_counts_and_bandwidth_are_nccl_tests(n):
+    per_rank, factor = GATHER_SCATTER[n]
+    size, elt, t = (1 << 20) + 100, 4, 1e-3
+    g = C.counts(C.collective("gather"), size, elt, n)
+    assert (g.send_count, g.recv_count, g.param_count, g.send_inplace_offset, g.recv_inplace_offset) == \
+        (per_rank, per_rank * n, per_rank, per_rank, 0)
+    sc = C.counts(C.collective("scatter"), size, elt, n)
+    assert (sc.send_count, sc.recv_count, sc.param_count, sc.send_inplace_offset, sc.recv_inplace_offset) == \
+        (per_rank * n, per_rank, per_rank, 0, per_rank)
+    for name in ("gather", "scatter"):
+        coll = C.collective(name)
+        alg, bus = C.bandwidths(coll, per_rank, elt, t, n)
+        assert alg == pytest.approx(per_rank * n * elt / t) and bus == pytest.approx(alg * factor)
+        assert C.busbw_factor(coll, n) == pytest.approx(factor)
+        assert C.reported_bytes(coll, size, elt, n) == per_rank * n * elt  # nccl-tests' "size" column
+        assert coll.rooted and not coll.reduces and coll.checked_in_place
+        assert coll.source == f"src/{name}.cu" and coll.nccl_tests == f"{name}_perf"
+
+
+def test_gather_checks_only_the_root_and_scatter_fills_only_the_root():
+    # GatherInitData: only the root's expected buffer holds the gathered data; ScatterInitData:
+    # only the root initialises its send data
+    g, s = C.collective("gather"), C.collective("scatter")
+    assert [g.holds_result(r, 2) for r in range(4)] == [False, False, True, False]
+    assert all(g.sends(r, 2) for r in range(4))
+    assert [s.sends(r, 1) for r in range(3)] == [False, True, False]
+    assert all(s.holds_result(r, 1) for r in range(3))
+
+
+def _send(*args):
+    pass
+
+
+def _recv(*args):
+    pass
+
+
+def _group_start():
+    pass
+
+
+def _group_end():
+    pass
+
+
+def _named(calls):
+    # (function, arguments) -> (the function's name, arguments)
+    return [(fn.__name__, args) for fn, args in calls]
+
+
+def _rank_call(rank, n, root, count=10):
+    return C.RankCall(SimpleNamespace(send=_send, recv=_recv), 1000, 5000, count, C.DTYPES["float"], 0, root, rank, n, 77, _group_start, _group_end)
+
+
+def test_gather_call_is_nccl_tests_grouped_send_recv():
+    # GatherRunColl (NCCL < 2.28): group { send(sptr, count, root); on the root: for r: recv(rptr + r*count*elt, r) }
+    assert _named(C.collective("gather").call(_rank_call(1, 3, 2))) == [
+        ("_group_start", ()), ("_send", (1000, 10, 7, 2, 77)), ("_group_end", ())]
+    assert _named(C.collective("gather").call(_rank_call(2, 3, 2))) == [
+        ("_group_start", ()), ("_send", (1000, 10, 7, 2, 77)),
+        ("_recv", (5000, 10, 7, 0, 77)), ("_recv", (5040, 10, 7, 1, 77)), ("_recv", (5080, 10, 7, 2, 77)),
+        ("_group_end", ())]
+
+
+def test_scatter_call_is_nccl_tests_grouped_send_recv():
+    # ScatterRunColl (NCCL < 2.28): group { on the root: for r: send(sptr + r*count*elt, r); recv(rptr, root) }
+    assert _named(C.collective("scatter").call(_rank_call(0, 3, 1))) == [
+        ("_group_start", ()), ("_recv", (5000, 10, 7, 1, 77)), ("_group_end", ())]
+    assert _named(C.collective("scatter").call(_rank_call(1, 3, 1))) == [
+        ("_group_start", ()), ("_send", (1000, 10, 7, 0, 77)), ("_send", (1040, 10, 7, 1, 77)),
+        ("_send", (1080, 10, 7, 2, 77)), ("_recv", (5000, 10, 7, 1, 77)), ("_group_end", ())]

@@ -16,7 +16,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from gpubench.bench import nccl  # noqa: E402
+from gpubench.bench import nccl_dask as nccl  # noqa: E402
 from gpubench.core.errors import MachineError  # noqa: E402
 
 
@@ -160,7 +160,7 @@ def test_stall_watch_with_no_timeout_never_raises():
 def test_scheduler_connect_timeout_is_dasks_own_capped_by_T():
     import dask.config
 
-    from gpubench.bench.nccl import connect_timeout
+    from gpubench.bench.nccl_dask import connect_timeout
 
     with dask.config.set({"distributed.comm.timeouts.connect": "45s"}):
         assert connect_timeout(0) == 45 and connect_timeout(300) == 45 and connect_timeout(10) == 10

@@ -9,13 +9,16 @@ import pytest
 
 from gpubench.bench import collectives as C
 from gpubench.bench import nccl as N
+from gpubench.bench import nccl_dask
+from gpubench.bench import nccl_data as D
+from gpubench.bench import nccl_launch as L
 from gpubench.commands import nccl as cmd
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Result
 
 
 def _inputs(rank, send_count, op):
-    return N._values(np, rank, np.arange(send_count, dtype=np.int64), op).astype(np.float64)
+    return D.rank_values(np, rank, np.arange(send_count, dtype=np.int64), op).astype(np.float64)
 
 
 def _simulate(name, n, root, cc, op):
@@ -39,6 +42,10 @@ def _simulate(name, n, root, cc, op):
             out.append(np.concatenate([ins[p][r * c:(r + 1) * c] for p in range(n)]))
         elif name == "send-recv":
             out.append(ins[(r - 1) % n])
+        elif name == "gather":  # only the root's output is checked; what the others hold is not
+            out.append(np.concatenate([ins[p][:c] for p in range(n)]))
+        elif name == "scatter":
+            out.append(ins[root][r * c:(r + 1) * c])
     return out
 
 
@@ -52,49 +59,49 @@ def test_expected_values_match_a_simulation(name, n, op):
     want = _simulate(name, n, root, cc, op)
     for r in range(n):
         idx = np.arange(cc.recv_count, dtype=np.int64)
-        got = N.expected_values(np, coll, r, n, root, cc.param_count, idx, op, "float")
+        got = D.expected_values(np, coll, r, n, root, cc.param_count, idx, op, "float")
         np.testing.assert_allclose(got, want[r], rtol=0, atol=1e-12)
 
 
 def test_integer_avg_truncates_and_values_are_never_all_zero():
     coll = C.collective("all-reduce")
     idx = np.arange(100, dtype=np.int64)
-    got = N.expected_values(np, coll, 0, 2, 0, 100, idx, "avg", "int")
-    exact = (N._values(np, 0, idx, "avg") + N._values(np, 1, idx, "avg")) // 2
+    got = D.expected_values(np, coll, 0, 2, 0, 100, idx, "avg", "int")
+    exact = (D.rank_values(np, 0, idx, "avg") + D.rank_values(np, 1, idx, "avg")) // 2
     assert got.dtype == np.int64 and (got == exact).all()
-    assert (N._values(np, 3, idx, "sum") > 0).all() and (N._values(np, 3, idx, "prod") > 0).all()
+    assert (D.rank_values(np, 3, idx, "sum") > 0).all() and (D.rank_values(np, 3, idx, "prod") > 0).all()
 
 
 @pytest.mark.parametrize("dt", list(C.DTYPES))
 def test_encode_decode_round_trip(dt):
     d = C.DTYPES[dt]
     vals = np.arange(1, 57, dtype=np.float64 if d.kind == "float" else np.int64)
-    stored = N.encode(np, vals, d)
+    stored = D.encode(np, vals, d)
     assert stored.dtype == np.dtype(d.numpy) and stored.itemsize == d.size
-    assert N.count_wrong(np, stored, vals, d) == 0
+    assert D.count_wrong(np, stored, vals, d) == 0
     stored[7] = stored[8]  # one element wrong
-    assert N.count_wrong(np, stored, vals, d) == 1
+    assert D.count_wrong(np, stored, vals, d) == 1
 
 
 def test_bfloat16_is_the_high_half_of_float32():
     d = C.DTYPES["bfloat16"]
-    stored = N.encode(np, np.array([1.0, 3.0, 255.0]), d)
+    stored = D.encode(np, np.array([1.0, 3.0, 255.0]), d)
     assert list(stored) == [0x3F80, 0x4040, 0x437F]
 
 
 def test_float_tolerance_accepts_rounding_of_avg_only():
     d = C.DTYPES["half"]
     exp = np.array([17 / 3, 5.0])
-    stored = N.encode(np, exp, d)  # rounded to half
-    assert N.count_wrong(np, stored, exp, d) == 0
-    assert N.count_wrong(np, N.encode(np, exp + 0.25, d), exp, d) == 2
+    stored = D.encode(np, exp, d)  # rounded to half
+    assert D.count_wrong(np, stored, exp, d) == 0
+    assert D.count_wrong(np, D.encode(np, exp + 0.25, d), exp, d) == 2
 
 
 def test_shift_walks_through_the_buffers_like_nccl_tests():
     # nccl-tests startColl: steps = maxbytes / totalnbytes; shift = totalnbytes * (iter % steps)
-    assert [N._shift(i, 1 << 24, 1 << 30) for i in (0, 1, 63, 64, 65)] == [0, 1 << 24, 63 << 24, 0, 1 << 24]
-    assert [N._shift(i, 1 << 30, 1 << 30) for i in range(3)] == [0, 0, 0]
-    assert N._shift(5, 0, 1 << 20) == 0
+    assert [L._shift(i, 1 << 24, 1 << 30) for i in (0, 1, 63, 64, 65)] == [0, 1 << 24, 63 << 24, 0, 1 << 24]
+    assert [L._shift(i, 1 << 30, 1 << 30) for i in range(3)] == [0, 0, 0]
+    assert L._shift(5, 0, 1 << 20) == 0
 
 
 def _spec(**kw):
@@ -137,12 +144,12 @@ def test_graph_mode_records_count_every_launched_iteration_and_say_how_they_were
 @pytest.mark.parametrize("n,per_launch", [(1, 1), (20, 1), (288, 1), (289, 1), (2000, 1), (10, 20), (100, 20),
                                           (3, 1000), (50, 33), (1000, 7)])
 def test_queue_bounds_keep_at_most_max_queued_iterations_in_flight(n, per_launch):
-    bounded, every, window = N.queue_bounds(n, per_launch)
-    assert bounded == (n * per_launch > N.MAX_QUEUED + N._MARK_EVERY)
+    bounded, every, window = L.queue_bounds(n, per_launch)
+    assert bounded == (n * per_launch > L.MAX_QUEUED + L._MARK_EVERY)
     assert every >= 1 and window >= 1
-    assert every * per_launch * window <= max(N.MAX_QUEUED, per_launch)
+    assert every * per_launch * window <= max(L.MAX_QUEUED, per_launch)
     if per_launch == 1:  # the eager path: an event every 32 iterations, 256 in flight
-        assert (every, window) == (N._MARK_EVERY, N.MAX_QUEUED // N._MARK_EVERY)
+        assert (every, window) == (L._MARK_EVERY, L.MAX_QUEUED // L._MARK_EVERY)
 
 
 @pytest.mark.parametrize("kw,needle", [
@@ -204,10 +211,10 @@ def test_records_carry_algbw_and_busbw():
 def test_combine_ranks_averages_samples_and_sums_wrong():
     a = [{"nbytes": 8, "count": 2, "place": "in-place", "samples_s": [1.0, 2.0], "wrong": 0, "error": None}]
     b = [{"nbytes": 8, "count": 2, "place": "in-place", "samples_s": [3.0, 4.0], "wrong": 2, "error": None}]
-    (p,) = N.combine_ranks([a, b])
+    (p,) = nccl_dask.combine_ranks([a, b])
     assert p.samples_s == [2.0, 3.0] and p.wrong == 2
     b[0]["wrong"] = None
-    assert N.combine_ranks([a, b])[0].wrong is None
+    assert nccl_dask.combine_ranks([a, b])[0].wrong is None
 
 
 def test_verdict_expect_busbw_and_wrong():

@@ -5,13 +5,33 @@ from __future__ import annotations
 
 import click
 
+from gpubench.bench import collectives as C
 from gpubench.commands.common import MAX_REPEATS, common_options, finish, positive_int
 from gpubench.core import report
 from gpubench.core.errors import RegressionFound, UsageError
 from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 
 
-@click.command("nccl")
+def _listed(names: list[str]) -> str:
+    """``a, b and c``."""
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
+_ROOTED = _listed([c.name for c in C.COLLECTIVES.values() if c.rooted])
+_COLLECTIVE_LINES = "\n".join(f"  {c.name:<15} {c.nccl_tests:<20} busbw = algbw x {c.factor_text}"
+                              for c in C.COLLECTIVES.values())
+_HELP = f"""NCCL collective bandwidth, measured as nccl-tests measures it.
+
+\b
+COLLECTIVE (default all-reduce; nccl-tests' spellings such as allreduce are accepted):
+{_COLLECTIVE_LINES}
+
+algbw = S/t; busbw = algbw x the collective's factor (nccl-tests doc/PERFORMANCE.md). NCCL reads
+its own NCCL_* environment variables (e.g. NCCL_NVLS_ENABLE); gpubench sets none.
+"""
+
+
+@click.command("nccl", help=_HELP)
 @click.argument("collective", required=False, default="all-reduce")
 @click.option("-d", "--devices", default=None, help="CUDA devices, one rank each, e.g. 0,1 [default: every visible GPU].")
 @click.option("-b", "--min-bytes", default="1M", show_default=True, help="Smallest size (nccl-tests -b; 1M = 2^20 B).")
@@ -20,7 +40,7 @@ from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 @click.option("-t", "--dtype", default="float", show_default=True,
               help="Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16.")
 @click.option("-o", "--op", default="sum", show_default=True, help="Reduction: sum, prod, max, min, avg.")
-@click.option("-r", "--root", type=int, default=0, show_default=True, help="Root rank of broadcast and reduce.")
+@click.option("-r", "--root", type=int, default=0, show_default=True, help=f"Root rank of {_ROOTED}.")
 @click.option("-w", "--warmup", type=int, default=1, show_default=True, help="Untimed iterations per size (nccl-tests -w).")
 @click.option("-n", "--iters", type=int, default=20, show_default=True, help="Iterations per timed sample (nccl-tests -n).")
 @click.option("--samples", type=int, default=5, show_default=True, help="Timed samples per point; the median is shown.")
@@ -42,12 +62,7 @@ from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 def command(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters, samples,
             check, placement, cuda_graph, timeout, expect_busbw, scheduler_address, scheduler_file, json_path,
             units, quiet, debug):
-    """NCCL collective bandwidth, measured as nccl-tests measures it.
-
-    COLLECTIVE: all-reduce (default), all-gather, reduce-scatter, broadcast, reduce, all-to-all,
-    send-recv. algbw = S/t; busbw = algbw x the collective's factor (nccl-tests doc/PERFORMANCE.md).
-    NCCL reads its own NCCL_* environment variables (e.g. NCCL_NVLS_ENABLE); gpubench sets none.
-    """
+    """The ``nccl`` command (its help is _HELP, written from the collectives table)."""
     spec = build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters,
                       samples, check, placement, cuda_graph, timeout, scheduler_address, scheduler_file)
     if expect_busbw is not None and not expect_busbw > 0:
@@ -77,7 +92,6 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
     Raises:
         UsageError: any bad value, named in the message.
     """
-    from gpubench.bench import collectives as C
     from gpubench.bench.nccl import PLACES, NcclSpec
     from gpubench.core.gpu import parse_devices
 

@@ -1,0 +1,208 @@
+"""nccl's communicators and buffers: the ranks of this process (communicator, GPU, stream, two
+buffers from ncclMemAlloc), waiting for them with a deadline, aborting them, and mapping CUDA and
+NCCL faults to gpubench's errors. CuPy is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from gpubench.core import gpu
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.units import format_size
+
+
+@functools.lru_cache(maxsize=None)
+def _libnccl():
+    """The NCCL library CuPy loaded (ctypes), or None. Found in /proc/self/maps, else by its soname
+    (which returns the copy already loaded). ncclMemAlloc/ncclMemFree get their argument types."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = [ln.split()[-1] for ln in f if "libnccl.so" in ln and "/" in ln]
+    except OSError:
+        paths = []
+    for name in [*dict.fromkeys(paths), "libnccl.so.2"]:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if hasattr(lib, "ncclMemAlloc"):
+            lib.ncclMemAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+            lib.ncclMemFree.argtypes = [ctypes.c_void_p]
+        return lib
+    return None
+
+
+class NcclBuffer:
+    """``nbytes`` of device memory on the current device from ncclMemAlloc, freed with ncclMemFree
+    (NCCL >= 2.19), else cudaMalloc.
+
+    ncclMemAlloc is what nccl-tests allocates its buffers with since 2.19 (src/common.cu
+    AllocateBuffs): cuMem memory with exportable handles, which NCCL can register for zero-copy
+    transfers when the calls are captured in a CUDA graph (NCCL_GRAPH_REGISTER). It fails to
+    register cudaMalloc memory ("failed to IPC register userbuff" with NCCL_DEBUG_SUBSYS=REG), and
+    on the 2x H200 a -G 10 all-reduce of 128 MiB out of place then gave 286 instead of nccl-tests'
+    294-297 GB/s busbw.
+
+    Attributes:
+        ptr: the device address; allocator: "ncclMemAlloc" or "cudaMalloc".
+
+    Raises:
+        MachineError: ncclMemAlloc failed (its NCCL error string is in the message).
+        CUDARuntimeError: cudaMalloc failed (the fallback).
+    """
+
+    def __init__(self, nbytes: int):
+        import ctypes
+
+        lib = _libnccl()
+        self._lib = lib if lib is not None and hasattr(lib, "ncclMemAlloc") else None
+        self.nbytes = nbytes
+        if self._lib is None:
+            self.allocator = "cudaMalloc"
+            self._buf = gpu.DeviceBuffer(nbytes)
+            self.ptr = self._buf.ptr
+            return
+        self.allocator = "ncclMemAlloc"
+        p = ctypes.c_void_p()
+        rc = self._lib.ncclMemAlloc(ctypes.byref(p), ctypes.c_size_t(nbytes))
+        if rc != 0 or not p.value:
+            self.ptr = 0
+            raise MachineError(f"ncclMemAlloc of {format_size(nbytes)} failed: {_nccl_error(self._lib, rc)}",
+                               "free GPU memory or use a smaller -e")
+        self.ptr = p.value
+
+    def free(self) -> None:
+        if not self.ptr:
+            return
+        ptr, self.ptr = self.ptr, 0
+        if self._lib is None:
+            self._buf.free()
+        else:
+            self._lib.ncclMemFree(ptr)
+
+
+def _nccl_error(lib, rc: int) -> str:
+    import ctypes
+
+    try:
+        lib.ncclGetErrorString.restype = ctypes.c_char_p
+        return f"{lib.ncclGetErrorString(rc).decode()} (ncclResult {rc})"
+    except Exception:
+        return f"ncclResult {rc}"
+
+
+class Rank:
+    """A rank in this process: its communicator, GPU, stream and two buffers of the largest size
+    (NcclBuffer: ncclMemAlloc, as nccl-tests)."""
+
+    def __init__(self, rank: int, device: int, comm, maxbytes: int):
+        import cupy
+
+        self.rank = rank
+        self.device = device
+        self.comm = comm
+        self.aborted = False
+        with cupy.cuda.Device(device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.send = NcclBuffer(maxbytes)
+            try:
+                self.recv = NcclBuffer(maxbytes)
+            except BaseException:
+                self.send.free()
+                raise
+
+    def free(self) -> None:
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            self.send.free()
+            self.recv.free()
+
+
+def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) -> None:
+    """Wait for every rank's stream (or, given ``events``, one CUDA event per rank), polling as
+    nccl-tests' testStreamSynchronize does, so that the wait has a deadline.
+
+    The poll spins without yielding (cudaStreamQuery releases the GIL, so other Python threads
+    still run). nccl-tests yields (std::this_thread::yield) between passes; from Python neither
+    time.sleep(0) (a nanosleep, rounded up by Linux's 50 us timer slack) nor os.sched_yield kept up:
+    on the 2x H200 each added 40-80 us to a timed sample of -n 20, 0.5-2 % at 64 MiB, where a
+    spin matched nccl-tests (probe in the issue-4 notes).
+
+    Raises:
+        MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
+            are aborted first, as nccl-tests does.
+    """
+    t0 = time.perf_counter()
+    last_check = t0
+    waits = list(zip(ranks, events)) if events is not None else [(rk, rk.stream) for rk in ranks]
+    pending = waits
+    while pending:
+        pending = [(rk, w) for rk, w in pending if not w.done]
+        if not pending:
+            return
+        now = time.perf_counter()
+        if now - last_check > 0.01:
+            last_check = now
+            for rk, _ in pending:
+                try:
+                    rk.comm.check_async_error()
+                except Exception as e:
+                    abort(ranks)
+                    raise MachineError(f"NCCL reported an error on rank {rk.rank}: {str(e).splitlines()[0]}") from None
+            if timeout_s and now - t0 > timeout_s:
+                abort(ranks)
+                raise MachineError(f"NCCL operation did not finish within --timeout {timeout_s:g} s; "
+                                   "communicators aborted")
+
+
+def abort(ranks: list[Rank]) -> None:
+    """ncclCommAbort each rank's communicator once (its kernels quit; the communicator is gone)."""
+    for rk in ranks:
+        if rk.aborted:
+            continue
+        rk.aborted = True
+        try:
+            rk.comm.abort()
+        except Exception:
+            pass
+
+
+def nccl_module():
+    """cupy.cuda.nccl, or a one-line error saying how to get NCCL."""
+    try:
+        from cupy.cuda import nccl
+    except Exception as e:  # pragma: no cover - depends on the install
+        raise UsageError(f"CuPy's NCCL bindings are not importable ({type(e).__name__})",
+                         "pip install nvidia-nccl-cu13 (or -cu12)") from None
+    if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
+        raise UsageError("NCCL is not available to CuPy (libnccl.so.2 not found)",
+                         "pip install nvidia-nccl-cu13 (or -cu12)")
+    return nccl
+
+
+def nccl_env(nccl_mod) -> dict:
+    import os
+
+    try:
+        version = nccl_mod.get_version()
+    except Exception:
+        version = None
+    return {"version": version,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+
+
+def as_machine_error(e: BaseException) -> MachineError | None:
+    """The one-line MachineError for a CUDA runtime or NCCL fault ``e`` (exit 3), or None when ``e``
+    is neither."""
+    import cupy
+
+    if isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
+        return gpu.machine_error("NCCL run", e)
+    if type(e).__name__ == "NcclError":
+        return MachineError(f"NCCL call failed: {str(e).splitlines()[0]}")
+    return None
