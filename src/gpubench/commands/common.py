@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 import click
 
@@ -65,6 +66,75 @@ def run_keeping_partial(run: Callable[[], Result], report: Callable[[Result], li
             finish(e.partial_result, report(e.partial_result), json_path=json_path, quiet=quiet)
         raise
     return finish(result, report(result), json_path=json_path, quiet=quiet)
+
+
+# -- shared option groups: declared once, composed by each command ----------------------------------
+
+
+def timing_options(*, warmup: int = 2, what: str = "timed copies") -> list[Callable]:
+    """-w/--warmup, -n/--iters and --min-time (checked by :func:`timing_plan`)."""
+    return [
+        click.option("-w", "--warmup", type=int, default=warmup, show_default=True, help="Untimed samples per point."),
+        click.option("-n", "--iters", type=int, default=None,
+                     help="Timed samples per point [default: enough for --min-time]."),
+        click.option("--min-time", type=float, default=0.1, show_default=True,
+                     help=f"Seconds of {what} per point when -n is not given."),
+    ]
+
+
+def sweep_options(*, min_bytes: str, max_bytes: str, factor: float = 4.0, what: str = "copy") -> list[Callable]:
+    """-b/--min-bytes, -e/--max-bytes, -f/--step-factor: nccl-tests' size sweep."""
+    return [
+        click.option("-b", "--min-bytes", default=min_bytes, show_default=True,
+                     help=f"Smallest {what} (4KiB, 1M, 1GB, bytes)."),
+        click.option("-e", "--max-bytes", default=max_bytes, show_default=True, help=f"Largest {what}."),
+        click.option("-f", "--step-factor", type=float, default=factor, show_default=True,
+                     help="Multiply the size by this each step."),
+    ]
+
+
+def spread_option() -> Callable:
+    """--spread iqr|range: the spread shown beside each median (a display option)."""
+    return click.option("--spread", type=click.Choice(["iqr", "range"]), default="iqr", show_default=True,
+                        help="Spread shown beside the median: p25-p75 or min-max.")
+
+
+OUTPUT_PARAMS = ("json_path", "units", "quiet", "debug")
+
+
+def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callable, report: Callable[..., list],
+                      *, help: str, display: Sequence[str] = ()) -> click.Command:
+    """The click command of a measuring benchmark, generated from its declared options.
+
+    The callback is the same for every benchmark: the options that are not output (--json,
+    --units, -q, --debug) or display (``display``) go to ``build_spec`` by name (the one place that
+    validates them, no GPU needed); ``gpubench.bench.<name>.run`` runs the spec through the driver
+    with a progress bar; ``report(result, units=..., **display options)`` renders it; the result
+    is saved and the exit code returned (:func:`run_benchmark`). The bench module is imported
+    only when the command runs, so ``--help`` stays light.
+
+    Args:
+        name: the command and its bench module's name.
+        options: click option decorators, top to bottom as --help lists them.
+        build_spec: options -> Spec; raises UsageError naming a bad value.
+        report: (result, units=..., **display) -> renderables.
+        help: the command's help text.
+        display: option names that only change how the result is shown.
+    """
+
+    def callback(**kwargs):
+        out = {k: kwargs.pop(k) for k in OUTPUT_PARAMS}
+        shown = {k: kwargs.pop(k) for k in display}
+        spec = build_spec(**kwargs)
+        bench = importlib.import_module(f"gpubench.bench.{name}")
+        return run_benchmark(bench.run, spec, lambda r: report(r, units=out["units"], **shown),
+                             json_path=out["json_path"], quiet=out["quiet"])
+
+    callback.__doc__ = help
+    f = common_options(callback)
+    for opt in reversed(list(options)):
+        f = opt(f)
+    return click.command(name, help=help)(f)
 
 
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,

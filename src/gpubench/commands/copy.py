@@ -4,46 +4,36 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, csv_list, timing_plan, run_benchmark
+from gpubench.commands.common import benchmark_command, csv_list, spread_option, sweep_options, timing_options, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size, size_sweep
 
 
-@click.command("copy")
-@click.option("--pinned", "only", flag_value="pinned", help="Measure page-locked (cudaHostAlloc) host memory only.")
-@click.option("--pageable", "only", flag_value="pageable", help="Measure plain (pageable) host memory only.")
-@click.option("-m", "--memory", "memory", default=None,
-              help="Host memory kinds, comma list of pinned, pageable, write-combined, registered "
-                   "[default: pinned,pageable].")
-@click.option("--direction", "directions", default="h2d,d2h", show_default=True,
-              help="Comma list of h2d, d2h, bidir (both at once on two streams), and nvbandwidth's h2d-sm, "
-                   "d2h-sm (a copy kernel on the GPU), d2d (device local copy), latency (pointer chase "
-                   "over host memory).")
-@click.option("-b", "--min-bytes", default="4KiB", show_default=True, help="Smallest copy (4KiB, 1M, 1GB, bytes).")
-@click.option("-e", "--max-bytes", default="1GiB", show_default=True, help="Largest copy.")
-@click.option("-f", "--step-factor", type=float, default=4.0, show_default=True, help="Multiply the size by this each step.")
-@click.option("-d", "--devices", default=None, help="CUDA devices, e.g. 0 or 0,1 (each measured, then all at once) [default: 0].")
-@click.option("-w", "--warmup", type=int, default=2, show_default=True, help="Untimed samples per point.")
-@click.option("-n", "--iters", type=int, default=None, help="Timed samples per point [default: enough for --min-time].")
-@click.option("--min-time", type=float, default=0.1, show_default=True, help="Seconds of timed copies per point when -n is not given.")
-@click.option("--verify", is_flag=True, help="Fill with a pattern and check it arrived after the copies.")
-@click.option("--max-pinned", default=None, help="Cap on page-locked host memory [default: half of host RAM].")
-@click.option("--spread", type=click.Choice(["iqr", "range"]), default="iqr", show_default=True,
-              help="Spread shown beside the median: p25-p75 or min-max.")
-@common_options
-def command(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,
-            verify, max_pinned, spread, json_path, units, quiet, debug):
-    """Host<->device copy bandwidth (H2D, D2H, bidir) over a size sweep.
+HELP = """Host<->device copy bandwidth (H2D, D2H, bidir) over a size sweep.
 
     By default pinned and pageable host memory are shown side by side with the speed-up.
     GB/s = 1e9 bytes per second; the median of the samples with its p25-p75.
     """
-    spec = build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters,
-                      min_time, verify, max_pinned)
-    from gpubench.bench import copy as bench
 
-    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
+OPTIONS = [
+    click.option("--pinned", "only", flag_value="pinned", help="Measure page-locked (cudaHostAlloc) host memory only."),
+    click.option("--pageable", "only", flag_value="pageable", help="Measure plain (pageable) host memory only."),
+    click.option("-m", "--memory", "memory", default=None,
+                 help="Host memory kinds, comma list of pinned, pageable, write-combined, registered "
+                      "[default: pinned,pageable]."),
+    click.option("--direction", "directions", default="h2d,d2h", show_default=True,
+                 help="Comma list of h2d, d2h, bidir (both at once on two streams), and nvbandwidth's h2d-sm, "
+                      "d2h-sm (a copy kernel on the GPU), d2d (device local copy), latency (pointer chase "
+                      "over host memory)."),
+    *sweep_options(min_bytes="4KiB", max_bytes="1GiB"),
+    click.option("-d", "--devices", default=None,
+                 help="CUDA devices, e.g. 0 or 0,1 (each measured, then all at once) [default: 0]."),
+    *timing_options(),
+    click.option("--verify", is_flag=True, help="Fill with a pattern and check it arrived after the copies."),
+    click.option("--max-pinned", default=None, help="Cap on page-locked host memory [default: half of host RAM]."),
+    spread_option(),
+]
 
 
 def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,
@@ -164,3 +154,6 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
         notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
     out.extend(notes)
     return out
+
+
+command = benchmark_command("copy", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))
