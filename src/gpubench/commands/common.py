@@ -103,7 +103,8 @@ OUTPUT_PARAMS = ("json_path", "units", "quiet", "debug")
 
 
 def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callable, report: Callable[..., list],
-                      *, help: str, display: Sequence[str] = ()) -> click.Command:
+                      *, help: str, display: Sequence[str] = (), run: Callable | None = None,
+                      after: Callable | None = None) -> click.Command:
     """The click command of a measuring benchmark, generated from its declared options.
 
     The callback is the same for every benchmark: the options that are not output (--json,
@@ -120,21 +121,47 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         report: (result, units=..., **display) -> renderables.
         help: the command's help text.
         display: option names that only change how the result is shown.
+        run: spec -> the run function to use (default ``gpubench.bench.<name>.run``), e.g. a
+            distributed path chosen by an option.
+        after: (result, spec, code) -> exit code, called once the result is shown and saved (an
+            expectation such as --expect-busbw raises RegressionFound there).
+
+    The returned command carries ``build_spec``, ``bench_name``, ``display``, ``report`` and
+    ``select_run`` so ``suite`` can run it through the driver without a JSON round trip.
     """
+
+    def select_run(spec) -> Callable:
+        if run is not None:
+            return run(spec)
+        return importlib.import_module(f"gpubench.bench.{name}").run
 
     def callback(**kwargs):
         out = {k: kwargs.pop(k) for k in OUTPUT_PARAMS}
         shown = {k: kwargs.pop(k) for k in display}
         spec = build_spec(**kwargs)
-        bench = importlib.import_module(f"gpubench.bench.{name}")
-        return run_benchmark(bench.run, spec, lambda r: report(r, units=out["units"], **shown),
+        result_box: list = []
+
+        def run_fn(s, progress):
+            result_box.append(select_run(s)(s, progress))
+            return result_box[-1]
+
+        code = run_benchmark(run_fn, spec, lambda r: report(r, units=out["units"], **shown),
                              json_path=out["json_path"], quiet=out["quiet"])
+        if after is not None and result_box:
+            code = after(result_box[-1], spec, code)
+        return code
 
     callback.__doc__ = help
     f = common_options(callback)
     for opt in reversed(list(options)):
         f = opt(f)
-    return click.command(name, help=help)(f)
+    cmd = click.command(name, help=help)(f)
+    cmd.build_spec = build_spec  # type: ignore[attr-defined]
+    cmd.bench_name = name  # type: ignore[attr-defined]
+    cmd.display = tuple(display)  # type: ignore[attr-defined]
+    cmd.report = report  # type: ignore[attr-defined]
+    cmd.select_run = select_run  # type: ignore[attr-defined]
+    return cmd
 
 
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,
