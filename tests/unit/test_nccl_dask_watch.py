@@ -166,3 +166,77 @@ def test_scheduler_connect_timeout_is_dasks_own_capped_by_T():
         assert connect_timeout(0) == 45 and connect_timeout(300) == 45 and connect_timeout(10) == 10
     with dask.config.set({"distributed.comm.timeouts.connect": "2 minutes"}):
         assert connect_timeout(0) == 120
+
+
+# -- the client runs the driver: points arrive one by one, the finished ones survive a fault ---------
+
+
+def _reported_point(rank, size, place):
+    return {"nbytes": size, "count": size // 4, "place": place, "samples_s": [1e-5 * (rank + 1), 3e-5 * (rank + 1)],
+            "wrong": 0, "error": None}
+
+
+def _reporting_rank(spec, uid, rank, nranks, topic):
+    """Logs each point as a real rank does (nccl_dask._worker_run's events); with STATE["then"] ==
+    "fail", rank 1 fails after STATE["points"] points and rank 0 waits for it, as NCCL would."""
+    from distributed import get_worker
+
+    from gpubench.bench.nccl import point_keys
+
+    w = get_worker()
+    w.log_event(topic, {"rank": rank, "points": 0})
+    w.log_event(topic, {"rank": rank, "points": 0, "info": {"host": "h", "device": rank, "allocator": "stand-in",
+                                                          "nccl": {"version": 22809, "env": {}}}})
+    done = []
+    for size, place in point_keys(spec):
+        if STATE["then"] == "fail" and len(done) == STATE["points"]:
+            if rank == 1:
+                raise RuntimeError("NCCL error: remote process exited or there was a network error")
+            while not STOP.is_set():
+                time.sleep(0.05)
+        done.append(_reported_point(rank, size, place))
+        w.log_event(topic, {"rank": rank, "points": len(done), "point": done[-1]})
+    return {"rank": rank, "host": "h", "device": rank, "allocator": "stand-in",
+            "nccl": {"version": 22809, "env": {}}, "points": done}
+
+
+@pytest.fixture
+def reporting_ranks(monkeypatch):
+    monkeypatch.setattr(nccl, "_worker_unique_id", _fake_uid)
+    monkeypatch.setattr(nccl, "_worker_run", _reporting_rank)
+    STOP.clear()
+    yield STATE
+    STOP.set()
+
+
+def _sweep(cluster, timeout_s=60.0):
+    return nccl.NcclSpec(sizes=(1024, 4096), timeout_s=timeout_s, scheduler_address=cluster.scheduler_address)
+
+
+def test_every_point_comes_through_the_driver(cluster, reporting_ranks):
+    reporting_ranks.update(points=0, then="finish")
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("result", nccl.run_on_dask(_sweep(cluster))), daemon=True)
+    t.start()
+    t.join(30)
+    assert "result" in box, "run_on_dask did not end within 30 s"
+    res = box["result"]
+    assert not res.partial and res.spec["nranks"] == 2 and "devices" in res.spec
+    assert [(r.params["nbytes"], r.params["placement"]) for r in res.records] == [
+        (1024, "out-of-place"), (1024, "in-place"), (4096, "out-of-place"), (4096, "in-place")]
+    assert res.records[0].samples_s == pytest.approx([1.5e-5, 4.5e-5])  # averaged over the ranks (-a 1)
+    assert [w["rank"] for w in res.env["dask_workers"]] == [0, 1] and res.env["nccl"]["version"] == 22809
+    assert res.timing["buffers"] == "stand-in"
+
+
+def test_a_failing_rank_keeps_the_points_every_rank_finished(cluster, reporting_ranks):
+    reporting_ranks.update(points=3, then="fail")
+    err = _run_bounded(_sweep(cluster))
+    assert isinstance(err, MachineError), repr(err)
+    assert "remote process exited" in err.one_line()
+    part = err.partial_result
+    assert part is not None and part.partial and part.failed_by == err.one_line()
+    assert [(r.params["nbytes"], r.params["placement"]) for r in part.records] == [
+        (1024, "out-of-place"), (1024, "in-place"), (4096, "out-of-place")]
+    assert all(r.extra["wrong"] == 0 and len(r.samples_s) == 2 for r in part.records)
+    assert [w["host"] for w in part.env["dask_workers"]] == ["h", "h"]

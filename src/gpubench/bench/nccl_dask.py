@@ -250,6 +250,11 @@ class _Ranks:
                 wait_watching(self.client, self.futures, self.index, float("inf"), self.what, on_poll=poll)
             except _Arrived:
                 pass
+            except MachineError:
+                # the point may have come in with the news of the fault: it is kept, and the fault,
+                # which every later wait sees at once, stops the run at the next point
+                if until_returned or not self._have(i):
+                    raise
             else:
                 self._returned()
         if not self._have(i):
