@@ -63,24 +63,29 @@ def _fake_rank(spec, uid, rank, nranks, topic):
     return {"rank": rank, "host": "h", "device": rank, "points": []}
 
 
-@pytest.fixture
-def ranks(monkeypatch):
-    """Sets the stand-in ranks up; returns STATE to configure. The workers are let go at the end."""
+def _stand_in_ranks(monkeypatch, worker_run):
+    """Every rank runs ``worker_run``; yields STATE to configure. The workers are let go at the end."""
     monkeypatch.setattr(nccl, "_worker_unique_id", _fake_uid)
-    monkeypatch.setattr(nccl, "_worker_run", _fake_rank)
+    monkeypatch.setattr(nccl, "_worker_run", worker_run)
     STOP.clear()
     yield STATE
     STOP.set()
 
 
-def _run_bounded(spec, limit_s=30.0):
-    """run_on_dask in a daemon thread: returns what it raised; fails the test (instead of hanging
-    the suite) if it has not ended within limit_s."""
+@pytest.fixture
+def ranks(monkeypatch):
+    """The stand-in ranks that log progress only (_fake_rank)."""
+    yield from _stand_in_ranks(monkeypatch, _fake_rank)
+
+
+def _bounded(spec, limit_s=30.0) -> dict:
+    """run_on_dask in a daemon thread: {"result": ...} or {"error": what it raised}; fails the test
+    (instead of hanging the suite) if it has not ended within limit_s."""
     box: dict = {}
 
     def target():
         try:
-            nccl.run_on_dask(spec)
+            box["result"] = nccl.run_on_dask(spec)
         except BaseException as e:  # noqa: BLE001 - handed to the test
             box["error"] = e
 
@@ -88,7 +93,12 @@ def _run_bounded(spec, limit_s=30.0):
     t.start()
     t.join(limit_s)
     assert not t.is_alive(), f"run_on_dask did not end within {limit_s} s"
-    return box.get("error")
+    return box
+
+
+def _run_bounded(spec, limit_s=30.0):
+    """What run_on_dask raised (None if it returned), within limit_s."""
+    return _bounded(spec, limit_s).get("error")
 
 
 def _machine_error(spec) -> str:
@@ -202,11 +212,8 @@ def _reporting_rank(spec, uid, rank, nranks, topic):
 
 @pytest.fixture
 def reporting_ranks(monkeypatch):
-    monkeypatch.setattr(nccl, "_worker_unique_id", _fake_uid)
-    monkeypatch.setattr(nccl, "_worker_run", _reporting_rank)
-    STOP.clear()
-    yield STATE
-    STOP.set()
+    """The stand-in ranks that report points (_reporting_rank)."""
+    yield from _stand_in_ranks(monkeypatch, _reporting_rank)
 
 
 def _sweep(cluster, timeout_s=60.0):
@@ -215,11 +222,8 @@ def _sweep(cluster, timeout_s=60.0):
 
 def test_every_point_comes_through_the_driver(cluster, reporting_ranks):
     reporting_ranks.update(points=0, then="finish")
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.setdefault("result", nccl.run_on_dask(_sweep(cluster))), daemon=True)
-    t.start()
-    t.join(30)
-    assert "result" in box, "run_on_dask did not end within 30 s"
+    box = _bounded(_sweep(cluster))
+    assert "error" not in box, repr(box.get("error"))
     res = box["result"]
     assert not res.partial and res.spec["nranks"] == 2 and "devices" in res.spec
     assert [(r.params["nbytes"], r.params["placement"]) for r in res.records] == [
