@@ -10,6 +10,7 @@ buffers (a stream that is always done), the data initialisation and check, and t
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -101,24 +102,35 @@ def _stand_in_gpu_and_nccl(monkeypatch) -> dict:
     return made
 
 
-def _bad_call(ranks):
-    """A real NCCL call NCCL refuses, or (no GPU) the stand-in's error."""
-    if not _gpu_with_nccl():
-        raise NcclError("NCCL_ERROR_INVALID_ARGUMENT: invalid argument (run with NCCL_DEBUG=WARN for details)")
+def _real_bad_call(ranks):
+    """An all-reduce of a data type NCCL does not have: CuPy raises NcclError (ncclInvalidArgument)."""
     rk = ranks[0]
     rk.comm.allReduce(rk.send.ptr, rk.recv.ptr, 1, INVALID_DTYPE, 0, rk.stream.ptr)
 
 
-def test_a_later_nccl_fault_keeps_the_finished_points(monkeypatch):
-    made = None if _gpu_with_nccl() else _stand_in_gpu_and_nccl(monkeypatch)
+def _stand_in_bad_call(ranks):
+    raise NcclError("NCCL_ERROR_INVALID_ARGUMENT: invalid argument (run with NCCL_DEBUG=WARN for details)")
+
+
+@pytest.fixture
+def fault_at(monkeypatch) -> dict | None:
+    """NCCL calls fail from FAULT_AT bytes on; returns the stand-ins' record (None: real GPU and NCCL)."""
+    real = _gpu_with_nccl()
+    made = None if real else _stand_in_gpu_and_nccl(monkeypatch)
     calls = L._calls
+    bad_call = _real_bad_call if real else _stand_in_bad_call
 
     def calls_failing_from_fault_at(ranks, coll, cc, dt, *rest):
         if cc.param_count * dt.size >= FAULT_AT:
-            return [(_bad_call, (ranks,))]
+            return [(bad_call, (ranks,))]
         return calls(ranks, coll, cc, dt, *rest)
 
     monkeypatch.setattr(L, "_calls", calls_failing_from_fault_at)
+    return made
+
+
+def test_a_later_nccl_fault_keeps_the_finished_points(fault_at):
+    made = fault_at
     spec = N.NcclSpec(sizes=(4096, 16384, FAULT_AT, 4 * FAULT_AT), devices=(0,), warmup=1, iters=3, samples=2,
                       check=1, places=("out-of-place", "in-place"))
     with pytest.raises(MachineError) as e:
@@ -140,6 +152,19 @@ def test_a_later_nccl_fault_keeps_the_finished_points(monkeypatch):
     if made is not None:  # the teardown ran: buffers freed, communicators destroyed
         assert made["calls"] > 0
         assert all(rk.freed for rk in made["ranks"]) and all(c.destroyed for c in made["comms"])
+
+
+def test_the_command_prints_and_saves_the_finished_points_then_exits_3(fault_at, run_cli, tmp_path):
+    out = tmp_path / "n.json"
+    code, stdout, stderr = run_cli("nccl", "-d", "0", "-b", "4K", "-e", "256K", "-n", "3", "--samples", "2",
+                                   "--placement", "out-of-place", "--json", out)
+    assert code == 3, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpubench: error: NCCL call failed"), stderr
+    assert "PARTIAL: stopped by a fault (NCCL call failed" in stdout and "(partial)" in stdout
+    d = json.loads(out.read_text())
+    assert d["partial"] is True and d["failed_by"].startswith("NCCL call failed")
+    assert [r["params"]["nbytes"] for r in d["records"]] == [4096, 16384]
 
 
 def test_the_report_of_a_fault_says_so():
