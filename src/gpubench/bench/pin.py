@@ -99,11 +99,6 @@ class Pin(Benchmark):
     name = "pin"
     description = "Cost of page-locking host memory and of cudaMalloc: cudaHostAlloc, cudaHostRegister, frees."
 
-    def devices(self, spec: PinSpec) -> tuple[int, ...]:
-        from gpubench.core import gpu
-
-        return gpu.resolve_devices((spec.device,))
-
     def points(self, spec: PinSpec, devices: tuple[int, ...]) -> list[Point]:
         out = []
         for op in spec.operations:
