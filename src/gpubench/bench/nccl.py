@@ -353,7 +353,7 @@ class Nccl(Benchmark):
         graphs = GraphOwner()
         ctx.data.update(ranks=ranks, graphs=graphs, allocator=None)
         try:
-            with _as_machine_errors():
+            with _as_machine_errors(allocation_passes=False):
                 for r, (d, c) in enumerate(zip(ctx.devices, comms)):
                     ranks.append(Rank(r, d, c, max(ctx.spec.sizes)))
             ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
@@ -405,13 +405,14 @@ class Nccl(Benchmark):
 
 
 @contextlib.contextmanager
-def _as_machine_errors() -> Iterator[None]:
-    """A CUDA runtime or NCCL fault raised inside becomes its one-line MachineError (exit 3); an
-    allocation failure passes as it is, for the driver to record."""
+def _as_machine_errors(allocation_passes: bool = True) -> Iterator[None]:
+    """A CUDA runtime or NCCL fault raised inside becomes its one-line MachineError (exit 3). With
+    ``allocation_passes`` (inside a point) an allocation failure passes as it is, for the driver
+    to record; without (the buffers that live across points) it is a fault too."""
     try:
         yield
     except Exception as e:
-        fault = None if gpu.is_oom(e) else as_machine_error(e)
+        fault = None if allocation_passes and gpu.is_oom(e) else as_machine_error(e)
         if fault is None:
             raise
         raise fault from None
