@@ -92,7 +92,7 @@ class NcclSpec:
     expect_busbw_gbps: float | None = None
 
     def __post_init__(self):
-        from gpubench.commands.common import MAX_REPEATS, positive_int
+        from gpubench.core.options import MAX_REPEATS, positive_int
 
         object.__setattr__(self, "collective", C.collective(self.collective).name)
         object.__setattr__(self, "dtype", C.dtype(self.dtype).name)

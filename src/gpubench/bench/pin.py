@@ -205,7 +205,7 @@ def build_spec(operations, min_bytes, max_bytes, step_factor, device, warmup, it
     Raises:
         UsageError: any bad value, named in the message.
     """
-    from gpubench.commands.common import csv_list, device_id, timing_plan
+    from gpubench.core.options import csv_list, device_id, timing_plan
     from gpubench.core.units import parse_size, size_sweep
 
     ops = csv_list(operations, "--op", kind="operation")
@@ -244,5 +244,5 @@ def format_report(result: Result, units: str = "GB") -> list:
     out.append(f"Host-timed (perf_counter) around each call; median over samples ({result.timing.get('warmup')} "
                f"warm-up(s)); {units}/s = nbytes / median seconds of the {'alloc'} phase.")
     if result.partial:
-        out.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
+        out.append(report.partial_note(result))
     return out
