@@ -117,6 +117,13 @@ class Benchmark:
         """What to change when a point does not fit (for the preflight's message)."""
         return "lower the largest size"
 
+    def environment(self, spec) -> dict:
+        """The machine the run is on, for the Result (default: :func:`gpubench.core.env.capture`:
+        GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA, versions)."""
+        from gpubench.core import env as envmod
+
+        return envmod.capture()
+
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
         """Own what lives across points (buffers, communicators, clusters); default: nothing."""
@@ -204,7 +211,6 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
         MachineError: a CUDA, NCCL or library fault; its ``partial_result`` holds the finished
             points (``partial``, ``failed_by``), which the command prints and saves before exit 3.
     """
-    from gpubench.core import env as envmod
     from gpubench.core import gpu
 
     progress = progress or ProgressSink()
@@ -214,7 +220,7 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
         devices = bench.devices(spec)
     points = bench.points(spec, devices)
     bench.preflight(spec, points, devices)
-    ctx = Context(spec=spec, env=envmod.capture(), devices=devices)
+    ctx = Context(spec=spec, env=bench.environment(spec), devices=devices)
     records: list[Record] = []
     interrupted: str | None = None
     fault: MachineError | None = None
