@@ -400,7 +400,7 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("plot needs matplotlib, which is not installed", "pip install 'gpubench[plot]'") from None
+        raise UsageError("plot needs matplotlib, which is not installed", "pip install 'gpubench-cuda[plot]'") from None
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

@@ -829,10 +829,10 @@ def _nccl():
         from cupy.cuda import nccl
     except Exception as e:  # pragma: no cover - depends on the install
         raise UsageError(f"CuPy's NCCL bindings are not importable ({type(e).__name__})",
-                         "pip install nvidia-nccl-cu13 (or -cu12)") from None
+                         "pip install 'gpubench-cuda[cuda13]' (or [cuda12]): it brings nvidia-nccl-cu13") from None
     if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
         raise UsageError("NCCL is not available to CuPy (libnccl.so.2 not found)",
-                         "pip install nvidia-nccl-cu13 (or -cu12)")
+                         "pip install 'gpubench-cuda[cuda13]' (or [cuda12]): it brings nvidia-nccl-cu13")
     return nccl
 
 
@@ -1071,7 +1071,7 @@ def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
         from distributed import Client
     except ImportError:
         raise UsageError("--scheduler-address/--scheduler-file need dask.distributed",
-                         "pip install gpubench[dask]") from None
+                         "pip install 'gpubench-cuda[dask]'") from None
     from gpubench.core.scheduler import check_scheduler_address, error_line, scheduler_file_address, wait_watching
 
     if spec.scheduler_address:
