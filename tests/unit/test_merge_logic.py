@@ -372,7 +372,7 @@ def test_pool_size_is_what_dask_parse_bytes_reads(text, expected):
     assert parse_bytes(text) == expected  # the same bytes dask-cuda's LocalCUDACluster would reserve
 
 
-@pytest.mark.parametrize("bad", ["", "  ", "0", "0B", "-3GB", "lots", "30XB", "1.5"])
+@pytest.mark.parametrize("bad", ["", "  ", "0", "0B", "-3GB", "lots", "30XB", "1.5", "9" * 400 + "GB"])
 def test_pool_size_refuses_what_is_not_a_size(bad):
     with pytest.raises(UsageError) as e:
         parse_pool_size(bad)

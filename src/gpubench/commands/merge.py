@@ -127,7 +127,7 @@ def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
                          "installed", "pip install 'gpubench-cuda[dask]'") from None
     try:
         nbytes = parse_bytes(text.strip())
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError):  # "9" x 400 overflows a float
         nbytes = None
     if not isinstance(nbytes, int) or nbytes < 1:
         raise UsageError(f"--rmm-pool-size {text!r} is not a size",
