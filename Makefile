@@ -1,16 +1,18 @@
 # Two commands set up and use a fresh machine:
 #   make run   - create .venv, install gpubench with the CUDA extra, run `gpubench copy --pinned`
 #   make test  - create .venv if missing, install the test extras, run the whole test suite
-# CUDA=cuda12 picks CuPy for CUDA 12. The ucx extra (distributed-ucxx, for `merge -p ucx` tests)
-# exists for CUDA 13 only, so it is installed with cuda13 alone.
+# CUDA=cuda12 picks CuPy for CUDA 12. The tests also get distributed-ucxx for that CUDA (ucx-cu13 or
+# ucx-cu12), which pins dask to the version dask-cuda pins, so both CUDA majors test the same dask.
 PYTHON ?= python3
 VENV ?= .venv
 CUDA ?= cuda13
 BIN := $(VENV)/bin
 ifeq ($(CUDA),cuda13)
-TEST_EXTRAS := $(CUDA),test,ucx
+TEST_EXTRAS := cuda13,test,ucx-cu13
+else ifeq ($(CUDA),cuda12)
+TEST_EXTRAS := cuda12,test,ucx-cu12
 else
-TEST_EXTRAS := $(CUDA),test
+$(error CUDA=$(CUDA) is not known: use CUDA=cuda13 or CUDA=cuda12)
 endif
 
 .PHONY: run test clean

@@ -1,8 +1,102 @@
-"""Shared fixtures. Tests marked ``gpu`` skip cleanly where no CUDA device is visible."""
+"""Shared fixtures. Tests marked ``gpu`` skip cleanly where no CUDA device is visible.
+
+Every result the suite writes is validated against the published JSON Schema
+(src/gpubench/schemas/result-v1.schema.json): in-process writes through
+``gpubench.core.result`` (files and ``--json -``) fail the test that made them, and every result
+file left under pytest's temporary folders (subprocess runs too) is checked when the session ends.
+"""
 
 from __future__ import annotations
 
+import json
+import stat
+from pathlib import Path
+
 import pytest
+
+_SCHEMA_SEEN = {"in_process": 0, "files": 0}
+_SCHEMA_ERRORS: list[str] = []
+
+
+def _schema_validator():
+    import jsonschema
+
+    from gpubench.core.result import json_schema
+
+    schema = json_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def _violations(validator, data) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message[:200]}"
+            for e in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _results_match_the_schema(tmp_path_factory):
+    """Validate every result written in this process; at the end, every result file under the
+    session's temporary folder."""
+    from gpubench.core import result as resmod
+
+    validator = _schema_validator()
+    atomic, stdout = resmod.write_json_atomic, resmod.write_json_stdout
+
+    def check(data, where):
+        _SCHEMA_SEEN["in_process"] += 1
+        _SCHEMA_ERRORS.extend(f"{where}: {v}" for v in _violations(validator, data))
+
+    def write_json_atomic(data, path, what="result"):
+        if what == "result":
+            check(data, str(path))
+        return atomic(data, path, what)
+
+    def write_json_stdout(data):
+        check(data, "--json -")
+        return stdout(data)
+
+    resmod.write_json_atomic, resmod.write_json_stdout = write_json_atomic, write_json_stdout
+    try:
+        yield
+    finally:
+        resmod.write_json_atomic, resmod.write_json_stdout = atomic, stdout
+    bad = []
+    for path in sorted(Path(tmp_path_factory.getbasetemp()).rglob("*.json")):
+        try:
+            if not stat.S_ISREG(path.stat().st_mode):
+                continue  # the loader's tests make named pipes and devices named *.json
+            text = path.read_text()
+            data = json.loads(text)
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue  # the tests write broken files on purpose
+        if not isinstance(data, dict) or data.get("schema") != "gpubench.result":
+            continue
+        if text != json.dumps(data, indent=1, allow_nan=False) + "\n":
+            continue  # not the bytes gpubench's writer makes: a test's hand-made input (often bad on purpose)
+        _SCHEMA_SEEN["files"] += 1
+        bad += [f"{path}: {v}" for v in _violations(validator, data)]
+    if bad:
+        pytest.fail("results that do not match the JSON schema:\n" + "\n".join(bad[:20]), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_result_broke_the_schema():
+    """A test whose run wrote a result that does not match the schema fails."""
+    _SCHEMA_ERRORS.clear()
+    yield
+    if _SCHEMA_ERRORS:
+        errors = list(_SCHEMA_ERRORS)
+        _SCHEMA_ERRORS.clear()
+        pytest.fail("a result written by this test does not match the JSON schema:\n" + "\n".join(errors[:20]),
+                    pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SCHEMA_SEEN["in_process"] or _SCHEMA_SEEN["files"]:
+        terminalreporter.write_line(
+            f"gpubench: results validated against the JSON schema: {_SCHEMA_SEEN['in_process']} written in "
+            f"process, {_SCHEMA_SEEN['files']} result files under the session's temporary folder")
 
 
 @pytest.fixture

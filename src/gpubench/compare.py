@@ -438,8 +438,8 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         cmp.notes.append(f"nccl rates are algbw = S/t; busbw = {formula} is the same figure scaled, so its change "
                          "and verdict are the same")
     new_by_key: dict[tuple, Record] = {}
-    for r in new.records:
-        new_by_key.setdefault(r.key(), r)
+    for rec in new.records:
+        new_by_key.setdefault(rec.key(), rec)
     seen: set[tuple] = set()
     for rb in base.records:
         k = rb.key()

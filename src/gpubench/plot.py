@@ -214,11 +214,19 @@ X_NAMES = {"nccl": "size (nccl-tests' size, bytes per rank)", "nbytes": "size pe
            "width": "row width (bytes)"}
 
 
+def _swept_size(r: Record) -> int:
+    """A sweep record's size in bytes (sweep panels hold only records that have one)."""
+    k = size_key(r)
+    if k is None:
+        raise KeyError(f"record {r.params} has no size")
+    return r.params[k]
+
+
 def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> None:
     styles = _series_styles(panel)
     for label, recs in panel.series:
-        recs = sorted(recs, key=lambda r: r.params[size_key(r)])
-        xs = [r.params[size_key(r)] for r in recs]
+        recs = sorted(recs, key=_swept_size)
+        xs = [_swept_size(r) for r in recs]
         ss = [values(r, units) for r in recs]
         color, linestyle, marker = styles[label]
         line, = ax.plot(xs, [s.median for s in ss], color=color, linestyle=linestyle, marker=marker,
@@ -226,7 +234,7 @@ def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> N
         ax.fill_between(xs, [s.p25 for s in ss], [s.p75 for s in ss], color=line.get_color(), alpha=0.2, lw=0)
     ax.set_xscale("log", base=2)
     xkey = size_key(panel.series[0][1][0])
-    xname = X_NAMES.get(panel.command) or X_NAMES.get(xkey, "bytes per piece")
+    xname = X_NAMES.get(panel.command) or X_NAMES.get(xkey or "", "bytes per piece")
     ax.set_xlabel(xname + " (log2)")
     ax.set_ylabel(f"{'bandwidth' if panel.metric == 'bandwidth' else 'time'} ({_unit_label(panel.metric, units)}), median")
     if panel.metric == "time":
@@ -241,7 +249,7 @@ def _draw_sweep(ax, panel: Panel, units: str, peaks_extra: Sequence[float]) -> N
             ax.annotate(f"link peak {v:.1f} {units}/s", (0.01, v), xycoords=("axes fraction", "data"),
                         textcoords="offset points", xytext=(0, 3), fontsize=8, color="0.3")
         ax.set_ylim(bottom=0)
-    ticks = sorted({r.params[size_key(r)] for _, rs in panel.series for r in rs})
+    ticks = sorted({_swept_size(r) for _, rs in panel.series for r in rs})
     if len(ticks) > 12:
         step = math.ceil(len(ticks) / 12)
         ticks = ticks[::step]
@@ -260,7 +268,9 @@ _MARKERS = ["o", "s", "^", "D", "v", "x"]
 def _series_styles(panel: Panel) -> dict[str, tuple]:
     """Colour by the first word of a series label (e.g. direction), line style by the second
     (e.g. memory kind), marker by the result it came from, so 20 lines stay readable."""
-    firsts, seconds, srcs = [], [], []
+    firsts: list[str] = []
+    seconds: list[str] = []
+    srcs: list[str] = []
     out = {}
     for label, _ in panel.series:
         base, _, src = label.partition(" [")
@@ -400,7 +410,7 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("plot needs matplotlib, which is not installed", "pip install 'gpubench[plot]'") from None
+        raise UsageError("plot needs matplotlib, which is not installed", "pip install 'gpubench-cuda[plot]'") from None
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

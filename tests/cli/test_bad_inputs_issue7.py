@@ -280,7 +280,7 @@ def test_a_missing_cupy_is_a_setup_error_naming_the_extra(name):
     p = subprocess.run([sys.executable, "-c", _WITHOUT_CUPY, name], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert p.returncode == 2, p.stderr
-    assert "CuPy is not importable" in one_line(p.stderr) and "gpubench[cuda13]" in p.stderr
+    assert "CuPy is not importable" in one_line(p.stderr) and "gpubench-cuda[cuda13]" in p.stderr
 
 
 @pytest.mark.parametrize("target", ["", "/sys/gpubench-x.json", "/proc/gpubench-x.json"])

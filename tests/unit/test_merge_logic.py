@@ -356,3 +356,31 @@ def test_an_interface_without_ipv4_is_a_usage_error(monkeypatch):
     with pytest.raises(UsageError) as ei:
         check_interface("ifb0")
     assert "has no IPv4 address" in ei.value.one_line() and "use one of lo" in ei.value.one_line()
+
+
+# --- issue 12: --rmm-pool-size read as dask-cuda reads it (dask.utils.parse_bytes) -------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("30GB", 30 * 10**9), ("30G", 30 * 10**9), ("30 GB", 30 * 10**9), ("1.5GB", 1_500_000_000),
+    ("30GiB", 30 * GiB), ("30Gi", 30 * GiB), ("512MiB", 512 * 2**20), ("1000", 1000),
+])
+def test_pool_size_is_what_dask_parse_bytes_reads(text, expected):
+    from dask.utils import parse_bytes
+
+    assert parse_pool_size(text) == (expected, None)
+    assert parse_bytes(text) == expected  # the same bytes dask-cuda's LocalCUDACluster would reserve
+
+
+@pytest.mark.parametrize("bad", ["", "  ", "0", "0B", "-3GB", "lots", "30XB", "1.5", "9" * 400 + "GB"])
+def test_pool_size_refuses_what_is_not_a_size(bad):
+    with pytest.raises(UsageError) as e:
+        parse_pool_size(bad)
+    assert "--rmm-pool-size" in e.value.one_line() and repr(bad) in e.value.one_line()
+
+
+def test_configuration_block_prints_the_resolved_pool_bytes():
+    r = _result([], spec_kw={"rmm_pool_bytes": 30 * 10**9})
+    assert "RMM pool size             | 27.94 GiB (30,000,000,000 B)" in format_lines(r)
+    r = _result([], spec_kw={"rmm_pool_bytes": 30 * GiB})
+    assert "RMM pool size             | 30.00 GiB (32,212,254,720 B)" in format_lines(r)

@@ -103,7 +103,7 @@ def batch_api() -> tuple[object | None, str | None]:
     try:
         from cuda.bindings import runtime as cudart
     except Exception as e:  # ImportError, or a broken install
-        return None, f"cuda-bindings is not importable ({type(e).__name__}); pip install cuda-bindings"
+        return None, f"cuda-bindings is not importable ({type(e).__name__}); pip install 'gpubench-cuda[cuda13]' (or [cuda12])"
     if not hasattr(cudart, "cudaMemcpyBatchAsync"):
         return None, "this cuda-bindings has no cudaMemcpyBatchAsync (needs 12.8 or newer)"
     try:

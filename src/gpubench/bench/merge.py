@@ -642,7 +642,7 @@ def _import_ucxx() -> None:
         raise UsageError(
             f"-p ucx needs distributed-ucxx, which cannot be imported ({type(e).__name__}: "
             f"{(str(e).splitlines() or [''])[0][:80]})",
-            "pip install distributed-ucxx-cu13 (or -cu12); UCX-Py is discontinued",
+            "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]); UCX-Py is discontinued",
         ) from None
 
 
@@ -757,7 +757,7 @@ def cluster_client(spec: MergeSpec) -> Iterator[tuple[Any, Any]]:
                         except Exception as e:
                             raise UsageError(f"-t gpu needs dask-cuda, which cannot be imported "
                                              f"({error_line(e)[:100]})",
-                                             "pip install 'dask-cuda[cu13]' cudf-cu13, or use -t cpu") from None
+                                             "pip install 'gpubench-cuda[rapids-cu13]' (or [rapids-cu12]), or use -t cpu") from None
                         with _workers_ignore_sigint():
                             cluster = LocalCUDACluster(
                                 CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)),
@@ -886,7 +886,7 @@ def _require_dask() -> None:
             __import__(mod)
         except Exception as e:
             raise UsageError(f"merge needs {pkg}, which cannot be imported ({error_line(e)[:120]})",
-                             "pip install 'gpubench[dask]'") from None
+                             "pip install 'gpubench-cuda[dask]'") from None
 
 
 def _versions() -> dict[str, str]:

@@ -178,10 +178,10 @@ def nccl_module():
         from cupy.cuda import nccl
     except Exception as e:  # pragma: no cover - depends on the install
         raise UsageError(f"CuPy's NCCL bindings are not importable ({type(e).__name__})",
-                         "pip install nvidia-nccl-cu13 (or -cu12)") from None
+                         "pip install 'gpubench-cuda[cuda13]' (or [cuda12]): it brings nvidia-nccl-cu13") from None
     if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
         raise UsageError("NCCL is not available to CuPy (libnccl.so.2 not found)",
-                         "pip install nvidia-nccl-cu13 (or -cu12)")
+                         "pip install 'gpubench-cuda[cuda13]' (or [cuda12]): it brings nvidia-nccl-cu13")
     return nccl
 
 

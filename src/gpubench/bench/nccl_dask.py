@@ -340,7 +340,7 @@ class NcclDask(Benchmark):
             import distributed  # noqa: F401
         except ImportError:
             raise UsageError("--scheduler-address/--scheduler-file need dask.distributed",
-                             "pip install gpubench[dask]") from None
+                             "pip install 'gpubench-cuda[dask]'") from None
         from gpubench.core.scheduler import check_scheduler_address, scheduler_file_address
 
         if spec.scheduler_address:

@@ -13,23 +13,26 @@ from gpubench.core import report
 from gpubench.core.errors import MachineError
 from gpubench.core.options import (MAX_COUNT, MAX_REPEATS, csv_list, device_id, positive_int,  # noqa: F401
                                    timing_plan)
-from gpubench.core.result import Result, check_output_path, save
+from gpubench.core.result import STDOUT, Result, check_output_path, save
 
 
 def common_options(f: Callable) -> Callable:
     """Add --json PATH, --units GB|GiB, -q/--quiet and --debug to a command."""
 
-    @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-                  help="Save the result (samples, spec, environment) to this JSON file.")
+    @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+                  help="Save the result (samples, spec, environment) to this JSON file; '-' writes it to "
+                       "stdout and the report to stderr.")
     @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
                   help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
     @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
     @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        if kwargs.get("json_path") is not None:  # --json "" is a mistake, not "don't save"
+        to_stdout = kwargs.get("json_path") == STDOUT
+        if kwargs.get("json_path") is not None and not to_stdout:  # --json "" is a mistake, not "don't save"
             check_output_path(kwargs["json_path"])
-        return f(*args, **kwargs)
+        with report.human_to_stderr(to_stdout):
+            return f(*args, **kwargs)
 
     return wrapper
 
@@ -43,7 +46,7 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
     report.display(renderables, quiet=quiet)
     if json_path:
         save(result, json_path)
-        if not quiet:
+        if not quiet and json_path != STDOUT:
             report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
     if result.partial and result.failed_by:
         return 3  # the caller re-raises the MachineError, whose line says what failed

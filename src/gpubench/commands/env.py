@@ -49,6 +49,12 @@ def format_report(env: dict, units: str = "GB") -> list:
         ("CUDA driver / runtime", f"{c.get('driver_version') or '-'} / {c.get('runtime_version') or '-'}"),
         ("NVIDIA driver", str(env["nvml"].get("driver_version") or "-")),
     ]))
+    out.append(_support_table(h.get("python")))
+    check = c.get("driver_check") or {}
+    if check.get("warning"):
+        from rich.markup import escape
+
+        out.append(escape(f"gpubench: warning: {check['warning']}"))
     gpus = env.get("gpus", [])
     if not gpus:
         why = c.get("error") or env["nvml"].get("error") or "the CUDA runtime reports 0 devices"
@@ -84,3 +90,16 @@ def format_report(env: dict, units: str = "GB") -> list:
             t.add_row(*row)
         out.append(t)
     return out
+
+
+def _support_table(python: str | None):
+    """What gpubench supports: Python, and per CUDA major the minimum driver and the GPUs."""
+    from rich.markup import escape
+
+    from gpubench.support import CUDA_MAJORS, PYTHON_VERSIONS
+
+    rows = [("python", f"{', '.join(PYTHON_VERSIONS)}" + (f" (this is {python})" if python else ""))]
+    for major, info in sorted(CUDA_MAJORS.items()):
+        rows.append((f"CUDA {major}.x", f"driver >= {info['min_driver']} (Linux); {info['architectures']}, compute "
+                                        f"capability {info['compute_capability']}; gpubench-cuda[{info['extra']}]"))
+    return report.kv_table("Supported", [(k, escape(v)) for k, v in rows])

@@ -40,7 +40,8 @@ KEY_LEN = 25
 @click.option("--no-shuffle", is_flag=True, help="Do not shuffle the base frame's keys (dask-cuda's --no-shuffle).")
 @click.option("-s", "--set-index", is_flag=True, help="set_index('key') on the joined frame.")
 @click.option("--rmm-pool-size", default=None,
-              help="RMM pool per worker: a size (30GB = 30e9 B, 30GiB) or a fraction of the GPU's memory "
+              help="RMM pool per worker, read as dask-cuda reads it: a size (30GB and 30G = 30e9 B, 30GiB = "
+                   "30 x 2^30 B) or a fraction of the GPU's memory "
                    "(0.5) [default: RMM's, half of the GPU's memory].")
 @click.option("--disable-rmm-pool", is_flag=True, help="RMM without a pool.")
 @click.option("--rmm-async", "--enable-rmm-async", "rmm_async", is_flag=True,
@@ -98,24 +99,40 @@ _FLOAT_RE = re.compile(r"^\s*\d*\.\d+\s*$|^\s*\d+(\.\d*)?[eE][-+]?\d+\s*$")
 
 
 def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
-    """--rmm-pool-size: a size ("30GB" = 30e9 B, "30GiB", bytes) or a fraction of the GPU's total
-    memory written with a decimal point ("0.5", "1.0").
+    """--rmm-pool-size as dask-cuda reads it: a size through ``dask.utils.parse_bytes`` ("30GB" and
+    "30G" = 30e9 B, "30GiB" and "30Gi" = 30 x 2^30 B, "1.5GB", plain bytes) or a fraction of the GPU's
+    total memory written with a decimal point ("0.5", "1.0"). Dask is imported only when a size is
+    given, so ``--help`` stays free of it.
 
     Returns:
         (bytes, None), (None, fraction) or (None, None) when not given.
 
     Raises:
-        UsageError: not a size, or a fraction outside (0, 1].
+        UsageError: not a size, a size below 1 byte, a fraction outside (0, 1], or dask is missing.
     """
     if text is None:
         return None, None
+    if not text.strip():
+        raise UsageError(f"--rmm-pool-size {text!r} is empty", "e.g. 30GB, 30GiB or 0.5")
     if _FLOAT_RE.match(text):
         frac = float(text)
         if not (0.0 < frac <= 1.0):
             raise UsageError(f"--rmm-pool-size {text!r} is neither a size nor a fraction in (0, 1]",
                              "e.g. 30GB, 30GiB or 0.5")
         return None, frac
-    return parse_size(text, what="--rmm-pool-size"), None
+    try:
+        from dask.utils import parse_bytes
+    except ImportError:
+        raise UsageError("--rmm-pool-size reads sizes as dask-cuda does (dask.utils.parse_bytes); dask is not "
+                         "installed", "pip install 'gpubench-cuda[dask]'") from None
+    try:
+        nbytes = parse_bytes(text.strip())
+    except (ValueError, TypeError, KeyError, OverflowError):  # "9" x 400 overflows a float
+        nbytes = None
+    if not isinstance(nbytes, int) or nbytes < 1:
+        raise UsageError(f"--rmm-pool-size {text!r} is not a size",
+                         "e.g. 30GB (30e9 B, as dask-cuda reads it), 30GiB (30 x 2^30 B) or 0.5 of the GPU's memory")
+    return nbytes, None
 
 
 def build_spec(merge_type, devices, protocol, chunk_size, base_chunks, other_chunks, frac_match, broadcast_join,
@@ -217,7 +234,7 @@ def format_lines(result) -> list[str]:
     lines.append(_kv("RMM Pool", (not spec.get("disable_rmm_pool") and not spec.get("rmm_async")) if gpu else "n/a (-t cpu)"))
     if gpu:
         if spec.get("rmm_pool_bytes") is not None:
-            pool = format_bytes(spec["rmm_pool_bytes"])
+            pool = f"{format_bytes(spec['rmm_pool_bytes'])} ({spec['rmm_pool_bytes']:,} B)"
         elif spec.get("rmm_pool_fraction") is not None:
             pool = f"{spec['rmm_pool_fraction']:g} of each GPU's memory"
         elif spec.get("rmm_async"):

@@ -4,7 +4,8 @@
 
     {"host": {hostname, os, python, cpu_count, numa_nodes, mem_total_bytes, mem_available_bytes},
      "versions": {gpubench, numpy, cupy, nvidia-ml-py},
-     "cuda": {driver_version, runtime_version, device_count, error},
+     "cuda": {driver_version, runtime_version, device_count, error,
+              driver_check},                     # gpubench.support.driver_check, null when unknown
      "nvml": {driver_version, error},
      "gpus": [{index, name, uuid, pci_bus_id, memory_total_bytes, memory_free_bytes,
                pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, pcie_peak_bytes_per_s,
@@ -322,8 +323,11 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
 
 def capture() -> dict[str, Any]:
     """The whole environment as a JSON-able dict (see module docstring). Never raises."""
+    from gpubench.support import driver_check
+
     cuda = cuda_info()
     gpus, topo, nvml = gpu_info()
+    cuda["driver_check"] = driver_check(cuda["driver_version"], cuda["runtime_version"], nvml["driver_version"])
     for g in gpus:
         peers = g.get("nvlink_peers", {})
         g["nvlink_peak_bytes_per_s_by_peer"] = {

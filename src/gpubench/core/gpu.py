@@ -56,7 +56,7 @@ def require_gpu() -> Any:
         import cupy
         from cupy.cuda import runtime
     except Exception as e:
-        raise NoGPUError(f"CuPy is not importable: {type(e).__name__}; install gpubench[cuda13] or [cuda12]") from None
+        raise NoGPUError(f"CuPy is not importable: {type(e).__name__}; pip install 'gpubench-cuda[cuda13]' (or [cuda12])") from None
     try:
         n = runtime.getDeviceCount()
     except Exception as e:

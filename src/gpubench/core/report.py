@@ -8,16 +8,33 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from gpubench.core.stats import Summary
 from gpubench.core.units import format_rate, to_rate
 
 
+_HUMAN_TO_STDERR = [False]  # True while stdout carries a JSON result (--json -): see human_to_stderr
+
+
+@contextmanager
+def human_to_stderr(enabled: bool = True) -> Iterator[None]:
+    """While active (and ``enabled``), :func:`console` and :func:`display` write to stderr, so stdout
+    carries nothing but the JSON result of ``--json -``."""
+    before = _HUMAN_TO_STDERR[0]
+    _HUMAN_TO_STDERR[0] = before or enabled
+    try:
+        yield
+    finally:
+        _HUMAN_TO_STDERR[0] = before
+
+
 def console(stderr: bool = False):
-    """A rich Console on stdout (or stderr), without colour when not a terminal."""
+    """A rich Console on stdout (or stderr, or inside :func:`human_to_stderr`), without colour when
+    not a terminal."""
     from rich.console import Console
 
+    stderr = stderr or _HUMAN_TO_STDERR[0]
     stream = sys.stderr if stderr else sys.stdout
     # Off a terminal (CI logs, pipes) rich would wrap at 80 columns and squeeze wide tables.
     width = None if stream.isatty() else 200
@@ -89,7 +106,7 @@ def _fit(t) -> int:
 
 
 def display(renderables, quiet: bool = False) -> None:
-    """Print renderables (tables, strings) to stdout unless quiet.
+    """Print renderables (tables, strings) to stdout (stderr under ``--json -``) unless quiet.
 
     Tables never lose digits: on a narrow terminal long text columns fold first, and a table that
     still does not fit is printed at the width it needs (the terminal wraps its lines) rather
@@ -132,8 +149,8 @@ class RichProgress(ProgressSink):
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled and sys.stderr.isatty()
-        self._p = None
-        self._task = None
+        self._p: Any = None  # rich.progress.Progress while shown
+        self._task: Any = None
 
     def start(self, total: int, label: str = "") -> None:
         if not self.enabled:

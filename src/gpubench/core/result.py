@@ -25,6 +25,7 @@ JSON layout (schema version 1)::
       ]
     }
 
+The JSON Schema of this layout is ``gpubench/schemas/result-v1.schema.json`` (:func:`json_schema`).
 Raw bytes and seconds are kept so GB/s or GiB/s can be derived later. History of the schema:
 version 1 (gpubench 0.1.0) is the first. Loading a newer version is refused; older versions are
 upgraded through ``_MIGRATIONS``.
@@ -322,13 +323,47 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
     return p
 
 
+STDOUT = "-"  # --json - : the result goes to standard output (a file named "-" is ./-)
+
+
+def write_json_stdout(data: dict) -> None:
+    """Write ``data`` as JSON to standard output, with the same text a file gets.
+
+    Raises:
+        ValueError: data holds NaN or infinity (not JSON); nothing is written.
+        MachineError: stdout is closed or its reader went away (a broken pipe).
+    """
+    import sys
+
+    text = json.dumps(data, indent=1, allow_nan=False)
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError) as e:
+        raise MachineError(f"could not write the result to standard output: {getattr(e, 'strerror', None) or e}") from None
+
+
 def save(result: Result, path: str | os.PathLike) -> Path:
-    """Write ``result`` as JSON atomically (see :func:`write_json_atomic`).
+    """Write ``result`` as JSON atomically (see :func:`write_json_atomic`); to standard output when
+    ``path`` is "-" (:data:`STDOUT`).
 
     Raises:
         MachineError: the write failed (full disk, read-only target...); the message names the path.
     """
+    if str(path) == STDOUT:
+        write_json_stdout(result.to_dict())
+        return Path(STDOUT)
     return write_json_atomic(result.to_dict(), path, "result")
+
+
+SCHEMA_FILE = "result-v1.schema.json"  # in gpubench/schemas/, shipped in the wheel
+
+
+def json_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of what :func:`save` writes, from the installed package."""
+    from importlib import resources
+
+    return json.loads((resources.files("gpubench") / "schemas" / SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
 def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> bytes:
