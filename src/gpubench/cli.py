@@ -37,7 +37,7 @@ def load_command(name: str) -> click.Command:
         from gpubench.commands.common import benchmark_command
 
         cmd = benchmark_command(name, module.OPTIONS, module.build_spec, module.format_report, help=module.HELP)
-        module.command = cmd
+        setattr(module, "command", cmd)  # generated once per process
     return cmd
 
 

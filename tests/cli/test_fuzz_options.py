@@ -21,7 +21,6 @@ Invariants checked on every example:
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 import signal

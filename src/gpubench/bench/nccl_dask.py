@@ -346,7 +346,7 @@ class NcclDask(Benchmark):
         if spec.scheduler_address:
             check_scheduler_address(spec.scheduler_address)
         else:
-            scheduler_file_address(spec.scheduler_file)  # distributed waits forever for a missing one
+            scheduler_file_address(spec.scheduler_file or "")  # distributed waits forever for a missing one
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:

@@ -127,8 +127,13 @@ def timed_samples(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None],
     graphs = new_graphs() if spec.cuda_graph else None
     try:
         if graphs is not None:
-            graphs.capture(ranks, lambda: [one(it) for it in range(spec.iters)])
-            n, per_launch, launch = spec.cuda_graph, spec.iters, graphs.launch
+            def issue() -> None:
+                for it in range(spec.iters):
+                    one(it)
+
+            graphs.capture(ranks, issue)
+            launch: Callable[[int], None] = graphs.launch
+            n, per_launch = spec.cuda_graph, spec.iters
         else:
             n, per_launch, launch = spec.iters, 1, one
         samples = []

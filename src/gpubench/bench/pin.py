@@ -232,8 +232,8 @@ def format_report(result: Result, units: str = "GB") -> list:
             for phase in (first_name, second_name):
                 r = recs.get((n, phase))
                 if r is None or r.error:
-                    row += [f"failed: {r.error[:40]}" if r is not None else "", ""] if phase == first_name \
-                        else [f"failed: {r.error[:40]}" if r is not None else ""]
+                    cell = f"failed: {r.error[:40]}" if r is not None and r.error else ""
+                    row += [cell, ""] if phase == first_name else [cell]
                     continue
                 s = r.time_summary()
                 row.append(f"{s.median * 1e6:,.1f} ({s.p25 * 1e6:,.1f}-{s.p75 * 1e6:,.1f})")

@@ -9,6 +9,8 @@ Every error carries one line of message and an optional hint; neither contains a
 
 from __future__ import annotations
 
+from typing import Any
+
 class GpubenchError(Exception):
     """Base of gpubench's errors.
 
@@ -77,7 +79,7 @@ class MachineError(GpubenchError):
     """
 
     exit_code = 3
-    partial_result = None
+    partial_result: Any = None  # a gpubench.core.result.Result, set by the driver
 
 
 class RegressionFound(GpubenchError):
