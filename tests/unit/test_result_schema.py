@@ -83,3 +83,16 @@ def test_a_partial_result_with_its_fault_validates(validator):
     d = _good()
     d.update(partial=True, failed_by="worker died", interrupted_by=None)
     assert list(validator.iter_errors(d)) == []
+
+
+def test_every_registered_measuring_command_is_a_command_the_schema_accepts():
+    """A benchmark added to the registry must be added to the schema's command list too."""
+    import json
+    from importlib import resources
+
+    from gpubench.core.registry import ENTRIES
+
+    schema = json.loads(resources.files("gpubench").joinpath("schemas/result-v1.schema.json").read_text())
+    allowed = set(schema["properties"]["command"]["enum"])
+    saving = {e.name for e in ENTRIES} - {"compare", "plot", "suite"}  # those write no Result
+    assert saving <= allowed, saving - allowed
