@@ -69,11 +69,21 @@ class BatchSpec:
     gate: bool = True
 
     def __post_init__(self):
+        """The one check of a batch run's values (the command only parses its options into these).
+
+        Raises:
+            UsageError: no points, a count below 1 or above MAX_COUNT, a piece below 1 byte, a
+                strategy, direction or memory kind not known (or none), a negative device.
+        """
         if not self.points:
             raise UsageError("no piece sizes to measure")
         for count, piece in self.points:
-            if count < 1 or count > MAX_COUNT:
-                raise UsageError(f"--count {count} is out of range", f"use 1..{MAX_COUNT}")
+            if count < 1:
+                raise UsageError(f"--count {count} must be >= 1")
+            if count > MAX_COUNT:
+                shown = count if count < 10**20 else f"a {len(str(count))}-digit number of"
+                raise UsageError(f"{shown} pieces of {format_size(piece)} is over the limit of {MAX_COUNT} per "
+                                 "transfer", "raise --piece or lower --count / --total")
             if piece < 1:
                 raise UsageError(f"--piece {piece} must be at least 1 byte")
         for name, got, allowed in (("strategy", self.strategies, STRATEGIES),
@@ -81,7 +91,7 @@ class BatchSpec:
                                    ("memory kind", self.memory, HOST_KINDS)):
             check_choices(name, got, allowed)
         if self.device < 0:
-            raise UsageError(f"device {self.device} is negative", "device ids start at 0")
+            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -29,7 +29,7 @@ from typing import Callable
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu, kernels
 from gpubench.core.benchmark import Benchmark, Context, Point
-from gpubench.core.errors import UsageError
+from gpubench.core.errors import UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.timing import (SPAN, GatedTimer, Lane, LaneTimes, TimingPlan, choose_reps, policy_seconds,
@@ -117,12 +117,13 @@ class CopySpec:
     max_pinned_bytes: int | None = None
 
     def __post_init__(self):
-        for d in self.directions:
-            if d not in DIRECTIONS:
-                raise UsageError(f"direction {d!r} not known", f"use {', '.join(DIRECTIONS)}")
-        for m in self.memory:
-            if m not in gpu.MEMORY_KINDS:
-                raise UsageError(f"memory kind {m!r} not known", f"use {', '.join(gpu.MEMORY_KINDS)}")
+        """The one check of a copy run's names (the command only parses its options into these).
+
+        Raises:
+            UsageError: a memory kind or direction not known (or none), no sizes.
+        """
+        check_choices("memory kind", self.memory, gpu.MEMORY_KINDS)
+        check_choices("direction", self.directions, DIRECTIONS)
         if not self.sizes:
             raise UsageError("no sizes to measure")
 

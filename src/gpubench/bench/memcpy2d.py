@@ -60,10 +60,12 @@ def check_geometry(width: int, height: int, src_pitch: int, dst_pitch: int) -> N
         UsageError: a size below 1, W larger than a pitch, a pitch above MAX_PITCH, or pitch x rows
             beyond MAX_BUFFER.
     """
-    for name, v in (("--width", width), ("--height", height), ("--src-pitch", src_pitch),
+    for name, v in (("--width", width), ("-H/--height", height), ("--src-pitch", src_pitch),
                     ("--dst-pitch", dst_pitch)):
-        if not isinstance(v, int) or v < 1:
-            raise UsageError(f"{name} {v!r} must be a whole number >= 1")
+        if not isinstance(v, int):
+            raise UsageError(f"{name} {v!r} must be a whole number")
+        if v < 1:
+            raise UsageError(f"{name} {v} must be >= 1")
     for name, p in (("--src-pitch", src_pitch), ("--dst-pitch", dst_pitch)):
         if width > p:
             raise UsageError(f"--width {format_size(width)} is wider than {name} {format_size(p)}",
@@ -98,6 +100,12 @@ class Memcpy2dSpec:
     gate: bool = True
 
     def __post_init__(self):
+        """The one check of a memcpy2d run's values (the command only parses its options into these).
+
+        Raises:
+            UsageError: no window, a geometry :func:`check_geometry` refuses, a strategy, direction
+                or memory kind not known (or none), a negative device.
+        """
         if not self.points:
             raise UsageError("no window to measure")
         for p in self.points:
@@ -106,6 +114,8 @@ class Memcpy2dSpec:
                                    ("direction", self.directions, DIRECTIONS),
                                    ("memory kind", self.memory, HOST_KINDS)):
             check_choices(name, got, allowed)
+        if self.device < 0:
+            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
 
     def to_dict(self) -> dict:
         d = asdict(self)

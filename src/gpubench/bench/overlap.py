@@ -77,14 +77,20 @@ class OverlapSpec:
     plan: TimingPlan = field(default_factory=TimingPlan)
 
     def __post_init__(self):
+        """The one check of an overlap run's values (the command only parses its options into these).
+
+        Raises:
+            UsageError: a shape :func:`check_shape` refuses, no work value or one outside
+                0..MAX_WORK, a negative device.
+        """
         check_shape(self.nbytes, self.streams, self.chunks)
         if not self.works:
             raise UsageError("no --work value to measure")
         for w in self.works:
             if not isinstance(w, int) or w < 0 or w > MAX_WORK:
-                raise UsageError(f"--work {w!r} is out of range", f"use 0..{MAX_WORK} FMAs per element")
+                raise UsageError(f"--work {w!r} is out of range", f"use 0..{MAX_WORK}")
         if self.device < 0:
-            raise UsageError(f"device {self.device} is negative", "device ids start at 0")
+            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
 
     def to_dict(self) -> dict:
         return asdict(self)  # the plan (a dataclass) becomes a dict too

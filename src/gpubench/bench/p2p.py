@@ -59,6 +59,7 @@ LATENCY_TESTS = ("latency", "off-latency")
 BIDIR_TESTS = ("bidir", "off-bidir")
 
 NVB_LOOP_COUNT = 16  # nvbandwidth --loopCount default
+MAX_LOOP_COUNT = 10**9  # copies per sample given by --loop-count; beyond it is a typo
 OFF_REPEAT = 5  # p2pBandwidthLatencyTest outputBandwidthMatrix / outputBidirectionalBandwidthMatrix: repeat = 5
 WARMUP_COPIES = 4  # nvbandwidth memcpy.cpp WARMUP_COUNT, queued behind the gate before the start event
 LATENCY_REPS = 100  # p2pBandwidthLatencyTest outputLatencyMatrix: repeat = 100
@@ -94,13 +95,27 @@ class P2PSpec:
     verify: bool = True
 
     def __post_init__(self):
-        check_choices("test", self.tests, TESTS)
+        """The one check of a p2p run's values (the command only parses its options into these).
+
+        Raises:
+            UsageError: fewer than two devices, a test not known (or none), no fixed sample count,
+                a size below 1 byte, a loop count below 1 or above MAX_LOOP_COUNT.
+        """
         if self.devices is not None and len(self.devices) < 2:
-            raise UsageError(f"p2p needs two GPUs; -d names {len(self.devices)}", "e.g. -d 0,1")
-        if self.plan.iters is None or self.plan.iters < 1:
+            named = ",".join(map(str, self.devices))
+            raise UsageError(f"p2p needs two GPUs; -d {named!r} names {len(self.devices)}", "e.g. -d 0,1")
+        check_choices("test", self.tests, TESTS)
+        if self.plan.iters is None:  # the plan's own ranges are checked where it is built (timing_plan)
             raise UsageError("p2p needs a fixed number of samples (-n >= 1)")
-        if self.nbytes < 1 or self.latency_bytes < 1 or (self.loop_count is not None and self.loop_count < 1):
-            raise UsageError("sizes and --loop-count must be >= 1")
+        for name, n in (("-b/--nbytes", self.nbytes), ("--latency-bytes", self.latency_bytes)):
+            if n < 1:
+                raise UsageError(f"{name} {n} must be at least 1 byte")
+        if self.loop_count is not None:
+            if self.loop_count < 1:
+                raise UsageError(f"--loop-count {self.loop_count} must be >= 1")
+            if self.loop_count > MAX_LOOP_COUNT:
+                shown = self.loop_count if self.loop_count < 10**12 else f"(a {len(str(self.loop_count))}-digit number)"
+                raise UsageError(f"--loop-count {shown} is too large", f"at most {MAX_LOOP_COUNT:,}")
 
     def to_dict(self) -> dict:
         return asdict(self)  # the plan (a dataclass) becomes a dict too

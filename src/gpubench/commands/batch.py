@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import common_options, csv_list, device_id, positive_int, timing_plan, run_benchmark
+from gpubench.commands.common import benchmark_command, csv_list, spread_option, timing_options, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -13,50 +13,43 @@ SWEEP_PIECES = ("1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "1MiB")
 SWEEP_TOTAL = "16MiB"
 
 
-@click.command("batch")
-@click.option("--count", type=int, default=None, help="Pieces per transfer [default: 4096, or --total / --piece].")
-@click.option("--piece", default=None, help="Bytes per piece; a comma list sweeps (e.g. 1KiB,4KiB,64KiB) [default: 4KiB].")
-@click.option("--total", default=None, help="Hold count x piece at this many bytes across a sweep (count = total / piece).")
-@click.option("--sweep", is_flag=True, help=f"Piece sizes {','.join(SWEEP_PIECES)} at a total of {SWEEP_TOTAL} "
-                                            "(unless --piece / --total say otherwise).")
-@click.option("-s", "--strategy", "strategies", default="separate,packed,batched-api,contiguous", show_default=True,
-              help="Comma list of separate, packed, batched-api, contiguous.")
-@click.option("--direction", "directions", default="h2d,d2h", show_default=True, help="Comma list of h2d, d2h.")
-@click.option("-m", "--memory", default="pinned,pageable", show_default=True,
-              help="Host memory holding the pieces: comma list of pinned, pageable.")
-@click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device.")
-@click.option("-w", "--warmup", type=int, default=2, show_default=True, help="Untimed samples per point.")
-@click.option("-n", "--iters", type=int, default=None, help="Timed samples per point [default: enough for --min-time].")
-@click.option("--min-time", type=float, default=0.1, show_default=True, help="Seconds of timed transfers per point when -n is not given.")
-@click.option("--no-gate", is_flag=True, help="Do not queue page-locked copies behind the spin kernel: the "
-                                              "figure then includes the host's cost of issuing each copy.")
-@click.option("--spread", type=click.Choice(["iqr", "range"]), default="iqr", show_default=True,
-              help="Spread shown beside the median: p25-p75 or min-max.")
-@common_options
-def command(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time, no_gate,
-            spread, json_path, units, quiet, debug):
-    """Many small copies vs one packed copy vs cudaMemcpyBatchAsync vs one contiguous copy.
+HELP = """Many small copies vs one packed copy vs cudaMemcpyBatchAsync vs one contiguous copy.
 
     N pieces of S bytes, scattered on the host, go H2D or D2H: one cudaMemcpyAsync each
     (separate), gathered into pinned staging then one copy (packed), one cudaMemcpyBatchAsync
     (batched-api, CUDA 12.8+ through cuda-bindings), or one copy of N x S (contiguous, the
     ceiling). Every strategy's data is checked. GB/s = N x S / time; see docs/batch.md.
     """
-    spec = build_spec(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time,
-                      no_gate)
-    from gpubench.bench import batch as bench
 
-    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
+OPTIONS = [
+    click.option("--count", type=int, default=None, help="Pieces per transfer [default: 4096, or --total / --piece]."),
+    click.option("--piece", default=None,
+                 help="Bytes per piece; a comma list sweeps (e.g. 1KiB,4KiB,64KiB) [default: 4KiB]."),
+    click.option("--total", default=None,
+                 help="Hold count x piece at this many bytes across a sweep (count = total / piece)."),
+    click.option("--sweep", is_flag=True, help=f"Piece sizes {','.join(SWEEP_PIECES)} at a total of {SWEEP_TOTAL} "
+                                               "(unless --piece / --total say otherwise)."),
+    click.option("-s", "--strategy", "strategies", default="separate,packed,batched-api,contiguous",
+                 show_default=True, help="Comma list of separate, packed, batched-api, contiguous."),
+    click.option("--direction", "directions", default="h2d,d2h", show_default=True, help="Comma list of h2d, d2h."),
+    click.option("-m", "--memory", default="pinned,pageable", show_default=True,
+                 help="Host memory holding the pieces: comma list of pinned, pageable."),
+    click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device."),
+    *timing_options(what="timed transfers"),
+    click.option("--no-gate", is_flag=True, help="Do not queue page-locked copies behind the spin kernel: the "
+                                                 "figure then includes the host's cost of issuing each copy."),
+    spread_option(),
+]
 
 
 def build_spec(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time,
                no_gate=False):
-    """Validate the options (no GPU needed) and build a BatchSpec.
+    """Parse the options into a BatchSpec (no GPU needed); the spec checks the ranges and names.
 
     Raises:
         UsageError: any bad value, named in the message.
     """
-    from gpubench.bench.batch import DIRECTIONS, HOST_KINDS, MAX_COUNT, STRATEGIES, BatchSpec
+    from gpubench.bench.batch import BatchSpec
 
     if sweep:
         piece = piece if piece is not None else ",".join(SWEEP_PIECES)
@@ -68,7 +61,6 @@ def build_spec(count, piece, total, sweep, strategies, directions, memory, devic
     if count is not None and total is not None:
         raise UsageError(f"--count {count} and --total {total!r} both given", "give one of them")
     if count is not None:
-        positive_int("--count", count)
         points = [(count, p) for p in pieces]
     elif total is not None:
         tot = parse_size(total, what="--total")
@@ -80,15 +72,9 @@ def build_spec(count, piece, total, sweep, strategies, directions, memory, devic
             points.append((tot // p, p))
     else:
         points = [(4096, p) for p in pieces]
-    for c, p in points:
-        if c > MAX_COUNT:
-            raise UsageError(f"{c} pieces of {format_size(p)} is over the limit of {MAX_COUNT} per transfer",
-                             "raise --piece or lower --count / --total")
-    strat = csv_list(strategies, "--strategy", STRATEGIES, "strategy")
-    dirs = csv_list(directions, "--direction", DIRECTIONS, "direction")
-    kinds = csv_list(memory, "--memory", HOST_KINDS, "memory kind")
-    return BatchSpec(points=tuple(points), strategies=strat, directions=dirs, memory=kinds, device=device_id(device),
-                     plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
+    return BatchSpec(points=tuple(points), strategies=csv_list(strategies, "--strategy"),
+                     directions=csv_list(directions, "--direction"), memory=csv_list(memory, "--memory"),
+                     device=device, plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
 
 
 _DIR_TITLES = {"h2d": "H2D (host to device)", "d2h": "D2H (device to host)"}
@@ -163,3 +149,6 @@ def _notes(result, units: str) -> list[str]:
         notes.append("% peak: of the raw PCIe line rate per direction, " +
                      ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
     return notes
+
+
+command = benchmark_command("batch", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))

@@ -38,19 +38,18 @@ OPTIONS = [
 
 def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,
                verify, max_pinned):
-    """Validate the options (no GPU needed) and build a CopySpec.
+    """Parse the options into a CopySpec (no GPU needed); the spec checks the names.
 
     Raises:
         UsageError: any bad value, named in the message.
     """
-    from gpubench.bench.copy import DIRECTIONS, CopySpec
-    from gpubench.core.gpu import MEMORY_KINDS, parse_devices
+    from gpubench.bench.copy import CopySpec
+    from gpubench.core.gpu import parse_devices
 
     if only and memory:
         raise UsageError(f"--{only} and --memory {memory!r} both given", "use one of them")
-    kinds = (only,) if only else csv_list(memory, "-m/--memory", MEMORY_KINDS, "memory kind") if memory \
-        else ("pinned", "pageable")
-    dirs = csv_list(directions, "--direction", DIRECTIONS, "direction")
+    kinds = (only,) if only else csv_list(memory, "-m/--memory") if memory else ("pinned", "pageable")
+    dirs = csv_list(directions, "--direction")
     lo = parse_size(min_bytes, what="-b/--min-bytes")
     hi = parse_size(max_bytes, what="-e/--max-bytes")
     sizes = size_sweep(lo, hi, step_factor)

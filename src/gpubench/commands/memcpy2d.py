@@ -6,7 +6,7 @@ import re
 
 import click
 
-from gpubench.commands.common import common_options, csv_list, device_id, positive_int, timing_plan, run_benchmark
+from gpubench.commands.common import benchmark_command, csv_list, spread_option, timing_options, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -16,42 +16,36 @@ SWEEP_TOTAL = "4MiB"
 _FACTOR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$", re.IGNORECASE)
 
 
-@click.command("memcpy2d")
-@click.option("-W", "--width", default=None, help="Window bytes per row; a comma list sweeps [default: 4096].")
-@click.option("-H", "--height", type=int, default=None, help="Rows [default: 8192, or --total / width].")
-@click.option("--total", default=None, help="Hold width x rows at this many bytes across a sweep (rows = total / width).")
-@click.option("--sweep", is_flag=True, help=f"Widths {','.join(SWEEP_WIDTHS)} bytes at a total of {SWEEP_TOTAL} "
-                                            "(unless --width / --total say otherwise).")
-@click.option("--src-pitch", default="4x", show_default=True,
-              help="Source row pitch: bytes (16KiB) or a multiple of the width (4x).")
-@click.option("--dst-pitch", default="1x", show_default=True,
-              help="Destination row pitch: bytes or a multiple of the width (1x = rows packed).")
-@click.option("-s", "--strategy", "strategies", default="2d,row-loop,contiguous,cupy-slice", show_default=True,
-              help="Comma list of 2d, row-loop, contiguous, cupy-slice.")
-@click.option("--direction", "directions", default="h2d,d2h,d2d", show_default=True, help="Comma list of h2d, d2h, d2d.")
-@click.option("-m", "--memory", default="pinned", show_default=True,
-              help="Host memory for h2d / d2h: comma list of pinned, pageable.")
-@click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device.")
-@click.option("-w", "--warmup", type=int, default=2, show_default=True, help="Untimed samples per point.")
-@click.option("-n", "--iters", type=int, default=None, help="Timed samples per point [default: enough for --min-time].")
-@click.option("--min-time", type=float, default=0.1, show_default=True, help="Seconds of timed copies per point when -n is not given.")
-@click.option("--no-gate", is_flag=True, help="Do not queue copies behind the spin kernel (the host's issue cost is then timed).")
-@click.option("--spread", type=click.Choice(["iqr", "range"]), default="iqr", show_default=True,
-              help="Spread shown beside the median: p25-p75 or min-max.")
-@common_options
-def command(width, height, total, sweep, src_pitch, dst_pitch, strategies, directions, memory, device, warmup, iters,
-            min_time, no_gate, spread, json_path, units, quiet, debug):
-    """Pitched 2-D copies: cudaMemcpy2DAsync vs one copy per row vs one contiguous copy vs a CuPy slice.
+HELP = """Pitched 2-D copies: cudaMemcpy2DAsync vs one copy per row vs one contiguous copy vs a CuPy slice.
 
     A window of W bytes x H rows is copied out of rows of --src-pitch bytes into rows of
     --dst-pitch bytes. The window is checked, and so is every byte around it in the destination.
     GB/s = W x H / time (the pitch padding is not counted); see docs/memcpy2d.md.
     """
-    spec = build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, directions, memory, device,
-                      warmup, iters, min_time, no_gate)
-    from gpubench.bench import memcpy2d as bench
 
-    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
+OPTIONS = [
+    click.option("-W", "--width", default=None, help="Window bytes per row; a comma list sweeps [default: 4096]."),
+    click.option("-H", "--height", type=int, default=None, help="Rows [default: 8192, or --total / width]."),
+    click.option("--total", default=None,
+                 help="Hold width x rows at this many bytes across a sweep (rows = total / width)."),
+    click.option("--sweep", is_flag=True, help=f"Widths {','.join(SWEEP_WIDTHS)} bytes at a total of {SWEEP_TOTAL} "
+                                               "(unless --width / --total say otherwise)."),
+    click.option("--src-pitch", default="4x", show_default=True,
+                 help="Source row pitch: bytes (16KiB) or a multiple of the width (4x)."),
+    click.option("--dst-pitch", default="1x", show_default=True,
+                 help="Destination row pitch: bytes or a multiple of the width (1x = rows packed)."),
+    click.option("-s", "--strategy", "strategies", default="2d,row-loop,contiguous,cupy-slice", show_default=True,
+                 help="Comma list of 2d, row-loop, contiguous, cupy-slice."),
+    click.option("--direction", "directions", default="h2d,d2h,d2d", show_default=True,
+                 help="Comma list of h2d, d2h, d2d."),
+    click.option("-m", "--memory", default="pinned", show_default=True,
+                 help="Host memory for h2d / d2h: comma list of pinned, pageable."),
+    click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device."),
+    *timing_options(),
+    click.option("--no-gate", is_flag=True,
+                 help="Do not queue copies behind the spin kernel (the host's issue cost is then timed)."),
+    spread_option(),
+]
 
 
 def parse_pitch(text: str, width: int, what: str) -> int:
@@ -74,13 +68,13 @@ def parse_pitch(text: str, width: int, what: str) -> int:
 
 def build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, directions, memory, device, warmup,
                iters, min_time, no_gate=False):
-    """Validate the options (no GPU needed) and build a Memcpy2dSpec.
+    """Parse the options into a Memcpy2dSpec (no GPU needed); the spec checks the geometry and names.
 
     Raises:
         UsageError: any bad value, named in the message (W > pitch, sizes below 1, pitches that
             do not fit a buffer, unknown names).
     """
-    from gpubench.bench.memcpy2d import DIRECTIONS, HOST_KINDS, STRATEGIES, Memcpy2dSpec, check_geometry
+    from gpubench.bench.memcpy2d import Memcpy2dSpec
 
     if sweep:
         width = width if width is not None else ",".join(SWEEP_WIDTHS)
@@ -91,28 +85,22 @@ def build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, di
         raise UsageError(f"--width {width!r} repeats a size")
     if height is not None and total is not None:
         raise UsageError(f"--height {height} and --total {total!r} both given", "give one of them")
+    tot = parse_size(total, what="--total") if total is not None else None
     points = []
     for w in widths:
         if height is not None:
-            positive_int("-H/--height", height, maximum=10**400)  # memcpy2d checks its own geometry
             h = height
-        elif total is not None:
-            tot = parse_size(total, what="--total")
+        elif tot is not None:
             if tot % w:
                 raise UsageError(f"--total {total!r} is not a whole number of {w}-byte rows",
                                  "give a total that each width divides")
             h = tot // w
         else:
             h = 8192
-        sp = parse_pitch(src_pitch, w, "--src-pitch")
-        dp = parse_pitch(dst_pitch, w, "--dst-pitch")
-        check_geometry(w, h, sp, dp)
-        points.append((w, h, sp, dp))
-    strat = csv_list(strategies, "--strategy", STRATEGIES, "strategy")
-    dirs = csv_list(directions, "--direction", DIRECTIONS, "direction")
-    kinds = csv_list(memory, "--memory", HOST_KINDS, "memory kind")
-    return Memcpy2dSpec(points=tuple(points), strategies=strat, directions=dirs, memory=kinds, device=device_id(device),
-                        plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
+        points.append((w, h, parse_pitch(src_pitch, w, "--src-pitch"), parse_pitch(dst_pitch, w, "--dst-pitch")))
+    return Memcpy2dSpec(points=tuple(points), strategies=csv_list(strategies, "--strategy"),
+                        directions=csv_list(directions, "--direction"), memory=csv_list(memory, "--memory"),
+                        device=device, plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
 
 
 def check_cell(verified: bool | None, untouched: bool | None) -> str:
@@ -179,3 +167,6 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
         notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
     out.extend(notes)
     return out
+
+
+command = benchmark_command("memcpy2d", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))

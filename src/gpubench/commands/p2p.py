@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import MAX_REPEATS, common_options, positive_int, run_benchmark
+from gpubench.commands.common import benchmark_command, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -12,39 +12,39 @@ from gpubench.core.units import format_rate, format_size, parse_size
 _DEFAULT_TESTS = "write,read,bidir,sm,latency,off,off-bidir,off-latency"
 
 
-@click.command("p2p")
-@click.option("-d", "--devices", default=None, help="CUDA devices, at least two, e.g. 0,1 [default: every visible GPU].")
-@click.option("-t", "--tests", default=_DEFAULT_TESTS, show_default=True,
-              help="Comma list of write, read, bidir, sm, latency, off, off-bidir, off-latency.")
-@click.option("-b", "--nbytes", default="1GiB", show_default=True, help="Bytes per bandwidth copy (1GiB, 512M, bytes).")
-@click.option("--latency-bytes", default="16", show_default=True,
-              help="Bytes per latency copy (p2pBandwidthLatencyTest copies one int4 = 16 bytes).")
-@click.option("--loop-count", type=int, default=None,
-              help="Copies per sample [default: 16 with peer access on (nvbandwidth --loopCount), 5 with it "
-                   "off (p2pBandwidthLatencyTest's repeat); fewer when a sample would pass 0.2 s].")
-@click.option("-w", "--warmup", type=int, default=1, show_default=True, help="Untimed samples per point.")
-@click.option("-n", "--iters", type=int, default=5, show_default=True, help="Timed samples per point (median shown).")
-@click.option("--verify/--no-verify", default=True, show_default=True,
-              help="Check on the GPU that every destination byte arrived as sent.")
-@click.option("--spread", type=click.Choice(["none", "iqr", "range"]), default="none", show_default=True,
-              help="Spread shown beside each median: none, p25-p75 or min-max.")
-@common_options
-def command(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters, verify, spread, json_path, units,
-            quiet, debug):
-    """GPU<->GPU copy matrix: copy engine with peer access on (write, read, bidirectional) and off
+HELP = """GPU<->GPU copy matrix: copy engine with peer access on (write, read, bidirectional) and off
     (staged through the host), an SM copy kernel, and small-copy latency.
 
     Methods follow nvbandwidth (bandwidth) and p2pBandwidthLatencyTest (latency, peer access off);
     each cell is the median over samples, with % of the link's peak (NVLink or PCIe, from env).
     """
-    spec = build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters, verify)
-    from gpubench.bench import p2p as bench
 
-    return run_benchmark(bench.run, spec, lambda r: format_report(r, units, spread), json_path=json_path, quiet=quiet)
+# p2p times a fixed number of samples (-n 5, no --min-time) and shows no spread by default, so its
+# -w / -n / --spread are its own rather than the shared groups
+OPTIONS = [
+    click.option("-d", "--devices", default=None,
+                 help="CUDA devices, at least two, e.g. 0,1 [default: every visible GPU]."),
+    click.option("-t", "--tests", default=_DEFAULT_TESTS, show_default=True,
+                 help="Comma list of write, read, bidir, sm, latency, off, off-bidir, off-latency."),
+    click.option("-b", "--nbytes", default="1GiB", show_default=True,
+                 help="Bytes per bandwidth copy (1GiB, 512M, bytes)."),
+    click.option("--latency-bytes", default="16", show_default=True,
+                 help="Bytes per latency copy (p2pBandwidthLatencyTest copies one int4 = 16 bytes)."),
+    click.option("--loop-count", type=int, default=None,
+                 help="Copies per sample [default: 16 with peer access on (nvbandwidth --loopCount), 5 with it "
+                      "off (p2pBandwidthLatencyTest's repeat); fewer when a sample would pass 0.2 s]."),
+    click.option("-w", "--warmup", type=int, default=1, show_default=True, help="Untimed samples per point."),
+    click.option("-n", "--iters", type=int, default=5, show_default=True,
+                 help="Timed samples per point (median shown)."),
+    click.option("--verify/--no-verify", default=True, show_default=True,
+                 help="Check on the GPU that every destination byte arrived as sent."),
+    click.option("--spread", type=click.Choice(["none", "iqr", "range"]), default="none", show_default=True,
+                 help="Spread shown beside each median: none, p25-p75 or min-max."),
+]
 
 
 def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters, verify):
-    """Validate the options (no GPU needed) and build a P2PSpec.
+    """Parse the options into a P2PSpec (no GPU needed); the spec checks the names and counts.
 
     Raises:
         UsageError: any bad value, named in the message.
@@ -54,24 +54,14 @@ def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters,
     from gpubench.core.timing import TimingPlan
 
     devs = parse_devices(devices)
-    if devs is not None and len(devs) < 2:
-        raise UsageError(f"p2p needs two GPUs; -d {devices!r} names {len(devs)}", "e.g. -d 0,1")
     names = tuple(x.strip() for x in str(tests).split(",") if x.strip())
     if not names:
         raise UsageError(f"-t {tests!r} names no test", f"use {', '.join(TESTS)}")
-    for t in names:
-        if t not in TESTS:
-            raise UsageError(f"test {t!r} not known", f"use {', '.join(TESTS)}")
     if len(set(names)) != len(names):
         raise UsageError(f"a test is repeated in -t {tests!r}")
-    n = parse_size(nbytes, what="-b/--nbytes")
-    lat = parse_size(latency_bytes, what="--latency-bytes")
-    if loop_count is not None:
-        positive_int("--loop-count", loop_count)
-    positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
-    positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
-    return P2PSpec(devices=devs, tests=names, nbytes=n, latency_bytes=lat, loop_count=loop_count,
-                   plan=TimingPlan(warmup=warmup, iters=iters), verify=verify)
+    return P2PSpec(devices=devs, tests=names, nbytes=parse_size(nbytes, what="-b/--nbytes"),
+                   latency_bytes=parse_size(latency_bytes, what="--latency-bytes"), loop_count=loop_count,
+                   plan=timing_plan(warmup, iters, TimingPlan.min_time), verify=verify)
 
 
 _TITLES = {
@@ -184,3 +174,6 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
         notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the cells above were measured.")
     out.extend(notes)
     return out
+
+
+command = benchmark_command("p2p", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))

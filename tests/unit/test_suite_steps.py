@@ -1,0 +1,233 @@
+"""How suite runs a step, without a GPU: a step's argv is parsed by its command's own options into
+the Spec the CLI builds, the spec goes to the command's run function (the driver), the result is
+saved; a machine fault keeps its finished points in the bundle; an interrupt stops the suite.
+The plug-ins' run functions are replaced by fakes, so only the suite's own path runs."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from gpubench import suite
+from gpubench.bench import batch as batch_bench
+from gpubench.bench import copy as copy_bench
+from gpubench.cli import main
+from gpubench.commands import suite as suite_cmd
+from gpubench.commands.batch import build_spec as batch_build_spec
+from gpubench.commands.common import benchmark_command
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.result import Record, Result, load
+from gpubench.core.timing import TimingPlan
+from gpubench.core.units import parse_size, size_sweep
+
+BATCH_ARGV = ["--count", "64", "--piece", "1KiB,4KiB", "-s", "separate,contiguous", "--direction", "h2d",
+              "-m", "pinned", "-n", "3", "-w", "0", "--no-gate", "--spread", "range", "--units", "GiB"]
+
+
+def _capture_cli_spec(monkeypatch, module, cmd, argv):
+    """The spec the click command builds for ``argv`` (its run function replaced by a recorder)."""
+    seen = []
+
+    def fake_run(spec, progress=None):
+        seen.append(spec)
+        return Result(command=cmd.name, spec=spec.to_dict())
+
+    monkeypatch.setattr(module, "run", fake_run)
+    out = CliRunner().invoke(cmd, argv)
+    assert out.exception is None, out.output
+    (spec,) = seen
+    return spec
+
+
+@pytest.mark.parametrize("argv", [BATCH_ARGV, [], ["--sweep"], ["--piece", "64", "--total", "1MiB"]])
+def test_a_batch_step_builds_the_spec_the_cli_builds(monkeypatch, argv):
+    cmd = suite_cmd.step_command("batch")
+    assert suite_cmd.is_generated(cmd)
+    assert suite_cmd.step_spec(cmd, argv) == _capture_cli_spec(monkeypatch, batch_bench, cmd, argv)
+
+
+def test_the_batch_step_argv_means_what_it_says():
+    spec = suite_cmd.step_spec(suite_cmd.step_command("batch"), BATCH_ARGV)
+    assert spec == batch_build_spec(count=64, piece="1KiB,4KiB", total=None, sweep=False,
+                                    strategies="separate,contiguous", directions="h2d", memory="pinned", device=0,
+                                    warmup=0, iters=3, min_time=0.1, no_gate=True)
+    assert spec.points == ((64, 1024), (64, 4096)) and spec.gate is False and spec.plan.iters == 3
+
+
+def test_the_copy_step_is_the_spec_suite_built_by_hand():
+    spec = suite_cmd.step_spec(suite_cmd.step_command("copy"), suite_cmd.copy_argv("0,1"))
+    lo, hi, f = suite_cmd.COPY_SIZES
+    assert spec == copy_bench.CopySpec(sizes=tuple(size_sweep(parse_size(lo), parse_size(hi), f)),
+                                       directions=("h2d", "d2h"), memory=("pinned",), devices=(0, 1),
+                                       plan=TimingPlan())
+
+
+def test_a_bad_step_argv_is_one_usage_line_naming_the_step():
+    cmd = suite_cmd.step_command("batch")
+    with pytest.raises(UsageError) as e:
+        suite_cmd.step_spec(cmd, ["--nosuch"])
+    assert e.value.one_line().startswith("gpubench batch --nosuch: No such option") and "\n" not in str(e.value)
+    with pytest.raises(UsageError) as e:  # a value the Spec refuses: its own line
+        suite_cmd.step_spec(cmd, ["-s", "separate,magic"])
+    assert "strategy 'magic' not known" in e.value.one_line()
+
+
+def test_any_generated_command_runs_through_the_driver(monkeypatch, tmp_path):
+    # a command converted later (nccl, merge) carries the same attributes: no change in suite
+    calls = []
+    fake = benchmark_command("fake", [click.option("--x", default="1"), click.option("--shown", default="a")],
+                             lambda x: ("spec", x), lambda r, units="GB", shown="a": [],
+                             help="A fake.", display=("shown",),
+                             run=lambda spec: lambda s, progress: calls.append((s, progress)) or Result("fake", {}))
+    monkeypatch.setattr(suite_cmd, "step_command", lambda name: fake)
+    res = suite_cmd.run_step("fake", ["--x", "5", "--shown", "b"], tmp_path / "f.json")
+    assert res.command == "fake" and calls[0][0] == ("spec", "5") and calls[0][1] is not None
+    assert not (tmp_path / "f.json").exists()  # record_step saves it, not run_step
+
+
+def test_a_command_that_is_not_generated_runs_through_its_cli(tmp_path):
+    assert not suite_cmd.is_generated(suite_cmd.step_command("env"))
+    res = suite_cmd.run_step("env", [], tmp_path / "env.json")
+    assert res.command == "env" and (tmp_path / "env.json").exists()
+
+
+def _record(n_samples=3):
+    return Record(params={"device": 0, "direction": "h2d", "memory": "pinned", "nbytes": 1 << 20},
+                  nbytes=1 << 20, samples_s=[1e-4] * n_samples)
+
+
+def test_record_step_saves_an_ok_result(tmp_path, monkeypatch):
+    monkeypatch.setattr("gpubench.core.registry.INVOCATION", ["suite", "-o", "x"])
+    b = suite.Bundle()
+    path = tmp_path / "s-copy.json"
+    assert suite_cmd.record_step(b, "copy pinned", "copy", path, lambda p: Result("copy", {}, records=[_record()]))
+    (step,) = b.steps
+    assert step.status == "ok" and step.path == str(path) and load(path).records[0].samples_s == [1e-4] * 3
+    assert load(path).argv == ["suite", "-o", "x"]
+
+
+def test_a_machine_fault_keeps_its_finished_points_as_the_step_result(tmp_path):
+    partial = Result("batch", {}, records=[_record()], partial=True, failed_by="CUDA error: an illegal address")
+
+    def faulty(path):
+        e = MachineError("CUDA error: an illegal address")
+        e.partial_result = partial
+        raise e
+
+    b = suite.Bundle()
+    path = tmp_path / "s-batch.json"
+    assert suite_cmd.record_step(b, "batch", "batch", path, faulty) is True  # the next step runs
+    (step,) = b.steps
+    assert step.status == "error" and "illegal address" in step.reason
+    assert step.result is partial and step.path == str(path)
+    saved = json.loads(path.read_text())
+    assert saved["partial"] is True and saved["failed_by"] and len(saved["records"]) == 1
+    back = suite.load_checkable(suite.save_bundle(b, tmp_path / "bundle.json"))
+    assert back.steps[0].status == "error" and len(back.steps[0].result.records) == 1
+
+
+def test_a_fault_without_points_and_a_usage_error_are_errors_without_result(tmp_path):
+    b = suite.Bundle()
+
+    def bad(path):
+        raise UsageError("strategy 'x' not known")
+
+    assert suite_cmd.record_step(b, "batch", "batch", tmp_path / "b.json", bad)
+    assert b.steps[0].status == "error" and b.steps[0].result is None and not (tmp_path / "b.json").exists()
+
+
+def test_an_interrupted_step_stops_the_suite(tmp_path):
+    b = suite.Bundle()
+    res = Result("copy", {}, records=[_record()], partial=True, interrupted_by="SIGINT")
+    assert suite_cmd.record_step(b, "copy pinned", "copy", tmp_path / "c.json", lambda p: res) is False
+    assert b.steps[0].status == "ok" and load(tmp_path / "c.json").partial
+
+
+# -- the whole suite command on fakes: one GPU, copy and batch through the driver path -----------
+
+
+@pytest.fixture
+def fake_machine(monkeypatch):
+    """No GPU needed: one visible device, an empty environment, and recorders as copy's and batch's
+    run functions (behaviour per command set through the returned dict)."""
+    from gpubench.core import env as envmod
+    from gpubench.core import gpu
+
+    monkeypatch.setattr(gpu, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(envmod, "capture", lambda: {"host": {"hostname": "fake"}})
+    seen: dict = {}
+    behaviour: dict = {}
+
+    def runner(name):
+        def run(spec, progress=None):
+            seen[name] = spec
+            action = behaviour.get(name)
+            if isinstance(action, BaseException):
+                raise action
+            return action or Result(name, spec.to_dict(), records=[_record()])
+        return run
+
+    monkeypatch.setattr(copy_bench, "run", runner("copy"))
+    monkeypatch.setattr(batch_bench, "run", runner("batch"))
+    return seen, behaviour
+
+
+def _suite(capsys, *args):
+    with pytest.raises(SystemExit) as e:
+        main(["suite", *args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+EXPECT_COPY = '[[expect]]\ncommand = "copy"\nwhere = { direction = "h2d" }\nmin_gbps = 1\n'
+
+
+def test_suite_runs_copy_and_batch_through_the_driver(capsys, tmp_path, fake_machine):
+    seen, _ = fake_machine
+    exp = tmp_path / "e.toml"
+    exp.write_text(EXPECT_COPY)
+    rc, out, err = _suite(capsys, "--expect", str(exp), "-o", str(tmp_path / "o"), "-q")
+    assert rc == 0, err
+    assert seen["copy"].memory == ("pinned",) and seen["copy"].devices == (0,)
+    assert seen["batch"] == batch_build_spec(None, None, None, False, "separate,packed,batched-api,contiguous",
+                                             "h2d,d2h", "pinned,pageable", 0, 2, None, 0.1)
+    (bundle_path,) = [p for p in (tmp_path / "o").glob("suite-*.json") if p.name.count("-") == 3]
+    b = suite.load_checkable(bundle_path)
+    assert [(s.name, s.status) for s in b.steps] == [
+        ("env", "ok"), ("copy pinned", "ok"), ("batch", "ok"), ("p2p", "skipped"), ("nccl all-reduce", "skipped"),
+        ("merge ucx", "skipped")]
+    assert load(b.steps[2].path).command == "batch" and [o.status for o in b.outcomes] == ["pass"]
+
+
+def test_a_faulting_step_is_an_error_with_its_points_and_the_suite_goes_on(capsys, tmp_path, fake_machine):
+    seen, behaviour = fake_machine
+    fault = MachineError("CUDA error: an illegal memory access")
+    fault.partial_result = Result("copy", {}, records=[_record()], partial=True, failed_by=fault.one_line())
+    behaviour["copy"] = fault
+    exp = tmp_path / "e.toml"
+    exp.write_text(EXPECT_COPY)
+    rc, out, err = _suite(capsys, "--expect", str(exp), "-o", str(tmp_path), "-q")
+    assert rc == 1 and "step(s) failed: copy pinned" in err and "interrupted" not in err
+    assert "batch" in seen  # the next step ran
+    (bundle_path,) = [p for p in tmp_path.glob("suite-*.json") if p.name.count("-") == 3]
+    b = suite.load_checkable(bundle_path)
+    copy = b.steps[1]
+    assert copy.status == "error" and len(copy.result.records) == 1 and copy.result.failed_by
+    assert [o.status for o in b.outcomes] == ["fail"]  # checked as failed, not on the partial points
+    # --check of that bundle: the error step still fails its expectation
+    rc, out, _ = _suite(capsys, "--check", str(bundle_path), "--expect", str(exp))
+    assert rc == 1 and "copy failed" in out
+
+
+def test_an_interrupt_stops_the_suite_and_keeps_the_bundle(capsys, tmp_path, fake_machine):
+    seen, behaviour = fake_machine
+    behaviour["copy"] = Result("copy", {}, records=[_record()], partial=True, interrupted_by="SIGTERM")
+    rc, out, err = _suite(capsys, "-o", str(tmp_path), "-q")
+    assert rc == 143 and "interrupted by SIGTERM during copy pinned" in err
+    assert "batch" not in seen
+    (bundle_path,) = [p for p in tmp_path.glob("suite-*.json") if p.name.count("-") == 3]
+    assert [s.name for s in suite.load_checkable(bundle_path).steps] == ["env", "copy pinned"]
