@@ -24,6 +24,23 @@ from gpubench.core.signals import Interrupted
 COMMANDS = REGISTRY  # name -> Entry (module, one-line help, GPU need), in `gpubench --help` order
 
 
+def load_command(name: str) -> click.Command:
+    """The click command of ``name``: its module's ``command``, or one generated from a plug-in
+    module's declared OPTIONS, build_spec, format_report and HELP (commands/common.benchmark_command).
+
+    Raises:
+        KeyError: ``name`` is not registered.
+    """
+    module = importlib.import_module(COMMANDS[name].module)
+    cmd = getattr(module, "command", None)
+    if cmd is None:
+        from gpubench.commands.common import benchmark_command
+
+        cmd = benchmark_command(name, module.OPTIONS, module.build_spec, module.format_report, help=module.HELP)
+        module.command = cmd
+    return cmd
+
+
 class LazyGroup(click.Group):
     """A click Group that imports a command's module only when the command is run or its help shown
     (click docs, "Lazily Loading Subcommands")."""
@@ -34,8 +51,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS:
             return None
-        module = importlib.import_module(COMMANDS[name].module)
-        return module.command
+        return load_command(name)
 
     def format_commands(self, ctx, formatter):
         rows = [(name, e.help) for name, e in COMMANDS.items()]

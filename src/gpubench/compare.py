@@ -205,7 +205,7 @@ def figure_values(record: Record, source: str = "result") -> list[float]:
         return list(record.samples_s)
     if record.nbytes <= 0:
         raise UsageError(f"{source}: bandwidth record {record.params} moves {record.nbytes} bytes")
-    return [record.nbytes / t for t in record.samples_s]
+    return record.rates()
 
 
 def _median(xs: Sequence[float]) -> float:

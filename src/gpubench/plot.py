@@ -138,7 +138,7 @@ def values(r: Record, units: str = "GB") -> Summary:
     if r.metric == "time":
         return Summary.of([t * 1e6 for t in r.samples_s])
     scale = UNITS[units]
-    return Summary.of([r.nbytes / t / scale for t in r.samples_s])
+    return Summary.of([x / scale for x in r.rates()])
 
 
 def build_panels(results: Sequence[tuple[str, Result]]) -> list[Panel]:

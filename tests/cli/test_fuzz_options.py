@@ -44,7 +44,7 @@ RESULTS = [str(DATA / n) for n in ("copy-pinned-h200.json", "nccl-h200x2.json", 
 COPY_RESULTS = [str(DATA / n) for n in ("copy-pinned-h200.json", "copy-all-h200.json")]
 
 # Commands that need a GPU for anything but bad input ("suite" without --check, "merge" -t gpu).
-GPU_COMMANDS = ("copy", "p2p", "nccl", "merge", "batch", "memcpy2d", "overlap", "suite")
+GPU_COMMANDS = ("copy", "p2p", "nccl", "merge", "batch", "memcpy2d", "overlap", "pin", "suite")
 BUG_LINE = "run with --debug for the traceback"
 NO_GPU_LINE = "no CUDA device is visible"
 
@@ -152,9 +152,10 @@ EXTRAS = st.sampled_from([[]] * 10 + [["--help"], ["--nosuch"], ["stray"], ["--j
 
 def _targets() -> dict[str, click.Command]:
     out = {}
-    for name, entry in COMMANDS.items():
-        module = entry.module
-        cmd = importlib.import_module(module).command
+    from gpubench.cli import load_command
+
+    for name in COMMANDS:
+        cmd = load_command(name)
         if isinstance(cmd, click.Group):
             for sub, sc in cmd.commands.items():
                 out[f"{name} {sub}"] = sc

@@ -63,24 +63,29 @@ def _fake_rank(spec, uid, rank, nranks, topic):
     return {"rank": rank, "host": "h", "device": rank, "points": []}
 
 
-@pytest.fixture
-def ranks(monkeypatch):
-    """Sets the stand-in ranks up; returns STATE to configure. The workers are let go at the end."""
+def _stand_in_ranks(monkeypatch, worker_run):
+    """Every rank runs ``worker_run``; yields STATE to configure. The workers are let go at the end."""
     monkeypatch.setattr(nccl, "_worker_unique_id", _fake_uid)
-    monkeypatch.setattr(nccl, "_worker_run", _fake_rank)
+    monkeypatch.setattr(nccl, "_worker_run", worker_run)
     STOP.clear()
     yield STATE
     STOP.set()
 
 
-def _run_bounded(spec, limit_s=30.0):
-    """run_on_dask in a daemon thread: returns what it raised; fails the test (instead of hanging
-    the suite) if it has not ended within limit_s."""
+@pytest.fixture
+def ranks(monkeypatch):
+    """The stand-in ranks that log progress only (_fake_rank)."""
+    yield from _stand_in_ranks(monkeypatch, _fake_rank)
+
+
+def _bounded(spec, limit_s=30.0) -> dict:
+    """run_on_dask in a daemon thread: {"result": ...} or {"error": what it raised}; fails the test
+    (instead of hanging the suite) if it has not ended within limit_s."""
     box: dict = {}
 
     def target():
         try:
-            nccl.run_on_dask(spec)
+            box["result"] = nccl.run_on_dask(spec)
         except BaseException as e:  # noqa: BLE001 - handed to the test
             box["error"] = e
 
@@ -88,7 +93,12 @@ def _run_bounded(spec, limit_s=30.0):
     t.start()
     t.join(limit_s)
     assert not t.is_alive(), f"run_on_dask did not end within {limit_s} s"
-    return box.get("error")
+    return box
+
+
+def _run_bounded(spec, limit_s=30.0):
+    """What run_on_dask raised (None if it returned), within limit_s."""
+    return _bounded(spec, limit_s).get("error")
 
 
 def _machine_error(spec) -> str:
@@ -166,3 +176,71 @@ def test_scheduler_connect_timeout_is_dasks_own_capped_by_T():
         assert connect_timeout(0) == 45 and connect_timeout(300) == 45 and connect_timeout(10) == 10
     with dask.config.set({"distributed.comm.timeouts.connect": "2 minutes"}):
         assert connect_timeout(0) == 120
+
+
+# -- the client runs the driver: points arrive one by one, the finished ones survive a fault ---------
+
+
+def _reported_point(rank, size, place):
+    return {"nbytes": size, "count": size // 4, "place": place, "samples_s": [1e-5 * (rank + 1), 3e-5 * (rank + 1)],
+            "wrong": 0, "error": None}
+
+
+def _reporting_rank(spec, uid, rank, nranks, topic):
+    """Logs each point as a real rank does (nccl_dask._worker_run's events); with STATE["then"] ==
+    "fail", rank 1 fails after STATE["points"] points and rank 0 waits for it, as NCCL would."""
+    from distributed import get_worker
+
+    from gpubench.bench.nccl import point_keys
+
+    w = get_worker()
+    w.log_event(topic, {"rank": rank, "points": 0})
+    w.log_event(topic, {"rank": rank, "points": 0, "info": {"host": "h", "device": rank, "allocator": "stand-in",
+                                                          "nccl": {"version": 22809, "env": {}}}})
+    done = []
+    for size, place in point_keys(spec):
+        if STATE["then"] == "fail" and len(done) == STATE["points"]:
+            if rank == 1:
+                raise RuntimeError("NCCL error: remote process exited or there was a network error")
+            while not STOP.is_set():
+                time.sleep(0.05)
+        done.append(_reported_point(rank, size, place))
+        w.log_event(topic, {"rank": rank, "points": len(done), "point": done[-1]})
+    return {"rank": rank, "host": "h", "device": rank, "allocator": "stand-in",
+            "nccl": {"version": 22809, "env": {}}, "points": done}
+
+
+@pytest.fixture
+def reporting_ranks(monkeypatch):
+    """The stand-in ranks that report points (_reporting_rank)."""
+    yield from _stand_in_ranks(monkeypatch, _reporting_rank)
+
+
+def _sweep(cluster, timeout_s=60.0):
+    return nccl.NcclSpec(sizes=(1024, 4096), timeout_s=timeout_s, scheduler_address=cluster.scheduler_address)
+
+
+def test_every_point_comes_through_the_driver(cluster, reporting_ranks):
+    reporting_ranks.update(points=0, then="finish")
+    box = _bounded(_sweep(cluster))
+    assert "error" not in box, repr(box.get("error"))
+    res = box["result"]
+    assert not res.partial and res.spec["nranks"] == 2 and "devices" in res.spec
+    assert [(r.params["nbytes"], r.params["placement"]) for r in res.records] == [
+        (1024, "out-of-place"), (1024, "in-place"), (4096, "out-of-place"), (4096, "in-place")]
+    assert res.records[0].samples_s == pytest.approx([1.5e-5, 4.5e-5])  # averaged over the ranks (-a 1)
+    assert [w["rank"] for w in res.env["dask_workers"]] == [0, 1] and res.env["nccl"]["version"] == 22809
+    assert res.timing["buffers"] == "stand-in"
+
+
+def test_a_failing_rank_keeps_the_points_every_rank_finished(cluster, reporting_ranks):
+    reporting_ranks.update(points=3, then="fail")
+    err = _run_bounded(_sweep(cluster))
+    assert isinstance(err, MachineError), repr(err)
+    assert "remote process exited" in err.one_line()
+    part = err.partial_result
+    assert part is not None and part.partial and part.failed_by == err.one_line()
+    assert [(r.params["nbytes"], r.params["placement"]) for r in part.records] == [
+        (1024, "out-of-place"), (1024, "in-place"), (4096, "out-of-place")]
+    assert all(r.extra["wrong"] == 0 and len(r.samples_s) == 2 for r in part.records)
+    assert [w["host"] for w in part.env["dask_workers"]] == ["h", "h"]

@@ -127,9 +127,9 @@ def test_cuda_graph_launches_go_into_the_spec_and_are_bounded():
     with pytest.raises(UsageError, match="-G"):
         N.NcclSpec(cuda_graph=-2)
     with pytest.raises(UsageError) as e:
-        _spec(cuda_graph=2, iters=cmd.MAX_GRAPH_ITERS + 1)
+        _spec(cuda_graph=2, iters=N.MAX_GRAPH_ITERS + 1)
     assert "-n/--iters 100001 with -G" in e.value.one_line() and "at most 100,000" in e.value.one_line()
-    assert _spec(cuda_graph=0, iters=cmd.MAX_GRAPH_ITERS + 1).iters == cmd.MAX_GRAPH_ITERS + 1
+    assert _spec(cuda_graph=0, iters=N.MAX_GRAPH_ITERS + 1).iters == N.MAX_GRAPH_ITERS + 1
 
 
 def test_graph_mode_records_count_every_launched_iteration_and_say_how_they_were_timed():

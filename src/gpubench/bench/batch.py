@@ -355,9 +355,6 @@ class Batch(Benchmark):
     name = "batch"
     description = "Many small copies vs packed vs cudaMemcpyBatchAsync vs one contiguous copy."
 
-    def devices(self, spec: BatchSpec) -> tuple[int, ...]:
-        return gpu.resolve_devices((spec.device,))
-
     def points(self, spec: BatchSpec, devices: tuple[int, ...]) -> list[Point]:
         out = []
         for c, p in spec.points:

@@ -363,9 +363,6 @@ class Memcpy2d(Benchmark):
     name = "memcpy2d"
     description = "Pitched 2-D copies vs a row-by-row loop vs one contiguous copy vs CuPy slices."
 
-    def devices(self, spec: Memcpy2dSpec) -> tuple[int, ...]:
-        return gpu.resolve_devices((spec.device,))
-
     def points(self, spec: Memcpy2dSpec, devices: tuple[int, ...]) -> list[Point]:
         host_dirs = tuple(d for d in spec.directions if d != "d2d")
         groups: list[_Group] = []

@@ -17,43 +17,47 @@ across processes the per-sample times are averaged (nccl-tests' default ``-a 1``
 
 What differs between collectives (byte counts, algbw and busbw formula, the NCCL call, the
 expected data, which ranks are checked) is the collective's entry in bench/collectives.py; this
-module is the public face (spec, run, records) and iterates entries. The rest lives by job:
-nccl_comm (communicators, buffers, waits, faults), nccl_launch (the calls of an iteration, the
-launch queue, the timed samples), nccl_graphs (-G), nccl_data (initialisation and check) and
-nccl_dask (one rank per Dask worker).
+module is the public face (spec, the plug-in :class:`Nccl`, records) and iterates entries. The
+driver (core/benchmark.run) runs the plug-in: ``setup`` owns the communicators, the buffers and
+the CUDA graphs, ``measure`` is one (size, placement) point. The rest lives by job: nccl_comm
+(communicators, buffers, waits, faults), nccl_launch (the calls of an iteration, the launch queue,
+the timed samples, the drain), nccl_graphs (-G), nccl_data (initialisation and check) and
+nccl_dask (one rank per Dask worker, the same plug-in contract run from the client).
 """
 
 from __future__ import annotations
 
-import signal
+import contextlib
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from gpubench.bench import collectives as C
 from gpubench.bench import nccl_data as D
 from gpubench.bench import nccl_launch as L
 from gpubench.bench.nccl_comm import Rank, as_machine_error, nccl_env, nccl_module, wait_all
-from gpubench.core import env as envmod
+from gpubench.bench.nccl_graphs import CapturedGraphs, GraphOwner
+from gpubench.core import benchmark as driver
 from gpubench.core import gpu
+from gpubench.core.benchmark import Benchmark, Context
 from gpubench.core.errors import MachineError, UsageError, check_choices
-from gpubench.core.signals import Interrupted
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.units import format_size
 
 PLACES = ("out-of-place", "in-place")
+MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured into one graph
 
 
 @dataclass(frozen=True)
 class NcclSpec:
-    """Parsed options of ``gpubench nccl``.
+    """Parsed options of ``gpubench nccl``; its constructor is the one place they are checked.
 
     Attributes:
-        collective: canonical name (a key of collectives.COLLECTIVES).
+        collective: a key of collectives.COLLECTIVES, or an alias (``allreduce``), stored canonical.
         sizes: operation sizes in bytes (nccl-tests -b/-e/-f), ascending.
-        dtype: a key of collectives.DTYPES.
-        op: a key of collectives.OPS (ignored by collectives that do not reduce).
-        root: root rank of broadcast and reduce.
+        dtype: a key of collectives.DTYPES or an alias (``bf16``), stored canonical.
+        op: a key of collectives.OPS (ignored by collectives that do not reduce), stored lower case.
+        root: root rank of the rooted collectives.
         devices: CUDA ordinals for the single-process run, or None for every visible GPU.
         warmup: untimed iterations per size before timing (nccl-tests -w).
         iters: iterations per timed sample (nccl-tests -n).
@@ -64,6 +68,10 @@ class NcclSpec:
             one, no graph).
         timeout_s: abort when a wait lasts longer (nccl-tests -T; 0 = never).
         scheduler_address, scheduler_file: an existing Dask cluster; one rank per worker.
+        expect_busbw_gbps: --expect-busbw, GB/s at the largest size (checked after the run), or None.
+
+    Raises:
+        UsageError: a bad value, in the words of the CLI option that sets it.
     """
 
     collective: str = "all-reduce"
@@ -81,20 +89,32 @@ class NcclSpec:
     timeout_s: float = 0.0
     scheduler_address: str | None = None
     scheduler_file: str | None = None
+    expect_busbw_gbps: float | None = None
 
     def __post_init__(self):
-        C.collective(self.collective)
-        C.dtype(self.dtype)
+        from gpubench.core.options import MAX_REPEATS, positive_int
+
+        object.__setattr__(self, "collective", C.collective(self.collective).name)
+        object.__setattr__(self, "dtype", C.dtype(self.dtype).name)
         C.op(self.op)
+        object.__setattr__(self, "op", self.op.strip().lower())
         if not self.sizes or min(self.sizes) < 1:
             raise UsageError("sizes must be at least 1 byte")
         check_choices("placement", self.places, PLACES)
         if self.root < 0:
-            raise UsageError(f"root {self.root} must be >= 0")
-        if self.iters < 1 or self.samples < 1 or self.warmup < 0 or self.check < 0 or self.cuda_graph < 0:
-            raise UsageError("-n and --samples must be >= 1; -w, -c and -G >= 0")
-        if self.timeout_s < 0:
-            raise UsageError(f"--timeout {self.timeout_s} must be >= 0 seconds")
+            raise UsageError(f"-r/--root {self.root} must be >= 0")
+        positive_int("-w/--warmup", self.warmup, allow_zero=True, maximum=MAX_REPEATS)
+        positive_int("-n/--iters", self.iters, maximum=MAX_REPEATS)
+        positive_int("--samples", self.samples, maximum=MAX_REPEATS)
+        positive_int("-c/--check", self.check, allow_zero=True)
+        positive_int("-G/--cuda-graph", self.cuda_graph, allow_zero=True, maximum=MAX_REPEATS)
+        if self.cuda_graph and self.iters > MAX_GRAPH_ITERS:
+            raise UsageError(f"-n/--iters {self.iters} with -G: the -n iterations are captured into one CUDA graph "
+                             "per GPU", f"at most {MAX_GRAPH_ITERS:,} with -G; raise -G for longer samples")
+        if not self.timeout_s >= 0:
+            raise UsageError(f"-T/--timeout {self.timeout_s} must be >= 0 seconds")
+        if self.expect_busbw_gbps is not None and not self.expect_busbw_gbps > 0:
+            raise UsageError(f"--expect-busbw {self.expect_busbw_gbps} must be > 0 GB/s")
         if self.scheduler_address and self.scheduler_file:
             raise UsageError("--scheduler-address and --scheduler-file both given", "use one of them")
         if (self.scheduler_address or self.scheduler_file) and self.devices is not None:
@@ -104,8 +124,15 @@ class NcclSpec:
     def distributed(self) -> bool:
         return bool(self.scheduler_address or self.scheduler_file)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self, **resolved) -> dict:
+        """The Result's ``spec``: the fields, then ``resolved`` (what the run found: devices,
+        nranks), then ``expect_busbw_gbps`` only when it was given."""
+        d = asdict(self)
+        expect = d.pop("expect_busbw_gbps")
+        d.update(resolved)
+        if expect is not None:
+            d["expect_busbw_gbps"] = expect
+        return d
 
 
 @dataclass
@@ -120,69 +147,81 @@ class Point:
     error: str | None = None
 
 
-def measure_points(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Callable[[], None],
-                   progress: ProgressSink, on_point: Callable[[Point], None] | None = None) -> list[Point]:
-    """Measure every (size, placement) of ``spec`` on this process's ``ranks``.
+def point_keys(spec: NcclSpec) -> list[tuple[int, str]]:
+    """The (size in bytes, placement) of every point, in the order they are measured: sizes
+    ascending, each size's placements in the spec's order (one process and every Dask worker)."""
+    return [(size, place) for size in spec.sizes for place in spec.places]
+
+
+def point_label(spec: NcclSpec, size: int, place: str) -> str:
+    """What the progress bar shows for a point, e.g. ``all-reduce 64.0 MiB out-of-place``."""
+    return f"{spec.collective} {format_size(size)} {place}"
+
+
+def unmeasured_point(spec: NcclSpec, size: int, place: str, nranks: int, error: str) -> Point:
+    """The Point of a (size, placement) that gave no samples, with its sizes and ``error``."""
+    cc = C.counts(C.collective(spec.collective), size, C.dtype(spec.dtype).size, nranks)
+    return Point(max(cc.send_count, cc.recv_count) * C.dtype(spec.dtype).size, cc.param_count, place, [], None,
+                 error=error)
+
+
+def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Callable[[], None], size: int,
+                  place: str, new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> Point:
+    """Measure one (size, placement) on this process's ``ranks`` (nccl-tests BenchTime for one size).
+
+    The sequence: the calls of every iteration built (nccl_launch.launcher), the inputs set to the
+    check's values, ``warmup`` iterations and a wait, one more call and a wait (nccl-tests' "Sync"),
+    the timed samples (nccl_launch.timed_samples), then ``check`` data checks, each after fresh
+    inputs and a barrier, stopping at the first wrong one.
 
     Args:
         ranks: the local ranks (all of them in one process, or one per Dask worker).
         nranks: ranks in the communicator.
-        barrier: called before each timed sample (a no-op in one process; an NCCL barrier across
-            processes, as nccl-tests' Barrier).
+        barrier: called before each timed sample and check (a no-op in one process; an NCCL
+            barrier across processes, as nccl-tests' Barrier).
+        size: the operation size in bytes (nccl-tests -b..-e).
+        new_graphs: makes the CapturedGraphs of -G (the caller's owner, which closes them all
+            before the communicators are destroyed).
 
     Returns:
-        One Point per (size, placement), in order.
+        The Point; one with ``error`` and no samples when ``size`` gives no element per rank.
 
     Raises:
-        whatever a point raised (MachineError, KeyboardInterrupt, ...), after nccl_launch.drain.
+        MachineError (a wait's NCCL error or deadline), NcclError, CUDARuntimeError, KeyboardInterrupt:
+            with work possibly still queued; the caller drains (nccl_launch.drain) before freeing.
     """
     coll = C.collective(spec.collective)
     dt = C.dtype(spec.dtype)
     op_id = C.op(spec.op)
-    maxbytes = max(spec.sizes)
-    points: list[Point] = []
-    try:
-        for size in spec.sizes:
-            cc = C.counts(coll, size, dt.size, nranks)
-            total = max(cc.send_count, cc.recv_count) * dt.size
-            for place in spec.places:
-                progress.advance(f"{coll.name} {format_size(size)} {place}")
-                in_place = place == "in-place"
-                if cc.param_count == 0:
-                    points.append(Point(total, 0, place, [], None,
-                                        error=f"{format_size(size)} gives 0 elements per rank for {nranks} ranks"))
-                    continue
+    cc = C.counts(coll, size, dt.size, nranks)
+    total = max(cc.send_count, cc.recv_count) * dt.size
+    in_place = place == "in-place"
+    if cc.param_count == 0:
+        return unmeasured_point(spec, size, place, nranks, f"{format_size(size)} gives 0 elements per rank for "
+                                f"{nranks} ranks")
 
-                one = L.launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, maxbytes,
-                                 max(spec.iters, spec.warmup, 1))
-
-                # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
-                # initialises before timing when it checks)
-                D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
-                L.run_iters(ranks, spec.warmup, one, spec.timeout_s)
-                wait_all(ranks, spec.timeout_s)
-                one(0)  # nccl-tests BenchTime's "Sync" call
-                wait_all(ranks, spec.timeout_s)
-                samples = L.timed_samples(spec, ranks, one, barrier)
-                wrong = None
-                # N/A where nccl-tests does not check in place (the entry's checked_in_place)
-                if spec.check and (coll.checked_in_place or not in_place):
-                    wrong = 0
-                    for _ in range(spec.check):
-                        D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
-                        barrier()
-                        L.checked_call(spec, ranks, one)
-                        wrong += D.check(ranks, coll, cc, dt, spec.op, in_place, nranks, spec.root)
-                        if wrong:
-                            break
-                p = Point(total, cc.param_count, place, samples, wrong)
-                points.append(p)
-                if on_point:
-                    on_point(p)
-    except BaseException:  # an interrupt or a fault: nothing is freed under queued work
-        L.drain(ranks, spec.timeout_s)
-        raise
-    return points
+    one = L.launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, max(spec.sizes),
+                     max(spec.iters, spec.warmup, 1))
+    # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
+    # initialises before timing when it checks)
+    D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
+    L.run_iters(ranks, spec.warmup, one, spec.timeout_s)
+    wait_all(ranks, spec.timeout_s)
+    one(0)  # nccl-tests BenchTime's "Sync" call
+    wait_all(ranks, spec.timeout_s)
+    samples = L.timed_samples(spec, ranks, one, barrier, new_graphs)
+    wrong = None
+    # N/A where nccl-tests does not check in place (the entry's checked_in_place)
+    if spec.check and (coll.checked_in_place or not in_place):
+        wrong = 0
+        for _ in range(spec.check):
+            D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
+            barrier()
+            L.checked_call(spec, ranks, one, new_graphs)
+            wrong += D.check(ranks, coll, cc, dt, spec.op, in_place, nranks, spec.root)
+            if wrong:
+                break
+    return Point(total, cc.param_count, place, samples, wrong)
 
 
 # -- results -------------------------------------------------------------------------------------------
@@ -213,18 +252,6 @@ def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]
         r.extra = extra
         out.append(r)
     return out
-
-
-def select_devices(spec: NcclSpec) -> tuple[int, ...]:
-    """-d checked against the visible GPUs, or every visible GPU; the root must be one of the ranks.
-
-    Raises:
-        NoGPUError / UsageError.
-    """
-    gpu.require_gpu()
-    devices = gpu.resolve_devices(spec.devices) if spec.devices is not None else tuple(range(gpu.device_count()))
-    _check_root(spec, len(devices))
-    return devices
 
 
 def _check_root(spec: NcclSpec, nranks: int) -> None:
@@ -262,68 +289,155 @@ def _timing(spec: NcclSpec, allocator: str | None = None) -> dict:
     }
 
 
+# -- the plug-in ---------------------------------------------------------------------------------------
+
+
+def _no_barrier() -> None:
+    """One process: its ranks' calls are grouped, so nothing needs to wait for a peer."""
+
+
+class Nccl(Benchmark):
+    """The nccl plug-in, one process: a point is one (size, placement); one communicator per GPU.
+
+    ``setup`` opens the communicators (ncclCommInitAll) and each rank's stream and two buffers of
+    the largest size, and owns the CUDA graphs of -G; on every way out it closes the graphs still
+    open, lets queued work finish (nccl_launch.drain), frees the buffers and destroys the
+    communicators, in that order. ``measure`` is :func:`measure_point`; an NCCL or CUDA fault
+    becomes a MachineError (the driver keeps the finished points, exit 3).
+    """
+
+    name = "nccl"
+    description = "NCCL collectives (all-reduce, all-gather, ...): algbw and busbw as nccl-tests."
+
+    def devices(self, spec: NcclSpec) -> tuple[int, ...]:
+        """-d checked against the visible GPUs, or every visible GPU; the root must be one of the ranks.
+
+        Raises:
+            UsageError: a GPU that is not visible, a root that is not a rank.
+        """
+        devices = gpu.resolve_devices(spec.devices) if spec.devices is not None else tuple(range(gpu.device_count()))
+        _check_root(spec, len(devices))
+        return devices
+
+    def points(self, spec: NcclSpec, devices: tuple[int, ...]) -> list[driver.Point]:
+        """One point per (size, placement); each holds the two buffers of the largest size per GPU."""
+        need = 2 * max(spec.sizes)
+        return [driver.Point(label=point_label(spec, size, place), key=(size, place), device_bytes=need,
+                             devices=devices) for size, place in point_keys(spec)]
+
+    def preflight(self, spec: NcclSpec, points: Sequence[driver.Point], devices: tuple[int, ...]) -> None:
+        """NCCL must be importable and two buffers of the largest size must fit on every GPU.
+
+        Raises:
+            UsageError: NCCL missing (how to get it), or the sizes do not fit (which -e would).
+        """
+        nccl_module()
+        preflight(spec, devices)
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context) -> Iterator[Context]:
+        """Communicators, ranks (stream, buffers) and the graph owner in ``ctx.data``; the NCCL
+        version and NCCL_* variables in ``ctx.env["nccl"]``.
+
+        Raises:
+            MachineError: ncclCommInitAll, a stream or a buffer failed.
+        """
+        nccl = nccl_module()
+        ctx.env["nccl"] = nccl_env(nccl)
+        try:
+            comms = nccl.NcclCommunicator.initAll(list(ctx.devices))
+        except Exception as e:
+            raise MachineError(f"ncclCommInitAll on GPUs {list(ctx.devices)} failed: {str(e).splitlines()[0]}") \
+                from None
+        ranks: list[Rank] = []
+        graphs = GraphOwner()
+        ctx.data.update(ranks=ranks, graphs=graphs, allocator=None)
+        try:
+            with _as_machine_errors(allocation_passes=False):
+                for r, (d, c) in enumerate(zip(ctx.devices, comms)):
+                    ranks.append(Rank(r, d, c, max(ctx.spec.sizes)))
+            ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
+            yield ctx
+        finally:  # graphs hold NCCL resources that ncclCommDestroy waits for: they go first
+            graphs.close_all()
+            L.drain(ranks, ctx.spec.timeout_s)
+            for rk in ranks:
+                try:
+                    rk.free()
+                except Exception:
+                    pass
+            for c in comms:
+                try:
+                    c.destroy()
+                except Exception:
+                    pass
+
+    def measure(self, ctx: Context, point: driver.Point) -> list[Record]:
+        """One (size, placement) on every rank: :func:`measure_point`, then its record.
+
+        Raises:
+            MachineError: an NCCL or CUDA fault, or --timeout passed (after the drain).
+            An allocation failure (the driver records it and goes on), KeyboardInterrupt, Interrupted.
+        """
+        size, place = point.key
+        ranks = ctx.data["ranks"]
+        try:
+            with _as_machine_errors():
+                p = measure_point(ctx.spec, ranks, len(ranks), _no_barrier, size, place, ctx.data["graphs"].new)
+        except BaseException:  # an interrupt or a fault: nothing is freed under queued work
+            L.drain(ranks, ctx.spec.timeout_s)
+            raise
+        return to_records(ctx.spec, [p], len(ranks))
+
+    def failed(self, ctx: Context, point: driver.Point, message: str) -> list[Record]:
+        """The record of a point whose memory could not be allocated: its sizes, ``error``, no samples."""
+        size, place = point.key
+        nranks = len(ctx.devices)
+        return to_records(ctx.spec, [unmeasured_point(ctx.spec, size, place, nranks, message)], nranks)
+
+    def spec_dict(self, ctx: Context) -> dict:
+        """The spec with the GPUs used and the rank count (and --expect-busbw when given)."""
+        return ctx.spec.to_dict(devices=list(ctx.devices), nranks=len(ctx.devices))
+
+    def timing(self, ctx: Context) -> dict:
+        """nccl-tests' BenchTime as run here, and the buffers' allocator (ncclMemAlloc or cudaMalloc)."""
+        return _timing(ctx.spec, ctx.data.get("allocator"))
+
+
+@contextlib.contextmanager
+def _as_machine_errors(allocation_passes: bool = True) -> Iterator[None]:
+    """A CUDA runtime or NCCL fault raised inside becomes its one-line MachineError (exit 3). With
+    ``allocation_passes`` (inside a point) an allocation failure passes as it is, for the driver
+    to record; without (the buffers that live across points) it is a fault too."""
+    try:
+        yield
+    except Exception as e:
+        fault = None if allocation_passes and gpu.is_oom(e) else as_machine_error(e)
+        if fault is None:
+            raise
+        raise fault from None
+
+
+BENCHMARK = Nccl()
+
+
 def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
-    """Run the sweep in this process (one communicator per selected GPU) or on a Dask cluster.
+    """Run the sweep in this process, one communicator per selected GPU, through the driver (a spec
+    with a Dask scheduler goes to :func:`run_on_dask`).
 
     Returns:
-        A Result with one record per (size, placement); see :func:`to_records`.
+        A Result with one record per (size, placement); see :func:`to_records`. ``partial`` with
+        ``interrupted_by`` when SIGINT/SIGTERM stopped it (the finished points are kept).
 
     Raises:
         NoGPUError / UsageError: no GPU, a GPU not visible, a root that is not a rank, NCCL missing,
             the sizes do not fit.
-        MachineError: an NCCL or CUDA fault, or --timeout passed.
+        MachineError: an NCCL or CUDA fault, or --timeout passed; its ``partial_result`` holds the
+            finished points when there are any.
     """
     if spec.distributed:
         return run_on_dask(spec, progress)
-    gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault
-
-    progress = progress or ProgressSink()
-    devices = select_devices(spec)
-    nccl = nccl_module()
-    preflight(spec, devices)
-    env = envmod.capture()
-    try:
-        comms = nccl.NcclCommunicator.initAll(list(devices))
-    except Exception as e:
-        raise MachineError(f"ncclCommInitAll on GPUs {list(devices)} failed: {str(e).splitlines()[0]}") from None
-    ranks: list[Rank] = []
-    points: list[Point] = []
-    interrupted = None
-    progress.start(len(spec.sizes) * len(spec.places), spec.collective)
-    try:
-        for r, (d, c) in enumerate(zip(devices, comms)):
-            ranks.append(Rank(r, d, c, max(spec.sizes)))
-        measure_points(spec, ranks, len(devices), lambda: None, progress, on_point=points.append)
-    except KeyboardInterrupt:
-        interrupted = "SIGINT"
-    except Interrupted as e:
-        interrupted = signal.Signals(e.signum).name
-    except Exception as e:
-        fault = as_machine_error(e)
-        if fault is None:
-            raise
-        raise fault from None
-    finally:
-        progress.done()
-        for rk in ranks:
-            try:
-                rk.free()
-            except Exception:
-                pass
-        for c in comms:
-            try:
-                c.destroy()
-            except Exception:
-                pass
-    return Result(
-        command="nccl",
-        spec={**spec.to_dict(), "devices": list(devices), "nranks": len(devices)},
-        timing=_timing(spec, ranks[0].send.allocator if ranks else None),
-        env={**env, "nccl": nccl_env(nccl)},
-        records=to_records(spec, points, len(devices)),
-        partial=interrupted is not None,
-        interrupted_by=interrupted,
-    )
+    return driver.run(BENCHMARK, spec, progress)
 
 
 def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:

@@ -199,10 +199,10 @@ def nccl_env(nccl_mod) -> dict:
 def as_machine_error(e: BaseException) -> MachineError | None:
     """The one-line MachineError for a CUDA runtime or NCCL fault ``e`` (exit 3), or None when ``e``
     is neither."""
+    if type(e).__name__ == "NcclError":  # CuPy's, from every NCCL call that does not return ncclSuccess
+        return MachineError(f"NCCL call failed: {str(e).splitlines()[0]}")
     import cupy
 
     if isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
         return gpu.machine_error("NCCL run", e)
-    if type(e).__name__ == "NcclError":
-        return MachineError(f"NCCL call failed: {str(e).splitlines()[0]}")
     return None

@@ -1,23 +1,36 @@
-"""nccl across processes: one rank per worker of an existing Dask cluster (nccl-tests under MPI).
-The NCCL unique id comes from rank 0's worker through the scheduler; each worker measures with the
-same point loop as one process (bench/nccl.measure_points); the client watches for a worker that
-leaves, fails or stalls, and combines the ranks' samples."""
+"""nccl across processes: one rank per worker of an existing Dask cluster (nccl-tests under MPI),
+run by the same driver (core/benchmark.run) as one process, on the client.
+
+Each worker runs one rank (:func:`_worker_run`): the NCCL unique id comes from rank 0's worker
+through the scheduler, and the rank measures every point back to back with the same sequence as
+one process (nccl.measure_point, with an NCCL barrier before each sample), logging each finished
+point on the run's event topic. On the client, the plug-in :class:`NcclDask` (no GPU needed
+there): ``setup`` connects, starts the ranks and subscribes to the topic; ``measure`` of point i
+waits, watching the cluster, until every rank has reported point i and combines the ranks'
+samples into its record. The ranks do not wait for the client between points, so what is timed is
+what it was when the client only collected the ranks' lists at the end; what the client gains is
+the driver's point loop: progress per point, and the finished points kept when a worker leaves,
+fails or stalls (exit 3) or the run is interrupted (exit 130/143).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from gpubench.bench import collectives as C
-from gpubench.bench.nccl import NcclSpec, Point, _check_root, _timing, measure_points, to_records
+from gpubench.bench.nccl import (Nccl, NcclSpec, Point, _check_root, _timing, measure_point, point_keys, point_label,
+                                 to_records)
 from gpubench.bench.nccl_comm import Rank, abort, nccl_env, wait_all
-from gpubench.core import env as envmod
+from gpubench.bench.nccl_graphs import GraphOwner
+from gpubench.core import benchmark as driver
+from gpubench.core.benchmark import Benchmark, Context
 from gpubench.core.errors import MachineError, UsageError
-from gpubench.core.signals import Interrupted
 from gpubench.core.report import ProgressSink
-from gpubench.core.result import Result
+from gpubench.core.result import Record, Result
 
 
 def _worker_unique_id():
@@ -27,10 +40,15 @@ def _worker_unique_id():
 
 
 def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) -> dict:
-    """Runs on a Dask worker: one rank on the worker's current GPU; returns its points as dicts.
+    """Runs on a Dask worker: one rank on the worker's current GPU, every point of ``spec`` in turn.
 
-    After the communicator is up and after each point it logs an event on ``topic`` (rank, points
-    done), which the client watches to name a rank that stopped answering.
+    Logs on ``topic``: {"rank", "points": 0} once the communicator is up, {"rank", "points": 0,
+    "info"} once the buffers are (host, device, allocator, NCCL version and variables), and
+    {"rank", "points": n, "point"} after each point (n points done; the point as a dict). The client
+    reads the points from these events and watches them for a rank that stopped answering.
+
+    Returns:
+        The info, "rank", and "points": every point as a dict.
     """
     import socket
 
@@ -38,36 +56,40 @@ def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) 
     from cupy.cuda import nccl
     from distributed import get_worker
 
+    from gpubench.bench.nccl_launch import drain
+
     worker = get_worker()
 
-    def tell(done: int) -> None:
-        worker.log_event(topic, {"rank": rank, "points": done})
+    def tell(**msg) -> None:
+        worker.log_event(topic, {"rank": rank, **msg})
 
     device = cupy.cuda.Device().id
     comm = nccl.NcclCommunicator(nranks, uid, rank)
-    tell(0)
+    tell(points=0)
     rk = Rank(rank, device, comm, max(spec.sizes))
+    info = {"host": socket.gethostname(), "device": device, "allocator": rk.send.allocator, "nccl": nccl_env(nccl)}
+    tell(points=0, info=info)
     flag = cupy.zeros(1, dtype=cupy.float32)
-    done: list[Point] = []
+    graphs = GraphOwner()
+    done: list[dict] = []
 
     def barrier():
         comm.allReduce(flag.data.ptr, flag.data.ptr, 1, C.DTYPES["float"].nccl, C.OPS["sum"], rk.stream.ptr)
         wait_all([rk], spec.timeout_s)
 
-    def on_point(p: Point) -> None:
-        done.append(p)
-        tell(len(done))
-
     try:
-        points = measure_points(spec, [rk], nranks, barrier, ProgressSink(), on_point=on_point)
-    except BaseException:
+        for size, place in point_keys(spec):
+            done.append(asdict(measure_point(spec, [rk], nranks, barrier, size, place, graphs.new)))
+            tell(points=len(done), point=done[-1])
+    except BaseException:  # nothing is freed under queued work
+        drain([rk], spec.timeout_s)
         abort([rk])  # a peer left or timed out: the communicator cannot be destroyed cleanly
         raise
     finally:
+        graphs.close_all()
         rk.free()
     comm.destroy()
-    return {"rank": rank, "host": socket.gethostname(), "device": device, "allocator": rk.send.allocator,
-            "nccl": nccl_env(nccl), "points": [asdict(p) for p in points]}
+    return {**info, "rank": rank, "points": done}
 
 
 class StallWatch:
@@ -130,80 +152,263 @@ def connect_timeout(timeout_s: float) -> float:
     return min(dask_s, timeout_s) if timeout_s else dask_s
 
 
-def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
-    """One rank per worker of an existing Dask cluster; the NCCL unique id comes from rank 0's worker
-    through the scheduler. Workers use their current GPU (dask-cuda gives each worker one).
+# -- the client's side ------------------------------------------------------------------------------
 
-    Every wait is watched (core.scheduler.wait_watching): a worker that leaves the cluster, a rank
-    whose task fails (a peer gone: its NCCL wait times out after -T and aborts the communicator), or
-    no rank moving for -T seconds (StallWatch) ends the run with exit 3 naming the worker and rank.
+
+class _Arrived(Exception):
+    """Ends a watched wait early: the point waited for has come from every rank."""
+
+
+@contextlib.contextmanager
+def _cluster_faults() -> Iterator[None]:
+    """Any other failure of the cluster (a Dask or comm error) becomes one MachineError line."""
+    from gpubench.core.scheduler import error_line
+
+    try:
+        yield
+    except (MachineError, UsageError, _Arrived):
+        raise
+    except Exception as e:
+        raise MachineError(f"the Dask cluster failed during the run: {error_line(e)[:200]}") from None
+
+
+class _Ranks:
+    """The client's view of one run's ranks: their futures, the events they logged, the points and
+    info each has reported.
+
+    Args:
+        client: the distributed Client.
+        workers: the workers' addresses, sorted; rank r runs on workers[r].
+        spec: the run's spec (its timeout is the stall watch's).
+    """
+
+    def __init__(self, client, workers: list[str], spec: NcclSpec):
+        self.client, self.workers, self.spec = client, workers, spec
+        self.index = {w: r for r, w in enumerate(workers)}
+        self.what = f"{spec.collective} on {len(workers)} Dask workers"
+        self.topic = f"gpubench-nccl-{uuid.uuid4().hex}"
+        self.events: list = []  # (time, message), appended by the client's event loop as they come
+        self.futures: list = []
+        self.points: list[dict[int, dict]] = [{} for _ in workers]  # rank -> point index -> point
+        self.info: list[dict | None] = [None for _ in workers]
+        self.returned = False
+        self._read = 0
+        self.stall = StallWatch(lambda: list(self.events), workers, spec.timeout_s)
+
+    def start(self) -> None:
+        """Subscribe to the topic, get the unique id from rank 0's worker, submit one rank per worker.
+
+        Raises:
+            MachineError: rank 0's worker failed or left, or -T passed, while getting the id.
+        """
+        from gpubench.core.scheduler import wait_watching
+
+        # before the ranks start: a subscription sees only the events logged after it
+        self.client.subscribe_topic(self.topic, self.events.append)
+        uid_f = self.client.submit(_worker_unique_id, workers=[self.workers[0]], pure=False)
+        wait_watching(self.client, [uid_f], self.index, self.spec.timeout_s or 3600,
+                      "getting the NCCL unique id on rank 0", hint="raise -T")
+        uid = uid_f.result()
+        n = len(self.workers)
+        self.futures = [self.client.submit(_worker_run, self.spec, uid, r, n, self.topic, workers=[w],
+                                           allow_other_workers=False, pure=False) for r, w in enumerate(self.workers)]
+
+    def _absorb(self) -> None:
+        new = self.events[self._read:]
+        self._read += len(new)
+        for _t, msg in new:
+            r = msg.get("rank") if isinstance(msg, dict) else None
+            if not isinstance(r, int) or not 0 <= r < len(self.workers):
+                continue
+            if "point" in msg:
+                self.points[r][msg["points"] - 1] = msg["point"]
+            if "info" in msg:
+                self.info[r] = msg["info"]
+
+    def _have(self, i: int) -> bool:
+        self._absorb()
+        return all(i in p for p in self.points)
+
+    def wait_for(self, i: int, until_returned: bool) -> list[dict]:
+        """Every rank's report of point ``i`` (by rank), once every rank has logged it, or (with
+        ``until_returned``, the last point) once every rank's task has returned.
+
+        Raises:
+            MachineError: a worker left, a rank's task failed, no rank moved for -T (StallWatch), or
+                the ranks returned without point i.
+        """
+        from gpubench.core.scheduler import wait_watching
+
+        def poll() -> None:
+            self.stall()
+            if not until_returned and self._have(i):
+                raise _Arrived
+
+        if until_returned or not self._have(i):
+            try:
+                # no overall deadline: a point of a large size may be long; StallWatch stops one that stalls
+                wait_watching(self.client, self.futures, self.index, float("inf"), self.what, on_poll=poll)
+            except _Arrived:
+                pass
+            except MachineError:
+                # the point may have come in with the news of the fault: it is kept, and the fault,
+                # which every later wait sees at once, stops the run at the next point
+                if until_returned or not self._have(i):
+                    raise
+            else:
+                self._returned()
+        if not self._have(i):
+            missing = [r for r, p in enumerate(self.points) if i not in p]
+            raise MachineError(f"rank(s) {', '.join(map(str, missing))} returned without point {i + 1} "
+                               f"during {self.what}")
+        return [p[i] for p in self.points]
+
+    def _returned(self) -> None:
+        """Every rank's task returned: its list of points and info are the ranks' own account."""
+        self.returned = True
+        for f in self.futures:
+            d = f.result()
+            r = d["rank"]
+            self.info[r] = d
+            self.points[r].update(enumerate(d.get("points") or []))
+
+    def close(self) -> None:
+        """Cancel the ranks' tasks that did not return (a rank still running keeps its worker until
+        its NCCL wait passes -T) and unsubscribe."""
+        if not self.returned:
+            for f in self.futures:
+                f.cancel()
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(self.topic)
+
+    def env(self) -> dict:
+        """The Result's env additions: each worker's rank, host, GPU, NCCL; rank 0's NCCL."""
+        workers = [{"address": w, "host": (d or {}).get("host"), "device": (d or {}).get("device"), "rank": r,
+                    "nccl": (d or {}).get("nccl")} for r, (w, d) in enumerate(zip(self.workers, self.info))]
+        # rank 0's NCCL version and NCCL_* variables; each worker's above
+        return {"dask_workers": workers, "nccl": (self.info[0] or {}).get("nccl")}
+
+
+def _connect(spec: NcclSpec):
+    """A Client of the spec's scheduler, waiting at most :func:`connect_timeout`.
 
     Raises:
-        UsageError: dask.distributed not installed, the scheduler cannot be reached, no workers.
-        MachineError: a worker failed, left or stalled.
+        UsageError: the scheduler cannot be reached.
     """
-    progress = progress or ProgressSink()
-    try:
-        from distributed import Client
-    except ImportError:
-        raise UsageError("--scheduler-address/--scheduler-file need dask.distributed",
-                         "pip install gpubench[dask]") from None
-    from gpubench.core.scheduler import check_scheduler_address, error_line, scheduler_file_address, wait_watching
+    from distributed import Client
 
-    if spec.scheduler_address:
-        check_scheduler_address(spec.scheduler_address)
-    else:
-        scheduler_file_address(spec.scheduler_file)  # distributed waits forever for a missing one
     try:
         connect = connect_timeout(spec.timeout_s)
-        client = Client(spec.scheduler_address, timeout=connect) if spec.scheduler_address else \
+        return Client(spec.scheduler_address, timeout=connect) if spec.scheduler_address else \
             Client(scheduler_file=spec.scheduler_file, timeout=connect)
     except (OSError, ValueError) as e:
         where = spec.scheduler_address or spec.scheduler_file
         raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {str(e).splitlines()[0]}") from None
-    try:
-        workers = sorted(client.scheduler_info()["workers"])
-        if not workers:
-            raise UsageError("the Dask cluster has no workers")
-        nranks = len(workers)
-        _check_root(spec, nranks)
-        progress.start(1, f"{spec.collective} on {nranks} Dask workers")
-        index = {w: r for r, w in enumerate(workers)}
-        topic = f"gpubench-nccl-{uuid.uuid4().hex}"
-        futures = []
+
+
+class NcclDask(Benchmark):
+    """The nccl plug-in for one rank per Dask worker, run by the driver on the client (no GPU there).
+
+    A point is (index, size, placement), as in one process. ``setup`` connects to the scheduler
+    and starts the ranks; ``measure`` waits for every rank's report of the point (the last point:
+    for every rank's task to return, after its communicator is destroyed) and combines them; on
+    every way out the ranks' unfinished tasks are cancelled and the client closed. Every wait is
+    watched (core.scheduler.wait_watching): a worker that leaves the cluster, a rank whose task
+    fails (a peer gone: its NCCL wait times out after -T and aborts the communicator), or no rank
+    moving for -T seconds (StallWatch) is a MachineError naming the worker and rank.
+    """
+
+    name = Nccl.name
+    description = Nccl.description
+    needs_gpu = False  # the client only schedules; each worker uses its own GPU
+
+    def devices(self, spec: NcclSpec) -> tuple[int, ...]:
+        return ()
+
+    def points(self, spec: NcclSpec, devices: tuple[int, ...]) -> list[driver.Point]:
+        return [driver.Point(label=point_label(spec, size, place), key=(i, size, place))
+                for i, (size, place) in enumerate(point_keys(spec))]
+
+    def preflight(self, spec: NcclSpec, points: Sequence[driver.Point], devices: tuple[int, ...]) -> None:
+        """dask.distributed must be installed and the scheduler's address or file must be one (the
+        workers' memory is theirs: no check here).
+
+        Raises:
+            UsageError: dask.distributed missing, a malformed address, a missing or bad scheduler file.
+        """
         try:
-            uid_f = client.submit(_worker_unique_id, workers=[workers[0]], pure=False)
-            wait_watching(client, [uid_f], index, spec.timeout_s or 3600, "getting the NCCL unique id on rank 0",
-                          hint="raise -T")
-            uid = uid_f.result()
-            futures = [client.submit(_worker_run, spec, uid, r, nranks, topic, workers=[w],
-                                     allow_other_workers=False, pure=False) for r, w in enumerate(workers)]
-            stall = StallWatch(lambda: client.get_events(topic), workers, spec.timeout_s)
-            # no overall deadline: a run of many sizes may be long; StallWatch stops one that stalls
-            wait_watching(client, futures, index, float("inf"), f"{spec.collective} on {nranks} Dask workers",
-                          on_poll=stall)
-            results = [f.result() for f in futures]
-        except BaseException as e:
-            for f in futures:
-                f.cancel()
-            if isinstance(e, (MachineError, UsageError, KeyboardInterrupt, Interrupted)) or \
-                    not isinstance(e, Exception):
-                raise
-            raise MachineError(f"the Dask cluster failed during the run: {error_line(e)[:200]}") from None
-        progress.advance()
-        results.sort(key=lambda d: d["rank"])
-        points = combine_ranks([d["points"] for d in results])
-    finally:
-        progress.done()
-        client.close()
-    env = envmod.capture()
-    env["dask_workers"] = [{"address": w, "host": d["host"], "device": d["device"], "rank": d["rank"],
-                            "nccl": d.get("nccl")} for w, d in zip(workers, results)]
-    env["nccl"] = results[0].get("nccl")  # rank 0's NCCL version and NCCL_* variables; each worker's above
-    return Result(
-        command="nccl",
-        spec={**spec.to_dict(), "nranks": nranks},
-        timing=_timing(spec, results[0].get("allocator")),
-        env=env,
-        records=to_records(spec, points, nranks),
-    )
+            import distributed  # noqa: F401
+        except ImportError:
+            raise UsageError("--scheduler-address/--scheduler-file need dask.distributed",
+                             "pip install gpubench[dask]") from None
+        from gpubench.core.scheduler import check_scheduler_address, scheduler_file_address
+
+        if spec.scheduler_address:
+            check_scheduler_address(spec.scheduler_address)
+        else:
+            scheduler_file_address(spec.scheduler_file)  # distributed waits forever for a missing one
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context) -> Iterator[Context]:
+        """The client, the workers as ranks (``ctx.data["ranks"]``, a _Ranks) and their tasks
+        started; afterwards each worker's rank, host, GPU and NCCL go into ``ctx.env``.
+
+        Raises:
+            UsageError: the scheduler cannot be reached, no workers, a root that is not a rank.
+            MachineError: getting the unique id failed.
+        """
+        spec = ctx.spec
+        client = _connect(spec)
+        ranks: _Ranks | None = None
+        try:
+            workers = sorted(client.scheduler_info()["workers"])
+            if not workers:
+                raise UsageError("the Dask cluster has no workers")
+            _check_root(spec, len(workers))
+            ranks = _Ranks(client, workers, spec)
+            ctx.data.update(ranks=ranks, npoints=len(point_keys(spec)))
+            with _cluster_faults():
+                ranks.start()
+            yield ctx
+        finally:
+            if ranks is not None:
+                ranks.close()
+                ctx.env.update(ranks.env())
+            client.close()
+
+    def measure(self, ctx: Context, point: driver.Point) -> list[Record]:
+        """Point ``i`` from every rank, its samples averaged over the ranks (nccl-tests -a 1).
+
+        Raises:
+            MachineError: a worker left, a rank failed or stalled, or the cluster failed.
+        """
+        i = point.key[0]
+        ranks: _Ranks = ctx.data["ranks"]
+        with _cluster_faults():
+            reports = ranks.wait_for(i, until_returned=i == ctx.data["npoints"] - 1)
+        return to_records(ctx.spec, combine_ranks([[d] for d in reports]), len(ranks.workers))
+
+    def spec_dict(self, ctx: Context) -> dict:
+        return ctx.spec.to_dict(nranks=len(ctx.data["ranks"].workers))
+
+    def timing(self, ctx: Context) -> dict:
+        return _timing(ctx.spec, (ctx.data["ranks"].info[0] or {}).get("allocator"))
+
+
+BENCHMARK = NcclDask()
+
+
+def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
+    """One rank per worker of an existing Dask cluster, through the driver (:class:`NcclDask`);
+    workers use their current GPU (dask-cuda gives each worker one).
+
+    Returns:
+        A Result with one record per (size, placement), ``env.dask_workers`` and rank 0's
+        ``env.nccl``; ``partial`` with ``interrupted_by`` when SIGINT/SIGTERM stopped it.
+
+    Raises:
+        UsageError: dask.distributed not installed, the scheduler cannot be reached, no workers.
+        MachineError: a worker failed, left or stalled; ``partial_result`` holds the points every
+            rank had finished, when there are any.
+    """
+    return driver.run(BENCHMARK, spec, progress)

@@ -1,5 +1,6 @@
 """nccl -G: one CUDA graph per local rank's stream, captured from the ranks' NCCL calls, launched
-together and destroyed before the communicators (nccl-tests BenchTime with -G)."""
+together and destroyed before the communicators (nccl-tests BenchTime with -G); the run's
+GraphOwner closes any still open when the run ends."""
 
 from __future__ import annotations
 
@@ -118,3 +119,24 @@ class CapturedGraphs:
                     self._rt.graphExecDestroy(ex)
                 except Exception:
                     pass
+
+
+class GraphOwner:
+    """Every CapturedGraphs of one run, so that the run's teardown closes any still open before the
+    communicators are destroyed (each is closed by the step that made it as well; close is
+    idempotent). ``new`` is the ``new_graphs`` argument of nccl_launch.timed_samples/checked_call."""
+
+    def __init__(self, make: Callable[[], CapturedGraphs] = CapturedGraphs):
+        self._make = make
+        self._made: list[CapturedGraphs] = []
+
+    def new(self) -> CapturedGraphs:
+        """A new CapturedGraphs, recorded for :meth:`close_all`."""
+        g = self._make()
+        self._made.append(g)
+        return g
+
+    def close_all(self) -> None:
+        """Close every graph made (closing one already closed does nothing)."""
+        while self._made:
+            self._made.pop().close()

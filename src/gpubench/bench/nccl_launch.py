@@ -119,12 +119,12 @@ def _shift(it: int, total_bytes: int, maxbytes: int) -> int:
     return total_bytes * (it % max(1, steps))
 
 
-def timed_samples(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None],
-                   barrier: Callable[[], None]) -> list[float]:
+def timed_samples(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None], barrier: Callable[[], None],
+                  new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> list[float]:
     """spec.samples per-iteration times in seconds: span / iters, or with -G G the iterations
-    captured into graphs once and each sample G graph launches, span / (iters * G) (nccl-tests
-    BenchTime)."""
-    graphs = CapturedGraphs() if spec.cuda_graph else None
+    captured into graphs once (made by ``new_graphs``) and each sample G graph launches, span /
+    (iters * G) (nccl-tests BenchTime). The graphs are closed before returning or raising."""
+    graphs = new_graphs() if spec.cuda_graph else None
     try:
         if graphs is not None:
             graphs.capture(ranks, lambda: [one(it) for it in range(spec.iters)])
@@ -144,14 +144,16 @@ def timed_samples(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None],
             graphs.close()
 
 
-def checked_call(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None]) -> None:
+def checked_call(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None],
+                 new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> None:
     """The call whose output is checked, run to completion: launched directly, or with -G captured
-    into a graph of one iteration and launched, as nccl-tests checks in graph mode."""
+    into a graph of one iteration (made by ``new_graphs``) and launched, as nccl-tests checks in
+    graph mode."""
     if not spec.cuda_graph:
         one(0)
         wait_all(ranks, spec.timeout_s)
         return
-    graphs = CapturedGraphs()
+    graphs = new_graphs()
     try:
         graphs.capture(ranks, lambda: one(0))
         graphs.launch()

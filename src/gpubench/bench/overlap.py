@@ -307,9 +307,6 @@ class Overlap(Benchmark):
     name = "overlap"
     description = "Copy/compute overlap: H2D -> kernel -> D2H on one stream vs chunks on N streams."
 
-    def devices(self, spec: OverlapSpec) -> tuple[int, ...]:
-        return gpu.resolve_devices((spec.device,))
-
     def points(self, spec: OverlapSpec, devices: tuple[int, ...]) -> list[Point]:
         return [Point(f"work {w}", w, devices=(spec.device,)) for w in spec.works]
 

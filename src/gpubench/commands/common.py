@@ -10,7 +10,9 @@ from typing import Callable, Sequence
 import click
 
 from gpubench.core import report
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError
+from gpubench.core.options import (MAX_COUNT, MAX_REPEATS, csv_list, device_id, positive_int,  # noqa: F401
+                                   timing_plan)
 from gpubench.core.result import Result, check_output_path, save
 
 
@@ -126,8 +128,9 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         after: (result, spec, code) -> exit code, called once the result is shown and saved (an
             expectation such as --expect-busbw raises RegressionFound there).
 
-    The returned command carries ``build_spec``, ``bench_name``, ``display``, ``report`` and
-    ``select_run`` so ``suite`` can run it through the driver without a JSON round trip.
+    The returned command carries ``build_spec``, ``bench_name``, ``display``, ``report``,
+    ``select_run`` and ``after`` so ``suite`` can run it through the driver without a JSON round
+    trip and apply the command's own verdict.
     """
 
     def select_run(spec) -> Callable:
@@ -161,6 +164,7 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
     cmd.display = tuple(display)  # type: ignore[attr-defined]
     cmd.report = report  # type: ignore[attr-defined]
     cmd.select_run = select_run  # type: ignore[attr-defined]
+    cmd.after = after  # type: ignore[attr-defined]
     return cmd
 
 
@@ -175,69 +179,3 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
             return run(spec, prog)
 
     return run_keeping_partial(go, report_fn, json_path=json_path, quiet=quiet)
-
-
-MAX_COUNT = 10**9  # any count option; beyond it is a typo, not a measurement
-MAX_REPEATS = 10**6  # warm-ups, iterations and samples per point
-
-
-def positive_int(name: str, value: int | None, *, allow_zero: bool = False, maximum: int = MAX_COUNT) -> int | None:
-    """Check an integer option; None passes through.
-
-    Raises:
-        UsageError: negative, zero when not allowed, or above ``maximum``.
-    """
-    if value is None:
-        return None
-    if value < 0 or (value == 0 and not allow_zero):
-        raise UsageError(f"{name} {value} must be {'>= 0' if allow_zero else '>= 1'}")
-    if value > maximum:
-        shown = value if value < 10**12 else f"(a {len(str(value))}-digit number)"
-        raise UsageError(f"{name} {shown} is too large", f"at most {maximum:,}")
-    return value
-
-
-def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind: str = "value") -> tuple[str, ...]:
-    """Split a comma list option ("h2d,d2h") into unique items, checked against ``allowed``.
-
-    Args:
-        text: the option's value.
-        what: the option's name for messages ("--direction").
-        allowed: the accepted items, or None for any.
-        kind: what an item is, for messages ("direction").
-
-    Raises:
-        UsageError: an empty list, a repeated item, or an item not in ``allowed``.
-    """
-    items = tuple(x.strip() for x in str(text).split(",") if x.strip())
-    if not items:
-        raise UsageError(f"{what} {text!r} is empty")
-    if len(set(items)) != len(items):
-        raise UsageError(f"{what} {text!r} repeats a value", "name each once")
-    if allowed is not None:
-        for x in items:
-            if x not in allowed:
-                raise UsageError(f"{kind} {x!r} not known", f"use {', '.join(allowed)}")
-    return items
-
-
-def timing_plan(warmup: int, iters: int | None, min_time: float):
-    """Check -w/--warmup, -n/--iters and --min-time and build a TimingPlan.
-
-    Raises:
-        UsageError: a negative warm-up, iterations below 1, or a min time that is not > 0.
-    """
-    from gpubench.core.timing import TimingPlan
-
-    positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
-    positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
-    if not (min_time > 0):
-        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
-    return TimingPlan(warmup=warmup, iters=iters, min_time=min_time)
-
-
-def device_id(device: int) -> int:
-    """Check a single -d/--device ordinal (no GPU needed). Raises UsageError when negative."""
-    if device < 0:
-        raise UsageError(f"-d/--device {device} is negative", "device ids start at 0")
-    return device

@@ -151,7 +151,7 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
     elif any(r.extra.get("verified") for r in recs):
         notes.append("--verify: every checked copy arrived intact.")
     if result.partial:
-        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
+        notes.append(report.partial_note(result))
     out.extend(notes)
     return out
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import click
 
 from gpubench.bench import collectives as C
-from gpubench.commands.common import MAX_REPEATS, common_options, finish, positive_int
+from gpubench.commands.common import benchmark_command
 from gpubench.core import report
-from gpubench.core.errors import RegressionFound, UsageError
+from gpubench.core.errors import RegressionFound
 from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 
 
@@ -31,63 +31,44 @@ its own NCCL_* environment variables (e.g. NCCL_NVLS_ENABLE); gpubench sets none
 """
 
 
-@click.command("nccl", help=_HELP)
-@click.argument("collective", required=False, default="all-reduce")
-@click.option("-d", "--devices", default=None, help="CUDA devices, one rank each, e.g. 0,1 [default: every visible GPU].")
-@click.option("-b", "--min-bytes", default="1M", show_default=True, help="Smallest size (nccl-tests -b; 1M = 2^20 B).")
-@click.option("-e", "--max-bytes", default="1G", show_default=True, help="Largest size (nccl-tests -e).")
-@click.option("-f", "--step-factor", type=float, default=4.0, show_default=True, help="Size multiplier per step (nccl-tests -f).")
-@click.option("-t", "--dtype", default="float", show_default=True,
-              help="Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16.")
-@click.option("-o", "--op", default="sum", show_default=True, help="Reduction: sum, prod, max, min, avg.")
-@click.option("-r", "--root", type=int, default=0, show_default=True, help=f"Root rank of {_ROOTED}.")
-@click.option("-w", "--warmup", type=int, default=1, show_default=True, help="Untimed iterations per size (nccl-tests -w).")
-@click.option("-n", "--iters", type=int, default=20, show_default=True, help="Iterations per timed sample (nccl-tests -n).")
-@click.option("--samples", type=int, default=5, show_default=True, help="Timed samples per point; the median is shown.")
-@click.option("-c", "--check", type=int, default=1, show_default=True,
-              help="Data checks per point, counting wrong elements (nccl-tests -c; 0 = off).")
-@click.option("--placement", type=click.Choice(["both", "out-of-place", "in-place"]), default="both",
-              show_default=True, help="Separate send and receive buffers, the same buffer, or both.")
-@click.option("-G", "--cuda-graph", type=int, default=0, show_default=True,
-              help="Capture the -n iterations of each size into one CUDA graph per GPU and launch it this many "
-                   "times per sample (nccl-tests -G; 0 = no graph). Cuts launch overhead at small sizes.")
-@click.option("-T", "--timeout", type=float, default=300.0, show_default=True,
-              help="Abort the communicators and exit 3 when one wait lasts longer than this many seconds "
-                   "(0 = never; nccl-tests -T).")
-@click.option("--expect-busbw", type=float, default=None,
-              help="Exit 1 when the busbw (GB/s) at the largest size is below this (node validation).")
-@click.option("--scheduler-address", default=None, help="Run one rank per worker of this Dask scheduler (tcp://host:8786).")
-@click.option("--scheduler-file", default=None, help="Like --scheduler-address, from a Dask scheduler file.")
-@common_options
-def command(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters, samples,
-            check, placement, cuda_graph, timeout, expect_busbw, scheduler_address, scheduler_file, json_path,
-            units, quiet, debug):
-    """The ``nccl`` command (its help is _HELP, written from the collectives table)."""
-    spec = build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters,
-                      samples, check, placement, cuda_graph, timeout, scheduler_address, scheduler_file)
-    if expect_busbw is not None and not expect_busbw > 0:
-        raise UsageError(f"--expect-busbw {expect_busbw} must be > 0 GB/s")
-    from gpubench.bench import nccl as bench
-
-    with report.progress(not quiet) as prog:
-        result = bench.run(spec, prog)
-    if expect_busbw is not None:
-        result.spec["expect_busbw_gbps"] = expect_busbw
-    code = finish(result, format_report(result, units), json_path=json_path, quiet=quiet)
-    if code:
-        return code
-    failure = verdict(result, expect_busbw)
-    if failure:
-        raise RegressionFound(failure)
-    return 0
-
-
-MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured into one graph
+OPTIONS = [
+    click.argument("collective", required=False, default="all-reduce"),
+    click.option("-d", "--devices", default=None,
+                 help="CUDA devices, one rank each, e.g. 0,1 [default: every visible GPU]."),
+    click.option("-b", "--min-bytes", default="1M", show_default=True, help="Smallest size (nccl-tests -b; 1M = 2^20 B)."),
+    click.option("-e", "--max-bytes", default="1G", show_default=True, help="Largest size (nccl-tests -e)."),
+    click.option("-f", "--step-factor", type=float, default=4.0, show_default=True,
+                 help="Size multiplier per step (nccl-tests -f)."),
+    click.option("-t", "--dtype", default="float", show_default=True,
+                 help="Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16."),
+    click.option("-o", "--op", default="sum", show_default=True, help="Reduction: sum, prod, max, min, avg."),
+    click.option("-r", "--root", type=int, default=0, show_default=True, help=f"Root rank of {_ROOTED}."),
+    click.option("-w", "--warmup", type=int, default=1, show_default=True,
+                 help="Untimed iterations per size (nccl-tests -w)."),
+    click.option("-n", "--iters", type=int, default=20, show_default=True,
+                 help="Iterations per timed sample (nccl-tests -n)."),
+    click.option("--samples", type=int, default=5, show_default=True, help="Timed samples per point; the median is shown."),
+    click.option("-c", "--check", type=int, default=1, show_default=True,
+                 help="Data checks per point, counting wrong elements (nccl-tests -c; 0 = off)."),
+    click.option("--placement", type=click.Choice(["both", "out-of-place", "in-place"]), default="both",
+                 show_default=True, help="Separate send and receive buffers, the same buffer, or both."),
+    click.option("-G", "--cuda-graph", type=int, default=0, show_default=True,
+                 help="Capture the -n iterations of each size into one CUDA graph per GPU and launch it this many "
+                      "times per sample (nccl-tests -G; 0 = no graph). Cuts launch overhead at small sizes."),
+    click.option("-T", "--timeout", type=float, default=300.0, show_default=True,
+                 help="Abort the communicators and exit 3 when one wait lasts longer than this many seconds "
+                      "(0 = never; nccl-tests -T)."),
+    click.option("--expect-busbw", type=float, default=None,
+                 help="Exit 1 when the busbw (GB/s) at the largest size is below this (node validation)."),
+    click.option("--scheduler-address", default=None,
+                 help="Run one rank per worker of this Dask scheduler (tcp://host:8786)."),
+    click.option("--scheduler-file", default=None, help="Like --scheduler-address, from a Dask scheduler file."),
+]
 
 
 def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters, samples,
-               check, placement, cuda_graph, timeout, scheduler_address=None, scheduler_file=None):
-    """Validate the options (no GPU needed) and build an NcclSpec.
+               check, placement, cuda_graph, timeout, scheduler_address=None, scheduler_file=None, expect_busbw=None):
+    """Parse the options (no GPU needed) into an NcclSpec, which checks every value.
 
     Raises:
         UsageError: any bad value, named in the message.
@@ -95,30 +76,33 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
     from gpubench.bench.nccl import PLACES, NcclSpec
     from gpubench.core.gpu import parse_devices
 
-    coll = C.collective(collective)
-    dt = C.dtype(dtype)
-    C.op(op)
     devs = parse_devices(devices)
     lo = parse_size(min_bytes, what="-b/--min-bytes")
     hi = parse_size(max_bytes, what="-e/--max-bytes")
     sizes = size_sweep(lo, hi, step_factor)
-    if root < 0:
-        raise UsageError(f"-r/--root {root} must be >= 0")
-    positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
-    positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
-    positive_int("--samples", samples, maximum=MAX_REPEATS)
-    positive_int("-c/--check", check, allow_zero=True)
-    positive_int("-G/--cuda-graph", cuda_graph, allow_zero=True, maximum=MAX_REPEATS)
-    if cuda_graph and iters > MAX_GRAPH_ITERS:
-        raise UsageError(f"-n/--iters {iters} with -G: the -n iterations are captured into one CUDA graph per GPU",
-                         f"at most {MAX_GRAPH_ITERS:,} with -G; raise -G for longer samples")
-    if not timeout >= 0:
-        raise UsageError(f"-T/--timeout {timeout} must be >= 0 seconds")
     places = PLACES if placement == "both" else (placement,)
-    return NcclSpec(collective=coll.name, sizes=tuple(sizes), dtype=dt.name, op=op.strip().lower(), root=root,
-                    devices=devs, warmup=warmup, iters=iters, samples=samples, check=check, places=places,
-                    cuda_graph=cuda_graph, timeout_s=float(timeout), scheduler_address=scheduler_address,
-                    scheduler_file=scheduler_file)
+    return NcclSpec(collective=collective, sizes=tuple(sizes), dtype=dtype, op=op, root=root, devices=devs,
+                    warmup=warmup, iters=iters, samples=samples, check=check, places=places, cuda_graph=cuda_graph,
+                    timeout_s=float(timeout), scheduler_address=scheduler_address, scheduler_file=scheduler_file,
+                    expect_busbw_gbps=expect_busbw)
+
+
+def select_run(spec):
+    """The run of ``spec``: one rank per Dask worker with a scheduler, else one process."""
+    from gpubench.bench import nccl as bench
+
+    return bench.run_on_dask if spec.distributed else bench.run
+
+
+def after(result, spec, code: int) -> int:
+    """Once the result is shown and saved: exit 1 (RegressionFound) on wrong data or a busbw below
+    --expect-busbw; an interrupted run keeps its code (130/143)."""
+    if code:
+        return code
+    failure = verdict(result, spec.expect_busbw_gbps)
+    if failure:
+        raise RegressionFound(failure)
+    return 0
 
 
 def _busbw_gbps(r) -> float | None:
@@ -206,5 +190,9 @@ def format_report(result, units: str = "GB") -> list:
     if spec.get("expect_busbw_gbps") is not None:
         out.append(f"--expect-busbw {spec['expect_busbw_gbps']:g} GB/s: checked on the largest size.")
     if result.partial:
-        out.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the rows above were measured.")
+        why = f"stopped by a fault ({result.failed_by})" if result.failed_by else f"interrupted by {result.interrupted_by}"
+        out.append(f"PARTIAL: {why}; only the rows above were measured.")
     return out
+
+
+command = benchmark_command("nccl", OPTIONS, build_spec, format_report, help=_HELP, run=select_run, after=after)

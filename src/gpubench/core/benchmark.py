@@ -89,13 +89,16 @@ class Benchmark:
     # -- what a plug-in declares -------------------------------------------------------------
 
     def devices(self, spec) -> tuple[int, ...]:
-        """The CUDA ordinals the run uses, checked visible (default: ``spec.devices``, or device 0).
+        """The CUDA ordinals the run uses, checked visible (default: ``spec.devices``, a one-GPU
+        spec's ``spec.device``, or device 0).
 
         Raises:
             UsageError: a device that is not visible, or too few.
         """
         from gpubench.core import gpu
 
+        if hasattr(spec, "device"):
+            return gpu.resolve_devices((spec.device,))
         return gpu.resolve_devices(getattr(spec, "devices", None))
 
     def points(self, spec, devices: tuple[int, ...]) -> list[Point]:

@@ -17,7 +17,9 @@ class Entry:
 
     Attributes:
         name: the command's name on the command line.
-        module: the import path of its click command (``command`` in that module).
+        module: the import path of its click command: a module defining ``command``, or a plug-in
+            module declaring ``OPTIONS``, ``build_spec``, ``format_report`` and ``HELP``, from which
+            the command is generated (``gpubench.cli.load_command``).
         help: one line for ``gpubench --help``.
         gpu: "yes" (needs a visible GPU), "no" (never does), or the form that works without one
             ("merge -t cpu"), listed in the no-GPU error.
@@ -42,6 +44,8 @@ ENTRIES: tuple[Entry, ...] = (
           "Pitched 2-D copies vs a row-by-row loop vs one contiguous copy vs CuPy slices."),
     Entry("overlap", "gpubench.commands.overlap",
           "Copy/compute overlap: H2D -> kernel -> D2H on one stream vs chunks on N streams."),
+    Entry("pin", "gpubench.bench.pin",
+          "Cost of page-locking host memory and of cudaMalloc: cudaHostAlloc, cudaHostRegister, frees."),
     Entry("compare", "gpubench.commands.compare", "Compare saved results: per-figure change and a noise-aware verdict.",
           "no"),
     Entry("plot", "gpubench.commands.plot", "PNG of saved results: bandwidth vs size, p2p heatmaps, merge pairs.", "no"),

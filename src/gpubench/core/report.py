@@ -170,3 +170,9 @@ def progress(enabled: bool) -> Iterator[ProgressSink]:
 def gbps(rate_bytes_per_s: float, units: str) -> float:
     """Bytes/s -> GB/s or GiB/s (for JSON extras and tests)."""
     return to_rate(rate_bytes_per_s, units)
+
+
+def partial_note(result, what: str = "points") -> str:
+    """The report's line for a partial result: what stopped it (a fault's line, or the signal)."""
+    why = f"stopped by a fault ({result.failed_by})" if result.failed_by else f"interrupted by {result.interrupted_by}"
+    return f"PARTIAL: {why}; only the {what} above were measured."

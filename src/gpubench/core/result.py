@@ -43,7 +43,7 @@ from typing import Any
 
 from gpubench import __version__
 from gpubench.core.errors import MachineError, UsageError
-from gpubench.core.stats import Summary
+from gpubench.core.stats import Summary, rates
 
 SCHEMA = "gpubench.result"
 SCHEMA_VERSION = 1
@@ -86,15 +86,24 @@ class Record:
         """Summary of the per-step seconds. Raises ValueError when there are no samples."""
         return Summary.of(self.samples_s)
 
-    def rate_summary(self) -> Summary:
-        """Summary of per-sample bandwidth in bytes per second (nbytes / seconds).
+    def rates(self) -> list[float]:
+        """Each sample's bandwidth in bytes per second, ``nbytes / seconds`` (:func:`stats.rates`),
+        the one place the division is written for every report, comparison, plot and check.
 
         Raises:
-            ValueError: no samples or nbytes is 0.
+            ValueError: nbytes is 0, or a sample that is not > 0.
         """
         if not self.nbytes:
             raise ValueError("record moves no bytes")
-        return Summary.of([self.nbytes / t for t in self.samples_s])
+        return rates(self.nbytes, self.samples_s)
+
+    def rate_summary(self) -> Summary:
+        """Summary of per-sample bandwidth in bytes per second (:meth:`rates`).
+
+        Raises:
+            ValueError: no samples, nbytes is 0, or a sample that is not > 0.
+        """
+        return Summary.of(self.rates())
 
     def mark_peak(self, peak_bytes_per_s: float | None) -> None:
         """Record the link's physical peak (B/s) in extra with the median's % of it, and flag a

@@ -1,22 +1,22 @@
-"""One timer interface, two clocks, and the sampling loop every benchmark uses.
+"""The one timing core: host clocks, the gated core for device work, and the sampling loop.
 
-Clocks (both return seconds from ``stop()``):
+- :class:`HostClock` (``time.perf_counter``) and :class:`SumClock` (a sample made of parts) time
+  host work: sockets, Dask graphs, a host gather, CUDA runtime calls that return when done.
+- :class:`GatedTimer` over :class:`Lane` s times device work with CUDA events, for one stream or
+  many, on one device or many: nvbandwidth's doMemcpyCore (memcpy.cpp). Every gated lane's stream
+  is held by a spinning kernel (:class:`gpubench.core.gpu.SpinGate`, nvbandwidth's blocking
+  kernel) while its steps are queued, the end events are recorded before the gates open, and
+  then the host waits: the host's launch cost stays out of the figure, and so does its delay
+  between releasing and recording the end. The elapsed time is ``cudaEventElapsedTime``
+  (resolution about 0.5 us per the CUDA programming guide). What a figure divides by follows
+  nvbandwidth's BandwidthValue: the first lane's time, the span until all end, each lane's own,
+  or the sum of the lanes' bandwidths (:func:`policy_seconds`, :func:`sum_bandwidth`).
+- :func:`sample_loop` is the iteration rule every benchmark shares: with ``iters`` given, exactly
+  that many samples; otherwise samples until ``min_time`` seconds of measured time and at least
+  ``min_iters`` samples, or ``max_iters`` samples; ``warmup`` untimed samples first.
 
-- :class:`HostClock`: ``time.perf_counter`` around host work (sockets, Dask graphs).
-- :class:`CudaEventClock`: a pair of CUDA events recorded on the stream that does the work; the
-  elapsed time is ``cudaEventElapsedTime`` (resolution about 0.5 us per the CUDA programming guide).
-
-A *sample* is ``reps`` back-to-back steps between one ``start()`` and one ``stop()``; its value is
-the elapsed time divided by ``reps`` (seconds per step). Optional *gate*: an object with ``hold()``
-and ``release()`` (see :class:`gpubench.core.gpu.SpinGate`). ``hold()`` runs before ``start()`` and
-blocks the stream with a spinning kernel so that every step is queued before the first one runs;
-a clock that can record its end without waiting (``mark_end()``, as CudaEventClock) records it
-before ``release()``, and waits for it after. This is nvbandwidth's method (its blocking kernel in
-memcpy.cpp: the end event is queued, then the kernel is released): the host's launch cost stays
-out of the figure, and so does the host's delay between releasing and recording the end.
-
-Iterations: with ``iters`` given, exactly that many samples. Otherwise samples are taken until
-``min_time`` seconds of measured time and at least ``min_iters`` samples, or ``max_iters`` samples.
+A *sample* is ``reps`` back-to-back steps; its value is the elapsed time divided by ``reps``
+(seconds per step).
 """
 
 from __future__ import annotations
@@ -59,43 +59,6 @@ class HostClock:
         return time.perf_counter() - self._t0
 
 
-class CudaEventClock:
-    """CUDA events recorded on ``stream`` (a ``cupy.cuda.Stream``); ``stop()`` waits for the end event.
-
-    Args:
-        stream: the stream that does the timed work.
-
-    Raises:
-        cupy.cuda.runtime.CUDARuntimeError: from the CUDA runtime, on a faulty device.
-    """
-
-    name = "cuda-event"
-
-    def __init__(self, stream) -> None:
-        import cupy
-
-        self._cupy = cupy
-        self.stream = stream
-        self._start = cupy.cuda.Event()
-        self._end = cupy.cuda.Event()
-
-    def start(self) -> None:
-        self._start.record(self.stream)
-
-    def mark_end(self) -> None:
-        """Record the end event without waiting (for clocks on several streams)."""
-        self._end.record(self.stream)
-
-    def elapsed(self) -> float:
-        """Wait for the end event and return seconds since the start event."""
-        self._end.synchronize()
-        return self._cupy.cuda.get_elapsed_time(self._start, self._end) / 1e3
-
-    def stop(self) -> float:
-        self.mark_end()
-        return self.elapsed()
-
-
 @dataclass(frozen=True)
 class TimingPlan:
     """How a point is timed; stored in every result.
@@ -118,8 +81,9 @@ class TimingPlan:
 
 
 def take_sample(step: Callable[[], None], clock: Clock, reps: int = 1, gate: Gate | None = None) -> float:
-    """Time ``reps`` calls of ``step`` as one sample; returns seconds per call. Behind a gate, a
-    clock with ``mark_end`` records its end before the gate opens (see the module's docstring)."""
+    """Time ``reps`` calls of ``step`` as one sample with a host clock; returns seconds per call.
+    Behind a gate, a clock with ``mark_end`` records its end before the gate opens (nvbandwidth's
+    order, as :class:`GatedTimer` does for device work)."""
     if gate is not None:
         gate.hold()
     marked = False
