@@ -87,9 +87,14 @@ def build_request(streams: int, seconds: float, omit: float, interval: float, le
     """
     from gpubench.bench.net_protocol import CAPS, Request, first_broken
 
-    req = Request(streams=streams, seconds=float(seconds), omit=float(omit), interval=float(interval),
-                  buffer=parse_size(length, what="-l/--length"))
+    try:
+        buffer, bad_length = parse_size(length, what="-l/--length"), None
+    except UsageError as e:  # reported where -l's checks come: after those of -P, -t, -O, -i
+        buffer, bad_length = 1, e
+    req = Request(streams=streams, seconds=float(seconds), omit=float(omit), interval=float(interval), buffer=buffer)
     limit = first_broken(req, CAPS)
+    if bad_length is not None and (limit is None or limit.key in ("buffer", "intervals")):
+        raise bad_length
     if limit is not None:
         word = OPTION_WORDING.get(limit.key)
         raise UsageError(*word(req, CAPS, length)) if word else UsageError(limit.reason(req, CAPS))
@@ -191,8 +196,8 @@ def format_report(result, units: str = "GB") -> list:
     total = recs.get("total")
     streams = [k for k in recs if k != "total"]
     out: list = []
-    if total is None:  # stopped before the first interval arrived
-        return ["no intervals received", *_partial_note(result)]
+    if total is None:  # a run stopped before the first interval arrived
+        return [report.partial_note(result, "intervals")] if result.partial else ["no records"]
     ex = total.extra
     starts, ends, omits = ex["interval_start_s"], ex["interval_end_s"], ex["interval_omit"]
     where = "loopback, this machine" if spec.get("mode") == "local" else _hostport(spec["host"], spec["port"])
@@ -234,15 +239,9 @@ def format_report(result, units: str = "GB") -> list:
     zeros = [str(k) for k in streams if recs[k].extra.get("zero_intervals")]
     if zeros:
         out.append(f"Stream(s) {', '.join(zeros)} received nothing in some counted interval(s): stalled.")
-    out.extend(_partial_note(result))
+    if result.partial:
+        out.append(report.partial_note(result, "intervals"))
     return out
-
-
-def _partial_note(result) -> list[str]:
-    if not result.partial:
-        return []
-    why = f"stopped by a fault ({result.failed_by[:120]})" if result.failed_by else f"interrupted by {result.interrupted_by}"
-    return [f"PARTIAL: {why}; only the intervals above were received."]
 
 
 command.add_command(benchmark_command("client", CLIENT_OPTIONS, build_client_spec, format_report, help=CLIENT_HELP,
