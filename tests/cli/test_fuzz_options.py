@@ -275,7 +275,7 @@ def check_invariants(argv: list[str], code, out: str, err: str) -> None:
 
 def stop_server_at_once(monkeypatch) -> None:
     """`net server` with valid options would serve forever: stop it as soon as it listens."""
-    from gpubench.bench import net
+    from gpubench.bench import net_server as net
 
     orig = net.NetServer.serve_forever
 

@@ -8,18 +8,8 @@ import threading
 
 import pytest
 
-from gpubench.bench.net import (
-    CAPS,
-    Interval,
-    LineReader,
-    ProtocolError,
-    Request,
-    RequestError,
-    build_records,
-    check_request,
-    schedule,
-    totals,
-)
+from gpubench.bench.net import Interval, build_records, totals
+from gpubench.bench.net_protocol import CAPS, LineReader, ProtocolError, Request, RequestError, check_request, schedule
 from gpubench.commands.net import build_request
 from gpubench.core.errors import UsageError
 

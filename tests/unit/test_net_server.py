@@ -12,14 +12,9 @@ import time
 
 import pytest
 
-from gpubench.bench.net import (
-    PROTOCOL_VERSION,
-    LineReader,
-    NetServer,
-    NetSpec,
-    Request,
-    run,
-)
+from gpubench.bench.net import NetSpec, run
+from gpubench.bench.net_protocol import PROTOCOL_VERSION, LineReader, Request
+from gpubench.bench.net_server import NetServer
 from gpubench.core.errors import MachineError
 
 QUICK = Request(streams=2, seconds=0.2, interval=0.1, buffer=64 * 1024)
