@@ -367,10 +367,10 @@ class Net(Benchmark):
     description = "Multi-stream TCP throughput between two hosts (server, client, local)."
     needs_gpu = False
 
-    def environment(self) -> dict:
+    def environment(self, spec: NetSpec) -> dict:
         """What net records of the machine: the host and the versions (no GPU facts: a TCP test
-        uses no GPU, and finding them costs CuPy's import and CUDA/NVML queries); see
-        :func:`_host_environment_only`."""
+        uses no GPU, and finding them costs CuPy's import and CUDA/NVML queries before the client
+        connects)."""
         from gpubench.core import env as envmod
 
         return {"host": envmod.host_info(), "versions": envmod.versions()}
@@ -431,34 +431,6 @@ class Net(Benchmark):
 
 BENCHMARK = Net()
 
-# Stopgap until the driver asks a plug-in for its environment (a Benchmark.environment() hook in
-# core/benchmark.py; see docs/net.md): the driver calls core.env.capture() before the first
-# point, whose CuPy import and CUDA/NVML queries cost a net client 0.7-1.3 s before it connects
-# (on a loaded 2-core host) and record GPU facts net has never recorded. While a net run is in
-# the driver, capture() is Net.environment(); counted, so concurrent runs in threads (the
-# server's tests) restore it once, after the last. A command runs one benchmark at a time.
-_env_lock = threading.Lock()
-_env_runs = 0
-_full_capture: Any = None
-
-
-@contextlib.contextmanager
-def _host_environment_only() -> Iterator[None]:
-    global _env_runs, _full_capture
-    from gpubench.core import env as envmod
-
-    with _env_lock:
-        if _env_runs == 0:
-            _full_capture, envmod.capture = envmod.capture, BENCHMARK.environment
-        _env_runs += 1
-    try:
-        yield
-    finally:
-        with _env_lock:
-            _env_runs -= 1
-            if _env_runs == 0:
-                envmod.capture, _full_capture = _full_capture, None
-
 
 def run(spec: NetSpec, progress: ProgressSink | None = None) -> Result:
     """Run one test against a server (``net local``: one started here) through the driver.
@@ -478,8 +450,7 @@ def run(spec: NetSpec, progress: ProgressSink | None = None) -> Result:
             the server or the network failed during the test (``partial_result`` then keeps the
             intervals received).
     """
-    with _host_environment_only():
-        return driver.run(BENCHMARK, spec, progress)
+    return driver.run(BENCHMARK, spec, progress)
 
 
 def run_local(request: Request, progress: ProgressSink | None = None) -> Result:
