@@ -9,7 +9,6 @@ Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (ba
 
 from __future__ import annotations
 
-import importlib
 import sys
 import traceback
 
@@ -18,27 +17,10 @@ import click
 from gpubench import __version__
 from gpubench.core import signals
 from gpubench.core.errors import GpubenchError
-from gpubench.core.registry import INVOCATION, REGISTRY
+from gpubench.core.registry import INVOCATION, REGISTRY, load_command
 from gpubench.core.signals import Interrupted
 
 COMMANDS = REGISTRY  # name -> Entry (module, one-line help, GPU need), in `gpubench --help` order
-
-
-def load_command(name: str) -> click.Command:
-    """The click command of ``name``: its module's ``command``, or one generated from a plug-in
-    module's declared OPTIONS, build_spec, format_report and HELP (commands/common.benchmark_command).
-
-    Raises:
-        KeyError: ``name`` is not registered.
-    """
-    module = importlib.import_module(COMMANDS[name].module)
-    cmd = getattr(module, "command", None)
-    if cmd is None:
-        from gpubench.commands.common import benchmark_command
-
-        cmd = benchmark_command(name, module.OPTIONS, module.build_spec, module.format_report, help=module.HELP)
-        setattr(module, "command", cmd)  # generated once per process
-    return cmd
 
 
 class LazyGroup(click.Group):

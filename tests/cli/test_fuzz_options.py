@@ -151,7 +151,7 @@ EXTRAS = st.sampled_from([[]] * 10 + [["--help"], ["--nosuch"], ["stray"], ["--j
 
 def _targets() -> dict[str, click.Command]:
     out = {}
-    from gpubench.cli import load_command
+    from gpubench.core.registry import load_command
 
     for name in COMMANDS:
         cmd = load_command(name)

@@ -143,7 +143,7 @@ def _notes(result, units: str) -> list[str]:
     elif any(r.extra.get("verified") for r in recs):
         notes.append("check: every strategy's pieces arrived intact, in the right places.")
     if result.partial:
-        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
+        notes.append(report.partial_note(result))
     peaks = {r.extra.get("peak_bytes_per_s") for r in recs if r.extra.get("peak_bytes_per_s")}
     if peaks:
         notes.append("% peak: of the raw PCIe line rate per direction, " +

@@ -164,7 +164,7 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
         notes.append("% peak: of the raw PCIe line rate per direction, " +
                      ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
     if result.partial:
-        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the points above were measured.")
+        notes.append(report.partial_note(result))
     out.extend(notes)
     return out
 

@@ -140,7 +140,7 @@ def format_report(result, units: str = "GB") -> list:
     if any(r.extra.get("gate_dropped") for r in recs):
         notes.append("Some runs were timed without the gate: the driver's queue filled while the gate held.")
     if result.partial:
-        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the rows above were measured.")
+        notes.append(report.partial_note(result, "rows"))
     out.extend(notes)
     return out
 

@@ -171,7 +171,7 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
         if r.error and "cudaDeviceCanAccessPeer" not in r.error:
             notes.append(f"{r.params['test']} GPU {r.params['src']} -> GPU {r.params['dst']}: {r.error}")
     if result.partial:
-        notes.append(f"PARTIAL: interrupted by {result.interrupted_by}; only the cells above were measured.")
+        notes.append(report.partial_note(result, "cells"))
     out.extend(notes)
     return out
 

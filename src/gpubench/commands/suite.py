@@ -138,10 +138,10 @@ def module_exists(command: str) -> bool:
 
 
 def step_command(command: str) -> click.Command:
-    """The click command of a registered command (its module's ``command``)."""
-    from gpubench.core.registry import REGISTRY
+    """The click command of a registered command (``core.registry.load_command``)."""
+    from gpubench.core.registry import load_command
 
-    return importlib.import_module(REGISTRY[command].module).command
+    return load_command(command)
 
 
 def is_generated(cmd: click.Command) -> bool:
@@ -180,7 +180,8 @@ def run_step(command: str, argv: list[str], json_path: Path, *, quiet: bool = Tr
 
     Raises:
         GpubenchError: what the step raised; a MachineError keeps the finished points in
-            ``partial_result``.
+            ``partial_result`` (also when the command's own verdict, its ``after`` hook, failed
+            a complete result: wrong data, say).
     """
     from gpubench.core import report
 
@@ -189,7 +190,18 @@ def run_step(command: str, argv: list[str], json_path: Path, *, quiet: bool = Tr
         return run_cli_step(command, argv, json_path)
     spec = step_spec(cmd, argv)
     with report.progress(not quiet) as prog:
-        return cmd.select_run(spec)(spec, prog)
+        result = cmd.select_run(spec)(spec, prog)
+    after = getattr(cmd, "after", None)
+    if after is not None and not result.partial:
+        from gpubench.core.errors import MachineError, RegressionFound
+
+        try:
+            after(result, spec, 0)  # the command's own verdict (nccl: wrong data, --expect-busbw)
+        except RegressionFound as e:
+            err = MachineError(e.message, e.hint)
+            err.partial_result = result  # kept in the bundle; the step is an error
+            raise err from None
+    return result
 
 
 def run_cli_step(command: str, argv: list[str], json_path: Path):

@@ -55,6 +55,26 @@ ENTRIES: tuple[Entry, ...] = (
 REGISTRY: dict[str, Entry] = {e.name: e for e in ENTRIES}
 
 
+def load_command(name: str):
+    """The click command of ``name`` (imported now): its module's ``command``, or one generated
+    from a plug-in module's declared OPTIONS, build_spec, format_report and HELP
+    (``commands.common.benchmark_command``), made once per process.
+
+    Raises:
+        KeyError: ``name`` is not registered.
+    """
+    import importlib
+
+    module = importlib.import_module(REGISTRY[name].module)
+    cmd = getattr(module, "command", None)
+    if cmd is None:
+        from gpubench.commands.common import benchmark_command
+
+        cmd = benchmark_command(name, module.OPTIONS, module.build_spec, module.format_report, help=module.HELP)
+        setattr(module, "command", cmd)
+    return cmd
+
+
 def no_gpu_commands() -> tuple[str, ...]:
     """The commands (or their forms) that work without a GPU, in registry order."""
     return tuple(e.name if e.gpu == "no" else e.gpu for e in ENTRIES if e.gpu != "yes")
