@@ -31,7 +31,7 @@ def pandas_reference(chunk_size: int, base_chunks: int, other_chunks: int, frac_
     """The same frames made in this process with the benchmark's generator, joined by pandas."""
     import pandas as pd
 
-    from gpubench.bench.merge import generate_chunk
+    from gpubench.bench.merge_data import generate_chunk
 
     base = pd.concat([generate_chunk((i, chunk_size, base_chunks, "build", frac_match, False))
                       for i in range(base_chunks)]).drop(columns="shuffle")
