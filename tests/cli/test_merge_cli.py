@@ -271,3 +271,30 @@ def test_ctrl_c_while_the_cluster_closes_keeps_the_runs_and_closes_it(tmp_path, 
     while _spawned_workers() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _spawned_workers() == []
+
+
+def test_ctrl_c_during_the_join_check_keeps_the_last_run(tmp_path, capsys, monkeypatch):
+    """A (noted) SIGINT while the last run's join is checked: that run was measured and is kept,
+    unchecked; the result is partial, exit 130."""
+    import json
+    import signal
+
+    from gpubench.bench import merge as bench
+    from gpubench.cli import main
+    from gpubench.core import signals
+
+    def interrupted(*a, **k):
+        signals.note_signal(signal.SIGINT)  # as the CLI's handler does before raising
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "join_check", interrupted)
+    out = tmp_path / "m.json"
+    with pytest.raises(SystemExit) as ei:
+        main(["merge", "-t", "cpu", "-d", "0,1", "-c", "20_000", "--runs", "2", "--warmup-runs", "0",
+              "--json", str(out)])
+    _, err = capsys.readouterr()
+    assert ei.value.code == 130, err
+    data = json.loads(out.read_text())
+    assert data["partial"] is True and data["interrupted_by"] == "SIGINT"
+    (rec,) = data["records"]
+    assert len(rec["samples_s"]) == 2 and rec["extra"]["join_check"] is None

@@ -56,6 +56,7 @@ from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.scheduler import error_line, run_on_workers, wait_watching
+from gpubench.core.signals import Interrupted, signal_noted
 
 TYPES = ("gpu", "cpu")
 PROTOCOLS = ("tcp", "ucx")
@@ -421,6 +422,18 @@ def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
     }
 
 
+def _join_check_keeping_the_run(client, joined, index: Mapping[str, int], timeout_s: float) -> dict | None:
+    """merge_data.join_check of the last run; None when a signal the CLI's handler noted stops it:
+    the run was measured, so it is kept (unchecked) and the driver stops on that signal right after
+    this point. An interrupt nobody noted is raised, as in any other step."""
+    try:
+        return join_check(client, joined, index, timeout_s)
+    except (KeyboardInterrupt, Interrupted):
+        if not signal_noted():
+            raise
+        return None
+
+
 def _signal_name(e: BaseException) -> str:
     return "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
 
@@ -499,7 +512,7 @@ class Merge(Benchmark):
                 return []
             rec = run_record(spec, len(index), out)
             if joined is not None:
-                rec.extra["join_check"] = join_check(client, joined, index, spec.timeout_s)
+                rec.extra["join_check"] = _join_check_keeping_the_run(client, joined, index, spec.timeout_s)
             return [rec]
         except Exception as e:
             if is_oom(e):
