@@ -31,7 +31,7 @@ def pandas_reference(chunk_size: int, base_chunks: int, other_chunks: int, frac_
     """The same frames made in this process with the benchmark's generator, joined by pandas."""
     import pandas as pd
 
-    from gpubench.bench.merge import generate_chunk
+    from gpubench.bench.merge_data import generate_chunk
 
     base = pd.concat([generate_chunk((i, chunk_size, base_chunks, "build", frac_match, False))
                       for i in range(base_chunks)]).drop(columns="shuffle")
@@ -237,15 +237,24 @@ def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path, pr
     assert data["partial"] is True
 
 
+def _two_cpu_runs(tmp_path, capsys) -> tuple:
+    """``gpubench merge -t cpu`` with 2 timed runs and no warm-up, in this process: (exit code,
+    stderr, the saved JSON or None)."""
+    from gpubench.cli import main
+
+    out = tmp_path / "m.json"
+    with pytest.raises(SystemExit) as ei:
+        main(["merge", "-t", "cpu", "-d", "0,1", "-c", "20_000", "--runs", "2", "--warmup-runs", "0",
+              "--json", str(out)])
+    _, err = capsys.readouterr()
+    return ei.value.code, err, json.loads(out.read_text()) if out.exists() else None
+
+
 def test_ctrl_c_while_the_cluster_closes_keeps_the_runs_and_closes_it(tmp_path, capsys, monkeypatch):
     """A KeyboardInterrupt inside LocalCluster.close (the first one): the close is tried again, no
     worker is left, and the finished runs are printed and saved as partial (exit 130)."""
-    import json
-
     pytest.importorskip("psutil")
     import distributed
-
-    from gpubench.cli import main
 
     real_close = distributed.LocalCluster.close
     calls = {"n": 0}
@@ -257,17 +266,32 @@ def test_ctrl_c_while_the_cluster_closes_keeps_the_runs_and_closes_it(tmp_path, 
         return real_close(self, *a, **k)
 
     monkeypatch.setattr(distributed.LocalCluster, "close", close_interrupted_once)
-    out = tmp_path / "m.json"
-    with pytest.raises(SystemExit) as ei:
-        main(["merge", "-t", "cpu", "-d", "0,1", "-c", "20_000", "--runs", "2", "--warmup-runs", "0",
-              "--json", str(out)])
-    o, err = capsys.readouterr()
-    assert ei.value.code == 130, err
+    code, err, data = _two_cpu_runs(tmp_path, capsys)
+    assert code == 130, err
     assert calls["n"] >= 2
-    data = json.loads(out.read_text())
     assert data["partial"] is True and data["interrupted_by"] == "SIGINT"
     assert len(data["records"][0]["samples_s"]) == 2
     deadline = time.monotonic() + 10
     while _spawned_workers() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _spawned_workers() == []
+
+
+def test_ctrl_c_during_the_join_check_keeps_the_last_run(tmp_path, capsys, monkeypatch):
+    """A (noted) SIGINT while the last run's join is checked: that run was measured and is kept,
+    unchecked; the result is partial, exit 130."""
+    import signal
+
+    from gpubench.bench import merge as bench
+    from gpubench.core import signals
+
+    def interrupted(*a, **k):
+        signals.note_signal(signal.SIGINT)  # as the CLI's handler does before raising
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "join_check", interrupted)
+    code, err, data = _two_cpu_runs(tmp_path, capsys)
+    assert code == 130, err
+    assert data["partial"] is True and data["interrupted_by"] == "SIGINT"
+    (rec,) = data["records"]
+    assert len(rec["samples_s"]) == 2 and rec["extra"]["join_check"] is None

@@ -8,6 +8,9 @@ import math
 import pytest
 
 from gpubench.bench import merge as m
+from gpubench.bench import merge_cluster as mc
+from gpubench.bench import merge_data as md
+from gpubench.bench import merge_stats as ms
 from gpubench.commands.merge import build_spec, format_bytes, format_lines, format_notes, format_time, parse_pool_size
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
@@ -19,9 +22,9 @@ GiB = 2**30
 
 
 def test_hmean_by_hand():
-    assert m.hmean([1.0, 2.0, 4.0]) == pytest.approx(3 / (1 + 0.5 + 0.25))
-    assert m.hmean([5.0]) == 5.0
-    assert m.hmean([]) == 0
+    assert ms.hmean([1.0, 2.0, 4.0]) == pytest.approx(3 / (1 + 0.5 + 0.25))
+    assert ms.hmean([5.0]) == 5.0
+    assert ms.hmean([]) == 0
 
 
 def test_hstd_by_hand():
@@ -29,16 +32,16 @@ def test_hstd_by_hand():
     inv = [1.0, 0.5, 0.25]
     rmean = sum(inv) / 3
     rvar = sum((v - rmean) ** 2 for v in inv) / 3  # population variance, as numpy's var
-    assert m.hstd(xs) == pytest.approx(math.sqrt(rvar / (3 * rmean**4)))
-    assert m.hstd([7.0, 7.0]) == 0.0
-    assert m.hstd([]) == 0
+    assert ms.hstd(xs) == pytest.approx(math.sqrt(rvar / (3 * rmean**4)))
+    assert ms.hstd([7.0, 7.0]) == 0.0
+    assert ms.hstd([]) == 0
 
 
 def test_hmean_hstd_match_numpy_formulas():
     np = pytest.importorskip("numpy")
     a = np.array([3.0e8, 8.1e8, 7.9e8, 1.2e9, 5.5e7])
-    assert m.hmean(list(a)) == pytest.approx(1 / np.mean(1 / a))
-    assert m.hstd(list(a)) == pytest.approx(np.sqrt(np.var(1 / a) / (len(a) * np.mean(1 / a) ** 4)))
+    assert ms.hmean(list(a)) == pytest.approx(1 / np.mean(1 / a))
+    assert ms.hstd(list(a)) == pytest.approx(np.sqrt(np.var(1 / a) / (len(a) * np.mean(1 / a) ** 4)))
 
 
 # --- pair statistics from transfer_incoming_log ---------------------------------------------------
@@ -57,7 +60,7 @@ def test_pair_statistics_quantiles_totals_and_direction():
         B: [_e(A, 8_000_000, 50.0)],
         C: [],
     }
-    pairs = m.pair_statistics(logs, INDEX, ignore_size=None)
+    pairs = ms.pair_statistics(logs, INDEX, ignore_size=None)
     assert [(p.w1, p.w2) for p in pairs] == [(0, 1), (1, 0)]
     ab = pairs[0]
     # (w1, w2) = (receiver, sender): A received four transfers from B
@@ -65,36 +68,36 @@ def test_pair_statistics_quantiles_totals_and_direction():
     # numpy's linear quantiles of [100, 200, 300, 400]: positions 0.75, 1.5, 2.25
     assert (ab.q25, ab.q50, ab.q75) == pytest.approx((175.0, 250.0, 325.0))
     assert (ab.min, ab.max) == (100.0, 400.0)
-    assert ab.hmean == pytest.approx(m.hmean([100.0, 200.0, 300.0, 400.0]))
+    assert ab.hmean == pytest.approx(ms.hmean([100.0, 200.0, 300.0, 400.0]))
     ba = pairs[1]
     assert (ba.n, ba.total_bytes, ba.q50) == (1, 8_000_000, 50.0)
 
 
 def test_pair_statistics_ignore_size_leaves_small_transfers_out():
     logs = {A: [_e(B, 999, 1.0), _e(B, 1000, 10.0), _e(C, 10, 5.0)]}
-    pairs = m.pair_statistics(logs, INDEX, ignore_size=1000)
+    pairs = ms.pair_statistics(logs, INDEX, ignore_size=1000)
     assert len(pairs) == 1
     p = pairs[0]
     assert (p.w1, p.w2, p.n, p.total_bytes, p.q50) == (0, 1, 1, 1000, 10.0)
-    assert m.pair_statistics(logs, INDEX, ignore_size=10**6) == []
-    assert len(m.pair_statistics(logs, INDEX, ignore_size=0)) == 2
+    assert ms.pair_statistics(logs, INDEX, ignore_size=10**6) == []
+    assert len(ms.pair_statistics(logs, INDEX, ignore_size=0)) == 2
 
 
 def test_pair_statistics_skips_workers_not_in_the_index():
     logs = {A: [_e("tcp://gone:1", 10**7, 1.0)], "tcp://gone:1": [_e(A, 10**7, 1.0)]}
-    assert m.pair_statistics(logs, INDEX, None) == []
+    assert ms.pair_statistics(logs, INDEX, None) == []
 
 
 def test_address_to_index_groups_hosts_then_devices():
     devices = {"tcp://10.0.0.2:5": 0, "tcp://10.0.0.1:9": 1, "tcp://10.0.0.1:7": 0, "ucx://10.0.0.2:3": 1}
-    idx = m.address_to_index(devices)
+    idx = ms.address_to_index(devices)
     assert idx == {"tcp://10.0.0.1:7": 0, "tcp://10.0.0.1:9": 1, "tcp://10.0.0.2:5": 2, "ucx://10.0.0.2:3": 3}
 
 
 def test_address_host_forms():
-    assert m._address_host("tcp://127.0.0.1:4000") == "127.0.0.1"
-    assert m._address_host("ucx://[::1]:4000") == "::1"
-    assert m._address_host("inproc://host/1/2") == "host/1/2".rsplit(":", 1)[0]
+    assert ms._address_host("tcp://127.0.0.1:4000") == "127.0.0.1"
+    assert ms._address_host("ucx://[::1]:4000") == "::1"
+    assert ms._address_host("inproc://host/1/2") == "host/1/2".rsplit(":", 1)[0]
 
 
 # --- pool and device checks ----------------------------------------------------------------------
@@ -106,45 +109,45 @@ def _spec(**kw):
 
 def test_pool_that_fits_passes():
     mem = {0: (140 * GiB, 141 * GiB), 1: (140 * GiB, 141 * GiB)}
-    m.check_devices_and_memory(_spec(rmm_pool_bytes=30 * 10**9), 2, mem, scheduler_device=0)
+    mc.check_devices_and_memory(_spec(rmm_pool_bytes=30 * 10**9), 2, mem, scheduler_device=0)
 
 
 def test_pool_larger_than_free_memory_is_refused_naming_the_gpu():
     mem = {0: (140 * GiB, 141 * GiB), 1: (20 * GiB, 141 * GiB)}
     with pytest.raises(UsageError) as e:
-        m.check_devices_and_memory(_spec(rmm_pool_bytes=30 * 10**9), 2, mem, scheduler_device=0)
+        mc.check_devices_and_memory(_spec(rmm_pool_bytes=30 * 10**9), 2, mem, scheduler_device=0)
     assert "GPU 1" in e.value.message and "free" in e.value.message
     with pytest.raises(UsageError):
-        m.check_devices_and_memory(_spec(rmm_pool_bytes=500 * 10**9), 2, {0: (140 * GiB, 141 * GiB),
+        mc.check_devices_and_memory(_spec(rmm_pool_bytes=500 * 10**9), 2, {0: (140 * GiB, 141 * GiB),
                                                                          1: (140 * GiB, 141 * GiB)})
 
 
 def test_pool_leaves_room_for_the_context_and_the_scheduler_pool():
     pool = 10 * GiB
-    just = pool + m.CONTEXT_MARGIN_BYTES
+    just = pool + mc.CONTEXT_MARGIN_BYTES
     mem = {0: (just, 80 * GiB), 1: (just, 80 * GiB)}
     # device 1 has exactly pool + context; device 0 also hosts the scheduler's 1 GB pool and context
     with pytest.raises(UsageError) as e:
-        m.check_devices_and_memory(_spec(rmm_pool_bytes=pool), 2, mem, scheduler_device=0)
+        mc.check_devices_and_memory(_spec(rmm_pool_bytes=pool), 2, mem, scheduler_device=0)
     assert "GPU 0" in e.value.message and "scheduler" in e.value.message
-    m.check_devices_and_memory(_spec(rmm_pool_bytes=pool), 2, mem, scheduler_device=None)
+    mc.check_devices_and_memory(_spec(rmm_pool_bytes=pool), 2, mem, scheduler_device=None)
     with pytest.raises(UsageError):
-        m.check_devices_and_memory(_spec(rmm_pool_bytes=pool + 1), 2, mem, scheduler_device=None)
+        mc.check_devices_and_memory(_spec(rmm_pool_bytes=pool + 1), 2, mem, scheduler_device=None)
 
 
 def test_pool_fraction_default_and_async():
     total = 100 * GiB
-    assert m.required_device_bytes(_spec(rmm_pool_fraction=0.25), total) == 25 * GiB
-    assert m.required_device_bytes(_spec(), total) == 50 * GiB  # RMM's default: half
-    assert m.required_device_bytes(_spec(rmm_async=True), total) == 0
-    assert m.required_device_bytes(_spec(disable_rmm_pool=True), total) == 0
+    assert mc.required_device_bytes(_spec(rmm_pool_fraction=0.25), total) == 25 * GiB
+    assert mc.required_device_bytes(_spec(), total) == 50 * GiB  # RMM's default: half
+    assert mc.required_device_bytes(_spec(rmm_async=True), total) == 0
+    assert mc.required_device_bytes(_spec(disable_rmm_pool=True), total) == 0
     with pytest.raises(UsageError):
-        m.check_devices_and_memory(_spec(rmm_pool_fraction=0.9), 2, {0: (60 * GiB, total), 1: (60 * GiB, total)}, None)
+        mc.check_devices_and_memory(_spec(rmm_pool_fraction=0.9), 2, {0: (60 * GiB, total), 1: (60 * GiB, total)}, None)
 
 
 def test_device_not_visible_is_refused():
     with pytest.raises(UsageError) as e:
-        m.check_devices_and_memory(_spec(devices=(0, 5)), 2, {0: (GiB * 100, GiB * 100)}, 0)
+        mc.check_devices_and_memory(_spec(devices=(0, 5)), 2, {0: (GiB * 100, GiB * 100)}, 0)
     assert "device 5" in e.value.message and "2 GPU" in e.value.message
 
 
@@ -213,8 +216,8 @@ def test_bad_options_are_refused_with_one_line(kw, needle):
 def test_generate_chunk_build_and_other_frames():
     pytest.importorskip("pandas")
     n, chunks, frac = 1000, 2, 0.3
-    builds = [m.generate_chunk((i, n, chunks, "build", frac, False)) for i in range(chunks)]
-    others = [m.generate_chunk((i, n, chunks, "other", frac, False)) for i in range(chunks)]
+    builds = [md.generate_chunk((i, n, chunks, "build", frac, False)) for i in range(chunks)]
+    others = [md.generate_chunk((i, n, chunks, "other", frac, False)) for i in range(chunks)]
     base_keys = set()
     for i, b in enumerate(builds):
         assert list(b.columns) == ["key", "shuffle", "payload"] and len(b) == n
@@ -226,7 +229,7 @@ def test_generate_chunk_build_and_other_frames():
         # frac_match of the rows match, balanced over the base partitions: int(n // chunks * frac) each
         assert sum(k in base_keys for k in o["key"]) == chunks * int(n // chunks * frac)
     # the same call gives the same data (seeded on every call)
-    assert builds[0].equals(m.generate_chunk((0, n, chunks, "build", frac, False)))
+    assert builds[0].equals(md.generate_chunk((0, n, chunks, "build", frac, False)))
 
 
 # --- dask-cuda's text formatting -------------------------------------------------------------------
@@ -245,8 +248,8 @@ def _result(pairs, samples=(2.0, 4.0), nbytes=3_200_000_000, spec_kw=None, worke
     tps = [nbytes / s for s in samples]
     ph = [p["hmean"] for p in pairs if p["hmean"] > 0]
     extra = {
-        "throughputs_Bps": tps, "throughput_hmean_Bps": m.hmean(tps), "throughput_hstd_Bps": m.hstd(tps),
-        "bandwidth_hmean_Bps": m.hmean(ph), "bandwidth_hstd_Bps": m.hstd(ph),
+        "throughputs_Bps": tps, "throughput_hmean_Bps": ms.hmean(tps), "throughput_hstd_Bps": ms.hstd(tps),
+        "bandwidth_hmean_Bps": ms.hmean(ph), "bandwidth_hstd_Bps": ms.hstd(ph),
         "wall_clock_mean_s": sum(samples) / len(samples), "wall_clock_std_s": 1.0, "pairs": pairs,
         "workers": [{"index": i, "address": f"tcp://h:{100 + i}", "device": i} for i in range(workers)],
         "transfers_logged": 9, "transfers_counted": 7, "transfer_log_overflowed": [], "join_check": {"rows": 5},
@@ -305,7 +308,7 @@ def test_report_of_a_run_with_no_timed_result():
 
 @pytest.mark.parametrize("value", ["", " ", "-1", "-1,0"])
 def test_cuda_visible_devices_hiding_every_gpu_is_no_gpu(value):
-    from gpubench.bench.merge import check_cuda_visible_devices
+    from gpubench.bench.merge_cluster import check_cuda_visible_devices
     from gpubench.core.errors import NoGPUError
 
     with pytest.raises(NoGPUError) as ei:
@@ -316,7 +319,7 @@ def test_cuda_visible_devices_hiding_every_gpu_is_no_gpu(value):
 @pytest.mark.parametrize("value, devices, hidden", [("1", (0,), 0), ("0", (0, 1), 1), ("2,3", (2, 0), 0),
                                                      ("0,-1,1", (0, 1), 1)])
 def test_a_device_hidden_by_cuda_visible_devices_is_named(value, devices, hidden):
-    from gpubench.bench.merge import check_cuda_visible_devices
+    from gpubench.bench.merge_cluster import check_cuda_visible_devices
     from gpubench.core.errors import UsageError
 
     with pytest.raises(UsageError) as ei:
@@ -327,13 +330,13 @@ def test_a_device_hidden_by_cuda_visible_devices_is_named(value, devices, hidden
 @pytest.mark.parametrize("value, devices", [(None, (0, 5)), ("0,1", (1, 0)), ("3,2", (2,)),
                                             ("GPU-8c1e2f3a", (0,)), ("MIG-1234", (7,))])
 def test_devices_shown_or_not_comparable_pass(value, devices):
-    from gpubench.bench.merge import check_cuda_visible_devices
+    from gpubench.bench.merge_cluster import check_cuda_visible_devices
 
     check_cuda_visible_devices(devices, value)
 
 
 def test_an_interface_this_host_lacks_is_a_usage_error():
-    from gpubench.bench.merge import check_interface
+    from gpubench.bench.merge_cluster import check_interface
     from gpubench.core.errors import UsageError
 
     check_interface("lo")
@@ -348,7 +351,7 @@ def test_an_interface_without_ipv4_is_a_usage_error(monkeypatch):
 
     import psutil
 
-    from gpubench.bench.merge import check_interface
+    from gpubench.bench.merge_cluster import check_interface
     from gpubench.core.errors import UsageError
 
     fake = {"lo": [SimpleNamespace(family=socket.AF_INET)], "ifb0": [SimpleNamespace(family=socket.AF_INET6)]}

@@ -10,8 +10,7 @@ import re
 
 import click
 
-from gpubench.commands.common import common_options, run_keeping_partial
-from gpubench.core import report
+from gpubench.commands.common import benchmark_command
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, parse_size
 
@@ -19,74 +18,62 @@ SEPARATOR_LEN = 80
 KEY_LEN = 25
 
 
-@click.command("merge")
-@click.option("-t", "--type", "merge_type", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
-              help="gpu: cuDF partitions on a LocalCUDACluster; cpu: pandas partitions on a plain Dask "
-                   "LocalCluster (one worker per -d entry), same join.")
-@click.option("-d", "--devices", "--devs", "devices", default="0", show_default=True,
-              help="GPUs, one worker each, e.g. 0,1 (physical ids, as dask-cuda's -d).")
-@click.option("-p", "--protocol", type=click.Choice(["tcp", "ucx", "ucxx"]), default="tcp", show_default=True,
-              help="tcp, or ucx through distributed-ucxx (ucxx is the same).")
-@click.option("-c", "--chunk-size", type=int, default=1_000_000, show_default=True,
-              help="Rows per partition of each frame (underscores allowed: 50_000_000).")
-@click.option("--base-chunks", type=int, default=None, help="Partitions of the base frame [default: workers].")
-@click.option("--other-chunks", type=int, default=None, help="Partitions of the other frame [default: workers].")
-@click.option("--frac-match", type=float, default=0.3, show_default=True,
-              help="Fraction of the other frame's keys that match the base frame, in (0, 1].")
-@click.option("--broadcast-join", is_flag=True, help="Use a broadcast join when possible.")
-@click.option("--shuffle-join", is_flag=True, help="Use a shuffle join (takes precedence over --broadcast-join).")
-@click.option("--shuffle-method", type=click.Choice(["tasks", "p2p", "disk"]), default="tasks", show_default=True,
-              help="Dask's shuffle; under p2p the transfer logs (the pair table) stay almost empty.")
-@click.option("--no-shuffle", is_flag=True, help="Do not shuffle the base frame's keys (dask-cuda's --no-shuffle).")
-@click.option("-s", "--set-index", is_flag=True, help="set_index('key') on the joined frame.")
-@click.option("--rmm-pool-size", default=None,
-              help="RMM pool per worker, read as dask-cuda reads it: a size (30GB and 30G = 30e9 B, 30GiB = "
-                   "30 x 2^30 B) or a fraction of the GPU's memory "
-                   "(0.5) [default: RMM's, half of the GPU's memory].")
-@click.option("--disable-rmm-pool", is_flag=True, help="RMM without a pool.")
-@click.option("--rmm-async", "--enable-rmm-async", "rmm_async", is_flag=True,
-              help="RMM's CudaAsyncMemoryResource instead of a pool.")
-@click.option("--enable-cudf-spill", is_flag=True, help="Enable cuDF's built-in spilling.")
-@click.option("--enable-tcp-over-ucx/--disable-tcp-over-ucx", default=None, help="UCX TCP transport [default: automatic].")
-@click.option("--enable-nvlink/--disable-nvlink", default=None, help="UCX NVLink (cuda_ipc) transport [default: automatic].")
-@click.option("--enable-infiniband/--disable-infiniband", default=None, help="UCX InfiniBand transport [default: automatic].")
-@click.option("--enable-rdmacm/--disable-rdmacm", default=None, help="UCX RDMACM [default: automatic].")
-@click.option("--interface", default=None, help="Network interface the workers and scheduler listen on, e.g. ib0.")
-@click.option("--threads-per-worker", type=int, default=1, show_default=True, help="Dask threads per worker.")
-@click.option("--runs", type=int, default=3, show_default=True, help="Timed runs.")
-@click.option("--warmup-runs", type=int, default=1, show_default=True, help="Untimed runs before them.")
-@click.option("--ignore-size", default="1MiB", show_default=True,
-              help="Leave transfers smaller than this out of the pair table (0 keeps all).")
-@click.option("--scheduler-address", default=None, help="Use an existing cluster, e.g. tcp://HOST:8786.")
-@click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False),
-              help="Use an existing cluster through its scheduler file.")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
-              help="Seconds a cluster start, a data generation or one join may take.")
-@common_options
-def command(merge_type, devices, protocol, chunk_size, base_chunks, other_chunks, frac_match, broadcast_join,
-            shuffle_join, shuffle_method, no_shuffle, set_index, rmm_pool_size, disable_rmm_pool, rmm_async,
-            enable_cudf_spill, enable_tcp_over_ucx, enable_nvlink, enable_infiniband, enable_rdmacm, interface,
-            threads_per_worker, runs, warmup_runs, ignore_size, scheduler_address, scheduler_file, timeout_s,
-            json_path, units, quiet, debug):
-    """Distributed cuDF (or pandas) merge on Dask(-CUDA) over tcp or ucx: dask-cuda's local_cudf_merge.
+HELP = """Distributed cuDF (or pandas) merge on Dask(-CUDA) over tcp or ucx: dask-cuda's local_cudf_merge.
 
     Prints dask-cuda's report: per-run wall clock and throughput (data processed by the whole
     cluster / wall clock), their harmonic means, and per worker-pair bandwidth percentiles from
     the workers' incoming-transfer logs during the timed joins. Sizes and rates in that block are
     binary (GiB = 2^30 B), as dask-cuda prints them.
     """
-    spec = build_spec(merge_type, devices, protocol, chunk_size, base_chunks, other_chunks, frac_match,
-                      broadcast_join, shuffle_join, shuffle_method, no_shuffle, set_index, rmm_pool_size,
-                      disable_rmm_pool, rmm_async, enable_cudf_spill, enable_tcp_over_ucx, enable_nvlink,
-                      enable_infiniband, enable_rdmacm, interface, threads_per_worker, runs, warmup_runs,
-                      ignore_size, scheduler_address, scheduler_file, timeout_s)
-    from gpubench.bench import merge as bench
 
-    def run():
-        with report.progress(not quiet) as prog:
-            return bench.run(spec, prog)
-
-    return run_keeping_partial(run, lambda r: format_report(r, units), json_path=json_path, quiet=quiet)
+# Declared once: each option's name is a MergeSpec field, except those build_spec converts.
+OPTIONS = [
+    click.option("-t", "--type", "merge_type", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
+                 help="gpu: cuDF partitions on a LocalCUDACluster; cpu: pandas partitions on a plain Dask "
+                      "LocalCluster (one worker per -d entry), same join."),
+    click.option("-d", "--devices", "--devs", "devices", default="0", show_default=True,
+                 help="GPUs, one worker each, e.g. 0,1 (physical ids, as dask-cuda's -d)."),
+    click.option("-p", "--protocol", type=click.Choice(["tcp", "ucx", "ucxx"]), default="tcp", show_default=True,
+                 help="tcp, or ucx through distributed-ucxx (ucxx is the same)."),
+    click.option("-c", "--chunk-size", type=int, default=1_000_000, show_default=True,
+                 help="Rows per partition of each frame (underscores allowed: 50_000_000)."),
+    click.option("--base-chunks", type=int, default=None, help="Partitions of the base frame [default: workers]."),
+    click.option("--other-chunks", type=int, default=None, help="Partitions of the other frame [default: workers]."),
+    click.option("--frac-match", type=float, default=0.3, show_default=True,
+                 help="Fraction of the other frame's keys that match the base frame, in (0, 1]."),
+    click.option("--broadcast-join", is_flag=True, help="Use a broadcast join when possible."),
+    click.option("--shuffle-join", is_flag=True, help="Use a shuffle join (takes precedence over --broadcast-join)."),
+    click.option("--shuffle-method", type=click.Choice(["tasks", "p2p", "disk"]), default="tasks", show_default=True,
+                 help="Dask's shuffle; under p2p the transfer logs (the pair table) stay almost empty."),
+    click.option("--no-shuffle", is_flag=True, help="Do not shuffle the base frame's keys (dask-cuda's --no-shuffle)."),
+    click.option("-s", "--set-index", is_flag=True, help="set_index('key') on the joined frame."),
+    click.option("--rmm-pool-size", default=None,
+                 help="RMM pool per worker, read as dask-cuda reads it: a size (30GB and 30G = 30e9 B, 30GiB = "
+                      "30 x 2^30 B) or a fraction of the GPU's memory "
+                      "(0.5) [default: RMM's, half of the GPU's memory]."),
+    click.option("--disable-rmm-pool", is_flag=True, help="RMM without a pool."),
+    click.option("--rmm-async", "--enable-rmm-async", "rmm_async", is_flag=True,
+                 help="RMM's CudaAsyncMemoryResource instead of a pool."),
+    click.option("--enable-cudf-spill", is_flag=True, help="Enable cuDF's built-in spilling."),
+    click.option("--enable-tcp-over-ucx/--disable-tcp-over-ucx", default=None,
+                 help="UCX TCP transport [default: automatic]."),
+    click.option("--enable-nvlink/--disable-nvlink", default=None,
+                 help="UCX NVLink (cuda_ipc) transport [default: automatic]."),
+    click.option("--enable-infiniband/--disable-infiniband", default=None,
+                 help="UCX InfiniBand transport [default: automatic]."),
+    click.option("--enable-rdmacm/--disable-rdmacm", default=None, help="UCX RDMACM [default: automatic]."),
+    click.option("--interface", default=None, help="Network interface the workers and scheduler listen on, e.g. ib0."),
+    click.option("--threads-per-worker", type=int, default=1, show_default=True, help="Dask threads per worker."),
+    click.option("--runs", type=int, default=3, show_default=True, help="Timed runs."),
+    click.option("--warmup-runs", type=int, default=1, show_default=True, help="Untimed runs before them."),
+    click.option("--ignore-size", default="1MiB", show_default=True,
+                 help="Leave transfers smaller than this out of the pair table (0 keeps all)."),
+    click.option("--scheduler-address", default=None, help="Use an existing cluster, e.g. tcp://HOST:8786."),
+    click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False),
+                 help="Use an existing cluster through its scheduler file."),
+    click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+                 help="Seconds a cluster start, a data generation or one join may take."),
+]
 
 
 def _stopped_by(result) -> str:
@@ -135,11 +122,20 @@ def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
     return nbytes, None
 
 
-def build_spec(merge_type, devices, protocol, chunk_size, base_chunks, other_chunks, frac_match, broadcast_join,
-               shuffle_join, shuffle_method, no_shuffle, set_index, rmm_pool_size, disable_rmm_pool, rmm_async,
-               enable_cudf_spill, enable_tcp_over_ucx, enable_nvlink, enable_infiniband, enable_rdmacm, interface,
-               threads_per_worker, runs, warmup_runs, ignore_size, scheduler_address, scheduler_file, timeout_s):
-    """Validate the options (no GPU, no Dask needed) and build a MergeSpec.
+def parse_ignore_size(text: str) -> int:
+    """--ignore-size: a size ("1MiB", bytes); "0" or "0B" keeps every transfer.
+
+    Raises:
+        UsageError: not a size.
+    """
+    return 0 if str(text).strip() in ("0", "0B") else parse_size(text, what="--ignore-size")
+
+
+def build_spec(**options):
+    """Build a MergeSpec from the options, by name: an option named as a MergeSpec field goes to it
+    as given (MergeSpec checks it); -d, --rmm-pool-size and --ignore-size are turned from text into
+    their fields here, --broadcast-join/--shuffle-join into ``broadcast``, and ucxx into ucx. No GPU
+    and no Dask needed.
 
     Raises:
         UsageError: any bad value, named in the message.
@@ -147,23 +143,17 @@ def build_spec(merge_type, devices, protocol, chunk_size, base_chunks, other_chu
     from gpubench.bench.merge import MergeSpec
     from gpubench.core.gpu import parse_devices
 
-    devs = parse_devices(devices)
-    if devs is None:
+    o = dict(options)
+    devices = o.pop("devices")
+    o["devices"] = parse_devices(devices)
+    if o["devices"] is None:
         raise UsageError(f"-d/--devices {devices!r} names no device", "e.g. -d 0,1")
-    pool_bytes, pool_frac = parse_pool_size(rmm_pool_size)
-    ignore = 0 if str(ignore_size).strip() in ("0", "0B") else parse_size(ignore_size, what="--ignore-size")
-    broadcast = False if shuffle_join else (True if broadcast_join else None)
-    return MergeSpec(
-        merge_type=merge_type, devices=devs, protocol="ucx" if protocol == "ucxx" else protocol,
-        chunk_size=chunk_size, base_chunks=base_chunks, other_chunks=other_chunks, frac_match=frac_match,
-        broadcast=broadcast, shuffle_method=shuffle_method, no_shuffle=no_shuffle, set_index=set_index,
-        rmm_pool_bytes=pool_bytes, rmm_pool_fraction=pool_frac, disable_rmm_pool=disable_rmm_pool,
-        rmm_async=rmm_async, enable_cudf_spill=enable_cudf_spill, enable_tcp_over_ucx=enable_tcp_over_ucx,
-        enable_nvlink=enable_nvlink, enable_infiniband=enable_infiniband, enable_rdmacm=enable_rdmacm,
-        interface=interface, threads_per_worker=threads_per_worker, runs=runs, warmup_runs=warmup_runs,
-        ignore_size=ignore, scheduler_address=scheduler_address, scheduler_file=scheduler_file,
-        timeout_s=timeout_s,
-    )
+    o["rmm_pool_bytes"], o["rmm_pool_fraction"] = parse_pool_size(o.pop("rmm_pool_size"))
+    o["ignore_size"] = parse_ignore_size(o["ignore_size"])
+    broadcast_join, shuffle_join = o.pop("broadcast_join"), o.pop("shuffle_join")
+    o["broadcast"] = False if shuffle_join else (True if broadcast_join else None)
+    o["protocol"] = "ucx" if o["protocol"] == "ucxx" else o["protocol"]
+    return MergeSpec(**o)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,3 +326,6 @@ def format_report(result, units: str = "GB") -> list:
 
     notes = [w for n in format_notes(result, units) for w in textwrap.wrap(n, 100, subsequent_indent="  ")]
     return [Text(line) for line in format_lines(result)] + [Text(n) for n in notes]
+
+
+command = benchmark_command("merge", OPTIONS, build_spec, format_report, help=HELP)

@@ -1,0 +1,122 @@
+"""merge's statistics: dask-cuda's ``hmean`` / ``hstd``, the per worker-pair bandwidths read from the
+workers' incoming-transfer logs (``bandwidth_statistics``, ``peer_to_peer_bandwidths``) and the
+worker numbering (``address_to_index``), after dask-cuda 26.10's ``benchmarks/utils.py``.
+
+On plain lists and dicts, so they can be checked by hand (tests/unit/test_merge_logic.py); no Dask
+is needed. Bandwidths are in B/s, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from gpubench.core.stats import _percentile
+
+
+def hmean(xs: Sequence[float]) -> float:
+    """Harmonic mean, 1 / mean(1/x); 0 (an int, so it prints "0 B/s" as in dask-cuda) for no values."""
+    if not len(xs):
+        return 0
+    return 1.0 / (math.fsum(1.0 / x for x in xs) / len(xs))
+
+
+def hstd(xs: Sequence[float]) -> float:
+    """dask-cuda's "harmonic standard deviation": sqrt(var(1/x) / (n * mean(1/x)**4)), with the
+    population variance (numpy's var, ddof=0); 0 for no values."""
+    n = len(xs)
+    if not n:
+        return 0
+    inv = [1.0 / x for x in xs]
+    rmean = math.fsum(inv) / n
+    rvar = math.fsum((v - rmean) ** 2 for v in inv) / n
+    return math.sqrt(rvar / (n * rmean**4))
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """Transfers one worker (w1) received from another (w2), as dask-cuda's BandwidthStats.
+
+    Attributes:
+        w1, w2: worker indices (receiver, sender).
+        n: transfers counted (those of at least ignore_size bytes).
+        hmean, hstd, q25, q50, q75, min, max: bandwidth of those transfers, B/s.
+        total_bytes: bytes of those transfers.
+    """
+
+    w1: int
+    w2: int
+    n: int
+    hmean: float
+    hstd: float
+    q25: float
+    q50: float
+    q75: float
+    min: float
+    max: float
+    total_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pair_statistics(
+    logs: Mapping[str, Iterable[Mapping[str, Any]]],
+    address_to_index: Mapping[str, int],
+    ignore_size: int | None,
+) -> list[PairStats]:
+    """Per worker-pair bandwidth statistics from the workers' incoming-transfer logs.
+
+    Args:
+        logs: receiving worker's address -> its transfer_incoming_log entries, each with "who"
+            (the sender's address), "total" (bytes) and "bandwidth" (B/s).
+        address_to_index: worker address -> index (see :func:`address_to_index`).
+        ignore_size: entries with fewer bytes are left out (None keeps all), as in dask-cuda.
+
+    Returns:
+        One PairStats per (receiver, sender) with at least one counted transfer, sorted by
+        (w1, w2). Quantiles use linear interpolation (numpy's default, as dask-cuda's np.quantile).
+        Senders that are not in ``address_to_index`` (a worker that left) are skipped.
+    """
+    out: list[PairStats] = []
+    for receiver, entries in logs.items():
+        if receiver not in address_to_index:
+            continue
+        bws: dict[str, list[float]] = {}
+        totals: dict[str, int] = {}
+        for e in entries:
+            if ignore_size is not None and e["total"] < ignore_size:
+                continue
+            bws.setdefault(e["who"], []).append(float(e["bandwidth"]))
+            totals[e["who"]] = totals.get(e["who"], 0) + int(e["total"])
+        for sender, xs in bws.items():
+            if sender not in address_to_index:
+                continue
+            s = sorted(xs)
+            out.append(PairStats(
+                w1=address_to_index[receiver], w2=address_to_index[sender], n=len(s),
+                hmean=hmean(s), hstd=hstd(s),
+                q25=_percentile(s, 25), q50=_percentile(s, 50), q75=_percentile(s, 75),
+                min=s[0], max=s[-1], total_bytes=totals[sender],
+            ))
+    return sorted(out, key=lambda p: (p.w1, p.w2))
+
+
+def address_to_index(devices: Mapping[str, int]) -> dict[str, int]:
+    """Worker address -> index, workers on one host numbered together and by device within it
+    (dask-cuda's address_to_index).
+
+    Args:
+        devices: worker address -> its first CUDA_VISIBLE_DEVICES entry, -1 when it has none.
+    """
+    order = sorted(devices, key=lambda a: (_address_host(a), devices[a]))
+    return {a: i for i, a in enumerate(order)}
+
+
+def _address_host(address: str) -> str:
+    """'tcp://10.0.0.1:1234' -> '10.0.0.1'; '[::1]' forms keep their brackets' content."""
+    rest = address.split("://", 1)[-1]
+    if rest.startswith("["):
+        return rest[1:].split("]", 1)[0]
+    return rest.rsplit(":", 1)[0]
