@@ -38,9 +38,20 @@ def _violations(validator, data) -> list[str]:
 def _results_match_the_schema(tmp_path_factory):
     """Validate every result written in this process; at the end, every result file under the
     session's temporary folder."""
+    import os
+
     from gpubench.core import result as resmod
 
-    validator = _schema_validator()
+    try:
+        validator = _schema_validator()
+    except ImportError:
+        # the test extra brings jsonschema; a machine without it (the lent GPU machine) runs the
+        # tests unvalidated and says so; CI (CI=true) must validate
+        if os.environ.get("CI"):
+            raise
+        _SCHEMA_SEEN["skipped"] = 1
+        yield
+        return
     atomic, stdout = resmod.write_json_atomic, resmod.write_json_stdout
 
     def check(data, where):
@@ -93,7 +104,10 @@ def _no_result_broke_the_schema():
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _SCHEMA_SEEN["in_process"] or _SCHEMA_SEEN["files"]:
+    if _SCHEMA_SEEN.get("skipped"):
+        terminalreporter.write_line("gpubench: results NOT validated against the JSON schema: jsonschema is not "
+                                    "installed (the test extra brings it)")
+    elif _SCHEMA_SEEN["in_process"] or _SCHEMA_SEEN["files"]:
         terminalreporter.write_line(
             f"gpubench: results validated against the JSON schema: {_SCHEMA_SEEN['in_process']} written in "
             f"process, {_SCHEMA_SEEN['files']} result files under the session's temporary folder")
