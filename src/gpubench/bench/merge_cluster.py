@@ -378,7 +378,7 @@ def _connect(spec: MergeSpec) -> Any:
     if spec.scheduler_address:
         check_scheduler_address(spec.scheduler_address)
     else:
-        scheduler_file_address(spec.scheduler_file)  # distributed waits forever for a missing one
+        scheduler_file_address(spec.scheduler_file or "")  # distributed waits forever for a missing one
     try:
         if spec.scheduler_address:
             return Client(spec.scheduler_address, timeout=min(spec.timeout_s, 10))

@@ -186,8 +186,9 @@ def check_request(d: Any, caps: Caps = CAPS) -> Request:
         raise RequestError(f"protocol version {json.dumps(version)[:20]} not supported (this server speaks {PROTOCOL_VERSION})")
     if d.get("role") != "control":
         raise RequestError('role must be "control" for a new test')
-    req = Request(streams=_number(d, "streams", integer=True), seconds=_number(d, "seconds"), omit=_number(d, "omit"),
-                  interval=_number(d, "interval"), buffer=_number(d, "buffer", integer=True))
+    req = Request(streams=int(_number(d, "streams", integer=True)), seconds=_number(d, "seconds"),
+                  omit=_number(d, "omit"), interval=_number(d, "interval"),
+                  buffer=int(_number(d, "buffer", integer=True)))
     limit = first_broken(req, caps)
     if limit is not None:
         raise RequestError(limit.reason(req, caps))

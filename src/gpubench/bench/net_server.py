@@ -205,6 +205,7 @@ class NetServer:
             self.open()
         self._max_tests = max_tests
         lst = self._listener
+        assert lst is not None  # open() made it
         lst.settimeout(0.25)
         try:
             while not self._stop.is_set():
@@ -329,6 +330,7 @@ class NetServer:
         if why:
             self._refused(conn, who, why)
             return
+        assert isinstance(k, int)  # attach() refused any k that is not a stream index
         test.receive(k, conn)
 
     def _run_test(self, conn: socket.socket, who: str, test: _Test) -> None:

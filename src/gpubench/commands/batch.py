@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import benchmark_command, csv_list, spread_option, timing_options, timing_plan
+from gpubench.commands.common import benchmark_command, spread_option, timing_options
+
+from gpubench.core.options import csv_list, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size

@@ -11,8 +11,6 @@ import click
 
 from gpubench.core import report
 from gpubench.core.errors import MachineError
-from gpubench.core.options import (MAX_COUNT, MAX_REPEATS, csv_list, device_id, positive_int,  # noqa: F401
-                                   timing_plan)
 from gpubench.core.result import STDOUT, Result, check_output_path, save
 
 

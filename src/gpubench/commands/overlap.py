@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from gpubench.commands.common import benchmark_command, timing_plan
+from gpubench.commands.common import benchmark_command
+
+from gpubench.core.options import timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size

@@ -165,9 +165,9 @@ def step_spec(cmd: click.Command, argv: list[str]):
             params = dict(ctx.params)
     except click.ClickException as e:
         raise UsageError(f"gpubench {cmd.name} {' '.join(argv)}: {e.format_message()}") from None
-    for k in (*OUTPUT_PARAMS, *cmd.display):
+    for k in (*OUTPUT_PARAMS, *getattr(cmd, "display")):
         params.pop(k, None)
-    return cmd.build_spec(**params)
+    return getattr(cmd, "build_spec")(**params)
 
 
 def run_step(command: str, argv: list[str], json_path: Path, *, quiet: bool = True):
@@ -190,7 +190,7 @@ def run_step(command: str, argv: list[str], json_path: Path, *, quiet: bool = Tr
         return run_cli_step(command, argv, json_path)
     spec = step_spec(cmd, argv)
     with report.progress(not quiet) as prog:
-        result = cmd.select_run(spec)(spec, prog)
+        result = getattr(cmd, "select_run")(spec)(spec, prog)
     after = getattr(cmd, "after", None)
     if after is not None and not result.partial:
         from gpubench.core.errors import MachineError, RegressionFound
