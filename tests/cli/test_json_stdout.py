@@ -64,3 +64,19 @@ def test_a_file_named_dash_is_still_writable_as_dot_slash(tmp_path, monkeypatch,
     assert code == 0, err
     assert json.loads((tmp_path / "-").read_text())["command"] == "env"
     assert "Host" in out and "saved ./-" in out
+
+
+def test_json_to_a_device_or_a_fifo_is_refused_and_left_alone(run_cli, tmp_path):
+    """An atomic save renames over its target: a device node or a FIFO named by --json would be
+    replaced by a regular file (as root, /dev/full was). Such a target is refused before the run."""
+    import os
+    import stat
+
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    for target in (str(fifo), "/dev/null"):
+        code, out, err = run_cli("env", "-q", "--json", target)
+        assert code == 2 and err.strip().splitlines() == [
+            f"gpubench: error: --json {target!r} is not a regular file (a device, pipe or socket) "
+            "(give a file name, e.g. out.json, or --json - for stdout)"], err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)

@@ -118,3 +118,21 @@ def test_generic_preflight_names_the_point_and_what_there_is():
     with pytest.raises(UsageError) as e:
         check_fits([Point("locked", 1, locked_bytes=1 << 30)], 1 << 20, "lower -e")
     assert "would page-lock 1 GiB, over the cap of 1 MiB" in e.value.one_line()
+
+
+def test_a_fault_after_a_noted_ctrl_c_is_the_interrupt():
+    """Workers stopping because of the user's Ctrl-C are not a machine fault: exit 130, points kept."""
+
+    class FaultAfterCtrlC(Sleep):
+        def measure(self, ctx, point):
+            if point.key == 2:
+                note_signal(signal.SIGINT)
+                raise MachineError("worker 0 died during run 2")
+            return super().measure(ctx, point)
+
+    try:
+        r = driver.run(FaultAfterCtrlC(), SleepSpec(sizes=(1, 2, 3)))
+    finally:
+        clear_signals()
+    assert r.partial and r.interrupted_by == "SIGINT" and r.failed_by is None
+    assert [x.params["n"] for x in r.records] == [1]

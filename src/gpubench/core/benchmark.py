@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
-from gpubench.core.signals import Interrupted, raise_if_signalled
+from gpubench.core.signals import Interrupted, last_signal, raise_if_signalled
 from gpubench.core.units import format_size
 
 DEVICE_MARGIN_BYTES = 512 * 2**20  # left free on a GPU for the CUDA context and the spin kernel
@@ -249,7 +249,11 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
         except Interrupted as e:
             interrupted = signal.Signals(e.signum).name
         except MachineError as e:
-            fault = e
+            noted = last_signal()
+            if noted is not None:  # a fault after a Ctrl-C is its consequence (workers stopping): the interrupt
+                interrupted = signal.Signals(noted).name
+            else:
+                fault = e
         finally:
             progress.done()
     bench.derive(ctx, records)

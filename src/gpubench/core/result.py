@@ -258,7 +258,9 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
 
     Raises:
         UsageError: an empty name or one over 255 bytes; the folder does not exist, is not a folder,
-            or cannot be written; path is a folder; path exists and this user cannot write it.
+            or cannot be written; path is a folder, or exists and is not a regular file (a device
+            such as /dev/full or /dev/null, a FIFO: the save would replace it); path exists and
+            this user cannot write it.
     """
     if not str(path).strip():
         raise UsageError(f"{option} needs a file name, got {str(path)!r}", "e.g. out.json")
@@ -272,6 +274,9 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
             raise UsageError(f"{option} {str(path)!r} is a folder", "give a file name, e.g. out.json")
         if not parent.is_dir():
             raise UsageError(f"{option} {str(path)!r}: folder {str(parent)!r} does not exist")
+        if p.exists() and not p.is_file():  # a device, FIFO or socket: an atomic save would replace it
+            raise UsageError(f"{option} {str(path)!r} is not a regular file (a device, pipe or socket)",
+                             "give a file name, e.g. out.json, or --json - for stdout")
         if p.exists() and not os.access(p, os.W_OK):
             raise UsageError(f"{option} {str(path)!r} exists and cannot be written (read-only, or another "
                              "user's file)", "remove it or give another name")

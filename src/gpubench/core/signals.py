@@ -45,6 +45,11 @@ def signal_noted() -> bool:
     return bool(_pending_signals)
 
 
+def last_signal() -> int | None:
+    """The last SIGINT or SIGTERM noted during this command, or None."""
+    return _pending_signals[-1] if _pending_signals else None
+
+
 def clear_signals() -> None:
     """Forget noted signals (at the start of a command)."""
     _pending_signals.clear()
