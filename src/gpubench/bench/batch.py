@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
@@ -192,156 +193,240 @@ def _record(params, nbytes, samples, reps, extra) -> Record:
                   extra=dict(extra))
 
 
-def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[Record]:
-    import cupy
+class _Pieces:
+    """One (count, piece, memory kind) point's buffers and data, shared by the strategies.
+
+    Piece ``i`` lives on the host at slot ``perm[i]`` and on the device at slot ``i``. ``prepare``
+    puts the source data in place and poisons the destination; ``arrived`` checks it.
+    """
+
+    def __init__(self, spec: BatchSpec, g: _Group, peak: float | None, api):
+        import cupy
+        import numpy as np
+
+        self.spec, self.g, self.peak = spec, g, peak
+        self.cudart, self.api_reason = api
+        n, s = g.count, g.piece
+        self.n, self.s, self.total = n, s, n * s
+        total = self.total
+        self.pat = gpu.pattern(total, seed=total + s)
+        self.perm = perm = np.random.default_rng(n * 7919 + s).permutation(n)
+        pat2d = self.pat.reshape(n, s)
+        # H2D: device slot i receives host slot perm[i]; D2H: host slot perm[i] receives device slot i.
+        self.scattered_dev = pat2d[perm].ravel()  # device contents after a scattered H2D of pat
+        scattered_host = np.empty_like(pat2d)
+        scattered_host[perm] = pat2d  # host contents after a scattered D2H of a device holding pat
+        self.scattered_host = scattered_host.ravel()
+        self.host = gpu.HostBuffer(total, g.memory)
+        self.dev = self.staging = None
+        try:
+            self.dev = gpu.DeviceBuffer(total)
+            self.staging = gpu.HostBuffer(total, "pinned")
+        except BaseException:
+            self.free()
+            raise
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.gated = spec.gate and g.memory != "pageable"
+        self.host2d = self.host.array.reshape(n, s)
+        self.staging2d = self.staging.array.reshape(n, s)
+        self.check = np.empty(total, dtype=np.uint8)
+        self.host_off = [int(self.host.ptr + int(perm[i]) * s) for i in range(n)]
+        self.dev_off = [int(self.dev.ptr + i * s) for i in range(n)]
+
+    def dev_put(self, data) -> None:
+        from cupy.cuda import runtime
+
+        runtime.memcpy(self.dev.ptr, data.ctypes.data, self.total, gpu.H2D)
+
+    def dev_equals(self, expected) -> bool:
+        import numpy as np
+        from cupy.cuda import runtime
+
+        runtime.memcpy(self.check.ctypes.data, self.dev.ptr, self.total, gpu.D2H)
+        return bool(np.array_equal(self.check, expected))
+
+    def expected(self, h2d: bool):
+        """What the destination holds after a scattered copy of every piece."""
+        return self.scattered_dev if h2d else self.scattered_host
+
+    def prepare(self, h2d: bool, expected) -> None:
+        """Put the source data in place and poison the destination with ~expected."""
+        self.stream.synchronize()
+        if h2d:
+            self.host.array[:] = self.pat
+            self.dev_put(~expected)
+        else:
+            self.dev_put(self.pat)
+            self.host.array[:] = ~expected
+
+    def arrived(self, h2d: bool, expected) -> bool:
+        import numpy as np
+
+        self.stream.synchronize()
+        return self.dev_equals(expected) if h2d else bool(np.array_equal(self.host.array, expected))
+
+    def params(self, direction: str, strategy: str) -> dict:
+        return _params(self.spec, direction, strategy, self.g)
+
+    def base_extra(self) -> dict:
+        return {"gated": self.gated, "peak_bytes_per_s": self.peak}
+
+    def free(self) -> None:
+        for b in (self.staging, self.dev, self.host):
+            if b is not None:
+                b.free()
+
+
+def _separate(pt: _Pieces, direction: str) -> list[Record]:
+    """One cudaMemcpyAsync per piece, gated in segments of SEGMENT (time_segments)."""
+    from cupy.cuda import runtime
+
+    h2d = direction == "h2d"
+    kind = gpu.H2D if h2d else gpu.D2H
+    expected = pt.expected(h2d)
+    pt.prepare(h2d, expected)
+    pairs = list(zip(pt.dev_off, pt.host_off)) if h2d else list(zip(pt.host_off, pt.dev_off))
+    sp = pt.stream.ptr
+    memcpy_async = runtime.memcpyAsync
+    s = pt.s
+
+    def enqueue(seg, pairs=pairs, sp=sp, kind=kind):
+        for i in seg:
+            d, src = pairs[i]
+            memcpy_async(d, src, s, kind, sp)
+
+    extra = pt.base_extra()
+    samples, timer = time_segments(pt.stream, pt.gated, enqueue, pt.n, pt.spec.plan, extra)
+    extra["segment_copies"] = SEGMENT if timer.gated else pt.n
+    extra["verified"] = pt.arrived(h2d, expected)
+    return [_record(pt.params(direction, "separate"), pt.total, samples, 1, extra)]
+
+
+def _contiguous(pt: _Pieces, direction: str) -> list[Record]:
+    """One copy of N x S bytes between the same buffers: the ceiling."""
+    from cupy.cuda import runtime
+
+    h2d = direction == "h2d"
+    kind = gpu.H2D if h2d else gpu.D2H
+    pt.prepare(h2d, pt.pat)
+    src, dst = (pt.host.ptr, pt.dev.ptr) if h2d else (pt.dev.ptr, pt.host.ptr)
+    total, stream = pt.total, pt.stream
+
+    def one(src=src, dst=dst, kind=kind):
+        runtime.memcpyAsync(dst, src, total, kind, stream.ptr)
+
+    samples, reps = time_repeated(stream, pt.gated, one, pt.spec.plan)
+    extra = dict(pt.base_extra(), gated=pt.gated, verified=pt.arrived(h2d, pt.pat))
+    return [_record(pt.params(direction, "contiguous"), total, samples, reps, extra)]
+
+
+def _packed(pt: _Pieces, direction: str) -> list[Record]:
+    """A host gather into pinned staging then one gated copy (D2H: the copy then a scatter); two
+    records: the copy alone (``packed``) and gather + copy (``packed+gather``)."""
     import numpy as np
     from cupy.cuda import runtime
 
-    cudart, api_reason = api
-    n, s = g.count, g.piece
-    total = n * s
-    pat = gpu.pattern(total, seed=total + s)
-    perm = np.random.default_rng(n * 7919 + s).permutation(n)
-    pat2d = pat.reshape(n, s)
-    # H2D: device slot i receives host slot perm[i]; D2H: host slot perm[i] receives device slot i.
-    scattered_dev = pat2d[perm].ravel()  # device contents after a scattered H2D of pat
-    scattered_host = np.empty_like(pat2d)
-    scattered_host[perm] = pat2d  # host contents after a scattered D2H of a device holding pat
-    scattered_host = scattered_host.ravel()
+    h2d = direction == "h2d"
+    expected = pt.expected(h2d)
+    pt.prepare(h2d, expected)
+    timer = GatedTimer([Lane(pt.stream)])  # the copy is always from pinned staging
+    host_clock = HostClock()
+    clock = SumClock()
+    parts: list[tuple[float, float]] = []
+    dev, staging, total, stream = pt.dev, pt.staging, pt.total, pt.stream
+    host2d, staging2d, perm = pt.host2d, pt.staging2d, pt.perm
 
-    host = gpu.HostBuffer(total, g.memory)
-    dev = staging = None
+    def step(h2d=h2d):
+        if h2d:
+            host_clock.start()
+            np.take(host2d, perm, axis=0, out=staging2d)
+            tg = host_clock.stop()
+            tc = timer.time(lambda: runtime.memcpyAsync(dev.ptr, staging.ptr, total, gpu.H2D, stream.ptr))
+        else:
+            tc = timer.time(lambda: runtime.memcpyAsync(staging.ptr, dev.ptr, total, gpu.D2H, stream.ptr))
+            host_clock.start()
+            host2d[perm] = staging2d
+            tg = host_clock.stop()
+        parts.append((tg, tc))
+        clock.add(tg + tc)
+
+    totals = measure(step, clock, pt.spec.plan)
+    used = kept(parts, len(totals))
+    gather = [p[0] for p in used]
+    copy = [p[1] for p in used]
+    ok = pt.arrived(h2d, expected)
+    what = "gather into pinned staging" if h2d else "scatter from pinned staging"
+    extra = dict(pt.base_extra(), gated=True, verified=ok, host_step=what, host_step_samples_s=gather)
+    params = pt.params(direction, "packed")
+    out = [_record(params, total, copy, 1, extra)]
+    extra2 = dict(pt.base_extra(), gated=True, verified=ok, host_step=what, host_step_samples_s=gather,
+                  copy_samples_s=copy)
+    out.append(_record(dict(params, strategy="packed+gather"), total, totals, 1, extra2))
+    return out
+
+
+def _batched_api(pt: _Pieces, direction: str) -> list[Record]:
+    """One cudaMemcpyBatchAsync of the N pieces; where it is missing the record says why."""
+    h2d = direction == "h2d"
+    params = pt.params(direction, "batched-api")
+    if pt.cudart is None:
+        return [Record(params=params, nbytes=pt.total, error=f"skipped: {pt.api_reason}", extra={"skipped": True})]
+    expected = pt.expected(h2d)
+    pt.prepare(h2d, expected)
+    dsts, srcs = (pt.dev_off, pt.host_off) if h2d else (pt.host_off, pt.dev_off)
+    call = BatchCall(pt.cudart, dsts, srcs, pt.s, h2d, pt.spec.device, pt.stream)
+    timer = GatedTimer([Lane(pt.stream, gated=pt.gated)])
+    clock = SumClock()
+
+    def step(call=call, timer=timer):
+        clock.add(timer.time(call))
+
+    try:
+        step()  # trial: errors and a stalled gate show here
+    except MachineError as e:
+        return [Record(params=params, nbytes=pt.total, error=e.message, extra={"skipped": True})]
+    extra = pt.base_extra()
+    drop_stalled_gate(timer, extra)
+    samples = measure(step, clock, pt.spec.plan)
+    extra["verified"] = pt.arrived(h2d, expected)
+    return [_record(params, pt.total, samples, 1, extra)]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One entry of batch's table: a way to move N scattered pieces.
+
+    Attributes:
+        name: the ``-s/--strategy`` value.
+        records: the strategies its records are named (``packed`` adds ``packed+gather``).
+        measure: (point's pieces, direction) -> records.
+    """
+
+    name: str
+    records: tuple[str, ...]
+    measure: Callable[[_Pieces, str], list[Record]]
+
+
+STRATEGY_TABLE: dict[str, Strategy] = {st.name: st for st in (
+    Strategy("separate", ("separate",), _separate),
+    Strategy("packed", ("packed", "packed+gather"), _packed),
+    Strategy("batched-api", ("batched-api",), _batched_api),
+    Strategy("contiguous", ("contiguous",), _contiguous),
+)}
+assert tuple(STRATEGY_TABLE) == STRATEGIES
+
+
+def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[Record]:
+    """Every direction x strategy of one point, the strategies taken from STRATEGY_TABLE."""
+    pt = _Pieces(spec, g, peak, api)
     out: list[Record] = []
     try:
-        dev = gpu.DeviceBuffer(total)
-        staging = gpu.HostBuffer(total, "pinned")
-        stream = cupy.cuda.Stream(non_blocking=True)
-        gated = spec.gate and g.memory != "pageable"
-        host2d = host.array.reshape(n, s)
-        staging2d = staging.array.reshape(n, s)
-        check = np.empty(total, dtype=np.uint8)
-        host_off = [int(host.ptr + int(perm[i]) * s) for i in range(n)]
-        dev_off = [int(dev.ptr + i * s) for i in range(n)]
-
-        def dev_put(data):
-            runtime.memcpy(dev.ptr, data.ctypes.data, total, gpu.H2D)
-
-        def dev_equals(expected) -> bool:
-            runtime.memcpy(check.ctypes.data, dev.ptr, total, gpu.D2H)
-            return bool(np.array_equal(check, expected))
-
         for direction in spec.directions:
-            h2d = direction == "h2d"
-            kind = gpu.H2D if h2d else gpu.D2H
-            base_extra = {"gated": gated, "peak_bytes_per_s": peak}
-
-            def prepare(expected):
-                """Put the source data in place and poison the destination with ~expected."""
-                stream.synchronize()
-                if h2d:
-                    host.array[:] = pat
-                    dev_put(~expected)
-                else:
-                    dev_put(pat)
-                    host.array[:] = ~expected
-
-            def arrived(expected) -> bool:
-                stream.synchronize()
-                return dev_equals(expected) if h2d else bool(np.array_equal(host.array, expected))
-
             for strategy in spec.strategies:
-                params = _params(spec, direction, strategy, g)
-                if strategy == "separate":
-                    expected = scattered_dev if h2d else scattered_host
-                    prepare(expected)
-                    pairs = list(zip(dev_off, host_off)) if h2d else list(zip(host_off, dev_off))
-                    sp = stream.ptr
-                    memcpy_async = runtime.memcpyAsync
-
-                    def enqueue(seg, pairs=pairs, sp=sp, kind=kind):
-                        for i in seg:
-                            d, src = pairs[i]
-                            memcpy_async(d, src, s, kind, sp)
-
-                    extra = dict(base_extra)
-                    samples, timer = time_segments(stream, gated, enqueue, n, spec.plan, extra)
-                    extra["segment_copies"] = SEGMENT if timer.gated else n
-                    extra["verified"] = arrived(expected)
-                    out.append(_record(params, total, samples, 1, extra))
-                elif strategy == "contiguous":
-                    prepare(pat)
-                    src, dst = (host.ptr, dev.ptr) if h2d else (dev.ptr, host.ptr)
-
-                    def one(src=src, dst=dst, kind=kind):
-                        runtime.memcpyAsync(dst, src, total, kind, stream.ptr)
-
-                    samples, reps = time_repeated(stream, gated, one, spec.plan)
-                    extra = dict(base_extra, gated=gated, verified=arrived(pat))
-                    out.append(_record(params, total, samples, reps, extra))
-                elif strategy == "packed":
-                    expected = scattered_dev if h2d else scattered_host
-                    prepare(expected)
-                    timer = GatedTimer([Lane(stream)])  # the copy is always from pinned staging
-                    host_clock = HostClock()
-                    clock = SumClock()
-                    parts: list[tuple[float, float]] = []
-
-                    def step(h2d=h2d):
-                        if h2d:
-                            host_clock.start()
-                            np.take(host2d, perm, axis=0, out=staging2d)
-                            tg = host_clock.stop()
-                            tc = timer.time(lambda: runtime.memcpyAsync(dev.ptr, staging.ptr, total, gpu.H2D, stream.ptr))
-                        else:
-                            tc = timer.time(lambda: runtime.memcpyAsync(staging.ptr, dev.ptr, total, gpu.D2H, stream.ptr))
-                            host_clock.start()
-                            host2d[perm] = staging2d
-                            tg = host_clock.stop()
-                        parts.append((tg, tc))
-                        clock.add(tg + tc)
-
-                    totals = measure(step, clock, spec.plan)
-                    used = kept(parts, len(totals))
-                    gather = [p[0] for p in used]
-                    copy = [p[1] for p in used]
-                    ok = arrived(expected)
-                    what = "gather into pinned staging" if h2d else "scatter from pinned staging"
-                    extra = dict(base_extra, gated=True, verified=ok, host_step=what, host_step_samples_s=gather)
-                    out.append(_record(params, total, copy, 1, extra))
-                    p2 = dict(params, strategy="packed+gather")
-                    extra2 = dict(base_extra, gated=True, verified=ok, host_step=what,
-                                  host_step_samples_s=gather, copy_samples_s=copy)
-                    out.append(_record(p2, total, totals, 1, extra2))
-                elif strategy == "batched-api":
-                    if cudart is None:
-                        out.append(Record(params=params, nbytes=total, error=f"skipped: {api_reason}",
-                                          extra={"skipped": True}))
-                        continue
-                    expected = scattered_dev if h2d else scattered_host
-                    prepare(expected)
-                    dsts, srcs = (dev_off, host_off) if h2d else (host_off, dev_off)
-                    call = BatchCall(cudart, dsts, srcs, s, h2d, spec.device, stream)
-                    timer = GatedTimer([Lane(stream, gated=gated)])
-                    clock = SumClock()
-
-                    def step(call=call, timer=timer):
-                        clock.add(timer.time(call))
-
-                    try:
-                        step()  # trial: errors and a stalled gate show here
-                    except MachineError as e:
-                        out.append(Record(params=params, nbytes=total, error=e.message, extra={"skipped": True}))
-                        continue
-                    extra = dict(base_extra)
-                    drop_stalled_gate(timer, extra)
-                    samples = measure(step, clock, spec.plan)
-                    extra["verified"] = arrived(expected)
-                    out.append(_record(params, total, samples, 1, extra))
-        stream.synchronize()
+                out += STRATEGY_TABLE[strategy].measure(pt, direction)
+        pt.stream.synchronize()
     finally:
-        for b in (staging, dev, host):
-            if b is not None:
-                b.free()
+        pt.free()
     return out
 
 
@@ -394,7 +479,7 @@ class Batch(Benchmark):
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         spec: BatchSpec = ctx.spec
         g: _Group = point.key
-        strategies = [x for st in spec.strategies for x in ((st, "packed+gather") if st == "packed" else (st,))]
+        strategies = [x for st in spec.strategies for x in STRATEGY_TABLE[st].records]
         return [Record(params=_params(spec, d, st, g), nbytes=g.count * g.piece, error=message)
                 for d in spec.directions for st in strategies]
 
