@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
@@ -196,7 +197,135 @@ def _device_array(cupy, ptr: int, nbytes: int, owner):
     return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
+@dataclass
+class _Copy:
+    """One direction of one window: the addresses and what a strategy needs to queue its copy."""
+
+    spec: Memcpy2dSpec
+    direction: str
+    w: int
+    h: int
+    sp: int
+    dp: int
+    src_n: int
+    dst_n: int
+    src_ptr: int
+    dst_ptr: int
+    kind: int
+    stream: object
+    gated: bool
+    host: object  # gpu.HostBuffer, or None for d2d
+    dev_a: object
+    dev_b: object
+
+    @property
+    def win_ptr(self) -> int:
+        return self.dst_ptr + GUARD
+
+
+def _two_d(c: _Copy, extra: dict):
+    """One cudaMemcpy2DAsync of the window, reps per sample (time_repeated)."""
+    from cupy.cuda import runtime
+
+    def one():
+        runtime.memcpy2DAsync(c.win_ptr, c.dp, c.src_ptr, c.sp, c.w, c.h, c.kind, c.stream.ptr)
+
+    return time_repeated(c.stream, c.gated, one, c.spec.plan)
+
+
+def _contiguous(c: _Copy, extra: dict):
+    """One copy of width x height bytes, packed (the ceiling)."""
+    from cupy.cuda import runtime
+
+    window = c.w * c.h
+
+    def one():
+        runtime.memcpyAsync(c.win_ptr, c.src_ptr, window, c.kind, c.stream.ptr)
+
+    return time_repeated(c.stream, c.gated, one, c.spec.plan)
+
+
+def _row_loop(c: _Copy, extra: dict):
+    """One cudaMemcpyAsync per row, gated in segments of SEGMENT rows (time_segments); over
+    MAX_LOOP_ROWS rows the point is skipped (returns the reason)."""
+    from cupy.cuda import runtime
+
+    if c.h > MAX_LOOP_ROWS:
+        return f"skipped: {c.h} rows is over {MAX_LOOP_ROWS} one-row copies per sample"
+    memcpy_async = runtime.memcpyAsync
+    sptr = c.stream.ptr
+    win_ptr, src_ptr, w, dp, sp, kind = c.win_ptr, c.src_ptr, c.w, c.dp, c.sp, c.kind
+
+    def enqueue(seg):
+        for r in seg:
+            memcpy_async(win_ptr + r * dp, src_ptr + r * sp, w, kind, sptr)
+
+    samples, _timer = time_segments(c.stream, c.gated, enqueue, c.h, c.spec.plan, extra)
+    return samples, 1
+
+
+def _cupy_slice(c: _Copy, extra: dict):
+    """A CuPy slice assignment of the window, host-timed to the stream's end (not gated)."""
+    import cupy
+
+    extra["gated"] = False
+    stream, h, sp, dp, w = c.stream, c.h, c.sp, c.dp, c.w
+    if c.direction == "d2h":
+        src_arr = _device_array(cupy, c.src_ptr, c.src_n, c.dev_a).reshape(h, sp)
+        dst_rows = c.host.array[GUARD:GUARD + dp * h].reshape(h, dp)
+
+        def step(src_arr=src_arr, dst_rows=dst_rows):
+            with stream:
+                dst_rows[:, :w] = cupy.asnumpy(src_arr[:, :w], stream=stream)
+            stream.synchronize()
+    else:
+        owner = c.dev_a if c.direction == "h2d" else c.dev_b
+        dst_arr = _device_array(cupy, c.dst_ptr, c.dst_n, owner)[GUARD:GUARD + dp * h].reshape(h, dp)
+        if c.direction == "h2d":
+            src_rows = c.host.array[:c.src_n].reshape(h, sp)
+
+            def step(dst_arr=dst_arr, src_rows=src_rows):
+                with stream:
+                    dst_arr[:, :w] = cupy.asarray(src_rows[:, :w])
+                stream.synchronize()
+        else:
+            src_arr = _device_array(cupy, c.src_ptr, c.src_n, c.dev_a).reshape(h, sp)
+
+            def step(dst_arr=dst_arr, src_arr=src_arr):
+                with stream:
+                    dst_arr[:, :w] = src_arr[:, :w]
+                stream.synchronize()
+
+    return measure(step, HostClock(), c.spec.plan), 1
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One entry of memcpy2d's table.
+
+    Attributes:
+        name: the ``-s/--strategy`` value.
+        contiguous: the copy lands packed (checked against the packed expectation).
+        measure: (copy, extra) -> (seconds per copy per sample, copies per sample), or a skip reason.
+    """
+
+    name: str
+    contiguous: bool
+    measure: Callable[[_Copy, dict], object]
+
+
+STRATEGY_TABLE: dict[str, Strategy] = {st.name: st for st in (
+    Strategy("2d", False, _two_d),
+    Strategy("row-loop", False, _row_loop),
+    Strategy("contiguous", True, _contiguous),
+    Strategy("cupy-slice", False, _cupy_slice),
+)}
+assert tuple(STRATEGY_TABLE) == STRATEGIES
+
+
 def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Record]:
+    """Every direction x strategy of one window, the strategies taken from STRATEGY_TABLE; each
+    copy's destination is checked inside the window and outside it (untouched)."""
     import cupy
     import numpy as np
     from cupy.cuda import runtime
@@ -212,10 +341,10 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Re
         # host side (h2d / d2h) or a second device buffer (d2d)
         dev_a = gpu.DeviceBuffer(max(src_n, dst_n))
         bufs.append(dev_a)
+        dev_b = host = None
         if g.memory == "device":
             dev_b = gpu.DeviceBuffer(dst_n)
             bufs.append(dev_b)
-            host = None
         else:
             host = gpu.HostBuffer(max(src_n, dst_n), g.memory)
             bufs.append(host)
@@ -237,7 +366,8 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Re
                 src_ptr, dst_ptr, kind = dev_a.ptr, host.ptr, gpu.D2H
             else:
                 src_ptr, dst_ptr, kind = dev_a.ptr, dev_b.ptr, gpu.D2D
-            win_ptr = dst_ptr + GUARD
+            c = _Copy(spec, direction, w, h, sp, dp, src_n, dst_n, src_ptr, dst_ptr, kind, stream, gated, host,
+                      dev_a, dev_b)
 
             def prepare():
                 stream.synchronize()
@@ -260,70 +390,23 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Re
             exp_window = expected_destination(src_pat, baseline, w, h, sp, dp)
             exp_contig = None
             for strategy in spec.strategies:
+                entry = STRATEGY_TABLE[strategy]
                 params = {"device": spec.device, "direction": direction, "strategy": strategy, "memory": g.memory,
                           "width": w, "height": h, "src_pitch": sp, "dst_pitch": dp}
                 extra = {"gated": gated, "peak_bytes_per_s": peak if direction != "d2d" else None}
                 expected = exp_window
-                prepare()
-                reps = 1
-                if strategy == "2d":
-                    def one():
-                        runtime.memcpy2DAsync(win_ptr, dp, src_ptr, sp, w, h, kind, stream.ptr)
-
-                    samples, reps = time_repeated(stream, gated, one, spec.plan)
-                elif strategy == "contiguous":
+                if entry.contiguous:
                     if exp_contig is None:
                         exp_contig = expected_destination(src_pat, baseline, w, h, sp, dp, contiguous=True)
                     expected = exp_contig
-
-                    def one():
-                        runtime.memcpyAsync(win_ptr, src_ptr, window, kind, stream.ptr)
-
-                    samples, reps = time_repeated(stream, gated, one, spec.plan)
-                elif strategy == "row-loop":
-                    if h > MAX_LOOP_ROWS:
-                        out.append(Record(params=params, nbytes=window, extra={"skipped": True},
-                                          error=f"skipped: {h} rows is over {MAX_LOOP_ROWS} one-row copies per sample"))
-                        continue
-                    memcpy_async = runtime.memcpyAsync
-                    sptr = stream.ptr
-
-                    def enqueue(seg):
-                        for r in seg:
-                            memcpy_async(win_ptr + r * dp, src_ptr + r * sp, w, kind, sptr)
-
-                    samples, _timer = time_segments(stream, gated, enqueue, h, spec.plan, extra)
-                else:  # cupy-slice
-                    extra["gated"] = False
-                    if direction == "d2h":
-                        src_arr = _device_array(cupy, src_ptr, src_n, dev_a).reshape(h, sp)
-                        dst_rows = host.array[GUARD:GUARD + dp * h].reshape(h, dp)
-
-                        def step(src_arr=src_arr, dst_rows=dst_rows):
-                            with stream:
-                                dst_rows[:, :w] = cupy.asnumpy(src_arr[:, :w], stream=stream)
-                            stream.synchronize()
-                    else:
-                        owner = dev_a if direction == "h2d" else dev_b
-                        dst_arr = _device_array(cupy, dst_ptr, dst_n, owner)[GUARD:GUARD + dp * h].reshape(h, dp)
-                        if direction == "h2d":
-                            src_rows = host.array[:src_n].reshape(h, sp)
-
-                            def step(dst_arr=dst_arr, src_rows=src_rows):
-                                with stream:
-                                    dst_arr[:, :w] = cupy.asarray(src_rows[:, :w])
-                                stream.synchronize()
-                        else:
-                            src_arr = _device_array(cupy, src_ptr, src_n, dev_a).reshape(h, sp)
-
-                            def step(dst_arr=dst_arr, src_arr=src_arr):
-                                with stream:
-                                    dst_arr[:, :w] = src_arr[:, :w]
-                                stream.synchronize()
-
-                    samples = measure(step, HostClock(), spec.plan)
+                prepare()
+                got_times = entry.measure(c, extra)
+                if isinstance(got_times, str):
+                    out.append(Record(params=params, nbytes=window, extra={"skipped": True}, error=got_times))
+                    continue
+                samples, reps = got_times
                 got = destination()
-                inside, outside = _compare(got, expected, w, h, dp, contiguous=strategy == "contiguous")
+                inside, outside = _compare(got, expected, w, h, dp, contiguous=entry.contiguous)
                 extra.update(verified=inside, untouched=outside)
                 out.append(Record(params=params, metric="bandwidth", nbytes=window, samples_s=list(samples),
                                   reps=reps, extra=extra))
