@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
@@ -315,6 +316,93 @@ def _choose(lanes, plan_reps_cap: int, warm: int) -> tuple[int, float]:
     return choose_reps(max(per[0]), target=SAMPLE_TARGET_S, cap=plan_reps_cap), queued
 
 
+@dataclass(frozen=True)
+class _PairBuffers:
+    """One (src i, dst j) point's filled buffers, for a test's lane builder."""
+
+    i: int
+    j: int
+    n: int
+    seed: int
+    src: object
+    dst: object
+    alloc: Callable
+    gate_timeout: float
+    off: bool
+    base: dict
+
+
+def _one_way(b: _PairBuffers, reader: bool):
+    """One CE copy src -> dst on the source's stream (write: pushed) or the destination's (read:
+    pulled); with peer access off through cudaMemcpyPeerAsync (staged through the host)."""
+    lane_dev = b.j if reader else b.i
+    lanes = [_lane(lane_dev, _ce_enqueue(b.dst.ptr, b.j, b.src.ptr, b.i, b.n, b.off), b.gate_timeout)]
+    return lanes, [(b.j, b.dst.ptr, b.n, b.seed)], b.n
+
+
+def _both_ways(b: _PairBuffers, pull: bool):
+    """Both directions at once: each pulled by its destination's stream (nvbandwidth's bidir read)
+    or pushed by each source through the peer API (p2pBandwidthLatencyTest's bidirectional test)."""
+    i, j, n = b.i, b.j, b.n
+    src2 = b.alloc(j, n)
+    dst2 = b.alloc(i, n)
+    _fill(j, src2.ptr, n, b.seed + 1)
+    _fill(i, dst2.ptr, n, (b.seed + 1) ^ 0x5A5A)
+    if pull:
+        lanes = [_lane(j, _ce_enqueue(b.dst.ptr, j, b.src.ptr, i, n, False), b.gate_timeout),
+                 _lane(i, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, False), b.gate_timeout)]
+    else:
+        lanes = [_lane(i, _ce_enqueue(b.dst.ptr, j, b.src.ptr, i, n, True), b.gate_timeout),
+                 _lane(j, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, True), b.gate_timeout)]
+    return lanes, [(j, b.dst.ptr, n, b.seed), (i, dst2.ptr, n, b.seed + 1)], n
+
+
+def _sm_read(b: _PairBuffers):
+    """nvbandwidth's copy kernel on the destination GPU reading the peer's memory."""
+    enqueue, copied = _sm_enqueue(b.j, b.dst.ptr, b.src.ptr, b.n)
+    if copied == 0:
+        return [Record(params={**b.base, "nbytes": b.n}, nbytes=b.n,
+                       error=f"{format_size(b.n)} is too small for the copy kernel (16 bytes at least)")]
+    return [_lane(b.j, enqueue, b.gate_timeout)], [(b.j, b.dst.ptr, copied, b.seed)], copied
+
+
+@dataclass(frozen=True)
+class P2PTest:
+    """One entry of p2p's table.
+
+    Attributes:
+        name: the ``-t/--tests`` value.
+        what: one line for --help and docs.
+        lanes: (the point's buffers) -> (lanes, checks, bytes per copy), or error records.
+        peer_off: peer access disabled for it (run first, p2pBandwidthLatencyTest's P2P=Disabled).
+        latency: a time per 16-byte copy (metric "time"), LATENCY_REPS copies per sample.
+        bidir: both directions at once (three records: forward, reverse, total).
+    """
+
+    name: str
+    what: str
+    lanes: Callable[[_PairBuffers], object]
+    peer_off: bool = False
+    latency: bool = False
+    bidir: bool = False
+
+
+TEST_TABLE: dict[str, P2PTest] = {t.name: t for t in (
+    P2PTest("write", TESTS["write"], lambda b: _one_way(b, reader=False)),
+    P2PTest("read", TESTS["read"], lambda b: _one_way(b, reader=True)),
+    P2PTest("bidir", TESTS["bidir"], lambda b: _both_ways(b, pull=True), bidir=True),
+    P2PTest("sm", TESTS["sm"], _sm_read),
+    P2PTest("latency", TESTS["latency"], lambda b: _one_way(b, reader=False), latency=True),
+    P2PTest("off", TESTS["off"], lambda b: _one_way(b, reader=False), peer_off=True),
+    P2PTest("off-bidir", TESTS["off-bidir"], lambda b: _both_ways(b, pull=False), peer_off=True, bidir=True),
+    P2PTest("off-latency", TESTS["off-latency"], lambda b: _one_way(b, reader=False), peer_off=True, latency=True),
+)}
+assert tuple(TEST_TABLE) == tuple(TESTS)
+assert PEER_OFF_TESTS == tuple(t.name for t in TEST_TABLE.values() if t.peer_off)
+assert LATENCY_TESTS == tuple(t.name for t in TEST_TABLE.values() if t.latency)
+assert BIDIR_TESTS == tuple(t.name for t in TEST_TABLE.values() if t.bidir)
+
+
 def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[Record]:
     import cupy
 
@@ -348,32 +436,10 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         # never time on zeros: fill the source with a pattern, poison the destination
         _fill(i, src.ptr, n, seed)
         _fill(j, dst.ptr, n, seed ^ 0x5A5A)
-        if test in BIDIR_TESTS:
-            src2 = alloc(j, n)
-            dst2 = alloc(i, n)
-            _fill(j, src2.ptr, n, seed + 1)
-            _fill(i, dst2.ptr, n, (seed + 1) ^ 0x5A5A)
-            if test == "bidir":  # each direction pulled by its destination's stream (nvbandwidth read)
-                lanes = [_lane(j, _ce_enqueue(dst.ptr, j, src.ptr, i, n, False), gate_timeout),
-                         _lane(i, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, False), gate_timeout)]
-            else:  # pushed by each source (p2pBandwidthLatencyTest bidirectional)
-                lanes = [_lane(i, _ce_enqueue(dst.ptr, j, src.ptr, i, n, True), gate_timeout),
-                         _lane(j, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, True), gate_timeout)]
-            checks = [(j, dst.ptr, n, seed), (i, dst2.ptr, n, seed + 1)]
-            copied = n
-        elif test == "sm":
-            enqueue, copied = _sm_enqueue(j, dst.ptr, src.ptr, n)
-            if copied == 0:
-                return [Record(params={**base, "nbytes": n}, nbytes=n,
-                               error=f"{format_size(n)} is too small for the copy kernel (16 bytes at least)")]
-            lanes = [_lane(j, enqueue, gate_timeout)]
-            checks = [(j, dst.ptr, copied, seed)]
-        else:
-            reader = test == "read"
-            lane_dev = j if reader else i
-            lanes = [_lane(lane_dev, _ce_enqueue(dst.ptr, j, src.ptr, i, n, off), gate_timeout)]
-            checks = [(j, dst.ptr, n, seed)]
-            copied = n
+        built = TEST_TABLE[test].lanes(_PairBuffers(i, j, n, seed, src, dst, alloc, gate_timeout, off, base))
+        if isinstance(built, list):
+            return built
+        lanes, checks, copied = built
 
         if test in LATENCY_TESTS:
             reps = LATENCY_REPS
