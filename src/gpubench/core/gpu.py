@@ -245,7 +245,7 @@ class Pattern:
     copy too): filling or checking 32 GiB costs about 2 x :data:`CHUNK_BYTES` of temporaries.
 
     Byte ``i`` is ``base[i % len(base)]``, ``base`` being :func:`pattern`'s seeded random block, so
-    ``Pattern(n, s).array()`` equals ``pattern(n, s)``.
+    the bytes are those of ``pattern(n, s)``.
 
     Args:
         nbytes: the pattern's length in bytes.
@@ -272,12 +272,6 @@ class Pattern:
         block = np.resize(self.base, min(step, n))
         for off in range(0, n, step):
             yield off, block[: min(step, n - off)]
-
-    def array(self):
-        """The whole pattern as one array (only for small sizes)."""
-        import numpy as np
-
-        return np.resize(self.base, self.nbytes)
 
     def fill(self, dst, invert: bool = False) -> None:
         """Write the pattern (or its complement, a poison the copy must overwrite) into the uint8

@@ -10,7 +10,8 @@
   between releasing and recording the end. The elapsed time is ``cudaEventElapsedTime``
   (resolution about 0.5 us per the CUDA programming guide). What a figure divides by follows
   nvbandwidth's BandwidthValue: the first lane's time, the span until all end, each lane's own,
-  or the sum of the lanes' bandwidths (:func:`policy_seconds`, :func:`sum_bandwidth`).
+  or the sum of the lanes' bandwidths (:func:`policy_seconds`; the sum, SUM_BW, is p2p's bidir
+  total, computed from the lanes' times in ``bench.p2p.bidir_records``).
 - :func:`sample_loop` is the iteration rule every benchmark shares: with ``iters`` given, exactly
   that many samples; otherwise samples until ``min_time`` seconds of measured time and at least
   ``min_iters`` samples, or ``max_iters`` samples; ``warmup`` untimed samples first.
@@ -167,8 +168,7 @@ def choose_reps(seconds_per_step: float, target: float = 100e-6, cap: int = 32) 
 # The gated core for one or many streams (nvbandwidth's doMemcpyCore, memcpy.cpp).
 
 GATE_TIMEOUT_S = 2.0  # a lane's spin kernel gives up after this; queueing this slow means a stall
-FIRST, SUM, SPAN, EACH = "first", "sum", "span", "each"
-POLICIES = (FIRST, SUM, SPAN, EACH)
+FIRST, SPAN, EACH = "first", "span", "each"
 
 
 class SumClock:
@@ -362,7 +362,8 @@ def policy_seconds(times: LaneTimes, policy: str, lane: int = 0) -> float:
     - ``first`` (USE_FIRST_BW): the first lane's time (the timed copy while others interfere);
     - ``span`` (TOTAL_BW): until every lane ended (total bytes over that time);
     - ``each`` (VECTOR_BW): lane ``lane``'s own time (one figure per lane);
-    - ``sum`` (SUM_BW) is a sum of per-lane bandwidths, not a time: see :func:`sum_bandwidth`.
+    - ``sum`` (SUM_BW) is a sum of per-lane bandwidths, not one lane's time: p2p's bidir total
+      computes it from the lanes' times (``bench.p2p.bidir_records``).
 
     Raises:
         ValueError: an unknown policy, or ``sum``.
@@ -374,11 +375,6 @@ def policy_seconds(times: LaneTimes, policy: str, lane: int = 0) -> float:
     if policy == EACH:
         return times.per_lane[lane]
     raise ValueError(f"policy {policy!r} has no single time; use {FIRST}, {SPAN} or {EACH}")
-
-
-def sum_bandwidth(times: LaneTimes, nbytes_per_lane: list[int]) -> float:
-    """nvbandwidth's SUM_BW: the sum over lanes of bytes / that lane's time, in B/s."""
-    return sum(n / t for n, t in zip(nbytes_per_lane, times.per_lane))
 
 
 # ---------------------------------------------------------------------------------------------
