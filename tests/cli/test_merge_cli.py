@@ -295,3 +295,14 @@ def test_ctrl_c_during_the_join_check_keeps_the_last_run(tmp_path, capsys, monke
     assert data["partial"] is True and data["interrupted_by"] == "SIGINT"
     (rec,) = data["records"]
     assert len(rec["samples_s"]) == 2 and rec["extra"]["join_check"] is None
+
+
+@pytest.mark.parametrize("opt", ["--runs", "--warmup-runs"])
+def test_a_huge_run_count_is_refused_at_once(run_cli, opt):
+    """The driver lists every run as a point before it starts: a count past the repeat bound is
+    refused in one line (it used to build a list of billions first, or start a cluster)."""
+    t0 = time.monotonic()
+    code, out, err = run_cli("merge", "-t", "cpu", opt, "99999999999")
+    assert code == 2 and err.strip().splitlines() == [
+        f"gpubench: error: {opt} 99999999999 is too large (at most 1,000,000)"], err
+    assert time.monotonic() - t0 < 10

@@ -51,6 +51,7 @@ from gpubench.bench.merge_data import compute_watching, join_check, random_ddf
 from gpubench.bench.merge_stats import address_to_index, hmean, hstd, pair_statistics
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.options import MAX_REPEATS, positive_int
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
@@ -149,6 +150,9 @@ class MergeSpec:
             raise UsageError(f"--runs {self.runs} must be at least 1")
         if self.warmup_runs < 0:
             raise UsageError(f"--warmup-runs {self.warmup_runs} must be >= 0")
+        # the driver lists every run as a point before anything starts: bounded like every repeat count
+        positive_int("--runs", self.runs, maximum=MAX_REPEATS)
+        positive_int("--warmup-runs", self.warmup_runs, allow_zero=True, maximum=MAX_REPEATS)
         if self.threads_per_worker < 1:
             raise UsageError(f"--threads-per-worker {self.threads_per_worker} must be at least 1")
         if self.ignore_size < 0:
