@@ -1,0 +1,70 @@
+"""core.safe: every payload of the break-it pass (issue 18) made inert in every output."""
+
+import pytest
+from rich.console import Console
+from rich.text import Text
+
+from gpubench.core import safe
+
+PAYLOADS = [
+    "\x1b[2J",  # clear screen
+    "\x1b[31mred\x1b[0m",
+    "\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\",  # OSC 8 hyperlink
+    "ok\rFAKE LINE",
+    "two\nlines",
+    "\u202eevil",  # right-to-left override
+    "\x9b31m",  # C1 CSI
+    "line\u2028sep",
+]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_term_leaves_no_control_character(payload):
+    out = safe.term(payload)
+    assert out.isprintable(), repr(out)
+    assert "\u202e" not in out and "\x1b" not in out
+
+
+@pytest.mark.parametrize("payload", PAYLOADS + ["[bold red]x[/]", "[/]", "[link=http://e/]x"])
+def test_rich_shows_the_payload_as_written(payload):
+    console = Console(record=True, force_terminal=True, color_system="truecolor", width=200)
+    console.print(safe.term_markup(payload))
+    console.print(Text(safe.term(payload)))
+    raw = console.export_text(styles=True)
+    # The only escape sequences are rich's own reset codes, never the payload's.
+    assert "\x1b[2J" not in raw and "\x1b]8" not in raw and "\x1b[31m" not in raw
+    assert "\r" not in raw
+
+
+def test_markdown_cannot_add_html_rows_or_links():
+    out = safe.markdown("<img src=x onerror=alert(1)>|new|cell\n| row |[link](http://e) `code`")
+    assert "<" not in out and ">" not in out
+    assert "\n" not in out
+    assert "|" not in out.replace("\\|", "")
+    assert "\\[" in out and "\\`" in out
+
+
+def test_html_escapes_tags_and_quotes():
+    assert safe.html('<script>"x"</script>') == "&lt;script&gt;&quot;x&quot;&lt;/script&gt;"
+
+
+def test_mpl_has_no_mathtext():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_title(safe.mpl(r"$\foo$ and $x^$"))
+    fig.canvas.draw()  # raises ValueError on bad mathtext without the escape
+    plt.close(fig)
+
+
+def test_long_strings_are_cut_and_say_so():
+    out = safe.term("x" * 100_000)
+    assert len(out) < 600 and "100000 characters" in out
+
+
+def test_non_strings_are_shown_not_raised_on():
+    assert safe.term(None) == "None"
+    assert safe.markdown(3.5) == "3.5"
