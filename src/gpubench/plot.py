@@ -305,10 +305,11 @@ class Section:
     title: str
     panels: list[Panel]
     envs: dict[str, dict] = field(default_factory=dict)  # file -> env, for NVML peaks
+    max_cols: int = 4
 
     @property
     def cols(self) -> int:
-        return max(1, min(_PANEL[self.kind][2], len(self.panels)))
+        return max(1, min(_PANEL[self.kind][2], self.max_cols, len(self.panels)))
 
     def groups(self) -> list[list[int]]:
         """Panel indices per metric; in a matrix section each metric starts a row (its own scale)."""
@@ -849,7 +850,7 @@ def can_take_peak(sections: Sequence[Section]) -> str | None:
 
 
 def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in: tuple[float, float] | None = None,
-           dpi: int = 100, peaks_gbps: Sequence[float] = (), title: str | None = None):
+           dpi: int = 100, peaks_gbps: Sequence[float] = (), title: str | None = None, max_cols: int = 4):
     """Draw the results into a matplotlib Figure (no pyplot, no display).
 
     Args:
@@ -859,6 +860,7 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
         dpi: pixels per inch.
         peaks_gbps: user peak lines, in ``units``/s (finite, > 0).
         title: a title over the whole figure (shown through :func:`safe.mpl`).
+        max_cols: at most this many panels a row (the HTML report asks for fewer, narrower figures).
 
     Returns:
         (figure, sections).
@@ -869,6 +871,8 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
     from matplotlib.figure import Figure
 
     sections = build_sections(results)
+    for sec in sections:
+        sec.max_cols = max_cols
     if peaks_gbps:
         why = can_take_peak(sections)
         if why:
@@ -951,4 +955,4 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
     from gpubench.core.result import write_bytes_atomic
 
     data = png_bytes(results, units=units, size_in=size_in, dpi=dpi, peaks_gbps=peaks_gbps, title=title)
-    return write_bytes_atomic(data, out, "plot")
+    return write_bytes_atomic(data, out, "the plot", "-o")

@@ -355,16 +355,16 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
     return p
 
 
-def write_bytes_atomic(data: bytes, path: str | os.PathLike, what: str = "file") -> Path:
+def write_bytes_atomic(data: bytes, path: str | os.PathLike, what: str = "file", option: str = "-o") -> Path:
     """Write ``data`` to ``path`` atomically, as :func:`write_json_atomic` does for JSON (a PNG, an
     HTML report): a temporary file in the same folder, fsync, rename. On any failure (a full disk)
     the temporary file is removed and an earlier file at ``path`` is left as it was.
 
     Raises:
-        UsageError: the target is not a regular file (:func:`check_output_target`).
-        MachineError: the write failed; the message names the path.
+        UsageError: the target is not a regular file (:func:`check_output_target`; ``option`` names it).
+        MachineError: the write failed; the message names ``what`` and the path.
     """
-    check_output_target(path, what)
+    check_output_target(path, option)
     p = _write_target(path)
     parent = p.parent if str(p.parent) else Path(".")
     tmp = None
