@@ -608,11 +608,10 @@ X_NAMES = {"nccl": "size S (bytes per rank, nccl-tests' size)", "nbytes": "size 
 
 
 def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], legend: dict) -> None:
-    import numpy as np
-
     factor_of = (lambda r: float(r.extra.get("busbw_factor") or 1.0)) if panel.scale_by == "busbw" else (lambda r: 1.0)
     ns: list[int] = []
     sizes: list[int] = []
+    top = 0.0
     for s in panel.series:
         recs = sorted(s.records, key=lambda r: _swept_size(r, panel.xkey))
         xs = [_swept_size(r, panel.xkey) for r in recs]
@@ -628,6 +627,7 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
             legend.setdefault(ABOVE_LABEL, mark)
         ns += [v.n for v in ss]
         sizes += xs
+        top = max([top] + [v.p75 for v in ss])
     _size_ticks(ax, sizes)
     ax.set_xlabel(S(X_NAMES.get(panel.command) or X_NAMES.get(panel.xkey or "", "size") + " (log2 axis)"))
     what = panel.scale_by or ("bandwidth" if panel.metric == "bandwidth" else "time")
@@ -636,13 +636,12 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
         ax.set_yscale("log")
     else:
         _draw_peaks(ax, peaks, units)
-        top = max([p.bytes_per_s / UNITS[units] for p in peaks] + [l.get_ydata().max() for l in ax.lines
-                                                                       if len(l.get_ydata())] + [0])
+        top = max([p.bytes_per_s / UNITS[units] for p in peaks] + [top])
         ax.set_ylim(0, top * 1.12 if top > 0 else 1)
+        ax.gpubench_top = top
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(_n_text(ns), loc="right", fontsize=7, color="0.3")
     legend.setdefault(BAND_LABEL, _band_handle())
-    del np
 
 
 def _band_handle():
@@ -784,8 +783,7 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None) ->
         mats.append((devs, m, pct, above))
     finite = np.concatenate([m[np.isfinite(m)] for _, m, _, _ in mats]) if mats else np.array([])
     top = float(finite.max()) if finite.size else 1.0
-    cmap = matplotlib.colormaps["viridis" if metric == "bandwidth" else "viridis_r"].copy()
-    cmap.set_bad("0.9")
+    cmap = matplotlib.colormaps["viridis" if metric == "bandwidth" else "viridis_r"].with_extremes(bad="0.9")
     norm = matplotlib.colors.Normalize(vmin=0, vmax=top)
     unit = _unit(metric, units)
     im = None
@@ -920,6 +918,9 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
             else:
                 _draw_intervals(ax, panel, styles, units, peaks, legend, many)
         if sec.kind == "sweep" and len(sec.panels) > 1:
+            tops = [getattr(ax, "gpubench_top", 0.0) for ax in axes]
+            if max(tops) > 0:  # the facets share the y axis: the highest of them sets it
+                axes[0].set_ylim(0, max(tops) * 1.12)
             for ax in axes:
                 ax.tick_params(labelleft=True)
         sf.legend(list(legend.values()), list(legend.keys()), loc="outside right upper", fontsize=8,
