@@ -313,7 +313,7 @@ def records_table(res: Result, units: str) -> str:
             cells.append("0")
         pct = r.extra.get("pct_of_peak")
         cells.append(f"{pct:.0f}%" if isinstance(pct, (int, float)) and math.isfinite(pct) else "-")
-        cells.append(", ".join(flags) + (f": {r.error}" if r.error else ""))
+        cells.append(", ".join(f"failed: {r.error}" if f == "failed" else f for f in flags))
         rows.append(cells)
         classes.append("bad" if ("above peak" in flags or "failed" in flags or "verification failed" in flags)
                        else "warn" if flags else "")
