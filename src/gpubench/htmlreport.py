@@ -215,6 +215,13 @@ def read_inputs(paths: Sequence[str]) -> Inputs:
         inputs.sources.append(str(p))
     if not inputs.items and not inputs.fleets and not inputs.bundles:
         raise UsageError("nothing to report: no result, bundle or fleet in the inputs")
+    # short names: the file name, or as much of the path as tells two apart
+    from gpubench.plot import display_names
+
+    for it, short in zip(inputs.items, display_names([it.name for it in inputs.items])):
+        it.name = short
+    inputs.bundles = list(zip(display_names([n for n, _ in inputs.bundles]), [b for _, b in inputs.bundles]))
+    inputs.fleets = list(zip(display_names([n for n, _ in inputs.fleets]), [f for _, f in inputs.fleets]))
     return inputs
 
 
@@ -524,7 +531,8 @@ figcaption { font-size: 0.85em; color: #444; }
 nav ul { columns: 2; } code { font-size: 0.92em; }
 @media print {
   body { max-width: none; margin: 0; font-size: 10pt; } nav { display: none; }
-  section { break-before: auto; } table, figure, tr { break-inside: avoid; } h2, h3 { break-after: avoid; }
+  section { break-before: auto; } figure, tr, caption { break-inside: avoid; } h2, h3, caption { break-after: avoid; }
+  thead { display: table-header-group; } details { display: block; }
   figure img { max-width: 100%; border: none; }
   tr.bad td, tr.warn td, tr.gone td, tr.good td, td, .verdict, span { -webkit-print-color-adjust: exact;
     print-color-adjust: exact; }

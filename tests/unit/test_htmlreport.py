@@ -96,7 +96,7 @@ def test_every_result_has_its_table_and_plot(page):
     t = parse(page)
     text = " ".join(t.text)
     for name in ALL_FIXTURES:
-        assert f": {name}" in text or name in text
+        assert f": {Path(name).name}" in text
     assert sum(u.startswith("data:image/png") for u in t.urls) == len(ALL_FIXTURES) + 1  # + the copy comparison
 
 
@@ -114,7 +114,7 @@ def test_the_figures_of_the_input_are_in_the_tables(page):
 
 def test_two_results_of_one_command_are_compared(page):
     assert "Comparison: copy" in page
-    assert "tests/data/copy-pinned-h200.json against base" in page.replace(str(DATA), "tests/data")
+    assert "copy-pinned-h200.json against base copy-all-h200.json" in page  # short names: the file names
     assert "Mann-Whitney" in page
 
 
@@ -152,7 +152,7 @@ def test_a_folder_of_a_bundle_and_its_step_files_shows_each_result_once(tmp_path
     step = tmp_path / "suite-x-copy.json"
     save(load(DATA / "copy-pinned-h200.json"), step)
     inputs = htmlreport.read_inputs([str(tmp_path)])
-    assert [it.name for it in inputs.items] == [f"{b}: copy"] and len(inputs.fleets) == 1
+    assert [it.name for it in inputs.items] == [f"{b.name}: copy"] and len(inputs.fleets) == 1
 
 
 def test_strings_from_files_are_escaped(tmp_path):
