@@ -237,8 +237,14 @@ def _value_text(k: str, v: Any) -> str:
     return str(v)
 
 
+# params whose values name themselves ("h2d", "pinned", "in-place", "ucx"); others show as key=value
+_SELF_NAMED = {"direction", "memory", "strategy", "placement", "protocol", "test", "part", "stage", "collective",
+               "device", "stream", "type", "op", "dtype", "peer"} | set(SIZE_KEYS)
+
+
 def _mode_label(r: Record, keys: Sequence[str]) -> str:
-    return " ".join(_value_text(k, r.params.get(k)) for k in keys if r.params.get(k) is not None)
+    return " ".join(_value_text(k, r.params.get(k)) if k in _SELF_NAMED else f"{k}={_value_text(k, r.params.get(k))}"
+                    for k in keys if r.params.get(k) is not None)
 
 
 def _fixed_text(records: Sequence[Record], skip: set[str]) -> str:
@@ -306,6 +312,7 @@ class Section:
     panels: list[Panel]
     envs: dict[str, dict] = field(default_factory=dict)  # file -> env, for NVML peaks
     max_cols: int = 4
+    many: bool = False  # several files overlaid: one colour per file
 
     @property
     def cols(self) -> int:
@@ -374,25 +381,20 @@ def build_sections(results: Sequence[tuple[str, Result]]) -> list[Section]:
             if not _usable(r):
                 continue
             k = _kind(r, res.command)
-            if k != "other":
-                groups.setdefault((k, res.command, r.metric), []).append((name, r))
+            if k != "other":  # matrices of both metrics share one section (a colour scale each)
+                groups.setdefault((k, res.command, "" if k == "matrix" else r.metric), []).append((name, r))
     sections: list[Section] = []
     for (kind, command, metric), items in groups.items():
         build = {"sweep": _sweep_section, "nccl": _nccl_section, "matrix": _matrix_section,
                  "intervals": _intervals_section, "pairs": _pairs_section}[kind]
-        sec = build(command, metric, items, many)
+        sources = list(dict.fromkeys(n for n, _ in items))
+        # an overlay (one colour per file) only where this section holds several files
+        sec = build(command, metric, items, len(sources) > 1)
         sec.envs = envs
+        sec.many = len(sources) > 1
+        if many and not sec.many:
+            sec.title += f" · {sources[0]}"  # the file, named once in the title
         sections.append(sec)
-    # one matrix section per command: bandwidth matrices, then latency, each on its own scale
-    merged: list[Section] = []
-    for sec in sections:
-        same = next((m for m in merged if m.kind == "matrix" == sec.kind and m.command == sec.command), None)
-        if same is None:
-            merged.append(sec)
-        else:
-            same.panels = sorted(same.panels + sec.panels, key=lambda p: p.metric != "bandwidth")
-            same.title = f"{sec.command}: source GPU (rows) to destination GPU (columns); brighter = better"
-    sections = merged
     if not sections:
         raise UsageError("nothing to plot: no record with samples and a size, a src/dst pair, a worker pair "
                          "or per-interval figures", "plot reads copy, batch, memcpy2d, overlap, p2p, nccl, merge "
@@ -457,11 +459,12 @@ def _nccl_section(command: str, metric: str, items, many: bool) -> Section:
 
 
 def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
+    """Matrices of both metrics: one panel per (file, test, part, other params, metric)."""
     per: dict[tuple, tuple[str, str, list[Record]]] = {}
     for src, r in sorted(items, key=lambda it: _p2p_order(it[1])):
         test, part = r.params.get("test"), r.params.get("part")
         other = {k: v for k, v in r.params.items() if k not in ("src", "dst", "test", "part", "nbytes")}
-        key = (src, test, part, tuple(sorted((k, repr(v)) for k, v in other.items())))
+        key = (src, test, part, tuple(sorted((k, repr(v)) for k, v in other.items())), r.metric)
         if key not in per:
             size = r.extra.get("requested_nbytes") if isinstance(r.extra.get("requested_nbytes"), int) else r.nbytes
             if part == "total" and r.params.get("nbytes"):
@@ -471,8 +474,11 @@ def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
             title = " ".join(words) + f" · {format_size(size)}" + (f" · {src}" if many else "")
             per[key] = (title, src, [])
         per[key][2].append(r)
-    panels = [Panel("matrix", metric, title, [Series(title, rs, src, title)], command) for title, src, rs in per.values()]
-    what = "bandwidth (brighter = faster)" if metric == "bandwidth" else "latency (brighter = lower)"
+    panels = [Panel("matrix", rs[0].metric, title, [Series(title, rs, src, title)], command)
+              for title, src, rs in per.values()]
+    metrics = {p.metric for p in panels}
+    what = ("bandwidth (brighter = faster)" if metrics == {"bandwidth"} else "latency (brighter = lower)"
+            if metrics == {"time"} else "bandwidth and latency (brighter = better)")
     return Section("matrix", command, f"{command}: {what}, source GPU (rows) to destination GPU (columns)",
                    sorted(panels, key=lambda p: p.metric != "bandwidth"))
 
@@ -481,6 +487,11 @@ def _intervals_section(command: str, metric: str, items, many: bool) -> Section:
     recs = [r for _, r in items]
     streams = {r.params.get("streams") for r in recs if r.params.get("streams") is not None}
     series = _series(items, ["stream"], many, "total")
+    for sr in series:  # "stream 0", "total"; the total first, so in overlays it takes the solid line
+        if sr.mode != "total":
+            sr.mode = f"stream {sr.mode}"
+            sr.label = f"{sr.mode} · {sr.source}" if many else sr.mode
+    series.sort(key=lambda sr: sr.mode != "total")
     fixed = f"{', '.join(str(s) for s in sorted(streams, key=str))} streams" if streams else ""
     title = f"{command}: received rate per interval" + (f" ({fixed})" if fixed else "")
     return Section("intervals", command, title, [Panel("intervals", metric, title, series, command)])
@@ -875,7 +886,6 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
         why = can_take_peak(sections)
         if why:
             raise UsageError(why, "leave --peak out for these results")
-    many = len(results) > 1
     sizes = [s.size_in() for s in sections]
     w = max(sw for sw, _ in sizes)
     h = sum(sh for _, sh in sizes) + (0.5 if title else 0)
@@ -902,6 +912,7 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
                 _draw_matrices(sf, [sec.panels[i] for i in g], gaxes, units, spare)
             continue
         axes = axes[0]
+        many = sec.many
         styles = _styles([s for p in sec.panels for s in p.series], many)
         legend: dict = {}
         for ax, panel in zip(axes, sec.panels):

@@ -139,7 +139,7 @@ def test_overlap_is_bars_per_stage_in_microseconds():
     (ax,) = visible_axes(fig)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["h2d", "kernel", "d2h", "serial", "overlapped"]
     assert "time (us)" in ax.get_ylabel()
-    assert sorted(a[0] for a in series_artists(ax)) == ["0", "64"]
+    assert sorted(a[0] for a in series_artists(ax)) == ["work=0", "work=64"]
     check_legend_and_styles(fig)
 
 
@@ -172,7 +172,7 @@ def test_net_is_per_stream_and_total_from_zero():
     (ax,) = visible_axes(fig)
     assert ax.get_xlim()[0] == 0 and ax.get_ylim()[0] == 0
     assert "time since the start (s)" == ax.get_xlabel() and "GB/s" in ax.get_ylabel()
-    assert sorted(a[0] for a in series_artists(ax)) == ["0", "1", "total"]
+    assert sorted(a[0] for a in series_artists(ax)) == ["stream 0", "stream 1", "total"]
     check_legend_and_styles(fig)
 
 
