@@ -268,12 +268,10 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> None:
         raise UsageError(f"{what} {str(path)!r}: cannot check it ({e.strerror or type(e).__name__})") from None
     if _stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{what} {str(path)!r} is a folder", "give a file name, e.g. out.json")
-    if not _stat.S_ISREG(st.st_mode):
-        kind = ("a device" if _stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode) else
-                "a named pipe (FIFO)" if _stat.S_ISFIFO(st.st_mode) else
-                "a socket" if _stat.S_ISSOCK(st.st_mode) else "not a file")
-        raise UsageError(f"{what} {str(path)!r} is not a regular file ({kind}): saving would replace it",
-                         "give a file name, e.g. out.json, or --json - for stdout")
+    if not _stat.S_ISREG(st.st_mode):  # a save would rename a new file over it
+        raise UsageError(f"{what} {str(path)!r} is not a regular file (a device, pipe or socket)",
+                         "give a file name, e.g. out.json, or --json - for stdout" if what == "--json"
+                         else "give the name of a file")
 
 
 def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
