@@ -383,7 +383,7 @@ def _fleet_section(name: str, f: dict) -> str:
     counts = {k: sum(1 for r in rows if r.get("flag") == k) for k in FLEET_FLAGS}
     out = [f"<section class=fleet><h2>Fleet: {h(name)}</h2>",
            f"<p>Rule <b>{h(rule.get('name', '-'))}</b>: {h(rule.get('text', ''))}</p>",
-           "<p class=verdict>" + ", ".join(f"<span class={k}>{counts[k]} {k}</span>" for k in FLEET_FLAGS) + "</p>"]
+           "<p class=verdict>" + " ".join(f"<span class={k}>{counts[k]} {k}</span>" for k in FLEET_FLAGS) + "</p>"]
 
     def num(v: Any) -> str:
         return "-" if v is None else _fmt(float(v))
