@@ -269,7 +269,8 @@ def result_flags(res: Result) -> list[str]:
 # ---- tables ----
 
 def _table(cols: Sequence[str], rows: Sequence[Sequence[str]], *, classes: Sequence[str] | None = None,
-           caption: str | None = None, numeric_from: int = 1, raw_cells: bool = False, header: bool = True) -> str:
+           caption: str | None = None, numeric_from: int = 1, raw_cells: bool = False, header: bool = True,
+           total: int | None = None) -> str:
     """An HTML table; cells are escaped here unless ``raw_cells`` (already-built HTML)."""
     out = ["<table>"]
     if caption:
@@ -283,8 +284,9 @@ def _table(cols: Sequence[str], rows: Sequence[Sequence[str]], *, classes: Seque
                         for j, c in enumerate(row))
         out.append(f"<tr{cls}>{cells}</tr>")
     out.append("</tbody></table>")
-    if len(rows) > MAX_ROWS:
-        out.append(f"<p class=note>First {MAX_ROWS} of {len(rows)} rows shown.</p>")
+    total = len(rows) if total is None else total
+    if total > min(len(rows), MAX_ROWS):
+        out.append(f"<p class=note>First {min(len(rows), MAX_ROWS)} of {total} rows shown.</p>")
     return "\n".join(out)
 
 
@@ -304,7 +306,7 @@ def records_table(res: Result, units: str) -> str:
     cols = keys + ([f"algbw {unit}", f"busbw {unit}"] if nccl else [f"median {unit}"]) + \
         ["p25-p75", "n", "% of peak", "flags"]
     rows, classes = [], []
-    for r in recs:
+    for r in recs[:MAX_ROWS]:  # the rest is counted, not computed
         cells = [format_size(r.params[k]) if k in ("nbytes", "piece_bytes", "width") and isinstance(r.params.get(k), int)
                  and not isinstance(r.params.get(k), bool) else str(r.params.get(k, "-")) for k in keys]
         flags = record_flags(r)
@@ -324,7 +326,7 @@ def records_table(res: Result, units: str) -> str:
         rows.append(cells)
         classes.append("bad" if ("above peak" in flags or "failed" in flags or "verification failed" in flags)
                        else "warn" if flags else "")
-    return _table(cols, rows, classes=classes, numeric_from=len(keys))
+    return _table(cols, rows, classes=classes, numeric_from=len(keys), total=len(recs))
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -455,7 +457,12 @@ def comparisons(inputs: Inputs) -> list[tuple[str, list]]:
         if len(items) < 2:
             continue
         base = items[0]
-        cmps = [cmpmod.compare(base.result, it.result, base_name=base.name, new_name=it.name) for it in items[1:]]
+        cmps = []
+        for it in items[1:]:
+            try:
+                cmps.append(cmpmod.compare(base.result, it.result, base_name=base.name, new_name=it.name))
+            except UsageError as e:  # records that cannot be paired: said, not fatal to the page
+                cmps.append(cmpmod.Comparison(base.name, it.name, command, notes=[f"not compared: {e.message}"]))
         out.append((command, cmps))
     return out
 

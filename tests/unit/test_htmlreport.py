@@ -209,3 +209,12 @@ def test_write_is_atomic_and_refuses_a_fifo(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(UsageError, match="not a regular file"):
         htmlreport.write([str(DATA / "merge-cpu.json")], fifo)
+
+
+def test_a_long_result_table_is_cut_and_says_so():
+    from gpubench.core.result import Record, Result
+
+    recs = [Record(params={"direction": "h2d", "nbytes": 4096 * (i + 1)}, nbytes=4096 * (i + 1),
+                   samples_s=[1e-6, 1.1e-6]) for i in range(600)]
+    html = htmlreport.records_table(Result("copy", {}, records=recs), "GB")
+    assert html.count("<tr") == 501 and "First 500 of 600 rows shown." in html
