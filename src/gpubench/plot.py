@@ -623,12 +623,14 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
     ns: list[int] = []
     sizes: list[int] = []
     top = 0.0
-    for s in panel.series:
+    for i, s in enumerate(panel.series):
         recs = sorted(s.records, key=lambda r: _swept_size(r, panel.xkey))
         xs = [_swept_size(r, panel.xkey) for r in recs]
         ss = [values(r, units, factor_of(r)) for r in recs]
         colour, ls, marker, _ = styles[(s.source, s.mode)]
-        line, = ax.plot(xs, [v.median for v in ss], color=colour, linestyle=ls, marker=marker, markersize=4, lw=1.5,
+        # earlier series drawn wider and below: lines that coincide (pinned, registered) both show
+        line, = ax.plot(xs, [v.median for v in ss], color=colour, linestyle=ls, marker=marker,
+                        markersize=max(3.5, 7 - 1.2 * i), lw=max(1.2, 3.4 - 0.6 * i), zorder=2 + 0.01 * i,
                         label=S(s.label))
         ax.fill_between(xs, [v.p25 for v in ss], [v.p75 for v in ss], color=colour, alpha=0.2, lw=0)
         legend.setdefault(S(s.label), line)
