@@ -562,8 +562,8 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
     cmps = comparisons(inputs)
     flags: list[tuple[str, str]] = []  # (class, text) for the summary
     for it in inputs.items:
-        for f in result_flags(it.result):
-            flags.append(("bad", f"{it.name}: {f}"))
+        for line in result_flags(it.result):
+            flags.append(("bad", f"{it.name}: {line}"))
     for name, b in inputs.bundles:
         from gpubench import suite
 

@@ -408,11 +408,11 @@ def _sweep_section(command: str, metric: str, items, many: bool) -> Section:
     sizes = {r.params.get(xkey) for r in recs}
     what = "bandwidth" if metric == "bandwidth" else "time"
     if command in BAR_COMMANDS and len(sizes) <= 1:
-        cat = "stage" if any("stage" in r.params for r in recs) else "strategy"
+        cat: str | None = "stage" if any("stage" in r.params for r in recs) else "strategy"
         if not any(cat in r.params for r in recs):
-            cat = (_mode_keys(recs, {xkey}) or [None])[0]
-        keys = _mode_keys(recs, {xkey, cat, *_tied_to_x(recs, xkey)})
-        fixed = _fixed_text(recs, {cat, *keys})
+            cat = next(iter(_mode_keys(recs, {xkey})), None)
+        keys = _mode_keys(recs, {xkey, cat or "", *_tied_to_x(recs, xkey)})
+        fixed = _fixed_text(recs, {cat or "", *keys})
         title = f"{command}: {what} per {cat or 'point'}" + (f" ({fixed})" if fixed else "")
         p = Panel("bars", metric, title, _series(items, keys, many, command), command, xkey, cat_key=cat)
         return Section("bars", command, title, [p])
@@ -566,7 +566,8 @@ def peaks_for(records: Sequence[Series], envs: dict[str, dict], user_bps: Sequen
         for r in s.records:
             p = r.extra.get("peak_bytes_per_s")
             if isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p > 0:
-                link = r.extra.get("link") if isinstance(r.extra.get("link"), str) else _pcie_name(env, r.params.get("device"))
+                saved = r.extra.get("link")
+                link = saved if isinstance(saved, str) else _pcie_name(env, r.params.get("device"))
                 out.setdefault(float(p), Peak(float(p), link, "measured link"))
             elif r.params.get("direction") in ("h2d", "d2h") and "device" in r.params:
                 for g in env.get("gpus") or []:
@@ -671,7 +672,7 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
     def by_cat(s: Series) -> dict[str, Summary]:
         out = {}
         for r in s.records:
-            out[str(r.params.get(panel.cat_key, "-"))] = values(r, units)
+            out[str(r.params.get(panel.cat_key or "", "-"))] = values(r, units)
         return out
 
     get = summaries or by_cat
@@ -899,7 +900,7 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
     for sf, sec in zip(subfigs, sections):
         sf.suptitle(S(sec.title), fontsize=11, x=0.01, ha="left")
         grid = sf.subplots(sec.rows, sec.cols, squeeze=False, sharey=sec.kind in ("sweep",))
-        axes = []
+        groups: list[list] = []
         spares = []
         row = 0
         for g in sec.groups():  # each group starts a row; spare axes of a row are hidden
@@ -907,13 +908,13 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
             row += math.ceil(len(g) / sec.cols)
             for ax in cells[len(g):]:
                 ax.set_visible(False)
-            axes.append(cells[:len(g)])
+            groups.append(cells[:len(g)])
             spares.append(cells[len(g)] if len(cells) > len(g) else None)
         if sec.kind == "matrix":
-            for g, gaxes, spare in zip(sec.groups(), axes, spares):
+            for g, gaxes, spare in zip(sec.groups(), groups, spares):
                 _draw_matrices(sf, [sec.panels[i] for i in g], gaxes, units, spare)
             continue
-        axes = axes[0]
+        axes = groups[0]
         many = sec.many
         styles = _styles([s for p in sec.panels for s in p.series], many)
         legend: dict = {}
