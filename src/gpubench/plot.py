@@ -772,7 +772,7 @@ def _draw_intervals(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak],
         legend.setdefault("omitted (--omit): not counted", Patch(facecolor="0.85"))
 
 
-def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None) -> None:
+def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, cols: int = 4) -> None:
     """Every matrix of one metric on one colour scale (bandwidth from 0, brighter = faster; time
     from 0 reversed, brighter = lower), each cell annotated with its value."""
     import matplotlib
@@ -806,8 +806,11 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None) ->
         labels = [f"GPU {safe.mpl(d, 8)}" for d in devs]
         ax.set_xticks(range(len(devs)), labels, fontsize=8)
         ax.set_yticks(range(len(devs)), labels, fontsize=8)
-        ax.set_xlabel("destination", fontsize=8)
-        ax.set_ylabel("source", fontsize=8)
+        k = len(mats) and list(axes).index(ax)
+        if k >= len(axes) - cols:  # axis names once per row and column: the grid reads the same
+            ax.set_xlabel("destination", fontsize=8)
+        if k % cols == 0:
+            ax.set_ylabel("source", fontsize=8)
         ax.set_title(S(panel.title), fontsize=9)
         small = len(devs) <= 4
         for i in range(len(devs)):
@@ -912,7 +915,7 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
             spares.append(cells[len(g)] if len(cells) > len(g) else None)
         if sec.kind == "matrix":
             for g, gaxes, spare in zip(sec.groups(), groups, spares):
-                _draw_matrices(sf, [sec.panels[i] for i in g], gaxes, units, spare)
+                _draw_matrices(sf, [sec.panels[i] for i in g], gaxes, units, spare, sec.cols)
             continue
         axes = groups[0]
         many = sec.many
