@@ -313,6 +313,7 @@ class Section:
     envs: dict[str, dict] = field(default_factory=dict)  # file -> env, for NVML peaks
     max_cols: int = 4
     many: bool = False  # several files overlaid: one colour per file
+    panel_in: tuple[float, float] | None = None  # a panel's size where it grows with its content
 
     @property
     def cols(self) -> int:
@@ -333,6 +334,8 @@ class Section:
 
     def size_in(self) -> tuple[float, float]:
         w, h, _ = _PANEL[self.kind]
+        if self.panel_in:
+            w, h = self.panel_in
         legend = 2.6 if self.kind in ("sweep", "nccl", "bars", "pairs", "intervals") else 1.0
         return self.cols * w + legend, self.rows * h + 0.5
 
@@ -477,10 +480,15 @@ def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
     panels = [Panel("matrix", rs[0].metric, title, [Series(title, rs, src, title)], command)
               for title, src, rs in per.values()]
     metrics = {p.metric for p in panels}
+    n = max(len({r.params["src"] for _, _, rs in per.values() for r in rs} |
+                {r.params["dst"] for _, _, rs in per.values() for r in rs}), 1)
     what = ("bandwidth (brighter = faster)" if metrics == {"bandwidth"} else "latency (brighter = lower)"
             if metrics == {"time"} else "bandwidth and latency (brighter = better)")
-    return Section("matrix", command, f"{command}: {what}, source GPU (rows) to destination GPU (columns)",
-                   sorted(panels, key=lambda p: p.metric != "bandwidth"))
+    sec = Section("matrix", command, f"{command}: {what}, source GPU (rows) to destination GPU (columns)",
+                  sorted(panels, key=lambda p: p.metric != "bandwidth"))
+    if n > 4:  # cells of about half an inch, so 3-digit values stay legible
+        sec.panel_in = (0.5 * n + 1.4, 0.5 * n + 1.0)
+    return sec
 
 
 def _intervals_section(command: str, metric: str, items, many: bool) -> Section:
@@ -803,16 +811,16 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, co
     im = None
     for ax, panel, (devs, m, pct, above) in zip(axes, panels, mats):
         im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm, aspect="equal")
-        labels = [f"GPU {safe.mpl(d, 8)}" for d in devs]
+        small = len(devs) <= 4
+        labels = [f"GPU {safe.mpl(d, 8)}" if small else safe.mpl(d, 8) for d in devs]
         ax.set_xticks(range(len(devs)), labels, fontsize=8)
         ax.set_yticks(range(len(devs)), labels, fontsize=8)
         k = len(mats) and list(axes).index(ax)
         if k >= len(axes) - cols:  # axis names once per row and column: the grid reads the same
-            ax.set_xlabel("destination", fontsize=8)
+            ax.set_xlabel("destination" if small else "destination GPU", fontsize=8)
         if k % cols == 0:
-            ax.set_ylabel("source", fontsize=8)
+            ax.set_ylabel("source" if small else "source GPU", fontsize=8)
         ax.set_title(S(panel.title), fontsize=9)
-        small = len(devs) <= 4
         for i in range(len(devs)):
             for j in range(len(devs)):
                 v = m[i, j]
@@ -826,7 +834,7 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, co
                     text += f"\n{pct[i, j]:.0f}% of peak"
                 if above[i, j]:
                     text += "\nABOVE PEAK"
-                ax.text(j, i, text, ha="center", va="center", fontsize=8 if small else 6,
+                ax.text(j, i, text, ha="center", va="center", fontsize=8 if small else 7,
                         color="red" if above[i, j] else ("white" if dark else "black"))
     if im is not None:
         what = "bandwidth" if metric == "bandwidth" else "latency"
