@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -163,8 +164,13 @@ class StreamSet:
 
     # -- life cycle ----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the workers; they wait for :meth:`go`. Raises WorkerError."""
+    def start(self, timeout: float = 20.0) -> None:
+        """Start the workers and wait until each is ready to move data (at most ``timeout``
+        seconds: an interpreter start on a loaded host can take a while); they wait for :meth:`go`.
+
+        Raises:
+            WorkerError: a worker cannot be started, dies or is not ready in time.
+        """
         n = len(self.socks)
         if not n:
             return
@@ -173,22 +179,41 @@ class StreamSet:
         self._shm = mmap.mmap(self._shm_fd, size)
         self._go_r, self._go_w = os.pipe()
         self._stop_r, self._stop_w = os.pipe()
+        ready_r, ready_w = os.pipe()
         if self.role == "send" and self._payload is None:
             self._payload = payload_file(self.buffer)
         for w in range(self.nworkers):
             slots = list(range(w, n, self.nworkers))
             fds = [self.socks[k].fileno() for k in slots]
-            passed = [*fds, self._shm_fd, self._go_r, self._stop_r] + ([self._payload] if self._payload is not None else [])
+            passed = [*fds, self._shm_fd, self._go_r, self._stop_r, ready_w] + (
+                [self._payload] if self._payload is not None else [])
             arg = {"role": self.role, "copy": self.copy, "buffer": self.buffer, "rate": self.rate, "fds": fds,
                    "slots": slots, "nslots": n, "worker": w, "shm": self._shm_fd, "go": self._go_r,
-                   "stop": self._stop_r, "payload": self._payload if self._payload is not None else -1}
+                   "stop": self._stop_r, "ready": ready_w,
+                   "payload": self._payload if self._payload is not None else -1}
             try:
                 p = subprocess.Popen([sys.executable, "-I", "-S", WORKER, json.dumps(arg)], pass_fds=passed,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=True)
             except OSError as e:
+                os.close(ready_r)
+                os.close(ready_w)
                 raise WorkerError(f"cannot start a {self.role} worker process: {e.strerror or e}") from None
             self.procs.append(p)
+        os.close(ready_w)  # the workers hold it now: EOF here means every one of them ended
+        try:
+            got, deadline = 0, time.monotonic() + timeout
+            while got < len(self.procs):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([ready_r], [], [], left)[0]:
+                    raise WorkerError(f"{len(self.procs) - got} {self.role} worker process(es) not ready "
+                                      f"within {timeout:g} s")
+                chunk = os.read(ready_r, 64)
+                if not chunk:
+                    raise WorkerError(f"a {self.role} worker process ended before it was ready")
+                got += len(chunk)
+        finally:
+            os.close(ready_r)
 
     def go(self) -> None:
         """Release the workers (each reads one byte of the go pipe)."""

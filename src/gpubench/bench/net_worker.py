@@ -29,6 +29,8 @@ Arguments (one JSON object, ``argv[1]``):
   the peer, errno after an error); per worker a double with its CPU seconds
   (``cpu[2 * nslots + worker]``) written when it ends, and a 64-bit "ended" flag after it. The
   counters are aligned 8-byte words written by this one process, so a reader sees whole values.
+- ``ready``: a pipe's write end; the worker writes one byte once its sockets and buffers are set
+  up, so the parent starts the test's clock only when every worker can move data at once.
 - ``go``: a pipe's read end; the worker waits for one byte before moving data (EOF: stop).
 - ``stop``: a pipe's read end; EOF (the parent closed it, or died) stops the worker.
 
@@ -66,12 +68,7 @@ def main(arg: dict) -> None:
     counts = memoryview(shm).cast("B")[: 8 * nslots].cast("Q")
     state = memoryview(shm).cast("B")[8 * nslots: 16 * nslots].cast("q")
     cpu_at = 16 * nslots + 16 * worker
-    go = os.read(arg["go"], 1)
     stop_fd = arg["stop"]
-    if not go:
-        return
-    cpu0 = _cpu()
-    t0 = time.monotonic()
     socks = {}
     poller = select.poll()
     poller.register(stop_fd, select.POLLIN)
@@ -89,6 +86,13 @@ def main(arg: dict) -> None:
         # receives into the same 256 KiB (or -l, if larger) every time
         size = (max(nbytes, 1 << 18) if copy else 1 << 20) if role == "recv" else 1
         buf = memoryview(bytearray(size))
+    # ready: the parent starts the clock only once every worker can move data at once
+    os.write(arg["ready"], b"r")
+    os.close(arg["ready"])
+    if not os.read(arg["go"], 1):
+        return
+    cpu0 = _cpu()
+    t0 = time.monotonic()
     live = len(socks)
     waiting = []  # (due monotonic time, fd) of paced streams ahead of their schedule
     sendfile, MSG_TRUNC = os.sendfile, socket.MSG_TRUNC
