@@ -19,7 +19,9 @@ Figures:
 - CPU-s/Gbit: user + system seconds of both processes of the run, client and server, from
   ``resource.getrusage(RUSAGE_CHILDREN)`` before and after (children are counted once waited for),
   over the Gbit moved (Gbit/s x seconds). Everything a process spends is in: its start-up (Python's
-  for gpubench, about 0.1-0.2 s per process), the control connection, and the data path.
+  for gpubench, about 0.15 s per process, and its worker processes'), the control connection, and
+  the data path. gpubench runs with Python's bytecode cache on (as installed by pip), whatever
+  PYTHONDONTWRITEBYTECODE says.
 - The table shows medians over the rounds; ratios are ratios of medians.
 
 iperf3 runs with ``-Z`` (sendfile, zero copy on the sender) and gpubench with its default zero copy
@@ -48,6 +50,12 @@ INSTALL = {
     "iperf3": "apt-get install -y iperf3 (Debian/Ubuntu), dnf install iperf3 (Fedora/RHEL), brew install iperf3",
     "iperf": "apt-get install -y iperf (Debian/Ubuntu), dnf install iperf (Fedora/RHEL), brew install iperf",
 }
+
+
+# gpubench's processes run as an installed copy would: with Python's bytecode cache (pip compiles it
+# at install). PYTHONDONTWRITEBYTECODE=1 in the environment would make every gpubench process
+# compile its modules again, ~0.07 CPU-s each, charged to gpubench's CPU per Gbit.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def _free_port() -> int:
@@ -112,14 +120,14 @@ class Run:
             out = os.path.join(d, "net.json")
             srv_cmd, cli_cmd = self.commands(port, out)
             cpu0 = _children_cpu()
-            srv = subprocess.Popen(srv_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            srv = subprocess.Popen(srv_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
             try:
                 deadline = time.monotonic() + 20
                 while not _listening(port):
                     if srv.poll() is not None or time.monotonic() > deadline:
                         raise SystemExit(f"{self.tool} server did not start: {' '.join(srv_cmd)}")
                     time.sleep(0.01)
-                p = subprocess.run(cli_cmd, capture_output=True, text=True, timeout=self.a.seconds + 60)
+                p = subprocess.run(cli_cmd, capture_output=True, text=True, timeout=self.a.seconds + 60, env=ENV)
                 if p.returncode != 0:
                     raise SystemExit(f"{self.tool} client failed ({p.returncode}): {(p.stderr or p.stdout)[-300:]}")
                 gbit = self.gbit(p.stdout, out)

@@ -463,7 +463,7 @@ def test_a_reverse_test_holds_its_stream_count_and_cookie(srv):
 
 class LyingServer:
     """A fake gpubench net server on loopback that follows the protocol up to "start" and then
-    sends what ``script(i)`` says (a list of JSON values or raw lines)."""
+    sends ``lines`` (JSON values, or raw bytes lines)."""
 
     def __init__(self, lines):
         self.lines = lines
@@ -497,7 +497,10 @@ class LyingServer:
             self.lst.close()
 
 
-def _lie(lines, req=Request(streams=1, seconds=0.4, interval=0.2, buffer=1024)):
+LIE_REQUEST = Request(streams=1, seconds=0.4, interval=0.2, buffer=1024)
+
+
+def _lie(lines, req=LIE_REQUEST):
     liar = LyingServer(lines)
     t0 = time.monotonic()
     with pytest.raises(MachineError) as e:

@@ -46,7 +46,7 @@ from gpubench.bench.net_protocol import (
     wire_int,
 )
 from gpubench.bench.net_server import RECV_BYTES, NetServer
-from gpubench.bench.net_stream import TCP_INFO_FIELDS, StreamSet, WorkerError, cpu_count, set_window, window_of
+from gpubench.bench.net_stream import MAX_WORKERS, TCP_INFO_FIELDS, WORKER_BYTES, StreamSet, WorkerError, set_window, window_of
 from gpubench.core import benchmark as driver
 from gpubench.core import safe
 from gpubench.core.benchmark import Benchmark, Context, Point
@@ -636,9 +636,10 @@ class Net(Benchmark):
 
     def points(self, spec: NetSpec, devices: tuple[int, ...]) -> list[Point]:
         req = spec.request
-        # held at once: the payload file, and per receiving worker its buffer (both sides in net local)
-        receivers = min(req.streams, cpu_count()) * len(req.directions()) * (2 if spec.mode == "local" else 1)
-        host = req.buffer + receivers * RECV_BYTES
+        # held at once: the payload file, and per worker process its memory and buffer (every set of
+        # both sides in net local: a sender and a receiver set per direction)
+        workers = min(req.streams, MAX_WORKERS) * len(req.directions()) * (2 if spec.mode == "local" else 1)
+        host = req.buffer + workers * (WORKER_BYTES + RECV_BYTES)
         out, start = [], 0.0
         for i, (end, omitted) in enumerate(req.intervals()):
             out.append(Point(f"{start:.1f}-{end:.1f} s" + (" (omitted)" if omitted else ""), i, host_bytes=host))

@@ -214,7 +214,7 @@ def _number(d: dict, key: str, *, integer: bool = False) -> int | float:
         if abs(v) > MAX_WIRE_INT:
             raise RequestError(f"{key} {shown(v)} is too large")
         return v
-    if type(v) not in (int, float):
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
         raise RequestError(f"{key} must be a number, got {shown(v)}")
     try:
         f = float(v)

@@ -16,8 +16,8 @@ Protections (each a test in tests/unit/test_net_server.py and tests/cli/test_net
 - a request line over 4096 bytes, a request of the wrong types (JSON true and 1.0 are not
   integers) or over :class:`~gpubench.bench.net_protocol.Caps` is refused with one line;
 - a silent client (no stream moves for ``stall_timeout``) or a vanished one aborts its test;
-- memory and processes are bounded: the receive buffer per worker is 1 MiB (256 KiB with --copy),
-  at most min(streams, CPUs) workers per direction.
+- memory and processes are bounded: at most 16 worker processes per direction (one per stream up
+  to that), a receive buffer of 1 MiB per worker (256 KiB with --copy).
 
 Programmatic use (e.g. a multi-rank mode)::
 
@@ -142,7 +142,7 @@ class NetServer:
             client that vanished without closing, e.g. a host that lost power).
         max_pending: connections waiting for their request line at once; one more makes the
             oldest of them go ("busy: too many connections waiting").
-        workers: worker processes per direction (default min(streams, CPUs)).
+        workers: worker processes per direction (default one per stream, at most 16).
     """
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, caps: Caps = CAPS,

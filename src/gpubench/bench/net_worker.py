@@ -57,6 +57,49 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _stopped(stop_fd: int) -> bool:
+    return bool(select.select([stop_fd], [], [], 0)[0])
+
+
+def _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd) -> None:
+    """One unpaced stream: blocking calls, no poll per call (one system call per write or read).
+    SO_SNDTIMEO / SO_RCVTIMEO of 0.2 s make a call that cannot progress return, so the stop pipe
+    is looked at least that often; otherwise every 16 calls."""
+    s.setblocking(True)
+    tv = struct.pack("ll", 0, 200_000)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO if role == "send" else socket.SO_RCVTIMEO, tv)
+    sendfile = os.sendfile
+    k = 0
+    try:
+        if role == "send":
+            while True:
+                try:
+                    n = s.send(buf) if copy else sendfile(fd, payload, 0, nbytes)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                counts[slot] += n
+                k += 1
+                if (n == 0 or k & 15 == 0) and _stopped(stop_fd):
+                    return
+        else:
+            while True:
+                try:
+                    n = s.recv_into(buf, rbytes, flags)
+                except (BlockingIOError, InterruptedError):
+                    if _stopped(stop_fd):
+                        return
+                    continue
+                if n == 0:
+                    state[slot] = -1
+                    return
+                counts[slot] += n
+                k += 1
+                if k & 15 == 0 and _stopped(stop_fd):
+                    return
+    except OSError as e:
+        state[slot] = e.errno or errno.EIO
+
+
 def main(arg: dict) -> None:
     # Ctrl-C in a terminal reaches the whole process group; the parent stops workers via the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -109,6 +152,10 @@ def main(arg: dict) -> None:
         ended.add(fd)
         live -= 1
 
+    if len(socks) == 1 and rate <= 0:
+        (fd, (s, slot)), = socks.items()
+        _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd)
+        live = 0
     running = True
     while running and live:
         timeout = 500.0
