@@ -355,9 +355,22 @@ class LineReader:
         """
         line = self.readline(timeout, stop)
         try:
-            return json.loads(line)
+            return parse_line(line)
         except (ValueError, UnicodeDecodeError):
             raise ProtocolError(f"not a JSON line: {line[:40]!r}") from None
+
+
+def parse_line(line: bytes) -> Any:
+    """One protocol line as JSON: UTF-8 only (``json.loads`` of bytes would also take UTF-16 and
+    UTF-32), nesting as deep as Python's parser allows.
+
+    Raises:
+        ValueError: not UTF-8 JSON (UnicodeDecodeError and RecursionError included as ValueError).
+    """
+    try:
+        return json.loads(line.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def send_json(sock: socket.socket, obj: Any, timeout: float = 5.0) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import json
 import resource
 import secrets
 import selectors
@@ -51,6 +50,7 @@ from gpubench.bench.net_protocol import (
     RequestError,
     check_request,
     check_version,
+    parse_line,
     close_socket,
     refuse,
     schedule,
@@ -343,8 +343,8 @@ class NetServer:
 
     def _dispatch(self, conn: socket.socket, peer, line: bytes) -> None:
         try:
-            header = json.loads(line)
-        except (ValueError, UnicodeDecodeError, RecursionError):
+            header = parse_line(line)
+        except ValueError:
             self._refused(conn, peer, f"not a JSON line: {line[:40]!r}")
             return
         if isinstance(header, dict) and header.get("role") == "data":
