@@ -1,25 +1,30 @@
-"""``gpubench net client`` / ``net local``: multi-stream TCP throughput (iperf-like), the sending
+"""``gpubench net client`` / ``net local``: multi-stream TCP throughput (iperf-like), the client
 side as a plug-in of the one driver (:func:`gpubench.core.benchmark.run`).
 
-What is timed (see docs/net.md): the client opens ``streams`` TCP connections and writes ``buffer``
-bytes at a time on each as fast as it can; the *server* (the receiver,
-:mod:`gpubench.bench.net_server`) counts the bytes each stream's ``recv_into`` returns and, every
-``interval`` seconds of its own ``time.perf_counter`` clock, sends the per-stream byte counts of
-that interval to the client (:mod:`gpubench.bench.net_protocol`). The first ``omit`` seconds are
-reported but not counted (TCP slow start, as iperf3's ``--omit``). Figures are bytes *received*,
-so data still in socket buffers when the test ends is never counted.
+What is timed (see docs/net.md): ``streams`` TCP connections per direction; the sender (the
+client for "c2s", the server for "s2c", both for "both") writes ``buffer`` bytes at a time on each
+as fast as it can (or at ``bitrate`` per stream), through the worker processes of
+:mod:`gpubench.bench.net_stream`; the receiver counts the bytes each stream takes and, every
+``interval`` seconds of its own ``time.perf_counter`` clock, reads the per-stream counts (c2s: the
+server, which sends them to the client, :mod:`gpubench.bench.net_protocol`; s2c: the client). The
+first ``omit`` seconds are reported but not counted (TCP slow start, as iperf3's ``--omit``).
+Figures are bytes *received*, so data still in socket buffers when the test ends is never counted.
 
 Formulas: an interval's rate = its bytes / its measured seconds. The total of a stream (or of all
 streams) = bytes of the counted intervals / the sum of their measured seconds; this is the
 duration-weighted mean of the interval rates, so it always lies between the smallest and the
 largest counted interval rate (never above what the intervals show). Gbit/s = 8 * B/s / 1e9.
+CPU per Gbit = (sender + receiver worker CPU seconds) / (8 x all bytes received / 1e9).
 
-Through the driver: a point is one interval of the server's schedule. ``setup`` starts the
-server (``net local``), connects, asks for the test, connects the streams and releases the
-senders once the server says start; ``measure`` receives the next interval (the last one also
-the server's "done"); ``derive`` turns the intervals into one record per stream and one for the
-total. So an interrupt keeps the intervals received, and a fault during the test keeps them too
-(``partial``, exit 3).
+Through the driver: a point is one interval of the schedule. ``setup`` starts the server (``net
+local``), connects, asks for the test, connects the streams, starts the workers and releases them
+once the server says start; ``measure`` returns the next interval of each direction (the last one
+also the server's "done" and end line); ``derive`` turns the intervals into, per direction, one
+record per stream and one for the total. So an interrupt keeps the intervals received, and a fault
+during the test keeps them too (``partial``, exit 3).
+
+Entry points for other modes: :func:`run_test` (one client test against host:port) and
+:class:`gpubench.bench.net_server.NetServer` (``start()`` / ``close()``).
 """
 
 from __future__ import annotations
