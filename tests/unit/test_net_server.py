@@ -355,8 +355,8 @@ def test_threads_and_connections_stay_bounded_under_many_silent_clients():
 def test_300_idle_sockets_do_not_starve_a_real_client(max_pending):
     """Issue 18 item 5: 300 connections that never send a request made a real client's test fail
     ("no reply to the request within 10 s"). Now they wait in one selector (no thread each), the
-    oldest goes when the cap is reached, and each has 2 s to send its line."""
-    s = Served(max_pending=max_pending, header_timeout=2.0)
+    oldest goes when the cap is reached, and each has a deadline for its line (2 s by default)."""
+    s = Served(max_pending=max_pending, header_timeout=10.0)  # the idle ones would hold out for 10 s
     idle = []
     try:
         for _ in range(300):
@@ -365,7 +365,7 @@ def test_300_idle_sockets_do_not_starve_a_real_client(max_pending):
         t0 = time.monotonic()
         res = run(NetSpec(s.host, s.port, QUICK, connect_timeout=3.0))
         assert res.records[-1].extra["counted_bytes"] > 0
-        assert time.monotonic() - t0 < 1.9  # served while the idle ones still wait (2 s)
+        assert time.monotonic() - t0 < 8.0  # served while the idle ones still wait (10 s), not after them
         assert s.server.pending_peak <= max_pending
     finally:
         for x in idle:
