@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 import click
 
@@ -254,9 +255,41 @@ def _cpu(v) -> str:
     return "-" if v is None else f"{v:.2f} s"
 
 
+class _Deferred(list):
+    """A report's renderables, built when first looked at: under -q nothing looks (the driver's
+    display returns at once), so a quiet client never imports rich's tables, ~0.05 CPU-s that
+    benchmarks/net_vs_iperf3.py would charge to gpubench's CPU per Gbit."""
+
+    def __init__(self, build):
+        super().__init__()
+        self._build: Any = build
+
+    def _fill(self) -> None:
+        if self._build is not None:
+            build, self._build = self._build, None
+            self.extend(build())
+
+    def __iter__(self):
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._fill()
+        return super().__len__()
+
+    def __getitem__(self, i):
+        self._fill()
+        return super().__getitem__(i)
+
+
 def format_report(result, units: str = "GB") -> list:
     """Per direction: a per-interval table, a per-stream table with the total (retransmits and
-    congestion window of the sending side), the CPU line; then notes (rich renderables)."""
+    congestion window of the sending side), the CPU line; then notes (rich renderables, built when
+    first iterated)."""
+    return _Deferred(lambda: _report(result, units))
+
+
+def _report(result, units: str) -> list:
     from gpubench.core.stats import Summary
 
     spec = result.spec
