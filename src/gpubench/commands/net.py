@@ -207,9 +207,11 @@ def server(bind, port, one_off, quiet, debug):
 
     _check_port(port, allow_zero=True)
 
+    from gpubench.core import safe
+
     def log(line: str) -> None:
         if not quiet:
-            click.echo(line)
+            click.echo(safe.term(line, 1000))  # a log line can quote what a peer sent
             sys.stdout.flush()  # a server's log is read live (pipes are block-buffered)
 
     srv = NetServer(bind, port, log=log)
