@@ -55,6 +55,15 @@ def test_help(args):
     (["server", "--port", "-5"], "--port -5"),
     (["server", "--bind", "not an address"], "not an address"),
     (["server", "--bind", "192.0.2.1", "--port", "0"], "cannot listen on 192.0.2.1"),
+    (["local", "-b", "fast"], "-b/--bitrate 'fast' is not a bit rate"),
+    (["local", "-b", "20T"], "-b/--bitrate 20000000000000 bit/s out of range"),
+    (["local", "-w", "10"], "-w/--window 10 bytes out of range"),
+    (["local", "-w", "lots"], "-w/--window 'lots' is not a size"),
+    (["local", "-R", "--bidir"], "-R/--reverse and --bidir exclude each other"),
+    (["local", "-4", "-6"], "-4 and -6 exclude each other"),
+    (["client", "127.0.0.1", "--cport", "70000"], "--cport 70000 out of range"),
+    (["client", "127.0.0.1", "-P", "8", "--bidir", "--cport", "65530"], "--cport 65530 out of range"),
+    (["client", "127.0.0.1", "-6", "-t", "1"], "not found as IPv6"),
 ])
 def test_bad_input_is_one_line_exit_2(args, fragment):
     line = _one_line_error(gb("net", *args), 2)
@@ -73,7 +82,7 @@ def test_local_reports_and_saves_consistent_figures(tmp_path):
     out = tmp_path / "net.json"
     p = gb("net", "local", "-P", "2", "-t", "0.6", "-O", "0.3", "-i", "0.3", "--json", str(out))
     assert p.returncode == 0, p.stderr
-    for text in ("TCP throughput to loopback", "(omitted)", "total Gbit/s", "stream 1 Gbit/s", "Per stream",
+    for text in ("TCP throughput client -> server (loopback", "(omitted)", "total Gbit/s", "stream 1 Gbit/s", "Per stream",
                  "total", "GB/s"):
         assert text in p.stdout
     d = json.loads(out.read_text())
@@ -166,6 +175,36 @@ def test_server_listens_on_loopback_only_by_default(server):
     assert server.addr == "127.0.0.1"
     assert "loopback only" in server.lines[0]
     assert _listening_addresses(server.port) == ["0100007F"]
+
+
+@pytest.mark.parametrize("flags, dirs", [(["-R"], ["s2c"]), (["--bidir"], ["c2s", "s2c"]),
+                                         (["--copy", "-w", "1MiB", "-b", "2G"], ["c2s"])])
+def test_local_in_every_direction_saves_cpu_and_tcp_figures(tmp_path, flags, dirs):
+    out = tmp_path / "net.json"
+    p = gb("net", "local", "-P", "2", "-t", "0.6", "-i", "0.3", *flags, "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    totals = {r["params"]["direction"]: r["extra"] for r in d["records"] if r["params"]["stream"] == "total"}
+    assert sorted(totals) == sorted(dirs)
+    for direction, e in totals.items():
+        assert e["counted_bytes"] > 0 and e["sender_cpu_s"] > 0 and e["receiver_cpu_s"] > 0
+        assert e["cpu_s_per_gbit"] == pytest.approx((e["sender_cpu_s"] + e["receiver_cpu_s"]) / (8 * e["all_bytes"] / 1e9))
+        assert e["retransmits"] is not None
+        assert f"CPU ({'client -> server' if direction == 'c2s' else 'server -> client'}): sender" in p.stdout
+    if "-b" in flags:  # paced: 2 streams x 2 Gbit/s at most, measured by the receiver
+        assert totals["c2s"]["gbit_per_s"] < 4.4
+    if "-w" in flags:
+        assert d["timing"]["socket_buffers"]["sndbuf"] >= 2**20  # Linux stores twice what was set
+    assert d["timing"]["data_path"][dirs[0]]["zero_copy"] is ("--copy" not in flags)
+
+
+def test_server_serves_reverse_and_bidir_tests(server, tmp_path):
+    for flags in (["-R"], ["--bidir"]):
+        p = server.client("-P", "2", "-t", "0.4", "-i", "0.2", *flags, "--json", str(tmp_path / "r.json"))
+        assert p.returncode == 0, p.stderr
+        d = json.loads((tmp_path / "r.json").read_text())
+        assert all(r["extra"]["counted_bytes"] > 0 for r in d["records"] if r["params"]["stream"] == "total")
+    assert sum("test(s) done" in line or "sent" in line or "received" in line for line in server.lines) >= 2
 
 
 def test_server_serves_a_client_and_stops_on_sigterm(server, tmp_path):
@@ -276,3 +315,84 @@ def test_local_interrupted_keeps_the_intervals_received(tmp_path):
     assert d["partial"] is True and d["interrupted_by"] == "SIGINT"
     tot = d["records"][-1]["extra"]
     assert 1 <= len(tot["interval_bytes"]) < 80 and tot["counted_bytes"] == sum(tot["interval_bytes"])
+
+
+def _workers_alive() -> list[int]:
+    """Worker processes of this tree's net_worker.py still running."""
+    from gpubench.bench.net_stream import WORKER
+
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if WORKER.encode() in f.read():
+                        out.append(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+def _listening_inodes() -> set[str]:
+    out = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                out |= {r.split()[9] for r in f.readlines()[1:] if r.split()[3] == "0A"}
+        except OSError:
+            pass
+    return out
+
+
+def _wait_listening(pid: int, timeout: float = 20.0) -> bool:
+    """Wait until process ``pid`` holds a listening TCP socket (net local's server is up: the
+    client is about to connect its streams)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return False  # ended
+        mine = set()
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed meanwhile
+                continue
+            if link.startswith("socket:["):
+                mine.add(link[8:-1])
+        if mine & _listening_inodes():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_local_128_streams_interrupted_while_setting_up_exits_130_or_143(tmp_path, sig):
+    """Issue 18 item 10: `net local -P 128 -t 2 --json n.json` with SIGINT or SIGTERM at 0.2-0.4 s
+    (while its 128 streams connect) exited 3 "RuntimeError: cannot join thread before it is
+    started" and wrote no JSON. Signalled at moments from the local server's start (0 to 0.6 s
+    after it listens: connecting, starting 256 worker processes, the first intervals), and at fixed
+    moments after the process starts, each run must exit 130 / 143 with no traceback, save a
+    partial JSON, and leave no worker process behind."""
+    code = 130 if sig == signal.SIGINT else 143
+    for after_listen, delay in [(True, 0.0), (True, 0.02), (True, 0.05), (True, 0.1), (True, 0.2), (True, 0.4),
+                                (True, 0.6), (False, 0.4), (False, 0.6)]:
+        out = tmp_path / f"n{after_listen}{delay}.json"
+        p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-P", "128", "-t", "2", "--json", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if after_listen:
+            assert _wait_listening(p.pid), p.communicate(timeout=30)
+        time.sleep(delay)
+        p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=30)
+        moment = f"{delay} s after {'the server listens' if after_listen else 'the start'}"
+        assert p.returncode == code, (moment, p.returncode, stderr[-400:])
+        assert "Traceback" not in stderr and "cannot join" not in stderr, (moment, stderr[-400:])
+        if after_listen:
+            d = json.loads(out.read_text())
+            assert d["partial"] is True and d["interrupted_by"] == sig.name, moment
+        deadline = time.monotonic() + 5
+        while _workers_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _workers_alive(), f"worker processes left after a signal {moment}"

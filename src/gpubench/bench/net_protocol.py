@@ -5,21 +5,31 @@ Both sides import this module: the server (:mod:`gpubench.bench.net_server`) che
 with :func:`check_request`; the command checks the same limits with the same table before it
 connects, worded with its option names (:func:`gpubench.commands.net.build_request`).
 
-Control protocol (version 1), one JSON object per line, each side capping what it reads:
+Control protocol (version 2), one JSON object per line, each side capping what it reads:
 
 1. client -> server on the control connection (<= MAX_HEADER_BYTES)::
 
-       {"gpubench_net": 1, "role": "control", "streams": 4, "seconds": 10, "omit": 0,
-        "interval": 1.0, "buffer": 131072}
+       {"gpubench_net": 2, "role": "control", "streams": 4, "seconds": 10, "omit": 0,
+        "interval": 1.0, "buffer": 131072, "direction": "c2s", "window": 0, "bitrate": 0,
+        "copy": false}
 
+   direction: "c2s" (the client sends, iperf's default), "s2c" (-R: the server sends) or
+   "both" (--bidir); window: SO_SNDBUF/SO_RCVBUF of every data socket, 0 for the kernel's
+   autotuning (-w); bitrate: target bits/s per stream, 0 for unlimited (-b); copy: send from and
+   receive into buffers instead of zero copy.
 2. server -> client: ``{"ok": true, "cookie": "<hex>", ...the accepted request...}`` or
    ``{"ok": false, "error": "<one line>"}`` and the server closes (bad request, caps, busy).
-3. client -> server: ``streams`` data connections, each first sending
-   ``{"gpubench_net": 1, "role": "data", "cookie": "<hex>", "stream": k}``; then raw payload.
+3. client -> server: ``streams`` data connections per direction, each first sending
+   ``{"gpubench_net": 2, "role": "data", "cookie": "<hex>", "stream": k, "direction": "c2s"}``;
+   then raw payload (c2s), or nothing while it receives (s2c).
 4. server -> client (control): ``{"start": true}`` once every stream is connected; one
-   ``{"interval": i, "omit": bool, "start_s": a, "end_s": b, "bytes": [per stream]}`` per
-   interval; ``{"done": true}`` at the end (or ``{"ok": false, "error": ...}`` on abort).
-5. the client stops writing and closes; the server drains until EOF (bounded) and serves the next.
+   ``{"interval": i, "omit": bool, "start_s": a, "end_s": b, "bytes": [per c2s stream]}`` per
+   interval (bytes the server received; ``[]`` when nothing flows c2s); ``{"done": true}`` at the
+   end (or ``{"ok": false, "error": ...}`` on abort). s2c intervals are counted by the client, the
+   receiver, on its own clock from the moment it read "start".
+5. the client stops sending and closes its data connections; the server ends its workers and
+   sends ``{"end": true, "cpu_s": {"send": x, "recv": y}, "tcp": [per s2c stream or null]}``
+   (its CPU seconds per role, and TCP_INFO of the sockets it sent on), then serves the next test.
 """
 
 from __future__ import annotations
@@ -32,11 +42,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_PORT = 5301
 DEFAULT_BIND = "127.0.0.1"
 MAX_HEADER_BYTES = 4096  # a request line from a client
-MAX_LINE_BYTES = 64 * 1024  # a line from the server (an interval holds <= 128 counts)
+MAX_LINE_BYTES = 256 * 1024  # a line from the server (an interval: <= 128 counts; the end: <= 128 TCP_INFOs)
+MAX_WIRE_INT = 2**63 - 1  # the largest integer either side takes from the other (a byte count)
+DIRECTIONS = ("c2s", "s2c", "both")
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,8 @@ class Caps:
         min_interval, max_interval: reporting interval in seconds.
         max_intervals: (omit + seconds) / interval, so a test's report stays small (at most
             128 streams x 3600 intervals of counts).
+        max_window: -w, bytes of SO_SNDBUF / SO_RCVBUF per data socket.
+        max_bitrate: -b, bits/s per stream.
     """
 
     max_streams: int = 128
@@ -60,6 +74,8 @@ class Caps:
     min_interval: float = 0.1
     max_interval: float = 60.0
     max_intervals: int = 3600
+    max_window: int = 512 * 2**20
+    max_bitrate: int = 10**13
 
 
 CAPS = Caps()
@@ -74,7 +90,14 @@ class Request:
         seconds: counted seconds, after the omitted ones (iperf's -t).
         omit: leading seconds measured but not counted (iperf3's --omit).
         interval: seconds per reported interval (iperf's -i).
-        buffer: bytes per write on the client (iperf's -l).
+        buffer: bytes per write on the sender (iperf's -l).
+        direction: "c2s" (the client sends), "s2c" (iperf's -R: the server sends) or "both"
+            (iperf3's --bidir: both at once, ``streams`` each way).
+        window: SO_SNDBUF and SO_RCVBUF of every data socket in bytes, 0 for the kernel's
+            autotuning (iperf's -w).
+        bitrate: target bits/s per stream, 0 for as fast as it goes (iperf3's -b, per stream).
+        copy: False (default): zero copy, sendfile from a memory file and receive with
+            MSG_TRUNC; True: send from and receive into a buffer (iperf2, iperf3 without -Z).
     """
 
     streams: int = 1
@@ -82,6 +105,14 @@ class Request:
     omit: float = 0.0
     interval: float = 1.0
     buffer: int = 128 * 1024
+    direction: str = "c2s"
+    window: int = 0
+    bitrate: int = 0
+    copy: bool = False
+
+    def directions(self) -> tuple[str, ...]:
+        """The directions data flows in: ("c2s",), ("s2c",) or ("c2s", "s2c")."""
+        return ("c2s", "s2c") if self.direction == "both" else (self.direction,)
 
     def header(self) -> dict[str, Any]:
         """The control line a client sends."""
@@ -134,6 +165,10 @@ LIMITS: tuple[Limit, ...] = (
           lambda r, c: f"interval {r.interval:g} out of range: {c.min_interval:g} to {c.max_interval:g} seconds"),
     Limit("buffer", lambda r, c: not 1 <= r.buffer <= c.max_buffer,
           lambda r, c: f"buffer {r.buffer} out of range: 1 to {c.max_buffer} bytes"),
+    Limit("window", lambda r, c: not (r.window == 0 or 1024 <= r.window <= c.max_window),
+          lambda r, c: f"window {r.window} out of range: 0 (the kernel's) or 1024 to {c.max_window} bytes"),
+    Limit("bitrate", lambda r, c: not 0 <= r.bitrate <= c.max_bitrate,
+          lambda r, c: f"bitrate {r.bitrate} out of range: 0 (unlimited) to {c.max_bitrate} bit/s"),
     Limit("intervals", lambda r, c: len(r.intervals()) > c.max_intervals,
           lambda r, c: f"{len(r.intervals())} intervals of {r.interval:g} s is over {c.max_intervals}; "
                        f"use a longer interval"),
@@ -148,22 +183,46 @@ def first_broken(req: Request, caps: Caps = CAPS) -> Limit | None:
     return None
 
 
+def wire_int(v: Any) -> bool:
+    """True for a JSON integer both sides take: an int, not a bool, 0 <= v <= MAX_WIRE_INT."""
+    return type(v) is int and 0 <= v <= MAX_WIRE_INT
+
+
+def shown(v: Any, limit: int = 40) -> str:
+    """``v`` as JSON, cut to ``limit`` characters, for a one-line message (a 400-digit number
+    is shown as its first digits and its length)."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _number(d: dict, key: str, *, integer: bool = False) -> int | float:
-    """``d[key]`` as the JSON number the protocol wants (an int, or a float).
+    """``d[key]`` as the JSON number the protocol wants: an integer field takes an int only
+    (JSON true/false and 1.0 are not integers), at most :data:`MAX_WIRE_INT`; a number field
+    takes an int or a float, finite once converted.
 
     Raises:
-        RequestError: missing, not a number, or a float field too large for a float.
+        RequestError: missing, the wrong type, or too large (the message shows at most 40
+            characters of the value).
     """
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        kind = "an integer" if integer else "a number"
-        raise RequestError(f"{key} must be {kind}, got {json.dumps(v)[:40]}")
     if integer:
+        if type(v) is not int:
+            raise RequestError(f"{key} must be an integer, got {shown(v)}")
+        if abs(v) > MAX_WIRE_INT:
+            raise RequestError(f"{key} {shown(v)} is too large")
         return v
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise RequestError(f"{key} must be a number, got {shown(v)}")
     try:
-        return float(v)
+        f = float(v)
     except OverflowError:  # an integer of hundreds of digits
-        raise RequestError(f"{key} must be finite") from None
+        raise RequestError(f"{key} {shown(v)} is too large") from None
+    if not math.isfinite(f):
+        raise RequestError(f"{key} must be finite")
+    return f
 
 
 def check_request(d: Any, caps: Caps = CAPS) -> Request:
@@ -181,18 +240,36 @@ def check_request(d: Any, caps: Caps = CAPS) -> Request:
     """
     if not isinstance(d, dict):
         raise RequestError("request must be a JSON object")
-    version = d.get("gpubench_net")
-    if version != PROTOCOL_VERSION:
-        raise RequestError(f"protocol version {json.dumps(version)[:20]} not supported (this server speaks {PROTOCOL_VERSION})")
+    check_version(d)
     if d.get("role") != "control":
         raise RequestError('role must be "control" for a new test')
+    direction = d.get("direction", "c2s")
+    if direction not in DIRECTIONS:
+        raise RequestError(f"direction must be one of {', '.join(DIRECTIONS)}, got {shown(direction)}")
+    copy = d.get("copy", False)
+    if type(copy) is not bool:
+        raise RequestError(f"copy must be true or false, got {shown(copy)}")
     req = Request(streams=int(_number(d, "streams", integer=True)), seconds=_number(d, "seconds"),
                   omit=_number(d, "omit"), interval=_number(d, "interval"),
-                  buffer=int(_number(d, "buffer", integer=True)))
+                  buffer=int(_number(d, "buffer", integer=True)), direction=direction,
+                  window=int(_number({"window": d.get("window", 0)}, "window", integer=True)),
+                  bitrate=int(_number({"bitrate": d.get("bitrate", 0)}, "bitrate", integer=True)), copy=copy)
     limit = first_broken(req, caps)
     if limit is not None:
         raise RequestError(limit.reason(req, caps))
     return req
+
+
+def check_version(d: dict) -> None:
+    """Refuse a line whose "gpubench_net" is not the integer :data:`PROTOCOL_VERSION` (JSON true
+    and 1.0 compare equal to 1 in Python; neither is a version).
+
+    Raises:
+        RequestError: naming the version seen and the one spoken.
+    """
+    version = d.get("gpubench_net")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise RequestError(f"protocol version {shown(version, 20)} not supported (this server speaks {PROTOCOL_VERSION})")
 
 
 def schedule(omit: float, seconds: float, interval: float) -> list[tuple[float, bool]]:
@@ -278,9 +355,22 @@ class LineReader:
         """
         line = self.readline(timeout, stop)
         try:
-            return json.loads(line)
+            return parse_line(line)
         except (ValueError, UnicodeDecodeError):
             raise ProtocolError(f"not a JSON line: {line[:40]!r}") from None
+
+
+def parse_line(line: bytes) -> Any:
+    """One protocol line as JSON: UTF-8 only (``json.loads`` of bytes would also take UTF-16 and
+    UTF-32), nesting as deep as Python's parser allows.
+
+    Raises:
+        ValueError: not UTF-8 JSON (UnicodeDecodeError and RecursionError included as ValueError).
+    """
+    try:
+        return json.loads(line.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def send_json(sock: socket.socket, obj: Any, timeout: float = 5.0) -> None:
@@ -290,10 +380,10 @@ def send_json(sock: socket.socket, obj: Any, timeout: float = 5.0) -> None:
 
 
 def refuse(sock: socket.socket, message: str) -> None:
-    """Send an error line without waiting, then close; never raises."""
+    """Send an error line (at most 300 characters) without waiting, then close; never raises."""
     try:
         sock.setblocking(False)
-        sock.send(json.dumps({"ok": False, "error": message}).encode() + b"\n")
+        sock.send(json.dumps({"ok": False, "error": message[:300]}).encode() + b"\n")
     except OSError:
         pass
     close_socket(sock)

@@ -7,7 +7,9 @@ net plug-in (:mod:`gpubench.bench.net`) through the driver.
 
 from __future__ import annotations
 
+import re
 import sys
+from typing import Any
 
 import click
 
@@ -24,8 +26,8 @@ def command():
     """Multi-stream TCP throughput between two hosts (iperf-like).
 
     Run `gpubench net server` on one host and `gpubench net client HOST` on the other; the client
-    sends, the server counts what it receives each interval. `gpubench net local` runs both here
-    over loopback. Gbit/s = 1e9 bit/s; GB/s = 1e9 B/s.
+    sends (-R: the server sends; --bidir: both), the receiver counts what it receives each
+    interval. `gpubench net local` runs both here over loopback. Gbit/s = 1e9 bit/s; GB/s = 1e9 B/s.
     """
 
 
@@ -42,11 +44,23 @@ TEST_OPTIONS = [
                  help="Seconds per reported interval (0.1 to 60)."),
     click.option("-l", "--length", "length", default="128KiB", show_default=True,
                  help="Bytes per write on each stream (64MiB at most)."),
+    click.option("-R", "--reverse", is_flag=True, help="The server sends, the client receives (iperf's -R)."),
+    click.option("--bidir", is_flag=True, help="Both directions at once, -P streams each way (iperf3's --bidir)."),
+    click.option("-w", "--window", default=None,
+                 help="SO_SNDBUF/SO_RCVBUF of every data socket, e.g. 4MiB (default: the kernel's autotuning)."),
+    click.option("-b", "--bitrate", default=None,
+                 help="Target bits/s per stream, e.g. 500M, 10G (K/M/G/T = 10^3..10^12; 0 = unlimited)."),
+    click.option("--copy", is_flag=True,
+                 help="Send from and receive into buffers (one copy each way, as iperf2) instead of zero copy."),
+    click.option("-4", "--ipv4", "ipv4", is_flag=True, help="IPv4 only."),
+    click.option("-6", "--ipv6", "ipv6", is_flag=True, help="IPv6 only (net local: over ::1)."),
 ]
 
 CLIENT_OPTIONS = [
     click.argument("host"),
     click.option("-p", "--port", type=int, default=DEFAULT_PORT, show_default=True, help="The server's TCP port."),
+    click.option("--cport", type=int, default=None,
+                 help="Local port of the first data stream; stream n uses cport + n (iperf3's --cport)."),
     *TEST_OPTIONS,
 ]
 
@@ -73,10 +87,32 @@ OPTION_WORDING = {
                                     f"use {format_size(c.max_buffer).replace(' ', '')} or less"),
     "intervals": lambda r, c, length: (f"{len(r.intervals())} intervals of -i {r.interval:g} s is over "
                                        f"{c.max_intervals}", "use a longer --interval"),
+    "window": lambda r, c, length: (f"-w/--window {r.window} bytes out of range",
+                                    f"use 1KiB to {format_size(c.max_window).replace(' ', '')}"),
+    "bitrate": lambda r, c, length: (f"-b/--bitrate {r.bitrate} bit/s out of range",
+                                     f"use 0 (unlimited) to {c.max_bitrate:.0e} bit/s per stream"),
 }
 
+_RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)\s*(?:bit/s|bps|b)?\s*", re.IGNORECASE)
+_RATE_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
-def build_request(streams: int, seconds: float, omit: float, interval: float, length: str):
+
+def parse_bitrate(text: str | None) -> int:
+    """-b: bits/s per stream, iperf3's way (K/M/G/T are powers of 1000). None or "0": unlimited (0).
+
+    Raises:
+        UsageError: not a rate; the line names the value and shows the accepted forms.
+    """
+    if text is None:
+        return 0
+    m = _RATE.fullmatch(str(text))
+    if not m or len(m.group(1)) > 30:
+        raise UsageError(f"-b/--bitrate {str(text)[:40]!r} is not a bit rate", "e.g. 500M, 10G, 2.5G, 0 for unlimited")
+    return int(round(float(m.group(1)) * _RATE_MULT[m.group(2).lower()]))
+
+
+def build_request(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
+                  bidir: bool = False, window: str | None = None, bitrate: str | None = None, copy: bool = False):
     """Check the test options against the server's caps (no network needed) and build a Request.
 
     The checks are the server's own (:data:`gpubench.bench.net_protocol.LIMITS`), worded here
@@ -91,7 +127,12 @@ def build_request(streams: int, seconds: float, omit: float, interval: float, le
         buffer, bad_length = parse_size(length, what="-l/--length"), None
     except UsageError as e:  # reported where -l's checks come: after those of -P, -t, -O, -i
         buffer, bad_length = 1, e
-    req = Request(streams=streams, seconds=float(seconds), omit=float(omit), interval=float(interval), buffer=buffer)
+    if reverse and bidir:
+        raise UsageError("-R/--reverse and --bidir exclude each other", "--bidir already sends both ways")
+    win = 0 if window is None else parse_size(window, what="-w/--window")
+    req = Request(streams=streams, seconds=float(seconds), omit=float(omit), interval=float(interval), buffer=buffer,
+                  direction="both" if bidir else "s2c" if reverse else "c2s", window=win,
+                  bitrate=parse_bitrate(bitrate), copy=bool(copy))
     limit = first_broken(req, CAPS)
     if bad_length is not None and (limit is None or limit.key in ("buffer", "intervals")):
         raise bad_length
@@ -101,20 +142,39 @@ def build_request(streams: int, seconds: float, omit: float, interval: float, le
     return req
 
 
-def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: float, interval: float, length: str):
+def _family(ipv4: bool, ipv6: bool) -> int:
+    if ipv4 and ipv6:
+        raise UsageError("-4 and -6 exclude each other", "give one, or neither for either family")
+    return 4 if ipv4 else 6 if ipv6 else 0
+
+
+def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: float, interval: float, length: str,
+                      reverse: bool = False, bidir: bool = False, window: str | None = None,
+                      bitrate: str | None = None, copy: bool = False, ipv4: bool = False, ipv6: bool = False,
+                      cport: int | None = None):
     """The NetSpec of `net client HOST`. Raises UsageError naming a bad option."""
     from gpubench.bench.net import NetSpec
 
-    req = build_request(streams, seconds, omit, interval, length)
-    return NetSpec(host=host, port=_check_port(port, allow_zero=False), request=req)
+    req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
+    family = _family(ipv4, ipv6)
+    port = _check_port(port, allow_zero=False)
+    if cport is not None:
+        last = cport + req.streams * len(req.directions()) - 1
+        if not 1 <= cport <= 65535 or last > 65535:
+            raise UsageError(f"--cport {cport} out of range",
+                             f"the data streams use cport to cport + {last - cport}: use 1 to {65535 - (last - cport)}")
+    return NetSpec(host=host, port=port, request=req, family=family, cport=cport)
 
 
-def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str):
+def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
+                     bidir: bool = False, window: str | None = None, bitrate: str | None = None, copy: bool = False,
+                     ipv4: bool = False, ipv6: bool = False):
     """The NetSpec of `net local` (loopback, any free port). Raises UsageError naming a bad option."""
     from gpubench.bench.net import NetSpec
 
-    return NetSpec(host=DEFAULT_BIND, port=0, request=build_request(streams, seconds, omit, interval, length),
-                   mode="local")
+    req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
+    family = _family(ipv4, ipv6)
+    return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
 
 
 def _check_port(port: int, *, allow_zero: bool) -> int:
@@ -138,17 +198,20 @@ def _hostport(host: str, port: int) -> str:
 def server(bind, port, one_off, quiet, debug):
     """Receive tests from `gpubench net client` until Ctrl-C or SIGTERM.
 
-    One test at a time (others are told busy); a connection that sends no request within 5 s is
-    dropped; requests over the caps (128 streams, 3600 s, 64 MiB writes) are refused.
+    One test at a time (others are told busy); a connection that sends no request within 2 s is
+    dropped, and at most 512 wait at once (the oldest goes first); requests over the caps (128
+    streams, 3600 s, 64 MiB writes) are refused.
     Listens on loopback only unless --bind says otherwise.
     """
     from gpubench.bench.net_server import NetServer
 
     _check_port(port, allow_zero=True)
 
+    from gpubench.core import safe
+
     def log(line: str) -> None:
         if not quiet:
-            click.echo(line)
+            click.echo(safe.term(line, 1000))  # a log line can quote what a peer sent
             sys.stdout.flush()  # a server's log is read live (pipes are block-buffered)
 
     srv = NetServer(bind, port, log=log)
@@ -187,56 +250,116 @@ def _gbit(rate_bytes_per_s: float) -> str:
     return f"{rate_bytes_per_s * 8 / 1e9:.2f}"
 
 
+DIRECTION_WORDS = {"c2s": "client -> server", "s2c": "server -> client"}
+
+
+def _cpu(v) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+class _Deferred(list):
+    """A report's renderables, built when first looked at: under -q nothing looks (the driver's
+    display returns at once), so a quiet client never imports rich's tables, ~0.05 CPU-s that
+    benchmarks/net_vs_iperf3.py would charge to gpubench's CPU per Gbit."""
+
+    def __init__(self, build):
+        super().__init__()
+        self._build: Any = build
+
+    def _fill(self) -> None:
+        if self._build is not None:
+            build, self._build = self._build, None
+            self.extend(build())
+
+    def __iter__(self):
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._fill()
+        return super().__len__()
+
+    def __getitem__(self, i):
+        self._fill()
+        return super().__getitem__(i)
+
+
 def format_report(result, units: str = "GB") -> list:
-    """Per-interval table, per-stream table with the total, and notes (rich renderables)."""
+    """Per direction: a per-interval table, a per-stream table with the total (retransmits and
+    congestion window of the sending side), the CPU line; then notes (rich renderables, built when
+    first iterated)."""
+    return _Deferred(lambda: _report(result, units))
+
+
+def _report(result, units: str) -> list:
     from gpubench.core.stats import Summary
 
     spec = result.spec
-    recs = {r.params["stream"]: r for r in result.records}
-    total = recs.get("total")
-    streams = [k for k in recs if k != "total"]
+    by_dir: dict[str, dict] = {}
+    for r in result.records:
+        by_dir.setdefault(r.params.get("direction", "c2s"), {})[r.params["stream"]] = r
     out: list = []
-    if total is None:  # a run stopped before the first interval arrived
+    if not any("total" in recs for recs in by_dir.values()):  # a run stopped before the first interval arrived
         return [report.partial_note(result, "intervals")] if result.partial else ["no records"]
-    ex = total.extra
-    starts, ends, omits = ex["interval_start_s"], ex["interval_end_s"], ex["interval_omit"]
-    where = "loopback, this machine" if spec.get("mode") == "local" else _hostport(spec["host"], spec["port"])
-    title = (f"TCP throughput to {where}: {len(streams)} stream(s), {format_size(spec['buffer'])} writes, "
-             f"{spec['seconds']:g} s counted" + (f" after {spec['omit']:g} s omitted" if spec.get("omit") else ""))
-    per_stream_cols = len(streams) <= 8
-    cols = ["interval (s)", "total Gbit/s", f"total {units}/s"]
-    cols += [f"stream {k} Gbit/s" for k in streams] if per_stream_cols else ["slowest stream Gbit/s", "fastest stream Gbit/s"]
-    t = report.table(title, cols)
-    for i, (a, b, om) in enumerate(zip(starts, ends, omits)):
-        dt = b - a
-        row = [f"{a:6.2f}-{b:6.2f}" + (" (omitted)" if om else "")]
-        tot = ex["interval_bytes"][i] / dt if dt > 0 else 0.0
-        row += [_gbit(tot), format_rate(tot, units)]
-        rates = [recs[k].extra["interval_bytes"][i] / dt if dt > 0 else 0.0 for k in streams]
-        row += [_gbit(r) for r in rates] if per_stream_cols else [_gbit(min(rates)), _gbit(max(rates))]
-        t.add_row(*row)
-    out.append(t)
+    where = "loopback, this machine" if spec.get("mode") == "local" else _hostport(str(spec["host"]), spec["port"])
+    for d, recs in by_dir.items():
+        total = recs.get("total")
+        if total is None:
+            continue
+        streams = [k for k in recs if k != "total"]
+        ex = total.extra
+        starts, ends, omits = ex["interval_start_s"], ex["interval_end_s"], ex["interval_omit"]
+        title = (f"TCP throughput {DIRECTION_WORDS.get(d, d)} ({where}): {len(streams)} stream(s), "
+                 f"{format_size(spec['buffer'])} writes, {spec['seconds']:g} s counted"
+                 + (f" after {spec['omit']:g} s omitted" if spec.get("omit") else ""))
+        per_stream_cols = len(streams) <= 8
+        cols = ["interval (s)", "total Gbit/s", f"total {units}/s"]
+        cols += [f"stream {k} Gbit/s" for k in streams] if per_stream_cols else ["slowest stream Gbit/s",
+                                                                                 "fastest stream Gbit/s"]
+        t = report.table(title, cols)
+        for i, (a, b, om) in enumerate(zip(starts, ends, omits)):
+            dt = b - a
+            row = [f"{a:6.2f}-{b:6.2f}" + (" (omitted)" if om else "")]
+            tot = ex["interval_bytes"][i] / dt if dt > 0 else 0.0
+            row += [_gbit(tot), format_rate(tot, units)]
+            rates = [recs[k].extra["interval_bytes"][i] / dt if dt > 0 else 0.0 for k in streams]
+            row += [_gbit(r) for r in rates] if per_stream_cols else [_gbit(min(rates)), _gbit(max(rates))]
+            t.add_row(*row)
+        out.append(t)
 
-    s = report.table("Per stream, counted intervals", ["stream", "received", "seconds", "Gbit/s", f"{units}/s",
-                                                       "intervals Gbit/s min / median / max"])
-    for k in [*streams, "total"]:
-        r = recs[k]
-        e = r.extra
-        spread = "-"
-        rates = [b / (en - st) for b, st, en, om in zip(e["interval_bytes"], starts, ends, omits) if not om and en > st]
-        if rates:
-            sm = Summary.of(rates)
-            spread = f"{_gbit(sm.min)} / {_gbit(sm.median)} / {_gbit(sm.max)}"
-        s.add_row(str(k), format_size(e["counted_bytes"]), f"{e['counted_seconds']:.3f}", _gbit(e["bytes_per_s"]),
-                  format_rate(e["bytes_per_s"], units), spread)
-    out.append(s)
-    out.append(f"Figures are bytes the server received, per interval of its clock. Total = bytes in the counted "
+        st = report.table(f"Per stream, counted intervals ({DIRECTION_WORDS.get(d, d)})",
+                          ["stream", "received", "seconds", "Gbit/s", f"{units}/s", "intervals Gbit/s min / median / max",
+                           "retransmits", "cwnd"])
+        for k in [*streams, "total"]:
+            r = recs[k]
+            e = r.extra
+            spread = "-"
+            rates = [b / (en - s0) for b, s0, en, om in zip(e["interval_bytes"], starts, ends, omits) if not om and en > s0]
+            if rates:
+                sm = Summary.of(rates)
+                spread = f"{_gbit(sm.min)} / {_gbit(sm.median)} / {_gbit(sm.max)}"
+            retrans = e.get("retransmits")
+            cwnd = e.get("cwnd_bytes")
+            st.add_row(str(k), format_size(e["counted_bytes"]), f"{e['counted_seconds']:.3f}", _gbit(e["bytes_per_s"]),
+                       format_rate(e["bytes_per_s"], units), spread, "-" if retrans is None else str(retrans),
+                       "-" if cwnd is None else format_size(cwnd))
+        out.append(st)
+        sender_side, receiver_side = ("client", "server") if d == "c2s" else ("server", "client")
+        per = ex.get("cpu_s_per_gbit")
+        out.append(f"CPU ({DIRECTION_WORDS.get(d, d)}): sender ({sender_side}) {_cpu(ex.get('sender_cpu_s'))}, "
+                   f"receiver ({receiver_side}) {_cpu(ex.get('receiver_cpu_s'))}"
+                   + (f"; {per:.4f} CPU-s per Gbit moved" if per is not None else ""))
+    zero_copy = not spec.get("copy", False)
+    out.append(f"Figures are bytes the receiver counted, per interval of its clock. Total = bytes in the counted "
                f"intervals / their seconds (the duration-weighted mean of the interval rates, never above the "
                f"fastest interval). Gbit/s = 1e9 bit/s; {units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; "
-               f"sizes in binary units.")
+               f"sizes in binary units. CPU = user + system seconds of the worker processes that moved the data. "
+               + ("Zero copy: sendfile from a memory file, received with MSG_TRUNC (not copied to user memory)."
+                  if zero_copy else "--copy: send() from a buffer, recv_into a reused buffer."))
     if spec.get("mode") == "local":
         out.append("Loopback measures this host's memory and TCP stack, not a network card.")
-    zeros = [str(k) for k in streams if recs[k].extra.get("zero_intervals")]
+    zeros = [f"{k} ({d})" for d, recs in by_dir.items() for k, r in recs.items()
+             if k != "total" and r.extra.get("zero_intervals")]
     if zeros:
         out.append(f"Stream(s) {', '.join(zeros)} received nothing in some counted interval(s): stalled.")
     if result.partial:
