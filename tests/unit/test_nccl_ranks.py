@@ -59,6 +59,30 @@ def test_info_log_parsed():
     assert nccl_log.summary_line([None], 1) == "NCCL's INFO log was not captured"
 
 
+# NCCL 2.28.9 on the lent H200 (no IB device), from the GPU run of benchmarks/nccl_launchers.sh
+H200_LOG = """vm:736:736 [0] NCCL INFO ENV/Plugin: Could not find: libnccl-env.so
+vm:736:736 [0] NCCL INFO NCCL version 2.28.9+cuda13.0
+vm:736:736 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so
+vm:736:736 [0] NCCL INFO NET/IB : No device found.
+vm:736:736 [0] NCCL INFO NET/IB : Using [RO]; OOB eth0:192.0.2.2<0>
+vm:736:736 [0] NCCL INFO Failed to initialize NET plugin IB
+vm:736:736 [0] NCCL INFO NET/Socket : Using [0]eth0:192.0.2.2<0>
+vm:736:736 [0] NCCL INFO Initialized NET plugin Socket
+vm:736:736 [0] NCCL INFO Assigned NET plugin Socket to comm
+vm:736:736 [0] NCCL INFO Using network Socket
+vm:736:736 [0] NCCL INFO Channel 00/64 : 0
+"""
+
+
+def test_h200_log_drops_the_failed_ib_plugin():
+    log = nccl_log.parse(H200_LOG.splitlines())
+    assert (log.version, log.network, log.plugin) == ("2.28.9+cuda13.0", "Socket", "none")
+    assert log.interfaces == ["Socket [0]eth0:192.0.2.2<0>"] and log.paths == {}
+    assert nccl_log.summary_line([log.to_dict()], 1) == (
+        "NCCL 2.28.9+cuda13.0; network Socket (no net plugin loaded) over Socket [0]eth0:192.0.2.2<0>; "
+        "1 rank: no peer paths")
+
+
 def test_capture_respects_the_users_nccl_debug(tmp_path):
     env = {"NCCL_DEBUG": "WARN"}
     c = nccl_log.capture(env)
@@ -91,3 +115,14 @@ def test_report_lines_escape_peer_strings():
     assert lines[0].startswith("Launched by pmi: 2 process(es) on 2 node(s)")
     assert "rank 1 on b" in lines[1] and "\x1b" not in lines[1] and "+33.3% against the median rank" in lines[1]
     assert lines[2].startswith("NCCL transport: NCCL 2.28.3; network Socket") and "\x07" not in lines[2]
+
+
+def test_unique_id_survives_the_json_group():
+    import json
+
+    from gpubench.bench.nccl_ranks import uid_from_wire, uid_to_wire
+
+    raw = bytes(range(128))
+    assert uid_from_wire(json.loads(json.dumps(uid_to_wire(raw)))) == raw
+    old = tuple(range(-64, 64))
+    assert uid_from_wire(json.loads(json.dumps(uid_to_wire(old)))) == old

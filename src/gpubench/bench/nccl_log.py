@@ -29,6 +29,7 @@ _VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
 _NETWORK = re.compile(r"NCCL INFO (?:Using network|Using NET plugin|Assigned NET plugin) (\S+)")
 _PLUGIN_LOADED = re.compile(r"NCCL INFO NET/Plugin: Loaded (?:net|coll)? ?plugin (.+?)\s*$")
 _PLUGIN_NONE = re.compile(r"NCCL INFO NET/Plugin: (?:Could not find|No plugin found|Plugin load returned)")
+_NET_FAILED = re.compile(r"NCCL INFO Failed to initialize NET plugin (\S+)")
 _IFACE = re.compile(r"NCCL INFO NET/(\w+) ?: Using (.+?)\s*$")
 _CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\](?: \[(send|receive)\])? via (\S+)")
 
@@ -52,6 +53,7 @@ def parse(lines) -> NcclLog:
     """An NcclLog from NCCL INFO lines (an iterable of str)."""
     out = NcclLog()
     paths: dict[str, set[str]] = {}
+    failed: set[str] = set()
     for ln in lines:
         if "NCCL INFO" not in ln:
             continue
@@ -74,12 +76,17 @@ def parse(lines) -> NcclLog:
         if _PLUGIN_NONE.search(ln) and out.plugin is None:
             out.plugin = "none"
             continue
+        m = _NET_FAILED.search(ln)
+        if m:  # e.g. IB with no usable device: the interfaces it listed are not used
+            failed.add(m.group(1))
+            continue
         m = _IFACE.search(ln)
         if m and m.group(1) != "Plugin":
             text = f"{m.group(1)} {m.group(2)}"
             if text not in out.interfaces:
                 out.interfaces.append(text)
     out.paths = {k: sorted(v) for k, v in sorted(paths.items())}
+    out.interfaces = [i for i in out.interfaces if i.split(" ", 1)[0] not in failed]
     return out
 
 

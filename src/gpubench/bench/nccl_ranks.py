@@ -102,6 +102,18 @@ def gpu_identity(device: int) -> dict:
     return out
 
 
+def uid_to_wire(uid) -> dict:
+    """NCCL's unique id (CuPy's get_unique_id: 128 bytes, or a tuple of ints in older CuPy) as JSON."""
+    if isinstance(uid, (bytes, bytearray)):
+        return {"bytes": list(uid)}
+    return {"ints": [int(x) for x in uid]}
+
+
+def uid_from_wire(d: dict):
+    """The inverse of :func:`uid_to_wire`: the id in the type NcclCommunicator takes."""
+    return bytes(d["bytes"]) if "bytes" in d else tuple(d["ints"])
+
+
 class NcclRanks(N.Nccl):
     """The nccl plug-in on one rank of a launched job; the group is the job's."""
 
@@ -150,6 +162,9 @@ class NcclRanks(N.Nccl):
         g = len(ctx.devices)
         nranks = group.size * g
         ctx.env["nccl"] = nccl_env(nccl)
+        if self.log.path is not None:  # the two variables gpubench set for its log are not the user's
+            for k in ("NCCL_DEBUG", "NCCL_DEBUG_FILE"):
+                ctx.env["nccl"]["env"].pop(k, None)
         ids = [gpu_identity(d) for d in ctx.devices]
         table = group.allgather({"rank": group.rank, "host": group.me.host, "local_rank": group.me.local_rank,
                                  "node": group.me.node, "pid": os.getpid(), "gpus": ids})
@@ -162,7 +177,7 @@ class NcclRanks(N.Nccl):
         if os.environ.get("NCCL_COMM_ID"):
             uid = nccl.get_unique_id()  # NCCL's own bootstrap: the id is the address, the same on every rank
         else:
-            uid = group.bcast(list(nccl.get_unique_id()) if group.rank == 0 else None)
+            uid = uid_from_wire(group.bcast(uid_to_wire(nccl.get_unique_id()) if group.rank == 0 else None))
         comms = []
         try:
             import cupy
@@ -171,7 +186,7 @@ class NcclRanks(N.Nccl):
             try:
                 for i, d in enumerate(ctx.devices):
                     with cupy.cuda.Device(d):
-                        comms.append(nccl.NcclCommunicator(nranks, tuple(uid), group.rank * g + i))
+                        comms.append(nccl.NcclCommunicator(nranks, uid, group.rank * g + i))
             finally:
                 nccl.groupEnd()
         except Exception as e:
