@@ -177,6 +177,12 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
     """
     kind = _detect(env)
     host = _host()
+    rank: int
+    size: int | None
+    rank_v: str | None
+    size_v: str | None
+    local_v: str | None
+    lsize_v: str | None
     local: int | None
     local_size: int | None = None
     node: int | None = None
@@ -232,7 +238,7 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
         raise UsageError(f"{lsize_v}={local_size} is above {size_v}={size}", "the launcher sets them")
     if local is not None and size and local >= size:
         raise UsageError(f"{local_v}={local} is not below {size_v}={size}", "the launcher sets them")
-    return Rank(rank, size, -1 if local is None else local, local_size, node, host, kind)
+    return Rank(rank, size or 0, -1 if local is None else local, local_size, node, host, kind)
 
 
 def _need(env: Mapping[str, str], name: str, rank_var: str) -> int:
