@@ -200,9 +200,15 @@ def test_torchrun_style_rank_killed_or_hung_mid_run(tmp_path, sig):
 
 
 AVERAGE_SCRIPT = """
+import os
 from gpubench.core import ranks
-from gpubench.bench.nccl_ranks import combine
+from gpubench.bench.nccl_ranks import combine, uid_from_wire, uid_to_wire
 g = ranks.join(ranks.discover(), timeout=30)
+# nccl's bootstrap: rank 0's unique id (128 bytes) broadcast through the group, as run_ranks does
+uid = uid_from_wire(g.bcast(uid_to_wire(os.urandom(128)) if g.rank == 0 else None))
+assert isinstance(uid, bytes) and len(uid) == 128
+seen = g.allgather(uid.hex())
+assert len(set(seen)) == 1, seen
 mine = [0.001 * (g.rank + 1), 0.004 / (g.rank + 1)]
 got = g.gather({"samples_s": mine})
 if g.rank == 0:
@@ -214,7 +220,8 @@ g.close()
 
 
 def test_average_over_gathered_rank_times_under_mpiexec():
-    """-a 0..3 over times each rank sent through the group (the arithmetic nccl-tests' Allreduce does)."""
+    """The unique id broadcast through the group arrives intact on every rank, and -a 0..3 over
+    times each rank sent through the group (the arithmetic nccl-tests' Allreduce does)."""
     exe = mpiexec()
     p = subprocess.run([exe, "-n", "3", sys.executable, "-c", AVERAGE_SCRIPT], env=_env(), capture_output=True,
                        text=True, timeout=120)
