@@ -349,39 +349,57 @@ def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
 # Gathering that outlives a silent rank
 
 
-def gather_live(group, obj: Any, timeout: float) -> tuple[list | None, list[int]]:
-    """Gather to rank 0, keeping what arrived when some ranks do not answer within ``timeout``.
+class Roll:
+    """Rank 0's roll call: gathers that keep what arrived when a rank stops answering.
 
-    Returns:
-        (payloads by rank with None for a silent rank, the silent ranks) on rank 0; (None, []) on
-        the others.
+    :meth:`sync` is a gather to rank 0 in which a rank silent for ``timeout`` seconds is noted
+    (and not waited for again), followed by rank 0's broadcast of the silent ranks, so every rank
+    goes on knowing who is missing. Rank 0 receives rank by rank through the group's transport
+    primitives (``_tag``, ``_recv``: the same tag sequence as :meth:`Group.gather` on the
+    senders), not through :meth:`Group.gather`, which ends the whole group at the first silent
+    rank (it sends every rank an abort notice). A rank 0 that stops answering is the group's
+    usual MachineError on the others.
 
-    Rank 0 receives rank by rank through the group's transport primitives (``_tag``, ``_recv``:
-    the same tag sequence as :meth:`Group.gather` on the senders), so a silent rank costs one
-    deadline and the others' payloads are kept. Where the group has no such primitives, a plain
-    gather (a silent rank then fails the whole gather with its MachineError).
+    Attributes:
+        silent: ranks that did not answer a sync in time.
     """
-    if group.size == 1:
-        return [obj], []
-    if group.rank != 0:
-        group.gather(obj, timeout=timeout)
-        return None, []
-    if not (hasattr(group, "_recv") and hasattr(group, "_tag")):
-        return group.gather(obj, timeout=timeout), []
-    import json
 
-    tag = group._tag("g")
-    out: list = [None] * group.size
-    out[0] = json.loads(json.dumps(obj))
-    deadline = time.monotonic() + timeout
-    silent = []
-    for r in range(1, group.size):
-        try:
-            out[r] = json.loads(group._recv(tag, r, deadline))
-        except TimeoutError:
-            silent.append(r)
-            deadline = min(deadline, time.monotonic() + 0.2)
-    return out, silent
+    def __init__(self, group, timeout: float):
+        self.group, self.timeout = group, float(timeout)
+        self.silent: set[int] = set()
+
+    def sync(self, obj: Any = None) -> list | None:
+        """Every answering rank's ``obj`` on rank 0 (index = rank, None for a silent one); None elsewhere.
+
+        Raises:
+            MachineError: on a rank but 0, rank 0 did not broadcast within the group's timeout.
+        """
+        import json
+
+        from gpubench.core.errors import MachineError
+
+        g = self.group
+        if g.size == 1:
+            return [json.loads(json.dumps(obj))]
+        if g.rank != 0:
+            g.gather(obj, timeout=self.timeout)
+            self.silent = set(g.bcast(None, timeout=self.timeout + 60.0))
+            return None
+        tag = g._tag("g")
+        out: list = [None] * g.size
+        out[0] = json.loads(json.dumps(obj))
+        deadline = time.monotonic() + self.timeout
+        for r in range(1, g.size):
+            if r in self.silent:
+                continue
+            try:
+                out[r] = json.loads(g._recv(tag, r, deadline))
+            except TimeoutError:
+                self.silent.add(r)
+            except Exception as e:  # another rank's abort notice, a closed store
+                raise MachineError(f"gathering from rank {r} failed: {type(e).__name__}: {str(e)[:200]}") from None
+        g.bcast(sorted(self.silent), timeout=self.timeout)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,6 +505,10 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
     from gpubench.core.registry import INVOCATION
     from gpubench.core.result import Result
 
+    if not (0 < timeout < math.inf):
+        from gpubench.core.errors import UsageError
+
+        raise UsageError(f"--node-timeout {timeout} out of range", "use seconds > 0")
     me0 = ranks.discover()
     group = ranks.join(me0, rendezvous, timeout=min(timeout, 120.0))
     console = report.console(stderr=True)
@@ -507,26 +529,31 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         bundle.steps.append(suite.Step("env", "env", "ok", seconds=time.perf_counter() - t0,
                                        result=Result(command="env", spec={}, env=env, argv=list(INVOCATION))))
         broken: MachineError | None = None
+        roll = Roll(group, timeout)
         turns = max((r.local_size or 1) for r in group.ranks) if len(group.ranks) == group.size else 1
         say(f"fleet: {group.size} rank(s) on {len({r.host for r in group.ranks})} host(s), "
             f"{'GPU' if n_gpu else 'CPU'} steps, {turns} turn(s) per host")
         for k in range(turns):
             if me.local_rank == k or (turns == 1 and k == 0):
                 _node_steps(bundle, me, n_gpu, out, stamp, with_merge, quiet, host_tag)
-            try:
-                group.barrier(timeout=timeout)
-            except MachineError as e:
-                broken = e
-                break
-        if n_gpu and group.size > 1 and broken is None:
+            if turns > 1:
+                roll.sync(None)
+        if n_gpu and group.size > 1:
             from gpubench.bench import nccl as nccl_mod
 
             if not hasattr(nccl_mod, NCCL_UNDER_LAUNCHER):
                 bundle.steps.append(suite.Step("nccl all nodes", "nccl", "skipped",
                                                "gpubench nccl under a launcher is not in this version"))
+        payload = node_payload(me, bundle, expectations, env.get("gpus") or [])
+        payloads = roll.sync(payload)
         links = None
         leaders = sorted(r.rank for r in group.ranks if r.local_rank == 0)
-        if broken is None and len(leaders) >= 2:
+        net_note = None
+        if roll.silent:
+            net_note = f"skipped: rank(s) {', '.join(map(str, sorted(roll.silent)))} did not answer"
+        elif len(leaders) < 2:
+            net_note = "skipped: one node"
+        else:
             say(f"fleet: the network between {len(leaders)} nodes (ring, -P {NET_STREAMS}, {NET_SECONDS:g} s)")
             spec = net_fleet.NetFleetSpec(Request(streams=NET_STREAMS, seconds=NET_SECONDS, omit=NET_OMIT,
                                                   interval=NET_INTERVAL))
@@ -534,8 +561,6 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                 links = net_fleet.run(group, spec, leaders)
             except MachineError as e:
                 broken = e
-        payload = node_payload(me, bundle, expectations, env.get("gpus") or [])
-        payloads, silent = gather_live(group, payload, timeout)
         if group.rank != 0:
             return 0
         hosts = [r.host for r in group.ranks] if len(group.ranks) == group.size else [me.host] * group.size
@@ -556,6 +581,10 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         full.expect_file = expect_file
         if links is not None:
             full.steps.append(suite.Step("net between nodes", "net", "ok", result=links))
+        elif broken is not None:
+            full.steps.append(suite.Step("net between nodes", "net", "error", broken.one_line()))
+        else:
+            full.steps.append(suite.Step("net between nodes", "net", "skipped", net_note or ""))
         d = full.to_dict()
         d["fleet"] = fleet
         from gpubench.core.result import write_json_atomic
@@ -565,10 +594,12 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         if broken is not None:
             from gpubench.core import safe
 
-            renderables.append(f"[red]stopped waiting:[/red] {safe.term_markup(broken.one_line())}")
+            renderables.append(f"[red]net between nodes failed:[/red] {safe.term_markup(broken.one_line())}")
         errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
         why = verdict(fleet, errors)
-        renderables.append(why or f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
+        from rich.markup import escape
+
+        renderables.append(escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
         renderables.append(f"saved {path}")
         report.display(renderables, quiet=quiet)
         if why:
