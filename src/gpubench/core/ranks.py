@@ -1,0 +1,842 @@
+"""Scale-out: who this process is among the ranks a launcher started, and a group to talk to them.
+
+:func:`discover` reads the rank, the world size, the local rank and the node from the launcher's
+environment (issue 13 item 1, in this order): Open MPI (``OMPI_COMM_WORLD_RANK``, ``_SIZE``,
+``_LOCAL_RANK``, ``_LOCAL_SIZE``), PMIx (``PMIX_RANK``), MPICH/Hydra and Intel MPI (``PMI_RANK``,
+``PMI_SIZE``, ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``), Slurm (``SLURM_PROCID``,
+``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``) and torchrun (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``). Two refinements of that order, because
+launchers nest:
+
+- torchrun's own workers (``TORCHELASTIC_RUN_ID`` set, which torchrun's agent exports to every
+  worker) come first: under ``srun torchrun ...`` the ``SLURM_*`` variables count torchrun's
+  agents (one per node), not the workers.
+- Slurm counts only inside a task of an ``srun`` step (``SLURM_STEP_ID`` set and not one of Slurm's
+  batch/extern/interactive step ids): a batch script itself also has ``SLURM_PROCID=0`` and the
+  job's ``SLURM_NTASKS``, and a lone process there would wait for ranks that never start.
+
+Without any of them gpubench runs as one process (:data:`SINGLE`, launcher ``"none"``).
+
+:func:`join` returns a :class:`Group` of all ranks: through mpi4py when the process runs under MPI
+and mpi4py imports; otherwise through a TCP key-value store at the launcher's rendezvous address
+(``MASTER_ADDR``/``MASTER_PORT`` or ``--rendezvous HOST:PORT``): ``torch.distributed.TCPStore``
+where torch imports (under torchrun the agent's own store, as torch's ``env://`` does), else
+:class:`_Store`, a small store with the same operations in this module (see its docstring for why
+not distributed's). Every collective of the group has a deadline: a rank that died or hangs
+raises :class:`MachineError` naming the rank and its host, never a wait forever.
+
+Payloads travel as JSON text on every path (MPI too), so an object that gathers under mpirun
+gathers the same under torchrun: lists, dicts, strings, numbers, booleans and None (tuples come
+back as lists).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from gpubench.core.errors import MachineError, UsageError
+
+LAUNCHERS = ("openmpi", "pmix", "pmi", "slurm", "torchrun", "none")
+# Slurm's step ids of the batch script, the extern step and an interactive salloc shell (slurm.h:
+# SLURM_BATCH_SCRIPT 0xfffffffb, SLURM_EXTERN_CONT 0xfffffffc, SLURM_INTERACTIVE_STEP 0xfffffffa,
+# SLURM_PENDING_STEP 0xfffffffd); no task of an srun step has one of these.
+_SLURM_NOT_A_STEP = range(0xFFFFFFF0, 0x100000000)
+DEFAULT_PORT = 29500  # torchrun's default --master-port
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One process among the ranks a launcher started.
+
+    Attributes:
+        rank: 0..size-1 across the whole job.
+        size: processes in the job (0 only under PMIx alone, whose world size is not in the
+            environment; :func:`join` asks MPI for it).
+        local_rank: index among this node's ranks, which picks the GPU (-1 where the launcher does
+            not say; :func:`join` derives it from the host names).
+        local_size: ranks on this node, or None where the launcher does not say (:func:`join` fills it).
+        node: index of this node in the job, or None where the launcher does not say (:func:`join`
+            fills it from the host names, in order of each host's lowest rank).
+        host: this machine's host name (socket.gethostname()).
+        launcher: one of LAUNCHERS.
+    """
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int | None
+    node: int | None
+    host: str
+    launcher: str
+
+    @property
+    def under_launcher(self) -> bool:
+        return self.launcher != "none"
+
+    def label(self) -> str:
+        """``rank 3 on node07`` (the host as the launcher's machine reported it; escape it before
+        showing it: core.safe)."""
+        return f"rank {self.rank} on {self.host}"
+
+
+def _host() -> str:
+    try:
+        return socket.gethostname() or "localhost"
+    except OSError:  # pragma: no cover
+        return "localhost"
+
+
+SINGLE = Rank(0, 1, 0, 1, 0, _host(), "none")
+
+
+def _int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
+    raw = env[name]
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw[:40]!r} is not an integer",
+                         "the launcher sets it; unset it when not running under that launcher") from None
+    if v < minimum:
+        raise UsageError(f"{name}={v} must be >= {minimum}", "the launcher sets it; unset it when not running under that launcher")
+    return v
+
+
+def _opt(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
+    return _int(env, name, minimum=minimum) if env.get(name, "").strip() else None
+
+
+def _first(env: Mapping[str, str], *names: str, minimum: int = 0) -> tuple[str | None, int | None]:
+    for n in names:
+        v = _opt(env, n, minimum=minimum)
+        if v is not None:
+            return n, v
+    return None, None
+
+
+def _slurm_step(env: Mapping[str, str]) -> bool:
+    """A task of an srun step: SLURM_PROCID and a real SLURM_STEP_ID (or SLURM_STEPID)."""
+    if not env.get("SLURM_PROCID", "").strip():
+        return False
+    name, step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    return step is not None and step not in _SLURM_NOT_A_STEP
+
+
+def slurm_tasks_on_node(spec: str, node: int) -> int | None:
+    """Tasks on node ``node`` from Slurm's SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE
+    (``"4(x2),3"``: 4 on nodes 0 and 1, 3 on node 2), or None when ``spec`` does not parse or has
+    fewer nodes."""
+    i = 0
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            return None
+        n, rep = int(m.group(1)), int(m.group(2) or 1)
+        if node < i + rep:
+            return n
+        i += rep
+    return None
+
+
+def _detect(env: Mapping[str, str]) -> str:
+    if env.get("TORCHELASTIC_RUN_ID") and env.get("RANK", "").strip():
+        return "torchrun"
+    if env.get("OMPI_COMM_WORLD_RANK", "").strip():
+        return "openmpi"
+    if env.get("PMIX_RANK", "").strip():
+        return "pmix"
+    if env.get("PMI_RANK", "").strip():
+        return "pmi"
+    if _slurm_step(env):
+        return "slurm"
+    if env.get("RANK", "").strip() or env.get("WORLD_SIZE", "").strip():
+        return "torchrun"
+    return "none"
+
+
+def discover(env: Mapping[str, str] = os.environ) -> Rank:
+    """This process's Rank from the launcher's environment (the module docstring gives the order).
+
+    Args:
+        env: the environment to read (os.environ; tests pass a dict).
+
+    Returns:
+        The Rank; :data:`SINGLE`'s values (launcher ``"none"``) when no launcher's variables are set.
+
+    Raises:
+        UsageError: a variable that is not an integer, or values that contradict each other (a rank
+            not below the world size, a local rank not below the local size, a node id not below
+            the node count, a torchrun rank without its world size); the message names the
+            variable.
+    """
+    kind = _detect(env)
+    host = _host()
+    local: int | None
+    local_size: int | None = None
+    node: int | None = None
+    if kind == "none":
+        return replace(SINGLE, host=host)
+    if kind == "openmpi":
+        rank_v, size_v = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
+        rank, size = _int(env, rank_v), _need(env, size_v, rank_v)
+        local_v, local = "OMPI_COMM_WORLD_LOCAL_RANK", _opt(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+        lsize_v, local_size = "OMPI_COMM_WORLD_LOCAL_SIZE", _opt(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
+    elif kind == "pmix":
+        # PMIx keeps the job size behind PMIx_Get (PMIX_JOB_SIZE), not in the environment: it is
+        # taken from Slurm's variables when srun --mpi=pmix started us, else from MPI in join().
+        rank_v, rank = "PMIX_RANK", _int(env, "PMIX_RANK")
+        size_v, size = _first(env, "PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", minimum=1)
+        size = size or 0
+        local_v, local = _first(env, "PMIX_LOCAL_RANK", "SLURM_LOCALID")
+        lsize_v, local_size = _first(env, "PMIX_LOCAL_SIZE", minimum=1)
+        if env.get("SLURM_NODEID", "").strip() and _slurm_step(env):
+            node = _int(env, "SLURM_NODEID")
+    elif kind == "pmi":
+        rank_v, size_v = "PMI_RANK", "PMI_SIZE"
+        rank, size = _int(env, rank_v), _need(env, size_v, rank_v)
+        local_v, local = _first(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+        lsize_v, local_size = _first(env, "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", minimum=1)
+    elif kind == "slurm":
+        rank_v, rank = "SLURM_PROCID", _int(env, "SLURM_PROCID")
+        size_v, size = _first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", minimum=1)
+        if size is None:
+            raise UsageError("SLURM_PROCID is set without SLURM_NTASKS", "run under srun, or unset SLURM_PROCID")
+        local_v, local = "SLURM_LOCALID", _opt(env, "SLURM_LOCALID")
+        node = _opt(env, "SLURM_NODEID")
+        nnodes_v, nnodes = _first(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1)
+        if node is not None and nnodes is not None and node >= nnodes:
+            raise UsageError(f"SLURM_NODEID={node} is not below {nnodes_v}={nnodes}", "the launcher sets them")
+        lsize_v = "SLURM_STEP_TASKS_PER_NODE"
+        tpn = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        if tpn and node is not None:
+            local_size = slurm_tasks_on_node(tpn, node)
+    else:  # torchrun, or a hand-made torchrun-style environment
+        rank_v, size_v = "RANK", "WORLD_SIZE"
+        if not env.get("RANK", "").strip():
+            raise UsageError("WORLD_SIZE is set without RANK", "set both (torchrun does), or neither")
+        rank, size = _int(env, rank_v), _need(env, size_v, rank_v)
+        local_v, local = "LOCAL_RANK", _opt(env, "LOCAL_RANK")
+        lsize_v, local_size = "LOCAL_WORLD_SIZE", _opt(env, "LOCAL_WORLD_SIZE", minimum=1)
+        node = _opt(env, "GROUP_RANK")
+    if size and rank >= size:
+        raise UsageError(f"{rank_v}={rank} is not below {size_v}={size}", "the launcher sets them; check the environment")
+    if local is not None and local_size is not None and local >= local_size:
+        raise UsageError(f"{local_v}={local} is not below {lsize_v}={local_size}", "the launcher sets them")
+    if local_size is not None and size and local_size > size:
+        raise UsageError(f"{lsize_v}={local_size} is above {size_v}={size}", "the launcher sets them")
+    if local is not None and size and local >= size:
+        raise UsageError(f"{local_v}={local} is not below {size_v}={size}", "the launcher sets them")
+    return Rank(rank, size, -1 if local is None else local, local_size, node, host, kind)
+
+
+def _need(env: Mapping[str, str], name: str, rank_var: str) -> int:
+    if not env.get(name, "").strip():
+        raise UsageError(f"{rank_var} is set without {name}", "set both (the launcher does), or neither")
+    return _int(env, name, minimum=1)
+
+
+# -- the group ------------------------------------------------------------------------------------
+
+
+class _Abort(Exception):
+    """Another rank's abort notice arrived instead of the awaited message (``text``: its JSON)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def _dumps(obj: Any) -> str:
+    try:
+        return json.dumps(obj, allow_nan=True, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"ranks carry JSON only: {e}") from None
+
+
+class Group:
+    """All ranks of the job, for the small messages of a benchmark (never for timed traffic).
+
+    Rank 0 gathers. Every operation waits at most ``timeout`` seconds (join's, or the one given)
+    for the others, then raises MachineError naming the ranks and hosts that did not answer.
+
+    Attributes:
+        rank, size: this rank and the world size.
+        me: this process's Rank with local_rank, local_size and node filled in from every rank's host
+            name where the launcher did not give them.
+        ranks: every rank's Rank, index = rank (the same list on every rank).
+        transport: "single", "mpi" or "store:<kind>" (kind: torch or gpubench).
+    """
+
+    def __init__(self, me: Rank, timeout: float):
+        self.me = me
+        self.rank = me.rank
+        self.size = me.size
+        self.timeout = float(timeout)
+        self.ranks: list[Rank] = [me]
+        self.transport = "single"
+        self._seq = 0
+        self._closed = False
+        self._faulted = False  # a peer went missing: close() does not wait for anyone
+
+    # the transport's primitives; payloads are JSON text
+    def _send_all(self, tag: str, text: str, dests: list[int], deadline: float) -> None:
+        raise NotImplementedError
+
+    def _recv(self, tag: str, src: int, deadline: float) -> str:
+        raise NotImplementedError
+
+    def _deadline(self, timeout: float | None) -> float:
+        t = self.timeout if timeout is None else float(timeout)
+        return time.monotonic() + (t if t > 0 else 1e9)
+
+    def _tag(self, what: str) -> str:
+        self._seq += 1
+        return f"{what}{self._seq}"
+
+    def _host_of(self, r: int) -> str:
+        if len(self.ranks) == self.size:
+            return self.ranks[r].host
+        return self.me.host if r == self.rank else "a host not known yet"
+
+    def missing(self, ranks: list[int], what: str, timeout_s: float) -> MachineError:
+        """The MachineError of ``ranks`` that did not answer ``what`` within ``timeout_s``."""
+        who = ", ".join(f"rank {r} on {self._host_of(r)}" for r in ranks[:8])
+        more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
+        e = MachineError(f"{who}{more} did not answer the {what} within {timeout_s:g} s (died or hangs)",
+                         "the other ranks stopped; see that rank's own output")
+        e.missing_ranks = list(ranks)  # type: ignore[attr-defined]
+        if not self._faulted:
+            self._faulted = True
+            try:  # tell the ranks still waiting who is missing, so that they name it too
+                self._send_all("abort", _dumps({"missing": list(ranks), "by": self.rank, "what": what}),
+                               [r for r in range(self.size) if r != self.rank and r not in ranks], 0.0)
+            except Exception:
+                pass
+        return e
+
+    def _aborted(self, text: str) -> MachineError:
+        """The MachineError of an abort notice another rank sent (it found ranks missing)."""
+        d = json.loads(text)
+        e = self.missing([int(r) for r in d.get("missing", [])], str(d.get("what", "collective")), self.timeout)
+        e.message += f" (found by rank {int(d.get('by', -1))})"
+        return e
+
+    def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
+        """``obj`` of rank ``root`` on every rank (as JSON: tuples come back as lists)."""
+        if self.size == 1:
+            return json.loads(_dumps(obj))
+        deadline = self._deadline(timeout)
+        tag = self._tag("b")
+        if self.rank == root:
+            text = _dumps(obj)
+            self._send_all(tag, text, [r for r in range(self.size) if r != root], deadline)
+            return json.loads(text)
+        return json.loads(self._recv_named(tag, root, deadline, "broadcast"))
+
+    def gather(self, obj: Any, root: int = 0, timeout: float | None = None) -> list | None:
+        """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks."""
+        if self.size == 1:
+            return [json.loads(_dumps(obj))]
+        deadline = self._deadline(timeout)
+        tag = self._tag("g")
+        text = _dumps(obj)
+        if self.rank != root:
+            self._send_all(tag, text, [root], deadline)
+            return None
+        return self._collect(tag, text, deadline, "gather")
+
+    def allgather(self, obj: Any, timeout: float | None = None) -> list:
+        """Every rank's ``obj`` on every rank (a list, index = rank)."""
+        if self.size == 1:
+            return [json.loads(_dumps(obj))]
+        deadline = self._deadline(timeout)
+        tag = self._tag("a")
+        text = _dumps(obj)
+        self._send_all(tag, text, [r for r in range(self.size) if r != self.rank], deadline)
+        return self._collect(tag, text, deadline, "all-gather")
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Return when every rank has reached it; MachineError naming the absent ones after ``timeout``."""
+        if self.size > 1:
+            self.allgather(None, timeout)
+
+    def _recv_named(self, tag: str, src: int, deadline: float, what: str) -> str:
+        try:
+            return self._recv(tag, src, deadline)
+        except TimeoutError:
+            raise self.missing([src], what, self.timeout) from None
+        except _Abort as a:
+            raise self._aborted(a.text) from None
+
+    def _collect(self, tag: str, mine: str, deadline: float, what: str) -> list:
+        out: list[Any] = [None] * self.size
+        out[self.rank] = json.loads(mine)
+        missing = []
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            try:
+                out[r] = json.loads(self._recv(tag, r, deadline))
+            except _Abort as a:
+                raise self._aborted(a.text) from None
+            except TimeoutError:
+                missing.append(r)
+                deadline = min(deadline, time.monotonic() + 0.2)  # the rest get a last look only
+        if missing:
+            raise self.missing(missing, what, self.timeout)
+        return out
+
+    def _learn_ranks(self) -> None:
+        """Every rank's Rank (all-gathered), and ``me`` completed from the hosts where the launcher
+        left local rank, local size or node unsaid."""
+        me = self.me
+        got = self.allgather([me.rank, me.size, me.local_rank, me.local_size, me.node, me.host, me.launcher])
+        ranks = [Rank(*g) for g in got]
+        for i, r in enumerate(ranks):
+            if r.rank != i or (r.size and r.size != self.size):
+                raise UsageError(f"the launcher's ranks disagree: rank {i} ({r.host}) says it is rank {r.rank} of {r.size}, "
+                                 f"the group has {self.size}", "check the launcher's environment on that host")
+        hosts = list(dict.fromkeys(r.host for r in ranks))  # in order of each host's lowest rank
+        filled = []
+        for r in ranks:
+            same = [x.rank for x in ranks if x.host == r.host]
+            filled.append(Rank(r.rank, self.size, same.index(r.rank) if r.local_rank < 0 else r.local_rank,
+                               len(same) if r.local_size is None else r.local_size,
+                               hosts.index(r.host) if r.node is None else r.node, r.host, r.launcher))
+        self.ranks = filled
+        self.me = filled[self.rank]
+
+    @property
+    def hosts(self) -> list[str]:
+        """Each node's host name, in order of node index (first rank seen on it)."""
+        return list(dict.fromkeys(r.host for r in self.ranks))
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _SingleGroup(Group):
+    pass
+
+
+class _MpiGroup(Group):
+    """The group over mpi4py's COMM_WORLD, with deadlines: non-blocking sends (isend) and matched
+    probes (improbe) polled until the deadline, since a blocking MPI call cannot be interrupted.
+
+    mpi4py is imported with ``rc.finalize = False`` (the module's documented switch): a clean
+    close() calls MPI_Finalize; after a fault the process exits without it, since MPI_Finalize
+    would wait for the rank that hangs."""
+
+    def __init__(self, me: Rank, timeout: float, MPI):
+        super().__init__(me, timeout)
+        self._MPI = MPI
+        self._comm = MPI.COMM_WORLD.Dup()
+        self._pending: list = []
+        self.transport = "mpi"
+
+    _TAG = 0x6B
+
+    def _send_all(self, tag, text, dests, deadline):
+        data = (tag, text)
+        self._pending = [p for p in self._pending if not p.Test()]
+        self._pending += [self._comm.isend(data, dest=d, tag=self._TAG) for d in dests]
+
+    def _recv(self, tag, src, deadline):
+        box = self.__dict__.setdefault("_early", {})
+        MPI = self._MPI
+        while True:
+            if (tag, src) in box:
+                return box.pop((tag, src))
+            notice = next((k for k in box if k[0] == "abort"), None)
+            if notice is not None:
+                raise _Abort(box.pop(notice))
+            status = MPI.Status()
+            msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=self._TAG, status=status)
+            if msg is not None:
+                t, text = msg.recv()
+                box[(t, status.Get_source())] = text
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            time.sleep(0.0005)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        end = time.monotonic() + 5.0
+        while self._pending and time.monotonic() < end:
+            self._pending = [p for p in self._pending if not p.Test()]
+            time.sleep(0.001)
+        if self._pending or self._faulted:  # a peer is gone or never took our message: MPI_Finalize would wait
+            return
+        try:
+            self._comm.Free()
+            if not self._MPI.Is_finalized():
+                self._MPI.Finalize()
+        except Exception:
+            pass
+
+
+class _StoreGroup(Group):
+    """The group over a key-value store (set / get with a deadline). Keys: PREFIX/tag/src/dest."""
+
+    def __init__(self, me: Rank, timeout: float, store, kind: str, prefix: str):
+        super().__init__(me, timeout)
+        self._store = store
+        self._prefix = prefix
+        self.transport = f"store:{kind}"
+
+    def _send_all(self, tag, text, dests, deadline):
+        # one key per message for a single receiver; a broadcast (and an abort notice) is one key all read
+        if tag == "abort":
+            self._store.set(f"{self._prefix}/abort/*", text)
+        elif len(dests) == 1:
+            self._store.set(f"{self._prefix}/{tag}/{self.rank}/{dests[0]}", text)
+        else:
+            self._store.set(f"{self._prefix}/{tag}/{self.rank}/*", text)
+
+    def _recv(self, tag, src, deadline):
+        keys = [f"{self._prefix}/{tag}/{src}/{self.rank}", f"{self._prefix}/{tag}/{src}/*",
+                f"{self._prefix}/abort/*"]
+        key, text = self._store.get_any(keys, deadline)
+        if key == keys[2]:
+            raise _Abort(text)
+        return text
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if isinstance(self._store, _Store):
+                self._store.close(2.0 if self._faulted else min(10.0, self.timeout or 10.0))
+            else:
+                self._store.close()
+        except Exception:
+            pass
+
+
+# -- the stores -----------------------------------------------------------------------------------
+
+
+class _TorchStore:
+    """torch.distributed.TCPStore behind set / get_any / close."""
+
+    def __init__(self, host: str, port: int, world: int, is_master: bool, timeout: float):
+        import datetime
+
+        from torch.distributed import TCPStore
+
+        self._store = TCPStore(host, port, world, is_master, timeout=datetime.timedelta(seconds=max(1.0, timeout)),
+                               wait_for_workers=False)
+
+    def set(self, key: str, text: str) -> None:
+        self._store.set(key, text)
+
+    def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
+        """(the first of ``keys`` that is set, its value); TimeoutError past ``deadline``."""
+        import datetime
+
+        while True:
+            for k in keys:
+                if self._store.check([k]):
+                    return k, self._store.get(k).decode()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            try:  # wait for the first key a short while, then look at all again
+                self._store.wait(keys[:1], datetime.timedelta(seconds=min(left, 0.05)))
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Store:
+    """A TCP key-value store: set(key, text) and get(key) that waits up to a deadline; rank 0
+    serves it in a thread, every rank (0 too) is a client.
+
+    Why this and not distributed's: distributed has no store of its own; its Scheduler could hold
+    keys (``Client.set_metadata``), but a scheduler and a client per rank cost seconds of start-up
+    and an event loop per process, for a handful of small messages. torch's TCPStore is used
+    wherever torch imports; this is its subset (set, blocking get) for machines without torch.
+    The wire format is one JSON object a line, so a peer can send data, never code (no pickle).
+    Values are kept until the server stops (a run's messages are a few kilobytes).
+    """
+
+    def __init__(self, host: str, port: int, is_master: bool, deadline: float):
+        self._server: socket.socket | None = None
+        self._data: dict[str, str] = {}
+        self._cv = threading.Condition()
+        self._stop = False
+        self._conns = 0
+        if is_master:
+            self._serve(host, port)
+        self._sock = self._connect(host, port, deadline)
+        self._rfile = self._sock.makefile("rb")
+        self._lock = threading.Lock()
+
+    def _serve(self, host: str, port: int) -> None:
+        srv = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            srv.bind(("", port))
+        except OSError as e:
+            srv.close()
+            raise MachineError(f"rank 0 cannot serve the rendezvous store on port {port}: {e.strerror}",
+                               "pick a free port with MASTER_PORT or --rendezvous HOST:PORT") from None
+        srv.listen(128)
+        self._server = srv
+        threading.Thread(target=self._accept, name="gpubench-store", daemon=True).start()
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while not self._stop:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(conn,), daemon=True).start()
+
+    def _client(self, conn: socket.socket) -> None:
+        f = conn.makefile("rb")
+        with self._cv:
+            self._conns += 1
+        try:
+            for line in f:
+                if len(line) > 64 << 20:
+                    break
+                req = json.loads(line)
+                op, key = req.get("op"), str(req.get("k"))
+                if op == "set":
+                    with self._cv:
+                        self._data[key] = str(req.get("v"))
+                        self._cv.notify_all()
+                    reply: dict = {"ok": True}
+                elif op == "get":
+                    keys = [str(k) for k in req.get("ks") or []]
+                    end = time.monotonic() + min(float(req.get("t") or 0), 3600.0)
+                    with self._cv:
+                        while True:
+                            hit = next((k for k in keys if k in self._data), None)
+                            left = end - time.monotonic()
+                            if hit is not None or left <= 0 or self._stop:
+                                break
+                            self._cv.wait(left)
+                    reply = {"ok": True, "k": hit, "v": self._data[hit]} if hit is not None else {"ok": False}
+                else:
+                    break
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+        except (OSError, ValueError):
+            pass
+        finally:
+            conn.close()
+            with self._cv:
+                self._conns -= 1
+                self._cv.notify_all()
+
+    @staticmethod
+    def _connect(host: str, port: int, deadline: float) -> socket.socket:
+        last: OSError | None = None
+        while True:
+            try:
+                s = socket.create_connection((host, port), timeout=5.0)
+                s.settimeout(None)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return s
+            except OSError as e:
+                last = e
+            if time.monotonic() > deadline:
+                raise MachineError(f"cannot reach rank 0's rendezvous store at {host}:{port}: "
+                                   f"{getattr(last, 'strerror', None) or last}",
+                                   "is rank 0 running, and MASTER_ADDR/MASTER_PORT (--rendezvous) its address?")
+            time.sleep(0.1)
+
+    def _ask(self, req: dict, wait_s: float) -> dict:
+        with self._lock:
+            self._sock.settimeout(wait_s + 10.0)
+            try:
+                self._sock.sendall(json.dumps(req).encode() + b"\n")
+                line = self._rfile.readline()
+            except OSError as e:
+                raise MachineError(f"lost the rendezvous store (rank 0, {e.strerror or e})",
+                                   "rank 0 died or its host is unreachable") from None
+            if not line:
+                raise MachineError("rank 0's rendezvous store closed the connection (rank 0 died or stopped)")
+            return json.loads(line)
+
+    def set(self, key: str, text: str) -> None:
+        self._ask({"op": "set", "k": key, "v": text}, 0.0)
+
+    def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
+        """(the first of ``keys`` that is set, its value), waiting server-side; TimeoutError past ``deadline``."""
+        left = max(0.0, deadline - time.monotonic())
+        r = self._ask({"op": "get", "ks": keys, "t": left}, left)
+        if not r.get("ok"):
+            raise TimeoutError
+        return str(r["k"]), str(r["v"])
+
+    def close(self, linger_s: float = 10.0) -> None:
+        """Disconnect; rank 0 serves on until every other rank has disconnected (at most
+        ``linger_s`` seconds), so a value it set last (a broadcast) is still there to be read."""
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        if self._server is not None:
+            end = time.monotonic() + linger_s
+            with self._cv:
+                while self._conns > 0 and time.monotonic() < end:
+                    self._cv.wait(max(0.0, end - time.monotonic()))
+            self._stop = True
+            with self._cv:
+                self._cv.notify_all()
+            try:
+                self._server.close()
+            except OSError:
+                pass
+
+
+# -- join -----------------------------------------------------------------------------------------
+
+
+def parse_rendezvous(text: str, what: str = "--rendezvous") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port).
+
+    Raises:
+        UsageError: not HOST:PORT with a port 1..65535.
+    """
+    m = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):(\d{1,5})\s*", text or "")
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise UsageError(f"{what} {text!r} is not HOST:PORT", "e.g. node01:29500 (port 1..65535)")
+    return m.group(1).strip("[]"), int(m.group(2))
+
+
+def slurm_first_host(nodelist: str) -> str | None:
+    """The first host of a Slurm node list (``gpu[07-09,12],login1`` -> ``gpu07``), or None."""
+    m = re.match(r"\s*([^,\[\s]+)(?:\[(\d+)[^\]]*\])?", nodelist or "")
+    if not m:
+        return None
+    return m.group(1) + (m.group(2) or "")
+
+
+def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
+    """Where the store is: ``rendezvous`` (--rendezvous), else MASTER_ADDR/MASTER_PORT (port
+    default 29500), else under Slurm the step's first node on port 29500 + SLURM_JOB_ID % 1000
+    (every rank computes the same), else None."""
+    if rendezvous:
+        return parse_rendezvous(rendezvous)
+    if env.get("MASTER_ADDR", "").strip():
+        port = DEFAULT_PORT
+        if env.get("MASTER_PORT", "").strip():
+            port = parse_rendezvous(f"x:{env['MASTER_PORT'].strip()}", "MASTER_PORT")[1]
+        return env["MASTER_ADDR"].strip(), port
+    if me.launcher == "slurm":
+        first = slurm_first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
+        if first:
+            job = _opt(env, "SLURM_JOB_ID") or 0
+            return first, DEFAULT_PORT + job % 1000
+    return None
+
+
+def _mpi(me: Rank):
+    """mpi4py's MPI module when this rank runs under an MPI launcher and mpi4py imports, else None."""
+    if me.launcher not in ("openmpi", "pmix", "pmi"):
+        return None
+    try:
+        import mpi4py
+
+        mpi4py.rc.finalize = False  # see _MpiGroup
+        mpi4py.rc.threads = False
+        from mpi4py import MPI
+    except Exception:
+        return None
+    return MPI
+
+
+def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
+         env: Mapping[str, str] = os.environ) -> Group:
+    """The Group of every rank, and ``me`` completed (Group.me).
+
+    Args:
+        me: from :func:`discover`.
+        rendezvous: ``HOST:PORT`` of rank 0's store (--rendezvous); else MASTER_ADDR/MASTER_PORT.
+        timeout: seconds any rank waits for the others, in joining and in each collective
+            (0 = forever).
+
+    Returns:
+        A group of size 1 when ``me`` is not under a launcher (or the launcher started one rank);
+        over mpi4py under MPI when it imports; else over a TCP store (torch's TCPStore where torch
+        imports, else :class:`_Store`).
+
+    Raises:
+        UsageError: several ranks, no MPI and no rendezvous address; or MPI's world size differs
+            from the launcher's.
+        MachineError: a rank did not join within ``timeout`` (named with its host when it is
+            known, else by number), or the store could not be served or reached.
+    """
+    if not me.under_launcher or me.size == 1:
+        g: Group = _SingleGroup(replace(me, local_rank=max(me.local_rank, 0), local_size=me.local_size or 1,
+                                        node=me.node if me.node is not None else 0), timeout)
+        return g
+    MPI = _mpi(me)
+    if MPI is not None:
+        world = MPI.COMM_WORLD
+        if me.size and world.Get_size() != me.size:
+            raise UsageError(f"MPI has {world.Get_size()} rank(s) but the launcher's environment says {me.size}",
+                             "is mpi4py built against the MPI that launched gpubench?")
+        me = replace(me, rank=world.Get_rank(), size=world.Get_size())
+        g = _MpiGroup(me, timeout, MPI)
+    else:
+        if me.size == 0:
+            raise UsageError("PMIx gives no world size in the environment and mpi4py does not import",
+                             "pip install mpi4py (built against this MPI), or use --rendezvous with srun")
+        addr = rendezvous_address(me, rendezvous, env)
+        if addr is None:
+            raise UsageError(f"{me.size} ranks ({me.launcher}) but no way to reach rank 0: mpi4py is not in use and "
+                             "no rendezvous address is set", "set MASTER_ADDR and MASTER_PORT, or --rendezvous HOST:PORT")
+        g = _store_group(me, addr, timeout, env)
+    try:
+        g._learn_ranks()
+    except MachineError as e:
+        g.close()
+        raise MachineError(e.message.replace("all-gather", "join"), e.hint) from None
+    return g
+
+
+def _store_group(me: Rank, addr: tuple[str, int], timeout: float, env: Mapping[str, str]) -> Group:
+    host, port = addr
+    run = env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID", "") + "." + env.get("SLURM_STEP_ID", "")
+    prefix = f"gpubench/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    deadline = time.monotonic() + (timeout if timeout > 0 else 1e9)
+    agent = str(env.get("TORCHELASTIC_USE_AGENT_STORE", "")).lower() == "true"
+    try:
+        import torch.distributed  # noqa: F401
+
+        have_torch = True
+    except Exception:
+        have_torch = False
+    if agent and not have_torch:  # pragma: no cover - torchrun implies torch
+        raise UsageError("torchrun's agent store needs torch in this environment", "pip install torch")
+    if have_torch:
+        try:
+            store = _TorchStore(host, port, me.size, is_master=(me.rank == 0 and not agent), timeout=timeout or 3600)
+        except Exception as e:
+            raise MachineError(f"torch TCPStore at {host}:{port}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                               "is rank 0 running, and MASTER_ADDR/MASTER_PORT (--rendezvous) its address?") from None
+        return _StoreGroup(me, timeout, store, "torch", prefix)
+    return _StoreGroup(me, timeout, _Store(host, port, me.rank == 0, deadline), "gpubench", prefix)

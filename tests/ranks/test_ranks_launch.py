@@ -1,0 +1,199 @@
+"""core/ranks for real: 3 processes under mpiexec (MPICH from PyPI, mpi4py) and 3 started with a
+torchrun-style environment (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) on 127.0.0.1, through the
+test entry point rank_probe.py; and a rank killed or stopped mid-run: the others exit 3 within the
+deadline naming it, and no process is left (psutil).
+
+Outside CI these skip, with the reason, where mpiexec or mpi4py is missing; under CI=true they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+PROBE = Path(__file__).with_name("rank_probe.py")
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def mpiexec() -> str:
+    """mpiexec beside this Python (the mpich wheel of the test extra), else on PATH; a skip with the
+    reason outside CI when there is none or mpi4py does not import."""
+    here = Path(sys.executable).with_name("mpiexec")
+    exe = str(here) if here.exists() else shutil.which("mpiexec")
+    why = None
+    if exe is None:
+        why = "no mpiexec (pip install '.[test]' brings the mpich wheel)"
+    else:
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            why = "mpi4py does not import (pip install '.[test]')"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return exe
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI", "SLURM_", "TORCHELASTIC", "MPI_LOCAL", "HYDRA"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def _result(out: str) -> dict:
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 1, out
+    return json.loads(lines[0][7:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_mpiexec_three_ranks_gather():
+    exe = mpiexec()
+    p = subprocess.run([exe, "-n", "3", sys.executable, str(PROBE), "--timeout", "30"], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = _result(p.stdout)
+    assert r["size"] == 3 and r["transport"] == "mpi"
+    assert [g["rank"] for g in r["gathered"]] == [0, 1, 2]
+    assert [g["local_rank"] for g in r["gathered"]] == [0, 1, 2]
+    assert {g["launcher"] for g in r["gathered"]} == {"pmi"}
+    assert {g["host"] for g in r["gathered"]} == {socket.gethostname()}
+    assert r["bcast"] == {"from": 0, "t": [1, 2]} and r["allgather"] == [0, 10, 20]
+    assert len(set(r["pids"])) == 3
+
+
+def _torchrun_style(n: int, port: int, *args: str, local: bool = True) -> list[subprocess.Popen]:
+    procs = []
+    for rank in range(n):
+        env = _env(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if local:
+            env["LOCAL_RANK"] = str(rank)
+        procs.append(subprocess.Popen([sys.executable, str(PROBE), *args], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def test_torchrun_style_environment_gathers_over_the_store():
+    procs = _torchrun_style(3, _free_port(), "--timeout", "30", local=False)
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    r = _result(outs[0])
+    assert r["size"] == 3 and r["transport"].startswith("store:")
+    # no LOCAL_RANK given: the group derives it from the hosts
+    assert [g["local_rank"] for g in r["gathered"]] == [0, 1, 2]
+    assert [g["local_size"] for g in r["gathered"]] == [3, 3, 3]
+    assert {g["launcher"] for g in r["gathered"]} == {"torchrun"}
+    assert r["bcast"] == {"from": 0, "t": [1, 2]} and r["allgather"] == [0, 10, 20]
+
+
+def _wait_pidfile(path: Path, proc, timeout: float = 60.0) -> list[int]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists():
+            return json.loads(path.read_text())
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.05)
+    raise AssertionError("the ranks never wrote their pids")
+
+
+def _run_victim(cmd, pidfile: Path, sig: int) -> tuple[subprocess.Popen, str, float, list[int]]:
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        pids = _wait_pidfile(pidfile, proc)
+        os.kill(pids[2], sig)
+        out = proc.communicate(timeout=60)[0]
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc, out, took, pids
+
+
+def _none_left(pids: list[int]) -> list[int]:
+    for _ in range(100):
+        if not _alive(pids):
+            break
+        time.sleep(0.1)
+    return _alive(pids)
+
+
+def test_mpiexec_rank_hung_mid_run(tmp_path):
+    """Rank 2 hangs (SIGSTOP) before the last barrier: ranks 0 and 1 leave at the deadline (3 s)
+    with exit 3 naming rank 2 and its host; mpiexec then ends the stopped rank; nothing is left."""
+    exe = mpiexec()
+    pidfile = tmp_path / "pids.json"
+    cmd = [exe, "-n", "3", sys.executable, str(PROBE), "--timeout", "3", "--victim", "2", "--pidfile", str(pidfile)]
+    proc, out, took, pids = _run_victim(cmd, pidfile, signal.SIGSTOP)
+    host = socket.gethostname()
+    faults = [ln for ln in out.splitlines() if ln.startswith("FAULT ")]
+    assert {ln.split()[1] for ln in faults} == {"0", "1"}, out
+    for ln in faults:
+        assert f"rank 2 on {host}" in ln and "within 3 s" in ln, out
+    assert proc.returncode != 0 and took < 40, (proc.returncode, took)
+    assert _none_left(pids + [proc.pid]) == [], out
+
+
+def test_mpiexec_rank_killed_mid_run(tmp_path):
+    """Rank 2 dies (SIGKILL): MPICH's mpiexec itself ends the job at once and names the dead
+    process ("BAD TERMINATION ... KILLED BY SIGNAL: 9"; with -disable-auto-cleanup its proxy
+    fails instead): the launcher's own rule, which gpubench does not fight. Nothing is left."""
+    exe = mpiexec()
+    pidfile = tmp_path / "pids.json"
+    cmd = [exe, "-n", "3", sys.executable, str(PROBE), "--timeout", "3", "--victim", "2", "--pidfile", str(pidfile)]
+    proc, out, took, pids = _run_victim(cmd, pidfile, signal.SIGKILL)
+    assert proc.returncode != 0 and took < 40, (proc.returncode, took, out)
+    assert "signal 9" in out.lower() or "killed" in out.lower(), out
+    assert _none_left(pids + [proc.pid]) == [], out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_torchrun_style_rank_killed_or_hung_mid_run(tmp_path, sig):
+    """Over the store, no launcher to clean up: rank 2 dies or stops before the last barrier; ranks
+    0 and 1 exit 3 at the deadline naming it and its host."""
+    pidfile = tmp_path / "pids.json"
+    procs = _torchrun_style(3, _free_port(), "--timeout", "3", "--victim", "2", "--pidfile", str(pidfile))
+    try:
+        pids = _wait_pidfile(pidfile, procs[0])
+        os.kill(pids[2], sig)
+        outs = [p.communicate(timeout=60)[0] for p in procs[:2]]
+    finally:
+        procs[2].kill()
+        procs[2].wait()
+    assert [p.returncode for p in procs[:2]] == [3, 3], outs
+    host = socket.gethostname()
+    for o in outs:
+        assert f"rank 2 on {host}" in o, outs
+    assert _alive([p.pid for p in procs]) == []
