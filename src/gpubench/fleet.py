@@ -262,12 +262,12 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
             rows.append({"host": m["host"], "rank": m["rank"], "gpu": None, "uuid": None, "check": name,
                          "value": None, "unit": "", "fleet_median": median(vals) if vals else None,
                          "expect": None, "flag": "missing"})
-    link_obj: dict = {"hosts": [], "gbps": []}
+    link_obj: dict[str, Any] = {"hosts": [], "gbps": []}
     if links is not None:
         from gpubench.bench.net_fleet import link_flags
 
-        m = links.timing.get("matrix") or {}
-        link_obj = {"hosts": list(m.get("hosts") or []), "gbps": [list(r) for r in m.get("gbps") or []]}
+        mat: dict[str, Any] = links.timing.get("matrix") or {}
+        link_obj = {"hosts": list(mat.get("hosts") or []), "gbps": [list(r) for r in mat.get("gbps") or []]}
         failed_by_toml = {(tuple(sorted(o.params.items()))) for o in link_outcomes
                           if o.status == "fail" and o.params}
         bounds = {(tuple(sorted(o.params.items()))): _bound(o.expectation) for o in link_outcomes if o.params}
@@ -301,6 +301,8 @@ def verdict(fleet: dict, step_errors: Sequence[str] = ()) -> str | None:
         where.setdefault(key, set())
         if r["gpu"] is not None:
             where[key].add(f"GPU {r['gpu']}")
+        elif r["check"].startswith("net to "):
+            where[key].add(f"link {safe.term(r['check'][4:], 120)}")
     names = [k + (f" {', '.join(sorted(v))}" if v else "") for k, v in where.items()]
     parts = []
     if bad:
@@ -544,15 +546,16 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             if not hasattr(nccl_mod, NCCL_UNDER_LAUNCHER):
                 bundle.steps.append(suite.Step("nccl all nodes", "nccl", "skipped",
                                                "gpubench nccl under a launcher is not in this version"))
-        payload = node_payload(me, bundle, expectations, env.get("gpus") or [])
+        gpus: list[dict] = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
+        payload = node_payload(me, bundle, expectations, gpus)
         payloads = roll.sync(payload)
         links = None
         leaders = sorted(r.rank for r in group.ranks if r.local_rank == 0)
         net_note = None
         if roll.silent:
-            net_note = f"skipped: rank(s) {', '.join(map(str, sorted(roll.silent)))} did not answer"
+            net_note = f"rank(s) {', '.join(map(str, sorted(roll.silent)))} did not answer"
         elif len(leaders) < 2:
-            net_note = "skipped: one node"
+            net_note = "one node"
         else:
             say(f"fleet: the network between {len(leaders)} nodes (ring, -P {NET_STREAMS}, {NET_SECONDS:g} s)")
             spec = net_fleet.NetFleetSpec(Request(streams=NET_STREAMS, seconds=NET_SECONDS, omit=NET_OMIT,

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from gpubench.bench.net_protocol import Request
 from gpubench.core.errors import GpubenchError, MachineError, UsageError
@@ -228,7 +228,7 @@ def run_client(host: str, port: int, request: Request, connect_timeout: float) -
 # Addresses
 
 
-def advertised(bind: str, env: dict | None = None) -> str:
+def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
     """The address peers are told to connect to.
 
     A specific ``bind`` is that address. Otherwise the source address this host uses toward the
@@ -237,12 +237,12 @@ def advertised(bind: str, env: dict | None = None) -> str:
     """
     if bind not in ("0.0.0.0", "::", ""):
         return bind
-    env = os.environ if env is None else env
-    master = env.get("MASTER_ADDR")
+    source: Mapping[str, str] = os.environ if env is None else env
+    master = source.get("MASTER_ADDR")
     if master:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((master, int(env.get("MASTER_PORT") or 9)))
+                s.connect((master, int(source.get("MASTER_PORT") or 9)))
                 return s.getsockname()[0]
         except (OSError, ValueError, UnicodeError):
             pass
