@@ -197,3 +197,48 @@ def test_torchrun_style_rank_killed_or_hung_mid_run(tmp_path, sig):
     for o in outs:
         assert f"rank 2 on {host}" in o, outs
     assert _alive([p.pid for p in procs]) == []
+
+
+AVERAGE_SCRIPT = """
+from gpubench.core import ranks
+from gpubench.bench.nccl_ranks import combine
+g = ranks.join(ranks.discover(), timeout=30)
+mine = [0.001 * (g.rank + 1), 0.004 / (g.rank + 1)]
+got = g.gather({"samples_s": mine})
+if g.rank == 0:
+    per = [x["samples_s"] for x in got]
+    print("AVG", [combine(per, a) for a in range(4)], flush=True)
+g.barrier()
+g.close()
+"""
+
+
+def test_average_over_gathered_rank_times_under_mpiexec():
+    """-a 0..3 over times each rank sent through the group (the arithmetic nccl-tests' Allreduce does)."""
+    exe = mpiexec()
+    p = subprocess.run([exe, "-n", "3", sys.executable, "-c", AVERAGE_SCRIPT], env=_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("AVG "))
+    r0, mean, lo, hi = json.loads(line[4:])
+    assert r0 == [0.001, 0.004]
+    assert mean == pytest.approx([0.002, (0.004 + 0.002 + 0.004 / 3) / 3])
+    assert lo == pytest.approx([0.001, 0.004 / 3]) and hi == pytest.approx([0.003, 0.004])
+
+
+def test_gpubench_nccl_under_mpiexec_without_a_gpu():
+    """The real command under mpiexec -n 3 on the CPU machine: every rank joins, finds no GPU and
+    exits 2 with the one line (no traceback, no hang, nothing left)."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a GPU is visible: tests/gpu runs nccl under the launchers")
+    except Exception:
+        pass
+    exe = mpiexec()
+    p = subprocess.run([exe, "-n", "3", sys.executable, "-m", "gpubench", "nccl", "-b", "1M", "-e", "1M", "-T", "20"],
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.count("no CUDA device is visible") == 3, p.stderr
+    assert "Traceback" not in p.stderr

@@ -69,6 +69,11 @@ class NcclSpec:
         timeout_s: abort when a wait lasts longer (nccl-tests -T; 0 = never).
         scheduler_address, scheduler_file: an existing Dask cluster; one rank per worker.
         expect_busbw_gbps: --expect-busbw, GB/s at the largest size (checked after the run), or None.
+        gpus_per_proc: -g, GPUs per process under a launcher (nccl-tests -g; None: 1, or len(-d));
+            in one process without a launcher, the first N visible GPUs when -d is not given.
+        average: -a, how the ranks' per-sample times combine (nccl-tests -a: 0 rank 0, 1 mean,
+            2 minimum, 3 maximum); bench/nccl_ranks.combine.
+        rendezvous: --rendezvous HOST:PORT of rank 0's store (else MASTER_ADDR/MASTER_PORT).
 
     Raises:
         UsageError: a bad value, in the words of the CLI option that sets it.
@@ -90,6 +95,9 @@ class NcclSpec:
     scheduler_address: str | None = None
     scheduler_file: str | None = None
     expect_busbw_gbps: float | None = None
+    gpus_per_proc: int | None = None
+    average: int = 1
+    rendezvous: str | None = None
 
     def __post_init__(self):
         from gpubench.core.options import MAX_REPEATS, positive_int
@@ -115,6 +123,18 @@ class NcclSpec:
             raise UsageError(f"-T/--timeout {self.timeout_s} must be >= 0 seconds")
         if self.expect_busbw_gbps is not None and not self.expect_busbw_gbps > 0:
             raise UsageError(f"--expect-busbw {self.expect_busbw_gbps} must be > 0 GB/s")
+        if self.gpus_per_proc is not None:
+            positive_int("-g/--gpus-per-proc", self.gpus_per_proc, maximum=1024)
+            if self.devices is not None and len(self.devices) != self.gpus_per_proc:
+                raise UsageError(f"-g {self.gpus_per_proc} with -d listing {len(self.devices)} GPU(s)",
+                                 "give -d the GPUs of one process, or leave one of them out")
+        if self.average not in (0, 1, 2, 3):
+            raise UsageError(f"-a/--average {self.average} is not 0, 1, 2 or 3",
+                             "0 = rank 0's time, 1 = mean, 2 = minimum, 3 = maximum (nccl-tests -a)")
+        if self.rendezvous is not None:
+            from gpubench.core.ranks import parse_rendezvous
+
+            parse_rendezvous(self.rendezvous)
         if self.scheduler_address and self.scheduler_file:
             raise UsageError("--scheduler-address and --scheduler-file both given", "use one of them")
         if (self.scheduler_address or self.scheduler_file) and self.devices is not None:
@@ -228,7 +248,8 @@ def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Calla
 
 
 def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]:
-    """Records from points: metric bandwidth with nbytes = S of algbw = S / t; busbw in extra."""
+    """Records from points: metric bandwidth with nbytes = S of algbw = S / t; busbw in extra.
+    ``nranks``: ranks in the communicator (GPUs, over every process)."""
     coll = C.collective(spec.collective)
     dt = C.dtype(spec.dtype)
     factor = C.busbw_factor(coll, nranks)
@@ -315,7 +336,12 @@ class Nccl(Benchmark):
         Raises:
             UsageError: a GPU that is not visible, a root that is not a rank.
         """
-        devices = gpu.resolve_devices(spec.devices) if spec.devices is not None else tuple(range(gpu.device_count()))
+        if spec.devices is not None:
+            devices = gpu.resolve_devices(spec.devices)
+        elif spec.gpus_per_proc is not None:
+            devices = gpu.resolve_devices(tuple(range(spec.gpus_per_proc)))
+        else:
+            devices = tuple(range(gpu.device_count()))
         _check_root(spec, len(devices))
         return devices
 

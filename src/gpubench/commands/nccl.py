@@ -60,6 +60,15 @@ OPTIONS = [
                       "(0 = never; nccl-tests -T)."),
     click.option("--expect-busbw", type=float, default=None,
                  help="Exit 1 when the busbw (GB/s) at the largest size is below this (node validation)."),
+    click.option("-g", "--gpus-per-proc", type=int, default=None,
+                 help="GPUs per process (nccl-tests -g). Under a launcher each process takes its local rank's N "
+                      "GPUs [default: 1]; without one, the first N visible GPUs."),
+    click.option("-a", "--average", type=int, default=1, show_default=True,
+                 help="Under a launcher, each sample's time over the processes: 0 rank 0's, 1 the mean, 2 the "
+                      "minimum, 3 the maximum (nccl-tests -a). Every rank's times are in the JSON either way."),
+    click.option("--rendezvous", default=None, metavar="HOST:PORT",
+                 help="Under a launcher without MPI (srun, torchrun): rank 0's address for the rank group "
+                      "[default: MASTER_ADDR:MASTER_PORT]."),
     click.option("--scheduler-address", default=None,
                  help="Run one rank per worker of this Dask scheduler (tcp://host:8786)."),
     click.option("--scheduler-file", default=None, help="Like --scheduler-address, from a Dask scheduler file."),
@@ -67,7 +76,8 @@ OPTIONS = [
 
 
 def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op, root, warmup, iters, samples,
-               check, placement, cuda_graph, timeout, scheduler_address=None, scheduler_file=None, expect_busbw=None):
+               check, placement, cuda_graph, timeout, scheduler_address=None, scheduler_file=None, expect_busbw=None,
+               gpus_per_proc=None, average=1, rendezvous=None):
     """Parse the options (no GPU needed) into an NcclSpec, which checks every value.
 
     Raises:
@@ -84,14 +94,29 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
     return NcclSpec(collective=collective, sizes=tuple(sizes), dtype=dtype, op=op, root=root, devices=devs,
                     warmup=warmup, iters=iters, samples=samples, check=check, places=places, cuda_graph=cuda_graph,
                     timeout_s=float(timeout), scheduler_address=scheduler_address, scheduler_file=scheduler_file,
-                    expect_busbw_gbps=expect_busbw)
+                    expect_busbw_gbps=expect_busbw, gpus_per_proc=gpus_per_proc, average=average,
+                    rendezvous=rendezvous)
 
 
 def select_run(spec):
-    """The run of ``spec``: one rank per Dask worker with a scheduler, else one process."""
+    """The run of ``spec``: one rank per Dask worker with a scheduler; this process's rank when a
+    launcher started it (mpirun, srun, torchrun: bench/nccl_ranks); else one process."""
     from gpubench.bench import nccl as bench
 
-    return bench.run_on_dask if spec.distributed else bench.run
+    if spec.distributed:
+        return bench.run_on_dask
+    from gpubench.bench import nccl_ranks
+
+    if nccl_ranks.under_launcher():
+        return nccl_ranks.run_ranks
+    return bench.run
+
+
+def _not_rank0() -> bool:
+    from gpubench.core.ranks import discover
+
+    me = discover()
+    return me.under_launcher and me.rank != 0
 
 
 def after(result, spec, code: int) -> int:
@@ -99,6 +124,8 @@ def after(result, spec, code: int) -> int:
     --expect-busbw; an interrupted run keeps its code (130/143)."""
     if code:
         return code
+    if _not_rank0():  # rank 0 has every rank's figures and gives the verdict
+        return 0
     failure = verdict(result, spec.expect_busbw_gbps)
     if failure:
         raise RegressionFound(failure)
@@ -184,6 +211,7 @@ def format_report(result, units: str = "GB") -> list:
     if len(seen) > 1:
         out.append("WARNING: the Dask workers differ in NCCL version or NCCL_* variables (env.dask_workers[i].nccl "
                    "in the JSON); the figures mix them.")
+    out += _launch_lines(result)
     nccl_env = (result.env.get("nccl") or {}).get("env") or {}
     if nccl_env:
         out.append("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl_env.items())))
@@ -195,4 +223,54 @@ def format_report(result, units: str = "GB") -> list:
     return out
 
 
+def _launch_lines(result) -> list[str]:
+    """Under a launcher: who ran (processes, nodes, the group), the slowest rank at the largest
+    size, and how NCCL moved the data (its INFO log). Strings from hosts and NCCL's log escaped."""
+    from gpubench.core.safe import term
+
+    launch = result.env.get("launch")
+    if not launch:
+        return []
+    out = [f"Launched by {term(launch.get('launcher'))}: {launch.get('processes')} process(es) on {launch.get('nodes')} "
+           f"node(s), {launch.get('gpus_per_proc')} GPU(s) each, {launch.get('nranks')} NCCL ranks; rank group over "
+           f"{term(launch.get('transport'))}, NCCL bootstrap by {term(launch.get('bootstrap'))}; -a "
+           f"{result.spec.get('average', 1)}: each sample's time is the "
+           + {0: "rank 0's", 1: "mean over processes", 2: "minimum over processes", 3: "maximum over processes"}
+           .get(result.spec.get("average", 1), "?") + " (every rank's times: extra.per_rank in the JSON)."]
+    measured = [r for r in result.records if r.extra.get("per_rank") and r.samples_s]
+    if measured:
+        top = max(r.params["nbytes"] for r in measured)
+        r = next(x for x in measured if x.params["nbytes"] == top)
+        from gpubench.bench.nccl_ranks import slowest
+
+        s = slowest(r.extra["per_rank"])
+        if s is not None:
+            g = (s.get("gpus") or [{}])[0]
+            out.append(f"Slowest rank at {top} B ({r.params['placement']}): rank {s['rank']} on {term(s['host'])} "
+                       f"(GPU {g.get('device')}, {term(g.get('pci_bus_id'))}), {s['time_s'] * 1e6:.2f} us, "
+                       f"{s['above_median'] * 100:+.1f}% against the median rank.")
+    log = result.env.get("nccl_log")
+    if log:
+        out.append("NCCL transport: " + term(log.get("summary"), limit=400)
+                   + ("" if log.get("captured") else f" ({term(log.get('reason'))})"))
+    return out
+
+
 command = benchmark_command("nccl", OPTIONS, build_spec, format_report, help=_HELP, run=select_run, after=after)
+
+
+def _rank0_shows(callback):
+    """Under a launcher, ranks other than 0 print nothing and write no JSON (rank 0 has every
+    rank's figures); a fault's one line still reaches each rank's stderr."""
+    import functools
+
+    @functools.wraps(callback)
+    def cb(*args, **kwargs):
+        if _not_rank0():
+            kwargs.update(quiet=True, json_path=None)
+        return callback(*args, **kwargs)
+
+    return cb
+
+
+command.callback = _rank0_shows(command.callback)

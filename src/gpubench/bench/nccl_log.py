@@ -1,0 +1,158 @@
+"""How NCCL moved the data, read from NCCL's own INFO log of the run.
+
+Capture (:func:`capture`): before NCCL's first call in the process, ``NCCL_DEBUG=INFO`` and
+``NCCL_DEBUG_FILE=<a private temporary file>`` are put in the environment, unless the user set
+NCCL_DEBUG or NCCL_DEBUG_FILE (then gpubench reads nothing and says so). Why this does not change
+what NCCL does: NCCL_DEBUG and NCCL_DEBUG_FILE are read only by NCCL's logger (debug.cc,
+ncclDebugInit); algorithm, protocol, channel and transport selection never read them. The INFO
+lines are written during init and connection set-up (subsystems INIT, BOOTSTRAP, ENV, NET, the
+default NCCL_DEBUG_SUBSYS); the collective's fast path logs only under the COLL subsystem, which
+the default does not include, so no timed iteration writes a line. The side-by-side run on the
+GPU machine (plain run without the log, launcher runs with it) shows the same figures.
+
+Parsing (:func:`parse`) keeps: the NCCL version line ("NCCL version 2.28.3+cuda13.0"), the
+network ("Using network Socket" / "IB" / a plugin's name), the net plugin ("NET/Plugin: Loaded
+net plugin ..." or "Could not find ..."/"No plugin found"), the interfaces ("NET/Socket : Using
+[0]eth0:10.0.0.2<0>", "NET/IB : Using [0]mlx5_0:1/IB"), and each channel's path ("Channel 00/0 :
+0[0] -> 1[1] via P2P/CUMEM/read", "... [send] via NET/Socket/0"). The strings come from a file
+another library wrote: they are escaped (core.safe) wherever they are shown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+
+_VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
+_NETWORK = re.compile(r"NCCL INFO (?:Using network|Using NET plugin|Assigned NET plugin) (\S+)")
+_PLUGIN_LOADED = re.compile(r"NCCL INFO NET/Plugin: Loaded (?:net|coll)? ?plugin (.+?)\s*$")
+_PLUGIN_NONE = re.compile(r"NCCL INFO NET/Plugin: (?:Could not find|No plugin found|Plugin load returned)")
+_NET_FAILED = re.compile(r"NCCL INFO Failed to initialize NET plugin (\S+)")
+_IFACE = re.compile(r"NCCL INFO NET/(\w+) ?: Using (.+?)\s*$")
+_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\](?: \[(send|receive)\])? via (\S+)")
+
+
+@dataclass
+class NcclLog:
+    """What one rank's INFO log says. ``paths``: {"a->b": sorted transports} over every channel."""
+
+    version: str | None = None
+    network: str | None = None
+    plugin: str | None = None  # the loaded plugin's name, "none" when NCCL said none was found
+    interfaces: list[str] = field(default_factory=list)
+    paths: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "network": self.network, "plugin": self.plugin,
+                "interfaces": list(self.interfaces), "paths": {k: list(v) for k, v in self.paths.items()}}
+
+
+def parse(lines) -> NcclLog:
+    """An NcclLog from NCCL INFO lines (an iterable of str)."""
+    out = NcclLog()
+    paths: dict[str, set[str]] = {}
+    failed: set[str] = set()
+    for ln in lines:
+        if "NCCL INFO" not in ln:
+            continue
+        m = _VERSION.search(ln)
+        if m:
+            out.version = m.group(1)
+            continue
+        m = _CHANNEL.search(ln)
+        if m:
+            paths.setdefault(f"{m.group(1)}->{m.group(2)}", set()).add(m.group(4))
+            continue
+        m = _NETWORK.search(ln)
+        if m:
+            out.network = m.group(1)
+            continue
+        m = _PLUGIN_LOADED.search(ln)
+        if m:
+            out.plugin = m.group(1)
+            continue
+        if _PLUGIN_NONE.search(ln) and out.plugin is None:
+            out.plugin = "none"
+            continue
+        m = _NET_FAILED.search(ln)
+        if m:  # e.g. IB with no usable device: the interfaces it listed are not used
+            failed.add(m.group(1))
+            continue
+        m = _IFACE.search(ln)
+        if m and m.group(1) != "Plugin":
+            text = f"{m.group(1)} {m.group(2)}"
+            if text not in out.interfaces:
+                out.interfaces.append(text)
+    out.paths = {k: sorted(v) for k, v in sorted(paths.items())}
+    out.interfaces = [i for i in out.interfaces if i.split(" ", 1)[0] not in failed]
+    return out
+
+
+class Capture:
+    """The log file of this process, or why there is none (``reason``)."""
+
+    def __init__(self, path: str | None, reason: str | None):
+        self.path, self.reason = path, reason
+
+    def read(self) -> NcclLog | None:
+        if self.path is None:
+            return None
+        try:
+            with open(self.path, errors="replace") as f:
+                return parse(f)
+        except OSError:
+            return None
+
+    def remove(self) -> None:
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+def capture(env=os.environ) -> Capture:
+    """Point NCCL's INFO log at a private temporary file (see the module docstring), before NCCL
+    is first called in this process. The user's NCCL_DEBUG / NCCL_DEBUG_FILE win: then nothing is
+    captured, and ``reason`` says so."""
+    if env.get("NCCL_DEBUG") or env.get("NCCL_DEBUG_FILE"):
+        return Capture(None, "NCCL_DEBUG or NCCL_DEBUG_FILE is set by the user: NCCL's log was left as asked")
+    fd, path = tempfile.mkstemp(prefix=f"gpubench-nccl-{os.getpid()}-", suffix=".log")
+    os.close(fd)
+    env["NCCL_DEBUG"] = "INFO"
+    env["NCCL_DEBUG_FILE"] = path  # no %h/%p in the name: NCCL would expand them
+    return Capture(path, None)
+
+
+def summary_line(logs: list[dict | None], nranks: int) -> str:
+    """One line from every rank's parsed log (NcclLog.to_dict or None): version, network and
+    plugin, interfaces, and the transports between ranks, e.g. ``NCCL 2.28.3+cuda13.0; network
+    Socket (no net plugin) over Socket [0]eth0:10.0.0.2<0>; paths: P2P/CUMEM/read x2``. Not escaped."""
+    got = [d for d in logs if d]
+    if not got:
+        return "NCCL's INFO log was not captured"
+    version = next((d["version"] for d in got if d.get("version")), None)
+    network = next((d["network"] for d in got if d.get("network")), None)
+    plugins = sorted({d["plugin"] for d in got if d.get("plugin")})
+    ifaces = sorted({i for d in got for i in d.get("interfaces", [])})
+    paths: dict[str, int] = {}
+    for d in got:
+        for _peer, ts in (d.get("paths") or {}).items():
+            for t in ts:
+                paths[t] = paths.get(t, 0) + 1
+    parts = [f"NCCL {version or '?'}"]
+    if network:
+        plug = ("no net plugin loaded" if plugins in ([], ["none"]) else "plugin " + ", ".join(p for p in plugins if p != "none"))
+        net = f"network {network} ({plug})"
+        if ifaces:
+            net += " over " + ", ".join(ifaces[:4]) + (f" and {len(ifaces) - 4} more" if len(ifaces) > 4 else "")
+        parts.append(net)
+    if paths:
+        parts.append("paths between ranks (channels): " + ", ".join(f"{t} x{n}" for t, n in sorted(paths.items())))
+    elif nranks == 1:
+        parts.append("1 rank: no peer paths")
+    else:
+        parts.append("no channel paths in the log")
+    return "; ".join(parts)
