@@ -8,8 +8,8 @@ What each rank does (docs/fleet.md):
    (local rank mod visible GPUs, as ``all_reduce_perf -g 1``); local rank 0 also runs p2p and the
    in-node NCCL all-reduce over every GPU it sees (when it sees two or more). On a machine without
    a GPU: net's loopback test (``net local``) and, with ``--merge``, ``merge -t cpu``.
-2. With GPUs and more than one rank: the all-node NCCL all-reduce, when this version's nccl runs
-   under a launcher (:data:`NCCL_UNDER_LAUNCHER`), else skipped with that reason.
+2. With GPUs and more than one rank, once every rank answered: the all-node NCCL all-reduce at
+   1 GiB, every rank its GPU, through nccl's launcher plug-in on the fleet's group.
 3. The network between nodes: local rank 0 of each host, ``net``'s ring test
    (:mod:`gpubench.bench.net_fleet`).
 4. Rank 0 gathers every rank's steps and checks and writes one bundle with a ``fleet`` object.
@@ -411,9 +411,6 @@ class Roll:
 # `iperf -P 16 -t 30` so the suite stays quick (run `gpubench net -P 16 -t 30` under the launcher
 # for the long test).
 NET_STREAMS, NET_SECONDS, NET_OMIT, NET_INTERVAL = 4, 3.0, 1.0, 0.5
-# The all-node NCCL step: run when this version's nccl runs under a launcher, i.e. when
-# gpubench.bench.nccl has this function (spec, group) -> Result; else skipped with a reason.
-NCCL_UNDER_LAUNCHER = "run_ranks"
 
 
 def _gpu_count() -> int:
@@ -454,7 +451,9 @@ def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet
             if n_gpu < min_gpus:
                 bundle.steps.append(suite.Step(name, command, "skipped", f"needs {min_gpus} GPUs, {n_gpu} visible"))
                 continue
-            if not record(name, command, step(command, [a.replace("{devices}", devices) for a in argv])):
+            args = [a.replace("{devices}", devices) for a in argv]
+            fn = (lambda path, c=command, a=args: _one_process(c, a)) if command == "nccl" else step(command, args)
+            if not record(name, command, fn):
                 return
         return
     from gpubench.bench import net
@@ -467,6 +466,50 @@ def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet
         record("merge cpu", "merge", step("merge", ["-t", "cpu", "--runs", "2", "--warmup-runs", "1"]))
     else:
         bundle.steps.append(suite.Step("merge cpu", "merge", "skipped", "not asked (--merge)"))
+
+
+def _one_process(command: str, argv: list[str]):
+    """Run a generated command's single-process path in this process, whatever launcher started
+    it (under a launcher `gpubench nccl` itself would join every rank: bench/nccl_ranks)."""
+    import importlib
+
+    from gpubench.commands import suite as cmd_suite
+
+    spec = cmd_suite.step_spec(cmd_suite.step_command(command), argv)
+    return importlib.import_module(f"gpubench.bench.{command}").run(spec)
+
+
+ALL_NODE_NCCL_ARGV = ["-b", "1G", "-e", "1G", "-f", "2"]
+
+
+def _all_node_nccl(group):
+    """The all-node NCCL all-reduce over every rank of ``group`` (each rank its local rank's GPU),
+    through nccl's launcher plug-in (bench/nccl_ranks.NcclRanks) on the fleet's own group.
+
+    Returns:
+        (Step, checks): the step (ok with rank 0's combined result, or error with its line) and,
+        on rank 0, the checks of its records (busbw at 1 GiB over every GPU).
+    """
+    from gpubench import suite
+    from gpubench.bench import nccl_log, nccl_ranks
+    from gpubench.commands import suite as cmd_suite
+    from gpubench.core import benchmark as driver
+    from gpubench.core.errors import GpubenchError
+
+    t = time.perf_counter()
+    log = nccl_log.capture()  # NCCL may be initialised already here (the in-node step): then no log
+    try:
+        spec = cmd_suite.step_spec(cmd_suite.step_command("nccl"), ALL_NODE_NCCL_ARGV)
+        res = driver.run(nccl_ranks.NcclRanks(group, log), spec, None)
+    except GpubenchError as e:
+        return suite.Step("nccl all nodes", "nccl", "error", e.one_line(), time.perf_counter() - t), []
+    finally:
+        log.remove()
+    checks = [{**c, "check": c["check"].replace("nccl ", "nccl all nodes ", 1)} for c in checks_of(res)]
+    for c in checks:
+        c.setdefault("expect", None)
+        c.setdefault("expect_status", None)
+    return suite.Step("nccl all nodes", "nccl", "ok", "", time.perf_counter() - t, res), checks
 
 
 def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
@@ -540,19 +583,21 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                 _node_steps(bundle, me, n_gpu, out, stamp, with_merge, quiet, host_tag)
             if turns > 1:
                 roll.sync(None)
-        if n_gpu and group.size > 1:
-            from gpubench.bench import nccl as nccl_mod
-
-            if not hasattr(nccl_mod, NCCL_UNDER_LAUNCHER):
-                bundle.steps.append(suite.Step("nccl all nodes", "nccl", "skipped",
-                                               "gpubench nccl under a launcher is not in this version"))
         gpus: list[dict] = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
         payload = node_payload(me, bundle, expectations, gpus)
         payloads = roll.sync(payload)
         links = None
+        all_nccl = None  # (Step, checks) on rank 0
+        if n_gpu and group.size > 1 and not roll.silent:
+            say(f"fleet: NCCL all-reduce over every rank ({group.size} processes)")
+            all_nccl = _all_node_nccl(group)
+            if all_nccl[0].status == "error":
+                broken = MachineError(all_nccl[0].reason)
         leaders = sorted(r.rank for r in group.ranks if r.local_rank == 0)
         net_note = None
-        if roll.silent:
+        if broken is not None:
+            net_note = "after the all-node NCCL failed"
+        elif roll.silent:
             net_note = f"rank(s) {', '.join(map(str, sorted(roll.silent)))} did not answer"
         elif len(leaders) < 2:
             net_note = "one node"
@@ -569,6 +614,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         hosts = [r.host for r in group.ranks] if len(group.ranks) == group.size else [me.host] * group.size
         link_exp = [e for e in expectations or [] if e.command == "net"]
         link_outcomes = suite.evaluate(link_exp, [links]) if links is not None and link_exp else []
+        if all_nccl is not None and payloads and payloads[0] is not None:
+            payloads[0]["checks"] += all_nccl[1]  # the whole fleet's figure, on rank 0's row
         fleet = build_fleet(payloads or [], hosts, links, link_outcomes)
         steps, outcomes = [], []
         for p in payloads or []:
@@ -582,9 +629,11 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                "expectations": {"file": expect_file, "outcomes": outcomes}}
         full = suite.Bundle.from_dict(doc, "fleet bundle")
         full.expect_file = expect_file
+        if all_nccl is not None:
+            full.steps.append(all_nccl[0])
         if links is not None:
             full.steps.append(suite.Step("net between nodes", "net", "ok", result=links))
-        elif broken is not None:
+        elif broken is not None and (all_nccl is None or all_nccl[0].status != "error"):
             full.steps.append(suite.Step("net between nodes", "net", "error", broken.one_line()))
         else:
             full.steps.append(suite.Step("net between nodes", "net", "skipped", net_note or ""))
@@ -597,7 +646,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         if broken is not None:
             from gpubench.core import safe
 
-            renderables.append(f"[red]net between nodes failed:[/red] {safe.term_markup(broken.one_line())}")
+            renderables.append(f"[red]stopped:[/red] {safe.term_markup(broken.one_line())}")
         errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
         why = verdict(fleet, errors)
         from rich.markup import escape
