@@ -15,13 +15,14 @@ import click
 
 from gpubench.bench.net_protocol import DEFAULT_BIND, DEFAULT_PORT  # the standard library only: --help stays light
 from gpubench.commands.common import benchmark_command
+from gpubench.commands.net_fleet import LauncherGroup, nodes_command
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.signals import Interrupted
 from gpubench.core.units import format_rate, format_size, parse_size
 
 
-@click.group("net", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("net", cls=LauncherGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def command():
     """Multi-stream TCP throughput between two hosts (iperf-like).
 
@@ -371,3 +372,4 @@ command.add_command(benchmark_command("client", CLIENT_OPTIONS, build_client_spe
                                       run=_net_run))
 command.add_command(benchmark_command("local", TEST_OPTIONS, build_local_spec, format_report, help=LOCAL_HELP,
                                       run=_net_run))
+command.add_command(nodes_command(TEST_OPTIONS, build_request))  # under a launcher: commands/net_fleet.py

@@ -36,9 +36,11 @@ COPY_SIZES = ("4KiB", "1GiB", 4.0)  # min, max, step factor of the suite's pinne
               help="Check --expect against saved bundles or results instead of running (no GPU needed); repeatable.")
 @click.option("--merge", "with_merge", is_flag=True, help="Also run the Dask-CUDA merge (slow: starts a cluster).")
 @click.option("--strict", is_flag=True, help="Count expectations whose command did not run as failed.")
+@click.option("--node-timeout", type=float, default=900.0, show_default=True,
+              help="Under a launcher: seconds to wait for a node before reporting it missing (docs/fleet.md).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
-def command(expect_file, out_dir, check_files, with_merge, strict, quiet, debug):
+def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout, quiet, debug):
     """Validate a node: env, pinned copy (H2D and D2H), and where available batch, p2p and NCCL
     all-reduce (several GPUs), merge with --merge; save one JSON bundle of every result; check
     the expectations; print a pass/fail table. Exit 1 when an expectation fails.
@@ -71,7 +73,11 @@ def command(expect_file, out_dir, check_files, with_merge, strict, quiet, debug)
         raise UsageError(f"-o {out_dir!r} is a file, not a folder", "give a folder; it is created if missing")
     from gpubench.core import gpu
     from gpubench.core.result import check_output_path
+    from gpubench import fleet
 
+    if fleet.under_launcher():  # srun / mpirun / torchrun: every node, one fleet report (docs/fleet.md)
+        return fleet.run_fleet(expectations=expectations, expect_file=expect_file, out=_made(out, out_dir),
+                               with_merge=with_merge, strict=strict, quiet=quiet, timeout=node_timeout)
     gpu.require_gpu()  # before creating anything
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +102,14 @@ def command(expect_file, out_dir, check_files, with_merge, strict, quiet, debug)
     if failed_why:
         raise RegressionFound(failed_why)
     return 0
+
+
+def _made(out: Path, out_dir: str) -> Path:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
+    return out
 
 
 def _host() -> str:

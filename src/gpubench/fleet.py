@@ -1,0 +1,670 @@
+"""Fleet validation: ``gpubench suite`` under a launcher (srun, mpirun, torchrun), every node measured,
+one bundle and a fleet report written by rank 0, the slow node, GPU or link named.
+
+What each rank does (docs/fleet.md):
+
+1. Its own steps, the ranks of one host taking turns by local rank (so two ranks never share a
+   host's PCIe or memory while measuring): with GPUs, the pinned H2D/D2H copy sweep on *its* GPU
+   (local rank mod visible GPUs, as ``all_reduce_perf -g 1``); local rank 0 also runs p2p and the
+   in-node NCCL all-reduce over every GPU it sees (when it sees two or more). On a machine without
+   a GPU: net's loopback test (``net local``) and, with ``--merge``, ``merge -t cpu``.
+2. With GPUs and more than one rank, once every rank answered: the all-node NCCL all-reduce at
+   1 GiB, every rank its GPU, through nccl's launcher plug-in on the fleet's group.
+3. The network between nodes: local rank 0 of each host, ``net``'s ring test
+   (:mod:`gpubench.bench.net_fleet`).
+4. Rank 0 gathers every rank's steps and checks and writes one bundle with a ``fleet`` object.
+
+The rule (:func:`flag`), for figures where higher is better (GB/s, Gbit/s): a figure is **slow**
+when it is below ``RATIO`` (0.95) x the fleet median of that check AND it is an outlier by the
+modified z-score of Iglewicz and Hoaglin (1993, "How to Detect and Handle Outliers", ASQC Basic
+References in Quality Control 16), M = 0.6745 (x - median) / MAD with MAD the median absolute
+deviation, M < -3.5; or the MAD is 0 (every other figure identical); or the figure is below
+``GROSS`` (0.5) x the median whatever the spread (with a handful of nodes two outliers inflate the
+MAD itself). A figure outside the TOML expectation is **fail**; a rank that did not answer within
+the deadline is **missing**. Any of the three fails the suite (exit 1), naming nodes and GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+RATIO = 0.95
+Z_LIMIT = 3.5
+GROSS = 0.5
+MAD_SCALE = 0.6745  # Phi^-1(0.75): makes MAD a consistent estimator of sigma for normal data
+RULE_NAME = "median-mad"
+RULE_TEXT = (f"Slow: below {RATIO:g} x the fleet median of the check AND (modified z-score "
+             f"{MAD_SCALE} (x - median) / MAD below -{Z_LIMIT:g} [Iglewicz & Hoaglin 1993], or MAD = 0, "
+             f"or below {GROSS:g} x the median).")
+FLEET_KIND = "gpubench-fleet"
+FLEET_VERSION = 1
+DEFAULT_TIMEOUT_S = 900.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule (pure)
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median (mean of the middle two for an even count). Raises ValueError when empty."""
+    s = sorted(xs)
+    n = len(s)
+    if not n:
+        raise ValueError("median of no values")
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def mad(xs: Sequence[float]) -> float:
+    """Median absolute deviation from the median (unscaled)."""
+    m = median(xs)
+    return median([abs(x - m) for x in xs])
+
+
+def modified_z(x: float, xs: Sequence[float]) -> float:
+    """Iglewicz & Hoaglin's M = 0.6745 (x - median) / MAD; +-inf when MAD is 0 and x differs."""
+    m, d = median(xs), mad(xs)
+    if d == 0:
+        return 0.0 if x == m else math.copysign(math.inf, x - m)
+    return MAD_SCALE * (x - m) / d
+
+
+def flag(value: float, values: Sequence[float]) -> str:
+    """"slow" or "ok" for a higher-is-better figure against the fleet's figures of the same check
+    (``values`` includes ``value``); see the module for the rule."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if len(vals) < 2 or not math.isfinite(value):
+        return "ok"
+    m = median(vals)
+    if m <= 0 or not value < RATIO * m:
+        return "ok"
+    if value < GROSS * m:
+        return "slow"
+    return "slow" if modified_z(value, vals) < -Z_LIMIT else "ok"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks of one node's results (pure)
+
+
+def _median_rate(rec) -> float | None:
+    rates = [rec.nbytes / t for t in rec.samples_s if t > 0] if rec.nbytes > 0 else []
+    return median(rates) / 1e9 if rates else None
+
+
+def _size(n: int) -> str:
+    from gpubench.core.units import format_size
+
+    return format_size(n).replace(" ", "")
+
+
+def _largest(records, key) -> dict:
+    best: dict = {}
+    for r in records:
+        if r.error is not None or r.metric != "bandwidth":
+            continue
+        k = key(r)
+        if k is None:
+            continue
+        if k not in best or r.params.get("nbytes", 0) > best[k].params.get("nbytes", 0):
+            best[k] = r
+    return best
+
+
+def checks_of(result) -> list[dict]:
+    """The fleet's figures in one Result: per GPU the pinned H2D/D2H copy at the largest size; per
+    GPU pair p2p write/read at the largest size; the in-node NCCL busbw at the largest size; the
+    loopback net total; the merge's harmonic-mean throughput.
+
+    Returns:
+        Dicts with "check", "command", "params" (the record's), "gpu" (CUDA index or None),
+        "value", "unit" ("GB/s" = 1e9 B/s, or "Gbit/s").
+    """
+    out: list[dict] = []
+    recs = result.records
+    cmd = result.command
+    if cmd == "copy":
+        for (dev, d, mem), r in sorted(_largest(recs, lambda r: (r.params.get("device"), r.params.get("direction"),
+                                                                 r.params.get("memory"))
+                                                if r.params.get("direction") in ("h2d", "d2h") else None).items(),
+                                       key=lambda kv: str(kv[0])):
+            out.append({"check": f"copy {d} {mem} {_size(r.params['nbytes'])}", "gpu": dev, "value": _median_rate(r),
+                        "unit": "GB/s", "command": cmd, "params": dict(r.params)})
+    elif cmd == "p2p":
+        best = _largest(recs, lambda r: (r.params.get("test"), r.params.get("src"), r.params.get("dst"))
+                        if r.params.get("test") in ("write", "read") and "part" not in r.params else None)
+        for (test, s, d), r in sorted(best.items(), key=lambda kv: str(kv[0])):
+            out.append({"check": f"p2p {test} GPU{s}->GPU{d}", "gpu": s, "value": _median_rate(r), "unit": "GB/s",
+                        "command": cmd, "params": dict(r.params)})
+    elif cmd == "nccl":
+        best = _largest(recs, lambda r: r.params.get("collective") if r.params.get("placement") == "out-of-place"
+                        else None)
+        for coll, r in sorted(best.items()):
+            bus = r.extra.get("busbw_bytes_per_s")
+            out.append({"check": f"nccl {coll} busbw {_size(r.params['nbytes'])} {r.params.get('nranks')} GPUs",
+                        "gpu": None, "value": bus / 1e9 if isinstance(bus, (int, float)) else None, "unit": "GB/s",
+                        "command": cmd, "params": dict(r.params)})
+    elif cmd == "net":
+        for r in recs:
+            if r.params.get("stream") == "total" and "gbit_per_s" in r.extra and "src" not in r.params:
+                out.append({"check": f"net loopback -P {r.params.get('streams')}", "gpu": None,
+                            "value": r.extra["gbit_per_s"], "unit": "Gbit/s", "command": cmd,
+                            "params": dict(r.params)})
+    elif cmd == "merge":
+        for r in recs[:1]:
+            v = r.extra.get("throughput_hmean_Bps")
+            out.append({"check": f"merge {r.params.get('type')} throughput", "gpu": None,
+                        "value": v / 1e9 if isinstance(v, (int, float)) else None, "unit": "GB/s", "command": cmd,
+                        "params": dict(r.params)})
+    return out
+
+
+def _bound(e) -> float | None:
+    """The expectation's bound in its own unit (GB/s or us): the minimum, else the maximum."""
+    lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
+    return lo if lo is not None else hi
+
+
+def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
+    """Mark each check with the TOML expectation that judged its record ("expect" in the check's
+    unit, "expect_status"); outcomes that match no check become checks of their own (the figure
+    the TOML names, e.g. a copy at 4 KiB, or a missing one).
+
+    Returns:
+        ``checks`` plus the extra ones, each with "expect" (float or None) and "expect_status"
+        (None, "pass", "fail", "missing" or "skipped").
+    """
+    for c in checks:
+        c.setdefault("expect", None)
+        c.setdefault("expect_status", None)
+    extra = []
+    for o in outcomes:
+        e = o.expectation
+        if o.status == "skipped":
+            continue
+        scale = 8.0
+        hit = [c for c in checks if c["command"] == e.command and o.params is not None and c["params"] == o.params]
+        for c in hit:
+            b = _bound(e)
+            c["expect"] = None if b is None else (b * scale if c["unit"] == "Gbit/s" else b)
+            if c["expect_status"] != "fail":
+                c["expect_status"] = o.status
+        if not hit:
+            unit = "GB/s" if e.kind == "bandwidth" else "us"
+            gpu = o.params.get("device") if o.params else None
+            extra.append({"check": f"expect {e.index}: {e.label()}", "gpu": gpu if isinstance(gpu, int) else None,
+                          "value": o.value, "unit": unit, "command": e.command, "params": o.params or {},
+                          "expect": _bound(e), "expect_status": o.status, "note": o.note})
+    return checks + extra
+
+
+# ---------------------------------------------------------------------------------------------
+# The fleet object (pure, on gathered payloads)
+
+
+def _row_flag(c: dict, values: list[float]) -> str:
+    if c.get("expect_status") in ("fail", "missing"):
+        return "fail"
+    v = c.get("value")
+    if v is None:
+        return "fail"
+    if c.get("unit") == "us":  # lower is better: no fleet rule here, the TOML decides
+        return "ok"
+    return flag(v, values)
+
+
+def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
+    for g in gpus:
+        if g.get("index") == gpu:
+            u = g.get("uuid")
+            return u if isinstance(u, str) else None
+    return None
+
+
+def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: Any = None,
+                link_outcomes: Sequence = ()) -> dict:
+    """The bundle's ``fleet`` object from every rank's payload (None: the rank did not answer).
+
+    Args:
+        payloads: index = rank; each {"rank", "host", "gpus": [{"index", "uuid"}], "checks": [...]}
+            (:func:`node_payload`), or None for a missing rank.
+        hosts: every rank's host name (for the missing ones).
+        links: the net-between-nodes Result (:mod:`gpubench.bench.net_fleet`) or None.
+        link_outcomes: TOML outcomes of command "net" checked against that Result.
+
+    Returns:
+        {"kind": "gpubench-fleet", "version": 1, "rule": {"name", "text"}, "missing": [{"rank",
+        "host"}], "rows": [{"host", "rank", "gpu", "uuid", "check", "value", "unit", "fleet_median",
+        "expect", "flag"}], "links": {"hosts": [...], "gbps": [[Gbit/s or None]]}}.
+    """
+    present = [p for p in payloads if p is not None]
+    missing = [{"rank": r, "host": str(hosts[r]) if r < len(hosts) else "?"} for r, p in enumerate(payloads)
+               if p is None]
+    by_check: dict[str, list[float]] = {}
+    for p in present:
+        for c in p["checks"]:
+            if c.get("value") is not None:
+                by_check.setdefault(c["check"], []).append(c["value"])
+    rows = []
+    for p in present:
+        for c in p["checks"]:
+            vals = by_check.get(c["check"], [])
+            rows.append({"host": str(p["host"]), "rank": int(p["rank"]), "gpu": c.get("gpu"),
+                         "uuid": _uuid(p.get("gpus") or [], c.get("gpu")), "check": c["check"],
+                         "value": c.get("value"), "unit": c["unit"],
+                         "fleet_median": median(vals) if vals else None, "expect": c.get("expect"),
+                         "flag": _row_flag(c, vals)})
+    names = list(dict.fromkeys(c["check"] for p in present for c in p["checks"]))
+    for m in missing:
+        for name in names or ["(no answer)"]:
+            vals = by_check.get(name, [])
+            rows.append({"host": m["host"], "rank": m["rank"], "gpu": None, "uuid": None, "check": name,
+                         "value": None, "unit": "", "fleet_median": median(vals) if vals else None,
+                         "expect": None, "flag": "missing"})
+    link_obj: dict[str, Any] = {"hosts": [], "gbps": []}
+    if links is not None:
+        from gpubench.bench.net_fleet import link_flags
+
+        mat: dict[str, Any] = links.timing.get("matrix") or {}
+        link_obj = {"hosts": list(mat.get("hosts") or []), "gbps": [list(r) for r in mat.get("gbps") or []]}
+        failed_by_toml = {(tuple(sorted(o.params.items()))) for o in link_outcomes
+                          if o.status == "fail" and o.params}
+        bounds = {(tuple(sorted(o.params.items()))): _bound(o.expectation) for o in link_outcomes if o.params}
+        for r, f, med in link_flags(links):
+            key = tuple(sorted(r.params.items()))
+            if key in failed_by_toml:
+                f = "fail"
+            b = bounds.get(key)
+            rows.append({"host": str(r.extra.get("src_host")), "rank": int(r.params["src"]), "gpu": None,
+                         "uuid": None, "check": f"net to {r.extra.get('dst_host')} (rank {r.params['dst']})",
+                         "value": r.extra.get("gbit_per_s") if r.error is None else None, "unit": "Gbit/s",
+                         "fleet_median": med, "expect": None if b is None else b * 8.0, "flag": f})
+    return {"kind": FLEET_KIND, "version": FLEET_VERSION, "rule": {"name": RULE_NAME, "text": RULE_TEXT},
+            "missing": missing, "rows": rows, "links": link_obj}
+
+
+def failed_rows(fleet: dict) -> list[dict]:
+    return [r for r in fleet["rows"] if r["flag"] != "ok"]
+
+
+def verdict(fleet: dict, step_errors: Sequence[str] = ()) -> str | None:
+    """One line naming the failed nodes and GPUs (host names escaped for a terminal), or None."""
+    from gpubench.core import safe
+
+    bad = failed_rows(fleet)
+    if not bad and not step_errors:
+        return None
+    where: dict[str, set] = {}
+    for r in bad:
+        key = f"{safe.term(r['host'], 80)} (rank {r['rank']})"
+        where.setdefault(key, set())
+        if r["gpu"] is not None:
+            where[key].add(f"GPU {r['gpu']}")
+        elif r["check"].startswith("net to "):
+            where[key].add(f"link {safe.term(r['check'][4:], 120)}")
+    names = [k + (f" {', '.join(sorted(v))}" if v else "") for k, v in where.items()]
+    parts = []
+    if bad:
+        kinds = sorted({r["flag"] for r in bad})
+        parts.append(f"{len(bad)} figure(s) {'/'.join(kinds)} on " + "; ".join(names[:16])
+                     + (" ..." if len(names) > 16 else ""))
+    if step_errors:
+        parts.append("step(s) failed: " + ", ".join(safe.term(s, 120) for s in step_errors[:8]))
+    return "fleet failed: " + "; ".join(parts)
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+
+
+def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
+    """Rich renderables: the fleet table (a row per node, GPU and check), the link matrix, the rule
+    and the verdict. Every peer string passes through :func:`gpubench.core.safe.term_markup`."""
+    from gpubench.core import report, safe
+
+    out: list = []
+    t = report.table(f"Fleet: {len({(r['host'], r['rank']) for r in fleet['rows']})} rank(s), "
+                     f"{len(fleet['missing'])} missing",
+                     ["host", "rank", "GPU", "check", "value", "unit", "fleet median", "expect", "flag"])
+    for r in fleet["rows"]:
+        if not show_ok and r["flag"] == "ok":
+            continue
+        fl = r["flag"]
+        t.add_row(safe.term_markup(r["host"], 60), str(r["rank"]), "-" if r["gpu"] is None else str(r["gpu"]),
+                  safe.term_markup(r["check"], 80), _num(r["value"]), r["unit"], _num(r["fleet_median"]),
+                  _num(r["expect"]), fl if fl == "ok" else f"[red]{fl.upper()}[/red]")
+    out.append(t)
+    if links is not None:
+        from gpubench.bench import net_fleet
+
+        out += net_fleet.format_report(links)
+    out.append(RULE_TEXT + " FAIL: outside the --expect bound or not measured; MISSING: no answer.")
+    for m in fleet["missing"]:
+        out.append(f"[red]MISSING[/red] rank {m['rank']} on {safe.term_markup(m['host'], 80)}: did not answer in time")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathering that outlives a silent rank
+
+
+class Roll:
+    """Rank 0's roll call: gathers that keep what arrived when a rank stops answering.
+
+    :meth:`sync` is a gather to rank 0 in which a rank silent for ``timeout`` seconds is noted
+    (and not waited for again), followed by rank 0's broadcast of the silent ranks, so every rank
+    goes on knowing who is missing. Rank 0 receives rank by rank through the group's transport
+    primitives (``_tag``, ``_recv``: the same tag sequence as :meth:`Group.gather` on the
+    senders), not through :meth:`Group.gather`, which ends the whole group at the first silent
+    rank (it sends every rank an abort notice). A rank 0 that stops answering is the group's
+    usual MachineError on the others.
+
+    Attributes:
+        silent: ranks that did not answer a sync in time.
+    """
+
+    def __init__(self, group, timeout: float):
+        self.group, self.timeout = group, float(timeout)
+        self.silent: set[int] = set()
+
+    def sync(self, obj: Any = None) -> list | None:
+        """Every answering rank's ``obj`` on rank 0 (index = rank, None for a silent one); None elsewhere.
+
+        Raises:
+            MachineError: on a rank but 0, rank 0 did not broadcast within the group's timeout.
+        """
+        import json
+
+        from gpubench.core.errors import MachineError
+
+        g = self.group
+        if g.size == 1:
+            return [json.loads(json.dumps(obj))]
+        if g.rank != 0:
+            g.gather(obj, timeout=self.timeout)
+            self.silent = set(g.bcast(None, timeout=self.timeout + 60.0))
+            return None
+        tag = g._tag("g")
+        out: list = [None] * g.size
+        out[0] = json.loads(json.dumps(obj))
+        deadline = time.monotonic() + self.timeout
+        for r in range(1, g.size):
+            if r in self.silent:
+                continue
+            try:
+                out[r] = json.loads(g._recv(tag, r, deadline))
+            except TimeoutError:
+                self.silent.add(r)
+            except Exception as e:  # another rank's abort notice, a closed store
+                raise MachineError(f"gathering from rank {r} failed: {type(e).__name__}: {str(e)[:200]}") from None
+        g.bcast(sorted(self.silent), timeout=self.timeout)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The run (every rank calls run_fleet)
+
+# The network step of the suite: net's ring test between the nodes, shorter than the seed's
+# `iperf -P 16 -t 30` so the suite stays quick (run `gpubench net -P 16 -t 30` under the launcher
+# for the long test).
+NET_STREAMS, NET_SECONDS, NET_OMIT, NET_INTERVAL = 4, 3.0, 1.0, 0.5
+
+
+def _gpu_count() -> int:
+    try:
+        from gpubench.core import gpu
+
+        gpu.require_gpu()
+        return gpu.device_count()
+    except Exception:  # no CuPy, no driver, no device: the CPU steps
+        return 0
+
+
+def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet: bool, host_tag: str) -> None:
+    """This rank's own steps (module docstring, item 1), recorded into ``bundle``."""
+    from gpubench import suite
+    from gpubench.commands import suite as cmd_suite
+
+    def record(name, command, fn) -> bool:
+        return cmd_suite.record_step(bundle, name, command, out / f"suite-{host_tag}-r{me.rank}-{stamp}-{command}.json",
+                                     fn, lambda t: None)
+
+    def step(command, argv):
+        return lambda path: cmd_suite.run_step(command, argv, path, quiet=True)
+
+    if n_gpu:
+        gpu = max(me.local_rank, 0) % n_gpu
+        if not record("copy pinned", "copy", step("copy", cmd_suite.copy_argv(str(gpu)))):
+            return
+        devices = ",".join(map(str, range(n_gpu)))
+        for name, command, argv, min_gpus, needs_merge in cmd_suite.CLI_STEPS:
+            if command == "batch":
+                continue  # not a fleet figure
+            if me.local_rank > 0:
+                continue  # in-node steps over every GPU: local rank 0 only
+            if needs_merge and not with_merge:
+                bundle.steps.append(suite.Step(name, command, "skipped", "not asked (--merge)"))
+                continue
+            if n_gpu < min_gpus:
+                bundle.steps.append(suite.Step(name, command, "skipped", f"needs {min_gpus} GPUs, {n_gpu} visible"))
+                continue
+            args = [a.replace("{devices}", devices) for a in argv]
+            fn = (lambda path, c=command, a=args: _one_process(c, a)) if command == "nccl" else step(command, args)
+            if not record(name, command, fn):
+                return
+        return
+    from gpubench.bench import net
+    from gpubench.bench.net_protocol import Request
+
+    req = Request(streams=2, seconds=NET_SECONDS, omit=NET_OMIT, interval=NET_INTERVAL)
+    if not record("net loopback", "net", lambda path: net.run_local(req)):
+        return
+    if with_merge:
+        record("merge cpu", "merge", step("merge", ["-t", "cpu", "--runs", "2", "--warmup-runs", "1"]))
+    else:
+        bundle.steps.append(suite.Step("merge cpu", "merge", "skipped", "not asked (--merge)"))
+
+
+def _one_process(command: str, argv: list[str]):
+    """Run a generated command's single-process path in this process, whatever launcher started
+    it (under a launcher `gpubench nccl` itself would join every rank: bench/nccl_ranks)."""
+    import importlib
+
+    from gpubench.commands import suite as cmd_suite
+
+    spec = cmd_suite.step_spec(cmd_suite.step_command(command), argv)
+    return importlib.import_module(f"gpubench.bench.{command}").run(spec)
+
+
+ALL_NODE_NCCL_ARGV = ["-b", "1G", "-e", "1G", "-f", "2"]
+
+
+def _all_node_nccl(group):
+    """The all-node NCCL all-reduce over every rank of ``group`` (each rank its local rank's GPU),
+    through nccl's launcher plug-in (bench/nccl_ranks.NcclRanks) on the fleet's own group.
+
+    Returns:
+        (Step, checks): the step (ok with rank 0's combined result, or error with its line) and,
+        on rank 0, the checks of its records (busbw at 1 GiB over every GPU).
+    """
+    from gpubench import suite
+    from gpubench.bench import nccl_log, nccl_ranks
+    from gpubench.commands import suite as cmd_suite
+    from gpubench.core import benchmark as driver
+    from gpubench.core.errors import GpubenchError
+
+    t = time.perf_counter()
+    log = nccl_log.capture()  # NCCL may be initialised already here (the in-node step): then no log
+    try:
+        spec = cmd_suite.step_spec(cmd_suite.step_command("nccl"), ALL_NODE_NCCL_ARGV)
+        res = driver.run(nccl_ranks.NcclRanks(group, log), spec, None)
+    except GpubenchError as e:
+        return suite.Step("nccl all nodes", "nccl", "error", e.one_line(), time.perf_counter() - t), []
+    finally:
+        log.remove()
+    checks = [{**c, "check": c["check"].replace("nccl ", "nccl all nodes ", 1)} for c in checks_of(res)]
+    for c in checks:
+        c.setdefault("expect", None)
+        c.setdefault("expect_status", None)
+    return suite.Step("nccl all nodes", "nccl", "ok", "", time.perf_counter() - t, res), checks
+
+
+def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
+    """What a rank sends rank 0: its identity, GPUs, steps (with results) and checks."""
+    from gpubench import suite
+
+    checks = [c for res in bundle.results() for c in checks_of(res)]
+    node_exp = [e for e in expectations or [] if e.command != "net"]
+    outcomes = suite.evaluate(node_exp, bundle.results(), bundle.skipped(), bundle.failed()) if node_exp else []
+    checks = attach_expectations(checks, outcomes)
+    for c in checks:
+        c["params"] = {k: v for k, v in (c.get("params") or {}).items()}
+    return {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
+            "gpus": [{"index": g.get("index"), "uuid": g.get("uuid"), "pci_bus_id": g.get("pci_bus_id")}
+                     for g in gpus],
+            "checks": checks, "steps": [s.to_dict() for s in bundle.steps],
+            "outcomes": [o.to_dict() for o in outcomes]}
+
+
+def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, strict: bool, quiet: bool,
+              timeout: float = DEFAULT_TIMEOUT_S, rendezvous: str | None = None) -> int:
+    """``gpubench suite`` under a launcher: every rank calls this (module docstring).
+
+    Returns:
+        0 on every rank but 0; on rank 0, 0 when every figure is ok.
+
+    Raises:
+        RegressionFound: on rank 0, a figure slow, failed or missing, or a step failed (exit 1),
+            naming the nodes and GPUs.
+        UsageError / MachineError: the group could not be formed (join's).
+    """
+    from gpubench import suite
+    from gpubench.bench import net_fleet
+    from gpubench.bench.net_protocol import Request
+    from gpubench.core import env as envmod
+    from gpubench.core import ranks, report
+    from gpubench.core.errors import MachineError, RegressionFound
+    from gpubench.core.registry import INVOCATION
+    from gpubench.core.result import Result
+
+    if not (0 < timeout < math.inf):
+        from gpubench.core.errors import UsageError
+
+        raise UsageError(f"--node-timeout {timeout} out of range", "use seconds > 0")
+    me0 = ranks.discover()
+    group = ranks.join(me0, rendezvous, timeout=min(timeout, 120.0))
+    console = report.console(stderr=True)
+
+    def say(text: str) -> None:
+        if not quiet and group.rank == 0:
+            console.print(text)
+
+    try:
+        me = group.me
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        host_tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in me.host)[:64] or "host"
+        n_gpu = _gpu_count()
+        bundle = suite.Bundle()
+        t0 = time.perf_counter()
+        env = envmod.capture() if n_gpu else {"host": envmod.host_info(), "versions": envmod.versions()}
+        bundle.env = env
+        bundle.steps.append(suite.Step("env", "env", "ok", seconds=time.perf_counter() - t0,
+                                       result=Result(command="env", spec={}, env=env, argv=list(INVOCATION))))
+        broken: MachineError | None = None
+        roll = Roll(group, timeout)
+        turns = max((r.local_size or 1) for r in group.ranks) if len(group.ranks) == group.size else 1
+        say(f"fleet: {group.size} rank(s) on {len({r.host for r in group.ranks})} host(s), "
+            f"{'GPU' if n_gpu else 'CPU'} steps, {turns} turn(s) per host")
+        for k in range(turns):
+            if me.local_rank == k or (turns == 1 and k == 0):
+                _node_steps(bundle, me, n_gpu, out, stamp, with_merge, quiet, host_tag)
+            if turns > 1:
+                roll.sync(None)
+        gpus: list[dict] = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
+        payload = node_payload(me, bundle, expectations, gpus)
+        payloads = roll.sync(payload)
+        links = None
+        all_nccl = None  # (Step, checks) on rank 0
+        if n_gpu and group.size > 1 and not roll.silent:
+            say(f"fleet: NCCL all-reduce over every rank ({group.size} processes)")
+            all_nccl = _all_node_nccl(group)
+            if all_nccl[0].status == "error":
+                broken = MachineError(all_nccl[0].reason)
+        leaders = sorted(r.rank for r in group.ranks if r.local_rank == 0)
+        net_note = None
+        if broken is not None:
+            net_note = "after the all-node NCCL failed"
+        elif roll.silent:
+            net_note = f"rank(s) {', '.join(map(str, sorted(roll.silent)))} did not answer"
+        elif len(leaders) < 2:
+            net_note = "one node"
+        else:
+            say(f"fleet: the network between {len(leaders)} nodes (ring, -P {NET_STREAMS}, {NET_SECONDS:g} s)")
+            spec = net_fleet.NetFleetSpec(Request(streams=NET_STREAMS, seconds=NET_SECONDS, omit=NET_OMIT,
+                                                  interval=NET_INTERVAL))
+            try:
+                links = net_fleet.run(group, spec, leaders)
+            except MachineError as e:
+                broken = e
+        if group.rank != 0:
+            return 0
+        hosts = [r.host for r in group.ranks] if len(group.ranks) == group.size else [me.host] * group.size
+        link_exp = [e for e in expectations or [] if e.command == "net"]
+        link_outcomes = suite.evaluate(link_exp, [links]) if links is not None and link_exp else []
+        if all_nccl is not None and payloads and payloads[0] is not None:
+            payloads[0]["checks"] += all_nccl[1]  # the whole fleet's figure, on rank 0's row
+        fleet = build_fleet(payloads or [], hosts, links, link_outcomes)
+        steps, outcomes = [], []
+        for p in payloads or []:
+            if p is None:
+                continue
+            for s in p["steps"]:
+                steps.append({**s, "name": f"{s['name']} [rank {p['rank']}]"})
+            outcomes += p["outcomes"]
+        outcomes += [o.to_dict() for o in link_outcomes]
+        doc = {"schema_version": suite.BUNDLE_VERSION, "steps": steps, "env": env, "argv": list(INVOCATION),
+               "expectations": {"file": expect_file, "outcomes": outcomes}}
+        full = suite.Bundle.from_dict(doc, "fleet bundle")
+        full.expect_file = expect_file
+        if all_nccl is not None:
+            full.steps.append(all_nccl[0])
+        if links is not None:
+            full.steps.append(suite.Step("net between nodes", "net", "ok", result=links))
+        elif broken is not None and (all_nccl is None or all_nccl[0].status != "error"):
+            full.steps.append(suite.Step("net between nodes", "net", "error", broken.one_line()))
+        else:
+            full.steps.append(suite.Step("net between nodes", "net", "skipped", net_note or ""))
+        d = full.to_dict()
+        d["fleet"] = fleet
+        from gpubench.core.result import write_json_atomic
+
+        path = write_json_atomic(d, out / f"suite-fleet-{host_tag}-{stamp}.json", "bundle")
+        renderables = format_report(fleet, links, show_ok=len(fleet["rows"]) <= 64)
+        if broken is not None:
+            from gpubench.core import safe
+
+            renderables.append(f"[red]stopped:[/red] {safe.term_markup(broken.one_line())}")
+        errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
+        why = verdict(fleet, errors)
+        from rich.markup import escape
+
+        renderables.append(escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
+        renderables.append(f"saved {path}")
+        report.display(renderables, quiet=quiet)
+        if why:
+            raise RegressionFound(why)
+        return 0
+    finally:
+        group.close()
+
+
+def under_launcher(env=None) -> bool:
+    """True when a launcher (MPI, Slurm's srun, torchrun) started this process (core.ranks)."""
+    import os
+
+    from gpubench.core import ranks
+
+    return ranks.discover(os.environ if env is None else env).under_launcher

@@ -1,0 +1,297 @@
+"""Fleet and net-between-nodes for real: `mpiexec -n 3` on loopback, torchrun-style environments,
+a rank that stops answering, and ranks in their own network namespaces joined by a bridge with one
+node's link shaped by `tc` (real traffic, real slowness) — the fleet report must name it.
+
+Without mpiexec, or (for the namespace test) without root, `ip`, `tc` or `unshare`, the tests skip
+with the reason, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CI = os.environ.get("CI") == "true"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _need(ok: bool, why: str) -> None:
+    if not ok:
+        if CI:
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+
+
+def _mpiexec() -> str:
+    exe = shutil.which("mpiexec") or str(Path(sys.executable).with_name("mpiexec"))
+    _need(Path(exe).exists(), "no mpiexec (pip install mpich mpi4py)")
+    return exe
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+              "SLURM_PROCID", "PMIX_RANK"):
+        env.pop(k, None)
+    return env
+
+
+def mpi(n: int, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([_mpiexec(), "-n", str(n), sys.executable, "-m", "gpubench", *args], env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _links(path: Path) -> dict:
+    d = json.loads(path.read_text())
+    assert d["command"] == "net" and d["spec"]["mode"] == "fleet"
+    return d
+
+
+def _consistent_exit(p, flagged: int) -> None:
+    """Exit 0 when no link was flagged, 1 naming them when some were (loopback under load can be slow)."""
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    if flagged:
+        assert p.returncode == 1 and "link(s) flagged" in p.stderr, (p.returncode, p.stderr[-800:])
+    else:
+        assert p.returncode == 0, (p.returncode, p.stdout[-800:], p.stderr[-800:])
+
+
+def test_mpiexec_net_ring_pairs_over_loopback(tmp_path):
+    out = tmp_path / "ring.json"
+    p = mpi(3, "net", "-P", "2", "-t", "1", "-i", "0.5", "--json", str(out))
+    d = _links(out)
+    gbps = d["timing"]["matrix"]["gbps"]
+    assert [[v is not None for v in row] for row in gbps] == [[False, True, False], [False, False, True],
+                                                              [True, False, False]]
+    assert d["timing"]["rounds"] == [[[0, 1]], [[1, 2]], [[2, 0]]]
+    recs = d["records"]
+    assert all(r["error"] is None and r["extra"]["gbit_per_s"] > 0 and r["samples_s"] for r in recs)
+    assert "TCP Gbit/s between nodes" in p.stdout and "sender rows" in p.stdout
+    from gpubench.bench import net_fleet
+    from gpubench.core.result import load
+
+    _consistent_exit(p, sum(f != "ok" for _, f, _ in net_fleet.link_flags(load(out))))
+
+
+def test_mpiexec_net_many_to_one_and_all_pairs(tmp_path):
+    out = tmp_path / "to.json"
+    p = mpi(3, "net", "nodes", "--to", "0", "-P", "3", "-t", "1", "-i", "0.5", "--json", str(out))
+    d = _links(out)
+    assert d["spec"]["to"] == 0 and d["timing"]["rounds"] == [[[1, 0], [2, 0]]]
+    assert sorted((r["params"]["src"], r["params"]["dst"]) for r in d["records"]) == [(1, 0), (2, 0)]
+    assert all(r["error"] is None and r["extra"]["gbit_per_s"] > 0 for r in d["records"])
+    assert "Traceback" not in p.stderr and p.returncode in (0, 1)
+    out = tmp_path / "all.json"
+    p = mpi(3, "net", "--pairs", "all", "-P", "1", "-t", "0.5", "-i", "0.25", "--json", str(out))
+    d = _links(out)
+    assert len(d["records"]) == 6 and all(r["error"] is None for r in d["records"])
+    assert "Traceback" not in p.stderr and p.returncode in (0, 1)
+
+
+def test_mpiexec_net_bad_to_is_one_line():
+    p = mpi(3, "net", "--to", "7", "-t", "1", timeout=60)
+    assert p.returncode == 2 and "--to 7 out of range" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_mpiexec_fleet_suite_from_cpu_steps(tmp_path):
+    p = mpi(3, "suite", "-o", str(tmp_path), timeout=240)
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    bundles = list(tmp_path.glob("suite-fleet-*.json"))
+    assert len(bundles) == 1, list(tmp_path.iterdir())
+    d = json.loads(bundles[0].read_text())
+    f = d["fleet"]
+    assert f["kind"] == "gpubench-fleet" and f["version"] == 1 and f["missing"] == []
+    assert sorted(r["rank"] for r in f["rows"]) == [0, 1, 2]
+    assert all(r["check"] == "net loopback -P 2" and r["value"] > 0 and r["unit"] == "Gbit/s" for r in f["rows"])
+    assert f["links"] == {"hosts": [], "gbps": []}  # one host: no network between nodes
+    names = [s["name"] for s in d["steps"]]
+    assert {"net loopback [rank 0]", "net loopback [rank 1]", "net loopback [rank 2]"} <= set(names)
+    bad = [r for r in f["rows"] if r["flag"] != "ok"]
+    assert (p.returncode == 1) == bool(bad) and p.returncode in (0, 1), p.stderr[-800:]
+    assert "Fleet: 3 rank(s), 0 missing" in p.stdout
+    # each rank's own result next to the bundle
+    assert len(list(tmp_path.glob("suite-*-r*-net.json"))) == 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun_env(rank: int, world: int, addr: str, port: int) -> dict:
+    env = _env()
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR=addr,
+               MASTER_PORT=str(port))
+    return env
+
+
+def test_torchrun_env_rank_that_stops_answering_is_missing(tmp_path):
+    """Three ranks started with RANK/WORLD_SIZE/MASTER_ADDR; rank 2 is stopped (SIGSTOP) once the
+    group has formed: rank 0 waits --node-timeout, reports it missing and exits 1; nothing is left."""
+    port = _free_port()
+    procs = []
+    try:
+        for r in range(3):
+            procs.append(subprocess.Popen([sys.executable, "-m", "gpubench", "suite", "-o", str(tmp_path),
+                                           "--node-timeout", "15"],
+                                          env=_torchrun_env(r, 3, "127.0.0.1", port), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        # rank 0 says "fleet: 3 rank(s) ..." once every rank joined
+        line = procs[0].stderr.readline()
+        assert line.startswith("fleet: 3 rank(s)"), line
+        procs[2].send_signal(signal.SIGSTOP)
+        out0, err0 = procs[0].communicate(timeout=120)
+        assert procs[0].returncode == 1, (out0[-1500:], err0[-1500:])
+        assert "rank 2" in err0 and "missing" in err0, err0[-800:]
+        assert "MISSING rank 2" in out0
+        out1, err1 = procs[1].communicate(timeout=60)
+        assert "Traceback" not in err1, err1[-800:]
+        d = json.loads(next(tmp_path.glob("suite-fleet-*.json")).read_text())
+        assert d["fleet"]["missing"] == [{"rank": 2, "host": socket.gethostname()}]
+        assert {r["flag"] for r in d["fleet"]["rows"] if r["rank"] == 2} == {"missing"}
+        assert {r["rank"] for r in d["fleet"]["rows"] if r["flag"] != "missing"} == {0, 1}
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait(10)
+    assert all(p.poll() is not None for p in procs)
+
+
+# ---- ranks in network namespaces, one node's link shaped ----
+
+class Netns:
+    """``n`` network namespaces on one bridge (10.77.x.(i+1)/24), node i's own veth inside its
+    namespace; ``shape(i)`` puts a tbf qdisc on node i's veth (its egress). Removed on close."""
+
+    def __init__(self, n: int):
+        tag = f"{os.getpid() % 100000}"
+        self.names = [f"gbf{tag}n{i}" for i in range(n)]
+        self.bridge = f"gbf{tag}br"
+        self.host_if = [f"gbf{tag}h{i}" for i in range(n)]
+        self.node_if = [f"gbf{tag}v{i}" for i in range(n)]
+        self.addrs = [f"10.77.{os.getpid() % 200}.{i + 1}" for i in range(n)]
+        self.made: list[list[str]] = []
+
+    def _ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    def open(self) -> "Netns":
+        self._ip("link", "add", self.bridge, "type", "bridge")
+        self.made.append(["link", "del", self.bridge])
+        self._ip("link", "set", self.bridge, "up")
+        for ns, h, v, a in zip(self.names, self.host_if, self.node_if, self.addrs):
+            self._ip("netns", "add", ns)
+            self.made.append(["netns", "del", ns])
+            self._ip("link", "add", h, "type", "veth", "peer", "name", v)
+            self.made.append(["link", "del", h])
+            self._ip("link", "set", v, "netns", ns)
+            self._ip("link", "set", h, "master", self.bridge)
+            self._ip("link", "set", h, "up")
+            self._ip("-n", ns, "addr", "add", f"{a}/24", "dev", v)
+            self._ip("-n", ns, "link", "set", v, "up")
+            self._ip("-n", ns, "link", "set", "lo", "up")
+        return self
+
+    def shape(self, i: int, rate: str = "200mbit") -> None:
+        subprocess.run(["ip", "netns", "exec", self.names[i], "tc", "qdisc", "add", "dev", self.node_if[i], "root",
+                        "tbf", "rate", rate, "burst", "32kbit", "latency", "50ms"], check=True, capture_output=True)
+
+    def start(self, i: int, args: list[str], port: int) -> subprocess.Popen:
+        """Rank i in namespace i with its own host name (a UTS namespace): node{i}."""
+        env = _torchrun_env(i, len(self.names), self.addrs[0], port)
+        py = " ".join(map(_q, [sys.executable, "-m", "gpubench", *args]))
+        return subprocess.Popen(["ip", "netns", "exec", self.names[i], "unshare", "--uts", "sh", "-c",
+                                 f"hostname node{i} && exec {py}"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def close(self) -> None:
+        for cmd in reversed(self.made):
+            subprocess.run(["ip", *cmd], capture_output=True)
+        self.made = []
+
+
+def _q(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+@contextlib.contextmanager
+def _namespaces(n: int):
+    _need(os.geteuid() == 0, "network namespaces need root")
+    for tool in ("ip", "tc", "unshare"):
+        _need(shutil.which(tool) is not None, f"{tool} is missing (apt-get install iproute2 util-linux)")
+    ns = Netns(n)
+    try:
+        ns.open()
+    except subprocess.CalledProcessError as e:
+        ns.close()
+        _need(False, f"cannot create network namespaces here: {e.stderr.strip()[:200]}")
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+def _run_all(ns: Netns, args: list[str], timeout: float = 240) -> list[tuple[int, str, str]]:
+    port = 29000 + os.getpid() % 1000
+    procs = [ns.start(i, args, port) for i in range(len(ns.names))]
+    out = []
+    try:
+        for p in procs:
+            o, e = p.communicate(timeout=timeout)
+            out.append((p.returncode, o, e))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    return out
+
+
+def test_netns_fleet_names_the_shaped_link(tmp_path):
+    """Three nodes on a bridge; node1's link shaped to 200 Mbit/s with tc tbf: the fleet suite's
+    ring test flags node1 -> node2 slow (exit 1, named), the other links ok; `net --pairs all`
+    flags both links out of node1 and names node1."""
+    with _namespaces(3) as ns:
+        ns.shape(1)
+        res = _run_all(ns, ["suite", "-o", str(tmp_path), "--node-timeout", "120"])
+        rc0, out0, err0 = res[0]
+        assert all("Traceback" not in e for _, _, e in res), [e[-800:] for _, _, e in res]
+        assert [r[0] for r in res[1:]] == [0, 0], res
+        d = json.loads(next(tmp_path.glob("suite-fleet-*.json")).read_text())
+        f = d["fleet"]
+        assert f["links"]["hosts"] == ["node0", "node1", "node2"]
+        link_rows = {r["check"]: r for r in f["rows"] if r["check"].startswith("net to")}
+        assert link_rows["net to node2 (rank 2)"]["host"] == "node1"
+        assert link_rows["net to node2 (rank 2)"]["flag"] == "slow"
+        assert link_rows["net to node2 (rank 2)"]["value"] < 0.25  # 200 Mbit/s
+        assert link_rows["net to node1 (rank 1)"]["flag"] == "ok" and link_rows["net to node0 (rank 0)"]["flag"] == "ok"
+        assert rc0 == 1 and "node1 (rank 1)" in err0, (rc0, err0[-800:])
+        assert "SLOW link node1 -> node2" in out0
+
+        out = tmp_path / "all.json"
+        res = _run_all(ns, ["net", "--pairs", "all", "-P", "2", "-t", "2", "-O", "0.5", "-i", "0.5",
+                            "--json", str(out)])
+        rc0, out0, err0 = res[0]
+        d = json.loads(out.read_text())
+        slow = {(r["params"]["src"], r["params"]["dst"]) for r in d["records"] if r["extra"]["gbit_per_s"] < 0.25}
+        assert slow == {(1, 0), (1, 2)}, d["timing"]["matrix"]
+        assert rc0 == 1 and "node1->node0 (slow)" in err0 and "node1->node2 (slow)" in err0, err0[-800:]
+        assert "every flagged link has node node1 (rank 1)" in out0, out0[-1500:]
+    # nothing left behind
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n in left for n in ns.names)

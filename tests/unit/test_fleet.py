@@ -1,0 +1,192 @@
+"""The fleet rule, the net schedules, the checks read from saved results and the fleet object, as
+pure functions on records (the real runs are in tests/cli/test_fleet_launch.py)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+
+from gpubench import fleet, suite
+from gpubench.bench import net_fleet
+from gpubench.core.errors import UsageError
+from gpubench.core.result import Record, Result, load
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+# ---- the rule ----
+
+def test_median_and_mad():
+    assert fleet.median([3, 1, 2]) == 2
+    assert fleet.median([4, 1, 3, 2]) == 2.5
+    assert fleet.mad([1, 2, 3, 4, 100]) == 1  # |x - 3| = 2 1 0 1 97 -> median 1
+    with pytest.raises(ValueError):
+        fleet.median([])
+
+
+def test_modified_z_is_iglewicz_hoaglin():
+    xs = [10.0, 10.2, 9.8, 10.1, 9.9, 5.0]
+    m, d = fleet.median(xs), fleet.mad(xs)
+    assert fleet.modified_z(5.0, xs) == pytest.approx(0.6745 * (5.0 - m) / d)
+    assert fleet.modified_z(3.0, [5, 5, 5, 3]) == -math.inf
+
+
+@pytest.mark.parametrize("value, values, want", [
+    (2.0, [10, 10, 2], "slow"),                       # MAD 0: everyone else identical
+    (9.8, [10, 9.9, 9.8], "ok"),                      # within 5 % of the median
+    (9.0, [10, 11, 9, 10.5], "ok"),                   # 10 % below, but the fleet is that noisy
+    (9.0, [10.0, 10.01, 9.99, 10.02, 9.98, 9.0], "slow"),  # 10 % below a tight fleet
+    (0.2, [20, 22, 25, 24, 0.2, 0.2], "slow"),        # two outliers inflate the MAD: the gross bound
+    (1.0, [10, 1], "slow"),                           # below half the median of two (5.5)
+    (8.0, [10, 8], "ok"),                             # two nodes: the MAD score cannot pick one
+    (5.0, [5], "ok"),                                 # alone: nothing to compare with
+    (12.0, [10, 10, 12], "ok"),                       # faster is never slow
+])
+def test_flag(value, values, want):
+    assert fleet.flag(value, values) == want
+
+
+# ---- schedules ----
+
+def _check_rounds(rounds):
+    for r in rounds:
+        nodes = [x for e in r for x in e]
+        assert len(nodes) == len(set(nodes)), r  # no node twice in a round
+
+
+@pytest.mark.parametrize("n", range(2, 10))
+def test_all_pairs_every_ordered_pair_once(n):
+    rounds = net_fleet.schedule(list(range(n)), "all")
+    _check_rounds(rounds)
+    edges = [e for r in rounds for e in r]
+    assert sorted(edges) == sorted(itertools.permutations(range(n), 2))
+    # circle method: n-1 rounds for even n, n for odd n, each played in both directions
+    assert len(rounds) == 2 * (n - 1 if n % 2 == 0 else n)
+
+
+@pytest.mark.parametrize("n", range(2, 10))
+def test_ring(n):
+    rounds = net_fleet.schedule(list(range(n)), "ring")
+    _check_rounds(rounds)
+    edges = sorted(e for r in rounds for e in r)
+    assert edges == sorted(((i, (i + 1) % n) for i in range(n)) if n > 2 else [(0, 1), (1, 0)])
+    assert len(rounds) == (2 if n % 2 == 0 else 3)
+
+
+def test_many_to_one_and_members():
+    assert net_fleet.schedule([0, 2, 5], to=5) == [[(0, 5), (2, 5)]]
+    assert net_fleet.schedule([0, 2, 5], "ring") == [[(0, 2)], [(2, 5)], [(5, 0)]]
+    with pytest.raises(UsageError, match="--to 3 is not a rank taking part"):
+        net_fleet.schedule([0, 1, 2], to=3)
+    with pytest.raises(UsageError, match="--pairs 'star'"):
+        net_fleet.schedule([0, 1], "star")
+    assert net_fleet.schedule([4], "ring") == [] and net_fleet.schedule([4], "all") == []
+
+
+def test_advertised_address():
+    assert net_fleet.advertised("10.1.2.3", {}) == "10.1.2.3"
+    assert net_fleet.advertised("0.0.0.0", {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}) == "127.0.0.1"
+
+
+# ---- checks read from saved results ----
+
+def test_checks_of_copy_p2p_nccl_merge_net():
+    copy = fleet.checks_of(load(DATA / "copy-pinned-h200.json"))
+    assert [c["check"] for c in copy] == ["copy d2h pinned 1GiB", "copy h2d pinned 1GiB"]
+    assert all(c["gpu"] == 0 and c["unit"] == "GB/s" and 40 < c["value"] < 60 for c in copy)
+    p2p = fleet.checks_of(load(DATA / "p2p-h200x2.json"))
+    assert {c["check"] for c in p2p} >= {"p2p write GPU0->GPU1", "p2p read GPU1->GPU0"}
+    nccl = fleet.checks_of(load(DATA / "nccl-h200x2.json"))
+    assert [c["check"] for c in nccl] == ["nccl all-reduce busbw 1GiB 2 GPUs"] and nccl[0]["value"] > 100
+    merge = fleet.checks_of(load(DATA / "merge-cpu.json"))
+    assert merge[0]["check"] == "merge cpu throughput" and merge[0]["value"] > 0
+    net = fleet.checks_of(load(DATA / "net-local.json"))
+    assert net[0]["unit"] == "Gbit/s" and net[0]["check"].startswith("net loopback")
+
+
+def test_expectations_attach_and_fail():
+    res = load(DATA / "copy-pinned-h200.json")
+    exps = suite.parse_expectations({"expect": [
+        {"command": "copy", "where": {"direction": "h2d", "nbytes": 2**30}, "min_gbps": 1000.0},
+        {"command": "copy", "where": {"direction": "d2h", "nbytes": 2**30}, "min_gbps": 1.0},
+        {"command": "copy", "where": {"direction": "h2d", "nbytes": 4096}, "min_gbps": 1000.0, "name": "small"},
+    ]})
+    checks = fleet.attach_expectations(fleet.checks_of(res), suite.evaluate(exps, [res]))
+    by = {c["check"]: c for c in checks}
+    assert by["copy h2d pinned 1GiB"]["expect"] == 1000.0 and by["copy h2d pinned 1GiB"]["expect_status"] == "fail"
+    assert by["copy d2h pinned 1GiB"]["expect_status"] == "pass"
+    assert by["expect 3: small"]["expect_status"] == "fail"  # a figure the fleet does not track, still a row
+
+
+# ---- the fleet object ----
+
+def _payload(rank, host, values, gpus=2):
+    checks = [{"check": "copy h2d pinned 1GiB", "gpu": g, "value": v, "unit": "GB/s", "command": "copy",
+               "params": {}, "expect": None, "expect_status": None} for g, v in zip(range(gpus), values)]
+    return {"rank": rank, "host": host, "gpus": [{"index": g, "uuid": f"GPU-{rank}-{g}"} for g in range(gpus)],
+            "checks": checks}
+
+
+def _links(values):
+    """A net-between-nodes Result over three nodes with these ring Gbit/s."""
+    recs = []
+    for (a, b), g in zip([(0, 1), (1, 2), (2, 0)], values):
+        recs.append(Record(params={"src": a, "dst": b, "stream": "total"}, nbytes=1, samples_s=[1.0],
+                           extra={"gbit_per_s": g, "src_host": f"n{a}", "dst_host": f"n{b}", "round": a}))
+    m = net_fleet.matrix([0, 1, 2], recs)
+    return Result(command="net", spec={"mode": "fleet", "pairs": "ring", "to": None, "streams": 1, "seconds": 1.0},
+                  timing={"matrix": {"hosts": ["n0", "n1", "n2"], "gbps": m}}, records=recs)
+
+
+def test_build_fleet_shape_and_flags():
+    payloads = [_payload(0, "n0", [55.0, 55.2]), _payload(1, "n1", [55.1, 30.0]), None, _payload(3, "n3", [55.3, 55.0])]
+    links = _links([20.0, 0.2, 21.0])
+    f = fleet.build_fleet(payloads, ["n0", "n1", "n2", "n3"], links)
+    assert f["kind"] == "gpubench-fleet" and f["version"] == 1 and set(f["rule"]) == {"name", "text"}
+    assert f["missing"] == [{"rank": 2, "host": "n2"}]
+    keys = {"host", "rank", "gpu", "uuid", "check", "value", "unit", "fleet_median", "expect", "flag"}
+    assert all(set(r) == keys for r in f["rows"])
+    slow = [(r["host"], r["gpu"], r["uuid"]) for r in f["rows"] if r["flag"] == "slow"]
+    assert ("n1", 1, "GPU-1-1") in slow and ("n1", None, None) in slow  # GPU 1 of n1, and the link n1 -> n2
+    assert [r["check"] for r in f["rows"] if r["flag"] == "slow" and r["gpu"] is None] == ["net to n2 (rank 2)"]
+    assert [r["rank"] for r in f["rows"] if r["flag"] == "missing"] == [2]
+    assert f["links"] == {"hosts": ["n0", "n1", "n2"], "gbps": [[None, 20.0, None], [None, None, 0.2],
+                                                                [21.0, None, None]]}
+    line = fleet.verdict(f)
+    assert "n1 (rank 1) GPU 1" in line and "n2 (rank 2)" in line and "missing" in line
+
+
+def test_everything_ok_passes():
+    f = fleet.build_fleet([_payload(0, "a", [50.0, 50.5]), _payload(1, "b", [50.2, 50.1])], ["a", "b"])
+    assert fleet.verdict(f) is None and all(r["flag"] == "ok" for r in f["rows"])
+
+
+def test_hostile_host_names_are_shown_inert():
+    from gpubench.core import report
+
+    evil = "\x1b[2J[bold red]pwn[/]\n| x"
+    f = fleet.build_fleet([_payload(0, evil, [50.0, 10.0]), _payload(1, "b", [50.0, 50.0])], [evil, "b"])
+    line = fleet.verdict(f)
+    assert "\x1b" not in line and "\n" not in line
+    c = report.console()
+    with c.capture() as cap:
+        for r in fleet.format_report(f):
+            c.print(r)
+    text = cap.get()
+    assert "\x1b[2J" not in text and "[bold red]pwn[/]" in text  # markup shown as written
+
+
+def test_net_report_names_the_common_node():
+    links = _links([20.0, 0.2, 21.0])
+    lines = net_fleet.slow_summary(links)
+    assert lines and lines[0].startswith("SLOW link n1 -> n2 (rank 1 -> 2)")
+    assert net_fleet.verdict(links).startswith("1 link(s) flagged: n1->n2 (slow)")
+    # all pairs where node 1 sends slowly: every flagged link has n1
+    recs = [Record(params={"src": a, "dst": b, "stream": "total"}, nbytes=1, samples_s=[1.0],
+                   extra={"gbit_per_s": 0.2 if a == 1 else 20.0 + a + b, "src_host": f"n{a}", "dst_host": f"n{b}"})
+            for a, b in itertools.permutations(range(3), 2)]
+    res = Result(command="net", spec={}, records=recs)
+    assert "every flagged link has node n1 (rank 1)" in net_fleet.slow_summary(res)[-1]
