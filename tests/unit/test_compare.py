@@ -1,4 +1,5 @@
-"""compare: the Mann-Whitney U test, verdicts on samples from known distributions, pairing, env diff."""
+"""compare: the Mann-Whitney U test, the Hodges-Lehmann change and its interval, verdicts on constructed
+samples and samples from known distributions, pairing, env diff, telemetry and flags, escaping."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_a_tie_does_not_hide_a_doubled_latency():
 
 def test_mwu_exact_null_distribution_by_hand():
     # n1 = n2 = 2: the 6 orderings give U = 0, 1, 2, 2, 3, 4
-    assert cmp._u_counts(2, 2) == [1, 1, 2, 1, 1]
+    assert cmp._u_counts(2, 2) == (1, 1, 2, 1, 1)
     # 5 against 5, completely separated: 2 / C(10, 5) = 2 / 252, the only way under 0.01 with 5 samples
     r = cmp.mann_whitney_u([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
     assert r.p == pytest.approx(2 / 252) and r.p < 0.01
@@ -124,7 +125,7 @@ def test_same_distribution_is_same_for_every_figure():
 
 def test_five_percent_drop_is_worse_with_change_near_minus_five():
     c = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=0.95), threshold_pct=2.0)
-    assert [r.verdict for r in c.rows] == ["worse"] * 6
+    assert [r.verdict for r in c.rows] == ["slower"] * 6
     for r in c.rows:
         assert r.change_pct == pytest.approx(-5.0, abs=1.0)
         assert r.p < 1e-6
@@ -133,15 +134,18 @@ def test_five_percent_drop_is_worse_with_change_near_minus_five():
 
 def test_five_percent_gain_is_better_and_threshold_hides_it():
     better = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=1.05), threshold_pct=2.0)
-    assert {r.verdict for r in better.rows} == {"better"}
+    assert {r.verdict for r in better.rows} == {"faster"}
     hidden = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=1.05), threshold_pct=10.0)
     assert {r.verdict for r in hidden.rows} == {"same"}
 
 
-def test_noisy_five_percent_drop_is_same_within_noise():
-    # cv 30% and 6 samples: a 5% drop cannot be told from noise.
+def test_noisy_five_percent_drop_is_never_called_a_change_nor_same_when_beyond_the_threshold():
+    # cv 30% and 6 samples: a 5% drop cannot be told from noise; a change estimated beyond the
+    # threshold is "inconclusive", one within it "same"; never "slower"
     c = cmp.compare(synth.copy_like(1, cv=0.3, n=6), synth.copy_like(2, scale=0.95, cv=0.3, n=6), threshold_pct=2.0)
-    assert {r.verdict for r in c.rows} == {"same"}
+    for r in c.rows:
+        assert r.verdict == ("same" if abs(r.change_pct) <= 2.0 else "inconclusive"), r
+        assert r.ci_low_pct < 0 < r.ci_high_pct  # the interval says: could be either way
 
 
 def test_detection_power_over_many_draws():
@@ -151,8 +155,8 @@ def test_detection_power_over_many_draws():
         a = synth.copy_like(seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,))
         b = synth.copy_like(1000 + seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,), scale=0.95)
         c = synth.copy_like(2000 + seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,))
-        worse += sum(r.verdict == "worse" for r in cmp.compare(a, b, threshold_pct=2.0).rows)
-        same_flagged += sum(r.verdict != "same" for r in cmp.compare(a, c, threshold_pct=0.0).rows)
+        worse += sum(r.verdict == "slower" for r in cmp.compare(a, b, threshold_pct=2.0).rows)
+        same_flagged += sum(r.verdict in ("faster", "slower") for r in cmp.compare(a, c, threshold_pct=0.0).rows)
     assert worse >= 78  # of 80 figures
     assert same_flagged <= 4  # alpha 0.01 on 80 figures: ~0.8 expected
 
@@ -164,9 +168,10 @@ def test_time_metric_lower_is_better():
     slow = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4,
                                              samples_s=list(2.2e-6 * np.exp(rng.normal(0, 0.01, 40))))])
     (row,) = cmp.compare(base, slow, threshold_pct=2.0).rows
-    assert row.verdict == "worse" and row.change_pct == pytest.approx(10, abs=1.5)
+    assert row.verdict == "slower" and row.change_pct == pytest.approx(10, abs=1.5)
+    assert row.ci_low_pct < 10 < row.ci_high_pct
     (row,) = cmp.compare(slow, base, threshold_pct=2.0).rows
-    assert row.verdict == "better"
+    assert row.verdict == "faster"
 
 
 # ---- pairing on the real H200 results ----
@@ -174,7 +179,7 @@ def test_time_metric_lower_is_better():
 def test_real_result_against_itself_is_all_same():
     r = load(synth.REAL_PINNED)
     c = cmp.compare(r, r)
-    assert c.counts() == {"better": 0, "worse": 0, "same": 20, "better (untested)": 0, "worse (untested)": 0,
+    assert c.counts() == {"faster": 0, "slower": 0, "same": 20, "inconclusive": 0,
                           "only-base": 0, "only-new": 0, "no-data": 0}
     assert c.missing() == []
     assert all(row.change_pct == 0 and row.p == 1.0 for row in c.rows)
@@ -186,7 +191,7 @@ def test_real_results_pair_shared_points_and_list_one_sided_ones():
     c = cmp.compare(a, b)
     counts = c.counts()
     # shared: pinned h2d/d2h at 4 KiB, 64 KiB, 1 MiB, 16 MiB, 256 MiB
-    assert counts["better"] + counts["worse"] + counts["same"] == 10
+    assert counts["faster"] + counts["slower"] + counts["same"] + counts["inconclusive"] == 10
     assert counts["only-base"] == 10 and counts["only-new"] == 90
     paired = {(r.params["direction"], r.params["nbytes"]) for r in c.rows if r.status == "paired"}
     assert paired == {(d, n) for d in ("h2d", "d2h") for n in (4096, 65536, 2**20, 2**24, 2**28)}
@@ -232,7 +237,7 @@ def test_env_diff_names_a_different_nccl_or_nccl_variables():
     assert not [w for w, *_ in cmp.env_diff(a, b) if w.startswith("NCCL")]
 
 
-
+def test_a_failed_point_is_no_data_with_its_reason():
     a, b = synth.copy_like(1), synth.copy_like(2)
     b.records[0] = Record(dict(b.records[0].params), nbytes=b.records[0].nbytes, error="allocation failed")
     c = cmp.compare(a, b)
@@ -256,13 +261,15 @@ def test_impossible_samples_refused():
 def test_markdown_and_json_forms():
     c = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=0.95), threshold_pct=2.0)
     md = cmp.format_markdown([c], threshold_pct=2.0, alpha=0.01)
-    assert md[0] == "### gpubench copy: `new` vs base `base`"
-    assert "**6 figure(s) worse.**" in md[2]
+    assert md[0] == "### gpubench copy: new vs base base"
+    assert "**6 figure(s) slower.**" in md[2]
     header = next(line for line in md if line.startswith("| direction"))
-    assert header == "| direction | nbytes | base GB/s | new GB/s | change | p | verdict |"
-    assert sum("**worse**" in line for line in md) == 6
+    assert header == "| direction | nbytes | base GB/s | new GB/s | n base/new | change | 99% interval | p | verdict |"
+    assert sum("**slower**" in line for line in md) == 6
+    assert md[-1].startswith("<sub>verdict: same when") and "higher is better" in md[-1]
+    assert "lower is better" not in md[-1]  # only bandwidths were compared
     j = cmp.format_json([c], threshold_pct=2.0, alpha=0.01)
-    assert j["regressions"] == 6 and j["comparisons"][0]["counts"]["worse"] == 6
+    assert j["regressions"] == 6 and j["comparisons"][0]["counts"]["slower"] == 6
 
 
 # ---- small samples and missing figures (a CI gate must not pass a 50 % drop or an empty run) ----
@@ -272,16 +279,18 @@ def _res(samples_by_size, command="nccl"):
                                         for n, s in samples_by_size.items()])
 
 
-def test_three_runs_cannot_be_tested_so_a_big_drop_is_flagged_untested_not_failed():
+def test_three_runs_cannot_be_tested_so_a_big_drop_is_inconclusive_not_slower():
     base = _res({1: [1.00, 1.01, 0.99]})
     slow = _res({1: [2.00, 2.02, 1.98]})  # half the bandwidth
     c = cmp.compare(base, slow)
     (row,) = c.rows
     assert row.p == pytest.approx(0.1)  # the least 3 vs 3 can give
     # noise alone moves 3 merge runs by several %: failing on it failed ~40 % of healthy re-runs
-    assert row.verdict == "worse (untested)" and c.regressions() == [] and c.untested_worse() == [row]
+    assert row.verdict == "inconclusive" and c.regressions() == [] and c.inconclusive() == [row]
+    assert "cannot reach p < 0.01" in row.why
+    assert row.ci_low_pct is None  # 3 vs 3 has no 99% interval
     (row,) = cmp.compare(slow, base).rows
-    assert row.verdict == "better (untested)"
+    assert row.verdict == "inconclusive"
     (row,) = cmp.compare(base, _res({1: [1.001, 1.011, 0.991]})).rows  # inside the 1 % threshold
     assert row.verdict == "same"
 
@@ -290,7 +299,7 @@ def test_five_samples_separated_are_worse_at_the_default_alpha():
     base = _res({1: [1.00, 1.01, 0.99, 1.02, 0.98]})
     slow = _res({1: [2.00, 2.01, 1.99, 2.02, 1.98]})
     (row,) = cmp.compare(base, slow).rows
-    assert row.p == pytest.approx(2 / 252) and row.verdict == "worse"
+    assert row.p == pytest.approx(2 / 252) and row.verdict == "slower"
 
 
 def test_figures_missing_from_the_new_result_are_listed():
