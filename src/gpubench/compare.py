@@ -1057,7 +1057,9 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
                 out[verdict_col] = f"**{out[verdict_col]}**"
             lines.append("| " + " | ".join(out) + " |")
         lines.append("")
-    lines.append("<sub>" + " ".join(md(x) for x in method_lines(threshold_pct, alpha, units, metrics)) + "</sub>")
+    # our own text, escaped for markdown all the same (no clipping: it is not from a file)
+    lines.append("<sub>" + " ".join(md(x, limit=10_000) for x in method_lines(threshold_pct, alpha, units, metrics))
+                 + "</sub>")
     return lines
 
 

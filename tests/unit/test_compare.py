@@ -333,3 +333,292 @@ def test_nccl_comparisons_say_the_rates_are_algbw_and_busbw_moves_with_them():
     c = cmp.compare(res(1e-4), res(1e-4))
     assert any("algbw = S/t" in n and "algbw * 2(n-1)/n" in n for n in c.notes)
     assert not any("algbw" in n for n in cmp.compare(synth.copy_like(1), synth.copy_like(2)).notes)
+
+
+# ---- the Hodges-Lehmann change and its Moses interval ----
+
+def _brute_shift(x, y, alpha):
+    d = np.sort(np.subtract.outer(np.log(y), np.log(x)).ravel())
+    c = cmp.moses_rank(len(x), len(y), alpha)
+    hl = np.median(d)
+    lo, hi = (d[c - 1], d[len(d) - c]) if c else (None, None)
+    return hl, lo, hi
+
+
+@pytest.mark.parametrize("seed,m,n,ties", [(0, 5, 5, False), (1, 7, 12, True), (2, 40, 31, False),
+                                           (3, 250, 200, True), (4, 300, 260, False)])
+def test_hodges_lehmann_matches_sorting_every_pairwise_difference(seed, m, n, ties):
+    # the last two have over BRUTE_MAX_PAIRS pairs: the bisection selection, never listing them
+    rng = np.random.default_rng(seed)
+    x = np.exp(rng.normal(0, 0.05, m))
+    y = np.exp(rng.normal(-0.03, 0.05, n))
+    if ties:
+        x, y = np.round(x, 2), np.round(y, 2)
+    s = cmp.hodges_lehmann(list(x), list(y), 0.05)
+    hl, lo, hi = _brute_shift(x, y, 0.05)
+    assert s.change_pct == pytest.approx(100 * math.expm1(hl), abs=1e-9)
+    assert s.ci_low_pct == pytest.approx(100 * math.expm1(lo), abs=1e-9)
+    assert s.ci_high_pct == pytest.approx(100 * math.expm1(hi), abs=1e-9)
+
+
+def test_moses_rank_by_hand():
+    # 5 vs 5: P(U <= 2) = 4/252 = 0.016 <= 0.025 < P(U <= 3) = 7/252: the 95% interval is [D_(3), D_(23)]
+    # (Hollander & Wolfe's table: the rank-sum critical value 38 of m = n = 5 gives C = 3)
+    assert cmp.moses_rank(5, 5, 0.05) == 3
+    assert cmp.moses_rank(5, 5, 0.01) == 1  # P(U <= 0) = 1/252 <= 0.005 < 2/252
+    assert cmp.moses_rank(3, 3, 0.01) == 0  # no 99% interval: 1/20 > 0.005
+    # the normal approximation beyond EXACT_CI_MAX_PAIRS agrees with the exact count near it
+    exact = cmp.moses_rank(20, 20, 0.05)
+    approx = math.floor(200 - 1.959964 * math.sqrt(400 * 41 / 12))
+    assert abs(exact - approx) <= 1
+
+
+def test_moses_interval_covers_the_true_ratio_at_its_level():
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(300):
+        x = np.exp(rng.normal(0, 0.1, 10))
+        y = 0.9 * np.exp(rng.normal(0, 0.1, 12))  # true ratio 0.9: -10%
+        s = cmp.hodges_lehmann(list(x), list(y), 0.05)
+        hits += s.ci_low_pct <= -10.0 <= s.ci_high_pct
+    assert 0.92 <= hits / 300 <= 0.99  # >= 95% by construction (discreteness makes it a bit over)
+
+
+def test_a_bandwidth_change_is_the_inverse_of_its_time_change():
+    rng = np.random.default_rng(2)
+    tb, tn = list(np.exp(rng.normal(0, 0.02, 9))), list(1.25 * np.exp(rng.normal(0, 0.02, 9)))
+    time_shift = cmp.hodges_lehmann(tb, tn)
+    rate_shift = cmp.hodges_lehmann([1 / t for t in tb], [1 / t for t in tn])
+    assert (1 + rate_shift.change_pct / 100) * (1 + time_shift.change_pct / 100) == pytest.approx(1.0)
+
+
+def test_exact_ties_by_dynamic_programming_match_enumerating_every_split():
+    import itertools
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        x = list(np.round(rng.normal(0, 1, 6), 0))
+        y = list(np.round(rng.normal(0.5, 1, 7), 0))
+        r = cmp.mann_whitney_u(x, y)
+        if r.method != "exact (ties)":
+            continue
+        ranks, _ = cmp._ranks(x + y)
+        mu, far = 6 * 7 / 2, abs(r.u - 6 * 7 / 2) - 1e-9
+        us = [sum(ranks[i] for i in idx) - 21 for idx in itertools.combinations(range(13), 6)]
+        assert r.p == pytest.approx(min(1.0, sum(abs(u - mu) >= far for u in us) / len(us)))
+
+
+# ---- verdicts on constructed samples (what a CI user reads) ----
+
+def _net(samples_by_stream, command="net"):
+    """A net-shaped result: one bandwidth figure per stream, each sample an interval's seconds for 1 GB."""
+    return Result(command, {}, records=[Record({"stream": k}, nbytes=10**9, samples_s=[10**9 / v for v in vals])
+                                        for k, vals in samples_by_stream.items()])
+
+
+NET_BASE = [9.40, 9.55, 9.60, 9.70, 9.85]  # Gbit-ish rates of five intervals (any unit: only ratios matter)
+NET_DROP = [7.10, 7.20, 7.30, 9.45, 9.50]  # two intervals about as fast as the base, three far slower
+
+
+def test_five_against_five_at_minus_24_percent_with_p_0_032_is_inconclusive_never_same():
+    """The issue's net case: two 5-interval runs, a -24% change, p = 0.032: compare called it "same"."""
+    c = cmp.compare(_net({0: NET_BASE}), _net({0: NET_DROP}))
+    (row,) = c.rows
+    assert row.p == pytest.approx(8 / 252)  # U = 2 of 25: exact p = 2 * 4/252 = 0.032
+    assert row.change_pct == pytest.approx(-24, abs=1.5)
+    assert row.verdict == "inconclusive" and "0.032 >= alpha 0.01" in row.why
+    assert (row.n_base, row.n_new) == (5, 5)
+    assert row.ci_low_pct < -24 < row.ci_high_pct
+    assert c.regressions() == [] and c.inconclusive() == [row]
+    md = "\n".join(cmp.format_markdown([c], threshold_pct=1, alpha=0.01))
+    assert "**inconclusive**" in md and "| 5/5 |" in md and "same |" not in md
+    # at alpha 0.05 the same samples are a regression
+    (row,) = cmp.compare(_net({0: NET_BASE}), _net({0: NET_DROP}), alpha=0.05).rows
+    assert row.verdict == "slower"
+
+
+def test_identical_runs_are_same_with_a_zero_change():
+    a = _net({0: NET_BASE, 1: NET_DROP})
+    c = cmp.compare(a, a)
+    assert [r.verdict for r in c.rows] == ["same", "same"]
+    for r in c.rows:
+        assert r.change_pct == 0.0 and r.p == 1.0 and r.ci_low_pct <= 0 <= r.ci_high_pct
+
+
+def test_a_clear_regression_is_slower_with_an_interval_below_zero():
+    base = [100.0, 100.4, 99.8, 100.2, 99.9, 100.1, 100.3, 99.7]
+    new = [v * 0.9 for v in base]
+    (row,) = cmp.compare(_net({0: base}), _net({0: new})).rows
+    assert row.verdict == "slower" and row.p < 0.01
+    assert row.change_pct == pytest.approx(-10, abs=0.01) and row.ci_high_pct < 0
+    (row,) = cmp.compare(_net({0: new}), _net({0: base})).rows
+    assert row.verdict == "faster" and row.ci_low_pct > 0
+
+
+def test_a_large_noisy_change_is_inconclusive():
+    base = [0.5, 0.7, 0.9, 1.1, 1.3, 1.5, 1.7, 1.9, 2.1, 2.3]
+    new = [0.8 * v for v in base]  # -20%, but the spread is ±60%
+    (row,) = cmp.compare(_net({0: base}), _net({0: new})).rows
+    assert row.change_pct == pytest.approx(-20, abs=1e-9)
+    assert row.p > 0.1 and row.verdict == "inconclusive"
+    assert row.ci_low_pct < -20 < row.ci_high_pct and row.ci_high_pct > 0
+
+
+def test_time_figures_say_lower_is_better_and_bandwidth_only_footers_do_not():
+    t = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4,
+                                          samples_s=[2e-6, 2.01e-6, 1.99e-6, 2.02e-6, 1.98e-6])])
+    c = cmp.compare(t, t)
+    lines = [str(x) for x in cmp.format_table([c], threshold_pct=1, alpha=0.01, units="GB")]
+    assert any("time in us: lower is better" in x for x in lines)
+    assert not any("higher is better" in x for x in lines)
+    b = cmp.compare(_net({0: NET_BASE}), _net({0: NET_BASE}))
+    lines = [str(x) for x in cmp.format_table([b], threshold_pct=1, alpha=0.01, units="GB")]
+    assert any("bandwidth in GB/s (1e9 B/s): higher is better" in x for x in lines)
+    assert not any("lower is better" in x for x in lines)
+    assert cmp.compare(t, t).rows[0].to_dict()["better"] == "lower"
+    assert b.rows[0].to_dict()["unit"] == "B/s" and b.rows[0].to_dict()["better"] == "higher"
+
+
+# ---- telemetry differences and limit flags beside the figures ----
+
+def _tele(sm, power, temp, reasons, gen=5):
+    return {"n": 20, "interval_s": 0.01, "sm_clock_mhz": {"min": sm - 10, "median": sm, "max": sm + 5},
+            "mem_clock_mhz": {"min": 2619, "median": 2619, "max": 2619}, "power_w": {"min": 100, "median": power,
+                                                                                   "max": power + 5},
+            "temp_c": {"min": temp, "median": temp, "max": temp}, "reasons": reasons,
+            "pcie": {"gen": gen, "width": 16}, "pcie_replay_delta": 0, "nvlink_errors_delta": 0}
+
+
+def test_telemetry_differences_are_shown_beside_the_figure():
+    a, b = _net({0: NET_BASE}), _net({0: NET_BASE})
+    a.records[0].extra["telemetry"] = _tele(1980, 300, 40, [])
+    b.records[0].telemetry = _tele(1410, 700, 52, ["sw_power_cap"], gen=4)  # the field the telemetry branch adds
+    (row,) = cmp.compare(a, b).rows
+    assert row.telemetry == ["SM clock 1980->1410 MHz", "power 300->700 W", "temperature 40->52 C",
+                             "new only: sw_power_cap", "PCIe Gen5 x16->Gen4 x16"]
+    cols, body = cmp.table_rows(cmp.compare(a, b))
+    assert cols[-1] == "telemetry (base->new)" and "SM clock 1980->1410 MHz" in body[0][-1]
+    b.records[0].telemetry = _tele(1975, 302, 41, [])  # within the tolerances: nothing to say
+    assert cmp.compare(a, b).rows[0].telemetry == []
+    assert "telemetry (base->new)" not in cmp.table_rows(cmp.compare(a, b))[0]
+
+
+@pytest.mark.parametrize("bad", ["hot", 7, {"sm_clock_mhz": "fast", "reasons": "power"}, {"power_w": {"median": True}},
+                                 {"sm_clock_mhz": {"median": float("nan")}}, {"pcie": [5, 16]}, None])
+def test_malformed_telemetry_is_ignored_not_raised(bad):
+    a, b = _net({0: NET_BASE}), _net({0: NET_BASE})
+    a.records[0].extra["telemetry"] = _tele(1980, 300, 40, [])
+    b.records[0].extra["telemetry"] = bad
+    assert cmp.compare(a, b).rows[0].telemetry == []
+
+
+def test_limit_flags_from_the_records_are_shown():
+    a, b = _net({0: NET_BASE}), _net({0: NET_BASE})
+    b.records[0].extra.update(above_limit=True, flags=["one-rank no-op", {"not": "text"}])
+    (row,) = cmp.compare(a, b).rows
+    assert row.flags == ["new above a physical limit", "new: one-rank no-op"]
+    cols, body = cmp.table_rows(cmp.compare(a, b))
+    assert cols[-1] == "flags" and body[0][-1] == "new above a physical limit; new: one-rank no-op"
+    a.records[0].extra["above_peak"] = True  # copy's existing flag
+    assert cmp.compare(a, b).rows[0].flags[0] == "base above a physical limit"
+
+
+# ---- strings from result files are inert in the table, the markdown and error lines ----
+
+PAYLOADS = {
+    "ansi": "\x1b[2J\x1b[31mred",
+    "osc8": "\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\",
+    "crlf": "a\r\nfake | row | here\n| x |",
+    "markup": "[bold red]loud[/bold red]",
+    "link": "[link=http://evil.example/]here[/link]",
+    "close": "[/]",
+    "html": "<img src=x onerror=alert(1)>",
+}
+
+
+def _hostile(payload: str) -> tuple[Result, Result]:
+    def res(scale):
+        r = _net({0: [v * scale for v in NET_BASE]})
+        r.records[0].params = {payload: payload, "stream": 0}
+        r.records.append(Record({payload: payload, "stream": 1}, nbytes=1, error=payload))
+        r.records[0].extra.update(flags=[payload], telemetry=_tele(1980, 300, 40, [payload]))
+        r.env = {"host": {"hostname": payload}, "versions": {payload: payload}}
+        r.partial, r.failed_by = True, payload
+        return r
+
+    a, b = res(1.0), res(0.5)
+    b.records[0].extra["telemetry"] = _tele(1410, 300, 40, [payload + "!"])
+    return a, b
+
+
+def _rich_text(renderables) -> str:
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    con = Console(file=buf, color_system=None, width=400, force_terminal=False, highlight=False)
+    for r in renderables:
+        con.print(r)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_hostile_strings_are_inert_in_the_terminal_table(name):
+    payload = PAYLOADS[name]
+    a, b = _hostile(payload)
+    c = cmp.compare(a, b, base_name=payload, new_name=payload + ".json")
+    text = _rich_text(cmp.format_table([c], threshold_pct=1, alpha=0.01))  # a [/] would raise MarkupError
+    assert "\x1b" not in text and "\r" not in text
+    assert "http://evil" not in text or "[link=" in text or "\\x1b]8" in text  # shown, never a hyperlink
+    if name in ("markup", "link", "close"):
+        assert payload in text  # shown as written, not interpreted
+    if name == "crlf":
+        assert "a\\r\\nfake" in text
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_hostile_strings_are_inert_in_the_markdown(name):
+    payload = PAYLOADS[name]
+    a, b = _hostile(payload)
+    c = cmp.compare(a, b, base_name=payload, new_name=payload)
+    lines = cmp.format_markdown([c], threshold_pct=1, alpha=0.01)
+    text = "\n".join(lines)
+    assert "\x1b" not in text and "\r" not in text
+    assert "<img" not in text and "](" not in text
+    assert all("\n" not in line for line in lines)
+    import re
+
+    for table in (l for l in lines if l.startswith("|")):  # every row of a table has its columns, no more
+        cells = re.split(r"(?<!\\)\|", table)
+        head = next(l for l in lines if l.startswith("|") and lines.index(l) <= lines.index(table)
+                    and (lines.index(l) == 0 or not lines[lines.index(l) - 1].startswith("|")))
+        assert len(cells) == len(re.split(r"(?<!\\)\|", head)), table
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_hostile_strings_are_inert_in_error_lines(name):
+    payload = PAYLOADS[name]
+    a, b = _hostile(payload)
+    b.command = payload
+    with pytest.raises(UsageError) as e:
+        cmp.compare(a, b, base_name=payload, new_name=payload)
+    msg = e.value.one_line()
+    assert "\x1b" not in msg and "\n" not in msg and "\r" not in msg
+    a2, b2 = _hostile(payload)
+    b2.records[0].metric = "time"
+    with pytest.raises(UsageError) as e:
+        cmp.compare(a2, b2, base_name=payload, new_name=payload)
+    assert "\x1b" not in e.value.one_line() and "\n" not in e.value.one_line()
+
+
+def test_a_large_comparison_lists_the_changed_rows_and_counts_the_rest():
+    recs = [Record({"i": i}, nbytes=1, samples_s=[1.0, 1.01, 0.99, 1.02, 0.98]) for i in range(cmp.MAX_TABLE_ROWS + 50)]
+    a = Result("net", {}, records=recs)
+    b = Result("net", {}, records=[Record(dict(r.params), nbytes=1, samples_s=list(r.samples_s)) for r in recs])
+    b.records[7].samples_s = [2 * t for t in b.records[7].samples_s]  # half the bandwidth, 5 vs 5: slower
+    c = cmp.compare(a, b)
+    out = cmp.format_table([c], threshold_pct=1, alpha=0.01)
+    text = _rich_text(out)
+    assert "slower" in text and f"{cmp.MAX_TABLE_ROWS + 49} of {cmp.MAX_TABLE_ROWS + 50} rows not listed" in text
+    assert len(cmp.format_markdown([c], threshold_pct=1, alpha=0.01)) > cmp.MAX_TABLE_ROWS  # markdown lists all
