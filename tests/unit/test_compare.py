@@ -622,3 +622,31 @@ def test_a_large_comparison_lists_the_changed_rows_and_counts_the_rest():
     text = _rich_text(out)
     assert "slower" in text and f"{cmp.MAX_TABLE_ROWS + 49} of {cmp.MAX_TABLE_ROWS + 50} rows not listed" in text
     assert len(cmp.format_markdown([c], threshold_pct=1, alpha=0.01)) > cmp.MAX_TABLE_ROWS  # markdown lists all
+
+
+def test_batched_judgements_equal_the_one_by_one_ones():
+    """judge_many's numpy path (many small figures of equal sizes) gives judge's every figure."""
+    rng = np.random.default_rng(9)
+    items = []
+    for i in range(300):
+        m, n = (5, 5) if i % 3 else (4, 9)
+        base = np.exp(rng.normal(0, 0.05, m))
+        new = np.exp(rng.normal(rng.choice([0, -0.1, 0.2]), 0.05, n))
+        if i % 4 == 0:  # ties within and across the sides
+            base, new = np.round(base, 1), np.round(new, 1)
+        if i % 7 == 0:
+            new = base.copy() if m == n else new
+        items.append((list(base), list(new), "bandwidth" if i % 2 else "time"))
+    many = cmp.judge_many(items, threshold_pct=1.0, alpha=0.01)
+    assert len({(len(b), len(n)) for b, n, _ in items}) == 2 and len(items) >= 2 * cmp.BATCH_MIN_FIGURES
+    for (b, n, metric), j in zip(items, many):
+        one = cmp.judge(b, n, metric, threshold_pct=1.0, alpha=0.01)
+        assert j.verdict == one.verdict and j.why == one.why
+        assert j.test.p == pytest.approx(one.test.p, rel=1e-12, abs=1e-15) and j.test.method == one.test.method
+        assert j.test.u == pytest.approx(one.test.u) and j.test.z == pytest.approx(one.test.z)
+        assert j.shift.change_pct == pytest.approx(one.shift.change_pct, abs=1e-9)
+        assert (j.shift.ci_low_pct is None) == (one.shift.ci_low_pct is None)
+        if one.shift.ci_low_pct is not None:
+            assert j.shift.ci_low_pct == pytest.approx(one.shift.ci_low_pct, abs=1e-9)
+            assert j.shift.ci_high_pct == pytest.approx(one.shift.ci_high_pct, abs=1e-9)
+        assert j.base_median == pytest.approx(one.base_median) and j.new_median == pytest.approx(one.new_median)
