@@ -1,6 +1,8 @@
 # Two commands set up and use a fresh machine:
 #   make run   - create .venv, install gpubench with the CUDA extra, run `gpubench copy --pinned`
 #   make test  - create .venv if missing, install the test extras, run the whole test suite
+# make browser installs headless Chromium from the system's packages when it is missing (Debian:
+# apt-get install chromium; root, or sudo), for the HTML report's browser test; .ci/run does it first.
 # CUDA=cuda12 picks CuPy for CUDA 12. The tests also get distributed-ucxx for that CUDA (ucx-cu13 or
 # ucx-cu12), which pins dask to the version dask-cuda pins, so both CUDA majors test the same dask.
 PYTHON ?= python3
@@ -15,7 +17,7 @@ else
 $(error CUDA=$(CUDA) is not known: use CUDA=cuda13 or CUDA=cuda12)
 endif
 
-.PHONY: run test clean
+.PHONY: run test clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +36,15 @@ run: $(VENV)/.run-$(CUDA)
 
 test: $(VENV)/.test-$(CUDA)
 	$(BIN)/python -m pytest -q
+
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+		echo "chromium: $$(command -v chromium || command -v chromium-browser)"; \
+	else \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
+		chromium --version; \
+	fi
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

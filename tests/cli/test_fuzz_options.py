@@ -133,6 +133,8 @@ OVERRIDES = {
     ("compare", "new"): st.one_of(st.sampled_from(COPY_RESULTS), IN_PATHS),
     ("plot", "results"): st.one_of(st.sampled_from(RESULTS), IN_PATHS),
     ("plot", "output"): st.one_of(st.just("out.png"), OUT_PATHS),
+    ("report", "inputs"): st.one_of(st.sampled_from(RESULTS), IN_PATHS),
+    ("report", "output"): st.one_of(st.just("out.html"), OUT_PATHS),
     ("merge", "scheduler_address"): st.sampled_from(["abc", "", "tcp://", "ucx://x", "[::1"]),
     ("merge", "scheduler_file"): st.sampled_from(["missing.json", "a-folder", "", "nodir/x.json", "a-fifo",
                                                   "garbage.json"]),
@@ -142,7 +144,8 @@ OVERRIDES = {
 }
 # net client / local: a 10 s test by default; plot: -o is required. These go first, so a drawn
 # value still wins.
-PREPEND = {"net local": ["-t", "0.1"], "net client": ["-t", "0.1", "-p", CLOSED_PORT], "plot": ["-o", "out.png"]}
+PREPEND = {"net local": ["-t", "0.1"], "net client": ["-t", "0.1", "-p", CLOSED_PORT], "plot": ["-o", "out.png"],
+           "report": ["-o", "out.html"]}
 # A merge -t cpu would start a Dask cluster: append one option MergeSpec refuses, so none starts.
 MERGE_CPU_REFUSED = st.sampled_from([["--runs", "0"], ["--threads-per-worker", "0"], ["--timeout", "0"],
                                      ["--warmup-runs", "-1"], ["-d", "0,0"], ["-d", "-1"]])
@@ -289,7 +292,7 @@ def stop_server_at_once(monkeypatch) -> None:
 FUZZ_SETTINGS = settings(max_examples=200, deadline=None, derandomize=False, print_blob=True,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                                 HealthCheck.function_scoped_fixture])
-SLOW = {"plot": 40, "net local": 30, "env": 60}
+SLOW = {"plot": 40, "report": 25, "net local": 30, "env": 60}
 
 
 @pytest.mark.parametrize("path", list(TARGETS))

@@ -1,4 +1,6 @@
-"""plot: panels chosen from params, PNGs written with the asked size and read back."""
+"""plot: every kind drawn from the fixtures in tests/data and checked for what a person checks
+(issue 15): axis labels with units, legend entries equal to the series drawn, no two series of one
+colour and style, a matrix of equal cells still showing its value, peaks named by their source."""
 
 from __future__ import annotations
 
@@ -7,124 +9,321 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("matplotlib")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import synth  # noqa: E402
 
 from gpubench import plot  # noqa: E402
-from gpubench.cli import main  # noqa: E402
 from gpubench.core.errors import UsageError  # noqa: E402
-from gpubench.core.result import Result, load, save  # noqa: E402
+from gpubench.core.result import Record, Result, save  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def png_size(path: Path) -> tuple[int, int]:
-    import matplotlib.image as mpimg
-
-    img = mpimg.imread(path)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    return img.shape[1], img.shape[0]
+def fixture(name: str) -> tuple[str, Result]:
+    return (str(DATA / name), plot.load(DATA / name))
 
 
-def test_panels_for_a_copy_sweep_one_line_per_mode():
-    (p,) = plot.build_panels([("a.json", load(synth.REAL_ALL))])
-    assert p.kind == "sweep" and p.metric == "bandwidth"
-    labels = [label for label, _ in p.series]
-    assert len(labels) == 20 and "h2d pinned" in labels and "bidir-total registered" in labels
-    assert all(len(rs) == 5 for _, rs in p.series)  # 4 KiB .. 256 MiB
+def drawn(results, **kw):
+    fig, sections = plot.figure(results, **kw)
+    fig.canvas.draw() if hasattr(fig.canvas, "draw") else None
+    return fig, sections
 
 
-def test_overlay_labels_name_the_file():
-    panels = plot.build_panels([("x/pinned.json", load(synth.REAL_PINNED)), ("y/all.json", load(synth.REAL_ALL))])
-    (p,) = panels
-    labels = [label for label, _ in p.series]
-    assert "h2d pinned [pinned]" in labels and "h2d pinned [all]" in labels
+def visible_axes(fig):
+    """The data axes of a figure (not colorbars or the hidden spare cells)."""
+    out = []
+    for sf in fig.subfigs:
+        for ax in sf.axes:
+            if ax.get_visible() and ax.get_label() != "<colorbar>" and ax.get_xlabel() != "" or \
+                    ax.get_visible() and ax.images:
+                out.append(ax)
+    return out
 
 
-def test_matrix_and_time_panels():
-    panels = plot.build_panels([("p2p.json", synth.p2p_like(1, n_gpus=3))])
-    kinds = sorted((p.kind, p.metric, p.title) for p in panels)
-    assert kinds == [("matrix", "bandwidth", "p2p: off"), ("matrix", "bandwidth", "p2p: on"),
-                     ("matrix", "time", "p2p: on latency")]
+def series_artists(ax):
+    """(label, colour, style) of each named line and bar set on an axes."""
+    import matplotlib.colors as mc
+
+    out = []
+    for line in ax.get_lines():
+        if not line.get_label().startswith("_"):
+            out.append((line.get_label(), mc.to_hex(line.get_color()), str(line.get_linestyle()),
+                        str(line.get_marker())))
+    for cont in ax.containers:
+        label = cont.get_label()
+        if label and not label.startswith("_") and hasattr(cont, "patches"):
+            p = cont.patches[0]
+            out.append((label, mc.to_hex(p.get_facecolor()), p.get_hatch() or "", "bar"))
+    return out
 
 
-def test_nothing_to_plot_is_a_usage_error():
-    with pytest.raises(UsageError, match="nothing to plot"):
-        plot.build_panels([("env.json", Result("env", {}))])
+def legend_texts(fig):
+    return [t.get_text() for sf in fig.subfigs for lg in sf.legends for t in lg.get_texts()]
+
+
+def check_legend_and_styles(fig):
+    drawn_labels = set()
+    for ax in visible_axes(fig):
+        arts = series_artists(ax)
+        styles = [a[1:] for a in arts]
+        assert len(styles) == len(set(styles)), f"two series share colour and style on {ax.get_title()}: {arts}"
+        drawn_labels |= {a[0] for a in arts}
+    texts = legend_texts(fig)
+    named = [t for t in texts if t not in plot.EXPLAIN_LABELS and not t.startswith("omitted")]
+    assert set(named) == drawn_labels and len(named) == len(set(named)), (named, drawn_labels)
+    return texts
+
+
+def test_copy_is_faceted_by_direction_with_one_colour_per_memory_kind():
+    fig, (sec,) = drawn([fixture("copy-all-h200.json")])
+    assert sec.kind == "sweep" and [p.title for p in sec.panels] == ["h2d", "d2h", "bidir-h2d", "bidir-d2h",
+                                                                     "bidir-total"]
+    axes = visible_axes(fig)
+    assert len(axes) == 5
+    for ax in axes:
+        assert "GB/s" in ax.get_ylabel() and "size per copy" in ax.get_xlabel()
+        arts = series_artists(ax)
+        assert sorted(a[0] for a in arts) == sorted(["pinned", "pageable", "write-combined", "registered"])
+        assert len({a[1] for a in arts}) == 4  # a colour per memory kind
+        assert ax.get_ylim()[0] == 0
+        assert ax.get_title(loc="right") == "n = 5-100 samples per point" or "samples per point" in \
+            ax.get_title(loc="right")
+    texts = check_legend_and_styles(fig)
+    assert plot.BAND_LABEL in texts  # the shaded band is explained
+
+
+def test_an_overlay_is_one_colour_per_file_and_the_legend_names_the_file():
+    fig, (sec,) = drawn([fixture("copy-pinned-h200.json"), fixture("copy-all-h200.json")])
+    h2d = visible_axes(fig)[0]
+    arts = series_artists(h2d)
+    by_file = {}
+    for label, colour, *_ in arts:
+        by_file.setdefault(label.split(" · ")[1], set()).add(colour)
+    assert set(by_file) == {"copy-pinned-h200.json", "copy-all-h200.json"}
+    assert all(len(c) == 1 for c in by_file.values())  # one colour per file
+    assert by_file["copy-pinned-h200.json"] != by_file["copy-all-h200.json"]
+    check_legend_and_styles(fig)
+
+
+def test_batch_at_one_size_is_bars_per_strategy_with_whiskers_and_n():
+    fig, (sec,) = drawn([fixture("batch-h200.json")])
+    assert sec.kind == "bars" and "4096 pieces of 4 KiB" in sec.title
+    (ax,) = visible_axes(fig)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["separate", "packed", "packed+gather", "batched-api",
+                                                            "contiguous"]
+    assert "bandwidth (GB/s)" in ax.get_ylabel()
+    arts = series_artists(ax)
+    assert sorted(a[0] for a in arts) == ["d2h pageable", "d2h pinned", "h2d pageable", "h2d pinned"]
+    notes = [t.get_text() for t in ax.texts]
+    assert sum("n=" in t for t in notes) == 20  # every bar says how many samples stand behind it
+    texts = check_legend_and_styles(fig)
+    assert plot.WHISKER_LABEL in texts
+    # the record's peak is labelled by its source
+    assert any("PCIe Gen5 x16 peak 63.0 GB/s (measured link)" == t.get_text() for t in ax.texts)
+
+
+def overlap_result() -> Result:
+    recs = []
+    for work in (0, 64):
+        for stage, t in (("h2d", 1e-3), ("kernel", 2e-3 if work else 1e-4), ("d2h", 1e-3), ("serial", 4e-3),
+                         ("overlapped", 2.2e-3)):
+            recs.append(Record(params={"device": 0, "work": work, "streams": 4, "chunks": 8, "nbytes": 2**26,
+                                       "stage": stage}, metric="time", nbytes=2**26,
+                               samples_s=[t, t * 1.01, t * 0.99, t * 1.02]))
+    return Result("overlap", {}, records=recs)
+
+
+def test_overlap_is_bars_per_stage_in_microseconds():
+    fig, (sec,) = drawn([("ov.json", overlap_result())])
+    (ax,) = visible_axes(fig)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["h2d", "kernel", "d2h", "serial", "overlapped"]
+    assert "time (us)" in ax.get_ylabel()
+    assert sorted(a[0] for a in series_artists(ax)) == ["work=0", "work=64"]
+    check_legend_and_styles(fig)
+
+
+def test_nccl_names_busbw_and_algbw_and_the_collective_and_rank_count():
+    fig, (sec,) = drawn([fixture("nccl-h200x2.json")])
+    assert "all-reduce, 2 ranks" in sec.title
+    axes = visible_axes(fig)
+    assert [ax.get_title(loc="left") for ax in axes] == ["all-reduce, 2 ranks: busbw", "all-reduce, 2 ranks: algbw"]
+    assert axes[0].get_ylabel().startswith("busbw (GB/s)") and axes[1].get_ylabel().startswith("algbw (GB/s)")
+    assert "nccl-tests" in axes[0].get_xlabel()
+    check_legend_and_styles(fig)
+    # 2 ranks: busbw factor 2(n-1)/n = 1, the two panels hold the same figures
+    bus = {line.get_label(): list(line.get_ydata()) for line in axes[0].get_lines()}
+    alg = {line.get_label(): list(line.get_ydata()) for line in axes[1].get_lines()}
+    assert bus == alg
+
+
+def test_nccl_busbw_is_algbw_times_the_factor():
+    _, res = fixture("nccl-h200x2.json")
+    for r in res.records:
+        r.extra["busbw_factor"] = 1.5
+    fig, _ = drawn([("x.json", res)])
+    axes = visible_axes(fig)
+    for lb, la in zip(axes[0].get_lines(), axes[1].get_lines()):
+        assert list(lb.get_ydata()) == pytest.approx([1.5 * v for v in la.get_ydata()])
+
+
+def test_net_is_per_stream_and_total_from_zero():
+    fig, (sec,) = drawn([fixture("net-local.json")])
+    (ax,) = visible_axes(fig)
+    assert ax.get_xlim()[0] == 0 and ax.get_ylim()[0] == 0
+    assert "time since the start (s)" == ax.get_xlabel() and "GB/s" in ax.get_ylabel()
+    assert sorted(a[0] for a in series_artists(ax)) == ["stream 0", "stream 1", "total"]
+    check_legend_and_styles(fig)
+
+
+def test_net_takes_a_user_peak_labelled_user():
+    fig, _ = drawn([fixture("net-local.json")], peaks_gbps=[10.0])
+    (ax,) = visible_axes(fig)
+    assert "--peak peak 10.0 GB/s (user)" in [t.get_text() for t in ax.texts]
+
+
+def test_merge_is_bars_per_worker_pair():
+    fig, (sec,) = drawn([fixture("merge-cpu.json")])
+    (ax,) = visible_axes(fig)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["(0,1)", "(1,0)"]
+    assert ax.get_xlabel() == "worker pair (w1, w2)" and "GB/s" in ax.get_ylabel()
+    assert [t.get_text().split("n=")[1] for t in ax.texts if "n=" in t.get_text()] == ["2", "1"]
+    check_legend_and_styles(fig)
+
+
+def test_p2p_is_one_figure_of_matrices_on_a_shared_scale_latency_reversed():
+    fig, (sec,) = drawn([fixture("p2p-h200x2.json")])
+    assert sec.kind == "matrix" and len(sec.panels) == 12
+    titles = [p.title for p in sec.panels]
+    assert titles[:4] == ["write · 1 GiB", "read · 1 GiB", "bidir forward · 1 GiB", "bidir reverse · 1 GiB"]
+    assert "sm · 1 GiB" in titles  # the requested size, as the other panels (not "1023 MiB")
+    assert titles[-2:] == ["latency · 16 B", "off-latency · 16 B"]
+    images = [ax.images[0] for sf in fig.subfigs for ax in sf.axes if ax.images]
+    assert len(images) == 12
+    bw = [im for im in images if im.cmap.name == "viridis"]
+    lat = [im for im in images if im.cmap.name == "viridis_r"]  # lower latency is brighter
+    assert len(bw) == 10 and len(lat) == 2
+    assert len({(im.norm.vmin, im.norm.vmax) for im in bw}) == 1  # one scale for every bandwidth matrix
+    assert len({(im.norm.vmin, im.norm.vmax) for im in lat}) == 1
+    cbars = {im.colorbar.ax.get_ylabel() for im in images if im.colorbar is not None}
+    assert sorted(cbars) == ["bandwidth (GB/s), median", "latency (us), median"]  # one scale bar per metric
+
+
+def test_a_2x2_matrix_of_equal_cells_still_shows_its_value():
+    recs = [Record(params={"test": "write", "src": s, "dst": d, "nbytes": 2**30}, nbytes=2**30,
+                   samples_s=[2**30 / 400e9] * 5) for s in (0, 1) for d in (0, 1)]
+    fig, _ = drawn([("eq.json", Result("p2p", {}, records=recs))])
+    (ax,) = [ax for sf in fig.subfigs for ax in sf.axes if ax.images]
+    texts = [t.get_text() for t in ax.texts]
+    assert len(texts) == 4 and all(t.startswith("400 GB/s") for t in texts)
+    # the text is readable on its cell: dark text on the bright (top of scale) colour
+    import matplotlib.colors as mc
+
+    assert all(mc.to_hex(t.get_color()) == "#000000" for t in ax.texts)
+
+
+def test_p2p_draws_inside_the_figure_size_it_says(tmp_path):
+    from PIL import Image
+
+    out = plot.render([fixture("p2p-h200x2.json")], tmp_path / "p.png", dpi=50)
+    _, sections = plot.figure([fixture("p2p-h200x2.json")])
+    w, h = sections[0].size_in()
+    with Image.open(out) as im:
+        assert im.size == (round(w * 50), round(h * 50))
 
 
 @pytest.mark.parametrize("size,dpi,expect", [("12x7", 100, (1200, 700)), ("6x4", 50, (300, 200))])
 def test_png_has_the_asked_size(tmp_path, size, dpi, expect):
+    from PIL import Image
+
     out = tmp_path / "out.png"
-    w, h = plot.parse_figsize(size, 1)
-    plot.render([("a", load(synth.REAL_PINNED))], out, size_in=(w, h), dpi=dpi, peaks_gbps=[63.0])
-    assert png_size(out) == expect
+    plot.render([fixture("copy-pinned-h200.json")], out, size_in=plot.parse_figsize(size), dpi=dpi, peaks_gbps=[63.0])
+    with Image.open(out) as im:
+        assert im.size == expect
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_writes_every_kind_of_panel(tmp_path, capsys):
-    p2p, merge_tcp, merge_ucx = tmp_path / "p2p.json", tmp_path / "tcp.json", tmp_path / "ucx.json"
-    save(synth.p2p_like(1), p2p)
-    save(synth.merge_like(1, "tcp"), merge_tcp)
-    save(synth.merge_like(2, "ucx"), merge_ucx)
-    out = tmp_path / "all.png"
-    with pytest.raises(SystemExit) as e:
-        main(["plot", str(synth.REAL_PINNED), str(p2p), str(merge_tcp), str(merge_ucx), "-o", str(out), "--dpi", "40"])
-    assert e.value.code == 0
-    assert capsys.readouterr().out.strip() == f"wrote {out}"
-    # 1 sweep + 3 p2p matrices + 1 merge pairs panel = 5 panels -> 2 columns x 3 rows of 9.5 x 5 in
-    assert png_size(out) == (int(2 * 9.5 * 40), int(3 * 5.0 * 40))
+def test_user_peak_is_refused_where_no_bandwidth_axis_exists():
+    with pytest.raises(UsageError, match="no bandwidth axis"):
+        plot.figure([("ov.json", overlap_result())], peaks_gbps=[50.0])
+    only_latency = [r for r in fixture("p2p-h200x2.json")[1].records if r.metric == "time"]
+    with pytest.raises(UsageError, match="p2p matrices"):
+        plot.figure([("l.json", Result("p2p", {}, records=only_latency))], peaks_gbps=[50.0])
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["-o", "out.jpg"], "must end in .png"),
-    (["-o", "out.png", "--size", "big"], "--size 'big'"),
-    (["-o", "out.png", "--dpi", "0"], "--dpi 0"),
-    (["-o", "out.png", "--peak", "-3"], "--peak -3.0"),
-    (["-o", "/no/such/folder/out.png"], "does not exist"),
-])
-def test_cli_bad_options_exit_2(tmp_path, capsys, monkeypatch, args, needle):
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as e:
-        main(["plot", str(synth.REAL_PINNED), *args])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and needle in err and err.count("\n") == 1
-    assert not (tmp_path / "out.png").exists()
+def test_nvml_peak_from_the_env_when_records_carry_none():
+    res = synth.copy_like(1, peak=None)
+    res.env = {"gpus": [{"index": 0, "pcie_gen": 4, "pcie_width": 16, "pcie_peak_bytes_per_s": 31.5e9}]}
+    fig, _ = drawn([("c.json", res)])
+    texts = [t.get_text() for ax in visible_axes(fig) for t in ax.texts]
+    assert "PCIe Gen4 x16 peak 31.5 GB/s (NVML)" in texts
 
 
-def test_memcpy2d_windows_plot_against_the_row_width(tmp_path):
-    from gpubench.core.result import Record
-
-    recs = []
-    for strategy, t in (("2d", 1e-5), ("row-loop", 4e-5)):
-        for w in (256, 4096):
-            recs.append(Record(params={"device": 0, "direction": "h2d", "strategy": strategy, "memory": "pinned",
-                                       "width": w, "height": 64, "src_pitch": 8192, "dst_pitch": 8192},
-                               metric="bandwidth", nbytes=w * 64, samples_s=[t, t * 1.1, t * 0.9]))
-    (p,) = plot.build_panels([("m.json", Result("memcpy2d", {}, records=recs))])
-    assert p.kind == "sweep" and sorted(label for label, _ in p.series) == ["2d", "row-loop"]
-    assert all([r.params["width"] for r in rs] == [256, 4096] for _, rs in p.series)
-    out = tmp_path / "m.png"
-    plot.render([("m", Result("memcpy2d", {}, records=recs))], out, size_in=(6, 4), dpi=50)
-    assert png_size(out) == (300, 200)
+def test_above_peak_points_are_marked_and_explained():
+    res = synth.copy_like(2, peak=40e9)
+    for r in res.records:
+        r.mark_peak(40e9)
+    fig, _ = drawn([("c.json", res)])
+    assert plot.ABOVE_LABEL in legend_texts(fig)
 
 
-def test_a_memcpy2d_sweep_is_one_line_per_strategy_though_height_and_pitches_move_with_the_width():
+def test_mathtext_in_a_title_a_file_name_or_a_param_is_shown_not_parsed(tmp_path):
+    res = synth.copy_like(3)
+    for r in res.records:
+        r.params["memory"] = r"$\foo$ pinned"
+    path = tmp_path / "$\\bar$.json"
+    save(res, path)
+    out = plot.render([(str(path), plot.load(path)), fixture("copy-pinned-h200.json")], tmp_path / "m.png",
+                      title=r"$\frac{1}{0$", dpi=30)
+    assert out.stat().st_size > 1000
+    fig, _ = plot.figure([(str(path), plot.load(path))], title=r"$\foo$")
+    assert fig._suptitle.get_text() == r"\$\foo\$"
+
+
+def test_nothing_to_plot_is_a_usage_error():
+    with pytest.raises(UsageError, match="nothing to plot"):
+        plot.build_sections([("env.json", Result("env", {}))])
+
+
+def test_memcpy2d_sweep_is_one_line_per_strategy_though_height_and_pitches_move_with_the_width():
     from gpubench.commands.memcpy2d import build_spec
-    from gpubench.core.result import Record
 
-    # the CLI's --sweep with its default pitches (4x source, 1x destination)
     spec = build_spec(width=None, height=None, total=None, sweep=True, src_pitch="4x", dst_pitch="1x",
                       strategies="2d,row-loop", directions="h2d", memory="pinned", device=0, warmup=2, iters=None,
                       min_time=0.1)
     points = spec.points
-    assert len({h for _, h, _, _ in points}) > 1 or len({sp for _, _, sp, _ in points}) > 1  # they do move
     recs = [Record(params={"device": 0, "direction": "h2d", "strategy": s, "memory": "pinned", "width": w,
                            "height": h, "src_pitch": sp, "dst_pitch": dp},
                    metric="bandwidth", nbytes=w * h, samples_s=[1e-5, 1.1e-5])
             for s in ("2d", "row-loop") for (w, h, sp, dp) in points]
-    (p,) = plot.build_panels([("m.json", Result("memcpy2d", {}, records=recs))])
-    assert sorted(label for label, _ in p.series) == ["2d", "row-loop"]
-    assert all(len(rs) == len(points) for _, rs in p.series)
-    # two heights at one width stay apart
-    recs2 = [Record(params={"strategy": "2d", "width": 256, "height": h, "src_pitch": 256, "dst_pitch": 256},
-                    metric="bandwidth", nbytes=256 * h, samples_s=[1e-5]) for h in (8, 64)]
-    (p2,) = plot.build_panels([("m.json", Result("memcpy2d", {}, records=recs2))])
-    assert sorted(label for label, _ in p2.series) == ["64", "8"]
+    (sec,) = plot.build_sections([("m.json", Result("memcpy2d", {}, records=recs))])
+    assert sec.kind == "sweep"
+    (p,) = sec.panels
+    assert sorted(s.label for s in p.series) == ["2d", "row-loop"]
+    assert all(len(s.records) == len(points) for s in p.series)
+    fig, _ = drawn([("m.json", Result("memcpy2d", {}, records=recs))])
+    assert "row width" in visible_axes(fig)[0].get_xlabel()
+
+
+def test_memcpy2d_at_one_window_is_bars_per_strategy():
+    recs = [Record(params={"device": 0, "direction": d, "strategy": s, "memory": "pinned", "width": 256,
+                           "height": 64, "src_pitch": 1024, "dst_pitch": 256}, nbytes=256 * 64,
+                   samples_s=[t, t * 1.1]) for s, t in (("2d", 1e-5), ("row-loop", 4e-5)) for d in ("h2d", "d2h")]
+    (sec,) = plot.build_sections([("m.json", Result("memcpy2d", {}, records=recs))])
+    assert sec.kind == "bars" and sec.panels[0].cat_key == "strategy"
+
+
+def test_display_names_are_unique():
+    assert plot.display_names(["a/x.json", "b/x.json", "c/y.json"]) == ["a/x.json", "b/x.json", "c/y.json"]
+    assert plot.display_names(["a/x.json", "c/y.json"]) == ["x.json", "y.json"]
+
+
+def test_shared_y_facets_fit_the_highest_facet_whatever_its_place():
+    res = synth.copy_like(4, median_gbps=(10.0, 20.0, 30.0))
+    for r in res.records:  # d2h (the second facet) much faster than h2d
+        if r.params["direction"] == "d2h":
+            r.samples_s = [t / 5 for t in r.samples_s]
+    fig, _ = drawn([("c.json", res)])
+    axes = visible_axes(fig)
+    top = max(max(line.get_ydata()) for ax in axes for line in ax.get_lines() if not line.get_label().startswith("_"))
+    assert all(ax.get_ylim()[1] >= top for ax in axes)

@@ -48,7 +48,9 @@ ENTRIES: tuple[Entry, ...] = (
           "Cost of page-locking host memory and of cudaMalloc: cudaHostAlloc, cudaHostRegister, frees."),
     Entry("compare", "gpubench.commands.compare", "Compare saved results: per-figure change and a noise-aware verdict.",
           "no"),
-    Entry("plot", "gpubench.commands.plot", "PNG of saved results: bandwidth vs size, p2p heatmaps, merge pairs.", "no"),
+    Entry("plot", "gpubench.commands.plot", "PNG of saved results: sweeps, strategy bars, busbw/algbw, p2p matrices, pairs.", "no"),
+    Entry("report", "gpubench.commands.report", "One self-contained HTML page of results, comparisons, suites or a fleet.",
+          "no"),
     Entry("suite", "gpubench.commands.suite", "Node validation: env, copy, batch, p2p, nccl; expectations from TOML.",
           "suite --check"),
 )

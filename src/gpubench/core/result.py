@@ -247,6 +247,33 @@ def _write_target(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
 
 
+def check_output_target(path: str | os.PathLike, what: str = "--json") -> None:
+    """Refuse an output target that exists and is not a regular file: a device (``mknod x c 1 3``,
+    /dev/null), a FIFO, a socket or a folder, also at the end of a chain of symbolic links. An atomic
+    save renames a new file over the target, which would replace the device or pipe.
+
+    Args:
+        path: the file to be written.
+        what: the option that named it, for the message ("--json", "-o").
+
+    Raises:
+        UsageError: the target (after following links) exists and is not a regular file.
+    """
+    p = _write_target(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UsageError(f"{what} {str(path)!r}: cannot check it ({e.strerror or type(e).__name__})") from None
+    if _stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{what} {str(path)!r} is a folder", "give a file name, e.g. out.json")
+    if not _stat.S_ISREG(st.st_mode):  # a save would rename a new file over it
+        raise UsageError(f"{what} {str(path)!r} is not a regular file (a device, pipe or socket)",
+                         "give a file name, e.g. out.json, or --json - for stdout" if what == "--json"
+                         else "give the name of a file")
+
+
 def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
     """Check, before a run, that ``path`` can be written: its folder exists and a file can be
     created in it (tried: a temporary file is made and removed, which also catches read-only file
@@ -274,9 +301,7 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
             raise UsageError(f"{option} {str(path)!r} is a folder", "give a file name, e.g. out.json")
         if not parent.is_dir():
             raise UsageError(f"{option} {str(path)!r}: folder {str(parent)!r} does not exist")
-        if p.exists() and not p.is_file():  # a device, FIFO or socket: an atomic save would replace it
-            raise UsageError(f"{option} {str(path)!r} is not a regular file (a device, pipe or socket)",
-                             "give a file name, e.g. out.json, or --json - for stdout")
+        check_output_target(path, option)
         if p.exists() and not os.access(p, os.W_OK):
             raise UsageError(f"{option} {str(path)!r} exists and cannot be written (read-only, or another "
                              "user's file)", "remove it or give another name")
@@ -319,6 +344,41 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
         tmp = None
     except OSError as e:
         raise MachineError(f"could not save {what} to {str(p)!r}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return p
+
+
+def write_bytes_atomic(data: bytes, path: str | os.PathLike, what: str = "file", option: str = "-o") -> Path:
+    """Write ``data`` to ``path`` atomically, as :func:`write_json_atomic` does for JSON (a PNG, an
+    HTML report): a temporary file in the same folder, fsync, rename. On any failure (a full disk)
+    the temporary file is removed and an earlier file at ``path`` is left as it was.
+
+    Raises:
+        UsageError: the target is not a regular file (:func:`check_output_target`; ``option`` names it).
+        MachineError: the write failed; the message names ``what`` and the path.
+    """
+    check_output_target(path, option)
+    p = _write_target(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gpubench-", suffix=".tmp", dir=parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as e:
+        raise MachineError(f"could not write {what} to {str(p)!r}: {e.strerror or e}") from None
     finally:
         if tmp is not None:
             try:

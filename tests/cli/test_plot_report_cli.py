@@ -1,0 +1,241 @@
+"""plot and report on bad input and bad output targets (issue 18 items 3, 4, 8, 9): one line on
+stderr naming the bad value, exit 2, nothing written; a full disk leaves an earlier file whole and
+no temporary or empty file behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+PINNED = DATA / "copy-pinned-h200.json"
+P2P = DATA / "p2p-h200x2.json"
+
+
+def one_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def refused(run_cli, *argv, needle: str) -> str:
+    code, out, err = run_cli(*argv)
+    assert code == 2, (argv, code, out, err)
+    line = one_line(err)
+    assert re.search(needle, line), (needle, line)
+    return line
+
+
+def broken(tmp_path: Path, change) -> Path:
+    d = json.loads(PINNED.read_text())
+    change(d)
+    # not *.json: the session's schema check (tests/conftest.py) reads those, and this one holds NaN
+    p = tmp_path / "bad.result"
+    p.write_text(json.dumps(d))  # allow_nan: NaN and Infinity are written as such
+    return p
+
+
+# ---- options ----
+
+@pytest.mark.parametrize("peak", ["inf", "nan", "-3", "0", "-inf"])
+def test_plot_refuses_a_peak_that_is_not_a_finite_positive_bandwidth(run_cli, tmp_path, peak):
+    refused(run_cli, "plot", PINNED, "-o", tmp_path / "o.png", "--peak", peak, needle=r"--peak .* finite bandwidth > 0")
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_plot_refuses_a_peak_with_no_bandwidth_axis_to_draw_it_on(run_cli, tmp_path):
+    d = json.loads(P2P.read_text())
+    d["records"] = [r for r in d["records"] if r["metric"] == "time"]
+    p = tmp_path / "lat.json"
+    p.write_text(json.dumps(d))
+    refused(run_cli, "plot", p, "-o", tmp_path / "o.png", "--peak", "50", needle="no bandwidth axis .*p2p matrices")
+    assert not (tmp_path / "o.png").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-o", "out.jpg"], "must end in .png"),
+    (["-o", "out.png", "--size", "big"], "--size 'big'"),
+    (["-o", "out.png", "--size", "100x100", "--dpi", "1000"], "over 20000 pixels"),
+    (["-o", "out.png", "--dpi", "0"], "--dpi 0"),
+    (["-o", "/no/such/folder/out.png"], "does not exist"),
+])
+def test_plot_bad_options_exit_2(run_cli, tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    refused(run_cli, "plot", PINNED, *args, needle=re.escape(needle))
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_plot_takes_mathtext_in_the_title_a_file_name_and_a_param(run_cli, tmp_path):
+    d = json.loads(PINNED.read_text())
+    for r in d["records"]:
+        r["params"]["memory"] = "$\\foo$"
+    p = tmp_path / "$x^$.json"
+    p.write_text(json.dumps(d))
+    code, out, err = run_cli("plot", p, PINNED, "-o", tmp_path / "o.png", "--title", "$\\foo$", "--dpi", "30")
+    assert code == 0, err
+    assert (tmp_path / "o.png").stat().st_size > 1000
+
+
+# ---- malformed numbers in a result: exit 2 naming the field (chosen over skipping the point) ----
+
+@pytest.mark.parametrize("change,field", [
+    (lambda d: d["records"][3].update(nbytes=float("inf")), r"records\[3\]\.nbytes is inf"),
+    (lambda d: d["records"][0].update(nbytes=10 ** 400), r"records\[0\]\.nbytes is 10+\.\.\. \(401 characters\)"),
+    (lambda d: d["records"][1]["samples_s"].__setitem__(2, float("nan")), r"records\[1\]\.samples_s\[2\] is nan"),
+    (lambda d: d["records"][1]["samples_s"].__setitem__(0, 0), r"records\[1\]\.samples_s\[0\] is 0"),
+    (lambda d: d["records"][2].update(reps=float("inf")), r"records\[2\]\.reps is inf"),
+    (lambda d: d["records"][2]["extra"].update(peak_bytes_per_s=float("nan")),
+     r"records\[2\]\.extra\.peak_bytes_per_s is nan"),
+])
+@pytest.mark.parametrize("command", ["plot", "report"])
+def test_malformed_numbers_are_refused_naming_the_field(run_cli, tmp_path, change, field, command):
+    bad = broken(tmp_path, change)
+    out = tmp_path / ("o.png" if command == "plot" else "o.html")
+    refused(run_cli, command, bad, "-o", out, needle=field)
+    assert not out.exists()
+
+
+def test_the_1e400_text_of_the_issue(run_cli, tmp_path):
+    text = PINNED.read_text().replace('"nbytes":4096,"samples_s"', '"nbytes":1e400,"samples_s"', 1)
+    assert "1e400" in text
+    p = tmp_path / "big.result"
+    p.write_text(text)
+    refused(run_cli, "plot", p, "-o", tmp_path / "o.png", needle=r"\.nbytes is inf; expected a whole number")
+
+
+@pytest.mark.parametrize("command,suffix", [("plot", "png"), ("report", "html")])
+def test_json_nested_1000_levels_is_refused(run_cli, tmp_path, command, suffix):
+    p = tmp_path / "deep.json"
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    try:
+        refused(run_cli, command, p, "-o", tmp_path / f"o.{suffix}", needle="nested too deeply|not valid JSON")
+    finally:
+        p.unlink()  # the session's schema check reads every .json left behind
+
+
+# ---- output targets that are not regular files ----
+
+def _targets(tmp_path: Path, suffix: str) -> dict[str, Path]:
+    out = {}
+    fifo = tmp_path / f"fifo{suffix}"
+    os.mkfifo(fifo)
+    out["fifo"] = fifo
+    sock = tmp_path / f"sock{suffix}"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    out["socket"] = sock
+    link = tmp_path / f"link-to-fifo{suffix}"
+    link.symlink_to(fifo)
+    out["symlink to a fifo"] = link
+    chain = tmp_path / f"link-to-link{suffix}"
+    chain.symlink_to(link)
+    out["two symlinks to a fifo"] = chain
+    if os.geteuid() == 0:
+        dev = tmp_path / f"mynull{suffix}"
+        os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, as /dev/null
+        out["device"] = dev
+        out["symlink to a device"] = tmp_path / f"link-to-dev{suffix}"
+        out["symlink to a device"].symlink_to(dev)
+    out["folder"] = tmp_path / f"folder{suffix}"
+    out["folder"].mkdir()
+    return out
+
+
+@pytest.mark.parametrize("command,suffix", [("plot", ".png"), ("report", ".html")])
+def test_output_targets_that_are_not_regular_files_are_refused_before_work(run_cli, tmp_path, command, suffix):
+    if os.geteuid() != 0 and os.environ.get("CI") == "true":
+        pytest.fail("CI runs as root: the device case must run")
+    for kind, named in _targets(tmp_path, suffix).items():
+        before = os.lstat(named)
+        line = refused(run_cli, command, PINNED, "-o", named, needle=r"not a regular file|is a folder|is a directory")
+        after = os.lstat(named)
+        assert (before.st_mode, before.st_ino) == (after.st_mode, after.st_ino), (kind, line)
+    assert not list(tmp_path.glob(".gpubench-*"))
+
+
+# ---- atomic writes: a full disk never truncates an earlier file or leaves an empty one ----
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 KiB tmpfs: a real full disk (needs root; CI runs as root)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot mount a tmpfs in CI: {r.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here (not root?): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("command,name,inputs", [
+    ("plot", "copy.png", [PINNED, DATA / "copy-all-h200.json"]),
+    ("report", "r.html", [DATA / "copy-all-h200.json", PINNED]),
+])
+def test_a_full_disk_keeps_the_earlier_file_whole(tiny_disk, command, name, inputs):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    target = tiny_disk / name
+    earlier = b"an earlier file, kept whole\n" * 100
+    target.write_bytes(earlier)
+    # the new PNG or page is larger than what is left on the 64 KiB disk
+    r = subprocess.run([sys.executable, "-m", "gpubench", command, *map(str, inputs), "-o", str(target)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    line = one_line(r.stderr)
+    assert "No space left on device" in line and str(target) in line
+    assert target.read_bytes() == earlier
+    assert sorted(p.name for p in tiny_disk.iterdir()) == [name]  # no temporary, no 0-byte file
+
+
+def test_plot_replaces_an_earlier_png_atomically_through_a_symlink(run_cli, tmp_path):
+    real = tmp_path / "real.png"
+    real.write_bytes(b"old")
+    link = tmp_path / "link.png"
+    link.symlink_to(real)
+    code, out, err = run_cli("plot", PINNED, "-o", link, "--dpi", "30")
+    assert code == 0, err
+    assert link.is_symlink() and real.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert oct(real.stat().st_mode & 0o777) != oct(0o600)  # an ordinary file, not mkstemp's 0600
+
+
+# ---- report inputs ----
+
+def test_report_bad_inputs(run_cli, tmp_path):
+    refused(run_cli, "report", PINNED, "-o", tmp_path / "r.txt", needle=r"must end in \.html")
+    refused(run_cli, "report", tmp_path / "missing.json", "-o", tmp_path / "r.html", needle="does not exist")
+    (tmp_path / "empty").mkdir()
+    refused(run_cli, "report", tmp_path / "empty", "-o", tmp_path / "r.html", needle="no .json file")
+    bad_fleet = tmp_path / "fleet.json"
+    bad_fleet.write_text(json.dumps({"fleet": {"kind": "gpubench-fleet", "version": 1,
+                                               "rows": [{"host": "a", "rank": 0, "flag": "meh"}]}}))
+    refused(run_cli, "report", bad_fleet, "-o", tmp_path / "r.html", needle=r"fleet\.rows\[0\]\.flag is 'meh'")
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({"fleet": {"kind": "gpubench-fleet", "version": 9}}))
+    refused(run_cli, "report", newer, "-o", tmp_path / "r.html", needle="fleet version 9 is newer")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_help_of_report_and_plot(run_cli):
+    for cmd in ("plot", "report"):
+        code, out, err = run_cli(cmd, "--help")
+        assert code == 0 and "-o, --output" in out
+
+
+@pytest.mark.skipif(shutil.which("mount") is None, reason="no mount(8)")
+def test_tiny_disk_fixture_is_really_small(tiny_disk):
+    with pytest.raises(OSError):
+        (tiny_disk / "x").write_bytes(b"0" * 200_000)
