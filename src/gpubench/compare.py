@@ -903,15 +903,25 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
                   flags=flags)
         paired.append(row)
         cmp.rows.append(row)
-    for row, j in zip(paired, judge_many(pending, threshold_pct=threshold_pct, alpha=alpha)):
-        row.base_median, row.new_median = j.base_median, j.new_median
-        row.change_pct, row.ci_low_pct, row.ci_high_pct = j.shift.change_pct, j.shift.ci_low_pct, j.shift.ci_high_pct
-        row.p, row.verdict, row.why = j.test.p, j.verdict, j.why
+        if len(pending) >= JUDGE_CHUNK:  # judged in chunks: the samples are not held twice for every figure
+            _fill(paired, pending, threshold_pct, alpha)
+            pending, paired = [], []
+    _fill(paired, pending, threshold_pct, alpha)
     for k, rn in zip(new_keys, new.records):
         if k not in seen:
             seen.add(k)
             cmp.rows.append(_one_side(rn, "only-new", new_name))
     return cmp
+
+
+JUDGE_CHUNK = 10_000  # figures judged together (judge_many)
+
+
+def _fill(rows: list[Row], pending: list, threshold_pct: float, alpha: float) -> None:
+    for row, j in zip(rows, judge_many(pending, threshold_pct=threshold_pct, alpha=alpha)):
+        row.base_median, row.new_median = j.base_median, j.new_median
+        row.change_pct, row.ci_low_pct, row.ci_high_pct = j.shift.change_pct, j.shift.ci_low_pct, j.shift.ci_high_pct
+        row.p, row.verdict, row.why = j.test.p, j.verdict, j.why
 
 
 _SCALARS = (str, int, bool, type(None))

@@ -650,3 +650,13 @@ def test_batched_judgements_equal_the_one_by_one_ones():
             assert j.shift.ci_low_pct == pytest.approx(one.shift.ci_low_pct, abs=1e-9)
             assert j.shift.ci_high_pct == pytest.approx(one.shift.ci_high_pct, abs=1e-9)
         assert j.base_median == pytest.approx(one.base_median) and j.new_median == pytest.approx(one.new_median)
+
+
+def test_judging_in_chunks_gives_the_same_rows(monkeypatch):
+    rng = np.random.default_rng(4)
+    recs_a = [Record({"i": i}, nbytes=1, samples_s=list(np.exp(rng.normal(0, 0.05, 5)))) for i in range(50)]
+    recs_b = [Record({"i": i}, nbytes=1, samples_s=list(np.exp(rng.normal(0.1 * (i % 3), 0.05, 5)))) for i in range(50)]
+    a, b = Result("net", {}, records=recs_a), Result("net", {}, records=recs_b)
+    whole = [r.to_dict() for r in cmp.compare(a, b).rows]
+    monkeypatch.setattr(cmp, "JUDGE_CHUNK", 7)
+    assert [r.to_dict() for r in cmp.compare(a, b).rows] == whole
