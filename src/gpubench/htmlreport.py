@@ -474,7 +474,7 @@ def _compare_section(command: str, cmps: list, inputs: Inputs, units: str) -> st
     for cmp in cmps:
         c = cmp.counts()
         out.append(f"<h3>{h(cmp.new_name)} against base {h(cmp.base_name)}</h3>")
-        out.append(f"<p class='verdict {'bad' if c['worse'] else 'ok'}'>{h(cmpmod.summary_line(cmp))}</p>")
+        out.append(f"<p class='verdict {'bad' if c['slower'] else 'ok'}'>{h(cmpmod.summary_line(cmp))}</p>")
         if cmp.env_diff:
             out.append(_table(["what differs", "base", "new"], [list(x) for x in cmp.env_diff], numeric_from=99))
         else:
@@ -482,16 +482,20 @@ def _compare_section(command: str, cmps: list, inputs: Inputs, units: str) -> st
         for n in cmp.notes:
             out.append(f"<p class=note>note: {h(n)}</p>")
         cols, body = cmpmod.table_rows(cmp, units)
-        verdict_class = {"worse": "bad", "better": "good", "worse (untested)": "warn", "better (untested)": "warn"}
+        verdict_class = {"slower": "bad", "faster": "good", "inconclusive": "warn"}
+        vcol = cols.index("verdict")  # telemetry and flags columns may follow it
+        first_figure = vcol - 6  # params, then base, new, n, change, interval, p, verdict
         paired = [(row, cells) for row, cells in zip(cmp.rows, body) if row.status == "paired"]
         other = [(row, cells) for row, cells in zip(cmp.rows, body) if row.status != "paired"]
         if paired:
-            out.append(_table(cols, [c for _, c in paired], classes=[verdict_class.get(c[-1], "") for _, c in paired],
-                              numeric_from=len(cols) - 5, caption="Figures in both"))
+            out.append(_table(cols, [c for _, c in paired], classes=[verdict_class.get(c[vcol], "") for _, c in paired],
+                              numeric_from=first_figure, caption="Figures in both"))
         if other:
             out.append(f"<details><summary>{len(other)} figure(s) in one result only or without data</summary>" +
-                       _table(cols, [c for _, c in other], numeric_from=len(cols) - 5) + "</details>")
-    out.append(f"<p class=note>{h(cmpmod.method_line(cmpmod.DEFAULT_THRESHOLD_PCT, cmpmod.DEFAULT_ALPHA, units))}</p>")
+                       _table(cols, [c for _, c in other], numeric_from=first_figure) + "</details>")
+    metrics = {r.metric for c in cmps for r in c.rows}
+    lines = cmpmod.method_lines(cmpmod.DEFAULT_THRESHOLD_PCT, cmpmod.DEFAULT_ALPHA, units, metrics)
+    out.append(f"<p class=note>{h(' '.join(lines))}</p>")
     members = [(it.name, it.result) for it in inputs.items if it.result.command == command]
     out.append(_plot(members, units, f"{command}: {len(members)} results overlaid, one colour per file"))
     out.append("</section>")
@@ -579,8 +583,9 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
     for command, cs in cmps:
         for c in cs:
             n = c.counts()
-            flags.append(("bad" if n["worse"] else "ok", f"{command}: {c.new_name} vs {c.base_name}: "
-                          f"{n['worse']} worse, {n['better']} better, {n['same']} same"))
+            flags.append(("bad" if n["slower"] else "warn" if n["inconclusive"] else "ok",
+                          f"{command}: {c.new_name} vs {c.base_name}: {n['slower']} slower, {n['faster']} faster, "
+                          f"{n['same']} same, {n['inconclusive']} inconclusive"))
     parts = [
         "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
         "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; img-src data:; "

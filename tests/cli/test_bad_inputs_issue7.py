@@ -213,7 +213,7 @@ def test_process_substitution_pipe_still_reads(tmp_path):
     p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m gpubench compare <(cat "{PINNED}") "{PINNED}"'],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "20 figure(s) paired: 0 better, 0 worse, 20 same." in p.stdout
+    assert "20 figure(s) paired: 0 faster, 0 slower, 20 same, 0 inconclusive." in p.stdout
 
 
 def test_file_name_with_a_newline_stays_one_line(run_cli, tmp_path):

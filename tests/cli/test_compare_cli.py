@@ -36,32 +36,32 @@ def drop(tmp_path):
 def test_same_file_is_same_everywhere_and_exits_0(capsys):
     rc, out, err = run(capsys, PINNED, PINNED, "--fail-on-regression")
     assert rc == 0, err
-    assert "20 figure(s) paired: 0 better, 0 worse, 20 same." in out
+    assert "20 figure(s) paired: 0 faster, 0 slower, 20 same, 0 inconclusive." in out
     assert "Same machine and options" in out
 
 
 def test_five_percent_drop_fails_with_threshold_2(capsys, drop):
     rc, out, err = run(capsys, *drop, "--fail-on-regression", "--threshold", "2")
     assert rc == 1
-    assert "6 worse" in out
-    assert err.strip() == "gpubench: error: 6 figure(s) worse by more than 2% beyond noise"
+    assert "6 slower" in out
+    assert err.strip() == "gpubench: error: 6 figure(s) slower by more than 2% beyond noise (p < 0.01)"
 
 
 def test_five_percent_drop_passes_with_threshold_10_or_without_the_flag(capsys, drop):
     rc, out, _ = run(capsys, *drop, "--fail-on-regression", "--threshold", "10")
-    assert rc == 0 and "0 worse, 6 same" in out
+    assert rc == 0 and "0 slower, 6 same" in out
     rc, out, _ = run(capsys, *drop, "--threshold", "2")
-    assert rc == 0 and "6 worse" in out
+    assert rc == 0 and "6 slower" in out
 
 
 def test_markdown_output(capsys, drop):
     rc, out, _ = run(capsys, *drop, "--threshold", "2", "--format", "markdown")
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0].startswith("### gpubench copy: `") and lines[0].endswith("base.json`")
-    assert "| direction | nbytes | base GB/s | new GB/s | change | p | verdict |" in lines
-    assert sum("**worse**" in x for x in lines) == 6
-    assert lines[-1].startswith("<sub>verdict: two-sided Mann-Whitney U test")
+    assert lines[0].startswith("### gpubench copy: ") and lines[0].endswith("base.json")
+    assert "| direction | nbytes | base GB/s | new GB/s | n base/new | change | 99% interval | p | verdict |" in lines
+    assert sum("**slower**" in x for x in lines) == 6
+    assert lines[-1].startswith(r"<sub>verdict: same when \|change\| &lt;= 2%") and lines[-1].endswith("</sub>")
 
 
 def test_json_output_and_gib_units(capsys, drop):
@@ -70,7 +70,9 @@ def test_json_output_and_gib_units(capsys, drop):
     assert d["regressions"] == 6
     row = d["comparisons"][0]["rows"][0]
     assert row["params"] == {"device": 0, "direction": "h2d", "memory": "pinned", "nbytes": 2**20}
-    assert row["verdict"] == "worse" and row["base_median"] > row["new_median"]
+    assert row["verdict"] == "slower" and row["base_median"] > row["new_median"]
+    assert row["n_base"] == row["n_new"] == 50 and row["ci_high_pct"] < 0 < row["ci_high_pct"] - row["ci_low_pct"]
+    assert row["unit"] == "B/s" and row["better"] == "higher"
     rc, out, _ = run(capsys, *drop, "--units", "GiB")
     assert "base GiB/s" in out
 
@@ -83,7 +85,7 @@ def test_more_files_each_against_the_first(capsys, tmp_path, drop):
     assert rc == 1
     d = json.loads(out)
     assert [c["new"] for c in d["comparisons"]] == [drop[1], str(same)]
-    assert [c["counts"]["worse"] for c in d["comparisons"]] == [6, 0]
+    assert [c["counts"]["slower"] for c in d["comparisons"]] == [6, 0]
 
 
 def test_real_results_list_one_sided_figures(capsys):
@@ -174,7 +176,7 @@ def test_half_the_bandwidth_fails_the_gate_with_five_samples(capsys, tmp_path, n
     base = str(synth.DATA / name)
     code, out, err = run(capsys, base, _scaled(tmp_path, name, 2.0), "--fail-on-regression")
     assert code == 1, (out, err)
-    assert "worse by more than 1%" in err
+    assert "slower by more than 1%" in err
 
 
 def test_a_new_result_without_the_figures_fails_the_gate(capsys, tmp_path):
@@ -185,10 +187,35 @@ def test_a_new_result_without_the_figures_fails_the_gate(capsys, tmp_path):
     assert code == 0  # without the flag it is a report, not a failure
 
 
-def test_untested_drops_warn_but_do_not_fail_the_gate(capsys, tmp_path):
-    base = str(synth.DATA / "merge-cpu.json")
-    code, out, err = run(capsys, base, _scaled(tmp_path, "merge-cpu.json", 2.0), "--fail-on-regression")
+def test_inconclusive_drops_warn_but_fail_the_gate_only_with_strict(capsys, tmp_path):
+    base = str(synth.DATA / "merge-cpu.json")  # 3 runs: no test can reach p < 0.01
+    half = _scaled(tmp_path, "merge-cpu.json", 2.0)
+    code, out, err = run(capsys, base, half, "--fail-on-regression")
     assert code == 0, (out, err)
-    assert "could not be tested" in err and "worse (untested)" in out
-    code, out, _ = run(capsys, base, _scaled(tmp_path, "merge-cpu.json", 2.0), "--format", "markdown")
-    assert "untested (too few samples)" in out
+    assert "without reaching p < 0.01 (inconclusive)" in err and "not failed (--strict fails on them)" in err
+    assert "inconclusive" in out and "3 vs 3 samples cannot reach p < 0.01" in out
+    code, out, err = run(capsys, base, half, "--fail-on-regression", "--strict")
+    assert code == 1 and err.startswith("gpubench: error: 1 figure(s) changed by more than 1%"), err
+    code, out, _ = run(capsys, base, half, "--format", "markdown")
+    assert "**1 inconclusive**" in out
+    code, _, err = run(capsys, base, half, "--strict")
+    assert code == 2 and "--strict needs --fail-on-regression" in err
+
+
+def test_the_issue_net_case_is_inconclusive_in_every_format(capsys, tmp_path):
+    """5 intervals against 5 at -24% (p = 0.032): the table and the markdown called it "same"."""
+    from gpubench.core.result import Record, Result
+
+    def net(rates):
+        return Result("net", {}, records=[Record({"stream": 0}, nbytes=10**9, samples_s=[1 / r for r in rates])])
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save(net([9.40, 9.55, 9.60, 9.70, 9.85]), a)
+    save(net([7.10, 7.20, 7.30, 9.45, 9.50]), b)
+    for fmt in ("table", "markdown"):
+        code, out, err = run(capsys, str(a), str(b), "--format", fmt)
+        assert code == 0 and "inconclusive" in out and "0 same" in out, out
+        assert "5/5" in out and "0.032" in out
+    code, out, _ = run(capsys, str(a), str(b), "--format", "json")
+    row = json.loads(out)["comparisons"][0]["rows"][0]
+    assert row["verdict"] == "inconclusive" and row["n_base"] == 5 and row["p"] == pytest.approx(8 / 252)

@@ -1,4 +1,5 @@
-"""compare: the Mann-Whitney U test, verdicts on samples from known distributions, pairing, env diff."""
+"""compare: the Mann-Whitney U test, the Hodges-Lehmann change and its interval, verdicts on constructed
+samples and samples from known distributions, pairing, env diff, telemetry and flags, escaping."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_a_tie_does_not_hide_a_doubled_latency():
 
 def test_mwu_exact_null_distribution_by_hand():
     # n1 = n2 = 2: the 6 orderings give U = 0, 1, 2, 2, 3, 4
-    assert cmp._u_counts(2, 2) == [1, 1, 2, 1, 1]
+    assert cmp._u_counts(2, 2) == (1, 1, 2, 1, 1)
     # 5 against 5, completely separated: 2 / C(10, 5) = 2 / 252, the only way under 0.01 with 5 samples
     r = cmp.mann_whitney_u([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
     assert r.p == pytest.approx(2 / 252) and r.p < 0.01
@@ -124,7 +125,7 @@ def test_same_distribution_is_same_for_every_figure():
 
 def test_five_percent_drop_is_worse_with_change_near_minus_five():
     c = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=0.95), threshold_pct=2.0)
-    assert [r.verdict for r in c.rows] == ["worse"] * 6
+    assert [r.verdict for r in c.rows] == ["slower"] * 6
     for r in c.rows:
         assert r.change_pct == pytest.approx(-5.0, abs=1.0)
         assert r.p < 1e-6
@@ -133,15 +134,18 @@ def test_five_percent_drop_is_worse_with_change_near_minus_five():
 
 def test_five_percent_gain_is_better_and_threshold_hides_it():
     better = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=1.05), threshold_pct=2.0)
-    assert {r.verdict for r in better.rows} == {"better"}
+    assert {r.verdict for r in better.rows} == {"faster"}
     hidden = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=1.05), threshold_pct=10.0)
     assert {r.verdict for r in hidden.rows} == {"same"}
 
 
-def test_noisy_five_percent_drop_is_same_within_noise():
-    # cv 30% and 6 samples: a 5% drop cannot be told from noise.
+def test_noisy_five_percent_drop_is_never_called_a_change_nor_same_when_beyond_the_threshold():
+    # cv 30% and 6 samples: a 5% drop cannot be told from noise; a change estimated beyond the
+    # threshold is "inconclusive", one within it "same"; never "slower"
     c = cmp.compare(synth.copy_like(1, cv=0.3, n=6), synth.copy_like(2, scale=0.95, cv=0.3, n=6), threshold_pct=2.0)
-    assert {r.verdict for r in c.rows} == {"same"}
+    for r in c.rows:
+        assert r.verdict == ("same" if abs(r.change_pct) <= 2.0 else "inconclusive"), r
+        assert r.ci_low_pct < 0 < r.ci_high_pct  # the interval says: could be either way
 
 
 def test_detection_power_over_many_draws():
@@ -151,8 +155,8 @@ def test_detection_power_over_many_draws():
         a = synth.copy_like(seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,))
         b = synth.copy_like(1000 + seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,), scale=0.95)
         c = synth.copy_like(2000 + seed, cv=0.02, n=20, sizes=(2**30,), median_gbps=(55.0,))
-        worse += sum(r.verdict == "worse" for r in cmp.compare(a, b, threshold_pct=2.0).rows)
-        same_flagged += sum(r.verdict != "same" for r in cmp.compare(a, c, threshold_pct=0.0).rows)
+        worse += sum(r.verdict == "slower" for r in cmp.compare(a, b, threshold_pct=2.0).rows)
+        same_flagged += sum(r.verdict in ("faster", "slower") for r in cmp.compare(a, c, threshold_pct=0.0).rows)
     assert worse >= 78  # of 80 figures
     assert same_flagged <= 4  # alpha 0.01 on 80 figures: ~0.8 expected
 
@@ -164,9 +168,10 @@ def test_time_metric_lower_is_better():
     slow = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4,
                                              samples_s=list(2.2e-6 * np.exp(rng.normal(0, 0.01, 40))))])
     (row,) = cmp.compare(base, slow, threshold_pct=2.0).rows
-    assert row.verdict == "worse" and row.change_pct == pytest.approx(10, abs=1.5)
+    assert row.verdict == "slower" and row.change_pct == pytest.approx(10, abs=1.5)
+    assert row.ci_low_pct < 10 < row.ci_high_pct
     (row,) = cmp.compare(slow, base, threshold_pct=2.0).rows
-    assert row.verdict == "better"
+    assert row.verdict == "faster"
 
 
 # ---- pairing on the real H200 results ----
@@ -174,7 +179,7 @@ def test_time_metric_lower_is_better():
 def test_real_result_against_itself_is_all_same():
     r = load(synth.REAL_PINNED)
     c = cmp.compare(r, r)
-    assert c.counts() == {"better": 0, "worse": 0, "same": 20, "better (untested)": 0, "worse (untested)": 0,
+    assert c.counts() == {"faster": 0, "slower": 0, "same": 20, "inconclusive": 0,
                           "only-base": 0, "only-new": 0, "no-data": 0}
     assert c.missing() == []
     assert all(row.change_pct == 0 and row.p == 1.0 for row in c.rows)
@@ -186,7 +191,7 @@ def test_real_results_pair_shared_points_and_list_one_sided_ones():
     c = cmp.compare(a, b)
     counts = c.counts()
     # shared: pinned h2d/d2h at 4 KiB, 64 KiB, 1 MiB, 16 MiB, 256 MiB
-    assert counts["better"] + counts["worse"] + counts["same"] == 10
+    assert counts["faster"] + counts["slower"] + counts["same"] + counts["inconclusive"] == 10
     assert counts["only-base"] == 10 and counts["only-new"] == 90
     paired = {(r.params["direction"], r.params["nbytes"]) for r in c.rows if r.status == "paired"}
     assert paired == {(d, n) for d in ("h2d", "d2h") for n in (4096, 65536, 2**20, 2**24, 2**28)}
@@ -232,7 +237,7 @@ def test_env_diff_names_a_different_nccl_or_nccl_variables():
     assert not [w for w, *_ in cmp.env_diff(a, b) if w.startswith("NCCL")]
 
 
-
+def test_a_failed_point_is_no_data_with_its_reason():
     a, b = synth.copy_like(1), synth.copy_like(2)
     b.records[0] = Record(dict(b.records[0].params), nbytes=b.records[0].nbytes, error="allocation failed")
     c = cmp.compare(a, b)
@@ -256,13 +261,15 @@ def test_impossible_samples_refused():
 def test_markdown_and_json_forms():
     c = cmp.compare(synth.copy_like(1), synth.copy_like(2, scale=0.95), threshold_pct=2.0)
     md = cmp.format_markdown([c], threshold_pct=2.0, alpha=0.01)
-    assert md[0] == "### gpubench copy: `new` vs base `base`"
-    assert "**6 figure(s) worse.**" in md[2]
+    assert md[0] == "### gpubench copy: new vs base base"
+    assert "**6 figure(s) slower.**" in md[2]
     header = next(line for line in md if line.startswith("| direction"))
-    assert header == "| direction | nbytes | base GB/s | new GB/s | change | p | verdict |"
-    assert sum("**worse**" in line for line in md) == 6
+    assert header == "| direction | nbytes | base GB/s | new GB/s | n base/new | change | 99% interval | p | verdict |"
+    assert sum("**slower**" in line for line in md) == 6
+    assert md[-1].startswith("<sub>verdict: same when") and "higher is better" in md[-1]
+    assert "lower is better" not in md[-1]  # only bandwidths were compared
     j = cmp.format_json([c], threshold_pct=2.0, alpha=0.01)
-    assert j["regressions"] == 6 and j["comparisons"][0]["counts"]["worse"] == 6
+    assert j["regressions"] == 6 and j["comparisons"][0]["counts"]["slower"] == 6
 
 
 # ---- small samples and missing figures (a CI gate must not pass a 50 % drop or an empty run) ----
@@ -272,16 +279,18 @@ def _res(samples_by_size, command="nccl"):
                                         for n, s in samples_by_size.items()])
 
 
-def test_three_runs_cannot_be_tested_so_a_big_drop_is_flagged_untested_not_failed():
+def test_three_runs_cannot_be_tested_so_a_big_drop_is_inconclusive_not_slower():
     base = _res({1: [1.00, 1.01, 0.99]})
     slow = _res({1: [2.00, 2.02, 1.98]})  # half the bandwidth
     c = cmp.compare(base, slow)
     (row,) = c.rows
     assert row.p == pytest.approx(0.1)  # the least 3 vs 3 can give
     # noise alone moves 3 merge runs by several %: failing on it failed ~40 % of healthy re-runs
-    assert row.verdict == "worse (untested)" and c.regressions() == [] and c.untested_worse() == [row]
+    assert row.verdict == "inconclusive" and c.regressions() == [] and c.inconclusive() == [row]
+    assert "cannot reach p < 0.01" in row.why
+    assert row.ci_low_pct is None  # 3 vs 3 has no 99% interval
     (row,) = cmp.compare(slow, base).rows
-    assert row.verdict == "better (untested)"
+    assert row.verdict == "inconclusive"
     (row,) = cmp.compare(base, _res({1: [1.001, 1.011, 0.991]})).rows  # inside the 1 % threshold
     assert row.verdict == "same"
 
@@ -290,7 +299,7 @@ def test_five_samples_separated_are_worse_at_the_default_alpha():
     base = _res({1: [1.00, 1.01, 0.99, 1.02, 0.98]})
     slow = _res({1: [2.00, 2.01, 1.99, 2.02, 1.98]})
     (row,) = cmp.compare(base, slow).rows
-    assert row.p == pytest.approx(2 / 252) and row.verdict == "worse"
+    assert row.p == pytest.approx(2 / 252) and row.verdict == "slower"
 
 
 def test_figures_missing_from_the_new_result_are_listed():
@@ -324,3 +333,334 @@ def test_nccl_comparisons_say_the_rates_are_algbw_and_busbw_moves_with_them():
     c = cmp.compare(res(1e-4), res(1e-4))
     assert any("algbw = S/t" in n and "algbw * 2(n-1)/n" in n for n in c.notes)
     assert not any("algbw" in n for n in cmp.compare(synth.copy_like(1), synth.copy_like(2)).notes)
+
+
+# ---- the Hodges-Lehmann change and its Moses interval ----
+
+def _brute_shift(x, y, alpha):
+    d = np.sort(np.subtract.outer(np.log(y), np.log(x)).ravel())
+    c = cmp.moses_rank(len(x), len(y), alpha)
+    hl = np.median(d)
+    lo, hi = (d[c - 1], d[len(d) - c]) if c else (None, None)
+    return hl, lo, hi
+
+
+@pytest.mark.parametrize("seed,m,n,ties", [(0, 5, 5, False), (1, 7, 12, True), (2, 40, 31, False),
+                                           (3, 250, 200, True), (4, 300, 260, False)])
+def test_hodges_lehmann_matches_sorting_every_pairwise_difference(seed, m, n, ties):
+    # the last two have over BRUTE_MAX_PAIRS pairs: the bisection selection, never listing them
+    rng = np.random.default_rng(seed)
+    x = np.exp(rng.normal(0, 0.05, m))
+    y = np.exp(rng.normal(-0.03, 0.05, n))
+    if ties:
+        x, y = np.round(x, 2), np.round(y, 2)
+    s = cmp.hodges_lehmann(list(x), list(y), 0.05)
+    hl, lo, hi = _brute_shift(x, y, 0.05)
+    assert s.change_pct == pytest.approx(100 * math.expm1(hl), abs=1e-9)
+    assert s.ci_low_pct == pytest.approx(100 * math.expm1(lo), abs=1e-9)
+    assert s.ci_high_pct == pytest.approx(100 * math.expm1(hi), abs=1e-9)
+
+
+def test_moses_rank_by_hand():
+    # 5 vs 5: P(U <= 2) = 4/252 = 0.016 <= 0.025 < P(U <= 3) = 7/252: the 95% interval is [D_(3), D_(23)]
+    # (Hollander & Wolfe's table: the rank-sum critical value 38 of m = n = 5 gives C = 3)
+    assert cmp.moses_rank(5, 5, 0.05) == 3
+    assert cmp.moses_rank(5, 5, 0.01) == 1  # P(U <= 0) = 1/252 <= 0.005 < 2/252
+    assert cmp.moses_rank(3, 3, 0.01) == 0  # no 99% interval: 1/20 > 0.005
+    # the normal approximation beyond EXACT_CI_MAX_PAIRS agrees with the exact count near it
+    exact = cmp.moses_rank(20, 20, 0.05)
+    approx = math.floor(200 - 1.959964 * math.sqrt(400 * 41 / 12))
+    assert abs(exact - approx) <= 1
+
+
+def test_moses_interval_covers_the_true_ratio_at_its_level():
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(300):
+        x = np.exp(rng.normal(0, 0.1, 10))
+        y = 0.9 * np.exp(rng.normal(0, 0.1, 12))  # true ratio 0.9: -10%
+        s = cmp.hodges_lehmann(list(x), list(y), 0.05)
+        hits += s.ci_low_pct <= -10.0 <= s.ci_high_pct
+    assert 0.92 <= hits / 300 <= 0.99  # >= 95% by construction (discreteness makes it a bit over)
+
+
+def test_a_bandwidth_change_is_the_inverse_of_its_time_change():
+    rng = np.random.default_rng(2)
+    tb, tn = list(np.exp(rng.normal(0, 0.02, 9))), list(1.25 * np.exp(rng.normal(0, 0.02, 9)))
+    time_shift = cmp.hodges_lehmann(tb, tn)
+    rate_shift = cmp.hodges_lehmann([1 / t for t in tb], [1 / t for t in tn])
+    assert (1 + rate_shift.change_pct / 100) * (1 + time_shift.change_pct / 100) == pytest.approx(1.0)
+
+
+def test_exact_ties_by_dynamic_programming_match_enumerating_every_split():
+    import itertools
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        x = list(np.round(rng.normal(0, 1, 6), 0))
+        y = list(np.round(rng.normal(0.5, 1, 7), 0))
+        r = cmp.mann_whitney_u(x, y)
+        if r.method != "exact (ties)":
+            continue
+        ranks, _ = cmp._ranks(x + y)
+        mu, far = 6 * 7 / 2, abs(r.u - 6 * 7 / 2) - 1e-9
+        us = [sum(ranks[i] for i in idx) - 21 for idx in itertools.combinations(range(13), 6)]
+        assert r.p == pytest.approx(min(1.0, sum(abs(u - mu) >= far for u in us) / len(us)))
+
+
+# ---- verdicts on constructed samples (what a CI user reads) ----
+
+def _net(samples_by_stream, command="net"):
+    """A net-shaped result: one bandwidth figure per stream, each sample an interval's seconds for 1 GB."""
+    return Result(command, {}, records=[Record({"stream": k}, nbytes=10**9, samples_s=[10**9 / v for v in vals])
+                                        for k, vals in samples_by_stream.items()])
+
+
+NET_BASE = [9.40, 9.55, 9.60, 9.70, 9.85]  # Gbit-ish rates of five intervals (any unit: only ratios matter)
+NET_DROP = [7.10, 7.20, 7.30, 9.45, 9.50]  # two intervals about as fast as the base, three far slower
+
+
+def test_five_against_five_at_minus_24_percent_with_p_0_032_is_inconclusive_never_same():
+    """The issue's net case: two 5-interval runs, a -24% change, p = 0.032: compare called it "same"."""
+    c = cmp.compare(_net({0: NET_BASE}), _net({0: NET_DROP}))
+    (row,) = c.rows
+    assert row.p == pytest.approx(8 / 252)  # U = 2 of 25: exact p = 2 * 4/252 = 0.032
+    assert row.change_pct == pytest.approx(-24, abs=1.5)
+    assert row.verdict == "inconclusive" and "0.032 >= alpha 0.01" in row.why
+    assert (row.n_base, row.n_new) == (5, 5)
+    assert row.ci_low_pct < -24 < row.ci_high_pct
+    assert c.regressions() == [] and c.inconclusive() == [row]
+    md = "\n".join(cmp.format_markdown([c], threshold_pct=1, alpha=0.01))
+    assert "**inconclusive**" in md and "| 5/5 |" in md and "same |" not in md
+    # at alpha 0.05 the same samples are a regression
+    (row,) = cmp.compare(_net({0: NET_BASE}), _net({0: NET_DROP}), alpha=0.05).rows
+    assert row.verdict == "slower"
+
+
+def test_identical_runs_are_same_with_a_zero_change():
+    a = _net({0: NET_BASE, 1: NET_DROP})
+    c = cmp.compare(a, a)
+    assert [r.verdict for r in c.rows] == ["same", "same"]
+    for r in c.rows:
+        assert r.change_pct == 0.0 and r.p == 1.0 and r.ci_low_pct <= 0 <= r.ci_high_pct
+
+
+def test_a_clear_regression_is_slower_with_an_interval_below_zero():
+    base = [100.0, 100.4, 99.8, 100.2, 99.9, 100.1, 100.3, 99.7]
+    new = [v * 0.9 for v in base]
+    (row,) = cmp.compare(_net({0: base}), _net({0: new})).rows
+    assert row.verdict == "slower" and row.p < 0.01
+    assert row.change_pct == pytest.approx(-10, abs=0.01) and row.ci_high_pct < 0
+    (row,) = cmp.compare(_net({0: new}), _net({0: base})).rows
+    assert row.verdict == "faster" and row.ci_low_pct > 0
+
+
+def test_a_large_noisy_change_is_inconclusive():
+    base = [0.5, 0.7, 0.9, 1.1, 1.3, 1.5, 1.7, 1.9, 2.1, 2.3]
+    new = [0.8 * v for v in base]  # -20%, but the spread is ±60%
+    (row,) = cmp.compare(_net({0: base}), _net({0: new})).rows
+    assert row.change_pct == pytest.approx(-20, abs=1e-9)
+    assert row.p > 0.1 and row.verdict == "inconclusive"
+    assert row.ci_low_pct < -20 < row.ci_high_pct and row.ci_high_pct > 0
+
+
+def test_time_figures_say_lower_is_better_and_bandwidth_only_footers_do_not():
+    t = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4,
+                                          samples_s=[2e-6, 2.01e-6, 1.99e-6, 2.02e-6, 1.98e-6])])
+    c = cmp.compare(t, t)
+    lines = [str(x) for x in cmp.format_table([c], threshold_pct=1, alpha=0.01, units="GB")]
+    assert any("time in us: lower is better" in x for x in lines)
+    assert not any("higher is better" in x for x in lines)
+    b = cmp.compare(_net({0: NET_BASE}), _net({0: NET_BASE}))
+    lines = [str(x) for x in cmp.format_table([b], threshold_pct=1, alpha=0.01, units="GB")]
+    assert any("bandwidth in GB/s (1e9 B/s): higher is better" in x for x in lines)
+    assert not any("lower is better" in x for x in lines)
+    assert cmp.compare(t, t).rows[0].to_dict()["better"] == "lower"
+    assert b.rows[0].to_dict()["unit"] == "B/s" and b.rows[0].to_dict()["better"] == "higher"
+
+
+# ---- telemetry differences and limit flags beside the figures ----
+
+def _tele(sm, power, temp, reasons, gen=5):
+    return {"n": 20, "interval_s": 0.01, "sm_clock_mhz": {"min": sm - 10, "median": sm, "max": sm + 5},
+            "mem_clock_mhz": {"min": 2619, "median": 2619, "max": 2619}, "power_w": {"min": 100, "median": power,
+                                                                                   "max": power + 5},
+            "temp_c": {"min": temp, "median": temp, "max": temp}, "reasons": reasons,
+            "pcie": {"gen": gen, "width": 16}, "pcie_replay_delta": 0, "nvlink_errors_delta": 0}
+
+
+def test_telemetry_differences_are_shown_beside_the_figure():
+    a, b = _net({0: NET_BASE}), _net({0: NET_BASE})
+    a.records[0].extra["telemetry"] = _tele(1980, 300, 40, [])
+    b.records[0].telemetry = _tele(1410, 700, 52, ["sw_power_cap"], gen=4)  # the field the telemetry branch adds
+    (row,) = cmp.compare(a, b).rows
+    assert row.telemetry == ["SM clock 1980->1410 MHz", "power 300->700 W", "temperature 40->52 C",
+                             "new only: sw_power_cap", "PCIe Gen5 x16->Gen4 x16"]
+    cols, body = cmp.table_rows(cmp.compare(a, b))
+    assert cols[-1] == "telemetry (base->new)" and "SM clock 1980->1410 MHz" in body[0][-1]
+    b.records[0].telemetry = _tele(1975, 302, 41, [])  # within the tolerances: nothing to say
+    assert cmp.compare(a, b).rows[0].telemetry == []
+    assert "telemetry (base->new)" not in cmp.table_rows(cmp.compare(a, b))[0]
+
+
+@pytest.mark.parametrize("bad", ["hot", 7, {"sm_clock_mhz": "fast", "reasons": "power"}, {"power_w": {"median": True}},
+                                 {"sm_clock_mhz": {"median": float("nan")}}, {"pcie": [5, 16]}, None])
+def test_malformed_telemetry_is_ignored_not_raised(bad):
+    a, b = _net({0: NET_BASE}), _net({0: NET_BASE})
+    a.records[0].extra["telemetry"] = _tele(1980, 300, 40, [])
+    b.records[0].extra["telemetry"] = bad
+    assert cmp.compare(a, b).rows[0].telemetry == []
+
+
+def test_limit_flags_from_the_records_are_shown():
+    a, b = _net({0: NET_BASE}), _net({0: NET_BASE})
+    b.records[0].extra.update(above_limit=True, flags=["one-rank no-op", {"not": "text"}])
+    (row,) = cmp.compare(a, b).rows
+    assert row.flags == ["new above a physical limit", "new: one-rank no-op"]
+    cols, body = cmp.table_rows(cmp.compare(a, b))
+    assert cols[-1] == "flags" and body[0][-1] == "new above a physical limit; new: one-rank no-op"
+    a.records[0].extra["above_peak"] = True  # copy's existing flag
+    assert cmp.compare(a, b).rows[0].flags[0] == "base above a physical limit"
+
+
+# ---- strings from result files are inert in the table, the markdown and error lines ----
+
+PAYLOADS = {
+    "ansi": "\x1b[2J\x1b[31mred",
+    "osc8": "\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\",
+    "crlf": "a\r\nfake | row | here\n| x |",
+    "markup": "[bold red]loud[/bold red]",
+    "link": "[link=http://evil.example/]here[/link]",
+    "close": "[/]",
+    "html": "<img src=x onerror=alert(1)>",
+}
+
+
+def _hostile(payload: str) -> tuple[Result, Result]:
+    def res(scale):
+        r = _net({0: [v * scale for v in NET_BASE]})
+        r.records[0].params = {payload: payload, "stream": 0}
+        r.records.append(Record({payload: payload, "stream": 1}, nbytes=1, error=payload))
+        r.records[0].extra.update(flags=[payload], telemetry=_tele(1980, 300, 40, [payload]))
+        r.env = {"host": {"hostname": payload}, "versions": {payload: payload}}
+        r.partial, r.failed_by = True, payload
+        return r
+
+    a, b = res(1.0), res(0.5)
+    b.records[0].extra["telemetry"] = _tele(1410, 300, 40, [payload + "!"])
+    return a, b
+
+
+def _rich_text(renderables) -> str:
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    con = Console(file=buf, color_system=None, width=400, force_terminal=False, highlight=False)
+    for r in renderables:
+        con.print(r)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_hostile_strings_are_inert_in_the_terminal_table(name):
+    payload = PAYLOADS[name]
+    a, b = _hostile(payload)
+    c = cmp.compare(a, b, base_name=payload, new_name=payload + ".json")
+    text = _rich_text(cmp.format_table([c], threshold_pct=1, alpha=0.01))  # a [/] would raise MarkupError
+    assert "\x1b" not in text and "\r" not in text
+    assert "http://evil" not in text or "[link=" in text or "\\x1b]8" in text  # shown, never a hyperlink
+    if name in ("markup", "link", "close"):
+        assert payload in text  # shown as written, not interpreted
+    if name == "crlf":
+        assert "a\\r\\nfake" in text
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_hostile_strings_are_inert_in_the_markdown(name):
+    payload = PAYLOADS[name]
+    a, b = _hostile(payload)
+    c = cmp.compare(a, b, base_name=payload, new_name=payload)
+    lines = cmp.format_markdown([c], threshold_pct=1, alpha=0.01)
+    text = "\n".join(lines)
+    assert "\x1b" not in text and "\r" not in text
+    assert "<img" not in text and "](" not in text
+    assert all("\n" not in line for line in lines)
+    import re
+
+    for table in (l for l in lines if l.startswith("|")):  # every row of a table has its columns, no more
+        cells = re.split(r"(?<!\\)\|", table)
+        head = next(l for l in lines if l.startswith("|") and lines.index(l) <= lines.index(table)
+                    and (lines.index(l) == 0 or not lines[lines.index(l) - 1].startswith("|")))
+        assert len(cells) == len(re.split(r"(?<!\\)\|", head)), table
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_hostile_strings_are_inert_in_error_lines(name):
+    payload = PAYLOADS[name]
+    a, b = _hostile(payload)
+    b.command = payload
+    with pytest.raises(UsageError) as e:
+        cmp.compare(a, b, base_name=payload, new_name=payload)
+    msg = e.value.one_line()
+    assert "\x1b" not in msg and "\n" not in msg and "\r" not in msg
+    a2, b2 = _hostile(payload)
+    b2.records[0].metric = "time"
+    with pytest.raises(UsageError) as e:
+        cmp.compare(a2, b2, base_name=payload, new_name=payload)
+    assert "\x1b" not in e.value.one_line() and "\n" not in e.value.one_line()
+
+
+def test_a_large_comparison_lists_the_changed_rows_and_counts_the_rest():
+    recs = [Record({"i": i}, nbytes=1, samples_s=[1.0, 1.01, 0.99, 1.02, 0.98]) for i in range(cmp.MAX_TABLE_ROWS + 50)]
+    a = Result("net", {}, records=recs)
+    b = Result("net", {}, records=[Record(dict(r.params), nbytes=1, samples_s=list(r.samples_s)) for r in recs])
+    b.records[7].samples_s = [2 * t for t in b.records[7].samples_s]  # half the bandwidth, 5 vs 5: slower
+    c = cmp.compare(a, b)
+    out = cmp.format_table([c], threshold_pct=1, alpha=0.01)
+    text = _rich_text(out)
+    assert "slower" in text and f"{cmp.MAX_TABLE_ROWS + 49} of {cmp.MAX_TABLE_ROWS + 50} rows not listed" in text
+    assert len(cmp.format_markdown([c], threshold_pct=1, alpha=0.01)) > cmp.MAX_TABLE_ROWS  # markdown lists all
+
+
+def test_batched_judgements_equal_the_one_by_one_ones():
+    """judge_many's numpy path (many small figures of equal sizes) gives judge's every figure."""
+    rng = np.random.default_rng(9)
+    items = []
+    for i in range(300):
+        m, n = (5, 5) if i % 3 else (4, 9)
+        base = np.exp(rng.normal(0, 0.05, m))
+        new = np.exp(rng.normal(rng.choice([0, -0.1, 0.2]), 0.05, n))
+        if i % 4 == 0:  # ties within and across the sides
+            base, new = np.round(base, 1), np.round(new, 1)
+        if i % 7 == 0:
+            new = base.copy() if m == n else new
+        items.append((list(base), list(new), "bandwidth" if i % 2 else "time"))
+    many = cmp.judge_many(items, threshold_pct=1.0, alpha=0.01)
+    assert len({(len(b), len(n)) for b, n, _ in items}) == 2 and len(items) >= 2 * cmp.BATCH_MIN_FIGURES
+    for (b, n, metric), j in zip(items, many):
+        one = cmp.judge(b, n, metric, threshold_pct=1.0, alpha=0.01)
+        assert j.verdict == one.verdict and j.why == one.why
+        assert j.test.p == pytest.approx(one.test.p, rel=1e-12, abs=1e-15) and j.test.method == one.test.method
+        assert j.test.u == pytest.approx(one.test.u) and j.test.z == pytest.approx(one.test.z)
+        assert j.shift.change_pct == pytest.approx(one.shift.change_pct, abs=1e-9)
+        assert (j.shift.ci_low_pct is None) == (one.shift.ci_low_pct is None)
+        if one.shift.ci_low_pct is not None:
+            assert j.shift.ci_low_pct == pytest.approx(one.shift.ci_low_pct, abs=1e-9)
+            assert j.shift.ci_high_pct == pytest.approx(one.shift.ci_high_pct, abs=1e-9)
+        assert j.base_median == pytest.approx(one.base_median) and j.new_median == pytest.approx(one.new_median)
+
+
+def test_judging_in_chunks_gives_the_same_rows(monkeypatch):
+    rng = np.random.default_rng(4)
+    recs_a = [Record({"i": i}, nbytes=1, samples_s=list(np.exp(rng.normal(0, 0.05, 5)))) for i in range(50)]
+    recs_b = [Record({"i": i}, nbytes=1, samples_s=list(np.exp(rng.normal(0.1 * (i % 3), 0.05, 5)))) for i in range(50)]
+    a, b = Result("net", {}, records=recs_a), Result("net", {}, records=recs_b)
+    def view(c):  # numpy's and math's logarithms may differ in the last bit
+        return [(r.params, r.verdict, r.why, round(r.p, 12), round(r.change_pct, 9), round(r.ci_low_pct, 9))
+                for r in c.rows]
+
+    whole = view(cmp.compare(a, b))  # one chunk of 50: the numpy batch
+    monkeypatch.setattr(cmp, "JUDGE_CHUNK", 7)  # chunks of 7: under BATCH_MIN_FIGURES, one by one
+    assert view(cmp.compare(a, b)) == whole and len(whole) == 50

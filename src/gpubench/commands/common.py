@@ -74,15 +74,66 @@ def run_keeping_partial(run: Callable[[], Result], report: Callable[[Result], li
 # -- shared option groups: declared once, composed by each command ----------------------------------
 
 
-def timing_options(*, warmup: int = 2, what: str = "timed copies") -> list[Callable]:
-    """-w/--warmup, -n/--iters and --min-time (checked by :func:`timing_plan`)."""
+def timing_options(*, warmup: int = 2, what: str = "timed copies", min_time: float = 0.1,
+                   max_noise: float | None = None, max_time: float = 5.0) -> list[Callable]:
+    """-w/--warmup, -n/--iters, --min-time, --max-noise and --max-time (checked by
+    :func:`gpubench.core.options.timing_plan`; --max-noise and --max-time are applied to the
+    spec's plan by :func:`with_stopping`, so a command's build_spec does not see them).
+
+    Args:
+        min_time, max_noise, max_time: the command's defaults (max_noise None: no noise goal,
+            sampling stops at --min-time as before).
+    """
+    goal = f"{max_noise:g}" if max_noise is not None else "off"
     return [
         click.option("-w", "--warmup", type=int, default=warmup, show_default=True, help="Untimed samples per point."),
         click.option("-n", "--iters", type=int, default=None,
-                     help="Timed samples per point [default: enough for --min-time]."),
-        click.option("--min-time", type=float, default=0.1, show_default=True,
-                     help=f"Seconds of {what} per point when -n is not given."),
+                     help="Timed samples per point, exactly [default: by --min-time and --max-noise]."),
+        click.option("--min-time", type=float, default=min_time, show_default=True,
+                     help=f"Seconds of {what} per point, at least, when -n is not given."),
+        click.option("--max-noise", type=float, default=max_noise,
+                     help="After --min-time, sample until the median's noise (the half-width of its 95% "
+                          "confidence interval, in % of the median) is at most this; 0 < PCT <= 100 "
+                          f"[default: {goal}]."),
+        click.option("--max-time", type=float, default=max_time, show_default=True,
+                     help="Cap on the wall seconds a point samples while it waits for --max-noise (not a "
+                          "hang deadline); a point stopped by it is marked 'cap'."),
     ]
+
+
+STOP_PARAMS = ("max_noise", "max_time")
+
+
+def with_stopping(spec, max_noise: float | None, max_time: float | None):
+    """``spec`` with its ``plan``'s noise goal and time cap set (a spec without a plan is returned
+    as it is). The checks are :func:`gpubench.core.options.timing_plan`'s.
+
+    Raises:
+        UsageError: a bad --max-noise or --max-time.
+    """
+    import dataclasses
+
+    from gpubench.core.options import timing_plan
+
+    plan = getattr(spec, "plan", None)
+    if plan is None or not dataclasses.is_dataclass(spec):
+        return spec
+    checked = timing_plan(plan.warmup, plan.iters, plan.min_time, max_noise, max_time)
+    plan = dataclasses.replace(plan, max_noise=checked.max_noise, max_time=checked.max_time)
+    return dataclasses.replace(spec, plan=plan)
+
+
+def stopping_build_spec(build_spec: Callable) -> Callable:
+    """``build_spec`` that also takes --max-noise/--max-time (``max_noise``, ``max_time``) and
+    applies them to the spec's plan (:func:`with_stopping`); without them, ``build_spec`` as it is."""
+
+    @functools.wraps(build_spec)
+    def build(**kwargs):
+        stop = {k: kwargs.pop(k) for k in STOP_PARAMS if k in kwargs}
+        spec = build_spec(**kwargs)
+        return with_stopping(spec, stop.get("max_noise"), stop.get("max_time")) if stop else spec
+
+    return build
 
 
 def sweep_options(*, min_bytes: str, max_bytes: str, factor: float = 4.0, what: str = "copy") -> list[Callable]:
@@ -138,6 +189,8 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         if run is not None:
             return run(spec)
         return importlib.import_module(f"gpubench.bench.{name}").run
+
+    build_spec = stopping_build_spec(build_spec)
 
     def callback(**kwargs):
         out = {k: kwargs.pop(k) for k in OUTPUT_PARAMS}

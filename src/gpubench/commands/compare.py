@@ -17,23 +17,28 @@ from gpubench.core.errors import RegressionFound, UsageError
 @click.option("--alpha", type=float, default=0.01, show_default=True,
               help="Significance level of the Mann-Whitney U test on the samples.")
 @click.option("--fail-on-regression", is_flag=True,
-              help="Exit 1 when a figure is worse by more than --threshold and beyond noise, or when a "
-                   "figure with data in BASE has none in NEW. Figures worse with too few samples to "
-                   "test are warned about, not failed.")
+              help="Exit 1 when a figure is slower by more than --threshold and beyond noise (p < --alpha), "
+                   "or when a figure with data in BASE has none in NEW.")
+@click.option("--strict", is_flag=True,
+              help="With --fail-on-regression, also exit 1 on an inconclusive figure (changed by more than "
+                   "--threshold, but the test does not reach significance).")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True, help="table for a terminal, markdown for a pull-request comment, json for tools.")
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
               help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
-def command(base, new, threshold_pct, alpha, fail_on_regression, fmt, units, debug):
+def command(base, new, threshold_pct, alpha, fail_on_regression, strict, fmt, units, debug):
     """Compare saved results: BASE.json against NEW.json (and more, each against BASE).
 
     Figures are paired by their parameters (size, direction, memory kind, devices...). For each:
-    the two medians, the change in %, and a verdict (better / worse / same) from a Mann-Whitney U
-    test on the raw samples; bandwidth is higher-is-better, time lower-is-better. Figures found on
-    one side only are listed. No GPU is needed.
+    the medians, n per side, the change (Hodges-Lehmann) with its confidence interval, the
+    Mann-Whitney p, and a verdict: same (within --threshold), faster / slower (beyond it and
+    p < --alpha), inconclusive (beyond it, not significant). Bandwidth is higher-is-better, time
+    lower-is-better. Figures found on one side only are listed. No GPU is needed.
     """
     check_options(threshold_pct, alpha)
+    if strict and not fail_on_regression:
+        raise UsageError("--strict needs --fail-on-regression", "add --fail-on-regression")
     from gpubench import compare as cmpmod
     from gpubench.core.result import load
 
@@ -44,21 +49,24 @@ def command(base, new, threshold_pct, alpha, fail_on_regression, fmt, units, deb
             for n, r in rest]
     display(cmps, fmt, threshold_pct=threshold_pct, alpha=alpha, units=units)
     if fail_on_regression:
-        worse = [r for c in cmps for r in c.regressions()]
+        slower = sum(len(c.regressions()) for c in cmps)
         missing = sum(len(c.missing()) for c in cmps)
+        inconclusive = sum(len(c.inconclusive()) for c in cmps)
         why = []
-        untested = sum(len(c.untested_worse()) for c in cmps)
-        if worse:
-            why.append(f"{len(worse)} figure(s) worse by more than {threshold_pct:g}% beyond noise")
+        if slower:
+            why.append(f"{slower} figure(s) slower by more than {threshold_pct:g}% beyond noise (p < {alpha:g})")
         if missing:
             why.append(f"{missing} figure(s) with data in the base have none in the new result")
-        note = (f"{untested} figure(s) worse by more than {threshold_pct:g}% could not be tested at alpha "
-                f"{alpha:g} (too few samples: 3 against 3 give p >= 0.1); not counted as regressions; take "
-                "more samples (-n, --samples, --runs) to test them") if untested else ""
+        note = (f"{inconclusive} figure(s) changed by more than {threshold_pct:g}% without reaching p < {alpha:g} "
+                "(inconclusive); take more samples (-n, --max-noise, --samples, --runs) to decide them"
+                ) if inconclusive else ""
+        if strict and inconclusive:
+            why.append(note)
+            note = ""
         if why:  # one line on stderr for a failing exit: the note joins the error
             raise RegressionFound("; ".join(why + ([note] if note else [])))
         if note:
-            print(f"gpubench: warning: {note}", file=sys.stderr)
+            print(f"gpubench: warning: {note}; not failed (--strict fails on them)", file=sys.stderr)
     return 0
 
 

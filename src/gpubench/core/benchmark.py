@@ -25,6 +25,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator, Sequence
 
+from gpubench.core import timing
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
@@ -231,7 +232,10 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
                 raise_if_signalled()
                 progress.advance(p.label)
                 try:
-                    records.extend(bench.measure(ctx, p))
+                    with timing.collect_stops() as stops:
+                        got = bench.measure(ctx, p)
+                    timing.annotate(got, stops)  # noise reached and why sampling stopped, per record
+                    records.extend(got)
                 except (KeyboardInterrupt, Interrupted, GeneratorExit):
                     raise
                 except MachineError:

@@ -51,19 +51,38 @@ def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind:
     return items
 
 
-def timing_plan(warmup: int, iters: int | None, min_time: float):
-    """Check -w/--warmup, -n/--iters and --min-time and build a TimingPlan.
+MAX_SECONDS = 86_400.0  # --min-time / --max-time: a day per point is a typo, not a measurement
+
+
+def timing_plan(warmup: int, iters: int | None, min_time: float, max_noise: float | None = None,
+                max_time: float | None = None):
+    """Check -w/--warmup, -n/--iters, --min-time, --max-noise and --max-time and build a TimingPlan.
+
+    Args:
+        max_noise: the noise goal in percent, or None for none (stop at --min-time).
+        max_time: wall seconds a point may sample while it waits for the goal (None: the plan's default).
 
     Raises:
-        UsageError: a negative warm-up, iterations below 1, or a min time that is not > 0.
+        UsageError: a negative warm-up, iterations below 1, a min or max time that is not a finite
+            number of seconds in (0, 86400], a noise goal that is not a percentage in (0, 100].
     """
+    import math
+
     from gpubench.core.timing import TimingPlan
 
     positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
     positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
     if not (min_time > 0):
         raise UsageError(f"--min-time {min_time} must be > 0 seconds")
-    return TimingPlan(warmup=warmup, iters=iters, min_time=min_time)
+    if not (min_time <= MAX_SECONDS):
+        raise UsageError(f"--min-time {min_time} is too long", f"at most {MAX_SECONDS:g} seconds")
+    if max_noise is not None and not (0 < max_noise <= 100 and math.isfinite(max_noise)):
+        raise UsageError(f"--max-noise {max_noise} must be a percentage > 0 and <= 100", "e.g. --max-noise 0.5")
+    if max_time is not None and not (0 < max_time <= MAX_SECONDS):
+        raise UsageError(f"--max-time {max_time} must be > 0 and at most {MAX_SECONDS:g} seconds",
+                         "e.g. --max-time 5")
+    extra = {} if max_time is None else {"max_time": float(max_time)}
+    return TimingPlan(warmup=warmup, iters=iters, min_time=min_time, max_noise=max_noise, **extra)
 
 
 def device_id(device: int) -> int:

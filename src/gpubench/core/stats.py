@@ -93,3 +93,90 @@ def rates(nbytes: float, seconds: Sequence[float]) -> list[float]:
             raise ValueError(f"non-positive time sample {t!r}")
         out.append(nbytes / t)
     return out
+
+
+# ---- the precision of a median: distribution-free confidence interval from order statistics ----
+
+MEDIAN_CONFIDENCE = 0.95  # coverage of the interval whose half-width is the "noise" of a median
+_EXACT_CI_MAX_N = 400  # exact binomial ranks up to this many samples, the normal approximation beyond
+
+
+def _z(confidence: float) -> float:
+    """Two-sided standard normal quantile z with P(|Z| <= z) = confidence (bisection on erf)."""
+    lo, hi = 0.0, 40.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if math.erf(mid / math.sqrt(2.0)) < confidence:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+_RANKS: dict[tuple[int, float], int] = {}
+
+
+def median_ci_rank(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
+    """The rank k of the lower order statistic of the distribution-free confidence interval of the
+    median: [x_(k), x_(n+1-k)] (1-based ranks of the sorted samples) covers the population median
+    with probability 1 - 2 P(B <= k - 1) >= ``confidence``, B ~ Binomial(n, 1/2); k is the largest
+    such rank. 0 when no interval of that coverage exists (n <= 5 at 95%: even [x_(1), x_(n)]
+    covers with only 1 - 2^(1-n)).
+
+    Exact (integer binomial sums) for n <= 400; beyond, the normal approximation
+    k = floor((n + 1)/2 - z sqrt(n)/2) (z the two-sided normal quantile), which for n = 100 at 95%
+    gives the exact k = 40 already.
+
+    Source: the binomial (sign-test) interval for a quantile, W. J. Conover, "Practical
+    Nonparametric Statistics", 3rd ed. (1999), section 3.2 ("confidence interval for a quantile");
+    also M. Hollander and D. A. Wolfe, "Nonparametric Statistical Methods", 2nd ed. (1999),
+    section 3.6 (the interval associated with the sign test).
+
+    Raises:
+        ValueError: n < 0 or a confidence outside (0, 1).
+    """
+    if n < 0 or not (0.0 < confidence < 1.0):
+        raise ValueError(f"median_ci_rank needs n >= 0 and confidence in (0, 1), got {n}, {confidence}")
+    key = (n, confidence)
+    k = _RANKS.get(key)
+    if k is not None:
+        return k
+    tail = (1.0 - confidence) / 2.0
+    if n <= _EXACT_CI_MAX_N:
+        # largest k with sum_{i < k} C(n, i) <= tail * 2^n, in exact integers
+        limit = tail * (2 ** n)
+        k, acc, c = 0, 0, 1
+        for i in range(0, n // 2 + 1):
+            if acc + c > limit:
+                break
+            acc += c
+            k = i + 1
+            c = c * (n - i) // (i + 1)
+    else:
+        k = max(0, int(math.floor((n + 1) / 2.0 - _z(confidence) * math.sqrt(n) / 2.0)))
+    _RANKS[key] = k
+    return k
+
+
+def median_noise(sorted_x: Sequence[float], confidence: float = MEDIAN_CONFIDENCE) -> float | None:
+    """The *noise* of the median of ascending samples: the half-width of the median's
+    distribution-free confidence interval (:func:`median_ci_rank`) relative to the median,
+    ``(x_(n+1-k) - x_(k)) / 2 / median``, a fraction (0.005 = 0.5%).
+
+    Unlike the relative standard deviation of the samples (nvbench's stdrel "noise", which is a
+    property of the distribution and does not shrink as samples are added), this is the precision
+    of the reported median: it shrinks about as 1/sqrt(n), and a few outliers (an interrupt, a
+    preempted sample) barely move it.
+
+    Returns:
+        The relative half-width, or None when no interval of that coverage exists (too few
+        samples, see :func:`median_ci_rank`) or the median is 0.
+    """
+    n = len(sorted_x)
+    k = median_ci_rank(n, confidence)
+    if k == 0:
+        return None
+    med = _percentile(sorted_x, 50)
+    if med == 0:
+        return None
+    return abs(float(sorted_x[n - k]) - float(sorted_x[k - 1])) / 2.0 / abs(med)

@@ -14,7 +14,10 @@
   total, computed from the lanes' times in ``bench.p2p.bidir_records``).
 - :func:`sample_loop` is the iteration rule every benchmark shares: with ``iters`` given, exactly
   that many samples; otherwise samples until ``min_time`` seconds of measured time and at least
-  ``min_iters`` samples, or ``max_iters`` samples; ``warmup`` untimed samples first.
+  ``min_iters`` samples, then, with a noise goal (``max_noise``), on until the median's noise
+  (:func:`gpubench.core.stats.median_noise`) is at most the goal or ``max_time`` wall seconds
+  have gone by; ``max_iters`` samples at most; ``warmup`` untimed samples first. Why it stopped
+  is kept (:class:`Stop`) and the driver writes it into each record (:func:`annotate`).
 
 A *sample* is ``reps`` back-to-back steps; its value is the elapsed time divided by ``reps``
 (seconds per step).
@@ -22,9 +25,14 @@ A *sample* is ``reps`` back-to-back steps; its value is the elapsed time divided
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
+
+from gpubench.core.stats import median_noise
 
 
 class Clock(Protocol):
@@ -66,9 +74,14 @@ class TimingPlan:
 
     Attributes:
         warmup: untimed samples before the timed ones.
-        iters: exact number of timed samples, or None to choose by ``min_time``.
+        iters: exact number of timed samples, or None to choose by the rule below.
         min_time: seconds of measured time to reach when ``iters`` is None.
         min_iters, max_iters: bounds on the chosen number of samples.
+        max_noise: the noise goal in percent (the median's relative confidence half-width,
+            :func:`gpubench.core.stats.median_noise`), or None for no goal (stop at ``min_time``).
+        max_time: wall seconds of sampling (after the warm-ups) after which a point with a noise
+            goal stops even if the goal is not reached; ``min_time`` and ``min_iters`` are
+            always honoured first.
     """
 
     warmup: int = 2
@@ -76,9 +89,69 @@ class TimingPlan:
     min_time: float = 0.1
     min_iters: int = 10
     max_iters: int = 1000
+    max_noise: float | None = None
+    max_time: float = 5.0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# Why a point's sampling stopped (a record's extra["stopped_by"]):
+ITERS = "iters"          # -n/--iters: exactly that many samples
+MIN_TIME = "min_time"    # no noise goal: --min-time of measured time and the minimum samples
+NOISE = "noise"          # the noise goal was reached (after --min-time)
+MAX_TIME = "max_time"    # the wall-time cap, before the noise goal was reached
+MAX_ITERS = "max_iters"  # the sample cap, before the goal (or before --min-time)
+STOP_REASONS = (ITERS, MIN_TIME, NOISE, MAX_TIME, MAX_ITERS)
+CAPPED = (MAX_TIME, MAX_ITERS)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How one :func:`sample_loop` ended.
+
+    Attributes:
+        stopped_by: one of STOP_REASONS.
+        n: timed samples taken.
+        noise_pct: the median's noise of those samples in percent (None under 6 samples).
+        measured_s: measured seconds (sum of samples x reps).
+        wall_s: wall seconds of the timed samples (warm-ups excluded).
+        goal_pct: the plan's max_noise (None: no goal).
+    """
+
+    stopped_by: str
+    n: int
+    noise_pct: float | None
+    measured_s: float
+    wall_s: float
+    goal_pct: float | None = None
+
+
+_collect = threading.local()
+
+
+@contextlib.contextmanager
+def collect_stops() -> Iterator[list[Stop]]:
+    """Collect the :class:`Stop` of every :func:`sample_loop` run in this thread inside the block
+    (the driver opens one per point)."""
+    stack = getattr(_collect, "stack", None)
+    if stack is None:
+        stack = _collect.stack = []
+    got: list[Stop] = []
+    stack.append(got)
+    try:
+        yield got
+    finally:
+        stack.pop()
+
+
+def _noted(stop: Stop) -> None:
+    for got in getattr(_collect, "stack", None) or ():
+        got.append(stop)
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100.0 * x
 
 
 def take_sample(step: Callable[[], None], clock: Clock, reps: int = 1, gate: Gate | None = None) -> float:
@@ -102,9 +175,23 @@ def take_sample(step: Callable[[], None], clock: Clock, reps: int = 1, gate: Gat
 
 
 def sample_loop(take: Callable[[], float], plan: TimingPlan, reps: int = 1) -> list[float]:
-    """The iteration rule every benchmark shares: ``plan.warmup`` untimed calls of ``take``, then
-    timed ones until ``plan.iters`` samples, or until ``plan.min_time`` seconds of measured time
-    and at least ``plan.min_iters`` samples, or ``plan.max_iters`` samples.
+    """The iteration rule every benchmark shares.
+
+    ``plan.warmup`` untimed calls of ``take``, then timed ones:
+
+    - ``plan.iters`` given: exactly that many (stopped_by "iters");
+    - else at least ``plan.min_iters`` samples and ``plan.min_time`` seconds of measured time;
+      without a noise goal that is the end ("min_time"); with one (``plan.max_noise``, percent),
+      sampling goes on until the median's noise (:func:`gpubench.core.stats.median_noise`, the
+      relative half-width of its 95% distribution-free confidence interval) is at most the goal
+      ("noise"), or ``plan.max_time`` wall seconds of timed sampling have passed ("max_time");
+    - never more than ``plan.max_iters`` samples ("max_iters").
+
+    This is nvbench's stopping rule (nvbench/detail/stdrel_criterion.cxx: no stop before
+    min-time of measured time, then stop when the noise is under max-noise; measure_cold.cu: a
+    wall-clock timeout ends a point that never gets there, and says so), with the noise measured
+    as the precision of the median rather than the relative standard deviation of the samples
+    (which does not shrink with more samples; nvbench needs a second rule to end such points).
 
     Args:
         take: takes one sample and returns its seconds per step.
@@ -112,23 +199,107 @@ def sample_loop(take: Callable[[], float], plan: TimingPlan, reps: int = 1) -> l
         reps: steps per sample (measured time is ``sum(samples) * reps``).
 
     Returns:
-        Samples in seconds per step.
+        Samples in seconds per step. How the loop ended is handed to :func:`collect_stops`.
     """
     for _ in range(plan.warmup):
         take()
     samples: list[float] = []
+    ordered: list[float] = []
+    goal = None if plan.max_noise is None else plan.max_noise / 100.0
     total = 0.0
+    t0 = time.perf_counter()
     while True:
         t = take()
         samples.append(t)
+        bisect.insort(ordered, t)
         total += t * reps
         n = len(samples)
         if plan.iters is not None:
             if n >= plan.iters:
+                why = ITERS
                 break
-        elif n >= plan.max_iters or (n >= plan.min_iters and total >= plan.min_time):
+            continue
+        if n >= plan.min_iters and total >= plan.min_time:
+            if goal is None:
+                why = MIN_TIME
+                break
+            noise = median_noise(ordered)
+            if noise is not None and noise <= goal:
+                why = NOISE
+                break
+            if time.perf_counter() - t0 >= plan.max_time:
+                why = MAX_TIME
+                break
+        if n >= plan.max_iters:
+            why = MAX_ITERS
             break
+    _noted(Stop(why, len(samples), _pct(median_noise(ordered)), total, time.perf_counter() - t0, plan.max_noise))
     return samples
+
+
+def annotate(records: list, stops: list[Stop]) -> None:
+    """Write how each record's samples were taken into its ``extra``: ``noise_pct`` (the median's
+    noise of the record's own samples, percent, None under 6 samples) and ``stopped_by`` (why the
+    loop that took them ended, one of STOP_REASONS).
+
+    Which loop made which record: with one loop in the point, every record (copy's three bidir
+    figures come from one loop); with k loops and a multiple of k records with samples, the
+    records in consecutive equal blocks, in order (a point measuring several directions one after
+    the other); otherwise the first unused loop with the record's number of samples. A record no
+    loop can be matched to gets ``noise_pct`` only. Records without samples are left alone.
+    """
+    if not stops:
+        return
+    measured = [r for r in records if getattr(r, "samples_s", None)]
+    if not measured:
+        return
+    if len(stops) == 1:
+        owner = [stops[0]] * len(measured)
+    elif len(measured) % len(stops) == 0:
+        block = len(measured) // len(stops)
+        owner = [stops[i // block] for i in range(len(measured))]
+    else:
+        free = list(stops)
+        owner = []
+        for r in measured:
+            hit = next((s for s in free if s.n == len(r.samples_s)), None)
+            if hit is not None:
+                free.remove(hit)
+            owner.append(hit)
+    for r, st in zip(measured, owner):
+        r.extra["noise_pct"] = _pct(median_noise(sorted(r.samples_s)))
+        if st is not None:
+            r.extra["stopped_by"] = st.stopped_by
+
+
+def stopping_note(timing: dict, records: list) -> str:
+    """One line under a table: the rule the points were sampled by and how many stopped on a cap
+    before the noise goal ("n, noise" cells: samples, and the median's noise in %)."""
+    if timing.get("iters"):
+        rule = f"{timing['iters']} samples per point (-n)"
+    elif timing.get("max_noise") is not None:
+        rule = (f"samples until the median's noise is <= {timing['max_noise']:g}% after {timing.get('min_time'):g} s "
+                f"of measured time, capped at {timing.get('max_time'):g} s of sampling")
+    else:
+        rule = f"samples until {timing.get('min_time'):g} s of measured time (no noise goal)"
+    capped = sum(1 for r in records if r.extra.get("stopped_by") in CAPPED and timing.get("max_noise") is not None)
+    line = (f"n, noise: {rule}, at least {timing.get('min_iters', 10)}; noise = half-width of the median's 95% "
+            "confidence interval, % of the median.")
+    if capped:
+        line += f" {capped} point(s) stopped on a cap before the goal (marked cap)."
+    return line
+
+
+def stop_cell(extra: dict, n: int) -> str:
+    """A table cell for how a point was sampled: 'n=40 ±0.12%', with ' cap' when sampling ended on
+    --max-time or the sample cap (the noise goal, if any, was not reached); '-' without samples."""
+    if not n:
+        return "-"
+    noise = extra.get("noise_pct")
+    cell = f"n={n}" + ("" if noise is None else f" ±{noise:.2g}%" if noise < 1 else f" ±{noise:.1f}%")
+    if extra.get("stopped_by") in CAPPED:
+        cell += " cap"
+    return cell
 
 
 def measure(
