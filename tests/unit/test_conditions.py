@@ -278,3 +278,49 @@ def test_driver_without_gpu_no_telemetry_flags_set():
     assert res.env["telemetry"]["enabled"] is False
     assert [r.extra["limit_flag"] for r in res.records] == [None, "above_peak"]
     assert res.records[0].extra["host_numa"]["buffers"] == 1  # the placement log ran around the point
+
+
+# -- the options -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cmd", ["copy", "batch", "memcpy2d", "overlap", "p2p", "nccl", "pin"])
+def test_condition_options_on_every_gpu_command(run_cli, cmd):
+    code, out, _ = run_cli(cmd, "--help")
+    assert code == 0 and "--no-telemetry" in out and "--numa" in out and "--require-idle" in out
+
+
+def test_net_has_no_condition_options(run_cli):
+    code, out, _ = run_cli("net", "local", "--help")
+    assert code == 0 and "--no-telemetry" not in out
+
+
+@pytest.mark.parametrize("value,words", [("99", "no NUMA node 99"), ("socket", "is not a NUMA node"),
+                                         ("-1", "no NUMA node -1"), ("", "is not a NUMA node")])
+def test_bad_numa_one_line_exit_2(run_cli, value, words):
+    code, out, err = run_cli("copy", "--numa", value)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_conditions_reach_the_driver():
+    """benchmark_command pops the options into Conditions that driver.run reads."""
+    from click.testing import CliRunner
+
+    from gpubench.commands.common import benchmark_command
+
+    seen = []
+
+    def build_spec(**kw):
+        assert not {"no_telemetry", "numa", "require_idle"} & set(kw)
+        return type("S", (), {"to_dict": lambda self: {}})()
+
+    def run(spec):
+        def go(s, progress):
+            seen.append(driver._CONDITIONS.get())
+            return Result(command="copy", spec={})
+        return go
+
+    cmd = benchmark_command("copy", [], build_spec, lambda r, units="GB": [], help="x", run=run)
+    res = CliRunner().invoke(cmd, ["--no-telemetry", "--numa", "none", "--require-idle", "-q"])
+    assert res.exit_code == 0, res.output
+    assert seen == [driver.Conditions(telemetry=False, numa="none", require_idle=True)]
+    assert driver._CONDITIONS.get() == driver.Conditions()  # reset after the command

@@ -297,7 +297,8 @@ def notes(records: Sequence[Any]) -> list[str]:
             pw = [b["power_w"] for b in uniq if b.get("power_w")]
             tail = ""
             if sm:
-                tail += f"; SM clock {min(s['min'] for s in sm):.0f}-{max(s['max'] for s in sm):.0f} MHz"
+                lo, hi = min(s["min"] for s in sm), max(s["max"] for s in sm)
+                tail += f"; SM clock {lo:.0f}-{hi:.0f} MHz" if lo != hi else f"; SM clock {lo:.0f} MHz"
             if pw:
                 tail += f", power up to {max(p['max'] for p in pw):.0f} W"
             out.append(f"{name} {'; '.join(parts)}{tail} (telemetry in the JSON).")
