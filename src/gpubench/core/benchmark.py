@@ -295,37 +295,40 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
         try:
             for b in bindings:
                 with numa.bound(b), bench.setup(ctx) as ctx:
-                    for p in points:
-                        raise_if_signalled()
-                        progress.advance(p.label if b.tag is None else f"{p.label} (node {b.tag})")
-                        try:
-                            got = _measure_one(bench, ctx, p, tel, b)
-                        except (KeyboardInterrupt, Interrupted, GeneratorExit):
-                            raise
-                        except MachineError:
-                            raise
-                        except Exception as e:
-                            if gpu.is_oom(e):
-                                got = bench.failed(ctx, p, allocation_message(p, e))
-                            elif bench.needs_gpu and isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
-                                raise gpu.machine_error(f"{bench.name} ({p.label})", e) from None
-                            else:
+                    try:
+                        for p in points:
+                            raise_if_signalled()
+                            progress.advance(p.label if b.tag is None else f"{p.label} (node {b.tag})")
+                            try:
+                                got = _measure_one(bench, ctx, p, tel, b)
+                            except (KeyboardInterrupt, Interrupted, GeneratorExit):
                                 raise
-                        if b.tag is not None:
-                            for r in got:
-                                r.params["numa_node"] = b.tag
-                        records.extend(got)
-            raise_if_signalled()
-        except KeyboardInterrupt:
-            interrupted = "SIGINT"
-        except Interrupted as e:
-            interrupted = signal.Signals(e.signum).name
-        except MachineError as e:
-            noted = last_signal()
-            if noted is not None:  # a fault after a Ctrl-C is its consequence (workers stopping): the interrupt
-                interrupted = signal.Signals(noted).name
-            else:
-                fault = e
+                            except MachineError:
+                                raise
+                            except Exception as e:
+                                if gpu.is_oom(e):
+                                    got = bench.failed(ctx, p, allocation_message(p, e))
+                                elif bench.needs_gpu and isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
+                                    raise gpu.machine_error(f"{bench.name} ({p.label})", e) from None
+                                else:
+                                    raise
+                            if b.tag is not None:
+                                for r in got:
+                                    r.params["numa_node"] = b.tag
+                            records.extend(got)
+                        raise_if_signalled()
+                    except KeyboardInterrupt:
+                        interrupted = "SIGINT"
+                    except Interrupted as e:
+                        interrupted = signal.Signals(e.signum).name
+                    except MachineError as e:
+                        noted = last_signal()
+                        if noted is not None:  # a fault after a Ctrl-C is its consequence (workers stopping)
+                            interrupted = signal.Signals(noted).name
+                        else:
+                            fault = e
+                if interrupted is not None or fault is not None:
+                    break
         finally:
             progress.done()
     if fault is not None and not records:

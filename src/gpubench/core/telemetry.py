@@ -169,7 +169,7 @@ def summarize(samples: list[tuple], start: list[dict], end: list[dict], interval
               devices: list[int]) -> dict[str, Any]:
     """The telemetry block (module docstring) from raw sample tuples (sm MHz, mem MHz, W, C,
     reasons mask) and the start and end counter reads of each device."""
-    cols = list(zip(*samples)) if samples else [[], [], [], [], []]
+    cols: list[tuple] = list(zip(*samples)) if samples else [(), (), (), (), ()]
     mask = 0
     for m in cols[4]:
         if m is not None:
