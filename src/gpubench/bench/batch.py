@@ -448,6 +448,7 @@ class Batch(Benchmark):
     """The batch plug-in: a point is (count, piece, memory kind); every direction and strategy."""
 
     name = "batch"
+    host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
     description = "Many small copies vs packed vs cudaMemcpyBatchAsync vs one contiguous copy."
 
     def points(self, spec: BatchSpec, devices: tuple[int, ...]) -> list[Point]:

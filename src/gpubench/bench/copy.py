@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from gpubench.core import benchmark as driver
-from gpubench.core import gpu, kernels
+from gpubench.core import gpu, kernels, limits
 from gpubench.core.benchmark import Benchmark, Context, Point
 from gpubench.core.errors import UsageError, check_choices
 from gpubench.core.report import ProgressSink
@@ -414,7 +414,13 @@ def _d2d_records(ctx: Context, g: _Group) -> list[Record]:
         stream.synchronize()
         times, reps = timed(timer, enqueue, spec.plan)
         verified = kernels.count_wrong(g.device, b.ptr, n, seed=n & 0xFFFFFFFF) == 0 if spec.verify else None
-        return [_record(_params(g, "d2d"), n, [t.span / reps for t in times], reps, True, verified, None)]
+        r = _record(_params(g, "d2d"), n, [t.span / reps for t in times], reps, True, verified, None)
+        from gpubench.core import env as envmod
+
+        # each byte is read and written in the same memory: held against half its bandwidth
+        limits.mark(r, limits.device_copy_peak_bytes_per_s(envmod.gpu_by_index(ctx.env, g.device)),
+                    "device memory bandwidth / 2 (read + write)")
+        return [r]
     finally:
         b.free()
         a.free()
@@ -504,6 +510,7 @@ class Copy(Benchmark):
     """The copy plug-in: points are (device, size, memory kind) with the tests of TESTS."""
 
     name = "copy"
+    host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
     description = "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."
 
     def points(self, spec: CopySpec, devices: tuple[int, ...]) -> list[Point]:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
-from gpubench.core import gpu
+from gpubench.core import gpu, limits
 from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
 from gpubench.core.errors import UsageError, check_choices
 from gpubench.core.report import ProgressSink
@@ -323,7 +323,7 @@ STRATEGY_TABLE: dict[str, Strategy] = {st.name: st for st in (
 assert tuple(STRATEGY_TABLE) == STRATEGIES
 
 
-def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Record]:
+def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None, d2d_peak: float | None = None) -> list[Record]:
     """Every direction x strategy of one window, the strategies taken from STRATEGY_TABLE; each
     copy's destination is checked inside the window and outside it (untouched)."""
     import cupy
@@ -393,7 +393,8 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None) -> list[Re
                 entry = STRATEGY_TABLE[strategy]
                 params = {"device": spec.device, "direction": direction, "strategy": strategy, "memory": g.memory,
                           "width": w, "height": h, "src_pitch": sp, "dst_pitch": dp}
-                extra = {"gated": gated, "peak_bytes_per_s": peak if direction != "d2d" else None}
+                # d2d: a copy inside device memory reads and writes each byte (core/limits.py)
+                extra = {"gated": gated, "peak_bytes_per_s": peak if direction != "d2d" else d2d_peak}
                 expected = exp_window
                 if entry.contiguous:
                     if exp_contig is None:
@@ -454,6 +455,7 @@ class Memcpy2d(Benchmark):
     """The memcpy2d plug-in: a point is (window, memory kind) with its directions and strategies."""
 
     name = "memcpy2d"
+    host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
     description = "Pitched 2-D copies vs a row-by-row loop vs one contiguous copy vs CuPy slices."
 
     def points(self, spec: Memcpy2dSpec, devices: tuple[int, ...]) -> list[Point]:
@@ -475,13 +477,14 @@ class Memcpy2d(Benchmark):
     @contextlib.contextmanager
     def setup(self, ctx: Context):
         ctx.data["peak"] = (envmod.gpu_by_index(ctx.env, ctx.spec.device) or {}).get("pcie_peak_bytes_per_s")
+        ctx.data["d2d_peak"] = limits.device_copy_peak_bytes_per_s(envmod.gpu_by_index(ctx.env, ctx.spec.device))
         yield ctx
 
     def measure(self, ctx: Context, point: Point) -> list[Record]:
         import cupy
 
         with cupy.cuda.Device(ctx.spec.device):
-            return _group_records(ctx.spec, point.key, ctx.data["peak"])
+            return _group_records(ctx.spec, point.key, ctx.data["peak"], ctx.data.get("d2d_peak"))
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         spec: Memcpy2dSpec = ctx.spec

@@ -275,6 +275,20 @@ def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]
     return out
 
 
+def mark_collectives(records: list[Record], env: dict, devices: Sequence[int]) -> None:
+    """:func:`gpubench.core.limits.mark_collective` on each record, against the first GPU's links
+    (NVLS is possible where NCCL_NVLS_ENABLE is not 0 and the GPU has NVLink)."""
+    import os
+
+    from gpubench.core import env as envmod
+    from gpubench.core import limits
+
+    g = envmod.gpu_by_index(env, devices[0]) if devices else None
+    nvls = os.environ.get("NCCL_NVLS_ENABLE", "") != "0" and bool((g or {}).get("nvlink_links_up"))
+    for r in records:
+        limits.mark_collective(r, g, nvls)
+
+
 def _check_root(spec: NcclSpec, nranks: int) -> None:
     coll = C.collective(spec.collective)
     if coll.rooted and spec.root >= nranks:
@@ -420,6 +434,11 @@ class Nccl(Benchmark):
         size, place = point.key
         nranks = len(ctx.devices)
         return to_records(ctx.spec, [unmeasured_point(ctx.spec, size, place, nranks, message)], nranks)
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """The collective limit rule (core/limits.mark_collective): a one-rank in-place figure is a
+        no-op, a one-rank out-of-place one a local copy, busbw held against the GPU's links."""
+        mark_collectives(records, ctx.env, ctx.devices)
 
     def spec_dict(self, ctx: Context) -> dict:
         """The spec with the GPUs used and the rank count (and --expect-busbw when given)."""

@@ -325,6 +325,12 @@ class NcclDask(Benchmark):
     def devices(self, spec: NcclSpec) -> tuple[int, ...]:
         return ()
 
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """The collective limit rule with no local GPU entry: one-rank in-place figures are no-ops."""
+        from gpubench.bench.nccl import mark_collectives
+
+        mark_collectives(records, ctx.env, ())
+
     def points(self, spec: NcclSpec, devices: tuple[int, ...]) -> list[driver.Point]:
         return [driver.Point(label=point_label(spec, size, place), key=(i, size, place))
                 for i, (size, place) in enumerate(point_keys(spec))]

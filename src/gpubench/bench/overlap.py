@@ -311,6 +311,7 @@ class Overlap(Benchmark):
     """The overlap plug-in: a point is one --work value (the stages alone, serial, overlapped)."""
 
     name = "overlap"
+    host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
     description = "Copy/compute overlap: H2D -> kernel -> D2H on one stream vs chunks on N streams."
 
     def points(self, spec: OverlapSpec, devices: tuple[int, ...]) -> list[Point]:

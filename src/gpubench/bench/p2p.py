@@ -534,6 +534,7 @@ class P2P(Benchmark):
     """The p2p plug-in: a point is (test, src, dst) for every ordered pair; peer-off tests first."""
 
     name = "p2p"
+    host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
     description = "GPU<->GPU copy matrix: peer access on/off, read/write, bidir, SM copy, latency."
 
     def devices(self, spec: P2PSpec) -> tuple[int, ...]:

@@ -41,7 +41,7 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
 
     if not result.argv:
         result.argv = list(INVOCATION)
-    report.display(renderables, quiet=quiet)
+    report.display(list(renderables) + report.condition_notes(result), quiet=quiet)
     if json_path:
         save(result, json_path)
         if not quiet and json_path != STDOUT:
@@ -156,9 +156,32 @@ def spread_option() -> Callable:
 OUTPUT_PARAMS = ("json_path", "units", "quiet", "debug")
 
 
+def _numa_option(ctx, param, value):
+    from gpubench.core import numa
+
+    return numa.parse_policy(value)
+
+
+def condition_options() -> list[Callable]:
+    """--no-telemetry, --numa NODE|none|all|auto, --require-idle: the conditions every measuring
+    command runs under (core/benchmark.Conditions; docs/conditions.md)."""
+    return [
+        click.option("--no-telemetry", "no_telemetry", is_flag=True,
+                     help="Do not sample GPU clocks, power, temperature and throttle reasons during each point."),
+        click.option("--numa", "numa", default="auto", show_default=True, callback=_numa_option,
+                     help="Bind the host side to a NUMA node before host memory is allocated: auto (the GPU's "
+                          "node, as nvbandwidth), a node number, none, or all (measure from every node)."),
+        click.option("--require-idle", "require_idle", is_flag=True,
+                     help="Refuse to start (exit 3) when the GPU has other processes, is busy or is hot."),
+    ]
+
+
+CONDITION_PARAMS = ("no_telemetry", "numa", "require_idle")
+
+
 def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callable, report: Callable[..., list],
                       *, help: str, display: Sequence[str] = (), run: Callable | None = None,
-                      after: Callable | None = None) -> click.Command:
+                      after: Callable | None = None, conditions: bool = True) -> click.Command:
     """The click command of a measuring benchmark, generated from its declared options.
 
     The callback is the same for every benchmark: the options that are not output (--json,
@@ -179,6 +202,8 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
             distributed path chosen by an option.
         after: (result, spec, code) -> exit code, called once the result is shown and saved (an
             expectation such as --expect-busbw raises RegressionFound there).
+        conditions: add :func:`condition_options` (telemetry, NUMA, idle check); False for
+            commands that use no GPU.
 
     The returned command carries ``build_spec``, ``bench_name``, ``display``, ``report``,
     ``select_run`` and ``after`` so ``suite`` can run it through the driver without a JSON round
@@ -193,8 +218,11 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
     build_spec = stopping_build_spec(build_spec)
 
     def callback(**kwargs):
+        from gpubench.core import benchmark
+
         out = {k: kwargs.pop(k) for k in OUTPUT_PARAMS}
         shown = {k: kwargs.pop(k) for k in display}
+        cond = {k: kwargs.pop(k) for k in CONDITION_PARAMS if k in kwargs}
         spec = build_spec(**kwargs)
         result_box: list = []
 
@@ -202,15 +230,18 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
             result_box.append(select_run(s)(s, progress))
             return result_box[-1]
 
-        code = run_benchmark(run_fn, spec, lambda r: report(r, units=out["units"], **shown),
-                             json_path=out["json_path"], quiet=out["quiet"])
+        with benchmark.conditions(benchmark.Conditions(telemetry=not cond.get("no_telemetry", False),
+                                                       numa=cond.get("numa", "auto"),
+                                                       require_idle=cond.get("require_idle", False))):
+            code = run_benchmark(run_fn, spec, lambda r: report(r, units=out["units"], **shown),
+                                 json_path=out["json_path"], quiet=out["quiet"])
         if after is not None and result_box:
             code = after(result_box[-1], spec, code)
         return code
 
     callback.__doc__ = help
     f = common_options(callback)
-    for opt in reversed(list(options)):
+    for opt in reversed(list(options) + (condition_options() if conditions else [])):
         f = opt(f)
     cmd = click.command(name, help=help)(f)
     cmd.build_spec = build_spec  # type: ignore[attr-defined]

@@ -144,13 +144,19 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
                     row.append(f"{med['pinned'] / med['pageable']:.2f}x" if "pinned" in med and "pageable" in med else "")
                 t.add_row(*row)
             out.append(t)
-    peaks = {r.extra.get("peak_bytes_per_s") for r in recs if r.extra.get("peak_bytes_per_s")}
+    peaks = {r.extra.get("peak_bytes_per_s") for r in recs if r.extra.get("peak_bytes_per_s")
+             and not r.extra.get("peak_source")}
+    dev_peaks = {r.extra["peak_bytes_per_s"] for r in recs if r.extra.get("peak_bytes_per_s") and r.extra.get("peak_source")}
     notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; sizes in binary units; median over "
              f"samples, timed with CUDA events ({result.timing.get('warmup')} warm-up(s))."]
     notes.append(stopping_note(result.timing, recs))
     if peaks:
         notes.append("% peak: of the raw PCIe line rate per direction " +
                      ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
+    if dev_peaks:
+        notes.append("% peak of d2d: of half the device memory bandwidth (bus width x memory clock x 2, from NVML; "
+                     "each byte is read and written) " +
+                     ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(dev_peaks)) + ".")
     if any(r.extra.get("above_peak") for r in recs):
         notes.append("!! marks a figure above the link's physical peak: a timing fault, not a real speed.")
     if any(r.extra.get("verified") is False for r in recs):

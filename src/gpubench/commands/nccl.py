@@ -7,7 +7,7 @@ import click
 
 from gpubench.bench import collectives as C
 from gpubench.commands.common import benchmark_command
-from gpubench.core import report
+from gpubench.core import limits, report
 from gpubench.core.errors import RegressionFound
 from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 
@@ -191,7 +191,8 @@ def format_report(result, units: str = "GB") -> list:
                 bus = r.extra["busbw_bytes_per_s"]
                 busbws.append(bus)
                 w = r.extra.get("wrong")
-                row += [f"{r.extra['time_s'] * 1e6:.2f}", format_rate(alg, units), format_rate(bus, units),
+                mark = limits.flag_mark(r.extra)  # " (no-op)", " !!" (core/limits.py)
+                row += [f"{r.extra['time_s'] * 1e6:.2f}", format_rate(alg, units) + mark, format_rate(bus, units) + mark,
                         "N/A" if w is None else str(w)]
         t.add_row(*row)
     out: list = [t]

@@ -369,7 +369,7 @@ def _report(result, units: str) -> list:
 
 
 command.add_command(benchmark_command("client", CLIENT_OPTIONS, build_client_spec, format_report, help=CLIENT_HELP,
-                                      run=_net_run))
+                                      run=_net_run, conditions=False))
 command.add_command(benchmark_command("local", TEST_OPTIONS, build_local_spec, format_report, help=LOCAL_HELP,
-                                      run=_net_run))
+                                      run=_net_run, conditions=False))
 command.add_command(nodes_command(TEST_OPTIONS, build_request))  # under a launcher: commands/net_fleet.py

@@ -172,14 +172,14 @@ def step_spec(cmd: click.Command, argv: list[str]):
         UsageError: an option click refuses (named with the step's command line), or a bad value
             (build_spec's or the Spec's line).
     """
-    from gpubench.commands.common import OUTPUT_PARAMS
+    from gpubench.commands.common import CONDITION_PARAMS, OUTPUT_PARAMS
 
     try:
         with cmd.make_context(cmd.name, list(argv)) as ctx:
             params = dict(ctx.params)
     except click.ClickException as e:
         raise UsageError(f"gpubench {cmd.name} {' '.join(argv)}: {e.format_message()}") from None
-    for k in (*OUTPUT_PARAMS, *getattr(cmd, "display")):
+    for k in (*OUTPUT_PARAMS, *CONDITION_PARAMS, *getattr(cmd, "display")):
         params.pop(k, None)
     return getattr(cmd, "build_spec")(**params)
 

@@ -21,6 +21,7 @@ report and ``--json`` (see docs/architecture.md).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import signal
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator, Sequence
@@ -33,6 +34,41 @@ from gpubench.core.signals import Interrupted, last_signal, raise_if_signalled
 from gpubench.core.units import format_size
 
 DEVICE_MARGIN_BYTES = 512 * 2**20  # left free on a GPU for the CUDA context and the spin kernel
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """The conditions a run measures under, the same for every command (docs/conditions.md).
+
+    Attributes:
+        telemetry: sample NVML on a thread during each point (``--no-telemetry`` turns it off).
+        telemetry_interval_s: seconds between sample sets.
+        numa: "auto", "none", "all" or a node (``--numa``; :func:`gpubench.core.numa.plan`).
+        require_idle: refuse to start when the pre-flight idle check finds the GPU busy
+            (``--require-idle``; exit 3: a machine condition, not a bad command line).
+    """
+
+    telemetry: bool = True
+    telemetry_interval_s: float = 0.01
+    numa: str | int = "auto"
+    require_idle: bool = False
+
+
+_CONDITIONS: contextvars.ContextVar[Conditions] = contextvars.ContextVar("gpubench_conditions", default=Conditions())
+
+
+@contextlib.contextmanager
+def conditions(c: Conditions) -> Iterator[Conditions]:
+    """Run the block's :func:`run` calls under ``c`` (the command line's options)."""
+    token = _CONDITIONS.set(c)
+    try:
+        yield c
+    finally:
+        _CONDITIONS.reset(token)
+
+
+class BusyGPU(MachineError):
+    """``--require-idle`` and the pre-flight idle check found a GPU busy; exit 3."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +117,14 @@ class Benchmark:
         description: one line, for ``--help`` and ``--list``.
         needs_gpu: the driver checks that a GPU is visible before anything else.
         fault_what: how a machine fault's message names the run ("copy"), with the point's label.
+        host_memory: the plug-in allocates host buffers through gpu.HostBuffer in setup/measure, so
+            the driver binds it to the GPU's NUMA node first (``--numa``; all allows "all").
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     needs_gpu: ClassVar[bool] = True
+    host_memory: ClassVar[bool] = False
 
     # -- what a plug-in declares -------------------------------------------------------------
 
@@ -196,24 +235,34 @@ def allocation_message(point: Point, e: BaseException) -> str:
     return f"allocation of {point.label} failed: {first_line(e)}"
 
 
-def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
+def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions: Conditions | None = None) -> Result:
     """Run ``bench`` over ``spec``: the one driver of every measuring command.
 
     Steps: the GPU check (``needs_gpu``), the devices made visible, the points and their preflight,
-    the environment, ``setup``, each point's ``measure`` in turn (progress; a point whose
-    allocation fails gives ``failed`` records and the loop goes on), ``derive``, the Result.
+    the environment, the pre-flight idle check, the NUMA binding, ``setup``, each point's
+    ``measure`` in turn under telemetry (progress; a point whose allocation fails gives ``failed``
+    records and the loop goes on), ``derive``, the limit flags, the Result. With ``--numa all``
+    setup and the points run once per NUMA node.
+
+    Args:
+        conditions: telemetry, NUMA and idle policy; default: the block's :func:`conditions`, else
+            :class:`Conditions` ().
 
     Returns:
         The Result; ``partial`` with ``interrupted_by`` "SIGINT"/"SIGTERM" when a signal stopped the
         loop (the finished points are kept).
 
     Raises:
-        NoGPUError, UsageError: before anything is measured.
+        NoGPUError, UsageError: before anything is measured (``--numa all`` for a plug-in without
+            host buffers, a node whose CPUs may not be used).
+        BusyGPU: ``require_idle`` and a GPU is not idle (exit 3), before anything is allocated.
         MachineError: a CUDA, NCCL or library fault; its ``partial_result`` holds the finished
             points (``partial``, ``failed_by``), which the command prints and saves before exit 3.
     """
-    from gpubench.core import gpu
+    from gpubench.core import env as envmod
+    from gpubench.core import gpu, limits, numa, telemetry
 
+    cond = conditions or _CONDITIONS.get()
     progress = progress or ProgressSink()
     devices: tuple[int, ...] = ()
     if bench.needs_gpu:
@@ -222,45 +271,70 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
     points = bench.points(spec, devices)
     bench.preflight(spec, points, devices)
     ctx = Context(spec=spec, env=bench.environment(spec), devices=devices)
+    gpus = [g for g in ctx.env.get("gpus", []) if g.get("index") in devices]
+    bindings: list = [numa.Binding(None, None, "no GPU: not bound")]
+    if bench.needs_gpu:
+        check = envmod.idle_check(gpus, devices)
+        ctx.env["preflight"] = check
+        for w in check["warnings"]:
+            progress.warn(w)
+        if cond.require_idle and check["warnings"]:
+            raise BusyGPU(check["warnings"][0], "--require-idle: wait until the GPU is idle, or leave it out")
+        if cond.require_idle and check["idle"] is None:
+            raise BusyGPU(f"--require-idle: the idle check could not run ({check['error']})")
+        first = envmod.gpu_by_index(ctx.env, devices[0]) if devices else None
+        bindings = numa.plan(cond.numa, first, bench.host_memory) if bench.host_memory or cond.numa != "auto" \
+            else [numa.Binding(None, None, "no host buffers: not bound")]
+        ctx.env["numa"] = {"policy": str(cond.numa), "bindings": [b.to_dict() for b in bindings]}
     records: list[Record] = []
     interrupted: str | None = None
     fault: MachineError | None = None
-    with bench.setup(ctx) as ctx:
-        progress.start(len(points), points[0].label if points else "")
+    with telemetry.session(gpus, cond.telemetry and bench.needs_gpu, cond.telemetry_interval_s) as tel:
+        ctx.env["telemetry"] = tel.status if tel is not None else {"enabled": False, "interval_s": None, "error": None}
+        progress.start(len(points) * len(bindings), points[0].label if points else "")
         try:
-            for p in points:
-                raise_if_signalled()
-                progress.advance(p.label)
-                try:
-                    with timing.collect_stops() as stops:
-                        got = bench.measure(ctx, p)
-                    timing.annotate(got, stops)  # noise reached and why sampling stopped, per record
-                    records.extend(got)
-                except (KeyboardInterrupt, Interrupted, GeneratorExit):
-                    raise
-                except MachineError:
-                    raise
-                except Exception as e:
-                    if gpu.is_oom(e):
-                        records.extend(bench.failed(ctx, p, allocation_message(p, e)))
-                        continue
-                    if bench.needs_gpu and isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
-                        raise gpu.machine_error(f"{bench.name} ({p.label})", e) from None
-                    raise
-            raise_if_signalled()
-        except KeyboardInterrupt:
-            interrupted = "SIGINT"
-        except Interrupted as e:
-            interrupted = signal.Signals(e.signum).name
-        except MachineError as e:
-            noted = last_signal()
-            if noted is not None:  # a fault after a Ctrl-C is its consequence (workers stopping): the interrupt
-                interrupted = signal.Signals(noted).name
-            else:
-                fault = e
+            for b in bindings:
+                with numa.bound(b), bench.setup(ctx) as ctx:
+                    try:
+                        for p in points:
+                            raise_if_signalled()
+                            progress.advance(p.label if b.tag is None else f"{p.label} (node {b.tag})")
+                            try:
+                                got = _measure_one(bench, ctx, p, tel, b)
+                            except (KeyboardInterrupt, Interrupted, GeneratorExit):
+                                raise
+                            except MachineError:
+                                raise
+                            except Exception as e:
+                                if gpu.is_oom(e):
+                                    got = bench.failed(ctx, p, allocation_message(p, e))
+                                elif bench.needs_gpu and isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
+                                    raise gpu.machine_error(f"{bench.name} ({p.label})", e) from None
+                                else:
+                                    raise
+                            if b.tag is not None:
+                                for r in got:
+                                    r.params["numa_node"] = b.tag
+                            records.extend(got)
+                        raise_if_signalled()
+                    except KeyboardInterrupt:
+                        interrupted = "SIGINT"
+                    except Interrupted as e:
+                        interrupted = signal.Signals(e.signum).name
+                    except MachineError as e:
+                        noted = last_signal()
+                        if noted is not None:  # a fault after a Ctrl-C is its consequence (workers stopping)
+                            interrupted = signal.Signals(noted).name
+                        else:
+                            fault = e
+                if interrupted is not None or fault is not None:
+                    break
         finally:
             progress.done()
+    if fault is not None and not records:
+        raise fault  # nothing measured (a setup fault): nothing to derive or keep
     bench.derive(ctx, records)
+    limits.finalize(records)
     result = Result(command=bench.name, spec=bench.spec_dict(ctx), timing=bench.timing(ctx), env=ctx.env,
                     records=records, partial=interrupted is not None or fault is not None,
                     interrupted_by=interrupted, failed_by=fault.one_line() if fault is not None else None)
@@ -269,3 +343,26 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None) -> Result:
             fault.partial_result = result
         raise fault
     return result
+
+
+def _measure_one(bench: Benchmark, ctx: Context, p: Point, tel, binding) -> list[Record]:
+    """``bench.measure(ctx, p)`` with the point's telemetry and host-page placement attached to
+    each of its records (``Record.telemetry``, ``extra.host_numa``)."""
+    from gpubench.core import numa
+
+    with numa.placement_log() as log, timing.collect_stops() as stops:
+        if tel is None:
+            recs = bench.measure(ctx, p)
+            block = None
+        else:
+            with tel.point(p.devices or ctx.devices) as sampler:
+                recs = bench.measure(ctx, p)
+            block = sampler.block if sampler is not None else None
+        placed = log.take()
+    timing.annotate(recs, stops)  # noise reached and why sampling stopped, per record
+    for r in recs:
+        r.telemetry = block
+        if placed is not None:
+            r.extra["host_numa"] = {"bound_node": binding.node,
+                                    "cpus": numa.format_cpulist(binding.cpus) if binding.cpus else None, **placed}
+    return recs

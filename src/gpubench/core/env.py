@@ -10,8 +10,11 @@
      "gpus": [{index, name, uuid, pci_bus_id, memory_total_bytes, memory_free_bytes,
                pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, pcie_peak_bytes_per_s,
                nvlink_links_up, nvlink_bytes_per_s_per_link, nvlink_peak_bytes_per_s,
-               nvlink_peers {other_index: links}, numa_node, cpu_affinity}],
+               nvlink_peers {other_index: links}, numa_node, cpu_affinity,
+               memory_bus_width_bits, memory_clock_max_mhz, memory_peak_bytes_per_s}],
      "topology": {"0,1": "NV18", ...}}          # nvidia-smi topo -m style
+
+The driver adds ``preflight`` (:func:`idle_check`), ``numa`` and ``telemetry`` (docs/conditions.md).
 
 Every query is guarded: a field the driver does not report is None, and an absent driver or
 library leaves ``gpus`` empty with the reason in ``cuda.error`` / ``nvml.error``. Nothing here raises.
@@ -286,6 +289,8 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
                     break
         if per_link is None and version in limits.NVML_NVLINK_VERSION:
             per_link = limits.NVLINK_GBPS_PER_LINK[limits.NVML_NVLINK_VERSION[version]] * 1e9
+    bus_bits = _nvml_call(nv.nvmlDeviceGetMemoryBusWidth, h)
+    mem_mhz = _nvml_call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM)
     numa = None
     if bus:
         try:
@@ -317,6 +322,9 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
         "nvlink_bytes_per_s_per_link": per_link,
         "numa_node": numa,
         "cpu_affinity": cpus,
+        "memory_bus_width_bits": bus_bits,
+        "memory_clock_max_mhz": mem_mhz,
+        "memory_peak_bytes_per_s": limits.device_memory_peak_bytes_per_s(bus_bits, mem_mhz),
         "_nvlink_remote": remote,
     }
 
@@ -349,3 +357,84 @@ def gpu_by_index(env: dict[str, Any], index: int) -> dict[str, Any] | None:
         if g.get("index") == index:
             return g
     return None
+
+
+# -- pre-flight idle check ----------------------------------------------------------------------------
+
+HOT_MARGIN_C = 10  # a GPU within this many degrees of its slowdown threshold is called hot
+# NVML's utilisation is the share of its last sample period (1/6 s to 1 s) in which a kernel ran, so
+# a run started right after another shows its tail (1-3% seen on the lent H200 with no other process
+# left). With no other process, utilisation is read again after UTIL_REREAD_S and counts from
+# UTIL_BUSY_PCT; with another process any utilisation counts.
+UTIL_REREAD_S = 1.0
+UTIL_BUSY_PCT = 5
+
+
+def idle_check(gpus: list[dict[str, Any]], devices: tuple[int, ...] | list[int]) -> dict[str, Any]:
+    """Is each GPU of the run idle before the first point? Other compute processes
+    (nvmlDeviceGetComputeRunningProcesses, this process left out), utilisation
+    (nvmlDeviceGetUtilizationRates, over NVML's last sample period, 1/6 to 1 s) and temperature
+    against the slowdown threshold (nvmlDeviceGetTemperatureThreshold SLOWDOWN; hot within
+    :data:`HOT_MARGIN_C`). DCGM's diagnostics refuse to start on a busy GPU for the same reason
+    (DCGM #272: one test can poison the next).
+
+    Args:
+        gpus: the env's ``gpus`` entries (index, uuid).
+        devices: the CUDA ordinals of the run.
+
+    Returns:
+        {"idle": bool | None (None: NVML could not tell), "warnings": [one line each],
+         "gpus": [{index, other_processes: [{pid, used_memory_bytes}], utilization_gpu_pct,
+                   utilization_memory_pct, temperature_c, slowdown_temp_c, busy: [reasons]}],
+         "error": str | None}. Never raises.
+    """
+    out: dict[str, Any] = {"idle": None, "warnings": [], "gpus": [], "error": None}
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+    except Exception as e:
+        out["error"] = _short(e)
+        return out
+    try:
+        me = os.getpid()
+        by_index = {g.get("index"): g for g in gpus}
+        for d in devices:
+            g = by_index.get(d) or {}
+            h = _nvml_call(nv.nvmlDeviceGetHandleByUUID, g["uuid"]) if g.get("uuid") else None
+            if h is None:
+                out["gpus"].append({"index": d, "busy": [], "error": "NVML does not know this GPU"})
+                continue
+            procs = _nvml_call(nv.nvmlDeviceGetComputeRunningProcesses, h)
+            others = [{"pid": p.pid, "used_memory_bytes": p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None}
+                      for p in (procs or []) if p.pid != me]
+            util = _nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
+            if not others and getattr(util, "gpu", 0):
+                import time
+
+                time.sleep(UTIL_REREAD_S)  # the tail of an earlier run, or work of a process NVML hides?
+                util = _nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
+            temp = _nvml_call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+            slow = _nvml_call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+            entry = {"index": d, "other_processes": others,
+                     "utilization_gpu_pct": getattr(util, "gpu", None),
+                     "utilization_memory_pct": getattr(util, "memory", None),
+                     "temperature_c": temp, "slowdown_temp_c": slow, "busy": []}
+            if others:
+                used = sum(p["used_memory_bytes"] or 0 for p in others)
+                entry["busy"].append(f"{len(others)} other process(es) on it (pid "
+                                     f"{', '.join(str(p['pid']) for p in others[:4])}; {used / 2**30:.1f} GiB)")
+            if entry["utilization_gpu_pct"] and (others or entry["utilization_gpu_pct"] >= UTIL_BUSY_PCT):
+                entry["busy"].append(f"utilisation {entry['utilization_gpu_pct']}%")
+            if temp is not None and slow and temp >= slow - HOT_MARGIN_C:
+                entry["busy"].append(f"{temp} C, within {HOT_MARGIN_C} C of its slowdown threshold {slow} C")
+            out["gpus"].append(entry)
+            if entry["busy"]:
+                out["warnings"].append(f"GPU {d} is not idle: " + "; ".join(entry["busy"]))
+        out["idle"] = not out["warnings"]
+        return out
+    except Exception as e:
+        out["error"] = _short(e)
+        return out
+    finally:
+        _nvml_call(nv.nvmlShutdown)

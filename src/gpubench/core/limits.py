@@ -10,8 +10,29 @@ NVLink (per direction per link): NVML's NVML_FI_DEV_NVLINK_GET_SPEED field where
 it (an H200 with driver 580 reports 26562 MB/s, so 18 links = 478.1 GB/s), otherwise by NVLink version:
 1.0 20 GB/s, 2.0 25, 3.0 25, 4.0 26.5625, 5.0 53.125 (NVIDIA's architecture whitepapers).
 
+Device memory (D2D, local copies): bus width x memory clock x 2 (double data rate), NVML's
+nvmlDeviceGetMemoryBusWidth (bits) and nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM) (MHz); the formula
+is NVIDIA's "theoretical bandwidth" (Mark Harris, "How to Implement Performance Metrics in CUDA
+C/C++", NVIDIA Technical Blog, 2012: 1546e6 Hz x 384/8 B x 2 = 148 GB/s for a Tesla M2050). The lent
+H200 reports 6016 bits and 3201 MHz: 4.81 TB/s (the datasheet says 4.8 TB/s). A copy inside one
+GPU's memory reads and writes each byte, so a copy figure counted once (nvbandwidth's
+device_local_copy) is held against half of it: 2.41 TB/s on the H200.
+
+Collectives (:func:`mark_collective`): with one rank an in-place collective moves nothing (NCCL
+returns at once), so its "bandwidth" is the launch time and is marked ``no_op``, never a speed; an
+out-of-place one-rank collective is a local copy and is held against the device copy limit. With
+several ranks, busbw (nccl-tests' per-link figure) is held against the links' sum of the GPU: its
+NVLink links x per-link rate plus its PCIe link, per direction. NVLink SHARP (NVLS, switch-side
+reduction) can lift an all-reduce's busbw above that; where NCCL_NVLS_ENABLE is not 0 such a figure
+is flagged "above links (NVLS?)" rather than impossible.
+
 Measured copies never reach these raw figures (PCIe TLP headers cost ~10-13%); the "% of peak" is
 against the raw line rate and anything above 100% is flagged as impossible.
+
+Every record that a limit was chosen for has ``extra.peak_bytes_per_s``, ``extra.pct_of_peak``,
+``extra.above_peak`` and ``extra.limit_flag``: None, "above_peak" (a figure over a physical limit:
+a timing fault) or "no_op" (a figure that measures no data movement). compare and the reports read
+``limit_flag``; :func:`finalize` (run by the driver after ``derive``) sets it on every record.
 """
 
 from __future__ import annotations
@@ -51,3 +72,111 @@ def percent_of_peak(bytes_per_s: float, peak_bytes_per_s: float | None) -> float
     if not peak_bytes_per_s:
         return None
     return 100.0 * bytes_per_s / peak_bytes_per_s
+
+
+def device_memory_peak_bytes_per_s(bus_width_bits: int | None, mem_clock_mhz: int | None) -> float | None:
+    """Raw device memory bandwidth in bytes/s: bus width (bits) / 8 x memory clock (MHz) x 1e6 x 2
+    (double data rate; see the module docstring for the source). None when either is unknown."""
+    if not bus_width_bits or not mem_clock_mhz:
+        return None
+    return bus_width_bits / 8 * mem_clock_mhz * 1e6 * 2
+
+
+def device_copy_peak_bytes_per_s(gpu: dict | None) -> float | None:
+    """The limit of a copy inside one GPU's memory counted once (bytes / time): half the device
+    memory bandwidth, since each byte is read and written. None when unknown."""
+    peak = (gpu or {}).get("memory_peak_bytes_per_s")
+    return peak / 2 if peak else None
+
+
+def links_sum_bytes_per_s(gpu: dict | None) -> float | None:
+    """A GPU's links per direction: NVLink links up x per-link rate, plus its PCIe link; None when
+    neither is known."""
+    g = gpu or {}
+    nv = nvlink_peak_bytes_per_s(g.get("nvlink_links_up") or 0, g.get("nvlink_bytes_per_s_per_link"))
+    pcie = g.get("pcie_peak_bytes_per_s")
+    if not nv and not pcie:
+        return None
+    return (nv or 0) + (pcie or 0)
+
+
+def mark(record, peak_bytes_per_s: float | None, source: str | None) -> None:
+    """``record.mark_peak`` plus ``extra.peak_source`` (what the limit is: "device memory / 2", ...)
+    and ``extra.limit_flag``. Needs samples."""
+    record.mark_peak(peak_bytes_per_s)
+    record.extra["peak_source"] = source if peak_bytes_per_s else None
+    record.extra["limit_flag"] = "above_peak" if record.extra.get("above_peak") else None
+
+
+NO_OP_ONE_RANK = "one rank, in place: NCCL moves no data; the figure is the call's time, not a bandwidth"
+
+
+def mark_collective(record, gpu: dict | None, nvls_possible: bool) -> None:
+    """The rule for a collective's record (params nranks, placement; extra algbw/busbw_bytes_per_s):
+    see the module docstring. Sets ``extra.no_op`` (a reason) or the limit fields of :func:`mark`
+    (against algbw for one rank, busbw otherwise) and ``extra.limit_flag``."""
+    x = record.extra
+    if not record.samples_s or x.get("algbw_bytes_per_s") is None:
+        return
+    nranks = record.params.get("nranks")
+    if nranks == 1 and record.params.get("placement") == "in-place":
+        x.update(no_op=NO_OP_ONE_RANK, limit_flag="no_op", peak_bytes_per_s=None, pct_of_peak=None,
+                 above_peak=False, peak_source=None)
+        return
+    if nranks == 1:
+        peak = device_copy_peak_bytes_per_s(gpu)
+        fig = x["algbw_bytes_per_s"]
+        src = "one rank, out of place: a local copy; device memory / 2"
+    else:
+        peak = links_sum_bytes_per_s(gpu)
+        fig = x["busbw_bytes_per_s"]
+        src = "busbw against the GPU's NVLink + PCIe per direction"
+    x["peak_bytes_per_s"] = peak
+    x["peak_source"] = src if peak else None
+    x["pct_of_peak"] = 100.0 * fig / peak if peak else None
+    above = bool(peak and fig > peak)
+    x["above_peak"] = above and not (nranks > 1 and nvls_possible)
+    x["above_links_nvls"] = above and nranks > 1 and nvls_possible
+    x["limit_flag"] = "above_peak" if x["above_peak"] else None
+
+
+def finalize(records) -> None:
+    """Give every record a ``limit_flag`` (None, "above_peak", "no_op") from what its plug-in marked,
+    so nothing above a limit reaches a table, the JSON or compare unflagged."""
+    for r in records:
+        x = r.extra
+        if "limit_flag" in x:
+            continue
+        if x.get("no_op"):
+            x["limit_flag"] = "no_op"
+        else:
+            x["limit_flag"] = "above_peak" if x.get("above_peak") else None
+
+
+def flag_mark(extra: dict) -> str:
+    """The mark a table puts after a figure: " (no-op)", " !!" (above a physical limit), " (NVLS?)"."""
+    if extra.get("limit_flag") == "no_op":
+        return " (no-op)"
+    if extra.get("limit_flag") == "above_peak":
+        return " !!"
+    if extra.get("above_links_nvls"):
+        return " (NVLS?)"
+    return ""
+
+
+def notes(records) -> list[str]:
+    """The report's lines for flagged figures (none when nothing is flagged)."""
+    out = []
+    no_op = [r for r in records if r.extra.get("limit_flag") == "no_op"]
+    above = [r for r in records if r.extra.get("limit_flag") == "above_peak"]
+    nvls = [r for r in records if r.extra.get("above_links_nvls")]
+    if no_op:
+        out.append(f"(no-op): {len(no_op)} figure(s) measure no data movement ({no_op[0].extra.get('no_op')}).")
+    if above:
+        srcs = sorted({r.extra.get("peak_source") or "the link's peak" for r in above})
+        out.append(f"!!: {len(above)} figure(s) above a physical limit ({'; '.join(srcs)}): a timing fault, "
+                   "not a real speed.")
+    if nvls:
+        out.append(f"(NVLS?): {len(nvls)} busbw figure(s) above the GPU's links' sum; NVLink SHARP (NVLS) can do "
+                   "this, and NCCL_NVLS_ENABLE is not 0.")
+    return out

@@ -143,11 +143,18 @@ class ProgressSink:
     def done(self) -> None:
         pass
 
+    def warn(self, message: str) -> None:
+        """A warning before or during the run (a busy GPU): one line on stderr, escaped."""
+        from gpubench.core.safe import term
+
+        print(f"gpubench: warning: {term(message)}", file=sys.stderr)
+
 
 class RichProgress(ProgressSink):
     """A transient rich progress bar on stderr, shown only on a terminal."""
 
     def __init__(self, enabled: bool = True):
+        self.quiet = not enabled
         self.enabled = enabled and sys.stderr.isatty()
         self._p: Any = None  # rich.progress.Progress while shown
         self._task: Any = None
@@ -167,6 +174,16 @@ class RichProgress(ProgressSink):
     def advance(self, label: str = "") -> None:
         if self._p is not None:
             self._p.update(self._task, advance=1, description=label)
+
+    def warn(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self._p is not None:
+            from gpubench.core.safe import term_markup
+
+            self._p.console.print(f"gpubench: warning: {term_markup(message)}")
+        else:
+            super().warn(message)
 
     def done(self) -> None:
         if self._p is not None:
@@ -193,3 +210,23 @@ def partial_note(result, what: str = "points") -> str:
     """The report's line for a partial result: what stopped it (a fault's line, or the signal)."""
     why = f"stopped by a fault ({result.failed_by})" if result.failed_by else f"interrupted by {result.interrupted_by}"
     return f"PARTIAL: {why}; only the {what} above were measured."
+
+
+def condition_notes(result) -> list[str]:
+    """The lines every measuring command's report ends with about the conditions it measured under,
+    each only when something happened: the pre-flight idle check's warnings, telemetry events
+    ("GPU 0 power-capped during 3 of 10 points; SM clock 1410-1980 MHz"), host pages off the bound
+    NUMA node, figures flagged against a physical limit when the command's own table did not say
+    why (core/limits.notes)."""
+    from gpubench.core import limits, numa, telemetry
+    from gpubench.core.safe import term_markup
+
+    out = []
+    pre = (result.env or {}).get("preflight") or {}
+    for w in pre.get("warnings") or []:
+        out.append(f"Before the run: {term_markup(w)} (env.preflight in the JSON).")
+    out += telemetry.notes(result.records)
+    out += numa.notes(result.records, result.env or {})
+    out += limits.notes([r for r in result.records if r.extra.get("limit_flag") == "no_op"
+                         or r.extra.get("above_links_nvls") or r.extra.get("peak_source")])
+    return out

@@ -21,7 +21,8 @@ JSON layout (schema version 1)::
          "samples_s": [1.2e-06, ...],     # raw per-step seconds, every timed sample
          "reps": 16,                      # steps per sample
          "error": null,                   # or one line: why this point has no samples
-         "extra": {}}                     # command-specific derived values
+         "extra": {},                     # command-specific derived values
+         "telemetry": {...}}              # GPU state during the point (core/telemetry.py) or null
       ]
     }
 
@@ -69,6 +70,8 @@ class Record:
         reps: steps per sample.
         error: one line when the point could not be measured (then samples_s is empty).
         extra: derived or command-specific values.
+        telemetry: the GPU's state while the point ran (gpubench.core.telemetry), None when off or
+            unavailable.
     """
 
     params: dict[str, Any]
@@ -78,6 +81,7 @@ class Record:
     reps: int = 1
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    telemetry: dict[str, Any] | None = None
 
     def key(self) -> tuple:
         """Hashable identity of the point, from its params."""
@@ -124,6 +128,7 @@ class Record:
             "reps": self.reps,
             "error": self.error,
             "extra": self.extra,
+            "telemetry": self.telemetry,
         }
 
     @classmethod
@@ -136,6 +141,7 @@ class Record:
             reps=int(d.get("reps", 1)),
             error=d.get("error"),
             extra=dict(d.get("extra", {})),
+            telemetry=dict(d["telemetry"]) if d.get("telemetry") is not None else None,
         )
 
 

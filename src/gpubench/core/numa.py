@@ -1,0 +1,364 @@
+"""NUMA placement of host memory: bind the measuring thread to the GPU's CPUs before host buffers are
+allocated and touched, as nvbandwidth does, and record where the buffers' pages really are.
+
+nvbandwidth (memcpy.cpp ``HostBuffer::HostBuffer``, inline_common.h ``setOptimalCpuAffinity``)
+calls ``nvmlDeviceSetCpuAffinity`` for the target GPU before each ``cuMemHostAlloc``: the calling
+thread then runs on the CPUs NVML calls ideal for that GPU (those of its NUMA node), so the pages
+the driver allocates and first touches come from that node (Linux's default local allocation).
+Its ``-d`` (disableAffinity) turns this off. gpubench does the same with ``os.sched_setaffinity``
+(on Linux it sets the calling thread's mask; threads started after inherit it):
+
+- ``auto`` (default): the CPUs of the first GPU's NUMA node (``/sys/bus/pci/devices/BUS/numa_node``,
+  the node's ``cpulist``); where the node is unknown (-1, as in many VMs), the GPU's
+  ``local_cpulist`` (what NVML's affinity reads); each intersected with the CPUs this process may use.
+- ``none``: no binding (nvbandwidth ``-d``).
+- ``N``: the CPUs of node N.
+- ``all``: the points once per node with CPUs, each record tagged ``params.numa_node`` (the
+  per-node table superbench's gpu-copy-bw users ask for).
+
+Where the pages are: ``move_pages(2)`` with ``nodes`` = NULL returns, for each page asked, its
+node (or -errno: -ENOENT for a page not yet touched). Called through ``syscall`` with ctypes, no
+libnuma. :class:`HostBuffer <gpubench.core.gpu.HostBuffer>` registers itself with :func:`track`
+while a placement log is open (the driver opens one per point), and its pages are read when it
+is freed or at the point's end. At most :data:`MAX_PAGES_CHECKED` pages per buffer are asked,
+evenly spread.
+
+Topology comes from /sys/devices/system/node (nodeN/cpulist, has_cpu).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import platform
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from gpubench.core.errors import UsageError
+
+NODE_ROOT = "/sys/devices/system/node"
+MAX_PAGES_CHECKED = 256
+# move_pages syscall numbers (Linux: arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/unistd.h)
+SYS_MOVE_PAGES = {"x86_64": 279, "aarch64": 239, "ppc64le": 301}
+POLICIES = ("auto", "none", "all")
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format).
+
+    Raises:
+        ValueError: not a cpulist.
+    """
+    out: list[int] = []
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            lo, hi = int(a), int(b)
+            if hi < lo:
+                raise ValueError(f"bad cpulist range {part!r}")
+            out.extend(range(lo, hi + 1))
+        else:
+            out.append(int(part))
+    return sorted(set(out))
+
+
+def format_cpulist(cpus: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8'."""
+    cs = sorted(set(cpus))
+    parts, i = [], 0
+    while i < len(cs):
+        j = i
+        while j + 1 < len(cs) and cs[j + 1] == cs[j] + 1:
+            j += 1
+        parts.append(str(cs[i]) if i == j else f"{cs[i]}-{cs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def nodes(root: str = NODE_ROOT) -> dict[int, list[int]]:
+    """{node: its CPUs} for every node under ``root`` (nodes without CPUs map to [])."""
+    out: dict[int, list[int]] = {}
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith("node") and name[4:].isdigit():
+            text = _read(f"{root}/{name}/cpulist")
+            try:
+                out[int(name[4:])] = parse_cpulist(text) if text else []
+            except ValueError:
+                out[int(name[4:])] = []
+    return dict(sorted(out.items()))
+
+
+def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
+    """``--numa`` -> "auto", "none", "all" or a node number checked against ``root``.
+
+    Raises:
+        UsageError: not one of those, or a node this machine does not have or that has no CPUs.
+    """
+    if text is None:
+        return "auto"
+    t = str(text).strip().lower()
+    if t in POLICIES:
+        return t
+    try:
+        node = int(t)
+    except ValueError:
+        raise UsageError(f"--numa {text!r} is not a NUMA node, none, all or auto",
+                         "e.g. --numa 0, --numa none, --numa all") from None
+    have = nodes(root)
+    if node not in have:
+        raise UsageError(f"--numa {node}: this machine has no NUMA node {node}",
+                         f"nodes here: {', '.join(map(str, have)) or 'none found'}")
+    if not have[node]:
+        raise UsageError(f"--numa {node}: node {node} has no CPUs (a memory-only node)",
+                         f"nodes with CPUs: {', '.join(str(n) for n, c in have.items() if c)}")
+    return node
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where the measuring thread runs for a pass of the points.
+
+    Attributes:
+        node: the NUMA node bound to, or None (not bound to one node).
+        cpus: the CPUs of the mask set, or None when the mask is left as it is.
+        reason: how they were chosen (for the JSON and the report).
+        tag: with ``--numa all``, the node written into each record's params as ``numa_node``.
+    """
+
+    node: int | None
+    cpus: tuple[int, ...] | None
+    reason: str
+    tag: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "cpus": format_cpulist(self.cpus) if self.cpus else None, "reason": self.reason}
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this thread may run on now."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
+def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NODE_ROOT) -> list[Binding]:
+    """The bindings the driver runs the points under (one, or one per node for "all").
+
+    Args:
+        policy: :func:`parse_policy`'s value.
+        gpu: the env entry of the run's first GPU (numa_node, cpu_affinity), or None.
+        host_memory: the benchmark allocates host buffers (copy, batch, memcpy2d, overlap, p2p).
+        root: the sysfs node folder (tests pass a made-up one).
+
+    Raises:
+        UsageError: "all" for a benchmark without host buffers.
+    """
+    have = nodes(root)
+    allowed = set(allowed_cpus())
+    if policy == "none":
+        return [Binding(None, None, "--numa none: not bound")]
+    if policy == "all":
+        if not host_memory:
+            raise UsageError("--numa all measures host memory from each NUMA node; this command uses no host buffers",
+                             "leave --numa out, or use it with copy, batch, memcpy2d, overlap or p2p")
+        out = []
+        for n, cpus in have.items():
+            mine = sorted(set(cpus) & allowed) if allowed else cpus
+            if mine:
+                out.append(Binding(n, tuple(mine), f"--numa all: node {n}", tag=n))
+        return out or [Binding(None, None, "--numa all: no node with usable CPUs found; not bound")]
+    if isinstance(policy, int):
+        mine = sorted(set(have.get(policy, [])) & allowed) if allowed else have.get(policy, [])
+        if not mine:
+            raise UsageError(f"--numa {policy}: none of node {policy}'s CPUs may be used by this process",
+                             f"allowed CPUs: {format_cpulist(sorted(allowed))}")
+        return [Binding(policy, tuple(mine), f"--numa {policy}")]
+    # auto
+    if gpu is None:
+        return [Binding(None, None, "auto: no GPU; not bound")]
+    node = gpu.get("numa_node")
+    if isinstance(node, int) and node >= 0 and have.get(node):
+        mine = sorted(set(have[node]) & allowed) if allowed else have[node]
+        if mine:
+            return [Binding(node, tuple(mine), f"auto: GPU {gpu.get('index')}'s NUMA node {node}")]
+    local = gpu.get("cpu_affinity")
+    if local:
+        try:
+            cpus = parse_cpulist(local)
+        except ValueError:
+            cpus = []
+        mine = sorted(set(cpus) & allowed) if allowed else cpus
+        if mine:
+            only = next(iter(have)) if len(have) == 1 else None
+            return [Binding(only, tuple(mine), f"auto: GPU {gpu.get('index')}'s local CPUs (its NUMA node is "
+                                               f"{'unknown' if node in (None, -1) else node})")]
+    return [Binding(None, None, f"auto: GPU {gpu.get('index')}'s NUMA node and local CPUs unknown; not bound")]
+
+
+@contextlib.contextmanager
+def bound(b: Binding) -> Iterator[Binding]:
+    """Set this thread's CPU mask to ``b.cpus`` while the block runs, then restore it."""
+    if not b.cpus:
+        yield b
+        return
+    before = allowed_cpus()
+    os.sched_setaffinity(0, b.cpus)
+    try:
+        yield b
+    finally:
+        if before:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, before)
+
+
+# -- where the pages are ---------------------------------------------------------------------------
+
+_libc = None
+
+
+def _syscall():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc.syscall
+
+
+def page_nodes(ptr: int, nbytes: int, max_pages: int = MAX_PAGES_CHECKED) -> dict[str, Any]:
+    """Where the pages of [ptr, ptr + nbytes) are, through move_pages(2) with nodes = NULL.
+
+    Returns:
+        {"pages": {"0": 256}, "pages_checked": 256, "not_present": 0, "error": None}: pages per node
+        (string keys, for JSON), how many were asked (evenly spread, at most ``max_pages``), how many
+        are not yet touched (-ENOENT) and an error line when the call itself failed.
+    """
+    out: dict[str, Any] = {"pages": {}, "pages_checked": 0, "not_present": 0, "error": None}
+    nr = SYS_MOVE_PAGES.get(platform.machine())
+    if nr is None or nbytes <= 0 or not ptr:
+        out["error"] = "move_pages not available here" if nr is None else "empty buffer"
+        return out
+    ps = os.sysconf("SC_PAGE_SIZE")
+    first = ptr - ptr % ps
+    npages = (ptr + nbytes - first + ps - 1) // ps
+    k = min(npages, max_pages)
+    idx = sorted({(i * (npages - 1)) // max(1, k - 1) for i in range(k)}) if k > 1 else [0]
+    pages = (ctypes.c_void_p * len(idx))(*[first + i * ps for i in idx])
+    status = (ctypes.c_int * len(idx))()
+    rc = _syscall()(ctypes.c_long(nr), ctypes.c_long(0), ctypes.c_ulong(len(idx)), pages, None, status,
+                    ctypes.c_int(0))
+    if rc != 0:
+        out["error"] = f"move_pages failed: {os.strerror(ctypes.get_errno())}"
+        return out
+    out["pages_checked"] = len(idx)
+    for s in status:
+        if s >= 0:
+            out["pages"][str(s)] = out["pages"].get(str(s), 0) + 1
+        elif s == -2:  # ENOENT: not present
+            out["not_present"] += 1
+    return out
+
+
+class PlacementLog:
+    """The host buffers seen during one point and where their pages were."""
+
+    def __init__(self):
+        self.live: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.seen: list[dict[str, Any]] = []
+
+    def note(self, buf) -> None:
+        """Read ``buf``'s pages now (before it is freed) and keep them."""
+        ptr = getattr(buf, "ptr", 0)
+        nbytes = getattr(buf, "nbytes", 0)
+        if not ptr or not nbytes:
+            return
+        where = page_nodes(ptr, nbytes)
+        self.seen.append({"kind": getattr(buf, "kind", None), "nbytes": nbytes, **where})
+        self.live.discard(buf)
+
+    def take(self) -> dict[str, Any] | None:
+        """The point's placement (buffers still alive are read now), and start over; None when no
+        host buffer was seen. Shape: {"buffers", "pages": {node: n}, "pages_checked", "not_present",
+        "kinds": [...]}."""
+        for b in list(self.live):
+            ptr, nbytes = getattr(b, "ptr", 0), getattr(b, "nbytes", 0)
+            if ptr and nbytes:
+                self.seen.append({"kind": getattr(b, "kind", None), "nbytes": nbytes, **page_nodes(ptr, nbytes)})
+        seen, self.seen = self.seen, []
+        if not seen:
+            return None
+        pages: dict[str, int] = {}
+        for s in seen:
+            for n, c in s["pages"].items():
+                pages[n] = pages.get(n, 0) + c
+        errors = sorted({s["error"] for s in seen if s["error"]})
+        return {"buffers": len(seen), "pages": dict(sorted(pages.items())),
+                "pages_checked": sum(s["pages_checked"] for s in seen),
+                "not_present": sum(s["not_present"] for s in seen),
+                "kinds": sorted({s["kind"] for s in seen if s["kind"]}),
+                **({"error": errors[0]} if errors else {})}
+
+
+_ACTIVE: list[PlacementLog] = []  # the driver's log while a point runs (one at most)
+
+
+@contextlib.contextmanager
+def placement_log() -> Iterator[PlacementLog]:
+    """Open a log that host buffers allocated while it is open report to (see :func:`track`)."""
+    log = PlacementLog()
+    _ACTIVE.append(log)
+    try:
+        yield log
+    finally:
+        _ACTIVE.remove(log)
+
+
+def track(buf) -> None:
+    """Called by a host buffer once allocated: remember it in the open log, if any."""
+    if _ACTIVE:
+        _ACTIVE[-1].live.add(buf)
+
+
+def release(buf) -> None:
+    """Called by a host buffer before it is freed: read where its pages were, if a log is open."""
+    if _ACTIVE and buf in _ACTIVE[-1].live:
+        _ACTIVE[-1].note(buf)
+
+
+def notes(records: Sequence[Any], env: dict) -> list[str]:
+    """The report's NUMA lines: which node/CPUs the host side ran on where the machine has more than
+    one node, and a warning where pages were found off the bound node."""
+    info = env.get("numa") or {}
+    out = []
+    off = []
+    for r in records:
+        h = (getattr(r, "extra", None) or {}).get("host_numa") or {}
+        node = h.get("bound_node")
+        pages = h.get("pages") or {}
+        if node is not None and any(int(n) != node and c for n, c in pages.items()):
+            off.append(r)
+    if (env.get("host") or {}).get("numa_nodes", 1) and (env.get("host") or {}).get("numa_nodes", 1) > 1:
+        bs = info.get("bindings") or []
+        if bs:
+            out.append("Host side bound to " + "; ".join(
+                f"NUMA node {b['node']} (CPUs {b['cpus']})" if b.get("node") is not None else "no node"
+                for b in bs) + f" ({info.get('policy')}).")
+    if off:
+        out.append(f"WARNING: {len(off)} record(s) had host pages off the bound NUMA node (extra.host_numa in the JSON).")
+    return out

@@ -1,0 +1,315 @@
+"""The GPU's state while each point runs: NVML (nvidia-ml-py) sampled on a thread beside the timed work.
+
+The driver (:func:`gpubench.core.benchmark.run`) opens one :class:`Telemetry` per run and wraps each
+point's ``measure`` in :meth:`Telemetry.point`; every record the point returns gets the block
+(:attr:`PointSampler.block`) as ``Record.telemetry``::
+
+    {"n": 14,                          # sample sets taken (one at the start, one at the end, and
+                                       # one every interval_s between)
+     "interval_s": 0.01,
+     "devices": [0],                   # CUDA ordinals sampled (the point's GPUs)
+     "sm_clock_mhz": {"min", "median", "max"},    # nvmlDeviceGetClockInfo(NVML_CLOCK_SM)
+     "mem_clock_mhz": {...},                      # nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)
+     "power_w": {...},                            # nvmlDeviceGetPowerUsage (mW) / 1000
+     "temp_c": {...},                             # nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)
+     "reasons": ["sw_power_cap", ...],            # nvmlDeviceGetCurrentClocksEventReasons, every bit
+                                                  # seen in any sample (REASON_BITS), idle left out
+     "pcie": {"gen": 5, "width": 16} | null,      # the lowest negotiated link read at start and end
+     "pcie_replay_delta": 0 | null,               # nvmlDeviceGetPcieReplayCounter, end - start
+     "nvlink_errors_delta": 0 | null,             # nvmlDeviceGetNvLinkErrorCounter summed over the
+                                                  # links up and the four DL counters, end - start
+     "other_processes": 0 | null}                 # most compute processes of other pids seen on
+                                                  # the point's GPUs at its start or end
+
+A statistic is null when the driver does not answer that query; with several GPUs in a point the
+statistics run over the samples of all of them. ``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES`` are not
+used: on the lent H200 their deltas over 43 GB of copies were negative (issue 19).
+
+Cost (measured on the lent H200, driver 580, docs/telemetry.md): one sample set (the five per-sample
+queries) takes 5 us median; the replay counter (175 us) and the link width (28 us) are read only at
+a point's start and end. At the default interval of 10 ms the thread is busy 0.05% of the time, and
+copy figures with and without it agree within their noise. pynvml calls go through ctypes, which
+releases the GIL during each foreign call; the thread sleeps on an Event between sets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import threading
+from typing import Any, Iterator, Sequence
+
+DEFAULT_INTERVAL_S = 0.01
+
+# nvmlClocksEventReasons (nvml.h: nvmlClocksEventReasonGpuIdle 0x1 ... HwPowerBrakeSlowdown 0x80,
+# DisplayClockSetting 0x100). gpu_idle, applications_clocks and display_clocks are settings or idleness,
+# not events, and are not listed.
+REASON_BITS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
+# the reasons that lower clocks because of power or heat: the report names a point that saw one
+SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+REASON_WORDS = {"sw_power_cap": "power-capped", "hw_slowdown": "in hardware slowdown",
+                "sw_thermal": "thermally throttled (software)", "hw_thermal": "thermally throttled (hardware)",
+                "hw_power_brake": "power-braked", "sync_boost": "sync-boosted"}
+NVLINK_COUNTERS = 4  # NVML_NVLINK_ERROR_DL_REPLAY, _RECOVERY, _CRC_FLIT, _CRC_DATA
+
+
+def _call(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def summary3(values: Sequence[float]) -> dict[str, float] | None:
+    """{"min", "median", "max"} of ``values``, or None when there are none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+
+
+def reason_names(mask: int) -> list[str]:
+    """Names of the event bits in a clocks-event-reasons mask, in REASON_BITS order."""
+    return [name for bit, name in REASON_BITS.items() if mask & bit]
+
+
+class _Device:
+    """One GPU's NVML handle and what was found about it once (its NVLink links up)."""
+
+    def __init__(self, nv, index: int, handle):
+        self.nv = nv
+        self.index = index
+        self.h = handle
+        links = []
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+            if _call(nv.nvmlDeviceGetNvLinkState, handle, link) == 1:
+                links.append(link)
+        self.links = links
+
+    def sample(self) -> tuple:
+        nv, h = self.nv, self.h
+        power = _call(nv.nvmlDeviceGetPowerUsage, h)
+        return (_call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+                _call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+                power / 1000.0 if power is not None else None,
+                _call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                _call(_reasons_fn(nv), h))
+
+    def counters(self) -> dict[str, Any]:
+        """The slow reads, once at a point's start and end: link state, replay and NVLink errors,
+        other processes."""
+        nv, h = self.nv, self.h
+        nvl = None
+        if self.links:
+            vals = [_call(nv.nvmlDeviceGetNvLinkErrorCounter, h, link, c)
+                    for link in self.links for c in range(NVLINK_COUNTERS)]
+            vals = [v for v in vals if v is not None]
+            nvl = sum(vals) if vals else None
+        procs = _call(nv.nvmlDeviceGetComputeRunningProcesses, h)
+        return {"gen": _call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                "width": _call(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+                "replay": _call(nv.nvmlDeviceGetPcieReplayCounter, h),
+                "nvlink": nvl,
+                "others": None if procs is None else sum(1 for p in procs if p.pid != os.getpid())}
+
+
+def _reasons_fn(nv):
+    return getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+
+
+class PointSampler:
+    """Samples the GPUs of one point on a daemon thread; :attr:`block` holds the summary once stopped."""
+
+    def __init__(self, devices: Sequence[_Device], interval_s: float):
+        self.devices = list(devices)
+        self.interval_s = interval_s
+        self.samples: list[tuple] = []
+        self.block: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpubench-telemetry", daemon=True)
+        self._start: list[dict] = []
+
+    def _take(self) -> None:
+        for d in self.devices:
+            self.samples.append(d.sample())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._take()
+
+    def start(self) -> None:
+        self._start = [d.counters() for d in self.devices]
+        self._take()
+        self._thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        self._take()
+        end = [d.counters() for d in self.devices]
+        self.block = summarize(self.samples, self._start, end, self.interval_s,
+                               [d.index for d in self.devices])
+        return self.block
+
+
+def _delta(start: list[dict], end: list[dict], key: str) -> int | None:
+    ds = [e[key] - s[key] for s, e in zip(start, end) if s[key] is not None and e[key] is not None]
+    return sum(ds) if ds else None
+
+
+def summarize(samples: list[tuple], start: list[dict], end: list[dict], interval_s: float,
+              devices: list[int]) -> dict[str, Any]:
+    """The telemetry block (module docstring) from raw sample tuples (sm MHz, mem MHz, W, C,
+    reasons mask) and the start and end counter reads of each device."""
+    cols: list[tuple] = list(zip(*samples)) if samples else [(), (), (), (), ()]
+    mask = 0
+    for m in cols[4]:
+        if m is not None:
+            mask |= int(m)
+    links = [(c["gen"], c["width"]) for c in start + end if c["gen"] is not None and c["width"] is not None]
+    others = [c["others"] for c in start + end if c["others"] is not None]
+    return {
+        "n": len(samples) // max(1, len(devices)),
+        "interval_s": interval_s,
+        "devices": devices,
+        "sm_clock_mhz": summary3(cols[0]),
+        "mem_clock_mhz": summary3(cols[1]),
+        "power_w": summary3(cols[2]),
+        "temp_c": summary3(cols[3]),
+        "reasons": reason_names(mask),
+        "pcie": {"gen": min(g for g, _ in links), "width": min(w for _, w in links)} if links else None,
+        "pcie_replay_delta": _delta(start, end, "replay"),
+        "nvlink_errors_delta": _delta(start, end, "nvlink"),
+        "other_processes": max(others) if others else None,
+    }
+
+
+class Telemetry:
+    """NVML opened once for a run; :meth:`point` samples the GPUs of one point.
+
+    Args:
+        gpus: the env's ``gpus`` entries (index, uuid, pci_bus_id) of the GPUs that may be sampled.
+        interval_s: seconds between sample sets (> 0).
+
+    ``status`` is the Result's ``env["telemetry"]``: enabled, interval_s, error (why nothing is
+    sampled: NVML missing, a GPU NVML does not know).
+    """
+
+    def __init__(self, gpus: Sequence[dict], interval_s: float = DEFAULT_INTERVAL_S):
+        self.interval_s = interval_s
+        self.status: dict[str, Any] = {"enabled": True, "interval_s": interval_s, "error": None}
+        self._devices: dict[int, _Device] = {}
+        self._nv = None
+        try:
+            import pynvml as nv
+
+            nv.nvmlInit()
+            self._nv = nv
+        except Exception as e:
+            self.status["error"] = f"NVML not available ({type(e).__name__})"
+            return
+        for g in gpus:
+            h = None
+            if g.get("uuid"):
+                h = _call(nv.nvmlDeviceGetHandleByUUID, g["uuid"])
+            if h is None and g.get("pci_bus_id"):
+                h = _call(nv.nvmlDeviceGetHandleByPciBusId, g["pci_bus_id"])
+            if h is not None:
+                self._devices[g["index"]] = _Device(nv, g["index"], h)
+        if not self._devices:
+            self.status["error"] = "NVML knows none of the GPUs used"
+
+    @contextlib.contextmanager
+    def point(self, devices: Sequence[int]) -> Iterator[PointSampler | None]:
+        """Sample ``devices`` (CUDA ordinals) while the block runs; yields None when none can be."""
+        devs = [self._devices[d] for d in devices if d in self._devices]
+        if not devs:
+            yield None
+            return
+        s = PointSampler(devs, self.interval_s)
+        s.start()
+        try:
+            yield s
+        finally:
+            s.stop()
+
+    def close(self) -> None:
+        if self._nv is not None:
+            _call(self._nv.nvmlShutdown)
+            self._nv = None
+
+
+@contextlib.contextmanager
+def session(gpus: Sequence[dict], enabled: bool, interval_s: float = DEFAULT_INTERVAL_S) -> Iterator[Telemetry | None]:
+    """A :class:`Telemetry` for the run, closed after; None when ``enabled`` is False."""
+    if not enabled:
+        yield None
+        return
+    t = Telemetry(gpus, interval_s)
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+# -- what the report says --------------------------------------------------------------------------
+
+
+def notes(records: Sequence[Any]) -> list[str]:
+    """One line per group of GPUs where something happened during the points: a slowdown reason
+    (with the SM clock range over those points), other processes on the GPU, PCIe replays or NVLink
+    errors. Nothing when nothing happened. ``records`` are Records (``.telemetry``)."""
+    by_dev: dict[tuple, list[dict]] = {}
+    for r in records:
+        t = getattr(r, "telemetry", None)
+        if t:
+            by_dev.setdefault(tuple(t.get("devices") or ()), []).append(t)
+    out = []
+    for devs, blocks in by_dev.items():
+        uniq = _dedupe(blocks)  # a point's records share one block: count each point once
+        name = ("GPU " + str(devs[0])) if len(devs) == 1 else ("GPUs " + ",".join(map(str, devs)))
+        n = len(uniq)
+        parts = []
+        for reason in SLOWDOWN_REASONS:
+            hit = [b for b in uniq if reason in (b.get("reasons") or ())]
+            if hit:
+                parts.append(f"{REASON_WORDS[reason]} during {len(hit)} of {n} points")
+        others = [b for b in uniq if (b.get("other_processes") or 0) > 0]
+        if others:
+            most = max(b["other_processes"] for b in others)
+            parts.append(f"shared with {most} other process{'es' if most > 1 else ''} during {len(others)} of {n} points")
+        replay = sum(b.get("pcie_replay_delta") or 0 for b in uniq)
+        if replay:
+            parts.append(f"{replay} PCIe replay(s)")
+        nvl = sum(b.get("nvlink_errors_delta") or 0 for b in uniq)
+        if nvl:
+            parts.append(f"{nvl} NVLink error count(s)")
+        if parts:
+            sm = [b["sm_clock_mhz"] for b in uniq if b.get("sm_clock_mhz")]
+            pw = [b["power_w"] for b in uniq if b.get("power_w")]
+            tail = ""
+            if sm:
+                lo, hi = min(s["min"] for s in sm), max(s["max"] for s in sm)
+                tail += f"; SM clock {lo:.0f}-{hi:.0f} MHz" if lo != hi else f"; SM clock {lo:.0f} MHz"
+            if pw:
+                tail += f", power up to {max(p['max'] for p in pw):.0f} W"
+            out.append(f"{name} {'; '.join(parts)}{tail} (telemetry in the JSON).")
+    return out
+
+
+def _dedupe(blocks: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for b in blocks:
+        k = repr(sorted(b.items()))
+        if k not in seen:
+            seen.add(k)
+            out.append(b)
+    return out
