@@ -70,7 +70,7 @@ def test_check_output_path(tmp_path):
     ('{"schema": "gpubench.result", "schema_version": 99, "command": "copy"}', "newer"),
     ('{"schema": "gpubench.result", "schema_version": "x", "command": "copy"}', "unknown schema"),
     ('{"schema": "gpubench.result", "schema_version": 1}', "malformed"),
-    ('{"schema": "gpubench.result", "schema_version": 1, "command": "copy", "records": [{"x": 1}]}', "malformed"),
+    ('{"schema": "gpubench.result", "schema_version": 1, "command": "copy", "records": [{"x": 1}]}', "/records/0/x is 1"),
 ])
 def test_load_refuses(tmp_path, content, match):
     p = tmp_path / "x.json"
