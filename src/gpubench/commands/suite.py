@@ -111,7 +111,11 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
     if not show_steps:
         renderables = [r for r in renderables if not _is_steps_table(r)]
     if saved:
-        renderables.append(f"saved {saved}")
+        from rich.text import Text
+
+        from gpubench.core import safe
+
+        renderables.append(Text(f"saved {safe.term(saved, 2000)}"))
     report.display(renderables, quiet=quiet)
     bad = suite.failures(bundle.outcomes, strict)
     errors = [s.name for s in bundle.steps if s.status == "error"]
@@ -293,7 +297,11 @@ def run_steps(out: Path, *, with_merge: bool, quiet: bool):
 
     def say(text: str) -> None:
         if not quiet:
-            console.print(text)
+            from rich.text import Text
+
+            from gpubench.core import safe
+
+            console.print(Text(safe.term(text, 2000)))  # an error line may quote a file's strings
 
     t0 = time.perf_counter()
     env = envmod.capture()
