@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -45,6 +46,7 @@ _KEYS = {"name", "command", "where", "figure", *BOUNDS}
 MAX_EXPECT_BYTES = 4 * 2**20
 MAX_EXPECTATIONS = 10_000
 MAX_OUTCOMES = 100_000  # rows of the expectations table (one per expectation and matching record)
+_TABLE_HEADER = re.compile(rb"^[ \t]*\[\[", re.MULTILINE)  # an [[array-of-tables]] header line
 MAX_BOUND = 1e12  # GB/s or microseconds: beyond any link (1 EB/s) or any sensible time bound (11 days)
 
 
@@ -234,7 +236,7 @@ def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | N
                          f"at most {MAX_EXPECT_BYTES:,} bytes ({MAX_EXPECTATIONS:,} expectations)")
     # each expectation opens one [[expect]] header (or one inline table) and at most one where = {...}:
     # a file with far more is refused before tomllib spends seconds on it
-    opened = raw.count(b"[[") + raw.count(b"{")
+    opened = len(_TABLE_HEADER.findall(raw)) + raw.count(b"{")
     if opened > 2 * MAX_EXPECTATIONS + 16:
         raise UsageError(f"{name} holds about {opened:,} tables", f"at most {MAX_EXPECTATIONS:,} expectations")
     try:

@@ -11,7 +11,7 @@ import click
 
 from gpubench.core import report
 from gpubench.core.errors import MachineError
-from gpubench.core.result import STDOUT, Result, check_output_path, save
+from gpubench.core.result import STDOUT, Result, check_output_target, save
 
 
 def common_options(f: Callable) -> Callable:
@@ -28,11 +28,37 @@ def common_options(f: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         to_stdout = kwargs.get("json_path") == STDOUT
         if kwargs.get("json_path") is not None and not to_stdout:  # --json "" is a mistake, not "don't save"
-            check_output_path(kwargs["json_path"])
+            check_output_target(kwargs["json_path"], "--json")
+        if to_stdout:
+            check_stdout_open()
         with report.human_to_stderr(to_stdout):
             return f(*args, **kwargs)
 
     return wrapper
+
+
+def check_stdout_open() -> None:
+    """Before a run with ``--json -``: standard output must be open (``gpubench env --json - >&-``
+    ended in an AttributeError after the run).
+
+    Raises:
+        UsageError: stdout is closed.
+    """
+    import io
+    import os
+
+    from gpubench.core.errors import UsageError
+
+    closed = sys.stdout is None or getattr(sys.stdout, "gpubench_closed_at_start", False)
+    if not closed:
+        try:
+            os.fstat(sys.stdout.fileno())
+        except (AttributeError, io.UnsupportedOperation):
+            pass  # a StringIO (tests, an embedding program): writable
+        except (OSError, ValueError):
+            closed = True
+    if closed:
+        raise UsageError("--json -: standard output is closed", "give --json FILE, or run with stdout open")
 
 
 def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:

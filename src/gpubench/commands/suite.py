@@ -70,14 +70,14 @@ def command(expect_file, out_dir, check_files, with_merge, strict, quiet, debug)
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out_dir!r} is a file, not a folder", "give a folder; it is created if missing")
     from gpubench.core import gpu
-    from gpubench.core.result import check_output_path
+    from gpubench.core.result import check_output_target
 
     gpu.require_gpu()  # before creating anything
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
-    check_output_path(out / "suite-probe.json")
+    check_output_target(out / "suite-probe.json", "-o")
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
     from gpubench.core.registry import INVOCATION

@@ -233,38 +233,81 @@ def _write_target(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
 
 
-def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
-    """Check, before a run, that ``path`` can be written: its folder exists and a file can be
-    created in it (tried: a temporary file is made and removed, which also catches read-only file
-    systems and /sys or /proc, where the permission bits say yes).
+def _link_hops(path: str | os.PathLike, limit: int = 40) -> list[str]:
+    """Every name a path goes through while its final symbolic links are followed (``path`` first)."""
+    hops = [os.fspath(path)]
+    cur = hops[0]
+    for _ in range(limit):
+        try:
+            if not os.path.islink(cur):
+                break
+            nxt = os.readlink(cur)
+        except OSError:
+            break
+        cur = os.path.join(os.path.dirname(cur), nxt)
+        hops.append(cur)
+    return hops
+
+
+_FD_LINK = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd|dev/fd)(?:/|$)")
+
+
+def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
+    """Check, before a run, that ``path`` can be replaced by a regular file written atomically: the
+    one check of every output gpubench writes (--json, plot's PNG, report's HTML).
+
+    Refused: an empty name or one over 255 bytes; a missing folder or one that cannot be written
+    (tried: a temporary file is made and removed, which also catches read-only mounts, immutable
+    folders and /sys or /proc, where the permission bits say yes); a folder; anything that exists
+    and is not a regular file, directly or through symbolic links: a character or block device
+    (``mknod mynull c 1 3``, /dev/null: an atomic save would replace the device node, as root even
+    /dev/null itself), a FIFO, a socket; a file-descriptor link (/dev/stdout, /dev/fd/N,
+    /proc/self/fd/N: the rename would replace whatever file the descriptor has open, e.g. the
+    shell's log; ``--json -`` is the way to standard output); an existing file this user cannot
+    write.
 
     Args:
         path: the file to be written.
-        option: the option that named it, for messages ("--json", "-o").
+        what: the option that named it, for messages ("--json", "-o").
+
+    Returns:
+        ``path`` as a Path.
 
     Raises:
-        UsageError: an empty name or one over 255 bytes; the folder does not exist, is not a folder,
-            or cannot be written; path is a folder, or exists and is not a regular file (a device
-            such as /dev/full or /dev/null, a FIFO: the save would replace it); path exists and
-            this user cannot write it.
+        UsageError: one line naming the option, the path and what would be accepted.
     """
+    from gpubench.core import safe
+
+    shown = safe.term(repr(str(path)), 300)
     if not str(path).strip():
-        raise UsageError(f"{option} needs a file name, got {str(path)!r}", "e.g. out.json")
+        raise UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
     name_len = len(os.fsencode(Path(path).name))
     if name_len > 255:
-        raise UsageError(f"{option}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
+        raise UsageError(f"{what}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
+    regular = "give a regular file's name, e.g. out.json" + (", or --json - for stdout" if what == "--json" else "")
+    for hop in _link_hops(path):
+        if _FD_LINK.match(os.path.abspath(hop)):
+            raise UsageError(f"{what} {shown} is a file-descriptor link ({safe.term(hop, 200)}): saving there would "
+                             "replace the file the descriptor has open", regular)
     try:
         p = _write_target(path)
         parent = p.parent if str(p.parent) else Path(".")
-        if p.is_dir():
-            raise UsageError(f"{option} {str(path)!r} is a folder", "give a file name, e.g. out.json")
+        try:
+            st = os.stat(p)  # through every link
+        except FileNotFoundError:
+            st = None
+        if st is not None and _stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{what} {shown} is a folder", "give a file name, e.g. out.json")
         if not parent.is_dir():
-            raise UsageError(f"{option} {str(path)!r}: folder {str(parent)!r} does not exist")
-        if p.exists() and not p.is_file():  # a device, FIFO or socket: an atomic save would replace it
-            raise UsageError(f"{option} {str(path)!r} is not a regular file (a device, pipe or socket)",
-                             "give a file name, e.g. out.json, or --json - for stdout")
-        if p.exists() and not os.access(p, os.W_OK):
-            raise UsageError(f"{option} {str(path)!r} exists and cannot be written (read-only, or another "
+            raise UsageError(f"{what} {shown}: folder {safe.term(repr(str(parent)), 300)} does not exist")
+        if st is not None and not _stat.S_ISREG(st.st_mode):
+            kind = ("a character device" if _stat.S_ISCHR(st.st_mode) else "a block device" if _stat.S_ISBLK(st.st_mode)
+                    else "a named pipe (FIFO)" if _stat.S_ISFIFO(st.st_mode) else "a socket"
+                    if _stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            via = f" (through the link to {safe.term(str(p), 200)})" if os.path.islink(path) else ""
+            raise UsageError(f"{what} {shown} is {kind}{via}: a save would replace it", regular)
+        if st is not None and not os.access(p, os.W_OK):
+            raise UsageError(f"{what} {shown} exists and cannot be written (read-only, or another "
                              "user's file)", "remove it or give another name")
         fd, probe = tempfile.mkstemp(prefix=".gpubench-probe-", suffix=".tmp", dir=parent)
         os.close(fd)
@@ -272,8 +315,13 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
     except UsageError:
         raise
     except OSError as e:
-        raise UsageError(f"{option} {str(path)!r}: cannot write there ({e.strerror or type(e).__name__})") from None
+        raise UsageError(f"{what} {shown}: cannot write there ({e.strerror or type(e).__name__})") from None
     return Path(path)
+
+
+def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
+    """The same check as :func:`check_output_target` (the name earlier callers use)."""
+    return check_output_target(path, option)
 
 
 def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result") -> Path:
@@ -289,6 +337,13 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
     p = _write_target(path)
     parent = p.parent if str(p.parent) else Path(".")
     text = json.dumps(data, indent=1, allow_nan=False)
+    try:  # checked before the run; checked again here, as the target may have changed since
+        st = os.stat(p)
+    except OSError:
+        st = None
+    if st is not None and not _stat.S_ISREG(st.st_mode):
+        raise MachineError(f"could not save {what} to {str(p)!r}: it became a device, pipe, socket or folder "
+                           "during the run; nothing was replaced")
     tmp = None
     try:
         # a short temporary name: the target's own name may already be near the 255-byte limit
@@ -327,6 +382,8 @@ def write_json_stdout(data: dict) -> None:
     import sys
 
     text = json.dumps(data, indent=1, allow_nan=False)
+    if sys.stdout is None:  # started with standard output closed (`gpubench env --json - >&-`)
+        raise MachineError("could not write the result to standard output: it is closed")
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
