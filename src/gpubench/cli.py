@@ -34,7 +34,9 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS:
             return None
-        return load_command(name)
+        from gpubench.commands.common import harden_numeric_options
+
+        return harden_numeric_options(load_command(name), name)  # every numeric option bounded
 
     def format_commands(self, ctx, formatter):
         rows = [(name, e.help) for name, e in COMMANDS.items()]

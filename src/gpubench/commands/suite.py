@@ -143,9 +143,10 @@ def module_exists(command: str) -> bool:
 
 def step_command(command: str) -> click.Command:
     """The click command of a registered command (``core.registry.load_command``)."""
+    from gpubench.commands.common import harden_numeric_options
     from gpubench.core.registry import load_command
 
-    return load_command(command)
+    return harden_numeric_options(load_command(command), command)
 
 
 def is_generated(cmd: click.Command) -> bool:
