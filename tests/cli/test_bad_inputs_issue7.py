@@ -80,7 +80,8 @@ HUGE = "9" * 400  # 400 digits: a float overflows on it
     (["batch", "--piece", HUGE], r"--piece .* over \d+ bytes"),
     (["overlap", "--size", HUGE], r"--size .* over \d+ bytes"),
     # a row count with 400 digits: formatting its buffer size overflowed a float
-    (["memcpy2d", "-H", HUGE], "does not fit in a buffer"),
+    (["memcpy2d", "-H", HUGE], r"-H/--height \(a 400-digit number\) is too large \(at most 9,223,372,036,854,775,807\)"),
+    (["memcpy2d", "-H", "2147483648"], "does not fit in a buffer"),
 ])
 def test_sweep_limits_that_collapse_are_one_line(run_cli, argv, needle):
     refused(run_cli, *argv, needle=needle)
