@@ -101,7 +101,7 @@ OPTION_MAXIMA: dict[str, float] = {
     "min_time": MAX_MIN_TIME_S, "timeout": MAX_TIMEOUT_S,
     "step_factor": float(MAX_INT64),  # a factor beyond the largest size gives the same two sizes
     "expect_busbw": MAX_GBPS,
-    "compare:threshold": 1e6,  # percent: a change of 10,000x is no longer a threshold
+    "compare:threshold_pct": 1e6,  # percent: a change of 10,000x is no longer a threshold
 }
 DEFAULT_INT_MAX = MAX_INT64  # any other integer option: what a signed 64-bit C argument holds
 DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # any other float option: finite
@@ -155,6 +155,8 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
                 raise UsageError(f"{name} {_shown_text(text)} is not a finite number",
                                  f"use the digits 0-9 with an optional '.' and exponent, at most {_max_text(hi, kind)}")
             value = float(s)
+            if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
+                raise UsageError(f"{name} {_shown_text(s)} is too large", f"at most {_max_text(hi, kind)}")
     else:
         value = kind(text)
     if isinstance(value, float) and not math.isfinite(value):
