@@ -225,7 +225,7 @@ def test_10k_expectations_against_a_large_result_are_linear(run_cli, tmp_path):
 
 
 def test_more_than_10k_expectations_are_refused(run_cli, tmp_path):
-    text = "".join(f'[[expect]]\ncommand = "copy"\nmin_gbps = 1\n' for i in range(10_001))
+    text = "".join('[[expect]]\ncommand = "copy"\nmin_gbps = 1\n' for i in range(10_001))
     line = refused(run_cli, "suite", "--check", PINNED, "--expect", toml(tmp_path, text))
     assert "10,001 expectations" in line and "at most 10,000" in line, line
 

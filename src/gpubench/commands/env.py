@@ -108,7 +108,6 @@ def format_report(env: dict, units: str = "GB") -> list:
 
 def _support_table(python: str | None):
     """What gpubench supports: Python, and per CUDA major the minimum driver and the GPUs."""
-    from rich.markup import escape
 
     from gpubench.support import CUDA_MAJORS, PYTHON_VERSIONS
 

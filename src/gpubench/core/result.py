@@ -581,7 +581,7 @@ def check_obj(v: object, source: str, pointer: str, *, allow_none: bool = False)
 def check_values(v: object, source: str, pointer: str) -> None:
     """Every number inside ``v`` (an open part: spec, timing, extra, env) is finite and fits 64
     bits; walked without recursion (depth is already bounded by :data:`MAX_DEPTH`)."""
-    stack = [(v, pointer)]
+    stack: list[tuple[Any, str]] = [(v, pointer)]
     while stack:
         x, ptr = stack.pop()
         t = type(x)
