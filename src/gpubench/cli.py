@@ -9,6 +9,7 @@ Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (ba
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -33,7 +34,9 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS:
             return None
-        return load_command(name)
+        from gpubench.commands.common import harden_numeric_options
+
+        return harden_numeric_options(load_command(name), name)  # every numeric option bounded
 
     def format_commands(self, ctx, formatter):
         rows = [(name, e.help) for name, e in COMMANDS.items()]
@@ -53,9 +56,12 @@ def cli():
 
 
 def _one_line(text: str) -> str:
-    """``text`` with control and other unprintable characters escaped (a newline or carriage return in
-    a file name the user gave, say), so an error is always one line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    """``text`` made one inert line by :func:`gpubench.core.safe.term`: control characters (ESC, so no
+    ANSI or OSC 8; CR and LF, so no fake line), bidirectional overrides and other unprintable
+    characters escaped (a newline in a file name the user gave, a payload in a result file)."""
+    from gpubench.core import safe
+
+    return safe.term(text, 4000)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,6 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     INVOCATION[:] = [str(a) for a in args]
     debug = "--debug" in args
+    if sys.stdout is None:  # started with stdout closed (`>&-`): the report goes nowhere, as asked;
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        sys.stdout.gpubench_closed_at_start = True  # type: ignore[attr-defined]  # --json - is refused
     previous = signals.install()
     try:
         rc = cli.main(args=args, prog_name="gpubench", standalone_mode=False)

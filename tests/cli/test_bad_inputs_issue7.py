@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from readonly import OLD, read_only_folder  # noqa: E402
+
 NO_GPU = "no CUDA device is visible"
 PINNED = str(Path(__file__).resolve().parents[1] / "data" / "copy-pinned-h200.json")
 MAX_RSS_MB = 200
@@ -77,7 +80,8 @@ HUGE = "9" * 400  # 400 digits: a float overflows on it
     (["batch", "--piece", HUGE], r"--piece .* over \d+ bytes"),
     (["overlap", "--size", HUGE], r"--size .* over \d+ bytes"),
     # a row count with 400 digits: formatting its buffer size overflowed a float
-    (["memcpy2d", "-H", HUGE], "does not fit in a buffer"),
+    (["memcpy2d", "-H", HUGE], r"-H/--height \(a 400-digit number\) is too large \(at most 9,223,372,036,854,775,807\)"),
+    (["memcpy2d", "-H", "2147483648"], "does not fit in a buffer"),
 ])
 def test_sweep_limits_that_collapse_are_one_line(run_cli, argv, needle):
     refused(run_cli, *argv, needle=needle)
@@ -240,13 +244,19 @@ def test_json_inside_a_file_is_refused_and_the_file_kept(run_cli, tmp_path):
     assert f.read_text() == "keep me"
 
 
-def test_json_onto_a_read_only_target(run_cli):
-    # chmod does not stop root; /proc accepts no new files for anyone
-    target = "/proc/gpubench-issue7.json"
-    code, out, err = run_cli("env", "--json", target)
-    assert code in (2, 3), (code, out, err)  # refused up front (2), or the save failed after the run (3)
-    assert target in one_line(err)
-    assert not os.path.exists(target)
+@pytest.mark.parametrize("name", ["old.json", "new.json"])
+def test_json_onto_a_read_only_target(run_cli, tmp_path, name):
+    # as root too: a read-only mount or the immutable attribute (tests/data/readonly.py); refused
+    # before the run (net local would run its 30 s first), the earlier file kept
+    with read_only_folder(tmp_path) as (d, how):
+        target = d / name
+        for argv in (["env"], ["net", "local", "-t", "30"]):
+            code, out, err = run_cli(*argv, "--json", str(target))
+            assert code == 2, (how, code, out, err)
+            line = one_line(err)
+            assert str(target) in line and ("cannot be written" in line or "cannot write there" in line), line
+        assert (d / "old.json").read_text() == OLD
+        assert sorted(x.name for x in d.iterdir()) == ["old.json"]
 
 
 def _small_file_limit():

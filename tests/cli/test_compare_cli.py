@@ -121,7 +121,7 @@ def test_copy_against_merge_exits_2(capsys, tmp_path):
     (json.dumps({"schema": "gpubench.result", "schema_version": "one", "command": "copy"}).encode(),
      "unknown schema version"),
     (json.dumps({"schema": "gpubench.result", "schema_version": 1, "command": "copy",
-                 "records": [{"params": {}, "samples_s": ["fast"]}]}).encode(), "malformed"),
+                 "records": [{"params": {}, "samples_s": ["fast"]}]}).encode(), "/records/0/samples_s/0 is 'fast'"),
 ])
 def test_files_that_are_not_results_exit_2(capsys, tmp_path, content, needle):
     bad = tmp_path / "bad.json"
@@ -146,7 +146,7 @@ def test_nan_sample_exits_2(capsys, tmp_path):
     d["records"][0]["samples_s"][0] = -1.0
     p = tmp_path / "neg.json"
     p.write_text(json.dumps(d))
-    assert "-1.0 seconds" in _refused(capsys, PINNED, str(p))
+    assert "/records/0/samples_s/0 is -1.0 (expected a finite number >= 0)" in _refused(capsys, PINNED, str(p))
 
 
 @pytest.mark.parametrize("opt,needle", [(["--threshold", "-1"], "--threshold -1.0"), (["--alpha", "1.5"], "--alpha 1.5"),

@@ -74,9 +74,9 @@ def test_json_to_a_device_or_a_fifo_is_refused_and_left_alone(run_cli, tmp_path)
 
     fifo = tmp_path / "f.json"
     os.mkfifo(fifo)
-    for target in (str(fifo), "/dev/null"):
+    for target, kind in ((str(fifo), "a named pipe (FIFO)"), ("/dev/null", "a character device")):
         code, out, err = run_cli("env", "-q", "--json", target)
         assert code == 2 and err.strip().splitlines() == [
-            f"gpubench: error: --json {target!r} is not a regular file (a device, pipe or socket) "
-            "(give a file name, e.g. out.json, or --json - for stdout)"], err
+            f"gpubench: error: --json {target!r} is {kind}: a save would replace it "
+            "(give a regular file's name, e.g. out.json, or --json - for stdout)"], err
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)

@@ -1,10 +1,15 @@
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from readonly import OLD, read_only_folder  # noqa: E402
+
 from gpubench.core.errors import MachineError, UsageError
-from gpubench.core.result import SCHEMA_VERSION, Record, Result, check_output_path, load, save
+from gpubench.core.result import SCHEMA_VERSION, Record, Result, check_output_path, check_output_target, load, save
 
 
 def _result():
@@ -37,16 +42,18 @@ def test_save_is_atomic_and_keeps_old_file_on_failure(tmp_path, monkeypatch):
 
 
 def test_save_to_read_only_folder(tmp_path):
-    d = tmp_path / "ro"
-    d.mkdir()
-    d.chmod(0o500)
-    try:
-        if os.access(d, os.W_OK):
-            pytest.skip("running as root: permissions are not enforced")
-        with pytest.raises(MachineError, match="could not save"):
+    # as root too: a read-only mount or the immutable attribute, not permission bits (readonly.py)
+    with read_only_folder(tmp_path) as (d, how):
+        with pytest.raises(MachineError, match=r"could not save result to .*r\.json.*(Read-only|not permitted)"):
             save(_result(), d / "r.json")
-    finally:
-        d.chmod(0o700)
+        with pytest.raises(MachineError, match="could not save result"):
+            save(_result(), d / "old.json")  # replacing the earlier file fails too, and keeps it
+        assert (d / "old.json").read_text() == OLD, how
+        assert sorted(x.name for x in d.iterdir()) == ["old.json"], how  # no temporary file left
+        with pytest.raises(UsageError, match="cannot write there"):
+            check_output_target(d / "new.json", "--json")
+        with pytest.raises(UsageError, match="old.json' exists and cannot be written"):
+            check_output_target(d / "old.json", "--json")
 
 
 def test_save_failure_is_one_clear_error(tmp_path):
@@ -70,7 +77,7 @@ def test_check_output_path(tmp_path):
     ('{"schema": "gpubench.result", "schema_version": 99, "command": "copy"}', "newer"),
     ('{"schema": "gpubench.result", "schema_version": "x", "command": "copy"}', "unknown schema"),
     ('{"schema": "gpubench.result", "schema_version": 1}', "malformed"),
-    ('{"schema": "gpubench.result", "schema_version": 1, "command": "copy", "records": [{"x": 1}]}', "malformed"),
+    ('{"schema": "gpubench.result", "schema_version": 1, "command": "copy", "records": [{"x": 1}]}', "/records/0/x is 1"),
 ])
 def test_load_refuses(tmp_path, content, match):
     p = tmp_path / "x.json"

@@ -11,7 +11,7 @@ import click
 
 from gpubench.core import report
 from gpubench.core.errors import MachineError
-from gpubench.core.result import STDOUT, Result, check_output_path, save
+from gpubench.core.result import STDOUT, Result, check_output_target, save
 
 
 def common_options(f: Callable) -> Callable:
@@ -28,11 +28,37 @@ def common_options(f: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         to_stdout = kwargs.get("json_path") == STDOUT
         if kwargs.get("json_path") is not None and not to_stdout:  # --json "" is a mistake, not "don't save"
-            check_output_path(kwargs["json_path"])
+            check_output_target(kwargs["json_path"], "--json")
+        if to_stdout:
+            check_stdout_open()
         with report.human_to_stderr(to_stdout):
             return f(*args, **kwargs)
 
     return wrapper
+
+
+def check_stdout_open() -> None:
+    """Before a run with ``--json -``: standard output must be open (``gpubench env --json - >&-``
+    ended in an AttributeError after the run).
+
+    Raises:
+        UsageError: stdout is closed.
+    """
+    import io
+    import os
+
+    from gpubench.core.errors import UsageError
+
+    closed = sys.stdout is None or getattr(sys.stdout, "gpubench_closed_at_start", False)
+    if not closed:
+        try:
+            os.fstat(sys.stdout.fileno())
+        except (AttributeError, io.UnsupportedOperation):
+            pass  # a StringIO (tests, an embedding program): writable
+        except (OSError, ValueError):
+            closed = True
+    if closed:
+        raise UsageError("--json -: standard output is closed", "give --json FILE, or run with stdout open")
 
 
 def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
@@ -264,3 +290,73 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
             return run(spec, prog)
 
     return run_keeping_partial(go, report_fn, json_path=json_path, quiet=quiet)
+
+
+# -- strict numbers: every numeric option, one mechanism --------------------------------------------
+
+#: commands whose numeric options are left as click parses them: merge and net check theirs in
+#: their own Specs (owned there); delete a name here to bring it under the shared rules.
+NOT_HARDENED = ("merge", "net")
+
+
+class StrictInt(click.types.IntParamType):
+    """click's INT read by :func:`gpubench.core.options.parse_number`: ASCII digits only, at most
+    ``maximum``. A bad value raises gpubench's UsageError (one line, exit 2)."""
+
+    def __init__(self, maximum: float | None = None):
+        self.maximum = maximum
+
+    def convert(self, value, param, ctx):
+        from gpubench.core.options import parse_number
+
+        if value is None:
+            return None
+        return parse_number(value, _opt_name(param), int, self.maximum)
+
+
+class StrictFloat(click.types.FloatParamType):
+    """click's FLOAT read by :func:`gpubench.core.options.parse_number`: ASCII digits, finite (no
+    inf, nan, 1e400), at most ``maximum``."""
+
+    def __init__(self, maximum: float | None = None):
+        self.maximum = maximum
+
+    def convert(self, value, param, ctx):
+        from gpubench.core.options import parse_number
+
+        if value is None:
+            return None
+        return parse_number(value, _opt_name(param), float, self.maximum)
+
+
+def _opt_name(param) -> str:
+    opts = list(getattr(param, "opts", None) or [])
+    return "/".join(opts) if opts else str(getattr(param, "name", "value"))
+
+
+def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click.Command:
+    """Give every int and float parameter of ``cmd`` (a group's subcommands too) the strict types
+    above, bounded by :data:`gpubench.core.options.OPTION_MAXIMA`; in place, idempotent.
+
+    Called where a command is loaded for the command line (cli.LazyGroup) and for suite's steps,
+    so an option added later is bounded without touching this file. Commands in NOT_HARDENED
+    are returned as they are.
+    """
+    from gpubench.core.options import option_maximum
+
+    name = name or cmd.name or ""
+    if name.split()[0] in NOT_HARDENED:
+        return cmd
+    if isinstance(cmd, click.Group):
+        for sub_name, sub in cmd.commands.items():
+            harden_numeric_options(sub, f"{name} {sub_name}")
+        return cmd
+    for p in cmd.params:
+        t = p.type
+        if isinstance(t, (StrictInt, StrictFloat)) or isinstance(t, click.types._NumberRangeBase):
+            continue
+        if type(t) is click.types.IntParamType:
+            p.type = StrictInt(option_maximum(name, p.name or ""))
+        elif type(t) is click.types.FloatParamType:
+            p.type = StrictFloat(option_maximum(name, p.name or ""))
+    return cmd

@@ -52,7 +52,7 @@ def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devi
 
     if only and memory:
         raise UsageError(f"--{only} and --memory {memory!r} both given", "use one of them")
-    kinds = (only,) if only else csv_list(memory, "-m/--memory") if memory else ("pinned", "pageable")
+    kinds = (only,) if only else csv_list(memory, "-m/--memory") if memory is not None else ("pinned", "pageable")
     dirs = csv_list(directions, "--direction")
     lo = parse_size(min_bytes, what="-b/--min-bytes")
     hi = parse_size(max_bytes, what="-e/--max-bytes")

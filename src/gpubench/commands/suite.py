@@ -72,7 +72,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out_dir!r} is a file, not a folder", "give a folder; it is created if missing")
     from gpubench.core import gpu
-    from gpubench.core.result import check_output_path
+    from gpubench.core.result import check_output_target
     from gpubench import fleet
 
     if fleet.under_launcher():  # srun / mpirun / torchrun: every node, one fleet report (docs/fleet.md)
@@ -83,7 +83,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
-    check_output_path(out / "suite-probe.json")
+    check_output_target(out / "suite-probe.json", "-o")
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
     from gpubench.core.registry import INVOCATION
@@ -125,7 +125,11 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
     if not show_steps:
         renderables = [r for r in renderables if not _is_steps_table(r)]
     if saved:
-        renderables.append(f"saved {saved}")
+        from rich.text import Text
+
+        from gpubench.core import safe
+
+        renderables.append(Text(f"saved {safe.term(saved, 2000)}"))
     report.display(renderables, quiet=quiet)
     bad = suite.failures(bundle.outcomes, strict)
     errors = [s.name for s in bundle.steps if s.status == "error"]
@@ -153,9 +157,10 @@ def module_exists(command: str) -> bool:
 
 def step_command(command: str) -> click.Command:
     """The click command of a registered command (``core.registry.load_command``)."""
+    from gpubench.commands.common import harden_numeric_options
     from gpubench.core.registry import load_command
 
-    return load_command(command)
+    return harden_numeric_options(load_command(command), command)
 
 
 def is_generated(cmd: click.Command) -> bool:
@@ -307,7 +312,11 @@ def run_steps(out: Path, *, with_merge: bool, quiet: bool):
 
     def say(text: str) -> None:
         if not quiet:
-            console.print(text)
+            from rich.text import Text
+
+            from gpubench.core import safe
+
+            console.print(Text(safe.term(text, 2000)))  # an error line may quote a file's strings
 
     t0 = time.perf_counter()
     env = envmod.capture()

@@ -6,6 +6,7 @@ CuPy is imported inside functions only, so importing this module costs nothing.
 from __future__ import annotations
 
 import ctypes
+import re
 from typing import Any
 
 from gpubench.core.errors import MachineError, NoGPUError, UsageError
@@ -33,10 +34,12 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
     out: list[int] = []
     for part in str(text).split(","):
         p = part.strip()
-        try:
-            v = int(p)
-        except ValueError:
-            raise UsageError(f"device {p!r} in -d {text!r} is not an integer", "e.g. -d 0 or -d 0,1") from None
+        if not re.fullmatch(r"-?[0-9]{1,10}", p):  # ASCII digits: int() also reads "١" and "1_0"
+            raise UsageError(f"device {p[:40]!r} in -d {str(text)[:80]!r} is not an integer",
+                             "e.g. -d 0 or -d 0,1; ids are at most 2147483647")
+        v = int(p)
+        if v > 2**31 - 1:
+            raise UsageError(f"device {v} in -d is too large", "CUDA ordinals are at most 2147483647")
         if v < 0:
             raise UsageError(f"device {v} in -d {text!r} is negative", "device ids start at 0")
         if v in out:

@@ -5,6 +5,9 @@ what would be accepted.
 
 from __future__ import annotations
 
+import math
+import re
+
 from gpubench.core.errors import UsageError
 
 MAX_COUNT = 10**9  # any count option; beyond it is a typo, not a measurement
@@ -90,3 +93,104 @@ def device_id(device: int) -> int:
     if device < 0:
         raise UsageError(f"-d/--device {device} is negative", "device ids start at 0")
     return device
+
+
+# -- bounds of every numeric option, checked when the command line is parsed -----------------------
+#
+# Python's int() and float() read more than a command line should mean: Unicode digits ("١٢" is
+# 12, "١.٥" 1.5), underscores ("1_000"), "inf", "nan", "1e400" (inf) and integers of any length.
+# Every numeric option of every command (merge and net check their own in their Specs) is parsed by
+# parse_number below through commands.common.harden_numeric_options: ASCII digits only, a finite
+# value, and at most the largest value the option can mean (OPTION_MAXIMA, derived from what the
+# machine or the protocol allows). The lower bounds stay with each Spec, whose lines name them.
+
+MAX_DEVICE_ORDINAL = 2**31 - 1  # cudaSetDevice(int), ncclCommInitRank's rank and root: a C int
+MAX_MIN_TIME_S = 3600.0  # seconds of samples per point: an hour per point is a soak, not a sweep
+MAX_TIMEOUT_S = 7 * 86400.0  # a deadline beyond a week is no deadline (0 means none where allowed)
+MAX_GBPS = 1e6  # GB/s: no link moves a petabyte per second (NVLink 5 x18 is 0.9 TB/s per direction)
+MAX_INT64 = 2**63 - 1
+
+#: option (click's parameter name) -> the largest accepted value; "command:name" overrides.
+OPTION_MAXIMA: dict[str, float] = {
+    "warmup": MAX_REPEATS, "iters": MAX_REPEATS, "samples": MAX_REPEATS, "cuda_graph": MAX_REPEATS,
+    "loop_count": MAX_COUNT, "check": MAX_COUNT,
+    # batch --count, memcpy2d -H, overlap --streams/--chunks: their Specs bound them tighter, with
+    # the reason (pieces per transfer, the buffer size, streams per GPU)
+    "device": MAX_DEVICE_ORDINAL, "root": MAX_DEVICE_ORDINAL,
+    "min_time": MAX_MIN_TIME_S, "timeout": MAX_TIMEOUT_S,
+    "step_factor": float(MAX_INT64),  # a factor beyond the largest size gives the same two sizes
+    "expect_busbw": MAX_GBPS,
+    "compare:threshold_pct": 1e6,  # percent: a change of 10,000x is no longer a threshold
+}
+DEFAULT_INT_MAX = MAX_INT64  # any other integer option: what a signed 64-bit C argument holds
+DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # any other float option: finite
+
+_ASCII_INT = re.compile(r"[+-]?[0-9]+\Z")
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+
+
+def _max_text(hi: float, kind: type) -> str:
+    return f"{int(hi):,}" if kind is int or (float(hi).is_integer() and hi < 1e15) else f"{hi:g}"
+
+
+def _shown_text(text: str) -> str:
+    from gpubench.core import safe
+
+    if len(text) > 40 and text.lstrip("+-").isdigit():
+        return f"(a {len(text.lstrip('+-'))}-digit number)"
+    return safe.term(repr(text) if not _ASCII_FLOAT.match(text) else text, 60)
+
+
+def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None) -> int | float:
+    """Parse one numeric option strictly and check its upper bound.
+
+    Args:
+        text: the value as given (a str), or an int/float default.
+        name: the option as messages name it ("-n/--iters").
+        kind: int or float.
+        maximum: the largest accepted value (default: DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX).
+
+    Returns:
+        The int or float.
+
+    Raises:
+        UsageError: not written with ASCII digits (Unicode digits, underscores, words), not
+            finite (inf, nan, 1e400), or above ``maximum``; the line names the value and the
+            largest accepted.
+    """
+    hi = maximum if maximum is not None else (DEFAULT_INT_MAX if kind is int else DEFAULT_FLOAT_MAX)
+    if isinstance(text, bool) or not isinstance(text, (int, float, str)):
+        raise UsageError(f"{name} {text!r} is not a number")
+    if isinstance(text, str):
+        s = text.strip()
+        if kind is int:
+            if not _ASCII_INT.match(s):
+                raise UsageError(f"{name} {_shown_text(text)} is not an integer", "use the digits 0-9, e.g. 4")
+            if len(s.lstrip("+-")) > 30:
+                raise UsageError(f"{name} {_shown_text(s)} is too large", f"at most {_max_text(hi, kind)}")
+            value: int | float = int(s)
+        else:
+            if not _ASCII_FLOAT.match(s):
+                raise UsageError(f"{name} {_shown_text(text)} is not a finite number",
+                                 f"use the digits 0-9 with an optional '.' and exponent, at most {_max_text(hi, kind)}")
+            value = float(s)
+            if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
+                raise UsageError(f"{name} {_shown_text(s)} is too large", f"at most {_max_text(hi, kind)}")
+    else:
+        value = kind(text)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{name} {_shown_text(str(text))} is not a finite number", f"at most {_max_text(hi, kind)}")
+    if value > hi:
+        raise UsageError(f"{name} {_shown_text(str(text).strip())} is too large", f"at most {_max_text(hi, kind)}")
+    return value
+
+
+def option_maximum(command: str, name: str) -> float | None:
+    """The largest value of ``command``'s option ``name`` (OPTION_MAXIMA), or None for the default."""
+    return OPTION_MAXIMA.get(f"{command}:{name}", OPTION_MAXIMA.get(name))
+
+
+def ascii_int(text: str, name: str) -> int:
+    """An integer written with ASCII digits (for comma lists such as -d 0,1): parse_number's rules,
+    bounded by DEFAULT_INT_MAX."""
+    return int(parse_number(text, name, int))

@@ -35,8 +35,11 @@ upgraded through ``_MIGRATIONS``.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
+import math
 import os
+import re
 import stat as _stat
 import tempfile
 from dataclasses import dataclass, field
@@ -56,6 +59,12 @@ MAX_LOAD_BYTES = 64 * 2**20
 # overestimate). A result of a million samples is about 20 MB and a million values; a file of
 # 64 MiB of "0," or "[]," would parse into 1-5 GB of Python objects, so it is refused before parsing.
 MAX_JSON_ITEMS = 8_000_000
+# Nesting of arrays and objects a file may hold (a result nests 5 levels; a bundle 8): deeper is
+# refused from the raw text before parsing, so no recursion (json, tomllib, rich, a re-save) can fail.
+MAX_DEPTH = 64
+MAX_RECORDS = 1_000_000  # records in one result (a 1000-size sweep x 4 memories x 3 directions x 64 GPUs)
+MAX_INT = 2**63 - 1  # the largest count any field holds: bytes, steps, indices (a signed 64-bit int)
+MAX_REPS = 10**9  # steps per sample (core.options.MAX_COUNT)
 
 
 @dataclass
@@ -132,17 +141,13 @@ class Record:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Record":
-        return cls(
-            params=dict(d["params"]),
-            metric=d.get("metric", "bandwidth"),
-            nbytes=int(d.get("nbytes", 0)),
-            samples_s=[float(x) for x in d.get("samples_s", [])],
-            reps=int(d.get("reps", 1)),
-            error=d.get("error"),
-            extra=dict(d.get("extra", {})),
-            telemetry=dict(d["telemetry"]) if d.get("telemetry") is not None else None,
-        )
+    def from_dict(cls, d: dict, *, source: str = "result", pointer: str = "") -> "Record":
+        """Build a Record from its JSON dict, checked by :func:`check_record`.
+
+        Raises:
+            UsageError: a field of the wrong type or out of range, named by its JSON Pointer.
+        """
+        return check_record(d, source, pointer)
 
 
 def time_ratios(records: list[Record], baseline: str, key) -> list[tuple[Record, float | None]]:
@@ -210,42 +215,22 @@ class Result:
         }
 
     @classmethod
-    def from_dict(cls, d: dict, *, source: str = "result") -> "Result":
-        """Build a Result from a dict, upgrading older schema versions.
+    def from_dict(cls, d: dict, *, source: str = "result", pointer: str = "") -> "Result":
+        """Build a Result from a dict, upgrading older schema versions; every field is checked
+        (:func:`check_result`), so what reaches a report, a comparison or a plot is well formed.
+
+        Args:
+            d: the parsed JSON.
+            source: the file's name, for messages.
+            pointer: the JSON Pointer of ``d`` inside its file ("" at the top; a bundle's step
+                result is "/steps/2/result").
 
         Raises:
-            UsageError: not a gpubench result, a newer or unknown schema version, or a malformed one.
+            UsageError: not a gpubench result, a newer or unknown schema version, or a field of the
+                wrong type or out of range (the line names it by its JSON Pointer and says what
+                would be accepted).
         """
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise UsageError(f"{source} is not a gpubench result", "expected a file saved by --json")
-        version = d.get("schema_version")
-        if not isinstance(version, int) or version < 1:
-            raise UsageError(f"{source} has an unknown schema version {version!r}")
-        if version > SCHEMA_VERSION:
-            raise UsageError(
-                f"{source} has schema version {version}, newer than this gpubench reads ({SCHEMA_VERSION})",
-                "upgrade gpubench",
-            )
-        while version < SCHEMA_VERSION:
-            d = _MIGRATIONS[version](d)
-            version += 1
-        try:
-            return cls(
-                command=str(d["command"]),
-                spec=dict(d.get("spec", {})),
-                timing=dict(d.get("timing", {})),
-                env=dict(d.get("env", {})),
-                records=[Record.from_dict(r) for r in d.get("records", [])],
-                partial=bool(d.get("partial", False)),
-                interrupted_by=d.get("interrupted_by"),
-                failed_by=d.get("failed_by"),
-                argv=list(d.get("argv", [])),
-                created=str(d.get("created", "")),
-                gpubench_version=str(d.get("gpubench_version", "")),
-                schema_version=SCHEMA_VERSION,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise UsageError(f"{source} is a malformed gpubench result: {e}") from None
+        return check_result(d, source, pointer)
 
 
 def _write_target(path: str | os.PathLike) -> Path:
@@ -253,63 +238,81 @@ def _write_target(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
 
 
-def check_output_target(path: str | os.PathLike, what: str = "--json") -> None:
-    """Refuse an output target that exists and is not a regular file: a device (``mknod x c 1 3``,
-    /dev/null), a FIFO, a socket or a folder, also at the end of a chain of symbolic links. An atomic
-    save renames a new file over the target, which would replace the device or pipe.
+def _link_hops(path: str | os.PathLike, limit: int = 40) -> list[str]:
+    """Every name a path goes through while its final symbolic links are followed (``path`` first)."""
+    hops = [os.fspath(path)]
+    cur = hops[0]
+    for _ in range(limit):
+        try:
+            if not os.path.islink(cur):
+                break
+            nxt = os.readlink(cur)
+        except OSError:
+            break
+        cur = os.path.join(os.path.dirname(cur), nxt)
+        hops.append(cur)
+    return hops
+
+
+_FD_LINK = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd|dev/fd)(?:/|$)")
+
+
+def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
+    """Check, before a run, that ``path`` can be replaced by a regular file written atomically: the
+    one check of every output gpubench writes (--json, plot's PNG, report's HTML).
+
+    Refused: an empty name or one over 255 bytes; a missing folder or one that cannot be written
+    (tried: a temporary file is made and removed, which also catches read-only mounts, immutable
+    folders and /sys or /proc, where the permission bits say yes); a folder; anything that exists
+    and is not a regular file, directly or through symbolic links: a character or block device
+    (``mknod mynull c 1 3``, /dev/null: an atomic save would replace the device node, as root even
+    /dev/null itself), a FIFO, a socket; a file-descriptor link (/dev/stdout, /dev/fd/N,
+    /proc/self/fd/N: the rename would replace whatever file the descriptor has open, e.g. the
+    shell's log; ``--json -`` is the way to standard output); an existing file this user cannot
+    write.
 
     Args:
         path: the file to be written.
-        what: the option that named it, for the message ("--json", "-o").
+        what: the option that named it, for messages ("--json", "-o").
+
+    Returns:
+        ``path`` as a Path.
 
     Raises:
-        UsageError: the target (after following links) exists and is not a regular file.
+        UsageError: one line naming the option, the path and what would be accepted.
     """
-    p = _write_target(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise UsageError(f"{what} {str(path)!r}: cannot check it ({e.strerror or type(e).__name__})") from None
-    if _stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"{what} {str(path)!r} is a folder", "give a file name, e.g. out.json")
-    if not _stat.S_ISREG(st.st_mode):  # a save would rename a new file over it
-        raise UsageError(f"{what} {str(path)!r} is not a regular file (a device, pipe or socket)",
-                         "give a file name, e.g. out.json, or --json - for stdout" if what == "--json"
-                         else "give the name of a file")
+    from gpubench.core import safe
 
-
-def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
-    """Check, before a run, that ``path`` can be written: its folder exists and a file can be
-    created in it (tried: a temporary file is made and removed, which also catches read-only file
-    systems and /sys or /proc, where the permission bits say yes).
-
-    Args:
-        path: the file to be written.
-        option: the option that named it, for messages ("--json", "-o").
-
-    Raises:
-        UsageError: an empty name or one over 255 bytes; the folder does not exist, is not a folder,
-            or cannot be written; path is a folder, or exists and is not a regular file (a device
-            such as /dev/full or /dev/null, a FIFO: the save would replace it); path exists and
-            this user cannot write it.
-    """
+    shown = safe.term(repr(str(path)), 300)
     if not str(path).strip():
-        raise UsageError(f"{option} needs a file name, got {str(path)!r}", "e.g. out.json")
+        raise UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
     name_len = len(os.fsencode(Path(path).name))
     if name_len > 255:
-        raise UsageError(f"{option}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
+        raise UsageError(f"{what}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
+    regular = "give a regular file's name, e.g. out.json" + (", or --json - for stdout" if what == "--json" else "")
+    for hop in _link_hops(path):
+        if _FD_LINK.match(os.path.abspath(hop)):
+            raise UsageError(f"{what} {shown} is a file-descriptor link ({safe.term(hop, 200)}): saving there would "
+                             "replace the file the descriptor has open", regular)
     try:
         p = _write_target(path)
         parent = p.parent if str(p.parent) else Path(".")
-        if p.is_dir():
-            raise UsageError(f"{option} {str(path)!r} is a folder", "give a file name, e.g. out.json")
+        try:
+            st = os.stat(p)  # through every link
+        except FileNotFoundError:
+            st = None
+        if st is not None and _stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{what} {shown} is a folder", "give a file name, e.g. out.json")
         if not parent.is_dir():
-            raise UsageError(f"{option} {str(path)!r}: folder {str(parent)!r} does not exist")
-        check_output_target(path, option)
-        if p.exists() and not os.access(p, os.W_OK):
-            raise UsageError(f"{option} {str(path)!r} exists and cannot be written (read-only, or another "
+            raise UsageError(f"{what} {shown}: folder {safe.term(repr(str(parent)), 300)} does not exist")
+        if st is not None and not _stat.S_ISREG(st.st_mode):
+            kind = ("a character device" if _stat.S_ISCHR(st.st_mode) else "a block device" if _stat.S_ISBLK(st.st_mode)
+                    else "a named pipe (FIFO)" if _stat.S_ISFIFO(st.st_mode) else "a socket"
+                    if _stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            via = f" (through the link to {safe.term(str(p), 200)})" if os.path.islink(path) else ""
+            raise UsageError(f"{what} {shown} is {kind}{via}: a save would replace it", regular)
+        if st is not None and not os.access(p, os.W_OK):
+            raise UsageError(f"{what} {shown} exists and cannot be written (read-only, or another "
                              "user's file)", "remove it or give another name")
         fd, probe = tempfile.mkstemp(prefix=".gpubench-probe-", suffix=".tmp", dir=parent)
         os.close(fd)
@@ -317,8 +320,13 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
     except UsageError:
         raise
     except OSError as e:
-        raise UsageError(f"{option} {str(path)!r}: cannot write there ({e.strerror or type(e).__name__})") from None
+        raise UsageError(f"{what} {shown}: cannot write there ({e.strerror or type(e).__name__})") from None
     return Path(path)
+
+
+def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
+    """The same check as :func:`check_output_target` (the name earlier callers use)."""
+    return check_output_target(path, option)
 
 
 def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result") -> Path:
@@ -334,6 +342,13 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
     p = _write_target(path)
     parent = p.parent if str(p.parent) else Path(".")
     text = json.dumps(data, indent=1, allow_nan=False)
+    try:  # checked before the run; checked again here, as the target may have changed since
+        st = os.stat(p)
+    except OSError:
+        st = None
+    if st is not None and not _stat.S_ISREG(st.st_mode):
+        raise MachineError(f"could not save {what} to {str(p)!r}: it became a device, pipe, socket or folder "
+                           "during the run; nothing was replaced")
     tmp = None
     try:
         # a short temporary name: the target's own name may already be near the 255-byte limit
@@ -407,6 +422,8 @@ def write_json_stdout(data: dict) -> None:
     import sys
 
     text = json.dumps(data, indent=1, allow_nan=False)
+    if sys.stdout is None:  # started with standard output closed (`gpubench env --json - >&-`)
+        raise MachineError("could not write the result to standard output: it is closed")
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
@@ -473,10 +490,13 @@ def read_json(path: str | os.PathLike, expected: str = "a file saved by --json")
     garbage cannot exhaust memory (parsing costs up to ~20x the text for tiny values).
 
     Raises:
-        UsageError: unreadable, a device or socket, too large, too many values, empty (a named pipe
-            with no writer too) or not JSON; one line naming the file.
+        UsageError: unreadable, a device or socket, too large, too many values, nested deeper than
+            MAX_DEPTH (64), empty (a named pipe with no writer too) or not JSON; one line naming the
+            file.
     """
-    name = str(Path(path))
+    from gpubench.core import safe
+
+    name = safe.term(str(Path(path)), 200)
     raw = read_bounded(path)
     if not raw.strip():
         raise UsageError(f"{name} is empty", f"expected {expected}")
@@ -484,8 +504,11 @@ def read_json(path: str | os.PathLike, expected: str = "a file saved by --json")
     if items > MAX_JSON_ITEMS:
         raise UsageError(f"{name} holds about {items} JSON values, more than the {MAX_JSON_ITEMS} "
                          f"a gpubench file may hold", f"expected {expected}")
+    check_depth(json_depth(raw), name)
     try:
         return json.loads(raw)
+    except RecursionError:  # not reached after check_depth; kept so no input is ever exit 3
+        check_depth(MAX_DEPTH + 1, name)
     except (ValueError, UnicodeDecodeError) as e:
         raise UsageError(f"{name} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
 
@@ -494,6 +517,338 @@ def load(path: str | os.PathLike) -> Result:
     """Read a saved result, refusing files that are not gpubench results.
 
     Raises:
-        UsageError: unreadable, too large, not JSON, not a result, or a newer schema.
+        UsageError: unreadable, too large, too deep, not JSON, not a result, a newer schema, or a
+            field of the wrong type or out of range (:func:`check_result`); one line naming it.
     """
     return Result.from_dict(read_json(path), source=str(path))
+
+
+# -- the one validator of loaded files ------------------------------------------------------------
+#
+# Every file gpubench reads back (a result, a suite bundle, an expectations TOML) goes through the
+# functions below: the raw text is bounded (size, value count, nesting depth) before it is parsed,
+# and every field is checked for its type and range before anything uses it. A bad field is one
+# UsageError (exit 2) naming the file and the field by its JSON Pointer (RFC 6901), the value as
+# found (made inert by core.safe.term) and what would be accepted.
+#
+# The checks are the published schema (gpubench/schemas/result-v1.schema.json) plus what a schema
+# cannot say for Python's json module: no Infinity, NaN or 1e400 (json reads them as floats), no
+# integer beyond 64 bits, no bool where an integer is meant (True == 1 in Python). They are written
+# out rather than run through jsonschema, which is not a runtime dependency (the test extra brings
+# it; tests/unit/test_result_validate.py holds the two to agree) and which is ~50x slower on a file
+# of millions of samples.
+
+
+def pointer_join(pointer: str, key: object) -> str:
+    """``pointer`` + one reference token, escaped as RFC 6901 says ("~" -> "~0", "/" -> "~1")."""
+    return f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}"
+
+
+def _shown(v: object) -> str:
+    """A found value for a message: JSON-like, cut short, control characters escaped."""
+    from gpubench.core import safe
+
+    if isinstance(v, bool) or v is None:
+        text = json.dumps(v)
+    elif isinstance(v, int) and abs(v) >= 10**15:
+        text = f"(a {len(str(abs(v)))}-digit integer)"
+    elif isinstance(v, int):
+        text = str(v)
+    elif isinstance(v, float):
+        text = repr(v)
+    elif isinstance(v, str):
+        text = repr(v)
+    elif isinstance(v, dict):
+        text = "an object"
+    elif isinstance(v, list):
+        text = "an array"
+    else:
+        text = type(v).__name__
+    return safe.term(text, 60)
+
+
+def bad_field(source: str, pointer: str, value: object, accepted: str) -> UsageError:
+    """The one error of a bad field: "FILE: /records/3/nbytes is inf; expected an integer 0..N"."""
+    from gpubench.core import safe
+
+    return UsageError(f"{safe.term(source, 200)}: {safe.term(pointer or '/', 120)} is {_shown(value)}",
+                      f"expected {accepted}")
+
+
+def check_int(v: object, source: str, pointer: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    """``v`` as an int in lo..hi (a JSON integer; not a bool, not a float such as 1e400)."""
+    if type(v) is not int or not (lo <= v <= hi):
+        raise bad_field(source, pointer, v, f"an integer {lo}..{hi}")
+    return v
+
+
+def check_number(v: object, source: str, pointer: str, lo: float = 0.0, hi: float = 1.8e308,
+                 lo_open: bool = False) -> float:
+    """``v`` as a finite float in [lo, hi] (or (lo, hi] with ``lo_open``); an int is accepted when
+    a float holds it (not a 400-digit one), a bool is not."""
+    ok = False
+    if type(v) is float or (type(v) is int and abs(v) <= MAX_INT):
+        x = float(v)
+        ok = math.isfinite(x) and (x > lo if lo_open else x >= lo) and x <= hi
+    if not ok:
+        rng = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi < 1e308 else "")
+        raise bad_field(source, pointer, v, f"a finite number {rng}")
+    return float(v)  # type: ignore[arg-type]
+
+
+def check_str(v: object, source: str, pointer: str, *, allow_none: bool = False, nonempty: bool = False,
+              choices: tuple | None = None) -> str | None:
+    """``v`` as a string (or None with ``allow_none``), optionally non-empty or one of ``choices``."""
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, str) or (nonempty and not v) or (choices is not None and v not in choices):
+        what = f"one of {', '.join(map(str, choices))}" if choices else "a non-empty string" if nonempty else "a string"
+        raise bad_field(source, pointer, v, what + (" or null" if allow_none else ""))
+    return v
+
+
+def check_obj(v: object, source: str, pointer: str, *, allow_none: bool = False) -> dict:
+    """``v`` as a JSON object (a dict; None -> {} with ``allow_none``), its values checked by
+    :func:`check_values`."""
+    if v is None and allow_none:
+        return {}
+    if not isinstance(v, dict):
+        raise bad_field(source, pointer, v, "an object" + (" or null" if allow_none else ""))
+    check_values(v, source, pointer)
+    return v
+
+
+def check_values(v: object, source: str, pointer: str) -> None:
+    """Every number inside ``v`` (an open part: spec, timing, extra, env) is finite and fits 64
+    bits; walked without recursion (depth is already bounded by :data:`MAX_DEPTH`)."""
+    stack: list[tuple[Any, str]] = [(v, pointer)]
+    while stack:
+        x, ptr = stack.pop()
+        t = type(x)
+        if t is float:
+            if not math.isfinite(x):
+                raise bad_field(source, ptr, x, "a finite number")
+        elif t is int:
+            if not -MAX_INT - 1 <= x <= MAX_INT:
+                raise bad_field(source, ptr, x, "an integer that fits 64 bits")
+        elif t is dict:
+            stack.extend((val, ptr + "/" + str(k).replace("~", "~0").replace("/", "~1")) for k, val in x.items())
+        elif t is list:
+            stack.extend((val, f"{ptr}/{i}") for i, val in enumerate(x))
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
+    """Check one record (the schema's ``$defs/record``) and build it.
+
+    Raises:
+        UsageError: naming the bad field: params not an object of scalars, metric not known,
+            nbytes / reps not integers in range, samples_s not an array of finite numbers >= 0,
+            error not a string or null, extra not an object.
+    """
+    if not isinstance(d, dict):
+        raise bad_field(source, pointer, d, "a record object")
+    unknown = set(d) - {"params", "metric", "nbytes", "samples_s", "reps", "error", "extra", "telemetry"}
+    if unknown:
+        raise bad_field(source, pointer_join(pointer, sorted(map(str, unknown))[0]), d[sorted(unknown, key=str)[0]],
+                        "no such field (a record has params, metric, nbytes, samples_s, reps, error, extra, telemetry)")
+    if "params" not in d:
+        raise bad_field(source, pointer_join(pointer, "params"), None, "an object of parameters")
+    params = d["params"]
+    if not isinstance(params, dict):
+        raise bad_field(source, pointer_join(pointer, "params"), params, "an object of parameters")
+    for k, v in params.items():
+        if not isinstance(v, _SCALARS):
+            raise bad_field(source, pointer_join(pointer_join(pointer, "params"), k), v,
+                            "a string, number, boolean or null")
+    check_values(params, source, pointer_join(pointer, "params"))
+    metric = check_str(d.get("metric", "bandwidth"), source, pointer_join(pointer, "metric"),
+                       choices=("bandwidth", "time"))
+    nbytes = check_int(d.get("nbytes", 0), source, pointer_join(pointer, "nbytes"))
+    reps = check_int(d.get("reps", 1), source, pointer_join(pointer, "reps"), 1, MAX_REPS)
+    samples = d.get("samples_s", [])
+    sp = pointer_join(pointer, "samples_s")
+    if not isinstance(samples, list):
+        raise bad_field(source, sp, samples, "an array of seconds")
+    out: list[float] = []
+    append = out.append
+    for i, x in enumerate(samples):
+        if type(x) is float and 0.0 <= x < math.inf:  # the common case, checked inline
+            append(x)
+        else:
+            append(check_number(x, source, f"{sp}/{i}"))
+    error = check_str(d.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
+    extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"), allow_none=True)
+    # the NVML block of core.telemetry (docs/conditions.md); shown only through core.safe, so its
+    # shape is checked as an object here and read defensively where it is used
+    tele = d.get("telemetry")
+    telemetry = None if tele is None else dict(check_obj(tele, source, pointer_join(pointer, "telemetry")))
+    return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=out, reps=reps,  # type: ignore[arg-type]
+                  error=error, extra=dict(extra), telemetry=telemetry)
+
+
+@functools.lru_cache(maxsize=1)
+def result_commands() -> tuple[str, ...]:
+    """The commands a result may name: the published schema's ``command`` enum."""
+    return tuple(json_schema()["properties"]["command"]["enum"])
+
+
+# env: part -> {field: kind}; kind "str", "int" or "num", each also null (the schema's $defs/env)
+_ENV_FIELDS: dict[str, dict[str, str]] = {
+    "host": {"hostname": "str", "os": "str", "python": "str", "cpu_count": "int", "cpus_usable": "int",
+             "cpu_model": "str", "numa_nodes": "int", "mem_total_bytes": "int", "mem_available_bytes": "int"},
+    "cuda": {"driver_version": "str", "runtime_version": "str", "device_count": "int", "error": "str"},
+    "nvml": {"driver_version": "str", "error": "str"},
+}
+_GPU_FIELDS = {"name": "str", "uuid": "str", "pci_bus_id": "str", "memory_total_bytes": "int",
+               "memory_free_bytes": "int", "pcie_gen": "int", "pcie_width": "int", "pcie_gen_max": "int",
+               "pcie_width_max": "int", "pcie_peak_bytes_per_s": "num", "nvlink_links_up": "int",
+               "nvlink_version": "int", "nvlink_bytes_per_s_per_link": "num", "numa_node": "int",
+               "cpu_affinity": "str"}
+
+
+def _check_fields(obj: dict, fields: dict[str, str], source: str, pointer: str) -> None:
+    for k, kind in fields.items():
+        v = obj.get(k)
+        if v is None:
+            continue
+        p = pointer_join(pointer, k)
+        if kind == "str":
+            check_str(v, source, p, allow_none=True)
+        elif kind == "int":
+            check_int(v, source, p, -1 if k == "numa_node" else 0)
+        else:
+            check_number(v, source, p)
+
+
+def check_env(env: object, source: str, pointer: str) -> dict:
+    """Check a result's ``env`` (the schema's ``$defs/env``): each part an object, its known fields
+    of their types (``host`` a string was an AttributeError deep in a report)."""
+    env = check_obj(env, source, pointer, allow_none=True)
+    for part, fields in _ENV_FIELDS.items():
+        if part in env:
+            _check_fields(check_obj(env[part], source, pointer_join(pointer, part)), fields, source,
+                          pointer_join(pointer, part))
+    if "versions" in env:
+        vp = pointer_join(pointer, "versions")
+        for k, v in check_obj(env["versions"], source, vp).items():
+            check_str(v, source, pointer_join(vp, k), allow_none=True)
+    if "gpus" in env:
+        gp = pointer_join(pointer, "gpus")
+        gpus = env["gpus"]
+        if not isinstance(gpus, list):
+            raise bad_field(source, gp, gpus, "an array of GPUs")
+        for i, g in enumerate(gpus):
+            p = f"{gp}/{i}"
+            g = check_obj(g, source, p)
+            check_int(g.get("index"), source, pointer_join(p, "index"))
+            _check_fields(g, _GPU_FIELDS, source, p)
+    if "topology" in env:
+        tp = pointer_join(pointer, "topology")
+        for k, v in check_obj(env["topology"], source, tp).items():
+            check_str(v, source, pointer_join(tp, k))
+    return env
+
+
+def check_result(d: object, source: str = "result", pointer: str = "") -> "Result":
+    """Check a parsed result (schema version 1 after migration) field by field and build it.
+
+    Raises:
+        UsageError: not a gpubench result; an unknown or newer schema version; or the first bad
+            field, named by its JSON Pointer with what would be accepted.
+    """
+    from gpubench.core import safe
+
+    where = safe.term(source, 200) + (f" at {pointer}" if pointer else "")
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        raise UsageError(f"{where} is not a gpubench result", "expected a file saved by --json")
+    version = d.get("schema_version")
+    if type(version) is not int or version < 1:
+        raise UsageError(f"{where} has an unknown schema version {_shown(version)}")
+    if version > SCHEMA_VERSION:
+        raise UsageError(f"{where} has schema version {_shown(version)}, newer than this gpubench reads "
+                         f"({SCHEMA_VERSION})", "upgrade gpubench")
+    while version < SCHEMA_VERSION:
+        d = _MIGRATIONS[version](d)
+        version += 1
+    assert isinstance(d, dict)
+    if "command" not in d:
+        raise UsageError(f"{where} is a malformed gpubench result: it names no command")
+    command = check_str(d["command"], source, pointer_join(pointer, "command"), choices=result_commands())
+    argv = d.get("argv", [])
+    if not isinstance(argv, list):
+        raise bad_field(source, pointer_join(pointer, "argv"), argv, "an array of strings")
+    for i, a in enumerate(argv):
+        check_str(a, source, pointer_join(pointer, f"argv/{i}"))
+    partial = d.get("partial", False)
+    if not isinstance(partial, bool):
+        raise bad_field(source, pointer_join(pointer, "partial"), partial, "true or false")
+    records = d.get("records", [])
+    rp = pointer_join(pointer, "records")
+    if not isinstance(records, list):
+        raise bad_field(source, rp, records, "an array of records")
+    if len(records) > MAX_RECORDS:
+        raise bad_field(source, rp, records, f"at most {MAX_RECORDS:,} records (it holds {len(records):,})")
+    return Result(
+        command=command,  # type: ignore[arg-type]
+        spec=dict(check_obj(d.get("spec", {}), source, pointer_join(pointer, "spec"), allow_none=True)),
+        timing=dict(check_obj(d.get("timing", {}), source, pointer_join(pointer, "timing"), allow_none=True)),
+        env=dict(check_env(d.get("env", {}), source, pointer_join(pointer, "env"))),
+        records=[check_record(r, source, f"{rp}/{i}") for i, r in enumerate(records)],
+        partial=partial,
+        interrupted_by=check_str(d.get("interrupted_by"), source, pointer_join(pointer, "interrupted_by"),
+                                 allow_none=True, choices=("SIGINT", "SIGTERM")),
+        failed_by=check_str(d.get("failed_by"), source, pointer_join(pointer, "failed_by"), allow_none=True,
+                            nonempty=True),
+        argv=list(argv),
+        created=check_str(d.get("created", ""), source, pointer_join(pointer, "created")),  # type: ignore[arg-type]
+        gpubench_version=check_str(d.get("gpubench_version", ""), source,  # type: ignore[arg-type]
+                                   pointer_join(pointer, "gpubench_version")),
+        schema_version=SCHEMA_VERSION,
+    )
+
+
+# JSON strings (with their escapes): removed before brackets are counted, as a '[' inside a string
+# does not nest. The unrolled form keeps the regex linear.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text ``raw`` (0 for a scalar), counted on
+    the text with strings removed, in O(len(raw)) with NumPy (no parsing, no recursion).
+
+    Malformed text (unbalanced brackets, an unterminated string) gives a figure that is still an
+    upper bound of what a parser would recurse into before failing."""
+    import numpy as np
+
+    text = _JSON_STRING.sub(b'""', raw)
+    a = np.frombuffer(text, dtype=np.uint8)
+    steps = np.zeros(a.shape, dtype=np.int32)
+    steps[(a == 0x5B) | (a == 0x7B)] = 1  # [ {
+    steps[(a == 0x5D) | (a == 0x7D)] = -1  # ] }
+    if not steps.any():
+        return 0
+    return int(np.cumsum(steps, dtype=np.int64).max())
+
+
+def check_depth(depth: int, name: str, what: str = "a gpubench file") -> None:
+    """Refuse nesting beyond :data:`MAX_DEPTH` (64), before any parser recurses into it."""
+    if depth > MAX_DEPTH:
+        from gpubench.core import safe
+
+        raise UsageError(f"{safe.term(name, 200)} nests {depth} levels deep, more than the {MAX_DEPTH} "
+                         f"{what} may", "a result nests 5 levels, a suite bundle 8")
+
+
+def object_depth(obj: object) -> int:
+    """The nesting depth of a parsed object (dicts and lists), walked without recursion."""
+    best = 0
+    stack = [(obj, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            best = max(best, d)
+            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+    return best

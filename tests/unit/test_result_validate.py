@@ -1,0 +1,86 @@
+"""The loader's validator (core/result.check_result) against the published JSON Schema: the same
+files pass both, and every mutation the schema refuses the loader refuses too (exit 2 naming the
+field). The loader refuses more (inf, nan, 400-digit integers, nesting beyond 64), which the
+schema cannot say for Python's json module. jsonschema is a test dependency only; the loader
+does not need it at run time."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from gpubench.core.errors import UsageError
+from gpubench.core.result import MAX_DEPTH, Result, json_depth, json_schema, object_depth
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+FILES = sorted(DATA.glob("*.json"))
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def _validator():
+    schema = json_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_fixture_results_pass_both(path):
+    d = json.loads(path.read_text())
+    assert not list(_validator().iter_errors(d))
+    Result.from_dict(d, source=path.name)
+
+
+MUTATIONS = [
+    ("command", "suite"), ("command", 3), ("schema_version", 2), ("partial", 1), ("interrupted_by", "SIGKILL"),
+    ("failed_by", 3), ("failed_by", ""), ("argv", "x"), ("argv", [1]), ("spec", []), ("env", []),
+    ("records", {}), ("env.host", "x"), ("env.host.cpu_count", "2"), ("env.gpus", {}), ("env.gpus", [{"name": "x"}]),
+    ("env.topology", {"0,1": 1}), ("env.versions", {"x": 1}), ("env.cuda.device_count", "1"),
+    ("records.0", []), ("records.0.params", []), ("records.0.params.x", [1]), ("records.0.metric", "speed"),
+    ("records.0.nbytes", 1.5), ("records.0.nbytes", -1), ("records.0.nbytes", "1"), ("records.0.samples_s", [-1.0]),
+    ("records.0.samples_s", ["1"]), ("records.0.samples_s", 1.0), ("records.0.reps", 0),
+    ("records.0.error", 1), ("records.0.extra", []),
+]
+
+
+def _set(d: dict, dotted: str, value):
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d[int(k)] if isinstance(d, list) else d.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(d, list):
+        d[int(last)] = value
+    else:
+        d[last] = value
+
+
+@pytest.mark.parametrize("field,value", MUTATIONS, ids=[f"{f}={v!r}" for f, v in MUTATIONS])
+def test_what_the_schema_refuses_the_loader_refuses(field, value):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    bad = copy.deepcopy(d)
+    _set(bad, field, value)
+    assert list(_validator().iter_errors(bad)), "the schema accepts this mutation: not a useful case"
+    with pytest.raises(UsageError) as e:
+        Result.from_dict(bad, source="m.json")
+    line = e.value.one_line()
+    assert line.startswith("m.json"), line
+    assert "/" + field.split(".")[0] in line or "schema version" in line, line
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**400, True])
+def test_what_the_schema_cannot_say_the_loader_still_refuses(value):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    d["records"][0]["samples_s"][0] = value
+    with pytest.raises(UsageError, match=r"/records/0/samples_s/0 is"):
+        Result.from_dict(d, source="m.json")
+
+
+def test_depth_of_raw_text_and_of_objects_agree():
+    for depth in (0, 1, 5, MAX_DEPTH, 1000):
+        text = "[" * depth + "1" + "]" * depth if depth else "1"
+        assert json_depth(text.encode()) == depth
+        if depth < 500:
+            assert object_depth(json.loads(text)) == depth
+    assert json_depth(b'{"a": "[[[[[[", "b": "\\"[[[", "c": [1, {"d": []}]}') == 4
