@@ -263,9 +263,15 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
     """
     n = len(spec.devices)
     bc, oc = spec.base_chunks or n, spec.other_chunks or n
+    if spec.merge_type == "cpu" and host_available is not None and n * WORKER_BASE_BYTES > host_available:
+        raise UsageError(f"-d/--devices: {n:,} workers need {format_size(n * WORKER_BASE_BYTES)} of host memory "
+                         f"for their processes alone; {format_size(host_available)} is available",
+                         f"at most {host_available // WORKER_BASE_BYTES:,} workers")
     if host_available is not None and (bc + oc) * PARTITION_HOST_BYTES > host_available:
         most = host_available // PARTITION_HOST_BYTES
-        flag, v = ("--base-chunks", bc) if bc >= oc else ("--other-chunks", oc)
+        given = [(f, v) for f, v, g in (("--base-chunks", bc, spec.base_chunks), ("--other-chunks", oc, spec.other_chunks))
+                 if g is not None]
+        flag, v = max(given, key=lambda t: t[1]) if given else ("-d/--devices", n)
         raise UsageError(f"{flag} {v if v < 10**15 else f'(a {len(str(v))}-digit number)'}: {bc + oc:,} partitions "
                          f"need about {format_size((bc + oc) * PARTITION_HOST_BYTES)} in this process for their "
                          f"tasks; {format_size(host_available)} is available",
@@ -275,10 +281,6 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
             if worker_need_bytes(spec, n) > room:
                 raise _refuse_frames(spec, n, room, f"GPU {d}")
         return
-    if host_available is not None and n * WORKER_BASE_BYTES > host_available:
-        raise UsageError(f"-d/--devices: {n:,} workers need {format_size(n * WORKER_BASE_BYTES)} of host memory "
-                         f"for their processes alone; {format_size(host_available)} is available",
-                         f"at most {host_available // WORKER_BASE_BYTES:,} workers")
     rooms = []
     if worker_limit is not None:
         rooms.append((worker_limit - WORKER_BASE_BYTES, "a worker (its memory limit)"))
@@ -668,6 +670,10 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     before = frozenset(p.pid for p in _spawned_children())
     runner = LoopRunner(asynchronous=False)
     runner.start()
+    # The loop is gpubench's own: what its tasks leave unhandled (a start cancelled by Ctrl-C or the
+    # deadline: "Task exception was never retrieved"; comms that break while the cluster closes) is
+    # a consequence of a stop gpubench made and reports itself, not a traceback to print.
+    runner.loop.asyncio_loop.set_exception_handler(lambda loop, context: None)
     box: list = []
 
     async def start():
