@@ -619,6 +619,27 @@ class LocalHandle:
                 self.runner.stop(timeout=2)
 
 
+def _quiet_distributed_finalizers() -> None:
+    """Drop the "Exception ignored in ... __del__" tracebacks of distributed's and UCXX's objects
+    (an rpc whose UCXX comm never finished its handshake, when a start is cancelled by Ctrl-C or
+    the deadline: ``'...' object has no attribute 'alive'``) that the garbage collector prints after
+    gpubench closed the cluster itself; every other unraisable exception goes to the hook before."""
+    import sys
+
+    previous = sys.unraisablehook
+    if getattr(previous, "_gpubench_quiet_distributed", False):
+        return
+
+    def hook(u) -> None:
+        mod = str(getattr(u.object, "__module__", None) or type(u.object).__module__)
+        if mod.startswith(("distributed", "ucxx")):
+            return
+        previous(u)
+
+    hook._gpubench_quiet_distributed = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     """A LocalCUDACluster (-t gpu, one worker per -d GPU) or a LocalCluster of worker processes
     (-t cpu, one per -d entry), started within --timeout.
@@ -668,6 +689,7 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
             return LocalCluster(processes=True, **common)
 
     before = frozenset(p.pid for p in _spawned_children())
+    _quiet_distributed_finalizers()
     runner = LoopRunner(asynchronous=False)
     runner.start()
     # The loop is gpubench's own: what its tasks leave unhandled (a start cancelled by Ctrl-C or the

@@ -72,7 +72,7 @@ OPTIONS = [
     click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False),
                  help="Use an existing cluster through its scheduler file."),
     click.option("--timeout", "timeout_s", default="600", show_default=True,
-                 help="Seconds a cluster start, a data generation or one join may take (600, 1.5, 10s, 5min)."),
+                 help="Seconds a cluster start, a data generation or one join may take (600, 1.5, 10s, 5m)."),
 ]
 
 
@@ -132,7 +132,7 @@ def parse_ignore_size(text: str) -> int:
 
 
 def parse_timeout(text) -> float:
-    """--timeout as Dask reads a duration (``dask.utils.parse_timedelta``: 600, 1.5, "10s", "5min";
+    """--timeout as Dask reads a duration (``dask.utils.parse_timedelta``: 600, 1.5, "10s", "5m";
     Python's float() rules for the number, so Unicode digits such as "١.٥" read as 1.5), imported
     only when merge runs; a plain float where dask is missing. The range is MergeSpec's check.
 
@@ -142,7 +142,7 @@ def parse_timeout(text) -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return text
     s = str(text).strip()
-    bad = UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5min")
+    bad = UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
     if not s:
         raise bad
     try:
