@@ -241,7 +241,7 @@ def _refuse_frames(spec: MergeSpec, n_workers: int, room: int, where: str) -> Us
         f"{OTHER_ROW_BYTES} B) and the shuffle's copies (x{FRAME_COPIES}) need {format_size(need)} on every "
         f"worker; {where} has {format_size(max(room, 0))}",
         f"the largest {flag} that fits is {largest:,}" if largest >= 1 else
-        f"even 1 does not fit; lower the other sizes")
+        "even 1 does not fit; lower the other sizes")
 
 
 def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: Mapping[int, int] | None = None,
