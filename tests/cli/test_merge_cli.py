@@ -234,7 +234,9 @@ def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path, pr
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     data = json.loads(out.read_text())
-    assert data["partial"] is True and len(data["records"][0]["samples_s"]) < 200
+    assert data["partial"] is True
+    # on a loaded 2-core host no timed run may have finished 8 s in; when one did, it is kept
+    assert not data["records"] or 1 <= len(data["records"][0]["samples_s"]) < 200
 
 
 def _two_cpu_runs(tmp_path, capsys) -> tuple:
