@@ -31,8 +31,12 @@ def _importable(name: str) -> bool:
 
 needs_rapids = pytest.mark.skipif(not (_importable("dask_cuda") and _importable("cudf")),
                                   reason="dask-cuda and cudf are not importable")
-# merge checks its devices and pool after it has found dask[distributed] (the GPU machine may lack it)
-needs_distributed = pytest.mark.skipif(not _importable("distributed"), reason="dask[distributed] is not importable")
+# merge checks its devices and pool after it has found Dask (distributed, dataframe: the GPU machine
+# may lack them) and, for -t gpu, starts its workers with dask-cuda: without them the run is refused
+# for the missing package, not for the pool, so the test has nothing to check there.
+needs_distributed = pytest.mark.skipif(
+    not (_importable("distributed") and _importable("dask.dataframe") and _importable("dask_cuda")),
+    reason="dask[distributed,dataframe] and dask-cuda are not all importable")
 
 
 @needs_distributed

@@ -51,7 +51,7 @@ from gpubench.bench.merge_data import compute_watching, join_check, random_ddf
 from gpubench.bench.merge_stats import address_to_index, hmean, hstd, pair_statistics
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context, Point
-from gpubench.core.options import MAX_REPEATS, positive_int
+from gpubench.core.options import MAX_REPEATS, finite_seconds, machine_threads, positive_int
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
@@ -62,6 +62,26 @@ from gpubench.core.signals import Interrupted, signal_noted
 TYPES = ("gpu", "cpu")
 PROTOCOLS = ("tcp", "ucx")
 SHUFFLE_METHODS = ("tasks", "p2p", "disk")
+MAX_KEY = 2**63 - 1  # the frames' keys are int64
+
+
+def check_key_space(chunk_size: int, base_chunks: int | None, other_chunks: int | None, n_workers: int) -> None:
+    """Refuse shapes whose keys overflow int64: generate_chunk numbers the base frame's keys up to
+    chunk_size x base_chunks and the other frame's unmatched keys up to 2 x chunk_size x
+    other_chunks (dask-cuda's layout), in int64 arrays.
+
+    Raises:
+        UsageError: naming -c and the partition count, and the largest -c that fits.
+    """
+    chunks = max(base_chunks or n_workers, other_chunks or n_workers, 1)
+    if 2 * chunk_size * chunks > MAX_KEY:
+        raise UsageError(f"-c/--chunk-size {_big(chunk_size)} with {_big(chunks)} partitions numbers keys past "
+                         f"int64 (2 x rows x partitions must stay below 2^63)",
+                         f"the largest -c for {_big(chunks)} partitions is {MAX_KEY // (2 * chunks):,}")
+
+
+def _big(v: int) -> str:
+    return f"{v}" if v < 10**15 else f"(a {len(str(v))}-digit number)"
 
 
 @dataclass(frozen=True)
@@ -139,26 +159,21 @@ class MergeSpec:
         if self.shuffle_method not in SHUFFLE_METHODS:
             raise UsageError(f"--shuffle-method {self.shuffle_method!r} not known",
                              f"use {', '.join(SHUFFLE_METHODS)}")
-        if self.chunk_size < 1:
-            raise UsageError(f"-c/--chunk-size {self.chunk_size} must be at least 1 row")
-        for name, v in (("--base-chunks", self.base_chunks), ("--other-chunks", self.other_chunks)):
-            if v is not None and v < 1:
-                raise UsageError(f"{name} {v} must be at least 1 partition")
+        positive_int("-c/--chunk-size", self.chunk_size, maximum=MAX_KEY)
+        positive_int("--base-chunks", self.base_chunks, maximum=MAX_KEY)
+        positive_int("--other-chunks", self.other_chunks, maximum=MAX_KEY)
+        check_key_space(self.chunk_size, self.base_chunks, self.other_chunks, len(self.devices))
         if not (0.0 < self.frac_match <= 1.0):
             raise UsageError(f"--frac-match {self.frac_match} must be in (0, 1]", "e.g. 0.3")
-        if self.runs < 1:
-            raise UsageError(f"--runs {self.runs} must be at least 1")
-        if self.warmup_runs < 0:
-            raise UsageError(f"--warmup-runs {self.warmup_runs} must be >= 0")
         # the driver lists every run as a point before anything starts: bounded like every repeat count
         positive_int("--runs", self.runs, maximum=MAX_REPEATS)
         positive_int("--warmup-runs", self.warmup_runs, allow_zero=True, maximum=MAX_REPEATS)
-        if self.threads_per_worker < 1:
-            raise UsageError(f"--threads-per-worker {self.threads_per_worker} must be at least 1")
+        # a worker's thread pool: what the machine lets one user run (a 400-digit count overflowed msgpack)
+        positive_int("--threads-per-worker", self.threads_per_worker,
+                     maximum=max(1, machine_threads() // max(1, len(self.devices))))
         if self.ignore_size < 0:
             raise UsageError(f"--ignore-size {self.ignore_size} must be >= 0 bytes")
-        if not (self.timeout_s > 0):
-            raise UsageError(f"--timeout {self.timeout_s} must be > 0 seconds")
+        finite_seconds("--timeout", self.timeout_s)
         if self.scheduler_address and self.scheduler_file:
             raise UsageError("--scheduler-address and --scheduler-file both given", "give one of them")
         pool_given = self.rmm_pool_bytes is not None or self.rmm_pool_fraction is not None
@@ -465,16 +480,24 @@ class Merge(Benchmark):
         return run_points(spec)
 
     def preflight(self, spec: MergeSpec, points, devices) -> None:
-        """Dask importable; for -t gpu on a local cluster, the GPU, the -d devices and the RMM pool
+        """Dask importable; on a local cluster, the frames against the workers' memory
+        (merge_cluster.check_frames_fit), and for -t gpu the GPU, the -d devices and the RMM pool
         (merge_cluster.preflight), before any worker starts.
 
         Raises:
-            UsageError: Dask missing, a device not visible or hidden, a pool that does not fit.
+            UsageError: Dask missing, a device not visible or hidden, a pool or frames that do not fit.
             NoGPUError: -t gpu on a local cluster and NVML shows no GPU.
         """
         _require_dask()
-        if spec.merge_type == "gpu" and not spec.external:
+        if spec.external:
+            return
+        if spec.merge_type == "gpu":
             merge_cluster.preflight(spec)
+        else:
+            from gpubench.core.env import host_memory
+
+            merge_cluster.check_frames_fit(spec, host_memory()[1],
+                                           worker_limit=merge_cluster.cpu_worker_limit(len(spec.devices)))
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:

@@ -28,7 +28,10 @@ CONTEXT_MARGIN_BYTES = 1 * 2**30
 SCHEDULER_POOL_BYTES = 10**9
 # Entries kept in each worker's transfer_incoming_log (distributed's default is 1000).
 TRANSFER_LOG_LENGTH = 100_000
-CLOSE_TIMEOUT_S = 30
+CLOSE_TIMEOUT_S = 10  # a local cluster's close; then its leftover workers are killed (KILL_GRACE_S)
+CLIENT_CLOSE_TIMEOUT_S = 5
+FAILED_START_CLOSE_S = 3  # a start that failed or ran out of time: a short close, then the kill
+KILL_GRACE_S = 2  # SIGTERM to SIGKILL for a worker that outlived its cluster's close
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,15 +165,140 @@ def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> Non
 
 def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
     """Check, for a local -t gpu cluster, the devices and the pool against NVML and
-    CUDA_VISIBLE_DEVICES; returns the memory.
+    CUDA_VISIBLE_DEVICES, and the frames against each GPU's memory (the pool grows into what the
+    CUDA context and the scheduler leave free); returns the memory.
 
     Raises:
-        NoGPUError, UsageError: see check_cuda_visible_devices and check_devices_and_memory.
+        NoGPUError, UsageError: see check_cuda_visible_devices, check_devices_and_memory and
+            check_frames_fit.
     """
+    from gpubench.core.env import host_memory
+
     check_cuda_visible_devices(spec.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     visible, mem = _nvml_memory(spec.devices)
-    check_devices_and_memory(spec, visible, mem, _scheduler_device())
+    sched = _scheduler_device()
+    check_devices_and_memory(spec, visible, mem, sched)
+    room = {d: free - CONTEXT_MARGIN_BYTES - ((SCHEDULER_POOL_BYTES + CONTEXT_MARGIN_BYTES) if d == sched else 0)
+            for d, (free, _total) in mem.items()}
+    check_frames_fit(spec, host_memory()[1], device_free=room)
     return mem
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory of the frames (both local cluster kinds), before any worker starts
+# ---------------------------------------------------------------------------------------------
+
+# Bytes per row as generate_chunk makes them: the base frame's key, shuffle and payload (int64; the
+# shuffle column becomes the index after set_index), the other frame's key and payload.
+BASE_ROW_BYTES = 3 * 8
+OTHER_ROW_BYTES = 2 * 8
+# Copies of both frames a worker may hold at its peak: the generated partitions, their pieces while
+# the tasks shuffle splits and concatenates them, and the join's hash partitions and output. Dask
+# neither balances partitions evenly nor avoids broadcasting the smaller frame, so the whole of
+# both frames is counted on every worker. Measured (-t cpu, distributed 2026.7.1, pandas, VmHWM of
+# each worker less its idle RSS): 2.2x both frames per worker with 2 workers (-c 4M, 2 or 4
+# partitions each), 2.75x with 1 worker.
+FRAME_COPIES = 3
+# A worker process before it holds data (measured 193 MiB RSS, distributed 2026.7.1 and pandas).
+WORKER_BASE_BYTES = 256 * 2**20
+# This process (client and scheduler of a local cluster) per partition of the two frames: the
+# tasks of generation, shuffle and join (measured +0.55 MiB per partition at 400 and 2000).
+PARTITION_HOST_BYTES = 2**20
+
+
+def frame_bytes(chunk_size: int, base_chunks: int, other_chunks: int) -> int:
+    """Bytes of both frames as generated: chunk_size x (base_chunks x 24 + other_chunks x 16)."""
+    return chunk_size * (base_chunks * BASE_ROW_BYTES + other_chunks * OTHER_ROW_BYTES)
+
+
+def worker_need_bytes(spec: MergeSpec, n_workers: int) -> int:
+    """Bytes one worker may need at its peak: FRAME_COPIES x both frames (see FRAME_COPIES)."""
+    bc, oc = spec.base_chunks or n_workers, spec.other_chunks or n_workers
+    return FRAME_COPIES * frame_bytes(spec.chunk_size, bc, oc)
+
+
+def _largest_that_fits(spec: MergeSpec, n_workers: int, room: int) -> tuple[str, int, int]:
+    """The option to name when the frames do not fit in ``room`` bytes per worker: (its flag, its
+    value, the largest value that fits with the others unchanged), choosing among -c and the
+    partition counts the user gave the one furthest over its largest."""
+    c, bc, oc = spec.chunk_size, spec.base_chunks or n_workers, spec.other_chunks or n_workers
+    per_row = room // FRAME_COPIES
+    cands = [("-c/--chunk-size", c, per_row // (bc * BASE_ROW_BYTES + oc * OTHER_ROW_BYTES))]
+    if spec.base_chunks is not None:
+        cands.append(("--base-chunks", bc, max(0, (per_row // c - oc * OTHER_ROW_BYTES) // BASE_ROW_BYTES)))
+    if spec.other_chunks is not None:
+        cands.append(("--other-chunks", oc, max(0, (per_row // c - bc * BASE_ROW_BYTES) // OTHER_ROW_BYTES)))
+    return max(cands, key=lambda t: t[1] / t[2] if t[2] > 0 else float("inf"))
+
+
+def _refuse_frames(spec: MergeSpec, n_workers: int, room: int, where: str) -> UsageError:
+    flag, value, largest = _largest_that_fits(spec, n_workers, room)
+    bc, oc = spec.base_chunks or n_workers, spec.other_chunks or n_workers
+    need = worker_need_bytes(spec, n_workers)
+    shown = f"{value}" if value < 10**15 else f"(a {len(str(value))}-digit number)"
+    return UsageError(
+        f"{flag} {shown}: both frames ({bc} x -c rows x {BASE_ROW_BYTES} B + {oc} x -c rows x "
+        f"{OTHER_ROW_BYTES} B) and the shuffle's copies (x{FRAME_COPIES}) need {format_size(need)} on every "
+        f"worker; {where} has {format_size(max(room, 0))}",
+        f"the largest {flag} that fits is {largest:,}" if largest >= 1 else
+        "even 1 does not fit; lower the other sizes")
+
+
+def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: Mapping[int, int] | None = None,
+                     worker_limit: int | None = None) -> None:
+    """Refuse a local run whose frames cannot fit, before any worker starts.
+
+    Args:
+        spec: the options (-c, --base-chunks, --other-chunks, -d, -t).
+        host_available: bytes of host memory available (MemAvailable), None when unknown.
+        device_free: -t gpu: device -> bytes one worker may use on it (free memory less the CUDA
+            context and the scheduler's pool); the RMM pool grows into it as the frames need.
+        worker_limit: -t cpu: each worker's memory limit in bytes (distributed's "auto": the
+            host's memory / workers), None for none.
+
+    Raises:
+        UsageError: the frames and their copies do not fit on a worker (naming the option and the
+            largest value that fits), the workers' own memory does not fit on the host (-t cpu),
+            or the partitions' tasks do not fit in this process.
+    """
+    n = len(spec.devices)
+    bc, oc = spec.base_chunks or n, spec.other_chunks or n
+    if spec.merge_type == "cpu" and host_available is not None and n * WORKER_BASE_BYTES > host_available:
+        raise UsageError(f"-d/--devices: {n:,} workers need {format_size(n * WORKER_BASE_BYTES)} of host memory "
+                         f"for their processes alone; {format_size(host_available)} is available",
+                         f"at most {host_available // WORKER_BASE_BYTES:,} workers")
+    if host_available is not None and (bc + oc) * PARTITION_HOST_BYTES > host_available:
+        most = host_available // PARTITION_HOST_BYTES
+        given = [(f, v) for f, v, g in (("--base-chunks", bc, spec.base_chunks), ("--other-chunks", oc, spec.other_chunks))
+                 if g is not None]
+        flag, v = max(given, key=lambda t: t[1]) if given else ("-d/--devices", n)
+        raise UsageError(f"{flag} {v if v < 10**15 else f'(a {len(str(v))}-digit number)'}: {bc + oc:,} partitions "
+                         f"need about {format_size((bc + oc) * PARTITION_HOST_BYTES)} in this process for their "
+                         f"tasks; {format_size(host_available)} is available",
+                         f"at most {most:,} partitions of both frames together")
+    if spec.merge_type == "gpu":
+        for d, room in sorted((device_free or {}).items()):
+            if worker_need_bytes(spec, n) > room:
+                raise _refuse_frames(spec, n, room, f"GPU {d}")
+        return
+    rooms = []
+    if worker_limit is not None:
+        rooms.append((worker_limit - WORKER_BASE_BYTES, "a worker (its memory limit)"))
+    if host_available is not None:
+        rooms.append((host_available // n - WORKER_BASE_BYTES, f"the host's available memory / {n} workers"))
+    for room, where in rooms:
+        if worker_need_bytes(spec, n) > room:
+            raise _refuse_frames(spec, n, room, where)
+
+
+def cpu_worker_limit(n_workers: int) -> int | None:
+    """Each worker's memory limit as LocalCluster sets it (distributed's parse_memory_limit("auto",
+    1, n_workers)), in bytes; None for no limit."""
+    import logging
+
+    from distributed.worker_memory import parse_memory_limit
+
+    return parse_memory_limit("auto", 1, n_workers, logger=logging.getLogger("gpubench"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,15 +377,26 @@ def _setup_rmm(pool_size=None, disable_rmm_pool=False, rmm_async=False, dask_wor
 
 
 @contextlib.contextmanager
-def _quiet_ucx_env() -> Iterator[None]:
-    # distributed-ucxx sets UCX_MEMTYPE_CACHE, which UCX then warns about on every process start.
-    old = os.environ.get("UCX_WARN_UNUSED_ENV_VARS")
+def _quiet_ucx_env(spec: MergeSpec | None = None) -> Iterator[None]:
+    """Environment for the cluster's start, inherited by the worker processes: UCX does not warn
+    about the variables distributed-ucxx sets (UCX_MEMTYPE_CACHE); for a local -p ucx -t cpu
+    cluster without --interface, UCX's network transports use the loopback device only
+    (UCX_NET_DEVICES=lo), unless the user set UCX_NET_DEVICES."""
+    keys = ["UCX_WARN_UNUSED_ENV_VARS"]
+    old = {k: os.environ.get(k) for k in keys + ["UCX_NET_DEVICES"]}
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    if (spec is not None and spec.protocol == "ucx" and spec.merge_type == "cpu" and not spec.external
+            and spec.interface is None and "UCX_NET_DEVICES" not in os.environ):
+        os.environ["UCX_NET_DEVICES"] = "lo"
+        keys.append("UCX_NET_DEVICES")
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("UCX_WARN_UNUSED_ENV_VARS", None)
+        for k in keys:
+            if old[k] is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old[k]
 
 
 def _import_ucxx() -> None:
@@ -278,22 +417,39 @@ def _is_oom_text(text: str) -> bool:
 
 @contextlib.contextmanager
 def _workers_ignore_sigint() -> Iterator[None]:
-    """Ignore SIGINT while worker processes are spawned, so they inherit SIG_IGN (kept across
-    exec, and CPython installs no KeyboardInterrupt handler over an ignored SIGINT). A Ctrl-C at
-    the terminal reaches the whole process group; without this every worker prints its own
-    KeyboardInterrupt traceback while gpubench itself stops the cluster and keeps what it measured.
-    """
-    import signal
-    import threading
+    """Worker processes spawned inside this block start with SIGINT ignored, while this process
+    keeps its own Ctrl-C handler.
 
-    if threading.current_thread() is not threading.main_thread():
+    A Ctrl-C at the terminal reaches the whole process group; a worker that got it would print
+    its own KeyboardInterrupt traceback while gpubench stops the cluster and keeps what it measured.
+    An ignored disposition survives exec, and CPython installs no KeyboardInterrupt handler over
+    an ignored SIGINT, so the workers (multiprocessing "spawn" children of the Nannies) are started
+    through a two-line /bin/sh wrapper (``trap '' INT; exec python "$@"``) set as multiprocessing's
+    spawn executable for the duration of the block. Ignoring SIGINT in this process while the
+    workers spawn (the earlier way) lost every Ctrl-C of the cluster start (issue 18, item 6);
+    a blocked signal mask is not kept across the spawn (CPython's _posixsubprocess resets it).
+    Without /bin/sh the workers start as usual.
+    """
+    import multiprocessing.spawn as mp_spawn
+    import shlex
+    import shutil
+    import tempfile
+
+    if not os.access("/bin/sh", os.X_OK):
         yield
         return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = mp_spawn.get_executable()
+    folder = tempfile.mkdtemp(prefix="gpubench-workers-")
+    wrapper = os.path.join(folder, "python-sigint-ignored")
     try:
+        with open(wrapper, "w") as f:
+            f.write(f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(os.fsdecode(old))} \"$@\"\n")
+        os.chmod(wrapper, 0o700)
+        mp_spawn.set_executable(wrapper)
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        mp_spawn.set_executable(old)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_interface(name: str) -> None:
@@ -323,15 +479,16 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     """Start (or attach to) the cluster and connect a client.
 
     Returns:
-        (client, cluster): cluster is None when the cluster is external. Close both with
-        :func:`close_all` (a local cluster's close stops its worker processes: each Nanny kills
-        its worker). When the start fails or is interrupted, whatever had started is closed here.
+        (client, cluster): cluster is None when the cluster is external, else a :class:`LocalHandle`.
+        Close both with :func:`close_all` (a local cluster's close stops its worker processes, and
+        kills any that outlive it). When the start fails, times out or is interrupted, whatever had
+        started is closed here.
 
     Raises:
         UsageError: an external scheduler that cannot be reached or has no workers; a missing
             scheduler file; -p ucx without distributed-ucxx; -t gpu without dask-cuda; an
             --interface this host lacks.
-        MachineError: the local cluster could not start.
+        MachineError: the local cluster did not start within --timeout, or failed to start.
     """
     import dask
     from distributed import Client
@@ -345,7 +502,7 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     # The workers inherit this config through their Nanny (a local cluster only).
     cfg = {"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}
     try:
-        with dask.config.set(cfg), _quiet_ucx_env(), warnings.catch_warnings():
+        with dask.config.set(cfg), _quiet_ucx_env(spec), warnings.catch_warnings():
             if spec.external:
                 client = _connect(spec)
                 try:
@@ -355,7 +512,10 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
                     raise UsageError(f"the scheduler at {where} has no workers ({error_line(e)})") from None
             else:
                 cluster = _start_local_cluster(spec)
-                client = Client(cluster, timeout=min(spec.timeout_s, 60))
+                try:
+                    client = Client(cluster.scheduler_address, loop=cluster.loop, timeout=min(spec.timeout_s, 60))
+                except (OSError, TimeoutError) as e:
+                    raise MachineError(f"cannot connect to the local cluster's scheduler: {error_line(e)[:160]}") from None
     except BaseException:
         stopped = close_all(client, cluster)
         if stopped is not None:
@@ -389,66 +549,187 @@ def _connect(spec: MergeSpec) -> Any:
                          "check the address (e.g. tcp://HOST:8786) and that it runs") from None
 
 
-def _start_local_cluster(spec: MergeSpec) -> Any:
+def _spawned_children(before: frozenset = frozenset()) -> list:
+    """This process's multiprocessing-spawned descendants (Dask workers) not in ``before`` (pids);
+    the resource tracker is left alone (it ends with this process)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if p.pid not in before and "spawn_main" in cmd and "resource_tracker" not in cmd:
+            out.append(p)
+    return out
+
+
+def kill_leftovers(before: frozenset, grace_s: float = KILL_GRACE_S) -> int:
+    """SIGTERM, then after ``grace_s`` SIGKILL, every worker process this process spawned since
+    ``before`` (pids) that is still there; returns how many there were. The last resort of a
+    cluster close that did not end its workers within its time (a loaded host, a stuck start)."""
+    import psutil
+
+    procs = _spawned_children(before)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(procs)
+
+
+class LocalHandle:
+    """A local cluster started by :func:`_start_local_cluster` on gpubench's own IO loop thread.
+
+    Attributes:
+        cluster: the distributed LocalCluster / dask-cuda LocalCUDACluster (asynchronous, living on
+            ``loop``).
+        loop: the tornado IOLoop it runs on (a distributed LoopRunner's thread).
+        scheduler_address: where its scheduler listens.
+    """
+
+    def __init__(self, cluster, runner, before: frozenset):
+        self.cluster = cluster
+        self.runner = runner
+        self.loop = runner.loop
+        self.before = before
+        self.scheduler_address = cluster.scheduler_address if cluster is not None else None
+        self._closed = False
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Close the cluster within ``timeout`` seconds, then kill any worker process it left, then
+        stop the loop. A Ctrl-C in the middle still kills the workers before it propagates."""
+        from distributed.utils import sync
+
+        if self._closed:
+            return
+        try:
+            if self.cluster is not None:
+                with contextlib.suppress(Exception):
+                    sync(self.loop, self.cluster.close, timeout, callback_timeout=timeout + 1)
+        finally:
+            self._closed = True
+            kill_leftovers(self.before)
+            with contextlib.suppress(Exception):
+                self.runner.stop(timeout=2)
+
+
+def _quiet_distributed_finalizers() -> None:
+    """Drop the "Exception ignored in ... __del__" tracebacks of distributed's and UCXX's objects
+    (an rpc whose UCXX comm never finished its handshake, when a start is cancelled by Ctrl-C or
+    the deadline: ``'...' object has no attribute 'alive'``) that the garbage collector prints after
+    gpubench closed the cluster itself; every other unraisable exception goes to the hook before."""
+    import sys
+
+    previous = sys.unraisablehook
+    if getattr(previous, "_gpubench_quiet_distributed", False):
+        return
+
+    def hook(u) -> None:
+        mod = str(getattr(u.object, "__module__", None) or type(u.object).__module__)
+        if mod.startswith(("distributed", "ucxx")):
+            return
+        previous(u)
+
+    hook._gpubench_quiet_distributed = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     """A LocalCUDACluster (-t gpu, one worker per -d GPU) or a LocalCluster of worker processes
-    (-t cpu, one per -d entry), each worker's start bounded by --timeout.
+    (-t cpu, one per -d entry), started within --timeout.
+
+    The cluster is built asynchronously on an IO loop thread of gpubench's own (distributed's
+    LoopRunner), and this thread waits for it with distributed's ``sync(..., callback_timeout=)``:
+    a start that does not finish in time (a loaded host, a worker that never connects) is cancelled,
+    the cluster closed and its processes killed, and a Ctrl-C reaches this thread at once. Listens
+    on 127.0.0.1 unless --interface names another interface; no dashboard, and the scheduler's
+    HTTP routes (health, metrics) on a free loopback port, so a taken port 8787 draws no warning.
 
     Raises:
         UsageError: -t gpu without dask-cuda.
-        MachineError: the cluster did not start.
+        MachineError: the cluster did not start (within --timeout).
     """
     import logging
 
     from distributed import LocalCluster
+    from distributed.utils import LoopRunner, sync
 
     common = dict(
         n_workers=len(spec.devices), threads_per_worker=spec.threads_per_worker,
         protocol=spec.protocol, interface=spec.interface, dashboard_address=None,
-        death_timeout=spec.timeout_s,  # bounds each worker's start (Nanny)
+        host=None if spec.interface else "127.0.0.1",
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         # A lost worker makes the others log tracebacks; the error we raise names it.
-        silence_logs=logging.CRITICAL,
+        silence_logs=logging.CRITICAL, asynchronous=True,
     )
-    try:
-        # dask-cuda's benchmark hides this one too: the pool is made after the start.
-        warnings.filterwarnings("ignore", message=".*NVLink.*rmm_pool_size.*", category=UserWarning)
-        if spec.merge_type == "gpu":
-            try:
-                from dask_cuda import LocalCUDACluster
-            except Exception as e:
-                raise UsageError(f"-t gpu needs dask-cuda, which cannot be imported "
-                                 f"({error_line(e)[:100]})",
-                                 "pip install 'gpubench-cuda[rapids-cu13]' (or [rapids-cu12]), or use -t cpu") from None
-            with _workers_ignore_sigint():
-                return LocalCUDACluster(
-                    CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)),
-                    device_memory_limit=None,
-                    enable_cudf_spill=spec.enable_cudf_spill,
-                    enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
-                    enable_infiniband=spec.enable_infiniband,
-                    enable_nvlink=spec.enable_nvlink,
-                    enable_rdmacm=spec.enable_rdmacm,
-                    **common,
-                )
-        with _workers_ignore_sigint():
+    # dask-cuda's benchmark hides this one too: the pool is made after the start.
+    warnings.filterwarnings("ignore", message=".*NVLink.*rmm_pool_size.*", category=UserWarning)
+    if spec.merge_type == "gpu":
+        try:
+            from dask_cuda import LocalCUDACluster
+        except Exception as e:
+            raise UsageError(f"-t gpu needs dask-cuda, which cannot be imported "
+                             f"({error_line(e)[:100]})",
+                             "pip install 'gpubench-cuda[rapids-cu13]' (or [rapids-cu12]), or use -t cpu") from None
+
+        def make():
+            return LocalCUDACluster(
+                CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)), device_memory_limit=None,
+                enable_cudf_spill=spec.enable_cudf_spill, enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
+                enable_infiniband=spec.enable_infiniband, enable_nvlink=spec.enable_nvlink,
+                enable_rdmacm=spec.enable_rdmacm, **common)
+    else:
+        def make():
             return LocalCluster(processes=True, **common)
-    except (UsageError, KeyboardInterrupt):
-        raise
-    except Exception as e:
+
+    before = frozenset(p.pid for p in _spawned_children())
+    _quiet_distributed_finalizers()
+    runner = LoopRunner(asynchronous=False)
+    runner.start()
+    # The loop is gpubench's own: what its tasks leave unhandled (a start cancelled by Ctrl-C or the
+    # deadline: "Task exception was never retrieved"; comms that break while the cluster closes) is
+    # a consequence of a stop gpubench made and reports itself, not a traceback to print.
+    runner.loop.asyncio_loop.set_exception_handler(lambda loop, context: None)
+    box: list = []
+
+    async def start():
+        cluster = make()  # on the loop's thread, so the constructor starts nothing itself
+        box.append(cluster)
+        return await cluster
+
+    try:
+        with _workers_ignore_sigint():
+            sync(runner.loop, start, callback_timeout=spec.timeout_s)
+    except BaseException as e:
+        LocalHandle(box[0] if box else None, runner, before).close(timeout=FAILED_START_CLOSE_S)
+        if isinstance(e, (KeyboardInterrupt, Interrupted, UsageError)):
+            raise
+        if isinstance(e, TimeoutError):  # asyncio's is the builtin one on Python >= 3.11
+            raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start within "
+                               f"--timeout {spec.timeout_s:g} s", "raise --timeout; the host may be busy") from None
         raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start: "
                            f"{error_line(e)[:160]}") from None
+    return LocalHandle(box[0], runner, before)
 
 
 def close_all(client, cluster) -> BaseException | None:
-    """Close the client, then the cluster (within CLOSE_TIMEOUT_S), even when a Ctrl-C or SIGTERM
-    lands in the middle: the interrupted close is tried once more (the CLI notes and ignores later
-    signals) so no worker process is left. Other errors of a close are ignored.
+    """Close the client, then the cluster (within CLOSE_TIMEOUT_S, then its leftover workers are
+    killed), even when a Ctrl-C or SIGTERM lands in the middle: the interrupted close is tried once
+    more (the CLI notes and ignores later signals) so no worker process is left. Other errors of a
+    close are ignored.
 
     Returns:
         The first interrupt (KeyboardInterrupt or Interrupted) that landed while closing, for the
         caller to act on once everything is closed; None when none did.
     """
     pending: BaseException | None = None
-    for what, close in (("client", lambda: client.close(timeout=10)),
+    for what, close in (("client", lambda: client.close(timeout=CLIENT_CLOSE_TIMEOUT_S)),
                         ("cluster", lambda: cluster.close(timeout=CLOSE_TIMEOUT_S))):
         if (client if what == "client" else cluster) is None:
             continue

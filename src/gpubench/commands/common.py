@@ -65,13 +65,16 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
     """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted)."""
     from gpubench.core.registry import INVOCATION
 
+    from gpubench.core.signals import CRITICAL
+
     if not result.argv:
         result.argv = list(INVOCATION)
-    report.display(list(renderables) + report.condition_notes(result), quiet=quiet)
-    if json_path:
-        save(result, json_path)
-        if not quiet and json_path != STDOUT:
-            report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
+    with CRITICAL:  # a Ctrl-C now is acted on once what was measured is shown and saved
+        report.display(list(renderables) + report.condition_notes(result), quiet=quiet)
+        if json_path:
+            save(result, json_path)
+            if not quiet and json_path != STDOUT:
+                report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
     if result.partial and result.failed_by:
         return 3  # the caller re-raises the MachineError, whose line says what failed
     if result.partial:

@@ -71,8 +71,8 @@ OPTIONS = [
     click.option("--scheduler-address", default=None, help="Use an existing cluster, e.g. tcp://HOST:8786."),
     click.option("--scheduler-file", default=None, type=click.Path(dir_okay=False),
                  help="Use an existing cluster through its scheduler file."),
-    click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
-                 help="Seconds a cluster start, a data generation or one join may take."),
+    click.option("--timeout", "timeout_s", default="600", show_default=True,
+                 help="Seconds a cluster start, a data generation or one join may take (600, 1.5, 10s, 5m)."),
 ]
 
 
@@ -131,6 +131,33 @@ def parse_ignore_size(text: str) -> int:
     return 0 if str(text).strip() in ("0", "0B") else parse_size(text, what="--ignore-size")
 
 
+def parse_timeout(text) -> float:
+    """--timeout as Dask reads a duration (``dask.utils.parse_timedelta``: 600, 1.5, "10s", "5m";
+    Python's float() rules for the number, so Unicode digits such as "١.٥" read as 1.5), imported
+    only when merge runs; a plain float where dask is missing. The range is MergeSpec's check.
+
+    Raises:
+        UsageError: not a duration (inf and nan included), or one too large to be a float.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return text
+    s = str(text).strip()
+    bad = UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
+    if not s:
+        raise bad
+    try:
+        from dask.utils import parse_timedelta
+    except ImportError:
+        parse_timedelta = None
+    try:
+        v = parse_timedelta(s, default="seconds") if parse_timedelta else float(s)
+    except (ValueError, TypeError, KeyError, OverflowError):  # "inf"/"nan": KeyError; "9" x 400: OverflowError
+        raise bad from None
+    if not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        raise bad
+    return v
+
+
 def build_spec(**options):
     """Build a MergeSpec from the options, by name: an option named as a MergeSpec field goes to it
     as given (MergeSpec checks it); -d, --rmm-pool-size and --ignore-size are turned from text into
@@ -150,6 +177,7 @@ def build_spec(**options):
         raise UsageError(f"-d/--devices {devices!r} names no device", "e.g. -d 0,1")
     o["rmm_pool_bytes"], o["rmm_pool_fraction"] = parse_pool_size(o.pop("rmm_pool_size"))
     o["ignore_size"] = parse_ignore_size(o["ignore_size"])
+    o["timeout_s"] = parse_timeout(o["timeout_s"])
     broadcast_join, shuffle_join = o.pop("broadcast_join"), o.pop("shuffle_join")
     o["broadcast"] = False if shuffle_join else (True if broadcast_join else None)
     o["protocol"] = "ucx" if o["protocol"] == "ucxx" else o["protocol"]

@@ -194,3 +194,57 @@ def ascii_int(text: str, name: str) -> int:
     """An integer written with ASCII digits (for comma lists such as -d 0,1): parse_number's rules,
     bounded by DEFAULT_INT_MAX."""
     return int(parse_number(text, name, int))
+
+
+def max_wait_seconds() -> float:
+    """The longest wait Python's locks, events and thread joins accept (``threading.TIMEOUT_MAX``,
+    about 292 years on Linux): beyond it a wait raises OverflowError, so it bounds any --timeout."""
+    import threading
+
+    return float(threading.TIMEOUT_MAX)
+
+
+def finite_seconds(name: str, value: float, *, maximum: float | None = None) -> float:
+    """Check a duration option: a finite number of seconds, > 0 and at most ``maximum`` (default
+    :func:`max_wait_seconds`).
+
+    Raises:
+        UsageError: not a number, NaN, infinite, <= 0, or above ``maximum``; the line names the
+            value and the largest accepted.
+    """
+    import math
+
+    top = max_wait_seconds() if maximum is None else maximum
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{name} {value!r} is not a number of seconds", "e.g. 600")
+    try:
+        v = float(value)
+    except OverflowError:  # a 400-digit int
+        v = math.inf
+    if math.isnan(v) or v <= 0:
+        raise UsageError(f"{name} {value!r} must be > 0 seconds", "e.g. 600")
+    if v > top:
+        shown = value if v < 1e15 else f"(a {len(str(int(value)))}-digit number)" if isinstance(value, int) else value
+        raise UsageError(f"{name} {shown} is too long", f"at most {top:,.0f} s")
+    return v
+
+
+def machine_threads() -> int:
+    """How many threads this machine lets one user run: the kernel's threads-max and the soft
+    RLIMIT_NPROC (Linux counts threads against it), whichever is smaller; 2**31 - 1 where neither
+    is known. Bounds thread-count options (a Dask worker's thread pool)."""
+    import resource
+
+    limits = [2**31 - 1]
+    try:
+        with open("/proc/sys/kernel/threads-max") as f:
+            limits.append(int(f.read().strip()))
+    except (OSError, ValueError):
+        pass
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            limits.append(int(soft))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return min(limits)

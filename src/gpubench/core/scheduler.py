@@ -73,8 +73,28 @@ def error_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {s}" if s else type(e).__name__
 
 
-def _worker_addresses(client) -> set[str]:
-    return set(client.scheduler_info(n_workers=-1)["workers"])
+IDENTITY_TIMEOUT_S = 30  # one query of the scheduler's worker list
+CONFIRM_S = 1.0  # a worker missing from the list is looked for again after this long before it is called lost
+
+
+def _worker_addresses(client, timeout_s: float = IDENTITY_TIMEOUT_S) -> set[str]:
+    """The addresses of the workers the scheduler knows now, asked of the scheduler itself.
+
+    ``client.scheduler_info()`` is not used: it returns the client's cached identity, which its
+    periodic refresh (every ``distributed.client.scheduler-info-interval``) fills with
+    ``n_workers=0``, i.e. no workers at all, and which a refresh that fails with an OSError (a busy
+    scheduler) leaves as it is; a check that read it could see every worker gone (the "both
+    workers died" flake of test_cpu_merge_runs_on_a_local_cluster[ucx]).
+
+    Raises:
+        MachineError: the scheduler did not answer within ``timeout_s`` or the connection failed.
+    """
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout_s)
+    except (OSError, TimeoutError) as e:
+        raise MachineError(f"the scheduler did not answer within {timeout_s:g} s ({error_line(e)[:120]})",
+                           "the host may be overloaded, or the scheduler went away") from None
+    return set(info.get("workers", {}))
 
 
 def _lost_workers_error(lost: set[str], now: set[str], index: Mapping[str, int], what: str) -> MachineError:
@@ -86,20 +106,44 @@ def _lost_workers_error(lost: set[str], now: set[str], index: Mapping[str, int],
 
 
 def check_workers(client, workers: Mapping[str, int], what: str) -> None:
-    """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster."""
+    """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster.
+
+    A worker missing from the scheduler's list is looked for once more, CONFIRM_S later, before it
+    is called lost (a list read while the scheduler changes must not stop a healthy run).
+    """
     now = _worker_addresses(client)
     lost = set(workers) - now
+    if lost:
+        time.sleep(CONFIRM_S)
+        now = _worker_addresses(client)
+        lost = set(workers) - now
     if lost:
         raise _lost_workers_error(lost, now, workers, what)
 
 
-def run_on_workers(client, fn, workers: Mapping[str, int], what: str, **kwargs) -> dict:
-    """client.run(fn) on every worker; a failure becomes a MachineError naming a lost worker if
-    one left, else the failure's first line."""
+RUN_TIMEOUT_S = 60  # the longest one function run on every worker (client.run) may take
+
+
+def run_on_workers(client, fn, workers: Mapping[str, int], what: str, timeout_s: float = RUN_TIMEOUT_S,
+                   **kwargs) -> dict:
+    """client.run(fn) on every worker, within ``timeout_s`` (a worker that does not answer stops
+    the run instead of hanging it); a failure becomes a MachineError naming a lost worker if one
+    left, else the failure's first line.
+
+    The time limit is distributed's own ``callback_timeout`` of the client's ``sync`` (client.run
+    hands it on to it).
+
+    Raises:
+        MachineError: a worker left, the function failed, or a worker did not answer in time.
+    """
     try:
-        return client.run(fn, **kwargs)
+        return client.run(fn, callback_timeout=timeout_s, **kwargs)
     except (KeyboardInterrupt, MachineError, UsageError):
         raise
+    except TimeoutError:
+        check_workers(client, workers, what)
+        raise MachineError(f"{what}: a worker did not answer within {timeout_s:g} s",
+                           "the host may be overloaded; a worker may be stuck") from None
     except Exception as e:
         check_workers(client, workers, what)
         raise MachineError(f"{what} failed on the workers: {error_line(e)[:200]}") from None
