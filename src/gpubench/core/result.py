@@ -340,7 +340,6 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
         MachineError: the write failed (full disk, read-only target...); the message names the path.
     """
     p = _write_target(path)
-    parent = p.parent if str(p.parent) else Path(".")
     text = json.dumps(data, indent=1, allow_nan=False)
     try:  # checked before the run; checked again here, as the target may have changed since
         st = os.stat(p)
@@ -349,22 +348,29 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
     if st is not None and not _stat.S_ISREG(st.st_mode):
         raise MachineError(f"could not save {what} to {str(p)!r}: it became a device, pipe, socket or folder "
                            "during the run; nothing was replaced")
+    return _replace_atomically((text + "\n").encode(), p, f"could not save {what} to {str(p)!r}")
+
+
+def _replace_atomically(data: bytes, p: Path, failed: str) -> Path:
+    """``data`` into a temporary file beside ``p`` (a short name: the target's own may be near the
+    255-byte limit), mode 0666 less the umask as an ordinary file, fsync, then rename over ``p``.
+    On failure the temporary file is removed, ``p`` is left as it was, and MachineError says
+    ``failed`` with the reason."""
+    parent = p.parent if str(p.parent) else Path(".")
     tmp = None
     try:
-        # a short temporary name: the target's own name may already be near the 255-byte limit
         fd, tmp = tempfile.mkstemp(prefix=".gpubench-", suffix=".tmp", dir=parent)
         umask = os.umask(0)
         os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a result is an ordinary file
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.write("\n")
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
         tmp = None
     except OSError as e:
-        raise MachineError(f"could not save {what} to {str(p)!r}: {e.strerror or e}") from None
+        raise MachineError(f"{failed}: {e.strerror or e}") from None
     finally:
         if tmp is not None:
             try:
@@ -385,28 +391,7 @@ def write_bytes_atomic(data: bytes, path: str | os.PathLike, what: str = "file",
     """
     check_output_target(path, option)
     p = _write_target(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".gpubench-", suffix=".tmp", dir=parent)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        tmp = None
-    except OSError as e:
-        raise MachineError(f"could not write {what} to {str(p)!r}: {e.strerror or e}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return p
+    return _replace_atomically(data, p, f"could not write {what} to {str(p)!r}")
 
 
 STDOUT = "-"  # --json - : the result goes to standard output (a file named "-" is ./-)
