@@ -194,7 +194,8 @@ def read_inputs(paths: Sequence[str]) -> Inputs:
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            files = sorted(path.glob("*.json"))
+            # regular files only: a FIFO named x.json would block the read for ever
+            files = sorted(f for f in path.glob("*.json") if f.is_file())
             if not files:
                 raise UsageError(f"{p} is a folder with no .json file", "give results, bundles or their folder")
             # bundles first, so their steps' own files are not shown twice

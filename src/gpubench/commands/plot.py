@@ -43,6 +43,8 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
         if not (math.isfinite(p) and p > 0):
             raise UsageError(f"--peak {p} must be a finite bandwidth > 0 (in {units}/s)", "e.g. --peak 63")
     size_in = plotmod.parse_figsize(size)
+    if size_in and dpi * min(size_in) < 100:
+        raise UsageError(f"--size {size} at --dpi {dpi} is under 100 pixels a side", "raise --size or --dpi, e.g. --size 8x5")
     if size_in and dpi * max(size_in) > 20000:
         raise UsageError(f"--size {size} at --dpi {dpi} is over 20000 pixels a side", "lower --size or --dpi")
     loaded = []

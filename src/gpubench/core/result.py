@@ -625,6 +625,11 @@ def check_values(v: object, source: str, pointer: str) -> None:
 _SCALARS = (str, int, float, bool, type(None))
 
 
+#: Shortest sample accepted for a record that moves bytes, in seconds (1 ps: three orders below the
+#: nanosecond resolution of CUDA events and perf_counter), so every rate is finite.
+MIN_SAMPLE_S = 1e-12
+
+
 def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
     """Check one record (the schema's ``$defs/record``) and build it.
 
@@ -664,6 +669,11 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
             append(x)
         else:
             append(check_number(x, source, f"{sp}/{i}"))
+    if nbytes and out and min(out) < MIN_SAMPLE_S:
+        # nbytes / seconds must be a finite rate: 5e-324 s makes it inf (plot, report, compare)
+        i = out.index(min(out))
+        raise bad_field(source, f"{sp}/{i}", out[i], f"seconds >= {MIN_SAMPLE_S:g} (a sample that moves bytes; "
+                        "no clock gpubench uses resolves less than a nanosecond)")
     error = check_str(d.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
     extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"), allow_none=True)
     # the NVML block of core.telemetry (docs/conditions.md); shown only through core.safe, so its

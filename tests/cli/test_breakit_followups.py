@@ -1,0 +1,43 @@
+"""Cases from the break-it pass over the merged main (issue 18), each a test that failed before its fix."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gpubench(*args, timeout=120):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "gpubench", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_a_sample_too_short_for_a_finite_rate_is_refused_naming_it(run_cli, tmp_path):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    d["records"][0]["samples_s"][0] = 5e-324  # nbytes / 5e-324 is inf: plot and report raised ValueError
+    f = tmp_path / "tiny.json"
+    f.write_text(json.dumps(d))
+    for argv in (("plot", f, "-o", tmp_path / "p.png"), ("report", f, "-o", tmp_path / "r.html"),
+                 ("compare", f, DATA / "copy-pinned-h200.json")):
+        code, out, err = run_cli(*argv)
+        assert code == 2, (argv, code, err)
+        assert "/records/0/samples_s/0" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_report_of_a_folder_holding_a_fifo_does_not_block(tmp_path):
+    folder = tmp_path / "fdir"
+    folder.mkdir()
+    (folder / "copy.json").write_text((DATA / "copy-pinned-h200.json").read_text())
+    os.mkfifo(folder / "f.json")  # opening it for reading would wait for a writer for ever
+    p = _gpubench("report", folder, "-o", tmp_path / "r.html", timeout=120)
+    assert p.returncode == 0, p.stderr[-800:]
+    assert (tmp_path / "r.html").stat().st_size > 0
+
+
+def test_plot_size_below_100_pixels_is_refused(run_cli, tmp_path):
+    code, out, err = run_cli("plot", DATA / "net-local.json", "-o", tmp_path / "p.png", "--size", "0.001x0.001")
+    assert code == 2 and "under 100 pixels" in err and "Traceback" not in err, err
