@@ -497,12 +497,7 @@ class Bundle:
         from gpubench.core import safe
 
         name = safe.term(source, 200)
-        v = d.get("schema_version")
-        if type(v) is not int or v < 1:
-            raise UsageError(f"{name} has an unknown bundle schema version {R._shown(v)}")
-        if v > BUNDLE_VERSION:
-            raise UsageError(f"{name} has bundle schema version {v}, newer than this gpubench reads "
-                             f"({BUNDLE_VERSION})", "upgrade gpubench")
+        R.check_schema_version(name, d.get("schema_version"), BUNDLE_VERSION, "bundle ")
         steps = d.get("steps")
         if not isinstance(steps, list):
             raise R.bad_field(source, "/steps", steps, "an array of steps")

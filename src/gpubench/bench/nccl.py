@@ -48,6 +48,28 @@ PLACES = ("out-of-place", "in-place")
 MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured into one graph
 
 
+def teardown(graphs, ranks: list, comms: list, timeout_s: float) -> None:
+    """Release what a setup made, in the order NCCL needs: CUDA graphs first (they hold NCCL
+    resources that ncclCommDestroy waits for), then drain the streams, free the buffers, and
+    destroy each communicator whose rank was not aborted (an aborted one is already gone). Errors
+    on the way are ignored: this runs after a fault too. ``comms`` may be longer than ``ranks``
+    when an allocation failed part way."""
+    graphs.close_all()
+    L.drain(ranks, timeout_s)
+    for rk in ranks:
+        try:
+            rk.free()
+        except Exception:
+            pass
+    for i, c in enumerate(comms):
+        if i < len(ranks) and getattr(ranks[i], "aborted", False):
+            continue
+        try:
+            c.destroy()
+        except Exception:
+            pass
+
+
 @dataclass(frozen=True)
 class NcclSpec:
     """Parsed options of ``gpubench nccl``; its constructor is the one place they are checked.
@@ -398,19 +420,8 @@ class Nccl(Benchmark):
                     ranks.append(Rank(r, d, c, max(ctx.spec.sizes)))
             ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
             yield ctx
-        finally:  # graphs hold NCCL resources that ncclCommDestroy waits for: they go first
-            graphs.close_all()
-            L.drain(ranks, ctx.spec.timeout_s)
-            for rk in ranks:
-                try:
-                    rk.free()
-                except Exception:
-                    pass
-            for c in comms:
-                try:
-                    c.destroy()
-                except Exception:
-                    pass
+        finally:
+            teardown(graphs, ranks, comms, ctx.spec.timeout_s)
 
     def measure(self, ctx: Context, point: driver.Point) -> list[Record]:
         """One (size, placement) on every rank: :func:`measure_point`, then its record.

@@ -218,19 +218,7 @@ class NcclRanks(N.Nccl):
             ctx.data["barrier"] = barrier
             yield ctx
         finally:
-            graphs.close_all()
-            L.drain(ranks, ctx.spec.timeout_s)
-            for rk in ranks:
-                try:
-                    rk.free()
-                except Exception:
-                    pass
-            for rk, c in zip(ranks, comms):
-                if not rk.aborted:
-                    try:
-                        c.destroy()
-                    except Exception:
-                        pass
+            N.teardown(graphs, ranks, comms, ctx.spec.timeout_s)
 
     def _fault(self, ctx: Context, e: MachineError) -> MachineError:
         """After a fault on this rank: abort, then a roll call names the missing ranks."""

@@ -625,6 +625,20 @@ def check_values(v: object, source: str, pointer: str) -> None:
 _SCALARS = (str, int, float, bool, type(None))
 
 
+def check_schema_version(where: str, version: object, newest: int, kind: str = "") -> int:
+    """``version`` as an int from 1 to ``newest`` (a result's or a bundle's ``schema_version``).
+
+    Raises:
+        UsageError: not an integer >= 1 ("unknown"), or newer than ``newest`` ("upgrade gpubench").
+    """
+    if type(version) is not int or version < 1:
+        raise UsageError(f"{where} has an unknown {kind}schema version {_shown(version)}")
+    if version > newest:
+        raise UsageError(f"{where} has {kind}schema version {version}, newer than this gpubench reads "
+                         f"({newest})", "upgrade gpubench")
+    return version
+
+
 #: Shortest sample accepted for a record that moves bytes, in seconds (1 ps: three orders below the
 #: nanosecond resolution of CUDA events and perf_counter), so every rate is finite.
 MIN_SAMPLE_S = 1e-12
@@ -759,12 +773,7 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
     where = safe.term(source, 200) + (f" at {pointer}" if pointer else "")
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:
         raise UsageError(f"{where} is not a gpubench result", "expected a file saved by --json")
-    version = d.get("schema_version")
-    if type(version) is not int or version < 1:
-        raise UsageError(f"{where} has an unknown schema version {_shown(version)}")
-    if version > SCHEMA_VERSION:
-        raise UsageError(f"{where} has schema version {_shown(version)}, newer than this gpubench reads "
-                         f"({SCHEMA_VERSION})", "upgrade gpubench")
+    version = check_schema_version(where, d.get("schema_version"), SCHEMA_VERSION)
     while version < SCHEMA_VERSION:
         d = _MIGRATIONS[version](d)
         version += 1
