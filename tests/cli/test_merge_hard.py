@@ -247,15 +247,14 @@ def test_sigint_at_every_half_second_of_the_first_8_s(tmp_path, protocol):
     for k in range(1, 17):
         at = 0.5 * k
         code, o, err, out, left = _signalled_run(tmp_path, protocol, at)
-        if protocol == "ucx" and "UCXPY  ERROR Unexpected error in listener handler" in err:
-            # seen once at 5.0 s on a loaded host: UCXX's own listener coroutine in a worker logs
-            # a traceback when the peer resets during exchange_peer_info (ucxx 0.52, listener.py);
-            # exit code, kept result and no process left still hold. A known finding, not hidden:
-            pytest.xfail("UCXX's listener logs 'Connection reset by remote peer' with a traceback")
         seen[at] = code
         assert code in (130, 0), (at, code, err)
+        # UCXX's listener logs a traceback ("UCXPY  ERROR Unexpected error in listener handler",
+        # "Listener object is being destroyed") when a peer resets in its handshake while the
+        # cluster closes; gpubench's workers start with UCXPY_LOG_LEVEL=CRITICAL and its own "ucx"
+        # logger goes quiet at the close (merge_cluster.quiet_ucx_logger), so none may show.
         for bad in ("Traceback", "KeyboardInterrupt", "MessageTruncatedError", "UCXXConnectionResetError",
-                    "Exception ignored", "Port 8787"):
+                    "Exception ignored", "Port 8787", "UCXPY"):
             assert bad not in err, (at, err)
         assert left == [], (at, left)
         if code == 130 and out.exists():
@@ -382,3 +381,30 @@ def test_check_workers_still_names_a_worker_that_left():
             scheduler.check_workers(client, workers, "run 1/1 (join)")
         assert f"worker 1 ({gone}) died during run 1/1 (join)" in e.value.message
         assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.skipif(not _has_ucxx(), reason="distributed-ucxx is not installed")
+def test_ucxx_logger_quiet_on_own_workers_unless_the_user_set_it(monkeypatch):
+    """gpubench's own workers start with UCXPY_LOG_LEVEL=CRITICAL (dask's distributed.nanny.environ,
+    which dask-cuda's LocalCUDACluster leaves alone) and this process's "ucx" logger is CRITICAL
+    once the close began; a UCXPY_LOG_LEVEL the user set is what the workers get instead."""
+    import logging
+
+    from gpubench.bench import merge_cluster as mc
+    from gpubench.bench.merge import MergeSpec
+
+    for user in (None, "INFO"):
+        if user is None:
+            monkeypatch.delenv("UCXPY_LOG_LEVEL", raising=False)
+        else:
+            monkeypatch.setenv("UCXPY_LOG_LEVEL", user)
+        logging.getLogger("ucx").setLevel(logging.WARNING)
+        client, cluster = mc.open_client(MergeSpec(merge_type="cpu", devices=(0, 1), protocol="ucx"))
+        try:
+            env = client.run(os.getenv, "UCXPY_LOG_LEVEL")  # os.environ.get would ship this process's environ
+            levels = client.run(logging.getLogger("ucx").getEffectiveLevel)
+        finally:
+            mc.close_all(client, cluster)
+        assert set(env.values()) == {user or "CRITICAL"}, env
+        assert set(levels.values()) == {logging.getLevelName(user or "CRITICAL")}, levels
+        assert logging.getLogger("ucx").level == (logging.WARNING if user else logging.CRITICAL)

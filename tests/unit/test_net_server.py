@@ -214,10 +214,16 @@ def _200_at_once(srv):
     assert done, "no client got its test run"
     assert all("busy" in m for m in refused), sorted(set(m for m in refused if "busy" not in m))[:3]
     assert len(done) + len(refused) == n
-    # one test at a time: the completed tests never overlapped, so each moved real data
-    # FINDING (final CI run): once, a completed test counted 0 bytes while 199 others were refused;
-    # until that is understood, at least one test must have moved data (see the closing note)
-    assert any(o.records[-1].extra["counted_bytes"] > 0 for o in done)
+    # A completed test moved data, or its total says it did not (no figure is made of it). Seen
+    # once in CI: the winner's sender (a thread of this process, behind 199 others at the barrier
+    # on 2 busy cores) began writing only after the server's 0.3 s had been counted. The server
+    # counts from the "start" it sends (as iperf3's from TEST_START), so that is a late sender,
+    # not overlapping tests: those are ruled out by tests_done below and the "busy" refusals.
+    for o in done:
+        total = o.records[-1]
+        assert total.params["stream"] == "total"
+        assert (total.extra["counted_bytes"] > 0 and total.error is None) or \
+            (total.extra["counted_bytes"] == 0 and total.error == "no bytes received in a counted interval"), total
     assert srv.server.stats.tests_done == len(done)
     srv.wait_idle()
     assert _server_threads() <= base

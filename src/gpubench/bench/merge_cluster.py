@@ -608,6 +608,7 @@ class LocalHandle:
 
         if self._closed:
             return
+        quiet_ucx_logger()
         try:
             if self.cluster is not None:
                 with contextlib.suppress(Exception):
@@ -617,6 +618,34 @@ class LocalHandle:
             kill_leftovers(self.before)
             with contextlib.suppress(Exception):
                 self.runner.stop(timeout=2)
+
+
+# UCXX's own logger ("ucx", printed as "UCXPY  ERROR ...") logs a traceback when a listener is
+# destroyed while a peer is still in its handshake (listener.py, _listener_handler_coroutine:
+# "Unexpected error in listener handler coroutine", ucxx 0.52), which a cluster gpubench closes
+# itself (after the runs, on Ctrl-C, on a fault) does at random. Like distributed's own logs
+# (silence_logs=CRITICAL), the workers of gpubench's own cluster start with UCXPY_LOG_LEVEL at
+# CRITICAL and this process's "ucx" logger goes quiet when the close begins; a fault of the run is
+# reported by the error gpubench raises. A UCXPY_LOG_LEVEL the user set is kept everywhere.
+UCX_QUIET_LEVEL = "CRITICAL"
+
+
+def worker_environ() -> dict[str, str]:
+    """dask's ``distributed.nanny.environ`` for gpubench's own workers: the configured one with
+    UCXPY_LOG_LEVEL at CRITICAL added. It is a config key, not the Nanny's ``env``, because
+    dask-cuda's LocalCUDACluster replaces ``env`` with CUDA_VISIBLE_DEVICES; the Nanny takes a
+    variable set in this process's environment over the config (nanny._get_env_variables)."""
+    import dask
+
+    return {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
+
+
+def quiet_ucx_logger() -> None:
+    """Raise this process's UCXX logger ("ucx") to CRITICAL, unless the user set UCXPY_LOG_LEVEL."""
+    import logging
+
+    if "UCXPY_LOG_LEVEL" not in os.environ:
+        logging.getLogger("ucx").setLevel(UCX_QUIET_LEVEL)
 
 
 def _quiet_distributed_finalizers() -> None:
@@ -657,6 +686,7 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     """
     import logging
 
+    import dask
     from distributed import LocalCluster
     from distributed.utils import LoopRunner, sync
 
@@ -699,9 +729,10 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     box: list = []
 
     async def start():
-        cluster = make()  # on the loop's thread, so the constructor starts nothing itself
-        box.append(cluster)
-        return await cluster
+        with dask.config.set({"distributed.nanny.environ": worker_environ()}):  # the Nannies start in the await
+            cluster = make()  # on the loop's thread, so the constructor starts nothing itself
+            box.append(cluster)
+            return await cluster
 
     try:
         with _workers_ignore_sigint():
