@@ -298,3 +298,38 @@ def test_torchrun_style_net_nodes_names_a_stopped_rank_in_time():
         assert _wait_gone(family, 10) == []
     finally:
         _cleanup(procs, procs[2].pid)
+
+
+LARGE_SCRIPT = """
+from gpubench.core import ranks
+g = ranks.join(ranks.discover(), timeout=60)
+big = g.allgather("x" * (4 << 20) + str(g.rank))  # far above MPICH's eager limit: rendezvous, irecv
+assert [len(b) for b in big] == [(4 << 20) + 1] * g.size and [b[-1] for b in big] == ["0", "1", "2"]
+got = g.gather({"r": g.rank, "pad": "y" * (1 << 20)})
+if g.rank == 0:
+    assert [x["r"] for x in got] == [0, 1, 2]
+    print("LARGE ok", g.transport, flush=True)
+g.close()
+"""
+
+
+def test_mpiexec_large_messages_arrive_through_the_non_blocking_receive():
+    """Messages of MBs (MPICH sends them by rendezvous, not eagerly) arrive whole through the
+    matched probe + Message.irecv path, and the clean close still finalizes (exit 0)."""
+    exe = mpiexec()
+    p = subprocess.run([exe, "-n", "3", sys.executable, "-c", LARGE_SCRIPT], env=_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "LARGE ok mpi" in p.stdout, p.stdout + p.stderr
+    assert "BAD TERMINATION" not in p.stdout + p.stderr
+
+
+def test_round_deadline_is_minus_T_but_never_shorter_than_the_round():
+    from gpubench.bench import net_fleet
+    from gpubench.bench.net_protocol import Request
+
+    s = net_fleet.NetFleetSpec(Request(seconds=10.0, interval=1.0), timeout=15.0)
+    assert s.round_work == 10.0 + 1.0 + net_fleet.ROUND_MARGIN_S == 16.0
+    assert s.round_timeout == 16.0  # the round is longer than -T
+    assert net_fleet.NetFleetSpec(Request(seconds=10.0, interval=1.0), timeout=60.0).round_timeout == 60.0
+    assert net_fleet.NetFleetSpec(Request(seconds=2.0, omit=1.0, interval=0.5), timeout=1.0).round_timeout == 8.5

@@ -54,7 +54,8 @@ from gpubench.core.result import Record, Result
 PAIRS = ("ring", "all")
 # A round's allowance beyond omit + seconds + one interval, for a healthy test: connecting the
 # control and data streams, starting the worker processes on both sides, the "done" and end lines.
-# On the 2-core CI machine under load a 1-stream test's extra was under 2 s (docs/cluster.md).
+# Measured 2026-12-01 on the 2-core machine at load 5-8 (mpiexec -n 3, ring, -t 2 -i 0.5): 0.17 s
+# (-P 1), 0.33 s (-P 4), 0.82 s (-P 16) per round beyond -t, barriers included (docs/fleet.md).
 ROUND_MARGIN_S = 5.0
 
 
