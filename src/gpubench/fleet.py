@@ -351,16 +351,27 @@ def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
 # Gathering that outlives a silent rank
 
 
+# How long past --node-timeout a rank waits for rank 0's list of the silent ranks once rank 0 has
+# said it is gathering: rank 0 sends the list as soon as its own deadline passed; this covers the
+# messages' way and rank 0 reading the payloads that did arrive.
+ROLL_SLACK_S = 10.0
+
+
 class Roll:
     """Rank 0's roll call: gathers that keep what arrived when a rank stops answering.
 
-    :meth:`sync` is a gather to rank 0 in which a rank silent for ``timeout`` seconds is noted
-    (and not waited for again), followed by rank 0's broadcast of the silent ranks, so every rank
-    goes on knowing who is missing. Rank 0 receives rank by rank through the group's transport
+    :meth:`sync` is: rank 0 says it is gathering (a broadcast), every other rank sends it its
+    object, rank 0 receives rank by rank until ``timeout`` after it began (a rank silent that long
+    is noted and not waited for again), then broadcasts the silent ranks, so every rank goes on
+    knowing who is missing; every rank marks them gone in the group (:meth:`Group.lost`), so the
+    group's close waits for none of them. Rank 0 receives through the group's transport
     primitives (``_tag``, ``_recv``: the same tag sequence as :meth:`Group.gather` on the
     senders), not through :meth:`Group.gather`, which ends the whole group at the first silent
-    rank (it sends every rank an abort notice). A rank 0 that stops answering is the group's
-    usual MachineError on the others.
+    rank (it sends every rank an abort notice).
+
+    Every wait is bounded: rank 0 waits ``timeout``; another rank waits ``timeout`` for rank 0 to
+    begin, then ``timeout`` + ROLL_SLACK_S for the list. A rank 0 that does not answer in those
+    times is the group's usual MachineError on the others (exit 3, naming it).
 
     Attributes:
         silent: ranks that did not answer a sync in time.
@@ -374,7 +385,8 @@ class Roll:
         """Every answering rank's ``obj`` on rank 0 (index = rank, None for a silent one); None elsewhere.
 
         Raises:
-            MachineError: on a rank but 0, rank 0 did not broadcast within the group's timeout.
+            MachineError: on a rank but 0, rank 0 did not begin within ``timeout`` or did not send
+                the list of the silent ranks within ``timeout`` + ROLL_SLACK_S after that.
         """
         import json
 
@@ -384,13 +396,16 @@ class Roll:
         if g.size == 1:
             return [json.loads(json.dumps(obj))]
         if g.rank != 0:
+            g.bcast(None, timeout=self.timeout)  # rank 0 is gathering: its deadline runs from now at the latest
             g.gather(obj, timeout=self.timeout)
-            self.silent = set(g.bcast(None, timeout=self.timeout + 60.0))
+            self.silent = set(g.bcast(None, timeout=self.timeout + ROLL_SLACK_S))
+            g.lost(self.silent)
             return None
+        deadline = time.monotonic() + self.timeout
+        g.bcast(True, timeout=self.timeout)
         tag = g._tag("g")
         out: list = [None] * g.size
         out[0] = json.loads(json.dumps(obj))
-        deadline = time.monotonic() + self.timeout
         for r in range(1, g.size):
             if r in self.silent:
                 continue
@@ -401,7 +416,19 @@ class Roll:
             except Exception as e:  # another rank's abort notice, a closed store
                 raise MachineError(f"gathering from rank {r} failed: {type(e).__name__}: {str(e)[:200]}") from None
         g.bcast(sorted(self.silent), timeout=self.timeout)
+        g.lost(self.silent)
         return out
+
+    def missing_line(self) -> str:
+        """One line naming the silent ranks and their hosts (peer host names escaped for a terminal)."""
+        from gpubench.core import safe
+
+        g = self.group
+        hosts = [r.host for r in g.ranks] if len(g.ranks) == g.size else []
+        who = ", ".join(f"rank {r} on {safe.term(hosts[r], 80) if r < len(hosts) else '?'}" for r in sorted(self.silent)[:8])
+        more = f" and {len(self.silent) - 8} more" if len(self.silent) > 8 else ""
+        return (f"fleet failed: {who}{more} did not answer within {self.timeout:g} s (--node-timeout); "
+                "rank 0 reports the rest of the fleet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,7 +565,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
 
     Raises:
         RegressionFound: on rank 0, a figure slow, failed or missing, or a step failed (exit 1),
-            naming the nodes and GPUs.
+            naming the nodes and GPUs; on another rank, a rank was missing (exit 1, naming it
+            and its host).
         UsageError / MachineError: the group could not be formed (join's).
     """
     from gpubench import suite
@@ -604,12 +632,16 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         else:
             say(f"fleet: the network between {len(leaders)} nodes (ring, -P {NET_STREAMS}, {NET_SECONDS:g} s)")
             spec = net_fleet.NetFleetSpec(Request(streams=NET_STREAMS, seconds=NET_SECONDS, omit=NET_OMIT,
-                                                  interval=NET_INTERVAL))
+                                                  interval=NET_INTERVAL), timeout=timeout)
             try:
                 links = net_fleet.run(group, spec, leaders)
             except MachineError as e:
                 broken = e
         if group.rank != 0:
+            if roll.silent:  # rank 0 reports the fleet; this rank names who is missing and fails too
+                raise RegressionFound(roll.missing_line())
+            if broken is not None:  # the all-node NCCL or the network step lost a rank: this rank says so
+                raise broken
             return 0
         hosts = [r.host for r in group.ranks] if len(group.ranks) == group.size else [me.host] * group.size
         link_exp = [e for e in expectations or [] if e.command == "net"]

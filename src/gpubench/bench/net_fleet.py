@@ -18,6 +18,17 @@ listen (``allgather``), and the tests run in rounds computed alike on every rank
 "Each pair runs alone": within a round no node is in two tests; the disjoint pairs of a round run
 at the same time (on a non-blocking fabric they do not share a link). A barrier starts each round.
 
+Deadlines (docs/cluster.md "Deadlines"): the barrier that starts the first round waits ``timeout``
+(-T); the barrier that ends round k must be reached by every rank within
+:attr:`NetFleetSpec.round_timeout` of round k's start: -T, but never less than the round's own
+length (omit + seconds + one interval + ROUND_MARGIN_S), since a rank cannot be called missing
+while its test may still run. Counted from the round's start, not from each rank's arrival, so a
+rank idle in the round (at the barrier at once) and one that ran a test time out together, and
+a rank that stops is named within max(-T, the round's length) of stopping. A sender whose
+receiver stopped leaves its test within net's own reply limits (the connect timeout before the
+start, one interval + 10 s past the schedule during it) and then finds the other ranks' abort
+notice at the barrier.
+
 Figures are net's own (docs/net.md): bytes the receiver counted per interval of its clock, total =
 counted bytes / counted seconds, Gbit/s = 8 * B/s / 1e9. Rank 0 gathers one record per link and a
 sender x receiver matrix of Gbit/s (``timing["matrix"]``: {"hosts": [...], "gbps": [[...]]}, None
@@ -41,7 +52,11 @@ from gpubench.core.errors import GpubenchError, MachineError, UsageError
 from gpubench.core.result import Record, Result
 
 PAIRS = ("ring", "all")
-ROUND_SLACK_S = 30.0  # beyond omit + time per round: connecting, the server's start, the last interval
+# A round's allowance beyond omit + seconds + one interval, for a healthy test: connecting the
+# control and data streams, starting the worker processes on both sides, the "done" and end lines.
+# Measured 2026-12-01 on the 2-core machine at load 5-8 (mpiexec -n 3, ring, -t 2 -i 0.5): 0.17 s
+# (-P 1), 0.33 s (-P 4), 0.82 s (-P 16) per round beyond -t, barriers included (docs/fleet.md).
+ROUND_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,9 @@ class NetFleetSpec:
         bind: address each rank's server listens on; a specific address is also the one peers are
             told to connect to (0.0.0.0: every address, and the one found by :func:`advertised`).
         connect_timeout: seconds to connect and for each reply before a test starts.
+        timeout: -T: seconds a rank waits for the others at the first barrier, and at least
+            the seconds from a round's start by which every rank must reach its end
+            (:attr:`round_timeout`).
     """
 
     request: Request = field(default_factory=Request)
@@ -62,15 +80,24 @@ class NetFleetSpec:
     to: int | None = None
     bind: str = "0.0.0.0"
     connect_timeout: float = 10.0
+    timeout: float = 60.0
 
     def to_dict(self) -> dict:
         return {"mode": "fleet", "pairs": None if self.to is not None else self.pairs, "to": self.to,
                 "bind": self.bind, **asdict(self.request)}
 
     @property
+    def round_work(self) -> float:
+        """Seconds a round's tests may take when every rank answers: omit + seconds + one
+        interval + ROUND_MARGIN_S."""
+        r = self.request
+        return r.omit + r.seconds + r.interval + ROUND_MARGIN_S
+
+    @property
     def round_timeout(self) -> float:
-        """Seconds a rank waits for the others at a round's barrier."""
-        return self.request.omit + self.request.seconds + self.connect_timeout + ROUND_SLACK_S
+        """Seconds from a round's start by which every rank must reach the barrier that ends it:
+        max(timeout, round_work)."""
+        return max(self.timeout, self.round_work)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,14 +342,18 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
             progress.start(len(rounds), "net rounds")
         records: list[Record] = []
         t0 = time.time()
+        group.barrier(timeout=spec.timeout, what="start of the net rounds")
         for k, round_ in enumerate(rounds):
-            group.barrier(timeout=spec.round_timeout)
+            started = time.monotonic()
             for rec in _run_mine(round_, me, peers, spec, senders):
                 rec.extra["round"] = k
                 records.append(rec)
             if progress is not None and me == 0:
                 progress.advance(f"round {k + 1}")
-        group.barrier(timeout=spec.round_timeout)
+            # every rank is due here round_timeout after the round began, whatever it did in it
+            left = started + spec.round_timeout - time.monotonic()
+            group.barrier(timeout=max(left, 0.5),
+                          what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s after its start)")
         elapsed = time.time() - t0
     finally:
         if servers is not None:

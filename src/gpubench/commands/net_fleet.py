@@ -69,7 +69,7 @@ def nodes_command(test_options, build_request) -> click.Command:
                              "e.g. mpirun -n 4 gpubench net nodes; between two hosts: net server / net client")
         if to is not None and me.size and not 0 <= to < me.size:
             raise UsageError(f"--to {to} out of range", f"use a rank 0 to {me.size - 1}")
-        spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0))
+        spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout)
         group = ranks.join(me, rendezvous, timeout=timeout)
         try:
             result = net_fleet.run(group, spec)
@@ -93,7 +93,8 @@ def nodes_command(test_options, build_request) -> click.Command:
                          help="Address each rank's server listens on (a specific one is also told to the peers)."),
             click.option("--rendezvous", default=None, help="HOST:PORT of rank 0's store (default: the launcher's)."),
             click.option("-T", "--timeout", type=float, default=60.0, show_default=True,
-                         help="Seconds to wait for the other ranks to join."),
+                         help="Seconds to wait for the other ranks: to join, and from a round's start to its end "
+                              "(at least the round's length: -O + -t + -i + 5 s); a rank later than that is named."),
             ]
     for opt in reversed(opts):
         f = opt(f)

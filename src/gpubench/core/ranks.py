@@ -25,6 +25,16 @@ where torch imports (under torchrun the agent's own store, as torch's ``env://``
 not distributed's). Every collective of the group has a deadline: a rank that died or hangs
 raises :class:`MachineError` naming the rank and its host, never a wait forever.
 
+Every wait past the join is bounded, on every transport (docs/cluster.md "Deadlines"): MPI
+messages are received with a matched probe and a non-blocking receive polled to the deadline
+(a blocking receive of a large message would wait for a sender that stopped half-way), the
+group's communicator is made with a non-blocking dup, and :meth:`Group.close` takes at most
+:data:`CLOSE_S`: MPI_Finalize (which waits for every rank of the job) only after a non-blocking
+barrier of every rank completed in that time, never after a fault; a store's every request has
+a socket timeout. After a fault (a rank named missing, by this rank or by an abort notice, or
+marked gone with :meth:`Group.lost`) close() waits for nobody but rank 0's farewell, so that rank
+0 finishes its report before a launcher that ends the job at the first exit ends it.
+
 Payloads travel as JSON text on every path (MPI too), so an object that gathers under mpirun
 gathers the same under torchrun: lists, dicts, strings, numbers, booleans and None (tuples come
 back as lists).
@@ -49,6 +59,12 @@ LAUNCHERS = ("openmpi", "pmix", "pmi", "slurm", "torchrun", "none")
 # SLURM_PENDING_STEP 0xfffffffd); no task of an srun step has one of these.
 _SLURM_NOT_A_STEP = range(0xFFFFFFF0, 0x100000000)
 DEFAULT_PORT = 29500  # torchrun's default --master-port
+# The longest Group.close() waits: for every rank at the closing barrier (a healthy run: rank 0 may
+# still be writing its report while the others close), or, after a fault, for rank 0's farewell.
+CLOSE_S = 30.0
+# After a fault rank 0 waits this long for the other ranks' acknowledgement of its farewell
+# before it stops serving the store (they need the store to read it).
+FAREWELL_ACK_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -288,13 +304,25 @@ class Group:
         self.transport = "single"
         self._seq = 0
         self._closed = False
-        self._faulted = False  # a peer went missing: close() does not wait for anyone
+        self._faulted = False  # a peer went missing: close() does not wait for it
+        self._lost: set[int] = set()  # the ranks known missing
+
+    def lost(self, ranks) -> None:
+        """Mark ``ranks`` as gone (a caller that gathers past a silent rank, e.g. fleet.Roll, knows
+        who is missing without a group error): close() then waits for none of them, and a
+        transport that would wait for every rank at its end (MPI_Finalize) is not entered."""
+        gone = {int(r) for r in ranks} - {self.rank}
+        if gone:
+            self._lost |= gone
+            self._faulted = True
 
     # the transport's primitives; payloads are JSON text
     def _send_all(self, tag: str, text: str, dests: list[int], deadline: float) -> None:
         raise NotImplementedError
 
-    def _recv(self, tag: str, src: int, deadline: float) -> str:
+    def _recv(self, tag: str, src: int, deadline: float, aborts: bool = True) -> str:
+        """The message ``tag`` from ``src``; TimeoutError past ``deadline``; _Abort when another
+        rank's abort notice is there first (unless ``aborts`` is False)."""
         raise NotImplementedError
 
     def _deadline(self, timeout: float | None) -> float:
@@ -314,9 +342,10 @@ class Group:
         """The MachineError of ``ranks`` that did not answer ``what`` within ``timeout_s``."""
         who = ", ".join(f"rank {r} on {self._host_of(r)}" for r in ranks[:8])
         more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
-        e = MachineError(f"{who}{more} did not answer the {what} within {timeout_s:g} s (died or hangs)",
+        e = MachineError(f"{who}{more} did not answer the {what} within {round(timeout_s, 1):g} s (died or hangs)",
                          "the other ranks stopped; see that rank's own output")
         e.missing_ranks = list(ranks)  # type: ignore[attr-defined]
+        self._lost |= set(ranks) - {self.rank}
         if not self._faulted:
             self._faulted = True
             try:  # tell the ranks still waiting who is missing, so that they name it too
@@ -343,7 +372,7 @@ class Group:
             text = _dumps(obj)
             self._send_all(tag, text, [r for r in range(self.size) if r != root], deadline)
             return json.loads(text)
-        return json.loads(self._recv_named(tag, root, deadline, "broadcast"))
+        return json.loads(self._recv_named(tag, root, deadline, "broadcast", timeout))
 
     def gather(self, obj: Any, root: int = 0, timeout: float | None = None) -> list | None:
         """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks."""
@@ -355,32 +384,36 @@ class Group:
         if self.rank != root:
             self._send_all(tag, text, [root], deadline)
             return None
-        return self._collect(tag, text, deadline, "gather")
+        return self._collect(tag, text, deadline, "gather", timeout)
 
-    def allgather(self, obj: Any, timeout: float | None = None) -> list:
-        """Every rank's ``obj`` on every rank (a list, index = rank)."""
+    def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather") -> list:
+        """Every rank's ``obj`` on every rank (a list, index = rank); ``what`` names it in the
+        error of a rank that did not answer."""
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
         tag = self._tag("a")
         text = _dumps(obj)
         self._send_all(tag, text, [r for r in range(self.size) if r != self.rank], deadline)
-        return self._collect(tag, text, deadline, "all-gather")
+        return self._collect(tag, text, deadline, what, timeout)
 
-    def barrier(self, timeout: float | None = None) -> None:
+    def barrier(self, timeout: float | None = None, what: str = "barrier") -> None:
         """Return when every rank has reached it; MachineError naming the absent ones after ``timeout``."""
         if self.size > 1:
-            self.allgather(None, timeout)
+            self.allgather(None, timeout, what)
 
-    def _recv_named(self, tag: str, src: int, deadline: float, what: str) -> str:
+    def _waited(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else float(timeout)
+
+    def _recv_named(self, tag: str, src: int, deadline: float, what: str, timeout: float | None = None) -> str:
         try:
             return self._recv(tag, src, deadline)
         except TimeoutError:
-            raise self.missing([src], what, self.timeout) from None
+            raise self.missing([src], what, self._waited(timeout)) from None
         except _Abort as a:
             raise self._aborted(a.text) from None
 
-    def _collect(self, tag: str, mine: str, deadline: float, what: str) -> list:
+    def _collect(self, tag: str, mine: str, deadline: float, what: str, timeout: float | None = None) -> list:
         out: list[Any] = [None] * self.size
         out[self.rank] = json.loads(mine)
         missing = []
@@ -395,7 +428,7 @@ class Group:
                 missing.append(r)
                 deadline = min(deadline, time.monotonic() + 0.2)  # the rest get a last look only
         if missing:
-            raise self.missing(missing, what, self.timeout)
+            raise self.missing(missing, what, self._waited(timeout))
         return out
 
     def _learn_ranks(self) -> None:
@@ -426,6 +459,28 @@ class Group:
     def close(self) -> None:
         self._closed = True
 
+    def _farewell(self, ack: bool) -> None:
+        """After a fault: rank 0 tells every rank not known missing that it is done (and, with
+        ``ack``, waits up to FAREWELL_ACK_S for their acknowledgements, since they read the
+        farewell from rank 0's store); the others wait up to CLOSE_S for it, unless rank 0 is
+        known missing. Never raises, never waits longer."""
+        live = [r for r in range(self.size) if r != self.rank and r not in self._lost]
+        try:
+            if self.rank == 0:
+                if not live:
+                    return
+                self._send_all("bye", "0", live, time.monotonic() + FAREWELL_ACK_S)
+                if ack:
+                    end = time.monotonic() + FAREWELL_ACK_S
+                    for r in live:
+                        self._recv("ack", r, end, aborts=False)
+            elif 0 not in self._lost:
+                self._recv("bye", 0, time.monotonic() + CLOSE_S, aborts=False)
+                if ack:
+                    self._send_all("ack", "0", [0], time.monotonic() + FAREWELL_ACK_S)
+        except Exception:  # a rank or the store gone meanwhile: nothing more to wait for
+            pass
+
     def __enter__(self) -> Group:
         return self
 
@@ -438,41 +493,75 @@ class _SingleGroup(Group):
 
 
 class _MpiGroup(Group):
-    """The group over mpi4py's COMM_WORLD, with deadlines: non-blocking sends (isend) and matched
-    probes (improbe) polled until the deadline, since a blocking MPI call cannot be interrupted.
+    """The group over a duplicate of mpi4py's COMM_WORLD, with deadlines: non-blocking sends
+    (isend), matched probes (improbe) and non-blocking receives of the matched message
+    (Message.irecv) polled until the deadline, since a blocking MPI call cannot be interrupted;
+    the duplicate itself is made with Idup, polled the same way.
 
-    mpi4py is imported with ``rc.finalize = False`` (the module's documented switch): a clean
-    close() calls MPI_Finalize; after a fault the process exits without it, since MPI_Finalize
-    would wait for the rank that hangs."""
+    mpi4py is imported with ``rc.finalize = False`` (the module's documented switch): close()
+    calls MPI_Finalize only when every rank reached a non-blocking barrier within CLOSE_S (MPI_Finalize
+    waits for every process of the job, a stopped one too); otherwise, and after any fault, the
+    process exits without it (the launcher then ends what is left of the job)."""
 
     def __init__(self, me: Rank, timeout: float, MPI):
         super().__init__(me, timeout)
         self._MPI = MPI
-        self._comm = MPI.COMM_WORLD.Dup()
         self._pending: list = []
+        self._early: dict = {}
+        self._inflight: list = []  # (Request, source) of matched messages still arriving
         self.transport = "mpi"
+        comm, req = MPI.COMM_WORLD.Idup()
+        if not self._wait(req, self._deadline(None)):
+            self._faulted = True
+            raise MachineError(f"a rank did not join within {self.timeout:g} s (MPI's communicator duplicate did "
+                               "not complete: a rank died or hangs)", "the other ranks stopped; see that rank's own output")
+        self._comm = comm
 
     _TAG = 0x6B
+
+    @staticmethod
+    def _wait(req, deadline: float) -> bool:
+        """Poll ``req`` until it completes (True) or ``deadline`` passes (False)."""
+        while not req.Test():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return True
 
     def _send_all(self, tag, text, dests, deadline):
         data = (tag, text)
         self._pending = [p for p in self._pending if not p.Test()]
         self._pending += [self._comm.isend(data, dest=d, tag=self._TAG) for d in dests]
 
-    def _recv(self, tag, src, deadline):
-        box = self.__dict__.setdefault("_early", {})
+    def _recv(self, tag, src, deadline, aborts=True):
+        box = self._early
         MPI = self._MPI
         while True:
             if (tag, src) in box:
                 return box.pop((tag, src))
-            notice = next((k for k in box if k[0] == "abort"), None)
+            notice = next((k for k in box if k[0] == "abort"), None) if aborts else None
             if notice is not None:
                 raise _Abort(box.pop(notice))
+            still = []
+            for req, s in self._inflight:
+                done, data = req.test()
+                if done:
+                    t, text = data
+                    box[(t, s)] = text
+                else:
+                    still.append((req, s))
+            self._inflight = still
             status = MPI.Status()
             msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=self._TAG, status=status)
             if msg is not None:
-                t, text = msg.recv()
-                box[(t, status.Get_source())] = text
+                s = status.Get_source()
+                req = msg.irecv()  # a large message arrives in parts: never block on a sender that stopped
+                done, data = req.test()
+                if done:
+                    t, text = data
+                    box[(t, s)] = text
+                else:
+                    self._inflight.append((req, s))
                 continue
             if time.monotonic() > deadline:
                 raise TimeoutError
@@ -482,13 +571,22 @@ class _MpiGroup(Group):
         if self._closed:
             return
         self._closed = True
-        end = time.monotonic() + 5.0
+        end = time.monotonic() + CLOSE_S
+        if self._faulted:
+            self._farewell(ack=False)
+            drain = time.monotonic() + 2.0
+            while self._pending and time.monotonic() < drain:  # the farewell on its way
+                self._pending = [p for p in self._pending if not p.Test()]
+                time.sleep(0.001)
+            return  # a peer is gone: MPI_Finalize would wait for it
         while self._pending and time.monotonic() < end:
             self._pending = [p for p in self._pending if not p.Test()]
             time.sleep(0.001)
-        if self._pending or self._faulted:  # a peer is gone or never took our message: MPI_Finalize would wait
+        if self._pending or self._inflight:  # a peer never took our message, or stopped sending
             return
         try:
+            if not self._wait(self._comm.Ibarrier(), end):  # a rank stopped before its close
+                return
             self._comm.Free()
             if not self._MPI.Is_finalized():
                 self._MPI.Finalize()
@@ -496,29 +594,57 @@ class _MpiGroup(Group):
             pass
 
 
-class _StoreGroup(Group):
-    """The group over a key-value store (set / get with a deadline). Keys: PREFIX/tag/src/dest."""
+class _StoreLost(MachineError):
+    """The store stopped answering (its server, rank 0 or torchrun's agent, died or hangs)."""
 
-    def __init__(self, me: Rank, timeout: float, store, kind: str, prefix: str):
+
+class _StoreGroup(Group):
+    """The group over a key-value store (set / get with a deadline). Keys: PREFIX/tag/src/dest.
+
+    Every request has a deadline (the collective's); a store that does not answer in time is
+    named: rank 0 and its host when rank 0 serves it, else the address."""
+
+    def __init__(self, me: Rank, timeout: float, store, kind: str, prefix: str, served_by_rank0: bool = True):
         super().__init__(me, timeout)
         self._store = store
         self._prefix = prefix
+        self._rank0_serves = served_by_rank0
         self.transport = f"store:{kind}"
+
+    def _lost_store(self, e: _StoreLost) -> MachineError:
+        if self._rank0_serves and self.rank != 0:
+            self._lost.add(0)
+            self._faulted = True
+            who = f"rank 0 on {self._host_of(0)}, which serves the rendezvous store,"
+        else:
+            self._faulted = True
+            who = "the rendezvous store"
+        err = MachineError(f"{who} did not answer ({e.message})", "the other ranks stopped; see that rank's own output")
+        err.missing_ranks = [0] if self._rank0_serves else []  # type: ignore[attr-defined]
+        return err
 
     def _send_all(self, tag, text, dests, deadline):
         # one key per message for a single receiver; a broadcast (and an abort notice) is one key all read
         if tag == "abort":
-            self._store.set(f"{self._prefix}/abort/*", text)
+            key = f"{self._prefix}/abort/*"
         elif len(dests) == 1:
-            self._store.set(f"{self._prefix}/{tag}/{self.rank}/{dests[0]}", text)
+            key = f"{self._prefix}/{tag}/{self.rank}/{dests[0]}"
         else:
-            self._store.set(f"{self._prefix}/{tag}/{self.rank}/*", text)
+            key = f"{self._prefix}/{tag}/{self.rank}/*"
+        try:
+            self._store.set(key, text, max(deadline, time.monotonic() + 2.0))
+        except _StoreLost as e:
+            raise self._lost_store(e) from None
 
-    def _recv(self, tag, src, deadline):
-        keys = [f"{self._prefix}/{tag}/{src}/{self.rank}", f"{self._prefix}/{tag}/{src}/*",
-                f"{self._prefix}/abort/*"]
-        key, text = self._store.get_any(keys, deadline)
-        if key == keys[2]:
+    def _recv(self, tag, src, deadline, aborts=True):
+        keys = [f"{self._prefix}/{tag}/{src}/{self.rank}", f"{self._prefix}/{tag}/{src}/*"]
+        if aborts:
+            keys.append(f"{self._prefix}/abort/*")
+        try:
+            key, text = self._store.get_any(keys, deadline)
+        except _StoreLost as e:
+            raise self._lost_store(e) from None
+        if aborts and key == keys[2]:
             raise _Abort(text)
         return text
 
@@ -526,9 +652,11 @@ class _StoreGroup(Group):
         if self._closed:
             return
         self._closed = True
+        if self._faulted:
+            self._farewell(ack=True)
         try:
             if isinstance(self._store, _Store):
-                self._store.close(2.0 if self._faulted else min(10.0, self.timeout or 10.0))
+                self._store.close(0.5 if self._faulted else min(10.0, self.timeout or 10.0))
             else:
                 self._store.close()
         except Exception:
@@ -537,9 +665,18 @@ class _StoreGroup(Group):
 
 # -- the stores -----------------------------------------------------------------------------------
 
+# A store request's own allowance beyond its deadline: the reply of a live server is at once.
+STORE_REPLY_S = 5.0
+
 
 class _TorchStore:
-    """torch.distributed.TCPStore behind set / get_any / close."""
+    """torch.distributed.TCPStore behind set / get_any / close, every call bounded.
+
+    TCPStore's ``check`` (and ``set``) read the server's reply with no timeout of their own: with
+    the server's process stopped (SIGSTOP) they wait until it resumes (seen with torch 2.13).
+    So every call runs in one worker thread (torch releases the GIL inside a store call) and the
+    caller waits for it up to the deadline plus STORE_REPLY_S; a call that does not come back
+    leaves the store unusable (the worker is stuck in it) and raises :class:`_StoreLost`."""
 
     def __init__(self, host: str, port: int, world: int, is_master: bool, timeout: float):
         import datetime
@@ -548,20 +685,67 @@ class _TorchStore:
 
         self._store = TCPStore(host, port, world, is_master, timeout=datetime.timedelta(seconds=max(1.0, timeout)),
                                wait_for_workers=False)
+        self._where = f"{host}:{port}"
+        self._jobs: list = []
+        self._cv = threading.Condition()
+        self._broken: str | None = None
+        threading.Thread(target=self._work, name="gpubench-torchstore", daemon=True).start()
 
-    def set(self, key: str, text: str) -> None:
-        self._store.set(key, text)
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs:
+                    self._cv.wait()
+                job = self._jobs.pop(0)
+            fn, box = job
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+            with self._cv:
+                box["done"] = True
+                self._cv.notify_all()
+
+    def _call(self, fn, deadline: float):
+        if self._broken:
+            raise _StoreLost(self._broken)
+        box: dict = {}
+        with self._cv:
+            self._jobs.append((fn, box))
+            self._cv.notify_all()
+            end = deadline + STORE_REPLY_S
+            while "done" not in box:
+                left = end - time.monotonic()
+                if left <= 0:
+                    self._broken = f"no reply from the store at {self._where} within {STORE_REPLY_S:g} s past the deadline"
+                    raise _StoreLost(self._broken)
+                self._cv.wait(left)
+        if "error" in box:
+            e = box["error"]
+            if isinstance(e, TimeoutError):
+                raise e
+            first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise _StoreLost(f"the store at {self._where}: {first}")
+        return box.get("value")
+
+    def set(self, key: str, text: str, deadline: float) -> None:
+        self._call(lambda: self._store.set(key, text), deadline)
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
         """(the first of ``keys`` that is set, its value); TimeoutError past ``deadline``. Polled
-        with check() every 2 ms: TCPStore.wait takes no "any of" and logs a warning per timeout."""
-        while True:
-            for k in keys:
-                if self._store.check([k]):
-                    return k, self._store.get(k).decode()
-            if time.monotonic() > deadline:
-                raise TimeoutError
-            time.sleep(0.002)
+        with check() every 2 ms in the worker: TCPStore.wait takes no "any of" and logs a warning
+        per timeout."""
+
+        def poll():
+            while True:
+                for k in keys:
+                    if self._store.check([k]):
+                        return k, self._store.get(k).decode()
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                time.sleep(0.002)
+
+        return self._call(poll, deadline)
 
     def close(self) -> None:
         pass
@@ -590,6 +774,7 @@ class _Store:
         self._sock = self._connect(host, port, deadline)
         self._rfile = self._sock.makefile("rb")
         self._lock = threading.Lock()
+        self._broken: str | None = None  # a request went unanswered: the reply stream is out of step
 
     def _serve(self, host: str, port: int) -> None:
         srv = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -668,19 +853,28 @@ class _Store:
             time.sleep(0.1)
 
     def _ask(self, req: dict, wait_s: float) -> dict:
+        """One request and its reply; the socket waits ``wait_s`` (the server's own wait) plus
+        STORE_REPLY_S. Raises _StoreLost when the server does not answer in that time or is gone."""
         with self._lock:
-            self._sock.settimeout(wait_s + 10.0)
+            if self._broken:
+                raise _StoreLost(self._broken)
+            self._sock.settimeout(wait_s + STORE_REPLY_S)
             try:
                 self._sock.sendall(json.dumps(req).encode() + b"\n")
                 line = self._rfile.readline()
+            except socket.timeout:
+                self._broken = f"no reply within {wait_s + STORE_REPLY_S:g} s"
+                raise _StoreLost(self._broken) from None
             except OSError as e:
-                raise MachineError(f"lost the rendezvous store (rank 0, {e.strerror or e})",
-                                   "rank 0 died or its host is unreachable") from None
+                self._broken = f"lost the connection: {e.strerror or e}"
+                raise _StoreLost(self._broken) from None
             if not line:
-                raise MachineError("rank 0's rendezvous store closed the connection (rank 0 died or stopped)")
+                self._broken = "it closed the connection"
+                raise _StoreLost(self._broken)
             return json.loads(line)
 
-    def set(self, key: str, text: str) -> None:
+    def set(self, key: str, text: str, deadline: float | None = None) -> None:
+        """Store ``text`` under ``key``; the server answers at once (STORE_REPLY_S at most)."""
         self._ask({"op": "set", "k": key, "v": text}, 0.0)
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
@@ -839,5 +1033,5 @@ def _store_group(me: Rank, addr: tuple[str, int], timeout: float, env: Mapping[s
         except Exception as e:
             raise MachineError(f"torch TCPStore at {host}:{port}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                                "is rank 0 running, and MASTER_ADDR/MASTER_PORT (--rendezvous) its address?") from None
-        return _StoreGroup(me, timeout, store, "torch", prefix)
+        return _StoreGroup(me, timeout, store, "torch", prefix, served_by_rank0=not agent)
     return _StoreGroup(me, timeout, _Store(host, port, me.rank == 0, deadline), "gpubench", prefix)
