@@ -41,3 +41,34 @@ def test_report_of_a_folder_holding_a_fifo_does_not_block(tmp_path):
 def test_plot_size_below_100_pixels_is_refused(run_cli, tmp_path):
     code, out, err = run_cli("plot", DATA / "net-local.json", "-o", tmp_path / "p.png", "--size", "0.001x0.001")
     assert code == 2 and "under 100 pixels" in err and "Traceback" not in err, err
+
+
+# --- D8: the shared validator wants what the schema requires ----------------------------------------
+
+
+def _mutated(tmp_path, name, change):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    change(d)
+    f = tmp_path / name
+    f.write_text(json.dumps(d))
+    return f
+
+
+def test_a_result_without_records_or_with_env_null_is_refused_by_every_loader(run_cli, tmp_path):
+    """Before: a file without ``records`` read as a run that measured nothing (compare passed, plot
+    drew nothing, suite --check checked nothing), ``env: null`` as {}. Now each is exit 2 naming
+    the field's JSON Pointer, in every command that loads results."""
+    cases = [(_mutated(tmp_path, "norecords.json", lambda d: d.pop("records")), "/records is missing"),
+             (_mutated(tmp_path, "envnull.json", lambda d: d.update(env=None)), "/env is null"),
+             (_mutated(tmp_path, "specnull.json", lambda d: d.update(spec=None)), "/spec is null"),
+             (_mutated(tmp_path, "noextra.json", lambda d: d["records"][0].pop("extra")),
+              "/records/0/extra is missing")]
+    expect = tmp_path / "e.toml"
+    expect.write_text('[[expect]]\ncommand = "copy"\nmin_gbps = 1\n')
+    for f, needle in cases:
+        for argv in (("compare", f, DATA / "copy-pinned-h200.json"), ("compare", DATA / "copy-pinned-h200.json", f),
+                     ("plot", f, "-o", tmp_path / "p.png"), ("report", f, "-o", tmp_path / "r.html"),
+                     ("suite", "--check", f, "--expect", expect)):
+            code, out, err = run_cli(*argv)
+            lines = err.strip().splitlines()
+            assert code == 2 and len(lines) == 1 and f"{f.name}: {needle}" in lines[0], (argv, code, err)

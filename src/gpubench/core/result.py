@@ -560,6 +560,21 @@ def bad_field(source: str, pointer: str, value: object, accepted: str) -> UsageE
                       f"expected {accepted}")
 
 
+def missing_field(source: str, pointer: str, accepted: str) -> UsageError:
+    """The error of a required field that is absent: "FILE: /records is missing; expected ..."."""
+    from gpubench.core import safe
+
+    return UsageError(f"{safe.term(source, 200)}: {safe.term(pointer or '/', 120)} is missing", f"expected {accepted}")
+
+
+def _require(d: dict, fields: dict[str, str], source: str, pointer: str) -> None:
+    """Every key of ``fields`` (name -> what it holds) is present in ``d``: the schema's
+    ``required``. Checked after the present fields, so a bad value is named before a gap."""
+    for k, what in fields.items():
+        if k not in d:
+            raise missing_field(source, pointer_join(pointer, k), what)
+
+
 def check_int(v: object, source: str, pointer: str, lo: int = 0, hi: int = MAX_INT) -> int:
     """``v`` as an int in lo..hi (a JSON integer; not a bool, not a float such as 1e400)."""
     if type(v) is not int or not (lo <= v <= hi):
@@ -644,13 +659,26 @@ def check_schema_version(where: str, version: object, newest: int, kind: str = "
 MIN_SAMPLE_S = 1e-12
 
 
+# the schema's $defs/record "required" (telemetry is optional: files from before it lack it)
+_RECORD_REQUIRED = {"params": "an object of parameters", "metric": "bandwidth or time",
+                    "nbytes": "an integer number of bytes", "samples_s": "an array of seconds",
+                    "reps": "an integer >= 1", "error": "a string or null", "extra": "an object"}
+# the schema's top-level "required", besides schema, schema_version and command (checked first)
+_RESULT_REQUIRED = {"gpubench_version": "a string", "created": "an ISO 8601 time", "argv": "an array of strings",
+                    "spec": "an object", "timing": "an object", "env": "an object", "partial": "true or false",
+                    "interrupted_by": "null, SIGINT or SIGTERM", "records": "an array of records"}
+# the schema's "created" pattern
+_CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z")
+
+
 def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
     """Check one record (the schema's ``$defs/record``) and build it.
 
     Raises:
         UsageError: naming the bad field: params not an object of scalars, metric not known,
             nbytes / reps not integers in range, samples_s not an array of finite numbers >= 0,
-            error not a string or null, extra not an object.
+            error not a string or null, extra not an object (null included); or, once every
+            present field passed, a required field that is missing.
     """
     if not isinstance(d, dict):
         raise bad_field(source, pointer, d, "a record object")
@@ -659,7 +687,7 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
         raise bad_field(source, pointer_join(pointer, sorted(map(str, unknown))[0]), d[sorted(unknown, key=str)[0]],
                         "no such field (a record has params, metric, nbytes, samples_s, reps, error, extra, telemetry)")
     if "params" not in d:
-        raise bad_field(source, pointer_join(pointer, "params"), None, "an object of parameters")
+        raise missing_field(source, pointer_join(pointer, "params"), "an object of parameters")
     params = d["params"]
     if not isinstance(params, dict):
         raise bad_field(source, pointer_join(pointer, "params"), params, "an object of parameters")
@@ -689,7 +717,8 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
         raise bad_field(source, f"{sp}/{i}", out[i], f"seconds >= {MIN_SAMPLE_S:g} (a sample that moves bytes; "
                         "no clock gpubench uses resolves less than a nanosecond)")
     error = check_str(d.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
-    extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"), allow_none=True)
+    extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"))
+    _require(d, _RECORD_REQUIRED, source, pointer)
     # the NVML block of core.telemetry (docs/conditions.md); shown only through core.safe, so its
     # shape is checked as an object here and read defensively where it is used
     tele = d.get("telemetry")
@@ -735,7 +764,7 @@ def _check_fields(obj: dict, fields: dict[str, str], source: str, pointer: str) 
 def check_env(env: object, source: str, pointer: str) -> dict:
     """Check a result's ``env`` (the schema's ``$defs/env``): each part an object, its known fields
     of their types (``host`` a string was an AttributeError deep in a report)."""
-    env = check_obj(env, source, pointer, allow_none=True)
+    env = check_obj(env, source, pointer)
     for part, fields in _ENV_FIELDS.items():
         if part in env:
             _check_fields(check_obj(env[part], source, pointer_join(pointer, part)), fields, source,
@@ -764,9 +793,15 @@ def check_env(env: object, source: str, pointer: str) -> dict:
 def check_result(d: object, source: str = "result", pointer: str = "") -> "Result":
     """Check a parsed result (schema version 1 after migration) field by field and build it.
 
+    Every field the schema requires must be there (a file without ``records`` was read as a run
+    that measured nothing), the objects (spec, timing, env, a record's extra) must be objects, not
+    null, and a stopped run must say ``partial``: what the published schema refuses, the loader
+    refuses, besides what a schema cannot say (inf, 1e400, bool for int, depth).
+
     Raises:
         UsageError: not a gpubench result; an unknown or newer schema version; or the first bad
-            field, named by its JSON Pointer with what would be accepted.
+            field, named by its JSON Pointer with what would be accepted (present fields are
+            checked first, then the required ones that are missing).
     """
     from gpubench.core import safe
 
@@ -795,21 +830,40 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
         raise bad_field(source, rp, records, "an array of records")
     if len(records) > MAX_RECORDS:
         raise bad_field(source, rp, records, f"at most {MAX_RECORDS:,} records (it holds {len(records):,})")
+    spec = check_obj(d.get("spec", {}), source, pointer_join(pointer, "spec"))
+    timing = check_obj(d.get("timing", {}), source, pointer_join(pointer, "timing"))
+    env = check_env(d.get("env", {}), source, pointer_join(pointer, "env"))
+    checked = [check_record(r, source, f"{rp}/{i}") for i, r in enumerate(records)]
+    interrupted_by = check_str(d.get("interrupted_by"), source, pointer_join(pointer, "interrupted_by"),
+                               allow_none=True, choices=("SIGINT", "SIGTERM"))
+    failed_by = check_str(d.get("failed_by"), source, pointer_join(pointer, "failed_by"), allow_none=True,
+                          nonempty=True)
+    created = check_str(d.get("created", ""), source, pointer_join(pointer, "created"))
+    if "created" in d and not _CREATED.match(created):  # type: ignore[arg-type]
+        raise bad_field(source, pointer_join(pointer, "created"), created, "an ISO 8601 time, e.g. 2026-11-30T01:00:00+00:00")
+    version_text = check_str(d.get("gpubench_version", ""), source, pointer_join(pointer, "gpubench_version"))
+    unknown = set(d) - set(_RESULT_REQUIRED) - {"schema", "schema_version", "command", "failed_by"}
+    if unknown:
+        k = sorted(map(str, unknown))[0]
+        raise bad_field(source, pointer_join(pointer, k), d[k], "no such field (see the published schema, "
+                        "gpubench/schemas/result-v1.schema.json)")
+    _require(d, _RESULT_REQUIRED, source, pointer)
+    if (failed_by is not None or interrupted_by is not None) and not partial:
+        # the schema's allOf: a run stopped by a fault or a signal is partial
+        which = "failed_by" if failed_by is not None else "interrupted_by"
+        raise bad_field(source, pointer_join(pointer, "partial"), partial, f"true, as {which} is set")
     return Result(
         command=command,  # type: ignore[arg-type]
-        spec=dict(check_obj(d.get("spec", {}), source, pointer_join(pointer, "spec"), allow_none=True)),
-        timing=dict(check_obj(d.get("timing", {}), source, pointer_join(pointer, "timing"), allow_none=True)),
-        env=dict(check_env(d.get("env", {}), source, pointer_join(pointer, "env"))),
-        records=[check_record(r, source, f"{rp}/{i}") for i, r in enumerate(records)],
+        spec=dict(spec),
+        timing=dict(timing),
+        env=dict(env),
+        records=checked,
         partial=partial,
-        interrupted_by=check_str(d.get("interrupted_by"), source, pointer_join(pointer, "interrupted_by"),
-                                 allow_none=True, choices=("SIGINT", "SIGTERM")),
-        failed_by=check_str(d.get("failed_by"), source, pointer_join(pointer, "failed_by"), allow_none=True,
-                            nonempty=True),
+        interrupted_by=interrupted_by,
+        failed_by=failed_by,
         argv=list(argv),
-        created=check_str(d.get("created", ""), source, pointer_join(pointer, "created")),  # type: ignore[arg-type]
-        gpubench_version=check_str(d.get("gpubench_version", ""), source,  # type: ignore[arg-type]
-                                   pointer_join(pointer, "gpubench_version")),
+        created=created,  # type: ignore[arg-type]
+        gpubench_version=version_text,  # type: ignore[arg-type]
         schema_version=SCHEMA_VERSION,
     )
 
