@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,3 +74,55 @@ def test_a_result_without_records_or_with_env_null_is_refused_by_every_loader(ru
             code, out, err = run_cli(*argv)
             lines = err.strip().splitlines()
             assert code == 2 and len(lines) == 1 and f"{f.name}: {needle}" in lines[0], (argv, code, err)
+
+
+# --- D9 / D10 / -d: merge's options refused before any Dask import ---------------------------------
+
+_NO_DASK_PROBE = """
+import json, sys
+from gpubench.cli import main
+try:
+    main(json.loads(sys.stdin.read()))
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in ("distributed", "dask.dataframe", "pandas", "cupy") if m in sys.modules)
+print("EXIT", code, "HEAVY", ",".join(heavy) or "-")
+"""
+
+
+def _probe(*argv):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _NO_DASK_PROBE], input=json.dumps(argv), capture_output=True, text=True,
+                       timeout=120, env=env)  # argv on stdin: one 600 kB argument is over the kernel's limit
+    return p.stdout.strip().splitlines()[-1], p.stderr
+
+
+def test_an_interface_this_host_lacks_is_refused_before_dask_is_imported():
+    """D10: `merge --interface bogus0` took 10 s to refuse on a loaded host: the refusal waited for
+    distributed, pandas, dask.dataframe (and CuPy through dask.array) to import."""
+    pytest.importorskip("psutil")
+    last, err = _probe("merge", "-t", "cpu", "--interface", "bogus0")
+    assert last == "EXIT 2 HEAVY -", (last, err)
+    assert "--interface 'bogus0' is not a network interface of this host" in err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["-c", "١٢"], "-c/--chunk-size '١٢' is not an integer"),  # int() reads Arabic-Indic digits as 12
+    (["--base-chunks", "１２"], "--base-chunks '１２' is not an integer"),
+    (["--frac-match", "٠.٥"], "--frac-match '٠.٥' is not a finite number"),
+    (["--scheduler-address", ""], "--scheduler-address '' is empty"),  # started a local cluster
+    (["-d", ",".join(map(str, range(100_000)))], "-d/--devices names 100,000 devices"),  # 94 s
+])
+def test_merge_options_refused_in_one_line_before_any_work(argv, needle):
+    last, err = _probe("merge", "-t", "cpu", *argv)
+    assert last == "EXIT 2 HEAVY -" and needle in err and len(err.strip().splitlines()) == 1, (last, err)
+
+
+def test_merge_chunk_sizes_keep_dask_cudas_digit_groups():
+    from gpubench.cli import cli
+
+    import click
+
+    cmd = cli.get_command(click.Context(cli), "merge")
+    ctx = cmd.make_context("merge", ["-t", "cpu", "-c", "50_000_000", "--runs", "1_0"])
+    assert ctx.params["chunk_size"] == 50_000_000 and ctx.params["runs"] == 10
