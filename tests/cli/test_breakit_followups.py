@@ -126,3 +126,23 @@ def test_merge_chunk_sizes_keep_dask_cudas_digit_groups():
     cmd = cli.get_command(click.Context(cli), "merge")
     ctx = cmd.make_context("merge", ["-t", "cpu", "-c", "50_000_000", "--runs", "1_0"])
     assert ctx.params["chunk_size"] == 50_000_000 and ctx.params["runs"] == 10
+
+
+# --- suite -o onto a read-only mount: the output is named before the missing GPU ------------------
+
+
+@pytest.mark.parametrize("sub", ["", "new/deeper"])
+def test_suite_names_an_unwritable_output_before_the_gpu(run_cli, tmp_path, sub):
+    """A read-only mount (or immutable folder, as root) as -o, or a folder to be made under one: one
+    line naming -o, exit 2, whether or not the machine has a GPU; nothing is created."""
+    sys.path.insert(0, str(DATA))
+    from readonly import OLD, read_only_folder
+
+    with read_only_folder(tmp_path) as (d, how):
+        target = d / sub if sub else d
+        code, out, err = run_cli("suite", "-o", str(target))
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (how, code, err)
+        assert lines[0].startswith("gpubench: error: -o ") and "cannot write there" in lines[0], lines[0]
+        assert "CUDA" not in lines[0]
+        assert (d / "old.json").read_text() == OLD and sorted(x.name for x in d.iterdir()) == ["old.json"]
