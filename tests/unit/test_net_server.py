@@ -475,8 +475,9 @@ class LyingServer:
     """A fake gpubench net server on loopback that follows the protocol up to "start" and then
     sends ``lines`` (JSON values, or raw bytes lines)."""
 
-    def __init__(self, lines):
+    def __init__(self, lines, reply=None):
         self.lines = lines
+        self.reply = reply  # sent instead of the ok reply, when given
         self.lst = socket.socket()
         self.lst.bind(("127.0.0.1", 0))
         self.lst.listen(64)
@@ -490,6 +491,10 @@ class LyingServer:
             ctl, _ = self.lst.accept()
             socks.append(ctl)
             req = LineReader(ctl, 4096).readjson(5)
+            if self.reply is not None:
+                ctl.sendall(json.dumps(self.reply).encode() + b"\n")
+                time.sleep(3)
+                return
             ctl.sendall(json.dumps({"ok": True, "cookie": "ab" * 16, **req}).encode() + b"\n")
             n = req["streams"] * (2 if req["direction"] == "both" else 1)
             for _ in range(n):
@@ -558,3 +563,34 @@ def test_a_reverse_test_against_a_lying_end_line_is_refused():
              {"end": True, "cpu_s": {"send": 1e300, "recv": None}, "tcp": [None], "sent": [0]}]
     err, _ = _lie(lines, req)
     assert "server sent a bad end line: cpu_s.send" in err.one_line()
+
+
+def test_done_without_an_end_line_keeps_the_intervals_and_exits_3():
+    """D11: "done" and then no end line (the server closes) gave exit 0 with a note. The end line
+    carries the server's CPU times, TCP_INFO and bytes sent, and a real server always sends it: the
+    intervals are kept (printed, saved partial) and the run is a fault, exit 3, saying so."""
+    lines = [{"interval": 0, "omit": False, "start_s": 0.0, "end_s": 0.2, "bytes": [0]},
+             {"interval": 1, "omit": False, "start_s": 0.2, "end_s": 0.4, "bytes": [0]}, {"done": True}]
+    err, took = _lie(lines)
+    assert err.exit_code == 3 and took < 20
+    assert "sent no end line after the test" in err.one_line() and "the intervals are kept" in err.one_line()
+    res = err.partial_result
+    assert res is not None and res.partial and res.failed_by == err.one_line()
+    total = [r for r in res.records if r.params["stream"] == "total"][0]
+    assert total.extra["interval_end_s"] == [0.2, 0.4]  # the last interval too, not only those before it
+    assert total.extra["sender_cpu_s"] is not None and total.extra["receiver_cpu_s"] is None
+
+
+@pytest.mark.parametrize("reply,needle", [
+    ({"ok": 1}, 'sent a reply without ok=true or an error: {"ok": 1}'),
+    ({"ok": False}, 'sent a reply without ok=true or an error: {"ok": false}'),
+    ({"ok": False, "error": None}, 'sent a reply without ok=true or an error: {"ok": false, "error": null}'),
+    ({"ok": False, "error": "busy: a test is running"}, "refused the test: busy: a test is running"),
+    ([1, 2], "sent a reply without ok=true or an error: [1, 2]"),
+])
+def test_a_reply_that_is_neither_ok_nor_an_error_is_worded_as_such(reply, needle):
+    """D11: {"ok": 1} was worded "refused the test: None"."""
+    liar = LyingServer([], reply=reply)
+    with pytest.raises(MachineError) as e:
+        run(NetSpec("127.0.0.1", liar.port, LIE_REQUEST, connect_timeout=3.0))
+    assert needle in e.value.one_line() and "None" not in e.value.one_line(), e.value.one_line()
