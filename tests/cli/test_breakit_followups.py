@@ -146,3 +146,20 @@ def test_suite_names_an_unwritable_output_before_the_gpu(run_cli, tmp_path, sub)
         assert lines[0].startswith("gpubench: error: -o ") and "cannot write there" in lines[0], lines[0]
         assert "CUDA" not in lines[0]
         assert (d / "old.json").read_text() == OLD and sorted(x.name for x in d.iterdir()) == ["old.json"]
+
+
+# --- D4: net local -w 4-8KiB measures instead of ending with a killed sender ------------------------
+
+
+@pytest.mark.parametrize("window", ["4KiB", "8KiB"])
+@pytest.mark.parametrize("direction", [[], ["-R"]])
+def test_net_local_with_a_window_of_a_few_kib_measures(run_cli, tmp_path, window, direction):
+    """`net local -w 4KiB` (c2s) ended with "send worker 0 exited with -9" in 3 runs of 4, after 64 KiB
+    in the first second: the server's buffer was set after the handshake (see test_net_server's
+    window tests). iperf3 -w 4K moves ~2 Gbit/s on this loopback; every interval must move data."""
+    out = tmp_path / "n.json"
+    code, _out, err = run_cli("net", "local", "-w", window, "-t", "1", "-i", "0.5", *direction, "--json", str(out), "-q")
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    total = [r for r in d["records"] if r["params"]["stream"] == "total"][0]
+    assert all(b > 2**20 for b in total["extra"]["interval_bytes"]), total["extra"]["interval_bytes"]

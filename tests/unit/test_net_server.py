@@ -594,3 +594,73 @@ def test_a_reply_that_is_neither_ok_nor_an_error_is_worded_as_such(reply, needle
     with pytest.raises(MachineError) as e:
         run(NetSpec("127.0.0.1", liar.port, LIE_REQUEST, connect_timeout=3.0))
     assert needle in e.value.one_line() and "None" not in e.value.one_line(), e.value.one_line()
+
+
+# -- D4: small windows (-w 4-8 KiB) ---------------------------------------------------------------
+
+
+def test_a_small_window_is_set_before_the_handshake_and_the_next_test_gets_the_kernels_again(srv):
+    """-w 4KiB c2s: the server set SO_RCVBUF on the accepted socket, after the handshake had offered
+    a window (and scale) for the default buffer; the 8 KiB buffer then dropped the 64 KiB loopback
+    segments, the stream stalled on retransmission timeouts (64 KiB in the first second) and the
+    client's sender was killed (exit -9, 3 runs in 4). Now the listener holds the buffers before the
+    streams connect (as iperf3 re-creates its listener), and is replaced once the test ends."""
+    default = socket.socket()
+    want = default.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    default.close()
+    res = srv.test(Request(streams=1, seconds=1.0, interval=0.5, buffer=128 * 1024, window=4096))
+    total = res.records[-1]
+    assert all(b > 2**20 for b in total.extra["interval_bytes"]), total.extra["interval_bytes"]
+    srv.wait_idle()
+    deadline = time.monotonic() + 3
+    while srv.server._listener.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) != want:
+        assert time.monotonic() < deadline, "the listener kept the last test's -w buffer"
+        time.sleep(0.05)
+    _check_next_test_works(srv)
+    # a test that asks for a window right after one that did not, and the other way round
+    for window in (8192, 0, 8192):
+        res = srv.test(Request(streams=2, seconds=0.4, interval=0.2, buffer=64 * 1024, window=window))
+        assert res.records[-1].extra["counted_bytes"] > 2**20
+        srv.wait_idle()
+
+
+def test_a_sender_inside_one_long_sendfile_stops_at_once_without_a_kill():
+    """A peer whose receive buffer shrank under an offered window takes a little per retransmission
+    timeout: one sendfile of 128 KiB is many writes inside the kernel, each waiting its 0.2 s
+    SO_SNDTIMEO anew, and outlasted StreamSet.stop's 3 s, so the worker was killed (-9) and the run
+    failed. stop() now shuts the write side after 0.5 s, which ends the call (EPIPE, read as the
+    stop): no failure, no error, and the bytes the call moved are counted."""
+    from gpubench.bench.net_stream import StreamSet, set_window
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    c = socket.socket()
+    set_window(c, 4096)
+    c.connect(lst.getsockname())
+    r, _ = lst.accept()
+    set_window(r, 4096)  # after the handshake: the stall the old server made
+    lst.close()
+
+    def drain():
+        while True:
+            try:
+                if not r.recv(1 << 16):
+                    return
+            except OSError:
+                return
+
+    threading.Thread(target=drain, daemon=True).start()
+    st = StreamSet([c], "send", buffer=128 * 1024)
+    try:
+        st.start()
+        st.go()
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        st.stop()
+        took = time.monotonic() - t0
+        assert st.worker_failures == [] and st.errors() == [], (st.worker_failures, st.errors())
+        assert took < 2.0, took
+    finally:
+        st.close()
+        r.close()
