@@ -671,8 +671,78 @@ _RESULT_REQUIRED = {"gpubench_version": "a string", "created": "an ISO 8601 time
 _CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z")
 
 
+_RECORD_KEYS = frozenset(_RECORD_REQUIRED) | {"telemetry"}
+_MIN_INT = -MAX_INT - 1
+
+
+def _values_ok(v: object) -> bool:
+    """True when every number inside ``v`` is finite and fits 64 bits (:func:`check_values`'s
+    rule), walked without recursion and without building a JSON Pointer per value."""
+    stack = [v]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        x = pop()
+        t = type(x)
+        if t is float:
+            if x - x != 0.0:  # inf and nan
+                return False
+        elif t is int:
+            if not _MIN_INT <= x <= MAX_INT:
+                return False
+        elif t is dict:
+            push(x.values())  # type: ignore[union-attr]
+        elif t is list:
+            push(x)  # type: ignore[arg-type]
+    return True
+
+
+def _record_fast(d: object) -> "Record | None":
+    """The record of a well-formed ``d`` (every rule of :func:`check_record`), or None when
+    anything is off, for check_record's slow path to name. No JSON Pointer is built here: 200,000
+    records built 2.8 million pointer strings that no message used (compare of such a file)."""
+    if type(d) is not dict or len(d) < 7 or not d.keys() <= _RECORD_KEYS:
+        return None
+    try:
+        params, metric, nbytes, samples = d["params"], d["metric"], d["nbytes"], d["samples_s"]
+        reps, error, extra = d["reps"], d["error"], d["extra"]
+    except KeyError:
+        return None
+    if type(params) is not dict or type(samples) is not list or type(extra) is not dict:
+        return None
+    for v in params.values():
+        t = type(v)
+        if t is str or t is bool or v is None:
+            continue
+        if t is int and _MIN_INT <= v <= MAX_INT:
+            continue
+        if t is float and v - v == 0.0:
+            continue
+        return None
+    if metric not in ("bandwidth", "time") or type(nbytes) is not int or not 0 <= nbytes <= MAX_INT:
+        return None
+    if type(reps) is not int or not 1 <= reps <= MAX_REPS or not (error is None or type(error) is str):
+        return None
+    if samples:
+        for x in samples:
+            if type(x) is not float:
+                return None
+        total = sum(samples)
+        if total - total != 0.0 or min(samples) < (MIN_SAMPLE_S if nbytes else 0.0):  # inf/nan in the sum
+            return None
+    if not _values_ok(extra):
+        return None
+    tele = d.get("telemetry")
+    if tele is not None and (type(tele) is not dict or not _values_ok(tele)):
+        return None
+    return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=list(samples), reps=reps,
+                  error=error, extra=dict(extra), telemetry=None if tele is None else dict(tele))
+
+
 def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
     """Check one record (the schema's ``$defs/record``) and build it.
+
+    A well-formed record is checked in one pass without building JSON Pointers
+    (:func:`_record_fast`); anything else goes field by field, the first bad field named.
 
     Raises:
         UsageError: naming the bad field: params not an object of scalars, metric not known,
@@ -680,6 +750,9 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
             error not a string or null, extra not an object (null included); or, once every
             present field passed, a required field that is missing.
     """
+    fast = _record_fast(d)
+    if fast is not None:
+        return fast
     if not isinstance(d, dict):
         raise bad_field(source, pointer, d, "a record object")
     unknown = set(d) - {"params", "metric", "nbytes", "samples_s", "reps", "error", "extra", "telemetry"}
@@ -871,6 +944,7 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
 # JSON strings (with their escapes): removed before brackets are counted, as a '[' inside a string
 # does not nest. The unrolled form keeps the regex linear.
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
 def json_depth(raw: bytes) -> int:
@@ -881,14 +955,15 @@ def json_depth(raw: bytes) -> int:
     upper bound of what a parser would recurse into before failing."""
     import numpy as np
 
-    text = _JSON_STRING.sub(b'""', raw)
-    a = np.frombuffer(text, dtype=np.uint8)
-    steps = np.zeros(a.shape, dtype=np.int32)
-    steps[(a == 0x5B) | (a == 0x7B)] = 1  # [ {
-    steps[(a == 0x5D) | (a == 0x7D)] = -1  # ] }
-    if not steps.any():
+    text = _JSON_STRING.sub(b'""', raw) if b'"' in raw else raw
+    # the brackets alone, in order (bytes.translate deletes the rest at C speed): the cumulative
+    # sum then runs over them, not over every byte (60 MB of samples: 9.5 s down to a few ms)
+    brackets = text.translate(None, _NOT_BRACKETS)
+    if not brackets:
         return 0
-    return int(np.cumsum(steps, dtype=np.int64).max())
+    a = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((a == 0x5B) | (a == 0x7B), 1, -1).astype(np.int64)  # [ { open; ] } close
+    return max(0, int(np.cumsum(steps).max()))
 
 
 def check_depth(depth: int, name: str, what: str = "a gpubench file") -> None:
