@@ -127,3 +127,27 @@ def test_depth_of_raw_text_and_of_objects_agree():
         if depth < 500:
             assert object_depth(json.loads(text)) == depth
     assert json_depth(b'{"a": "[[[[[[", "b": "\\"[[[", "c": [1, {"d": []}]}') == 4
+
+
+def test_the_one_pass_check_builds_what_the_field_by_field_check_builds(monkeypatch):
+    """check_record takes a one-pass path for well-formed records (no JSON Pointer built, D12);
+    every fixture record takes it, and it builds the same Record as the field-by-field path."""
+    from gpubench.core import result as R
+
+    for path in FILES:
+        recs = json.loads(path.read_text())["records"]
+        assert all(R._record_fast(r) is not None for r in recs), path.name
+        fast = [R.check_record(r, "f", f"/records/{i}") for i, r in enumerate(recs)]
+        with monkeypatch.context() as m:
+            m.setattr(R, "_record_fast", lambda d: None)
+            slow = [R.check_record(r, "f", f"/records/{i}") for i, r in enumerate(recs)]
+        assert fast == slow, path.name
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, 0.0, True, 1])
+def test_the_one_pass_check_leaves_every_doubtful_sample_to_the_named_check(value):
+    from gpubench.core import result as R
+
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())["records"][0]
+    d["samples_s"][3] = value
+    assert R._record_fast(d) is None
