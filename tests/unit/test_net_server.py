@@ -664,3 +664,22 @@ def test_a_sender_inside_one_long_sendfile_stops_at_once_without_a_kill():
     finally:
         st.close()
         r.close()
+
+
+def test_close_after_a_signal_inside_thread_start_does_not_raise():
+    """A Ctrl-C inside NetServer.start()'s Thread.start() (CI: `net local -P 128`, SIGINT the moment
+    the server listens) left a thread that had not said it started; close() joined it and raised
+    "cannot join thread before it is started" (exit 3). Now close() waits for it (1 s at most)."""
+    server = NetServer("127.0.0.1", 0)
+    server.open()
+    server._serving = threading.Thread(target=server.serve_forever, daemon=True)  # start() cut short
+    t0 = time.monotonic()
+    server.close(5.0)
+    assert time.monotonic() - t0 < 3.0
+    # and a thread that starts while close() waits is joined: it sees the stop and ends
+    server2 = NetServer("127.0.0.1", 0)
+    server2.open()
+    t = server2._serving = threading.Thread(target=server2.serve_forever, daemon=True)
+    threading.Timer(0.3, t.start).start()
+    server2.close(5.0)
+    assert t.ident is not None and not t.is_alive()

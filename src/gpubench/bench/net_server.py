@@ -218,8 +218,21 @@ class NetServer:
     def close(self, timeout: float = 5.0) -> ServerStats:
         """Stop and wait (at most ``timeout`` s) for the thread :meth:`start` began; returns the stats."""
         self.stop()
-        if self._serving is not None:
-            self._serving.join(timeout)
+        t = self._serving
+        if t is not None:
+            begun = time.monotonic()
+            deadline = begun + timeout
+            while True:
+                try:
+                    t.join(max(0.0, deadline - time.monotonic()))
+                    break
+                except RuntimeError:
+                    # "cannot join thread before it is started": a Ctrl-C landed inside
+                    # Thread.start(), before the new thread said it runs. If it runs, it sees the
+                    # stop within one selector wait (0.1 s) and closes the listener; wait 1 s at most.
+                    if time.monotonic() > min(deadline, begun + 1.0):
+                        break
+                    time.sleep(0.01)
         return self.stats
 
     def _count(self, what: str) -> None:
