@@ -151,7 +151,7 @@ def test_bad_numbers_and_types_in_records_name_the_field(run_cli, tmp_path, fiel
     (lambda d: d.__setitem__("interrupted_by", "SIGKILL"), "/interrupted_by is 'SIGKILL'"),
     (lambda d: d.__setitem__("argv", "copy --pinned"), "/argv is 'copy --pinned'"),
     (lambda d: d.__setitem__("records", {"0": {}}), "/records is an object (expected an array of records)"),
-    (lambda d: d.__setitem__("spec", [1]), "/spec is an array (expected an object or null)"),
+    (lambda d: d.__setitem__("spec", [1]), "/spec is an array (expected an object)"),
     (lambda d: d.__setitem__("schema_version", True), "unknown schema version true"),
     # a command that is not one: escaped (JSON \\u escapes), with a payload, or unknown
     (lambda d: d.__setitem__("command", "copy\x1b[2J"), "/command is 'copy\\x1b[2J' (expected one of copy, env"),

@@ -71,8 +71,15 @@ def _workers_of(pid: int | None = None) -> list:
     (["--timeout", BIG], "is not a duration"),
     (["--timeout", "1e12"], "--timeout 1000000000000 is too long (at most 9,223,372,036 s)"),
     (["--timeout", "0"], "--timeout 0 must be > 0 seconds"),
-    (["--frac-match", "nan"], "--frac-match nan must be in (0, 1]"),
-    (["-d", ",".join(map(str, range(100_000)))], "-d/--devices: 100,000 workers need"),
+    (["--frac-match", "nan"], "--frac-match 'nan' is not a finite number"),
+    (["--frac-match", "1.5"], "--frac-match 1.5 is too large (at most 1)"),
+    (["-c", "١٢"], "-c/--chunk-size '١٢' is not an integer"),
+    (["--runs", "١"], "--runs '١' is not an integer"),
+    (["--scheduler-address", ""], "--scheduler-address '' is empty"),
+    (["--scheduler-address", "tcp://:8786"], "--scheduler-address 'tcp://:8786' names no host"),
+    (["--scheduler-file", ""], "--scheduler-file '' is empty"),
+    (["-d", ",".join(map(str, range(100_000)))], "-d/--devices names 100,000 devices, more than one machine has "
+                                                 "(at most 1,024"),
 ])
 def test_a_value_too_large_is_refused_in_one_line_before_any_cluster(run_cli, args, needle):
     before = {p.pid for p in _workers_of()}

@@ -475,8 +475,9 @@ class LyingServer:
     """A fake gpubench net server on loopback that follows the protocol up to "start" and then
     sends ``lines`` (JSON values, or raw bytes lines)."""
 
-    def __init__(self, lines):
+    def __init__(self, lines, reply=None):
         self.lines = lines
+        self.reply = reply  # sent instead of the ok reply, when given
         self.lst = socket.socket()
         self.lst.bind(("127.0.0.1", 0))
         self.lst.listen(64)
@@ -490,6 +491,10 @@ class LyingServer:
             ctl, _ = self.lst.accept()
             socks.append(ctl)
             req = LineReader(ctl, 4096).readjson(5)
+            if self.reply is not None:
+                ctl.sendall(json.dumps(self.reply).encode() + b"\n")
+                time.sleep(3)
+                return
             ctl.sendall(json.dumps({"ok": True, "cookie": "ab" * 16, **req}).encode() + b"\n")
             n = req["streams"] * (2 if req["direction"] == "both" else 1)
             for _ in range(n):
@@ -558,6 +563,107 @@ def test_a_reverse_test_against_a_lying_end_line_is_refused():
              {"end": True, "cpu_s": {"send": 1e300, "recv": None}, "tcp": [None], "sent": [0]}]
     err, _ = _lie(lines, req)
     assert "server sent a bad end line: cpu_s.send" in err.one_line()
+
+
+def test_done_without_an_end_line_keeps_the_intervals_and_exits_3():
+    """D11: "done" and then no end line (the server closes) gave exit 0 with a note. The end line
+    carries the server's CPU times, TCP_INFO and bytes sent, and a real server always sends it: the
+    intervals are kept (printed, saved partial) and the run is a fault, exit 3, saying so."""
+    lines = [{"interval": 0, "omit": False, "start_s": 0.0, "end_s": 0.2, "bytes": [0]},
+             {"interval": 1, "omit": False, "start_s": 0.2, "end_s": 0.4, "bytes": [0]}, {"done": True}]
+    err, took = _lie(lines)
+    assert err.exit_code == 3 and took < 20
+    assert "sent no end line after the test" in err.one_line() and "the intervals are kept" in err.one_line()
+    res = err.partial_result
+    assert res is not None and res.partial and res.failed_by == err.one_line()
+    total = [r for r in res.records if r.params["stream"] == "total"][0]
+    assert total.extra["interval_end_s"] == [0.2, 0.4]  # the last interval too, not only those before it
+    assert total.extra["sender_cpu_s"] is not None and total.extra["receiver_cpu_s"] is None
+
+
+@pytest.mark.parametrize("reply,needle", [
+    ({"ok": 1}, 'sent a reply without ok=true or an error: {"ok": 1}'),
+    ({"ok": False}, 'sent a reply without ok=true or an error: {"ok": false}'),
+    ({"ok": False, "error": None}, 'sent a reply without ok=true or an error: {"ok": false, "error": null}'),
+    ({"ok": False, "error": "busy: a test is running"}, "refused the test: busy: a test is running"),
+    ([1, 2], "sent a reply without ok=true or an error: [1, 2]"),
+])
+def test_a_reply_that_is_neither_ok_nor_an_error_is_worded_as_such(reply, needle):
+    """D11: {"ok": 1} was worded "refused the test: None"."""
+    liar = LyingServer([], reply=reply)
+    with pytest.raises(MachineError) as e:
+        run(NetSpec("127.0.0.1", liar.port, LIE_REQUEST, connect_timeout=3.0))
+    assert needle in e.value.one_line() and "None" not in e.value.one_line(), e.value.one_line()
+
+
+# -- D4: small windows (-w 4-8 KiB) ---------------------------------------------------------------
+
+
+def test_a_small_window_is_set_before_the_handshake_and_the_next_test_gets_the_kernels_again(srv):
+    """-w 4KiB c2s: the server set SO_RCVBUF on the accepted socket, after the handshake had offered
+    a window (and scale) for the default buffer; the 8 KiB buffer then dropped the 64 KiB loopback
+    segments, the stream stalled on retransmission timeouts (64 KiB in the first second) and the
+    client's sender was killed (exit -9, 3 runs in 4). Now the listener holds the buffers before the
+    streams connect (as iperf3 re-creates its listener), and is replaced once the test ends."""
+    default = socket.socket()
+    want = default.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    default.close()
+    res = srv.test(Request(streams=1, seconds=1.0, interval=0.5, buffer=128 * 1024, window=4096))
+    total = res.records[-1]
+    assert all(b > 2**20 for b in total.extra["interval_bytes"]), total.extra["interval_bytes"]
+    srv.wait_idle()
+    deadline = time.monotonic() + 3
+    while srv.server._listener.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) != want:
+        assert time.monotonic() < deadline, "the listener kept the last test's -w buffer"
+        time.sleep(0.05)
+    _check_next_test_works(srv)
+    # a test that asks for a window right after one that did not, and the other way round
+    for window in (8192, 0, 8192):
+        res = srv.test(Request(streams=2, seconds=0.4, interval=0.2, buffer=64 * 1024, window=window))
+        assert res.records[-1].extra["counted_bytes"] > 2**20
+        srv.wait_idle()
+
+
+def test_a_sender_inside_one_long_sendfile_stops_at_once_without_a_kill():
+    """A peer whose receive buffer shrank under an offered window takes a little per retransmission
+    timeout: one sendfile of 128 KiB is many writes inside the kernel, each waiting its 0.2 s
+    SO_SNDTIMEO anew, and outlasted StreamSet.stop's 3 s, so the worker was killed (-9) and the run
+    failed. stop() now shuts the write side after 0.5 s, which ends the call (EPIPE, read as the
+    stop): no failure, no error, and the bytes the call moved are counted."""
+    from gpubench.bench.net_stream import StreamSet, set_window
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    c = socket.socket()
+    set_window(c, 4096)
+    c.connect(lst.getsockname())
+    r, _ = lst.accept()
+    set_window(r, 4096)  # after the handshake: the stall the old server made
+    lst.close()
+
+    def drain():
+        while True:
+            try:
+                if not r.recv(1 << 16):
+                    return
+            except OSError:
+                return
+
+    threading.Thread(target=drain, daemon=True).start()
+    st = StreamSet([c], "send", buffer=128 * 1024)
+    try:
+        st.start()
+        st.go()
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        st.stop()
+        took = time.monotonic() - t0
+        assert st.worker_failures == [] and st.errors() == [], (st.worker_failures, st.errors())
+        assert took < 2.0, took
+    finally:
+        st.close()
+        r.close()
 
 
 def test_close_after_a_signal_inside_thread_start_does_not_raise():

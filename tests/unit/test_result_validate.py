@@ -69,6 +69,49 @@ def test_what_the_schema_refuses_the_loader_refuses(field, value):
     assert "/" + field.split(".")[0] in line or "schema version" in line, line
 
 
+_REQ = json_schema()
+REQUIRED = [f for f in _REQ["required"] if f not in ("schema", "schema_version")]
+RECORD_REQUIRED = _REQ["$defs"]["record"]["required"]
+
+
+@pytest.mark.parametrize("field", REQUIRED + [f"records.0.{f}" for f in RECORD_REQUIRED])
+def test_a_required_field_that_is_missing_is_refused_by_both(field):
+    """A result without ``records`` (or any other field the schema requires) was read as a run
+    that measured nothing; now both refuse it, and the loader names the field."""
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    keys = field.split(".")
+    target = d
+    for k in keys[:-1]:
+        target = target[int(k)] if isinstance(target, list) else target[k]
+    del target[keys[-1]]
+    assert list(_validator().iter_errors(d))
+    with pytest.raises(UsageError) as e:
+        Result.from_dict(d, source="m.json")
+    pointer = "/" + "/".join(keys)
+    assert e.value.one_line().startswith(f"m.json: {pointer} is missing") or (
+        field == "command" and "names no command" in e.value.one_line()), e.value.one_line()
+
+
+@pytest.mark.parametrize("field", ["env", "spec", "timing", "records.0.extra", "argv", "partial", "records",
+                                   "gpubench_version", "created", "records.0.params", "records.0.samples_s"])
+def test_null_where_the_schema_wants_a_value_is_refused_by_both(field):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    _set(d, field, None)
+    assert list(_validator().iter_errors(d))
+    with pytest.raises(UsageError, match=r"^m\.json: /" + field.replace(".", "/") + " is null"):
+        Result.from_dict(d, source="m.json")
+
+
+@pytest.mark.parametrize("mutation", [{"failed_by": "boom"}, {"interrupted_by": "SIGINT"}, {"created": "yesterday"},
+                                      {"extra_top_level": 1}])
+def test_what_else_the_schema_refuses_the_loader_refuses(mutation):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    d.update(mutation)
+    assert list(_validator().iter_errors(d))
+    with pytest.raises(UsageError, match=r"^m\.json: /(partial|created|extra_top_level) is"):
+        Result.from_dict(d, source="m.json")
+
+
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**400, True])
 def test_what_the_schema_cannot_say_the_loader_still_refuses(value):
     d = json.loads((DATA / "copy-pinned-h200.json").read_text())
@@ -84,3 +127,27 @@ def test_depth_of_raw_text_and_of_objects_agree():
         if depth < 500:
             assert object_depth(json.loads(text)) == depth
     assert json_depth(b'{"a": "[[[[[[", "b": "\\"[[[", "c": [1, {"d": []}]}') == 4
+
+
+def test_the_one_pass_check_builds_what_the_field_by_field_check_builds(monkeypatch):
+    """check_record takes a one-pass path for well-formed records (no JSON Pointer built, D12);
+    every fixture record takes it, and it builds the same Record as the field-by-field path."""
+    from gpubench.core import result as R
+
+    for path in FILES:
+        recs = json.loads(path.read_text())["records"]
+        assert all(R._record_fast(r) is not None for r in recs), path.name
+        fast = [R.check_record(r, "f", f"/records/{i}") for i, r in enumerate(recs)]
+        with monkeypatch.context() as m:
+            m.setattr(R, "_record_fast", lambda d: None)
+            slow = [R.check_record(r, "f", f"/records/{i}") for i, r in enumerate(recs)]
+        assert fast == slow, path.name
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, 0.0, True, 1])
+def test_the_one_pass_check_leaves_every_doubtful_sample_to_the_named_check(value):
+    from gpubench.core import result as R
+
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())["records"][0]
+    d["samples_s"][3] = value
+    assert R._record_fast(d) is None

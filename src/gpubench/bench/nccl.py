@@ -157,6 +157,9 @@ class NcclSpec:
             from gpubench.core.ranks import parse_rendezvous
 
             parse_rendezvous(self.rendezvous)
+        from gpubench.core.scheduler import check_cluster_options
+
+        check_cluster_options(self.scheduler_address, self.scheduler_file)
         if self.scheduler_address and self.scheduler_file:
             raise UsageError("--scheduler-address and --scheduler-file both given", "use one of them")
         if (self.scheduler_address or self.scheduler_file) and self.devices is not None:

@@ -188,6 +188,16 @@ def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port
                        "is `gpubench net server` running there, on that --port and --bind?")
 
 
+def _refusal(reply: Any, what: str, wanted: str = "ok=true") -> str:
+    """Why a reply is not the one asked for: the server's own error line when it sent one
+    ("refused the test: busy..."), else what it sent instead (``{"ok": 1}`` was worded "refused
+    the test: None")."""
+    err = reply.get("error") if isinstance(reply, dict) else None
+    if isinstance(err, str) and err.strip():
+        return f"{what}: {err}"
+    return f"sent a reply without {wanted} or an error: {shown(reply, 80)}"
+
+
 def _server_error(host: str, port: int, msg: Any) -> MachineError:
     """A fault line naming the server; what the server said is shown through core.safe.term."""
     return MachineError(f"server {host} port {port}: {safe.term(msg, 200)}")
@@ -358,8 +368,7 @@ class _Session:
         except (OSError, ProtocolError) as e:
             raise _server_error(host, port, f"no reply to the request ({e})") from None
         if not isinstance(reply, dict) or reply.get("ok") is not True:
-            err = reply.get("error") if isinstance(reply, dict) else reply
-            raise _server_error(host, port, f"refused the test: {err}")
+            raise _server_error(host, port, _refusal(reply, "refused the test"))
         cookie = reply.get("cookie")
         if not (isinstance(cookie, str) and 0 < len(cookie) <= 64):
             raise ServerLied(f"server {host} port {port}: the reply has no valid cookie")
@@ -387,7 +396,7 @@ class _Session:
             raise MachineError(f"net client: {e}") from None
         msg = self._read(self.connect_timeout + 5.0)
         if not (isinstance(msg, dict) and msg.get("start") is True):
-            raise _server_error(host, port, msg.get("error") if isinstance(msg, dict) else msg)
+            raise _server_error(host, port, _refusal(msg, "did not start the test", "start=true"))
         self.t0 = time.perf_counter()
         for d in ("s2c", "c2s"):  # receivers first
             if d in self.sets:
@@ -405,7 +414,9 @@ class _Session:
         if not isinstance(msg, dict):
             raise _server_error(self.host, self.port, f"unexpected reply {shown(msg)}")
         if msg.get("ok") is False:
-            raise _server_error(self.host, self.port, msg.get("error", "aborted the test"))
+            err = msg.get("error")
+            raise _server_error(self.host, self.port, f"aborted the test: {err}" if isinstance(err, str) and err.strip()
+                                else "aborted the test without saying why")
         return msg
 
     def next_intervals(self) -> dict[str, Interval]:
@@ -680,11 +691,27 @@ class Net(Benchmark):
             yield ctx
 
     def measure(self, ctx: Context, point: Point) -> list[Record]:
+        """The next interval of each direction (:meth:`_Session.next_intervals`).
+
+        Raises:
+            MachineError: as next_intervals; and after the last interval, a server that sent
+                "done" but no end line: every interval is kept (``point_records`` holds the last
+                one) and the run ends with exit 3, since the CPU times, TCP_INFO and the bytes the
+                server sent (the end line's figures) are unknown; a real server always sends it.
+        """
         stopped = ctx.data.pop("interrupted", None)
         if stopped is not None:
             raise stopped
-        ivs = ctx.data["session"].next_intervals()
-        return [iv.record(point.key, d) for d, iv in ivs.items()]
+        session: _Session = ctx.data["session"]
+        ivs = session.next_intervals()
+        recs = [iv.record(point.key, d) for d, iv in ivs.items()]
+        if session.end_missing is not None:
+            e = _server_error(session.host, session.port,
+                              f"sent no end line after the test ({session.end_missing}); the intervals are kept, "
+                              "the CPU times and TCP_INFO it carries are not known")
+            e.point_records = recs
+            raise e
+        return recs
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         """Net allocates nothing per point: a memory failure while receiving is this host's fault.

@@ -170,6 +170,9 @@ class NetServer:
         self._max_tests: int | None = None
         self.pending_peak = 0
         self.address: tuple[str, int] | None = None
+        self._windowed = False  # the listener holds a test's -w buffers (renewed once the test ends)
+        self._loop: tuple | None = None  # serve_forever's (selector, pending connections)
+        self._listen_info: tuple | None = None  # (family, sockaddr) that open() bound
 
     def open(self) -> tuple[str, int]:
         """Bind and listen. Returns (address, port) actually bound.
@@ -194,6 +197,7 @@ class NetServer:
                              "choose another --port or --bind") from None
         _raise_fd_limit(self.max_pending + 2 * self.caps.max_streams + 64)
         self._listener = s
+        self._listen_info = (family, s.getsockname())
         addr = s.getsockname()
         self.address = (addr[0], addr[1])
         return self.address
@@ -261,11 +265,14 @@ class NetServer:
         sel = selectors.DefaultSelector()
         sel.register(lst, selectors.EVENT_READ, None)
         pending: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
+        self._loop = (sel, pending)  # for _dispatch, which renews a windowed listener before a test
         try:
             while not self._stop.is_set():
+                if self._windowed and self._active is None:
+                    self._renew_listener(sel, pending)
                 for key, _ in sel.select(0.1):
                     if key.data is None:
-                        self._accept(lst, sel, pending)
+                        self._accept(self._listener, sel, pending)
                     else:
                         self._read_pending(key.data, sel, pending)
                 now = time.monotonic()
@@ -280,7 +287,7 @@ class NetServer:
                 self._drop(p, sel, pending, "server stopping", count=False)
             sel.close()
             try:
-                lst.close()
+                self._listener.close()
             except OSError:
                 pass
             test = self._active
@@ -292,6 +299,61 @@ class NetServer:
             for t in threads:
                 t.join(max(0.0, deadline - time.monotonic()))
         return self.stats
+
+    # -- a test's socket buffers (-w) --------------------------------------------------------------
+
+    def _window_listener(self, window: int) -> None:
+        """Give the listening socket the test's SO_SNDBUF/SO_RCVBUF before its data streams connect.
+
+        Linux sizes a connection's receive window, and the window scale it offers in the SYN-ACK,
+        from the listener's buffer (``tcp_openreq_init_rwin``), and an accepted socket inherits the
+        listener's buffers and locks. Set on the accepted socket after the handshake instead (as
+        before), a small -w shrinks a buffer under a window already offered for the default one: a
+        4-8 KiB -w on loopback (64 KiB segments) dropped every segment, stalled on retransmission
+        timeouts (6 retransmits, 64 KiB in the first second, then nothing) and ended with the
+        sender killed. iperf3 does the same (iperf_tcp_listen: a new listener with the buffers
+        for a test that sets them). Once the test ends, :meth:`_renew_listener` replaces the
+        listener, since a buffer set on a socket cannot be handed back to the kernel's autotuning.
+        """
+        from gpubench.bench.net_stream import set_window
+
+        lst = self._listener
+        if lst is not None and window > 0:
+            set_window(lst, window)
+            self._windowed = True
+
+    def _renew_listener(self, sel, pending) -> None:
+        """A fresh listener on the same address (autotuned buffers), after a test that set -w. The
+        connections already queued on the old one are accepted first (they wait for their request
+        as any other); one arriving in the instant between close and listen is refused by the
+        kernel, as iperf3's own listener swap does. If the address cannot be bound again, the
+        server stops (it says so in its log)."""
+        old = self._listener
+        assert old is not None and self._listen_info is not None
+        self._accept(old, sel, pending)
+        try:
+            sel.unregister(old)
+        except (KeyError, ValueError):
+            pass
+        old.close()
+        family, sockaddr = self._listen_info
+        new = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            new.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            new.bind(sockaddr)
+            new.listen(1024)
+        except OSError as e:
+            new.close()
+            self.log(f"cannot listen again on {sockaddr[0]} port {sockaddr[1]} after a -w test: {e.strerror or e}; "
+                     "stopping")
+            self._listener = old  # closed: the loop below ends
+            self._stop.set()
+            self._windowed = False
+            return
+        new.setblocking(False)
+        sel.register(new, selectors.EVENT_READ, None)
+        self._listener = new
+        self._windowed = False
 
     # -- the request-reading stage -------------------------------------------------------------
 
@@ -369,6 +431,10 @@ class NetServer:
             self._refused(conn, peer, str(e))
             return
         with self._lock:
+            idle = self._active is None
+        if idle and self._windowed and self._loop is not None:  # the last test's -w must not reach this one's streams
+            self._renew_listener(*self._loop)
+        with self._lock:
             if self._active is not None or self._stop.is_set():
                 test = None
             else:
@@ -435,6 +501,7 @@ class NetServer:
         tag = (f"test from {who}: {req.streams} stream(s) {req.direction}, {req.seconds:g} s"
                + (f" after {req.omit:g} s omitted" if req.omit else "") + f", {req.buffer} B writes")
         try:
+            self._window_listener(req.window)  # before the reply: the data streams connect after it
             send_json(conn, {"ok": True, "version": 2, "cookie": test.cookie, **asdict(req)})
             why = self._wait_streams(conn, test)
             if why:

@@ -247,9 +247,15 @@ class StreamSet:
         """(stream, error text) of the streams that ended with an error."""
         return [(k, os.strerror(s)) for k, s in enumerate(self.states()) if s > 0]
 
-    def stop(self, timeout: float = 3.0) -> None:
-        """End the workers (close the stop pipe; kill one that has not ended after ``timeout``
-        seconds) and read their CPU seconds. Again: nothing more."""
+    def stop(self, timeout: float = 3.0, grace: float = 0.5) -> None:
+        """End the workers and read their CPU seconds. Again: nothing more.
+
+        The stop pipe is closed; a sender still running after ``grace`` seconds is inside one
+        long sendfile (a stalled peer taking a little at a time: each of the kernel's inner
+        writes waits its SO_SNDTIMEO anew, so the call outlasted the 3 s and the worker was
+        killed, exit -9, under ``net local -w 4KiB``), and its sockets' write side is shut, which
+        ends the call (EPIPE; the worker reads it as the stop); one that has still not ended after
+        ``timeout`` seconds is killed."""
         if self.t_stop is not None:
             return
         self.t_stop = time.perf_counter()
@@ -261,6 +267,19 @@ class StreamSet:
                     pass
         self._stop_w = self._go_w = None
         deadline = time.monotonic() + timeout
+        if self.role == "send" and self.procs:
+            soon = time.monotonic() + min(grace, timeout)
+            for p in self.procs:
+                try:
+                    p.wait(max(0.0, soon - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
+            if any(p.poll() is None for p in self.procs):
+                for s in self.socks:
+                    try:
+                        s.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
         for w, p in enumerate(self.procs):
             try:
                 _, err = p.communicate(timeout=max(0.05, deadline - time.monotonic()))

@@ -64,7 +64,11 @@ def _stopped(stop_fd: int) -> bool:
 def _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd) -> None:
     """One unpaced stream: blocking calls, no poll per call (one system call per write or read).
     SO_SNDTIMEO / SO_RCVTIMEO of 0.2 s make a call that cannot progress return, so the stop pipe
-    is looked at least that often; otherwise every 16 calls."""
+    is looked at least that often; otherwise every 16 calls. One sendfile of -l bytes to a peer
+    that takes a little at a time (a window of a few KiB stalling on retransmission timeouts) is
+    many socket writes inside the kernel, each waiting its 0.2 s anew, so it can outlast the
+    parent's stop: the parent then shuts the socket's write side (StreamSet.stop), which ends the
+    call with EPIPE, read here as the stop it is."""
     s.setblocking(True)
     tv = struct.pack("ll", 0, 200_000)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO if role == "send" else socket.SO_RCVTIMEO, tv)
@@ -97,6 +101,8 @@ def _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, 
                 if k & 15 == 0 and _stopped(stop_fd):
                     return
     except OSError as e:
+        if role == "send" and e.errno == errno.EPIPE and _stopped(stop_fd):
+            return  # the parent shut the write side to end a long call after it asked to stop
         state[slot] = e.errno or errno.EIO
 
 

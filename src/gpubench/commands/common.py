@@ -297,24 +297,26 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
 
 # -- strict numbers: every numeric option, one mechanism --------------------------------------------
 
-#: commands whose numeric options are left as click parses them: merge and net check theirs in
-#: their own Specs (owned there); delete a name here to bring it under the shared rules.
-NOT_HARDENED = ("merge", "net")
+#: commands whose numeric options are left as click parses them: net checks its own in its Spec
+#: (owned there); delete a name here to bring it under the shared rules.
+NOT_HARDENED = ("net",)
 
 
 class StrictInt(click.types.IntParamType):
-    """click's INT read by :func:`gpubench.core.options.parse_number`: ASCII digits only, at most
-    ``maximum``. A bad value raises gpubench's UsageError (one line, exit 2)."""
+    """click's INT read by :func:`gpubench.core.options.parse_number`: ASCII digits only (with
+    ``digit_groups``, "_" between groups as in 50_000_000), at most ``maximum``. A bad value raises
+    gpubench's UsageError (one line, exit 2)."""
 
-    def __init__(self, maximum: float | None = None):
+    def __init__(self, maximum: float | None = None, digit_groups: bool = False):
         self.maximum = maximum
+        self.digit_groups = digit_groups
 
     def convert(self, value, param, ctx):
         from gpubench.core.options import parse_number
 
         if value is None:
             return None
-        return parse_number(value, _opt_name(param), int, self.maximum)
+        return parse_number(value, _opt_name(param), int, self.maximum, digit_groups=self.digit_groups)
 
 
 class StrictFloat(click.types.FloatParamType):
@@ -345,7 +347,7 @@ def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click
     so an option added later is bounded without touching this file. Commands in NOT_HARDENED
     are returned as they are.
     """
-    from gpubench.core.options import option_maximum
+    from gpubench.core.options import DIGIT_GROUP_COMMANDS, option_maximum
 
     name = name or cmd.name or ""
     if name.split()[0] in NOT_HARDENED:
@@ -359,7 +361,7 @@ def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click
         if isinstance(t, (StrictInt, StrictFloat)) or isinstance(t, click.types._NumberRangeBase):
             continue
         if type(t) is click.types.IntParamType:
-            p.type = StrictInt(option_maximum(name, p.name or ""))
+            p.type = StrictInt(option_maximum(name, p.name or ""), digit_groups=name.split()[0] in DIGIT_GROUP_COMMANDS)
         elif type(t) is click.types.FloatParamType:
             p.type = StrictFloat(option_maximum(name, p.name or ""))
     return cmd

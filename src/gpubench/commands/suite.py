@@ -78,6 +78,14 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     if fleet.under_launcher():  # srun / mpirun / torchrun: every node, one fleet report (docs/fleet.md)
         return fleet.run_fleet(expectations=expectations, expect_file=expect_file, out=_made(out, out_dir),
                                with_merge=with_merge, strict=strict, quiet=quiet, timeout=node_timeout)
+    # the output before the GPU: on a machine without one, an unwritable -o (a read-only mount) was
+    # named only after the GPU was fixed; checked without creating anything (a missing folder: the
+    # nearest folder above it that exists must take a file)
+    probe_dir = out
+    while not probe_dir.exists() and probe_dir.parent != probe_dir:
+        probe_dir = probe_dir.parent
+    if probe_dir.is_dir():
+        check_output_target(probe_dir / "suite-probe.json", "-o")
     gpu.require_gpu()  # before creating anything
     try:
         out.mkdir(parents=True, exist_ok=True)

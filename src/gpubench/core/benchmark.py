@@ -303,7 +303,11 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
                                 got = _measure_one(bench, ctx, p, tel, b)
                             except (KeyboardInterrupt, Interrupted, GeneratorExit):
                                 raise
-                            except MachineError:
+                            except MachineError as e:
+                                for r in e.point_records:  # what the point had measured before the fault
+                                    if b.tag is not None:
+                                        r.params["numa_node"] = b.tag
+                                    records.append(r)
                                 raise
                             except Exception as e:
                                 if gpu.is_oom(e):

@@ -76,10 +76,14 @@ class MachineError(GpubenchError):
     Attributes:
         partial_result: what the run had measured before the fault (a Result with partial=True and
             failed_by set), for the command to print and save before exiting; None when nothing was.
+        point_records: records of the point being measured that were complete when the fault was
+            found (a plug-in sets it, e.g. net's last interval before a missing end line); the
+            driver keeps them with the finished points.
     """
 
     exit_code = 3
     partial_result: Any = None  # a gpubench.core.result.Result, set by the driver
+    point_records: Any = ()  # a list of gpubench.core.result.Record, set by a plug-in
 
 
 class RegressionFound(GpubenchError):

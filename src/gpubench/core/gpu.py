@@ -21,29 +21,44 @@ HOST_REGISTER_PORTABLE = 0x01
 MEMORY_KINDS = ("pinned", "pageable", "write-combined", "registered")
 
 
+#: Entries a -d list may hold. -d names CUDA devices of one machine (merge -t cpu: one worker process
+#: each): the largest single hosts have 16 GPUs, 7 MIG instances each is 112; 1,024 leaves room and
+#: bounds the parse (100,000 ids took 94 s to reach the memory refusal, the repeat check being
+#: quadratic).
+MAX_DEVICE_LIST = 1024
+
+
 def parse_devices(text: str | None) -> tuple[int, ...] | None:
     """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU.
 
     Returns None for None/"" (meaning: the default device).
 
     Raises:
-        UsageError: not a comma list of integers, a negative id, or a repeated id.
+        UsageError: more than :data:`MAX_DEVICE_LIST` entries (counted before any is parsed), not
+            a comma list of integers, a negative id, or a repeated id.
     """
     if text is None or str(text).strip() == "":
         return None
+    text = str(text)
+    n = text.count(",") + 1
+    if n > MAX_DEVICE_LIST:
+        raise UsageError(f"-d/--devices names {n:,} devices, more than one machine has",
+                         f"at most {MAX_DEVICE_LIST:,}, e.g. -d 0,1")
     out: list[int] = []
-    for part in str(text).split(","):
+    seen: set[int] = set()
+    for part in text.split(","):
         p = part.strip()
         if not re.fullmatch(r"-?[0-9]{1,10}", p):  # ASCII digits: int() also reads "١" and "1_0"
-            raise UsageError(f"device {p[:40]!r} in -d {str(text)[:80]!r} is not an integer",
+            raise UsageError(f"device {p[:40]!r} in -d {text[:80]!r} is not an integer",
                              "e.g. -d 0 or -d 0,1; ids are at most 2147483647")
         v = int(p)
         if v > 2**31 - 1:
             raise UsageError(f"device {v} in -d is too large", "CUDA ordinals are at most 2147483647")
         if v < 0:
-            raise UsageError(f"device {v} in -d {text!r} is negative", "device ids start at 0")
-        if v in out:
-            raise UsageError(f"device {v} is repeated in -d {text!r}", "name each GPU once")
+            raise UsageError(f"device {v} in -d {text[:80]!r} is negative", "device ids start at 0")
+        if v in seen:
+            raise UsageError(f"device {v} is repeated in -d {text[:80]!r}", "name each GPU once")
+        seen.add(v)
         out.append(v)
     return tuple(out)
 

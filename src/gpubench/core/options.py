@@ -99,7 +99,7 @@ def device_id(device: int) -> int:
 #
 # Python's int() and float() read more than a command line should mean: Unicode digits ("١٢" is
 # 12, "١.٥" 1.5), underscores ("1_000"), "inf", "nan", "1e400" (inf) and integers of any length.
-# Every numeric option of every command (merge and net check their own in their Specs) is parsed by
+# Every numeric option of every command (net checks its own in its Spec) is parsed by
 # parse_number below through commands.common.harden_numeric_options: ASCII digits only, a finite
 # value, and at most the largest value the option can mean (OPTION_MAXIMA, derived from what the
 # machine or the protocol allows). The lower bounds stay with each Spec, whose lines name them.
@@ -121,11 +121,20 @@ OPTION_MAXIMA: dict[str, float] = {
     "step_factor": float(MAX_INT64),  # a factor beyond the largest size gives the same two sizes
     "expect_busbw": MAX_GBPS,
     "compare:threshold_pct": 1e6,  # percent: a change of 10,000x is no longer a threshold
+    # merge: the driver lists every run as a point before anything starts (MergeSpec says the same);
+    # a fraction of keys that match is at most all of them
+    "merge:runs": MAX_REPEATS, "merge:warmup_runs": MAX_REPEATS, "merge:frac_match": 1.0,
 }
 DEFAULT_INT_MAX = MAX_INT64  # any other integer option: what a signed 64-bit C argument holds
 DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # any other float option: finite
 
 _ASCII_INT = re.compile(r"[+-]?[0-9]+\Z")
+# Python's int() grammar with ASCII digits only: groups separated by one underscore ("50_000_000")
+_GROUPED_INT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*\Z")
+#: commands whose integer options also take "_" between digit groups, as the tool they reproduce
+#: reads them (dask-cuda's benchmarks parse -c, --runs... with argparse's ``type=int``, so
+#: ``-c 50_000_000`` is how its docs and ours write a chunk size); Unicode digits stay refused.
+DIGIT_GROUP_COMMANDS = ("merge",)
 _ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 
@@ -141,7 +150,8 @@ def _shown_text(text: str) -> str:
     return safe.term(repr(text) if not _ASCII_FLOAT.match(text) else text, 60)
 
 
-def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None) -> int | float:
+def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
+                 digit_groups: bool = False) -> int | float:
     """Parse one numeric option strictly and check its upper bound.
 
     Args:
@@ -149,6 +159,8 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
         name: the option as messages name it ("-n/--iters").
         kind: int or float.
         maximum: the largest accepted value (default: DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX).
+        digit_groups: an integer may separate groups of digits with "_" ("50_000_000", as
+            Python's int() reads it; :data:`DIGIT_GROUP_COMMANDS`).
 
     Returns:
         The int or float.
@@ -164,8 +176,11 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
     if isinstance(text, str):
         s = text.strip()
         if kind is int:
-            if not _ASCII_INT.match(s):
-                raise UsageError(f"{name} {_shown_text(text)} is not an integer", "use the digits 0-9, e.g. 4")
+            if not (_GROUPED_INT if digit_groups else _ASCII_INT).match(s):
+                raise UsageError(f"{name} {_shown_text(text)} is not an integer",
+                                 "use the digits 0-9, e.g. 1_000_000 or 1000000" if digit_groups
+                                 else "use the digits 0-9, e.g. 4")
+            s = s.replace("_", "")
             if len(s.lstrip("+-")) > 30:
                 raise UsageError(f"{name} {_shown_text(s)} is too large", f"at most {_max_text(hi, kind)}")
             value: int | float = int(s)

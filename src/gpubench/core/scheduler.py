@@ -42,6 +42,33 @@ def scheduler_file_address(path: str) -> str:
     return address
 
 
+_ADDRESS_HINT = "e.g. tcp://HOST:8786"
+
+
+def check_cluster_options(address: str | None, path: str | None) -> None:
+    """--scheduler-address / --scheduler-file as given, before anything is imported: an empty (or
+    blank) value is a mistake, not "start a local cluster" (``--scheduler-address ''`` used to
+    start one, as '' is falsy), and a value with control characters or longer than any host name
+    and port can be is not an address. The full syntax is :func:`check_scheduler_address`'s,
+    once distributed is imported.
+
+    Raises:
+        UsageError: one line naming the option and the value (escaped) and what is accepted.
+    """
+    from gpubench.core import safe
+
+    if address is not None:
+        shown = safe.term(repr(address), 80)
+        if not address.strip():
+            raise UsageError(f"--scheduler-address {shown} is empty", _ADDRESS_HINT + ", or leave it out for a local cluster")
+        if len(address) > 300 or any(ord(c) < 0x21 or ord(c) == 0x7F for c in address):
+            raise UsageError(f"--scheduler-address {shown} is not an address (spaces, control characters or over "
+                             "300 characters)", _ADDRESS_HINT)
+    if path is not None and not path.strip():
+        raise UsageError(f"--scheduler-file {path!r} is empty", "give the file written by `dask scheduler "
+                         "--scheduler-file`, or leave it out for a local cluster")
+
+
 def check_scheduler_address(address: str) -> None:
     """Check that ``address`` (tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT) names a host and port.
 
@@ -51,11 +78,14 @@ def check_scheduler_address(address: str) -> None:
     """
     from distributed.comm import get_address_host_port
 
+    check_cluster_options(address, None)
     try:
-        _host, port = get_address_host_port(address)
+        host, port = get_address_host_port(address)
     except ValueError as e:
         raise UsageError(f"--scheduler-address {address!r} is not an address ({str(e).splitlines()[0][:100]})",
                          "e.g. tcp://HOST:8786") from None
+    if not str(host).strip("[]"):  # tcp://:8786 has no host: the connect waited out its timeout
+        raise UsageError(f"--scheduler-address {address!r} names no host", "e.g. tcp://HOST:8786")
     if not 0 < port < 65536:
         raise UsageError(f"--scheduler-address {address!r}: port {port} out of range", "e.g. tcp://HOST:8786")
 
