@@ -4,6 +4,7 @@ report's sections and the JSON; bad input; an unreachable scheduler; a worker ki
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,11 +126,19 @@ def test_unreachable_scheduler_exits_2_quickly():
     assert time.monotonic() - t0 < 30
 
 
-def _spawned_workers() -> list:
+def _spawned_workers(pid: int | None = None) -> list:
+    """Multiprocessing-spawned descendants of ``pid`` (default: this process) that still run; one
+    that ends (a zombie, gone) while it is looked at is skipped (CI: cmdline() of a zombie raised)."""
     import psutil
 
-    return [c for c in psutil.Process().children(recursive=True)
-            if "spawn_main" in " ".join(c.cmdline())]
+    out = []
+    for c in (psutil.Process(pid) if pid else psutil.Process()).children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except psutil.Error:
+            continue
+    return out
 
 
 def test_worker_killed_mid_run_stops_with_an_error_naming_it_and_leaves_no_process():
@@ -214,23 +223,26 @@ def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path, pr
     p = subprocess.Popen([sys.executable, "-m", "gpubench", "merge", "-t", "cpu", "-d", "0,1", "-c", "200_000",
                           "--runs", "200", "--warmup-runs", "0", "--json", str(out)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
-    import psutil
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and p.poll() is None:  # two workers up, then a few runs
-        kids = [c for c in psutil.Process(p.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
-        if len(kids) >= 2:
-            break
-        time.sleep(0.2)
-    time.sleep(8)
-    os.killpg(p.pid, signal.SIGINT)
-    if presses == 2:
-        time.sleep(0.3)
-        try:
-            os.killpg(p.pid, signal.SIGINT)
-        except ProcessLookupError:  # it had already finished
-            pass
-    stdout, stderr = p.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:  # two workers up, then a few runs
+            if len(_spawned_workers(p.pid)) >= 2:
+                break
+            time.sleep(0.2)
+        time.sleep(8)
+        os.killpg(p.pid, signal.SIGINT)
+        if presses == 2:
+            time.sleep(0.3)
+            try:
+                os.killpg(p.pid, signal.SIGINT)
+            except ProcessLookupError:  # it had already finished
+                pass
+        stdout, stderr = p.communicate(timeout=60)
+    finally:  # whatever failed above, no process of this run outlives the test (it polluted the next ones)
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     data = json.loads(out.read_text())
