@@ -163,3 +163,23 @@ def test_net_local_with_a_window_of_a_few_kib_measures(run_cli, tmp_path, window
     d = json.loads(out.read_text())
     total = [r for r in d["records"] if r["params"]["stream"] == "total"][0]
     assert all(b > 2**20 for b in total["extra"]["interval_bytes"]), total["extra"]["interval_bytes"]
+
+
+# --- the third break-it pass (2026-12-01, 17:30): options parsed by click's own INT/FLOAT ----------
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["net", "local", "-P", "٣"], "-P/--parallel '٣' is not an integer"),  # net was left out of the strict parser
+    (["net", "local", "-t", "٣"], "-t/--time '٣' is not a finite number"),
+    (["net", "local", "-i", "٠.٢"], "-i/--interval '٠.٢' is not a finite number"),
+    (["net", "local", "-P", "inf"], "-P/--parallel 'inf' is not an integer"),  # click: "not a valid integer"
+    (["net", "local", "-P", ""], "-P/--parallel '' is not an integer"),
+    (["net", "server", "-1", "-p", "٣"], "-p/--port '٣' is not an integer"),  # bound port 3 and served
+    (["net", "local", "-P", "\u00a04"], "-P/--parallel '\\xa04' is not an integer"),  # str.strip() ate U+00A0
+    (["merge", "-t", "cpu", "-c", "\u00a05"], "-c/--chunk-size '\\xa05' is not an integer"),
+    (["suite", "--check", "x.json", "--expect", "e.toml", "--node-timeout", "-1"],
+     "--node-timeout -1 out of range"),
+])
+def test_every_numeric_option_takes_ascii_digits_only(run_cli, argv, needle):
+    code, out, err = run_cli(*argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (code, err)

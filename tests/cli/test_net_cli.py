@@ -41,7 +41,7 @@ def test_help(args):
     (["local", "-P", "10000"], "-P/--parallel 10000"),
     (["local", "-t", "31536000"], "-t/--time"),
     (["local", "-t", "0"], "-t/--time 0"),
-    (["local", "-t", "nan"], "-t/--time nan"),
+    (["local", "-t", "nan"], "-t/--time 'nan' is not a finite number"),
     (["local", "-t", "soon"], "soon"),
     (["local", "-O", "-1"], "-O/--omit -1"),
     (["local", "-i", "0.01"], "-i/--interval 0.01"),

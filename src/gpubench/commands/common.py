@@ -299,7 +299,7 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
 
 #: commands whose numeric options are left as click parses them: net checks its own in its Spec
 #: (owned there); delete a name here to bring it under the shared rules.
-NOT_HARDENED = ("net",)
+NOT_HARDENED: tuple[str, ...] = ()
 
 
 class StrictInt(click.types.IntParamType):

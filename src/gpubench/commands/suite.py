@@ -50,6 +50,8 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     from gpubench import suite
     from gpubench.core.registry import REGISTRY
 
+    if not node_timeout > 0:  # also with --check and off a launcher (fleet.run_fleet says the same)
+        raise UsageError(f"--node-timeout {node_timeout:g} out of range", "use seconds > 0")
     known = sorted(REGISTRY)
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:

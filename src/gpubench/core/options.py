@@ -150,6 +150,9 @@ def _shown_text(text: str) -> str:
     return safe.term(repr(text) if not _ASCII_FLOAT.match(text) else text, 60)
 
 
+ASCII_SPACE = " \t\n\r\f\v"
+
+
 def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
                  digit_groups: bool = False) -> int | float:
     """Parse one numeric option strictly and check its upper bound.
@@ -174,7 +177,7 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
     if isinstance(text, bool) or not isinstance(text, (int, float, str)):
         raise UsageError(f"{name} {text!r} is not a number")
     if isinstance(text, str):
-        s = text.strip()
+        s = text.strip(ASCII_SPACE)  # str.strip() also takes U+00A0 and other Unicode spaces
         if kind is int:
             if not (_GROUPED_INT if digit_groups else _ASCII_INT).match(s):
                 raise UsageError(f"{name} {_shown_text(text)} is not an integer",
