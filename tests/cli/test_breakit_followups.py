@@ -183,3 +183,19 @@ def test_net_local_with_a_window_of_a_few_kib_measures(run_cli, tmp_path, window
 def test_every_numeric_option_takes_ascii_digits_only(run_cli, argv, needle):
     code, out, err = run_cli(*argv)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (code, err)
+
+
+def test_a_repeated_key_is_refused_not_read_as_the_last_value(run_cli, tmp_path):
+    """`{..., "records": [...], "records": []}` loaded as an empty result (Python's json keeps the
+    last value); now one line, exit 2, naming the key, in every loader."""
+    good = tmp_path / "good.json"
+    code, _, err = run_cli("net", "local", "-t", "0.3", "-i", "0.3", "-q", "--json", str(good))
+    assert code == 0, err
+    text = good.read_text().rstrip()
+    assert text.endswith("}")
+    bad = tmp_path / "dup.json"
+    bad.write_text(text[:-1] + ', "records": []}')
+    for argv in (["compare", str(bad), str(good)], ["report", str(bad), "-o", str(tmp_path / "r.html")],
+                 ["plot", str(bad), "-o", str(tmp_path / "p.png")]):
+        code, _, err = run_cli(*argv)
+        assert code == 2 and "repeats the key 'records'" in err and len(err.strip().splitlines()) == 1, (argv, err)
