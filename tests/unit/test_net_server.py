@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -683,3 +684,16 @@ def test_close_after_a_signal_inside_thread_start_does_not_raise():
     threading.Timer(0.3, t.start).start()
     server2.close(5.0)
     assert t.ident is not None and not t.is_alive()
+
+
+def test_an_ok_reply_that_changes_the_test_is_refused_at_once():
+    """Third break-it pass: a server whose ok reply said streams 99 for a 1-stream request was not
+    caught; the client failed 3.4 s later with "stopped answering". The reply echoes the request as
+    the server parsed it; a changed field is a lie named at once (exit 3)."""
+    req = LIE_REQUEST
+    liar = LyingServer([], reply={"ok": True, "version": 2, "cookie": "ab" * 16, **asdict(req), "streams": 99})
+    t0 = time.monotonic()
+    with pytest.raises(MachineError) as e:
+        run(NetSpec("127.0.0.1", liar.port, req, connect_timeout=3.0))
+    assert e.value.exit_code == 3 and time.monotonic() - t0 < 2.0
+    assert "its reply changes streams from 1 to 99" in e.value.one_line()

@@ -372,6 +372,13 @@ class _Session:
         cookie = reply.get("cookie")
         if not (isinstance(cookie, str) and 0 < len(cookie) <= 64):
             raise ServerLied(f"server {host} port {port}: the reply has no valid cookie")
+        # the ok reply echoes the test as the server parsed it (protocol v2): a field it changed
+        # (e.g. streams 99 for 1) would have the client wait for streams it never opens
+        changed = [k for k, v in asdict(req).items() if k in reply and reply[k] != v]
+        if changed:
+            k = changed[0]
+            raise ServerLied(f"server {host} port {port}: its reply changes {k} from {shown(getattr(req, k))} "
+                             f"to {shown(reply[k])}")
         n = 0
         for d in req.directions():
             for k in range(req.streams):
