@@ -259,7 +259,7 @@ def test_sigint_at_every_half_second_of_the_first_8_s(tmp_path, protocol):
         # UCXX's listener logs a traceback ("UCXPY  ERROR Unexpected error in listener handler",
         # "Listener object is being destroyed") when a peer resets in its handshake while the
         # cluster closes; gpubench's workers start with UCXPY_LOG_LEVEL=CRITICAL and its own "ucx"
-        # logger goes quiet at the close (merge_cluster.quiet_ucx_logger), so none may show.
+        # logger goes quiet at the close (merge_cluster.quiet_closing_logs), so none may show.
         for bad in ("Traceback", "KeyboardInterrupt", "MessageTruncatedError", "UCXXConnectionResetError",
                     "Exception ignored", "Port 8787", "UCXPY"):
             assert bad not in err, (at, err)
