@@ -794,9 +794,27 @@ def env_facts(env: dict) -> dict[str, str]:
         facts[k] = str(v)
     nccl = env.get("nccl")
     if isinstance(nccl, dict):  # nccl results: the library and the NCCL_* variables it read
-        facts["NCCL"] = str(nccl.get("version") or "-")
+        facts["NCCL"] = nccl_version_text(nccl.get("version"))
         facts["NCCL_* variables"] = " ".join(f"{k}={v}" for k, v in sorted((nccl.get("env") or {}).items())) or "-"
     return facts
+
+
+def nccl_version_text(code) -> str:
+    """NCCL's version code (``ncclGetVersion``) as people write it: 22809 -> "2.28.9".
+
+    nccl.h: from 2.9 on the code is ``major * 10000 + minor * 100 + patch`` (NCCL_VERSION_CODE),
+    before it ``major * 1000 + minor * 100 + patch`` (2.8.4 -> 2804). Anything else (a string from an
+    older file, null) is shown as it is, "-" for none."""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return "-" if code in (None, "") else str(code)
+    if code >= 20900:
+        major, rest = divmod(code, 10000)
+    elif code >= 1000:
+        major, rest = divmod(code, 1000)
+    else:
+        return str(code)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
 
 
 def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:

@@ -231,10 +231,18 @@ def test_env_diff_names_a_different_nccl_or_nccl_variables():
     a.env = dict(a.env, nccl={"version": 22803, "env": {"NCCL_NVLS_ENABLE": "0"}})
     b.env = dict(b.env, nccl={"version": 22809, "env": {"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"}})
     diff = {w: (x, y) for w, x, y in cmp.env_diff(a, b)}
-    assert diff["NCCL"] == ("22803", "22809")
+    assert diff["NCCL"] == ("2.28.3", "2.28.9")
     assert diff["NCCL_* variables"] == ("NCCL_NVLS_ENABLE=0", "NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0")
     b.env = dict(b.env, nccl=dict(a.env["nccl"]))
     assert not [w for w, *_ in cmp.env_diff(a, b) if w.startswith("NCCL")]
+
+
+@pytest.mark.parametrize("code, text", [(22809, "2.28.9"), (21903, "2.19.3"), (20900, "2.9.0"),
+                                        (2804, "2.8.4"), (2708, "2.7.8"), (None, "-"), ("2.28.9", "2.28.9"),
+                                        (True, "True"), (7, "7")])
+def test_nccl_version_code_reads_as_nccl_writes_it(code, text):
+    # nccl.h's NCCL_VERSION_CODE: major*10000 + minor*100 + patch from 2.9, major*1000 + ... before
+    assert cmp.nccl_version_text(code) == text
 
 
 def test_a_failed_point_is_no_data_with_its_reason():

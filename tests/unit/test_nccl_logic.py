@@ -260,3 +260,16 @@ def test_report_warns_when_dask_workers_differ_in_nccl():
     assert "differ in NCCL" in text_of(mixed)
     env_mixed = [same[0], {"rank": 1, "nccl": {"version": 22809, "env": {}}}]
     assert "differ in NCCL" in text_of(env_mixed)
+
+
+def test_the_footer_names_the_nccl_version_as_people_write_it_and_escapes_the_variables():
+    from pathlib import Path
+
+    from gpubench.core.result import load
+
+    r = load(Path(__file__).resolve().parents[1] / "data" / "nccl-h200x2.json")
+    lines = [x for x in cmd.format_report(r) if isinstance(x, str)]
+    assert "NCCL 2.28.9 (ncclGetVersion); environment: NCCL_NVLS_ENABLE=0 NCCL_VERSION=2.28.3-1" in lines
+    r.env = dict(r.env, nccl={"version": 22809, "env": {"NCCL_SOCKET_IFNAME": "eth0\x1b[31m"}})
+    line = next(x for x in cmd.format_report(r) if isinstance(x, str) and x.startswith("NCCL 2.28.9"))
+    assert "\x1b" not in line and "NCCL_SOCKET_IFNAME=eth0" in line

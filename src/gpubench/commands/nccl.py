@@ -213,9 +213,16 @@ def format_report(result, units: str = "GB") -> list:
         out.append("WARNING: the Dask workers differ in NCCL version or NCCL_* variables (env.dask_workers[i].nccl "
                    "in the JSON); the figures mix them.")
     out += _launch_lines(result)
-    nccl_env = (result.env.get("nccl") or {}).get("env") or {}
-    if nccl_env:
-        out.append("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl_env.items())))
+    nccl_block = result.env.get("nccl") or {}
+    nccl_env = nccl_block.get("env") or {}
+    if nccl_block.get("version") is not None or nccl_env:
+        from gpubench.compare import nccl_version_text
+        from gpubench.core.safe import term
+
+        line = f"NCCL {term(nccl_version_text(nccl_block.get('version')), limit=40)} (ncclGetVersion)"
+        if nccl_env:  # the NCCL_* variables this process saw, which NCCL read
+            line += "; environment: " + term(" ".join(f"{k}={v}" for k, v in sorted(nccl_env.items())), limit=2000)
+        out.append(line)
     if spec.get("expect_busbw_gbps") is not None:
         out.append(f"--expect-busbw {spec['expect_busbw_gbps']:g} GB/s: checked on the largest size.")
     if result.partial:
