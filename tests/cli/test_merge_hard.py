@@ -90,6 +90,21 @@ def test_a_value_too_large_is_refused_in_one_line_before_any_cluster(run_cli, ar
     assert {p.pid for p in _workers_of()} <= before  # no worker was started
 
 
+@pytest.mark.parametrize("above", ["10**26", "limit + 1", "limit * 1000"])
+def test_every_too_large_thread_count_names_the_machines_own_limit(run_cli, above):
+    """Whether the value passes int64 or not, the line names the limit this machine has (threads-max,
+    RLIMIT_NPROC), not the width of a C integer; with two workers it is shared and says so."""
+    from gpubench.core.options import machine_threads
+
+    limit = machine_threads()
+    value = eval(above, {"limit": limit})  # noqa: S307 - the three expressions above
+    code, _out, err = run_cli("merge", "-t", "cpu", "--threads-per-worker", str(value))
+    assert code == 2 and f"at most {limit:,})" in err and "9,223,372" not in err, err
+    code, _out, err = run_cli("merge", "-t", "cpu", "-d", "0,1", "--threads-per-worker", str(limit))
+    assert code == 2 and f"at most {max(1, limit // 2):,}: {limit:,} threads this machine lets one user run" in err, err
+    assert "shared by 2 worker(s)" in err
+
+
 def test_the_memory_refusal_names_the_largest_chunk_size_that_fits(run_cli):
     """-c past the workers' memory: one line with the largest -c that fits; that -c passes the same
     check while twice as many rows do not (the arithmetic, not a guess; a fixed worker limit, since

@@ -169,8 +169,12 @@ class MergeSpec:
         positive_int("--runs", self.runs, maximum=MAX_REPEATS)
         positive_int("--warmup-runs", self.warmup_runs, allow_zero=True, maximum=MAX_REPEATS)
         # a worker's thread pool: what the machine lets one user run (a 400-digit count overflowed msgpack)
-        positive_int("--threads-per-worker", self.threads_per_worker,
-                     maximum=max(1, machine_threads() // max(1, len(self.devices))))
+        positive_int("--threads-per-worker", self.threads_per_worker, maximum=2**63 - 1)
+        threads, workers = machine_threads(), max(1, len(self.devices))
+        if self.threads_per_worker is not None and self.threads_per_worker > max(1, threads // workers):
+            raise UsageError(f"--threads-per-worker {self.threads_per_worker} is too large",
+                             f"at most {max(1, threads // workers):,}: {threads:,} threads this machine lets one "
+                             f"user run (threads-max, RLIMIT_NPROC), shared by {workers} worker(s)")
         if self.ignore_size < 0:
             raise UsageError(f"--ignore-size {self.ignore_size} must be >= 0 bytes")
         finite_seconds("--timeout", self.timeout_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 from gpubench.core.errors import UsageError
 
@@ -111,7 +112,7 @@ MAX_GBPS = 1e6  # GB/s: no link moves a petabyte per second (NVLink 5 x18 is 0.9
 MAX_INT64 = 2**63 - 1
 
 #: option (click's parameter name) -> the largest accepted value; "command:name" overrides.
-OPTION_MAXIMA: dict[str, float] = {
+OPTION_MAXIMA: dict[str, float | Callable[[], float]] = {
     "warmup": MAX_REPEATS, "iters": MAX_REPEATS, "samples": MAX_REPEATS, "cuda_graph": MAX_REPEATS,
     "loop_count": MAX_COUNT, "check": MAX_COUNT,
     # batch --count, memcpy2d -H, overlap --streams/--chunks: their Specs bound them tighter, with
@@ -124,6 +125,9 @@ OPTION_MAXIMA: dict[str, float] = {
     # merge: the driver lists every run as a point before anything starts (MergeSpec says the same);
     # a fraction of keys that match is at most all of them
     "merge:runs": MAX_REPEATS, "merge:warmup_runs": MAX_REPEATS, "merge:frac_match": 1.0,
+    # a worker's thread pool: what this machine lets one user run (read when the option is parsed;
+    # MergeSpec then divides it among the workers and says so)
+    "merge:threads_per_worker": lambda: machine_threads(),
 }
 DEFAULT_INT_MAX = MAX_INT64  # any other integer option: what a signed 64-bit C argument holds
 DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # any other float option: finite
@@ -204,8 +208,10 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
 
 
 def option_maximum(command: str, name: str) -> float | None:
-    """The largest value of ``command``'s option ``name`` (OPTION_MAXIMA), or None for the default."""
-    return OPTION_MAXIMA.get(f"{command}:{name}", OPTION_MAXIMA.get(name))
+    """The largest value of ``command``'s option ``name`` (OPTION_MAXIMA; an entry may be a function
+    of the machine, called here), or None for the default."""
+    hi = OPTION_MAXIMA.get(f"{command}:{name}", OPTION_MAXIMA.get(name))
+    return hi() if callable(hi) else hi
 
 
 def ascii_int(text: str, name: str) -> int:
