@@ -14,12 +14,27 @@ recomputed from the saved samples with `gpubench.core.stats.median_noise` for ev
 the run-to-run spread of each point's median over the rounds ((max - min) / median, %).
 
 `--analyse DIR` re-prints the summary from a folder of saved runs (no GPU needed).
+
+Without ``--today-src`` the baseline is this tree's own fixed rule, ``--max-noise 100 --min-time 0.1``
+(a 100% goal is met at the 10th sample, so: at least 10 samples and 0.1 s, the old rule), which
+isolates the rule from every other change since. To run the old checkout itself, stage its src
+first (`bash benchmarks/stage_today_src.sh`, then carry `.stage/today-src`).
+
+The verdict per rule against the baseline (`verdict`): wall time per sweep, paired by round (the
+rounds alternate, so round i of each rule ran next to each other), and the run-to-run spread of the
+points' medians, as the ratio of the median spread over points (rule / baseline) with a 95%
+percentile-bootstrap interval over points resampled in pairs (B. Efron and R. Tibshirani, *An
+Introduction to the Bootstrap*, 1993, ch. 13; 10,000 resamples, seed 0, so the same saved runs give
+the same interval). Both overall and per memory kind (pinned, pageable): pageable points spread
+3-50% from run to run under every rule and would hide a change in the pinned ones. "not higher"
+means the interval reaches 1 or below; "lower" that it lies below 1; "higher" that it lies above.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
@@ -92,6 +107,80 @@ def analyse(folder: Path) -> dict:
     return summary
 
 
+SPREAD_RESAMPLES = 10_000
+
+
+def _median_ratio_ci(pairs: list[tuple[float, float]], resamples: int = SPREAD_RESAMPLES) -> tuple[float, float, float]:
+    """median(rule spreads) / median(baseline spreads) over points, with its 95% percentile-bootstrap
+    interval: the points are resampled with replacement, each keeping its (baseline, rule) pair.
+
+    Args: pairs: (baseline spread %, rule spread %) per point, the same points for both.
+    Returns: (ratio, low, high); inf where a baseline median is 0.
+    """
+    import numpy as np
+
+    a = np.array([p[0] for p in pairs], dtype=float)
+    b = np.array([p[1] for p in pairs], dtype=float)
+
+    def ratio(x, y):
+        mx = np.median(x, axis=-1)
+        my = np.median(y, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(mx > 0, my / np.where(mx > 0, mx, 1), np.inf)
+
+    whole = float(ratio(a, b))
+    if math.isinf(whole):
+        return whole, whole, whole
+    idx = np.random.default_rng(0).integers(0, len(a), size=(resamples, len(a)))
+    boots = np.sort(ratio(a[idx], b[idx]))
+    return whole, float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+
+
+def verdict(summary: dict, base: str) -> dict:
+    """Each rule against ``base``: wall time (mean, and paired by round) and the run-to-run spread
+    ratio with its interval, overall and per memory kind. Needs at least 2 rounds of each."""
+    out = {}
+    b = summary[base]
+    for rule, s in summary.items():
+        if rule == base:
+            continue
+        rounds = min(len(s["wall_s"]), len(b["wall_s"]))
+        paired = [s["wall_s"][i] / b["wall_s"][i] for i in range(rounds)]
+        v = {"rounds": rounds, "wall_s_mean": s["wall_s_mean"], "base_wall_s_mean": b["wall_s_mean"],
+             "wall_ratio_mean": s["wall_s_mean"] / b["wall_s_mean"],
+             "wall_ratio_by_round": paired, "faster_in_every_round": all(x < 1 for x in paired),
+             "noise_pct_median": s["noise_pct_median"], "base_noise_pct_median": b["noise_pct_median"],
+             "spread": {}}
+        for kind in ("all", "pinned", "pageable"):
+            pairs = [(b["per_point"][k]["run_to_run_spread_pct"], p["run_to_run_spread_pct"])
+                     for k, p in s["per_point"].items()
+                     if k in b["per_point"] and (kind == "all" or k.startswith(kind + "/"))
+                     and p["run_to_run_spread_pct"] is not None
+                     and b["per_point"][k]["run_to_run_spread_pct"] is not None]
+            if len(pairs) < 2:
+                continue
+            r, lo, hi = _median_ratio_ci(pairs)
+            word = "lower" if hi < 1 else "higher" if lo > 1 else "not higher"
+            v["spread"][kind] = {"points": len(pairs), "base_median_pct": statistics.median(x for x, _ in pairs),
+                                 "median_pct": statistics.median(y for _, y in pairs),
+                                 "ratio": r, "ci95": [lo, hi], "verdict": word}
+        out[rule] = v
+    return out
+
+
+def show_verdict(v: dict, base: str) -> None:
+    for rule, x in v.items():
+        walls = ", ".join(f"{r:.2f}" for r in x["wall_ratio_by_round"])
+        print(f"\n{rule} against {base} ({x['rounds']} rounds): wall {x['wall_s_mean']:.2f} s vs "
+              f"{x['base_wall_s_mean']:.2f} s per sweep, x{x['wall_ratio_mean']:.2f} (by round: {walls}; "
+              f"{'faster in every round' if x['faster_in_every_round'] else 'not faster in every round'}); "
+              f"noise reached, median over points {x['noise_pct_median']:.3f}% vs {x['base_noise_pct_median']:.3f}%")
+        for kind, sp in x["spread"].items():
+            print(f"  run-to-run spread, {kind:8} ({sp['points']:2} points): median {sp['median_pct']:.2f}% vs "
+                  f"{sp['base_median_pct']:.2f}%, ratio {sp['ratio']:.2f} (95% CI {sp['ci95'][0]:.2f}-"
+                  f"{sp['ci95'][1]:.2f}): {sp['verdict']}")
+
+
 def show(summary: dict) -> None:
     print(f"{'rule':10} {'opts':44} {'wall s (each)':>26} {'samples':>8} {'noise% med/max':>15} "
           f"{'>1%':>4} {'r2r% med/max':>13} {'capped':>6}")
@@ -126,12 +215,23 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new round after this many seconds")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--analyse", type=Path, help="print the summary of a folder of saved runs")
+    ap.add_argument("--base", help="the rule the others are judged against (default: today, else fixed)")
     a = ap.parse_args()
     if a.analyse:
-        show(analyse(a.analyse))
+        summary = analyse(a.analyse)
+        show(summary)
+        base = a.base or ("today" if "today" in summary else "fixed")
+        if base in summary and min(len(s["wall_s"]) for s in summary.values()) >= 2:
+            show_verdict(verdict(summary, base), base)
         return
     here = str(Path(__file__).resolve().parents[1] / "src")
-    rules = {"today": ("", a.today_src)}
+    rules = {}
+    if a.today_src:
+        if not (Path(a.today_src) / "gpubench" / "__main__.py").is_file():
+            raise SystemExit(f"--today-src {a.today_src}: no gpubench package there "
+                             "(bash benchmarks/stage_today_src.sh stages it in .stage/today-src)")
+        rules["today"] = ("", a.today_src)
+    rules["fixed"] = ("--max-noise 100 --min-time 0.1", here)  # the old rule, in this tree
     for spec in a.rule:
         name, _, opts = spec.partition(":")
         rules[name] = (opts, here)
@@ -151,8 +251,11 @@ def main() -> None:
             print(f"round {rnd} {name:10} {wall:6.2f} s", flush=True)
     (a.out / "runs.json").write_text(json.dumps({"rules": {k: v[0] for k, v in rules.items()}, "runs": runs}))
     summary = analyse(a.out)
-    (a.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    base = a.base or ("today" if "today" in summary else "fixed")
+    v = verdict(summary, base) if len(runs) >= 2 * len(rules) else {}
+    (a.out / "summary.json").write_text(json.dumps({"rules": summary, "verdict": v, "base": base}, indent=1))
     show(summary)
+    show_verdict(v, base)
 
 
 if __name__ == "__main__":
