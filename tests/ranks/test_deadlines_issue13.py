@@ -73,15 +73,19 @@ def _start(args: list[str], env: dict) -> subprocess.Popen:
 
 
 def _mpi_ranks(top: int, n: int = 3, timeout: float = 60.0) -> dict[int, int]:
-    """rank -> pid of the Python processes hydra started under mpiexec ``top`` (the net workers,
-    also Python and with PMI_RANK in their environment, are children of the ranks, not of hydra)."""
+    """rank -> pid of the Python processes the launcher's daemon started under mpiexec ``top``: MPICH's
+    hydra (PMI_RANK) or Open MPI's prterun/prted/orted (OMPI_COMM_WORLD_RANK). The net workers, also
+    Python and with those variables in their environment, are children of the ranks, not of it."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         got = {}
         for c in psutil.Process(top).children(recursive=True):
             try:
-                if "hydra" in c.parent().name() and "PMI_RANK" in (env := c.environ()):
+                parent, env = c.parent().name(), c.environ()
+                if "hydra" in parent and "PMI_RANK" in env:
                     got[int(env["PMI_RANK"])] = c.pid
+                elif parent.startswith(("prte", "orted", "mpirun", "mpiexec")) and "OMPI_COMM_WORLD_RANK" in env:
+                    got[int(env["OMPI_COMM_WORLD_RANK"])] = c.pid
             except psutil.Error:
                 pass
         if len(got) == n:

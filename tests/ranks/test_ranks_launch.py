@@ -86,8 +86,11 @@ def test_mpiexec_three_ranks_gather():
     r = _result(p.stdout)
     assert r["size"] == 3 and r["transport"] == "mpi"
     assert [g["rank"] for g in r["gathered"]] == [0, 1, 2]
-    assert [g["local_rank"] for g in r["gathered"]] == [0, 1, 2]
-    assert {g["launcher"] for g in r["gathered"]} == {"pmi"}
+    # one host: every rank has its own local rank (MPICH's hydra numbers them in rank order, Open
+    # MPI 5 may not: --oversubscribe on 2 cores gave ranks 0, 1, 2 local ranks 0, 2, 1)
+    assert sorted(g["local_rank"] for g in r["gathered"]) == [0, 1, 2]
+    assert {g["launcher"] for g in r["gathered"]} <= {"pmi", "openmpi"}
+    assert len({g["launcher"] for g in r["gathered"]}) == 1
     assert {g["host"] for g in r["gathered"]} == {socket.gethostname()}
     assert r["bcast"] == {"from": 0, "t": [1, 2]} and r["allgather"] == [0, 10, 20]
     assert len(set(r["pids"])) == 3

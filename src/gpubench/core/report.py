@@ -29,16 +29,49 @@ def human_to_stderr(enabled: bool = True) -> Iterator[None]:
         _HUMAN_TO_STDERR[0] = before
 
 
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` is a person's terminal: a tty, except under Open MPI.
+
+    Open MPI's launcher hands each rank a pseudo-terminal of its own for stdout, whatever mpirun's
+    own stdout is (measured with Open MPI 5.0 from PyPI: a rank's stdout is a tty of 0 columns while
+    ``mpirun ... > log`` writes a file; MPICH's hydra, Slurm's srun and torchrun give pipes), so a
+    rank cannot tell a terminal from a log and colour codes would land in CI logs and files. Under
+    Open MPI (``OMPI_COMM_WORLD_RANK`` set) the output is plain unless the user asks for colour as
+    rich reads it: ``FORCE_COLOR`` (https://force-color.org/) or ``TTY_COMPATIBLE=1``.
+    """
+    import os
+
+    # rich's own order (Console.is_terminal): TTY_COMPATIBLE 0/1, then FORCE_COLOR, then isatty
+    if os.environ.get("TTY_COMPATIBLE") in ("0", "1"):
+        return os.environ["TTY_COMPATIBLE"] == "1"
+    if os.environ.get("FORCE_COLOR") is not None:
+        return os.environ["FORCE_COLOR"] != ""
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def console(stderr: bool = False):
     """A rich Console on stdout (or stderr, or inside :func:`human_to_stderr`), without colour when
-    not a terminal."""
+    not a terminal (:func:`is_terminal`)."""
     from rich.console import Console
 
     stderr = stderr or _HUMAN_TO_STDERR[0]
     stream = sys.stderr if stderr else sys.stdout
     # Off a terminal (CI logs, pipes) rich would wrap at 80 columns and squeeze wide tables.
-    width = None if stream.isatty() else 200
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+    import os
+
+    tty = is_terminal(stream)
+    try:  # the width of a real terminal; a pipe with FORCE_COLOR, or a rank's 0-column pty under
+        # Open MPI, would get rich's 80: as wide as a log instead
+        sized = stream.isatty() and "OMPI_COMM_WORLD_RANK" not in os.environ
+    except (AttributeError, ValueError):
+        sized = False
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sized else 200,
+                   force_terminal=tty)
 
 
 def table(title: str, columns: list[str], caption: str | None = None):
@@ -155,7 +188,7 @@ class RichProgress(ProgressSink):
 
     def __init__(self, enabled: bool = True):
         self.quiet = not enabled
-        self.enabled = enabled and sys.stderr.isatty()
+        self.enabled = enabled and is_terminal(sys.stderr)
         self._p: Any = None  # rich.progress.Progress while shown
         self._task: Any = None
 
