@@ -700,13 +700,22 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
 
 
 def limit_flags(record: Record, side: str) -> list[str]:
-    """Limit flags a record carries in ``extra``: "above_limit" or "above_peak" (a figure above a
-    physical limit: a timing fault, never a real speed) and "flags" (a list of short texts, e.g.
-    a no-op collective). Each returned text names the side; malformed values are ignored."""
+    """Limit flags of a record, each text naming the side: the limit rule read back from the file
+    (:func:`gpubench.core.limits.saved_flag`: ``limit_flag`` "no_op" or "above_peak", a one-rank
+    in-place collective, ``above_peak``/``above_limit`` true, or a median recomputed from the
+    samples above the saved ``peak_bytes_per_s``), then ``extra.flags`` (a list of short texts).
+    Malformed values are ignored."""
+    from gpubench.core import limits
+
     extra = record.extra if isinstance(record.extra, dict) else {}
     out = []
-    if extra.get("above_limit") is True or extra.get("above_peak") is True:
+    flag = limits.saved_flag(record)
+    if flag == "above_peak":
         out.append(f"{side} above a physical limit")
+    elif flag == "no_op":
+        out.append(f"{side} no-op (moves no data: one rank, in place)")
+    elif flag == "nvls":
+        out.append(f"{side} busbw above the links' sum (NVLS?)")
     flags = extra.get("flags")
     if isinstance(flags, list):
         out += [f"{side}: {f}" for f in flags[:5] if isinstance(f, (str, int, float))]

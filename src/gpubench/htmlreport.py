@@ -239,11 +239,18 @@ def _throttled(r: Record) -> bool:
 
 def record_flags(r: Record) -> list[str]:
     """Short flags of one record: above peak, throttled, failed, verification failed."""
+    from gpubench.core import limits
+
     out = []
     if r.error:
         out.append("failed")
-    if r.extra.get("above_peak") is True:
+    flag = limits.saved_flag(r)  # the saved flag, or re-derived: a stale or missing one is not trusted
+    if flag == "above_peak":
         out.append("above peak")
+    elif flag == "no_op":
+        out.append("no-op (moves no data)")
+    elif flag == "nvls":
+        out.append("above links (NVLS?)")
     if _throttled(r):
         out.append("throttled")
     if r.extra.get("verified") is False:
@@ -297,6 +304,7 @@ def _fmt(v: float) -> str:
 
 def records_table(res: Result, units: str) -> str:
     """The figures of one result: the params that vary, median, p25-p75, n, % of peak, flags."""
+    from gpubench.core import limits
     from gpubench.plot import _mode_keys, values
 
     recs = res.records
@@ -321,8 +329,8 @@ def records_table(res: Result, units: str) -> str:
         else:
             cells += ["-"] * (3 if nccl else 2)
             cells.append("0")
-        pct = r.extra.get("pct_of_peak")
-        cells.append(f"{pct:.0f}%" if isinstance(pct, (int, float)) and math.isfinite(pct) else "-")
+        pct = limits.saved_pct_of_peak(r)
+        cells.append(f"{pct:.0f}%" if pct is not None else "-")
         cells.append(", ".join(f"failed: {r.error}" if f == "failed" else f for f in flags))
         rows.append(cells)
         classes.append("bad" if ("above peak" in flags or "failed" in flags or "verification failed" in flags)
