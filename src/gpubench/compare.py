@@ -891,16 +891,21 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
                          "and verdict are the same")
     new_keys = [_key(rec) for rec in new.records]
     new_by_key: dict[tuple, Record] = {}
-    for k, rec in zip(new_keys, new.records):
-        new_by_key.setdefault(k, rec)
-    seen: set[tuple] = set()
+    first_new: dict[tuple, int] = {}
+    for j, (k, rec) in enumerate(zip(new_keys, new.records)):
+        if k in first_new:
+            raise _repeated(new_name, rec, first_new[k], j)
+        first_new[k] = j
+        new_by_key[k] = rec
+    del first_new
+    seen: dict[tuple, int] = {}
     pending: list[tuple[list[float], list[float], str]] = []
     paired: list[Row] = []
-    for rb in base.records:
+    for i, rb in enumerate(base.records):
         k = _key(rb)
         if k in seen:
-            continue
-        seen.add(k)
+            raise _repeated(base_name, rb, seen[k], i)
+        seen[k] = i
         rn = new_by_key.get(k)
         if rn is None:
             cmp.rows.append(_one_side(rb, "only-base", base_name))
@@ -930,9 +935,17 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     _fill(paired, pending, threshold_pct, alpha)
     for k, rn in zip(new_keys, new.records):
         if k not in seen:
-            seen.add(k)
             cmp.rows.append(_one_side(rn, "only-new", new_name))
     return cmp
+
+
+def _repeated(name: str, rec: Record, first: int, again: int) -> UsageError:
+    """Two records of one file with the same params: compare pairs figures by params, so one of
+    them would be dropped unseen (a slower repeat would pass --fail-on-regression); no gpubench
+    command writes such a file."""
+    return UsageError(f"{safe.term(name)}: /records/{again} has the same params as /records/{first} "
+                      f"({safe.term(rec.params, 200)}), so the two cannot be told apart",
+                      "compare results whose records each have their own params (one run per file)")
 
 
 JUDGE_CHUNK = 10_000  # figures judged together (judge_many)

@@ -170,3 +170,57 @@ def test_saved_flag_rules():
     # malformed values are ignored, never raised on
     d = with_rate(pinned(), 54.0, peak_bytes_per_s="x", limit_flag=["no_op"], above_peak="yes", no_op=7)
     assert limits.saved_flag(rec(d)) is None
+
+
+# ---- area 1: compare verdicts ----
+
+@pytest.mark.parametrize("side", ["base", "new"])
+def test_compare_refuses_two_records_with_the_same_params(run_cli, tmp_path, side):
+    """A repeated figure was dropped unseen: a 50% slower repeat in NEW passed --fail-on-regression."""
+    good = pinned()
+    dup = copy.deepcopy(good)
+    slow = copy.deepcopy(dup["records"][0])
+    slow["samples_s"] = [t * 2 for t in slow["samples_s"]]
+    dup["records"].append(slow)
+    files = {"base": write(tmp_path, "good", good), "new": write(tmp_path, "dup", dup)}
+    if side == "base":
+        files = {"base": files["new"], "new": files["base"]}
+    code, out, err = run_cli("compare", files["base"], files["new"], "--fail-on-regression")
+    assert code == 2, (out, err)
+    line = one_line(err)
+    assert "/records/1 has the same params as /records/0" in line and "dup.json" in line
+
+
+def test_hodges_lehmann_and_moses_interval_by_hand():
+    """5 vs 5, new = 0.76 x base: HL exactly -24%; at 99% C = 1 (P(U <= 0) = 1/252 <= 0.005 <
+    P(U <= 1) = 2/252), so the interval is [D_(1), D_(25)], the extreme pairwise ratios
+    0.76 x 0.99/1.01 and 0.76 x 1.01/0.99; exact p = 2/252. And the overlapping 5 vs 5 of the
+    issue's kind: HL the 13th of the 25 sorted log-ratios, p = 14/252 by enumerating the 252 splits."""
+    import itertools
+    import math
+
+    from gpubench import compare as C
+
+    f = (1.0, 1.01, 0.99, 1.005, 0.995)
+    base = [55e9 * x for x in f]
+    j = C.judge(base, [0.76 * v for v in base], "bandwidth", threshold_pct=1.0)
+    assert j.shift.change_pct == pytest.approx(-24.0, abs=1e-9)
+    assert j.shift.ci_low_pct == pytest.approx(100 * (0.76 * 0.99 / 1.01 - 1), abs=1e-9)
+    assert j.shift.ci_high_pct == pytest.approx(100 * (0.76 * 1.01 / 0.99 - 1), abs=1e-9)
+    assert j.test.p == pytest.approx(2 / 252) and j.verdict == "slower"
+
+    b, n = [55, 40, 60, 45, 50], [38, 42, 36, 47, 34]
+    j = C.judge([x * 1e9 for x in b], [x * 1e9 for x in n], "bandwidth", threshold_pct=1.0)
+    d = sorted(math.log(y / x) for y in n for x in b)
+    assert j.shift.change_pct == pytest.approx(100 * math.expm1(d[12]))
+    assert (j.shift.ci_low_pct, j.shift.ci_high_pct) == pytest.approx((100 * math.expm1(d[0]), 100 * math.expm1(d[24])))
+    pool = b + n
+
+    def u(xs, ys):
+        return sum((a > c) + 0.5 * (a == c) for a in xs for c in ys)
+
+    u0 = u(n, b)
+    hits = sum(abs(u([pool[i] for i in s], [pool[i] for i in range(10) if i not in s]) - 12.5) >= abs(u0 - 12.5)
+               for s in itertools.combinations(range(10), 5))
+    assert j.test.p == pytest.approx(hits / 252) and hits == 14
+    assert j.verdict == "inconclusive"
