@@ -224,3 +224,83 @@ def test_hodges_lehmann_and_moses_interval_by_hand():
                for s in itertools.combinations(range(10), 5))
     assert j.test.p == pytest.approx(hits / 252) and hits == 14
     assert j.verdict == "inconclusive"
+
+
+# ---- area 3: telemetry and idle-check blocks: what the published schema refuses, the loader refuses ----
+
+EV = "\x1b[31mRED\x1b]8;;http://evil\x07link\x1b]8;;\x07\x1b[0m"
+HT = "<img src=x onerror=alert(1)>"
+GOOD_TELEMETRY = {"n": 12, "interval_s": 0.01, "devices": [0], "sm_clock_mhz": {"min": 1410, "median": 1980, "max": 1980},
+                  "mem_clock_mhz": {"min": 3201, "median": 3201, "max": 3201},
+                  "power_w": {"min": 120.5, "median": 300.0, "max": 400.25}, "temp_c": {"min": 40, "median": 45, "max": 50},
+                  "reasons": ["sw_power_cap"], "pcie": {"gen": 5, "width": 16}, "pcie_replay_delta": 0,
+                  "nvlink_errors_delta": None, "other_processes": 0}
+GOOD_ENV = {"preflight": {"idle": False, "warnings": ["GPU 0 is not idle: utilisation 99%"], "error": None,
+                          "gpus": [{"index": 0, "busy": ["utilisation 99%"], "other_processes": [],
+                                    "utilization_gpu_pct": 99, "utilization_memory_pct": 3, "temperature_c": 40,
+                                    "slowdown_temp_c": 90}]},
+            "numa": {"policy": "auto", "bindings": [{"node": 0, "cpus": "0-1", "reason": "auto: GPU 0's node 0"}]},
+            "telemetry": {"enabled": True, "interval_s": 0.01, "error": None}}
+
+CONDITION_MUTATIONS = [
+    ("records/0/telemetry/reasons", [EV]), ("records/0/telemetry/reasons", [HT]),
+    ("records/0/telemetry/reasons", ["sw_power_cap", "sw_power_cap"]), ("records/0/telemetry/reasons", "sw_power_cap"),
+    ("records/0/telemetry/reasons", [{"a": [1]}]), ("records/0/telemetry/sm_clock_mhz", "fast"),
+    ("records/0/telemetry/sm_clock_mhz", {"median": 1980}), ("records/0/telemetry/power_w", {"min": "1", "median": 2, "max": 3}),
+    ("records/0/telemetry/pcie", {"gen": HT, "width": 16}), ("records/0/telemetry/pcie", "Gen5 x16"),
+    ("records/0/telemetry/n", "x"), ("records/0/telemetry/n", -1), ("records/0/telemetry/interval_s", 0),
+    ("records/0/telemetry/pcie_replay_delta", 1.5), ("records/0/telemetry/other_processes", -1),
+    ("records/0/telemetry/devices", [EV]), ("records/0/telemetry/bogus", 1), ("records/0/telemetry", {}),
+    ("env/preflight/idle", "no"), ("env/preflight/warnings", [5]), ("env/preflight/gpus", {"0": 1}),
+    ("env/preflight/gpus/0/utilization_gpu_pct", "99%"), ("env/preflight/gpus/0/busy", EV), ("env/preflight", {}),
+    ("env/numa/bindings/0/node", "0"), ("env/numa/policy", 5), ("env/numa", {"policy": "auto"}),
+    ("env/telemetry/enabled", "yes"), ("env/telemetry", {"enabled": False}),
+]
+
+
+def conditions_result() -> dict:
+    d = pinned()
+    d["records"][0]["telemetry"] = copy.deepcopy(GOOD_TELEMETRY)
+    d["env"].update(copy.deepcopy(GOOD_ENV))
+    return d
+
+
+def _put(d, pointer: str, value):
+    keys = pointer.split("/")
+    for k in keys[:-1]:
+        d = d[int(k)] if isinstance(d, list) else d[k]
+    d[int(keys[-1]) if isinstance(d, list) else keys[-1]] = value
+
+
+def test_good_condition_blocks_pass_schema_and_loader(run_cli, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    from gpubench.core.result import Result, json_schema
+
+    d = conditions_result()
+    jsonschema.validate(d, json_schema())
+    Result.from_dict(d, source="ok.json")
+    f = write(tmp_path, "ok", d)
+    code, out, err = run_cli("compare", f, f)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("pointer,value", CONDITION_MUTATIONS, ids=[f"{p}={v!r}"[:60] for p, v in CONDITION_MUTATIONS])
+def test_hostile_condition_blocks_are_refused_naming_the_pointer(run_cli, tmp_path, pointer, value):
+    """The loader checked a telemetry block only as an object and env.preflight / numa / telemetry
+    not at all, while the published schema refuses these; compare, report and plot read them."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from gpubench.core.result import json_schema
+
+    d = conditions_result()
+    _put(d, pointer, value)
+    assert list(jsonschema.validators.validator_for(json_schema())(json_schema()).iter_errors(d)), \
+        "the schema accepts this mutation: not a useful case"
+    bad, good = write(tmp_path, "bad", d), write(tmp_path, "good", conditions_result())
+    top = "/" + "/".join(pointer.split("/")[:3])
+    for argv in (("compare", good, bad), ("report", bad, "-o", str(tmp_path / "r.html")),
+                 ("plot", bad, "-o", str(tmp_path / "p.png"))):
+        code, out, err = run_cli(*argv)
+        assert code == 2, (argv[0], out, err)
+        line = one_line(err)
+        assert line.startswith(f"gpubench: error: {bad}: {top}"), (argv[0], line)
+        assert "\x1b" not in line and "\x07" not in line
