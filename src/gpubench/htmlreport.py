@@ -238,8 +238,11 @@ def _throttled(r: Record) -> bool:
 
 
 def record_flags(r: Record) -> list[str]:
-    """Short flags of one record: above peak, throttled, failed, verification failed."""
+    """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`),
+    throttled (an ``extra`` throttle key, or a power or thermal slowdown reason in its telemetry),
+    sharing the GPU with another process (telemetry), verification failed."""
     from gpubench.core import limits
+    from gpubench.core.telemetry import SLOWDOWN_REASONS
 
     out = []
     if r.error:
@@ -251,8 +254,13 @@ def record_flags(r: Record) -> list[str]:
         out.append("no-op (moves no data)")
     elif flag == "nvls":
         out.append("above links (NVLS?)")
-    if _throttled(r):
-        out.append("throttled")
+    tele = r.telemetry if isinstance(r.telemetry, dict) else {}
+    reasons = tele.get("reasons") if isinstance(tele.get("reasons"), list) else []
+    if _throttled(r) or any(x in SLOWDOWN_REASONS for x in reasons if isinstance(x, str)):
+        out.append("throttled")  # the telemetry saw a power or thermal slowdown during the point
+    others = tele.get("other_processes")
+    if isinstance(others, int) and not isinstance(others, bool) and others > 0:
+        out.append("GPU shared with another process")
     if r.extra.get("verified") is False:
         out.append("verification failed")
     return out
@@ -265,6 +273,9 @@ def result_flags(res: Result) -> list[str]:
         why = f"stopped by a fault: {res.failed_by}" if res.failed_by else \
             f"interrupted by {res.interrupted_by or 'a signal'}"
         out.append(f"partial ({why})")
+    pre = res.env.get("preflight") if isinstance(res.env, dict) else None
+    if isinstance(pre, dict) and isinstance(pre.get("warnings"), list):
+        out += [f"before the run: {w}" for w in pre["warnings"][:8]]  # the idle check's (GPU not idle)
     counts: dict[str, int] = {}
     for r in res.records:
         for f in record_flags(r):

@@ -304,3 +304,30 @@ def test_hostile_condition_blocks_are_refused_naming_the_pointer(run_cli, tmp_pa
         line = one_line(err)
         assert line.startswith(f"gpubench: error: {bad}: {top}"), (argv[0], line)
         assert "\x1b" not in line and "\x07" not in line
+
+
+def test_report_flags_throttling_sharing_and_a_busy_gpu_from_the_conditions(run_cli, tmp_path):
+    """The report's "throttled" flag read only an extra key that issue 19's telemetry never writes:
+    a power-capped, thermally throttled point on a shared GPU after a failed idle check said
+    "Nothing flagged: ... nothing throttled". The idle check's warning (from the file) is escaped."""
+    d = conditions_result()
+    d["records"][0]["telemetry"].update(reasons=["sw_power_cap", "hw_thermal"], other_processes=1)
+    d["env"]["preflight"]["warnings"] = [f"GPU 0 is not idle: {EV} {HT} a|b"]
+    src = write(tmp_path, "capped", d)
+    out = str(tmp_path / "r.html")
+    code, _, err = run_cli("report", src, "-o", out, "-q")
+    assert code == 0, err
+    raw = Path(out).read_text()
+    assert "<img src=x" not in raw and "\x1b" not in raw and "\x07" not in raw
+    text = html_text(out)
+    assert "Nothing flagged" not in text and "No flags" not in text
+    assert "throttled" in text and "GPU shared with another process" in text
+    assert "before the run: GPU 0 is not idle" in text
+
+    quiet = conditions_result()  # sync_boost is not a slowdown; no other process; the GPU idle
+    quiet["records"][0]["telemetry"].update(reasons=["sync_boost"], other_processes=0)
+    quiet["env"]["preflight"].update(idle=True, warnings=[])
+    quiet["env"]["preflight"]["gpus"][0]["busy"] = []
+    code, _, err = run_cli("report", write(tmp_path, "quiet", quiet), "-o", out, "-q")
+    assert code == 0, err
+    assert "Nothing flagged" in html_text(out)
