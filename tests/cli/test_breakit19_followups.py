@@ -331,3 +331,46 @@ def test_report_flags_throttling_sharing_and_a_busy_gpu_from_the_conditions(run_
     code, _, err = run_cli("report", write(tmp_path, "quiet", quiet), "-o", out, "-q")
     assert code == 0, err
     assert "Nothing flagged" in html_text(out)
+
+
+# ---- area 4: --numa values: one-line refusals, before the GPU check ----
+
+@pytest.mark.parametrize("value", ["٠", "١", "０", "0_0", "+0", " ٠ ", "99999999999999999999", "\x1b[31m0", "0\u202e"])
+def test_numa_takes_ascii_node_numbers_only(run_cli, value):
+    """int() read "٠" (Arabic-Indic zero), "０" (fullwidth), "0_0" and "+0" as node 0, so
+    `--numa ٠` bound to node 0 and `--numa ١` was refused as "--numa 1", a value nobody typed."""
+    code, out, err = run_cli("copy", "-b", "4K", "-e", "4K", "-n", "1", "--numa", value)
+    assert code == 2
+    line = one_line(err)
+    assert "is not a NUMA node, none, all or auto" in line, line
+    assert "\x1b" not in line and "\u202e" not in line
+
+
+@pytest.mark.parametrize("argv", [["nccl", "all-reduce", "-b", "1M", "-e", "1M"], ["pin"]])
+def test_numa_all_without_host_buffers_is_refused_before_the_gpu_check(run_cli, argv):
+    """It was refused only after the GPU check and the idle check: on a machine without a GPU the
+    user saw "no CUDA device", on a busy one --require-idle's exit 3, for a command-line mistake."""
+    code, out, err = run_cli(*argv, "--numa", "all")
+    assert code == 2
+    assert "--numa all measures host memory from each NUMA node; this command uses no host buffers" in one_line(err)
+
+
+@pytest.mark.parametrize("value", ["0", "all"])
+def test_numa_on_work_in_dask_workers_is_refused_not_ignored(run_cli, tmp_path, value):
+    """merge (and nccl on a Dask scheduler) run their work in worker processes: --numa 0 / all
+    was accepted and silently did nothing (no binding, nothing in env.numa)."""
+    from gpubench.core import numa
+
+    if not numa.nodes().get(0):
+        pytest.skip("this machine has no NUMA node 0 with CPUs (no /sys/devices/system/node)")
+    out = tmp_path / "m.json"
+    code, _, err = run_cli("merge", "-t", "cpu", "-c", "1000", "--numa", value, "--json", str(out))
+    assert code == 2 and not out.exists()
+    assert f"--numa {value}: merge runs its work in Dask worker processes" in one_line(err)
+
+
+def test_numa_none_and_auto_still_run_merge(run_cli, tmp_path):
+    out = tmp_path / "m.json"
+    code, _, err = run_cli("merge", "-t", "cpu", "-c", "1000", "--numa", "none", "-q", "--json", str(out))
+    assert code == 0, err
+    assert json.loads(out.read_text())["command"] == "merge"
