@@ -667,9 +667,16 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
     "mem_clock_mhz", "power_w", "temp_c", "reasons": [str], "pcie": {"gen","width"} | null,
     "pcie_replay_delta", "nvlink_errors_delta"}). Medians that moved (SM or memory clock by more
     than 2%, power by more than 5%, temperature by 5 C or more), clock-event reasons seen on one
-    side only, a different PCIe link, PCIe replays or NVLink errors counted on the new side. Strings
-    are returned raw (rendering escapes them); a missing or malformed block gives []."""
+    side only, a different PCIe link, a different number of other processes on the GPU, PCIe replays
+    or NVLink errors counted on the new side. Where only one side has a block (a baseline saved
+    before telemetry), what that side's block says happened (reasons, other processes, replays,
+    errors). Strings are returned raw (rendering escapes them); no block on either side, or a
+    malformed one, gives []."""
     tb, tn = _record_dict_field(rb, "telemetry"), _record_dict_field(rn, "telemetry")
+    if isinstance(tb, dict) != isinstance(tn, dict):  # one side only (a baseline from before telemetry)
+        side, t = ("new", tn) if isinstance(tn, dict) else ("base", tb)
+        events = _events(t)
+        return [f"{side}: {', '.join(events)} (no telemetry in {'base' if side == 'new' else 'new'})"] if events else []
     if not isinstance(tb, dict) or not isinstance(tn, dict):
         return []
     out = []
@@ -692,10 +699,27 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
     pa, pb = tb.get("pcie"), tn.get("pcie")
     if isinstance(pa, dict) and isinstance(pb, dict) and (pa.get("gen"), pa.get("width")) != (pb.get("gen"), pb.get("width")):
         out.append(f"PCIe Gen{pa.get('gen')} x{pa.get('width')}->Gen{pb.get('gen')} x{pb.get('width')}")
+    a, b = _num(tb, "other_processes") or 0, _num(tn, "other_processes") or 0
+    if a != b:  # another process on the GPU during the point (a second job: the issue's load case)
+        out.append(f"other processes on the GPU {a:.0f}->{b:.0f}")
     for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
         v = _num(tn, key)
         if v:
             out.append(f"{label} {v:.0f} (new)")
+    return out
+
+
+def _events(t: dict) -> list[str]:
+    """What one side's telemetry block says happened: clock-event reasons, other processes on the
+    GPU, PCIe replays, NVLink errors (malformed values ignored)."""
+    out = sorted({str(x) for x in t.get("reasons") or [] if isinstance(t.get("reasons"), list)})
+    n = _num(t, "other_processes")
+    if n:
+        out.append(f"{n:.0f} other process(es) on the GPU")
+    for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
+        v = _num(t, key)
+        if v:
+            out.append(f"{label} {v:.0f}")
     return out
 
 

@@ -374,3 +374,22 @@ def test_numa_none_and_auto_still_run_merge(run_cli, tmp_path):
     code, _, err = run_cli("merge", "-t", "cpu", "-c", "1000", "--numa", "none", "-q", "--json", str(out))
     assert code == 0, err
     assert json.loads(out.read_text())["command"] == "merge"
+
+
+def test_compare_shows_a_shared_gpu_and_a_new_runs_events_against_an_older_baseline(run_cli, tmp_path):
+    """The issue's load case (a second process on the GPU) never reached compare: other_processes
+    was not compared, and against a baseline saved before telemetry existed the column was empty
+    even for a power-capped new run."""
+    old = pinned()  # the real file: no telemetry block
+    base = conditions_result()
+    base["records"][0]["telemetry"].update(reasons=[], other_processes=0)
+    new = conditions_result()
+    new["records"][0]["telemetry"].update(reasons=["sw_power_cap"], other_processes=1)
+    b, o, n = write(tmp_path, "base", base), write(tmp_path, "old", old), write(tmp_path, "new", new)
+    code, out, err = run_cli("compare", b, n, "--format", "json")
+    assert code == 0, err
+    tele = json.loads(out)["comparisons"][0]["rows"][0]["telemetry"]
+    assert "other processes on the GPU 0->1" in tele and "new only: sw_power_cap" in tele, tele
+    code, out, err = run_cli("compare", o, n, "--format", "markdown")
+    assert code == 0, err
+    assert "new: sw\\_power\\_cap, 1 other process(es) on the GPU (no telemetry in base)" in out, out
