@@ -162,11 +162,12 @@ def _positive(v) -> bool:
 def saved_figure(record) -> float | None:
     """The rate (B/s) a saved record's limit is held against, recomputed from its samples as the
     run computed it: the median of nbytes / s (:meth:`Record.mark_peak`), times ``busbw_factor``
-    for a collective of several ranks (busbw, :func:`mark_collective`). None for a time figure,
-    a record without samples or bytes, or a malformed factor."""
+    for a collective of several ranks (busbw, :func:`mark_collective`). None for a record without
+    samples or bytes, or a malformed factor. A time record with bytes (overlap's copies alone)
+    gives its rate too: it has a saved peak only where a bandwidth limit applies."""
     x = record.extra if isinstance(record.extra, dict) else {}
     p = record.params if isinstance(record.params, dict) else {}
-    if record.metric != "bandwidth" or not record.samples_s or not record.nbytes:
+    if record.metric not in ("bandwidth", "time") or not record.samples_s or not record.nbytes:
         return None
     try:
         med = record.rate_summary().median
