@@ -667,9 +667,16 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
     "mem_clock_mhz", "power_w", "temp_c", "reasons": [str], "pcie": {"gen","width"} | null,
     "pcie_replay_delta", "nvlink_errors_delta"}). Medians that moved (SM or memory clock by more
     than 2%, power by more than 5%, temperature by 5 C or more), clock-event reasons seen on one
-    side only, a different PCIe link, PCIe replays or NVLink errors counted on the new side. Strings
-    are returned raw (rendering escapes them); a missing or malformed block gives []."""
+    side only, a different PCIe link, a different number of other processes on the GPU, PCIe replays
+    or NVLink errors counted on the new side. Where only one side has a block (a baseline saved
+    before telemetry), what that side's block says happened (reasons, other processes, replays,
+    errors). Strings are returned raw (rendering escapes them); no block on either side, or a
+    malformed one, gives []."""
     tb, tn = _record_dict_field(rb, "telemetry"), _record_dict_field(rn, "telemetry")
+    if isinstance(tb, dict) != isinstance(tn, dict):  # one side only (a baseline from before telemetry)
+        side, t = ("new", tn) if isinstance(tn, dict) else ("base", tb)
+        events = _events(t)
+        return [f"{side}: {', '.join(events)} (no telemetry in {'base' if side == 'new' else 'new'})"] if events else []
     if not isinstance(tb, dict) or not isinstance(tn, dict):
         return []
     out = []
@@ -692,6 +699,9 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
     pa, pb = tb.get("pcie"), tn.get("pcie")
     if isinstance(pa, dict) and isinstance(pb, dict) and (pa.get("gen"), pa.get("width")) != (pb.get("gen"), pb.get("width")):
         out.append(f"PCIe Gen{pa.get('gen')} x{pa.get('width')}->Gen{pb.get('gen')} x{pb.get('width')}")
+    a, b = _num(tb, "other_processes") or 0, _num(tn, "other_processes") or 0
+    if a != b:  # another process on the GPU during the point (a second job: the issue's load case)
+        out.append(f"other processes on the GPU {a:.0f}->{b:.0f}")
     for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
         v = _num(tn, key)
         if v:
@@ -699,14 +709,37 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
     return out
 
 
+def _events(t: dict) -> list[str]:
+    """What one side's telemetry block says happened: clock-event reasons, other processes on the
+    GPU, PCIe replays, NVLink errors (malformed values ignored)."""
+    out = sorted({str(x) for x in t.get("reasons") or [] if isinstance(t.get("reasons"), list)})
+    n = _num(t, "other_processes")
+    if n:
+        out.append(f"{n:.0f} other process(es) on the GPU")
+    for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
+        v = _num(t, key)
+        if v:
+            out.append(f"{label} {v:.0f}")
+    return out
+
+
 def limit_flags(record: Record, side: str) -> list[str]:
-    """Limit flags a record carries in ``extra``: "above_limit" or "above_peak" (a figure above a
-    physical limit: a timing fault, never a real speed) and "flags" (a list of short texts, e.g.
-    a no-op collective). Each returned text names the side; malformed values are ignored."""
+    """Limit flags of a record, each text naming the side: the limit rule read back from the file
+    (:func:`gpubench.core.limits.saved_flag`: ``limit_flag`` "no_op" or "above_peak", a one-rank
+    in-place collective, ``above_peak``/``above_limit`` true, or a median recomputed from the
+    samples above the saved ``peak_bytes_per_s``), then ``extra.flags`` (a list of short texts).
+    Malformed values are ignored."""
+    from gpubench.core import limits
+
     extra = record.extra if isinstance(record.extra, dict) else {}
     out = []
-    if extra.get("above_limit") is True or extra.get("above_peak") is True:
+    flag = limits.saved_flag(record)
+    if flag == "above_peak":
         out.append(f"{side} above a physical limit")
+    elif flag == "no_op":
+        out.append(f"{side} no-op (moves no data: one rank, in place)")
+    elif flag == "nvls":
+        out.append(f"{side} busbw above the links' sum (NVLS?)")
     flags = extra.get("flags")
     if isinstance(flags, list):
         out += [f"{side}: {f}" for f in flags[:5] if isinstance(f, (str, int, float))]
@@ -900,16 +933,21 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
                          "and verdict are the same")
     new_keys = [_key(rec) for rec in new.records]
     new_by_key: dict[tuple, Record] = {}
-    for k, rec in zip(new_keys, new.records):
-        new_by_key.setdefault(k, rec)
-    seen: set[tuple] = set()
+    first_new: dict[tuple, int] = {}
+    for j, (k, rec) in enumerate(zip(new_keys, new.records)):
+        if k in first_new:
+            raise _repeated(new_name, rec, first_new[k], j)
+        first_new[k] = j
+        new_by_key[k] = rec
+    del first_new
+    seen: dict[tuple, int] = {}
     pending: list[tuple[list[float], list[float], str]] = []
     paired: list[Row] = []
-    for rb in base.records:
+    for i, rb in enumerate(base.records):
         k = _key(rb)
         if k in seen:
-            continue
-        seen.add(k)
+            raise _repeated(base_name, rb, seen[k], i)
+        seen[k] = i
         rn = new_by_key.get(k)
         if rn is None:
             cmp.rows.append(_one_side(rb, "only-base", base_name))
@@ -939,9 +977,17 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     _fill(paired, pending, threshold_pct, alpha)
     for k, rn in zip(new_keys, new.records):
         if k not in seen:
-            seen.add(k)
             cmp.rows.append(_one_side(rn, "only-new", new_name))
     return cmp
+
+
+def _repeated(name: str, rec: Record, first: int, again: int) -> UsageError:
+    """Two records of one file with the same params: compare pairs figures by params, so one of
+    them would be dropped unseen (a slower repeat would pass --fail-on-regression); no gpubench
+    command writes such a file."""
+    return UsageError(f"{safe.term(name)}: /records/{again} has the same params as /records/{first} "
+                      f"({safe.term(rec.params, 200)}), so the two cannot be told apart",
+                      "compare results whose records each have their own params (one run per file)")
 
 
 JUDGE_CHUNK = 10_000  # figures judged together (judge_many)

@@ -238,14 +238,29 @@ def _throttled(r: Record) -> bool:
 
 
 def record_flags(r: Record) -> list[str]:
-    """Short flags of one record: above peak, throttled, failed, verification failed."""
+    """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`),
+    throttled (an ``extra`` throttle key, or a power or thermal slowdown reason in its telemetry),
+    sharing the GPU with another process (telemetry), verification failed."""
+    from gpubench.core import limits
+    from gpubench.core.telemetry import SLOWDOWN_REASONS
+
     out = []
     if r.error:
         out.append("failed")
-    if r.extra.get("above_peak") is True:
+    flag = limits.saved_flag(r)  # the saved flag, or re-derived: a stale or missing one is not trusted
+    if flag == "above_peak":
         out.append("above peak")
-    if _throttled(r):
-        out.append("throttled")
+    elif flag == "no_op":
+        out.append("no-op (moves no data)")
+    elif flag == "nvls":
+        out.append("above links (NVLS?)")
+    tele = r.telemetry if isinstance(r.telemetry, dict) else {}
+    reasons = tele.get("reasons") if isinstance(tele.get("reasons"), list) else []
+    if _throttled(r) or any(x in SLOWDOWN_REASONS for x in reasons if isinstance(x, str)):
+        out.append("throttled")  # the telemetry saw a power or thermal slowdown during the point
+    others = tele.get("other_processes")
+    if isinstance(others, int) and not isinstance(others, bool) and others > 0:
+        out.append("GPU shared with another process")
     if r.extra.get("verified") is False:
         out.append("verification failed")
     return out
@@ -258,6 +273,9 @@ def result_flags(res: Result) -> list[str]:
         why = f"stopped by a fault: {res.failed_by}" if res.failed_by else \
             f"interrupted by {res.interrupted_by or 'a signal'}"
         out.append(f"partial ({why})")
+    pre = res.env.get("preflight") if isinstance(res.env, dict) else None
+    if isinstance(pre, dict) and isinstance(pre.get("warnings"), list):
+        out += [f"before the run: {w}" for w in pre["warnings"][:8]]  # the idle check's (GPU not idle)
     counts: dict[str, int] = {}
     for r in res.records:
         for f in record_flags(r):
@@ -297,6 +315,7 @@ def _fmt(v: float) -> str:
 
 def records_table(res: Result, units: str) -> str:
     """The figures of one result: the params that vary, median, p25-p75, n, % of peak, flags."""
+    from gpubench.core import limits
     from gpubench.plot import _mode_keys, values
 
     recs = res.records
@@ -321,8 +340,8 @@ def records_table(res: Result, units: str) -> str:
         else:
             cells += ["-"] * (3 if nccl else 2)
             cells.append("0")
-        pct = r.extra.get("pct_of_peak")
-        cells.append(f"{pct:.0f}%" if isinstance(pct, (int, float)) and math.isfinite(pct) else "-")
+        pct = limits.saved_pct_of_peak(r)
+        cells.append(f"{pct:.0f}%" if pct is not None else "-")
         cells.append(", ".join(f"failed: {r.error}" if f == "failed" else f for f in flags))
         rows.append(cells)
         classes.append("bad" if ("above peak" in flags or "failed" in flags or "verification failed" in flags)

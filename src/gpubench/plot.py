@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpubench.core import safe
+from gpubench.core import limits, safe
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
 from gpubench.core.stats import Summary
@@ -47,7 +47,8 @@ from gpubench.core.units import UNITS, format_size
 BAND_LABEL = "band: p25-p75 of the samples"
 WHISKER_LABEL = "whiskers: p25-p75 of the samples"
 ABOVE_LABEL = "above the link's peak (a timing fault)"
-EXPLAIN_LABELS = (BAND_LABEL, WHISKER_LABEL, ABOVE_LABEL)
+NO_OP_LABEL = "no-op: moves no data (one rank, in place)"
+EXPLAIN_LABELS = (BAND_LABEL, WHISKER_LABEL, ABOVE_LABEL, NO_OP_LABEL)
 
 # params that can be a sweep's x axis, in bytes (memcpy2d's is the row width)
 SIZE_KEYS = ("nbytes", "piece_bytes", "piece", "size", "width")
@@ -643,10 +644,15 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
                         label=S(s.label))
         ax.fill_between(xs, [v.p25 for v in ss], [v.p75 for v in ss], color=colour, alpha=0.2, lw=0)
         legend.setdefault(S(s.label), line)
-        above = [(x, v.median) for x, v, r in zip(xs, ss, recs) if r.extra.get("above_peak") is True]
+        flags = [limits.saved_flag(r) for r in recs]  # saved, or re-derived from the samples and the peak
+        above = [(x, v.median) for x, v, f in zip(xs, ss, flags) if f == "above_peak"]
         if above:
             mark, = ax.plot(*zip(*above), "x", color="red", markersize=9, mew=2, label="_above")
             legend.setdefault(ABOVE_LABEL, mark)
+        no_op = [(x, v.median) for x, v, f in zip(xs, ss, flags) if f == "no_op"]
+        if no_op:
+            mark, = ax.plot(*zip(*no_op), "s", color="black", mfc="none", markersize=10, mew=1.5, label="_no_op")
+            legend.setdefault(NO_OP_LABEL, mark)
         ns += [v.n for v in ss]
         sizes += xs
         top = max([top] + [v.p75 for v in ss])
@@ -703,11 +709,17 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
         bars = ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=colour, hatch=hatch, edgecolor="white"
                       if not hatch else "0.2", lw=0.5, label=S(s.label), error_kw={"lw": 0.8, "ecolor": "0.15"})
         legend.setdefault(S(s.label), bars)
+        # a bar above its physical limit gets the red cross the lines get (saved or re-derived flag)
+        above = set() if summaries else {str(r.params.get(panel.cat_key or "", "-")) for r in s.records
+                                         if limits.saved_flag(r) == "above_peak"}
         for xi, c in zip(xs, cats):
             if c in d:
                 top = max(top, d[c].p75)
                 ax.annotate(f"{_fmt(d[c].median)}  n={d[c].n}", (xi, d[c].p75), textcoords="offset points",
                             xytext=(0, 2), ha="center", va="bottom", fontsize=7, rotation=90, color="0.2")
+                if c in above:
+                    mark, = ax.plot([xi], [d[c].median], "x", color="red", markersize=9, mew=2, label="_above")
+                    legend.setdefault(ABOVE_LABEL, mark)
     ax.set_xticks(x, [S(c) for c in cats], fontsize=9)
     ax.set_xlabel(S(xlabel or panel.cat_key or "point"))
     unit = _unit(panel.metric, units)
@@ -798,10 +810,10 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, co
         for r in recs:
             i, j = idx[r.params["src"]], idx[r.params["dst"]]
             m[i, j] = values(r, units).median
-            p = r.extra.get("pct_of_peak")
-            if isinstance(p, (int, float)) and math.isfinite(p):
+            p = limits.saved_pct_of_peak(r)
+            if p is not None:
                 pct[i, j] = p
-            above[i, j] = r.extra.get("above_peak") is True
+            above[i, j] = limits.saved_flag(r) == "above_peak"
         mats.append((devs, m, pct, above))
     finite = np.concatenate([m[np.isfinite(m)] for _, m, _, _ in mats]) if mats else np.array([])
     top = float(finite.max()) if finite.size else 1.0

@@ -326,6 +326,20 @@ class Overlap(Benchmark):
         with cupy.cuda.Device(ctx.spec.device):
             return _group_records(ctx.spec, point.key)
 
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """Hold the copies alone (stages h2d and d2h, N bytes per time) against the GPU's PCIe link
+        per direction (core/limits, docs/conditions.md), as copy's are: a figure above it gets
+        ``limit_flag`` "above_peak" and the report marks it."""
+        from gpubench.core import env as envmod
+        from gpubench.core import limits
+
+        g = envmod.gpu_by_index(ctx.env, ctx.spec.device) or {}
+        peak = g.get("pcie_peak_bytes_per_s")
+        source = limits.pcie_label(g.get("pcie_gen"), g.get("pcie_width"))
+        for r in records:
+            if r.params.get("stage") in ("h2d", "d2h") and r.samples_s and not r.error and r.nbytes:
+                limits.mark(r, peak, source)
+
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         spec: OverlapSpec = ctx.spec
         return [Record(params={"device": spec.device, "work": point.key, "streams": spec.streams,

@@ -129,8 +129,14 @@ def format_report(result, units: str = "GB") -> list:
              "speed-up = serial / overlapped; vs longest stage = overlapped / the slowest stage alone "
              "(1.00 is the best overlap can do when H2D and D2H use separate copy engines)."]
     if h2d and d2h:
-        notes.append(f"copies alone: H2D {format_rate(h2d[0].rate_summary().median, units)} {units}/s, "
-                     f"D2H {format_rate(d2h[0].rate_summary().median, units)} {units}/s.")
+        from gpubench.core import limits
+
+        def copy_rate(r) -> str:  # marked " !!" when above the PCIe link (Overlap.derive, core/limits)
+            pct = r.extra.get("pct_of_peak")
+            return (f"{format_rate(r.rate_summary().median, units)}{limits.flag_mark(r.extra)} {units}/s"
+                    + (f" ({pct:.0f}% of {r.extra.get('peak_source')})" if isinstance(pct, (int, float)) else ""))
+
+        notes.append(f"copies alone: H2D {copy_rate(h2d[0])}, D2H {copy_rate(d2h[0])}.")
     kern = [by[(w, "kernel")] for w in works if (w, "kernel") in by and by[(w, "kernel")].samples_s and w]
     if kern:
         notes.append("kernel: " + ", ".join(f"work {r.params['work']}: {r.extra.get('gflops', 0):.0f} GFLOP/s"

@@ -264,6 +264,7 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
 
     cond = conditions or _CONDITIONS.get()
     progress = progress or ProgressSink()
+    numa.check_applies(cond.numa, bench.name, host_memory=bench.host_memory, binds=bench.needs_gpu)
     devices: tuple[int, ...] = ()
     if bench.needs_gpu:
         cupy = gpu.require_gpu()  # a missing CuPy is a setup problem (exit 2), not a fault

@@ -37,6 +37,8 @@ a timing fault) or "no_op" (a figure that measures no data movement). compare an
 
 from __future__ import annotations
 
+import math
+
 _PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _PCIE_ENC = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 1.0}
 NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 26.5625, 5: 53.125}
@@ -151,6 +153,80 @@ def finalize(records) -> None:
             x["limit_flag"] = "no_op"
         else:
             x["limit_flag"] = "above_peak" if x.get("above_peak") else None
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def saved_figure(record) -> float | None:
+    """The rate (B/s) a saved record's limit is held against, recomputed from its samples as the
+    run computed it: the median of nbytes / s (:meth:`Record.mark_peak`), times ``busbw_factor``
+    for a collective of several ranks (busbw, :func:`mark_collective`). None for a record without
+    samples or bytes, or a malformed factor. A time record with bytes (overlap's copies alone)
+    gives its rate too: it has a saved peak only where a bandwidth limit applies."""
+    x = record.extra if isinstance(record.extra, dict) else {}
+    p = record.params if isinstance(record.params, dict) else {}
+    if record.metric not in ("bandwidth", "time") or not record.samples_s or not record.nbytes:
+        return None
+    try:
+        med = record.rate_summary().median
+    except (ValueError, TypeError, ZeroDivisionError):
+        return None
+    nranks = p.get("nranks")
+    if "busbw_factor" in x and isinstance(nranks, int) and not isinstance(nranks, bool) and nranks > 1:
+        if not _positive(x.get("busbw_factor")):
+            return None
+        med *= x["busbw_factor"]
+    return med if math.isfinite(med) else None
+
+
+def saved_flag(record) -> str | None:
+    """The limit flag of a record read back from a file (compare, report, plot): "no_op",
+    "above_peak", "nvls" (busbw above the links' sum where NVLS could do it) or None.
+
+    Not only the saved ``limit_flag`` is trusted: a file from before the flag, or one whose samples
+    were edited, must not show a figure above its limit plainly. So: ``limit_flag`` "no_op", an
+    ``extra.no_op`` reason, or a one-rank in-place collective (params nranks 1, placement
+    "in-place", as :func:`mark_collective` rules) is "no_op"; ``limit_flag`` "above_peak", or
+    ``above_peak`` / ``above_limit`` true, is "above_peak"; otherwise the figure recomputed from the
+    samples (:func:`saved_figure`) above a saved ``peak_bytes_per_s`` is "above_peak" ("nvls" where
+    the record says ``above_links_nvls``). Malformed values are ignored, never raised on."""
+    x = record.extra if isinstance(record.extra, dict) else {}
+    p = record.params if isinstance(record.params, dict) else {}
+    if x.get("limit_flag") == "no_op" or (isinstance(x.get("no_op"), str) and x.get("no_op")) \
+            or ("collective" in p and p.get("nranks") == 1 and p.get("nranks") is not True
+                and p.get("placement") == "in-place"):
+        return "no_op"
+    if x.get("limit_flag") == "above_peak" or x.get("above_peak") is True or x.get("above_limit") is True:
+        return "above_peak"
+    nvls = x.get("above_links_nvls") is True
+    peak = x.get("peak_bytes_per_s")
+    fig = saved_figure(record) if _positive(peak) else None
+    if fig is not None and fig > peak:
+        return "nvls" if nvls else "above_peak"
+    return "nvls" if nvls else None
+
+
+def saved_pct_of_peak(record) -> float | None:
+    """100 x :func:`saved_figure` / the saved ``peak_bytes_per_s`` (the "% of peak" of a record
+    read back, so an edited sample cannot keep a stale percentage), else the saved
+    ``pct_of_peak`` when it is a finite number, else None."""
+    x = record.extra if isinstance(record.extra, dict) else {}
+    peak = x.get("peak_bytes_per_s")
+    if _positive(peak):
+        fig = saved_figure(record)
+        if fig is not None:
+            return 100.0 * fig / peak
+    pct = x.get("pct_of_peak")
+    if isinstance(pct, (int, float)) and not isinstance(pct, bool) and math.isfinite(pct):
+        return float(pct)
+    return None
+
+
+FLAG_WORDS = {"no_op": "no-op: moves no data (one rank, in place); the call's time, not a bandwidth",
+              "above_peak": "above a physical limit (a timing fault, not a speed)",
+              "nvls": "busbw above the links' sum (NVLS?)"}
 
 
 def flag_mark(extra: dict) -> str:

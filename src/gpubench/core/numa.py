@@ -32,10 +32,12 @@ import contextlib
 import ctypes
 import os
 import platform
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from gpubench.core import safe
 from gpubench.core.errors import UsageError
 
 NODE_ROOT = "/sys/devices/system/node"
@@ -105,6 +107,9 @@ def nodes(root: str = NODE_ROOT) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
+_NODE_TEXT = re.compile(r"-?[0-9]{1,9}")  # ASCII digits; the kernel's MAX_NUMNODES is at most 1024
+
+
 def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
     """``--numa`` -> "auto", "none", "all" or a node number checked against ``root``.
 
@@ -116,11 +121,10 @@ def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
     t = str(text).strip().lower()
     if t in POLICIES:
         return t
-    try:
-        node = int(t)
-    except ValueError:
-        raise UsageError(f"--numa {text!r} is not a NUMA node, none, all or auto",
-                         "e.g. --numa 0, --numa none, --numa all") from None
+    if not _NODE_TEXT.fullmatch(t):  # int() also takes "٠", "０", "0_0" and "+0": not node numbers as sysfs writes them
+        raise UsageError(f"--numa {safe.term(repr(text), 80)} is not a NUMA node, none, all or auto",
+                         "e.g. --numa 0, --numa none, --numa all")
+    node = int(t)
     have = nodes(root)
     if node not in have:
         raise UsageError(f"--numa {node}: this machine has no NUMA node {node}",
@@ -157,6 +161,27 @@ def allowed_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return []
+
+
+def check_applies(policy: str | int, name: str, *, host_memory: bool, binds: bool) -> None:
+    """Refuse a ``--numa`` the run could not honour, before the GPU check (a command-line mistake is
+    named before "no CUDA device" or an idle warning): "all" for a benchmark without host buffers,
+    and a node or "all" for one whose work runs in other processes (``binds`` False: merge and
+    ``nccl --dask`` run it in Dask workers, which dask-cuda binds to their GPU's CPUs itself),
+    which would otherwise be ignored without a word.
+
+    Raises:
+        UsageError: as above.
+    """
+    if policy in ("auto", "none"):
+        return
+    if not binds:
+        raise UsageError(f"--numa {policy}: {name} runs its work in Dask worker processes, which --numa does not "
+                         "bind (a LocalCUDACluster binds each worker to its GPU's CPUs itself)",
+                         "leave --numa out, or use it with copy, batch, memcpy2d, overlap or p2p")
+    if policy == "all" and not host_memory:
+        raise UsageError("--numa all measures host memory from each NUMA node; this command uses no host buffers",
+                         "leave --numa out, or use it with copy, batch, memcpy2d, overlap or p2p")
 
 
 def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NODE_ROOT) -> list[Binding]:

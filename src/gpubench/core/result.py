@@ -717,6 +717,131 @@ def _values_ok(v: object) -> bool:
     return True
 
 
+# the schema's $defs/telemetry: required fields, then the optional ones
+_TELEMETRY_REQUIRED = {"n": "an integer >= 0 (sample sets)", "interval_s": "a number > 0 (seconds)",
+                       "sm_clock_mhz": "null or {min, median, max}", "mem_clock_mhz": "null or {min, median, max}",
+                       "power_w": "null or {min, median, max}", "temp_c": "null or {min, median, max}",
+                       "reasons": "an array of clock-event reasons", "pcie": "null or {gen, width}",
+                       "pcie_replay_delta": "an integer or null", "nvlink_errors_delta": "an integer or null"}
+_TELEMETRY_KEYS = frozenset(_TELEMETRY_REQUIRED) | {"devices", "other_processes"}
+_STAT3_KEYS = ("min", "median", "max")
+
+
+@functools.lru_cache(maxsize=1)
+def telemetry_reasons() -> tuple[str, ...]:
+    """The clock-event reason names a telemetry block may hold: the published schema's enum."""
+    return tuple(json_schema()["$defs"]["telemetry"]["properties"]["reasons"]["items"]["enum"])
+
+
+def check_telemetry(t: object, source: str, pointer: str) -> dict:
+    """Check a record's ``telemetry`` block (the schema's ``$defs/telemetry``, docs/conditions.md):
+    an object of exactly its fields; ``n`` an integer >= 0, ``interval_s`` > 0, ``devices`` CUDA
+    ordinals; each of sm_clock_mhz, mem_clock_mhz, power_w, temp_c null or {min, median, max}
+    numbers; ``reasons`` distinct names from the schema's list; ``pcie`` null or {gen, width}
+    integers; the deltas integers or null; ``other_processes`` an integer >= 0 or null.
+
+    Raises:
+        UsageError: the first bad field, by its JSON Pointer, then a missing required one.
+    """
+    t = check_obj(t, source, pointer)
+    for k in t:
+        if k not in _TELEMETRY_KEYS:
+            raise bad_field(source, pointer_join(pointer, k), t[k], "no such field (a telemetry block has "
+                            + ", ".join(sorted(_TELEMETRY_KEYS)) + ")")
+    if "n" in t:
+        check_int(t["n"], source, pointer_join(pointer, "n"))
+    if "interval_s" in t:
+        check_number(t["interval_s"], source, pointer_join(pointer, "interval_s"), lo_open=True)
+    if "devices" in t:
+        dp = pointer_join(pointer, "devices")
+        if type(t["devices"]) is not list:
+            raise bad_field(source, dp, t["devices"], "an array of CUDA ordinals")
+        for i, v in enumerate(t["devices"]):
+            check_int(v, source, f"{dp}/{i}")
+    for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
+        v = t.get(k)
+        if v is None:
+            continue
+        kp = pointer_join(pointer, k)
+        if type(v) is not dict or set(v) != set(_STAT3_KEYS):
+            raise bad_field(source, kp, v, "null or an object of min, median and max")
+        for s in _STAT3_KEYS:
+            check_number(v[s], source, pointer_join(kp, s), lo=-1.8e308)
+    if "reasons" in t:
+        rp = pointer_join(pointer, "reasons")
+        if type(t["reasons"]) is not list:
+            raise bad_field(source, rp, t["reasons"], "an array of clock-event reasons")
+        known, seen = telemetry_reasons(), set()
+        for i, v in enumerate(t["reasons"]):
+            if type(v) is not str or v not in known:
+                raise bad_field(source, f"{rp}/{i}", v, "one of " + ", ".join(known))
+            if v in seen:
+                raise bad_field(source, f"{rp}/{i}", v, "a reason not listed before it (each is listed once)")
+            seen.add(v)
+    pcie = t.get("pcie")
+    if pcie is not None:
+        pp = pointer_join(pointer, "pcie")
+        if type(pcie) is not dict or set(pcie) != {"gen", "width"}:
+            raise bad_field(source, pp, pcie, "null or an object of gen and width")
+        for k in ("gen", "width"):
+            check_int(pcie[k], source, pointer_join(pp, k), _MIN_INT)
+    for k in ("pcie_replay_delta", "nvlink_errors_delta"):
+        if t.get(k) is not None:
+            check_int(t[k], source, pointer_join(pointer, k), _MIN_INT)
+    if t.get("other_processes") is not None:
+        check_int(t["other_processes"], source, pointer_join(pointer, "other_processes"))
+    _require(t, _TELEMETRY_REQUIRED, source, pointer)
+    return t
+
+
+_STAT3_SET = frozenset(_STAT3_KEYS)
+_PCIE_SET = frozenset(("gen", "width"))
+_TELEMETRY_REQUIRED_SET = frozenset(_TELEMETRY_REQUIRED)
+
+
+def _num_ok(v: object) -> bool:
+    t = type(v)
+    return (t is float and v - v == 0.0) or (t is int and _MIN_INT <= v <= MAX_INT)  # type: ignore[operator]
+
+
+def _int_ok(v: object, lo: int = _MIN_INT) -> bool:
+    return type(v) is int and lo <= v <= MAX_INT  # type: ignore[operator]
+
+
+def _telemetry_ok(t: object) -> bool:
+    """True when :func:`check_telemetry` would pass ``t``, without building a JSON Pointer or an
+    error (a result's every record may carry a block: 100,000 of them took 7 s through the named
+    check, 0.8 s here); anything doubtful goes to the named check."""
+    if type(t) is not dict or not _TELEMETRY_REQUIRED_SET <= t.keys() <= _TELEMETRY_KEYS:
+        return False
+    if not _int_ok(t["n"], 0) or not (_num_ok(t["interval_s"]) and t["interval_s"] > 0):
+        return False
+    for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
+        v = t[k]
+        if v is not None and (type(v) is not dict or v.keys() != _STAT3_SET or not
+                              (_num_ok(v["min"]) and _num_ok(v["median"]) and _num_ok(v["max"]))):
+            return False
+    reasons = t["reasons"]
+    if type(reasons) is not list or (reasons and (len(set(map(str, reasons))) != len(reasons) or
+                                                  not all(type(x) is str and x in _REASONS_SET() for x in reasons))):
+        return False
+    pcie = t["pcie"]
+    if pcie is not None and (type(pcie) is not dict or pcie.keys() != _PCIE_SET or
+                             not (_int_ok(pcie["gen"]) and _int_ok(pcie["width"]))):
+        return False
+    for k in ("pcie_replay_delta", "nvlink_errors_delta"):
+        if t[k] is not None and not _int_ok(t[k]):
+            return False
+    if "devices" in t and (type(t["devices"]) is not list or not all(_int_ok(x, 0) for x in t["devices"])):
+        return False
+    return t.get("other_processes") is None or _int_ok(t["other_processes"], 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _REASONS_SET() -> frozenset:  # noqa: N802
+    return frozenset(telemetry_reasons())
+
+
 def _record_fast(d: object) -> "Record | None":
     """The record of a well-formed ``d`` (every rule of :func:`check_record`), or None when
     anything is off, for check_record's slow path to name. No JSON Pointer is built here: 200,000
@@ -753,7 +878,7 @@ def _record_fast(d: object) -> "Record | None":
     if not _values_ok(extra):
         return None
     tele = d.get("telemetry")
-    if tele is not None and (type(tele) is not dict or not _values_ok(tele)):
+    if tele is not None and (type(tele) is not dict or not _telemetry_ok(tele)):
         return None
     return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=list(samples), reps=reps,
                   error=error, extra=dict(extra), telemetry=None if tele is None else dict(tele))
@@ -813,10 +938,9 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
     error = check_str(d.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
     extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"))
     _require(d, _RECORD_REQUIRED, source, pointer)
-    # the NVML block of core.telemetry (docs/conditions.md); shown only through core.safe, so its
-    # shape is checked as an object here and read defensively where it is used
+    # the NVML block of core.telemetry (docs/conditions.md), checked as the schema describes it
     tele = d.get("telemetry")
-    telemetry = None if tele is None else dict(check_obj(tele, source, pointer_join(pointer, "telemetry")))
+    telemetry = None if tele is None else dict(check_telemetry(tele, source, pointer_join(pointer, "telemetry")))
     return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=out, reps=reps,  # type: ignore[arg-type]
                   error=error, extra=dict(extra), telemetry=telemetry)
 
@@ -881,7 +1005,76 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         tp = pointer_join(pointer, "topology")
         for k, v in check_obj(env["topology"], source, tp).items():
             check_str(v, source, pointer_join(tp, k))
+    if "preflight" in env:
+        _check_preflight(env["preflight"], source, pointer_join(pointer, "preflight"))
+    if "numa" in env:
+        np_ = pointer_join(pointer, "numa")
+        numa = check_obj(env["numa"], source, np_)
+        if "policy" in numa:
+            check_str(numa["policy"], source, pointer_join(np_, "policy"))
+        if "bindings" in numa:
+            bp = pointer_join(np_, "bindings")
+            for i, b in enumerate(_check_list(numa["bindings"], source, bp, "an array of bindings")):
+                b = check_obj(b, source, f"{bp}/{i}")
+                if b.get("node") is not None:
+                    check_int(b["node"], source, f"{bp}/{i}/node", _MIN_INT)
+                check_str(b.get("cpus"), source, f"{bp}/{i}/cpus", allow_none=True)
+                if "reason" in b:
+                    check_str(b["reason"], source, f"{bp}/{i}/reason")
+                _require(b, {"node": "a node number or null", "cpus": "a CPU list or null",
+                             "reason": "a string"}, source, f"{bp}/{i}")
+        _require(numa, {"policy": "a string", "bindings": "an array of bindings"}, source, np_)
+    if "telemetry" in env:
+        tp = pointer_join(pointer, "telemetry")
+        t = check_obj(env["telemetry"], source, tp)
+        if "enabled" in t and type(t["enabled"]) is not bool:
+            raise bad_field(source, pointer_join(tp, "enabled"), t["enabled"], "true or false")
+        if t.get("interval_s") is not None:
+            check_number(t["interval_s"], source, pointer_join(tp, "interval_s"))
+        check_str(t.get("error"), source, pointer_join(tp, "error"), allow_none=True)
+        _require(t, {"enabled": "true or false", "interval_s": "a number or null", "error": "a string or null"},
+                 source, tp)
     return env
+
+
+def _check_list(v: object, source: str, pointer: str, what: str) -> list:
+    if type(v) is not list:
+        raise bad_field(source, pointer, v, what)
+    return v
+
+
+def _check_preflight(v: object, source: str, pointer: str) -> None:
+    """``env.preflight`` (core/env.idle_check; the schema's env/preflight): idle true, false or
+    null; warnings strings; error a string or null; per GPU its index, busy strings, other
+    processes objects and the integer readings (or null)."""
+    pre = check_obj(v, source, pointer)
+    if pre.get("idle") is not None and type(pre["idle"]) is not bool:
+        raise bad_field(source, pointer_join(pointer, "idle"), pre["idle"], "true, false or null")
+    if "warnings" in pre:
+        wp = pointer_join(pointer, "warnings")
+        for i, w in enumerate(_check_list(pre["warnings"], source, wp, "an array of strings")):
+            check_str(w, source, f"{wp}/{i}")
+    check_str(pre.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
+    if "gpus" in pre:
+        gp = pointer_join(pointer, "gpus")
+        for i, g in enumerate(_check_list(pre["gpus"], source, gp, "an array of GPUs")):
+            p = f"{gp}/{i}"
+            g = check_obj(g, source, p)
+            if "index" in g:
+                check_int(g["index"], source, f"{p}/index", _MIN_INT)
+            if "busy" in g:
+                for j, b in enumerate(_check_list(g["busy"], source, f"{p}/busy", "an array of strings")):
+                    check_str(b, source, f"{p}/busy/{j}")
+            if "other_processes" in g:
+                for j, o in enumerate(_check_list(g["other_processes"], source, f"{p}/other_processes",
+                                                  "an array of processes")):
+                    check_obj(o, source, f"{p}/other_processes/{j}")
+            for k in ("utilization_gpu_pct", "utilization_memory_pct", "temperature_c", "slowdown_temp_c"):
+                if g.get(k) is not None:
+                    check_int(g[k], source, f"{p}/{k}", _MIN_INT)
+            _require(g, {"index": "an integer", "busy": "an array of strings"}, source, p)
+    _require(pre, {"idle": "true, false or null", "warnings": "an array of strings", "gpus": "an array of GPUs",
+                   "error": "a string or null"}, source, pointer)
 
 
 def check_result(d: object, source: str = "result", pointer: str = "") -> "Result":
