@@ -67,6 +67,10 @@ def nodes_command(test_options, build_request) -> click.Command:
             raise UsageError("gpubench net nodes runs under a launcher (mpirun, srun, torchrun) or with RANK, "
                              "WORLD_SIZE, MASTER_ADDR and MASTER_PORT set",
                              "e.g. mpirun -n 4 gpubench net nodes; between two hosts: net server / net client")
+        if me.size == 1:  # nothing between nodes to measure: an empty matrix and exit 0 would pass a check
+            raise UsageError(f"gpubench net nodes needs 2 or more ranks; the launcher ({me.launcher}) started 1",
+                             "start one rank per node (mpirun -n 4 --map-by node, srun -N 4 --ntasks-per-node=1); "
+                             "on one host: gpubench net local")
         if to is not None and me.size and not 0 <= to < me.size:
             raise UsageError(f"--to {to} out of range", f"use a rank 0 to {me.size - 1}")
         spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout)

@@ -112,25 +112,45 @@ def _host() -> str:
 SINGLE = Rank(0, 1, 0, 1, 0, _host(), "none")
 
 
-def _int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
+# The most ranks a job may have (2**20): above the largest GPU jobs run, and a bound on what a
+# hand-set WORLD_SIZE makes every rank loop over (a 30-digit one hung join past its deadline).
+MAX_RANKS = 1 << 20
+_DECIMAL = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "1_0", "+1" and non-ASCII digits
+
+
+def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: bool = True) -> int:
+    """``env[name]`` as a decimal integer from ``minimum`` to MAX_RANKS - 1 (from 1 to MAX_RANKS for
+    a size, ``minimum=1``); ``counts_ranks=False`` (a Slurm job or step id): no upper bound.
+
+    Raises:
+        UsageError: not plain ASCII decimal digits (launchers write nothing else; Python's int()
+            would read ``1_0`` as 10 and Arabic-Indic digits as numbers), or out of that range.
+    """
     raw = env[name]
-    try:
-        v = int(raw.strip())
-    except ValueError:
+    text = raw.strip()
+    if not _DECIMAL.fullmatch(text):
         raise UsageError(f"{name}={raw[:40]!r} is not an integer",
-                         "the launcher sets it; unset it when not running under that launcher") from None
+                         "the launcher sets it (decimal digits 0-9); unset it when not running under that launcher")
+    v = int(text) if len(text) <= 20 else (1 << 70) * (-1 if text.startswith("-") else 1)
+    shown = text if len(text) <= 20 else f"{text[:12]}... ({len(text)} digits)"
     if v < minimum:
-        raise UsageError(f"{name}={v} must be >= {minimum}", "the launcher sets it; unset it when not running under that launcher")
+        raise UsageError(f"{name}={shown} must be >= {minimum}",
+                         "the launcher sets it; unset it when not running under that launcher")
+    top = MAX_RANKS if minimum >= 1 else MAX_RANKS - 1
+    if counts_ranks and v > top or v > 1 << 64:
+        raise UsageError(f"{name}={shown} is above {top if counts_ranks else 1 << 64}",
+                         f"gpubench takes at most {MAX_RANKS} ranks; check the environment")
     return v
 
 
-def _opt(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
-    return _int(env, name, minimum=minimum) if env.get(name, "").strip() else None
+def _opt(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: bool = True) -> int | None:
+    return _int(env, name, minimum=minimum, counts_ranks=counts_ranks) if env.get(name, "").strip() else None
 
 
-def _first(env: Mapping[str, str], *names: str, minimum: int = 0) -> tuple[str | None, int | None]:
+def _first(env: Mapping[str, str], *names: str, minimum: int = 0, counts_ranks: bool = True
+           ) -> tuple[str | None, int | None]:
     for n in names:
-        v = _opt(env, n, minimum=minimum)
+        v = _opt(env, n, minimum=minimum, counts_ranks=counts_ranks)
         if v is not None:
             return n, v
     return None, None
@@ -140,7 +160,7 @@ def _slurm_step(env: Mapping[str, str]) -> bool:
     """A task of an srun step: SLURM_PROCID and a real SLURM_STEP_ID (or SLURM_STEPID)."""
     if not env.get("SLURM_PROCID", "").strip():
         return False
-    name, step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    name, step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID", counts_ranks=False)
     return step is not None and step not in _SLURM_NOT_A_STEP
 
 
@@ -863,7 +883,7 @@ class _Store:
                 self._sock.sendall(json.dumps(req).encode() + b"\n")
                 line = self._rfile.readline()
             except socket.timeout:
-                self._broken = f"no reply within {wait_s + STORE_REPLY_S:g} s"
+                self._broken = f"no reply within {round(wait_s + STORE_REPLY_S, 1):g} s"
                 raise _StoreLost(self._broken) from None
             except OSError as e:
                 self._broken = f"lost the connection: {e.strerror or e}"
@@ -915,9 +935,10 @@ def parse_rendezvous(text: str, what: str = "--rendezvous") -> tuple[str, int]:
     Raises:
         UsageError: not HOST:PORT with a port 1..65535.
     """
-    m = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):(\d{1,5})\s*", text or "")
+    # ASCII digits only (\d also takes other scripts' digits); [v6] may carry a zone: [fe80::1%eth0]
+    m = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+(?:%[0-9A-Za-z_.-]+)?\]|[^:\s\[\]]+):([0-9]{1,5})\s*", text or "")
     if not m or not 0 < int(m.group(2)) < 65536:
-        raise UsageError(f"{what} {text!r} is not HOST:PORT", "e.g. node01:29500 (port 1..65535)")
+        raise UsageError(f"{what} {text[:80]!r} is not HOST:PORT", "e.g. node01:29500 or [::1]:29500 (port 1..65535)")
     return m.group(1).strip("[]"), int(m.group(2))
 
 
@@ -938,12 +959,16 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
     if env.get("MASTER_ADDR", "").strip():
         port = DEFAULT_PORT
         if env.get("MASTER_PORT", "").strip():
-            port = parse_rendezvous(f"x:{env['MASTER_PORT'].strip()}", "MASTER_PORT")[1]
+            raw = env["MASTER_PORT"].strip()
+            if not re.fullmatch(r"[0-9]{1,5}", raw) or not 0 < int(raw) < 65536:
+                raise UsageError(f"MASTER_PORT={raw[:40]!r} is not a TCP port",
+                                 "a port 1..65535, the same on every rank (torchrun's default 29500)")
+            port = int(raw)
         return env["MASTER_ADDR"].strip(), port
     if me.launcher == "slurm":
         first = slurm_first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
         if first:
-            job = _opt(env, "SLURM_JOB_ID") or 0
+            job = _opt(env, "SLURM_JOB_ID", counts_ranks=False) or 0
             return first, DEFAULT_PORT + job % 1000
     return None
 
