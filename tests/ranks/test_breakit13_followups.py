@@ -71,3 +71,99 @@ def test_net_nodes_with_one_rank_is_refused():
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "needs 2 or more ranks" in p.stderr, p.stderr
+
+
+# ---- 2. net nodes: the stopped receiver is named, not its sender --------------------------------
+
+# Ring of 3: round 1 is 0 -> 1 alone. Rank 1 (the receiver) has nothing to send, so it is at the
+# round's end barrier at once; it is stopped while rank 0's test to it runs. Rank 0's net client
+# then waits net's own stall allowance (an interval + 10 s past the due reply) before it leaves
+# the test; the round deadline (max(-T, -O + -t + -i + 5 s) = 7.5 s) came first, so rank 2 named
+# rank 0, the healthy sender, and under mpiexec nobody ever named rank 1.
+STALL_ARGS = ["net", "nodes", "-T", "6", "-t", "2", "-i", "0.5", "-P", "1"]
+STALL_BOUND_S = 60.0
+
+
+def _workers(pid: int) -> bool:
+    try:
+        return any("net_worker" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return False
+
+
+def _wait_test_running(pid: int, timeout: float = 90.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if _workers(pid):
+            return
+        time.sleep(0.02)
+    raise AssertionError("rank 0 never started its first test")
+
+
+def _check_named(text: str) -> None:
+    assert re.search(rf"rank 1 on {re.escape(HOST)} did not answer", text), text[-3000:]
+    assert not re.search(r"rank 0 on \S+ did not answer", text), text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+def test_mpiexec_net_nodes_names_the_stopped_receiver_not_its_sender():
+    top = _start([mpiexec(), "-n", "3", *GPUBENCH, *STALL_ARGS], _env())
+    out = Lines(top)
+    victim = None
+    try:
+        ranks = _mpi_ranks(top.pid)
+        _wait_test_running(ranks[0])
+        victim = ranks[1]
+        psutil.Process(victim).suspend()
+        t_stop = time.monotonic()
+        family = _family([top.pid, *ranks.values()])
+        (t_end,) = _wait_all([top], STALL_BOUND_S + 30)
+        text = out.text() if t_end is not None else "".join(line for _, line in out.lines)
+        assert t_end is not None and t_end - t_stop < STALL_BOUND_S, text[-3000:]
+        assert top.returncode != 0
+        _check_named(text)
+        assert _wait_gone(family, 15) == [], [psutil.Process(p).cmdline() for p in _alive(family)]
+    finally:
+        _cleanup([top], victim)
+
+
+def test_torchrun_style_net_nodes_names_the_stopped_receiver_not_its_sender():
+    port = _free_port()
+    procs = [_start([*GPUBENCH, *STALL_ARGS], _env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for r in range(3)]
+    outs = [Lines(p) for p in procs]
+    try:
+        _wait_test_running(procs[0].pid)
+        psutil.Process(procs[1].pid).suspend()
+        t_stop = time.monotonic()
+        family = _family([procs[0].pid, procs[2].pid])
+        ended = _wait_all([procs[0], procs[2]], STALL_BOUND_S + 30)
+        texts = [o.text() if p.poll() is not None else "".join(line for _, line in o.lines)
+                 for o, p in ((outs[0], procs[0]), (outs[2], procs[2]))]
+        assert None not in ended and max(ended) - t_stop < STALL_BOUND_S, (ended, texts)
+        assert [procs[0].returncode, procs[2].returncode] == [3, 3], texts
+        for t in texts:
+            _check_named(t)
+        assert _wait_gone(family, 10) == []
+    finally:
+        _cleanup(procs, procs[1].pid)
+
+
+def test_an_abort_notice_naming_this_rank_says_it_was_late_not_that_it_did_not_answer():
+    """Rank 0, late at a barrier because its test outlasted the deadline, printed 'rank 0 on vm did
+    not answer ... within 6 s (found by rank 2)': itself as the silent one, and -T instead of the
+    seconds rank 2 waited."""
+    import json
+
+    from gpubench.core.ranks import Group, Rank
+
+    g = Group(Rank(0, 3, 0, 3, 0, "node0", "torchrun"), timeout=6.0)
+    g.ranks = [Rank(r, 3, r, 3, 0, f"node{r}", "torchrun") for r in range(3)]
+    e = g._aborted(json.dumps({"missing": [0], "by": 2, "what": "end of net round 1 of 3", "s": 17.5}))
+    assert "did not answer" not in e.message, e.message
+    assert "rank 2 gave up waiting for this rank (rank 0 on node0)" in e.message and "17.5 s" in e.message
+    e = Group(Rank(1, 3, 1, 3, 0, "node1", "torchrun"), timeout=6.0)
+    e.ranks = g.ranks
+    err = e._aborted(json.dumps({"missing": [2], "by": 0, "what": "gather", "s": 17.5}))
+    assert "rank 2 on node2 did not answer the gather within 17.5 s" in err.message and "(found by rank 0)" in err.message

@@ -369,7 +369,8 @@ class Group:
         if not self._faulted:
             self._faulted = True
             try:  # tell the ranks still waiting who is missing, so that they name it too
-                self._send_all("abort", _dumps({"missing": list(ranks), "by": self.rank, "what": what}),
+                self._send_all("abort", _dumps({"missing": list(ranks), "by": self.rank, "what": what,
+                                                "s": float(timeout_s)}),
                                [r for r in range(self.size) if r != self.rank and r not in ranks], 0.0)
             except Exception:
                 pass
@@ -378,8 +379,19 @@ class Group:
     def _aborted(self, text: str) -> MachineError:
         """The MachineError of an abort notice another rank sent (it found ranks missing)."""
         d = json.loads(text)
-        e = self.missing([int(r) for r in d.get("missing", [])], str(d.get("what", "collective")), self.timeout)
-        e.message += f" (found by rank {int(d.get('by', -1))})"
+        gone = [int(r) for r in d.get("missing", [])]
+        waited = d.get("s")
+        waited = float(waited) if isinstance(waited, (int, float)) and waited >= 0 else self.timeout
+        by = int(d.get("by", -1))
+        e = self.missing(gone, str(d.get("what", "collective")), waited)
+        if self.rank in gone:  # this rank was late itself (busy past the deadline): say so, not "did not answer"
+            others = [r for r in gone if r != self.rank]
+            e.message = (f"rank {by} gave up waiting for this rank ({self.me.label()}) at the {d.get('what', 'collective')} "
+                         f"after {round(waited, 1):g} s" + (f"; it also missed {', '.join(f'rank {r} on {self._host_of(r)}' for r in others)}"
+                                                           if others else ""))
+            e.hint = "this rank was busy past the deadline (see the lines above), or the machine is overloaded"
+        else:
+            e.message += f" (found by rank {by})"
         return e
 
     def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
@@ -406,21 +418,24 @@ class Group:
             return None
         return self._collect(tag, text, deadline, "gather", timeout)
 
-    def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather") -> list:
+    def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather",
+                  waited: float | None = None) -> list:
         """Every rank's ``obj`` on every rank (a list, index = rank); ``what`` names it in the
-        error of a rank that did not answer."""
+        error of a rank that did not answer, and ``waited`` the seconds that error says it was
+        waited for (default ``timeout``: a caller whose deadline began earlier passes the whole)."""
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
         tag = self._tag("a")
         text = _dumps(obj)
         self._send_all(tag, text, [r for r in range(self.size) if r != self.rank], deadline)
-        return self._collect(tag, text, deadline, what, timeout)
+        return self._collect(tag, text, deadline, what, timeout if waited is None else waited)
 
-    def barrier(self, timeout: float | None = None, what: str = "barrier") -> None:
-        """Return when every rank has reached it; MachineError naming the absent ones after ``timeout``."""
+    def barrier(self, timeout: float | None = None, what: str = "barrier", waited: float | None = None) -> None:
+        """Return when every rank has reached it; MachineError naming the absent ones after
+        ``timeout`` (``waited``: see :meth:`allgather`)."""
         if self.size > 1:
-            self.allgather(None, timeout, what)
+            self.allgather(None, timeout, what, waited)
 
     def _waited(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else float(timeout)
