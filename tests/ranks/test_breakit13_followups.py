@@ -167,3 +167,75 @@ def test_an_abort_notice_naming_this_rank_says_it_was_late_not_that_it_did_not_a
     e.ranks = g.ranks
     err = e._aborted(json.dumps({"missing": [2], "by": 0, "what": "gather", "s": 17.5}))
     assert "rank 2 on node2 did not answer the gather within 17.5 s" in err.message and "(found by rank 0)" in err.message
+
+
+# ---- 4. two rank groups on one MASTER_PORT --------------------------------------------------------
+
+CLASH_ARGS = ["net", "nodes", "-T", "15", "-t", "1", "-O", "0", "-i", "0.5", "-P", "1"]
+
+
+def test_two_groups_on_one_master_port_fail_clearly_and_never_mix():
+    """Group B's rank 0 could not serve the port (exit 3, clear), but B's ranks 1 and 2 joined A's
+    store as A's ranks 1 and 2, read A's messages, sent tests to A's servers and exited 0 having
+    measured nothing of their own; A's report had a FAIL link 'busy: a test is running'. Now a
+    rank index is claimed once per store: a second claimant is refused naming the clash, and,
+    while the group has not formed, its refusal aborts the group it ran into (which may hold an
+    intruder). Whatever the race, every process ends, no one exits 0 unless it was one of three
+    ranks of one group that measured every link, and each failure names the port clash."""
+    port = _free_port()
+    procs, outs = [], []
+    try:
+        for g in "AB":
+            for r in range(3):
+                env = _env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port))
+                procs.append(_start([*GPUBENCH, *CLASH_ARGS], env))
+                outs.append(Lines(procs[-1]))
+        ended = _wait_all(procs, 90)
+        texts = [o.text() if p.poll() is not None else "".join(line for _, line in o.lines) for o, p in zip(outs, procs)]
+        assert None not in ended, texts
+        ok = [i for i, p in enumerate(procs) if p.returncode == 0]
+        assert len(ok) in (0, 3), ([p.returncode for p in procs], texts)
+        if ok:
+            reports = [texts[i] for i in ok if "TCP Gbit/s between nodes" in texts[i]]
+            assert len(reports) == 1 and "FAIL" not in reports[0] and "busy" not in reports[0], texts
+        for i, p in enumerate(procs):
+            if p.returncode != 0:
+                assert re.search(r"Address already in use|already joined the rendezvous store|also joined the rendezvous store", texts[i]), \
+                    ([p.returncode for p in procs], texts)
+            assert "Traceback" not in texts[i], texts[i]
+    finally:
+        for p in procs:
+            _cleanup([p], None)
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b'{"ok": true, "v": "x", "k": 5}\n'])
+def test_another_program_on_master_port_is_named_not_a_traceback(reply):
+    """A rank whose MASTER_PORT is served by another program: json.loads of its answer raised
+    (gpubench: error: JSONDecodeError ... run with --debug), or int('x') (ValueError)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+
+    def answer():
+        try:
+            while True:
+                c, _ = srv.accept()
+                while c.recv(4096):
+                    c.sendall(reply)
+        except OSError:
+            pass
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        p = _gpubench(["net", "nodes", "-t", "1", "-T", "5"],
+                      _env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), timeout=60)
+    finally:
+        srv.close()
+    assert p.returncode == 3, p.stderr
+    assert "the rendezvous store's port is not gpubench's" in p.stderr and "Error:" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -379,6 +379,12 @@ class Group:
     def _aborted(self, text: str) -> MachineError:
         """The MachineError of an abort notice another rank sent (it found ranks missing)."""
         d = json.loads(text)
+        if "clash" in d:  # a second process claimed a rank index of this group (see _StoreGroup.claim)
+            self._faulted = True
+            return MachineError(f"another process ({d.get('who')}) also joined the rendezvous store at {d.get('where')} as "
+                                f"rank {d.get('clash')}, held by {d.get('holder')}: two groups of ranks on one MASTER_PORT? "
+                                "this group stops, since it may hold ranks of the other",
+                                "give each group its own MASTER_PORT or --rendezvous")
         gone = [int(r) for r in d.get("missing", [])]
         waited = d.get("s")
         waited = float(waited) if isinstance(waited, (int, float)) and waited >= 0 else self.timeout
@@ -633,6 +639,10 @@ class _StoreLost(MachineError):
     """The store stopped answering (its server, rank 0 or torchrun's agent, died or hangs)."""
 
 
+class _StoreForeign(_StoreLost):
+    """What answered on the store's port is not a gpubench store (another program has the port)."""
+
+
 class _StoreGroup(Group):
     """The group over a key-value store (set / get with a deadline). Keys: PREFIX/tag/src/dest.
 
@@ -647,6 +657,13 @@ class _StoreGroup(Group):
         self.transport = f"store:{kind}"
 
     def _lost_store(self, e: _StoreLost) -> MachineError:
+        if isinstance(e, _StoreForeign):
+            self._faulted = True
+            self._lost = set(range(self.size)) - {self.rank}  # nobody of this group is reachable there
+            err = MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
+                               "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port")
+            err.missing_ranks = []  # type: ignore[attr-defined]
+            return err
         if self._rank0_serves and self.rank != 0:
             self._lost.add(0)
             self._faulted = True
@@ -683,6 +700,50 @@ class _StoreGroup(Group):
             raise _Abort(text)
         return text
 
+    def claim(self, where: str, deadline: float) -> None:
+        """Claim this rank's index in the store, once per group: a second process with the same
+        RANK (another group started on the same MASTER_PORT, whose own rank 0 could not serve it)
+        is refused, instead of reading this group's messages as its own and sending its tests to
+        this group's servers. While the group has not formed (rank 0 sets ``joined`` once it has),
+        the refused rank also leaves an abort notice: the group may hold an intruder that claimed
+        first, and every rank of it must stop, naming the clash.
+
+        Raises:
+            UsageError: the index was claimed already (names the process that has it).
+        """
+        key = f"{self._prefix}/rank/{self.rank}"
+        me = f"{self.me.host} pid {os.getpid()}"
+        try:
+            if self._store.add(key, 1, deadline) == 1:
+                self._store.set(f"{key}/by", me, deadline)
+                return
+            try:
+                _, holder = self._store.get_any([f"{key}/by"], time.monotonic() + 1.0)
+            except TimeoutError:
+                holder = "another process"
+            try:
+                self._store.get_any([f"{self._prefix}/joined"], time.monotonic())
+                formed = True
+            except TimeoutError:
+                formed = False
+            if not formed:
+                self._send_all("abort", _dumps({"clash": self.rank, "by": self.rank, "who": me, "holder": holder,
+                                                "where": where}), [], deadline)
+        except _StoreLost as e:
+            raise self._lost_store(e) from None
+        self._faulted = True
+        self._lost = set(range(self.size)) - {self.rank}  # not a member: close() waits for no one
+        raise UsageError(f"rank {self.rank} already joined the rendezvous store at {where} ({holder}; this is {me}): "
+                         "two groups of ranks on one MASTER_PORT?", "give each group its own MASTER_PORT or --rendezvous")
+
+    def formed(self) -> None:
+        """Rank 0, once every rank joined: later claimants of a taken index abort nobody."""
+        if self.rank == 0:
+            try:
+                self._store.set(f"{self._prefix}/joined", "1", time.monotonic() + 2.0)
+            except _StoreLost:
+                pass
+
     def close(self) -> None:
         if self._closed:
             return
@@ -702,6 +763,7 @@ class _StoreGroup(Group):
 
 # A store request's own allowance beyond its deadline: the reply of a live server is at once.
 STORE_REPLY_S = 5.0
+_MAX_LINE = 64 << 20  # the longest request or reply line of gpubench's store (bytes)
 
 
 class _TorchStore:
@@ -765,6 +827,9 @@ class _TorchStore:
 
     def set(self, key: str, text: str, deadline: float) -> None:
         self._call(lambda: self._store.set(key, text), deadline)
+
+    def add(self, key: str, amount: int, deadline: float) -> int:
+        return int(self._call(lambda: self._store.add(key, int(amount)), deadline))
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
         """(the first of ``keys`` that is set, its value); TimeoutError past ``deadline``. Polled
@@ -839,7 +904,7 @@ class _Store:
             self._conns += 1
         try:
             for line in f:
-                if len(line) > 64 << 20:
+                if len(line) > _MAX_LINE:
                     break
                 req = json.loads(line)
                 op, key = req.get("op"), str(req.get("k"))
@@ -848,6 +913,12 @@ class _Store:
                         self._data[key] = str(req.get("v"))
                         self._cv.notify_all()
                     reply: dict = {"ok": True}
+                elif op == "add":  # atomic counter (torch's TCPStore.add): claims of a rank index
+                    with self._cv:
+                        n = int(self._data.get(key, "0")) + int(req.get("v") or 0)
+                        self._data[key] = str(n)
+                        self._cv.notify_all()
+                    reply = {"ok": True, "v": n}
                 elif op == "get":
                     keys = [str(k) for k in req.get("ks") or []]
                     end = time.monotonic() + min(float(req.get("t") or 0), 3600.0)
@@ -892,11 +963,11 @@ class _Store:
         STORE_REPLY_S. Raises _StoreLost when the server does not answer in that time or is gone."""
         with self._lock:
             if self._broken:
-                raise _StoreLost(self._broken)
+                raise (_StoreForeign if "never sends" in self._broken else _StoreLost)(self._broken)
             self._sock.settimeout(wait_s + STORE_REPLY_S)
             try:
                 self._sock.sendall(json.dumps(req).encode() + b"\n")
-                line = self._rfile.readline()
+                line = self._rfile.readline(_MAX_LINE + 1)  # bounded: the port may be another program's
             except socket.timeout:
                 self._broken = f"no reply within {round(wait_s + STORE_REPLY_S, 1):g} s"
                 raise _StoreLost(self._broken) from None
@@ -906,11 +977,25 @@ class _Store:
             if not line:
                 self._broken = "it closed the connection"
                 raise _StoreLost(self._broken)
-            return json.loads(line)
+            try:
+                reply = json.loads(line) if line.endswith(b"\n") else None
+            except ValueError:
+                reply = None
+            if not isinstance(reply, dict) or (req["op"] == "add" and type(reply.get("v")) is not int) or \
+                    (req["op"] == "get" and reply.get("ok") and not (reply.get("k") in req["ks"]
+                                                                     and isinstance(reply.get("v"), str))):
+                self._broken = (f"it answered {line[:60]!r}{'...' if len(line) > 60 else ''}, which gpubench's store "
+                                "never sends: another program on that port?")
+                raise _StoreForeign(self._broken)
+            return reply
 
     def set(self, key: str, text: str, deadline: float | None = None) -> None:
         """Store ``text`` under ``key``; the server answers at once (STORE_REPLY_S at most)."""
         self._ask({"op": "set", "k": key, "v": text}, 0.0)
+
+    def add(self, key: str, amount: int, deadline: float | None = None) -> int:
+        """Add ``amount`` to the integer under ``key`` (0 when unset) and return the sum, atomically."""
+        return int(self._ask({"op": "add", "k": key, "v": int(amount)}, 0.0)["v"])
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
         """(the first of ``keys`` that is set, its value), waiting server-side; TimeoutError past ``deadline``."""
@@ -1046,7 +1131,15 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
                              "no rendezvous address is set", "set MASTER_ADDR and MASTER_PORT, or --rendezvous HOST:PORT")
         g = _store_group(me, addr, timeout, env)
     try:
+        if isinstance(g, _StoreGroup):
+            try:
+                g.claim(f"{addr[0]}:{addr[1]}", g._deadline(None))
+            except UsageError:
+                g.close()
+                raise
         g._learn_ranks()
+        if isinstance(g, _StoreGroup):
+            g.formed()
     except MachineError as e:
         g.close()
         raise MachineError(e.message.replace("all-gather", "join"), e.hint) from None
