@@ -239,3 +239,43 @@ def test_another_program_on_master_port_is_named_not_a_traceback(reply):
     assert p.returncode == 3, p.stderr
     assert "the rendezvous store's port is not gpubench's" in p.stderr and "Error:" not in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+# ---- 3. the fleet suite's expectations ------------------------------------------------------------
+
+EXPECT = """
+[[expect]]
+name = "between nodes \\u001b[31m<b>x</b>"
+command = "net"
+min_gbps = 0.001
+
+[[expect]]
+command = "copy"
+min_gbps = 1
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_fleet_suite_keeps_skipped_expectations_and_honours_strict(tmp_path, strict):
+    """A fleet of one (mpiexec -n 1, CPU steps): the net expectation (links between nodes; none
+    here) vanished from the bundle's outcomes, and --strict was accepted and ignored (exit 0 with
+    two expectations that never ran), unlike the one-node suite."""
+    import json
+
+    toml = tmp_path / "fleet.toml"
+    toml.write_text(EXPECT)
+    out = tmp_path / "res"
+    p = subprocess.run([mpiexec(), "-n", "1", *GPUBENCH, "suite", "-o", str(out), "--node-timeout", "30", "--expect",
+                        str(toml), *(["--strict"] if strict else [])], env=_env(), capture_output=True, text=True,
+                       timeout=120)
+    text = p.stdout + p.stderr
+    assert "Traceback" not in text, text
+    bundle = json.loads(next(out.glob("suite-fleet-*.json")).read_text())
+    got = sorted((o["expectation"]["command"], o["status"]) for o in bundle["expectations"]["outcomes"])
+    assert got == [("copy", "skipped"), ("net", "skipped")], got
+    if strict:
+        assert p.returncode == 1, text
+        assert "skipped, failed by --strict" in p.stderr and "\\x1b[31m<b>x</b>" in p.stderr, p.stderr
+        assert "\x1b" not in text
+    else:
+        assert p.returncode == 0, text
