@@ -279,3 +279,39 @@ def test_fleet_suite_keeps_skipped_expectations_and_honours_strict(tmp_path, str
         assert "\x1b" not in text
     else:
         assert p.returncode == 0, text
+
+
+def test_a_stopped_net_worker_is_not_left_behind_when_its_rank_exits():
+    """A receiving worker process of rank 0's server stopped mid-test (a hung process of the data
+    path, not the rank): the link is FAIL and mpiexec ends, but the stopped worker was left,
+    orphaned and stopped for good (its own session, so neither mpiexec nor a terminal reaches it)."""
+    top = _start([mpiexec(), "-n", "3", *GPUBENCH, "net", "nodes", "--to", "0", "-P", "4", "-t", "4", "-O", "0",
+                  "-T", "8"], _env())
+    out = Lines(top)
+    victim = None
+    try:
+        end = time.monotonic() + 60
+        while victim is None and time.monotonic() < end:
+            for c in psutil.Process(top.pid).children(recursive=True):
+                try:
+                    if "net_worker" in " ".join(c.cmdline()) and c.environ().get("PMI_RANK") == "0":
+                        victim = c
+                        break
+                except psutil.Error:
+                    pass
+            time.sleep(0.02)
+        assert victim is not None, out.text()[-2000:]
+        family = _family([top.pid])
+        victim.suspend()
+        (t_end,) = _wait_all([top], 90)
+        text = out.text() if t_end is not None else "".join(line for _, line in out.lines)
+        assert t_end is not None, text[-3000:]
+        assert "FAIL link" in text and "Traceback" not in text, text[-3000:]
+        assert _wait_gone(family + [victim.pid], 10) == [], [(p, psutil.Process(p).status()) for p in _alive(family)]
+    finally:
+        if victim is not None:
+            try:
+                victim.kill()
+            except psutil.Error:
+                pass
+        _cleanup([top], None)
