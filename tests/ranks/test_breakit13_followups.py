@@ -315,3 +315,13 @@ def test_a_stopped_net_worker_is_not_left_behind_when_its_rank_exits():
             except psutil.Error:
                 pass
         _cleanup([top], None)
+
+
+def test_to_and_pairs_together_are_refused():
+    """--to 1 --pairs all ran the many-to-one round alone and said nothing of --pairs."""
+    p = _gpubench(["net", "nodes", "--to", "1", "--pairs", "all", "-t", "1"],
+                  _env(RANK="0", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())), timeout=30)
+    assert p.returncode == 2 and "two schedules" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = _gpubench(["net", "nodes", "--to", "5", "-t", "1"],
+                  _env(RANK="0", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())), timeout=30)
+    assert p.returncode == 2 and "--to 5 out of range" in p.stderr, p.stderr

@@ -59,6 +59,10 @@ def nodes_command(test_options, build_request) -> click.Command:
 
         if ipv4 or ipv6:
             raise UsageError("-4/-6 are for net client and net local", "under a launcher, choose the family with -B/--bind")
+        ctx = click.get_current_context()
+        if to is not None and ctx.get_parameter_source("pairs") not in (None, click.core.ParameterSource.DEFAULT):
+            # --to is one round of many-to-one; --pairs was silently ignored beside it
+            raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
         req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
         if not (timeout > 0 and timeout < float("inf")):
             raise UsageError(f"-T/--timeout {timeout} out of range", "use seconds > 0")
