@@ -645,7 +645,11 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             return 0
         hosts = [r.host for r in group.ranks] if len(group.ranks) == group.size else [me.host] * group.size
         link_exp = [e for e in expectations or [] if e.command == "net"]
-        link_outcomes = suite.evaluate(link_exp, [links]) if links is not None and link_exp else []
+        if links is not None:
+            link_outcomes = suite.evaluate(link_exp, [links]) if link_exp else []
+        else:  # the network step did not run: its expectations are skipped, never dropped from the bundle
+            why_not = "the network step failed" if broken is not None else f"the network step did not run ({net_note})"
+            link_outcomes = suite.evaluate(link_exp, [], skipped={"net": why_not}) if link_exp else []
         if all_nccl is not None and payloads and payloads[0] is not None:
             payloads[0]["checks"] += all_nccl[1]  # the whole fleet's figure, on rank 0's row
         fleet = build_fleet(payloads or [], hosts, links, link_outcomes)
@@ -681,6 +685,15 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             renderables.append(f"[red]stopped:[/red] {safe.term_markup(broken.one_line())}")
         errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
         why = verdict(fleet, errors)
+        if strict:  # as the one-node suite: --strict counts an expectation whose command did not run as failed
+            skipped = [o for o in full.outcomes if o.status == "skipped"]
+            if skipped:
+                from gpubench.core import safe
+
+                names = sorted({f"{o.expectation.index}: {safe.term(o.expectation.label(), 80)} ({o.expectation.command})" for o in skipped})
+                line = (f"{len(skipped)} expectation outcome(s) skipped, failed by --strict: " + ", ".join(names[:8])
+                        + (" ..." if len(names) > 8 else ""))
+                why = f"{why}; {line}" if why else f"fleet failed: {line}"
         from rich.markup import escape
 
         renderables.append(escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")

@@ -225,13 +225,14 @@ def test_torchrun_style_suite_stopped_rank_every_survivor_ends(tmp_path):
 
 # ---- D6: net nodes --------------------------------------------------------------------------
 
-# -T 6, -t 2, -i 0.5: a round's length is 2 + 0.5 + net_fleet.ROUND_MARGIN_S (5) = 7.5 s, so each
-# round must end within max(6, 7.5) = 7.5 s of its start. Rank 2 is stopped while rank 0 runs the
-# first test (0 -> 1; rank 2 idle, already at the round's end barrier); it is missed at the end of
-# round 2 (1 -> 2): at most the rest of round 1 plus 7.5 s after the stop. The old rule waited
-# -O + -t + the connect timeout + 30 s = 38 s per barrier.
+# -T 6, -t 2, -i 0.5: a round's length is 2 + 0.5 + net_fleet.CLIENT_STALL_S (10) +
+# net_fleet.ROUND_MARGIN_S (5) = 17.5 s, so each round must end within max(6, 17.5) = 17.5 s of its
+# start. Rank 2 is stopped while rank 0 runs the first test (0 -> 1; rank 2 idle, already at the
+# round's end barrier); it is missed at the end of round 2 (1 -> 2): the rest of round 1 (about
+# 2.5 s; rank 0's test is healthy) plus 17.5 s after the stop. The old rule waited -O + -t + the
+# connect timeout + 30 s = 38 s per barrier.
 NET_ARGS = ["net", "nodes", "-T", "6", "-t", "2", "-i", "0.5", "-P", "1"]
-NET_BOUND_S = 7.5 + 7.5 + 8.0  # the rest of round 1 at most, round 2's deadline, load and close
+NET_BOUND_S = 2.5 + 17.5 + 8.0  # the rest of round 1, round 2's deadline, load and close
 
 
 def _workers_of(pid: int) -> bool:

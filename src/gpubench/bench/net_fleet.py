@@ -21,8 +21,9 @@ at the same time (on a non-blocking fabric they do not share a link). A barrier 
 Deadlines (docs/cluster.md "Deadlines"): the barrier that starts the first round waits ``timeout``
 (-T); the barrier that ends round k must be reached by every rank within
 :attr:`NetFleetSpec.round_timeout` of round k's start: -T, but never less than the round's own
-length (omit + seconds + one interval + ROUND_MARGIN_S), since a rank cannot be called missing
-while its test may still run. Counted from the round's start, not from each rank's arrival, so a
+length (omit + seconds + one interval + CLIENT_STALL_S + ROUND_MARGIN_S), since a rank cannot be
+called missing while its test may still run, nor while net's client still waits for a stalled
+server (else the healthy sender of a stopped receiver is the one named). Counted from the round's start, not from each rank's arrival, so a
 rank idle in the round (at the barrier at once) and one that ran a test time out together, and
 a rank that stops is named within max(-T, the round's length) of stopping. A sender whose
 receiver stopped leaves its test within net's own reply limits (the connect timeout before the
@@ -57,6 +58,13 @@ PAIRS = ("ring", "all")
 # Measured 2026-12-01 on the 2-core machine at load 5-8 (mpiexec -n 3, ring, -t 2 -i 0.5): 0.17 s
 # (-P 1), 0.33 s (-P 4), 0.82 s (-P 16) per round beyond -t, barriers included (docs/fleet.md).
 ROUND_MARGIN_S = 5.0
+# net's client waits this long past an interval line's due time (and for the "done" line) before
+# it calls the server stalled (bench/net.py _Session.next_intervals / finish: interval + 10 s). A
+# round's deadline must cover it: a sender whose receiver stopped mid-test leaves its test up to
+# -O + -t + -i + this after the start, and a deadline shorter than that named the healthy sender
+# as the rank that did not answer (the stopped receiver was already at the barrier: it had
+# nothing to send), so the stopped rank was never named (break-it pass 13).
+CLIENT_STALL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -88,10 +96,11 @@ class NetFleetSpec:
 
     @property
     def round_work(self) -> float:
-        """Seconds a round's tests may take when every rank answers: omit + seconds + one
-        interval + ROUND_MARGIN_S."""
+        """Seconds a round's tests may take, also for a sender whose receiver stopped: omit +
+        seconds + one interval + CLIENT_STALL_S (net's client gives up on a silent server then)
+        + ROUND_MARGIN_S."""
         r = self.request
-        return r.omit + r.seconds + r.interval + ROUND_MARGIN_S
+        return r.omit + r.seconds + r.interval + CLIENT_STALL_S + ROUND_MARGIN_S
 
     @property
     def round_timeout(self) -> float:
@@ -352,7 +361,7 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
                 progress.advance(f"round {k + 1}")
             # every rank is due here round_timeout after the round began, whatever it did in it
             left = started + spec.round_timeout - time.monotonic()
-            group.barrier(timeout=max(left, 0.5),
+            group.barrier(timeout=max(left, 0.5), waited=spec.round_timeout,
                           what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s after its start)")
         elapsed = time.time() - t0
     finally:

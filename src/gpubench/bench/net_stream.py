@@ -9,6 +9,7 @@ the sockets passed as file descriptors; the counters live in a shared memory fil
 
 from __future__ import annotations
 
+import atexit
 import json
 import mmap
 import os
@@ -21,6 +22,23 @@ import tempfile
 import time
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "net_worker.py")
+
+# Workers still running, ended at this process's exit. A worker runs in its own session (so a
+# terminal's Ctrl-C reaches only the parent) and ends on its own when its stop pipe reaches EOF,
+# the parent's death included; one that is stopped (SIGSTOP, a hung process) would never read it,
+# and a parent that exits without StreamSet.stop (a server thread still inside a failed test when
+# the rank exits) left it orphaned for good (break-it pass 13).
+_LIVE: set = set()
+
+
+@atexit.register
+def _end_live_workers() -> None:
+    for p in list(_LIVE):
+        try:
+            if p.poll() is None:
+                p.kill()
+        except OSError:
+            pass
 # One worker process per stream, blocking calls, up to this many per stream set; beyond, the
 # streams are shared out over this many workers, each polling its own. Measured 2026-12 on 2
 # cores (16 streams, 2 s, zero copy, workers' CPU only): 16 workers 72-90 Gbit/s at 0.019-0.024
@@ -203,6 +221,7 @@ class StreamSet:
                 os.close(ready_w)
                 raise WorkerError(f"cannot start a {self.role} worker process: {e.strerror or e}") from None
             self.procs.append(p)
+            _LIVE.add(p)
         os.close(ready_w)  # the workers hold it now: EOF here means every one of them ended
         try:
             got, deadline = 0, time.monotonic() + timeout
@@ -286,6 +305,7 @@ class StreamSet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 _, err = p.communicate()
+            _LIVE.discard(p)
             if p.returncode != 0:
                 last = (err or b"").decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
                 self.worker_failures.append(f"{self.role} worker {w} exited with {p.returncode}: {last[0][:200]}")

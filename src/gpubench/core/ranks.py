@@ -112,25 +112,45 @@ def _host() -> str:
 SINGLE = Rank(0, 1, 0, 1, 0, _host(), "none")
 
 
-def _int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
+# The most ranks a job may have (2**20): above the largest GPU jobs run, and a bound on what a
+# hand-set WORLD_SIZE makes every rank loop over (a 30-digit one hung join past its deadline).
+MAX_RANKS = 1 << 20
+_DECIMAL = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "1_0", "+1" and non-ASCII digits
+
+
+def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: bool = True) -> int:
+    """``env[name]`` as a decimal integer from ``minimum`` to MAX_RANKS - 1 (from 1 to MAX_RANKS for
+    a size, ``minimum=1``); ``counts_ranks=False`` (a Slurm job or step id): no upper bound.
+
+    Raises:
+        UsageError: not plain ASCII decimal digits (launchers write nothing else; Python's int()
+            would read ``1_0`` as 10 and Arabic-Indic digits as numbers), or out of that range.
+    """
     raw = env[name]
-    try:
-        v = int(raw.strip())
-    except ValueError:
+    text = raw.strip()
+    if not _DECIMAL.fullmatch(text):
         raise UsageError(f"{name}={raw[:40]!r} is not an integer",
-                         "the launcher sets it; unset it when not running under that launcher") from None
+                         "the launcher sets it (decimal digits 0-9); unset it when not running under that launcher")
+    v = int(text) if len(text) <= 20 else (1 << 70) * (-1 if text.startswith("-") else 1)
+    shown = text if len(text) <= 20 else f"{text[:12]}... ({len(text)} digits)"
     if v < minimum:
-        raise UsageError(f"{name}={v} must be >= {minimum}", "the launcher sets it; unset it when not running under that launcher")
+        raise UsageError(f"{name}={shown} must be >= {minimum}",
+                         "the launcher sets it; unset it when not running under that launcher")
+    top = MAX_RANKS if minimum >= 1 else MAX_RANKS - 1
+    if counts_ranks and v > top or v > 1 << 64:
+        raise UsageError(f"{name}={shown} is above {top if counts_ranks else 1 << 64}",
+                         f"gpubench takes at most {MAX_RANKS} ranks; check the environment")
     return v
 
 
-def _opt(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
-    return _int(env, name, minimum=minimum) if env.get(name, "").strip() else None
+def _opt(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: bool = True) -> int | None:
+    return _int(env, name, minimum=minimum, counts_ranks=counts_ranks) if env.get(name, "").strip() else None
 
 
-def _first(env: Mapping[str, str], *names: str, minimum: int = 0) -> tuple[str | None, int | None]:
+def _first(env: Mapping[str, str], *names: str, minimum: int = 0, counts_ranks: bool = True
+           ) -> tuple[str | None, int | None]:
     for n in names:
-        v = _opt(env, n, minimum=minimum)
+        v = _opt(env, n, minimum=minimum, counts_ranks=counts_ranks)
         if v is not None:
             return n, v
     return None, None
@@ -140,7 +160,7 @@ def _slurm_step(env: Mapping[str, str]) -> bool:
     """A task of an srun step: SLURM_PROCID and a real SLURM_STEP_ID (or SLURM_STEPID)."""
     if not env.get("SLURM_PROCID", "").strip():
         return False
-    name, step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    name, step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID", counts_ranks=False)
     return step is not None and step not in _SLURM_NOT_A_STEP
 
 
@@ -349,7 +369,8 @@ class Group:
         if not self._faulted:
             self._faulted = True
             try:  # tell the ranks still waiting who is missing, so that they name it too
-                self._send_all("abort", _dumps({"missing": list(ranks), "by": self.rank, "what": what}),
+                self._send_all("abort", _dumps({"missing": list(ranks), "by": self.rank, "what": what,
+                                                "s": float(timeout_s)}),
                                [r for r in range(self.size) if r != self.rank and r not in ranks], 0.0)
             except Exception:
                 pass
@@ -358,8 +379,25 @@ class Group:
     def _aborted(self, text: str) -> MachineError:
         """The MachineError of an abort notice another rank sent (it found ranks missing)."""
         d = json.loads(text)
-        e = self.missing([int(r) for r in d.get("missing", [])], str(d.get("what", "collective")), self.timeout)
-        e.message += f" (found by rank {int(d.get('by', -1))})"
+        if "clash" in d:  # a second process claimed a rank index of this group (see _StoreGroup.claim)
+            self._faulted = True
+            return MachineError(f"another process ({d.get('who')}) also joined the rendezvous store at {d.get('where')} as "
+                                f"rank {d.get('clash')}, held by {d.get('holder')}: two groups of ranks on one MASTER_PORT? "
+                                "this group stops, since it may hold ranks of the other",
+                                "give each group its own MASTER_PORT or --rendezvous")
+        gone = [int(r) for r in d.get("missing", [])]
+        waited = d.get("s")
+        waited = float(waited) if isinstance(waited, (int, float)) and waited >= 0 else self.timeout
+        by = int(d.get("by", -1))
+        e = self.missing(gone, str(d.get("what", "collective")), waited)
+        if self.rank in gone:  # this rank was late itself (busy past the deadline): say so, not "did not answer"
+            others = [r for r in gone if r != self.rank]
+            e.message = (f"rank {by} gave up waiting for this rank ({self.me.label()}) at the {d.get('what', 'collective')} "
+                         f"after {round(waited, 1):g} s" + (f"; it also missed {', '.join(f'rank {r} on {self._host_of(r)}' for r in others)}"
+                                                           if others else ""))
+            e.hint = "this rank was busy past the deadline (see the lines above), or the machine is overloaded"
+        else:
+            e.message += f" (found by rank {by})"
         return e
 
     def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
@@ -386,21 +424,24 @@ class Group:
             return None
         return self._collect(tag, text, deadline, "gather", timeout)
 
-    def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather") -> list:
+    def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather",
+                  waited: float | None = None) -> list:
         """Every rank's ``obj`` on every rank (a list, index = rank); ``what`` names it in the
-        error of a rank that did not answer."""
+        error of a rank that did not answer, and ``waited`` the seconds that error says it was
+        waited for (default ``timeout``: a caller whose deadline began earlier passes the whole)."""
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
         tag = self._tag("a")
         text = _dumps(obj)
         self._send_all(tag, text, [r for r in range(self.size) if r != self.rank], deadline)
-        return self._collect(tag, text, deadline, what, timeout)
+        return self._collect(tag, text, deadline, what, timeout if waited is None else waited)
 
-    def barrier(self, timeout: float | None = None, what: str = "barrier") -> None:
-        """Return when every rank has reached it; MachineError naming the absent ones after ``timeout``."""
+    def barrier(self, timeout: float | None = None, what: str = "barrier", waited: float | None = None) -> None:
+        """Return when every rank has reached it; MachineError naming the absent ones after
+        ``timeout`` (``waited``: see :meth:`allgather`)."""
         if self.size > 1:
-            self.allgather(None, timeout, what)
+            self.allgather(None, timeout, what, waited)
 
     def _waited(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else float(timeout)
@@ -598,6 +639,10 @@ class _StoreLost(MachineError):
     """The store stopped answering (its server, rank 0 or torchrun's agent, died or hangs)."""
 
 
+class _StoreForeign(_StoreLost):
+    """What answered on the store's port is not a gpubench store (another program has the port)."""
+
+
 class _StoreGroup(Group):
     """The group over a key-value store (set / get with a deadline). Keys: PREFIX/tag/src/dest.
 
@@ -612,6 +657,13 @@ class _StoreGroup(Group):
         self.transport = f"store:{kind}"
 
     def _lost_store(self, e: _StoreLost) -> MachineError:
+        if isinstance(e, _StoreForeign):
+            self._faulted = True
+            self._lost = set(range(self.size)) - {self.rank}  # nobody of this group is reachable there
+            err = MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
+                               "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port")
+            err.missing_ranks = []  # type: ignore[attr-defined]
+            return err
         if self._rank0_serves and self.rank != 0:
             self._lost.add(0)
             self._faulted = True
@@ -648,6 +700,50 @@ class _StoreGroup(Group):
             raise _Abort(text)
         return text
 
+    def claim(self, where: str, deadline: float) -> None:
+        """Claim this rank's index in the store, once per group: a second process with the same
+        RANK (another group started on the same MASTER_PORT, whose own rank 0 could not serve it)
+        is refused, instead of reading this group's messages as its own and sending its tests to
+        this group's servers. While the group has not formed (rank 0 sets ``joined`` once it has),
+        the refused rank also leaves an abort notice: the group may hold an intruder that claimed
+        first, and every rank of it must stop, naming the clash.
+
+        Raises:
+            UsageError: the index was claimed already (names the process that has it).
+        """
+        key = f"{self._prefix}/rank/{self.rank}"
+        me = f"{self.me.host} pid {os.getpid()}"
+        try:
+            if self._store.add(key, 1, deadline) == 1:
+                self._store.set(f"{key}/by", me, deadline)
+                return
+            try:
+                _, holder = self._store.get_any([f"{key}/by"], time.monotonic() + 1.0)
+            except TimeoutError:
+                holder = "another process"
+            try:
+                self._store.get_any([f"{self._prefix}/joined"], time.monotonic())
+                formed = True
+            except TimeoutError:
+                formed = False
+            if not formed:
+                self._send_all("abort", _dumps({"clash": self.rank, "by": self.rank, "who": me, "holder": holder,
+                                                "where": where}), [], deadline)
+        except _StoreLost as e:
+            raise self._lost_store(e) from None
+        self._faulted = True
+        self._lost = set(range(self.size)) - {self.rank}  # not a member: close() waits for no one
+        raise UsageError(f"rank {self.rank} already joined the rendezvous store at {where} ({holder}; this is {me}): "
+                         "two groups of ranks on one MASTER_PORT?", "give each group its own MASTER_PORT or --rendezvous")
+
+    def formed(self) -> None:
+        """Rank 0, once every rank joined: later claimants of a taken index abort nobody."""
+        if self.rank == 0:
+            try:
+                self._store.set(f"{self._prefix}/joined", "1", time.monotonic() + 2.0)
+            except _StoreLost:
+                pass
+
     def close(self) -> None:
         if self._closed:
             return
@@ -667,6 +763,7 @@ class _StoreGroup(Group):
 
 # A store request's own allowance beyond its deadline: the reply of a live server is at once.
 STORE_REPLY_S = 5.0
+_MAX_LINE = 64 << 20  # the longest request or reply line of gpubench's store (bytes)
 
 
 class _TorchStore:
@@ -730,6 +827,9 @@ class _TorchStore:
 
     def set(self, key: str, text: str, deadline: float) -> None:
         self._call(lambda: self._store.set(key, text), deadline)
+
+    def add(self, key: str, amount: int, deadline: float) -> int:
+        return int(self._call(lambda: self._store.add(key, int(amount)), deadline))
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
         """(the first of ``keys`` that is set, its value); TimeoutError past ``deadline``. Polled
@@ -804,7 +904,7 @@ class _Store:
             self._conns += 1
         try:
             for line in f:
-                if len(line) > 64 << 20:
+                if len(line) > _MAX_LINE:
                     break
                 req = json.loads(line)
                 op, key = req.get("op"), str(req.get("k"))
@@ -813,6 +913,12 @@ class _Store:
                         self._data[key] = str(req.get("v"))
                         self._cv.notify_all()
                     reply: dict = {"ok": True}
+                elif op == "add":  # atomic counter (torch's TCPStore.add): claims of a rank index
+                    with self._cv:
+                        n = int(self._data.get(key, "0")) + int(req.get("v") or 0)
+                        self._data[key] = str(n)
+                        self._cv.notify_all()
+                    reply = {"ok": True, "v": n}
                 elif op == "get":
                     keys = [str(k) for k in req.get("ks") or []]
                     end = time.monotonic() + min(float(req.get("t") or 0), 3600.0)
@@ -857,13 +963,13 @@ class _Store:
         STORE_REPLY_S. Raises _StoreLost when the server does not answer in that time or is gone."""
         with self._lock:
             if self._broken:
-                raise _StoreLost(self._broken)
+                raise (_StoreForeign if "never sends" in self._broken else _StoreLost)(self._broken)
             self._sock.settimeout(wait_s + STORE_REPLY_S)
             try:
                 self._sock.sendall(json.dumps(req).encode() + b"\n")
-                line = self._rfile.readline()
+                line = self._rfile.readline(_MAX_LINE + 1)  # bounded: the port may be another program's
             except socket.timeout:
-                self._broken = f"no reply within {wait_s + STORE_REPLY_S:g} s"
+                self._broken = f"no reply within {round(wait_s + STORE_REPLY_S, 1):g} s"
                 raise _StoreLost(self._broken) from None
             except OSError as e:
                 self._broken = f"lost the connection: {e.strerror or e}"
@@ -871,11 +977,25 @@ class _Store:
             if not line:
                 self._broken = "it closed the connection"
                 raise _StoreLost(self._broken)
-            return json.loads(line)
+            try:
+                reply = json.loads(line) if line.endswith(b"\n") else None
+            except ValueError:
+                reply = None
+            if not isinstance(reply, dict) or (req["op"] == "add" and type(reply.get("v")) is not int) or \
+                    (req["op"] == "get" and reply.get("ok") and not (reply.get("k") in req["ks"]
+                                                                     and isinstance(reply.get("v"), str))):
+                self._broken = (f"it answered {line[:60]!r}{'...' if len(line) > 60 else ''}, which gpubench's store "
+                                "never sends: another program on that port?")
+                raise _StoreForeign(self._broken)
+            return reply
 
     def set(self, key: str, text: str, deadline: float | None = None) -> None:
         """Store ``text`` under ``key``; the server answers at once (STORE_REPLY_S at most)."""
         self._ask({"op": "set", "k": key, "v": text}, 0.0)
+
+    def add(self, key: str, amount: int, deadline: float | None = None) -> int:
+        """Add ``amount`` to the integer under ``key`` (0 when unset) and return the sum, atomically."""
+        return int(self._ask({"op": "add", "k": key, "v": int(amount)}, 0.0)["v"])
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
         """(the first of ``keys`` that is set, its value), waiting server-side; TimeoutError past ``deadline``."""
@@ -915,9 +1035,10 @@ def parse_rendezvous(text: str, what: str = "--rendezvous") -> tuple[str, int]:
     Raises:
         UsageError: not HOST:PORT with a port 1..65535.
     """
-    m = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):(\d{1,5})\s*", text or "")
+    # ASCII digits only (\d also takes other scripts' digits); [v6] may carry a zone: [fe80::1%eth0]
+    m = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+(?:%[0-9A-Za-z_.-]+)?\]|[^:\s\[\]]+):([0-9]{1,5})\s*", text or "")
     if not m or not 0 < int(m.group(2)) < 65536:
-        raise UsageError(f"{what} {text!r} is not HOST:PORT", "e.g. node01:29500 (port 1..65535)")
+        raise UsageError(f"{what} {text[:80]!r} is not HOST:PORT", "e.g. node01:29500 or [::1]:29500 (port 1..65535)")
     return m.group(1).strip("[]"), int(m.group(2))
 
 
@@ -938,12 +1059,16 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
     if env.get("MASTER_ADDR", "").strip():
         port = DEFAULT_PORT
         if env.get("MASTER_PORT", "").strip():
-            port = parse_rendezvous(f"x:{env['MASTER_PORT'].strip()}", "MASTER_PORT")[1]
+            raw = env["MASTER_PORT"].strip()
+            if not re.fullmatch(r"[0-9]{1,5}", raw) or not 0 < int(raw) < 65536:
+                raise UsageError(f"MASTER_PORT={raw[:40]!r} is not a TCP port",
+                                 "a port 1..65535, the same on every rank (torchrun's default 29500)")
+            port = int(raw)
         return env["MASTER_ADDR"].strip(), port
     if me.launcher == "slurm":
         first = slurm_first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
         if first:
-            job = _opt(env, "SLURM_JOB_ID") or 0
+            job = _opt(env, "SLURM_JOB_ID", counts_ranks=False) or 0
             return first, DEFAULT_PORT + job % 1000
     return None
 
@@ -1006,7 +1131,15 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
                              "no rendezvous address is set", "set MASTER_ADDR and MASTER_PORT, or --rendezvous HOST:PORT")
         g = _store_group(me, addr, timeout, env)
     try:
+        if isinstance(g, _StoreGroup):
+            try:
+                g.claim(f"{addr[0]}:{addr[1]}", g._deadline(None))
+            except UsageError:
+                g.close()
+                raise
         g._learn_ranks()
+        if isinstance(g, _StoreGroup):
+            g.formed()
     except MachineError as e:
         g.close()
         raise MachineError(e.message.replace("all-gather", "join"), e.hint) from None
