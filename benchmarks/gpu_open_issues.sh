@@ -21,6 +21,10 @@ case "$1" in
   echo "all other gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$O/pytest-gpu.txt" | tail -12
   OUT="$O/launch" timeout 150 bash benchmarks/nccl_launchers.sh > "$O/launchers.txt" 2>&1
   echo "nccl_launchers rc=$?"; cat "$O/launchers.txt" | cut -c1-400 | tail -60
+  echo "== the nccl footer (NCCL version as 2.28.x)"; timeout 60 python3 -m gpubench nccl -b 1M -e 16M -f 4 | tail -5
+  echo "== under mpirun -n 1, output to a file: no colour codes"; timeout 60 mpirun -n 1 --allow-run-as-root \
+      -x PYTHONPATH -x NCCL_NVLS_ENABLE python3 -m gpubench nccl -b 1M -e 1M > "$O/mpirun-log.txt" 2>&1
+  echo "rc=$? escape bytes in the log: $(grep -c $'\x1b' "$O/mpirun-log.txt")"
   ;;
 19)
   T=(); [ -f .stage/today-src/gpubench/__main__.py ] && T=(--today-src .stage/today-src)
