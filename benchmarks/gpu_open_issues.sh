@@ -27,10 +27,15 @@ case "$1" in
   echo "rc=$? escape bytes in the log: $(grep -c $'\x1b' "$O/mpirun-log.txt")"
   ;;
 19)
+  # RULES="name:copy options;name:..." tries other rules beside the default; NO_FIXED=1 leaves out
+  # this tree's fixed rule (with today's src staged)
   T=(); [ -f .stage/today-src/gpubench/__main__.py ] && T=(--today-src .stage/today-src)
-  timeout 480 python3 benchmarks/stopping_vs_today.py "${T[@]}" --rounds 6 --budget-s 330 --out "$O/stop" \
-      --rule "default:" 2>&1 | tee "$O/stopping.txt" | grep -v "^round" | head -12
+  [ "${NO_FIXED:-0}" = 1 ] && T+=(--no-fixed)
+  R=(); IFS=';' read -ra SPECS <<< "${RULES:-default:}"; for r in "${SPECS[@]}"; do R+=(--rule "$r"); done
+  timeout ${STOP_TIMEOUT:-480} python3 benchmarks/stopping_vs_today.py "${T[@]}" --rounds ${ROUNDS:-6} \
+      --budget-s ${BUDGET:-330} --out "$O/stop" "${R[@]}" 2>&1 | tee "$O/stopping.txt" | grep -v "^round" | head -12
   echo "stopping rc=${PIPESTATUS[0]}"; sed -n '/against/,$p' "$O/stopping.txt"
+  tar czf "$O/stop.tgz" -C "$O" stop && rm -rf "$O/stop"  # 8 files at most come back
   ;;
 *) echo "part must be 13 or 19"; exit 2 ;;
 esac

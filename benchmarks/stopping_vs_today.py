@@ -216,6 +216,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--analyse", type=Path, help="print the summary of a folder of saved runs")
     ap.add_argument("--base", help="the rule the others are judged against (default: today, else fixed)")
+    ap.add_argument("--no-fixed", action="store_true", help="leave out the fixed rule of this tree (needs --today-src)")
     a = ap.parse_args()
     if a.analyse:
         summary = analyse(a.analyse)
@@ -231,7 +232,8 @@ def main() -> None:
             raise SystemExit(f"--today-src {a.today_src}: no gpubench package there "
                              "(bash benchmarks/stage_today_src.sh stages it in .stage/today-src)")
         rules["today"] = ("", a.today_src)
-    rules["fixed"] = ("--max-noise 100 --min-time 0.1", here)  # the old rule, in this tree
+    if not (a.no_fixed and a.today_src):
+        rules["fixed"] = ("--max-noise 100 --min-time 0.1", here)  # the old rule, in this tree
     for spec in a.rule:
         name, _, opts = spec.partition(":")
         rules[name] = (opts, here)
