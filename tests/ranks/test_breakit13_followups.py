@@ -325,3 +325,11 @@ def test_to_and_pairs_together_are_refused():
     p = _gpubench(["net", "nodes", "--to", "5", "-t", "1"],
                   _env(RANK="0", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())), timeout=30)
     assert p.returncode == 2 and "--to 5 out of range" in p.stderr, p.stderr
+
+
+def test_a_bad_rendezvous_is_refused_under_mpi_too():
+    """Under mpiexec the ranks meet through MPI, so --rendezvous 127.0.0.1:0 was never parsed and
+    the run went on as if it were fine."""
+    p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "-t", "1", "-O", "0", "--rendezvous",
+                        "127.0.0.1:0"], env=_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--rendezvous '127.0.0.1:0' is not HOST:PORT" in p.stderr, p.stdout + p.stderr

@@ -1109,6 +1109,8 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
         MachineError: a rank did not join within ``timeout`` (named with its host when it is
             known, else by number), or the store could not be served or reached.
     """
+    if rendezvous is not None:  # checked on every path: under MPI it is not used, but a typo is still one
+        parse_rendezvous(rendezvous)
     if not me.under_launcher or me.size == 1:
         g: Group = _SingleGroup(replace(me, local_rank=max(me.local_rank, 0), local_size=me.local_size or 1,
                                         node=me.node if me.node is not None else 0), timeout)
