@@ -62,7 +62,7 @@ def test_the_copy_step_is_the_spec_suite_built_by_hand():
     lo, hi, f = suite_cmd.COPY_SIZES
     assert spec == copy_bench.CopySpec(sizes=tuple(size_sweep(parse_size(lo), parse_size(hi), f)),
                                        directions=("h2d", "d2h"), memory=("pinned",), devices=(0, 1),
-                                       plan=TimingPlan(min_time=0.01, max_noise=0.5, max_time=0.3))  # copy's defaults
+                                       plan=TimingPlan(min_time=0.01, max_noise=0.5, max_time=0.1))  # copy's defaults
 
 
 def test_a_bad_step_argv_is_one_usage_line_naming_the_step():

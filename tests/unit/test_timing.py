@@ -245,5 +245,5 @@ def test_the_options_reach_the_plan_of_every_command_through_its_build_spec():
                                        min_time=0.01, max_noise=0.5, max_time=0.3, verify=False, max_pinned=None)
     assert (spec.plan.max_noise, spec.plan.max_time, spec.plan.min_time) == (0.5, 0.3, 0.01)
     defaults = {p.name: p.default for p in copy_cmd.command.params}
-    assert (defaults["max_noise"], defaults["min_time"], defaults["max_time"]) == (0.5, 0.01, 0.3)
+    assert (defaults["max_noise"], defaults["min_time"], defaults["max_time"]) == (0.5, 0.01, 0.1)
     assert {p.name: p.default for p in batch.params}["max_noise"] is None  # others: the fixed rule unless asked
