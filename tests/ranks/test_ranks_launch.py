@@ -255,3 +255,28 @@ def test_gpubench_nccl_under_mpiexec_without_a_gpu():
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.count("no CUDA device is visible") == 3, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_command_that_does_not_gather_ranks_says_so_on_every_rank_and_only_under_several(tmp_path):
+    """`mpiexec -n 2 gpubench net local --json P`: both ranks run alone and both write P, which
+    docs/cluster.md's "rank 0 prints and writes the one JSON" does not cover: each says so on
+    stderr, naming itself; one rank, or no launcher, says nothing."""
+    exe = mpiexec()
+    args = [sys.executable, "-m", "gpubench", "net", "local", "-t", "0.3", "-q"]
+    path = tmp_path / "both.json"
+    p = subprocess.run([exe, "-n", "2", *args, "--json", str(path)], env=_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    warned = [ln for ln in p.stderr.splitlines() if "does not gather ranks" in ln]
+    assert len(warned) == 2, p.stderr
+    assert {re.search(r"this is (rank \d)", ln).group(1) for ln in warned} == {"rank 0", "rank 1"}
+    assert all(ln.startswith("gpubench: warning: net local does not gather ranks: under pmi, each of the 2 ranks")
+               and f"every rank writes --json {path}" in ln for ln in warned), warned
+    assert json.loads(path.read_text())["command"] == "net"  # one whole result: the last write
+    one = subprocess.run([exe, "-n", "1", *args], env=_env(), capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0 and "does not gather" not in one.stderr, one.stderr
+    alone = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0 and alone.stderr == "", alone.stderr
+    torch_like = subprocess.run(args, env=_env(RANK="1", WORLD_SIZE="3"), capture_output=True, text=True, timeout=120)
+    assert "under torchrun, each of the 3 ranks runs it alone" in torch_like.stderr, torch_like.stderr
+    assert "(this is rank 1 on " in torch_like.stderr

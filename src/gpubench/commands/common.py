@@ -210,7 +210,8 @@ CONDITION_PARAMS = ("no_telemetry", "numa", "require_idle")
 
 def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callable, report: Callable[..., list],
                       *, help: str, display: Sequence[str] = (), run: Callable | None = None,
-                      after: Callable | None = None, conditions: bool = True) -> click.Command:
+                      after: Callable | None = None, conditions: bool = True,
+                      gathers_ranks: bool = False) -> click.Command:
     """The click command of a measuring benchmark, generated from its declared options.
 
     The callback is the same for every benchmark: the options that are not output (--json,
@@ -233,6 +234,9 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
             expectation such as --expect-busbw raises RegressionFound there).
         conditions: add :func:`condition_options` (telemetry, NUMA, idle check); False for
             commands that use no GPU.
+        gathers_ranks: the command joins the launcher's ranks itself (nccl); the others warn,
+            under a launcher of more than one rank, that every rank runs alone
+            (:func:`warn_ranks_alone`).
 
     The returned command carries ``build_spec``, ``bench_name``, ``display``, ``report``,
     ``select_run`` and ``after`` so ``suite`` can run it through the driver without a JSON round
@@ -253,6 +257,8 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         shown = {k: kwargs.pop(k) for k in display}
         cond = {k: kwargs.pop(k) for k in CONDITION_PARAMS if k in kwargs}
         spec = build_spec(**kwargs)
+        if not gathers_ranks:
+            warn_ranks_alone(name, out["json_path"])
         result_box: list = []
 
         def run_fn(s, progress):
@@ -280,6 +286,33 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
     cmd.select_run = select_run  # type: ignore[attr-defined]
     cmd.after = after  # type: ignore[attr-defined]
     return cmd
+
+
+def warn_ranks_alone(name: str, json_path: str | None) -> None:
+    """Under a launcher of more than one rank (core/ranks.discover), a command that does not join
+    the ranks says so on stderr: each rank measures its own process's GPUs and prints its own
+    table, and ``--json PATH`` is written by every rank (atomically: the last write stays), which
+    docs/cluster.md's "rank 0 prints and writes the one JSON" does not cover. A launcher
+    environment that does not parse is left to the commands that use it."""
+    from gpubench.core import ranks
+    from gpubench.core.errors import UsageError
+    from gpubench.core.safe import term
+
+    try:
+        me = ranks.discover()
+    except UsageError:
+        return
+    if not me.under_launcher or me.size == 1:
+        return
+    ctx = click.get_current_context(silent=True)
+    shown = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    of = f"each of the {me.size} ranks" if me.size else "each rank"
+    line = (f"{shown or name} does not gather ranks: under {me.launcher}, {of} runs it alone and prints its own "
+            f"result (this is {me.label()})")
+    if json_path and json_path != "-":
+        line += f"; every rank writes --json {json_path} and the last write stays"
+    print(f"gpubench: warning: {term(line, limit=2000)}; `gpubench suite` under the launcher gathers every node "
+          "into one report (docs/cluster.md)", file=sys.stderr)
 
 
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,

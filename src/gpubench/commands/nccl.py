@@ -264,7 +264,8 @@ def _launch_lines(result) -> list[str]:
     return out
 
 
-command = benchmark_command("nccl", OPTIONS, build_spec, format_report, help=_HELP, run=select_run, after=after)
+command = benchmark_command("nccl", OPTIONS, build_spec, format_report, help=_HELP, run=select_run, after=after,
+                            gathers_ranks=True)
 
 
 def _rank0_shows(callback):
