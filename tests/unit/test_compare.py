@@ -186,6 +186,41 @@ def test_real_result_against_itself_is_all_same():
     assert c.env_diff == []
 
 
+def test_a_record_param_an_older_result_lacks_pairs_only_with_its_older_behaviour_value():
+    """net records gained "direction" (-R/--bidir): an older record (no key) measured c2s."""
+    def net(direction, *ratios, command="net"):
+        recs = [Record({"streams": 1, "stream": s, **({"direction": direction} if direction else {})},
+                       nbytes=10**9, samples_s=[r * 0.1 for r in (1.0, 1.01, 0.99, 1.02, 0.98)])
+                for s, _ in zip((0, "total"), range(2))]
+        return Result(command, {}, records=recs)
+
+    old = net(None)
+    c = cmp.compare(old, net("c2s"))
+    assert c.counts()["same"] == 2 and not c.missing(), c.counts()
+    assert all(r.params["direction"] == "c2s" for r in c.rows)
+    assert any("base has records without param(s) direction" in n and "direction c2s" in n for n in c.notes)
+    c = cmp.compare(net("c2s"), old)  # either side may be the older one
+    assert c.counts()["same"] == 2 and any(n.startswith("new has records without") for n in c.notes)
+    # strict otherwise: another direction, or the key on both sides at different values, never pairs
+    for a, b in ((old, net("s2c")), (net("s2c"), old), (net("c2s"), net("s2c"))):
+        c = cmp.compare(a, b)
+        assert c.counts()["only-base"] == 2 and c.counts()["only-new"] == 2, c.counts()
+    # both sides with the key: nothing filled, no note
+    assert not cmp.compare(net("c2s"), net("c2s")).notes
+    # only net's records are filled
+    c = cmp.compare(net(None, command="copy"), net("c2s", command="copy"))
+    assert c.counts()["only-base"] == 2 and not c.notes
+
+
+def test_env_diff_skips_net_options_an_older_result_lacks_at_their_older_behaviour_value():
+    a, b = Result("net", {"streams": 1}), Result("net", {"streams": 1, "direction": "c2s", "window": 0,
+                                                           "bitrate": 0, "family": 0, "copy": False})
+    # copy false is zero copy; the older net sent from and received into buffers (copy true)
+    assert [w for w, *_ in cmp.env_diff(a, b) if w.startswith("option")] == ["option copy"]
+    b.spec = dict(b.spec, direction="both")
+    assert ("option direction", "null", "both") in cmp.env_diff(a, b)
+
+
 def test_real_results_pair_shared_points_and_list_one_sided_ones():
     a, b = load(synth.REAL_PINNED), load(synth.REAL_ALL)
     c = cmp.compare(a, b)
