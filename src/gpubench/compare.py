@@ -530,11 +530,41 @@ def _verdict(shift: Shift, t: MWU, metric: str, threshold_pct: float, alpha: flo
         why = f"p = {_p_text(t.p)} < alpha {alpha:g}"
     elif t.p_min >= alpha:
         verdict = INCONCLUSIVE
-        why = (f"{m} vs {n} samples cannot reach p < {alpha:g} (best {t.p_min:.3g}); "
-               "take more samples")
+        why = f"{m} vs {n} samples cannot reach p < {alpha:g} (best {t.p_min:.3g})"
     else:
         verdict, why = INCONCLUSIVE, f"p = {_p_text(t.p)} >= alpha {alpha:g}: the change may be noise"
     return Judgement(shift, t, verdict, why, base_median, new_median)
+
+
+# what gives a command's figures more samples (compare's hint for inconclusive figures); a
+# command not named here gets the generic words
+_MORE_SAMPLES_GAUGED = "more samples per point: -n N, or a lower --max-noise with a higher --max-time"
+MORE_SAMPLES: dict[str, str] = {
+    "copy": _MORE_SAMPLES_GAUGED, "batch": _MORE_SAMPLES_GAUGED, "memcpy2d": _MORE_SAMPLES_GAUGED,
+    "pin": _MORE_SAMPLES_GAUGED,
+    "overlap": "more samples per figure: -n N or a longer --min-time",
+    "p2p": "more samples per point: -n N",
+    "nccl": "more samples per point: --samples N (-n is the iterations within one sample)",
+    "merge": "more runs: --runs N",
+    "net": "more intervals (net's samples are its intervals): a longer -t (seconds) or a shorter -i (interval)",
+}
+
+
+def more_samples_hint(command: str) -> str:
+    """What to run to give ``command``'s figures more samples, as words that follow "take"
+    (e.g. net: "more intervals ...: a longer -t (seconds) or a shorter -i (interval)")."""
+    return MORE_SAMPLES.get(command, "more samples per figure")
+
+
+def inconclusive_line(cmp: "Comparison") -> str:
+    """One sentence on the inconclusive figures of ``cmp`` (the first one's reason and what would
+    decide them), or "" when there are none."""
+    inc = cmp.inconclusive()
+    if not inc:
+        return ""
+    head = (f"1 figure inconclusive: {inc[0].why}. To decide it" if len(inc) == 1 else
+            f"{len(inc)} figures inconclusive; the first: {inc[0].why}. To decide them")
+    return f"{head}, take {more_samples_hint(cmp.command)}."
 
 
 BATCH_MAX_SIZE = 16  # figures with at most this many samples a side are judged in numpy batches
@@ -1257,9 +1287,8 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
             out.append(Text(f"{hidden} of {len(cmp.rows)} rows not listed (same, or beyond the first {MAX_TABLE_ROWS} "
                             "others); --format markdown or json list every figure."))
         out.append(Text(summary_line(cmp)))
-        inc = cmp.inconclusive()
-        if inc:
-            out.append(T(f"inconclusive: {inc[0].why}" + (f" (and {len(inc) - 1} more)" if len(inc) > 1 else "")))
+        if cmp.inconclusive():
+            out.append(T(inconclusive_line(cmp)))
     out.extend(Text(x) for x in method_lines(threshold_pct, alpha, units, metrics))
     return out
 

@@ -194,6 +194,7 @@ def test_inconclusive_drops_warn_but_fail_the_gate_only_with_strict(capsys, tmp_
     assert code == 0, (out, err)
     assert "without reaching p < 0.01 (inconclusive)" in err and "not failed (--strict fails on them)" in err
     assert "inconclusive" in out and "3 vs 3 samples cannot reach p < 0.01" in out
+    assert "take more runs: --runs N" in err and "more)" not in out
     code, out, err = run(capsys, base, half, "--fail-on-regression", "--strict")
     assert code == 1 and err.startswith("gpubench: error: 1 figure(s) changed by more than 1%"), err
     code, out, _ = run(capsys, base, half, "--format", "markdown")

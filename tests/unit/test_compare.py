@@ -522,6 +522,23 @@ def test_time_figures_say_lower_is_better_and_bandwidth_only_footers_do_not():
     assert b.rows[0].to_dict()["unit"] == "B/s" and b.rows[0].to_dict()["better"] == "higher"
 
 
+def test_the_inconclusive_line_is_a_sentence_naming_the_commands_own_sample_options():
+    def res(command, n_figs, scale):
+        return Result(command, {}, records=[Record({"stream": s}, nbytes=10**9, samples_s=[scale * 0.1, scale * 0.11])
+                                            for s in range(n_figs)])
+    c = cmp.compare(res("net", 3, 1.0), res("net", 3, 2.0))
+    line = cmp.inconclusive_line(c)
+    assert line == ("3 figures inconclusive; the first: 2 vs 2 samples cannot reach p < 0.01 (best 0.333). "
+                    "To decide them, take more intervals (net's samples are its intervals): a longer -t (seconds) "
+                    "or a shorter -i (interval).")
+    assert "more)" not in line and "--max-noise" not in line
+    one = cmp.inconclusive_line(cmp.compare(res("nccl", 1, 1.0), res("nccl", 1, 2.0)))
+    assert one.startswith("1 figure inconclusive: 2 vs 2 samples") and "take more samples per point: --samples N" in one
+    assert "--max-noise" in cmp.more_samples_hint("copy") and "--max-noise" not in cmp.more_samples_hint("overlap")
+    assert cmp.more_samples_hint("someday") == "more samples per figure"
+    assert cmp.inconclusive_line(cmp.compare(res("net", 2, 1.0), res("net", 2, 1.0))) == ""
+
+
 # ---- telemetry differences and limit flags beside the figures ----
 
 def _tele(sm, power, temp, reasons, gen=5):
