@@ -4,7 +4,8 @@ against the noise, and say what differs (machine, options, telemetry, limit flag
 Works on saved results only (:func:`gpubench.core.result.load`); no GPU is needed. docs/compare.md
 explains every figure; the statistics are written here, with their sources.
 
-Pairing: two records are the same figure when their ``params`` are equal (:meth:`Record.key`).
+Pairing: two records are the same figure when their ``params`` are equal (:meth:`Record.key`),
+after each param a command gained later (:data:`ADDED_PARAMS`) is filled in where a record lacks it.
 Figures present on one side only are listed, not dropped.
 
 Value of a figure: for metric "bandwidth" each sample's rate nbytes / seconds in B/s (higher is
@@ -529,11 +530,41 @@ def _verdict(shift: Shift, t: MWU, metric: str, threshold_pct: float, alpha: flo
         why = f"p = {_p_text(t.p)} < alpha {alpha:g}"
     elif t.p_min >= alpha:
         verdict = INCONCLUSIVE
-        why = (f"{m} vs {n} samples cannot reach p < {alpha:g} (best {t.p_min:.3g}); "
-               "take more samples")
+        why = f"{m} vs {n} samples cannot reach p < {alpha:g} (best {t.p_min:.3g})"
     else:
         verdict, why = INCONCLUSIVE, f"p = {_p_text(t.p)} >= alpha {alpha:g}: the change may be noise"
     return Judgement(shift, t, verdict, why, base_median, new_median)
+
+
+# what gives a command's figures more samples (compare's hint for inconclusive figures); a
+# command not named here gets the generic words
+_MORE_SAMPLES_GAUGED = "more samples per point: -n N, or a lower --max-noise with a higher --max-time"
+MORE_SAMPLES: dict[str, str] = {
+    "copy": _MORE_SAMPLES_GAUGED, "batch": _MORE_SAMPLES_GAUGED, "memcpy2d": _MORE_SAMPLES_GAUGED,
+    "pin": _MORE_SAMPLES_GAUGED,
+    "overlap": "more samples per figure: -n N or a longer --min-time",
+    "p2p": "more samples per point: -n N",
+    "nccl": "more samples per point: --samples N (-n is the iterations within one sample)",
+    "merge": "more runs: --runs N",
+    "net": "more intervals (net's samples are its intervals): a longer -t (seconds) or a shorter -i (interval)",
+}
+
+
+def more_samples_hint(command: str) -> str:
+    """What to run to give ``command``'s figures more samples, as words that follow "take"
+    (e.g. net: "more intervals ...: a longer -t (seconds) or a shorter -i (interval)")."""
+    return MORE_SAMPLES.get(command, "more samples per figure")
+
+
+def inconclusive_line(cmp: "Comparison") -> str:
+    """One sentence on the inconclusive figures of ``cmp`` (the first one's reason and what would
+    decide them), or "" when there are none."""
+    inc = cmp.inconclusive()
+    if not inc:
+        return ""
+    head = (f"1 figure inconclusive: {inc[0].why}. To decide it" if len(inc) == 1 else
+            f"{len(inc)} figures inconclusive; the first: {inc[0].why}. To decide them")
+    return f"{head}, take {more_samples_hint(cmp.command)}."
 
 
 BATCH_MAX_SIZE = 16  # figures with at most this many samples a side are judged in numpy batches
@@ -871,9 +902,33 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
 
 
 # options added to a command after results of it were saved, with the value that behaves as the
-# results before them did: a result without the key equals one with this value
-ADDED_OPTIONS: dict[tuple[str, str], Any] = {("nccl", "cuda_graph"): 0}
+# results before them did: a result without the key equals one with this value (net's copy is not
+# here: before --copy existed net sent from and received into buffers, which is copy true, while
+# the new default is zero copy, so an old result against a new one shows that difference)
+ADDED_OPTIONS: dict[tuple[str, str], Any] = {
+    ("nccl", "cuda_graph"): 0,
+    ("net", "direction"): "c2s", ("net", "window"): 0, ("net", "bitrate"): 0, ("net", "family"): 0,
+}
 _NO_DEFAULT = object()
+
+# record params added to a command after results of it were saved, with the value the newer
+# gpubench writes for what the older one measured: a record without the key pairs with one that
+# has this value (and only with it). net: records gained "direction" with -R/--bidir; before,
+# data flowed client to server only, "c2s" (bench/net.py build_records).
+ADDED_PARAMS: dict[tuple[str, str], Any] = {("net", "direction"): "c2s"}
+
+
+def _added_params(command: str) -> dict[str, Any]:
+    """The params :data:`ADDED_PARAMS` fills in for ``command``'s records (param -> value)."""
+    return {p: v for (c, p), v in ADDED_PARAMS.items() if c == command}
+
+
+def _filled(params: dict, added: dict[str, Any]) -> dict:
+    """``params`` with each added param it lacks at its older-behaviour value (``params`` itself
+    when it lacks none)."""
+    if all(k in params for k in added):
+        return params
+    return {**added, **params}
 
 # timing keys that change what a figure means (nccl: the buffers' allocator, which NCCL's
 # zero-copy registration under -G depends on)
@@ -931,7 +986,15 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
                        "algbw * factor")
         cmp.notes.append(f"nccl rates are algbw = S/t; busbw = {formula} is the same figure scaled, so its change "
                          "and verdict are the same")
-    new_keys = [_key(rec) for rec in new.records]
+    added = _added_params(base.command)
+    lacking = [name for name, r in ((base_name, base), (new_name, new))
+               if added and any(any(k not in rec.params for k in added) for rec in r.records)]
+    for name in lacking:
+        cmp.notes.append(f"{name} has records without param(s) {', '.join(sorted(added))} (written by an older "
+                         "gpubench); they pair as " + ", ".join(f"{k} {_short(v)}" for k, v in sorted(added.items()))
+                         + ", what that gpubench measured")
+    new_params = [_filled(rec.params, added) for rec in new.records]
+    new_keys = [_key(rec, p) for rec, p in zip(new.records, new_params)]
     new_by_key: dict[tuple, Record] = {}
     first_new: dict[tuple, int] = {}
     for j, (k, rec) in enumerate(zip(new_keys, new.records)):
@@ -944,13 +1007,14 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     pending: list[tuple[list[float], list[float], str]] = []
     paired: list[Row] = []
     for i, rb in enumerate(base.records):
-        k = _key(rb)
+        pb = _filled(rb.params, added)
+        k = _key(rb, pb)
         if k in seen:
             raise _repeated(base_name, rb, seen[k], i)
         seen[k] = i
         rn = new_by_key.get(k)
         if rn is None:
-            cmp.rows.append(_one_side(rb, "only-base", base_name))
+            cmp.rows.append(_one_side(rb, "only-base", base_name, pb))
             continue
         if rb.metric != rn.metric:
             raise UsageError(f"figure {safe.term(rb.params)}: metric {safe.term(repr(rb.metric))} in "
@@ -958,7 +1022,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         flags = limit_flags(rb, "base") + limit_flags(rn, "new")
         if rb.error or rn.error or not rb.samples_s or not rn.samples_s:
             why = rb.error or rn.error or "no samples"
-            row = Row(dict(rb.params), rb.metric, "no-data", note=str(why), flags=flags)
+            row = Row(dict(pb), rb.metric, "no-data", note=str(why), flags=flags)
             if rb.samples_s and not rb.error:
                 row.base_median, row.n_base = _median(figure_values(rb, base_name)), len(rb.samples_s)
             if rn.samples_s and not rn.error:
@@ -967,7 +1031,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
             continue
         vb, vn = figure_values(rb, base_name), figure_values(rn, new_name)
         pending.append((vb, vn, rb.metric))
-        row = Row(rb.params, rb.metric, "paired", n_base=len(vb), n_new=len(vn), telemetry=telemetry_diff(rb, rn),
+        row = Row(pb, rb.metric, "paired", n_base=len(vb), n_new=len(vn), telemetry=telemetry_diff(rb, rn),
                   flags=flags)
         paired.append(row)
         cmp.rows.append(row)
@@ -975,9 +1039,9 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
             _fill(paired, pending, threshold_pct, alpha)
             pending, paired = [], []
     _fill(paired, pending, threshold_pct, alpha)
-    for k, rn in zip(new_keys, new.records):
+    for k, rn, pn in zip(new_keys, new.records, new_params):
         if k not in seen:
-            cmp.rows.append(_one_side(rn, "only-new", new_name))
+            cmp.rows.append(_one_side(rn, "only-new", new_name, pn))
     return cmp
 
 
@@ -1004,11 +1068,15 @@ _SCALARS = (str, int, bool, type(None))
 _SCALAR_NAMES = {t: t.__name__ for t in _SCALARS}
 
 
-def _key(r: Record) -> tuple:
+def _key(r: Record, params: dict | None = None) -> tuple:
     """The record's identity, equal exactly when :meth:`Record.key` is (params compared as JSON:
-    1, 1.0 and true differ), without a json.dumps per value for the common scalar params."""
+    1, 1.0 and true differ), without a json.dumps per value for the common scalar params.
+    ``params``: the record's params with :data:`ADDED_PARAMS` filled in (default: its own)."""
+    if params is not None and params is not r.params:
+        r = Record(params=params)
+    params = r.params
     try:
-        items = sorted(r.params.items())
+        items = sorted(params.items())
     except TypeError:
         return ("json", r.key())
     try:  # every value a str, int, bool or null (the common case): one comprehension
@@ -1026,9 +1094,9 @@ def _key(r: Record) -> tuple:
     return tuple(out)
 
 
-def _one_side(r: Record, status: str, source: str) -> Row:
+def _one_side(r: Record, status: str, source: str, params: dict | None = None) -> Row:
     side = "base" if status == "only-base" else "new"
-    row = Row(dict(r.params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
+    row = Row(dict(r.params if params is None else params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
     if r.samples_s and not r.error:
         m = _median(figure_values(r, source))
         if status == "only-base":
@@ -1219,9 +1287,8 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
             out.append(Text(f"{hidden} of {len(cmp.rows)} rows not listed (same, or beyond the first {MAX_TABLE_ROWS} "
                             "others); --format markdown or json list every figure."))
         out.append(Text(summary_line(cmp)))
-        inc = cmp.inconclusive()
-        if inc:
-            out.append(T(f"inconclusive: {inc[0].why}" + (f" (and {len(inc) - 1} more)" if len(inc) > 1 else "")))
+        if cmp.inconclusive():
+            out.append(T(inconclusive_line(cmp)))
     out.extend(Text(x) for x in method_lines(threshold_pct, alpha, units, metrics))
     return out
 

@@ -194,6 +194,7 @@ def test_inconclusive_drops_warn_but_fail_the_gate_only_with_strict(capsys, tmp_
     assert code == 0, (out, err)
     assert "without reaching p < 0.01 (inconclusive)" in err and "not failed (--strict fails on them)" in err
     assert "inconclusive" in out and "3 vs 3 samples cannot reach p < 0.01" in out
+    assert "take more runs: --runs N" in err and "more)" not in out
     code, out, err = run(capsys, base, half, "--fail-on-regression", "--strict")
     assert code == 1 and err.startswith("gpubench: error: 1 figure(s) changed by more than 1%"), err
     code, out, _ = run(capsys, base, half, "--format", "markdown")
@@ -219,3 +220,25 @@ def test_the_issue_net_case_is_inconclusive_in_every_format(capsys, tmp_path):
     code, out, _ = run(capsys, str(a), str(b), "--format", "json")
     row = json.loads(out)["comparisons"][0]["rows"][0]
     assert row["verdict"] == "inconclusive" and row["n_base"] == 5 and row["p"] == pytest.approx(8 / 252)
+
+
+def test_a_net_result_of_an_older_gpubench_pairs_with_a_fresh_net_local_run(capsys, tmp_path):
+    """tests/data/net-local.json predates the records' "direction" param: against a real run of
+    today's net local with the same streams its figures pair (they used to be all one-sided, and
+    --fail-on-regression failed on 3 "missing" figures); a -R (s2c) run still pairs with nothing."""
+    base = str(synth.DATA / "net-local.json")
+    for extra, paired in (([], 3), (["-R"], 0)):
+        new = tmp_path / f"new{len(extra)}.json"
+        with pytest.raises(SystemExit) as e:
+            main(["net", "local", "-P", "2", "-t", "1", "-i", "0.5", *extra, "--json", str(new), "-q"])
+        assert e.value.code == 0
+        capsys.readouterr()
+        code, out, err = run(capsys, base, str(new), "--format", "json")
+        doc = json.loads(out)["comparisons"][0]
+        assert sum(r["status"] == "paired" for r in doc["rows"]) == paired, doc["rows"]
+        assert any("pair as direction c2s" in n for n in doc["notes"])
+        code, out, err = run(capsys, base, str(new), "--fail-on-regression")
+        if paired:  # slower or not on this machine, nothing is missing
+            assert "have none in the new result" not in err and "only in" not in out, (out, err)
+        else:
+            assert code == 1 and "3 figure(s) with data in the base have none in the new result" in err

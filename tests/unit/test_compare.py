@@ -186,6 +186,41 @@ def test_real_result_against_itself_is_all_same():
     assert c.env_diff == []
 
 
+def test_a_record_param_an_older_result_lacks_pairs_only_with_its_older_behaviour_value():
+    """net records gained "direction" (-R/--bidir): an older record (no key) measured c2s."""
+    def net(direction, *ratios, command="net"):
+        recs = [Record({"streams": 1, "stream": s, **({"direction": direction} if direction else {})},
+                       nbytes=10**9, samples_s=[r * 0.1 for r in (1.0, 1.01, 0.99, 1.02, 0.98)])
+                for s, _ in zip((0, "total"), range(2))]
+        return Result(command, {}, records=recs)
+
+    old = net(None)
+    c = cmp.compare(old, net("c2s"))
+    assert c.counts()["same"] == 2 and not c.missing(), c.counts()
+    assert all(r.params["direction"] == "c2s" for r in c.rows)
+    assert any("base has records without param(s) direction" in n and "direction c2s" in n for n in c.notes)
+    c = cmp.compare(net("c2s"), old)  # either side may be the older one
+    assert c.counts()["same"] == 2 and any(n.startswith("new has records without") for n in c.notes)
+    # strict otherwise: another direction, or the key on both sides at different values, never pairs
+    for a, b in ((old, net("s2c")), (net("s2c"), old), (net("c2s"), net("s2c"))):
+        c = cmp.compare(a, b)
+        assert c.counts()["only-base"] == 2 and c.counts()["only-new"] == 2, c.counts()
+    # both sides with the key: nothing filled, no note
+    assert not cmp.compare(net("c2s"), net("c2s")).notes
+    # only net's records are filled
+    c = cmp.compare(net(None, command="copy"), net("c2s", command="copy"))
+    assert c.counts()["only-base"] == 2 and not c.notes
+
+
+def test_env_diff_skips_net_options_an_older_result_lacks_at_their_older_behaviour_value():
+    a, b = Result("net", {"streams": 1}), Result("net", {"streams": 1, "direction": "c2s", "window": 0,
+                                                           "bitrate": 0, "family": 0, "copy": False})
+    # copy false is zero copy; the older net sent from and received into buffers (copy true)
+    assert [w for w, *_ in cmp.env_diff(a, b) if w.startswith("option")] == ["option copy"]
+    b.spec = dict(b.spec, direction="both")
+    assert ("option direction", "null", "both") in cmp.env_diff(a, b)
+
+
 def test_real_results_pair_shared_points_and_list_one_sided_ones():
     a, b = load(synth.REAL_PINNED), load(synth.REAL_ALL)
     c = cmp.compare(a, b)
@@ -485,6 +520,23 @@ def test_time_figures_say_lower_is_better_and_bandwidth_only_footers_do_not():
     assert not any("lower is better" in x for x in lines)
     assert cmp.compare(t, t).rows[0].to_dict()["better"] == "lower"
     assert b.rows[0].to_dict()["unit"] == "B/s" and b.rows[0].to_dict()["better"] == "higher"
+
+
+def test_the_inconclusive_line_is_a_sentence_naming_the_commands_own_sample_options():
+    def res(command, n_figs, scale):
+        return Result(command, {}, records=[Record({"stream": s}, nbytes=10**9, samples_s=[scale * 0.1, scale * 0.11])
+                                            for s in range(n_figs)])
+    c = cmp.compare(res("net", 3, 1.0), res("net", 3, 2.0))
+    line = cmp.inconclusive_line(c)
+    assert line == ("3 figures inconclusive; the first: 2 vs 2 samples cannot reach p < 0.01 (best 0.333). "
+                    "To decide them, take more intervals (net's samples are its intervals): a longer -t (seconds) "
+                    "or a shorter -i (interval).")
+    assert "more)" not in line and "--max-noise" not in line
+    one = cmp.inconclusive_line(cmp.compare(res("nccl", 1, 1.0), res("nccl", 1, 2.0)))
+    assert one.startswith("1 figure inconclusive: 2 vs 2 samples") and "take more samples per point: --samples N" in one
+    assert "--max-noise" in cmp.more_samples_hint("copy") and "--max-noise" not in cmp.more_samples_hint("overlap")
+    assert cmp.more_samples_hint("someday") == "more samples per figure"
+    assert cmp.inconclusive_line(cmp.compare(res("net", 2, 1.0), res("net", 2, 1.0))) == ""
 
 
 # ---- telemetry differences and limit flags beside the figures ----

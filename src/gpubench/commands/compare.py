@@ -58,7 +58,7 @@ def command(base, new, threshold_pct, alpha, fail_on_regression, strict, fmt, un
         if missing:
             why.append(f"{missing} figure(s) with data in the base have none in the new result")
         note = (f"{inconclusive} figure(s) changed by more than {threshold_pct:g}% without reaching p < {alpha:g} "
-                "(inconclusive); take more samples (-n, --max-noise, --samples, --runs) to decide them"
+                f"(inconclusive); to decide them, take {cmpmod.more_samples_hint(b.command)}"
                 ) if inconclusive else ""
         if strict and inconclusive:
             why.append(note)
