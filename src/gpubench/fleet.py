@@ -661,8 +661,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                 steps.append({**s, "name": f"{s['name']} [rank {p['rank']}]"})
             outcomes += p["outcomes"]
         outcomes += [o.to_dict() for o in link_outcomes]
-        doc = {"schema_version": suite.BUNDLE_VERSION, "steps": steps, "env": env, "argv": list(INVOCATION),
-               "expectations": {"file": expect_file, "outcomes": outcomes}}
+        doc = {"schema_version": suite.BUNDLE_VERSION, "created": bundle.created, "steps": steps, "env": env,
+               "argv": list(INVOCATION), "expectations": {"file": expect_file, "outcomes": outcomes}}
         full = suite.Bundle.from_dict(doc, "fleet bundle")
         full.expect_file = expect_file
         if all_nccl is not None:

@@ -9,6 +9,7 @@ with the reason, except under CI=true, where they fail.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -111,6 +112,10 @@ def test_mpiexec_fleet_suite_from_cpu_steps(tmp_path):
     d = json.loads(bundles[0].read_text())
     f = d["fleet"]
     assert f["kind"] == "gpubench-fleet" and f["version"] == 1 and f["missing"] == []
+    # the run's ISO 8601 UTC time, as every result has (it was "" before)
+    created = datetime.datetime.fromisoformat(d["created"])
+    assert created.utcoffset() == datetime.timedelta(0)
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - created).total_seconds()) < 300
     assert sorted(r["rank"] for r in f["rows"]) == [0, 1, 2]
     assert all(r["check"] == "net loopback -P 2" and r["value"] > 0 and r["unit"] == "Gbit/s" for r in f["rows"])
     assert f["links"] == {"hosts": [], "gbps": []}  # one host: no network between nodes
