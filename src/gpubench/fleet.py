@@ -761,6 +761,78 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         group.close()
 
 
+# ---------------------------------------------------------------------------------------------
+# --check on a saved fleet bundle (pure): the live run's judgement again
+
+
+def check_saved(bundle, expectations) -> list:
+    """The expectations judged on a saved fleet bundle as :func:`run_fleet` judged them live: the
+    node expectations against each rank's own steps (named ``STEP [rank R]``), rank by rank;
+    ``command = "net"`` ones against the links between nodes only (step ``net between nodes``),
+    never the per-rank loopback test, and skipped with the live run's reason when that step did
+    not run.
+
+    Args:
+        bundle: a suite.Bundle read from a ``suite-fleet-*.json`` (``bundle.fleet`` set).
+        expectations: suite.Expectation list.
+
+    Returns:
+        suite.Outcome list: every rank's in rank order, then the links'.
+    """
+    import re
+
+    from gpubench import suite
+
+    per_rank: dict[int, list] = {}
+    links_step = None
+    for s in bundle.steps:
+        m = re.fullmatch(r"(.*) \[rank (\d+)\]", s.name, re.S)
+        if m:
+            per_rank.setdefault(int(m.group(2)), []).append(s)
+        elif s.name == "net between nodes" and s.command == "net":
+            links_step = s
+    node_exp = [e for e in expectations if e.command != "net"]
+    link_exp = [e for e in expectations if e.command == "net"]
+    out: list = []
+    if node_exp:
+        for r in sorted(per_rank):
+            own = suite.Bundle(steps=per_rank[r])
+            out += suite.evaluate(node_exp, own.results(), own.skipped(), own.failed())
+    if link_exp:
+        if links_step is not None and links_step.status == "ok" and links_step.result is not None:
+            out += suite.evaluate(link_exp, [links_step.result])
+        else:
+            why = ("the network step failed" if links_step is not None and links_step.status == "error"
+                   else f"the network step did not run ({links_step.reason})" if links_step is not None
+                   else "the bundle has no network step")
+            out += suite.evaluate(link_exp, [], skipped={"net": why})
+    return out
+
+
+def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
+    """What the live run said of its fleet that no TOML decides: missing ranks and slow figures.
+
+    Returns:
+        (report lines with rich markup, peer strings escaped; one line naming the missing ranks
+        and slow nodes, or None when there are none).
+    """
+    from gpubench.core import safe
+
+    rows = [r for r in fleet_obj.get("rows") or [] if r.get("flag") in ("slow", "missing")]
+    lines = [f"[red]MISSING[/red] rank {safe.term_markup(str(m.get('rank')), 12)} on "
+             f"{safe.term_markup(str(m.get('host')), 80)}: did not answer in time ({safe.term_markup(source, 200)})"
+             for m in fleet_obj.get("missing") or []]
+    if not rows and not lines:
+        return lines, None
+    clean = [{"host": str(r.get("host")), "rank": r.get("rank"), "gpu": r.get("gpu"), "check": str(r.get("check")),
+              "flag": r["flag"]} for r in rows]
+    if not clean:  # missing ranks listed, their rows not: still a failure
+        clean = [{"host": str(m.get("host")), "rank": m.get("rank"), "gpu": None, "check": "", "flag": "missing"}
+                 for m in fleet_obj.get("missing") or []]
+    why = verdict({"rows": clean})
+    return lines, why
+
+
 def under_launcher(env=None) -> bool:
     """True when a launcher (MPI, Slurm's srun, torchrun) started this process (core.ranks)."""
     import os
