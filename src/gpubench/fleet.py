@@ -166,36 +166,77 @@ def _bound(e) -> float | None:
     return lo if lo is not None else hi
 
 
-def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
-    """Mark each check with the TOML expectation that judged its record ("expect" in the check's
-    unit, "expect_status"); outcomes that match no check become checks of their own (the figure
-    the TOML names, e.g. a copy at 4 KiB, or a missing one).
+def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
+    """The bound that decides a figure judged by several expectations (two [[expect]] tables
+    matching one record): among the failed outcomes if any failed, else among the rest, the bound
+    with the least margin (value - min, or max - value; an outcome with no value, a failed point,
+    counts as -inf), i.e. the failing or the strictest one.
+
+    Args:
+        outcomes: suite.Outcome of one record (value in GB/s or us).
+        unit: the row's unit: "Gbit/s" converts a GB/s bound x8, any other is left as is.
 
     Returns:
-        ``checks`` plus the extra ones, each with "expect" (float or None) and "expect_status"
-        (None, "pass", "fail", "missing" or "skipped").
+        (bound in ``unit``, ">=" or "<="), or (None, None) when no outcome has a bound.
+    """
+    judged = [o for o in outcomes if o.status in ("pass", "fail")]
+    if any(o.status == "fail" for o in judged):
+        judged = [o for o in judged if o.status == "fail"]
+    best: tuple[float, float, str] | None = None
+    for o in judged:
+        e = o.expectation
+        lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
+        for b, op in ((lo, ">="), (hi, "<=")):
+            if b is None:
+                continue
+            margin = -math.inf if o.value is None else (o.value - b if op == ">=" else b - o.value)
+            if best is None or margin < best[0]:
+                best = (margin, b, op)
+    if best is None:
+        return None, None
+    scale = 8.0 if unit == "Gbit/s" else 1.0
+    return best[1] * scale, best[2]
+
+
+def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
+    """Mark each check with the TOML expectation that judged its record ("expect" in the check's
+    unit with "expect_op" ">=" or "<=": the deciding bound of :func:`deciding_bound`;
+    "expect_status"); outcomes that match no check become checks of their own (the figure the
+    TOML names, e.g. a copy at 4 KiB, or a missing one).
+
+    Returns:
+        ``checks`` plus the extra ones, each with "expect" (float or None), "expect_op" and
+        "expect_status" (None, "pass", "fail", "missing" or "skipped").
     """
     for c in checks:
         c.setdefault("expect", None)
+        c.setdefault("expect_op", None)
         c.setdefault("expect_status", None)
     extra = []
+    judged: dict[int, list] = {}
     for o in outcomes:
         e = o.expectation
         if o.status == "skipped":
             continue
-        scale = 8.0
-        hit = [c for c in checks if c["command"] == e.command and o.params is not None and c["params"] == o.params]
-        for c in hit:
-            b = _bound(e)
-            c["expect"] = None if b is None else (b * scale if c["unit"] == "Gbit/s" else b)
-            if c["expect_status"] != "fail":
-                c["expect_status"] = o.status
+        hit = [i for i, c in enumerate(checks)
+               if c["command"] == e.command and o.params is not None and c["params"] == o.params]
+        for i in hit:
+            judged.setdefault(i, []).append(o)
+            if checks[i]["expect_status"] != "fail":
+                checks[i]["expect_status"] = o.status
         if not hit:
             unit = "GB/s" if e.kind == "bandwidth" else "us"
             gpu = o.params.get("device") if o.params else None
+            b, op = deciding_bound([o], unit)
+            if b is None:  # missing: no figure to judge, the bound as written
+                b = _bound(e)
+                lo = e.min_gbps if e.kind == "bandwidth" else e.min_us
+                op = None if b is None else ">=" if lo is not None else "<="
             extra.append({"check": f"expect {e.index}: {e.label()}", "gpu": gpu if isinstance(gpu, int) else None,
                           "value": o.value, "unit": unit, "command": e.command, "params": o.params or {},
-                          "expect": _bound(e), "expect_status": o.status, "note": o.note})
+                          "expect": b, "expect_op": op, "expect_status": o.status, "note": o.note})
+    for i, os_ in judged.items():
+        checks[i]["expect"], checks[i]["expect_op"] = deciding_bound(os_, checks[i]["unit"])
     return checks + extra
 
 
@@ -236,7 +277,7 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
     Returns:
         {"kind": "gpubench-fleet", "version": 1, "rule": {"name", "text"}, "missing": [{"rank",
         "host"}], "rows": [{"host", "rank", "gpu", "uuid", "check", "value", "unit", "fleet_median",
-        "expect", "flag"}], "links": {"hosts": [...], "gbps": [[Gbit/s or None]]}}.
+        "expect", "expect_op", "flag"}], "links": {"hosts": [...], "gbps": [[Gbit/s or None]]}}.
     """
     present = [p for p in payloads if p is not None]
     missing = [{"rank": r, "host": str(hosts[r]) if r < len(hosts) else "?"} for r, p in enumerate(payloads)
@@ -254,14 +295,14 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
                          "uuid": _uuid(p.get("gpus") or [], c.get("gpu")), "check": c["check"],
                          "value": c.get("value"), "unit": c["unit"],
                          "fleet_median": median(vals) if vals else None, "expect": c.get("expect"),
-                         "flag": _row_flag(c, vals)})
+                         "expect_op": c.get("expect_op"), "flag": _row_flag(c, vals)})
     names = list(dict.fromkeys(c["check"] for p in present for c in p["checks"]))
     for m in missing:
         for name in names or ["(no answer)"]:
             vals = by_check.get(name, [])
             rows.append({"host": m["host"], "rank": m["rank"], "gpu": None, "uuid": None, "check": name,
                          "value": None, "unit": "", "fleet_median": median(vals) if vals else None,
-                         "expect": None, "flag": "missing"})
+                         "expect": None, "expect_op": None, "flag": "missing"})
     link_obj: dict[str, Any] = {"hosts": [], "gbps": []}
     if links is not None:
         from gpubench.bench.net_fleet import link_flags
@@ -270,16 +311,19 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
         link_obj = {"hosts": list(mat.get("hosts") or []), "gbps": [list(r) for r in mat.get("gbps") or []]}
         failed_by_toml = {(tuple(sorted(o.params.items()))) for o in link_outcomes
                           if o.status == "fail" and o.params}
-        bounds = {(tuple(sorted(o.params.items()))): _bound(o.expectation) for o in link_outcomes if o.params}
+        by_link: dict[tuple, list] = {}
+        for o in link_outcomes:
+            if o.params:
+                by_link.setdefault(tuple(sorted(o.params.items())), []).append(o)
         for r, f, med in link_flags(links):
             key = tuple(sorted(r.params.items()))
             if key in failed_by_toml:
                 f = "fail"
-            b = bounds.get(key)
+            b, op = deciding_bound(by_link.get(key, []), "Gbit/s")
             rows.append({"host": str(r.extra.get("src_host")), "rank": int(r.params["src"]), "gpu": None,
                          "uuid": None, "check": f"net to {r.extra.get('dst_host')} (rank {r.params['dst']})",
                          "value": r.extra.get("gbit_per_s") if r.error is None else None, "unit": "Gbit/s",
-                         "fleet_median": med, "expect": None if b is None else b * 8.0, "flag": f})
+                         "fleet_median": med, "expect": b, "expect_op": op, "flag": f})
     return {"kind": FLEET_KIND, "version": FLEET_VERSION, "rule": {"name": RULE_NAME, "text": RULE_TEXT},
             "missing": missing, "rows": rows, "links": link_obj}
 
@@ -320,6 +364,16 @@ def _num(v: float | None) -> str:
     return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
+def _expect_cell(r: dict) -> str:
+    """The deciding bound with its side and the row's unit, e.g. ">= 8000.0 Gbit/s"; "-" for none."""
+    if r.get("expect") is None:
+        return "-"
+    from gpubench.core import safe
+
+    op = r.get("expect_op") if r.get("expect_op") in (">=", "<=") else ""
+    return " ".join(x for x in (op, _num(r["expect"]), safe.term_markup(str(r.get("unit") or ""), 20)) if x)
+
+
 def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
     """Rich renderables: the fleet table (a row per node, GPU and check), the link matrix, the rule
     and the verdict. Every peer string passes through :func:`gpubench.core.safe.term_markup`."""
@@ -335,7 +389,7 @@ def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
         fl = r["flag"]
         t.add_row(safe.term_markup(r["host"], 60), str(r["rank"]), "-" if r["gpu"] is None else str(r["gpu"]),
                   safe.term_markup(r["check"], 80), _num(r["value"]), r["unit"], _num(r["fleet_median"]),
-                  _num(r["expect"]), fl if fl == "ok" else f"[red]{fl.upper()}[/red]")
+                  _expect_cell(r), fl if fl == "ok" else f"[red]{fl.upper()}[/red]")
     out.append(t)
     if links is not None:
         from gpubench.bench import net_fleet
@@ -535,6 +589,7 @@ def _all_node_nccl(group):
     checks = [{**c, "check": c["check"].replace("nccl ", "nccl all nodes ", 1)} for c in checks_of(res)]
     for c in checks:
         c.setdefault("expect", None)
+        c.setdefault("expect_op", None)
         c.setdefault("expect_status", None)
     return suite.Step("nccl all nodes", "nccl", "ok", "", time.perf_counter() - t, res), checks
 
@@ -661,8 +716,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                 steps.append({**s, "name": f"{s['name']} [rank {p['rank']}]"})
             outcomes += p["outcomes"]
         outcomes += [o.to_dict() for o in link_outcomes]
-        doc = {"schema_version": suite.BUNDLE_VERSION, "steps": steps, "env": env, "argv": list(INVOCATION),
-               "expectations": {"file": expect_file, "outcomes": outcomes}}
+        doc = {"schema_version": suite.BUNDLE_VERSION, "created": bundle.created, "steps": steps, "env": env,
+               "argv": list(INVOCATION), "expectations": {"file": expect_file, "outcomes": outcomes}}
         full = suite.Bundle.from_dict(doc, "fleet bundle")
         full.expect_file = expect_file
         if all_nccl is not None:
@@ -704,6 +759,78 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         return 0
     finally:
         group.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# --check on a saved fleet bundle (pure): the live run's judgement again
+
+
+def check_saved(bundle, expectations) -> list:
+    """The expectations judged on a saved fleet bundle as :func:`run_fleet` judged them live: the
+    node expectations against each rank's own steps (named ``STEP [rank R]``), rank by rank;
+    ``command = "net"`` ones against the links between nodes only (step ``net between nodes``),
+    never the per-rank loopback test, and skipped with the live run's reason when that step did
+    not run.
+
+    Args:
+        bundle: a suite.Bundle read from a ``suite-fleet-*.json`` (``bundle.fleet`` set).
+        expectations: suite.Expectation list.
+
+    Returns:
+        suite.Outcome list: every rank's in rank order, then the links'.
+    """
+    import re
+
+    from gpubench import suite
+
+    per_rank: dict[int, list] = {}
+    links_step = None
+    for s in bundle.steps:
+        m = re.fullmatch(r"(.*) \[rank (\d+)\]", s.name, re.S)
+        if m:
+            per_rank.setdefault(int(m.group(2)), []).append(s)
+        elif s.name == "net between nodes" and s.command == "net":
+            links_step = s
+    node_exp = [e for e in expectations if e.command != "net"]
+    link_exp = [e for e in expectations if e.command == "net"]
+    out: list = []
+    if node_exp:
+        for r in sorted(per_rank):
+            own = suite.Bundle(steps=per_rank[r])
+            out += suite.evaluate(node_exp, own.results(), own.skipped(), own.failed())
+    if link_exp:
+        if links_step is not None and links_step.status == "ok" and links_step.result is not None:
+            out += suite.evaluate(link_exp, [links_step.result])
+        else:
+            why = ("the network step failed" if links_step is not None and links_step.status == "error"
+                   else f"the network step did not run ({links_step.reason})" if links_step is not None
+                   else "the bundle has no network step")
+            out += suite.evaluate(link_exp, [], skipped={"net": why})
+    return out
+
+
+def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
+    """What the live run said of its fleet that no TOML decides: missing ranks and slow figures.
+
+    Returns:
+        (report lines with rich markup, peer strings escaped; one line naming the missing ranks
+        and slow nodes, or None when there are none).
+    """
+    from gpubench.core import safe
+
+    rows = [r for r in fleet_obj.get("rows") or [] if r.get("flag") in ("slow", "missing")]
+    lines = [f"[red]MISSING[/red] rank {safe.term_markup(str(m.get('rank')), 12)} on "
+             f"{safe.term_markup(str(m.get('host')), 80)}: did not answer in time ({safe.term_markup(source, 200)})"
+             for m in fleet_obj.get("missing") or []]
+    if not rows and not lines:
+        return lines, None
+    clean = [{"host": str(r.get("host")), "rank": r.get("rank"), "gpu": r.get("gpu"), "check": str(r.get("check")),
+              "flag": r["flag"]} for r in rows]
+    if not clean:  # missing ranks listed, their rows not: still a failure
+        clean = [{"host": str(m.get("host")), "rank": m.get("rank"), "gpu": None, "check": "", "flag": "missing"}
+                 for m in fleet_obj.get("missing") or []]
+    why = verdict({"rows": clean})
+    return lines, why
 
 
 def under_launcher(env=None) -> bool:

@@ -9,6 +9,7 @@ with the reason, except under CI=true, where they fail.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -103,14 +104,27 @@ def test_mpiexec_net_bad_to_is_one_line():
     assert p.returncode == 2 and "--to 7 out of range" in p.stderr and "Traceback" not in p.stderr
 
 
+def _check(bundle: Path, toml: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpubench", "suite", "--check", str(bundle), "--expect", str(toml)],
+                          env=_env(), capture_output=True, text=True, timeout=120)
+
+
 def test_mpiexec_fleet_suite_from_cpu_steps(tmp_path):
-    p = mpi(3, "suite", "-o", str(tmp_path), timeout=240)
+    toml = tmp_path / "exp.toml"
+    # net expectations judge the links between nodes only: one host, no such links, so skipped,
+    # live and in --check alike (the loopback test runs far below 1e6 GB/s and must not be judged)
+    toml.write_text('[[expect]]\ncommand = "net"\nwhere = { stream = "total" }\nmin_gbps = 1e6\nname = "links"\n')
+    p = mpi(3, "suite", "-o", str(tmp_path), "--expect", str(toml), timeout=240)
     assert "Traceback" not in p.stderr, p.stderr[-2000:]
     bundles = list(tmp_path.glob("suite-fleet-*.json"))
     assert len(bundles) == 1, list(tmp_path.iterdir())
     d = json.loads(bundles[0].read_text())
     f = d["fleet"]
     assert f["kind"] == "gpubench-fleet" and f["version"] == 1 and f["missing"] == []
+    # the run's ISO 8601 UTC time, as every result has (it was "" before)
+    created = datetime.datetime.fromisoformat(d["created"])
+    assert created.utcoffset() == datetime.timedelta(0)
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - created).total_seconds()) < 300
     assert sorted(r["rank"] for r in f["rows"]) == [0, 1, 2]
     assert all(r["check"] == "net loopback -P 2" and r["value"] > 0 and r["unit"] == "Gbit/s" for r in f["rows"])
     assert f["links"] == {"hosts": [], "gbps": []}  # one host: no network between nodes
@@ -121,6 +135,11 @@ def test_mpiexec_fleet_suite_from_cpu_steps(tmp_path):
     assert "Fleet: 3 rank(s), 0 missing" in p.stdout
     # each rank's own result next to the bundle
     assert len(list(tmp_path.glob("suite-*-r*-net.json"))) == 3
+    assert [o["status"] for o in d["expectations"]["outcomes"]] == ["skipped"]
+    # --check on the bundle agrees with the live run
+    c = _check(bundles[0], toml)
+    assert "Traceback" not in c.stderr and c.returncode == p.returncode, (c.stdout[-1500:], c.stderr[-800:])
+    assert "0 fail, 0 missing, 1 skipped" in c.stdout, c.stdout[-1500:]
 
 
 def _free_port() -> int:
@@ -161,6 +180,13 @@ def test_torchrun_env_rank_that_stops_answering_is_missing(tmp_path):
         assert d["fleet"]["missing"] == [{"rank": 2, "host": socket.gethostname()}]
         assert {r["flag"] for r in d["fleet"]["rows"] if r["rank"] == 2} == {"missing"}
         assert {r["rank"] for r in d["fleet"]["rows"] if r["flag"] != "missing"} == {0, 1}
+        # --check on that bundle fails as the live run did, naming the missing rank
+        toml = tmp_path / "exp.toml"
+        toml.write_text('[[expect]]\ncommand = "net"\nwhere = { stream = "total" }\nmin_gbps = 1e-9\n')
+        c = _check(next(tmp_path.glob("suite-fleet-*.json")), toml)
+        assert c.returncode == 1 and "Traceback" not in c.stderr, (c.stdout[-1500:], c.stderr[-800:])
+        assert "MISSING rank 2" in c.stdout and "rank 2" in c.stderr and "missing" in c.stderr, c.stderr[-800:]
+        assert "PASSED" not in c.stdout
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):

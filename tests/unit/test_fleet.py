@@ -147,7 +147,7 @@ def test_build_fleet_shape_and_flags():
     f = fleet.build_fleet(payloads, ["n0", "n1", "n2", "n3"], links)
     assert f["kind"] == "gpubench-fleet" and f["version"] == 1 and set(f["rule"]) == {"name", "text"}
     assert f["missing"] == [{"rank": 2, "host": "n2"}]
-    keys = {"host", "rank", "gpu", "uuid", "check", "value", "unit", "fleet_median", "expect", "flag"}
+    keys = {"host", "rank", "gpu", "uuid", "check", "value", "unit", "fleet_median", "expect", "expect_op", "flag"}
     assert all(set(r) == keys for r in f["rows"])
     slow = [(r["host"], r["gpu"], r["uuid"]) for r in f["rows"] if r["flag"] == "slow"]
     assert ("n1", 1, "GPU-1-1") in slow and ("n1", None, None) in slow  # GPU 1 of n1, and the link n1 -> n2
@@ -157,6 +157,56 @@ def test_build_fleet_shape_and_flags():
                                                                 [21.0, None, None]]}
     line = fleet.verdict(f)
     assert "n1 (rank 1) GPU 1" in line and "n2 (rank 2)" in line and "missing" in line
+
+
+def _render(renderables) -> str:
+    from gpubench.core import report
+
+    c = report.console()
+    c.width = 220
+    with c.capture() as cap:
+        for r in renderables:
+            c.print(r)
+    return cap.get()
+
+
+def test_expect_column_shows_the_deciding_bound_with_its_unit():
+    """Two [[expect]] tables match every link (min 1000 and min 5 GB/s) and a link runs at 10 GB/s:
+    the row fails against 1000, so its expect is 1000 GB/s = 8000 Gbit/s (not the last table's
+    5 x 8 = 40), and the table says ">= 8000.0 Gbit/s"."""
+    recs = [Record(params={"src": a, "dst": b, "stream": "total"}, nbytes=10 * 10**9, samples_s=[1.0],
+                   extra={"gbit_per_s": 80.0, "src_host": f"n{a}", "dst_host": f"n{b}", "round": a})
+            for a, b in [(0, 1), (1, 2), (2, 0)]]
+    links = Result(command="net", spec={"mode": "fleet", "pairs": "ring", "to": None, "streams": 1, "seconds": 1.0},
+                   timing={"matrix": {"hosts": ["n0", "n1", "n2"], "gbps": net_fleet.matrix([0, 1, 2], recs)}},
+                   records=recs)
+    for order in ([1000.0, 5.0], [5.0, 1000.0]):
+        exps = suite.parse_expectations({"expect": [{"command": "net", "where": {"stream": "total"}, "min_gbps": g}
+                                                    for g in order]})
+        f = fleet.build_fleet([_payload(r, f"n{r}", [50.0]) for r in range(3)], ["n0", "n1", "n2"], links,
+                              suite.evaluate(exps, [links]))
+        net_rows = [r for r in f["rows"] if r["check"].startswith("net to ")]
+        assert len(net_rows) == 3
+        assert all(r["flag"] == "fail" and r["expect"] == 8000.0 and r["expect_op"] == ">=" for r in net_rows)
+        text = _render(fleet.format_report(f))
+        assert ">= 8000.0 Gbit/s" in text and "40.00" not in text
+    # both pass: the strictest (the least margin) is shown
+    exps = suite.parse_expectations({"expect": [{"command": "net", "where": {"stream": "total"}, "min_gbps": g}
+                                                for g in (5.0, 9.0, 2.0)]})
+    f = fleet.build_fleet([_payload(0, "n0", [50.0])], ["n0", "n1", "n2"], links, suite.evaluate(exps, [links]))
+    assert {(r["expect"], r["flag"]) for r in f["rows"] if r["check"].startswith("net to ")} == {(72.0, "ok")}
+
+
+def test_node_check_expect_is_the_failing_bound():
+    res = load(DATA / "copy-pinned-h200.json")
+    exps = suite.parse_expectations({"expect": [
+        {"command": "copy", "where": {"direction": "h2d", "nbytes": 2**30}, "min_gbps": 1000.0},
+        {"command": "copy", "where": {"direction": "h2d", "nbytes": 2**30}, "min_gbps": 1.0},
+        {"command": "copy", "where": {"direction": "d2h", "nbytes": 2**30}, "max_us": 1.0},
+    ]})
+    by = {c["check"]: c for c in fleet.attach_expectations(fleet.checks_of(res), suite.evaluate(exps, [res]))}
+    h2d = by["copy h2d pinned 1GiB"]
+    assert (h2d["expect"], h2d["expect_op"], h2d["expect_status"]) == (1000.0, ">=", "fail")
 
 
 def test_everything_ok_passes():

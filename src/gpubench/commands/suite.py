@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import click
 
@@ -57,16 +58,30 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     if check_files:
         if expectations is None:
             raise UsageError("--check needs --expect FILE.toml", "the expectations to check")
+        from gpubench import fleet
+
         bundles = [suite.load_checkable(p) for p in check_files]
         bundle = suite.Bundle(steps=[s for b in bundles for s in b.steps], expect_file=expect_file,
                               env=bundles[0].env)
-        # steps skipped or failed in a bundle keep that status only when no other file has the command
-        # (a failed step's partial result does not count)
-        have = {s.command for s in bundle.steps if s.status == "ok" and s.result is not None}
-        skipped = {c: r for c, r in bundle.skipped().items() if c not in have}
-        failed = {c: r for c, r in bundle.failed().items() if c not in have}
-        bundle.outcomes = suite.evaluate(expectations, bundle.results(), skipped, failed)
-        failed_why = _finish(bundle, strict, quiet, show_steps=False)
+        # a fleet bundle is judged on its own, as its live run judged it (fleet.check_saved); the
+        # other files together: steps skipped or failed in a bundle keep that status only when no
+        # other file has the command (a failed step's partial result does not count)
+        plain = suite.Bundle(steps=[s for b in bundles if b.fleet is None for s in b.steps])
+        if plain.steps:
+            have = {s.command for s in plain.steps if s.status == "ok" and s.result is not None}
+            skipped = {c: r for c, r in plain.skipped().items() if c not in have}
+            failed = {c: r for c, r in plain.failed().items() if c not in have}
+            bundle.outcomes = suite.evaluate(expectations, plain.results(), skipped, failed)
+        fleet_lines, fleet_why = [], []
+        for path, b in zip(check_files, bundles):
+            if b.fleet is not None:
+                bundle.outcomes += fleet.check_saved(b, expectations)
+                lines, why = fleet.saved_verdict(b.fleet, str(path))
+                fleet_lines += lines
+                if why:
+                    fleet_why.append(why)
+        # missing ranks and slow figures fail --check as they failed the live run
+        failed_why = _finish(bundle, strict, quiet, show_steps=False, extra=fleet_lines, also_failed=fleet_why)
         if failed_why:
             raise RegressionFound(failed_why)
         return 0
@@ -126,31 +141,39 @@ def _host() -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname()) or "host"
 
 
-def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str | None = None) -> str | None:
-    """Display the report; return the one-line reason the suite failed, or None when it passed."""
+def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str | None = None,
+            extra: Sequence = (), also_failed: Sequence[str] = ()) -> str | None:
+    """Display the report; return the one-line reason the suite failed, or None when it passed.
+
+    ``extra``: renderables shown after the expectations (a fleet bundle's MISSING lines);
+    ``also_failed``: one-line reasons that fail the suite whatever the expectations say (a fleet
+    bundle's missing ranks and slow figures, fleet.saved_verdict): the verdict line then says FAILED.
+    """
+    from rich.text import Text
+
     from gpubench import suite
-    from gpubench.core import report
+    from gpubench.core import report, safe
 
     renderables = suite.format_report(bundle, strict)
     if not show_steps:
         renderables = [r for r in renderables if not _is_steps_table(r)]
+    if also_failed:
+        renderables = [Text("FAILED:" + r.plain[len("PASSED:"):]) if isinstance(r, Text) and r.plain.startswith("PASSED:")
+                       else r for r in renderables]
+    renderables += list(extra) + [Text(safe.term(w, 2000)) for w in also_failed]
     if saved:
-        from rich.text import Text
-
-        from gpubench.core import safe
-
         renderables.append(Text(f"saved {safe.term(saved, 2000)}"))
     report.display(renderables, quiet=quiet)
     bad = suite.failures(bundle.outcomes, strict)
     errors = [s.name for s in bundle.steps if s.status == "error"]
-    if not bad and not errors:
+    if not bad and not errors and not also_failed:
         return None
     what = []
     if bad:
         what.append(f"{len(bad)} expectation(s) not met")
     if errors:
         what.append(f"step(s) failed: {', '.join(errors)}")
-    return "suite failed: " + "; ".join(what)
+    return "; ".join((["suite failed: " + "; ".join(what)] if what else []) + list(also_failed))
 
 
 def _is_steps_table(r) -> bool:
