@@ -113,7 +113,8 @@ class MergeSpec:
         runs: timed runs; warmup_runs: untimed runs before them.
         ignore_size: transfers smaller than this many bytes are left out of the pair table.
         scheduler_address, scheduler_file: use an existing cluster instead of starting one.
-        timeout_s: the longest a cluster start, a data generation or a join may take.
+        timeout_s: the longest a cluster start, a data generation, a join or a call on every worker
+            during a run (the transfer logs) may take.
 
     Build it from the command's options with ``commands.merge.build_spec``, which turns the options
     given as text (-d, --rmm-pool-size, --ignore-size) or as two flags (--broadcast-join,
@@ -275,14 +276,18 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
     data_processed = rows_base * sum(t.itemsize for t in ddf_base.dtypes)
     data_processed += rows_other * sum(t.itemsize for t in ddf_other.dtypes)
 
-    maxlens = run_on_workers(client, clear_transfer_log, workers, f"{what} (clearing the transfer logs)")
+    # every step of a run answers within --timeout, these two calls too (a worker stopped while its
+    # transfer log was read kept the run for distributed's 60 s, past --timeout 30: CI)
+    maxlens = run_on_workers(client, clear_transfer_log, workers, f"{what} (clearing the transfer logs)",
+                             timeout_s=spec.timeout_s)
     t0 = time.perf_counter()
     joined = ddf_base.merge(ddf_other, on=["key"], how="inner", broadcast=spec.broadcast)
     if spec.set_index:
         joined = joined.set_index("key")
     joined = joined.persist()
     seconds = wait_watching(client, joined, workers, spec.timeout_s, f"{what} (join)") - t0
-    logs = run_on_workers(client, take_transfer_log, workers, f"{what} (reading the transfer logs)")
+    logs = run_on_workers(client, take_transfer_log, workers, f"{what} (reading the transfer logs)",
+                          timeout_s=spec.timeout_s)
     full = [a for a, entries in logs.items() if maxlens.get(a) and len(entries) >= maxlens[a]]
     del ddf_base, ddf_other
     return RunOutcome(int(data_processed), seconds, logs, full), (joined if keep_result else None)
