@@ -194,13 +194,18 @@ def test_two_groups_on_one_master_port_fail_clearly_and_never_mix():
         ended = _wait_all(procs, 90)
         texts = [o.text() if p.poll() is not None else "".join(line for _, line in o.lines) for o, p in zip(outs, procs)]
         assert None not in ended, texts
-        ok = [i for i, p in enumerate(procs) if p.returncode == 0]
-        assert len(ok) in (0, 3), ([p.returncode for p in procs], texts)
-        if ok:
-            reports = [texts[i] for i in ok if "TCP Gbit/s between nodes" in texts[i]]
+        # a group that formed measured every link: its ranks exit 0, or its rank 0 exits 1 because the
+        # matrix flagged a link slow (the measured verdict; loopback on a busy 2-core CI host, where a
+        # 3-link median flags easily: CI saw 'vm#1->vm#2 (slow)' from the group that won the port)
+        measured = [i for i, p in enumerate(procs)
+                    if p.returncode == 0 or (p.returncode == 1 and re.search(r"link\(s\) flagged: .*\(slow\)", texts[i])
+                                             and "TCP Gbit/s between nodes" in texts[i])]
+        assert len(measured) in (0, 3), ([p.returncode for p in procs], texts)
+        if measured:
+            reports = [texts[i] for i in measured if "TCP Gbit/s between nodes" in texts[i]]
             assert len(reports) == 1 and "FAIL" not in reports[0] and "busy" not in reports[0], texts
         for i, p in enumerate(procs):
-            if p.returncode != 0:
+            if i not in measured:
                 assert re.search(r"Address already in use|already joined the rendezvous store|also joined the rendezvous store", texts[i]), \
                     ([p.returncode for p in procs], texts)
             assert "Traceback" not in texts[i], texts[i]
