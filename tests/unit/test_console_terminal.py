@@ -70,3 +70,16 @@ def test_a_pipe_is_a_log_unless_colour_is_forced_and_then_keeps_a_logs_width(pip
 def test_a_closed_stream_is_no_terminal(pipe_file):
     pipe_file.close()
     assert report.is_terminal(pipe_file) is False
+
+
+def test_a_progress_bar_is_drawn_on_a_persons_terminal_only(pty_file, pipe_file, monkeypatch):
+    """FORCE_COLOR colours a pipe (CI logs) but draws no live bar there, as before colour could be
+    forced; a rank's pty under Open MPI gets none either."""
+    monkeypatch.setattr(sys, "stderr", pty_file)
+    assert report.RichProgress().enabled
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert not report.RichProgress().enabled
+    monkeypatch.delenv("OMPI_COMM_WORLD_RANK")
+    monkeypatch.setattr(sys, "stderr", pipe_file)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert not report.RichProgress().enabled

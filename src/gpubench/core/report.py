@@ -54,6 +54,18 @@ def is_terminal(stream) -> bool:
         return False
 
 
+def _sized_terminal(stream) -> bool:
+    """A tty with a size of its own a person watches: not a rank's pty under Open MPI (0 columns,
+    whatever mpirun writes to), and not a pipe that FORCE_COLOR colours. Decides the width and
+    whether a live progress bar is drawn; :func:`is_terminal` decides colour."""
+    import os
+
+    try:
+        return stream.isatty() and "OMPI_COMM_WORLD_RANK" not in os.environ
+    except (AttributeError, ValueError):
+        return False
+
+
 def console(stderr: bool = False):
     """A rich Console on stdout (or stderr, or inside :func:`human_to_stderr`), without colour when
     not a terminal (:func:`is_terminal`)."""
@@ -62,16 +74,10 @@ def console(stderr: bool = False):
     stderr = stderr or _HUMAN_TO_STDERR[0]
     stream = sys.stderr if stderr else sys.stdout
     # Off a terminal (CI logs, pipes) rich would wrap at 80 columns and squeeze wide tables.
-    import os
-
-    tty = is_terminal(stream)
-    try:  # the width of a real terminal; a pipe with FORCE_COLOR, or a rank's 0-column pty under
-        # Open MPI, would get rich's 80: as wide as a log instead
-        sized = stream.isatty() and "OMPI_COMM_WORLD_RANK" not in os.environ
-    except (AttributeError, ValueError):
-        sized = False
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sized else 200,
-                   force_terminal=tty)
+    # a pipe with FORCE_COLOR, or a rank's 0-column pty under Open MPI, would get rich's 80 columns:
+    # as wide as a log instead
+    return Console(stderr=stderr, highlight=False, soft_wrap=False,
+                   width=None if _sized_terminal(stream) else 200, force_terminal=is_terminal(stream))
 
 
 def table(title: str, columns: list[str], caption: str | None = None):
@@ -188,7 +194,7 @@ class RichProgress(ProgressSink):
 
     def __init__(self, enabled: bool = True):
         self.quiet = not enabled
-        self.enabled = enabled and is_terminal(sys.stderr)
+        self.enabled = enabled and _sized_terminal(sys.stderr)  # no live bar in a log, coloured or not
         self._p: Any = None  # rich.progress.Progress while shown
         self._task: Any = None
 
