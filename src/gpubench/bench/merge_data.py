@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from gpubench.core.scheduler import wait_watching
+from gpubench.core.scheduler import results_within, wait_watching
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,10 +111,11 @@ def random_ddf(chunk_size: int, num_chunks: int, frac_match: float, chunk_type: 
 
 
 def compute_watching(client, values: Sequence[Any], workers: Mapping[str, int], timeout_s: float, what: str) -> list:
-    """dask.compute of small lazy values (lengths, sums) on the cluster, watched as wait_watching."""
+    """dask.compute of small lazy values (lengths, sums) on the cluster, watched as wait_watching;
+    the values fetched within --timeout too (scheduler.results_within)."""
     futs = client.compute(list(values))
     wait_watching(client, futs, workers, timeout_s, what)
-    return [f.result() for f in futs]
+    return results_within(client, futs, workers, timeout_s, what)
 
 
 def join_check(client, joined, workers: Mapping[str, int], timeout_s: float) -> dict[str, int]:

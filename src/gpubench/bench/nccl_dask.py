@@ -201,14 +201,15 @@ class _Ranks:
         Raises:
             MachineError: rank 0's worker failed or left, or -T passed, while getting the id.
         """
-        from gpubench.core.scheduler import wait_watching
+        from gpubench.core.scheduler import results_within, wait_watching
 
         # before the ranks start: a subscription sees only the events logged after it
         self.client.subscribe_topic(self.topic, self.events.append)
         uid_f = self.client.submit(_worker_unique_id, workers=[self.workers[0]], pure=False)
         wait_watching(self.client, [uid_f], self.index, self.spec.timeout_s or 3600,
                       "getting the NCCL unique id on rank 0", hint="raise -T")
-        uid = uid_f.result()
+        uid, = results_within(self.client, [uid_f], self.index, self.spec.timeout_s or 3600,
+                              "getting the NCCL unique id on rank 0", hint="raise -T")
         n = len(self.workers)
         self.futures = [self.client.submit(_worker_run, self.spec, uid, r, n, self.topic, workers=[w],
                                            allow_other_workers=False, pure=False) for r, w in enumerate(self.workers)]
@@ -265,9 +266,11 @@ class _Ranks:
 
     def _returned(self) -> None:
         """Every rank's task returned: its list of points and info are the ranks' own account."""
+        from gpubench.core.scheduler import results_within
+
         self.returned = True
-        for f in self.futures:
-            d = f.result()
+        for d in results_within(self.client, self.futures, self.index, self.spec.timeout_s or 3600,
+                                self.what, hint="raise -T"):
             r = d["rank"]
             self.info[r] = d
             self.points[r].update(enumerate(d.get("points") or []))

@@ -224,6 +224,38 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
     return finished_at
 
 
+def results_within(client, futs, workers: Mapping[str, int], timeout_s: float, what: str,
+                   hint: str = "raise --timeout; a worker may be stuck") -> list:
+    """The results of finished futures, fetched within ``timeout_s`` seconds in all.
+
+    A future the scheduler calls finished still has its result on a worker, which ``Future.result()``
+    with no time limit waits for: a worker stopped (SIGSTOP) between a wait_watching and the fetch
+    held `merge` past 120 s against --timeout 30 (CI: test_a_stuck_worker_stops_the_run_within_the_timeout).
+    The limit is distributed's own ``callback_timeout`` (Future.result's ``timeout``).
+
+    Returns:
+        The results, in the order of ``futs``.
+
+    Raises:
+        MachineError: a worker left (names it), a task failed, or the results did not come back in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    out = []
+    for f in futs:
+        try:
+            out.append(f.result(timeout=max(deadline - time.monotonic(), 0.001)))
+        except (KeyboardInterrupt, MachineError, UsageError):
+            raise
+        except TimeoutError:
+            check_workers(client, workers, what)
+            raise MachineError(f"{what}: the results did not come back from the workers within "
+                               f"{timeout_s:g} s", hint) from None
+        except Exception as e:
+            check_workers(client, workers, what)
+            raise MachineError(f"{what} failed on the cluster: {error_line(e)[:200]}") from None
+    return out
+
+
 def _raise_failed(futs, what: str) -> None:
     for f in futs:
         if f.status == "error":
