@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import time
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from gpubench.core.errors import MachineError, NoGPUError, UsageError
 from gpubench.core.scheduler import error_line, run_on_workers
-from gpubench.core.signals import Interrupted
+from gpubench.core.signals import CRITICAL, Interrupted, last_signal, signal_exception, signal_noted
 from gpubench.core.units import format_size
 
 if TYPE_CHECKING:  # types only: bench/merge imports this module
@@ -475,6 +477,33 @@ def check_interface(name: str) -> None:
 
 
 
+def resolve_lazy_modules() -> int:
+    """Load, in the calling (main) thread, every module of sys.modules that is still an
+    ``importlib.util.LazyLoader`` placeholder; returns how many there were.
+
+    CuPy registers ``cupy.testing`` lazily (cupy/__init__.py, ``_lazy_import``), and dask.array
+    imports CuPy even for ``-t cpu``. distributed's error logging (utils._LogErrors ->
+    _getmodulename_with_path) reads ``__file__`` of every module in sys.modules, so the first task
+    that failed or was cancelled on the IO loop thread ran CuPy's whole testing import (numpy.testing,
+    unittest, importlib.metadata) on that thread, in the middle of a cluster's close; LazyLoader is
+    not thread-safe before Python 3.12.3 (CPython gh-114763). It was where the first two SIGSEGVs of
+    a `-p ucx` start cut short were caught (faulthandler), though not their cause (see
+    _start_holding_signals): loaded here first, nothing is imported on the loop thread. It costs
+    about 0.15 s (CuPy's testing package) and only when the placeholder is there. A module whose
+    load fails is left as Python leaves it.
+    """
+    import importlib.util
+
+    lazy = getattr(importlib.util, "_LazyModule", None)
+    if lazy is None:
+        return 0
+    found = [m for m in list(sys.modules.values()) if type(m) is lazy]
+    for m in found:
+        with contextlib.suppress(Exception):
+            getattr(m, "__file__", None)
+    return len(found)
+
+
 def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     """Start (or attach to) the cluster and connect a client.
 
@@ -495,6 +524,7 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
 
     if spec.protocol == "ucx":
         _import_ucxx()
+    resolve_lazy_modules()  # in this thread, before any IO loop thread runs distributed's code
     if spec.interface is not None and not spec.external:
         check_interface(spec.interface)
     cluster = None
@@ -511,11 +541,16 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
                     where = spec.scheduler_address or spec.scheduler_file
                     raise UsageError(f"the scheduler at {where} has no workers ({error_line(e)})") from None
             else:
-                cluster = _start_local_cluster(spec)
-                try:
-                    client = Client(cluster.scheduler_address, loop=cluster.loop, timeout=min(spec.timeout_s, 60))
-                except (OSError, TimeoutError) as e:
-                    raise MachineError(f"cannot connect to the local cluster's scheduler: {error_line(e)[:160]}") from None
+                # -p ucx: a Ctrl-C or SIGTERM waits for the start and the client's connection
+                # (_start_holding_signals says why); tcp stops at once
+                with CRITICAL if spec.protocol == "ucx" else contextlib.nullcontext():
+                    cluster = _start_local_cluster(spec)
+                    try:
+                        client = Client(cluster.scheduler_address, loop=cluster.loop,
+                                        timeout=min(spec.timeout_s, 60))
+                    except (OSError, TimeoutError) as e:
+                        raise MachineError(f"cannot connect to the local cluster's scheduler: "
+                                           f"{error_line(e)[:160]}") from None
     except BaseException:
         stopped = close_all(client, cluster)
         if stopped is not None:
@@ -658,7 +693,6 @@ def _quiet_distributed_finalizers() -> None:
     (an rpc whose UCXX comm never finished its handshake, when a start is cancelled by Ctrl-C or
     the deadline: ``'...' object has no attribute 'alive'``) that the garbage collector prints after
     gpubench closed the cluster itself; every other unraisable exception goes to the hook before."""
-    import sys
 
     previous = sys.unraisablehook
     if getattr(previous, "_gpubench_quiet_distributed", False):
@@ -741,7 +775,10 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
 
     try:
         with _workers_ignore_sigint():
-            sync(runner.loop, start, callback_timeout=spec.timeout_s)
+            if spec.protocol == "ucx":
+                _start_holding_signals(runner.loop, start, spec.timeout_s)
+            else:
+                sync(runner.loop, start, callback_timeout=spec.timeout_s)
     except BaseException as e:
         LocalHandle(box[0] if box else None, runner, before).close(timeout=FAILED_START_CLOSE_S)
         if isinstance(e, (KeyboardInterrupt, Interrupted, UsageError)):
@@ -752,6 +789,51 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
         raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start: "
                            f"{error_line(e)[:160]}") from None
     return LocalHandle(box[0], runner, before)
+
+
+UCX_START_GRACE_S = 20.0  # the longest a -p ucx start may go on after a Ctrl-C or SIGTERM
+
+
+def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_START_GRACE_S) -> None:
+    """Run the coroutine function ``start`` on ``loop`` (a tornado IOLoop on its own thread) to its
+    end, within ``timeout_s``; called inside ``with CRITICAL:``, so a SIGINT or SIGTERM that lands
+    meanwhile is noted and raised once the start (and the client's connection) ends, or here when
+    the start is still going ``grace_s`` after it.
+
+    Why: a UCXX cluster closed while it starts (endpoints and listeners mid-handshake, on
+    distributed-ucxx 0.52 / UCX 1.19) crashes this process with SIGSEGV on the IO loop thread, in
+    whatever Python code that thread runs then: 7 of 85 Ctrl-Cs 3-5 s into `merge -p ucx -t cpu` on
+    the 2-core host (faulthandler, the main thread always in the close of a start cut short; CI:
+    test_sigint_at_every_half_second_of_the_first_8_s[ucx], exit -11). A cluster that finished its
+    start closes cleanly. The same holds for the teardown at exit (cli._exit_skipping_ucxx_teardown).
+
+    Raises:
+        TimeoutError: ``timeout_s`` passed (the caller names it).
+        KeyboardInterrupt, Interrupted: the signal noted ``grace_s`` before, with the start not done.
+        Whatever ``start`` raised.
+    """
+    import asyncio
+    import concurrent.futures
+
+    fut = asyncio.run_coroutine_threadsafe(start(), loop.asyncio_loop)
+    deadline = time.monotonic() + timeout_s
+    signalled_at = None
+    while True:
+        try:
+            fut.result(timeout=0.1)
+            return
+        except concurrent.futures.TimeoutError:
+            pass
+        now = time.monotonic()
+        if signalled_at is None and signal_noted():
+            signalled_at = now
+            print(f"gpubench: stopping once the ucx cluster has started (at most {grace_s:g} s: "
+                  f"UCXX crashes when a start is cut short)", file=sys.stderr, flush=True)
+        if now > deadline or (signalled_at is not None and now - signalled_at > grace_s):
+            fut.cancel()
+            if now > deadline:
+                raise TimeoutError(f"the start took longer than {timeout_s:g} s")
+            raise signal_exception(last_signal())
 
 
 def close_all(client, cluster) -> BaseException | None:
