@@ -543,7 +543,7 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
             else:
                 # -p ucx: a Ctrl-C or SIGTERM waits for the start and the client's connection
                 # (_start_holding_signals says why); tcp stops at once
-                with CRITICAL if spec.protocol == "ucx" else contextlib.nullcontext():
+                with holding_signals() if spec.protocol == "ucx" else contextlib.nullcontext():
                     cluster = _start_local_cluster(spec)
                     try:
                         client = Client(cluster.scheduler_address, loop=cluster.loop,
@@ -791,6 +791,21 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     return LocalHandle(box[0], runner, before)
 
 
+@contextlib.contextmanager
+def holding_signals() -> Iterator[None]:
+    """``with CRITICAL:`` (a SIGINT or SIGTERM inside is raised when the block ends), and an error
+    raised inside once a signal was noted becomes that signal's exception: the signal reached the
+    process group too, where a worker's /bin/sh wrapper can die of it before its trap ("Nanny failed
+    to start"), so the failure is the user's stop (exit 130 / 143), not a machine fault (exit 3)."""
+    try:
+        with CRITICAL:
+            yield
+    except Exception:
+        if signal_noted():
+            raise signal_exception(last_signal()) from None
+        raise
+
+
 UCX_START_GRACE_S = 20.0  # the longest a -p ucx start may go on after a Ctrl-C or SIGTERM
 
 
@@ -810,7 +825,8 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
     Raises:
         TimeoutError: ``timeout_s`` passed (the caller names it).
         KeyboardInterrupt, Interrupted: the signal noted ``grace_s`` before, with the start not done.
-        Whatever ``start`` raised.
+        Whatever ``start`` raised (:func:`holding_signals` turns it into the signal's exception
+            when a signal was noted).
     """
     import asyncio
     import concurrent.futures
