@@ -843,8 +843,10 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
         now = time.monotonic()
         if signalled_at is None and signal_noted():
             signalled_at = now
-            print(f"gpubench: stopping once the ucx cluster has started (at most {grace_s:g} s: "
-                  f"UCXX crashes when a start is cut short)", file=sys.stderr, flush=True)
+            from gpubench.core.report import err_line
+
+            err_line(f"gpubench: stopping once the ucx cluster has started (at most {grace_s:g} s: "
+                     f"UCXX crashes when a start is cut short)")
         if now > deadline or (signalled_at is not None and now - signalled_at > grace_s):
             fut.cancel()
             if now > deadline:

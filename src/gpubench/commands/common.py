@@ -80,8 +80,8 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
     if result.partial:
         sig = result.interrupted_by or "SIGINT"
         measured = [r for r in result.records if r.samples_s]
-        print(f"gpubench: interrupted by {sig}; kept what was measured: {len(measured)} point(s), "
-              f"{sum(len(r.samples_s) for r in measured)} sample(s)", file=sys.stderr)
+        report.err_line(f"gpubench: interrupted by {sig}; kept what was measured: {len(measured)} point(s), "
+                        f"{sum(len(r.samples_s) for r in measured)} sample(s)")
         return 143 if sig == "SIGTERM" else 130
     return 0
 
@@ -311,8 +311,9 @@ def warn_ranks_alone(name: str, json_path: str | None) -> None:
             f"result (this is {me.label()})")
     if json_path and json_path != "-":
         line += f"; every rank writes --json {json_path} and the last write stays"
-    print(f"gpubench: warning: {term(line, limit=2000)}; `gpubench suite` under the launcher gathers every node "
-          "into one report (docs/cluster.md)", file=sys.stderr)
+    # every rank prints it: one write each, so two ranks' lines cannot run together (report.err_line)
+    report.err_line(f"gpubench: warning: {term(line, limit=2000)}; `gpubench suite` under the launcher "
+                    "gathers every node into one report (docs/cluster.md)")
 
 
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,

@@ -29,6 +29,21 @@ def human_to_stderr(enabled: bool = True) -> Iterator[None]:
         _HUMAN_TO_STDERR[0] = before
 
 
+def err_line(text: str) -> None:
+    """Write ``text`` and its newline to stderr in one write, then flush.
+
+    ``print(..., file=sys.stderr)`` makes two writes (the text, then its end). Under mpiexec every
+    rank's stderr is forwarded as the launcher reads it, so two ranks' lines could run together
+    into one (CI: two "does not gather ranks" warnings on one line under ``mpiexec -n 2``).
+    A line up to the pipe's atomic size (PIPE_BUF, 4096 bytes on Linux) reaches the launcher whole.
+    """
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+        pass
+
+
 def is_terminal(stream) -> bool:
     """Whether ``stream`` is a person's terminal: a tty, except under Open MPI.
 
@@ -186,7 +201,7 @@ class ProgressSink:
         """A warning before or during the run (a busy GPU): one line on stderr, escaped."""
         from gpubench.core.safe import term
 
-        print(f"gpubench: warning: {term(message)}", file=sys.stderr)
+        err_line(f"gpubench: warning: {term(message)}")
 
 
 class RichProgress(ProgressSink):

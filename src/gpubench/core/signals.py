@@ -123,7 +123,11 @@ def on_signal(signum, frame) -> None:
     ends; a second signal while the first one's cleanup runs is noted and ignored."""
     if signal_noted():
         note_signal(signum)
-        print(_AGAIN, file=sys.stderr)
+        try:  # one write, newline included (every rank of a launcher may print it: report.err_line)
+            sys.stderr.write(_AGAIN + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
         return
     note_signal(signum)
     if in_critical_section():  # raised when the launches under way are all queued
