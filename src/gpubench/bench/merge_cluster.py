@@ -811,16 +811,17 @@ UCX_START_GRACE_S = 20.0  # the longest a -p ucx start may go on after a Ctrl-C 
 
 def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_START_GRACE_S) -> None:
     """Run the coroutine function ``start`` on ``loop`` (a tornado IOLoop on its own thread) to its
-    end, within ``timeout_s``; called inside ``with CRITICAL:``, so a SIGINT or SIGTERM that lands
+    end, within ``timeout_s``; called inside ``with holding_signals():``, so a SIGINT or SIGTERM that lands
     meanwhile is noted and raised once the start (and the client's connection) ends, or here when
     the start is still going ``grace_s`` after it.
 
     Why: a UCXX cluster closed while it starts (endpoints and listeners mid-handshake, on
-    distributed-ucxx 0.52 / UCX 1.19) crashes this process with SIGSEGV on the IO loop thread, in
+    distributed-ucxx 0.52, libucx 1.21) crashes this process with SIGSEGV on the IO loop thread, in
     whatever Python code that thread runs then: 7 of 85 Ctrl-Cs 3-5 s into `merge -p ucx -t cpu` on
     the 2-core host (faulthandler, the main thread always in the close of a start cut short; CI:
     test_sigint_at_every_half_second_of_the_first_8_s[ucx], exit -11). A cluster that finished its
-    start closes cleanly. The same holds for the teardown at exit (cli._exit_skipping_ucxx_teardown).
+    start closes cleanly. The teardown at exit has a crash of the same family, which
+    cli._exit_skipping_ucxx_teardown avoids.
 
     Raises:
         TimeoutError: ``timeout_s`` passed (the caller names it).
