@@ -123,11 +123,9 @@ def on_signal(signum, frame) -> None:
     ends; a second signal while the first one's cleanup runs is noted and ignored."""
     if signal_noted():
         note_signal(signum)
-        try:  # one write, newline included (every rank of a launcher may print it: report.err_line)
-            sys.stderr.write(_AGAIN + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+        from gpubench.core.report import err_line  # one write: every rank of a launcher may print it
+
+        err_line(_AGAIN)
         return
     note_signal(signum)
     if in_critical_section():  # raised when the launches under way are all queued
