@@ -57,7 +57,7 @@ from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.scheduler import error_line, run_on_workers, wait_watching
-from gpubench.core.signals import Interrupted, signal_noted
+from gpubench.core.signals import Interrupted, last_signal, signal_exception, signal_noted
 
 TYPES = ("gpu", "cpu")
 PROTOCOLS = ("tcp", "ucx")
@@ -415,6 +415,11 @@ def _require_dask() -> None:
         try:
             __import__(mod)
         except Exception as e:
+            # a Ctrl-C inside the import can come back wrapped: Python raises RuntimeError("Error
+            # calling __set_name__ ...") with the KeyboardInterrupt as its cause (CI: SIGINT 1.5 s
+            # into merge gave exit 2); a noted signal is the user's stop, not a missing package
+            if signal_noted():
+                raise signal_exception(last_signal()) from None
             raise UsageError(f"merge needs {pkg}, which cannot be imported ({error_line(e)[:120]})",
                              "pip install 'gpubench-cuda[dask]'") from None
 
