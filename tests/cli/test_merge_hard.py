@@ -405,6 +405,35 @@ def test_check_workers_still_names_a_worker_that_left():
         assert time.monotonic() - t0 < 10
 
 
+def test_distributed_ucxx_logger_quiet_on_own_workers_and_here():
+    """distributed_ucxx's log_errors logs to "distributed_ucxx.ucxx", outside the "distributed"
+    loggers silence_logs quiets, and Python's last-resort handler printed it as a bare traceback
+    (CI: CancelledError in a ucx write, Ctrl-C 6 s into `merge -p ucx`). On gpubench's own workers
+    (the worker preload) and in this process it is CRITICAL from the start; a user's preload stays."""
+    import logging
+
+    import dask
+
+    from gpubench.bench import merge_cluster as mc
+    from gpubench.bench.merge import MergeSpec
+
+    logging.getLogger("distributed_ucxx").setLevel(logging.NOTSET)
+    with dask.config.set({"distributed.worker.preload": ["distributed.comm"]}):
+        assert mc.worker_preload() == ["distributed.comm", mc.WORKER_PRELOAD]
+        client, cluster = mc.open_client(MergeSpec(merge_type="cpu", devices=(0, 1), protocol="tcp"))
+    try:
+        on_workers = client.run(lambda: logging.getLogger("distributed_ucxx.ucxx").isEnabledFor(logging.ERROR))
+        here = logging.getLogger("distributed_ucxx.ucxx").isEnabledFor(logging.ERROR)
+        preloads = client.run(lambda dask_worker: [p.name for p in dask_worker.preloads])
+    finally:
+        mc.close_all(client, cluster)
+    assert len(on_workers) == 2 and not any(on_workers.values()), on_workers
+    assert not here
+    assert all(p == ["distributed.comm", mc.WORKER_PRELOAD] for p in preloads.values()), preloads
+    with dask.config.set({"distributed.worker.preload": mc.WORKER_PRELOAD}):
+        assert mc.worker_preload() == [mc.WORKER_PRELOAD]
+
+
 @pytest.mark.skipif(not _has_ucxx(), reason="distributed-ucxx is not installed")
 def test_ucxx_logger_quiet_on_own_workers_unless_the_user_set_it(monkeypatch):
     """gpubench's own workers start with UCXPY_LOG_LEVEL=CRITICAL (dask's distributed.nanny.environ,

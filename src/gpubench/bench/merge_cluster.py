@@ -676,16 +676,38 @@ def worker_environ() -> dict[str, str]:
     return {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
 
 
+# distributed's UCX comm lives in its own package, distributed_ucxx, whose log_errors wrappers log to
+# "distributed_ucxx.ucxx": outside "distributed", so silence_logs leaves it alone and, with no
+# handler of its own, Python's last-resort handler prints its tracebacks bare (CI: a CancelledError
+# in a ucx write on a Ctrl-C 6 s into `merge -p ucx`). It follows distributed's level everywhere.
+DISTRIBUTED_LOGGERS = ("distributed", "distributed_ucxx")
+WORKER_PRELOAD = "gpubench.bench.merge_worker_setup"
+
+
+def worker_preload() -> list[str]:
+    """dask's ``distributed.worker.preload`` for gpubench's own workers: the configured list with
+    gpubench's worker setup (merge_worker_setup: distributed_ucxx's logger at CRITICAL, as
+    silence_logs sets distributed's) added. A config key, read by each Worker as it is built in its
+    process, so it holds from before the worker's first comm; a ``client.run`` after the start
+    would leave the start and the client's connection uncovered."""
+    import dask
+
+    configured = dask.config.get("distributed.worker.preload", []) or []
+    configured = [configured] if isinstance(configured, str) else list(configured)
+    return configured if WORKER_PRELOAD in configured else [*configured, WORKER_PRELOAD]
+
+
 def quiet_closing_logs() -> None:
     """Raise this process's UCXX logger ("ucx") to CRITICAL, unless the user set UCXPY_LOG_LEVEL,
-    and distributed's to CRITICAL: the cluster gpubench closes restores distributed's level at the
+    and distributed's and distributed_ucxx's (DISTRIBUTED_LOGGERS) to CRITICAL: the cluster gpubench closes restores distributed's level at the
     end of its close (silence_logs), after which a comm still closing logs a traceback
     (batched.py's _background_send: CommClosedError, seen in CI on a SIGTERM 4 s into the start)."""
     import logging
 
     if "UCXPY_LOG_LEVEL" not in os.environ:
         logging.getLogger("ucx").setLevel(UCX_QUIET_LEVEL)
-    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    for name in DISTRIBUTED_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _quiet_distributed_finalizers() -> None:
@@ -759,6 +781,7 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
 
     before = frozenset(p.pid for p in _spawned_children())
     _quiet_distributed_finalizers()
+    logging.getLogger("distributed_ucxx").setLevel(logging.CRITICAL)  # as silence_logs does distributed's
     runner = LoopRunner(asynchronous=False)
     runner.start()
     # The loop is gpubench's own: what its tasks leave unhandled (a start cancelled by Ctrl-C or the
@@ -768,7 +791,8 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     box: list = []
 
     async def start():
-        with dask.config.set({"distributed.nanny.environ": worker_environ()}):  # the Nannies start in the await
+        with dask.config.set({"distributed.nanny.environ": worker_environ(),  # the Nannies start in the await
+                              "distributed.worker.preload": worker_preload()}):
             cluster = make()  # on the loop's thread, so the constructor starts nothing itself
             box.append(cluster)
             return await cluster
