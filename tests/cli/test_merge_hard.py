@@ -409,7 +409,8 @@ def test_distributed_ucxx_logger_quiet_on_own_workers_and_here():
     """distributed_ucxx's log_errors logs to "distributed_ucxx.ucxx", outside the "distributed"
     loggers silence_logs quiets, and Python's last-resort handler printed it as a bare traceback
     (CI: CancelledError in a ucx write, Ctrl-C 6 s into `merge -p ucx`). On gpubench's own workers
-    (the worker preload) and in this process it is CRITICAL from the start; a user's preload stays."""
+    (the worker preload, with tornado's and asyncio's) and in this process it is CRITICAL from the
+    start; a user's preload stays."""
     import logging
 
     import dask
@@ -423,12 +424,15 @@ def test_distributed_ucxx_logger_quiet_on_own_workers_and_here():
         client, cluster = mc.open_client(MergeSpec(merge_type="cpu", devices=(0, 1), protocol="tcp"))
     try:
         on_workers = client.run(lambda: logging.getLogger("distributed_ucxx.ucxx").isEnabledFor(logging.ERROR))
+        others = client.run(lambda: [logging.getLogger(n).getEffectiveLevel() for n in ("tornado.application",
+                                                                                        "asyncio")])
         here = logging.getLogger("distributed_ucxx.ucxx").isEnabledFor(logging.ERROR)
         preloads = client.run(lambda dask_worker: [p.name for p in dask_worker.preloads])
     finally:
         mc.close_all(client, cluster)
     assert len(on_workers) == 2 and not any(on_workers.values()), on_workers
     assert not here
+    assert all(v == [logging.CRITICAL] * 2 for v in others.values()), others  # heartbeat tracebacks
     assert all(p == ["distributed.comm", mc.WORKER_PRELOAD] for p in preloads.values()), preloads
     with dask.config.set({"distributed.worker.preload": mc.WORKER_PRELOAD}):
         assert mc.worker_preload() == [mc.WORKER_PRELOAD]

@@ -45,8 +45,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping
 
 from gpubench.bench import merge_cluster
-from gpubench.bench.merge_cluster import (clear_transfer_log, close_all, open_client, quiet_shutdown_logs,
-                                          rmm_setup, take_transfer_log, worker_device)
+from gpubench.bench.merge_cluster import (clear_transfer_log, close_all, open_client, rmm_setup,
+                                          take_transfer_log, worker_device)
 from gpubench.bench.merge_data import compute_watching, join_check, random_ddf
 from gpubench.bench.merge_stats import address_to_index, hmean, hstd, pair_statistics
 from gpubench.core import benchmark as driver
@@ -446,8 +446,6 @@ def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
         UsageError, MachineError: see merge_cluster.rmm_setup and run_on_workers.
     """
     devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU")
-    if cluster is not None:  # our own workers only; an external cluster's logs are its owner's
-        run_on_workers(client, quiet_shutdown_logs, {}, "quieting the workers' shutdown logs")
     index = address_to_index(devices)
     return {
         "client": client,

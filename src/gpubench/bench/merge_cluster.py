@@ -308,16 +308,6 @@ def cpu_worker_limit(n_workers: int) -> int | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def quiet_shutdown_logs() -> None:
-    """On a worker: a closing worker's heartbeat can fail with "ConnectionPool is closed", which
-    tornado logs as a traceback ("Exception in callback Worker.heartbeat") after the run, on Ctrl-C
-    most of all. gpubench closes the cluster itself, so those loggers are told to keep quiet."""
-    import logging
-
-    for name in ("tornado.application", "asyncio"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 def worker_device() -> int:
     """First entry of the worker's CUDA_VISIBLE_DEVICES, -1 without one (dask-cuda's get_worker_device)."""
     try:
@@ -686,10 +676,11 @@ WORKER_PRELOAD = "gpubench.bench.merge_worker_setup"
 
 def worker_preload() -> list[str]:
     """dask's ``distributed.worker.preload`` for gpubench's own workers: the configured list with
-    gpubench's worker setup (merge_worker_setup: distributed_ucxx's logger at CRITICAL, as
-    silence_logs sets distributed's) added. A config key, read by each Worker as it is built in its
-    process, so it holds from before the worker's first comm; a ``client.run`` after the start
-    would leave the start and the client's connection uncovered."""
+    gpubench's worker setup (merge_worker_setup: distributed_ucxx's, tornado's and asyncio's
+    loggers at CRITICAL, as silence_logs sets distributed's) added. A config key, read by each
+    Worker as it is built in its process, so it holds from before the worker's first comm; a
+    ``client.run`` after the start (what gpubench did for tornado's and asyncio's) leaves the start
+    and the client's connection uncovered."""
     import dask
 
     configured = dask.config.get("distributed.worker.preload", []) or []
@@ -699,14 +690,17 @@ def worker_preload() -> list[str]:
 
 def quiet_closing_logs() -> None:
     """Raise this process's UCXX logger ("ucx") to CRITICAL, unless the user set UCXPY_LOG_LEVEL,
-    and distributed's and distributed_ucxx's (DISTRIBUTED_LOGGERS) to CRITICAL: the cluster gpubench closes restores distributed's level at the
-    end of its close (silence_logs), after which a comm still closing logs a traceback
-    (batched.py's _background_send: CommClosedError, seen in CI on a SIGTERM 4 s into the start)."""
+    and distributed's and distributed_ucxx's (DISTRIBUTED_LOGGERS) and tornado's callback logger
+    to CRITICAL: the cluster gpubench closes restores distributed's level at the end of its close
+    (silence_logs), after which a comm still closing logs a traceback (batched.py's
+    _background_send: CommClosedError, seen in CI on a SIGTERM 4 s into the start); a periodic
+    callback of distributed's (a heartbeat) that fails on a closed pool is logged by tornado
+    ("Exception in callback", as on the workers, merge_worker_setup)."""
     import logging
 
     if "UCXPY_LOG_LEVEL" not in os.environ:
         logging.getLogger("ucx").setLevel(UCX_QUIET_LEVEL)
-    for name in DISTRIBUTED_LOGGERS:
+    for name in (*DISTRIBUTED_LOGGERS, "tornado.application"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 

@@ -5,15 +5,17 @@ distributed's UCX comm (the distributed_ucxx package) logs through ``log_errors`
 "distributed_ucxx.ucxx", outside the "distributed" hierarchy that the Nanny's ``silence_logs``
 quiets; with no handler it reaches Python's last-resort handler, which prints a bare traceback when
 a comm's write is cancelled as gpubench closes the cluster (after the runs, on Ctrl-C, on a fault).
-A fault of the run is reported by the error gpubench raises, so the worker keeps that logger at
-CRITICAL, as silence_logs keeps distributed's.
+A closing worker's heartbeat can also fail with "ConnectionPool is closed", which tornado logs as a
+traceback ("Exception in callback Worker.heartbeat"), and asyncio logs the tasks a cut-short close
+leaves. A fault of the run is reported by the error gpubench raises, so the worker keeps these
+loggers at CRITICAL from the moment it is built, as silence_logs keeps distributed's.
 """
 
 from __future__ import annotations
 
 import logging
 
-QUIET = ("distributed_ucxx",)
+QUIET = ("distributed_ucxx", "tornado.application", "asyncio")
 
 
 def dask_setup(worker=None) -> None:
