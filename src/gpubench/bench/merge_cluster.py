@@ -677,8 +677,8 @@ WORKER_PRELOAD = "gpubench.bench.merge_worker_setup"
 def worker_preload() -> list[str]:
     """dask's ``distributed.worker.preload`` for gpubench's own workers: the configured list with
     gpubench's worker setup (merge_worker_setup: distributed_ucxx's, tornado's and asyncio's
-    loggers at CRITICAL, as silence_logs sets distributed's) added. A config key, read by each
-    Worker as it is built in its process, so it holds from before the worker's first comm; a
+    loggers at CRITICAL, as silence_logs sets distributed's) added. A config key: each Worker imports
+    the module in its constructor, before it listens or registers, so it holds from then on; a
     ``client.run`` after the start (what gpubench did for tornado's and asyncio's) leaves the start
     and the client's connection uncovered."""
     import dask

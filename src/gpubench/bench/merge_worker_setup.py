@@ -18,7 +18,12 @@ import logging
 QUIET = ("distributed_ucxx", "tornado.application", "asyncio")
 
 
-def dask_setup(worker=None) -> None:
-    """dask's preload hook, called with the Worker being built: quiets QUIET in this process."""
+def quiet() -> None:
+    """Set every logger of QUIET to CRITICAL in this process."""
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+# At import, which the Worker does in its constructor (preloading.process_preloads), before it
+# listens or registers with the scheduler; dask's dask_setup hook would run only after it listens.
+quiet()
