@@ -77,7 +77,7 @@ def loop16(nbytes, kind, iters):
 
 
 def gpubench_figure(nbytes, kind, memory, iters):
-    from gpubench.bench.copy import CopySpec, run
+    from gpubench.plugins.copy.bench import CopySpec, run
     from gpubench.core.timing import TimingPlan
 
     r = run(CopySpec(sizes=(nbytes,), directions=(kind,), memory=(memory,), plan=TimingPlan(iters=iters)))

@@ -28,7 +28,7 @@ def main() -> int:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "gpubench", "--help"], check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
-    code = ("import sys\nfrom gpubench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom gpubench.cli.app import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             f"print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     heavy = [line[6:] for line in out.splitlines() if line.startswith("HEAVY=")]

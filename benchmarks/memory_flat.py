@@ -26,7 +26,7 @@ def device_used_bytes(device: int = 0) -> int:
 
 
 def main() -> int:
-    from gpubench.bench.copy import CopySpec, run
+    from gpubench.plugins.copy.bench import CopySpec, run
     from gpubench.core.gpu import MEMORY_KINDS
     from gpubench.core.timing import TimingPlan
 

@@ -32,7 +32,7 @@ def main() -> int:
     args = ap.parse_args()
     import matplotlib  # noqa: F401  (imported once, as by the command before it draws)
 
-    from gpubench import plot
+    from gpubench.analysis import plot
 
     plot.png_bytes([("warm", plot.load(args.files[0]))])  # font cache and first-draw costs
     worst = 0.0

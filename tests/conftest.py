@@ -116,7 +116,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def run_cli(capsys):
     """Run ``gpubench ARGS`` in-process through cli.main; returns (exit code, stdout, stderr)."""
-    from gpubench.cli import main
+    from gpubench.cli.app import main
 
     def run(*args):
         with pytest.raises(SystemExit) as e:

@@ -22,7 +22,7 @@ if __name__ == "__main__":
     import os
     import sys
 
-    from gpubench.cli import main
+    from gpubench.cli.app import main
     from gpubench.core import signals
 
     # straight to the CLI's own handler (core/signals.install keeps it): never a moment with

@@ -143,7 +143,7 @@ def test_cuda_visible_devices_hiding_the_device(argv, tmp_path):
 # high-water mark of the forking parent (here pytest, often above 200 MB) into it.
 _MEASURED = (
     "import sys\n"
-    "from gpubench.cli import main\n"
+    "from gpubench.cli.app import main\n"
     "try:\n"
     "    main(sys.argv[1:])\n"
     "finally:\n"
@@ -282,7 +282,7 @@ def test_full_disk_keeps_the_earlier_file_intact(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 _WITHOUT_CUPY = ("import sys\nsys.modules['cupy'] = None\nsys.modules['cupy.cuda'] = None\n"
-                 "from gpubench.cli import main\nmain(sys.argv[1:])\n")
+                 "from gpubench.cli.app import main\nmain(sys.argv[1:])\n")
 
 
 @pytest.mark.parametrize("name", ["copy", "p2p", "nccl", "batch", "memcpy2d", "overlap"])

@@ -47,8 +47,8 @@ def test_without_gpu_one_line_exit_2(run_cli):
 
 def test_command_modules_import_no_cupy():
     code = ("import sys\n"
-            "import gpubench.commands.batch, gpubench.commands.memcpy2d, gpubench.commands.overlap\n"
-            "import gpubench.bench.batch, gpubench.bench.memcpy2d, gpubench.bench.overlap\n"
+            "import gpubench.plugins.batch.command, gpubench.plugins.memcpy2d.command, gpubench.plugins.overlap.command\n"
+            "import gpubench.plugins.batch.bench, gpubench.plugins.memcpy2d.bench, gpubench.plugins.overlap.bench\n"
             "print('HEAVY', [m for m in ('cupy', 'cuda.bindings', 'dask') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

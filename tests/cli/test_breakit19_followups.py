@@ -124,7 +124,7 @@ def test_report_flags_a_saved_figure_beyond_its_limit(run_cli, tmp_path, case):
 
 
 def test_plot_marks_a_saved_figure_beyond_its_limit():
-    from gpubench import plot
+    from gpubench.analysis import plot
     from gpubench.core.result import Result
 
     for case, labels in (("no-op saved", plot.NO_OP_LABEL), ("stale flag", plot.ABOVE_LABEL),
@@ -135,7 +135,7 @@ def test_plot_marks_a_saved_figure_beyond_its_limit():
 
 
 def test_plot_bars_mark_a_figure_above_its_limit():
-    from gpubench import plot
+    from gpubench.analysis import plot
     from gpubench.core.result import Result
 
     d = json.loads((DATA / "batch-h200.json").read_text())
@@ -199,7 +199,7 @@ def test_hodges_lehmann_and_moses_interval_by_hand():
     import itertools
     import math
 
-    from gpubench import compare as C
+    from gpubench.analysis import compare as C
 
     f = (1.0, 1.01, 0.99, 1.005, 0.995)
     base = [55e9 * x for x in f]
@@ -402,8 +402,8 @@ def test_overlap_copies_alone_are_held_against_the_pcie_link():
     them (metric time, nbytes = N), with the env of a Gen5 x16 GPU."""
     from types import SimpleNamespace
 
-    from gpubench.bench.overlap import BENCHMARK
-    from gpubench.commands.overlap import format_report
+    from gpubench.plugins.overlap.bench import BENCHMARK
+    from gpubench.plugins.overlap.command import format_report
     from gpubench.core import limits
     from gpubench.core.benchmark import Context
     from gpubench.core.result import Record, Result

@@ -80,7 +80,7 @@ def test_a_result_without_records_or_with_env_null_is_refused_by_every_loader(ru
 
 _NO_DASK_PROBE = """
 import json, sys
-from gpubench.cli import main
+from gpubench.cli.app import main
 try:
     main(json.loads(sys.stdin.read()))
 except SystemExit as e:
@@ -119,7 +119,7 @@ def test_merge_options_refused_in_one_line_before_any_work(argv, needle):
 
 
 def test_merge_chunk_sizes_keep_dask_cudas_digit_groups():
-    from gpubench.cli import cli
+    from gpubench.cli.app import cli
 
     import click
 

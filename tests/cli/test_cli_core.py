@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpubench.cli import COMMANDS
+from gpubench.core.registry import plugins
 from gpubench.core.signals import Interrupted
 from gpubench.core.gpu import gpu_available
 
@@ -25,17 +25,17 @@ def gb(*args, env=None, timeout=120):
 
 
 def test_help_lists_every_command_and_imports_no_heavy_module():
-    code = ("import sys; from gpubench.cli import main\n"
+    code = ("import sys; from gpubench.cli.app import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit as e:\n    rc = e.code\n"
             "heavy = [m for m in ('cupy', 'dask', 'distributed', 'cudf', 'ucxx', 'matplotlib', 'pynvml') if m in sys.modules]\n"
             "print('HEAVY', heavy, 'RC', rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
-    for name in COMMANDS:
+    for name in plugins():
         assert name in out
     assert "HEAVY [] RC 0" in out
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
+@pytest.mark.parametrize("name", list(plugins()))
 def test_each_command_help(name):
     r = gb(name, "--help")
     assert r.returncode == 0, r.stderr

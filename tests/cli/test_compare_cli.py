@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import synth  # noqa: E402
 
-from gpubench.cli import main  # noqa: E402
+from gpubench.cli.app import main  # noqa: E402
 from gpubench.core.result import SCHEMA_VERSION, save  # noqa: E402
 
 PINNED, ALL = str(synth.REAL_PINNED), str(synth.REAL_ALL)

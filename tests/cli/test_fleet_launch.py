@@ -78,7 +78,7 @@ def test_mpiexec_net_ring_pairs_over_loopback(tmp_path):
     recs = d["records"]
     assert all(r["error"] is None and r["extra"]["gbit_per_s"] > 0 and r["samples_s"] for r in recs)
     assert "TCP Gbit/s between nodes" in p.stdout and "sender rows" in p.stdout
-    from gpubench.bench import net_fleet
+    from gpubench.plugins.net import fleet as net_fleet
     from gpubench.core.result import load
 
     _consistent_exit(p, sum(f != "ok" for _, f, _ in net_fleet.link_flags(load(out))))

@@ -1,5 +1,5 @@
 """Option fuzzing (issue 7): every command's declared options and arguments, drawn by hypothesis and
-run in this process through ``gpubench.cli.main``, must end with a known exit code and one line of
+run in this process through ``gpubench.cli.app.main``, must end with a known exit code and one line of
 error, never a traceback.
 
 The argument lists are built from each click command's ``params`` (net's subcommands included), so
@@ -33,7 +33,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpubench.cli import COMMANDS, main
+from gpubench.cli.app import main
+from gpubench.core.registry import plugins
 from gpubench.core.gpu import gpu_available
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def _targets() -> dict[str, click.Command]:
     out = {}
     from gpubench.core.registry import load_command
 
-    for name in COMMANDS:
+    for name in plugins():
         cmd = load_command(name)
         if isinstance(cmd, click.Group):
             for sub, sc in cmd.commands.items():
@@ -279,7 +280,7 @@ def check_invariants(argv: list[str], code, out: str, err: str) -> None:
 
 def stop_server_at_once(monkeypatch) -> None:
     """`net server` with valid options would serve forever: stop it as soon as it listens."""
-    from gpubench.bench import net_server as net
+    from gpubench.plugins.net import server as net
 
     orig = net.NetServer.serve_forever
 

@@ -154,8 +154,8 @@ def test_bad_numbers_and_types_in_records_name_the_field(run_cli, tmp_path, fiel
     (lambda d: d.__setitem__("spec", [1]), "/spec is an array (expected an object)"),
     (lambda d: d.__setitem__("schema_version", True), "unknown schema version true"),
     # a command that is not one: escaped (JSON \\u escapes), with a payload, or unknown
-    (lambda d: d.__setitem__("command", "copy\x1b[2J"), "/command is 'copy\\x1b[2J' (expected one of copy, env"),
-    (lambda d: d.__setitem__("command", "suite"), "/command is 'suite'"),
+    (lambda d: d.__setitem__("command", "copy\x1b[2J"), "/command is 'copy\\x1b[2J' (expected a command name"),
+    (lambda d: d.__setitem__("command", "Suite"), "/command is 'Suite'"),
     (lambda d: d.__setitem__("command", 7), "/command is 7"),
 ])
 def test_bad_envelope_fields_name_the_field(run_cli, tmp_path, mutate, needle):

@@ -32,7 +32,7 @@ def pandas_reference(chunk_size: int, base_chunks: int, other_chunks: int, frac_
     """The same frames made in this process with the benchmark's generator, joined by pandas."""
     import pandas as pd
 
-    from gpubench.bench.merge_data import generate_chunk
+    from gpubench.plugins.merge.data import generate_chunk
 
     base = pd.concat([generate_chunk((i, chunk_size, base_chunks, "build", frac_match, False))
                       for i in range(base_chunks)]).drop(columns="shuffle")
@@ -145,7 +145,7 @@ def test_worker_killed_mid_run_stops_with_an_error_naming_it_and_leaves_no_proce
     """A worker killed during the timed runs: a MachineError (exit 3) naming it, within seconds, and
     the local cluster's processes are gone afterwards."""
     pytest.importorskip("psutil")
-    from gpubench.bench.merge import MergeSpec, run
+    from gpubench.plugins.merge.bench import MergeSpec, run
     from gpubench.core.errors import MachineError
     from gpubench.core.report import ProgressSink
 
@@ -184,8 +184,8 @@ def test_a_dead_worker_keeps_the_finished_runs_in_the_report_and_json(tmp_path, 
     """Through the command: the runs before the fault are printed and saved (partial, failed_by), exit 3."""
     import json
 
-    from gpubench.bench import merge as bench
-    from gpubench.cli import main
+    from gpubench.plugins.merge import bench
+    from gpubench.cli.app import main
     from gpubench.core.errors import MachineError
 
     real = bench.bench_once
@@ -254,7 +254,7 @@ def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path, pr
 def _two_cpu_runs(tmp_path, capsys) -> tuple:
     """``gpubench merge -t cpu`` with 2 timed runs and no warm-up, in this process: (exit code,
     stderr, the saved JSON or None)."""
-    from gpubench.cli import main
+    from gpubench.cli.app import main
 
     out = tmp_path / "m.json"
     with pytest.raises(SystemExit) as ei:
@@ -268,7 +268,7 @@ def test_ctrl_c_while_the_cluster_closes_keeps_the_runs_and_closes_it(tmp_path, 
     """A KeyboardInterrupt inside the local cluster's close (the first one): the close is tried again, no
     worker is left, and the finished runs are printed and saved as partial (exit 130)."""
     pytest.importorskip("psutil")
-    from gpubench.bench import merge_cluster
+    from gpubench.plugins.merge import cluster as merge_cluster
 
     real_close = merge_cluster.LocalHandle.close
     calls = {"n": 0}
@@ -296,7 +296,7 @@ def test_ctrl_c_during_the_join_check_keeps_the_last_run(tmp_path, capsys, monke
     unchecked; the result is partial, exit 130."""
     import signal
 
-    from gpubench.bench import merge as bench
+    from gpubench.plugins.merge import bench
     from gpubench.core import signals
 
     def interrupted(*a, **k):

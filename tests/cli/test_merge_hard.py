@@ -109,8 +109,8 @@ def test_the_memory_refusal_names_the_largest_chunk_size_that_fits(run_cli):
     """-c past the workers' memory: one line with the largest -c that fits; that -c passes the same
     check while twice as many rows do not (the arithmetic, not a guess; a fixed worker limit, since
     the host's available memory moves while other work runs)."""
-    from gpubench.bench import merge_cluster as mc
-    from gpubench.bench.merge import MergeSpec
+    from gpubench.plugins.merge import cluster as mc
+    from gpubench.plugins.merge.bench import MergeSpec
     from gpubench.core.errors import UsageError
 
     code, _out, err = run_cli("merge", "-t", "cpu", "-d", "0,1", "-c", "2147483648")
@@ -128,8 +128,8 @@ def test_the_memory_refusal_names_the_largest_chunk_size_that_fits(run_cli):
 
 
 def test_frames_are_counted_on_every_worker_with_the_shuffle_copies():
-    from gpubench.bench import merge_cluster as mc
-    from gpubench.bench.merge import MergeSpec
+    from gpubench.plugins.merge import cluster as mc
+    from gpubench.plugins.merge.bench import MergeSpec
     from gpubench.core.errors import UsageError
 
     spec = MergeSpec(merge_type="cpu", devices=(0, 1), chunk_size=1_000_000, base_chunks=3, other_chunks=2)
@@ -148,7 +148,7 @@ def test_frames_are_counted_on_every_worker_with_the_shuffle_copies():
 
 
 def test_unicode_digits_in_timeout_read_as_python_reads_them():
-    from gpubench.commands.merge import parse_timeout
+    from gpubench.plugins.merge.command import parse_timeout
 
     assert parse_timeout("١.٥") == 1.5 and parse_timeout("10s") == 10 and parse_timeout("2m") == 120 and parse_timeout("5 minutes") == 300
 
@@ -177,7 +177,7 @@ def test_timeout_holds_with_the_cpus_saturated(run_cli, saturated_cpus, timeout)
     import distributed  # noqa: F401
     import dask.dataframe  # noqa: F401
 
-    from gpubench.bench import merge  # noqa: F401
+    from gpubench.plugins.merge import bench as merge  # noqa: F401
 
     load = os.getloadavg()[0]
     t0 = time.monotonic()
@@ -370,7 +370,7 @@ def test_check_workers_reads_the_scheduler_not_the_clients_cache(monkeypatch):
     distributed's does on an OSError; the workers must still be seen."""
     from distributed import Client, LocalCluster
 
-    from gpubench.core import scheduler
+    from gpubench.launch import scheduler
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
             Client(c) as client:
@@ -390,7 +390,7 @@ def test_check_workers_reads_the_scheduler_not_the_clients_cache(monkeypatch):
 def test_check_workers_still_names_a_worker_that_left():
     from distributed import Client, LocalCluster
 
-    from gpubench.core import scheduler
+    from gpubench.launch import scheduler
     from gpubench.core.errors import MachineError
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
@@ -415,8 +415,8 @@ def test_distributed_ucxx_logger_quiet_on_own_workers_and_here():
 
     import dask
 
-    from gpubench.bench import merge_cluster as mc
-    from gpubench.bench.merge import MergeSpec
+    from gpubench.plugins.merge import cluster as mc
+    from gpubench.plugins.merge.bench import MergeSpec
 
     logging.getLogger("distributed_ucxx").setLevel(logging.NOTSET)
     with dask.config.set({"distributed.worker.preload": ["distributed.comm"]}):
@@ -445,8 +445,8 @@ def test_ucxx_logger_quiet_on_own_workers_unless_the_user_set_it(monkeypatch):
     once the close began; a UCXPY_LOG_LEVEL the user set is what the workers get instead."""
     import logging
 
-    from gpubench.bench import merge_cluster as mc
-    from gpubench.bench.merge import MergeSpec
+    from gpubench.plugins.merge import cluster as mc
+    from gpubench.plugins.merge.bench import MergeSpec
 
     for user in (None, "INFO"):
         if user is None:

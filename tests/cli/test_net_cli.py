@@ -318,8 +318,8 @@ def test_local_interrupted_keeps_the_intervals_received(tmp_path):
 
 
 def _workers_alive() -> list[int]:
-    """Worker processes of this tree's net_worker.py still running."""
-    from gpubench.bench.net_stream import WORKER
+    """Worker processes of this tree's worker.py still running."""
+    from gpubench.plugins.net.stream import WORKER
 
     out = []
     for pid in os.listdir("/proc"):

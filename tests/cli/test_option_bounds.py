@@ -14,22 +14,20 @@ import re
 import click
 import pytest
 
-from gpubench.commands.common import NOT_HARDENED, StrictFloat, StrictInt
+from gpubench.kit import StrictFloat, StrictInt
 from gpubench.core.options import MAX_DEVICE_ORDINAL, MAX_MIN_TIME_S, MAX_REPEATS, MAX_TIMEOUT_S, parse_number
-from gpubench.core.registry import REGISTRY
+from gpubench.core.registry import plugins
 
 HUGE = "9" * 400
 PINNED = "tests/data/copy-pinned-h200.json"
 
 
 def _numeric_options():
-    from gpubench.cli import cli
+    from gpubench.cli.app import cli
 
     ctx = click.Context(cli)
     out = []
-    for name in REGISTRY:
-        if name in NOT_HARDENED:
-            continue
+    for name in plugins():
         cmd = cli.get_command(ctx, name)
         for p in cmd.params:
             if isinstance(p, click.Option) and isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType)):

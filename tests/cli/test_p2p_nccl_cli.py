@@ -80,7 +80,7 @@ def test_nccl_accepts_gather_and_scatter_before_looking_for_a_gpu(coll):
 
 
 def test_nccl_gather_takes_the_root_option():
-    from gpubench.commands import nccl as cmd
+    from gpubench.plugins.nccl import command as cmd
 
     spec = cmd.build_spec("gather", None, "1M", "1M", 4, "float", "sum", 3, 1, 20, 5, 1, "both", 0, 0.0)
     assert (spec.collective, spec.root) == ("gather", 3)

@@ -38,7 +38,7 @@ def _worker_process():
 
 
 def test_results_come_back_from_a_live_worker(cluster):
-    from gpubench.core.scheduler import results_within, wait_watching
+    from gpubench.launch.scheduler import results_within, wait_watching
 
     workers = {a: i for i, a in enumerate(cluster.scheduler_info()["workers"])}
     futs = [cluster.submit(pow, 2, k, pure=False) for k in range(4)]
@@ -48,7 +48,7 @@ def test_results_come_back_from_a_live_worker(cluster):
 
 def test_a_worker_stopped_after_the_wait_stops_the_fetch_within_its_time(cluster):
     from gpubench.core.errors import MachineError
-    from gpubench.core.scheduler import results_within, wait_watching
+    from gpubench.launch.scheduler import results_within, wait_watching
 
     workers = {a: i for i, a in enumerate(cluster.scheduler_info()["workers"])}
     fut = cluster.submit(bytes, 1 << 20, pure=False)  # the result stays on the worker

@@ -66,7 +66,7 @@ def test_a_real_hostname_with_payloads_is_shown_inert():
         pytest.skip("needs root and unshare(1) to set a hostname in a new UTS namespace")
     host = "a\x1b[31mX\x1b]8;;http://e/\x1b\\[bold]y[/]\rz"
     code = ("import socket, sys; socket.sethostname(sys.argv[1]); "
-            "from gpubench.cli import main; main(['env'])")
+            "from gpubench.cli.app import main; main(['env'])")
     p = subprocess.run(["unshare", "-u", sys.executable, "-c", code, host], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "PYTHONPATH": SRC})
     if p.returncode != 0 and "Operation not permitted" in p.stderr:

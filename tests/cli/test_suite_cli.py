@@ -11,9 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import synth  # noqa: E402
 
-from gpubench import suite  # noqa: E402
-from gpubench.cli import main  # noqa: E402
-from gpubench.commands.suite import module_exists, run_cli_step  # noqa: E402
+from gpubench.validation import suite  # noqa: E402
+from gpubench.cli.app import main  # noqa: E402
 from gpubench.core.errors import NoGPUError  # noqa: E402
 from gpubench.core.gpu import require_gpu  # noqa: E402
 from gpubench.core.result import load  # noqa: E402
@@ -135,9 +134,3 @@ def test_suite_without_gpu_exits_2_with_the_standard_line(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_step_runs_through_its_command_in_process(tmp_path):
-    # the mechanism suite uses for batch/p2p/nccl/merge, exercised with env (works without a GPU)
-    res = run_cli_step("env", [], tmp_path / "env.json")
-    assert res.command == "env" and res.env["host"]["hostname"]
-    assert json.loads((tmp_path / "env.json").read_text())["schema"] == "gpubench.result"
-    assert module_exists("copy") and not module_exists("no_such_command")

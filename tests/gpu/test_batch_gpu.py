@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.bench.batch import BatchSpec, batch_api, run
+from gpubench.plugins.batch.bench import BatchSpec, batch_api, run
 from gpubench.core.result import load, save
 from gpubench.core.timing import TimingPlan
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _copy(directions=("h2d", "d2h", "d2d"), memory=("pinned", "pageable"), **cond):
-    from gpubench.bench.copy import CopySpec, run
+    from gpubench.plugins.copy.bench import CopySpec, run
 
     spec = CopySpec(sizes=(64 << 20,), directions=directions, memory=memory, plan=TimingPlan(warmup=1, iters=10))
     with driver.conditions(driver.Conditions(**cond)):
@@ -90,7 +90,7 @@ def test_d2d_held_against_device_memory():
 
 def test_one_rank_in_place_all_gather_is_a_no_op():
     pytest.importorskip("cupy")
-    from gpubench.bench.nccl import NcclSpec, run
+    from gpubench.plugins.nccl.bench import NcclSpec, run
     from gpubench.core.errors import UsageError
 
     try:

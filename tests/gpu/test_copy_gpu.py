@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpubench.bench.copy import CopySpec, run
+from gpubench.plugins.copy.bench import CopySpec, run
 from gpubench.core.gpu import MEMORY_KINDS
 from gpubench.core.result import load, save
 from gpubench.core.timing import TimingPlan
@@ -74,7 +74,7 @@ def test_oversized_pinned_point_fails_alone_and_sweep_goes_on():
 
     total, _ = host_memory()
     huge = 1 << (2 * total).bit_length()  # over twice the host RAM
-    from gpubench.bench import copy as bench
+    from gpubench.plugins.copy import bench
 
     from gpubench.core.benchmark import Context
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.bench.memcpy2d import Memcpy2dSpec, run
+from gpubench.plugins.memcpy2d.bench import Memcpy2dSpec, run
 from gpubench.core.timing import TimingPlan
 
 pytestmark = pytest.mark.gpu

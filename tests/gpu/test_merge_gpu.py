@@ -61,7 +61,7 @@ def cudf_reference(chunk_size: int, chunks: int, frac_match: float) -> dict:
     """The same frames as the workers make (CuPy's random state), joined by cuDF in this process."""
     import cudf
 
-    from gpubench.bench.merge_data import generate_chunk
+    from gpubench.plugins.merge.data import generate_chunk
 
     base = cudf.concat([generate_chunk((i, chunk_size, chunks, "build", frac_match, True))
                         for i in range(chunks)]).drop(columns="shuffle")

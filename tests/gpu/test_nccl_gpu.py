@@ -27,7 +27,7 @@ def _nccl():
 
 
 def _spec(**kw):
-    from gpubench.bench.nccl import NcclSpec
+    from gpubench.plugins.nccl.bench import NcclSpec
 
     args = dict(sizes=(1024, 64 << 10, 1 << 20), warmup=1, iters=5, samples=2, check=1)
     args.update(kw)
@@ -37,8 +37,8 @@ def _spec(**kw):
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
                                   "send-recv", "gather", "scatter"])
 def test_every_collective_checks_zero_wrong(coll, gpu_count):
-    from gpubench.bench import collectives as C
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import collectives as C
+    from gpubench.plugins.nccl import bench as N
 
     res = N.run(_spec(collective=coll, root=gpu_count - 1))
     assert res.spec["nranks"] == gpu_count
@@ -57,7 +57,7 @@ def test_gather_and_scatter_check_zero_wrong_from_every_root(gpu_count):
     """nccl-tests' gather_perf and scatter_perf (grouped ncclSend/ncclRecv to and from the root), each
     root in turn, both placements, data checked; on one GPU the one rank sends to and receives
     from itself. busbw is algbw x (n-1)/n and S = count x elt x n (gather.cu / scatter.cu GetBw)."""
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import bench as N
 
     for coll in ("gather", "scatter"):
         for root in range(gpu_count):
@@ -76,7 +76,7 @@ def test_gather_and_scatter_check_zero_wrong_from_every_root(gpu_count):
 @pytest.mark.parametrize("dtype", ["int8", "half", "bfloat16", "double"])
 @pytest.mark.parametrize("coll", ["gather", "scatter"])
 def test_gather_and_scatter_dtypes(coll, dtype):
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import bench as N
 
     res = N.run(_spec(collective=coll, sizes=(64 << 10,), dtype=dtype, samples=1))
     assert [r.extra["wrong"] for r in res.records] == [0, 0]
@@ -100,22 +100,22 @@ def test_cli_runs_gather_and_scatter(tmp_path, gpu_count):
                                    "bfloat16"])
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "avg"])
 def test_dtypes_and_ops(dtype, op):
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import bench as N
 
     res = N.run(_spec(sizes=(64 << 10,), dtype=dtype, op=op, samples=1, places=("out-of-place",)))
     assert [r.extra["wrong"] for r in res.records] == [0]
 
 
 def test_one_rank_allreduce_busbw_is_zero():
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import bench as N
 
     (r,) = N.run(_spec(devices=(0,), sizes=(1 << 20,), places=("out-of-place",))).records
     assert r.extra["busbw_bytes_per_s"] == 0.0 and r.extra["algbw_bytes_per_s"] > 0 and r.extra["wrong"] == 0
 
 
 def test_check_catches_missing_data(monkeypatch):
-    from gpubench.bench import nccl as N
-    from gpubench.bench import nccl_launch as L
+    from gpubench.plugins.nccl import bench as N
+    from gpubench.plugins.nccl import launch as L
 
     calls = {"n": 0}
 
@@ -162,8 +162,8 @@ def test_root_not_a_rank_exits_2(gpu_count):
 @pytest.mark.parametrize("coll", ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all",
                                   "send-recv", "gather", "scatter"])
 def test_graph_mode_every_collective_checks_zero_wrong(coll, gpu_count):
-    from gpubench.bench import collectives as C
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import collectives as C
+    from gpubench.plugins.nccl import bench as N
 
     res = N.run(_spec(collective=coll, root=gpu_count - 1, cuda_graph=3))
     assert res.timing["cuda_graph"] == 3
@@ -177,7 +177,7 @@ def test_graph_mode_every_collective_checks_zero_wrong(coll, gpu_count):
 def test_graph_mode_cuts_launch_overhead_at_small_sizes(gpu_count):
     """The point of -G: a 64-byte all-reduce is bound by launch cost, which the graph removes
     (nccl-tests -G 10 on the 2x H200: ~6 us against ~12 us launched one by one)."""
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import bench as N
 
     spec = dict(sizes=(64,), iters=20, samples=7, check=0, places=("out-of-place",))
     eager = N.run(_spec(**spec)).records[0].extra["time_s"]

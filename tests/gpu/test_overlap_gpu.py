@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.bench.overlap import OverlapSpec, run
+from gpubench.plugins.overlap.bench import OverlapSpec, run
 from gpubench.core.timing import TimingPlan
 
 pytestmark = pytest.mark.gpu

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpubench.bench import p2p as P
+from gpubench.plugins.p2p import bench as P
 from gpubench.core.timing import TimingPlan
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.bench.pin import PinSpec, run
+from gpubench.plugins.pin.bench import PinSpec, run
 from gpubench.core.timing import TimingPlan
 
 pytestmark = pytest.mark.gpu

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench import suite
-from gpubench.cli import main
-from gpubench.commands import suite as suite_cmd
+from gpubench.validation import suite
+from gpubench.cli.app import main
+from gpubench.plugins.copy import hooks as copy_hooks
+from gpubench.validation import steps
 
 pytestmark = pytest.mark.gpu
 
@@ -20,8 +21,9 @@ def _run(capsys, *args):
 
 @pytest.fixture
 def small(monkeypatch):
-    monkeypatch.setattr(suite_cmd, "COPY_SIZES", ("64KiB", "16MiB", 16.0))
-    monkeypatch.setattr(suite_cmd, "CLI_STEPS", ())
+    monkeypatch.setattr(copy_hooks, "SIZES", ("64KiB", "16MiB", 16.0))
+    planned = steps.planned
+    monkeypatch.setattr(steps, "planned", lambda place: [(p, s) for p, s in planned(place) if p.name == "copy"])
 
 
 def test_small_suite_passes_and_saves_a_bundle(capsys, tmp_path, small, gpu_count):

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from gpubench.core import ranks
+from gpubench.launch import ranks
 from gpubench.core.errors import GpubenchError
 
 

@@ -49,7 +49,7 @@ def test_bad_launcher_values_are_refused(env, named):
 
 def test_rendezvous_takes_an_ipv6_zone_and_only_ascii_ports():
     from gpubench.core.errors import UsageError
-    from gpubench.core.ranks import parse_rendezvous
+    from gpubench.launch.ranks import parse_rendezvous
 
     assert parse_rendezvous("[fe80::1%eth0]:29500") == ("fe80::1%eth0", 29500)
     with pytest.raises(UsageError):
@@ -57,7 +57,7 @@ def test_rendezvous_takes_an_ipv6_zone_and_only_ascii_ports():
 
 
 def test_slurm_job_and_step_ids_are_not_rank_counts():
-    from gpubench.core.ranks import discover, rendezvous_address
+    from gpubench.launch.ranks import discover, rendezvous_address
 
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "98765432",
            "SLURM_JOB_NODELIST": "gpu[07-08]"}
@@ -86,7 +86,7 @@ STALL_BOUND_S = 60.0
 
 def _workers(pid: int) -> bool:
     try:
-        return any("net_worker" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
+        return any("net/worker.py" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
     except psutil.Error:
         return False
 
@@ -156,7 +156,7 @@ def test_an_abort_notice_naming_this_rank_says_it_was_late_not_that_it_did_not_a
     seconds rank 2 waited."""
     import json
 
-    from gpubench.core.ranks import Group, Rank
+    from gpubench.launch.ranks import Group, Rank
 
     g = Group(Rank(0, 3, 0, 3, 0, "node0", "torchrun"), timeout=6.0)
     g.ranks = [Rank(r, 3, r, 3, 0, f"node{r}", "torchrun") for r in range(3)]
@@ -299,7 +299,7 @@ def test_a_stopped_net_worker_is_not_left_behind_when_its_rank_exits():
         while victim is None and time.monotonic() < end:
             for c in psutil.Process(top.pid).children(recursive=True):
                 try:
-                    if "net_worker" in " ".join(c.cmdline()) and c.environ().get("PMI_RANK") == "0":
+                    if "net/worker.py" in " ".join(c.cmdline()) and c.environ().get("PMI_RANK") == "0":
                         victim = c
                         break
                 except psutil.Error:

@@ -238,7 +238,7 @@ NET_BOUND_S = 2.5 + 17.5 + 8.0  # the rest of round 1, round 2's deadline, load 
 def _workers_of(pid: int) -> bool:
     """True once ``pid`` runs net's stream workers (its first test has begun)."""
     try:
-        return any("net_worker" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
+        return any("net/worker.py" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
     except psutil.Error:
         return False
 
@@ -306,7 +306,7 @@ def test_torchrun_style_net_nodes_names_a_stopped_rank_in_time():
 
 
 LARGE_SCRIPT = """
-from gpubench.core import ranks
+from gpubench.launch import ranks
 g = ranks.join(ranks.discover(), timeout=60)
 big = g.allgather("x" * (4 << 20) + str(g.rank))  # far above MPICH's eager limit: rendezvous, irecv
 assert [len(b) for b in big] == [(4 << 20) + 1] * g.size and [b[-1] for b in big] == ["0", "1", "2"]
@@ -330,8 +330,8 @@ def test_mpiexec_large_messages_arrive_through_the_non_blocking_receive():
 
 
 def test_round_deadline_is_minus_T_but_never_shorter_than_the_round():
-    from gpubench.bench import net_fleet
-    from gpubench.bench.net_protocol import Request
+    from gpubench.plugins.net import fleet as net_fleet
+    from gpubench.plugins.net.protocol import Request
 
     s = net_fleet.NetFleetSpec(Request(seconds=10.0, interval=1.0), timeout=15.0)
     # the round covers net's client stall allowance too (brk13: else the healthy sender of a

@@ -8,9 +8,9 @@ import json
 import pytest
 from rich.console import Console
 
-from gpubench.bench import batch as bench
+from gpubench.plugins.batch import bench
 from gpubench.core import timing
-from gpubench.commands.batch import SWEEP_PIECES, build_spec, format_report
+from gpubench.plugins.batch.command import SWEEP_PIECES, build_spec, format_report
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
 

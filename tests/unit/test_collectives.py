@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpubench.bench import collectives as C
+from gpubench.plugins.nccl import collectives as C
 from gpubench.core.errors import UsageError
 
 RANKS = range(1, 17)

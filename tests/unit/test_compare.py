@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import synth  # noqa: E402
 
-from gpubench import compare as cmp  # noqa: E402
+from gpubench.analysis import compare as cmp  # noqa: E402
 from gpubench.core.errors import UsageError  # noqa: E402
 from gpubench.core.result import Record, Result, load  # noqa: E402
 
@@ -355,7 +355,7 @@ def test_figures_missing_from_the_new_result_are_listed():
 
 
 def test_two_net_local_runs_do_not_differ_by_their_random_ports():
-    from gpubench.bench import net
+    from gpubench.plugins.net import bench as net
 
     req = net.Request(streams=1, seconds=0.3, omit=0.0, interval=0.1)
     a, b = net.run_local(req), net.run_local(req)
@@ -365,7 +365,7 @@ def test_two_net_local_runs_do_not_differ_by_their_random_ports():
 
 
 def test_nccl_comparisons_say_the_rates_are_algbw_and_busbw_moves_with_them():
-    from gpubench.bench import nccl as N
+    from gpubench.plugins.nccl import bench as N
 
     spec = N.NcclSpec(sizes=(1 << 20,), places=("out-of-place",))
 

@@ -195,7 +195,7 @@ def test_the_issues_one_rank_in_place_all_gather_is_a_no_op():
     fast = _one_rank_all_gather("out-of-place", (4 << 30) / 3.0e12)  # above device memory / 2: impossible
     limits.mark_collective(fast, g, nvls_possible=False)
     assert fast.extra["limit_flag"] == "above_peak"
-    from gpubench.commands.nccl import format_report
+    from gpubench.plugins.nccl.command import format_report
 
     res = Result(command="nccl", spec={"places": ["out-of-place", "in-place"], "nranks": 1, "collective": "all-gather",
                                        "dtype": "float", "iters": 20, "samples": 5}, records=[out, r])
@@ -215,7 +215,7 @@ def _render(renderables) -> str:
 def test_saved_two_rank_nccl_against_the_links():
     d = json.loads((DATA / "nccl-h200x2.json").read_text())
     res = Result.from_dict(d)
-    from gpubench.bench.nccl import mark_collectives
+    from gpubench.plugins.nccl.bench import mark_collectives
 
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     try:
@@ -305,7 +305,7 @@ def test_conditions_reach_the_driver():
     """benchmark_command pops the options into Conditions that driver.run reads."""
     from click.testing import CliRunner
 
-    from gpubench.commands.common import benchmark_command
+    from gpubench.kit import benchmark_command
 
     seen = []
 

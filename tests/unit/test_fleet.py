@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import fleet, suite
-from gpubench.bench import net_fleet
+from gpubench.validation import fleet
+from gpubench.validation import suite
+from gpubench.plugins.net import fleet as net_fleet
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result, load
 

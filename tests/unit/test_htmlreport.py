@@ -17,7 +17,7 @@ pytest.importorskip("matplotlib")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import synth  # noqa: E402
 
-from gpubench import htmlreport  # noqa: E402
+from gpubench.analysis import html as htmlreport  # noqa: E402
 from gpubench.core.errors import UsageError  # noqa: E402
 from gpubench.core.result import load, save  # noqa: E402
 
@@ -44,7 +44,7 @@ def fleet_object() -> dict:
 
 
 def fleet_bundle(tmp_path: Path) -> Path:
-    from gpubench import suite
+    from gpubench.validation import suite
 
     res = load(DATA / "copy-pinned-h200.json")
     b = suite.Bundle(steps=[suite.Step("copy", "copy", "ok", result=res, path="suite-x-copy.json")], env=res.env)

@@ -8,7 +8,7 @@ import importlib.util
 import sys
 import threading
 
-from gpubench.bench.merge_cluster import resolve_lazy_modules
+from gpubench.plugins.merge.cluster import resolve_lazy_modules
 
 
 def _lazy(tmp_path, name: str, body: str):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from gpubench.bench import memcpy2d as bench
-from gpubench.commands.memcpy2d import build_spec, check_cell, format_report, parse_pitch
+from gpubench.plugins.memcpy2d import bench
+from gpubench.plugins.memcpy2d.command import build_spec, check_cell, format_report, parse_pitch
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
 

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from gpubench.bench import merge as m
-from gpubench.bench import merge_cluster as mc
-from gpubench.bench import merge_data as md
-from gpubench.bench import merge_stats as ms
-from gpubench.commands.merge import build_spec, format_bytes, format_lines, format_notes, format_time, parse_pool_size
+from gpubench.plugins.merge import bench as m
+from gpubench.plugins.merge import cluster as mc
+from gpubench.plugins.merge import data as md
+from gpubench.plugins.merge import stats as ms
+from gpubench.plugins.merge.command import build_spec, format_bytes, format_lines, format_notes, format_time, parse_pool_size
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
 
@@ -308,7 +308,7 @@ def test_report_of_a_run_with_no_timed_result():
 
 @pytest.mark.parametrize("value", ["", " ", "-1", "-1,0"])
 def test_cuda_visible_devices_hiding_every_gpu_is_no_gpu(value):
-    from gpubench.bench.merge_cluster import check_cuda_visible_devices
+    from gpubench.plugins.merge.cluster import check_cuda_visible_devices
     from gpubench.core.errors import NoGPUError
 
     with pytest.raises(NoGPUError) as ei:
@@ -319,7 +319,7 @@ def test_cuda_visible_devices_hiding_every_gpu_is_no_gpu(value):
 @pytest.mark.parametrize("value, devices, hidden", [("1", (0,), 0), ("0", (0, 1), 1), ("2,3", (2, 0), 0),
                                                      ("0,-1,1", (0, 1), 1)])
 def test_a_device_hidden_by_cuda_visible_devices_is_named(value, devices, hidden):
-    from gpubench.bench.merge_cluster import check_cuda_visible_devices
+    from gpubench.plugins.merge.cluster import check_cuda_visible_devices
     from gpubench.core.errors import UsageError
 
     with pytest.raises(UsageError) as ei:
@@ -330,13 +330,13 @@ def test_a_device_hidden_by_cuda_visible_devices_is_named(value, devices, hidden
 @pytest.mark.parametrize("value, devices", [(None, (0, 5)), ("0,1", (1, 0)), ("3,2", (2,)),
                                             ("GPU-8c1e2f3a", (0,)), ("MIG-1234", (7,))])
 def test_devices_shown_or_not_comparable_pass(value, devices):
-    from gpubench.bench.merge_cluster import check_cuda_visible_devices
+    from gpubench.plugins.merge.cluster import check_cuda_visible_devices
 
     check_cuda_visible_devices(devices, value)
 
 
 def test_an_interface_this_host_lacks_is_a_usage_error():
-    from gpubench.bench.merge_cluster import check_interface
+    from gpubench.plugins.merge.cluster import check_interface
     from gpubench.core.errors import UsageError
 
     check_interface("lo")
@@ -351,7 +351,7 @@ def test_an_interface_without_ipv4_is_a_usage_error(monkeypatch):
 
     import psutil
 
-    from gpubench.bench.merge_cluster import check_interface
+    from gpubench.plugins.merge.cluster import check_interface
     from gpubench.core.errors import UsageError
 
     fake = {"lo": [SimpleNamespace(family=socket.AF_INET)], "ifb0": [SimpleNamespace(family=socket.AF_INET6)]}

@@ -16,7 +16,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from gpubench.bench import nccl_dask as nccl  # noqa: E402
+from gpubench.plugins.nccl import over_dask as nccl  # noqa: E402
 from gpubench.core.errors import MachineError  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def cluster(monkeypatch):
     check, which knows only network addresses, is skipped for it)."""
     from distributed import LocalCluster
 
-    from gpubench.core import scheduler
+    from gpubench.launch import scheduler
 
     monkeypatch.setattr(scheduler, "check_scheduler_address", lambda address: None)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
@@ -170,7 +170,7 @@ def test_stall_watch_with_no_timeout_never_raises():
 def test_scheduler_connect_timeout_is_dasks_own_capped_by_T():
     import dask.config
 
-    from gpubench.bench.nccl_dask import connect_timeout
+    from gpubench.plugins.nccl.over_dask import connect_timeout
 
     with dask.config.set({"distributed.comm.timeouts.connect": "45s"}):
         assert connect_timeout(0) == 45 and connect_timeout(300) == 45 and connect_timeout(10) == 10
@@ -191,7 +191,7 @@ def _reporting_rank(spec, uid, rank, nranks, topic):
     "fail", rank 1 fails after STATE["points"] points and rank 0 waits for it, as NCCL would."""
     from distributed import get_worker
 
-    from gpubench.bench.nccl import point_keys
+    from gpubench.plugins.nccl.bench import point_keys
 
     w = get_worker()
     w.log_event(topic, {"rank": rank, "points": 0})

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpubench.bench import nccl as N
-from gpubench.bench import nccl_data as D
-from gpubench.bench import nccl_launch as L
+from gpubench.plugins.nccl import bench as N
+from gpubench.plugins.nccl import data as D
+from gpubench.plugins.nccl import launch as L
 from gpubench.core import gpu
 from gpubench.core.errors import MachineError
 
@@ -168,7 +168,7 @@ def test_the_command_prints_and_saves_the_finished_points_then_exits_3(fault_at,
 
 
 def test_the_report_of_a_fault_says_so():
-    from gpubench.commands import nccl as cmd
+    from gpubench.plugins.nccl import command as cmd
     from gpubench.core.result import Result
 
     spec = N.NcclSpec(sizes=(1 << 20,), places=("out-of-place",))

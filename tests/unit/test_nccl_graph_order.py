@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpubench.bench import nccl_graphs as N
+from gpubench.plugins.nccl import graphs as N
 from gpubench.core.errors import MachineError
 from gpubench.core.signals import clear_signals
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpubench.bench import collectives as C
-from gpubench.bench import nccl as N
-from gpubench.bench import nccl_dask
-from gpubench.bench import nccl_data as D
-from gpubench.bench import nccl_launch as L
-from gpubench.commands import nccl as cmd
+from gpubench.plugins.nccl import collectives as C
+from gpubench.plugins.nccl import bench as N
+from gpubench.plugins.nccl import over_dask as nccl_dask
+from gpubench.plugins.nccl import data as D
+from gpubench.plugins.nccl import launch as L
+from gpubench.plugins.nccl import command as cmd
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Result
 

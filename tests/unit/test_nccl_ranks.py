@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.bench import nccl_log
-from gpubench.bench.nccl_ranks import combine, slowest
+from gpubench.plugins.nccl import log as nccl_log
+from gpubench.plugins.nccl.ranks import combine, slowest
 
 
 def test_average_modes_follow_nccl_tests():
@@ -99,7 +99,7 @@ def test_capture_respects_the_users_nccl_debug(tmp_path):
 
 
 def test_report_lines_escape_peer_strings():
-    from gpubench.commands.nccl import _launch_lines
+    from gpubench.plugins.nccl.command import _launch_lines
     from gpubench.core.result import Record, Result
 
     rec = Record(params={"collective": "all-reduce", "nbytes": 1024, "dtype": "float", "placement": "out-of-place",
@@ -120,7 +120,7 @@ def test_report_lines_escape_peer_strings():
 def test_unique_id_survives_the_json_group():
     import json
 
-    from gpubench.bench.nccl_ranks import uid_from_wire, uid_to_wire
+    from gpubench.plugins.nccl.ranks import uid_from_wire, uid_to_wire
 
     raw = bytes(range(128))
     assert uid_from_wire(json.loads(json.dumps(uid_to_wire(raw)))) == raw

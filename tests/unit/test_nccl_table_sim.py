@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpubench.bench import collectives as C
-from gpubench.bench import nccl_data as D
+from gpubench.plugins.nccl import collectives as C
+from gpubench.plugins.nccl import data as D
 
 BASE = 1 << 16  # address of byte 0 of the model's memory (so no pointer is 0)
 _REDUCE = {"sum": lambda a: a.sum(axis=0), "max": lambda a: a.max(axis=0)}

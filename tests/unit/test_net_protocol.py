@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from gpubench.bench.net import DirectionFacts, Interval, ServerLied, build_records, parse_end, parse_interval, totals
-from gpubench.bench.net_stream import TCP_INFO_FIELDS, parse_tcp_info
-from gpubench.bench.net_protocol import CAPS, LineReader, ProtocolError, Request, RequestError, check_request, schedule
-from gpubench.commands.net import build_client_spec, build_local_spec, build_request, parse_bitrate
+from gpubench.plugins.net.bench import DirectionFacts, Interval, ServerLied, build_records, parse_end, parse_interval, totals
+from gpubench.plugins.net.stream import TCP_INFO_FIELDS, parse_tcp_info
+from gpubench.plugins.net.protocol import CAPS, LineReader, ProtocolError, Request, RequestError, check_request, schedule
+from gpubench.plugins.net.command import build_client_spec, build_local_spec, build_request, parse_bitrate
 from gpubench.core.errors import UsageError
 
 
@@ -272,7 +272,7 @@ def test_tcp_info_fields_are_read_at_linux_tcp_h_offsets():
 
 
 def test_tcp_info_of_a_real_connection_counts_what_was_sent():
-    from gpubench.bench.net_stream import tcp_info
+    from gpubench.plugins.net.stream import tcp_info
 
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))

@@ -14,9 +14,9 @@ from dataclasses import asdict
 
 import pytest
 
-from gpubench.bench.net import NetSpec, run
-from gpubench.bench.net_protocol import PROTOCOL_VERSION, LineReader, Request
-from gpubench.bench.net_server import NetServer
+from gpubench.plugins.net.bench import NetSpec, run
+from gpubench.plugins.net.protocol import PROTOCOL_VERSION, LineReader, Request
+from gpubench.plugins.net.server import NetServer
 from gpubench.core.errors import MachineError
 
 QUICK = Request(streams=2, seconds=0.2, interval=0.1, buffer=64 * 1024)
@@ -631,7 +631,7 @@ def test_a_sender_inside_one_long_sendfile_stops_at_once_without_a_kill():
     SO_SNDTIMEO anew, and outlasted StreamSet.stop's 3 s, so the worker was killed (-9) and the run
     failed. stop() now shuts the write side after 0.5 s, which ends the call (EPIPE, read as the
     stop): no failure, no error, and the bytes the call moved are counted."""
-    from gpubench.bench.net_stream import StreamSet, set_window
+    from gpubench.plugins.net.stream import StreamSet, set_window
 
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))

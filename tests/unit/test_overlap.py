@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from gpubench.bench import overlap as bench
-from gpubench.commands.overlap import DEFAULT_WORKS, SWEEP_WORKS, build_spec, format_report, parse_works
+from gpubench.plugins.overlap import bench
+from gpubench.plugins.overlap.command import DEFAULT_WORKS, SWEEP_WORKS, build_spec, format_report, parse_works
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gpubench.bench import p2p as P
+from gpubench.plugins.p2p import bench as P
 from gpubench.core import kernels as K
-from gpubench.commands import p2p as cmd
+from gpubench.plugins.p2p import command as cmd
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result, load, save
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from gpubench.bench import pin
+from gpubench.plugins.pin import bench as pin
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result, load, save
 

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import synth  # noqa: E402
 
-from gpubench import plot  # noqa: E402
+from gpubench.analysis import plot  # noqa: E402
 from gpubench.core.errors import UsageError  # noqa: E402
 from gpubench.core.result import Record, Result, save  # noqa: E402
 
@@ -286,7 +286,7 @@ def test_nothing_to_plot_is_a_usage_error():
 
 
 def test_memcpy2d_sweep_is_one_line_per_strategy_though_height_and_pitches_move_with_the_width():
-    from gpubench.commands.memcpy2d import build_spec
+    from gpubench.plugins.memcpy2d.command import build_spec
 
     spec = build_spec(width=None, height=None, total=None, sweep=True, src_pitch="4x", dst_pitch="1x",
                       strategies="2d,row-loop", directions="h2d", memory="pinned", device=0, warmup=2, iters=None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubench.core import ranks
+from gpubench.launch import ranks
 from gpubench.core.errors import UsageError
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpubench.bench import merge
+from gpubench.plugins.merge import bench as merge
 from gpubench.core import signals
 from gpubench.core.errors import UsageError
 

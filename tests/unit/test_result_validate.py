@@ -34,7 +34,7 @@ def test_fixture_results_pass_both(path):
 
 
 MUTATIONS = [
-    ("command", "suite"), ("command", 3), ("schema_version", 2), ("partial", 1), ("interrupted_by", "SIGKILL"),
+    ("command", "Suite!"), ("command", 3), ("schema_version", 2), ("partial", 1), ("interrupted_by", "SIGKILL"),
     ("failed_by", 3), ("failed_by", ""), ("argv", "x"), ("argv", [1]), ("spec", []), ("env", []),
     ("records", {}), ("env.host", "x"), ("env.host.cpu_count", "2"), ("env.gpus", {}), ("env.gpus", [{"name": "x"}]),
     ("env.topology", {"0,1": 1}), ("env.versions", {"x": 1}), ("env.cuda.device_count", "1"),

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import synth  # noqa: E402
 
-from gpubench import suite  # noqa: E402
+from gpubench.validation import suite  # noqa: E402
 from gpubench.core.errors import UsageError  # noqa: E402
 from gpubench.core.result import Record, load  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from gpubench import suite
+from gpubench.validation import suite
 from gpubench.core.result import load
 
 DATA = Path(__file__).resolve().parent.parent / "data"

@@ -1,5 +1,5 @@
-"""How suite runs a step, without a GPU: a step's argv is parsed by its command's own options into
-the Spec the CLI builds, the spec goes to the command's run function (the driver), the result is
+"""How suite runs a step, without a GPU: every plug-in declares its steps as Specs built with its
+command line's defaults, the spec goes to the command's run function (the driver), the result is
 saved; a machine fault keeps its finished points in the bundle; an interrupt stops the suite.
 The plug-ins' run functions are replaced by fakes, so only the suite's own path runs."""
 
@@ -11,13 +11,15 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gpubench import suite
-from gpubench.bench import batch as batch_bench
-from gpubench.bench import copy as copy_bench
-from gpubench.cli import main
-from gpubench.commands import suite as suite_cmd
-from gpubench.commands.batch import build_spec as batch_build_spec
-from gpubench.commands.common import benchmark_command
+from gpubench.validation import suite
+from gpubench.plugins.batch import bench as batch_bench
+from gpubench.plugins.copy import bench as copy_bench
+from gpubench.cli.app import main
+from gpubench.core import registry
+from gpubench.core.plugin import Plugin, StepPlace, SuiteStep
+from gpubench.plugins.batch.command import build_spec as batch_build_spec
+from gpubench.kit import benchmark_command, default_spec
+from gpubench.validation import steps
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.result import Record, Result, load
 from gpubench.core.timing import TimingPlan
@@ -42,56 +44,68 @@ def _capture_cli_spec(monkeypatch, module, cmd, argv):
     return spec
 
 
-@pytest.mark.parametrize("argv", [BATCH_ARGV, [], ["--sweep"], ["--piece", "64", "--total", "1MiB"]])
-def test_a_batch_step_builds_the_spec_the_cli_builds(monkeypatch, argv):
-    cmd = suite_cmd.step_command("batch")
-    assert suite_cmd.is_generated(cmd)
-    assert suite_cmd.step_spec(cmd, argv) == _capture_cli_spec(monkeypatch, batch_bench, cmd, argv)
+def test_the_batch_step_is_the_spec_the_cli_builds_from_its_defaults(monkeypatch):
+    from gpubench.plugins.batch import command
+
+    (step,) = [s for p, s in steps.planned(StepPlace(devices=(0,))) if p.name == "batch"]
+    assert step.spec() == _capture_cli_spec(monkeypatch, batch_bench, command.command, [])
 
 
-def test_the_batch_step_argv_means_what_it_says():
-    spec = suite_cmd.step_spec(suite_cmd.step_command("batch"), BATCH_ARGV)
+def test_default_spec_changes_options_by_name_with_the_commands_own_checks():
+    from gpubench.plugins.batch import command
+
+    spec = default_spec(command.command, count=64, piece="1KiB,4KiB", strategies="separate,contiguous",
+                        directions="h2d", memory="pinned", iters=3, warmup=0, no_gate=True)
     assert spec == batch_build_spec(count=64, piece="1KiB,4KiB", total=None, sweep=False,
                                     strategies="separate,contiguous", directions="h2d", memory="pinned", device=0,
                                     warmup=0, iters=3, min_time=0.1, no_gate=True)
-    assert spec.points == ((64, 1024), (64, 4096)) and spec.gate is False and spec.plan.iters == 3
-
-
-def test_the_copy_step_is_the_spec_suite_built_by_hand():
-    spec = suite_cmd.step_spec(suite_cmd.step_command("copy"), suite_cmd.copy_argv("0,1"))
-    lo, hi, f = suite_cmd.COPY_SIZES
-    assert spec == copy_bench.CopySpec(sizes=tuple(size_sweep(parse_size(lo), parse_size(hi), f)),
-                                       directions=("h2d", "d2h"), memory=("pinned",), devices=(0, 1),
-                                       plan=TimingPlan(min_time=0.01, max_noise=0.5, max_time=0.1))  # copy's defaults
-
-
-def test_a_bad_step_argv_is_one_usage_line_naming_the_step():
-    cmd = suite_cmd.step_command("batch")
-    with pytest.raises(UsageError) as e:
-        suite_cmd.step_spec(cmd, ["--nosuch"])
-    assert e.value.one_line().startswith("gpubench batch --nosuch: No such option") and "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="no option"):
+        default_spec(command.command, nosuch=1)
     with pytest.raises(UsageError) as e:  # a value the Spec refuses: its own line
-        suite_cmd.step_spec(cmd, ["-s", "separate,magic"])
+        default_spec(command.command, strategies="separate,magic")
     assert "strategy 'magic' not known" in e.value.one_line()
 
 
-def test_any_generated_command_runs_through_the_driver(monkeypatch, tmp_path):
-    # a command converted later (nccl, merge) carries the same attributes: no change in suite
+def test_the_copy_step_is_the_spec_suite_built_by_hand():
+    from gpubench.plugins.copy import hooks as copy_hooks
+
+    (step,) = [s for p, s in steps.planned(StepPlace(devices=(0, 1))) if p.name == "copy"]
+    lo, hi, f = copy_hooks.SIZES
+    assert step.spec() == copy_bench.CopySpec(sizes=tuple(size_sweep(parse_size(lo), parse_size(hi), f)),
+                                              directions=("h2d", "d2h"), memory=("pinned",), devices=(0, 1),
+                                              plan=TimingPlan(min_time=0.01, max_noise=0.5, max_time=0.1))
+
+
+def test_the_node_suite_plans_every_plugins_steps_in_order_and_skips_with_the_reason():
+    planned = steps.planned(StepPlace(devices=(0,)))
+    names = [s.name for p, s in planned if p.command.startswith("gpubench.")]
+    assert names == ["copy pinned", "batch", "p2p", "nccl all-reduce", "merge ucx"]
+    why = {s.name: steps.skip_reason(s, 1, set()) for p, s in planned}
+    assert why["p2p"] == why["nccl all-reduce"] == "needs 2 GPUs, 1 visible"
+    assert why["merge ucx"] == "not asked (--merge)" and why["copy pinned"] is None and why["batch"] is None
+
+
+def test_a_fleet_node_runs_its_own_gpu_and_a_cpu_node_the_loopback_and_cpu_merge():
+    gpu = [s for p, s in steps.planned(StepPlace(devices=(0, 1), fleet=True, gpu=1)) if p.command.startswith("gpubench.")]
+    assert [s.name for s in gpu] == ["copy pinned", "p2p", "nccl all-reduce", "merge ucx"]
+    assert gpu[0].each_rank and gpu[0].spec().devices == (1,) and not any(s.each_rank for s in gpu[1:])
+    assert gpu[2].own_process  # under the launcher `gpubench nccl` would join every rank
+    cpu = [s for p, s in steps.planned(StepPlace(devices=(), fleet=True)) if p.command.startswith("gpubench.")]
+    assert [s.name for s in cpu] == ["net loopback", "merge cpu"]
+    assert cpu[1].spec().merge_type == "cpu" and cpu[1].opt_in == "--merge"
+
+
+def test_a_step_runs_its_spec_through_the_commands_run_with_progress(monkeypatch):
     calls = []
-    fake = benchmark_command("fake", [click.option("--x", default="1"), click.option("--shown", default="a")],
-                             lambda x: ("spec", x), lambda r, units="GB", shown="a": [],
-                             help="A fake.", display=("shown",),
+    fake = benchmark_command("fake", [click.option("--x", default="1")], lambda x: ("spec", x),
+                             lambda r, units="GB": [], help="A fake.",
                              run=lambda spec: lambda s, progress: calls.append((s, progress)) or Result("fake", {}))
-    monkeypatch.setattr(suite_cmd, "step_command", lambda name: fake)
-    res = suite_cmd.run_step("fake", ["--x", "5", "--shown", "b"], tmp_path / "f.json")
+    monkeypatch.setattr(registry, "load_command", lambda name: fake)
+    plugin = Plugin(name="fake", help="A fake.", command="fake")
+    res = steps.run_step(plugin, SuiteStep("fake", ("spec", "5")))
     assert res.command == "fake" and calls[0][0] == ("spec", "5") and calls[0][1] is not None
-    assert not (tmp_path / "f.json").exists()  # record_step saves it, not run_step
-
-
-def test_a_command_that_is_not_generated_runs_through_its_cli(tmp_path):
-    assert not suite_cmd.is_generated(suite_cmd.step_command("env"))
-    res = suite_cmd.run_step("env", [], tmp_path / "env.json")
-    assert res.command == "env" and (tmp_path / "env.json").exists()
+    res = steps.run_step(plugin, SuiteStep("fake", lambda: ("spec", "6")))
+    assert calls[1][0] == ("spec", "6")
 
 
 def _record(n_samples=3):
@@ -103,7 +117,7 @@ def test_record_step_saves_an_ok_result(tmp_path, monkeypatch):
     monkeypatch.setattr("gpubench.core.registry.INVOCATION", ["suite", "-o", "x"])
     b = suite.Bundle()
     path = tmp_path / "s-copy.json"
-    assert suite_cmd.record_step(b, "copy pinned", "copy", path, lambda p: Result("copy", {}, records=[_record()]))
+    assert steps.record_step(b, "copy pinned", "copy", path, lambda p: Result("copy", {}, records=[_record()]))
     (step,) = b.steps
     assert step.status == "ok" and step.path == str(path) and load(path).records[0].samples_s == [1e-4] * 3
     assert load(path).argv == ["suite", "-o", "x"]
@@ -119,7 +133,7 @@ def test_a_machine_fault_keeps_its_finished_points_as_the_step_result(tmp_path):
 
     b = suite.Bundle()
     path = tmp_path / "s-batch.json"
-    assert suite_cmd.record_step(b, "batch", "batch", path, faulty) is True  # the next step runs
+    assert steps.record_step(b, "batch", "batch", path, faulty) is True  # the next step runs
     (step,) = b.steps
     assert step.status == "error" and "illegal address" in step.reason
     assert step.result is partial and step.path == str(path)
@@ -135,14 +149,14 @@ def test_a_fault_without_points_and_a_usage_error_are_errors_without_result(tmp_
     def bad(path):
         raise UsageError("strategy 'x' not known")
 
-    assert suite_cmd.record_step(b, "batch", "batch", tmp_path / "b.json", bad)
+    assert steps.record_step(b, "batch", "batch", tmp_path / "b.json", bad)
     assert b.steps[0].status == "error" and b.steps[0].result is None and not (tmp_path / "b.json").exists()
 
 
 def test_an_interrupted_step_stops_the_suite(tmp_path):
     b = suite.Bundle()
     res = Result("copy", {}, records=[_record()], partial=True, interrupted_by="SIGINT")
-    assert suite_cmd.record_step(b, "copy pinned", "copy", tmp_path / "c.json", lambda p: res) is False
+    assert steps.record_step(b, "copy pinned", "copy", tmp_path / "c.json", lambda p: res) is False
     assert b.steps[0].status == "ok" and load(tmp_path / "c.json").partial
 
 

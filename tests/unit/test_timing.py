@@ -237,8 +237,8 @@ def test_bad_stopping_options_name_the_value(args, needle):
 
 
 def test_the_options_reach_the_plan_of_every_command_through_its_build_spec():
-    from gpubench.commands import copy as copy_cmd
-    from gpubench.commands.batch import command as batch
+    from gpubench.plugins.copy import command as copy_cmd
+    from gpubench.plugins.batch.command import command as batch
 
     spec = copy_cmd.command.build_spec(only="pinned", memory=None, directions="h2d", min_bytes="4K",
                                        max_bytes="4K", step_factor=4.0, devices=None, warmup=2, iters=None,

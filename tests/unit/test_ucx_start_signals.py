@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from gpubench.bench.merge_cluster import _start_holding_signals, holding_signals  # noqa: E402
+from gpubench.plugins.merge.cluster import _start_holding_signals, holding_signals  # noqa: E402
 from gpubench.core import signals  # noqa: E402
 
 

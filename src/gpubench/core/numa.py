@@ -163,6 +163,15 @@ def allowed_cpus() -> list[int]:
         return []
 
 
+def _use_it_with() -> str:
+    """The hint of a --numa that does not apply: the commands whose plug-ins allocate host buffers."""
+    from gpubench.core import registry
+
+    names = [p.name for p in registry.plugins().values() if p.host_memory]
+    listed = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names) or "a host-memory command"
+    return f"leave --numa out, or use it with {listed}"
+
+
 def check_applies(policy: str | int, name: str, *, host_memory: bool, binds: bool) -> None:
     """Refuse a ``--numa`` the run could not honour, before the GPU check (a command-line mistake is
     named before "no CUDA device" or an idle warning): "all" for a benchmark without host buffers,
@@ -178,10 +187,10 @@ def check_applies(policy: str | int, name: str, *, host_memory: bool, binds: boo
     if not binds:
         raise UsageError(f"--numa {policy}: {name} runs its work in Dask worker processes, which --numa does not "
                          "bind (a LocalCUDACluster binds each worker to its GPU's CPUs itself)",
-                         "leave --numa out, or use it with copy, batch, memcpy2d, overlap or p2p")
+                         _use_it_with())
     if policy == "all" and not host_memory:
         raise UsageError("--numa all measures host memory from each NUMA node; this command uses no host buffers",
-                         "leave --numa out, or use it with copy, batch, memcpy2d, overlap or p2p")
+                         _use_it_with())
 
 
 def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NODE_ROOT) -> list[Binding]:
@@ -190,7 +199,7 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
     Args:
         policy: :func:`parse_policy`'s value.
         gpu: the env entry of the run's first GPU (numa_node, cpu_affinity), or None.
-        host_memory: the benchmark allocates host buffers (copy, batch, memcpy2d, overlap, p2p).
+        host_memory: the benchmark allocates host buffers (its plug-in's ``host_memory``).
         root: the sysfs node folder (tests pass a made-up one).
 
     Raises:
@@ -203,7 +212,7 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
     if policy == "all":
         if not host_memory:
             raise UsageError("--numa all measures host memory from each NUMA node; this command uses no host buffers",
-                             "leave --numa out, or use it with copy, batch, memcpy2d, overlap or p2p")
+                             _use_it_with())
         out = []
         for n, cpus in have.items():
             mine = sorted(set(cpus) & allowed) if allowed else cpus

@@ -111,7 +111,8 @@ MAX_TIMEOUT_S = 7 * 86400.0  # a deadline beyond a week is no deadline (0 means 
 MAX_GBPS = 1e6  # GB/s: no link moves a petabyte per second (NVLink 5 x18 is 0.9 TB/s per direction)
 MAX_INT64 = 2**63 - 1
 
-#: option (click's parameter name) -> the largest accepted value; "command:name" overrides.
+#: option (click's parameter name) -> the largest accepted value, for every command; a plug-in's
+#: ``option_maxima`` overrides an entry for its own options (merge's --runs, compare's --threshold).
 OPTION_MAXIMA: dict[str, float | Callable[[], float]] = {
     "warmup": MAX_REPEATS, "iters": MAX_REPEATS, "samples": MAX_REPEATS, "cuda_graph": MAX_REPEATS,
     "loop_count": MAX_COUNT, "check": MAX_COUNT,
@@ -121,13 +122,6 @@ OPTION_MAXIMA: dict[str, float | Callable[[], float]] = {
     "min_time": MAX_MIN_TIME_S, "timeout": MAX_TIMEOUT_S,
     "step_factor": float(MAX_INT64),  # a factor beyond the largest size gives the same two sizes
     "expect_busbw": MAX_GBPS,
-    "compare:threshold_pct": 1e6,  # percent: a change of 10,000x is no longer a threshold
-    # merge: the driver lists every run as a point before anything starts (MergeSpec says the same);
-    # a fraction of keys that match is at most all of them
-    "merge:runs": MAX_REPEATS, "merge:warmup_runs": MAX_REPEATS, "merge:frac_match": 1.0,
-    # a worker's thread pool: what this machine lets one user run (read when the option is parsed;
-    # MergeSpec then divides it among the workers and says so)
-    "merge:threads_per_worker": lambda: machine_threads(),
 }
 DEFAULT_INT_MAX = MAX_INT64  # any other integer option: what a signed 64-bit C argument holds
 DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # any other float option: finite
@@ -135,10 +129,6 @@ DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # any other float option: finite
 _ASCII_INT = re.compile(r"[+-]?[0-9]+\Z")
 # Python's int() grammar with ASCII digits only: groups separated by one underscore ("50_000_000")
 _GROUPED_INT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*\Z")
-#: commands whose integer options also take "_" between digit groups, as the tool they reproduce
-#: reads them (dask-cuda's benchmarks parse -c, --runs... with argparse's ``type=int``, so
-#: ``-c 50_000_000`` is how its docs and ours write a chunk size); Unicode digits stay refused.
-DIGIT_GROUP_COMMANDS = ("merge",)
 _ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 
@@ -167,7 +157,7 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
         kind: int or float.
         maximum: the largest accepted value (default: DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX).
         digit_groups: an integer may separate groups of digits with "_" ("50_000_000", as
-            Python's int() reads it; :data:`DIGIT_GROUP_COMMANDS`).
+            Python's int() reads it; a plug-in's ``digit_groups``).
 
     Returns:
         The int or float.
@@ -208,9 +198,13 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
 
 
 def option_maximum(command: str, name: str) -> float | None:
-    """The largest value of ``command``'s option ``name`` (OPTION_MAXIMA; an entry may be a function
-    of the machine, called here), or None for the default."""
-    hi = OPTION_MAXIMA.get(f"{command}:{name}", OPTION_MAXIMA.get(name))
+    """The largest value of ``command``'s option ``name``: its plug-in's ``option_maxima``, else
+    OPTION_MAXIMA (an entry may be a function of the machine, called here), else None for the
+    default of its type. ``command`` may be "net server": its first word is the plug-in."""
+    from gpubench.core import registry
+
+    own = registry.plugins().get(command.split()[0]) if command else None
+    hi = own.option_maxima.get(name) if own is not None and name in own.option_maxima else OPTION_MAXIMA.get(name)
     return hi() if callable(hi) else hi
 
 

@@ -1,85 +1,127 @@
-"""The registry: every command, its plug-in, its one-line help and whether it needs a GPU.
+"""The registry: every command's :class:`~gpubench.core.plugin.Plugin`, found through the entry-point
+group ``gpubench.plugins``.
 
-Pure data, imported by ``gpubench --help``: no command module, CuPy or Dask is imported here (a
-command's module is imported only when it runs or its help is shown; click's "Lazily Loading
-Subcommands"). Adding a benchmark is one module under ``gpubench/bench/``, one command module
-under ``gpubench/commands/`` and one line below (docs/architecture.md).
+gpubench's own commands are entry points of its distribution (pyproject.toml), a third party's are
+entry points of theirs (examples/plugin/); both are read the same way. Run from a source tree that
+is not installed (``PYTHONPATH=src``), no installed distribution declares gpubench's own, and they
+are read from the tree's pyproject.toml, the declaration pip would have installed.
+
+Reading the registry imports each plug-in's descriptor module only (plain data: no CuPy, Dask or
+matplotlib), so ``gpubench --help`` stays light; a command's own modules are imported when it runs
+or its help is shown (click's "Lazily Loading Subcommands").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import sys
+from typing import Iterator
+
+from gpubench.core.plugin import Plugin
+
+GROUP = "gpubench.plugins"
+_LOADED: dict[str, Plugin] | None = None
+#: plug-ins that did not load: (entry point "name = value", why), each said once on stderr
+BROKEN: list[tuple[str, str]] = []
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One command.
+def _load(value: str) -> object:
+    module, _, attr = value.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
 
-    Attributes:
-        name: the command's name on the command line.
-        module: the import path of its click command: a module defining ``command``, or a plug-in
-            module declaring ``OPTIONS``, ``build_spec``, ``format_report`` and ``HELP``, from which
-            the command is generated (``gpubench.cli.load_command``).
-        help: one line for ``gpubench --help``.
-        gpu: "yes" (needs a visible GPU), "no" (never does), or the form that works without one
-            ("merge -t cpu"), listed in the no-GPU error.
+
+OWN = "gpubench."  # the entry points of gpubench's own commands name its modules
+
+
+def _entry_points() -> list[tuple[str, str]]:
+    """(name, "module:attr") of every entry point of the group, by name."""
+    from importlib.metadata import entry_points
+
+    found = [(ep.name, ep.value) for ep in entry_points(group=GROUP)]
+    if not any(value.startswith(OWN) for _name, value in found):
+        found = _source_tree_entry_points() + found
+    return sorted(found)
+
+
+def _source_tree_entry_points() -> list[tuple[str, str]]:
+    """gpubench's own entry points read from the pyproject.toml of the source tree it runs from
+    (src/gpubench -> the project root); none where there is no such file."""
+    import tomllib
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    table = doc.get("project", {}).get("entry-points", {}).get(GROUP, {})
+    return [(k, v) for k, v in table.items() if isinstance(v, str) and v.startswith(OWN)]
+
+
+def plugins() -> dict[str, Plugin]:
+    """Every command, by name (the order of ``gpubench --help``).
+
+    A plug-in whose entry point does not load, or that names a command already taken, is left
+    out and said once on stderr (``BROKEN``); the others still work.
     """
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    got: dict[str, Plugin] = {}
+    for name, value in _entry_points():
+        if name in got:
+            _broken(f"{name} = {value}", f"the command {name!r} is taken")
+            continue
+        try:
+            p = _load(value)
+        except Exception as e:  # a third party's broken plug-in must not break every command
+            _broken(f"{name} = {value}", f"{type(e).__name__}: {e}")
+            continue
+        if not isinstance(p, Plugin) or p.name != name:
+            _broken(f"{name} = {value}", "it is not a gpubench.core.plugin.Plugin named " + repr(name))
+            continue
+        got[name] = p
+    _LOADED = got
+    return _LOADED
 
-    name: str
-    module: str
-    help: str
-    gpu: str = "yes"
+
+def _broken(what: str, why: str) -> None:
+    from gpubench.core.safe import term
+
+    BROKEN.append((what, why))
+    sys.stderr.write(f"gpubench: warning: plug-in {term(what, 200)} left out: {term(why, 300)}\n")
 
 
-ENTRIES: tuple[Entry, ...] = (
-    Entry("copy", "gpubench.commands.copy", "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."),
-    Entry("env", "gpubench.commands.env", "The machine: GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA.", "no"),
-    Entry("p2p", "gpubench.commands.p2p", "GPU<->GPU copy matrix: peer access on/off, read/write, bidir, SM copy, latency."),
-    Entry("nccl", "gpubench.commands.nccl", "NCCL collectives (all-reduce, all-gather, ...): algbw and busbw as nccl-tests."),
-    Entry("merge", "gpubench.commands.merge", "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge.",
-          "merge -t cpu"),
-    Entry("net", "gpubench.commands.net", "Multi-stream TCP throughput between two hosts (server, client, local).", "no"),
-    Entry("batch", "gpubench.commands.batch", "Many small copies vs packed vs cudaMemcpyBatchAsync vs one contiguous copy."),
-    Entry("memcpy2d", "gpubench.commands.memcpy2d",
-          "Pitched 2-D copies vs a row-by-row loop vs one contiguous copy vs CuPy slices."),
-    Entry("overlap", "gpubench.commands.overlap",
-          "Copy/compute overlap: H2D -> kernel -> D2H on one stream vs chunks on N streams."),
-    Entry("pin", "gpubench.bench.pin",
-          "Cost of page-locking host memory and of cudaMalloc: cudaHostAlloc, cudaHostRegister, frees."),
-    Entry("compare", "gpubench.commands.compare", "Compare saved results: per-figure change and a noise-aware verdict.",
-          "no"),
-    Entry("plot", "gpubench.commands.plot", "PNG of saved results: sweeps, strategy bars, busbw/algbw, p2p matrices, pairs.", "no"),
-    Entry("report", "gpubench.commands.report", "One self-contained HTML page of results, comparisons, suites or a fleet.",
-          "no"),
-    Entry("suite", "gpubench.commands.suite", "Node validation: env, copy, batch, p2p, nccl; expectations from TOML.",
-          "suite --check"),
-)
-REGISTRY: dict[str, Entry] = {e.name: e for e in ENTRIES}
+def get(name: str) -> Plugin:
+    """The plug-in of ``name``.
+
+    Raises:
+        KeyError: no such command.
+    """
+    return plugins()[name]
+
+
+def measuring() -> Iterator[Plugin]:
+    """The plug-ins whose runs write Results (every command but compare, plot, report, suite)."""
+    return (p for p in plugins().values() if p.writes_results)
 
 
 def load_command(name: str):
-    """The click command of ``name`` (imported now): its module's ``command``, or one generated
-    from a plug-in module's declared OPTIONS, build_spec, format_report and HELP
-    (``commands.common.benchmark_command``), made once per process.
+    """The click command of ``name``: the ``command`` of its plug-in's command module (imported
+    now; :func:`gpubench.kit.benchmark_command` makes one from a benchmark's declared options).
 
     Raises:
         KeyError: ``name`` is not registered.
     """
-    import importlib
-
-    module = importlib.import_module(REGISTRY[name].module)
-    cmd = getattr(module, "command", None)
-    if cmd is None:
-        from gpubench.commands.common import benchmark_command
-
-        cmd = benchmark_command(name, module.OPTIONS, module.build_spec, module.format_report, help=module.HELP)
-        setattr(module, "command", cmd)
-    return cmd
+    return importlib.import_module(get(name).command).command
 
 
 def no_gpu_commands() -> tuple[str, ...]:
     """The commands (or their forms) that work without a GPU, in registry order."""
-    return tuple(e.name if e.gpu == "no" else e.gpu for e in ENTRIES if e.gpu != "yes")
+    return tuple(p.name if p.gpu == "no" else p.gpu for p in plugins().values() if p.gpu != "yes")
 
 
 # This process's command line (saved in each result's "argv"); set by the CLI's entry point.

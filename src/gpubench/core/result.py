@@ -945,10 +945,18 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
                   error=error, extra=dict(extra), telemetry=telemetry)
 
 
-@functools.lru_cache(maxsize=1)
-def result_commands() -> tuple[str, ...]:
-    """The commands a result may name: the published schema's ``command`` enum."""
-    return tuple(json_schema()["properties"]["command"]["enum"])
+def check_command(v: object, source: str, pointer: str) -> str:
+    """``v`` as the name of the command that made a result: a plug-in's name (the schema's
+    ``command`` pattern, :data:`gpubench.core.plugin.NAME`), installed here or not.
+
+    Raises:
+        ResultFileError: not such a name.
+    """
+    from gpubench.core.plugin import NAME
+
+    if not isinstance(v, str) or not NAME.match(v):
+        raise bad_field(source, pointer, v, "a command name (lower case letters, digits, '-' and '_', a letter first)")
+    return v
 
 
 # env: part -> {field: kind}; kind "str", "int" or "num", each also null (the schema's $defs/env)
@@ -1102,7 +1110,7 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
     assert isinstance(d, dict)
     if "command" not in d:
         raise UsageError(f"{where} is a malformed gpubench result: it names no command")
-    command = check_str(d["command"], source, pointer_join(pointer, "command"), choices=result_commands())
+    command = check_command(d["command"], source, pointer_join(pointer, "command"))
     argv = d.get("argv", [])
     if not isinstance(argv, list):
         raise bad_field(source, pointer_join(pointer, "argv"), argv, "an array of strings")

@@ -1,0 +1,1346 @@
+"""Compare saved results: pair figures, estimate each change with its confidence interval, test it
+against the noise, and say what differs (machine, options, telemetry, limit flags).
+
+Works on saved results only (:func:`gpubench.core.result.load`); no GPU is needed. docs/compare.md
+explains every figure; the statistics are written here, with their sources.
+
+Pairing: two records are the same figure when their ``params`` are equal (:meth:`Record.key`),
+after each param a command gained later (the plug-in's ``added_params``) is filled in where a record lacks it.
+Figures present on one side only are listed, not dropped.
+
+Value of a figure: for metric "bandwidth" each sample's rate nbytes / seconds in B/s (higher is
+better); for metric "time" each sample's seconds (lower is better).
+
+Change: the Hodges-Lehmann estimate of the ratio new / base, ``exp(median_ij(log y_j - log x_i)) - 1``
+in percent, with the distribution-free (Moses) confidence interval at level 1 - alpha from the order
+statistics of the same pairwise differences (:func:`hodges_lehmann`; Hollander & Wolfe,
+"Nonparametric Statistical Methods", 2nd ed., 1999, sections 4.2 and 4.3). On the log scale a
+shift is a ratio, so the change of a bandwidth is exactly the inverse change of its time.
+
+Test: the two-sided Mann-Whitney U test on the raw samples (:func:`mann_whitney_u`), the test whose
+inversion gives that interval.
+
+Verdict (:func:`judge`), with ``threshold_pct`` (default 1) and ``alpha`` (default 0.01):
+
+- "same": the change is within the threshold;
+- "faster" / "slower": the change is beyond the threshold AND the test finds it (p < alpha); faster
+  means more bandwidth or less time;
+- "inconclusive": the change is beyond the threshold but the test does not reach significance
+  (noise, or too few samples: 3 against 3 cannot go under p = 0.1).
+
+``--fail-on-regression`` fails on "slower" (and on figures missing from the new result); with
+``--strict`` also on "inconclusive".
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from gpubench.core import safe
+from gpubench.core.errors import UsageError
+from gpubench.core.result import Record, Result
+
+DEFAULT_ALPHA = 0.01
+DEFAULT_THRESHOLD_PCT = 1.0
+HIGHER_IS_BETTER = {"bandwidth": True, "time": False}
+SAME, FASTER, SLOWER, INCONCLUSIVE = "same", "faster", "slower", "inconclusive"
+VERDICTS = (SAME, FASTER, SLOWER, INCONCLUSIVE)
+
+
+@dataclass(frozen=True)
+class MWU:
+    """Outcome of a Mann-Whitney U test.
+
+    Attributes:
+        u: U statistic of the first sample (number of pairs (x, y) with x > y, ties counting 1/2).
+        z: normal score of u with tie and continuity corrections (0 when the variance is 0).
+        p: two-sided p-value, in [0, 1]: exact when there are no ties and the smaller sample has
+            at most EXACT_MAX values, else from the normal approximation.
+        method: "exact", "exact (ties)" or "asymptotic".
+        p_min: the smallest p these sample sizes can give (complete separation, no ties): when it
+            is not below alpha the test cannot find any difference, however large.
+    """
+
+    u: float
+    z: float
+    p: float
+    method: str = "asymptotic"
+    p_min: float = 0.0
+
+
+EXACT_MAX = 8  # scipy.stats.mannwhitneyu(method="auto"): exact when a sample has <= 8 values and no ties
+
+
+@functools.lru_cache(maxsize=1024)
+def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
+    """Number of orderings of n1 + n2 distinct values giving each U = 0 .. n1*n2 (the exact null
+    distribution of U), by the recurrence f(u; m, n) = f(u - n; m - 1, n) + f(u; m, n - 1)
+    (Mann and Whitney 1947, eq. 2). Cached: a comparison meets the same sizes again and again."""
+    # f[m][n] as lists indexed by u, built up over m for every n
+    prev = [[1] for _ in range(n2 + 1)]  # m = 0: only U = 0
+    for m in range(1, n1 + 1):
+        cur = [[1]]  # n = 0: only U = 0
+        for n in range(1, n2 + 1):
+            size = m * n + 1
+            row = [0] * size
+            a = prev[n]  # f(.; m - 1, n): shifted by n
+            for u, c in enumerate(a):
+                row[u + n] += c
+            b = cur[n - 1]  # f(.; m, n - 1)
+            for u, c in enumerate(b):
+                row[u] += c
+            cur.append(row)
+        prev = cur
+    return tuple(prev[n2])
+
+
+@functools.lru_cache(maxsize=1024)
+def _u_cumulative(n1: int, n2: int) -> tuple[int, ...]:
+    out, acc = [], 0
+    for c in _u_counts(n1, n2):
+        acc += c
+        out.append(acc)
+    return tuple(out)
+
+
+def _exact_p(u1: float, n1: int, n2: int) -> float:
+    """Two-sided exact p: 2 * P(U <= min(u1, n1 n2 - u1)), capped at 1."""
+    cum = _u_cumulative(n1, n2)
+    k = int(math.floor(min(u1, n1 * n2 - u1) + 1e-9))
+    return min(1.0, 2.0 * cum[k] / cum[-1])
+
+
+EXACT_TIES_MAX_SPLITS = 50_000  # with ties: the exact permutation distribution while C(n1+n2, n1) <= this
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_sum_counts(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """Number of ways to choose n1 of the pooled values whose doubled (mid)ranks sum to each t =
+    0 .. sum(doubled_ranks): the permutation distribution of the rank sum given the ties, by
+    dynamic programming over the values (each value in or out), O(n * n1 * sum) instead of
+    enumerating C(n, n1) subsets. Cached by the tie pattern (sorted doubled ranks)."""
+    import numpy as np
+
+    total = sum(doubled_ranks)
+    dp = np.zeros((n1 + 1, total + 1), dtype=np.int64)
+    dp[0, 0] = 1
+    for r in doubled_ranks:
+        # take value with doubled rank r: ways(j, t) += ways(j - 1, t - r), j descending
+        dp[1:, r:] += dp[:-1, : total + 1 - r].copy()
+    return tuple(int(c) for c in dp[n1])
+
+
+@functools.lru_cache(maxsize=4096)
+def _tie_deviations(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[int, ...], int]:
+    """For a tie pattern: the distinct |U - n1 n2 / 2| values the splits reach, ascending, the
+    number of splits at or beyond each, and the number of splits (cached; see :func:`_exact_p_ties`)."""
+    n2 = len(doubled_ranks) - n1
+    mu = n1 * n2 / 2.0
+    base = n1 * (n1 + 1) / 2.0
+    by_dev: dict[float, int] = {}
+    for t, c in enumerate(_rank_sum_counts(n1, doubled_ranks)):
+        if c:
+            d = abs(t / 2.0 - base - mu)
+            by_dev[d] = by_dev.get(d, 0) + c
+    devs = sorted(by_dev)
+    beyond, acc = [0] * len(devs), 0
+    for i in range(len(devs) - 1, -1, -1):
+        acc += by_dev[devs[i]]
+        beyond[i] = acc
+    return tuple(devs), tuple(beyond), acc
+
+
+@functools.lru_cache(maxsize=4096)
+def _doubled_ranks(groups: tuple[int, ...]) -> tuple[int, ...]:
+    """The ascending doubled midranks of pooled values whose tie groups, in order, have these sizes."""
+    out: list[int] = []
+    start = 0
+    for g in groups:
+        out += [2 * start + g + 1] * g  # midrank (start + 1 + start + g) / 2, doubled
+        start += g
+    return tuple(out)
+
+
+def _exact_p_ties_groups(n: int, n1: int, u1: float, groups: tuple[int, ...]) -> float:
+    """:func:`_exact_p_ties` for ``n`` pooled values whose tie groups, in rank order, have these sizes."""
+    import bisect
+
+    devs, beyond, total = _tie_deviations(n1, _doubled_ranks(groups))
+    i = bisect.bisect_left(devs, abs(u1 - n1 * (n - n1) / 2.0) - 1e-9)
+    return min(1.0, (beyond[i] if i < len(devs) else 0) / total)
+
+
+def _exact_p_ties(ranks: Sequence[float], n1: int, u1: float, groups: tuple[int, ...] | None = None) -> float:
+    """Two-sided exact p with ties: every way of choosing which n1 of the pooled (mid)ranks belong
+    to the first sample is equally likely under the null; p is the share of them whose U is at least
+    as far from n1 n2 / 2 as the observed one (the permutation test of U, conditional on the ties).
+    """
+    import bisect
+
+    n2 = len(ranks) - n1
+    devs, beyond, total = _tie_deviations(n1, _doubled_ranks(groups) if groups is not None else
+                                          tuple(sorted(int(round(2 * r)) for r in ranks)))
+    i = bisect.bisect_left(devs, abs(u1 - n1 * n2 / 2.0) - 1e-9)
+    return min(1.0, (beyond[i] if i < len(devs) else 0) / total)
+
+
+def min_p(n1: int, n2: int) -> float:
+    """The smallest two-sided p of the test for these sizes (every new value beyond every base value):
+    exact 2 / C(n1 + n2, n1) when the exact test applies, else the normal approximation's."""
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    if min(n1, n2) <= EXACT_MAX:
+        return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+    n = n1 + n2
+    sigma = math.sqrt(n1 * n2 / 12.0 * (n + 1))
+    return min(1.0, math.erfc(max(n1 * n2 / 2.0 - 0.5, 0.0) / sigma / math.sqrt(2.0)))
+
+
+def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Average (mid)ranks, 1-based, of ``values`` and the sizes of the tie groups (pure Python: the
+    samples of one figure are few, and numpy's per-call cost dominated 200,000-figure comparisons)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    groups: list[int] = []
+    i = 0
+    n = len(values)
+    while i < n:
+        j = i
+        v = values[order[i]]
+        while j + 1 < n and values[order[j + 1]] == v:
+            j += 1
+        mid = (i + j) / 2.0 + 1.0
+        for k in range(i, j + 1):
+            ranks[order[k]] = mid
+        groups.append(j - i + 1)
+        i = j + 1
+    return ranks, groups
+
+
+def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
+    """Two-sided Mann-Whitney U test: exact for small samples without ties, else the normal
+    approximation with tie and continuity corrections.
+
+    Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto"): p = 2 *
+    P(U <= min(U1, n1 n2 - U1)) under the null distribution of U (every ordering equally likely),
+    counted by Mann and Whitney's recurrence. With ties and at most EXACT_TIES_MAX_SPLITS ways to
+    split the pooled values: the exact permutation distribution of U given the tied ranks (scipy
+    would use the normal approximation, whose p cannot go under ~0.012 at 5 vs 5). Otherwise:
+
+    With the n = n1 + n2 values ranked together (ties get their average rank) and R1 the sum of the
+    ranks of ``x``::
+
+        U1      = R1 - n1 (n1 + 1) / 2
+        mu      = n1 n2 / 2
+        sigma^2 = n1 n2 / 12 * ((n + 1) - sum_k (t_k^3 - t_k) / (n (n - 1)))   # t_k: size of tie group k
+        z       = (|U1 - mu| - 1/2) / sigma        (continuity correction; 0 if that goes negative)
+        p       = erfc(|z| / sqrt(2))              (two-sided)
+
+    Sources: H. B. Mann and D. R. Whitney, "On a test of whether one of two random variables is
+    stochastically larger than the other", Ann. Math. Statist. 18 (1947) 50-60; the tie-corrected
+    variance from E. L. Lehmann, "Nonparametrics: Statistical Methods Based on Ranks" (1975), eq.
+    (1.35); the same computation as ``scipy.stats.mannwhitneyu(method="asymptotic")``, and the exact
+    branch as ``method="exact"``.
+
+    Args:
+        x, y: samples (any unit, finite), each with at least one value.
+
+    Returns:
+        MWU(u, z, p, method, p_min). When every value is tied (sigma = 0) the samples cannot be told
+        apart: z = 0, p = 1.
+
+    Raises:
+        ValueError: an empty sample.
+    """
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("Mann-Whitney U needs two non-empty samples")
+    allv = [float(v) for v in x] + [float(v) for v in y]
+    n = n1 + n2
+    ranks, groups = _ranks(allv)
+    r1 = math.fsum(ranks[:n1])
+    u1 = r1 - n1 * (n1 + 1) / 2.0
+    mu = n1 * n2 / 2.0
+    tie_term = float(sum(t ** 3 - t for t in groups))
+    var = n1 * n2 / 12.0 * ((n + 1) - (tie_term / (n * (n - 1)) if n > 1 else 0.0))
+    pmin = min_p(n1, n2)
+    if var <= 0:
+        return MWU(u1, 0.0, 1.0, "asymptotic", pmin)
+    z = max(abs(u1 - mu) - 0.5, 0.0) / math.sqrt(var)
+    z = math.copysign(z, u1 - mu)
+    if len(groups) == n and min(n1, n2) <= EXACT_MAX:
+        return MWU(u1, z, _exact_p(u1, n1, n2), "exact", pmin)
+    if len(groups) < n and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS:
+        # the normal approximation cannot go below ~0.012 at 5 vs 5, so a tie would hide any change
+        return MWU(u1, z, _exact_p_ties(ranks, n1, u1, tuple(groups)), "exact (ties)", pmin)
+    p = min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
+    return MWU(u1, z, p, "asymptotic", pmin)
+
+
+# ---- the change and its confidence interval: Hodges-Lehmann with the Moses interval ----
+
+EXACT_CI_MAX_PAIRS = 400  # the Moses rank from the exact null distribution of U up to m n pairs
+BRUTE_MAX_PAIRS = 40_000  # pairwise differences listed and sorted up to this many; selected beyond
+
+
+def _z(confidence: float) -> float:
+    from gpubench.core.stats import _z as z
+
+    return z(confidence)
+
+
+@functools.lru_cache(maxsize=4096)
+def moses_rank(m: int, n: int, alpha: float) -> int:
+    """C_alpha of the Moses interval: the largest C with P(U <= C - 1) <= alpha / 2 under the null
+    (U the Mann-Whitney statistic of samples of m and n), so that [D_(C), D_(mn + 1 - C)] of the mn
+    ordered pairwise differences covers the shift with probability >= 1 - alpha. Exact from the
+    null distribution of U for m n <= EXACT_CI_MAX_PAIRS; beyond, the large-sample approximation
+    C = floor(mn/2 - z_(alpha/2) sqrt(mn (m + n + 1) / 12)) (Hollander & Wolfe 1999, section 4.3,
+    comment 22's approximation). 0: no interval at that level exists (3 against 3 at 99%).
+    """
+    if m * n <= EXACT_CI_MAX_PAIRS:
+        cum = _u_cumulative(m, n)
+        total = cum[-1]
+        c = 0
+        for u, acc in enumerate(cum):  # acc = #orderings with U <= u
+            if 2 * acc > alpha * total:
+                break
+            c = u + 1
+        return min(c, (m * n) // 2)
+    c = math.floor(m * n / 2.0 - _z(1.0 - alpha) * math.sqrt(m * n * (m + n + 1) / 12.0))
+    return max(0, min(c, (m * n) // 2))
+
+
+def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> list[float]:
+    """The k-th smallest (1-based) of the m n differences ly_j - lx_i, for each k in ``ks``.
+
+    Up to BRUTE_MAX_PAIRS pairs: listed and sorted. Beyond: for each k, bisection on the value t
+    with the count of differences <= t (for ascending lx: m - #(lx_i < ly_j - t), summed over j
+    with numpy's searchsorted, O((m + n) log m) per step), then the largest difference <= the
+    upper end, which is the k-th: no m n list is ever built (Monahan's Hodges-Lehmann selection
+    does the same in fewer steps; ACM TOMS 10 (1984) 265-270)."""
+    m, n = len(lx), len(ly)
+    if m * n <= BRUTE_MAX_PAIRS:
+        d = [b - a for b in ly for a in lx]
+        d.sort()
+        return [d[k - 1] for k in ks]
+    import numpy as np
+
+    ax = np.sort(np.asarray(lx, dtype=float))
+    ay = np.sort(np.asarray(ly, dtype=float))
+
+    def count_le(t: float) -> int:
+        return int(m * n - np.searchsorted(ax, ay - t, side="left").sum())
+
+    out = []
+    for k in ks:
+        lo, hi = float(ay[0] - ax[-1]) - 1e-12, float(ay[-1] - ax[0]) + 1e-12  # count(lo) < k <= count(hi)
+        for _ in range(200):
+            mid = (lo + hi) / 2.0
+            if mid <= lo or mid >= hi:
+                break
+            if count_le(mid) >= k:
+                hi = mid
+            else:
+                lo = mid
+        # the largest difference <= hi: for each y the smallest x with y - x <= hi
+        idx = np.searchsorted(ax, ay - hi, side="left")
+        ok = idx < m
+        out.append(float((ay[ok] - ax[idx[ok]]).max()))
+    return out
+
+
+@dataclass(frozen=True)
+class Shift:
+    """The Hodges-Lehmann change of ``new`` against ``base`` and its interval, in percent.
+
+    Attributes:
+        change_pct: 100 (exp(HL) - 1), HL the median of the m n differences log y_j - log x_i.
+        ci_low_pct, ci_high_pct: the Moses interval at ``confidence``, or None when these sizes
+            give none (3 against 3 at 99%).
+        confidence: 1 - alpha.
+    """
+
+    change_pct: float
+    ci_low_pct: float | None
+    ci_high_pct: float | None
+    confidence: float
+
+
+def hodges_lehmann(base: Sequence[float], new: Sequence[float], alpha: float = DEFAULT_ALPHA) -> Shift:
+    """The Hodges-Lehmann estimate of the ratio new / base and its distribution-free interval.
+
+    On the log scale (values > 0: B/s or seconds) the two-sample location shift is
+    ``HL = median_ij(log y_j - log x_i)`` (Hodges and Lehmann, Ann. Math. Statist. 34 (1963)
+    598-611; Hollander & Wolfe, "Nonparametric Statistical Methods", 2nd ed. (1999), section 4.2),
+    and the interval ``[D_(C), D_(mn+1-C)]`` of the ordered differences with C = :func:`moses_rank`
+    covers it with probability >= 1 - alpha (Moses; Hollander & Wolfe section 4.3). It is the set
+    of shifts the two-sided rank-sum test at level alpha does not reject, so an interval that
+    excludes 0 goes with p < alpha (up to ties and the normal approximation). Exponentiated: the
+    ratio new / base and its interval; reported as percentages of change.
+
+    Args:
+        base, new: values > 0 (at least one each).
+        alpha: 1 - the interval's confidence.
+
+    Raises:
+        ValueError: an empty sample or a value that is not > 0.
+    """
+    m, n = len(base), len(new)
+    if not m or not n:
+        raise ValueError("hodges_lehmann needs two non-empty samples")
+    if min(min(base), min(new)) <= 0:
+        raise ValueError("hodges_lehmann needs values > 0")
+    lx = [math.log(v) for v in base]
+    ly = [math.log(v) for v in new]
+    mn = m * n
+    c = moses_rank(m, n, alpha)
+    ks = [(mn + 1) // 2, mn // 2 + 1]  # the middle one, or the middle two
+    if c:
+        ks += [c, mn + 1 - c]
+    got = _kth_differences(lx, ly, ks)
+    hl = (got[0] + got[1]) / 2.0
+    pct = lambda d: 100.0 * math.expm1(d)  # noqa: E731
+    if c:
+        return Shift(pct(hl), pct(got[2]), pct(got[3]), 1.0 - alpha)
+    return Shift(pct(hl), None, None, 1.0 - alpha)
+
+
+def figure_values(record: Record, source: str = "result") -> list[float]:
+    """The values a figure is judged on: rates nbytes / s in B/s for "bandwidth", seconds for "time".
+
+    Raises:
+        UsageError: an unknown metric, a bandwidth record that moves no bytes, or a sample that is
+            not a finite positive number of seconds.
+    """
+    if record.metric not in HIGHER_IS_BETTER:
+        raise UsageError(f"{safe.term(source)}: record {safe.term(record.params)} has metric "
+                         f"{safe.term(repr(record.metric))}", "known metrics: bandwidth, time")
+    samples = record.samples_s
+    if samples and record.nbytes > 0 and min(samples) > 0:
+        total = sum(samples)
+        if math.isfinite(total):  # every sample finite and > 0: one pass instead of two
+            nb = record.nbytes
+            return list(samples) if record.metric == "time" else [nb / t for t in samples]
+    for t in record.samples_s:
+        if not (math.isfinite(t) and t > 0):
+            raise UsageError(f"{safe.term(source)}: record {safe.term(record.params)} has a sample of {t!r} seconds",
+                             "samples must be finite and > 0")
+    if record.metric == "time":
+        return list(record.samples_s)
+    if record.nbytes <= 0:
+        raise UsageError(f"{safe.term(source)}: bandwidth record {safe.term(record.params)} moves "
+                         f"{record.nbytes} bytes")
+    return record.rates()
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return float(s[n // 2]) if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
+
+
+@dataclass
+class Row:
+    """One figure of a comparison.
+
+    Attributes:
+        params: the figure's params.
+        metric: "bandwidth" (values in B/s, higher is better) or "time" (values in seconds, lower is better).
+        status: "paired", "only-base", "only-new" or "no-data" (a side has an error or no samples).
+        base_median, new_median: median value of each side (B/s or s), None where absent.
+        n_base, n_new: samples on each side.
+        change_pct: the Hodges-Lehmann change new / base - 1 in %, None unless paired.
+        ci_low_pct, ci_high_pct: its interval at 1 - alpha (None unless paired, or when the sizes
+            give none).
+        p: Mann-Whitney two-sided p-value, None unless paired.
+        verdict: "same", "faster", "slower", "inconclusive", or "" when not paired.
+        why: one line on the verdict ("p = 0.032 >= alpha 0.01", "3 vs 3 samples cannot reach ...").
+        note: why a figure has no verdict (an error text from the file), else "".
+        telemetry: the GPU state that differs between the sides (:func:`telemetry_diff`), [] if none.
+        flags: limit flags read from the records (:func:`limit_flags`), [] if none.
+    """
+
+    params: dict[str, Any]
+    metric: str
+    status: str
+    base_median: float | None = None
+    new_median: float | None = None
+    n_base: int = 0
+    n_new: int = 0
+    change_pct: float | None = None
+    ci_low_pct: float | None = None
+    ci_high_pct: float | None = None
+    p: float | None = None
+    verdict: str = ""
+    why: str = ""
+    note: str = ""
+    telemetry: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["unit"] = "B/s" if self.metric == "bandwidth" else "s"
+        d["better"] = "higher" if HIGHER_IS_BETTER.get(self.metric, True) else "lower"
+        return d
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict on one figure (:func:`judge`): the change, its interval, the test, the verdict."""
+
+    shift: Shift
+    test: MWU
+    verdict: str
+    why: str
+    base_median: float
+    new_median: float
+
+
+def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold_pct: float,
+          alpha: float = DEFAULT_ALPHA) -> Judgement:
+    """Verdict on one figure from its two samples of values.
+
+    Args:
+        base, new: values (B/s for bandwidth, seconds for time), > 0.
+        metric: "bandwidth" (higher is better) or "time" (lower is better).
+        threshold_pct: a change of at most this (in %) is "same" whatever the test says.
+        alpha: level of the two-sided Mann-Whitney U test, and 1 - the interval's confidence.
+
+    Returns:
+        Judgement: "same" when |change| <= threshold; beyond it "faster"/"slower" when p < alpha,
+        else "inconclusive" (with ``why``: the p reached, or that these sizes cannot reach alpha).
+    """
+    shift = hodges_lehmann(base, new, alpha)
+    t = mann_whitney_u(new, base)
+    return _verdict(shift, t, metric, threshold_pct, alpha, len(base), len(new), _median(base), _median(new))
+
+
+def _verdict(shift: Shift, t: MWU, metric: str, threshold_pct: float, alpha: float, m: int, n: int,
+             base_median: float, new_median: float) -> Judgement:
+    change = shift.change_pct
+    gain = change if HIGHER_IS_BETTER[metric] else -change
+    if abs(change) <= threshold_pct:
+        verdict, why = SAME, f"|change| {abs(change):.2f}% <= threshold {threshold_pct:g}%"
+    elif t.p < alpha:
+        verdict = FASTER if gain > 0 else SLOWER
+        why = f"p = {_p_text(t.p)} < alpha {alpha:g}"
+    elif t.p_min >= alpha:
+        verdict = INCONCLUSIVE
+        why = f"{m} vs {n} samples cannot reach p < {alpha:g} (best {t.p_min:.3g})"
+    else:
+        verdict, why = INCONCLUSIVE, f"p = {_p_text(t.p)} >= alpha {alpha:g}: the change may be noise"
+    return Judgement(shift, t, verdict, why, base_median, new_median)
+
+
+def more_samples_hint(command: str) -> str:
+    """What to run to give ``command``'s figures more samples, as words that follow "take"
+    (e.g. net: "more intervals ...: a longer -t (seconds) or a shorter -i (interval)")."""
+    own = plugin_of(command)
+    return own.more_samples if own is not None else "more samples per figure"
+
+
+def plugin_of(command: str):
+    """The plug-in that wrote ``command``'s results, or None where it is not installed here (its
+    results still compare, as figures with no command-specific hints)."""
+    from gpubench.core import registry
+
+    return registry.plugins().get(command)
+
+
+def inconclusive_line(cmp: "Comparison") -> str:
+    """One sentence on the inconclusive figures of ``cmp`` (the first one's reason and what would
+    decide them), or "" when there are none."""
+    inc = cmp.inconclusive()
+    if not inc:
+        return ""
+    head = (f"1 figure inconclusive: {inc[0].why}. To decide it" if len(inc) == 1 else
+            f"{len(inc)} figures inconclusive; the first: {inc[0].why}. To decide them")
+    return f"{head}, take {more_samples_hint(cmp.command)}."
+
+
+BATCH_MAX_SIZE = 16  # figures with at most this many samples a side are judged in numpy batches
+BATCH_MIN_FIGURES = 32  # of the same sizes; fewer, one by one
+
+
+def judge_many(items: Sequence[tuple[Sequence[float], Sequence[float], str]], *, threshold_pct: float,
+               alpha: float = DEFAULT_ALPHA) -> list[Judgement]:
+    """:func:`judge` of each (base, new, metric), the same results, computed for many small
+    figures of equal sample sizes at once with numpy (a 200,000-figure comparison spent most of its
+    time in per-figure Python): pairwise log differences sorted row-wise for the Hodges-Lehmann
+    estimate and the Moses interval; pooled samples ranked row-wise (midranks for ties) for U;
+    p from the cached exact distributions (per tie pattern for rows with ties) or the normal
+    approximation, as :func:`mann_whitney_u` chooses."""
+    out: list[Judgement | None] = [None] * len(items)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (b, n_, _) in enumerate(items):
+        if len(b) <= BATCH_MAX_SIZE and len(n_) <= BATCH_MAX_SIZE:
+            groups.setdefault((len(b), len(n_)), []).append(i)
+    for (m, n), idx in groups.items():
+        if len(idx) < BATCH_MIN_FIGURES:
+            continue
+        for lo in range(0, len(idx), 20_000):
+            part = idx[lo:lo + 20_000]
+            for i, j in zip(part, _judge_block([items[i] for i in part], m, n, threshold_pct, alpha)):
+                out[i] = j
+    for i, j in enumerate(out):
+        if j is None:
+            b, n_, metric = items[i]
+            out[i] = judge(b, n_, metric, threshold_pct=threshold_pct, alpha=alpha)
+    return out  # type: ignore[return-value]
+
+
+def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> list[Judgement]:
+    import numpy as np
+
+    X = np.array([it[0] for it in items], dtype=float)  # base, G x m
+    Y = np.array([it[1] for it in items], dtype=float)  # new, G x n
+    if (X <= 0).any() or (Y <= 0).any():
+        raise ValueError("hodges_lehmann needs values > 0")
+    G, mn = len(items), m * n
+    # Hodges-Lehmann and Moses: the m n differences log y_j - log x_i, sorted per row
+    D = (np.log(Y)[:, :, None] - np.log(X)[:, None, :]).reshape(G, mn)
+    D.sort(axis=1)
+    hl = (D[:, (mn + 1) // 2 - 1] + D[:, mn // 2]) / 2.0
+    c = moses_rank(m, n, alpha)
+    lo = D[:, c - 1] if c else None
+    hi = D[:, mn - c] if c else None
+    # Mann-Whitney: the first sample is the new one, as judge calls it
+    N = m + n
+    P = np.concatenate([Y, X], axis=1)
+    order = np.argsort(P, axis=1, kind="stable")
+    S = np.take_along_axis(P, order, axis=1)
+    pos = np.broadcast_to(np.arange(N), (G, N))
+    start = np.ones((G, N), dtype=bool)
+    start[:, 1:] = S[:, 1:] != S[:, :-1]
+    end = np.ones((G, N), dtype=bool)
+    end[:, :-1] = start[:, 1:]
+    first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(end, pos, N), axis=1), axis=1), axis=1)
+    mid = (first + last) / 2.0 + 1.0
+    R = np.empty_like(mid)
+    np.put_along_axis(R, order, mid, axis=1)
+    u1 = R[:, :n].sum(axis=1) - n * (n + 1) / 2.0
+    sizes = np.where(start, last - first + 1, 0).astype(float)
+    tie_term = (sizes ** 3 - sizes).sum(axis=1)
+    var = n * m / 12.0 * ((N + 1) - tie_term / (N * (N - 1)))
+    ties = ~start.all(axis=1)
+    pmin = min_p(n, m)
+    mu = n * m / 2.0
+    exact_ties_ok = math.comb(N, n) <= EXACT_TIES_MAX_SPLITS
+    cum = _u_cumulative(n, m) if min(n, m) <= EXACT_MAX else None
+    bmed = np.median(X, axis=1).tolist()
+    nmed = np.median(Y, axis=1).tolist()
+    # Python floats and lists once, not a numpy scalar per element in the loop below
+    u1l, varl, tiesl = u1.tolist(), var.tolist(), ties.tolist()
+    hll = hl.tolist()
+    lol, hil = (lo.tolist(), hi.tolist()) if c else (None, None)
+    group_sizes = np.where(start, sizes, 0).tolist() if ties.any() and exact_ties_ok else None
+    sqrt, copysign, erfc = math.sqrt, math.copysign, math.erfc
+    pct = lambda d: 100.0 * math.expm1(d)  # noqa: E731
+    res = []
+    for g in range(G):
+        u = u1l[g]
+        v = varl[g]
+        if v <= 0:
+            t = MWU(u, 0.0, 1.0, "asymptotic", pmin)
+        else:
+            z = copysign(max(abs(u - mu) - 0.5, 0.0) / sqrt(v), u - mu)
+            if not tiesl[g] and cum is not None:
+                k = int(math.floor(min(u, n * m - u) + 1e-9))
+                t = MWU(u, z, min(1.0, 2.0 * cum[k] / cum[-1]), "exact", pmin)
+            elif tiesl[g] and exact_ties_ok:
+                row_sizes = tuple([int(x) for x in group_sizes[g] if x])  # type: ignore[index]
+                t = MWU(u, z, _exact_p_ties_groups(N, n, u, row_sizes), "exact (ties)", pmin)
+            else:
+                t = MWU(u, z, min(1.0, erfc(abs(z) / sqrt(2.0))), "asymptotic", pmin)
+        shift = Shift(pct(hll[g]), pct(lol[g]) if c else None, pct(hil[g]) if c else None, 1.0 - alpha)
+        res.append(_verdict(shift, t, items[g][2], threshold_pct, alpha, m, n, bmed[g], nmed[g]))
+    return res
+
+
+def _p_text(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+# ---- telemetry and limit flags, read defensively (the fields may be absent or malformed) ----
+
+def _record_dict_field(record: Record, name: str) -> Any:
+    v = getattr(record, name, None)
+    if v is None:
+        v = (record.extra or {}).get(name) if isinstance(record.extra, dict) else None
+    return v
+
+
+def _num(block: Any, key: str, stat: str = "median") -> float | None:
+    if not isinstance(block, dict):
+        return None
+    v = block.get(key)
+    if isinstance(v, dict):
+        v = v.get(stat)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def telemetry_diff(rb: Record, rn: Record) -> list[str]:
+    """What the GPU's state did differently while the two records were measured, from each
+    record's ``telemetry`` block (``Record.telemetry`` where the field exists, else
+    ``extra["telemetry"]``; shape {"n", "interval_s", "sm_clock_mhz": {"min","median","max"},
+    "mem_clock_mhz", "power_w", "temp_c", "reasons": [str], "pcie": {"gen","width"} | null,
+    "pcie_replay_delta", "nvlink_errors_delta"}). Medians that moved (SM or memory clock by more
+    than 2%, power by more than 5%, temperature by 5 C or more), clock-event reasons seen on one
+    side only, a different PCIe link, a different number of other processes on the GPU, PCIe replays
+    or NVLink errors counted on the new side. Where only one side has a block (a baseline saved
+    before telemetry), what that side's block says happened (reasons, other processes, replays,
+    errors). Strings are returned raw (rendering escapes them); no block on either side, or a
+    malformed one, gives []."""
+    tb, tn = _record_dict_field(rb, "telemetry"), _record_dict_field(rn, "telemetry")
+    if isinstance(tb, dict) != isinstance(tn, dict):  # one side only (a baseline from before telemetry)
+        side, t = ("new", tn) if isinstance(tn, dict) else ("base", tb)
+        events = _events(t)
+        return [f"{side}: {', '.join(events)} (no telemetry in {'base' if side == 'new' else 'new'})"] if events else []
+    if not isinstance(tb, dict) or not isinstance(tn, dict):
+        return []
+    out = []
+    for key, label, unit, rel, absd in (("sm_clock_mhz", "SM clock", "MHz", 0.02, None),
+                                        ("mem_clock_mhz", "memory clock", "MHz", 0.02, None),
+                                        ("power_w", "power", "W", 0.05, None),
+                                        ("temp_c", "temperature", "C", None, 5.0)):
+        a, b = _num(tb, key), _num(tn, key)
+        if a is None or b is None:
+            continue
+        moved = (rel is not None and a and abs(b - a) / abs(a) > rel) or (absd is not None and abs(b - a) >= absd)
+        if moved:
+            out.append(f"{label} {a:.0f}->{b:.0f} {unit}")
+    ra = {str(x) for x in tb.get("reasons") or [] if isinstance(tb.get("reasons"), list)}
+    rb_ = {str(x) for x in tn.get("reasons") or [] if isinstance(tn.get("reasons"), list)}
+    if rb_ - ra:
+        out.append("new only: " + ", ".join(sorted(rb_ - ra)))
+    if ra - rb_:
+        out.append("base only: " + ", ".join(sorted(ra - rb_)))
+    pa, pb = tb.get("pcie"), tn.get("pcie")
+    if isinstance(pa, dict) and isinstance(pb, dict) and (pa.get("gen"), pa.get("width")) != (pb.get("gen"), pb.get("width")):
+        out.append(f"PCIe Gen{pa.get('gen')} x{pa.get('width')}->Gen{pb.get('gen')} x{pb.get('width')}")
+    a, b = _num(tb, "other_processes") or 0, _num(tn, "other_processes") or 0
+    if a != b:  # another process on the GPU during the point (a second job: the issue's load case)
+        out.append(f"other processes on the GPU {a:.0f}->{b:.0f}")
+    for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
+        v = _num(tn, key)
+        if v:
+            out.append(f"{label} {v:.0f} (new)")
+    return out
+
+
+def _events(t: dict) -> list[str]:
+    """What one side's telemetry block says happened: clock-event reasons, other processes on the
+    GPU, PCIe replays, NVLink errors (malformed values ignored)."""
+    out = sorted({str(x) for x in t.get("reasons") or [] if isinstance(t.get("reasons"), list)})
+    n = _num(t, "other_processes")
+    if n:
+        out.append(f"{n:.0f} other process(es) on the GPU")
+    for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
+        v = _num(t, key)
+        if v:
+            out.append(f"{label} {v:.0f}")
+    return out
+
+
+def limit_flags(record: Record, side: str) -> list[str]:
+    """Limit flags of a record, each text naming the side: the limit rule read back from the file
+    (:func:`gpubench.core.limits.saved_flag`: ``limit_flag`` "no_op" or "above_peak", a one-rank
+    in-place collective, ``above_peak``/``above_limit`` true, or a median recomputed from the
+    samples above the saved ``peak_bytes_per_s``), then ``extra.flags`` (a list of short texts).
+    Malformed values are ignored."""
+    from gpubench.core import limits
+
+    extra = record.extra if isinstance(record.extra, dict) else {}
+    out = []
+    flag = limits.saved_flag(record)
+    if flag == "above_peak":
+        out.append(f"{side} above a physical limit")
+    elif flag == "no_op":
+        out.append(f"{side} no-op (moves no data: one rank, in place)")
+    elif flag == "nvls":
+        out.append(f"{side} busbw above the links' sum (NVLS?)")
+    flags = extra.get("flags")
+    if isinstance(flags, list):
+        out += [f"{side}: {f}" for f in flags[:5] if isinstance(f, (str, int, float))]
+    return out
+
+
+@dataclass
+class Comparison:
+    """``new`` against ``base``: the env differences and one Row per figure (base order, then new-only)."""
+
+    base_name: str
+    new_name: str
+    command: str
+    env_diff: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        c = {SAME: 0, FASTER: 0, SLOWER: 0, INCONCLUSIVE: 0, "only-base": 0, "only-new": 0, "no-data": 0}
+        for r in self.rows:
+            c[r.verdict if r.status == "paired" else r.status] += 1
+        return c
+
+    def regressions(self) -> list[Row]:
+        """Figures slower beyond the threshold and the noise (p < alpha)."""
+        return [r for r in self.rows if r.verdict == SLOWER]
+
+    def inconclusive(self) -> list[Row]:
+        """Figures changed by more than the threshold whose test does not reach p < alpha."""
+        return [r for r in self.rows if r.verdict == INCONCLUSIVE]
+
+    def missing(self) -> list[Row]:
+        """Figures the base has data for and the new result lacks (absent, or an error row)."""
+        return [r for r in self.rows if r.status == "only-base" and r.base_median is not None
+                or r.status == "no-data" and r.base_median is not None and r.new_median is None]
+
+    def metrics(self) -> set[str]:
+        return {r.metric for r in self.rows}
+
+    def to_dict(self) -> dict:
+        return {
+            "base": self.base_name,
+            "new": self.new_name,
+            "command": self.command,
+            "env_diff": [{"what": w, "base": b, "new": n} for w, b, n in self.env_diff],
+            "notes": self.notes,
+            "counts": self.counts(),
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+
+def _gpu_field(env: dict, key: str) -> str:
+    gpus = env.get("gpus") or []
+    vals = [g.get(key) for g in gpus]
+    if not vals:
+        return "-"
+    return ", ".join(str(v) for v in vals)
+
+
+def _pcie(env: dict) -> str:
+    gpus = env.get("gpus") or []
+    if not gpus:
+        return "-"
+    return ", ".join(f"Gen{g.get('pcie_gen') or '?'} x{g.get('pcie_width') or '?'}" for g in gpus)
+
+
+def env_facts(env: dict) -> dict[str, str]:
+    """The machine facts a comparison header shows, as text: GPUs, driver, CUDA, PCIe link, versions, host."""
+    host = env.get("host") or {}
+    cuda = env.get("cuda") or {}
+    nvml = env.get("nvml") or {}
+    facts = {
+        "hostname": str(host.get("hostname", "-")),
+        "GPUs": _gpu_field(env, "name"),
+        "GPU count": str(cuda.get("device_count", len(env.get("gpus") or [])) or "-"),
+        "PCIe link (now)": _pcie(env),
+        "NVIDIA driver": str(nvml.get("driver_version") or "-"),
+        "CUDA driver": str(cuda.get("driver_version") or "-"),
+        "CUDA runtime": str(cuda.get("runtime_version") or "-"),
+        "CPU": str(host.get("cpu_model", "-")),
+        "OS": str(host.get("os", "-")),
+        "python": str(host.get("python", "-")),
+    }
+    for k, v in sorted((env.get("versions") or {}).items()):
+        facts[k] = str(v)
+    nccl = env.get("nccl")
+    if isinstance(nccl, dict):  # nccl results: the library and the NCCL_* variables it read
+        facts["NCCL"] = nccl_version_text(nccl.get("version"))
+        facts["NCCL_* variables"] = " ".join(f"{k}={v}" for k, v in sorted((nccl.get("env") or {}).items())) or "-"
+    return facts
+
+
+def nccl_version_text(code) -> str:
+    """NCCL's version code (``ncclGetVersion``) as people write it: 22809 -> "2.28.9".
+
+    nccl.h: from 2.9 on the code is ``major * 10000 + minor * 100 + patch`` (NCCL_VERSION_CODE),
+    before it ``major * 1000 + minor * 100 + patch`` (2.8.4 -> 2804). Anything else (a string from an
+    older file, null) is shown as it is, "-" for none."""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return "-" if code in (None, "") else str(code)
+    if code >= 20900:
+        major, rest = divmod(code, 10000)
+    elif code >= 1000:
+        major, rest = divmod(code, 1000)
+    else:
+        return str(code)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
+def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
+    """(what, base value, new value) for each machine fact, gpubench version or option that differs."""
+    a, b = env_facts(base.env), env_facts(new.env)
+    out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
+    if base.gpubench_version != new.gpubench_version:
+        out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
+    for k in sorted(set(base.spec) | set(new.spec)):
+        va, vb = base.spec.get(k), new.spec.get(k)
+        if (k not in base.spec or k not in new.spec) and (va if k in base.spec else vb) == \
+                _added(new.command, "added_options").get(k, _NO_DEFAULT):
+            continue  # an option an older gpubench did not have, at the value that means "off"
+        if va != vb:
+            out.append((f"option {k}", _short(va), _short(vb)))
+    for k in TIMING_FACTS:  # how the figures were taken, where a command records it
+        va, vb = base.timing.get(k), new.timing.get(k)
+        if va != vb:
+            out.append((f"timing {k}", _short(va), _short(vb)))
+    return out
+
+
+_NO_DEFAULT = object()
+
+
+def _added(command: str, what: str) -> dict[str, Any]:
+    """The plug-in's ``added_options`` or ``added_params`` (its Plugin says what each means): the
+    value that behaves as, or measures what, a result written before the key existed did."""
+    own = plugin_of(command)
+    return dict(getattr(own, what)) if own is not None else {}
+
+
+def _added_params(command: str) -> dict[str, Any]:
+    """The params the plug-in of ``command`` added after results of it were saved (param -> the
+    value an older result measured): a record without one pairs as if it had that value."""
+    return _added(command, "added_params")
+
+
+def _filled(params: dict, added: dict[str, Any]) -> dict:
+    """``params`` with each added param it lacks at its older-behaviour value (``params`` itself
+    when it lacks none)."""
+    if all(k in params for k in added):
+        return params
+    return {**added, **params}
+
+# timing keys that change what a figure means (nccl: the buffers' allocator, which NCCL's
+# zero-copy registration under -G depends on)
+TIMING_FACTS = ("buffers",)
+
+
+def _short(v: Any, width: int = 60) -> str:
+    import json
+
+    s = json.dumps(v, sort_keys=True) if not isinstance(v, str) else v
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def check_same_command(results: Sequence[tuple[str, Result]]) -> str:
+    """The command all results share.
+
+    Raises:
+        UsageError: results of different commands.
+    """
+    base_name, base = results[0]
+    for name, r in results[1:]:
+        if r.command != base.command:
+            raise UsageError(
+                f"{safe.term(name)} is a {safe.term(repr(r.command))} result and {safe.term(base_name)} a "
+                f"{safe.term(repr(base.command))} result",
+                "compare results of the same command",
+            )
+    return base.command
+
+
+
+def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str = "new",
+            threshold_pct: float = DEFAULT_THRESHOLD_PCT, alpha: float = DEFAULT_ALPHA) -> Comparison:
+    """Compare ``new`` against ``base``, figure by figure (:func:`judge`), in time linear in the
+    number of records (a dict of the new records by key; per figure work that depends only on
+    its own samples, with the exact null distributions cached by sample sizes and tie pattern).
+
+    Args:
+        base, new: results of the same command.
+        threshold_pct: changes at or under this many percent are "same" (>= 0).
+        alpha: level of the Mann-Whitney U test and 1 - the confidence of the change's interval, in (0, 1).
+
+    Raises:
+        UsageError: different commands; a record with an unknown metric or impossible samples.
+    """
+    check_same_command([(base_name, base), (new_name, new)])
+    cmp = Comparison(base_name, new_name, base.command, env_diff(base, new))
+    for name, r in ((base_name, base), (new_name, new)):
+        if r.partial:
+            why = f"stopped by a fault: {r.failed_by[:100]}" if r.failed_by else \
+                f"interrupted by {r.interrupted_by or 'a signal'}"
+            cmp.notes.append(f"{name} is partial ({why})")
+    own = plugin_of(base.command)
+    notes = own.hook("compare_notes") if own is not None else None
+    if notes is not None:
+        cmp.notes.extend(notes(base, new))
+    added = _added_params(base.command)
+    lacking = [name for name, r in ((base_name, base), (new_name, new))
+               if added and any(any(k not in rec.params for k in added) for rec in r.records)]
+    for name in lacking:
+        cmp.notes.append(f"{name} has records without param(s) {', '.join(sorted(added))} (written by an older "
+                         "gpubench); they pair as " + ", ".join(f"{k} {_short(v)}" for k, v in sorted(added.items()))
+                         + ", what that gpubench measured")
+    new_params = [_filled(rec.params, added) for rec in new.records]
+    new_keys = [_key(rec, p) for rec, p in zip(new.records, new_params)]
+    new_by_key: dict[tuple, Record] = {}
+    first_new: dict[tuple, int] = {}
+    for j, (k, rec) in enumerate(zip(new_keys, new.records)):
+        if k in first_new:
+            raise _repeated(new_name, rec, first_new[k], j)
+        first_new[k] = j
+        new_by_key[k] = rec
+    del first_new
+    seen: dict[tuple, int] = {}
+    pending: list[tuple[list[float], list[float], str]] = []
+    paired: list[Row] = []
+    for i, rb in enumerate(base.records):
+        pb = _filled(rb.params, added)
+        k = _key(rb, pb)
+        if k in seen:
+            raise _repeated(base_name, rb, seen[k], i)
+        seen[k] = i
+        rn = new_by_key.get(k)
+        if rn is None:
+            cmp.rows.append(_one_side(rb, "only-base", base_name, pb))
+            continue
+        if rb.metric != rn.metric:
+            raise UsageError(f"figure {safe.term(rb.params)}: metric {safe.term(repr(rb.metric))} in "
+                             f"{safe.term(base_name)} but {safe.term(repr(rn.metric))} in {safe.term(new_name)}")
+        flags = limit_flags(rb, "base") + limit_flags(rn, "new")
+        if rb.error or rn.error or not rb.samples_s or not rn.samples_s:
+            why = rb.error or rn.error or "no samples"
+            row = Row(dict(pb), rb.metric, "no-data", note=str(why), flags=flags)
+            if rb.samples_s and not rb.error:
+                row.base_median, row.n_base = _median(figure_values(rb, base_name)), len(rb.samples_s)
+            if rn.samples_s and not rn.error:
+                row.new_median, row.n_new = _median(figure_values(rn, new_name)), len(rn.samples_s)
+            cmp.rows.append(row)
+            continue
+        vb, vn = figure_values(rb, base_name), figure_values(rn, new_name)
+        pending.append((vb, vn, rb.metric))
+        row = Row(pb, rb.metric, "paired", n_base=len(vb), n_new=len(vn), telemetry=telemetry_diff(rb, rn),
+                  flags=flags)
+        paired.append(row)
+        cmp.rows.append(row)
+        if len(pending) >= JUDGE_CHUNK:  # judged in chunks: the samples are not held twice for every figure
+            _fill(paired, pending, threshold_pct, alpha)
+            pending, paired = [], []
+    _fill(paired, pending, threshold_pct, alpha)
+    for k, rn, pn in zip(new_keys, new.records, new_params):
+        if k not in seen:
+            cmp.rows.append(_one_side(rn, "only-new", new_name, pn))
+    return cmp
+
+
+def _repeated(name: str, rec: Record, first: int, again: int) -> UsageError:
+    """Two records of one file with the same params: compare pairs figures by params, so one of
+    them would be dropped unseen (a slower repeat would pass --fail-on-regression); no gpubench
+    command writes such a file."""
+    return UsageError(f"{safe.term(name)}: /records/{again} has the same params as /records/{first} "
+                      f"({safe.term(rec.params, 200)}), so the two cannot be told apart",
+                      "compare results whose records each have their own params (one run per file)")
+
+
+JUDGE_CHUNK = 10_000  # figures judged together (judge_many)
+
+
+def _fill(rows: list[Row], pending: list, threshold_pct: float, alpha: float) -> None:
+    for row, j in zip(rows, judge_many(pending, threshold_pct=threshold_pct, alpha=alpha)):
+        row.base_median, row.new_median = j.base_median, j.new_median
+        row.change_pct, row.ci_low_pct, row.ci_high_pct = j.shift.change_pct, j.shift.ci_low_pct, j.shift.ci_high_pct
+        row.p, row.verdict, row.why = j.test.p, j.verdict, j.why
+
+
+_SCALARS = (str, int, bool, type(None))
+_SCALAR_NAMES = {t: t.__name__ for t in _SCALARS}
+
+
+def _key(r: Record, params: dict | None = None) -> tuple:
+    """The record's identity, equal exactly when :meth:`Record.key` is (params compared as JSON:
+    1, 1.0 and true differ), without a json.dumps per value for the common scalar params.
+    ``params``: the record's params with the plug-in's ``added_params`` filled in (default: its own)."""
+    if params is not None and params is not r.params:
+        r = Record(params=params)
+    params = r.params
+    try:
+        items = sorted(params.items())
+    except TypeError:
+        return ("json", r.key())
+    try:  # every value a str, int, bool or null (the common case): one comprehension
+        return tuple([(k, _SCALAR_NAMES[type(v)], v) for k, v in items])
+    except KeyError:
+        pass
+    out = []
+    for k, v in items:
+        if type(v) in _SCALARS:
+            out.append((k, type(v).__name__, v))
+        elif type(v) is float:
+            out.append((k, "float", repr(v)))
+        else:
+            return ("json", r.key())
+    return tuple(out)
+
+
+def _one_side(r: Record, status: str, source: str, params: dict | None = None) -> Row:
+    side = "base" if status == "only-base" else "new"
+    row = Row(dict(r.params if params is None else params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
+    if r.samples_s and not r.error:
+        m = _median(figure_values(r, source))
+        if status == "only-base":
+            row.base_median, row.n_base = m, len(r.samples_s)
+        else:
+            row.new_median, row.n_new = m, len(r.samples_s)
+    return row
+
+
+# ---- formatting: format_* return data (rich renderables or lines); the command displays them.
+# Every string that came from a result file (params, env facts, notes, errors, telemetry reasons,
+# flags, file names) is made inert where it is rendered: safe.term for rich (cells and lines are
+# rich Text, never parsed as markup), safe.markdown for markdown. ----
+
+MAX_TABLE_ROWS = 500  # the terminal table lists at most this many rows; beyond, the ones not "same"
+
+
+def varying_params(rows: Sequence[Row]) -> list[str]:
+    """Param names whose value differs between rows, in first-seen order (all names if one row)."""
+    keys: list[str] = []
+    known: set[str] = set()
+    for r in rows:
+        for k in r.params:
+            if k not in known:
+                known.add(k)
+                keys.append(k)
+    if len(rows) <= 1:
+        return keys
+    out = []
+    for k in keys:
+        first = _MISSING
+        for r in rows:
+            v = r.params.get(k, _MISSING)
+            if first is _MISSING:
+                first = v
+            elif v != first or type(v) is not type(first):
+                out.append(k)
+                break
+    return out or keys[:1]
+
+
+_MISSING = object()
+
+
+def _param_cell(key: str, value: Any) -> str:
+    from gpubench.core.units import format_size
+
+    if value is None:
+        return "-"
+    if key in ("nbytes", "size", "piece", "piece_bytes") and isinstance(value, int) and not isinstance(value, bool) \
+            and 0 <= value < 2**63:
+        return format_size(value)
+    return str(value)
+
+
+def _unit(metric: str, units: str) -> str:
+    return f"{units}/s" if metric == "bandwidth" else "us"
+
+
+def _value_cell(v: float | None, metric: str, units: str, with_unit: bool = False) -> str:
+    from gpubench.core.units import format_rate
+
+    if v is None:
+        return "-"
+    if metric == "time":
+        us = v * 1e6
+        text = f"{us:.3g}" if us < 100 else f"{us:.0f}"
+    else:
+        text = format_rate(v, units)
+    return f"{text} {_unit(metric, units)}" if with_unit else text
+
+
+def _pct_cell(c: float | None) -> str:
+    return "-" if c is None else f"{c:+.2f}%"
+
+
+def _ci_cell(r: Row) -> str:
+    if r.status != "paired":
+        return "-"
+    if r.ci_low_pct is None:
+        return "none (too few)"
+    return f"{r.ci_low_pct:+.2f}% .. {r.ci_high_pct:+.2f}%"
+
+
+def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
+               rows: Sequence[Row] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Column names and raw text cells of a comparison table (shared by the rich and markdown
+    forms; the cells still hold strings from the files: the renderers escape them). ``rows``: the
+    rows to make cells for (default all; the columns are always those of all rows)."""
+    keys = varying_params(cmp.rows)
+    metrics = cmp.metrics()
+    mixed = len(metrics) > 1
+    unit_label = "" if mixed else f" {_unit(next(iter(metrics)), units)}" if metrics else ""
+    conf = f"{100 * (1 - alpha):g}%"
+    cols = [str(k) for k in keys] + [f"base{unit_label}", f"new{unit_label}", "n base/new", "change",
+                                     f"{conf} interval", "p", "verdict"]
+    tele = any(r.telemetry for r in cmp.rows)
+    flagged = any(r.flags for r in cmp.rows)
+    if tele:
+        cols.append("telemetry (base->new)")
+    if flagged:
+        cols.append("flags")
+    body = []
+    for r in (cmp.rows if rows is None else rows):
+        cells = [_param_cell(k, r.params.get(k)) for k in keys]
+        cells += [_value_cell(r.base_median, r.metric, units, mixed), _value_cell(r.new_median, r.metric, units, mixed),
+                  f"{r.n_base or '-'}/{r.n_new or '-'}"]
+        if r.status == "paired":
+            cells += [_pct_cell(r.change_pct), _ci_cell(r), _p_text(r.p) if r.p is not None else "-", r.verdict]
+        else:
+            label = {"only-base": "only in base", "only-new": "only in new", "no-data": "no data"}[r.status]
+            cells += ["-", "-", "-", label + (f": {r.note[:60]}" if r.note else "")]
+        if tele:
+            cells.append("; ".join(r.telemetry) or "-")
+        if flagged:
+            cells.append("; ".join(r.flags) or "-")
+        body.append(cells)
+    return cols, body
+
+
+def summary_line(cmp: Comparison) -> str:
+    c = cmp.counts()
+    paired = c[SAME] + c[FASTER] + c[SLOWER] + c[INCONCLUSIVE]
+    s = (f"{paired} figure(s) paired: {c[FASTER]} faster, {c[SLOWER]} slower, {c[SAME]} same, "
+         f"{c[INCONCLUSIVE]} inconclusive")
+    extra = []
+    if c["only-base"]:
+        extra.append(f"{c['only-base']} only in base")
+    if c["only-new"]:
+        extra.append(f"{c['only-new']} only in new")
+    if c["no-data"]:
+        extra.append(f"{c['no-data']} without data")
+    return s + ("; " + ", ".join(extra) if extra else "") + "."
+
+
+def method_lines(threshold_pct: float, alpha: float, units: str, metrics: set[str]) -> list[str]:
+    """How the verdicts were reached, and the unit and direction of only the metrics compared."""
+    lines = [f"verdict: same when |change| <= {threshold_pct:g}%; beyond it faster or slower when the two-sided "
+             f"Mann-Whitney U test on the raw samples gives p < {alpha:g}, else inconclusive. change: "
+             f"Hodges-Lehmann estimate of new/base - 1 with its {100 * (1 - alpha):g}% distribution-free (Moses) "
+             "interval; base and new are medians; n = samples per side."]
+    if "bandwidth" in metrics:
+        lines.append(f"bandwidth in {units}/s ({'1e9' if units == 'GB' else '2^30'} B/s): higher is better "
+                     "(faster = more bandwidth).")
+    if "time" in metrics:
+        lines.append("time in us: lower is better (faster = less time).")
+    return lines
+
+
+_STYLE = {SLOWER: "red", FASTER: "green", INCONCLUSIVE: "yellow"}
+
+
+def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float, units: str = "GB") -> list:
+    """Rich renderables: per comparison, the env differences and the figure table (every cell and
+    line a rich Text of safe.term text: nothing from a file is parsed as markup)."""
+    from rich.text import Text
+
+    from gpubench.core import report
+
+    def T(s: object) -> Text:
+        return Text(safe.term(s))
+
+    out: list = []
+    metrics: set[str] = set()
+    for cmp in cmps:
+        metrics |= cmp.metrics()
+        title = safe.term_markup(f"{cmp.command}: {safe.term(cmp.new_name)} vs base {safe.term(cmp.base_name)}")
+        if cmp.env_diff:
+            t = report.table(f"What differs - {title}", ["", "base", "new"])
+            for w, b, n in cmp.env_diff:
+                t.add_row(T(w), T(b), T(n))
+            out.append(t)
+        else:
+            out.append(Text(f"Same machine and options: {safe.term(cmp.command)}: {safe.term(cmp.new_name)} vs base "
+                            f"{safe.term(cmp.base_name)}"))
+        out.extend(T(f"note: {n}") for n in cmp.notes)
+        rows = cmp.rows
+        if len(rows) > MAX_TABLE_ROWS:
+            rows = [r for r in rows if r.verdict != SAME][:MAX_TABLE_ROWS]
+        hidden = len(cmp.rows) - len(rows)
+        cols, shown = table_rows(cmp, units, alpha, rows)
+        verdict_col = cols.index("verdict")
+        t = report.table(title, [safe.term_markup(c) for c in cols])
+        for cells in shown:
+            t.add_row(*(T(c) for c in cells), style=_STYLE.get(cells[verdict_col]))
+        out.append(t)
+        if hidden:
+            out.append(Text(f"{hidden} of {len(cmp.rows)} rows not listed (same, or beyond the first {MAX_TABLE_ROWS} "
+                            "others); --format markdown or json list every figure."))
+        out.append(Text(summary_line(cmp)))
+        if cmp.inconclusive():
+            out.append(T(inconclusive_line(cmp)))
+    out.extend(Text(x) for x in method_lines(threshold_pct, alpha, units, metrics))
+    return out
+
+
+def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float, units: str = "GB") -> list[str]:
+    """Lines of GitHub markdown (for a pull-request comment): the same columns as the table, every
+    cell through safe.markdown (no raw HTML, no extra rows or columns, no links)."""
+    md = safe.markdown
+    lines: list[str] = []
+    metrics: set[str] = set()
+    for cmp in cmps:
+        metrics |= cmp.metrics()
+        c = cmp.counts()
+        lines.append(f"### gpubench {md(cmp.command)}: {md(cmp.new_name)} vs base {md(cmp.base_name)}")
+        lines.append("")
+        head = ""
+        if c[SLOWER]:
+            head += f"**{c[SLOWER]} figure(s) slower.** "
+        if c[INCONCLUSIVE]:
+            head += f"**{c[INCONCLUSIVE]} inconclusive** (changed beyond the threshold, not significant). "
+        lines.append(head + md(summary_line(cmp)))
+        lines.append("")
+        if cmp.env_diff:
+            lines += ["| what differs | base | new |", "| --- | --- | --- |"]
+            lines += [f"| {md(w)} | {md(b)} | {md(n)} |" for w, b, n in cmp.env_diff]
+        else:
+            lines.append("Same machine and options.")
+        lines.append("")
+        for n in cmp.notes:
+            lines += [f"> note: {md(n)}", ""]
+        cols, body = table_rows(cmp, units, alpha)
+        verdict_col = cols.index("verdict")
+        lines.append("| " + " | ".join(md(x) for x in cols) + " |")
+        lines.append("| " + " | ".join("---" if i < verdict_col - 6 or i >= verdict_col else "---:"
+                                       for i in range(len(cols))) + " |")
+        for cells in body:
+            out = [md(x) for x in cells]
+            if cells[verdict_col] in (SLOWER, FASTER, INCONCLUSIVE):
+                out[verdict_col] = f"**{out[verdict_col]}**"
+            lines.append("| " + " | ".join(out) + " |")
+        lines.append("")
+    # our own text, escaped for markdown all the same (no clipping: it is not from a file)
+    lines.append("<sub>" + " ".join(md(x, limit=10_000) for x in method_lines(threshold_pct, alpha, units, metrics))
+                 + "</sub>")
+    return lines
+
+
+def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float) -> dict:
+    """A JSON-able dict: method, then each comparison with its rows (medians in B/s or seconds,
+    changes and intervals in percent)."""
+    return {
+        "schema": "gpubench.analysis.compare",
+        "schema_version": 2,
+        "method": {"test": "mann-whitney-u two-sided: exact for small samples (with ties: the exact "
+                           "permutation distribution), else the normal approximation with tie and "
+                           "continuity corrections",
+                   "change": "hodges-lehmann estimate of new/base - 1 (median of pairwise log ratios), percent",
+                   "interval": f"moses distribution-free interval at {1 - alpha:g} confidence (hollander & wolfe 4.3)",
+                   "verdicts": {SAME: "|change| <= threshold", FASTER: "beyond the threshold, better, p < alpha",
+                                SLOWER: "beyond the threshold, worse, p < alpha",
+                                INCONCLUSIVE: "beyond the threshold, p >= alpha"},
+                   "alpha": alpha, "threshold_pct": threshold_pct,
+                   "values": {"bandwidth": "B/s per sample, higher is better", "time": "seconds, lower is better"}},
+        "comparisons": [c.to_dict() for c in cmps],
+        "regressions": sum(len(c.regressions()) for c in cmps),
+        "inconclusive": sum(len(c.inconclusive()) for c in cmps),
+    }

@@ -1,1 +1,0 @@
-"""One module per command: a frozen Spec -> run(spec, progress) -> Result."""

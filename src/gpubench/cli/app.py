@@ -1,0 +1,136 @@
+"""The ``gpubench`` command line: a click group whose commands are imported only when they run.
+
+Every command is a plug-in of the registry (:mod:`gpubench.core.registry`, the entry-point group
+``gpubench.plugins``). ``gpubench --help`` lists them from their descriptors without importing
+their modules (nor cupy, nor dask).
+
+Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (bad option, no GPU);
+3 a machine or library fault; 130 / 143 interrupted by SIGINT / SIGTERM (what was measured is kept).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from gpubench import __version__
+from gpubench.core import signals
+from gpubench.core.errors import GpubenchError
+from gpubench.core import registry
+from gpubench.core.registry import INVOCATION, load_command
+from gpubench.core.signals import Interrupted
+
+
+class LazyGroup(click.Group):
+    """A click Group that imports a command's module only when the command is run or its help shown
+    (click docs, "Lazily Loading Subcommands")."""
+
+    def list_commands(self, ctx):
+        return list(registry.plugins())
+
+    def get_command(self, ctx, name):
+        if name not in registry.plugins():
+            return None
+        from gpubench.kit import harden_numeric_options
+
+        return harden_numeric_options(load_command(name), name)  # every numeric option bounded
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, p.help) for name, p in registry.plugins().items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="gpubench")
+def cli():
+    """gpubench: how fast data moves on GPU machines.
+
+    Every command prints a table, saves its result with --json PATH, and exits
+    0 (ok), 1 (expectation failed), 2 (bad input or no GPU), 3 (machine fault),
+    130/143 (interrupted; what was measured is kept).
+    """
+
+
+def _one_line(text: str) -> str:
+    """``text`` made one inert line by :func:`gpubench.core.safe.term`: control characters (ESC, so no
+    ANSI or OSC 8; CR and LF, so no fake line), bidirectional overrides and other unprintable
+    characters escaped (a newline in a file name the user gave, a payload in a result file)."""
+    from gpubench.core import safe
+
+    return safe.term(text, 4000)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script: runs the group and turns every error into one line."""
+    args = sys.argv[1:] if argv is None else argv
+    INVOCATION[:] = [str(a) for a in args]
+    debug = "--debug" in args
+    if sys.stdout is None:  # started with stdout closed (`>&-`): the report goes nowhere, as asked;
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        sys.stdout.gpubench_closed_at_start = True  # type: ignore[attr-defined]  # --json - is refused
+    previous = signals.install()
+    try:
+        rc = cli.main(args=args, prog_name="gpubench", standalone_mode=False)
+        code = rc if isinstance(rc, int) else 0
+    except click.exceptions.NoArgsIsHelpError as e:  # click >= 8.2
+        click.echo(e.ctx.get_help())
+        code = 0
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx else "gpubench"
+        click.echo(f"{where}: error: {_one_line(e.format_message())}", err=True)
+        code = 2
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.Abort:
+        click.echo("gpubench: interrupted", err=True)
+        code = 130
+    except GpubenchError as e:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        click.echo("gpubench: interrupted", err=True)
+        code = 130
+    except Interrupted as e:
+        click.echo("gpubench: terminated", err=True)
+        code = 128 + e.signum
+    except Exception as e:  # a bug or an unexpected library fault: one line unless --debug
+        if debug:
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0]
+        click.echo(f"gpubench: error: {type(e).__name__}: {_one_line(first)} (run with --debug for the traceback)",
+                   err=True)
+        code = 3
+    finally:
+        # the process's own run: the exit code is decided and the result saved; in-process (tests):
+        # the caller's handlers come back
+        signals.restore(None if argv is None else previous)
+    if argv is None and "ucxx" in sys.modules:
+        _exit_skipping_ucxx_teardown(code)
+    sys.exit(code)
+
+
+def _exit_skipping_ucxx_teardown(code: int) -> None:
+    """End the process with ``code`` without the interpreter's teardown, once UCXX is loaded.
+
+    UCXX (0.52, through distributed-ucxx) leaves weakref finalizers that stop its progress thread
+    and free its endpoints at exit; at random they race that thread and the process dies with
+    SIGSEGV (-11) after gpubench has reported and saved everything (seen in CI once in 16 Ctrl-Cs
+    of `merge -p ucx`; the same teardown crash is reported of UCX under Ray, NVIDIA-NeMo/Curator
+    #2073). The cluster is closed and its workers ended by then, so the standard streams and the
+    logs are flushed and the process ends with os._exit, which the exit code then belongs to.
+    """
+    import logging
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            pass
+    logging.shutdown()
+    os._exit(code)

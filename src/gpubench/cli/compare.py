@@ -1,0 +1,95 @@
+"""``gpubench compare`` options and output."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpubench.core.errors import RegressionFound, UsageError
+
+
+@click.command("compare")
+@click.argument("base", type=click.Path(dir_okay=True))
+@click.argument("new", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("--threshold", "threshold_pct", type=float, default=1.0, show_default=True,
+              help="Changes of at most this many percent count as 'same'.")
+@click.option("--alpha", type=float, default=0.01, show_default=True,
+              help="Significance level of the Mann-Whitney U test on the samples.")
+@click.option("--fail-on-regression", is_flag=True,
+              help="Exit 1 when a figure is slower by more than --threshold and beyond noise (p < --alpha), "
+                   "or when a figure with data in BASE has none in NEW.")
+@click.option("--strict", is_flag=True,
+              help="With --fail-on-regression, also exit 1 on an inconclusive figure (changed by more than "
+                   "--threshold, but the test does not reach significance).")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
+              show_default=True, help="table for a terminal, markdown for a pull-request comment, json for tools.")
+@click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
+              help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
+@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+def command(base, new, threshold_pct, alpha, fail_on_regression, strict, fmt, units, debug):
+    """Compare saved results: BASE.json against NEW.json (and more, each against BASE).
+
+    Figures are paired by their parameters (size, direction, memory kind, devices...). For each:
+    the medians, n per side, the change (Hodges-Lehmann) with its confidence interval, the
+    Mann-Whitney p, and a verdict: same (within --threshold), faster / slower (beyond it and
+    p < --alpha), inconclusive (beyond it, not significant). Bandwidth is higher-is-better, time
+    lower-is-better. Figures found on one side only are listed. No GPU is needed.
+    """
+    check_options(threshold_pct, alpha)
+    if strict and not fail_on_regression:
+        raise UsageError("--strict needs --fail-on-regression", "add --fail-on-regression")
+    from gpubench.analysis import compare as cmpmod
+    from gpubench.core.result import load
+
+    results = [(p, load(p)) for p in (base, *new)]
+    cmpmod.check_same_command(results)
+    (bname, b), rest = results[0], results[1:]
+    cmps = [cmpmod.compare(b, r, base_name=bname, new_name=n, threshold_pct=threshold_pct, alpha=alpha)
+            for n, r in rest]
+    display(cmps, fmt, threshold_pct=threshold_pct, alpha=alpha, units=units)
+    if fail_on_regression:
+        slower = sum(len(c.regressions()) for c in cmps)
+        missing = sum(len(c.missing()) for c in cmps)
+        inconclusive = sum(len(c.inconclusive()) for c in cmps)
+        why = []
+        if slower:
+            why.append(f"{slower} figure(s) slower by more than {threshold_pct:g}% beyond noise (p < {alpha:g})")
+        if missing:
+            why.append(f"{missing} figure(s) with data in the base have none in the new result")
+        note = (f"{inconclusive} figure(s) changed by more than {threshold_pct:g}% without reaching p < {alpha:g} "
+                f"(inconclusive); to decide them, take {cmpmod.more_samples_hint(b.command)}"
+                ) if inconclusive else ""
+        if strict and inconclusive:
+            why.append(note)
+            note = ""
+        if why:  # one line on stderr for a failing exit: the note joins the error
+            raise RegressionFound("; ".join(why + ([note] if note else [])))
+        if note:
+            print(f"gpubench: warning: {note}; not failed (--strict fails on them)", file=sys.stderr)
+    return 0
+
+
+def check_options(threshold_pct: float, alpha: float) -> None:
+    """Raises UsageError for a negative or non-finite threshold or an alpha outside (0, 1)."""
+    import math
+
+    if not math.isfinite(threshold_pct) or threshold_pct < 0:
+        raise UsageError(f"--threshold {threshold_pct} must be a percentage >= 0", "e.g. --threshold 2")
+    if not (0 < alpha < 1):
+        raise UsageError(f"--alpha {alpha} must be between 0 and 1", "e.g. --alpha 0.01")
+
+
+def display(cmps, fmt: str, *, threshold_pct: float, alpha: float, units: str) -> None:
+    """Print comparisons in the chosen format on stdout."""
+    import json
+
+    from gpubench.analysis import compare as cmpmod
+    from gpubench.core import report
+
+    if fmt == "json":
+        click.echo(json.dumps(cmpmod.format_json(cmps, threshold_pct=threshold_pct, alpha=alpha), indent=1))
+    elif fmt == "markdown":
+        click.echo("\n".join(cmpmod.format_markdown(cmps, threshold_pct=threshold_pct, alpha=alpha, units=units)))
+    else:
+        report.display(cmpmod.format_table(cmps, threshold_pct=threshold_pct, alpha=alpha, units=units))

@@ -1,0 +1,206 @@
+"""``gpubench suite``: a node-validation run (env, copy, batch, p2p, nccl, merge when asked), one JSON
+bundle of every result, expectations checked from a TOML file; ``--check`` does the checking on saved
+results without a GPU."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import click
+
+from gpubench.core.errors import RegressionFound, UsageError
+
+
+@click.command("suite")
+@click.option("--expect", "expect_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML file of expectations (thresholds per figure; see docs/suite.md).")
+@click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Folder for the bundle (suite-HOST-TIME.json) and each step's result.")
+@click.option("--check", "check_files", multiple=True, type=click.Path(dir_okay=True),
+              help="Check --expect against saved bundles or results instead of running (no GPU needed); repeatable.")
+@click.option("--merge", "with_merge", is_flag=True, help="Also run the Dask-CUDA merge (slow: starts a cluster).")
+@click.option("--strict", is_flag=True, help="Count expectations whose command did not run as failed.")
+@click.option("--node-timeout", type=float, default=900.0, show_default=True,
+              help="Under a launcher: seconds to wait for a node before reporting it missing (docs/fleet.md).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout, quiet, debug):
+    """Validate a node: env, pinned copy (H2D and D2H), and where available batch, p2p and NCCL
+    all-reduce (several GPUs), merge with --merge; save one JSON bundle of every result; check
+    the expectations; print a pass/fail table. Exit 1 when an expectation fails.
+
+    With --check FILE, check the expectations against saved bundles or results (no GPU).
+    """
+    from gpubench.core import registry
+    from gpubench.validation import suite
+
+    if not node_timeout > 0:  # also with --check and off a launcher (fleet.run_fleet says the same)
+        raise UsageError(f"--node-timeout {node_timeout:g} out of range", "use seconds > 0")
+    known = sorted(registry.plugins())
+    expectations = suite.load_expectations(expect_file, known) if expect_file else None
+    if check_files:
+        if expectations is None:
+            raise UsageError("--check needs --expect FILE.toml", "the expectations to check")
+        from gpubench.validation import fleet
+
+        bundles = [suite.load_checkable(p) for p in check_files]
+        bundle = suite.Bundle(steps=[s for b in bundles for s in b.steps], expect_file=expect_file,
+                              env=bundles[0].env)
+        # a fleet bundle is judged on its own, as its live run judged it (fleet.check_saved); the
+        # other files together: steps skipped or failed in a bundle keep that status only when no
+        # other file has the command (a failed step's partial result does not count)
+        plain = suite.Bundle(steps=[s for b in bundles if b.fleet is None for s in b.steps])
+        if plain.steps:
+            have = {s.command for s in plain.steps if s.status == "ok" and s.result is not None}
+            skipped = {c: r for c, r in plain.skipped().items() if c not in have}
+            failed = {c: r for c, r in plain.failed().items() if c not in have}
+            bundle.outcomes = suite.evaluate(expectations, plain.results(), skipped, failed)
+        fleet_lines, fleet_why = [], []
+        for path, b in zip(check_files, bundles):
+            if b.fleet is not None:
+                bundle.outcomes += fleet.check_saved(b, expectations)
+                lines, why = fleet.saved_verdict(b.fleet, str(path))
+                fleet_lines += lines
+                if why:
+                    fleet_why.append(why)
+        # missing ranks and slow figures fail --check as they failed the live run
+        failed_why = _finish(bundle, strict, quiet, show_steps=False, extra=fleet_lines, also_failed=fleet_why)
+        if failed_why:
+            raise RegressionFound(failed_why)
+        return 0
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out_dir!r} is a file, not a folder", "give a folder; it is created if missing")
+    from gpubench.core import gpu
+    from gpubench.core.result import check_output_target
+    from gpubench.validation import fleet
+
+    if fleet.under_launcher():  # srun / mpirun / torchrun: every node, one fleet report (docs/fleet.md)
+        return fleet.run_fleet(expectations=expectations, expect_file=expect_file, out=_made(out, out_dir),
+                               with_merge=with_merge, strict=strict, quiet=quiet, timeout=node_timeout)
+    # the output before the GPU: on a machine without one, an unwritable -o (a read-only mount) was
+    # named only after the GPU was fixed; checked without creating anything (a missing folder: the
+    # nearest folder above it that exists must take a file)
+    probe_dir = out
+    while not probe_dir.exists() and probe_dir.parent != probe_dir:
+        probe_dir = probe_dir.parent
+    if probe_dir.is_dir():
+        check_output_target(probe_dir / "suite-probe.json", "-o")
+    gpu.require_gpu()  # before creating anything
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
+    check_output_target(out / "suite-probe.json", "-o")
+    bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
+    bundle.expect_file = expect_file
+    from gpubench.core.registry import INVOCATION
+
+    bundle.argv = list(INVOCATION)
+    if expectations is not None:
+        bundle.outcomes = suite.evaluate(expectations, bundle.results(), bundle.skipped(), bundle.failed())
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = suite.save_bundle(bundle, out / f"suite-{_host()}-{stamp}.json")
+    failed_why = _finish(bundle, strict, quiet, show_steps=True, saved=str(path))
+    partial = [s for s in bundle.steps if s.status == "ok" and s.result is not None and s.result.partial]
+    if partial:
+        sig = partial[0].result.interrupted_by or "SIGINT"
+        print(f"gpubench: suite interrupted by {sig} during {partial[0].name}; bundle kept: {path}", file=sys.stderr)
+        return 143 if sig == "SIGTERM" else 130
+    if failed_why:
+        raise RegressionFound(failed_why)
+    return 0
+
+
+def _made(out: Path, out_dir: str) -> Path:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
+    return out
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname()) or "host"
+
+
+def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str | None = None,
+            extra: Sequence = (), also_failed: Sequence[str] = ()) -> str | None:
+    """Display the report; return the one-line reason the suite failed, or None when it passed.
+
+    ``extra``: renderables shown after the expectations (a fleet bundle's MISSING lines);
+    ``also_failed``: one-line reasons that fail the suite whatever the expectations say (a fleet
+    bundle's missing ranks and slow figures, fleet.saved_verdict): the verdict line then says FAILED.
+    """
+    from rich.text import Text
+
+    from gpubench.validation import suite
+    from gpubench.core import report, safe
+
+    renderables = suite.format_report(bundle, strict)
+    if not show_steps:
+        renderables = [r for r in renderables if not _is_steps_table(r)]
+    if also_failed:
+        renderables = [Text("FAILED:" + r.plain[len("PASSED:"):]) if isinstance(r, Text) and r.plain.startswith("PASSED:")
+                       else r for r in renderables]
+    renderables += list(extra) + [Text(safe.term(w, 2000)) for w in also_failed]
+    if saved:
+        renderables.append(Text(f"saved {safe.term(saved, 2000)}"))
+    report.display(renderables, quiet=quiet)
+    bad = suite.failures(bundle.outcomes, strict)
+    errors = [s.name for s in bundle.steps if s.status == "error"]
+    if not bad and not errors and not also_failed:
+        return None
+    what = []
+    if bad:
+        what.append(f"{len(bad)} expectation(s) not met")
+    if errors:
+        what.append(f"step(s) failed: {', '.join(errors)}")
+    return "; ".join((["suite failed: " + "; ".join(what)] if what else []) + list(also_failed))
+
+
+def _is_steps_table(r) -> bool:
+    return getattr(r, "title", None) == "Suite steps"
+
+
+def run_steps(out: Path, *, with_merge: bool, quiet: bool):
+    """Run env and every step the installed plug-ins declare (:mod:`gpubench.validation.steps`); a
+    step's error is recorded and the next one runs; an interruption stops the run after saving what
+    was measured.
+
+    Returns:
+        A suite.Bundle with every step (ok, skipped with a reason, or error with its one line).
+    """
+    from gpubench.core import env as envmod
+    from gpubench.core import gpu, report
+    from gpubench.core.plugin import StepPlace
+    from gpubench.core.result import Result
+    from gpubench.validation import steps, suite
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    bundle = suite.Bundle()
+    console = report.console(stderr=True)
+
+    def say(text: str) -> None:
+        if not quiet:
+            from rich.text import Text
+
+            from gpubench.core import safe
+
+            console.print(Text(safe.term(text, 2000)))  # an error line may quote a file's strings
+
+    t0 = time.perf_counter()
+    env = envmod.capture()
+    bundle.env = env
+    bundle.steps.append(suite.Step("env", "env", "ok", seconds=time.perf_counter() - t0,
+                                   result=Result(command="env", spec={}, env=env)))
+    n = gpu.device_count()
+    place = StepPlace(devices=tuple(range(n)))
+    opted = {"--merge"} if with_merge else set()
+    steps.run_planned(bundle, place, n, opted, lambda command: out / f"suite-{_host()}-{stamp}-{command}.json",
+                      quiet=quiet, say=say)
+    return bundle

@@ -1,1 +1,0 @@
-"""Click commands, one module each, imported lazily by :mod:`gpubench.cli`."""

@@ -1,0 +1,418 @@
+"""Options every command shares, and the steps every command ends with (render, save, exit code)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from typing import Callable, Sequence
+
+import click
+
+from gpubench.core import report
+from gpubench.core.errors import MachineError
+from gpubench.core.result import STDOUT, Result, check_output_target, save
+
+
+def common_options(f: Callable) -> Callable:
+    """Add --json PATH, --units GB|GiB, -q/--quiet and --debug to a command."""
+
+    @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+                  help="Save the result (samples, spec, environment) to this JSON file; '-' writes it to "
+                       "stdout and the report to stderr.")
+    @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
+                  help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
+    @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+    @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        to_stdout = kwargs.get("json_path") == STDOUT
+        if kwargs.get("json_path") is not None and not to_stdout:  # --json "" is a mistake, not "don't save"
+            check_output_target(kwargs["json_path"], "--json")
+        if to_stdout:
+            check_stdout_open()
+        with report.human_to_stderr(to_stdout):
+            return f(*args, **kwargs)
+
+    return wrapper
+
+
+def check_stdout_open() -> None:
+    """Before a run with ``--json -``: standard output must be open (``gpubench env --json - >&-``
+    ended in an AttributeError after the run).
+
+    Raises:
+        UsageError: stdout is closed.
+    """
+    import io
+    import os
+
+    from gpubench.core.errors import UsageError
+
+    closed = sys.stdout is None or getattr(sys.stdout, "gpubench_closed_at_start", False)
+    if not closed:
+        try:
+            os.fstat(sys.stdout.fileno())
+        except (AttributeError, io.UnsupportedOperation):
+            pass  # a StringIO (tests, an embedding program): writable
+        except (OSError, ValueError):
+            closed = True
+    if closed:
+        raise UsageError("--json -: standard output is closed", "give --json FILE, or run with stdout open")
+
+
+def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
+    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted)."""
+    from gpubench.core.registry import INVOCATION
+
+    from gpubench.core.signals import CRITICAL
+
+    if not result.argv:
+        result.argv = list(INVOCATION)
+    with CRITICAL:  # a Ctrl-C now is acted on once what was measured is shown and saved
+        report.display(list(renderables) + report.condition_notes(result), quiet=quiet)
+        if json_path:
+            save(result, json_path)
+            if not quiet and json_path != STDOUT:
+                report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
+    if result.partial and result.failed_by:
+        return 3  # the caller re-raises the MachineError, whose line says what failed
+    if result.partial:
+        sig = result.interrupted_by or "SIGINT"
+        measured = [r for r in result.records if r.samples_s]
+        report.err_line(f"gpubench: interrupted by {sig}; kept what was measured: {len(measured)} point(s), "
+                        f"{sum(len(r.samples_s) for r in measured)} sample(s)")
+        return 143 if sig == "SIGTERM" else 130
+    return 0
+
+
+def run_keeping_partial(run: Callable[[], Result], report: Callable[[Result], list], *, json_path: str | None,
+                        quiet: bool) -> int:
+    """``run()`` then :func:`finish`; when the run fails with a MachineError that carries what was
+    measured (``partial_result``), print and save that first (marked partial, ``failed_by``), then
+    re-raise the error (exit 3)."""
+    try:
+        result = run()
+    except MachineError as e:
+        if e.partial_result is not None:
+            finish(e.partial_result, report(e.partial_result), json_path=json_path, quiet=quiet)
+        raise
+    return finish(result, report(result), json_path=json_path, quiet=quiet)
+
+
+# -- shared option groups: declared once, composed by each command ----------------------------------
+
+
+def timing_options(*, warmup: int = 2, what: str = "timed copies", min_time: float = 0.1,
+                   max_noise: float | None = None, max_time: float = 5.0) -> list[Callable]:
+    """-w/--warmup, -n/--iters, --min-time, --max-noise and --max-time (checked by
+    :func:`gpubench.core.options.timing_plan`; --max-noise and --max-time are applied to the
+    spec's plan by :func:`with_stopping`, so a command's build_spec does not see them).
+
+    Args:
+        min_time, max_noise, max_time: the command's defaults (max_noise None: no noise goal,
+            sampling stops at --min-time as before).
+    """
+    goal = f"{max_noise:g}" if max_noise is not None else "off"
+    return [
+        click.option("-w", "--warmup", type=int, default=warmup, show_default=True, help="Untimed samples per point."),
+        click.option("-n", "--iters", type=int, default=None,
+                     help="Timed samples per point, exactly [default: by --min-time and --max-noise]."),
+        click.option("--min-time", type=float, default=min_time, show_default=True,
+                     help=f"Seconds of {what} per point, at least, when -n is not given."),
+        click.option("--max-noise", type=float, default=max_noise,
+                     help="After --min-time, sample until the median's noise (the half-width of its 95% "
+                          "confidence interval, in % of the median) is at most this; 0 < PCT <= 100 "
+                          f"[default: {goal}]."),
+        click.option("--max-time", type=float, default=max_time, show_default=True,
+                     help="Cap on the wall seconds a point samples while it waits for --max-noise (not a "
+                          "hang deadline); a point stopped by it is marked 'cap'."),
+    ]
+
+
+STOP_PARAMS = ("max_noise", "max_time")
+
+
+def with_stopping(spec, max_noise: float | None, max_time: float | None):
+    """``spec`` with its ``plan``'s noise goal and time cap set (a spec without a plan is returned
+    as it is). The checks are :func:`gpubench.core.options.timing_plan`'s.
+
+    Raises:
+        UsageError: a bad --max-noise or --max-time.
+    """
+    import dataclasses
+
+    from gpubench.core.options import timing_plan
+
+    plan = getattr(spec, "plan", None)
+    if plan is None or not dataclasses.is_dataclass(spec):
+        return spec
+    checked = timing_plan(plan.warmup, plan.iters, plan.min_time, max_noise, max_time)
+    plan = dataclasses.replace(plan, max_noise=checked.max_noise, max_time=checked.max_time)
+    return dataclasses.replace(spec, plan=plan)
+
+
+def stopping_build_spec(build_spec: Callable) -> Callable:
+    """``build_spec`` that also takes --max-noise/--max-time (``max_noise``, ``max_time``) and
+    applies them to the spec's plan (:func:`with_stopping`); without them, ``build_spec`` as it is."""
+
+    @functools.wraps(build_spec)
+    def build(**kwargs):
+        stop = {k: kwargs.pop(k) for k in STOP_PARAMS if k in kwargs}
+        spec = build_spec(**kwargs)
+        return with_stopping(spec, stop.get("max_noise"), stop.get("max_time")) if stop else spec
+
+    return build
+
+
+def sweep_options(*, min_bytes: str, max_bytes: str, factor: float = 4.0, what: str = "copy") -> list[Callable]:
+    """-b/--min-bytes, -e/--max-bytes, -f/--step-factor: nccl-tests' size sweep."""
+    return [
+        click.option("-b", "--min-bytes", default=min_bytes, show_default=True,
+                     help=f"Smallest {what} (4KiB, 1M, 1GB, bytes)."),
+        click.option("-e", "--max-bytes", default=max_bytes, show_default=True, help=f"Largest {what}."),
+        click.option("-f", "--step-factor", type=float, default=factor, show_default=True,
+                     help="Multiply the size by this each step."),
+    ]
+
+
+def spread_option() -> Callable:
+    """--spread iqr|range: the spread shown beside each median (a display option)."""
+    return click.option("--spread", type=click.Choice(["iqr", "range"]), default="iqr", show_default=True,
+                        help="Spread shown beside the median: p25-p75 or min-max.")
+
+
+OUTPUT_PARAMS = ("json_path", "units", "quiet", "debug")
+
+
+def _numa_option(ctx, param, value):
+    from gpubench.core import numa
+
+    return numa.parse_policy(value)
+
+
+def condition_options() -> list[Callable]:
+    """--no-telemetry, --numa NODE|none|all|auto, --require-idle: the conditions every measuring
+    command runs under (core/benchmark.Conditions; docs/conditions.md)."""
+    return [
+        click.option("--no-telemetry", "no_telemetry", is_flag=True,
+                     help="Do not sample GPU clocks, power, temperature and throttle reasons during each point."),
+        click.option("--numa", "numa", default="auto", show_default=True, callback=_numa_option,
+                     help="Bind the host side to a NUMA node before host memory is allocated: auto (the GPU's "
+                          "node, as nvbandwidth), a node number, none, or all (measure from every node)."),
+        click.option("--require-idle", "require_idle", is_flag=True,
+                     help="Refuse to start (exit 3) when the GPU has other processes, is busy or is hot."),
+    ]
+
+
+CONDITION_PARAMS = ("no_telemetry", "numa", "require_idle")
+
+
+def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callable, report: Callable[..., list],
+                      *, help: str, display: Sequence[str] = (), run: Callable | None = None,
+                      after: Callable | None = None, conditions: bool = True,
+                      gathers_ranks: bool = False) -> click.Command:
+    """The click command of a measuring benchmark, generated from its declared options.
+
+    The callback is the same for every benchmark: the options that are not output (--json,
+    --units, -q, --debug) or display (``display``) go to ``build_spec`` by name (the one place that
+    validates them, no GPU needed); the ``run`` of its plug-in's ``bench`` module runs the spec through the driver
+    with a progress bar; ``report(result, units=..., **display options)`` renders it; the result
+    is saved and the exit code returned (:func:`run_benchmark`). The bench module is imported
+    only when the command runs, so ``--help`` stays light.
+
+    Args:
+        name: the command and its bench module's name.
+        options: click option decorators, top to bottom as --help lists them.
+        build_spec: options -> Spec; raises UsageError naming a bad value.
+        report: (result, units=..., **display) -> renderables.
+        help: the command's help text.
+        display: option names that only change how the result is shown.
+        run: spec -> the run function to use (default the ``run`` of its plug-in's ``bench`` module), e.g. a
+            distributed path chosen by an option.
+        after: (result, spec, code) -> exit code, called once the result is shown and saved (an
+            expectation such as --expect-busbw raises RegressionFound there).
+        conditions: add :func:`condition_options` (telemetry, NUMA, idle check); False for
+            commands that use no GPU.
+        gathers_ranks: the command joins the launcher's ranks itself (nccl); the others warn,
+            under a launcher of more than one rank, that every rank runs alone
+            (:func:`warn_ranks_alone`).
+
+    The returned command carries ``build_spec``, ``bench_name``, ``display``, ``report``,
+    ``select_run`` and ``after`` so ``suite`` can run it through the driver without a JSON round
+    trip and apply the command's own verdict.
+    """
+
+    def select_run(spec) -> Callable:
+        if run is not None:
+            return run(spec)
+        from gpubench.core import registry
+
+        return importlib.import_module(registry.get(name).bench or "").run
+
+    build_spec = stopping_build_spec(build_spec)
+
+    def callback(**kwargs):
+        from gpubench.core import benchmark
+
+        out = {k: kwargs.pop(k) for k in OUTPUT_PARAMS}
+        shown = {k: kwargs.pop(k) for k in display}
+        cond = {k: kwargs.pop(k) for k in CONDITION_PARAMS if k in kwargs}
+        spec = build_spec(**kwargs)
+        if not gathers_ranks:
+            warn_ranks_alone(name, out["json_path"])
+        result_box: list = []
+
+        def run_fn(s, progress):
+            result_box.append(select_run(s)(s, progress))
+            return result_box[-1]
+
+        with benchmark.conditions(benchmark.Conditions(telemetry=not cond.get("no_telemetry", False),
+                                                       numa=cond.get("numa", "auto"),
+                                                       require_idle=cond.get("require_idle", False))):
+            code = run_benchmark(run_fn, spec, lambda r: report(r, units=out["units"], **shown),
+                                 json_path=out["json_path"], quiet=out["quiet"])
+        if after is not None and result_box:
+            code = after(result_box[-1], spec, code)
+        return code
+
+    callback.__doc__ = help
+    f = common_options(callback)
+    for opt in reversed(list(options) + (condition_options() if conditions else [])):
+        f = opt(f)
+    cmd = click.command(name, help=help)(f)
+    cmd.build_spec = build_spec  # type: ignore[attr-defined]
+    cmd.bench_name = name  # type: ignore[attr-defined]
+    cmd.display = tuple(display)  # type: ignore[attr-defined]
+    cmd.report = report  # type: ignore[attr-defined]
+    cmd.select_run = select_run  # type: ignore[attr-defined]
+    cmd.after = after  # type: ignore[attr-defined]
+    return cmd
+
+
+def warn_ranks_alone(name: str, json_path: str | None) -> None:
+    """Under a launcher of more than one rank (core/ranks.discover), a command that does not join
+    the ranks says so on stderr: each rank measures its own process's GPUs and prints its own
+    table, and ``--json PATH`` is written by every rank (atomically: the last write stays), which
+    docs/cluster.md's "rank 0 prints and writes the one JSON" does not cover. A launcher
+    environment that does not parse is left to the commands that use it."""
+    from gpubench.launch import ranks
+    from gpubench.core.errors import UsageError
+    from gpubench.core.safe import term
+
+    try:
+        me = ranks.discover()
+    except UsageError:
+        return
+    if not me.under_launcher or me.size == 1:
+        return
+    ctx = click.get_current_context(silent=True)
+    shown = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    of = f"each of the {me.size} ranks" if me.size else "each rank"
+    line = (f"{shown or name} does not gather ranks: under {me.launcher}, {of} runs it alone and prints its own "
+            f"result (this is {me.label()})")
+    if json_path and json_path != "-":
+        line += f"; every rank writes --json {json_path} and the last write stays"
+    # every rank prints it: one write each, so two ranks' lines cannot run together (report.err_line)
+    report.err_line(f"gpubench: warning: {term(line, limit=2000)}; `gpubench suite` under the launcher "
+                    "gathers every node into one report (docs/cluster.md)")
+
+
+def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,
+                  quiet: bool) -> int:
+    """The ending every measuring command shares: ``run(spec, progress)`` through the driver with a
+    progress bar, then :func:`run_keeping_partial` (a machine fault's finished points are printed
+    and saved, marked partial, before exit 3)."""
+
+    def go() -> Result:
+        with report.progress(not quiet) as prog:
+            return run(spec, prog)
+
+    return run_keeping_partial(go, report_fn, json_path=json_path, quiet=quiet)
+
+
+# -- strict numbers: every numeric option, one mechanism --------------------------------------------
+
+class StrictInt(click.types.IntParamType):
+    """click's INT read by :func:`gpubench.core.options.parse_number`: ASCII digits only (with
+    ``digit_groups``, "_" between groups as in 50_000_000), at most ``maximum``. A bad value raises
+    gpubench's UsageError (one line, exit 2)."""
+
+    def __init__(self, maximum: float | None = None, digit_groups: bool = False):
+        self.maximum = maximum
+        self.digit_groups = digit_groups
+
+    def convert(self, value, param, ctx):
+        from gpubench.core.options import parse_number
+
+        if value is None:
+            return None
+        return parse_number(value, _opt_name(param), int, self.maximum, digit_groups=self.digit_groups)
+
+
+class StrictFloat(click.types.FloatParamType):
+    """click's FLOAT read by :func:`gpubench.core.options.parse_number`: ASCII digits, finite (no
+    inf, nan, 1e400), at most ``maximum``."""
+
+    def __init__(self, maximum: float | None = None):
+        self.maximum = maximum
+
+    def convert(self, value, param, ctx):
+        from gpubench.core.options import parse_number
+
+        if value is None:
+            return None
+        return parse_number(value, _opt_name(param), float, self.maximum)
+
+
+def _opt_name(param) -> str:
+    opts = list(getattr(param, "opts", None) or [])
+    return "/".join(opts) if opts else str(getattr(param, "name", "value"))
+
+
+def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click.Command:
+    """Give every int and float parameter of ``cmd`` (a group's subcommands too) the strict types
+    above, bounded by :data:`gpubench.core.options.OPTION_MAXIMA`; in place, idempotent.
+
+    Called where a command is loaded for the command line (cli.LazyGroup) and for suite's steps,
+    so an option added later is bounded without touching this file.
+    """
+    from gpubench.core import registry
+    from gpubench.core.options import option_maximum
+
+    name = name or cmd.name or ""
+    own = registry.plugins().get(name.split()[0])
+    groups = own is not None and own.digit_groups
+    if isinstance(cmd, click.Group):
+        for sub_name, sub in cmd.commands.items():
+            harden_numeric_options(sub, f"{name} {sub_name}")
+        return cmd
+    for p in cmd.params:
+        t = p.type
+        if isinstance(t, (StrictInt, StrictFloat)) or isinstance(t, click.types._NumberRangeBase):
+            continue
+        if type(t) is click.types.IntParamType:
+            p.type = StrictInt(option_maximum(name, p.name or ""), digit_groups=groups)
+        elif type(t) is click.types.FloatParamType:
+            p.type = StrictFloat(option_maximum(name, p.name or ""))
+    return cmd
+
+
+def default_spec(command: click.Command, **options):
+    """The Spec a generated command builds from its options' defaults with ``options`` changed (by
+    parameter name, as its ``build_spec`` takes them): how a plug-in declares a suite step with the
+    checks and defaults of its own command line.
+
+    Raises:
+        TypeError: an option the command does not have (a plug-in's mistake).
+        UsageError: a bad value (build_spec's or the Spec's line).
+    """
+    with command.make_context(command.name, []) as ctx:
+        params = dict(ctx.params)
+    unknown = set(options) - set(params)
+    if unknown:
+        raise TypeError(f"gpubench {command.name} has no option(s) {', '.join(sorted(unknown))}")
+    params.update(options)
+    for k in (*OUTPUT_PARAMS, *CONDITION_PARAMS, *getattr(command, "display")):
+        params.pop(k, None)
+    return getattr(command, "build_spec")(**params)

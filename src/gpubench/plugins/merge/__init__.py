@@ -1,0 +1,25 @@
+"""``gpubench merge``: dask-cuda's cuDF merge over tcp or ucx with RMM pools (``-t cpu``: pandas on a
+plain Dask cluster). Its parts stay inside: the cluster, the data, the per-pair statistics and
+the workers' setup."""
+
+from gpubench.core.options import MAX_REPEATS, machine_threads
+from gpubench.core.plugin import Plugin
+
+PLUGIN = Plugin(
+    name="merge",
+    help="Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge.",
+    command="gpubench.plugins.merge.command",
+    gpu="merge -t cpu",
+    docs="docs/merge.md",
+    bench="gpubench.plugins.merge.bench",
+    more_samples="more runs: --runs N",
+    suite_steps="gpubench.plugins.merge.hooks:suite_steps",
+    fleet_checks="gpubench.plugins.merge.hooks:fleet_checks",
+    digit_groups=True,
+    # the driver lists every run as a point before anything starts (MergeSpec says the same); a
+    # fraction of keys that match is at most all of them; a worker's thread pool is bounded by what
+    # this machine lets one user run (read when the option is parsed; MergeSpec then divides it
+    # among the workers and says so)
+    option_maxima={"runs": MAX_REPEATS, "warmup_runs": MAX_REPEATS, "frac_match": 1.0,
+                   "threads_per_worker": machine_threads},
+)

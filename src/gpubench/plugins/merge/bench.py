@@ -1,0 +1,615 @@
+"""``gpubench merge``: a distributed inner join of two random dataframes on a Dask(-CUDA) cluster.
+
+This reproduces dask-cuda 26.10's ``dask_cuda/benchmarks/local_cudf_merge.py`` (with its
+``common.py`` and ``utils.py``): the same data generation (``merge_data.generate_chunk``, copied),
+the same join (``ddf_base.merge(ddf_other, on=["key"], how="inner", broadcast=...)`` then
+``persist`` and ``wait``), the same timing and the same figures. See docs/merge.md.
+
+What is timed (as dask-cuda): per run, both frames are generated and persisted first (the base frame
+is shuffled into ``base_chunks`` partitions by ``set_index("shuffle")``); then ``perf_counter``
+brackets building the join's graph, ``persist`` and ``wait`` until every output partition sits in a
+worker's memory. Warm-up runs (``warmup_runs``, default 1) are the same and are not kept.
+
+Figures (dask-cuda's definitions, ``utils.py``):
+
+- data processed (bytes) = rows(base) * bytes per row(base) + rows(other) * bytes per row(other),
+  bytes per row being the sum of the column itemsizes (2 int64 columns each: 16 B).
+- throughput of a run = data processed / wall clock (B/s), for the whole cluster, not per GPU;
+  summarised by the harmonic mean ``hmean`` and ``hstd`` (merge_stats).
+- per worker pair (w1, w2): the bandwidths (``total / max(duration, 1 ms)``, computed by
+  distributed) of the transfers worker w1 received from worker w2, read from w1's
+  ``transfer_incoming_log``, leaving out transfers of fewer than ``ignore_size`` bytes;
+  their 25/50/75 % quantiles (numpy's linear rule), harmonic mean and total bytes.
+- bandwidth = ``hmean`` (and ``hstd``) over the pairs' harmonic means: a per-pair figure, not a total.
+
+Unlike dask-cuda, the transfer logs are cleared just before each timed join and read just after it,
+so the pair table holds only the transfers of the timed joins (dask-cuda's also holds the warm-up
+run's and the data generation's).
+
+The plug-in (:class:`Merge`) runs through the one driver (core/benchmark.run): a point is one run
+(the warm-up runs, then the timed runs), ``setup`` starts or attaches to the cluster and closes it,
+``measure`` is one run (:func:`bench_once`), ``derive`` folds the timed runs into the one record
+with dask-cuda's figures. This module holds the spec, the plug-in and its records; the cluster is
+in merge_cluster, the frames and the join check in merge_data, the statistics in merge_stats.
+
+Dask, dask-cuda, cuDF, RMM and UCXX are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Mapping
+
+from gpubench.plugins.merge import cluster as merge_cluster
+from gpubench.plugins.merge.cluster import (clear_transfer_log, close_all, open_client, rmm_setup,
+                                          take_transfer_log, worker_device)
+from gpubench.plugins.merge.data import compute_watching, join_check, random_ddf
+from gpubench.plugins.merge.stats import address_to_index, hmean, hstd, pair_statistics
+from gpubench.core import benchmark as driver
+from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.options import MAX_REPEATS, finite_seconds, machine_threads, positive_int
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.gpu import is_oom
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.launch.scheduler import error_line, run_on_workers, wait_watching
+from gpubench.core.signals import Interrupted, last_signal, signal_exception, signal_noted
+
+TYPES = ("gpu", "cpu")
+PROTOCOLS = ("tcp", "ucx")
+SHUFFLE_METHODS = ("tasks", "p2p", "disk")
+MAX_KEY = 2**63 - 1  # the frames' keys are int64
+
+
+def check_key_space(chunk_size: int, base_chunks: int | None, other_chunks: int | None, n_workers: int) -> None:
+    """Refuse shapes whose keys overflow int64: generate_chunk numbers the base frame's keys up to
+    chunk_size x base_chunks and the other frame's unmatched keys up to 2 x chunk_size x
+    other_chunks (dask-cuda's layout), in int64 arrays.
+
+    Raises:
+        UsageError: naming -c and the partition count, and the largest -c that fits.
+    """
+    chunks = max(base_chunks or n_workers, other_chunks or n_workers, 1)
+    if 2 * chunk_size * chunks > MAX_KEY:
+        raise UsageError(f"-c/--chunk-size {_big(chunk_size)} with {_big(chunks)} partitions numbers keys past "
+                         f"int64 (2 x rows x partitions must stay below 2^63)",
+                         f"the largest -c for {_big(chunks)} partitions is {MAX_KEY // (2 * chunks):,}")
+
+
+def _big(v: int) -> str:
+    return f"{v}" if v < 10**15 else f"(a {len(str(v))}-digit number)"
+
+
+@dataclass(frozen=True)
+class MergeSpec:
+    """Parsed options of ``gpubench merge`` (dask-cuda's names and meanings).
+
+    Attributes:
+        merge_type: "gpu" (cuDF partitions on a LocalCUDACluster) or "cpu" (pandas partitions on a
+            plain distributed LocalCluster).
+        devices: CUDA devices, one worker each; for "cpu" only their count matters (workers).
+        protocol: "tcp" or "ucx" (UCXX through distributed-ucxx).
+        chunk_size: rows per partition of each frame.
+        base_chunks, other_chunks: partitions of each frame; None = the number of workers.
+        frac_match: fraction of the other frame's rows whose key is in the base frame, in (0, 1].
+        broadcast: True (--broadcast-join), False (--shuffle-join) or None (Dask decides).
+        shuffle_method: Dask's dataframe.shuffle.method: "tasks" (dask-cuda's default), "p2p", "disk".
+        no_shuffle: do not shuffle the base frame by set_index (dask-cuda's --no-shuffle).
+        set_index: set_index("key") on the result (dask-cuda's -s/--set-index).
+        rmm_pool_bytes: per-worker RMM pool in bytes, or None.
+        rmm_pool_fraction: per-worker RMM pool as a fraction of the device's total memory, or None.
+            When both are None the pool is RMM's default, half of the device's memory.
+        disable_rmm_pool: RMM without a pool.
+        rmm_async: RMM's CudaAsyncMemoryResource instead of a pool.
+        enable_cudf_spill: cuDF's built-in spilling.
+        enable_tcp_over_ucx, enable_nvlink, enable_infiniband, enable_rdmacm: UCX transports
+            (None = automatic), passed to LocalCUDACluster.
+        interface: network interface for the workers and scheduler, or None.
+        threads_per_worker: Dask threads per worker.
+        runs: timed runs; warmup_runs: untimed runs before them.
+        ignore_size: transfers smaller than this many bytes are left out of the pair table.
+        scheduler_address, scheduler_file: use an existing cluster instead of starting one.
+        timeout_s: the longest a cluster start, a data generation, a join or a call on every worker
+            during a run (the transfer logs) may take.
+
+    Build it from the command's options with ``commands.merge.build_spec``, which turns the options
+    given as text (-d, --rmm-pool-size, --ignore-size) or as two flags (--broadcast-join,
+    --shuffle-join) into these fields and refuses text that names no value (no device; a pool
+    that is neither a size nor a fraction in (0, 1]). Every other check is here, once, with the
+    option's name in the message.
+    """
+
+    merge_type: str = "gpu"
+    devices: tuple[int, ...] = (0,)
+    protocol: str = "tcp"
+    chunk_size: int = 1_000_000
+    base_chunks: int | None = None
+    other_chunks: int | None = None
+    frac_match: float = 0.3
+    broadcast: bool | None = None
+    shuffle_method: str = "tasks"
+    no_shuffle: bool = False
+    set_index: bool = False
+    rmm_pool_bytes: int | None = None
+    rmm_pool_fraction: float | None = None
+    disable_rmm_pool: bool = False
+    rmm_async: bool = False
+    enable_cudf_spill: bool = False
+    enable_tcp_over_ucx: bool | None = None
+    enable_nvlink: bool | None = None
+    enable_infiniband: bool | None = None
+    enable_rdmacm: bool | None = None
+    interface: str | None = None
+    threads_per_worker: int = 1
+    runs: int = 3
+    warmup_runs: int = 1
+    ignore_size: int = 2**20
+    scheduler_address: str | None = None
+    scheduler_file: str | None = None
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        if self.merge_type not in TYPES:
+            raise UsageError(f"-t/--type {self.merge_type!r} not known", "use gpu or cpu")
+        if self.protocol not in PROTOCOLS:
+            raise UsageError(f"-p/--protocol {self.protocol!r} not known", "use tcp or ucx")
+        if self.shuffle_method not in SHUFFLE_METHODS:
+            raise UsageError(f"--shuffle-method {self.shuffle_method!r} not known",
+                             f"use {', '.join(SHUFFLE_METHODS)}")
+        positive_int("-c/--chunk-size", self.chunk_size, maximum=MAX_KEY)
+        positive_int("--base-chunks", self.base_chunks, maximum=MAX_KEY)
+        positive_int("--other-chunks", self.other_chunks, maximum=MAX_KEY)
+        check_key_space(self.chunk_size, self.base_chunks, self.other_chunks, len(self.devices))
+        if not (0.0 < self.frac_match <= 1.0):
+            raise UsageError(f"--frac-match {self.frac_match} must be in (0, 1]", "e.g. 0.3")
+        # the driver lists every run as a point before anything starts: bounded like every repeat count
+        positive_int("--runs", self.runs, maximum=MAX_REPEATS)
+        positive_int("--warmup-runs", self.warmup_runs, allow_zero=True, maximum=MAX_REPEATS)
+        # a worker's thread pool: what the machine lets one user run (a 400-digit count overflowed msgpack)
+        positive_int("--threads-per-worker", self.threads_per_worker, maximum=2**63 - 1)
+        threads, workers = machine_threads(), max(1, len(self.devices))
+        if self.threads_per_worker is not None and self.threads_per_worker > max(1, threads // workers):
+            raise UsageError(f"--threads-per-worker {self.threads_per_worker} is too large",
+                             f"at most {max(1, threads // workers):,}: {threads:,} threads this machine lets one "
+                             f"user run (threads-max, RLIMIT_NPROC), shared by {workers} worker(s)")
+        if self.ignore_size < 0:
+            raise UsageError(f"--ignore-size {self.ignore_size} must be >= 0 bytes")
+        finite_seconds("--timeout", self.timeout_s)
+        from gpubench.launch.scheduler import check_cluster_options
+
+        check_cluster_options(self.scheduler_address, self.scheduler_file)
+        if self.scheduler_address and self.scheduler_file:
+            raise UsageError("--scheduler-address and --scheduler-file both given", "give one of them")
+        pool_given = self.rmm_pool_bytes is not None or self.rmm_pool_fraction is not None
+        if self.rmm_async and pool_given:
+            raise UsageError("--rmm-async and --rmm-pool-size cannot be used together",
+                             "the async allocator grows as needed (as in dask-cuda)")
+        if self.disable_rmm_pool and pool_given:
+            raise UsageError("--disable-rmm-pool and --rmm-pool-size cannot be used together")
+        if self.merge_type == "cpu":
+            for flag, on in (("--rmm-pool-size", pool_given), ("--rmm-async", self.rmm_async),
+                             ("--disable-rmm-pool", self.disable_rmm_pool),
+                             ("--enable-cudf-spill", self.enable_cudf_spill)):
+                if on:
+                    raise UsageError(f"{flag} applies to -t gpu only", "drop it, or use -t gpu")
+        for flag, v in (("tcp-over-ucx", self.enable_tcp_over_ucx), ("nvlink", self.enable_nvlink),
+                        ("infiniband", self.enable_infiniband), ("rdmacm", self.enable_rdmacm)):
+            if v is None:
+                continue
+            if self.protocol != "ucx":
+                raise UsageError(f"--enable-{flag}/--disable-{flag} applies to -p ucx only")
+            if self.merge_type != "gpu":
+                raise UsageError(f"--enable-{flag}/--disable-{flag} applies to -t gpu only",
+                                 "on -t cpu UCX picks its transports itself")
+
+    @property
+    def external(self) -> bool:
+        """True when an existing cluster is used (--scheduler-address / --scheduler-file)."""
+        return bool(self.scheduler_address or self.scheduler_file)
+
+    @property
+    def broadcast_label(self) -> str:
+        """dask-cuda's "Broadcast" value: True, False or "default"."""
+        return "default" if self.broadcast is None else str(self.broadcast)
+
+    @property
+    def ucx_transport_selection(self) -> str:
+        """dask-cuda's ucx_transport_selection: not-applicable, automatic or manual."""
+        if self.protocol != "ucx":
+            return "not-applicable"
+        if all(v is None for v in (self.enable_tcp_over_ucx, self.enable_infiniband, self.enable_nvlink)):
+            return "automatic"
+        return "manual"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["devices"] = list(self.devices)
+        return d
+
+
+
+# ---------------------------------------------------------------------------------------------
+# One run: dask-cuda's bench_once
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunOutcome:
+    """One timed (or warm-up) run: bytes processed, seconds, and the transfers of its join.
+
+    Attributes:
+        data_processed: bytes (see module docstring).
+        seconds: wall clock of the join.
+        logs: receiving worker's address -> transfers logged during the join.
+        log_full: workers whose log reached its maximum length (older entries were lost).
+    """
+
+    data_processed: int
+    seconds: float
+    logs: dict[str, list[dict]]
+    log_full: list[str]
+
+
+def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, int], what: str,
+               keep_result: bool = False):
+    """Generate both frames, then time their join (dask-cuda's bench_once).
+
+    Returns:
+        (RunOutcome, joined) where joined is the persisted join when keep_result, else None.
+
+    Raises:
+        MachineError: see wait_watching.
+    """
+    gpu = spec.merge_type == "gpu"
+    base_chunks = spec.base_chunks or n_workers
+    other_chunks = spec.other_chunks or n_workers
+    ddf_base = random_ddf(spec.chunk_size, base_chunks, spec.frac_match, "build", gpu, spec.no_shuffle).persist()
+    ddf_other = random_ddf(spec.chunk_size, other_chunks, spec.frac_match, "other", gpu).persist()
+    wait_watching(client, ddf_base, workers, spec.timeout_s, f"{what} (generating the base frame)")
+    wait_watching(client, ddf_other, workers, spec.timeout_s, f"{what} (generating the other frame)")
+    rows_base, rows_other = compute_watching(client, [ddf_base.shape[0], ddf_other.shape[0]], workers,
+                                             spec.timeout_s, f"{what} (counting rows)")
+    data_processed = rows_base * sum(t.itemsize for t in ddf_base.dtypes)
+    data_processed += rows_other * sum(t.itemsize for t in ddf_other.dtypes)
+
+    # every step of a run answers within --timeout, these two calls too (a worker stopped while its
+    # transfer log was read kept the run for distributed's 60 s, past --timeout 30: CI)
+    maxlens = run_on_workers(client, clear_transfer_log, workers, f"{what} (clearing the transfer logs)",
+                             timeout_s=spec.timeout_s)
+    t0 = time.perf_counter()
+    joined = ddf_base.merge(ddf_other, on=["key"], how="inner", broadcast=spec.broadcast)
+    if spec.set_index:
+        joined = joined.set_index("key")
+    joined = joined.persist()
+    seconds = wait_watching(client, joined, workers, spec.timeout_s, f"{what} (join)") - t0
+    logs = run_on_workers(client, take_transfer_log, workers, f"{what} (reading the transfer logs)",
+                          timeout_s=spec.timeout_s)
+    full = [a for a, entries in logs.items() if maxlens.get(a) and len(entries) >= maxlens[a]]
+    del ddf_base, ddf_other
+    return RunOutcome(int(data_processed), seconds, logs, full), (joined if keep_result else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The points (runs) and the records
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One point of the loop: a warm-up run or a timed run.
+
+    Attributes:
+        kind: "warm-up" (untimed, not kept) or "run" (timed, one record).
+        index: 0-based among the runs of its kind.
+        of: how many runs of its kind there are.
+    """
+
+    kind: str
+    index: int
+    of: int
+
+    @property
+    def label(self) -> str:
+        """"warm-up 1/1", "run 2/3": the progress bar's text, and how an error names the run."""
+        return f"{self.kind} {self.index + 1}/{self.of}"
+
+    @property
+    def timed(self) -> bool:
+        return self.kind == "run"
+
+    @property
+    def last(self) -> bool:
+        """The last timed run: its join is kept and checked (merge_data.join_check)."""
+        return self.timed and self.index == self.of - 1
+
+
+def run_points(spec: MergeSpec) -> list[Point]:
+    """The warm-up runs, then the timed runs. No bytes are declared: the workers' memory is the
+    RMM pool, checked by merge_cluster.preflight."""
+    runs = [Run("warm-up", i, spec.warmup_runs) for i in range(spec.warmup_runs)]
+    runs += [Run("run", i, spec.runs) for i in range(spec.runs)]
+    return [Point(r.label, r) for r in runs]
+
+
+def _params(spec: MergeSpec, n_workers: int) -> dict:
+    return {
+        "type": spec.merge_type, "protocol": spec.protocol, "chunk_size": spec.chunk_size,
+        "base_chunks": spec.base_chunks or n_workers, "other_chunks": spec.other_chunks or n_workers,
+        "frac_match": spec.frac_match, "broadcast": spec.broadcast_label, "n_workers": n_workers,
+        "shuffle_method": spec.shuffle_method,
+    }
+
+
+def run_record(spec: MergeSpec, n_workers: int, out: RunOutcome) -> Record:
+    """The raw record of one timed run: data processed (bytes, ``nbytes``) and the join's wall clock
+    (s, one sample), with the run's transfers (``extra["transfers"]``, receiving worker's address ->
+    entries) and the workers whose log overflowed, for :func:`summary_record`."""
+    return Record(params=_params(spec, n_workers), metric="bandwidth", nbytes=out.data_processed,
+                  samples_s=[out.seconds], reps=1,
+                  extra={"transfers": out.logs, "transfer_log_overflowed": list(out.log_full)})
+
+
+def summary_record(spec: MergeSpec, runs: list[Record], cluster: Mapping[str, Any]) -> Record:
+    """The one record of a merge Result, from the timed runs' records (:func:`run_record`), as
+    dask-cuda's report reads it.
+
+    Args:
+        spec: the options.
+        runs: one record per timed run that finished, in order.
+        cluster: what setup found: "index" (worker address -> index), "workers", "rmm",
+            "scheduler_address".
+
+    Returns:
+        params identify the configuration; nbytes = data processed per run (bytes); samples_s =
+        each run's wall clock (s); extra holds the throughputs (B/s), their hmean/hstd, the pair
+        table (B/s), the bandwidth hmean/hstd, the wall clock's mean and population std (s), the
+        transfer counts, the workers, the RMM setup and the last run's join check (None when the
+        last run did not finish).
+    """
+    index = cluster["index"]
+    nbytes = runs[0].nbytes
+    seconds = [r.samples_s[0] for r in runs]
+    throughputs = [r.nbytes / r.samples_s[0] for r in runs]
+    logs: dict[str, list[dict]] = {}
+    for r in runs:
+        for a, entries in r.extra["transfers"].items():
+            logs.setdefault(a, []).extend(entries)
+    pairs = pair_statistics(logs, index, spec.ignore_size)
+    pair_hmeans = [p.hmean for p in pairs if p.hmean > 0]
+    mean_s = math.fsum(seconds) / len(seconds)
+    extra = {
+        "data_processed_bytes": nbytes,
+        "throughputs_Bps": throughputs,
+        "throughput_hmean_Bps": hmean(throughputs),
+        "throughput_hstd_Bps": hstd(throughputs),
+        "bandwidth_hmean_Bps": hmean(pair_hmeans),
+        "bandwidth_hstd_Bps": hstd(pair_hmeans),
+        "wall_clock_mean_s": mean_s,
+        "wall_clock_std_s": math.sqrt(math.fsum((s - mean_s) ** 2 for s in seconds) / len(seconds)),
+        "pairs": [p.to_dict() for p in pairs],
+        "transfers_logged": sum(len(v) for v in logs.values()),
+        "transfers_counted": sum(p.n for p in pairs),
+        "transfer_log_overflowed": sorted({a for r in runs for a in r.extra["transfer_log_overflowed"]}),
+        "workers": cluster["workers"],
+        "rmm": cluster["rmm"],
+        "scheduler_address": cluster["scheduler_address"],
+        "join_check": runs[-1].extra.get("join_check"),
+    }
+    return Record(params=_params(spec, len(index)), metric="bandwidth", nbytes=nbytes, samples_s=seconds, reps=1,
+                  extra=extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plug-in
+# ---------------------------------------------------------------------------------------------
+
+
+def _require_dask() -> None:
+    """Raise a UsageError naming what to install when Dask's distributed or dataframe parts are missing."""
+    for mod, pkg in (("distributed", "dask[distributed]"), ("pandas", "pandas"),
+                     ("dask.dataframe", "dask[dataframe] (it needs pyarrow)")):
+        try:
+            __import__(mod)
+        except Exception as e:
+            # a Ctrl-C inside the import can come back wrapped: Python raises RuntimeError("Error
+            # calling __set_name__ ...") with the KeyboardInterrupt as its cause (CI: SIGINT 1.5 s
+            # into merge gave exit 2); a noted signal is the user's stop, not a missing package
+            if signal_noted():
+                raise signal_exception(last_signal()) from None
+            raise UsageError(f"merge needs {pkg}, which cannot be imported ({error_line(e)[:120]})",
+                             "pip install 'gpubench-cuda[dask]'") from None
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("dask", "distributed", "pandas", "pyarrow", "dask-cuda", "cudf-cu13", "cudf-cu12",
+                 "dask-cudf-cu13", "rmm-cu13", "rmm-cu12", "ucxx-cu13", "ucxx-cu12",
+                 "distributed-ucxx-cu13", "distributed-ucxx-cu12", "libucx-cu13", "libucx-cu12"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
+    """The workers of a cluster just started or attached to, numbered as dask-cuda numbers them, and
+    RMM set up on them (-t gpu): the ``ctx.data`` of a run (see :func:`summary_record`).
+
+    Raises:
+        UsageError, MachineError: see merge_cluster.rmm_setup and run_on_workers.
+    """
+    devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU")
+    index = address_to_index(devices)
+    return {
+        "client": client,
+        "index": index,
+        "workers": [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()],
+        "scheduler_address": client.scheduler.address,
+        "rmm": rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)",
+    }
+
+
+def _join_check_keeping_the_run(client, joined, index: Mapping[str, int], timeout_s: float) -> dict | None:
+    """merge_data.join_check of the last run; None when a signal the CLI's handler noted stops it:
+    the run was measured, so it is kept (unchecked) and the driver stops on that signal right after
+    this point. An interrupt nobody noted is raised, as in any other step."""
+    try:
+        return join_check(client, joined, index, timeout_s)
+    except (KeyboardInterrupt, Interrupted):
+        if not signal_noted():
+            raise
+        return None
+
+
+def _signal_name(e: BaseException) -> str:
+    return "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
+
+
+class Merge(Benchmark):
+    """The merge plug-in: a point is one run of dask-cuda's bench_once (the warm-up runs, then the
+    timed runs), all on the one cluster that ``setup`` starts (or attaches to) and closes.
+
+    One instance per run (:func:`run`): it notes a signal that lands while the cluster closes
+    (``closing_signal``), after the driver's loop, so the finished runs are still kept.
+    """
+
+    name = "merge"
+    description = "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge."
+    # The driver's GPU check (CuPy sees a CUDA device in this process) is not merge's: -t cpu needs
+    # no GPU, an external cluster's GPUs are its workers', and -d names physical GPUs (dask-cuda's
+    # meaning) that CUDA_VISIBLE_DEVICES may renumber. preflight checks -t gpu on a local cluster
+    # through NVML instead, with the same NoGPUError (exit 2).
+    needs_gpu = False
+
+    def __init__(self) -> None:
+        self.closing_signal: str | None = None
+
+    def points(self, spec: MergeSpec, devices: tuple[int, ...]) -> list[Point]:
+        return run_points(spec)
+
+    def preflight(self, spec: MergeSpec, points, devices) -> None:
+        """Dask importable; on a local cluster, the frames against the workers' memory
+        (merge_cluster.check_frames_fit), and for -t gpu the GPU, the -d devices and the RMM pool
+        (merge_cluster.preflight), before any worker starts.
+
+        Raises:
+            UsageError: an --interface this host lacks (checked first, with psutil: Dask's import
+                alone took 4-10 s on a loaded 2-core host before the refusal), Dask missing, a
+                device not visible or hidden, a pool or frames that do not fit.
+            NoGPUError: -t gpu on a local cluster and NVML shows no GPU.
+        """
+        if spec.interface is not None and not spec.external:
+            merge_cluster.check_interface(spec.interface)
+        _require_dask()
+        if spec.external:
+            return
+        if spec.merge_type == "gpu":
+            merge_cluster.preflight(spec)
+        else:
+            from gpubench.core.env import host_memory
+
+            merge_cluster.check_frames_fit(spec, host_memory()[1],
+                                           worker_limit=merge_cluster.cpu_worker_limit(len(spec.devices)))
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context) -> Iterator[Context]:
+        """The cluster and its client (merge_cluster.open_client), the workers found and RMM set up;
+        closed on every path. An interrupt while closing is kept in ``closing_signal``.
+
+        Raises:
+            UsageError, MachineError: see merge_cluster.open_client and rmm_setup.
+        """
+        import dask
+
+        spec: MergeSpec = ctx.spec
+        ctx.env.setdefault("versions", {}).update(_versions())
+        with dask.config.set({"dataframe.shuffle.method": spec.shuffle_method}):
+            client, cluster = open_client(spec)
+            try:
+                ctx.data.update(_find_workers(client, cluster, spec))
+                yield ctx
+            finally:
+                stopped = close_all(client, cluster)
+                if stopped is not None:
+                    self.closing_signal = _signal_name(stopped)
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        """One run: both frames generated, then the join timed (:func:`bench_once`); a timed run
+        gives its raw record (:func:`run_record`), the last one with the join check.
+
+        Raises:
+            MachineError: a worker died, a task failed, a timeout (see wait_watching), or the run
+                ran out of memory (which stops the run, as in dask-cuda: a smaller -c or a larger
+                pool is needed, not another point).
+        """
+        run: Run = point.key
+        spec: MergeSpec = ctx.spec
+        client, index = ctx.data["client"], ctx.data["index"]
+        try:
+            out, joined = bench_once(client, spec, len(index), index, point.label, keep_result=run.last)
+            if not run.timed:
+                return []
+            rec = run_record(spec, len(index), out)
+            if joined is not None:
+                rec.extra["join_check"] = _join_check_keeping_the_run(client, joined, index, spec.timeout_s)
+            return [rec]
+        except Exception as e:
+            if is_oom(e):
+                raise MachineError(f"{point.label} ran out of memory: {error_line(e)[:160]}",
+                                   "use a smaller -c, or a larger --rmm-pool-size") from None
+            raise
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """Fold the timed runs' records into the one record of dask-cuda's report
+        (:func:`summary_record`), in place; nothing when no timed run finished."""
+        if records:
+            records[:] = [summary_record(ctx.spec, records, ctx.data)]
+
+    def timing(self, ctx: Context) -> dict:
+        spec: MergeSpec = ctx.spec
+        return {
+            "clock": "perf_counter",
+            "method": "per run: both frames generated and persisted untimed; then perf_counter around "
+                      "building the join's graph, persist and wait (dask-cuda's local_cudf_merge)",
+            "warmup_runs": spec.warmup_runs,
+            "runs": spec.runs,
+            "shuffle_method": spec.shuffle_method,
+            "transfer_log": "cleared before each timed join and read after it",
+        }
+
+
+BENCHMARK = Merge()  # the registry's instance (name, description); run() takes a fresh one per run
+
+
+def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
+    """Run the merge benchmark through the driver.
+
+    Args:
+        spec: the parsed options.
+        progress: advanced once per run (warm-ups included); silent when None.
+
+    Returns:
+        A Result with one Record (:func:`summary_record`), none when no timed run finished;
+        ``partial`` with ``interrupted_by`` when SIGINT/SIGTERM stopped the runs, or landed while
+        the cluster closed (the finished runs are kept either way).
+
+    Raises:
+        NoGPUError: -t gpu on a local cluster with no GPU visible.
+        UsageError: Dask missing, a device not visible, a pool that does not fit, an unreachable
+            scheduler.
+        MachineError: the cluster did not start, a worker died, a task failed, a timeout; its
+            ``partial_result`` keeps the timed runs that finished.
+    """
+    bench = Merge()
+    result = driver.run(bench, spec, progress)
+    if bench.closing_signal is not None and not result.partial:
+        result.partial = True
+        result.interrupted_by = bench.closing_signal
+    return result

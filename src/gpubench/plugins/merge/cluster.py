@@ -1,0 +1,936 @@
+"""merge's cluster: the checks before any worker starts (devices, RMM pool, CUDA_VISIBLE_DEVICES,
+--interface), starting or attaching to the cluster (a distributed LocalCluster, dask-cuda's
+LocalCUDACluster, or an external scheduler) and closing it on every path, the RMM setup of the
+workers and the scheduler (dask-cuda's setup_memory_pools), and the functions run on the workers.
+
+Dask, dask-cuda, RMM, CuPy and UCXX are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+
+from gpubench.core.errors import MachineError, NoGPUError, UsageError
+from gpubench.launch.scheduler import error_line, run_on_workers
+from gpubench.core.signals import CRITICAL, Interrupted, last_signal, signal_exception, signal_noted
+from gpubench.core.units import format_size
+
+if TYPE_CHECKING:  # types only: bench/merge imports this module
+    from gpubench.plugins.merge.bench import MergeSpec
+
+# Left free on each GPU beyond the RMM pool: the CUDA context (~0.5 GiB on H100/H200) plus cuDF's and
+# UCX's own allocations outside the pool.
+CONTEXT_MARGIN_BYTES = 1 * 2**30
+# dask-cuda's benchmark also makes a 1 GB pool in the scheduler (the client process for a local cluster).
+SCHEDULER_POOL_BYTES = 10**9
+# Entries kept in each worker's transfer_incoming_log (distributed's default is 1000).
+TRANSFER_LOG_LENGTH = 100_000
+CLOSE_TIMEOUT_S = 10  # a local cluster's close; then its leftover workers are killed (KILL_GRACE_S)
+CLIENT_CLOSE_TIMEOUT_S = 5
+FAILED_START_CLOSE_S = 3  # a start that failed or ran out of time: a short close, then the kill
+KILL_GRACE_S = 2  # SIGTERM to SIGKILL for a worker that outlived its cluster's close
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before any worker starts
+# ---------------------------------------------------------------------------------------------
+
+
+def required_device_bytes(spec: MergeSpec, total_bytes: int) -> int:
+    """Bytes of device memory one worker's RMM pool takes at start: the pool given, a fraction of
+    ``total_bytes``, RMM's default (half of the device's memory) or 0 (no pool / async)."""
+    if spec.rmm_async or spec.disable_rmm_pool:
+        return 0
+    if spec.rmm_pool_bytes is not None:
+        return spec.rmm_pool_bytes
+    if spec.rmm_pool_fraction is not None:
+        return int(total_bytes * spec.rmm_pool_fraction)
+    return total_bytes // 2
+
+
+def check_devices_and_memory(
+    spec: MergeSpec,
+    visible: int,
+    memory: Mapping[int, tuple[int, int]],
+    scheduler_device: int | None = 0,
+) -> None:
+    """Refuse devices that are not there and pools that do not fit, before any worker starts.
+
+    Args:
+        spec: the options (devices, pool).
+        visible: number of GPUs the machine shows.
+        memory: device -> (free, total) bytes, for every device in spec.devices.
+        scheduler_device: the device on which the client process makes the scheduler's 1 GB pool
+            and its CUDA context (dask-cuda's setup), or None when it makes none there.
+
+    Raises:
+        UsageError: a device id >= visible, or a device whose free memory is smaller than the pool
+            plus CONTEXT_MARGIN_BYTES (plus the scheduler's pool and context on scheduler_device).
+    """
+    for d in spec.devices:
+        if d >= visible:
+            raise UsageError(
+                f"device {d} in -d {','.join(map(str, spec.devices))} is not visible: this machine shows "
+                f"{visible} GPU(s)", f"use ids 0..{visible - 1}" if visible else "no GPU is visible")
+    for d in spec.devices:
+        free, total = memory[d]
+        need = required_device_bytes(spec, total) + CONTEXT_MARGIN_BYTES
+        if d == scheduler_device and not spec.external:
+            need += SCHEDULER_POOL_BYTES + CONTEXT_MARGIN_BYTES
+        if need > free:
+            pool = required_device_bytes(spec, total)
+            raise UsageError(
+                f"RMM pool of {format_size(pool)} per worker does not fit on GPU {d}: "
+                f"{format_size(free)} free of {format_size(total)}, and {format_size(need - pool)} "
+                f"must stay free for the CUDA context" + (" and the scheduler's 1 GB pool"
+                                                            if d == scheduler_device else ""),
+                f"use --rmm-pool-size {format_size(max(free - (need - pool), 0))} or less, or a fraction like 0.5",
+            )
+
+
+def _nvml_memory(devices: Sequence[int]) -> tuple[int, dict[int, tuple[int, int]]]:
+    """(GPUs visible to NVML, device -> (free, total) bytes) without creating a CUDA context.
+
+    Raises:
+        NoGPUError: NVML cannot be loaded or shows no GPU.
+    """
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+    except Exception as e:
+        raise NoGPUError(f"NVML: {type(e).__name__}") from None
+    try:
+        n = nv.nvmlDeviceGetCount()
+        if n < 1:
+            raise NoGPUError("NVML shows 0 GPUs")
+        mem = {}
+        for d in devices:
+            if d < n:
+                info = nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(d))
+                mem[d] = (int(info.free), int(info.total))
+        return n, mem
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _scheduler_device() -> int:
+    """The physical GPU that is CUDA device 0 of this process (first of CUDA_VISIBLE_DEVICES)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> None:
+    """Refuse -d devices that this process's CUDA_VISIBLE_DEVICES hides.
+
+    -d names physical GPUs, as dask-cuda's does (its workers get CUDA_VISIBLE_DEVICES rotated from
+    the list), so dask-cuda would start workers on a GPU the user hid from this process; gpubench
+    refuses instead. NVML, which the other checks use, ignores CUDA_VISIBLE_DEVICES. Entries that
+    are not integers (GPU-UUIDs, MIG names) cannot be matched to -d and are not checked.
+
+    Args:
+        devices: the -d ids.
+        value: the environment variable's value, None when it is not set.
+
+    Raises:
+        NoGPUError: the variable is set but lists no GPU ("", "-1").
+        UsageError: a -d id that is not in it.
+    """
+    if value is None:
+        return
+    entries = [e.strip() for e in value.split(",")]
+    # CUDA stops at the first invalid entry: "0,-1,1" shows GPU 0 only
+    shown: list[int] = []
+    for e in entries:
+        if not e.isdigit():
+            if e and not e.lstrip("-").isdigit():
+                return  # a UUID or MIG name: not comparable with -d
+            break
+        shown.append(int(e))
+    if not shown:
+        raise NoGPUError(f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU")
+    hidden = [d for d in devices if d not in shown]
+    if hidden:
+        raise UsageError(f"device {hidden[0]} in -d {','.join(map(str, devices))} is hidden by "
+                         f"CUDA_VISIBLE_DEVICES={value!r}",
+                         f"-d names physical GPUs (dask-cuda's meaning): use {','.join(map(str, shown))} "
+                         "or unset CUDA_VISIBLE_DEVICES")
+
+
+def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
+    """Check, for a local -t gpu cluster, the devices and the pool against NVML and
+    CUDA_VISIBLE_DEVICES, and the frames against each GPU's memory (the pool grows into what the
+    CUDA context and the scheduler leave free); returns the memory.
+
+    Raises:
+        NoGPUError, UsageError: see check_cuda_visible_devices, check_devices_and_memory and
+            check_frames_fit.
+    """
+    from gpubench.core.env import host_memory
+
+    check_cuda_visible_devices(spec.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    visible, mem = _nvml_memory(spec.devices)
+    sched = _scheduler_device()
+    check_devices_and_memory(spec, visible, mem, sched)
+    room = {d: free - CONTEXT_MARGIN_BYTES - ((SCHEDULER_POOL_BYTES + CONTEXT_MARGIN_BYTES) if d == sched else 0)
+            for d, (free, _total) in mem.items()}
+    check_frames_fit(spec, host_memory()[1], device_free=room)
+    return mem
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory of the frames (both local cluster kinds), before any worker starts
+# ---------------------------------------------------------------------------------------------
+
+# Bytes per row as generate_chunk makes them: the base frame's key, shuffle and payload (int64; the
+# shuffle column becomes the index after set_index), the other frame's key and payload.
+BASE_ROW_BYTES = 3 * 8
+OTHER_ROW_BYTES = 2 * 8
+# Copies of both frames a worker may hold at its peak: the generated partitions, their pieces while
+# the tasks shuffle splits and concatenates them, and the join's hash partitions and output. Dask
+# neither balances partitions evenly nor avoids broadcasting the smaller frame, so the whole of
+# both frames is counted on every worker. Measured (-t cpu, distributed 2026.7.1, pandas, VmHWM of
+# each worker less its idle RSS): 2.2x both frames per worker with 2 workers (-c 4M, 2 or 4
+# partitions each), 2.75x with 1 worker.
+FRAME_COPIES = 3
+# A worker process before it holds data (measured 193 MiB RSS, distributed 2026.7.1 and pandas).
+WORKER_BASE_BYTES = 256 * 2**20
+# This process (client and scheduler of a local cluster) per partition of the two frames: the
+# tasks of generation, shuffle and join (measured +0.55 MiB per partition at 400 and 2000).
+PARTITION_HOST_BYTES = 2**20
+
+
+def frame_bytes(chunk_size: int, base_chunks: int, other_chunks: int) -> int:
+    """Bytes of both frames as generated: chunk_size x (base_chunks x 24 + other_chunks x 16)."""
+    return chunk_size * (base_chunks * BASE_ROW_BYTES + other_chunks * OTHER_ROW_BYTES)
+
+
+def worker_need_bytes(spec: MergeSpec, n_workers: int) -> int:
+    """Bytes one worker may need at its peak: FRAME_COPIES x both frames (see FRAME_COPIES)."""
+    bc, oc = spec.base_chunks or n_workers, spec.other_chunks or n_workers
+    return FRAME_COPIES * frame_bytes(spec.chunk_size, bc, oc)
+
+
+def _largest_that_fits(spec: MergeSpec, n_workers: int, room: int) -> tuple[str, int, int]:
+    """The option to name when the frames do not fit in ``room`` bytes per worker: (its flag, its
+    value, the largest value that fits with the others unchanged), choosing among -c and the
+    partition counts the user gave the one furthest over its largest."""
+    c, bc, oc = spec.chunk_size, spec.base_chunks or n_workers, spec.other_chunks or n_workers
+    per_row = room // FRAME_COPIES
+    cands = [("-c/--chunk-size", c, per_row // (bc * BASE_ROW_BYTES + oc * OTHER_ROW_BYTES))]
+    if spec.base_chunks is not None:
+        cands.append(("--base-chunks", bc, max(0, (per_row // c - oc * OTHER_ROW_BYTES) // BASE_ROW_BYTES)))
+    if spec.other_chunks is not None:
+        cands.append(("--other-chunks", oc, max(0, (per_row // c - bc * BASE_ROW_BYTES) // OTHER_ROW_BYTES)))
+    return max(cands, key=lambda t: t[1] / t[2] if t[2] > 0 else float("inf"))
+
+
+def _refuse_frames(spec: MergeSpec, n_workers: int, room: int, where: str) -> UsageError:
+    flag, value, largest = _largest_that_fits(spec, n_workers, room)
+    bc, oc = spec.base_chunks or n_workers, spec.other_chunks or n_workers
+    need = worker_need_bytes(spec, n_workers)
+    shown = f"{value}" if value < 10**15 else f"(a {len(str(value))}-digit number)"
+    return UsageError(
+        f"{flag} {shown}: both frames ({bc} x -c rows x {BASE_ROW_BYTES} B + {oc} x -c rows x "
+        f"{OTHER_ROW_BYTES} B) and the shuffle's copies (x{FRAME_COPIES}) need {format_size(need)} on every "
+        f"worker; {where} has {format_size(max(room, 0))}",
+        f"the largest {flag} that fits is {largest:,}" if largest >= 1 else
+        "even 1 does not fit; lower the other sizes")
+
+
+def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: Mapping[int, int] | None = None,
+                     worker_limit: int | None = None) -> None:
+    """Refuse a local run whose frames cannot fit, before any worker starts.
+
+    Args:
+        spec: the options (-c, --base-chunks, --other-chunks, -d, -t).
+        host_available: bytes of host memory available (MemAvailable), None when unknown.
+        device_free: -t gpu: device -> bytes one worker may use on it (free memory less the CUDA
+            context and the scheduler's pool); the RMM pool grows into it as the frames need.
+        worker_limit: -t cpu: each worker's memory limit in bytes (distributed's "auto": the
+            host's memory / workers), None for none.
+
+    Raises:
+        UsageError: the frames and their copies do not fit on a worker (naming the option and the
+            largest value that fits), the workers' own memory does not fit on the host (-t cpu),
+            or the partitions' tasks do not fit in this process.
+    """
+    n = len(spec.devices)
+    bc, oc = spec.base_chunks or n, spec.other_chunks or n
+    if spec.merge_type == "cpu" and host_available is not None and n * WORKER_BASE_BYTES > host_available:
+        raise UsageError(f"-d/--devices: {n:,} workers need {format_size(n * WORKER_BASE_BYTES)} of host memory "
+                         f"for their processes alone; {format_size(host_available)} is available",
+                         f"at most {host_available // WORKER_BASE_BYTES:,} workers")
+    if host_available is not None and (bc + oc) * PARTITION_HOST_BYTES > host_available:
+        most = host_available // PARTITION_HOST_BYTES
+        given = [(f, v) for f, v, g in (("--base-chunks", bc, spec.base_chunks), ("--other-chunks", oc, spec.other_chunks))
+                 if g is not None]
+        flag, v = max(given, key=lambda t: t[1]) if given else ("-d/--devices", n)
+        raise UsageError(f"{flag} {v if v < 10**15 else f'(a {len(str(v))}-digit number)'}: {bc + oc:,} partitions "
+                         f"need about {format_size((bc + oc) * PARTITION_HOST_BYTES)} in this process for their "
+                         f"tasks; {format_size(host_available)} is available",
+                         f"at most {most:,} partitions of both frames together")
+    if spec.merge_type == "gpu":
+        for d, room in sorted((device_free or {}).items()):
+            if worker_need_bytes(spec, n) > room:
+                raise _refuse_frames(spec, n, room, f"GPU {d}")
+        return
+    rooms = []
+    if worker_limit is not None:
+        rooms.append((worker_limit - WORKER_BASE_BYTES, "a worker (its memory limit)"))
+    if host_available is not None:
+        rooms.append((host_available // n - WORKER_BASE_BYTES, f"the host's available memory / {n} workers"))
+    for room, where in rooms:
+        if worker_need_bytes(spec, n) > room:
+            raise _refuse_frames(spec, n, room, where)
+
+
+def cpu_worker_limit(n_workers: int) -> int | None:
+    """Each worker's memory limit as LocalCluster sets it (distributed's parse_memory_limit("auto",
+    1, n_workers)), in bytes; None for no limit."""
+    import logging
+
+    from distributed.worker_memory import parse_memory_limit
+
+    return parse_memory_limit("auto", 1, n_workers, logger=logging.getLogger("gpubench"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Functions run on the workers (client.run passes the worker as dask_worker)
+# ---------------------------------------------------------------------------------------------
+
+
+def worker_device() -> int:
+    """First entry of the worker's CUDA_VISIBLE_DEVICES, -1 without one (dask-cuda's get_worker_device)."""
+    try:
+        device, *_ = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+        return int(device)
+    except (KeyError, ValueError):
+        return -1
+
+
+def clear_transfer_log(dask_worker=None) -> int:
+    """Empty the worker's transfer_incoming_log; returns its maximum length."""
+    dask_worker.transfer_incoming_log.clear()
+    return dask_worker.transfer_incoming_log.maxlen or 0
+
+
+def take_transfer_log(dask_worker=None) -> list[dict]:
+    """The worker's incoming transfers since the last clear: who, total (B), bandwidth (B/s),
+    duration (s), start (s, the worker's clock)."""
+    return [
+        {"who": e["who"], "total": int(e["total"]), "bandwidth": float(e["bandwidth"]),
+         "duration": float(e["duration"]), "start": float(e["start"])}
+        for e in list(dask_worker.transfer_incoming_log)
+    ]
+
+
+def _has_rmm_plugin(dask_worker=None) -> bool:
+    return any("RMMSetup" in k for k in dask_worker.plugins.keys())
+
+
+def _setup_rmm(pool_size=None, disable_rmm_pool=False, rmm_async=False, dask_worker=None) -> str:
+    """Make the worker's RMM memory resource as dask-cuda's benchmark setup_memory_pool does and
+    route CuPy's allocations through it; returns a description.
+
+    Args:
+        pool_size: bytes (int), a fraction of the device's total memory (float), or None (RMM's
+            default: half of the device's memory).
+    """
+    import cupy
+    import rmm
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    if pool_size is not None:
+        from dask_cuda.utils import parse_device_memory_limit
+
+        pool_size = parse_device_memory_limit(pool_size, alignment_size=256)
+    if rmm_async:
+        rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource())
+        desc = "async"
+    else:
+        rmm.reinitialize(pool_allocator=not disable_rmm_pool, initial_pool_size=pool_size)
+        desc = "none" if disable_rmm_pool else f"pool {pool_size if pool_size is not None else 'default'}"
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+    return desc
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_ucx_env(spec: MergeSpec | None = None) -> Iterator[None]:
+    """Environment for the cluster's start, inherited by the worker processes: UCX does not warn
+    about the variables distributed-ucxx sets (UCX_MEMTYPE_CACHE); for a local -p ucx -t cpu
+    cluster without --interface, UCX's network transports use the loopback device only
+    (UCX_NET_DEVICES=lo), unless the user set UCX_NET_DEVICES."""
+    keys = ["UCX_WARN_UNUSED_ENV_VARS"]
+    old = {k: os.environ.get(k) for k in keys + ["UCX_NET_DEVICES"]}
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    if (spec is not None and spec.protocol == "ucx" and spec.merge_type == "cpu" and not spec.external
+            and spec.interface is None and "UCX_NET_DEVICES" not in os.environ):
+        os.environ["UCX_NET_DEVICES"] = "lo"
+        keys.append("UCX_NET_DEVICES")
+    try:
+        yield
+    finally:
+        for k in keys:
+            if old[k] is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old[k]
+
+
+def _import_ucxx() -> None:
+    try:
+        import distributed_ucxx  # noqa: F401
+    except Exception as e:
+        raise UsageError(
+            f"-p ucx needs distributed-ucxx, which cannot be imported ({type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:80]})",
+            "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]); UCX-Py is discontinued",
+        ) from None
+
+
+def _is_oom_text(text: str) -> bool:
+    t = text.lower()
+    return "out of memory" in t or "out_of_memory" in t or "bad_alloc" in t or "memoryerror" in t
+
+
+@contextlib.contextmanager
+def _workers_ignore_sigint() -> Iterator[None]:
+    """Worker processes spawned inside this block start with SIGINT ignored, while this process
+    keeps its own Ctrl-C handler.
+
+    A Ctrl-C at the terminal reaches the whole process group; a worker that got it would print
+    its own KeyboardInterrupt traceback while gpubench stops the cluster and keeps what it measured.
+    An ignored disposition survives exec, and CPython installs no KeyboardInterrupt handler over
+    an ignored SIGINT, so the workers (multiprocessing "spawn" children of the Nannies) are started
+    through a two-line /bin/sh wrapper (``trap '' INT; exec python "$@"``) set as multiprocessing's
+    spawn executable for the duration of the block. Ignoring SIGINT in this process while the
+    workers spawn (the earlier way) lost every Ctrl-C of the cluster start (issue 18, item 6);
+    a blocked signal mask is not kept across the spawn (CPython's _posixsubprocess resets it).
+    Without /bin/sh the workers start as usual.
+    """
+    import multiprocessing.spawn as mp_spawn
+    import shlex
+    import shutil
+    import tempfile
+
+    if not os.access("/bin/sh", os.X_OK):
+        yield
+        return
+    old = mp_spawn.get_executable()
+    folder = tempfile.mkdtemp(prefix="gpubench-workers-")
+    wrapper = os.path.join(folder, "python-sigint-ignored")
+    try:
+        with open(wrapper, "w") as f:
+            f.write(f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(os.fsdecode(old))} \"$@\"\n")
+        os.chmod(wrapper, 0o700)
+        mp_spawn.set_executable(wrapper)
+        yield
+    finally:
+        mp_spawn.set_executable(old)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_interface(name: str) -> None:
+    """Refuse a --interface this host does not have (distributed only says so once the cluster is
+    starting, as a RuntimeError).
+
+    Raises:
+        UsageError: ``name`` is not an interface of this host with an IPv4 address (distributed
+            binds to the interface's IPv4 address); the line lists those that have one.
+    """
+    import socket
+
+    import psutil
+
+    addrs = psutil.net_if_addrs()
+    usable = sorted(n for n, a in addrs.items() if any(x.family == socket.AF_INET for x in a))
+    if name not in addrs:
+        raise UsageError(f"--interface {name!r} is not a network interface of this host",
+                         f"use one of {', '.join(usable)}")
+    if name not in usable:
+        raise UsageError(f"--interface {name!r} has no IPv4 address, which Dask binds to",
+                         f"use one of {', '.join(usable)}")
+
+
+
+def resolve_lazy_modules() -> int:
+    """Load, in the calling (main) thread, every module of sys.modules that is still an
+    ``importlib.util.LazyLoader`` placeholder; returns how many there were.
+
+    CuPy registers ``cupy.testing`` lazily (cupy/__init__.py, ``_lazy_import``), and dask.array
+    imports CuPy even for ``-t cpu``. distributed's error logging (utils._LogErrors ->
+    _getmodulename_with_path) reads ``__file__`` of every module in sys.modules, so the first task
+    that failed or was cancelled on the IO loop thread ran CuPy's whole testing import (numpy.testing,
+    unittest, importlib.metadata) on that thread, in the middle of a cluster's close; LazyLoader is
+    not thread-safe before Python 3.12.3 (CPython gh-114763). It was where the first two SIGSEGVs of
+    a `-p ucx` start cut short were caught (faulthandler), though not their cause (see
+    _start_holding_signals): loaded here first, nothing is imported on the loop thread. It costs
+    about 0.15 s (CuPy's testing package) and only when the placeholder is there. A module whose
+    load fails is left as Python leaves it.
+    """
+    import importlib.util
+
+    lazy = getattr(importlib.util, "_LazyModule", None)
+    if lazy is None:
+        return 0
+    found = [m for m in list(sys.modules.values()) if type(m) is lazy]
+    for m in found:
+        with contextlib.suppress(Exception):
+            getattr(m, "__file__", None)
+    return len(found)
+
+
+def open_client(spec: MergeSpec) -> tuple[Any, Any]:
+    """Start (or attach to) the cluster and connect a client.
+
+    Returns:
+        (client, cluster): cluster is None when the cluster is external, else a :class:`LocalHandle`.
+        Close both with :func:`close_all` (a local cluster's close stops its worker processes, and
+        kills any that outlive it). When the start fails, times out or is interrupted, whatever had
+        started is closed here.
+
+    Raises:
+        UsageError: an external scheduler that cannot be reached or has no workers; a missing
+            scheduler file; -p ucx without distributed-ucxx; -t gpu without dask-cuda; an
+            --interface this host lacks.
+        MachineError: the local cluster did not start within --timeout, or failed to start.
+    """
+    import dask
+    from distributed import Client
+
+    if spec.protocol == "ucx":
+        _import_ucxx()
+    resolve_lazy_modules()  # in this thread, before any IO loop thread runs distributed's code
+    if spec.interface is not None and not spec.external:
+        check_interface(spec.interface)
+    cluster = None
+    client = None
+    # The workers inherit this config through their Nanny (a local cluster only).
+    cfg = {"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}
+    try:
+        with dask.config.set(cfg), _quiet_ucx_env(spec), warnings.catch_warnings():
+            if spec.external:
+                client = _connect(spec)
+                try:
+                    client.wait_for_workers(1, timeout=min(spec.timeout_s, 60))
+                except (OSError, TimeoutError) as e:
+                    where = spec.scheduler_address or spec.scheduler_file
+                    raise UsageError(f"the scheduler at {where} has no workers ({error_line(e)})") from None
+            else:
+                # -p ucx: a Ctrl-C or SIGTERM waits for the start and the client's connection
+                # (_start_holding_signals says why); tcp stops at once
+                with holding_signals() if spec.protocol == "ucx" else contextlib.nullcontext():
+                    cluster = _start_local_cluster(spec)
+                    try:
+                        client = Client(cluster.scheduler_address, loop=cluster.loop,
+                                        timeout=min(spec.timeout_s, 60))
+                    except (OSError, TimeoutError) as e:
+                        raise MachineError(f"cannot connect to the local cluster's scheduler: "
+                                           f"{error_line(e)[:160]}") from None
+    except BaseException:
+        stopped = close_all(client, cluster)
+        if stopped is not None:
+            raise stopped from None
+        raise
+    return client, cluster
+
+
+def _connect(spec: MergeSpec) -> Any:
+    """A client of the external scheduler (--scheduler-address / --scheduler-file).
+
+    Raises:
+        UsageError: the address is malformed, the scheduler file is missing, or the scheduler
+            cannot be reached.
+    """
+    from distributed import Client
+
+    from gpubench.launch.scheduler import check_scheduler_address, scheduler_file_address
+
+    if spec.scheduler_address:
+        check_scheduler_address(spec.scheduler_address)
+    else:
+        scheduler_file_address(spec.scheduler_file or "")  # distributed waits forever for a missing one
+    try:
+        if spec.scheduler_address:
+            return Client(spec.scheduler_address, timeout=min(spec.timeout_s, 10))
+        return Client(scheduler_file=spec.scheduler_file, timeout=min(spec.timeout_s, 10))
+    except (OSError, TimeoutError, ValueError) as e:
+        where = spec.scheduler_address or spec.scheduler_file
+        raise UsageError(f"cannot reach the scheduler at {where}: {error_line(e)}",
+                         "check the address (e.g. tcp://HOST:8786) and that it runs") from None
+
+
+def _spawned_children(before: frozenset = frozenset()) -> list:
+    """This process's multiprocessing-spawned descendants (Dask workers) not in ``before`` (pids);
+    the resource tracker is left alone (it ends with this process)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if p.pid not in before and "spawn_main" in cmd and "resource_tracker" not in cmd:
+            out.append(p)
+    return out
+
+
+def kill_leftovers(before: frozenset, grace_s: float = KILL_GRACE_S) -> int:
+    """SIGTERM, then after ``grace_s`` SIGKILL, every worker process this process spawned since
+    ``before`` (pids) that is still there; returns how many there were. The last resort of a
+    cluster close that did not end its workers within its time (a loaded host, a stuck start)."""
+    import psutil
+
+    procs = _spawned_children(before)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(procs)
+
+
+class LocalHandle:
+    """A local cluster started by :func:`_start_local_cluster` on gpubench's own IO loop thread.
+
+    Attributes:
+        cluster: the distributed LocalCluster / dask-cuda LocalCUDACluster (asynchronous, living on
+            ``loop``).
+        loop: the tornado IOLoop it runs on (a distributed LoopRunner's thread).
+        scheduler_address: where its scheduler listens.
+    """
+
+    def __init__(self, cluster, runner, before: frozenset):
+        self.cluster = cluster
+        self.runner = runner
+        self.loop = runner.loop
+        self.before = before
+        self.scheduler_address = cluster.scheduler_address if cluster is not None else None
+        self._closed = False
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Close the cluster within ``timeout`` seconds, then kill any worker process it left, then
+        stop the loop. A Ctrl-C in the middle still kills the workers before it propagates."""
+        from distributed.utils import sync
+
+        if self._closed:
+            return
+        quiet_closing_logs()
+        try:
+            if self.cluster is not None:
+                with contextlib.suppress(Exception):
+                    sync(self.loop, self.cluster.close, timeout, callback_timeout=timeout + 1)
+        finally:
+            self._closed = True
+            quiet_closing_logs()  # again: the close put distributed's own level back
+            kill_leftovers(self.before)
+            with contextlib.suppress(Exception):
+                self.runner.stop(timeout=2)
+
+
+# UCXX's own logger ("ucx", printed as "UCXPY  ERROR ...") logs a traceback when a listener is
+# destroyed while a peer is still in its handshake (listener.py, _listener_handler_coroutine:
+# "Unexpected error in listener handler coroutine", ucxx 0.52), which a cluster gpubench closes
+# itself (after the runs, on Ctrl-C, on a fault) does at random. Like distributed's own logs
+# (silence_logs=CRITICAL), the workers of gpubench's own cluster start with UCXPY_LOG_LEVEL at
+# CRITICAL and this process's "ucx" logger goes quiet when the close begins; a fault of the run is
+# reported by the error gpubench raises. A UCXPY_LOG_LEVEL the user set is kept everywhere.
+UCX_QUIET_LEVEL = "CRITICAL"
+
+
+def worker_environ() -> dict[str, str]:
+    """dask's ``distributed.nanny.environ`` for gpubench's own workers: the configured one with
+    UCXPY_LOG_LEVEL at CRITICAL added. It is a config key, not the Nanny's ``env``, because
+    dask-cuda's LocalCUDACluster replaces ``env`` with CUDA_VISIBLE_DEVICES; the Nanny takes a
+    variable set in this process's environment over the config (nanny._get_env_variables)."""
+    import dask
+
+    return {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
+
+
+# distributed's UCX comm lives in its own package, distributed_ucxx, whose log_errors wrappers log to
+# "distributed_ucxx.ucxx": outside "distributed", so silence_logs leaves it alone and, with no
+# handler of its own, Python's last-resort handler prints its tracebacks bare (CI: a CancelledError
+# in a ucx write on a Ctrl-C 6 s into `merge -p ucx`). It follows distributed's level everywhere.
+DISTRIBUTED_LOGGERS = ("distributed", "distributed_ucxx")
+WORKER_PRELOAD = "gpubench.plugins.merge.worker_setup"
+
+
+def worker_preload() -> list[str]:
+    """dask's ``distributed.worker.preload`` for gpubench's own workers: the configured list with
+    gpubench's worker setup (merge_worker_setup: distributed_ucxx's, tornado's and asyncio's
+    loggers at CRITICAL, as silence_logs sets distributed's) added. A config key: each Worker imports
+    the module in its constructor, before it listens or registers, so it holds from then on; a
+    ``client.run`` after the start (what gpubench did for tornado's and asyncio's) leaves the start
+    and the client's connection uncovered."""
+    import dask
+
+    configured = dask.config.get("distributed.worker.preload", []) or []
+    configured = [configured] if isinstance(configured, str) else list(configured)
+    return configured if WORKER_PRELOAD in configured else [*configured, WORKER_PRELOAD]
+
+
+def quiet_closing_logs() -> None:
+    """Raise this process's UCXX logger ("ucx") to CRITICAL, unless the user set UCXPY_LOG_LEVEL,
+    and distributed's and distributed_ucxx's (DISTRIBUTED_LOGGERS) and tornado's callback logger
+    to CRITICAL: the cluster gpubench closes restores distributed's level at the end of its close
+    (silence_logs), after which a comm still closing logs a traceback (batched.py's
+    _background_send: CommClosedError, seen in CI on a SIGTERM 4 s into the start); a periodic
+    callback of distributed's (a heartbeat) that fails on a closed pool is logged by tornado
+    ("Exception in callback", as on the workers, merge_worker_setup)."""
+    import logging
+
+    if "UCXPY_LOG_LEVEL" not in os.environ:
+        logging.getLogger("ucx").setLevel(UCX_QUIET_LEVEL)
+    for name in (*DISTRIBUTED_LOGGERS, "tornado.application"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _quiet_distributed_finalizers() -> None:
+    """Drop the "Exception ignored in ... __del__" tracebacks of distributed's and UCXX's objects
+    (an rpc whose UCXX comm never finished its handshake, when a start is cancelled by Ctrl-C or
+    the deadline: ``'...' object has no attribute 'alive'``) that the garbage collector prints after
+    gpubench closed the cluster itself; every other unraisable exception goes to the hook before."""
+
+    previous = sys.unraisablehook
+    if getattr(previous, "_gpubench_quiet_distributed", False):
+        return
+
+    def hook(u) -> None:
+        mod = str(getattr(u.object, "__module__", None) or type(u.object).__module__)
+        if mod.startswith(("distributed", "ucxx")):
+            return
+        previous(u)
+
+    hook._gpubench_quiet_distributed = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
+    """A LocalCUDACluster (-t gpu, one worker per -d GPU) or a LocalCluster of worker processes
+    (-t cpu, one per -d entry), started within --timeout.
+
+    The cluster is built asynchronously on an IO loop thread of gpubench's own (distributed's
+    LoopRunner), and this thread waits for it with distributed's ``sync(..., callback_timeout=)``:
+    a start that does not finish in time (a loaded host, a worker that never connects) is cancelled,
+    the cluster closed and its processes killed, and a Ctrl-C reaches this thread at once. Listens
+    on 127.0.0.1 unless --interface names another interface; no dashboard, and the scheduler's
+    HTTP routes (health, metrics) on a free loopback port, so a taken port 8787 draws no warning.
+
+    Raises:
+        UsageError: -t gpu without dask-cuda.
+        MachineError: the cluster did not start (within --timeout).
+    """
+    import logging
+
+    import dask
+    from distributed import LocalCluster
+    from distributed.utils import LoopRunner, sync
+
+    common = dict(
+        n_workers=len(spec.devices), threads_per_worker=spec.threads_per_worker,
+        protocol=spec.protocol, interface=spec.interface, dashboard_address=None,
+        host=None if spec.interface else "127.0.0.1",
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+        # A lost worker makes the others log tracebacks; the error we raise names it.
+        silence_logs=logging.CRITICAL, asynchronous=True,
+    )
+    # dask-cuda's benchmark hides this one too: the pool is made after the start.
+    warnings.filterwarnings("ignore", message=".*NVLink.*rmm_pool_size.*", category=UserWarning)
+    if spec.merge_type == "gpu":
+        try:
+            from dask_cuda import LocalCUDACluster
+        except Exception as e:
+            raise UsageError(f"-t gpu needs dask-cuda, which cannot be imported "
+                             f"({error_line(e)[:100]})",
+                             "pip install 'gpubench-cuda[rapids-cu13]' (or [rapids-cu12]), or use -t cpu") from None
+
+        def make():
+            return LocalCUDACluster(
+                CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)), device_memory_limit=None,
+                enable_cudf_spill=spec.enable_cudf_spill, enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
+                enable_infiniband=spec.enable_infiniband, enable_nvlink=spec.enable_nvlink,
+                enable_rdmacm=spec.enable_rdmacm, **common)
+    else:
+        def make():
+            return LocalCluster(processes=True, **common)
+
+    before = frozenset(p.pid for p in _spawned_children())
+    _quiet_distributed_finalizers()
+    logging.getLogger("distributed_ucxx").setLevel(logging.CRITICAL)  # as silence_logs does distributed's
+    runner = LoopRunner(asynchronous=False)
+    runner.start()
+    # The loop is gpubench's own: what its tasks leave unhandled (a start cancelled by Ctrl-C or the
+    # deadline: "Task exception was never retrieved"; comms that break while the cluster closes) is
+    # a consequence of a stop gpubench made and reports itself, not a traceback to print.
+    runner.loop.asyncio_loop.set_exception_handler(lambda loop, context: None)
+    box: list = []
+
+    async def start():
+        with dask.config.set({"distributed.nanny.environ": worker_environ(),  # the Nannies start in the await
+                              "distributed.worker.preload": worker_preload()}):
+            cluster = make()  # on the loop's thread, so the constructor starts nothing itself
+            box.append(cluster)
+            return await cluster
+
+    try:
+        with _workers_ignore_sigint():
+            if spec.protocol == "ucx":
+                _start_holding_signals(runner.loop, start, spec.timeout_s)
+            else:
+                sync(runner.loop, start, callback_timeout=spec.timeout_s)
+    except BaseException as e:
+        LocalHandle(box[0] if box else None, runner, before).close(timeout=FAILED_START_CLOSE_S)
+        if isinstance(e, (KeyboardInterrupt, Interrupted, UsageError)):
+            raise
+        if isinstance(e, TimeoutError):  # asyncio's is the builtin one on Python >= 3.11
+            raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start within "
+                               f"--timeout {spec.timeout_s:g} s", "raise --timeout; the host may be busy") from None
+        raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start: "
+                           f"{error_line(e)[:160]}") from None
+    return LocalHandle(box[0], runner, before)
+
+
+@contextlib.contextmanager
+def holding_signals() -> Iterator[None]:
+    """``with CRITICAL:`` (a SIGINT or SIGTERM inside is raised when the block ends), and an error
+    raised inside once a signal was noted becomes that signal's exception: the signal reached the
+    process group too, where a worker's /bin/sh wrapper can die of it before its trap ("Nanny failed
+    to start"), so the failure is the user's stop (exit 130 / 143), not a machine fault (exit 3)."""
+    try:
+        with CRITICAL:
+            yield
+    except Exception:
+        if signal_noted():
+            raise signal_exception(last_signal()) from None
+        raise
+
+
+UCX_START_GRACE_S = 20.0  # the longest a -p ucx start may go on after a Ctrl-C or SIGTERM
+
+
+def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_START_GRACE_S) -> None:
+    """Run the coroutine function ``start`` on ``loop`` (a tornado IOLoop on its own thread) to its
+    end, within ``timeout_s``; called inside ``with holding_signals():``, so a SIGINT or SIGTERM that lands
+    meanwhile is noted and raised once the start (and the client's connection) ends, or here when
+    the start is still going ``grace_s`` after it.
+
+    Why: a UCXX cluster closed while it starts (endpoints and listeners mid-handshake, on
+    distributed-ucxx 0.52, libucx 1.21) crashes this process with SIGSEGV on the IO loop thread, in
+    whatever Python code that thread runs then: 7 of 85 Ctrl-Cs 3-5 s into `merge -p ucx -t cpu` on
+    the 2-core host (faulthandler, the main thread always in the close of a start cut short; CI:
+    test_sigint_at_every_half_second_of_the_first_8_s[ucx], exit -11). A cluster that finished its
+    start closes cleanly. The teardown at exit has a crash of the same family, which
+    cli._exit_skipping_ucxx_teardown avoids.
+
+    Raises:
+        TimeoutError: ``timeout_s`` passed (the caller names it).
+        KeyboardInterrupt, Interrupted: the signal noted ``grace_s`` before, with the start not done.
+        Whatever ``start`` raised (:func:`holding_signals` turns it into the signal's exception
+            when a signal was noted).
+    """
+    import asyncio
+    import concurrent.futures
+
+    fut = asyncio.run_coroutine_threadsafe(start(), loop.asyncio_loop)
+    deadline = time.monotonic() + timeout_s
+    signalled_at = None
+    while True:
+        try:
+            fut.result(timeout=0.1)
+            return
+        except concurrent.futures.TimeoutError:
+            pass
+        now = time.monotonic()
+        if signalled_at is None and signal_noted():
+            signalled_at = now
+            from gpubench.core.report import err_line
+
+            err_line(f"gpubench: stopping once the ucx cluster has started (at most {grace_s:g} s: "
+                     f"UCXX crashes when a start is cut short)")
+        if now > deadline or (signalled_at is not None and now - signalled_at > grace_s):
+            fut.cancel()
+            if now > deadline:
+                raise TimeoutError(f"the start took longer than {timeout_s:g} s")
+            raise signal_exception(last_signal())
+
+
+def close_all(client, cluster) -> BaseException | None:
+    """Close the client, then the cluster (within CLOSE_TIMEOUT_S, then its leftover workers are
+    killed), even when a Ctrl-C or SIGTERM lands in the middle: the interrupted close is tried once
+    more (the CLI notes and ignores later signals) so no worker process is left. Other errors of a
+    close are ignored.
+
+    Returns:
+        The first interrupt (KeyboardInterrupt or Interrupted) that landed while closing, for the
+        caller to act on once everything is closed; None when none did.
+    """
+    pending: BaseException | None = None
+    if cluster is not None:  # gpubench's own cluster: the client's close already cancels comms that
+        quiet_closing_logs()  # distributed logs with a traceback (CI: CancelledError in a ucx write)
+    for what, close in (("client", lambda: client.close(timeout=CLIENT_CLOSE_TIMEOUT_S)),
+                        ("cluster", lambda: cluster.close(timeout=CLOSE_TIMEOUT_S))):
+        if (client if what == "client" else cluster) is None:
+            continue
+        for _attempt in range(2):
+            try:
+                close()
+                break
+            except (KeyboardInterrupt, Interrupted) as e:
+                pending = pending or e
+            except Exception:
+                break
+    return pending
+
+
+def rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
+    """Set up RMM on the workers and the scheduler as dask-cuda's setup_memory_pools does.
+
+    Returns:
+        What was set up, e.g. "pool 4000000000" (the workers' descriptions, then the scheduler's
+        failure on an external cluster), or why nothing was (an RMMSetup plugin already there).
+
+    Raises:
+        UsageError: the pool did not fit on a worker's GPU.
+        MachineError: the setup failed on a worker, or on the scheduler of a local cluster.
+    """
+    if spec.external and any(run_on_workers(client, _has_rmm_plugin, workers, "looking for RMMSetup").values()):
+        return "already set up on the external cluster (RMMSetup plugin); pool options not applied"
+    pool = spec.rmm_pool_bytes if spec.rmm_pool_bytes is not None else spec.rmm_pool_fraction
+    kw = dict(pool_size=pool, disable_rmm_pool=spec.disable_rmm_pool, rmm_async=spec.rmm_async)
+    try:
+        descs = run_on_workers(client, _setup_rmm, workers, "RMM setup", **kw)
+    except MachineError as e:
+        if _is_oom_text(e.message):
+            raise UsageError(f"the RMM pool did not fit on a worker's GPU: {e.message[:200]}",
+                             "use a smaller --rmm-pool-size") from None
+        raise
+    # dask-cuda also makes a 1 GB pool in the scheduler "due to occasional deserialization of CUDA
+    # objects"; for a local cluster that is this process, on its CUDA device 0.
+    try:
+        client.run_on_scheduler(_setup_rmm, **{**kw, "pool_size": None if (spec.rmm_async or spec.disable_rmm_pool)
+                                               else SCHEDULER_POOL_BYTES})
+        sched = ""
+    except Exception as e:
+        if not spec.external:
+            raise MachineError(f"RMM setup on the scheduler failed: {error_line(e)[:200]}") from None
+        sched = f"; scheduler: not set up ({error_line(e)[:80]})"
+    return "; ".join(sorted(set(descs.values()))) + sched

@@ -1,0 +1,507 @@
+"""``gpubench nccl``: NCCL collectives through CuPy's bindings, timed as nccl-tests times them.
+
+One process, one communicator per GPU (``NcclCommunicator.initAll``), the ranks' calls grouped
+between ``ncclGroupStart``/``ncclGroupEnd`` (nccl-tests ``-g N``); or, with a Dask scheduler, one
+rank per worker (the unique id passed through the scheduler; nccl-tests under MPI).
+
+What is timed (nccl-tests 2.19.6 src/common.cu BenchTime; docs/nccl.md): a host clock
+(``perf_counter``) started before ``iters`` grouped launches are queued and stopped when every
+rank's stream has finished (polled with cudaStreamQuery, as testStreamSynchronize does); the
+per-iteration time is that span / iters. With ``cuda_graph`` G > 0 (nccl-tests ``-G``), the
+``iters`` iterations are captured once per point into one CUDA graph per rank's stream and a
+sample is G launches of those graphs: span / (iters * G). Each iteration moves its buffers by one
+operation size within buffers of the largest size (nccl-tests' ``shift``, against cache effects).
+Before the timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each
+followed by a full synchronisation. A sample is one such timed span; the report shows the median over samples;
+across processes the per-sample times are averaged (nccl-tests' default ``-a 1``).
+
+What differs between collectives (byte counts, algbw and busbw formula, the NCCL call, the
+expected data, which ranks are checked) is the collective's entry in bench/collectives.py; this
+module is the public face (spec, the plug-in :class:`Nccl`, records) and iterates entries. The
+driver (core/benchmark.run) runs the plug-in: ``setup`` owns the communicators, the buffers and
+the CUDA graphs, ``measure`` is one (size, placement) point. The rest lives by job: nccl_comm
+(communicators, buffers, waits, faults), nccl_launch (the calls of an iteration, the launch queue,
+the timed samples, the drain), nccl_graphs (-G), nccl_data (initialisation and check) and
+nccl_dask (one rank per Dask worker, the same plug-in contract run from the client).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from gpubench.plugins.nccl import collectives as C
+from gpubench.plugins.nccl import data as D
+from gpubench.plugins.nccl import launch as L
+from gpubench.plugins.nccl.comm import Rank, as_machine_error, nccl_env, nccl_module, wait_all
+from gpubench.plugins.nccl.graphs import CapturedGraphs, GraphOwner
+from gpubench.core import benchmark as driver
+from gpubench.core import gpu
+from gpubench.core.benchmark import Benchmark, Context
+from gpubench.core.errors import MachineError, UsageError, check_choices
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.units import format_size
+
+PLACES = ("out-of-place", "in-place")
+MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured into one graph
+
+
+def teardown(graphs, ranks: list, comms: list, timeout_s: float) -> None:
+    """Release what a setup made, in the order NCCL needs: CUDA graphs first (they hold NCCL
+    resources that ncclCommDestroy waits for), then drain the streams, free the buffers, and
+    destroy each communicator whose rank was not aborted (an aborted one is already gone). Errors
+    on the way are ignored: this runs after a fault too. ``comms`` may be longer than ``ranks``
+    when an allocation failed part way."""
+    graphs.close_all()
+    L.drain(ranks, timeout_s)
+    for rk in ranks:
+        try:
+            rk.free()
+        except Exception:
+            pass
+    for i, c in enumerate(comms):
+        if i < len(ranks) and getattr(ranks[i], "aborted", False):
+            continue
+        try:
+            c.destroy()
+        except Exception:
+            pass
+
+
+@dataclass(frozen=True)
+class NcclSpec:
+    """Parsed options of ``gpubench nccl``; its constructor is the one place they are checked.
+
+    Attributes:
+        collective: a key of collectives.COLLECTIVES, or an alias (``allreduce``), stored canonical.
+        sizes: operation sizes in bytes (nccl-tests -b/-e/-f), ascending.
+        dtype: a key of collectives.DTYPES or an alias (``bf16``), stored canonical.
+        op: a key of collectives.OPS (ignored by collectives that do not reduce), stored lower case.
+        root: root rank of the rooted collectives.
+        devices: CUDA ordinals for the single-process run, or None for every visible GPU.
+        warmup: untimed iterations per size before timing (nccl-tests -w).
+        iters: iterations per timed sample (nccl-tests -n).
+        samples: timed samples per point; the median is reported.
+        check: data checks per point (nccl-tests -c; 0 = none).
+        places: subset of PLACES.
+        cuda_graph: graph launches per sample (nccl-tests -G; 0 = the iterations launched one by
+            one, no graph).
+        timeout_s: abort when a wait lasts longer (nccl-tests -T; 0 = never).
+        scheduler_address, scheduler_file: an existing Dask cluster; one rank per worker.
+        expect_busbw_gbps: --expect-busbw, GB/s at the largest size (checked after the run), or None.
+        gpus_per_proc: -g, GPUs per process under a launcher (nccl-tests -g; None: 1, or len(-d));
+            in one process without a launcher, the first N visible GPUs when -d is not given.
+        average: -a, how the ranks' per-sample times combine (nccl-tests -a: 0 rank 0, 1 mean,
+            2 minimum, 3 maximum); bench/nccl_ranks.combine.
+        rendezvous: --rendezvous HOST:PORT of rank 0's store (else MASTER_ADDR/MASTER_PORT).
+
+    Raises:
+        UsageError: a bad value, in the words of the CLI option that sets it.
+    """
+
+    collective: str = "all-reduce"
+    sizes: tuple[int, ...] = (2**20, 2**22, 2**24, 2**26, 2**28, 2**30)
+    dtype: str = "float"
+    op: str = "sum"
+    root: int = 0
+    devices: tuple[int, ...] | None = None
+    warmup: int = 1
+    iters: int = 20
+    samples: int = 5
+    check: int = 1
+    places: tuple[str, ...] = PLACES
+    cuda_graph: int = 0
+    timeout_s: float = 0.0
+    scheduler_address: str | None = None
+    scheduler_file: str | None = None
+    expect_busbw_gbps: float | None = None
+    gpus_per_proc: int | None = None
+    average: int = 1
+    rendezvous: str | None = None
+
+    def __post_init__(self):
+        from gpubench.core.options import MAX_REPEATS, positive_int
+
+        object.__setattr__(self, "collective", C.collective(self.collective).name)
+        object.__setattr__(self, "dtype", C.dtype(self.dtype).name)
+        C.op(self.op)
+        object.__setattr__(self, "op", self.op.strip().lower())
+        if not self.sizes or min(self.sizes) < 1:
+            raise UsageError("sizes must be at least 1 byte")
+        check_choices("placement", self.places, PLACES)
+        if self.root < 0:
+            raise UsageError(f"-r/--root {self.root} must be >= 0")
+        positive_int("-w/--warmup", self.warmup, allow_zero=True, maximum=MAX_REPEATS)
+        positive_int("-n/--iters", self.iters, maximum=MAX_REPEATS)
+        positive_int("--samples", self.samples, maximum=MAX_REPEATS)
+        positive_int("-c/--check", self.check, allow_zero=True)
+        positive_int("-G/--cuda-graph", self.cuda_graph, allow_zero=True, maximum=MAX_REPEATS)
+        if self.cuda_graph and self.iters > MAX_GRAPH_ITERS:
+            raise UsageError(f"-n/--iters {self.iters} with -G: the -n iterations are captured into one CUDA graph "
+                             "per GPU", f"at most {MAX_GRAPH_ITERS:,} with -G; raise -G for longer samples")
+        if not self.timeout_s >= 0:
+            raise UsageError(f"-T/--timeout {self.timeout_s} must be >= 0 seconds")
+        if self.expect_busbw_gbps is not None and not self.expect_busbw_gbps > 0:
+            raise UsageError(f"--expect-busbw {self.expect_busbw_gbps} must be > 0 GB/s")
+        if self.gpus_per_proc is not None:
+            positive_int("-g/--gpus-per-proc", self.gpus_per_proc, maximum=1024)
+            if self.devices is not None and len(self.devices) != self.gpus_per_proc:
+                raise UsageError(f"-g {self.gpus_per_proc} with -d listing {len(self.devices)} GPU(s)",
+                                 "give -d the GPUs of one process, or leave one of them out")
+        if self.average not in (0, 1, 2, 3):
+            raise UsageError(f"-a/--average {self.average} is not 0, 1, 2 or 3",
+                             "0 = rank 0's time, 1 = mean, 2 = minimum, 3 = maximum (nccl-tests -a)")
+        if self.rendezvous is not None:
+            from gpubench.launch.ranks import parse_rendezvous
+
+            parse_rendezvous(self.rendezvous)
+        from gpubench.launch.scheduler import check_cluster_options
+
+        check_cluster_options(self.scheduler_address, self.scheduler_file)
+        if self.scheduler_address and self.scheduler_file:
+            raise UsageError("--scheduler-address and --scheduler-file both given", "use one of them")
+        if (self.scheduler_address or self.scheduler_file) and self.devices is not None:
+            raise UsageError("-d does not apply with a Dask scheduler", "each worker uses its own GPU")
+
+    @property
+    def distributed(self) -> bool:
+        return bool(self.scheduler_address or self.scheduler_file)
+
+    def to_dict(self, **resolved) -> dict:
+        """The Result's ``spec``: the fields, then ``resolved`` (what the run found: devices,
+        nranks), then ``expect_busbw_gbps`` only when it was given."""
+        d = asdict(self)
+        expect = d.pop("expect_busbw_gbps")
+        d.update(resolved)
+        if expect is not None:
+            d["expect_busbw_gbps"] = expect
+        return d
+
+
+@dataclass
+class Point:
+    """One measured point before it becomes a Record (also what a Dask worker sends back)."""
+
+    nbytes: int  # nccl-tests' "size": max(send, receive) bytes of one rank
+    count: int  # the NCCL call's count argument
+    place: str
+    samples_s: list[float]
+    wrong: int | None  # elements that differ from the expected result (None: not checked)
+    error: str | None = None
+
+
+def point_keys(spec: NcclSpec) -> list[tuple[int, str]]:
+    """The (size in bytes, placement) of every point, in the order they are measured: sizes
+    ascending, each size's placements in the spec's order (one process and every Dask worker)."""
+    return [(size, place) for size in spec.sizes for place in spec.places]
+
+
+def point_label(spec: NcclSpec, size: int, place: str) -> str:
+    """What the progress bar shows for a point, e.g. ``all-reduce 64.0 MiB out-of-place``."""
+    return f"{spec.collective} {format_size(size)} {place}"
+
+
+def unmeasured_point(spec: NcclSpec, size: int, place: str, nranks: int, error: str) -> Point:
+    """The Point of a (size, placement) that gave no samples, with its sizes and ``error``."""
+    cc = C.counts(C.collective(spec.collective), size, C.dtype(spec.dtype).size, nranks)
+    return Point(max(cc.send_count, cc.recv_count) * C.dtype(spec.dtype).size, cc.param_count, place, [], None,
+                 error=error)
+
+
+def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Callable[[], None], size: int,
+                  place: str, new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> Point:
+    """Measure one (size, placement) on this process's ``ranks`` (nccl-tests BenchTime for one size).
+
+    The sequence: the calls of every iteration built (nccl_launch.launcher), the inputs set to the
+    check's values, ``warmup`` iterations and a wait, one more call and a wait (nccl-tests' "Sync"),
+    the timed samples (nccl_launch.timed_samples), then ``check`` data checks, each after fresh
+    inputs and a barrier, stopping at the first wrong one.
+
+    Args:
+        ranks: the local ranks (all of them in one process, or one per Dask worker).
+        nranks: ranks in the communicator.
+        barrier: called before each timed sample and check (a no-op in one process; an NCCL
+            barrier across processes, as nccl-tests' Barrier).
+        size: the operation size in bytes (nccl-tests -b..-e).
+        new_graphs: makes the CapturedGraphs of -G (the caller's owner, which closes them all
+            before the communicators are destroyed).
+
+    Returns:
+        The Point; one with ``error`` and no samples when ``size`` gives no element per rank.
+
+    Raises:
+        MachineError (a wait's NCCL error or deadline), NcclError, CUDARuntimeError, KeyboardInterrupt:
+            with work possibly still queued; the caller drains (nccl_launch.drain) before freeing.
+    """
+    coll = C.collective(spec.collective)
+    dt = C.dtype(spec.dtype)
+    op_id = C.op(spec.op)
+    cc = C.counts(coll, size, dt.size, nranks)
+    total = max(cc.send_count, cc.recv_count) * dt.size
+    in_place = place == "in-place"
+    if cc.param_count == 0:
+        return unmeasured_point(spec, size, place, nranks, f"{format_size(size)} gives 0 elements per rank for "
+                                f"{nranks} ranks")
+
+    one = L.launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, max(spec.sizes),
+                     max(spec.iters, spec.warmup, 1))
+    # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
+    # initialises before timing when it checks)
+    D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
+    L.run_iters(ranks, spec.warmup, one, spec.timeout_s)
+    wait_all(ranks, spec.timeout_s)
+    one(0)  # nccl-tests BenchTime's "Sync" call
+    wait_all(ranks, spec.timeout_s)
+    samples = L.timed_samples(spec, ranks, one, barrier, new_graphs)
+    wrong = None
+    # N/A where nccl-tests does not check in place (the entry's checked_in_place)
+    if spec.check and (coll.checked_in_place or not in_place):
+        wrong = 0
+        for _ in range(spec.check):
+            D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
+            barrier()
+            L.checked_call(spec, ranks, one, new_graphs)
+            wrong += D.check(ranks, coll, cc, dt, spec.op, in_place, nranks, spec.root)
+            if wrong:
+                break
+    return Point(total, cc.param_count, place, samples, wrong)
+
+
+# -- results -------------------------------------------------------------------------------------------
+
+
+def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]:
+    """Records from points: metric bandwidth with nbytes = S of algbw = S / t; busbw in extra.
+    ``nranks``: ranks in the communicator (GPUs, over every process)."""
+    coll = C.collective(spec.collective)
+    dt = C.dtype(spec.dtype)
+    factor = C.busbw_factor(coll, nranks)
+    out = []
+    for p in points:
+        params: dict[str, Any] = {"collective": coll.name, "nbytes": p.nbytes, "dtype": dt.name,
+                                  "placement": p.place, "nranks": nranks}
+        if coll.reduces:
+            params["op"] = spec.op
+        if coll.rooted:
+            params["root"] = spec.root
+        s_bytes = C.algbw_bytes(coll, p.count, dt.size, nranks)
+        r = Record(params=params, metric="bandwidth", nbytes=s_bytes, samples_s=list(p.samples_s),
+                   reps=spec.iters * (spec.cuda_graph or 1), error=p.error)
+        extra: dict[str, Any] = {"count": p.count, "busbw_factor": factor, "wrong": p.wrong,
+                                 "busbw_formula": f"algbw * {coll.factor_text}"}
+        if p.samples_s and s_bytes:
+            med = r.time_summary().median
+            alg, bus = C.bandwidths(coll, p.count, dt.size, med, nranks)
+            extra.update({"time_s": med, "algbw_bytes_per_s": alg, "busbw_bytes_per_s": bus})
+        r.extra = extra
+        out.append(r)
+    return out
+
+
+def mark_collectives(records: list[Record], env: dict, devices: Sequence[int]) -> None:
+    """:func:`gpubench.core.limits.mark_collective` on each record, against the first GPU's links
+    (NVLS is possible where NCCL_NVLS_ENABLE is not 0 and the GPU has NVLink)."""
+    import os
+
+    from gpubench.core import env as envmod
+    from gpubench.core import limits
+
+    g = envmod.gpu_by_index(env, devices[0]) if devices else None
+    nvls = os.environ.get("NCCL_NVLS_ENABLE", "") != "0" and bool((g or {}).get("nvlink_links_up"))
+    for r in records:
+        limits.mark_collective(r, g, nvls)
+
+
+def _check_root(spec: NcclSpec, nranks: int) -> None:
+    coll = C.collective(spec.collective)
+    if coll.rooted and spec.root >= nranks:
+        raise UsageError(f"root {spec.root} is not a rank: {nranks} rank(s)", f"use -r 0..{nranks - 1}")
+
+
+def preflight(spec: NcclSpec, devices: tuple[int, ...]) -> None:
+    """Two buffers of the largest size per GPU must fit.
+
+    Raises:
+        UsageError: they do not; the message says which -e would.
+    """
+    need = 2 * max(spec.sizes)
+    margin = 1024 * 2**20  # NCCL's own buffers and the CUDA context
+    for d in devices:
+        free, _ = gpu.device_free_bytes(d)
+        if need + margin > free:
+            raise UsageError(f"-e {format_size(max(spec.sizes))} needs {format_size(need)} on GPU {d}, which has "
+                             f"{format_size(free)} free", f"use -e {format_size(max(0, free - margin) // 2)} or less")
+
+
+def _timing(spec: NcclSpec, allocator: str | None = None) -> dict:
+    return {
+        "buffers": allocator,
+        "clock": "perf_counter",
+        "method": ("nccl-tests BenchTime: host clock around "
+                   + (f"{spec.cuda_graph} launches of per-rank CUDA graphs of iters grouped iterations"
+                      if spec.cuda_graph else "iters grouped launches")
+                   + " and the wait for every rank's stream; per-iteration time = span / "
+                   + ("(iters * cuda_graph)" if spec.cuda_graph else "iters")
+                   + "; buffers shifted by one size per iteration; median over samples; averaged over processes"),
+        "warmup": spec.warmup, "iters": spec.iters, "samples": spec.samples, "cuda_graph": spec.cuda_graph,
+    }
+
+
+# -- the plug-in ---------------------------------------------------------------------------------------
+
+
+def _no_barrier() -> None:
+    """One process: its ranks' calls are grouped, so nothing needs to wait for a peer."""
+
+
+class Nccl(Benchmark):
+    """The nccl plug-in, one process: a point is one (size, placement); one communicator per GPU.
+
+    ``setup`` opens the communicators (ncclCommInitAll) and each rank's stream and two buffers of
+    the largest size, and owns the CUDA graphs of -G; on every way out it closes the graphs still
+    open, lets queued work finish (nccl_launch.drain), frees the buffers and destroys the
+    communicators, in that order. ``measure`` is :func:`measure_point`; an NCCL or CUDA fault
+    becomes a MachineError (the driver keeps the finished points, exit 3).
+    """
+
+    name = "nccl"
+    description = "NCCL collectives (all-reduce, all-gather, ...): algbw and busbw as nccl-tests."
+
+    def devices(self, spec: NcclSpec) -> tuple[int, ...]:
+        """-d checked against the visible GPUs, or every visible GPU; the root must be one of the ranks.
+
+        Raises:
+            UsageError: a GPU that is not visible, a root that is not a rank.
+        """
+        if spec.devices is not None:
+            devices = gpu.resolve_devices(spec.devices)
+        elif spec.gpus_per_proc is not None:
+            devices = gpu.resolve_devices(tuple(range(spec.gpus_per_proc)))
+        else:
+            devices = tuple(range(gpu.device_count()))
+        _check_root(spec, len(devices))
+        return devices
+
+    def points(self, spec: NcclSpec, devices: tuple[int, ...]) -> list[driver.Point]:
+        """One point per (size, placement); each holds the two buffers of the largest size per GPU."""
+        need = 2 * max(spec.sizes)
+        return [driver.Point(label=point_label(spec, size, place), key=(size, place), device_bytes=need,
+                             devices=devices) for size, place in point_keys(spec)]
+
+    def preflight(self, spec: NcclSpec, points: Sequence[driver.Point], devices: tuple[int, ...]) -> None:
+        """NCCL must be importable and two buffers of the largest size must fit on every GPU.
+
+        Raises:
+            UsageError: NCCL missing (how to get it), or the sizes do not fit (which -e would).
+        """
+        nccl_module()
+        preflight(spec, devices)
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context) -> Iterator[Context]:
+        """Communicators, ranks (stream, buffers) and the graph owner in ``ctx.data``; the NCCL
+        version and NCCL_* variables in ``ctx.env["nccl"]``.
+
+        Raises:
+            MachineError: ncclCommInitAll, a stream or a buffer failed.
+        """
+        nccl = nccl_module()
+        ctx.env["nccl"] = nccl_env(nccl)
+        try:
+            comms = nccl.NcclCommunicator.initAll(list(ctx.devices))
+        except Exception as e:
+            raise MachineError(f"ncclCommInitAll on GPUs {list(ctx.devices)} failed: {str(e).splitlines()[0]}") \
+                from None
+        ranks: list[Rank] = []
+        graphs = GraphOwner()
+        ctx.data.update(ranks=ranks, graphs=graphs, allocator=None)
+        try:
+            with _as_machine_errors(allocation_passes=False):
+                for r, (d, c) in enumerate(zip(ctx.devices, comms)):
+                    ranks.append(Rank(r, d, c, max(ctx.spec.sizes)))
+            ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
+            yield ctx
+        finally:
+            teardown(graphs, ranks, comms, ctx.spec.timeout_s)
+
+    def measure(self, ctx: Context, point: driver.Point) -> list[Record]:
+        """One (size, placement) on every rank: :func:`measure_point`, then its record.
+
+        Raises:
+            MachineError: an NCCL or CUDA fault, or --timeout passed (after the drain).
+            An allocation failure (the driver records it and goes on), KeyboardInterrupt, Interrupted.
+        """
+        size, place = point.key
+        ranks = ctx.data["ranks"]
+        try:
+            with _as_machine_errors():
+                p = measure_point(ctx.spec, ranks, len(ranks), _no_barrier, size, place, ctx.data["graphs"].new)
+        except BaseException:  # an interrupt or a fault: nothing is freed under queued work
+            L.drain(ranks, ctx.spec.timeout_s)
+            raise
+        return to_records(ctx.spec, [p], len(ranks))
+
+    def failed(self, ctx: Context, point: driver.Point, message: str) -> list[Record]:
+        """The record of a point whose memory could not be allocated: its sizes, ``error``, no samples."""
+        size, place = point.key
+        nranks = len(ctx.devices)
+        return to_records(ctx.spec, [unmeasured_point(ctx.spec, size, place, nranks, message)], nranks)
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """The collective limit rule (core/limits.mark_collective): a one-rank in-place figure is a
+        no-op, a one-rank out-of-place one a local copy, busbw held against the GPU's links."""
+        mark_collectives(records, ctx.env, ctx.devices)
+
+    def spec_dict(self, ctx: Context) -> dict:
+        """The spec with the GPUs used and the rank count (and --expect-busbw when given)."""
+        return ctx.spec.to_dict(devices=list(ctx.devices), nranks=len(ctx.devices))
+
+    def timing(self, ctx: Context) -> dict:
+        """nccl-tests' BenchTime as run here, and the buffers' allocator (ncclMemAlloc or cudaMalloc)."""
+        return _timing(ctx.spec, ctx.data.get("allocator"))
+
+
+@contextlib.contextmanager
+def _as_machine_errors(allocation_passes: bool = True) -> Iterator[None]:
+    """A CUDA runtime or NCCL fault raised inside becomes its one-line MachineError (exit 3). With
+    ``allocation_passes`` (inside a point) an allocation failure passes as it is, for the driver
+    to record; without (the buffers that live across points) it is a fault too."""
+    try:
+        yield
+    except Exception as e:
+        fault = None if allocation_passes and gpu.is_oom(e) else as_machine_error(e)
+        if fault is None:
+            raise
+        raise fault from None
+
+
+BENCHMARK = Nccl()
+
+
+def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
+    """Run the sweep in this process, one communicator per selected GPU, through the driver (a spec
+    with a Dask scheduler goes to :func:`run_on_dask`).
+
+    Returns:
+        A Result with one record per (size, placement); see :func:`to_records`. ``partial`` with
+        ``interrupted_by`` when SIGINT/SIGTERM stopped it (the finished points are kept).
+
+    Raises:
+        NoGPUError / UsageError: no GPU, a GPU not visible, a root that is not a rank, NCCL missing,
+            the sizes do not fit.
+        MachineError: an NCCL or CUDA fault, or --timeout passed; its ``partial_result`` holds the
+            finished points when there are any.
+    """
+    if spec.distributed:
+        return run_on_dask(spec, progress)
+    return driver.run(BENCHMARK, spec, progress)
+
+
+def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
+    """One rank per worker of an existing Dask cluster: see :func:`gpubench.plugins.nccl.over_dask.run_on_dask`
+    (imported here when called, since it imports this module)."""
+    from gpubench.plugins.nccl import over_dask as nccl_dask
+
+    return nccl_dask.run_on_dask(spec, progress)

@@ -1,0 +1,430 @@
+"""The NCCL collectives gpubench measures, one table entry each, nccl-tests style (its testColl:
+GetCollByteCount, InitData, GetBw, RunColl): the byte counts, the algbw size and busbw factor, the
+NCCL call(s) of one rank, the expected output, which ranks hold a checked result and whether it is
+checked in place. The driver (bench/nccl.py and the nccl_* modules) iterates entries and names no
+collective; adding one is adding an entry (docs/nccl.md, "Adding a collective").
+
+Pure Python: no CuPy, no NCCL (a call function only names methods of the communicator it is given),
+so the CLI validates options and the unit tests check every formula without a GPU.
+
+Sources (nccl-tests 2.19.6, github.com/NVIDIA/nccl-tests), each entry's ``source`` file:
+
+- byte counts: ``<Coll>GetCollByteCount``. ``size`` is the user's size in bytes; ``count = size //
+  elt_size``; the collectives of per-rank blocks split it over the ranks and round the per-rank
+  count down to a multiple of 16 bytes (``(count / nranks) & ~(16 / eltSize - 1)``).
+- bandwidths: ``<Coll>GetBw``: ``algbw = S / t`` with S = ``paramcount * eltSize``, times nranks
+  where the entry's ``size_ranks`` says so; ``busbw = algbw * factor``, the factor derived in
+  doc/PERFORMANCE.md (2(n-1)/n, (n-1)/n or 1: the entry's ``factor_text``).
+- calls: ``<Coll>RunColl``; expected data: ``<Coll>InitData``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpubench.plugins.nccl.data import DataArgs
+from gpubench.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class CollCounts:
+    """Element counts of one collective call, as nccl-tests' GetCollByteCount returns them.
+
+    Attributes:
+        send_count: elements each rank sends (its send buffer holds this many).
+        recv_count: elements each rank receives (its receive buffer holds this many).
+        param_count: the ``count`` argument of the NCCL call.
+        send_inplace_offset: in-place runs put rank r's send data at recvbuff + r * this (elements).
+        recv_inplace_offset: in-place runs read rank r's result at recvbuff + r * this (elements).
+    """
+
+    send_count: int
+    recv_count: int
+    param_count: int
+    send_inplace_offset: int
+    recv_inplace_offset: int
+
+    def send_bytes(self, elt_size: int) -> int:
+        return self.send_count * elt_size
+
+    def recv_bytes(self, elt_size: int) -> int:
+        return self.recv_count * elt_size
+
+
+def _per_rank_base(count: int, elt_size: int, nranks: int) -> int:
+    # (count / nranks) & ~(16 / eltSize - 1): a whole number of 16-byte units per rank
+    mask = max(1, 16 // elt_size) - 1
+    return (count // nranks) & ~mask
+
+
+def _same(count: int, elt_size: int, nranks: int) -> CollCounts:
+    return CollCounts(count, count, count, 0, 0)
+
+
+def _allgather(count: int, elt_size: int, nranks: int) -> CollCounts:
+    base = _per_rank_base(count, elt_size, nranks)
+    return CollCounts(base, base * nranks, base, base, 0)
+
+
+def _reducescatter(count: int, elt_size: int, nranks: int) -> CollCounts:
+    base = _per_rank_base(count, elt_size, nranks)
+    return CollCounts(base * nranks, base, base, 0, base)
+
+
+def _alltoall(count: int, elt_size: int, nranks: int) -> CollCounts:
+    base = _per_rank_base(count, elt_size, nranks)
+    return CollCounts(base * nranks, base * nranks, base, 0, 0)
+
+
+@dataclass(frozen=True)
+class RankCall:
+    """What one rank's NCCL call needs (the arguments of nccl-tests' ``<Coll>RunColl``).
+
+    Attributes:
+        comm: the rank's communicator (cupy.cuda.nccl.NcclCommunicator, or a test's recorder).
+        send, recv: device addresses of the send and receive regions of this call.
+        count: the call's count argument (CollCounts.param_count).
+        dtype: the data type; op: the ncclRedOp_t value; root: the root rank.
+        rank, nranks: this rank and the ranks in the communicator.
+        stream: the rank's cudaStream_t.
+        group_start, group_end: ncclGroupStart and ncclGroupEnd (collectives made of point-to-point
+            calls group them, as nccl-tests does).
+    """
+
+    comm: Any
+    send: int
+    recv: int
+    count: int
+    dtype: DType
+    op: int
+    root: int
+    rank: int
+    nranks: int
+    stream: int
+    group_start: Callable[[], Any]
+    group_end: Callable[[], Any]
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes from one rank's block to the next in a buffer of ``nranks`` blocks (count x elt)."""
+        return self.count * self.dtype.size
+
+
+Calls = list[tuple[Callable, tuple]]  # (function, arguments) pairs, called in order
+
+
+def _grouped(a: RankCall, calls: Calls) -> Calls:
+    return [(a.group_start, ()), *calls, (a.group_end, ())]
+
+
+def _all_reduce_call(a: RankCall) -> Calls:
+    return [(a.comm.allReduce, (a.send, a.recv, a.count, a.dtype.nccl, a.op, a.stream))]
+
+
+def _all_gather_call(a: RankCall) -> Calls:
+    return [(a.comm.allGather, (a.send, a.recv, a.count, a.dtype.nccl, a.stream))]
+
+
+def _reduce_scatter_call(a: RankCall) -> Calls:
+    return [(a.comm.reduceScatter, (a.send, a.recv, a.count, a.dtype.nccl, a.op, a.stream))]
+
+
+def _broadcast_call(a: RankCall) -> Calls:
+    return [(a.comm.broadcast, (a.send, a.recv, a.count, a.dtype.nccl, a.root, a.stream))]
+
+
+def _reduce_call(a: RankCall) -> Calls:
+    return [(a.comm.reduce, (a.send, a.recv, a.count, a.dtype.nccl, a.op, a.root, a.stream))]
+
+
+def _all_to_all_call(a: RankCall) -> Calls:
+    """nccl-tests src/alltoall.cu AlltoAllRunColl before NCCL 2.28 (CuPy has no ncclAlltoAll):
+    grouped, a send to and a receive from every rank p, its block at p x count elements."""
+    calls: Calls = []
+    for p in range(a.nranks):
+        calls.append((a.comm.send, (a.send + p * a.block_bytes, a.count, a.dtype.nccl, p, a.stream)))
+        calls.append((a.comm.recv, (a.recv + p * a.block_bytes, a.count, a.dtype.nccl, p, a.stream)))
+    return _grouped(a, calls)
+
+
+def _send_recv_call(a: RankCall) -> Calls:
+    """nccl-tests src/sendrecv.cu: grouped, send to rank+1 and receive from rank-1."""
+    return _grouped(a, [(a.comm.send, (a.send, a.count, a.dtype.nccl, (a.rank + 1) % a.nranks, a.stream)),
+                        (a.comm.recv, (a.recv, a.count, a.dtype.nccl, (a.rank - 1) % a.nranks, a.stream))])
+
+
+def _gather_call(a: RankCall) -> Calls:
+    """nccl-tests src/gather.cu GatherRunColl for 2.7 <= NCCL < 2.28 (NCCL 2.28's ncclGather is not
+    in CuPy's bindings): grouped, every rank sends its block to the root, and the root receives
+    rank r's block at r x count elements."""
+    calls: Calls = [(a.comm.send, (a.send, a.count, a.dtype.nccl, a.root, a.stream))]
+    if a.rank == a.root:
+        calls += [(a.comm.recv, (a.recv + r * a.block_bytes, a.count, a.dtype.nccl, r, a.stream))
+                  for r in range(a.nranks)]
+    return _grouped(a, calls)
+
+
+def _scatter_call(a: RankCall) -> Calls:
+    """nccl-tests src/scatter.cu ScatterRunColl for 2.7 <= NCCL < 2.28 (NCCL 2.28's ncclScatter is
+    not in CuPy's bindings): grouped, the root sends block r (at r x count elements) to rank r, and
+    every rank receives its block from the root."""
+    calls: Calls = []
+    if a.rank == a.root:
+        calls += [(a.comm.send, (a.send + r * a.block_bytes, a.count, a.dtype.nccl, r, a.stream))
+                  for r in range(a.nranks)]
+    calls.append((a.comm.recv, (a.recv, a.count, a.dtype.nccl, a.root, a.stream)))
+    return _grouped(a, calls)
+
+
+# Expected outputs (nccl-tests <Coll>InitData's ``expected``): (xp, output indices, DataArgs) ->
+# values. Rank p sends DataArgs.sent(xp, p, k) at its input index k (nccl_data.rank_values).
+
+
+def _expect_reduced(xp, idx, a: DataArgs):
+    return a.reduced(xp, idx)
+
+
+def _expect_reduced_block(xp, idx, a: DataArgs):
+    return a.reduced(xp, a.rank * a.base + idx)
+
+
+def _expect_root(xp, idx, a: DataArgs):
+    return a.sent(xp, a.root, idx)
+
+
+def _expect_every_rank_block(xp, idx, a: DataArgs):
+    return a.sent(xp, idx // a.base, idx % a.base)
+
+
+def _expect_my_block_of_every_rank(xp, idx, a: DataArgs):
+    return a.sent(xp, idx // a.base, a.rank * a.base + idx % a.base)
+
+
+def _expect_previous_rank(xp, idx, a: DataArgs):
+    return a.sent(xp, (a.rank - 1) % a.nranks, idx)
+
+
+def _expect_my_block_of_root(xp, idx, a: DataArgs):
+    return a.sent(xp, a.root, a.rank * a.base + idx)
+
+
+def _every_rank(rank: int, root: int) -> bool:
+    return True
+
+
+def _root_only(rank: int, root: int) -> bool:
+    return rank == root
+
+
+def _twice_share_of_others(n: int) -> float:
+    return 2 * (n - 1) / n
+
+
+def _share_of_others(n: int) -> float:
+    return (n - 1) / n
+
+
+def _one(n: int) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective's entry: everything that differs between collectives (nccl-tests' testColl:
+    GetCollByteCount, InitData, GetBw, RunColl); the driver (bench/nccl.py) only iterates entries.
+
+    Attributes:
+        name: gpubench's name (``all-reduce``...).
+        nccl_tests: the nccl-tests binary that measures the same thing.
+        source: the nccl-tests file the counts, data, formula and call come from.
+        counts: (count, elt_size, nranks) -> CollCounts (GetCollByteCount).
+        size_ranks: whether S (the algbw numerator) is ``param_count * elt_size * nranks`` (True) or
+            ``param_count * elt_size`` (False) (GetBw).
+        factor: nranks -> busbw / algbw (GetBw; doc/PERFORMANCE.md).
+        factor_text: the factor as a formula, for reports and docs.
+        call: RankCall -> the NCCL calls of one rank for one iteration, as (function, arguments)
+            pairs (RunColl).
+        expected: (xp, output indices, nccl_data.DataArgs) -> what the rank must hold there
+            (InitData's ``expected``).
+        holds_result: (rank, root) -> whether that rank's output is checked (reduce and gather: the
+            root only).
+        sends: (rank, root) -> whether that rank's input is initialised (scatter: the root only, as
+            ScatterInitData; the others' send buffers are not read).
+        checked_in_place: False where nccl-tests does not check in place (all-to-all, send/recv:
+            "We don't support in-place alltoall/sendrecv", the regions overlap; it prints N/A).
+        reduces: takes a reduction op (-o).
+        rooted: takes a root rank (-r).
+        aliases: spellings accepted besides those :meth:`spellings` derives.
+    """
+
+    name: str
+    nccl_tests: str
+    source: str
+    counts: Callable[[int, int, int], CollCounts]
+    size_ranks: bool
+    factor: Callable[[int], float]
+    factor_text: str
+    call: Callable[[RankCall], Calls]
+    expected: Callable[[Any, Any, DataArgs], Any]
+    holds_result: Callable[[int, int], bool] = _every_rank
+    sends: Callable[[int, int], bool] = _every_rank
+    checked_in_place: bool = True
+    reduces: bool = False
+    rooted: bool = False
+    aliases: tuple[str, ...] = ()
+
+    def spellings(self) -> tuple[str, ...]:
+        """Accepted names, lower case: the name, without or with ``_`` for its hyphens, the
+        nccl-tests binary's stem (``alltoall``), and the aliases."""
+        forms = (self.name, self.name.replace("-", ""), self.name.replace("-", "_"),
+                 self.nccl_tests.removesuffix("_perf"), *self.aliases)
+        return tuple(dict.fromkeys(forms))
+
+
+COLLECTIVES: dict[str, Collective] = {
+    c.name: c
+    for c in (
+        Collective("all-reduce", "all_reduce_perf", "src/all_reduce.cu", _same, False, _twice_share_of_others,
+                   "2(n-1)/n", _all_reduce_call, _expect_reduced, reduces=True),
+        Collective("all-gather", "all_gather_perf", "src/all_gather.cu", _allgather, True, _share_of_others,
+                   "(n-1)/n", _all_gather_call, _expect_every_rank_block),
+        Collective("reduce-scatter", "reduce_scatter_perf", "src/reduce_scatter.cu", _reducescatter, True,
+                   _share_of_others, "(n-1)/n", _reduce_scatter_call, _expect_reduced_block, reduces=True),
+        Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, False, _one, "1", _broadcast_call,
+                   _expect_root, rooted=True, aliases=("bcast",)),
+        Collective("reduce", "reduce_perf", "src/reduce.cu", _same, False, _one, "1", _reduce_call, _expect_reduced,
+                   holds_result=_root_only, reduces=True, rooted=True),
+        Collective("all-to-all", "alltoall_perf", "src/alltoall.cu", _alltoall, True, _share_of_others, "(n-1)/n",
+                   _all_to_all_call, _expect_my_block_of_every_rank, checked_in_place=False),
+        Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, False, _one, "1", _send_recv_call,
+                   _expect_previous_rank, checked_in_place=False, aliases=("p2p",)),
+        # gather.cu's GetCollByteCount is all-gather's, scatter.cu's reduce-scatter's
+        Collective("gather", "gather_perf", "src/gather.cu", _allgather, True, _share_of_others, "(n-1)/n",
+                   _gather_call, _expect_every_rank_block, holds_result=_root_only, rooted=True),
+        Collective("scatter", "scatter_perf", "src/scatter.cu", _reducescatter, True, _share_of_others, "(n-1)/n",
+                   _scatter_call, _expect_my_block_of_root, sends=_root_only, rooted=True),
+    )
+}
+# Accepted spellings (lower case) -> canonical name.
+_SPELLINGS = {s: c.name for c in COLLECTIVES.values() for s in c.spellings()}
+
+
+@dataclass(frozen=True)
+class DType:
+    """An NCCL data type: gpubench's name, ncclDataType_t value (nccl.h), bytes per element, kind."""
+
+    name: str
+    nccl: int
+    size: int
+    kind: str  # "int", "uint" or "float"
+    numpy: str  # numpy dtype used to hold it (bfloat16 is held as uint16 bits)
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("int8", 0, 1, "int", "int8"),
+        DType("uint8", 1, 1, "uint", "uint8"),
+        DType("int32", 2, 4, "int", "int32"),
+        DType("uint32", 3, 4, "uint", "uint32"),
+        DType("int64", 4, 8, "int", "int64"),
+        DType("uint64", 5, 8, "uint", "uint64"),
+        DType("half", 6, 2, "float", "float16"),
+        DType("float", 7, 4, "float", "float32"),
+        DType("double", 8, 8, "float", "float64"),
+        DType("bfloat16", 9, 2, "float", "uint16"),
+    )
+}
+_DTYPE_ALIASES = {
+    "char": "int8", "int": "int32", "float16": "half", "fp16": "half", "f16": "half",
+    "float32": "float", "fp32": "float", "f32": "float", "float64": "double", "fp64": "double",
+    "f64": "double", "bf16": "bfloat16",
+}
+
+# ncclRedOp_t values (nccl.h)
+OPS: dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+
+
+def collective(name: str) -> Collective:
+    """The table entry for ``name`` (canonical or an alias such as ``allreduce``).
+
+    Raises:
+        UsageError: not a known collective; the message lists the accepted names.
+    """
+    key = _SPELLINGS.get(str(name).strip().lower())
+    if key is None:
+        raise UsageError(f"collective {name!r} not known", f"use one of {', '.join(COLLECTIVES)}")
+    return COLLECTIVES[key]
+
+
+def dtype(name: str) -> DType:
+    """The NCCL data type named ``name`` (nccl-tests' names and numpy-style aliases).
+
+    Raises:
+        UsageError: not a known type (float8 types are not offered: CuPy's NCCL bindings lack them).
+    """
+    key = str(name).strip().lower()
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPES:
+        raise UsageError(f"data type {name!r} not known", f"use one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def op(name: str) -> int:
+    """The ncclRedOp_t value of ``name`` (sum, prod, max, min, avg).
+
+    Raises:
+        UsageError: any other name (nccl-tests' premultiplied ``mulsum`` is not offered).
+    """
+    key = str(name).strip().lower()
+    if key not in OPS:
+        raise UsageError(f"reduction op {name!r} not known", f"use one of {', '.join(OPS)}")
+    return OPS[key]
+
+
+def counts(coll: Collective, size_bytes: int, elt_size: int, nranks: int) -> CollCounts:
+    """Element counts of ``coll`` for a user size of ``size_bytes`` (nccl-tests' setupArgs).
+
+    Args:
+        size_bytes: the size from -b/-e, in bytes.
+        elt_size: bytes per element of the data type.
+        nranks: number of ranks (>= 1).
+
+    Raises:
+        ValueError: nranks < 1 or elt_size < 1.
+    """
+    if nranks < 1 or elt_size < 1:
+        raise ValueError("nranks and elt_size must be >= 1")
+    return coll.counts(size_bytes // elt_size, elt_size, nranks)
+
+
+def reported_bytes(coll: Collective, size_bytes: int, elt_size: int, nranks: int) -> int:
+    """The "size" nccl-tests prints for a point: max(send bytes, receive bytes) of one rank."""
+    c = counts(coll, size_bytes, elt_size, nranks)
+    return max(c.send_bytes(elt_size), c.recv_bytes(elt_size))
+
+
+def algbw_bytes(coll: Collective, param_count: int, elt_size: int, nranks: int) -> int:
+    """S of ``algbw = S / t`` in bytes: param_count * elt_size, times nranks for the gathered kinds."""
+    s = param_count * elt_size
+    return s * nranks if coll.size_ranks else s
+
+
+def busbw_factor(coll: Collective, nranks: int) -> float:
+    """busbw / algbw for ``nranks`` ranks (doc/PERFORMANCE.md); 0 for a 1-rank all-reduce."""
+    if nranks < 1:
+        raise ValueError("nranks must be >= 1")
+    return float(coll.factor(nranks))
+
+
+def bandwidths(coll: Collective, param_count: int, elt_size: int, seconds: float, nranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes per second for one call taking ``seconds`` (nccl-tests' GetBw).
+
+    Raises:
+        ValueError: seconds <= 0.
+    """
+    if seconds <= 0:
+        raise ValueError(f"non-positive time {seconds!r}")
+    alg = algbw_bytes(coll, param_count, elt_size, nranks) / seconds
+    return alg, alg * busbw_factor(coll, nranks)

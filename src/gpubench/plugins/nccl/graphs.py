@@ -1,0 +1,142 @@
+"""nccl -G: one CUDA graph per local rank's stream, captured from the ranks' NCCL calls, launched
+together and destroyed before the communicators (nccl-tests BenchTime with -G); the run's
+GraphOwner closes any still open when the run ends."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from gpubench.core.errors import MachineError
+from gpubench.core.signals import CRITICAL
+
+if TYPE_CHECKING:
+    from gpubench.plugins.nccl.comm import Rank
+
+
+class CapturedGraphs:
+    """One CUDA graph per local rank's stream, captured from the NCCL calls ``issue()`` makes
+    (nccl-tests BenchTime with -G; CUDA programming guide, "Creating a Graph Using Stream Capture").
+
+    Two steps, so that the caller holds the object before any CUDA work and its ``finally`` can
+    always :meth:`close` it: ``g = CapturedGraphs()`` then ``g.capture(ranks, issue)``.
+
+    :meth:`capture`: every rank's stream begins capture (cudaStreamCaptureModeThreadLocal, as
+    nccl-tests), ``issue()`` queues the calls, every capture ends, and only then is each graph
+    instantiated and uploaded to its stream (so the timed samples measure the graph, not its first
+    upload; nccl-tests does not upload and times one sample that includes it). The order matters:
+    instantiating while another stream of this thread is still capturing fails with
+    cudaErrorStreamCaptureUnsupported, which CuPy's Stream.end_capture (end and instantiate, one
+    stream at a time) runs into with two GPUs.
+
+    The executable graphs hold NCCL resources that ncclCommDestroy waits for, so :meth:`close` must
+    run before the communicators are destroyed (a process that left them alive hung at exit on the
+    2x H200). Destroying a graph that is still running is allowed: CUDA frees it when it completes.
+    Each runtime call and the bookkeeping of what it made are one critical section (core.errors
+    CRITICAL), so a Ctrl-C cannot land between a graph's creation and its being recorded for close.
+    """
+
+    def __init__(self, runtime=None):
+        """``runtime``: CuPy's CUDA runtime module (cupy.cuda.runtime) unless given (the CPU tests
+        pass a recorder of the calls)."""
+        if runtime is None:
+            from cupy.cuda import runtime
+
+        self._rt = runtime
+        self.launches: list[tuple[int, int, int]] = []  # (device, graph exec, stream) per rank
+
+    def capture(self, ranks: list[Rank], issue: Callable[[], None]) -> None:
+        """Capture ``issue()``'s calls on every rank's stream (``ranks``: objects with ``device``
+        and ``stream.ptr``) into one instantiated, uploaded graph per rank.
+
+        Raises:
+            MachineError: a capture was invalidated or a graph could not be instantiated.
+            Whatever ``issue()`` or the runtime raised (an NcclError, a CUDARuntimeError,
+            KeyboardInterrupt), after every capture was ended and every cudaGraph_t destroyed;
+            executable graphs made so far stay in ``launches`` for :meth:`close`.
+        """
+        rt = self._rt
+        prev = rt.getDevice()
+        capturing: list[Rank] = []
+        graphs: list[tuple[Rank, int]] = []
+        failure: BaseException | None = None
+        try:
+            try:
+                for rk in ranks:
+                    with CRITICAL:
+                        rt.setDevice(rk.device)
+                        rt.streamBeginCapture(rk.stream.ptr, rt.streamCaptureModeThreadLocal)
+                        capturing.append(rk)
+                issue()
+            except BaseException as e:
+                failure = e
+            with CRITICAL:  # every capture ends, whatever happened inside it, Ctrl-C included
+                for rk in capturing:
+                    rt.setDevice(rk.device)
+                    try:
+                        graphs.append((rk, rt.streamEndCapture(rk.stream.ptr)))
+                    except Exception as e:
+                        failure = failure or MachineError(
+                            f"CUDA-graph capture on GPU {rk.device} failed: {str(e).splitlines()[0]}")
+            if failure is None:
+                for rk, g in graphs:
+                    with CRITICAL:
+                        rt.setDevice(rk.device)
+                        try:
+                            ex = rt.graphInstantiate(g)
+                        except Exception as e:
+                            failure = MachineError(f"instantiating the CUDA graph of GPU {rk.device} failed: "
+                                                   f"{str(e).splitlines()[0]}")
+                            break
+                        self.launches.append((rk.device, ex, rk.stream.ptr))
+                    rt.graphUpload(ex, rk.stream.ptr)
+        finally:
+            with CRITICAL:  # an executable graph keeps what it needs of its graph
+                for _, g in graphs:
+                    try:
+                        rt.graphDestroy(g)
+                    except Exception:
+                        pass
+                rt.setDevice(prev)
+        if failure is not None:
+            raise failure
+
+    def launch(self, _k: int = 0) -> None:
+        """Launch every rank's graph on its stream (cudaGraphLaunch; asynchronous)."""
+        rt = self._rt
+        prev = rt.getDevice()
+        with CRITICAL:  # one rank's graph launched without its peer's would wait for it for ever
+            for dev, ex, stream in self.launches:
+                rt.setDevice(dev)
+                rt.graphLaunch(ex, stream)
+            rt.setDevice(prev)
+
+    def close(self) -> None:
+        """Destroy the executable graphs (idempotent; a signal arriving meanwhile is raised after)."""
+        with CRITICAL:
+            while self.launches:
+                _, ex, _ = self.launches.pop()
+                try:
+                    self._rt.graphExecDestroy(ex)
+                except Exception:
+                    pass
+
+
+class GraphOwner:
+    """Every CapturedGraphs of one run, so that the run's teardown closes any still open before the
+    communicators are destroyed (each is closed by the step that made it as well; close is
+    idempotent). ``new`` is the ``new_graphs`` argument of nccl_launch.timed_samples/checked_call."""
+
+    def __init__(self, make: Callable[[], CapturedGraphs] = CapturedGraphs):
+        self._make = make
+        self._made: list[CapturedGraphs] = []
+
+    def new(self) -> CapturedGraphs:
+        """A new CapturedGraphs, recorded for :meth:`close_all`."""
+        g = self._make()
+        self._made.append(g)
+        return g
+
+    def close_all(self) -> None:
+        """Close every graph made (closing one already closed does nothing)."""
+        while self._made:
+            self._made.pop().close()

@@ -1,0 +1,320 @@
+"""``gpubench nccl`` under a launcher (mpirun, srun, torchrun): one process per GPU, or -g N GPUs
+per process, as nccl-tests' all_reduce_perf under MPI.
+
+Every rank runs the same plug-in through the one driver (:class:`NcclRanks`, the single-process
+plug-in with a different ``setup``): its GPUs are its local rank's (local rank x g .. + g - 1)
+unless -d names them; one communicator per GPU over every process (ncclCommInitRank inside one
+group, as nccl-tests -g N), the NCCL unique id made on rank 0 and broadcast through the rank
+:class:`~gpubench.launch.ranks.Group` (mpi4py or the store), or, where NCCL_COMM_ID is set, NCCL's
+own bootstrap (every rank's ncclGetUniqueId returns that address; nothing is broadcast).
+
+A point is measured on every rank at once (bench.nccl.measure_point with an NCCL barrier, as
+nccl-tests' Barrier under MPI); then every rank's per-sample times go to rank 0 through the group,
+which combines them per sample with nccl-tests' -a rule (:func:`combine`) and keeps every rank's
+figures in the record (``extra.per_rank``: rank, host, GPUs with UUID and PCI bus id, samples,
+median). Rank 0 prints and writes the JSON; the others are quiet.
+
+A rank that dies or hangs: the waiting ranks' deadline (-T) passes in wait_all, which aborts
+their communicators (ncclCommAbort); a roll call through the group (:data:`ROLL_CALL_S`) then
+names the ranks that do not answer, and each remaining rank exits 3 with that line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+from typing import Iterator
+
+from gpubench.plugins.nccl import collectives as C
+from gpubench.plugins.nccl import bench as N
+from gpubench.plugins.nccl import launch as L
+from gpubench.plugins.nccl import log as nccl_log
+from gpubench.plugins.nccl.comm import Rank as NcclRank
+from gpubench.plugins.nccl.comm import nccl_env, nccl_module, wait_all
+from gpubench.plugins.nccl.graphs import GraphOwner
+from gpubench.core import benchmark as driver
+from gpubench.core import gpu
+from gpubench.launch import ranks as R
+from gpubench.core.benchmark import Context
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+
+AVERAGES = {0: "rank 0", 1: "mean", 2: "minimum", 3: "maximum"}
+ROLL_CALL_S = 5.0  # after a fault, how long the ranks wait for each other to learn who is missing
+DEFAULT_GROUP_TIMEOUT_S = 300.0  # the group's deadline when -T is 0 (never): the gathers still end
+
+
+def combine(per_rank: list[list[float]], average: int) -> list[float]:
+    """Each sample's time over the ranks, by nccl-tests' -a (src/common.cu Allreduce of deltaSec):
+    0 rank 0's own, 1 the mean (sum / ranks), 2 the minimum, 3 the maximum. ``per_rank[r][k]``:
+    rank r's k-th per-iteration time in seconds; every rank has the same number of samples.
+
+    Raises:
+        ValueError: ranks with different sample counts, or an unknown ``average``.
+    """
+    if not per_rank:
+        return []
+    n = len(per_rank[0])
+    if any(len(s) != n for s in per_rank):
+        raise ValueError("ranks returned different numbers of samples")
+    cols = [[s[k] for s in per_rank] for k in range(n)]
+    if average == 0:
+        return list(per_rank[0])
+    if average == 1:
+        return [sum(c) / len(c) for c in cols]
+    if average == 2:
+        return [min(c) for c in cols]
+    if average == 3:
+        return [max(c) for c in cols]
+    raise ValueError(f"average {average} is not 0..3")
+
+
+def slowest(per_rank: list[dict]) -> dict | None:
+    """The rank with the longest median time among ``per_rank`` entries ({"rank", "host",
+    "time_s"}), with ``above_median``: its time / the median rank's time - 1. None when fewer
+    than two ranks have a time."""
+    timed = [p for p in per_rank if p.get("time_s")]
+    if len(timed) < 2:
+        return None
+    worst = max(timed, key=lambda p: p["time_s"])
+    med = statistics.median(p["time_s"] for p in timed)
+    return {**worst, "above_median": worst["time_s"] / med - 1 if med else 0.0}
+
+
+def gpu_identity(device: int) -> dict:
+    """{"device", "uuid" (GPU-xxxxxxxx-...), "pci_bus_id" (0000:1b:00.0), "name"} of a CUDA ordinal."""
+    import cupy
+
+    out: dict = {"device": device, "uuid": None, "pci_bus_id": None, "name": None}
+    try:
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        out["name"] = props.get("name", b"").decode(errors="replace") if isinstance(props.get("name"), bytes) else props.get("name")
+        u = props.get("uuid")
+        if isinstance(u, (bytes, bytearray)) and len(u) == 16:
+            h = u.hex()
+            out["uuid"] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        out["pci_bus_id"] = (f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', 0):02x}:"
+                             f"{props.get('pciDeviceID', 0):02x}.0")
+    except Exception:
+        pass
+    return out
+
+
+def uid_to_wire(uid) -> dict:
+    """NCCL's unique id (CuPy's get_unique_id: 128 bytes, or a tuple of ints in older CuPy) as JSON."""
+    if isinstance(uid, (bytes, bytearray)):
+        return {"bytes": list(uid)}
+    return {"ints": [int(x) for x in uid]}
+
+
+def uid_from_wire(d: dict):
+    """The inverse of :func:`uid_to_wire`: the id in the type NcclCommunicator takes."""
+    return bytes(d["bytes"]) if "bytes" in d else tuple(d["ints"])
+
+
+class NcclRanks(N.Nccl):
+    """The nccl plug-in on one rank of a launched job; the group is the job's."""
+
+    def __init__(self, group: R.Group, log: nccl_log.Capture):
+        self.group = group
+        self.log = log
+
+    def gpus_per_proc(self, spec: N.NcclSpec) -> int:
+        if spec.devices is not None:
+            return len(spec.devices)
+        return spec.gpus_per_proc or 1
+
+    def devices(self, spec: N.NcclSpec) -> tuple[int, ...]:
+        """-d, or the local rank's GPUs: local_rank x g .. local_rank x g + g - 1.
+
+        Raises:
+            UsageError: a GPU that is not visible (naming the rank, its local rank and the count
+                visible), a root that is not a rank.
+        """
+        me = self.group.me
+        g = self.gpus_per_proc(spec)
+        if spec.devices is not None:
+            devs = gpu.resolve_devices(spec.devices)
+        else:
+            first = me.local_rank * g
+            visible = gpu.device_count()
+            if first + g > visible:
+                raise UsageError(f"rank {me.rank} (local rank {me.local_rank} of {me.local_size} on {me.host}) needs GPU(s) "
+                                 f"{first}..{first + g - 1}, but {visible} are visible",
+                                 "start at most as many ranks per node as GPUs / -g, or pick GPUs with -d")
+            devs = tuple(range(first, first + g))
+        N._check_root(spec, self.group.size * g)
+        return devs
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context) -> Iterator[Context]:
+        """The unique id (rank 0's, broadcast; or NCCL_COMM_ID's), one communicator per local GPU
+        (ncclCommInitRank in one group), each GPU's stream and buffers, the NCCL barrier; the
+        every-rank table (host, GPUs with UUID and PCI bus id) in ctx.env["ranks"].
+
+        Raises:
+            MachineError: NCCL init failed, or a rank did not answer the broadcast.
+        """
+        nccl = nccl_module()
+        group = self.group
+        g = len(ctx.devices)
+        nranks = group.size * g
+        ctx.env["nccl"] = nccl_env(nccl)
+        if self.log.path is not None:  # the two variables gpubench set for its log are not the user's
+            for k in ("NCCL_DEBUG", "NCCL_DEBUG_FILE"):
+                ctx.env["nccl"]["env"].pop(k, None)
+        ids = [gpu_identity(d) for d in ctx.devices]
+        table = group.allgather({"rank": group.rank, "host": group.me.host, "local_rank": group.me.local_rank,
+                                 "node": group.me.node, "pid": os.getpid(), "gpus": ids})
+        if any(len(t["gpus"]) != g for t in table):
+            raise UsageError("the ranks drive different numbers of GPUs (-g / -d)", "give every rank the same -g")
+        ctx.env["ranks"] = table
+        ctx.env["launch"] = {"launcher": group.me.launcher, "transport": group.transport, "processes": group.size,
+                             "gpus_per_proc": g, "nranks": nranks, "nodes": len(group.hosts),
+                             "bootstrap": "NCCL_COMM_ID" if os.environ.get("NCCL_COMM_ID") else "unique id broadcast"}
+        if os.environ.get("NCCL_COMM_ID"):
+            uid = nccl.get_unique_id()  # NCCL's own bootstrap: the id is the address, the same on every rank
+        else:
+            uid = uid_from_wire(group.bcast(uid_to_wire(nccl.get_unique_id()) if group.rank == 0 else None))
+        comms = []
+        try:
+            import cupy
+
+            nccl.groupStart()
+            try:
+                for i, d in enumerate(ctx.devices):
+                    with cupy.cuda.Device(d):
+                        comms.append(nccl.NcclCommunicator(nranks, uid, group.rank * g + i))
+            finally:
+                nccl.groupEnd()
+        except Exception as e:
+            raise MachineError(f"ncclCommInitRank on rank {group.rank} ({group.me.host}) failed: "
+                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        ranks: list[NcclRank] = []
+        graphs = GraphOwner()
+        ctx.data.update(ranks=ranks, graphs=graphs, allocator=None, nranks=nranks)
+        try:
+            with N._as_machine_errors(allocation_passes=False):
+                for i, (d, c) in enumerate(zip(ctx.devices, comms)):
+                    ranks.append(NcclRank(group.rank * g + i, d, c, max(ctx.spec.sizes)))
+                flags = []
+                for rk in ranks:
+                    with cupy.cuda.Device(rk.device):
+                        flags.append(cupy.zeros(1, dtype=cupy.float32))
+            ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
+
+            def barrier() -> None:  # nccl-tests' Barrier across processes: a one-element all-reduce
+                fdt, fop = C.DTYPES["float"].nccl, C.OPS["sum"]
+                if len(ranks) > 1:
+                    nccl.groupStart()
+                for rk, f in zip(ranks, flags):
+                    rk.comm.allReduce(f.data.ptr, f.data.ptr, 1, fdt, fop, rk.stream.ptr)
+                if len(ranks) > 1:
+                    nccl.groupEnd()
+                wait_all(ranks, ctx.spec.timeout_s)
+
+            ctx.data["barrier"] = barrier
+            yield ctx
+        finally:
+            N.teardown(graphs, ranks, comms, ctx.spec.timeout_s)
+
+    def _fault(self, ctx: Context, e: MachineError) -> MachineError:
+        """After a fault on this rank: abort, then a roll call names the missing ranks."""
+        from gpubench.plugins.nccl.comm import abort
+
+        abort(ctx.data.get("ranks") or [])
+        ctx.data["faulted"] = True
+        try:
+            self.group.allgather({"fault": e.message}, timeout=ROLL_CALL_S)
+        except MachineError as roll:
+            return MachineError(f"{e.message}; {roll.message}", "the other ranks aborted their communicators")
+        return e
+
+    def measure(self, ctx: Context, point: driver.Point) -> list[Record]:
+        """One (size, placement) on every rank at once; rank 0 gathers every rank's samples and
+        combines them (-a); every rank's figures stay in the record's ``extra.per_rank``."""
+        size, place = point.key
+        ranks = ctx.data["ranks"]
+        spec = ctx.spec
+        try:
+            with N._as_machine_errors():
+                p = N.measure_point(spec, ranks, ctx.data["nranks"], ctx.data["barrier"], size, place,
+                                    ctx.data["graphs"].new)
+        except MachineError as e:
+            L.drain(ranks, spec.timeout_s)
+            raise self._fault(ctx, e) from None
+        except BaseException:
+            L.drain(ranks, spec.timeout_s)
+            raise
+        mine = {"samples_s": p.samples_s, "wrong": p.wrong, "error": p.error}
+        got = self.group.gather(mine)
+        if got is None:  # not rank 0: its own figures, not shown
+            return N.to_records(spec, [p], ctx.data["nranks"])
+        errors = [x["error"] for x in got if x.get("error")]
+        wrongs = [x["wrong"] for x in got]
+        samples = combine([x["samples_s"] for x in got], spec.average) if not errors and p.samples_s else []
+        wrong = None if any(w is None for w in wrongs) else sum(wrongs)
+        rec = N.to_records(spec, [N.Point(p.nbytes, p.count, p.place, samples, wrong, errors[0] if errors else None)],
+                           ctx.data["nranks"])[0]
+        per_rank = []
+        for r, (x, t) in enumerate(zip(got, ctx.env["ranks"])):
+            med = statistics.median(x["samples_s"]) if x["samples_s"] else None
+            per_rank.append({"rank": r, "host": t["host"], "gpus": t["gpus"], "samples_s": x["samples_s"],
+                             "time_s": med, "wrong": x["wrong"]})
+        rec.extra["per_rank"] = per_rank
+        rec.extra["average"] = AVERAGES[spec.average]
+        return [rec]
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """Every rank's NCCL INFO log, parsed and gathered: ctx.env["nccl_log"] on rank 0."""
+        mine = self.log.read()
+        try:
+            got = self.group.gather(mine.to_dict() if mine else None,
+                                    timeout=ROLL_CALL_S if ctx.data.get("faulted") else None)
+        except MachineError:
+            got = None
+        if got is not None:
+            ctx.env["nccl_log"] = {"per_rank": got, "captured": self.log.reason is None, "reason": self.log.reason,
+                                   "summary": nccl_log.summary_line(got, ctx.data.get("nranks") or len(got))}
+
+    def spec_dict(self, ctx: Context) -> dict:
+        return ctx.spec.to_dict(devices=list(ctx.devices), nranks=ctx.data.get("nranks", len(ctx.devices)),
+                                processes=self.group.size)
+
+    def timing(self, ctx: Context) -> dict:
+        t = N._timing(ctx.spec, ctx.data.get("allocator"))
+        t["method"] = t["method"].replace("averaged over processes",
+                                          f"combined over processes by -a {ctx.spec.average} ({AVERAGES[ctx.spec.average]})")
+        return t
+
+
+def under_launcher() -> bool:
+    """True when a launcher's variables say this process is one of several ranks (or one rank of
+    a launched job): :func:`gpubench.launch.ranks.discover` is not "none"."""
+    return R.discover().under_launcher
+
+
+def run_ranks(spec: N.NcclSpec, progress: ProgressSink | None = None) -> Result:
+    """This rank's part of a launched run (see the module docstring).
+
+    Returns:
+        The Result: on rank 0 the combined records with every rank's figures; on the others that
+        rank's own records (not shown).
+
+    Raises:
+        UsageError: bad launcher variables, no GPU for this local rank, no way to reach rank 0.
+        MachineError: a rank died or hung (named), an NCCL or CUDA fault; partial_result as the driver sets.
+    """
+    log = nccl_log.capture()  # before NCCL's first call in this process
+    me = R.discover()
+    timeout = spec.timeout_s or DEFAULT_GROUP_TIMEOUT_S
+    group = R.join(me, spec.rendezvous, timeout=timeout)
+    try:
+        result = driver.run(NcclRanks(group, log), spec, progress)
+        group.barrier()
+        return result
+    finally:
+        group.close()
+        log.remove()

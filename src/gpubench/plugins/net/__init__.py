@@ -1,0 +1,20 @@
+"""``gpubench net``: multi-stream TCP throughput between two hosts (server, client, local), and under a
+launcher the node x node matrix. Its parts stay inside: the wire protocol, the server, the
+streams and their worker processes, the fleet's link step."""
+
+from gpubench.core.plugin import Plugin
+
+PLUGIN = Plugin(
+    name="net",
+    help="Multi-stream TCP throughput between two hosts (server, client, local).",
+    command="gpubench.plugins.net.command",
+    gpu="no",
+    docs="docs/net.md",
+    bench="gpubench.plugins.net.bench",
+    more_samples="more intervals (net's samples are its intervals): a longer -t (seconds) or a shorter -i (interval)",
+    added_options={"direction": "c2s", "window": 0, "bitrate": 0, "family": 0},
+    added_params={"direction": "c2s"},
+    suite_steps="gpubench.plugins.net.hooks:suite_steps",
+    fleet_checks="gpubench.plugins.net.hooks:fleet_checks",
+    fleet_stage="gpubench.plugins.net.hooks:fleet_stage",
+)

@@ -1,0 +1,820 @@
+"""``gpubench net client`` / ``net local``: multi-stream TCP throughput (iperf-like), the client
+side as a plug-in of the one driver (:func:`gpubench.core.benchmark.run`).
+
+What is timed (see docs/net.md): ``streams`` TCP connections per direction; the sender (the
+client for "c2s", the server for "s2c", both for "both") writes ``buffer`` bytes at a time on each
+as fast as it can (or at ``bitrate`` per stream), through the worker processes of
+:mod:`gpubench.plugins.net.stream`; the receiver counts the bytes each stream takes and, every
+``interval`` seconds of its own ``time.perf_counter`` clock, reads the per-stream counts (c2s: the
+server, which sends them to the client, :mod:`gpubench.plugins.net.protocol`; s2c: the client). The
+first ``omit`` seconds are reported but not counted (TCP slow start, as iperf3's ``--omit``).
+Figures are bytes *received*, so data still in socket buffers when the test ends is never counted.
+
+Formulas: an interval's rate = its bytes / its measured seconds. The total of a stream (or of all
+streams) = bytes of the counted intervals / the sum of their measured seconds; this is the
+duration-weighted mean of the interval rates, so it always lies between the smallest and the
+largest counted interval rate (never above what the intervals show). Gbit/s = 8 * B/s / 1e9.
+CPU per Gbit = (sender + receiver worker CPU seconds) / (8 x all bytes received / 1e9).
+
+Through the driver: a point is one interval of the schedule. ``setup`` starts the server (``net
+local``), connects, asks for the test, connects the streams, starts the workers and releases them
+once the server says start; ``measure`` returns the next interval of each direction (the last one
+also the server's "done" and end line); ``derive`` turns the intervals into, per direction, one
+record per stream and one for the total. So an interrupt keeps the intervals received, and a fault
+during the test keeps them too (``partial``, exit 3).
+
+Entry points for other modes: :func:`run_test` (one client test against host:port) and
+:class:`gpubench.plugins.net.server.NetServer` (``start()`` / ``close()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+from gpubench.plugins.net.protocol import (
+    DEFAULT_BIND,
+    MAX_LINE_BYTES,
+    MAX_WIRE_INT,
+    PROTOCOL_VERSION,
+    LineReader,
+    ProtocolError,
+    Request,
+    close_socket,
+    send_json,
+    shown,
+    wire_int,
+)
+from gpubench.plugins.net.server import RECV_BYTES, NetServer
+from gpubench.plugins.net.stream import MAX_WORKERS, TCP_INFO_FIELDS, WORKER_BYTES, StreamSet, WorkerError, set_window, window_of
+from gpubench.core import benchmark as driver
+from gpubench.core import safe
+from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.signals import Interrupted
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """Parsed options of ``gpubench net client`` / ``net local`` (checked by the command's
+    :func:`gpubench.plugins.net.command.build_request`; a Request is within the caps there).
+
+    Attributes:
+        host: the server's name or address.
+        port: the server's TCP port (``net local``: 0, any free one; the one it got is in the
+            result's timing, "server_port").
+        request: streams, seconds, omit, interval, buffer.
+        mode: "client" or "local" (server started in this process on loopback).
+        connect_timeout: seconds to connect and to get each reply before the test starts.
+        family: 0 (any), 4 or 6 (-4 / -6).
+        cport: first local port of the data streams (--cport; stream n uses cport + n), or None.
+    """
+
+    host: str
+    port: int
+    request: Request = field(default_factory=Request)
+    mode: str = "client"
+    connect_timeout: float = 10.0
+    family: int = 0
+    cport: int | None = None
+
+    @property
+    def address_family(self) -> int:
+        return {4: socket.AF_INET, 6: socket.AF_INET6}.get(self.family, 0)
+
+    def to_dict(self) -> dict:
+        """The options as asked: net local asks for any free port (0); the one it got is in the
+        result's timing ("server_port"), so two local runs do not differ by their random ports."""
+        port = 0 if self.mode == "local" else self.port
+        return {"host": self.host, "port": port, "mode": self.mode, "family": self.family, "cport": self.cport,
+                **asdict(self.request)}
+
+
+@dataclass
+class Interval:
+    """One reporting interval as the server measured it.
+
+    Attributes:
+        start_s, end_s: seconds after the start, on the receiver's clock (c2s: the server's;
+            s2c: the client's).
+        omit: True for the leading intervals left out of the figures.
+        bytes: bytes received per stream during the interval.
+    """
+
+    start_s: float
+    end_s: float
+    omit: bool
+    bytes: list[int]
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+    def record(self, index: int, direction: str = "c2s") -> Record:
+        """The interval as the driver's record of its point (regrouped by :meth:`Net.derive`)."""
+        return Record(params={"interval": index, "direction": direction}, nbytes=sum(self.bytes),
+                      samples_s=[self.seconds],
+                      extra={"start_s": self.start_s, "end_s": self.end_s, "omit": self.omit, "bytes": self.bytes})
+
+    @classmethod
+    def of(cls, rec: Record) -> "Interval":
+        """The interval a :meth:`record` holds."""
+        e = rec.extra
+        return cls(start_s=e["start_s"], end_s=e["end_s"], omit=e["omit"], bytes=e["bytes"])
+
+
+def _addresses(host: str, port: int, family: int) -> list[tuple]:
+    """getaddrinfo of (host, port) for TCP, in ``family`` (0: any; -4/-6 pick AF_INET/AF_INET6).
+
+    Raises:
+        UsageError: the name does not resolve (in that family).
+    """
+    try:
+        return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
+        fam = {socket.AF_INET: " as IPv4", socket.AF_INET6: " as IPv6"}.get(family, "")
+        raise UsageError(f"host {host!r} not found{fam} ({getattr(e, 'strerror', None) or e})") from None
+
+
+def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port: int | None = None,
+            window: int = 0) -> socket.socket:
+    """A TCP connection to (host, port), TCP_NODELAY on.
+
+    Args:
+        family: 0, socket.AF_INET (-4) or socket.AF_INET6 (-6).
+        local_port: bind to this local port first (--cport), else any.
+        window: SO_SNDBUF/SO_RCVBUF set before connecting (-w; 0: the kernel's autotuning), so the
+            window scale of the handshake fits it.
+
+    Raises:
+        UsageError: the host does not resolve, or ``local_port`` is taken.
+        MachineError: cannot connect (refused, no answer within ``timeout``).
+    """
+    last: BaseException | None = None
+    for fam, kind, proto, _, addr in _addresses(host, port, family):
+        s = socket.socket(fam, kind, proto)
+        try:
+            set_window(s, window)
+            if local_port is not None:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", local_port))
+                except OSError as e:
+                    raise UsageError(f"--cport: cannot use local port {local_port}: {e.strerror or e}",
+                                     "choose another --cport, or leave it out") from None
+            s.settimeout(timeout)
+            s.connect(addr)
+        except UsageError:
+            s.close()
+            raise
+        except socket.timeout:
+            s.close()
+            raise MachineError(f"cannot connect to {host} port {port}: no answer within {timeout:g} s") from None
+        except OSError as e:
+            s.close()
+            last = e
+            continue
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+    why = getattr(last, "strerror", None) or last
+    raise MachineError(f"cannot connect to {host} port {port}: {why}",
+                       "is `gpubench net server` running there, on that --port and --bind?")
+
+
+def _refusal(reply: Any, what: str, wanted: str = "ok=true") -> str:
+    """Why a reply is not the one asked for: the server's own error line when it sent one
+    ("refused the test: busy..."), else what it sent instead (``{"ok": 1}`` was worded "refused
+    the test: None")."""
+    err = reply.get("error") if isinstance(reply, dict) else None
+    if isinstance(err, str) and err.strip():
+        return f"{what}: {err}"
+    return f"sent a reply without {wanted} or an error: {shown(reply, 80)}"
+
+
+def _server_error(host: str, port: int, msg: Any) -> MachineError:
+    """A fault line naming the server; what the server said is shown through core.safe.term."""
+    return MachineError(f"server {host} port {port}: {safe.term(msg, 200)}")
+
+
+class ServerLied(MachineError):
+    """The server sent something a real server cannot: a count over what was sent, a malformed
+    or out-of-schedule interval, too many intervals, an impossible CPU time."""
+
+
+def _finite_number(v: Any) -> bool:
+    return type(v) in (int, float) and (type(v) is float or abs(v) <= MAX_WIRE_INT) and math.isfinite(v)
+
+
+def parse_interval(msg: Any, index: int, req: Request, prev_end: float, ceiling: list[int] | None) -> Interval:
+    """The server's interval ``index`` (bytes it received per c2s stream), checked.
+
+    Args:
+        msg: the parsed line.
+        index: the interval expected (the schedule's order).
+        req: the test asked for (its streams and schedule).
+        prev_end: end_s of the previous interval (0 for the first).
+        ceiling: per stream, bytes the client had sent when the line arrived (plus one write in
+            flight) minus what earlier intervals already counted: a receiver cannot have more;
+            None when nothing flows c2s.
+
+    Raises:
+        ServerLied: wrong index or omit flag, times not finite, backwards, before the scheduled
+            end or far past it, a count list of the wrong length, a count that is not an integer
+            0 to 2^63-1, or more than was sent.
+    """
+    def lie(what: str) -> ServerLied:
+        return ServerLied(f"server sent a bad interval {index}: {what}")
+
+    if not isinstance(msg, dict) or type(msg.get("interval")) is not int or msg["interval"] != index:
+        raise lie(f"expected interval {index}, got {safe.term(shown(msg if not isinstance(msg, dict) else msg.get('interval')))}")
+    end_sched, omitted = req.intervals()[index]
+    if msg.get("omit") is not omitted:
+        raise lie(f"omit must be {json.dumps(omitted)}")
+    a, e = msg.get("start_s"), msg.get("end_s")
+    if not (_finite_number(a) and _finite_number(e)):
+        raise lie("start_s and end_s must be finite numbers")
+    a, e = float(a), float(e)
+    if abs(a - prev_end) > 1e-6 or e < a:
+        raise lie(f"{a:g}-{e:g} s does not follow the previous interval's end {prev_end:g} s")
+    if e < end_sched - 1e-3 or e > end_sched + req.interval + 60.0:
+        raise lie(f"ends at {e:g} s, the schedule says {end_sched:g} s")
+    b = msg.get("bytes")
+    want = req.streams if ceiling is not None else 0
+    if not isinstance(b, list) or len(b) != want:
+        raise lie(f"bytes must be a list of {want} counts")
+    for k, x in enumerate(b):
+        if not wire_int(x):
+            raise lie(f"stream {k}'s count {safe.term(shown(x))} is not an integer 0 to {MAX_WIRE_INT}")
+        if ceiling is not None and x > ceiling[k]:
+            raise lie(f"stream {k} received {x} bytes, more than the client had sent ({ceiling[k]} at most)")
+    return Interval(start_s=a, end_s=e, omit=omitted, bytes=list(b))
+
+
+def parse_end(msg: Any, req: Request, wall_s: float, received: list[int] | None) -> dict:
+    """The server's end line: its workers' CPU seconds per role, TCP_INFO and bytes sent of its
+    s2c streams, checked.
+
+    Args:
+        wall_s: seconds since the test started on the client; a worker cannot use more CPU than
+            that, and a side has at most ``req.streams`` workers per role.
+        received: per s2c stream, bytes the client received (the server cannot have sent fewer);
+            None when nothing flows s2c.
+
+    Returns:
+        {"cpu_s": {"send": float | None, "recv": float | None}, "tcp": [dict | None per s2c
+        stream], "sent": [int per s2c stream]}.
+
+    Raises:
+        ServerLied: not an end line, a CPU time that is negative, not finite or over the bound, a
+            TCP_INFO field or a byte count that is not an integer 0 to 2^63-1, fewer bytes sent
+            than received, or lists of the wrong length.
+    """
+    def lie(what: str) -> ServerLied:
+        return ServerLied(f"server sent a bad end line: {what}")
+
+    if not isinstance(msg, dict) or msg.get("end") is not True:
+        raise lie(f"got {safe.term(shown(msg, 60))}")
+    cpu = msg.get("cpu_s")
+    if not isinstance(cpu, dict):
+        raise lie("cpu_s must be an object")
+    bound = (wall_s + 5.0) * req.streams
+    out_cpu: dict[str, float | None] = {}
+    for role in ("send", "recv"):
+        v = cpu.get(role)
+        if v is not None and not (_finite_number(v) and 0 <= v <= bound):
+            raise lie(f"cpu_s.{role} {safe.term(shown(v))} is not 0 to {bound:g} seconds")
+        out_cpu[role] = None if v is None else float(v)
+    n = req.streams if received is not None else 0
+    tcp, sent = msg.get("tcp"), msg.get("sent")
+    if not (isinstance(tcp, list) and len(tcp) == n and isinstance(sent, list) and len(sent) == n):
+        raise lie(f"tcp and sent must be lists of {n}")
+    infos: list[dict | None] = []
+    for k, t in enumerate(tcp):
+        if t is None:
+            infos.append(None)
+            continue
+        if not isinstance(t, dict):
+            raise lie(f"tcp[{k}] must be an object or null")
+        info = {}
+        for name in (*TCP_INFO_FIELDS, "cwnd_bytes"):
+            if name in t:
+                if not wire_int(t[name]):
+                    raise lie(f"tcp[{k}].{name} {safe.term(shown(t[name]))} is not an integer 0 to {MAX_WIRE_INT}")
+                info[name] = t[name]
+        infos.append(info)
+    for k, x in enumerate(sent):
+        if not wire_int(x):
+            raise lie(f"sent[{k}] {safe.term(shown(x))} is not an integer 0 to {MAX_WIRE_INT}")
+        if received is not None and x < received[k]:
+            raise lie(f"stream {k}: sent {x} bytes, fewer than the {received[k]} received")
+    return {"cpu_s": out_cpu, "tcp": infos, "sent": list(sent)}
+
+
+class _Session:
+    """One test seen from the client: the control connection, the data streams and their workers.
+
+    Args:
+        host, port: the server.
+        req: the test asked for.
+        connect_timeout: seconds to connect and for each reply before the test starts.
+        family: 0, AF_INET or AF_INET6 (-4 / -6).
+        cport: the first local port of the data streams (--cport), or None.
+    """
+
+    def __init__(self, host: str, port: int, req: Request, connect_timeout: float, family: int = 0,
+                 cport: int | None = None):
+        self.host, self.port, self.req, self.connect_timeout = host, port, req, connect_timeout
+        self.family, self.cport = family, cport
+        self.schedule = req.intervals()
+        self.expected = len(self.schedule)
+        self.received = 0
+        self.socks: dict[str, list[socket.socket]] = {d: [] for d in req.directions()}
+        self.sets: dict[str, StreamSet] = {}
+        self.ctl: socket.socket | None = None
+        self.reader: LineReader | None = None
+        self.t0: float | None = None
+        self.prev_end = {d: 0.0 for d in req.directions()}
+        self.server_end = 0.0  # end_s of the server's last interval line
+        self.counted_c2s = [0] * req.streams
+        self.rx_prev = [0] * req.streams
+        self.end: dict | None = None
+        self.end_missing: str | None = None
+        self.tcp_local: list[dict | None] = []
+        self.window: dict[str, int] = {}
+        self._closed = False
+
+    def open(self) -> None:
+        """Ask for the test, connect its streams, start the workers, and release them when the
+        server says start.
+
+        Raises:
+            UsageError: the host name does not resolve, --cport is taken.
+            MachineError: cannot connect, the server refused the test (e.g. busy, over its caps),
+                did not start it, or a worker process could not start.
+        """
+        host, port, req = self.host, self.port, self.req
+        self.ctl = connect(host, port, self.connect_timeout, family=self.family)
+        self.reader = LineReader(self.ctl, MAX_LINE_BYTES)
+        try:
+            send_json(self.ctl, req.header(), timeout=self.connect_timeout)
+            reply = self.reader.readjson(self.connect_timeout)
+        except (OSError, ProtocolError) as e:
+            raise _server_error(host, port, f"no reply to the request ({e})") from None
+        if not isinstance(reply, dict) or reply.get("ok") is not True:
+            raise _server_error(host, port, _refusal(reply, "refused the test"))
+        cookie = reply.get("cookie")
+        if not (isinstance(cookie, str) and 0 < len(cookie) <= 64):
+            raise ServerLied(f"server {host} port {port}: the reply has no valid cookie")
+        # the ok reply echoes the test as the server parsed it (protocol v2): a field it changed
+        # (e.g. streams 99 for 1) would have the client wait for streams it never opens
+        changed = [k for k, v in asdict(req).items() if k in reply and reply[k] != v]
+        if changed:
+            k = changed[0]
+            raise ServerLied(f"server {host} port {port}: its reply changes {k} from {shown(getattr(req, k))} "
+                             f"to {shown(reply[k])}")
+        n = 0
+        for d in req.directions():
+            for k in range(req.streams):
+                s = connect(host, port, self.connect_timeout, family=self.family, window=req.window,
+                            local_port=None if self.cport is None else self.cport + n)
+                n += 1
+                self.socks[d].append(s)
+                try:
+                    send_json(s, {"gpubench_net": PROTOCOL_VERSION, "role": "data", "cookie": cookie, "stream": k,
+                                  "direction": d})
+                except OSError as e:
+                    raise _server_error(host, port, f"data stream {k} ({d}) failed: {e.strerror or e}") from None
+        first = next(iter(self.socks.values()))[0]
+        self.window = window_of(first)
+        try:
+            for d, role in (("c2s", "send"), ("s2c", "recv")):
+                if d in self.socks:
+                    st = self.sets[d] = StreamSet(self.socks[d], role, buffer=req.buffer, copy=req.copy,
+                                                  rate=req.bitrate / 8)
+                    st.start()
+        except WorkerError as e:
+            raise MachineError(f"net client: {e}") from None
+        msg = self._read(self.connect_timeout + 5.0)
+        if not (isinstance(msg, dict) and msg.get("start") is True):
+            raise _server_error(host, port, _refusal(msg, "did not start the test", "start=true"))
+        self.t0 = time.perf_counter()
+        for d in ("s2c", "c2s"):  # receivers first
+            if d in self.sets:
+                self.sets[d].go()
+
+    def _read(self, timeout: float) -> Any:
+        try:
+            return self.reader.readjson(timeout)
+        except ProtocolError as e:
+            raise _server_error(self.host, self.port, f"stopped answering during the test ({e})") from None
+
+    def _reply(self, timeout: float) -> dict:
+        """The next line during the test. Raises MachineError on an abort line or anything else."""
+        msg = self._read(timeout)
+        if not isinstance(msg, dict):
+            raise _server_error(self.host, self.port, f"unexpected reply {shown(msg)}")
+        if msg.get("ok") is False:
+            err = msg.get("error")
+            raise _server_error(self.host, self.port, f"aborted the test: {err}" if isinstance(err, str) and err.strip()
+                                else "aborted the test without saying why")
+        return msg
+
+    def next_intervals(self) -> dict[str, Interval]:
+        """The next interval of each direction: s2c counted here on this clock, c2s as the server
+        reports it; after the last one, the end of the test (:meth:`finish`).
+
+        Raises:
+            MachineError: the server stopped answering, aborted the test (e.g. "server stopping"),
+                ended early, or lied (:class:`ServerLied`); a data stream failed.
+        """
+        i = self.received
+        end, omitted = self.schedule[i]
+        out: dict[str, Interval] = {}
+        rx = self.sets.get("s2c")
+        if rx is not None:
+            left = self.t0 + end - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+            now = time.perf_counter() - self.t0
+            snap = rx.counts()
+            out["s2c"] = Interval(self.prev_end["s2c"], now, omitted, [a - b for a, b in zip(snap, self.rx_prev)])
+            self.rx_prev, self.prev_end["s2c"] = snap, now
+        left = max(0.0, self.t0 + end - time.perf_counter())
+        msg = self._reply(left + self.req.interval + 10.0)
+        if msg.get("done") is True:
+            raise _server_error(self.host, self.port, f"ended the test after {i} of {self.expected} intervals")
+        tx = self.sets.get("c2s")
+        ceiling = None
+        if tx is not None:
+            # a write is counted by the sending worker after the kernel took it, so the receiver can
+            # be up to one write (-l bytes) ahead of the counter read here
+            ceiling = [a - b + self.req.buffer for a, b in zip(tx.counts(), self.counted_c2s)]
+        iv = parse_interval(msg, i, self.req, self.server_end, ceiling)
+        self.server_end = iv.end_s
+        if tx is not None:
+            out["c2s"] = iv
+            self.counted_c2s = [a + b for a, b in zip(self.counted_c2s, iv.bytes)]
+        self.received += 1
+        if self.received == self.expected:
+            self.finish()
+        return out
+
+    def finish(self) -> None:
+        """After the last interval: the server's "done", then stop and close the streams (TCP_INFO
+        of the sending sockets read first), then the server's end line.
+
+        Raises:
+            MachineError: a line other than "done"; a data stream failed; ServerLied: a bad end line.
+        """
+        msg = self._reply(self.req.interval + 10.0)
+        if msg.get("done") is not True:
+            raise ServerLied(f"server {self.host} port {self.port}: sent more than the {self.expected} intervals asked for")
+        tx, rx = self.sets.get("c2s"), self.sets.get("s2c")
+        if tx is not None:
+            self.tcp_local = tx.tcp_infos()
+        for st in self.sets.values():
+            st.close()
+        wall = time.perf_counter() - self.t0
+        try:
+            end = self.reader.readjson(5.0 + 5.0)
+        except ProtocolError as e:
+            self.end_missing = str(e)
+        else:
+            self.end = parse_end(end, self.req, wall, rx.counts() if rx is not None else None)
+        close_socket(self.ctl)
+        failed = [f"stream {k}: {why}" for k, why in tx.errors()] if tx is not None else []
+        failed += [w for st in self.sets.values() for w in st.worker_failures]
+        if failed:
+            raise _server_error(self.host, self.port, f"data stream failed: {failed[0]}")
+
+    def sent(self, direction: str) -> list[int] | None:
+        """Bytes each stream's sender handed to the kernel: c2s counted here, s2c as the server said."""
+        if direction == "c2s":
+            return self.sets["c2s"].counts() if "c2s" in self.sets else None
+        return self.end["sent"] if self.end is not None else None
+
+    def tcp(self, direction: str) -> list[dict | None]:
+        """TCP_INFO of each stream's sending socket (c2s: here; s2c: the server's)."""
+        if direction == "c2s":
+            return self.tcp_local
+        return self.end["tcp"] if self.end is not None else []
+
+    def cpu(self, direction: str) -> tuple[float | None, float | None]:
+        """(sender, receiver) CPU seconds of ``direction``'s workers; None where unknown."""
+        here = self.sets[direction].cpu_seconds if direction in self.sets else None
+        there = None
+        if self.end is not None:
+            there = self.end["cpu_s"]["recv" if direction == "c2s" else "send"]
+        return (here, there) if direction == "c2s" else (there, here)
+
+    def close(self) -> None:
+        """Stop the workers and close every connection; safe at any moment, and again."""
+        if self._closed:
+            return
+        self._closed = True
+        for st in self.sets.values():
+            st.close()
+        for ss in self.socks.values():
+            for s in ss:
+                close_socket(s)
+        close_socket(self.ctl)
+
+
+@contextlib.contextmanager
+def _local_server(streams: int, family: int = 0) -> Iterator[tuple[str, int]]:
+    """A NetServer on loopback (127.0.0.1, or ::1 for -6; a free port) in a thread of this
+    process for one test; yields (address, port)."""
+    server = NetServer("::1" if family == socket.AF_INET6 else DEFAULT_BIND, 0)
+    try:
+        address = server.start(max_tests=1)
+        yield address
+    finally:
+        server.close(5.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def totals(intervals: list[Interval], stream: int | None = None) -> tuple[int, float]:
+    """(bytes, seconds) over the counted (not omitted) intervals, of one stream or of all (None).
+
+    The total rate is bytes / seconds: the duration-weighted mean of the counted intervals' rates.
+    """
+    nbytes, secs = 0, 0.0
+    for iv in intervals:
+        if iv.omit:
+            continue
+        nbytes += iv.bytes[stream] if stream is not None else sum(iv.bytes)
+        secs += iv.seconds
+    return nbytes, secs
+
+
+@dataclass
+class DirectionFacts:
+    """What is known of one direction's test besides its intervals (None where unknown, e.g. an
+    interrupted run or a server that sent no end line).
+
+    Attributes:
+        sent: bytes each stream's sender handed to the kernel.
+        tcp: TCP_INFO of each stream's sending socket (:func:`gpubench.plugins.net.stream.parse_tcp_info`).
+        sender_cpu_s, receiver_cpu_s: user + system seconds of that side's worker processes, from
+            their start signal to their end.
+    """
+
+    sent: list[int] | None = None
+    tcp: list[dict | None] = field(default_factory=list)
+    sender_cpu_s: float | None = None
+    receiver_cpu_s: float | None = None
+
+
+def build_records(request: Request, intervals: list[Interval], sent: list[int] | None = None,
+                  direction: str = "c2s", facts: DirectionFacts | None = None) -> list[Record]:
+    """One Record per stream of ``direction``, then one for the total (params stream = "total").
+
+    Each record: metric "bandwidth", nbytes = the write size (``request.buffer``), and per counted
+    interval with bytes > 0 one sample = interval seconds * buffer / interval bytes, i.e. the
+    seconds per buffer's worth of data received, so nbytes / sample = that interval's rate in B/s.
+    extra holds the raw figures: ``interval_bytes``, ``interval_start_s``, ``interval_end_s``,
+    ``interval_omit`` (all intervals), ``counted_bytes``, ``counted_seconds``, ``bytes_per_s``,
+    ``gbit_per_s`` (8 * B/s / 1e9), ``gb_per_s`` (B/s / 1e9), ``zero_intervals`` (counted intervals
+    that received nothing; they have no sample but are in the total) and ``sent_bytes``; per stream
+    the sender's TCP_INFO at the end (``retransmits`` = tcpi_total_retrans, ``cwnd_bytes`` =
+    tcpi_snd_cwnd x tcpi_snd_mss, ``rtt_us``, ``snd_mss``); the total ``retransmits`` (their sum),
+    ``sender_cpu_s``, ``receiver_cpu_s``, ``all_bytes`` (received in every interval, omitted ones
+    included) and ``cpu_s_per_gbit`` = (sender + receiver CPU seconds) / (8 x all_bytes / 1e9):
+    the workers run for the whole test, so the bytes are those of the whole test too.
+    """
+    facts = facts or DirectionFacts(sent=sent)
+    sent = facts.sent
+    out = []
+    streams = request.streams
+    base = {"streams": streams, "buffer_nbytes": request.buffer, "direction": direction}
+    tcp = facts.tcp if len(facts.tcp) == streams else [None] * streams
+    for k in [*range(streams), None]:
+        per = [iv.bytes[k] if k is not None else sum(iv.bytes) for iv in intervals]
+        nbytes, secs = totals(intervals, k)
+        samples = [iv.seconds * request.buffer / b for iv, b in zip(intervals, per) if not iv.omit and b > 0]
+        rate = nbytes / secs if secs > 0 else 0.0
+        extra = {
+            "interval_bytes": per,
+            "interval_start_s": [iv.start_s for iv in intervals],
+            "interval_end_s": [iv.end_s for iv in intervals],
+            "interval_omit": [iv.omit for iv in intervals],
+            "counted_bytes": nbytes,
+            "counted_seconds": secs,
+            "bytes_per_s": rate,
+            "gbit_per_s": rate * 8 / 1e9,
+            "gb_per_s": rate / 1e9,
+            "zero_intervals": sum(1 for iv, b in zip(intervals, per) if not iv.omit and b == 0),
+        }
+        if sent is not None:
+            extra["sent_bytes"] = sent[k] if k is not None else sum(sent)
+        if k is not None:
+            info = tcp[k] or {}
+            extra.update({"retransmits": info.get("total_retrans"), "cwnd_bytes": info.get("cwnd_bytes"),
+                          "rtt_us": info.get("rtt_us"), "snd_mss": info.get("snd_mss")})
+        else:
+            known = [t.get("total_retrans") for t in tcp if t]
+            all_bytes = sum(per)
+            cpu = [facts.sender_cpu_s, facts.receiver_cpu_s]
+            extra.update({
+                "retransmits": sum(known) if len(known) == streams and None not in known else None,
+                "sender_cpu_s": facts.sender_cpu_s,
+                "receiver_cpu_s": facts.receiver_cpu_s,
+                "all_bytes": all_bytes,
+                "cpu_s_per_gbit": (sum(cpu) / (all_bytes * 8 / 1e9)) if None not in cpu and all_bytes > 0 else None,
+            })
+        err = None if samples else "no bytes received in a counted interval"
+        out.append(Record(params={**base, "stream": k if k is not None else "total"}, metric="bandwidth",
+                          nbytes=request.buffer, samples_s=samples, reps=1, error=err, extra=extra))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The plug-in
+
+
+class Net(Benchmark):
+    """The net client plug-in: a point is one interval of the schedule (see the module)."""
+
+    name = "net"
+    description = "Multi-stream TCP throughput between two hosts (server, client, local)."
+    needs_gpu = False
+
+    def environment(self, spec: NetSpec) -> dict:
+        """What net records of the machine: the host and the versions (no GPU facts: a TCP test
+        uses no GPU, and finding them costs CuPy's import and CUDA/NVML queries before the client
+        connects)."""
+        from gpubench.core import env as envmod
+
+        return {"host": envmod.host_info(), "versions": envmod.versions()}
+
+    def points(self, spec: NetSpec, devices: tuple[int, ...]) -> list[Point]:
+        req = spec.request
+        # held at once: the payload file, and per worker process its memory and buffer (every set of
+        # both sides in net local: a sender and a receiver set per direction)
+        workers = min(req.streams, MAX_WORKERS) * len(req.directions()) * (2 if spec.mode == "local" else 1)
+        host = req.buffer + workers * (WORKER_BYTES + RECV_BYTES)
+        out, start = [], 0.0
+        for i, (end, omitted) in enumerate(req.intervals()):
+            out.append(Point(f"{start:.1f}-{end:.1f} s" + (" (omitted)" if omitted else ""), i, host_bytes=host))
+            start = end
+        return out
+
+    def too_big_hint(self, spec: NetSpec) -> str:
+        return "lower -l/--length"
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context):
+        """Start the local server (net local), connect, start the workers, release them.
+
+        A Ctrl-C or SIGTERM while this runs (connecting 128 streams takes a while) is kept and
+        raised by the first :meth:`measure`, so the driver ends the run as interrupted (exit
+        130/143, the JSON saved with no records) instead of it escaping half-built.
+        """
+        spec: NetSpec = ctx.spec
+        with contextlib.ExitStack() as stack:
+            ctx.data["port"] = spec.port
+            ctx.data["session"] = None
+            try:
+                host, port = spec.host, spec.port
+                if spec.mode == "local":
+                    host, port = stack.enter_context(_local_server(spec.request.streams, spec.address_family))
+                ctx.data["port"] = port
+                session = ctx.data["session"] = _Session(host, port, spec.request, spec.connect_timeout,
+                                                         spec.address_family, spec.cport)
+                stack.callback(session.close)
+                session.open()
+            except (KeyboardInterrupt, Interrupted) as e:
+                ctx.data["interrupted"] = e
+            yield ctx
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        """The next interval of each direction (:meth:`_Session.next_intervals`).
+
+        Raises:
+            MachineError: as next_intervals; and after the last interval, a server that sent
+                "done" but no end line: every interval is kept (``point_records`` holds the last
+                one) and the run ends with exit 3, since the CPU times, TCP_INFO and the bytes the
+                server sent (the end line's figures) are unknown; a real server always sends it.
+        """
+        stopped = ctx.data.pop("interrupted", None)
+        if stopped is not None:
+            raise stopped
+        session: _Session = ctx.data["session"]
+        ivs = session.next_intervals()
+        recs = [iv.record(point.key, d) for d, iv in ivs.items()]
+        if session.end_missing is not None:
+            e = _server_error(session.host, session.port,
+                              f"sent no end line after the test ({session.end_missing}); the intervals are kept, "
+                              "the CPU times and TCP_INFO it carries are not known")
+            e.point_records = recs
+            raise e
+        return recs
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        """Net allocates nothing per point: a memory failure while receiving is this host's fault.
+
+        Raises:
+            MachineError: always (the driver keeps the intervals received so far).
+        """
+        raise MachineError(f"net client ({point.label}): {message}")
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """Regroup the intervals received into, per direction, one record per stream and one for
+        the total (:func:`build_records`); none received, no records."""
+        session: _Session | None = ctx.data.get("session")
+        out: list[Record] = []
+        for d in ctx.spec.request.directions():
+            ivs = [Interval.of(r) for r in records if r.params.get("direction", "c2s") == d]
+            if not ivs:
+                continue
+            facts = DirectionFacts()
+            if session is not None:
+                sender, receiver = session.cpu(d)
+                facts = DirectionFacts(sent=session.sent(d), tcp=session.tcp(d), sender_cpu_s=sender,
+                                       receiver_cpu_s=receiver)
+            out += build_records(ctx.spec.request, ivs, direction=d, facts=facts)
+        records[:] = out
+
+    def timing(self, ctx: Context) -> dict:
+        req = ctx.spec.request
+        session: _Session | None = ctx.data.get("session")
+        sets = session.sets if session is not None else {}
+        return {
+            "clock": "perf_counter of the receiver (c2s: the server's; s2c: the client's)",
+            "server_port": ctx.data["port"],
+            "interval_s": req.interval,
+            "omit_s": req.omit,
+            "method": "bytes received per stream per interval, counted by the receiver; total = counted "
+                      "bytes / counted seconds (intervals after --omit)",
+            "data_path": {d: {"client_workers": st.nworkers, "zero_copy": not st.copy} for d, st in sets.items()},
+            "socket_buffers": session.window if session is not None else {},
+            "server_end_line": None if session is None or session.end_missing is None else session.end_missing,
+            "protocol_version": PROTOCOL_VERSION,
+        }
+
+
+BENCHMARK = Net()
+
+
+def run(spec: NetSpec, progress: ProgressSink | None = None) -> Result:
+    """Run one test against a server (``net local``: one started here) through the driver.
+
+    Args:
+        spec: the parsed options.
+        progress: advanced once per interval (silent when None).
+
+    Returns:
+        A Result with, per direction (params "direction": "c2s" and/or "s2c"), one record per
+        stream and one for the total (stream "total"); see :func:`build_records`. On Ctrl-C /
+        SIGTERM the intervals received so far, marked partial (none received: no records).
+
+    Raises:
+        UsageError: the host name does not resolve, --cport is taken.
+        MachineError: cannot connect, the server refused the test (e.g. busy, over its caps), or
+            the server or the network failed during the test (``partial_result`` then keeps the
+            intervals received); :class:`ServerLied` for a server that sent impossible figures.
+    """
+    return driver.run(BENCHMARK, spec, progress)
+
+
+def run_test(host: str, port: int, request: Request, *, family: int = 0, cport: int | None = None,
+             connect_timeout: float = 10.0, progress: ProgressSink | None = None) -> Result:
+    """One client test against a ``gpubench net`` server at host:port: the entry point for other
+    modes (e.g. several ranks each testing a peer).
+
+    Args:
+        host, port: the server (:class:`gpubench.plugins.net.server.NetServer`, started with
+            ``NetServer(bind, port).start()`` on the far side).
+        request: streams (P), seconds, omit, interval, buffer, direction ("c2s", "s2c", "both"),
+            window, bitrate, copy.
+        family: 0, 4 or 6. cport: first local port of the data streams, or None.
+
+    Returns:
+        The Result (``result.records``: per direction, per stream and "total"; the total's extra
+        has ``gbit_per_s``, ``sender_cpu_s``, ``receiver_cpu_s``, ``retransmits``).
+
+    Raises:
+        UsageError, MachineError: as :func:`run`.
+    """
+    return run(NetSpec(host=host, port=port, request=request, connect_timeout=connect_timeout, family=family,
+                       cport=cport), progress)
+
+
+def run_local(request: Request, progress: ProgressSink | None = None, family: int = 0) -> Result:
+    """Run a server on loopback (a free port) in this process and one test against it.
+
+    Raises:
+        MachineError: as :func:`run`.
+    """
+    host = "::1" if family == 6 else DEFAULT_BIND
+    return run(NetSpec(host=host, port=0, request=request, mode="local", family=family), progress)

@@ -1,0 +1,510 @@
+"""``gpubench net`` under a launcher: the multi-stream TCP test between ranks, one rank per node.
+
+The seed's ``iperf -c HOST -P 16 -t 30``, at fleet scale. Every taking-part rank starts net's own
+server (:class:`gpubench.plugins.net.server.NetServer`) in a thread, the ranks exchange where they
+listen (``allgather``), and the tests run in rounds computed alike on every rank:
+
+- ``ring`` (default): rank i sends to rank i+1 (mod n), every node tested once as a sender and once
+  as a receiver. The n directed edges are put into rounds first-fit so that no node is in two tests
+  of one round (2 rounds for an even n, 3 for an odd one).
+- ``all``: every ordered pair. The unordered pairs come from the circle method of round-robin
+  tournament scheduling (Kirkman 1847; e.g. E. Lucas, *Recreations mathematiques* II, 1883, and
+  Wikipedia "Round-robin tournament", Scheduling algorithm): fix one node, rotate the others one
+  place per round; n - 1 rounds of n/2 disjoint pairs (n odd: a bye is added, n rounds). Each
+  round runs twice, a -> b then b -> a, so each node sends or receives one test at a time.
+- ``--to RANK`` (many-to-one, incast): one round in which every other rank sends to RANK at once;
+  RANK runs one server per sender (a NetServer serves one test at a time).
+
+"Each pair runs alone": within a round no node is in two tests; the disjoint pairs of a round run
+at the same time (on a non-blocking fabric they do not share a link). A barrier starts each round.
+
+Deadlines (docs/cluster.md "Deadlines"): the barrier that starts the first round waits ``timeout``
+(-T); the barrier that ends round k must be reached by every rank within
+:attr:`NetFleetSpec.round_timeout` of round k's start: -T, but never less than the round's own
+length (omit + seconds + one interval + CLIENT_STALL_S + ROUND_MARGIN_S), since a rank cannot be
+called missing while its test may still run, nor while net's client still waits for a stalled
+server (else the healthy sender of a stopped receiver is the one named). Counted from the round's start, not from each rank's arrival, so a
+rank idle in the round (at the barrier at once) and one that ran a test time out together, and
+a rank that stops is named within max(-T, the round's length) of stopping. A sender whose
+receiver stopped leaves its test within net's own reply limits (the connect timeout before the
+start, one interval + 10 s past the schedule during it) and then finds the other ranks' abort
+notice at the barrier.
+
+Figures are net's own (docs/net.md): bytes the receiver counted per interval of its clock, total =
+counted bytes / counted seconds, Gbit/s = 8 * B/s / 1e9. Rank 0 gathers one record per link and a
+sender x receiver matrix of Gbit/s (``timing["matrix"]``: {"hosts": [...], "gbps": [[...]]}, None
+where no test ran); a link is flagged slow against the median of the matrix by the fleet rule
+(:func:`gpubench.validation.fleet.flag`).
+
+The calls into net's data path are in two adapter functions, :func:`start_servers` and
+:func:`run_client`; nothing else here touches :mod:`gpubench.plugins.net.bench`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from gpubench.plugins.net.protocol import Request
+from gpubench.core.errors import GpubenchError, MachineError, UsageError
+from gpubench.core.result import Record, Result
+
+PAIRS = ("ring", "all")
+# A round's allowance beyond omit + seconds + one interval, for a healthy test: connecting the
+# control and data streams, starting the worker processes on both sides, the "done" and end lines.
+# Measured 2026-12-01 on the 2-core machine at load 5-8 (mpiexec -n 3, ring, -t 2 -i 0.5): 0.17 s
+# (-P 1), 0.33 s (-P 4), 0.82 s (-P 16) per round beyond -t, barriers included (docs/fleet.md).
+ROUND_MARGIN_S = 5.0
+# net's client waits this long past an interval line's due time (and for the "done" line) before
+# it calls the server stalled (bench/net.py _Session.next_intervals / finish: interval + 10 s). A
+# round's deadline must cover it: a sender whose receiver stopped mid-test leaves its test up to
+# -O + -t + -i + this after the start, and a deadline shorter than that named the healthy sender
+# as the rank that did not answer (the stopped receiver was already at the barrier: it had
+# nothing to send), so the stopped rank was never named (break-it pass 13).
+CLIENT_STALL_S = 10.0
+
+
+@dataclass(frozen=True)
+class NetFleetSpec:
+    """Options of ``gpubench net`` under a launcher.
+
+    Attributes:
+        request: streams (-P), seconds (-t), omit (-O), interval (-i), buffer (-l) of each test.
+        pairs: "ring" (rank i -> i+1) or "all" (every ordered pair).
+        to: many-to-one: every other rank sends to this rank at once (then ``pairs`` is not used).
+        bind: address each rank's server listens on; a specific address is also the one peers are
+            told to connect to (0.0.0.0: every address, and the one found by :func:`advertised`).
+        connect_timeout: seconds to connect and for each reply before a test starts.
+        timeout: -T: seconds a rank waits for the others at the first barrier, and at least
+            the seconds from a round's start by which every rank must reach its end
+            (:attr:`round_timeout`).
+    """
+
+    request: Request = field(default_factory=Request)
+    pairs: str = "ring"
+    to: int | None = None
+    bind: str = "0.0.0.0"
+    connect_timeout: float = 10.0
+    timeout: float = 60.0
+
+    def to_dict(self) -> dict:
+        return {"mode": "fleet", "pairs": None if self.to is not None else self.pairs, "to": self.to,
+                "bind": self.bind, **asdict(self.request)}
+
+    @property
+    def round_work(self) -> float:
+        """Seconds a round's tests may take, also for a sender whose receiver stopped: omit +
+        seconds + one interval + CLIENT_STALL_S (net's client gives up on a silent server then)
+        + ROUND_MARGIN_S."""
+        r = self.request
+        return r.omit + r.seconds + r.interval + CLIENT_STALL_S + ROUND_MARGIN_S
+
+    @property
+    def round_timeout(self) -> float:
+        """Seconds from a round's start by which every rank must reach the barrier that ends it:
+        max(timeout, round_work)."""
+        return max(self.timeout, self.round_work)
+
+
+# ---------------------------------------------------------------------------------------------
+# The schedule (pure)
+
+Edge = tuple[int, int]  # (sender, receiver), ranks
+
+
+def ring_edges(members: Sequence[int]) -> list[Edge]:
+    """Each member sends to the next one (the last to the first); one member: none."""
+    n = len(members)
+    if n < 2:
+        return []
+    return [(members[i], members[(i + 1) % n]) for i in range(n)] if n > 2 else [(members[0], members[1]),
+                                                                                (members[1], members[0])]
+
+
+def first_fit_rounds(edges: Iterable[Edge]) -> list[list[Edge]]:
+    """Put directed tests into rounds, each in the first round where neither node is busy.
+
+    Returns:
+        Rounds in order; every edge once; no node twice in a round.
+    """
+    rounds: list[list[Edge]] = []
+    busy: list[set[int]] = []
+    for a, b in edges:
+        for r, used in zip(rounds, busy):
+            if a not in used and b not in used:
+                r.append((a, b))
+                used.update((a, b))
+                break
+        else:
+            rounds.append([(a, b)])
+            busy.append({a, b})
+    return rounds
+
+
+def circle_rounds(members: Sequence[int]) -> list[list[tuple[int, int]]]:
+    """Round-robin tournament by the circle method: n - 1 rounds (n even) of n/2 disjoint pairs,
+    every unordered pair exactly once; an odd n gets a bye (n rounds, one member idle in each).
+
+    Member 0 stays put; the others rotate one place per round; round r pairs position i with
+    position n - 1 - i.
+    """
+    players: list[int | None] = list(members)
+    if len(players) % 2:
+        players.append(None)
+    n = len(players)
+    out = []
+    for _ in range(n - 1):
+        pairs = [(players[i], players[n - 1 - i]) for i in range(n // 2)]
+        out.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        players = [players[0], players[-1], *players[1:-1]]
+    return [r for r in out if r]
+
+
+def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None) -> list[list[Edge]]:
+    """The rounds of directed tests (sender, receiver) among ``members`` (ranks, in order).
+
+    Raises:
+        UsageError: ``to`` is not one of the members, or ``pairs`` is not known.
+    """
+    members = list(members)
+    if to is not None:
+        if to not in members:
+            raise UsageError(f"--to {to} is not a rank taking part", f"use one of {_ranks_text(members)}")
+        return [[(m, to) for m in members if m != to]] if len(members) > 1 else []
+    if pairs == "ring":
+        return first_fit_rounds(ring_edges(members))
+    if pairs == "all":
+        out = []
+        for r in circle_rounds(members):
+            out.append([(a, b) for a, b in r])
+            out.append([(b, a) for a, b in r])
+        return out
+    raise UsageError(f"--pairs {pairs!r} not known", f"use {' or '.join(PAIRS)}")
+
+
+def _ranks_text(members: Sequence[int]) -> str:
+    if members and list(members) == list(range(members[0], members[0] + len(members))):
+        return f"{members[0]} to {members[-1]}"
+    return ", ".join(map(str, members))
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapter: the only calls into net's data path (re-point here when bench/net.py changes)
+
+
+class Servers:
+    """``count`` NetServers on ``bind``, each serving tests one at a time in its own thread.
+
+    Attributes:
+        ports: the TCP port of each server.
+    """
+
+    def __init__(self, bind: str, count: int, streams: int):
+        from gpubench.plugins.net.server import NetServer
+
+        self._servers: list = []
+        self.ports: list[int] = []
+        try:
+            for _ in range(count):
+                # a test opens one control and ``streams`` data connections; a few more may wait
+                srv = NetServer(bind, 0, max_pending=streams + 8)
+                _, port = srv.start()
+                self._servers.append(srv)
+                self.ports.append(port)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop every server (each 5 s at most); again is harmless."""
+        for s in self._servers:
+            s.close(5.0)
+        self._servers = []
+
+
+def start_servers(bind: str, count: int, streams: int) -> Servers:
+    """Adapter: start ``count`` of net's servers on ``bind`` (any free port each).
+
+    Raises:
+        UsageError: ``bind`` is not an address of this host (net's server says which).
+        MachineError: the socket could not be opened.
+    """
+    return Servers(bind, count, streams)
+
+
+def run_client(host: str, port: int, request: Request, connect_timeout: float) -> Record:
+    """Adapter: one net test from here to ``host:port``; the total record of its result.
+
+    Returns:
+        The record with params stream = "total" (net's :func:`gpubench.plugins.net.bench.build_records`):
+        samples in seconds per ``request.buffer`` bytes, extra "gbit_per_s", "bytes_per_s",
+        "interval_bytes", ...
+
+    Raises:
+        GpubenchError: what net raised (cannot connect, refused, failed during the test).
+    """
+    from gpubench.plugins.net import bench as net
+
+    res = net.run_test(host, port, request, connect_timeout=connect_timeout)
+    totals = [r for r in res.records if r.params.get("stream") == "total"]
+    if not totals:
+        raise MachineError(f"net test to {host} port {port} returned no total "
+                           f"({res.failed_by or res.interrupted_by or 'no intervals'})")
+    return totals[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Addresses
+
+
+def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
+    """The address peers are told to connect to.
+
+    A specific ``bind`` is that address. Otherwise the source address this host uses toward the
+    launcher's rendezvous (``MASTER_ADDR``: a UDP socket is connected, nothing is sent), else the
+    address the host name resolves to, else 127.0.0.1.
+    """
+    if bind not in ("0.0.0.0", "::", ""):
+        return bind
+    source: Mapping[str, str] = os.environ if env is None else env
+    master = source.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, int(source.get("MASTER_PORT") or 9)))
+                return s.getsockname()[0]
+        except (OSError, ValueError, UnicodeError):
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _failed_link(src: int, dst: int, request: Request, why: str) -> Record:
+    return Record(params={"src": src, "dst": dst, "stream": "total"}, nbytes=request.buffer, error=why[:300])
+
+
+def _link_record(src: int, dst: int, total: Record) -> Record:
+    ex = total.extra
+    return Record(params={"src": src, "dst": dst, "stream": "total"}, metric="bandwidth", nbytes=total.nbytes,
+                  samples_s=list(total.samples_s), reps=total.reps, error=total.error,
+                  extra={k: ex[k] for k in ("gbit_per_s", "bytes_per_s", "counted_bytes", "counted_seconds",
+                                            "interval_bytes", "zero_intervals", "sent_bytes") if k in ex})
+
+
+def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFleetSpec, senders: list[int]
+              ) -> list[Record]:
+    out = []
+    for a, b in round_:
+        if a != me:
+            continue
+        info = peers[b]
+        ports = info["ports"]
+        port = ports[senders.index(a)] if spec.to is not None else ports[0]
+        try:
+            out.append(_link_record(a, b, run_client(info["addr"], port, spec.request, spec.connect_timeout)))
+        except GpubenchError as e:
+            out.append(_failed_link(a, b, spec.request, e.one_line()))
+    return out
+
+
+def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progress=None) -> Result | None:
+    """The net test between ranks: every rank of ``group`` calls this with the same spec.
+
+    Args:
+        group: a :class:`gpubench.launch.ranks.Group` (rank, size, me, allgather, gather, barrier).
+        spec: the options.
+        members: the ranks that take part (the others only join the collectives); default all.
+        progress: advanced once per round on rank 0 (silent when None).
+
+    Returns:
+        On rank 0 a Result (command "net", spec mode "fleet"): one record per link, params src,
+        dst (ranks) and stream "total", extra "gbit_per_s", "src_host", "dst_host", "round";
+        ``timing["matrix"]`` = {"hosts": [label per member], "gbps": sender x receiver Gbit/s}.
+        On the other ranks None.
+
+    Raises:
+        UsageError: ``--to`` names a rank not taking part (on every rank, before any test).
+        MachineError: a rank did not reach a round within its deadline (from the group).
+    """
+    members = sorted(range(group.size) if members is None else members)
+    rounds = schedule(members, spec.pairs, spec.to)
+    me = group.rank
+    taking_part = me in members
+    senders = [m for m in members if m != spec.to]
+    count = (len(senders) if me == spec.to else 1) if taking_part else 0
+    servers = start_servers(spec.bind, count, spec.request.streams) if count else None
+    try:
+        mine = {"rank": me, "host": getattr(group.me, "host", socket.gethostname()),
+                "addr": advertised(spec.bind), "ports": servers.ports if servers else []}
+        everyone = group.allgather(mine)
+        peers = {d["rank"]: d for d in everyone if d and d["rank"] in members}
+        if progress is not None and me == 0:
+            progress.start(len(rounds), "net rounds")
+        records: list[Record] = []
+        t0 = time.time()
+        group.barrier(timeout=spec.timeout, what="start of the net rounds")
+        for k, round_ in enumerate(rounds):
+            started = time.monotonic()
+            for rec in _run_mine(round_, me, peers, spec, senders):
+                rec.extra["round"] = k
+                records.append(rec)
+            if progress is not None and me == 0:
+                progress.advance(f"round {k + 1}")
+            # every rank is due here round_timeout after the round began, whatever it did in it
+            left = started + spec.round_timeout - time.monotonic()
+            group.barrier(timeout=max(left, 0.5), waited=spec.round_timeout,
+                          what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s after its start)")
+        elapsed = time.time() - t0
+    finally:
+        if servers is not None:
+            servers.stop()
+    gathered = group.gather([r.to_dict() for r in records])
+    if me != 0:
+        return None
+    if progress is not None:
+        progress.done()
+    links = [Record.from_dict(d) for part in gathered or [] for d in (part or [])]
+    return build_result(spec, members, peers, rounds, links, elapsed)
+
+
+def host_labels(members: Sequence[int], peers: dict[int, dict]) -> list[str]:
+    """One label per member: its host, with "#rank" when several members share the host."""
+    hosts = [str(peers.get(m, {}).get("host", f"rank {m}")) for m in members]
+    return [h if hosts.count(h) == 1 else f"{h}#{m}" for h, m in zip(hosts, members)]
+
+
+def matrix(members: Sequence[int], links: Sequence[Record]) -> list[list[float | None]]:
+    """Sender x receiver Gbit/s (members' order); None where no test ran or it failed."""
+    pos = {m: i for i, m in enumerate(members)}
+    out: list[list[float | None]] = [[None] * len(members) for _ in members]
+    for r in links:
+        g = r.extra.get("gbit_per_s")
+        if r.error is None and isinstance(g, (int, float)):
+            out[pos[r.params["src"]]][pos[r.params["dst"]]] = float(g)
+    return out
+
+
+def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, dict], rounds: list[list[Edge]],
+                 links: list[Record], elapsed_s: float) -> Result:
+    """Rank 0's Result of the gathered link records (see :func:`run`)."""
+    labels = host_labels(members, peers)
+    label = dict(zip(members, labels))
+    links.sort(key=lambda r: (r.extra.get("round", 0), r.params["src"], r.params["dst"]))
+    for r in links:
+        r.extra["src_host"] = label[r.params["src"]]
+        r.extra["dst_host"] = label[r.params["dst"]]
+    req = spec.request
+    timing = {
+        "clock": "perf_counter (each receiving rank's server)",
+        "interval_s": req.interval,
+        "omit_s": req.omit,
+        "method": "net's test per link (bytes received per interval, counted by the receiver); rounds "
+                  "started by a barrier, no node in two tests of a round",
+        "rounds": [[list(e) for e in r] for r in rounds],
+        "ranks": list(members),
+        "addresses": {str(m): peers[m]["addr"] for m in members if m in peers},
+        "seconds": round(elapsed_s, 3),
+        "matrix": {"hosts": labels, "gbps": matrix(members, links)},
+    }
+    from gpubench.core import env as envmod
+
+    env = {"host": envmod.host_info(), "versions": envmod.versions()}
+    return Result(command="net", spec=spec.to_dict(), timing=timing, env=env, records=links)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def link_flags(result: Result) -> list[tuple[Record, str, float | None]]:
+    """(link record, flag, matrix median) per link: "fail" when it has no figure, "slow" by the
+    fleet rule against the median of every link's Gbit/s (:func:`gpubench.validation.fleet.flag`), else "ok"."""
+    from gpubench.validation.fleet import flag, median
+
+    values = [r.extra["gbit_per_s"] for r in result.records if r.error is None and "gbit_per_s" in r.extra]
+    med = median(values) if values else None
+    out = []
+    for r in result.records:
+        if r.error is not None or "gbit_per_s" not in r.extra:
+            out.append((r, "fail", med))
+        else:
+            out.append((r, flag(r.extra["gbit_per_s"], values), med))
+    return out
+
+
+def slow_summary(result: Result) -> list[str]:
+    """Plain lines naming the slow and failed links and, when every one shares a node, that node
+    (untrusted host names still raw: the caller escapes them)."""
+    flagged = [(r, f, m) for r, f, m in link_flags(result) if f != "ok"]
+    if not flagged:
+        return []
+    lines = []
+    for r, f, med in flagged:
+        what = (f"{r.extra['gbit_per_s']:.2f} Gbit/s, {r.extra['gbit_per_s'] / med:.0%} of the median "
+                f"{med:.2f}" if f == "slow" and med else f"failed: {r.error}")
+        lines.append(f"{f.upper()} link {r.extra.get('src_host')} -> {r.extra.get('dst_host')} "
+                     f"(rank {r.params['src']} -> {r.params['dst']}): {what}")
+    common = set.intersection(*[{r.params["src"], r.params["dst"]} for r, _, _ in flagged])
+    tested = {x for r in result.records for x in (r.params["src"], r.params["dst"])}
+    if len(common) == 1 and len(tested) > 2:
+        (rank,) = common
+        host = next(r.extra["src_host"] if r.params["src"] == rank else r.extra["dst_host"] for r, _, _ in flagged)
+        lines.append(f"every flagged link has node {host} (rank {rank}): that node or its link is slow")
+    return lines
+
+
+def format_report(result: Result, units: str = "GB") -> list:
+    """The matrix (sender rows, receiver columns, Gbit/s), the per-link table, the flagged links."""
+    from gpubench.core import report, safe
+
+    m = result.timing.get("matrix") or {}
+    hosts, gbps = m.get("hosts") or [], m.get("gbps") or []
+    spec = result.spec
+    how = f"--to {spec['to']}" if spec.get("to") is not None else f"--pairs {spec.get('pairs')}"
+    out: list = []
+    t = report.table(f"TCP Gbit/s between nodes ({how}, -P {spec.get('streams')}, {spec.get('seconds'):g} s): "
+                     "sender rows, receiver columns", ["from \\ to", *[safe.term_markup(h) for h in hosts]])
+    for h, row in zip(hosts, gbps):
+        t.add_row(safe.term_markup(h), *["-" if v is None else f"{v:.2f}" for v in row])
+    out.append(t)
+    s = report.table("Links", ["round", "sender", "receiver", "Gbit/s", f"{units}/s", "flag"])
+    for r, f, med in link_flags(result):
+        g = r.extra.get("gbit_per_s")
+        s.add_row(str(r.extra.get("round", "")), safe.term_markup(r.extra.get("src_host")),
+                  safe.term_markup(r.extra.get("dst_host")), "-" if g is None else f"{g:.2f}",
+                  "-" if g is None else f"{g / 8 / (1 if units == 'GB' else 1.073741824):.3f}",
+                  f if f == "ok" else f"[red]{f.upper()}[/red]" + (f": {safe.term_markup(r.error, 80)}" if r.error else ""))
+    out.append(s)
+    from gpubench.validation.fleet import RULE_TEXT
+
+    values = [v for row in gbps for v in row if v is not None]
+    if values:
+        from gpubench.validation.fleet import median
+
+        out.append(f"Matrix median {median(values):.2f} Gbit/s over {len(values)} link(s). {RULE_TEXT}")
+    for line in slow_summary(result):
+        out.append(safe.term_markup(line))
+    out.append("Figures are bytes the receiving rank's server counted per interval (net's method, docs/net.md); "
+               "Gbit/s = 1e9 bit/s.")
+    return out
+
+
+def verdict(result: Result) -> str | None:
+    """One line naming the slow or failed links, or None when every link is ok."""
+    from gpubench.core import safe
+
+    bad = [(r, f) for r, f, _ in link_flags(result) if f != "ok"]
+    if not bad:
+        return None
+    names = ", ".join(f"{safe.term(r.extra.get('src_host'))}->{safe.term(r.extra.get('dst_host'))} ({f})"
+                      for r, f in bad[:8])
+    return f"{len(bad)} link(s) flagged: {names}" + (" ..." if len(bad) > 8 else "")

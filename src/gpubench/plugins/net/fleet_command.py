@@ -1,0 +1,109 @@
+"""``gpubench net nodes`` (and plain ``gpubench net [OPTIONS]`` under a launcher): the TCP test
+between the launcher's ranks, one rank per node (:mod:`gpubench.plugins.net.fleet`).
+
+``mpirun -n 4 --map-by node gpubench net -P 16 -t 30`` is the seed's ``iperf -c HOST -P 16 -t 30``
+between every neighbour; ``--pairs all`` every ordered pair; ``--to 0`` all ranks to rank 0 at once.
+Rank 0 prints the sender x receiver matrix and saves the JSON; exit 1 when a link is slow or failed.
+This module imports only click (``--help`` stays light).
+"""
+
+from __future__ import annotations
+
+import click
+
+from gpubench.kit import common_options
+
+
+class LauncherGroup(click.Group):
+    """``gpubench net``: under a launcher with more than one rank, ``gpubench net [OPTIONS]`` (no
+    sub-command) runs ``net nodes [OPTIONS]``; otherwise the group as before."""
+
+    def parse_args(self, ctx, args):
+        if (not args or args[0].startswith("-")) and not any(a in ("-h", "--help") for a in args[:1]) \
+                and _launched_ranks() > 1:
+            args = ["nodes", *args]
+        return super().parse_args(ctx, args)
+
+
+def _launched_ranks() -> int:
+    import os
+
+    from gpubench.launch import ranks
+
+    try:
+        me = ranks.discover(os.environ)
+    except Exception:  # a malformed launcher environment: the sub-command reports it
+        return 0
+    return me.size if me.under_launcher else 0
+
+
+HELP = """Under a launcher (mpirun, srun, torchrun): TCP throughput between the ranks.
+
+    Start one rank per node. Every rank runs a net server; tests run in rounds in which no node
+    is in two tests: ring neighbours (default), every ordered pair (--pairs all, the circle
+    method), or all ranks to one (--to RANK). Rank 0 prints the sender x receiver Gbit/s matrix;
+    a link below the fleet rule's bound against the matrix median is flagged (exit 1).
+    """
+
+
+def nodes_command(test_options, build_request) -> click.Command:
+    """The ``nodes`` sub-command, with net's own -P/-t/-O/-i/-l options and their checks."""
+
+    def callback(streams, seconds, omit, interval, length, pairs, to, bind, rendezvous, timeout, json_path, units,
+                 quiet, debug, reverse=False, bidir=False, window=None, bitrate=None, copy=False, ipv4=False,
+                 ipv6=False):
+        from gpubench.plugins.net import fleet as net_fleet
+        from gpubench.kit import finish
+        from gpubench.launch import ranks
+        from gpubench.core.errors import RegressionFound, UsageError
+
+        if ipv4 or ipv6:
+            raise UsageError("-4/-6 are for net client and net local", "under a launcher, choose the family with -B/--bind")
+        ctx = click.get_current_context()
+        if to is not None and ctx.get_parameter_source("pairs") not in (None, click.core.ParameterSource.DEFAULT):
+            # --to is one round of many-to-one; --pairs was silently ignored beside it
+            raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
+        req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
+        if not (timeout > 0 and timeout < float("inf")):
+            raise UsageError(f"-T/--timeout {timeout} out of range", "use seconds > 0")
+        me = ranks.discover()
+        if not me.under_launcher:
+            raise UsageError("gpubench net nodes runs under a launcher (mpirun, srun, torchrun) or with RANK, "
+                             "WORLD_SIZE, MASTER_ADDR and MASTER_PORT set",
+                             "e.g. mpirun -n 4 gpubench net nodes; between two hosts: net server / net client")
+        if me.size == 1:  # nothing between nodes to measure: an empty matrix and exit 0 would pass a check
+            raise UsageError(f"gpubench net nodes needs 2 or more ranks; the launcher ({me.launcher}) started 1",
+                             "start one rank per node (mpirun -n 4 --map-by node, srun -N 4 --ntasks-per-node=1); "
+                             "on one host: gpubench net local")
+        if to is not None and me.size and not 0 <= to < me.size:
+            raise UsageError(f"--to {to} out of range", f"use a rank 0 to {me.size - 1}")
+        spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout)
+        group = ranks.join(me, rendezvous, timeout=timeout)
+        try:
+            result = net_fleet.run(group, spec)
+        finally:
+            group.close()
+        if result is None:
+            return 0
+        code = finish(result, net_fleet.format_report(result, units), json_path=json_path, quiet=quiet)
+        why = net_fleet.verdict(result)
+        if why:
+            raise RegressionFound(why)
+        return code
+
+    callback.__doc__ = HELP
+    f = common_options(callback)
+    opts = [*test_options,
+            click.option("--pairs", type=click.Choice(["ring", "all"]), default="ring", show_default=True,
+                         help="ring: rank i to i+1; all: every ordered pair (n(n-1) tests)."),
+            click.option("--to", "to", type=int, default=None, help="Many-to-one: every other rank sends to RANK at once."),
+            click.option("-B", "--bind", default="0.0.0.0", show_default=True,
+                         help="Address each rank's server listens on (a specific one is also told to the peers)."),
+            click.option("--rendezvous", default=None, help="HOST:PORT of rank 0's store (default: the launcher's)."),
+            click.option("-T", "--timeout", type=float, default=60.0, show_default=True,
+                         help="Seconds to wait for the other ranks: to join, and from a round's start to its end "
+                              "(at least the round's length: -O + -t + -i + 5 s); a rank later than that is named."),
+            ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return click.command("nodes", help=HELP)(f)

@@ -1,0 +1,403 @@
+"""``gpubench net``'s control protocol: what a client may ask (:class:`Request` within :class:`Caps`,
+checked by the one table :data:`LIMITS`), the interval schedule, and line I/O with limits.
+
+Both sides import this module: the server (:mod:`gpubench.plugins.net.server`) checks a request
+with :func:`check_request`; the command checks the same limits with the same table before it
+connects, worded with its option names (:func:`gpubench.plugins.net.command.build_request`).
+
+Control protocol (version 2), one JSON object per line, each side capping what it reads:
+
+1. client -> server on the control connection (<= MAX_HEADER_BYTES)::
+
+       {"gpubench_net": 2, "role": "control", "streams": 4, "seconds": 10, "omit": 0,
+        "interval": 1.0, "buffer": 131072, "direction": "c2s", "window": 0, "bitrate": 0,
+        "copy": false}
+
+   direction: "c2s" (the client sends, iperf's default), "s2c" (-R: the server sends) or
+   "both" (--bidir); window: SO_SNDBUF/SO_RCVBUF of every data socket, 0 for the kernel's
+   autotuning (-w); bitrate: target bits/s per stream, 0 for unlimited (-b); copy: send from and
+   receive into buffers instead of zero copy.
+2. server -> client: ``{"ok": true, "cookie": "<hex>", ...the accepted request...}`` or
+   ``{"ok": false, "error": "<one line>"}`` and the server closes (bad request, caps, busy).
+3. client -> server: ``streams`` data connections per direction, each first sending
+   ``{"gpubench_net": 2, "role": "data", "cookie": "<hex>", "stream": k, "direction": "c2s"}``;
+   then raw payload (c2s), or nothing while it receives (s2c).
+4. server -> client (control): ``{"start": true}`` once every stream is connected; one
+   ``{"interval": i, "omit": bool, "start_s": a, "end_s": b, "bytes": [per c2s stream]}`` per
+   interval (bytes the server received; ``[]`` when nothing flows c2s); ``{"done": true}`` at the
+   end (or ``{"ok": false, "error": ...}`` on abort). s2c intervals are counted by the client, the
+   receiver, on its own clock from the moment it read "start".
+5. the client stops sending and closes its data connections; the server ends its workers and
+   sends ``{"end": true, "cpu_s": {"send": x, "recv": y}, "tcp": [per s2c stream or null]}``
+   (its CPU seconds per role, and TCP_INFO of the sockets it sent on), then serves the next test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+PROTOCOL_VERSION = 2
+DEFAULT_PORT = 5301
+DEFAULT_BIND = "127.0.0.1"
+MAX_HEADER_BYTES = 4096  # a request line from a client
+MAX_LINE_BYTES = 256 * 1024  # a line from the server (an interval: <= 128 counts; the end: <= 128 TCP_INFOs)
+MAX_WIRE_INT = 2**63 - 1  # the largest integer either side takes from the other (a byte count)
+DIRECTIONS = ("c2s", "s2c", "both")
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a server accepts; a request outside these is refused with a one-line reason.
+
+    Attributes:
+        max_streams: parallel TCP streams per test.
+        max_seconds: omit + seconds, the whole test, in seconds.
+        max_omit: leading seconds left out of the figures.
+        max_buffer: bytes per write on the client.
+        min_interval, max_interval: reporting interval in seconds.
+        max_intervals: (omit + seconds) / interval, so a test's report stays small (at most
+            128 streams x 3600 intervals of counts).
+        max_window: -w, bytes of SO_SNDBUF / SO_RCVBUF per data socket.
+        max_bitrate: -b, bits/s per stream.
+    """
+
+    max_streams: int = 128
+    max_seconds: float = 3600.0
+    max_omit: float = 600.0
+    max_buffer: int = 64 * 2**20
+    min_interval: float = 0.1
+    max_interval: float = 60.0
+    max_intervals: int = 3600
+    max_window: int = 512 * 2**20
+    max_bitrate: int = 10**13
+
+
+CAPS = Caps()
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a client asks a server for.
+
+    Attributes:
+        streams: parallel TCP connections (iperf's -P).
+        seconds: counted seconds, after the omitted ones (iperf's -t).
+        omit: leading seconds measured but not counted (iperf3's --omit).
+        interval: seconds per reported interval (iperf's -i).
+        buffer: bytes per write on the sender (iperf's -l).
+        direction: "c2s" (the client sends), "s2c" (iperf's -R: the server sends) or "both"
+            (iperf3's --bidir: both at once, ``streams`` each way).
+        window: SO_SNDBUF and SO_RCVBUF of every data socket in bytes, 0 for the kernel's
+            autotuning (iperf's -w).
+        bitrate: target bits/s per stream, 0 for as fast as it goes (iperf3's -b, per stream).
+        copy: False (default): zero copy, sendfile from a memory file and receive with
+            MSG_TRUNC; True: send from and receive into a buffer (iperf2, iperf3 without -Z).
+    """
+
+    streams: int = 1
+    seconds: float = 10.0
+    omit: float = 0.0
+    interval: float = 1.0
+    buffer: int = 128 * 1024
+    direction: str = "c2s"
+    window: int = 0
+    bitrate: int = 0
+    copy: bool = False
+
+    def directions(self) -> tuple[str, ...]:
+        """The directions data flows in: ("c2s",), ("s2c",) or ("c2s", "s2c")."""
+        return ("c2s", "s2c") if self.direction == "both" else (self.direction,)
+
+    def header(self) -> dict[str, Any]:
+        """The control line a client sends."""
+        return {"gpubench_net": PROTOCOL_VERSION, "role": "control", **asdict(self)}
+
+    def intervals(self) -> list[tuple[float, bool]]:
+        """The test's interval ends and whether each is omitted (:func:`schedule`)."""
+        return schedule(self.omit, self.seconds, self.interval)
+
+
+class RequestError(ValueError):
+    """A request the server refuses; the message is the one line sent back."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One check of a request against the caps.
+
+    Attributes:
+        key: names the check, so another layer can word it its own way (the command names its
+            options: :data:`gpubench.plugins.net.command.OPTION_WORDING`).
+        broken: (request, caps) -> True when the request breaks the limit.
+        reason: (request, caps) -> the one line the server sends back.
+    """
+
+    key: str
+    broken: Callable[[Request, Caps], bool]
+    reason: Callable[[Request, Caps], str]
+
+
+def _finite(field: str) -> Limit:
+    return Limit(f"{field}-finite", lambda r, c: not math.isfinite(getattr(r, field)), lambda r, c: f"{field} must be finite")
+
+
+# In order: the first broken one is reported. Later checks may assume the earlier ones hold (the
+# interval count is computed only for a bounded test).
+LIMITS: tuple[Limit, ...] = (
+    Limit("streams", lambda r, c: not 1 <= r.streams <= c.max_streams,
+          lambda r, c: f"streams {r.streams} out of range: 1 to {c.max_streams}"),
+    _finite("seconds"),
+    _finite("omit"),
+    _finite("interval"),
+    Limit("seconds", lambda r, c: not 0 < r.seconds <= c.max_seconds,
+          lambda r, c: f"seconds {r.seconds:g} out of range: more than 0, at most {c.max_seconds:g}"),
+    Limit("omit", lambda r, c: not 0 <= r.omit <= c.max_omit,
+          lambda r, c: f"omit {r.omit:g} out of range: 0 to {c.max_omit:g} seconds"),
+    Limit("total", lambda r, c: r.omit + r.seconds > c.max_seconds,
+          lambda r, c: f"omit + seconds = {r.omit + r.seconds:g} is over {c.max_seconds:g} seconds"),
+    Limit("interval", lambda r, c: not c.min_interval <= r.interval <= c.max_interval,
+          lambda r, c: f"interval {r.interval:g} out of range: {c.min_interval:g} to {c.max_interval:g} seconds"),
+    Limit("buffer", lambda r, c: not 1 <= r.buffer <= c.max_buffer,
+          lambda r, c: f"buffer {r.buffer} out of range: 1 to {c.max_buffer} bytes"),
+    Limit("window", lambda r, c: not (r.window == 0 or 1024 <= r.window <= c.max_window),
+          lambda r, c: f"window {r.window} out of range: 0 (the kernel's) or 1024 to {c.max_window} bytes"),
+    Limit("bitrate", lambda r, c: not 0 <= r.bitrate <= c.max_bitrate,
+          lambda r, c: f"bitrate {r.bitrate} out of range: 0 (unlimited) to {c.max_bitrate} bit/s"),
+    Limit("intervals", lambda r, c: len(r.intervals()) > c.max_intervals,
+          lambda r, c: f"{len(r.intervals())} intervals of {r.interval:g} s is over {c.max_intervals}; "
+                       f"use a longer interval"),
+)
+
+
+def first_broken(req: Request, caps: Caps = CAPS) -> Limit | None:
+    """The first limit of :data:`LIMITS` that ``req`` breaks, or None when it is within ``caps``."""
+    for limit in LIMITS:
+        if limit.broken(req, caps):
+            return limit
+    return None
+
+
+def wire_int(v: Any) -> bool:
+    """True for a JSON integer both sides take: an int, not a bool, 0 <= v <= MAX_WIRE_INT."""
+    return type(v) is int and 0 <= v <= MAX_WIRE_INT
+
+
+def shown(v: Any, limit: int = 40) -> str:
+    """``v`` as JSON, cut to ``limit`` characters, for a one-line message (a 400-digit number
+    is shown as its first digits and its length)."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _number(d: dict, key: str, *, integer: bool = False) -> int | float:
+    """``d[key]`` as the JSON number the protocol wants: an integer field takes an int only
+    (JSON true/false and 1.0 are not integers), at most :data:`MAX_WIRE_INT`; a number field
+    takes an int or a float, finite once converted.
+
+    Raises:
+        RequestError: missing, the wrong type, or too large (the message shows at most 40
+            characters of the value).
+    """
+    v = d.get(key)
+    if integer:
+        if type(v) is not int:
+            raise RequestError(f"{key} must be an integer, got {shown(v)}")
+        if abs(v) > MAX_WIRE_INT:
+            raise RequestError(f"{key} {shown(v)} is too large")
+        return v
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise RequestError(f"{key} must be a number, got {shown(v)}")
+    try:
+        f = float(v)
+    except OverflowError:  # an integer of hundreds of digits
+        raise RequestError(f"{key} {shown(v)} is too large") from None
+    if not math.isfinite(f):
+        raise RequestError(f"{key} must be finite")
+    return f
+
+
+def check_request(d: Any, caps: Caps = CAPS) -> Request:
+    """Validate a control request (a parsed JSON line) against the caps.
+
+    Args:
+        d: the parsed header; must be a dict with the fields of :meth:`Request.header`.
+        caps: the limits.
+
+    Returns:
+        The accepted Request.
+
+    Raises:
+        RequestError: one line naming the bad field and what is accepted.
+    """
+    if not isinstance(d, dict):
+        raise RequestError("request must be a JSON object")
+    check_version(d)
+    if d.get("role") != "control":
+        raise RequestError('role must be "control" for a new test')
+    direction = d.get("direction", "c2s")
+    if direction not in DIRECTIONS:
+        raise RequestError(f"direction must be one of {', '.join(DIRECTIONS)}, got {shown(direction)}")
+    copy = d.get("copy", False)
+    if type(copy) is not bool:
+        raise RequestError(f"copy must be true or false, got {shown(copy)}")
+    req = Request(streams=int(_number(d, "streams", integer=True)), seconds=_number(d, "seconds"),
+                  omit=_number(d, "omit"), interval=_number(d, "interval"),
+                  buffer=int(_number(d, "buffer", integer=True)), direction=direction,
+                  window=int(_number({"window": d.get("window", 0)}, "window", integer=True)),
+                  bitrate=int(_number({"bitrate": d.get("bitrate", 0)}, "bitrate", integer=True)), copy=copy)
+    limit = first_broken(req, caps)
+    if limit is not None:
+        raise RequestError(limit.reason(req, caps))
+    return req
+
+
+def check_version(d: dict) -> None:
+    """Refuse a line whose "gpubench_net" is not the integer :data:`PROTOCOL_VERSION` (JSON true
+    and 1.0 compare equal to 1 in Python; neither is a version).
+
+    Raises:
+        RequestError: naming the version seen and the one spoken.
+    """
+    version = d.get("gpubench_net")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise RequestError(f"protocol version {shown(version, 20)} not supported (this server speaks {PROTOCOL_VERSION})")
+
+
+def schedule(omit: float, seconds: float, interval: float) -> list[tuple[float, bool]]:
+    """Interval ends (seconds after the start) and whether each is omitted.
+
+    The omitted part [0, omit) and the counted part [omit, omit + seconds) are each cut into
+    intervals of ``interval`` seconds, the last of each part shortened to fit, so that no interval
+    straddles the omit boundary. E.g. omit 1.5, seconds 2, interval 1 ->
+    [(1.0, True), (1.5, True), (2.5, False), (3.5, False)].
+    """
+    out: list[tuple[float, bool]] = []
+    for start, length, omitted in ((0.0, omit, True), (omit, seconds, False)):
+        if length <= 0:
+            continue
+        n = max(1, math.ceil(length / interval - 1e-9))
+        for i in range(1, n + 1):
+            out.append((start + min(i * interval, length), omitted))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Line I/O with limits
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol, went silent, or closed; the message is one line."""
+
+
+class LineReader:
+    """Reads newline-terminated JSON lines from a socket, never holding more than ``limit`` bytes.
+
+    Args:
+        sock: a connected socket.
+        limit: the longest line accepted, in bytes, newline included.
+    """
+
+    def __init__(self, sock: socket.socket, limit: int):
+        self.sock = sock
+        self.limit = limit
+        self._buf = bytearray()
+
+    def readline(self, timeout: float, stop: threading.Event | None = None) -> bytes:
+        """The next line (without the newline), waiting at most ``timeout`` seconds in all.
+
+        Args:
+            timeout: seconds for the whole line.
+            stop: when given and set, give up within half a second.
+
+        Raises:
+            ProtocolError: the line is longer than the limit, the peer closed first, the time ran
+                out, ``stop`` was set, or a socket error.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if stop is not None and stop.is_set():
+                raise ProtocolError("server stopping")
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                return line
+            if len(self._buf) >= self.limit:
+                raise ProtocolError(f"line longer than {self.limit} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProtocolError(f"nothing complete received within {timeout:g} s")
+            self.sock.settimeout(min(left, 0.5))
+            try:
+                chunk = self.sock.recv(self.limit - len(self._buf))
+            except socket.timeout:
+                continue
+            except OSError as e:
+                raise ProtocolError(f"connection error: {e.strerror or e}") from None
+            if not chunk:
+                raise ProtocolError("connection closed" + (" mid-line" if self._buf else ""))
+            self._buf += chunk
+
+    def readjson(self, timeout: float, stop: threading.Event | None = None) -> Any:
+        """The next line parsed as JSON.
+
+        Raises:
+            ProtocolError: as :meth:`readline`, or the line is not JSON.
+        """
+        line = self.readline(timeout, stop)
+        try:
+            return parse_line(line)
+        except (ValueError, UnicodeDecodeError):
+            raise ProtocolError(f"not a JSON line: {line[:40]!r}") from None
+
+
+def parse_line(line: bytes) -> Any:
+    """One protocol line as JSON: UTF-8 only (``json.loads`` of bytes would also take UTF-16 and
+    UTF-32), nesting as deep as Python's parser allows.
+
+    Raises:
+        ValueError: not UTF-8 JSON (UnicodeDecodeError and RecursionError included as ValueError).
+    """
+    try:
+        return json.loads(line.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def send_json(sock: socket.socket, obj: Any, timeout: float = 5.0) -> None:
+    """Send one JSON line. Raises OSError (incl. socket.timeout) when the peer does not take it."""
+    sock.settimeout(timeout)
+    sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+
+def refuse(sock: socket.socket, message: str) -> None:
+    """Send an error line (at most 300 characters) without waiting, then close; never raises."""
+    try:
+        sock.setblocking(False)
+        sock.send(json.dumps({"ok": False, "error": message[:300]}).encode() + b"\n")
+    except OSError:
+        pass
+    close_socket(sock)
+
+
+def close_socket(sock: socket.socket | None) -> None:
+    """Shut down and close ``sock`` (None: nothing); never raises."""
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass

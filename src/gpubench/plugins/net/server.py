@@ -1,0 +1,649 @@
+"""``gpubench net server``: the far end of a test, a long-running service (not a benchmark: it runs
+outside the driver of :mod:`gpubench.core.benchmark`).
+
+It receives the client's streams (c2s), sends on its own (s2c, the client's -R), or both
+(--bidir), through the worker processes of :mod:`gpubench.plugins.net.stream`; every ``interval``
+seconds of its own ``time.perf_counter`` clock it sends the client the per-stream byte counts it
+received in that interval (the protocol: :mod:`gpubench.plugins.net.protocol`).
+
+Protections (each a test in tests/unit/test_net_server.py and tests/cli/test_net_cli.py):
+
+- binds to 127.0.0.1 unless told otherwise;
+- one test at a time (others get ``busy``), in any direction;
+- new connections wait for their request line in one selector loop, no thread each: at most
+  ``max_pending`` at once (a further one makes the oldest waiting one go, so idle sockets cannot
+  keep a real client out) and each has ``header_timeout`` seconds (2 by default) to send it;
+- a request line over 4096 bytes, a request of the wrong types (JSON true and 1.0 are not
+  integers) or over :class:`~gpubench.plugins.net.protocol.Caps` is refused with one line;
+- a silent client (no stream moves for ``stall_timeout``) or a vanished one aborts its test;
+- memory and processes are bounded: at most 16 worker processes per direction (one per stream up
+  to that), a receive buffer of 1 MiB per worker (256 KiB with --copy).
+
+Programmatic use (e.g. a multi-rank mode)::
+
+    srv = NetServer("0.0.0.0", 5301)
+    addr, port = srv.start()          # listening, serving in a background thread
+    ...                               # clients run gpubench.plugins.net.bench.run_test(host, port, request)
+    srv.close()                       # stop, join; srv.stats says what it served
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import resource
+import secrets
+import selectors
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from gpubench.plugins.net.protocol import (
+    CAPS,
+    DEFAULT_BIND,
+    DEFAULT_PORT,
+    MAX_HEADER_BYTES,
+    Caps,
+    Request,
+    RequestError,
+    check_request,
+    check_version,
+    parse_line,
+    close_socket,
+    refuse,
+    schedule,
+    send_json,
+)
+from gpubench.plugins.net.stream import StreamSet, WorkerError, set_window
+from gpubench.core.errors import UsageError
+
+RECV_BYTES = 1 << 20  # the receive buffer per worker process (worker.py)
+
+
+class _Test:
+    """One running test on the server: its request and its data sockets per direction."""
+
+    def __init__(self, req: Request, peer_ip: str):
+        self.req = req
+        self.peer_ip = peer_ip
+        self.cookie = secrets.token_hex(16)
+        self.socks: dict[str, list[socket.socket | None]] = {d: [None] * req.streams for d in req.directions()}
+        self.lock = threading.Lock()
+        self.all_attached = threading.Event()
+        self.closing = threading.Event()
+        self.attached = 0
+        self.needed = req.streams * len(self.socks)
+        self.sets: dict[str, StreamSet] = {}
+
+    def attach(self, header: dict, sock: socket.socket, ip: str) -> str | None:
+        """Register a data stream; returns why it is refused, or None (the test owns ``sock``)."""
+        k, d = header.get("stream"), header.get("direction", "c2s")
+        if d not in self.socks:
+            return f"direction must be one of {', '.join(self.socks)} for this test"
+        if type(k) is not int or not 0 <= k < self.req.streams:
+            return f"stream must be an integer 0 to {self.req.streams - 1}"
+        if ip != self.peer_ip:
+            return "data streams must come from the control connection's address"
+        with self.lock:
+            if self.closing.is_set():
+                return "test is over"
+            if self.socks[d][k] is not None:
+                return f"stream {k} ({d}) already connected"
+            sock.setblocking(True)
+            set_window(sock, self.req.window)
+            self.socks[d][k] = sock
+            self.attached += 1
+            if self.attached == self.needed:
+                self.all_attached.set()
+        return None
+
+    def close(self) -> None:
+        """End the workers and close every data socket; again is harmless."""
+        self.closing.set()
+        with self.lock:
+            sets = list(self.sets.values())
+            socks = [s for ss in self.socks.values() for s in ss if s is not None]
+        for st in sets:
+            st.close()
+        for s in socks:
+            close_socket(s)
+
+
+@dataclass
+class ServerStats:
+    """What a server did: tests completed, aborted, and connections refused."""
+
+    tests_done: int = 0
+    tests_aborted: int = 0
+    refused: int = 0
+
+
+class _Pending:
+    __slots__ = ("sock", "peer", "buf", "deadline")
+
+    def __init__(self, sock: socket.socket, peer, deadline: float):
+        self.sock, self.peer, self.buf, self.deadline = sock, peer, bytearray(), deadline
+
+
+class NetServer:
+    """The far end of a test: accepts one test at a time, moves its data, reports its intervals.
+
+    Args:
+        bind: address to listen on; 127.0.0.1 (loopback only) unless the user says otherwise.
+        port: TCP port; 0 picks a free one (see :attr:`address` after :meth:`open`).
+        caps: limits on a request.
+        log: called with one line per event (test done, refusal); silent when None.
+        header_timeout: seconds a new connection has to send its request line.
+        setup_timeout: seconds a client has to connect all its data streams.
+        drain_timeout: seconds to wait for the client to close its streams after the end.
+        stall_timeout: seconds without a byte on any stream after which a test is aborted (a
+            client that vanished without closing, e.g. a host that lost power).
+        max_pending: connections waiting for their request line at once; one more makes the
+            oldest of them go ("busy: too many connections waiting").
+        workers: worker processes per direction (default one per stream, at most 16).
+    """
+
+    def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, caps: Caps = CAPS,
+                 log: Callable[[str], None] | None = None, header_timeout: float = 2.0,
+                 setup_timeout: float = 5.0, drain_timeout: float = 5.0, stall_timeout: float = 10.0,
+                 max_pending: int = 512, workers: int | None = None):
+        self.bind = bind
+        self.port = port
+        self.caps = caps
+        self.log = log or (lambda line: None)
+        self.header_timeout = header_timeout
+        self.setup_timeout = setup_timeout
+        self.drain_timeout = drain_timeout
+        self.stall_timeout = stall_timeout
+        self.max_pending = max(1, max_pending)
+        self.workers = workers
+        self._stats_lock = threading.Lock()
+        self.stats = ServerStats()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._active: _Test | None = None
+        self._listener: socket.socket | None = None
+        self._threads: set[threading.Thread] = set()
+        self._serving: threading.Thread | None = None
+        self._max_tests: int | None = None
+        self.pending_peak = 0
+        self.address: tuple[str, int] | None = None
+        self._windowed = False  # the listener holds a test's -w buffers (renewed once the test ends)
+        self._loop: tuple | None = None  # serve_forever's (selector, pending connections)
+        self._listen_info: tuple | None = None  # (family, sockaddr) that open() bound
+
+    def open(self) -> tuple[str, int]:
+        """Bind and listen. Returns (address, port) actually bound.
+
+        Raises:
+            UsageError: the address is not one of this host's, or the port is taken or not allowed.
+        """
+        try:
+            infos = socket.getaddrinfo(self.bind, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
+            raise UsageError(f"--bind {self.bind!r} is not an address ({getattr(e, 'strerror', None) or e})",
+                             "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
+        family, _, _, _, sockaddr = infos[0]
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(sockaddr)
+            s.listen(1024)  # a burst of connections waits in the kernel, not refused
+        except OSError as e:
+            s.close()
+            raise UsageError(f"cannot listen on {self.bind} port {self.port}: {e.strerror or e}",
+                             "choose another --port or --bind") from None
+        _raise_fd_limit(self.max_pending + 2 * self.caps.max_streams + 64)
+        self._listener = s
+        self._listen_info = (family, s.getsockname())
+        addr = s.getsockname()
+        self.address = (addr[0], addr[1])
+        return self.address
+
+    def start(self, max_tests: int | None = None) -> tuple[str, int]:
+        """Open (when not yet open) and serve in a background thread; returns (address, port).
+
+        Raises:
+            UsageError: as :meth:`open`.
+        """
+        address = self.address or self.open()
+        t = threading.Thread(target=self.serve_forever, kwargs={"max_tests": max_tests}, daemon=True,
+                             name="gpubench-net-server")
+        self._serving = t
+        t.start()
+        return address
+
+    def close(self, timeout: float = 5.0) -> ServerStats:
+        """Stop and wait (at most ``timeout`` s) for the thread :meth:`start` began; returns the stats."""
+        self.stop()
+        t = self._serving
+        if t is not None:
+            begun = time.monotonic()
+            deadline = begun + timeout
+            while True:
+                try:
+                    t.join(max(0.0, deadline - time.monotonic()))
+                    break
+                except RuntimeError:
+                    # "cannot join thread before it is started": a Ctrl-C landed inside
+                    # Thread.start(), before the new thread said it runs. If it runs, it sees the
+                    # stop within one selector wait (0.1 s) and closes the listener; wait 1 s at most.
+                    if time.monotonic() > min(deadline, begun + 1.0):
+                        break
+                    time.sleep(0.01)
+        return self.stats
+
+    def _count(self, what: str) -> None:
+        with self._stats_lock:
+            setattr(self.stats, what, getattr(self.stats, what) + 1)
+
+    def stop(self) -> None:
+        """Ask the server to stop; :meth:`serve_forever` returns within about a quarter second."""
+        self._stop.set()
+
+    @property
+    def busy(self) -> bool:
+        """True while a test holds the server."""
+        return self._active is not None
+
+    def serve_forever(self, max_tests: int | None = None) -> ServerStats:
+        """Accept connections until :meth:`stop`, a signal, or ``max_tests`` tests have ended.
+
+        One thread (this one) reads every new connection's request line through a selector; a test
+        runs in a thread of its own. KeyboardInterrupt and Interrupted (SIGTERM) propagate after
+        the server has closed its listener and its waiting connections, aborted the running test
+        and waited (at most 3 s) for it.
+        """
+        if self._listener is None:
+            self.open()
+        self._max_tests = max_tests
+        lst = self._listener
+        assert lst is not None  # open() made it
+        lst.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(lst, selectors.EVENT_READ, None)
+        pending: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
+        self._loop = (sel, pending)  # for _dispatch, which renews a windowed listener before a test
+        try:
+            while not self._stop.is_set():
+                if self._windowed and self._active is None:
+                    self._renew_listener(sel, pending)
+                for key, _ in sel.select(0.1):
+                    if key.data is None:
+                        self._accept(self._listener, sel, pending)
+                    else:
+                        self._read_pending(key.data, sel, pending)
+                now = time.monotonic()
+                while pending:
+                    p = next(iter(pending.values()))
+                    if p.deadline > now:
+                        break
+                    self._drop(p, sel, pending, f"no request line within {self.header_timeout:g} s")
+        finally:
+            self._stop.set()
+            for p in list(pending.values()):
+                self._drop(p, sel, pending, "server stopping", count=False)
+            sel.close()
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+            test = self._active
+            if test is not None:
+                test.closing.set()
+            deadline = time.monotonic() + 3.0
+            with self._lock:
+                threads = list(self._threads)
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+        return self.stats
+
+    # -- a test's socket buffers (-w) --------------------------------------------------------------
+
+    def _window_listener(self, window: int) -> None:
+        """Give the listening socket the test's SO_SNDBUF/SO_RCVBUF before its data streams connect.
+
+        Linux sizes a connection's receive window, and the window scale it offers in the SYN-ACK,
+        from the listener's buffer (``tcp_openreq_init_rwin``), and an accepted socket inherits the
+        listener's buffers and locks. Set on the accepted socket after the handshake instead (as
+        before), a small -w shrinks a buffer under a window already offered for the default one: a
+        4-8 KiB -w on loopback (64 KiB segments) dropped every segment, stalled on retransmission
+        timeouts (6 retransmits, 64 KiB in the first second, then nothing) and ended with the
+        sender killed. iperf3 does the same (iperf_tcp_listen: a new listener with the buffers
+        for a test that sets them). Once the test ends, :meth:`_renew_listener` replaces the
+        listener, since a buffer set on a socket cannot be handed back to the kernel's autotuning.
+        """
+        from gpubench.plugins.net.stream import set_window
+
+        lst = self._listener
+        if lst is not None and window > 0:
+            set_window(lst, window)
+            self._windowed = True
+
+    def _renew_listener(self, sel, pending) -> None:
+        """A fresh listener on the same address (autotuned buffers), after a test that set -w. The
+        connections already queued on the old one are accepted first (they wait for their request
+        as any other); one arriving in the instant between close and listen is refused by the
+        kernel, as iperf3's own listener swap does. If the address cannot be bound again, the
+        server stops (it says so in its log)."""
+        old = self._listener
+        assert old is not None and self._listen_info is not None
+        self._accept(old, sel, pending)
+        try:
+            sel.unregister(old)
+        except (KeyError, ValueError):
+            pass
+        old.close()
+        family, sockaddr = self._listen_info
+        new = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            new.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            new.bind(sockaddr)
+            new.listen(1024)
+        except OSError as e:
+            new.close()
+            self.log(f"cannot listen again on {sockaddr[0]} port {sockaddr[1]} after a -w test: {e.strerror or e}; "
+                     "stopping")
+            self._listener = old  # closed: the loop below ends
+            self._stop.set()
+            self._windowed = False
+            return
+        new.setblocking(False)
+        sel.register(new, selectors.EVENT_READ, None)
+        self._listener = new
+        self._windowed = False
+
+    # -- the request-reading stage -------------------------------------------------------------
+
+    def _accept(self, lst: socket.socket, sel, pending) -> None:
+        for _ in range(64):  # then read what is pending, and come back
+            try:
+                conn, peer = lst.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self.log(f"accept failed: {e.strerror or e}")
+                if e.errno in (errno.EMFILE, errno.ENFILE) and pending:  # out of descriptors: the oldest waiter goes
+                    self._drop(next(iter(pending.values())), sel, pending, "busy: too many connections waiting")
+                else:
+                    time.sleep(0.05)
+                return
+            if len(pending) >= self.max_pending:
+                self._drop(next(iter(pending.values())), sel, pending,
+                           "busy: too many connections waiting to send their request")
+            conn.setblocking(False)
+            p = _Pending(conn, peer, time.monotonic() + self.header_timeout)
+            pending[conn] = p
+            self.pending_peak = max(self.pending_peak, len(pending))
+            sel.register(conn, selectors.EVENT_READ, p)
+
+    def _drop(self, p: _Pending, sel, pending, why: str, *, count: bool = True) -> None:
+        pending.pop(p.sock, None)
+        try:
+            sel.unregister(p.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        if count:
+            self._refused(p.sock, p.peer, why)
+        else:
+            refuse(p.sock, why)
+
+    def _read_pending(self, p: _Pending, sel, pending) -> None:
+        try:
+            chunk = p.sock.recv(MAX_HEADER_BYTES - len(p.buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # closed before a full line
+            pending.pop(p.sock, None)
+            sel.unregister(p.sock)
+            close_socket(p.sock)
+            return
+        p.buf += chunk
+        nl = p.buf.find(b"\n")
+        if nl < 0:
+            if len(p.buf) >= MAX_HEADER_BYTES:
+                self._drop(p, sel, pending, f"request longer than {MAX_HEADER_BYTES} bytes")
+            return
+        pending.pop(p.sock, None)
+        sel.unregister(p.sock)
+        try:
+            self._dispatch(p.sock, p.peer, bytes(p.buf[:nl]))
+        except Exception as e:  # never let one connection take the server down
+            self.log(f"{p.peer[0]}:{p.peer[1]}: internal error: {type(e).__name__}: {e}")
+            close_socket(p.sock)
+
+    def _dispatch(self, conn: socket.socket, peer, line: bytes) -> None:
+        try:
+            header = parse_line(line)
+        except ValueError:
+            self._refused(conn, peer, f"not a JSON line: {line[:40]!r}")
+            return
+        if isinstance(header, dict) and header.get("role") == "data":
+            self._data(conn, peer, header)
+            return
+        try:
+            req = check_request(header, self.caps)
+        except RequestError as e:
+            self._refused(conn, peer, str(e))
+            return
+        with self._lock:
+            idle = self._active is None
+        if idle and self._windowed and self._loop is not None:  # the last test's -w must not reach this one's streams
+            self._renew_listener(*self._loop)
+        with self._lock:
+            if self._active is not None or self._stop.is_set():
+                test = None
+            else:
+                test = self._active = _Test(req, peer[0])
+        if test is None:
+            self._refused(conn, peer, "server stopping" if self._stop.is_set()
+                          else "busy: a test is running; try again when it ends")
+            return
+        t = threading.Thread(target=self._test_thread, args=(conn, peer, test), daemon=True, name="gpubench-net-test")
+        with self._lock:
+            self._threads.add(t)
+        try:
+            t.start()
+        except RuntimeError:  # "can't start new thread": the host is out of threads
+            with self._lock:
+                self._threads.discard(t)
+                self._active = None
+            self._refused(conn, peer, "busy: the server cannot take more connections now")
+
+    def _refused(self, conn: socket.socket, peer, message: str) -> None:
+        self._count("refused")
+        self.log(f"refused {peer[0]}:{peer[1]}: {message}")
+        refuse(conn, message)
+
+    def _data(self, conn: socket.socket, peer, header: dict) -> None:
+        try:
+            check_version(header)
+        except RequestError as e:
+            self._refused(conn, peer, str(e))
+            return
+        with self._lock:
+            test = self._active
+        cookie = header.get("cookie")
+        if test is None or not isinstance(cookie, str) or not secrets.compare_digest(
+            cookie.encode("utf-8", "replace"), test.cookie.encode()
+        ):
+            self._refused(conn, peer, "data stream for no running test")
+            return
+        why = test.attach(header, conn, peer[0])
+        if why:
+            self._refused(conn, peer, why)
+
+    # -- one test ------------------------------------------------------------------------------
+
+    def _test_thread(self, conn: socket.socket, peer, test: _Test) -> None:
+        who = f"{peer[0]}:{peer[1]}"
+        try:
+            conn.setblocking(True)
+            self._run_test(conn, who, test)
+        except Exception as e:  # never let one test take the server down
+            self.log(f"{who}: internal error: {type(e).__name__}: {e}")
+        finally:
+            test.close()
+            close_socket(conn)
+            with self._lock:
+                self._active = None
+                self._threads.discard(threading.current_thread())
+            done = self.stats.tests_done + self.stats.tests_aborted
+            if self._max_tests is not None and done >= self._max_tests:
+                self._stop.set()
+
+    def _run_test(self, conn: socket.socket, who: str, test: _Test) -> None:
+        req = test.req
+        tag = (f"test from {who}: {req.streams} stream(s) {req.direction}, {req.seconds:g} s"
+               + (f" after {req.omit:g} s omitted" if req.omit else "") + f", {req.buffer} B writes")
+        try:
+            self._window_listener(req.window)  # before the reply: the data streams connect after it
+            send_json(conn, {"ok": True, "version": 2, "cookie": test.cookie, **asdict(req)})
+            why = self._wait_streams(conn, test)
+            if why:
+                self._abort(conn, tag, why)
+                return
+            with test.lock:
+                if test.closing.is_set():
+                    self._abort(conn, tag, "server stopping")
+                    return
+                for d, role in (("c2s", "recv"), ("s2c", "send")):
+                    if d in test.socks:
+                        test.sets[d] = StreamSet([s for s in test.socks[d] if s is not None], role, buffer=req.buffer,
+                                                 copy=req.copy, rate=req.bitrate / 8, workers=self.workers)
+            for st in test.sets.values():
+                st.start()
+            counted_bytes, counted_s = self._measure(conn, test)
+            self._finish(conn, test)
+        except WorkerError as e:
+            self._abort(conn, tag, str(e))
+            return
+        except _Abort as e:
+            self._abort(conn, tag, str(e))
+            return
+        except OSError as e:
+            self._abort(conn, tag, f"control connection failed: {e.strerror or e}")
+            return
+        self._count("tests_done")
+        if "c2s" in test.sets:
+            rate = counted_bytes / counted_s if counted_s > 0 else 0.0
+            self.log(f"{tag}: received {counted_bytes} B in {counted_s:.3f} s = {rate * 8 / 1e9:.2f} Gbit/s "
+                     f"({rate / 1e9:.3f} GB/s)")
+        else:
+            self.log(f"{tag}: sent {sum(test.sets['s2c'].counts())} B")
+
+    def _abort(self, conn: socket.socket, tag: str, why: str) -> None:
+        self._count("tests_aborted")
+        self.log(f"{tag}: aborted: {why}")
+        try:
+            send_json(conn, {"ok": False, "error": why}, timeout=1.0)
+        except OSError:
+            pass
+
+    def _peer_gone(self, conn: socket.socket, wait: float) -> bool:
+        """Wait up to ``wait`` s for the control connection; True when the client closed or sent anything."""
+        conn.settimeout(max(wait, 0.001))
+        try:
+            conn.recv(1)
+        except socket.timeout:
+            return False
+        except OSError:
+            return True
+        return True  # EOF, or bytes the protocol does not allow here
+
+    def _wait_streams(self, conn: socket.socket, test: _Test) -> str | None:
+        deadline = time.monotonic() + self.setup_timeout
+        while not test.all_attached.is_set():
+            if self._stop.is_set() or test.closing.is_set():
+                return "server stopping"
+            if time.monotonic() > deadline:
+                return f"only {test.attached} of {test.needed} stream(s) connected within {self.setup_timeout:g} s"
+            if self._peer_gone(conn, 0.05):
+                return "client closed the control connection"
+        return None
+
+    def _measure(self, conn: socket.socket, test: _Test) -> tuple[int, float]:
+        req = test.req
+        rx, tx = test.sets.get("c2s"), test.sets.get("s2c")
+        sets = list(test.sets.values())
+        ends = schedule(req.omit, req.seconds, req.interval)
+        if rx is not None:
+            rx.go()  # receivers first: the client's first bytes must find them
+        # the clock and the byte counts start before "start" goes out: a client's first bytes can be
+        # counted before this thread runs again, and were then in no interval
+        t0 = time.perf_counter()
+        prev = rx.counts() if rx is not None else []
+        send_json(conn, {"start": True})
+        if tx is not None:
+            tx.go()
+        t_prev = t0
+        counted_bytes, counted_s = 0, 0.0
+        seen, seen_at = -1, t0
+        for i, (end, omitted) in enumerate(ends):
+            while True:
+                now = time.perf_counter()
+                left = t0 + end - now
+                if left <= 0:
+                    break
+                if self._stop.is_set() or test.closing.is_set():
+                    raise _Abort("server stopping")
+                if any(s.all_ended() for s in sets):
+                    raise _Abort("client closed every data stream before the end")
+                total = sum(sum(s.counts()) for s in sets)
+                if total != seen:
+                    seen, seen_at = total, now
+                elif now - seen_at > self.stall_timeout:
+                    raise _Abort(f"no data on any stream for {self.stall_timeout:g} s")
+                if self._peer_gone(conn, min(left, 0.2)):
+                    raise _Abort("client closed the control connection")
+            now = time.perf_counter()
+            snap = rx.counts() if rx is not None else []
+            got = [a - b for a, b in zip(snap, prev)]
+            send_json(conn, {"interval": i, "omit": omitted, "start_s": t_prev - t0, "end_s": now - t0, "bytes": got})
+            if not omitted:
+                counted_bytes += sum(got)
+                counted_s += now - t_prev
+            prev, t_prev = snap, now
+        send_json(conn, {"done": True})
+        return counted_bytes, counted_s
+
+    def _finish(self, conn: socket.socket, test: _Test) -> None:
+        """After "done": TCP_INFO of the sending sockets, wait for the client to close its streams
+        (at most drain_timeout; no reset mid-write), end the workers, send the end line."""
+        tx = test.sets.get("s2c")
+        tcp = tx.tcp_infos() if tx is not None else []
+        deadline = time.monotonic() + self.drain_timeout
+        while time.monotonic() < deadline and not all(s.all_ended() for s in test.sets.values()):
+            if self._stop.is_set():
+                break
+            time.sleep(0.01)
+        for s in test.sets.values():
+            s.stop()
+        cpu = {role: (test.sets[d].cpu_seconds if d in test.sets else None)
+               for d, role in (("c2s", "recv"), ("s2c", "send"))}
+        sent = tx.counts() if tx is not None else []
+        try:
+            send_json(conn, {"end": True, "cpu_s": cpu, "tcp": tcp, "sent": sent}, timeout=2.0)
+        except OSError:
+            pass
+
+
+class _Abort(Exception):
+    """A running test ends early; the message is the line its client gets."""
+
+
+def _raise_fd_limit(want: int) -> None:
+    """Raise the soft RLIMIT_NOFILE towards ``want`` (never above the hard limit), so the waiting
+    connections and a test's 256 sockets fit; never raises."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass
+

@@ -1,0 +1,364 @@
+"""``gpubench net``'s data path, shared by the client and the server: a set of connected TCP
+streams moved by worker processes (:mod:`gpubench.plugins.net.worker`), their byte counters, their
+CPU time, and each socket's ``TCP_INFO``.
+
+Why worker processes, zero copy and MSG_TRUNC: docs/net.md "Data path" (what was measured, and
+what each step paid). The worker is a standard-library script started with ``python -I -S`` and
+the sockets passed as file descriptors; the counters live in a shared memory file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import mmap
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+# Workers still running, ended at this process's exit. A worker runs in its own session (so a
+# terminal's Ctrl-C reaches only the parent) and ends on its own when its stop pipe reaches EOF,
+# the parent's death included; one that is stopped (SIGSTOP, a hung process) would never read it,
+# and a parent that exits without StreamSet.stop (a server thread still inside a failed test when
+# the rank exits) left it orphaned for good (break-it pass 13).
+_LIVE: set = set()
+
+
+@atexit.register
+def _end_live_workers() -> None:
+    for p in list(_LIVE):
+        try:
+            if p.poll() is None:
+                p.kill()
+        except OSError:
+            pass
+# One worker process per stream, blocking calls, up to this many per stream set; beyond, the
+# streams are shared out over this many workers, each polling its own. Measured 2026-12 on 2
+# cores (16 streams, 2 s, zero copy, workers' CPU only): 16 workers 72-90 Gbit/s at 0.019-0.024
+# CPU-s/Gbit; 8 workers 57-72 at 0.022-0.025; 2 workers 31-52 at 0.020-0.029. A worker holds
+# about 6 MB of private memory (python -I -S and its buffer), so a set stays under ~100 MB.
+MAX_WORKERS = 16
+WORKER_BYTES = 6 * 2**20
+
+
+def payload_file(nbytes: int) -> int:
+    """A file descriptor of a memory file holding ``nbytes`` random bytes (a 1 MiB block from
+    ``os.urandom`` repeated; never zeros, nothing to compress), the source ``os.sendfile`` reads
+    (iperf3 ``-Z`` sends from a file the same way). ``memfd_create`` where the platform has it,
+    else an unlinked temporary file. The caller closes it.
+    """
+    try:
+        fd = os.memfd_create("gpubench-net-payload")
+    except (AttributeError, OSError):
+        f = tempfile.TemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        fd = os.dup(f.fileno())
+        f.close()
+    block = os.urandom(min(nbytes, 2**20))
+    left = nbytes
+    while left > 0:
+        left -= os.write(fd, block[: min(left, len(block))])
+    return fd
+
+
+# struct tcp_info, include/uapi/linux/tcp.h (Linux 6.x): (byte offset, struct format) of the fields
+# read. The kernel copies min(its struct size, the length asked) and getsockopt returns what it
+# filled, so a field is read only when the returned bytes reach past it (older kernels are shorter).
+#   u8 state 0 | u32 rto 8, ato 12, snd_mss 16, rcv_mss 20, unacked 24, sacked 28, lost 32,
+#   retrans 36, fackets 40, last_data_sent 44, last_ack_sent 48, last_data_recv 52,
+#   last_ack_recv 56, pmtu 60, rcv_ssthresh 64, rtt 68 (us), rttvar 72, snd_ssthresh 76,
+#   snd_cwnd 80 (segments), advmss 84, reordering 88, rcv_rtt 92, rcv_space 96, total_retrans 100
+#   | u64 pacing_rate 104, max_pacing_rate 112, bytes_acked 120, bytes_received 128 | u32
+#   segs_out 136, segs_in 140, notsent_bytes 144, min_rtt 148, data_segs_in 152, data_segs_out 156
+#   | u64 delivery_rate 160, busy_time 168, rwnd_limited 176, sndbuf_limited 184 | u32 delivered
+#   192, delivered_ce 196 | u64 bytes_sent 200, bytes_retrans 208 | u32 dsack_dups 216,
+#   reord_seen 220, rcv_ooopack 224, snd_wnd 228 (232 bytes to here).
+TCP_INFO_LEN = 232
+TCP_INFO_FIELDS: dict[str, tuple[int, str]] = {
+    "snd_mss": (16, "I"),
+    "rtt_us": (68, "I"),
+    "rttvar_us": (72, "I"),
+    "snd_cwnd": (80, "I"),
+    "total_retrans": (100, "I"),
+    "bytes_acked": (120, "Q"),
+    "bytes_received": (128, "Q"),
+    "bytes_sent": (200, "Q"),
+    "bytes_retrans": (208, "Q"),
+}
+
+
+def parse_tcp_info(raw: bytes) -> dict[str, int]:
+    """The fields of :data:`TCP_INFO_FIELDS` that ``raw`` (getsockopt's bytes) holds, plus
+    ``cwnd_bytes`` = snd_cwnd x snd_mss (iperf3's src/tcp_info.c ``get_snd_cwnd`` does the same).
+    Native byte order, as the kernel wrote it. Shorter input: the fields it reaches."""
+    out: dict[str, int] = {}
+    for name, (off, fmt) in TCP_INFO_FIELDS.items():
+        size = struct.calcsize(fmt)
+        if len(raw) >= off + size:
+            out[name] = struct.unpack_from("=" + fmt, raw, off)[0]
+    if "snd_cwnd" in out and "snd_mss" in out:
+        out["cwnd_bytes"] = out["snd_cwnd"] * out["snd_mss"]
+    return out
+
+
+def tcp_info(sock: socket.socket) -> dict[str, int] | None:
+    """``parse_tcp_info`` of ``sock``'s TCP_INFO, or None where the platform has none."""
+    opt = getattr(socket, "TCP_INFO", None)
+    if opt is None:
+        return None
+    try:
+        return parse_tcp_info(sock.getsockopt(socket.IPPROTO_TCP, opt, TCP_INFO_LEN))
+    except OSError:
+        return None
+
+
+def set_window(sock: socket.socket, nbytes: int) -> None:
+    """-w: SO_SNDBUF and SO_RCVBUF of ``sock`` (0: leave the kernel's autotuning). Linux doubles
+    the value it stores and caps it at net.core.wmem_max / rmem_max; :func:`window_of` reads back
+    what it took."""
+    if nbytes > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes)
+
+
+def window_of(sock: socket.socket) -> dict[str, int]:
+    """The socket's buffer sizes as the kernel reports them (bytes; Linux: twice what was set)."""
+    try:
+        return {"sndbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)}
+    except OSError:
+        return {}
+
+
+class WorkerError(Exception):
+    """A worker process could not start or died; the message is one line."""
+
+
+class StreamSet:
+    """Connected TCP sockets that send (or receive) through worker processes.
+
+    Args:
+        socks: the connected sockets, stream k = socks[k]; the set owns them from now on.
+        role: "send" or "recv".
+        buffer: bytes per write (iperf's -l).
+        copy: False: zero copy (sendfile from a memory file; receive with MSG_TRUNC); True: send
+            from and receive into a buffer (one copy each way, as iperf2).
+        rate: target bytes/s per stream, 0 for as fast as possible (iperf's -b, per stream).
+        workers: processes to spread the streams over; default (and at most) one per stream up
+            to :data:`MAX_WORKERS`: a worker with one unpaced stream makes blocking calls, one
+            with several (or a paced one) polls them.
+
+    Use: ``start()`` (workers started, waiting), ``go()`` (they move data), ``counts()`` at any
+    time, ``stop()`` (the workers end, CPU seconds known), ``close()`` (sockets closed). ``close``
+    is safe at any point, also after a failed or interrupted start, and again.
+
+    Raises:
+        WorkerError: from ``start`` when a worker process cannot be started.
+    """
+
+    def __init__(self, socks: list[socket.socket], role: str, *, buffer: int, copy: bool = False,
+                 rate: float = 0.0, workers: int | None = None):
+        self.socks = list(socks)
+        self.role, self.buffer, self.copy, self.rate = role, buffer, copy, float(rate)
+        n = len(self.socks)
+        self.nworkers = max(1, min(n, workers or MAX_WORKERS, MAX_WORKERS)) if n else 0
+        self.procs: list[subprocess.Popen] = []
+        self._shm_fd: int | None = None
+        self._shm: mmap.mmap | None = None
+        self._go_r: int | None = None
+        self._go_w: int | None = None
+        self._stop_r: int | None = None
+        self._stop_w: int | None = None
+        self._payload: int | None = None
+        self.t_go: float | None = None
+        self.t_stop: float | None = None
+        self._cpu: float | None = None
+        self._final_counts: list[int] | None = None
+        self.worker_failures: list[str] = []
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start the workers and wait until each is ready to move data (at most ``timeout``
+        seconds: an interpreter start on a loaded host can take a while); they wait for :meth:`go`.
+
+        Raises:
+            WorkerError: a worker cannot be started, dies or is not ready in time.
+        """
+        n = len(self.socks)
+        if not n:
+            return
+        size = 16 * n + 16 * self.nworkers
+        self._shm_fd = _shared_file(size)
+        self._shm = mmap.mmap(self._shm_fd, size)
+        self._go_r, self._go_w = os.pipe()
+        self._stop_r, self._stop_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        if self.role == "send" and self._payload is None:
+            self._payload = payload_file(self.buffer)
+        for w in range(self.nworkers):
+            slots = list(range(w, n, self.nworkers))
+            fds = [self.socks[k].fileno() for k in slots]
+            passed = [*fds, self._shm_fd, self._go_r, self._stop_r, ready_w]
+            if self._payload is not None:
+                passed.append(self._payload)
+            arg = {"role": self.role, "copy": self.copy, "buffer": self.buffer, "rate": self.rate, "fds": fds,
+                   "slots": slots, "nslots": n, "worker": w, "shm": self._shm_fd, "go": self._go_r,
+                   "stop": self._stop_r, "ready": ready_w,
+                   "payload": self._payload if self._payload is not None else -1}
+            try:
+                p = subprocess.Popen([sys.executable, "-I", "-S", WORKER, json.dumps(arg)], pass_fds=passed,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+            except OSError as e:
+                os.close(ready_r)
+                os.close(ready_w)
+                raise WorkerError(f"cannot start a {self.role} worker process: {e.strerror or e}") from None
+            self.procs.append(p)
+            _LIVE.add(p)
+        os.close(ready_w)  # the workers hold it now: EOF here means every one of them ended
+        try:
+            got, deadline = 0, time.monotonic() + timeout
+            while got < len(self.procs):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([ready_r], [], [], left)[0]:
+                    raise WorkerError(f"{len(self.procs) - got} {self.role} worker process(es) not ready "
+                                      f"within {timeout:g} s")
+                chunk = os.read(ready_r, 64)
+                if not chunk:
+                    raise WorkerError(f"a {self.role} worker process ended before it was ready")
+                got += len(chunk)
+        finally:
+            os.close(ready_r)
+
+    def go(self) -> None:
+        """Release the workers (each reads one byte of the go pipe)."""
+        self.t_go = time.perf_counter()
+        if self._go_w is not None and self.procs:
+            os.write(self._go_w, b"g" * len(self.procs))
+
+    def _words(self, fmt: str, start: int, count: int) -> list:
+        if self._shm is None:
+            return [0] * count
+        return list(struct.unpack_from(f"={count}{fmt}", self._shm, start))
+
+    def counts(self) -> list[int]:
+        """Bytes each stream moved so far (sent: handed to the kernel; received: taken from it)."""
+        if self._final_counts is not None:
+            return list(self._final_counts)
+        return self._words("Q", 0, len(self.socks))
+
+    def states(self) -> list[int]:
+        """Per stream: 0 running, -1 closed by the peer, an errno after an error."""
+        return self._words("q", 8 * len(self.socks), len(self.socks))
+
+    def all_ended(self) -> bool:
+        """True when no stream is running any more (every one closed or failed)."""
+        return bool(self.socks) and all(s != 0 for s in self.states())
+
+    def errors(self) -> list[tuple[int, str]]:
+        """(stream, error text) of the streams that ended with an error."""
+        return [(k, os.strerror(s)) for k, s in enumerate(self.states()) if s > 0]
+
+    def stop(self, timeout: float = 3.0, grace: float = 0.5) -> None:
+        """End the workers and read their CPU seconds. Again: nothing more.
+
+        The stop pipe is closed; a sender still running after ``grace`` seconds is inside one
+        long sendfile (a stalled peer taking a little at a time: each of the kernel's inner
+        writes waits its SO_SNDTIMEO anew, so the call outlasted the 3 s and the worker was
+        killed, exit -9, under ``net local -w 4KiB``), and its sockets' write side is shut, which
+        ends the call (EPIPE; the worker reads it as the stop); one that has still not ended after
+        ``timeout`` seconds is killed."""
+        if self.t_stop is not None:
+            return
+        self.t_stop = time.perf_counter()
+        for fd in (self._stop_w, self._go_w):  # a worker still waiting for go reads EOF and ends
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._stop_w = self._go_w = None
+        deadline = time.monotonic() + timeout
+        if self.role == "send" and self.procs:
+            soon = time.monotonic() + min(grace, timeout)
+            for p in self.procs:
+                try:
+                    p.wait(max(0.0, soon - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
+            if any(p.poll() is None for p in self.procs):
+                for s in self.socks:
+                    try:
+                        s.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+        for w, p in enumerate(self.procs):
+            try:
+                _, err = p.communicate(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            _LIVE.discard(p)
+            if p.returncode != 0:
+                last = (err or b"").decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+                self.worker_failures.append(f"{self.role} worker {w} exited with {p.returncode}: {last[0][:200]}")
+        n = len(self.socks)
+        if self._shm is not None:
+            self._final_counts = self._words("Q", 0, n)
+            words = self._words("d", 16 * n, 2 * self.nworkers)
+            self._cpu = sum(words[0::2])
+
+    @property
+    def cpu_seconds(self) -> float | None:
+        """User + system seconds of the workers from go to their end (after :meth:`stop`)."""
+        return self._cpu
+
+    def tcp_infos(self) -> list[dict | None]:
+        """TCP_INFO of each stream's socket now (:func:`tcp_info`)."""
+        return [tcp_info(s) if s.fileno() >= 0 else None for s in self.socks]
+
+    def close(self) -> None:
+        """Stop the workers if they run, close the sockets and the shared memory; again is harmless."""
+        self.stop()
+        for s in self.socks:
+            try:
+                if self.role == "send":
+                    s.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            try:
+                s.close()
+            except OSError:
+                pass
+        for name in ("_go_r", "_stop_r", "_payload", "_shm_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, None)
+        if self._shm is not None:
+            try:
+                self._shm.close()
+            except (BufferError, ValueError):
+                pass
+            self._shm = None
+
+
+def _shared_file(size: int) -> int:
+    try:
+        fd = os.memfd_create("gpubench-net-counters")
+    except (AttributeError, OSError):
+        f = tempfile.TemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        fd = os.dup(f.fileno())
+        f.close()
+    os.ftruncate(fd, size)
+    return fd

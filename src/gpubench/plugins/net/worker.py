@@ -1,0 +1,211 @@
+"""One data-moving process of ``gpubench net``: sends on, or receives from, a few TCP streams.
+
+Run by :class:`gpubench.plugins.net.stream.StreamSet` as ``python -I -S worker.py ARGS`` with the
+sockets passed as inherited file descriptors (``subprocess.Popen(pass_fds=...)``). It imports the
+standard library only, so it starts in a few milliseconds and never holds the parent's interpreter
+lock: every stream set is spread over up to one such process per CPU, which is what lets Python
+reach iperf2's throughput (iperf2 runs one thread per stream; see docs/net.md "Data path").
+
+Why processes: a thread doing ``sendfile``/``recv_into`` releases the GIL during the system call
+but must take it back after every call; with 4 to 16 busy streams on 2 cores the threads queue for
+the lock (measured 2026-12, 2 cores: 16 streams in threads 41-73 Gbit/s, in 2 processes 93-99).
+
+Arguments (one JSON object, ``argv[1]``):
+
+- ``role``: "send" or "recv".
+- ``copy``: false (default) for zero copy: the sender uses ``os.sendfile`` from a memory file
+  (``memfd_create``) holding the payload, as iperf3 ``-Z`` does; the receiver discards with
+  ``recv_into(buf, n, MSG_TRUNC)``, which on a TCP socket consumes the bytes without copying them
+  to user memory (Linux net/ipv4/tcp.c, ``tcp_recvmsg_locked``: the copy is skipped when
+  ``flags & MSG_TRUNC``). true: ``send`` from a buffer and ``recv_into`` a reused buffer, one copy
+  each way, as iperf2 and iperf3 without -Z.
+- ``buffer``: bytes per write (iperf's -l); ``payload``: a file descriptor holding it (random).
+- ``rate``: target bytes/s per stream (0: as fast as possible). A stream ahead of
+  ``rate x seconds since go`` waits until it is due; due times are counted from the start, so
+  lateness does not accumulate (the average rate is the target).
+- ``fds``: the sockets; ``slots``: each one's index in the shared counters.
+- ``shm``: a memory file mapped by the parent: per slot an unsigned 64-bit byte counter
+  (``counts[slot]``) and a signed 64-bit state (``state[nslots + slot]``: 0 running, -1 closed by
+  the peer, errno after an error); per worker a double with its CPU seconds
+  (``cpu[2 * nslots + worker]``) written when it ends, and a 64-bit "ended" flag after it. The
+  counters are aligned 8-byte words written by this one process, so a reader sees whole values.
+- ``ready``: a pipe's write end; the worker writes one byte once its sockets and buffers are set
+  up, so the parent starts the test's clock only when every worker can move data at once.
+- ``go``: a pipe's read end; the worker waits for one byte before moving data (EOF: stop).
+- ``stop``: a pipe's read end; EOF (the parent closed it, or died) stops the worker.
+
+CPU seconds are ``resource.getrusage(RUSAGE_SELF)`` user + system from the go byte to the end:
+the interpreter's start is left out, the data path and its kernel work (the TCP stack, softirq
+work the kernel charges to this process) are in.
+"""
+
+import errno
+import heapq
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _stopped(stop_fd: int) -> bool:
+    return bool(select.select([stop_fd], [], [], 0)[0])
+
+
+def _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd) -> None:
+    """One unpaced stream: blocking calls, no poll per call (one system call per write or read).
+    SO_SNDTIMEO / SO_RCVTIMEO of 0.2 s make a call that cannot progress return, so the stop pipe
+    is looked at least that often; otherwise every 16 calls. One sendfile of -l bytes to a peer
+    that takes a little at a time (a window of a few KiB stalling on retransmission timeouts) is
+    many socket writes inside the kernel, each waiting its 0.2 s anew, so it can outlast the
+    parent's stop: the parent then shuts the socket's write side (StreamSet.stop), which ends the
+    call with EPIPE, read here as the stop it is."""
+    s.setblocking(True)
+    tv = struct.pack("ll", 0, 200_000)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO if role == "send" else socket.SO_RCVTIMEO, tv)
+    sendfile = os.sendfile
+    k = 0
+    try:
+        if role == "send":
+            while True:
+                try:
+                    n = s.send(buf) if copy else sendfile(fd, payload, 0, nbytes)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                counts[slot] += n
+                k += 1
+                if (n == 0 or k & 15 == 0) and _stopped(stop_fd):
+                    return
+        else:
+            while True:
+                try:
+                    n = s.recv_into(buf, rbytes, flags)
+                except (BlockingIOError, InterruptedError):
+                    if _stopped(stop_fd):
+                        return
+                    continue
+                if n == 0:
+                    state[slot] = -1
+                    return
+                counts[slot] += n
+                k += 1
+                if k & 15 == 0 and _stopped(stop_fd):
+                    return
+    except OSError as e:
+        if role == "send" and e.errno == errno.EPIPE and _stopped(stop_fd):
+            return  # the parent shut the write side to end a long call after it asked to stop
+        state[slot] = e.errno or errno.EIO
+
+
+def main(arg: dict) -> None:
+    # Ctrl-C in a terminal reaches the whole process group; the parent stops workers via the pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import mmap
+
+    role, copy, nbytes, rate = arg["role"], bool(arg["copy"]), int(arg["buffer"]), float(arg["rate"])
+    fds, slots, nslots, worker = arg["fds"], arg["slots"], int(arg["nslots"]), int(arg["worker"])
+    shm = mmap.mmap(arg["shm"], 0)
+    counts = memoryview(shm).cast("B")[: 8 * nslots].cast("Q")
+    state = memoryview(shm).cast("B")[8 * nslots: 16 * nslots].cast("q")
+    cpu_at = 16 * nslots + 16 * worker
+    stop_fd = arg["stop"]
+    socks = {}
+    poller = select.poll()
+    poller.register(stop_fd, select.POLLIN)
+    want = select.POLLOUT if role == "send" else select.POLLIN
+    for fd, slot in zip(fds, slots):
+        s = socket.socket(fileno=fd)
+        s.setblocking(False)
+        socks[fd] = (s, slot)
+        poller.register(fd, want)
+    payload = arg["payload"]
+    if role == "send" and copy:
+        buf = memoryview(os.pread(payload, nbytes, 0))
+    else:
+        # receive: MSG_TRUNC writes nothing into the buffer (it only bounds the count); a copy
+        # receives into the same 256 KiB (or -l, if larger) every time
+        size = (max(nbytes, 1 << 18) if copy else 1 << 20) if role == "recv" else 1
+        buf = memoryview(bytearray(size))
+    # ready: the parent starts the clock only once every worker can move data at once
+    os.write(arg["ready"], b"r")
+    os.close(arg["ready"])
+    if not os.read(arg["go"], 1):
+        return
+    cpu0 = _cpu()
+    t0 = time.monotonic()
+    live = len(socks)
+    waiting = []  # (due monotonic time, fd) of paced streams ahead of their schedule
+    sendfile, MSG_TRUNC = os.sendfile, socket.MSG_TRUNC
+    rbytes = len(buf)
+    flags = 0 if copy else MSG_TRUNC
+
+    ended = set()
+
+    def finish(fd: int, code: int) -> None:
+        nonlocal live
+        s, slot = socks[fd]
+        state[slot] = code
+        poller.unregister(fd)
+        ended.add(fd)
+        live -= 1
+
+    if len(socks) == 1 and rate <= 0:
+        (fd, (s, slot)), = socks.items()
+        _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd)
+        live = 0
+    running = True
+    while running and live:
+        timeout = 500.0
+        if waiting:
+            now = time.monotonic()
+            while waiting and waiting[0][0] <= now:
+                _, fd = heapq.heappop(waiting)
+                if fd not in ended:
+                    poller.modify(fd, want)
+            if waiting:
+                timeout = min(timeout, (waiting[0][0] - now) * 1000.0)
+        for fd, ev in poller.poll(timeout):
+            if fd == stop_fd:
+                running = False
+                break
+            if fd in ended:
+                continue
+            s, slot = socks[fd]
+            try:
+                if role == "send":
+                    while True:
+                        n = s.send(buf) if copy else sendfile(fd, payload, 0, nbytes)
+                        counts[slot] += n
+                        if rate > 0:
+                            due = t0 + counts[slot] / rate
+                            if due > time.monotonic():
+                                poller.modify(fd, 0)
+                                heapq.heappush(waiting, (due, fd))
+                                break
+                else:
+                    while True:
+                        n = s.recv_into(buf, rbytes, flags)
+                        if n == 0:
+                            finish(fd, -1)
+                            break
+                        counts[slot] += n
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as e:
+                finish(fd, e.errno or errno.EIO)
+    struct.pack_into("d", shm, cpu_at, _cpu() - cpu0)
+    struct.pack_into("q", shm, cpu_at + 8, 1)
+    shm.flush()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

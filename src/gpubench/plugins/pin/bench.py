@@ -1,0 +1,248 @@
+"""``gpubench pin``: what it costs to get memory a copy engine can use, over a size sweep.
+
+A program chooses between pageable and page-locked (pinned) host memory knowing two figures:
+how much faster a pinned copy is (``gpubench copy``) and how long pinning takes. This plug-in
+measures the second, one CUDA runtime call at a time, timed on the host (``time.perf_counter``
+around the call, which returns when the work is done):
+
+- ``host-alloc``: ``cudaHostAlloc`` (portable) of ``nbytes``, then ``cudaFreeHost``;
+- ``host-register``: ``cudaHostRegister`` (portable) of an already touched ``nbytes`` numpy
+  buffer, then ``cudaHostUnregister``, so the figure is the page-locking alone, not first touch;
+- ``malloc``: ``cudaMalloc`` of ``nbytes`` on the GPU, then ``cudaFree``.
+
+Each operation gives two records per size, ``phase`` "alloc" (or "register") and "free" (or
+"unregister"): seconds per call, and in ``extra.bytes_per_s`` the rate ``nbytes / seconds`` of
+the alloc phase. The sample loop, warm-ups, interrupts and partial results are the driver's
+(``gpubench.core.benchmark``); this module holds only what to allocate and the one timed step.
+Its command line is :mod:`gpubench.plugins.pin.command`; its descriptor, the package's ``PLUGIN``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import click
+
+from gpubench.core import benchmark as driver
+from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.errors import UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.timing import TimingPlan, kept, sample_loop
+from gpubench.core.units import format_size
+
+# operation -> (first phase, second phase, what it is)
+OPERATIONS: dict[str, tuple[str, str, str]] = {
+    "host-alloc": ("alloc", "free", "cudaHostAlloc (portable) then cudaFreeHost"),
+    "host-register": ("register", "unregister", "cudaHostRegister (portable) of a touched buffer, then unregister"),
+    "malloc": ("alloc", "free", "cudaMalloc on the GPU then cudaFree"),
+}
+
+
+@dataclass(frozen=True)
+class PinSpec:
+    """Parsed options of ``gpubench pin``.
+
+    Attributes:
+        sizes: bytes per call, ascending.
+        operations: keys of OPERATIONS.
+        device: CUDA ordinal (the context the calls run in).
+        plan: warm-ups and iteration rule (a sample is one call of each phase).
+    """
+
+    sizes: tuple[int, ...]
+    operations: tuple[str, ...] = tuple(OPERATIONS)
+    device: int = 0
+    plan: TimingPlan = field(default_factory=lambda: TimingPlan(warmup=1))
+
+    def __post_init__(self):
+        if not self.sizes:
+            raise UsageError("no sizes to measure")
+        for op in self.operations:
+            if op not in OPERATIONS:
+                raise UsageError(f"operation {op!r} not known", f"use {', '.join(OPERATIONS)}")
+        if self.device < 0:
+            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Group:
+    operation: str
+    nbytes: int
+
+
+def _phases(op: str, nbytes: int) -> tuple[Callable[[], object], Callable[[object], None], Callable[[], None]]:
+    """(first(), second(handle), cleanup()) of one operation; first returns what second releases."""
+    import numpy as np
+    from cupy.cuda import runtime
+
+    from gpubench.core.gpu import HOST_ALLOC_PORTABLE, HOST_REGISTER_PORTABLE
+
+    if op == "host-alloc":
+        return (lambda: runtime.hostAlloc(nbytes, HOST_ALLOC_PORTABLE)), runtime.freeHost, lambda: None
+    if op == "malloc":
+        return (lambda: runtime.malloc(nbytes)), runtime.free, lambda: None
+    buf = np.ones(nbytes, dtype=np.uint8)  # touched: registering measures the locking, not first touch
+    ptr = buf.ctypes.data
+    return (lambda: runtime.hostRegister(ptr, nbytes, HOST_REGISTER_PORTABLE)), \
+        (lambda _h: runtime.hostUnregister(ptr)), (lambda: buf.fill(0))
+
+
+class Pin(Benchmark):
+    """The pin plug-in: a point is (operation, size); one timed call of each phase per sample."""
+
+    name = "pin"
+    description = "Cost of page-locking host memory and of cudaMalloc: cudaHostAlloc, cudaHostRegister, frees."
+
+    def points(self, spec: PinSpec, devices: tuple[int, ...]) -> list[Point]:
+        out = []
+        for op in spec.operations:
+            for n in spec.sizes:
+                host = n if op != "malloc" else 0
+                out.append(Point(f"{op} {format_size(n)}", _Group(op, n), device_bytes=n if op == "malloc" else 0,
+                                 host_bytes=host, locked_bytes=host, devices=(spec.device,)))
+        return out
+
+    def too_big_hint(self, spec: PinSpec) -> str:
+        return "lower -e/--max-bytes"
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        import cupy
+
+        spec: PinSpec = ctx.spec
+        g: _Group = point.key
+        first_name, second_name, _ = OPERATIONS[g.operation]
+        with cupy.cuda.Device(spec.device):
+            first, second, cleanup = _phases(g.operation, g.nbytes)
+            seconds: list[float] = []
+
+            def take() -> float:
+                t0 = time.perf_counter()
+                handle = first()
+                t1 = time.perf_counter()
+                second(handle)
+                seconds.append(time.perf_counter() - t1)
+                return t1 - t0
+
+            firsts = sample_loop(take, spec.plan)
+            cleanup()
+        seconds = kept(seconds, len(firsts))
+        base = {"device": spec.device, "operation": g.operation, "nbytes": g.nbytes}
+        out = []
+        for phase, samples in ((first_name, firsts), (second_name, seconds)):
+            r = Record(params={**base, "phase": phase}, metric="time", nbytes=g.nbytes, samples_s=list(samples))
+            out.append(r)
+        return out
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        g: _Group = point.key
+        first_name, second_name, _ = OPERATIONS[g.operation]
+        return [Record(params={"device": ctx.spec.device, "operation": g.operation, "nbytes": g.nbytes,
+                               "phase": ph}, metric="time", nbytes=g.nbytes, error=message)
+                for ph in (first_name, second_name)]
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        for r in records:
+            if r.samples_s:
+                r.extra["bytes_per_s"] = r.nbytes / r.time_summary().median
+
+    def timing(self, ctx: Context) -> dict:
+        return {"clock": "perf_counter",
+                "method": "one CUDA runtime call per phase per sample, timed on the host around the call",
+                **ctx.spec.plan.to_dict()}
+
+
+BENCHMARK = Pin()
+
+
+def run(spec: PinSpec, progress: ProgressSink | None = None) -> Result:
+    """Measure every (operation, size) through the driver.
+
+    Returns:
+        A Result with two records (the two phases) per (operation, size): metric "time", seconds
+        per call; ``extra.bytes_per_s`` = nbytes / median seconds.
+
+    Raises:
+        NoGPUError / UsageError: no GPU, the device not visible, or the largest size does not fit.
+        MachineError: a CUDA fault other than an allocation failure (the finished points kept).
+    """
+    return driver.run(BENCHMARK, spec, progress)
+
+
+# -- the command: options, spec from options, report ----------------------------------------------
+
+HELP = """Cost of page-locking host memory and of cudaMalloc, over a size sweep.
+
+    cudaHostAlloc / cudaFreeHost, cudaHostRegister / cudaHostUnregister of a touched buffer, and
+    cudaMalloc / cudaFree: microseconds per call (median, p25-p75) and the rate in GB/s. Compare
+    with `gpubench copy` to see when pinning pays; see docs/pin.md.
+    """
+
+
+def _options() -> list:
+    from gpubench.kit import sweep_options, timing_options
+
+    return [
+        click.option("--op", "operations", default=",".join(OPERATIONS), show_default=True,
+                     help="Comma list of host-alloc, host-register, malloc."),
+        *sweep_options(min_bytes="4KiB", max_bytes="256MiB", what="allocation"),
+        click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device."),
+        *timing_options(warmup=1, what="calls"),
+    ]
+
+
+OPTIONS = _options()
+
+
+def build_spec(operations, min_bytes, max_bytes, step_factor, device, warmup, iters, min_time) -> PinSpec:
+    """Validate the options (no GPU needed) and build a PinSpec.
+
+    Raises:
+        UsageError: any bad value, named in the message.
+    """
+    from gpubench.core.options import csv_list, device_id, timing_plan
+    from gpubench.core.units import parse_size, size_sweep
+
+    ops = csv_list(operations, "--op", kind="operation")
+    sizes = size_sweep(parse_size(min_bytes, what="-b/--min-bytes"), parse_size(max_bytes, what="-e/--max-bytes"),
+                       step_factor)
+    return PinSpec(sizes=tuple(sizes), operations=ops, device=device_id(device),
+                   plan=timing_plan(warmup, iters, min_time))
+
+
+def format_report(result: Result, units: str = "GB") -> list:
+    """One table per operation: size rows, each phase's median us (p25-p75) and the alloc rate."""
+    from gpubench.core import report
+    from gpubench.core.units import format_rate
+
+    out: list = []
+    for op in [o for o in OPERATIONS if any(r.params["operation"] == o for r in result.records)]:
+        first_name, second_name, what = OPERATIONS[op]
+        t = report.table(f"{op}: {what} - GPU {result.spec.get('device')}",
+                         ["size", f"{first_name} us (p25-p75)", f"{first_name} {units}/s",
+                          f"{second_name} us (p25-p75)"])
+        recs = {(r.params["nbytes"], r.params["phase"]): r for r in result.records if r.params["operation"] == op}
+        for n in sorted({k[0] for k in recs}):
+            row = [format_size(n)]
+            for phase in (first_name, second_name):
+                r = recs.get((n, phase))
+                if r is None or r.error:
+                    cell = f"failed: {r.error[:40]}" if r is not None and r.error else ""
+                    row += [cell, ""] if phase == first_name else [cell]
+                    continue
+                s = r.time_summary()
+                row.append(f"{s.median * 1e6:,.1f} ({s.p25 * 1e6:,.1f}-{s.p75 * 1e6:,.1f})")
+                if phase == first_name:
+                    row.append(format_rate(r.extra.get("bytes_per_s", 0.0), units))
+            t.add_row(*row)
+        out.append(t)
+    out.append(f"Host-timed (perf_counter) around each call; median over samples ({result.timing.get('warmup')} "
+               f"warm-up(s)); {units}/s = nbytes / median seconds of the {'alloc'} phase.")
+    if result.partial:
+        out.append(report.partial_note(result))
+    return out

@@ -1,0 +1,800 @@
+"""Fleet validation: ``gpubench suite`` under a launcher (srun, mpirun, torchrun), every node measured,
+one bundle and a fleet report written by rank 0, the slow node, GPU or link named.
+
+What each rank does (docs/fleet.md):
+
+1. Its own steps, the ranks of one host taking turns by local rank (so two ranks never share a
+   host's PCIe or memory while measuring): with GPUs, the pinned H2D/D2H copy sweep on *its* GPU
+   (local rank mod visible GPUs, as ``all_reduce_perf -g 1``); local rank 0 also runs p2p and the
+   in-node NCCL all-reduce over every GPU it sees (when it sees two or more). On a machine without
+   a GPU: net's loopback test (``net local``) and, with ``--merge``, ``merge -t cpu``.
+2. With GPUs and more than one rank, once every rank answered: the all-node NCCL all-reduce at
+   1 GiB, every rank its GPU, through nccl's launcher plug-in on the fleet's group.
+3. The network between nodes: local rank 0 of each host, ``net``'s ring test
+   (:mod:`gpubench.plugins.net.fleet`).
+4. Rank 0 gathers every rank's steps and checks and writes one bundle with a ``fleet`` object.
+
+The rule (:func:`flag`), for figures where higher is better (GB/s, Gbit/s): a figure is **slow**
+when it is below ``RATIO`` (0.95) x the fleet median of that check AND it is an outlier by the
+modified z-score of Iglewicz and Hoaglin (1993, "How to Detect and Handle Outliers", ASQC Basic
+References in Quality Control 16), M = 0.6745 (x - median) / MAD with MAD the median absolute
+deviation, M < -3.5; or the MAD is 0 (every other figure identical); or the figure is below
+``GROSS`` (0.5) x the median whatever the spread (with a handful of nodes two outliers inflate the
+MAD itself). A figure outside the TOML expectation is **fail**; a rank that did not answer within
+the deadline is **missing**. Any of the three fails the suite (exit 1), naming nodes and GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+from gpubench.core.errors import UsageError
+
+RATIO = 0.95
+Z_LIMIT = 3.5
+GROSS = 0.5
+MAD_SCALE = 0.6745  # Phi^-1(0.75): makes MAD a consistent estimator of sigma for normal data
+RULE_NAME = "median-mad"
+RULE_TEXT = (f"Slow: below {RATIO:g} x the fleet median of the check AND (modified z-score "
+             f"{MAD_SCALE} (x - median) / MAD below -{Z_LIMIT:g} [Iglewicz & Hoaglin 1993], or MAD = 0, "
+             f"or below {GROSS:g} x the median).")
+FLEET_KIND = "gpubench-fleet"
+FLEET_VERSION = 1
+DEFAULT_TIMEOUT_S = 900.0
+
+
+FLEET_FLAGS = ("ok", "slow", "fail", "missing")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a saved fleet object (pure)
+
+
+def _fleet_bad(source: str, where: str, value: Any, want: str) -> UsageError:
+    return UsageError(f"{source}: fleet.{where} is {_term(repr(value), 40)}; expected {want}")
+
+
+def _num_or_none(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                         and abs(v) < 1e300)
+
+
+def check_fleet(f: Any, source: str) -> dict:
+    """Check a fleet object (written by ``suite`` under a launcher) and return it.
+
+    Shape (version 1)::
+
+        {"kind": "gpubench-fleet", "version": 1, "rule": {"name": str, "text": str},
+         "missing": [{"rank": int, "host": str}],
+         "rows": [{"host": str, "rank": int, "gpu": int|null, "uuid": str|null, "check": str,
+                   "value": float|null, "unit": str, "fleet_median": float|null, "expect": float|null,
+                   "flag": "ok"|"slow"|"fail"|"missing"}],
+         "links": {"hosts": [str], "gbps": [[float|null]]}}
+
+    Raises:
+        UsageError: a field of the wrong type, a flag not in the list, a newer version, a links
+            matrix that is not hosts x hosts; one line naming the field.
+    """
+    if not isinstance(f, dict) or f.get("kind") != FLEET_KIND:
+        raise _fleet_bad(source, "kind", f.get("kind") if isinstance(f, dict) else f, repr(FLEET_KIND))
+    v = f.get("version")
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise _fleet_bad(source, "version", v, "1")
+    if v > FLEET_VERSION:
+        raise UsageError(f"{source}: fleet version {v} is newer than this gpubench reads ({FLEET_VERSION})",
+                         "upgrade gpubench")
+    rule = f.get("rule") or {}
+    if not isinstance(rule, dict):
+        raise _fleet_bad(source, "rule", rule, "an object with name and text")
+    rows = f.get("rows") or []
+    if not isinstance(rows, list):
+        raise _fleet_bad(source, "rows", rows, "a list")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise _fleet_bad(source, f"rows[{i}]", r, "an object")
+        for k in ("value", "fleet_median", "expect"):
+            if not _num_or_none(r.get(k)):
+                raise _fleet_bad(source, f"rows[{i}].{k}", r.get(k), "a finite number or null")
+        for k in ("rank", "gpu"):
+            x = r.get(k)
+            if x is not None and (not isinstance(x, int) or isinstance(x, bool) or abs(x) > 2**31):
+                raise _fleet_bad(source, f"rows[{i}].{k}", x, "an integer" + (" or null" if k == "gpu" else ""))
+        if r.get("flag") not in FLEET_FLAGS:
+            raise _fleet_bad(source, f"rows[{i}].flag", r.get("flag"), " or ".join(FLEET_FLAGS))
+    missing = f.get("missing") or []
+    if not isinstance(missing, list) or not all(isinstance(m, dict) for m in missing):
+        raise _fleet_bad(source, "missing", missing, "a list of {rank, host}")
+    links = f.get("links") or {}
+    if not isinstance(links, dict):
+        raise _fleet_bad(source, "links", links, "an object with hosts and gbps")
+    hosts, gbps = links.get("hosts") or [], links.get("gbps") or []
+    if not isinstance(hosts, list) or not isinstance(gbps, list):
+        raise _fleet_bad(source, "links", links, "hosts and gbps lists")
+    if gbps and (len(gbps) != len(hosts) or any(not isinstance(row, list) or len(row) != len(hosts) for row in gbps)):
+        raise _fleet_bad(source, "links.gbps", f"{len(gbps)} rows", f"{len(hosts)} x {len(hosts)} (one per host)")
+    for i, row in enumerate(gbps):
+        for j, x in enumerate(row):
+            if not _num_or_none(x):
+                raise _fleet_bad(source, f"links.gbps[{i}][{j}]", x, "a finite number or null")
+    return f
+
+
+
+def _term(text: str, limit: int) -> str:
+    from gpubench.core import safe
+
+    return safe.term(text, limit)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule (pure)
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median (mean of the middle two for an even count). Raises ValueError when empty."""
+    s = sorted(xs)
+    n = len(s)
+    if not n:
+        raise ValueError("median of no values")
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def mad(xs: Sequence[float]) -> float:
+    """Median absolute deviation from the median (unscaled)."""
+    m = median(xs)
+    return median([abs(x - m) for x in xs])
+
+
+def modified_z(x: float, xs: Sequence[float]) -> float:
+    """Iglewicz & Hoaglin's M = 0.6745 (x - median) / MAD; +-inf when MAD is 0 and x differs."""
+    m, d = median(xs), mad(xs)
+    if d == 0:
+        return 0.0 if x == m else math.copysign(math.inf, x - m)
+    return MAD_SCALE * (x - m) / d
+
+
+def flag(value: float, values: Sequence[float]) -> str:
+    """"slow" or "ok" for a higher-is-better figure against the fleet's figures of the same check
+    (``values`` includes ``value``); see the module for the rule."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if len(vals) < 2 or not math.isfinite(value):
+        return "ok"
+    m = median(vals)
+    if m <= 0 or not value < RATIO * m:
+        return "ok"
+    if value < GROSS * m:
+        return "slow"
+    return "slow" if modified_z(value, vals) < -Z_LIMIT else "ok"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks of one node's results (pure)
+
+
+def checks_of(result) -> list[dict]:
+    """The fleet's figures in one Result, as its plug-in's ``fleet_checks`` gives them (copy: per
+    GPU the pinned H2D/D2H at the largest size; p2p: per pair write/read; nccl: busbw at the
+    largest size; net: the loopback total; merge: the harmonic-mean throughput); none for a
+    command whose plug-in declares none or is not installed.
+
+    Returns:
+        Dicts with "check", "command", "params" (the record's), "gpu" (CUDA index or None),
+        "value", "unit" ("GB/s" = 1e9 B/s, or "Gbit/s").
+    """
+    from gpubench.core import registry
+
+    own = registry.plugins().get(result.command)
+    hook = own.hook("fleet_checks") if own is not None else None
+    return hook(result) if hook is not None else []
+
+
+def _bound(e) -> float | None:
+    """The expectation's bound in its own unit (GB/s or us): the minimum, else the maximum."""
+    lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
+    return lo if lo is not None else hi
+
+
+def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
+    """The bound that decides a figure judged by several expectations (two [[expect]] tables
+    matching one record): among the failed outcomes if any failed, else among the rest, the bound
+    with the least margin (value - min, or max - value; an outcome with no value, a failed point,
+    counts as -inf), i.e. the failing or the strictest one.
+
+    Args:
+        outcomes: suite.Outcome of one record (value in GB/s or us).
+        unit: the row's unit: "Gbit/s" converts a GB/s bound x8, any other is left as is.
+
+    Returns:
+        (bound in ``unit``, ">=" or "<="), or (None, None) when no outcome has a bound.
+    """
+    judged = [o for o in outcomes if o.status in ("pass", "fail")]
+    if any(o.status == "fail" for o in judged):
+        judged = [o for o in judged if o.status == "fail"]
+    best: tuple[float, float, str] | None = None
+    for o in judged:
+        e = o.expectation
+        lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
+        for b, op in ((lo, ">="), (hi, "<=")):
+            if b is None:
+                continue
+            margin = -math.inf if o.value is None else (o.value - b if op == ">=" else b - o.value)
+            if best is None or margin < best[0]:
+                best = (margin, b, op)
+    if best is None:
+        return None, None
+    scale = 8.0 if unit == "Gbit/s" else 1.0
+    return best[1] * scale, best[2]
+
+
+def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
+    """Mark each check with the TOML expectation that judged its record ("expect" in the check's
+    unit with "expect_op" ">=" or "<=": the deciding bound of :func:`deciding_bound`;
+    "expect_status"); outcomes that match no check become checks of their own (the figure the
+    TOML names, e.g. a copy at 4 KiB, or a missing one).
+
+    Returns:
+        ``checks`` plus the extra ones, each with "expect" (float or None), "expect_op" and
+        "expect_status" (None, "pass", "fail", "missing" or "skipped").
+    """
+    for c in checks:
+        c.setdefault("expect", None)
+        c.setdefault("expect_op", None)
+        c.setdefault("expect_status", None)
+    extra = []
+    judged: dict[int, list] = {}
+    for o in outcomes:
+        e = o.expectation
+        if o.status == "skipped":
+            continue
+        hit = [i for i, c in enumerate(checks)
+               if c["command"] == e.command and o.params is not None and c["params"] == o.params]
+        for i in hit:
+            judged.setdefault(i, []).append(o)
+            if checks[i]["expect_status"] != "fail":
+                checks[i]["expect_status"] = o.status
+        if not hit:
+            unit = "GB/s" if e.kind == "bandwidth" else "us"
+            gpu = o.params.get("device") if o.params else None
+            b, op = deciding_bound([o], unit)
+            if b is None:  # missing: no figure to judge, the bound as written
+                b = _bound(e)
+                lo = e.min_gbps if e.kind == "bandwidth" else e.min_us
+                op = None if b is None else ">=" if lo is not None else "<="
+            extra.append({"check": f"expect {e.index}: {e.label()}", "gpu": gpu if isinstance(gpu, int) else None,
+                          "value": o.value, "unit": unit, "command": e.command, "params": o.params or {},
+                          "expect": b, "expect_op": op, "expect_status": o.status, "note": o.note})
+    for i, os_ in judged.items():
+        checks[i]["expect"], checks[i]["expect_op"] = deciding_bound(os_, checks[i]["unit"])
+    return checks + extra
+
+
+# ---------------------------------------------------------------------------------------------
+# The fleet object (pure, on gathered payloads)
+
+
+def _row_flag(c: dict, values: list[float]) -> str:
+    if c.get("expect_status") in ("fail", "missing"):
+        return "fail"
+    v = c.get("value")
+    if v is None:
+        return "fail"
+    if c.get("unit") == "us":  # lower is better: no fleet rule here, the TOML decides
+        return "ok"
+    return flag(v, values)
+
+
+def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
+    for g in gpus:
+        if g.get("index") == gpu:
+            u = g.get("uuid")
+            return u if isinstance(u, str) else None
+    return None
+
+
+def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: Any = None,
+                link_outcomes: Sequence = ()) -> dict:
+    """The bundle's ``fleet`` object from every rank's payload (None: the rank did not answer).
+
+    Args:
+        payloads: index = rank; each {"rank", "host", "gpus": [{"index", "uuid"}], "checks": [...]}
+            (:func:`node_payload`), or None for a missing rank.
+        hosts: every rank's host name (for the missing ones).
+        links: the Result of the fleet stage that judges its command's expectations (net's
+            links between nodes), or None; its stage gives the fleet's ``links`` and their rows.
+        link_outcomes: the expectations of that command judged on that Result.
+
+    Returns:
+        {"kind": "gpubench-fleet", "version": 1, "rule": {"name", "text"}, "missing": [{"rank",
+        "host"}], "rows": [{"host", "rank", "gpu", "uuid", "check", "value", "unit", "fleet_median",
+        "expect", "expect_op", "flag"}], "links": {"hosts": [...], "gbps": [[Gbit/s or None]]}}.
+    """
+    present = [p for p in payloads if p is not None]
+    missing = [{"rank": r, "host": str(hosts[r]) if r < len(hosts) else "?"} for r, p in enumerate(payloads)
+               if p is None]
+    by_check: dict[str, list[float]] = {}
+    for p in present:
+        for c in p["checks"]:
+            if c.get("value") is not None:
+                by_check.setdefault(c["check"], []).append(c["value"])
+    rows = []
+    for p in present:
+        for c in p["checks"]:
+            vals = by_check.get(c["check"], [])
+            rows.append({"host": str(p["host"]), "rank": int(p["rank"]), "gpu": c.get("gpu"),
+                         "uuid": _uuid(p.get("gpus") or [], c.get("gpu")), "check": c["check"],
+                         "value": c.get("value"), "unit": c["unit"],
+                         "fleet_median": median(vals) if vals else None, "expect": c.get("expect"),
+                         "expect_op": c.get("expect_op"), "flag": _row_flag(c, vals)})
+    names = list(dict.fromkeys(c["check"] for p in present for c in p["checks"]))
+    for m in missing:
+        for name in names or ["(no answer)"]:
+            vals = by_check.get(name, [])
+            rows.append({"host": m["host"], "rank": m["rank"], "gpu": None, "uuid": None, "check": name,
+                         "value": None, "unit": "", "fleet_median": median(vals) if vals else None,
+                         "expect": None, "expect_op": None, "flag": "missing"})
+    link_obj: dict[str, Any] = {"hosts": [], "gbps": []}
+    stage = stage_of(links) if links is not None else None
+    if stage is not None:
+        got, link_rows = stage.rows(links, link_outcomes)
+        link_obj = got or link_obj
+        rows += link_rows
+    return {"kind": FLEET_KIND, "version": FLEET_VERSION, "rule": {"name": RULE_NAME, "text": RULE_TEXT},
+            "missing": missing, "rows": rows, "links": link_obj}
+
+
+def failed_rows(fleet: dict) -> list[dict]:
+    return [r for r in fleet["rows"] if r["flag"] != "ok"]
+
+
+def verdict(fleet: dict, step_errors: Sequence[str] = ()) -> str | None:
+    """One line naming the failed nodes and GPUs (host names escaped for a terminal), or None."""
+    from gpubench.core import safe
+
+    bad = failed_rows(fleet)
+    if not bad and not step_errors:
+        return None
+    where: dict[str, set] = {}
+    for r in bad:
+        key = f"{safe.term(r['host'], 80)} (rank {r['rank']})"
+        where.setdefault(key, set())
+        if r["gpu"] is not None:
+            where[key].add(f"GPU {r['gpu']}")
+        elif r["check"].startswith("net to "):
+            where[key].add(f"link {safe.term(r['check'][4:], 120)}")
+    names = [k + (f" {', '.join(sorted(v))}" if v else "") for k, v in where.items()]
+    parts = []
+    if bad:
+        kinds = sorted({r["flag"] for r in bad})
+        parts.append(f"{len(bad)} figure(s) {'/'.join(kinds)} on " + "; ".join(names[:16])
+                     + (" ..." if len(names) > 16 else ""))
+    if step_errors:
+        parts.append("step(s) failed: " + ", ".join(safe.term(s, 120) for s in step_errors[:8]))
+    return "fleet failed: " + "; ".join(parts)
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+
+
+def _expect_cell(r: dict) -> str:
+    """The deciding bound with its side and the row's unit, e.g. ">= 8000.0 Gbit/s"; "-" for none."""
+    if r.get("expect") is None:
+        return "-"
+    from gpubench.core import safe
+
+    op = r.get("expect_op") if r.get("expect_op") in (">=", "<=") else ""
+    return " ".join(x for x in (op, _num(r["expect"]), safe.term_markup(str(r.get("unit") or ""), 20)) if x)
+
+
+def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
+    """Rich renderables: the fleet table (a row per node, GPU and check), what the judging stage
+    shows of its result (net: the link matrix), the rule and the verdict. Every peer string passes
+    through :func:`gpubench.core.safe.term_markup`."""
+    from gpubench.core import report, safe
+
+    out: list = []
+    t = report.table(f"Fleet: {len({(r['host'], r['rank']) for r in fleet['rows']})} rank(s), "
+                     f"{len(fleet['missing'])} missing",
+                     ["host", "rank", "GPU", "check", "value", "unit", "fleet median", "expect", "flag"])
+    for r in fleet["rows"]:
+        if not show_ok and r["flag"] == "ok":
+            continue
+        fl = r["flag"]
+        t.add_row(safe.term_markup(r["host"], 60), str(r["rank"]), "-" if r["gpu"] is None else str(r["gpu"]),
+                  safe.term_markup(r["check"], 80), _num(r["value"]), r["unit"], _num(r["fleet_median"]),
+                  _expect_cell(r), fl if fl == "ok" else f"[red]{fl.upper()}[/red]")
+    out.append(t)
+    stage = stage_of(links) if links is not None else None
+    if stage is not None:
+        out += stage.report(links)
+    out.append(RULE_TEXT + " FAIL: outside the --expect bound or not measured; MISSING: no answer.")
+    for m in fleet["missing"]:
+        out.append(f"[red]MISSING[/red] rank {m['rank']} on {safe.term_markup(m['host'], 80)}: did not answer in time")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathering that outlives a silent rank
+
+
+# How long past --node-timeout a rank waits for rank 0's list of the silent ranks once rank 0 has
+# said it is gathering: rank 0 sends the list as soon as its own deadline passed; this covers the
+# messages' way and rank 0 reading the payloads that did arrive.
+ROLL_SLACK_S = 10.0
+
+
+class Roll:
+    """Rank 0's roll call: gathers that keep what arrived when a rank stops answering.
+
+    :meth:`sync` is: rank 0 says it is gathering (a broadcast), every other rank sends it its
+    object, rank 0 receives rank by rank until ``timeout`` after it began (a rank silent that long
+    is noted and not waited for again), then broadcasts the silent ranks, so every rank goes on
+    knowing who is missing; every rank marks them gone in the group (:meth:`Group.lost`), so the
+    group's close waits for none of them. Rank 0 receives through the group's transport
+    primitives (``_tag``, ``_recv``: the same tag sequence as :meth:`Group.gather` on the
+    senders), not through :meth:`Group.gather`, which ends the whole group at the first silent
+    rank (it sends every rank an abort notice).
+
+    Every wait is bounded: rank 0 waits ``timeout``; another rank waits ``timeout`` for rank 0 to
+    begin, then ``timeout`` + ROLL_SLACK_S for the list. A rank 0 that does not answer in those
+    times is the group's usual MachineError on the others (exit 3, naming it).
+
+    Attributes:
+        silent: ranks that did not answer a sync in time.
+    """
+
+    def __init__(self, group, timeout: float):
+        self.group, self.timeout = group, float(timeout)
+        self.silent: set[int] = set()
+
+    def sync(self, obj: Any = None) -> list | None:
+        """Every answering rank's ``obj`` on rank 0 (index = rank, None for a silent one); None elsewhere.
+
+        Raises:
+            MachineError: on a rank but 0, rank 0 did not begin within ``timeout`` or did not send
+                the list of the silent ranks within ``timeout`` + ROLL_SLACK_S after that.
+        """
+        import json
+
+        from gpubench.core.errors import MachineError
+
+        g = self.group
+        if g.size == 1:
+            return [json.loads(json.dumps(obj))]
+        if g.rank != 0:
+            g.bcast(None, timeout=self.timeout)  # rank 0 is gathering: its deadline runs from now at the latest
+            g.gather(obj, timeout=self.timeout)
+            self.silent = set(g.bcast(None, timeout=self.timeout + ROLL_SLACK_S))
+            g.lost(self.silent)
+            return None
+        deadline = time.monotonic() + self.timeout
+        g.bcast(True, timeout=self.timeout)
+        tag = g._tag("g")
+        out: list = [None] * g.size
+        out[0] = json.loads(json.dumps(obj))
+        for r in range(1, g.size):
+            if r in self.silent:
+                continue
+            try:
+                out[r] = json.loads(g._recv(tag, r, deadline))
+            except TimeoutError:
+                self.silent.add(r)
+            except Exception as e:  # another rank's abort notice, a closed store
+                raise MachineError(f"gathering from rank {r} failed: {type(e).__name__}: {str(e)[:200]}") from None
+        g.bcast(sorted(self.silent), timeout=self.timeout)
+        g.lost(self.silent)
+        return out
+
+    def missing_line(self) -> str:
+        """One line naming the silent ranks and their hosts (peer host names escaped for a terminal)."""
+        from gpubench.core import safe
+
+        g = self.group
+        hosts = [r.host for r in g.ranks] if len(g.ranks) == g.size else []
+        who = ", ".join(f"rank {r} on {safe.term(hosts[r], 80) if r < len(hosts) else '?'}" for r in sorted(self.silent)[:8])
+        more = f" and {len(self.silent) - 8} more" if len(self.silent) > 8 else ""
+        return (f"fleet failed: {who}{more} did not answer within {self.timeout:g} s (--node-timeout); "
+                "rank 0 reports the rest of the fleet")
+
+
+# ---------------------------------------------------------------------------------------------
+# The run (every rank calls run_fleet)
+
+def _gpu_count() -> int:
+    try:
+        from gpubench.core import gpu
+
+        gpu.require_gpu()
+        return gpu.device_count()
+    except Exception:  # no CuPy, no driver, no device: the CPU steps
+        return 0
+
+
+def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet: bool, host_tag: str) -> None:
+    """This rank's own steps (module docstring, item 1), recorded into ``bundle``: what every
+    plug-in declares for a fleet node (:mod:`gpubench.validation.steps`); a rank that is not its
+    node's local rank 0 runs only the steps of its own GPU."""
+    from gpubench.core.plugin import StepPlace
+    from gpubench.validation import steps
+
+    place = StepPlace(devices=tuple(range(n_gpu)), fleet=True, gpu=max(me.local_rank, 0) % n_gpu if n_gpu else None)
+    steps.run_planned(bundle, place, n_gpu, {"--merge"} if with_merge else set(),
+                      lambda command: out / f"suite-{host_tag}-r{me.rank}-{stamp}-{command}.json", quiet=True,
+                      each_rank_only=me.local_rank > 0)
+
+
+def stages() -> list[tuple[str, Any]]:
+    """(command, FleetStage) of every installed plug-in that declares a fleet stage, in order."""
+    from gpubench.core import registry
+
+    out = []
+    for p in registry.plugins().values():
+        hook = p.hook("fleet_stage")
+        if hook is not None:
+            out.append((p.name, hook()))
+    return sorted(out, key=lambda cs: (cs[1].order, cs[0]))
+
+
+def stage_of(result) -> Any:
+    """The fleet stage of the plug-in that wrote ``result``, or None."""
+    from gpubench.core import registry
+
+    own = registry.plugins().get(result.command)
+    hook = own.hook("fleet_stage") if own is not None else None
+    return hook() if hook is not None else None
+
+
+def judged_between_nodes() -> dict[str, Any]:
+    """command -> the stage whose result its expectations are judged on (net: the links between
+    nodes, never a node's loopback test)."""
+    return {c: s for c, s in stages() if s.judges}
+
+
+def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
+    """What a rank sends rank 0: its identity, GPUs, steps (with results) and checks."""
+    from gpubench.validation import suite
+
+    checks = [c for res in bundle.results() for c in checks_of(res)]
+    node_exp = [e for e in expectations or [] if e.command not in judged_between_nodes()]
+    outcomes = suite.evaluate(node_exp, bundle.results(), bundle.skipped(), bundle.failed()) if node_exp else []
+    checks = attach_expectations(checks, outcomes)
+    for c in checks:
+        c["params"] = {k: v for k, v in (c.get("params") or {}).items()}
+    return {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
+            "gpus": [{"index": g.get("index"), "uuid": g.get("uuid"), "pci_bus_id": g.get("pci_bus_id")}
+                     for g in gpus],
+            "checks": checks, "steps": [s.to_dict() for s in bundle.steps],
+            "outcomes": [o.to_dict() for o in outcomes]}
+
+
+def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, strict: bool, quiet: bool,
+              timeout: float = DEFAULT_TIMEOUT_S, rendezvous: str | None = None) -> int:
+    """``gpubench suite`` under a launcher: every rank calls this (module docstring).
+
+    Returns:
+        0 on every rank but 0; on rank 0, 0 when every figure is ok.
+
+    Raises:
+        RegressionFound: on rank 0, a figure slow, failed or missing, or a step failed (exit 1),
+            naming the nodes and GPUs; on another rank, a rank was missing (exit 1, naming it
+            and its host).
+        UsageError / MachineError: the group could not be formed (join's).
+    """
+    from gpubench.core import env as envmod
+    from gpubench.core.plugin import StageContext
+    from gpubench.core import report
+    from gpubench.launch import ranks
+    from gpubench.core.errors import MachineError, RegressionFound
+    from gpubench.core.registry import INVOCATION
+    from gpubench.core.result import Result
+    from gpubench.validation import suite
+
+    if not (0 < timeout < math.inf):
+        from gpubench.core.errors import UsageError
+
+        raise UsageError(f"--node-timeout {timeout} out of range", "use seconds > 0")
+    me0 = ranks.discover()
+    group = ranks.join(me0, rendezvous, timeout=min(timeout, 120.0))
+    console = report.console(stderr=True)
+
+    def say(text: str) -> None:
+        if not quiet and group.rank == 0:
+            console.print(text)
+
+    try:
+        me = group.me
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        host_tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in me.host)[:64] or "host"
+        n_gpu = _gpu_count()
+        bundle = suite.Bundle()
+        t0 = time.perf_counter()
+        env = envmod.capture() if n_gpu else {"host": envmod.host_info(), "versions": envmod.versions()}
+        bundle.env = env
+        bundle.steps.append(suite.Step("env", "env", "ok", seconds=time.perf_counter() - t0,
+                                       result=Result(command="env", spec={}, env=env, argv=list(INVOCATION))))
+        broken: MachineError | None = None
+        roll = Roll(group, timeout)
+        turns = max((r.local_size or 1) for r in group.ranks) if len(group.ranks) == group.size else 1
+        say(f"fleet: {group.size} rank(s) on {len({r.host for r in group.ranks})} host(s), "
+            f"{'GPU' if n_gpu else 'CPU'} steps, {turns} turn(s) per host")
+        for k in range(turns):
+            if me.local_rank == k or (turns == 1 and k == 0):
+                _node_steps(bundle, me, n_gpu, out, stamp, with_merge, quiet, host_tag)
+            if turns > 1:
+                roll.sync(None)
+        gpus: list[dict] = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
+        payload = node_payload(me, bundle, expectations, gpus)
+        payloads = roll.sync(payload)
+        ctx = StageContext(group, sorted(r.rank for r in group.ranks if r.local_rank == 0), n_gpu, timeout, say)
+        staged: list[tuple[str, Any, Any]] = []  # (command, stage, outcome) of the stages that applied
+        for command, stage in stages():
+            failed_first = next((s.name for _c, s, o in staged if o.fault is not None), None)
+            ctx.stopped = (f"after {failed_first} failed" if failed_first else
+                           f"rank(s) {', '.join(map(str, sorted(roll.silent)))} did not answer" if roll.silent else None)
+            got = stage.run(ctx)
+            if got is None:
+                continue
+            staged.append((command, stage, got))
+            if got.fault is not None and broken is None:
+                broken = got.fault if isinstance(got.fault, MachineError) else MachineError(str(got.fault))
+        if group.rank != 0:
+            if roll.silent:  # rank 0 reports the fleet; this rank names who is missing and fails too
+                raise RegressionFound(roll.missing_line())
+            if broken is not None:  # a stage across nodes lost a rank: this rank says so
+                raise broken
+            return 0
+        hosts = [r.host for r in group.ranks] if len(group.ranks) == group.size else [me.host] * group.size
+        judged = judged_between_nodes()
+        links, link_outcomes, stage_outcomes = None, [], []
+        for command, stage, got in staged:
+            if payloads and payloads[0] is not None:
+                payloads[0]["checks"] += got.checks  # the whole fleet's figure, on rank 0's row
+            exp = [e for e in expectations or [] if e.command == command] if command in judged else []
+            if command in judged and got.status == "ok" and got.result is not None:
+                links = got.result
+                link_outcomes = suite.evaluate(exp, [got.result]) if exp else []
+                stage_outcomes += link_outcomes
+            elif exp:  # the stage did not run: its expectations are skipped, never dropped from the bundle
+                why_not = (f"{stage.judges} failed" if got.status == "error" else
+                           f"{stage.judges} did not run ({got.reason})")
+                stage_outcomes += suite.evaluate(exp, [], skipped={command: why_not})
+        for command in judged:  # a judging stage that did not apply at all
+            if not any(c == command for c, _s, _g in staged):
+                exp = [e for e in expectations or [] if e.command == command]
+                if exp:
+                    stage_outcomes += suite.evaluate(exp, [], skipped={command: f"{judged[command].judges} did not run"})
+        fleet = build_fleet(payloads or [], hosts, links, link_outcomes)
+        steps, outcomes = [], []
+        for p in payloads or []:
+            if p is None:
+                continue
+            for s in p["steps"]:
+                steps.append({**s, "name": f"{s['name']} [rank {p['rank']}]"})
+            outcomes += p["outcomes"]
+        outcomes += [o.to_dict() for o in stage_outcomes]
+        doc = {"schema_version": suite.BUNDLE_VERSION, "created": bundle.created, "steps": steps, "env": env,
+               "argv": list(INVOCATION), "expectations": {"file": expect_file, "outcomes": outcomes}}
+        full = suite.Bundle.from_dict(doc, "fleet bundle")
+        full.expect_file = expect_file
+        for command, stage, got in staged:
+            full.steps.append(suite.Step(stage.name, command, got.status, got.reason, got.seconds or 0.0, got.result))
+        d = full.to_dict()
+        d["fleet"] = fleet
+        from gpubench.core.result import write_json_atomic
+
+        path = write_json_atomic(d, out / f"suite-fleet-{host_tag}-{stamp}.json", "bundle")
+        renderables = format_report(fleet, links, show_ok=len(fleet["rows"]) <= 64)
+        if broken is not None:
+            from gpubench.core import safe
+
+            renderables.append(f"[red]stopped:[/red] {safe.term_markup(broken.one_line())}")
+        errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
+        why = verdict(fleet, errors)
+        if strict:  # as the one-node suite: --strict counts an expectation whose command did not run as failed
+            skipped = [o for o in full.outcomes if o.status == "skipped"]
+            if skipped:
+                from gpubench.core import safe
+
+                names = sorted({f"{o.expectation.index}: {safe.term(o.expectation.label(), 80)} ({o.expectation.command})" for o in skipped})
+                line = (f"{len(skipped)} expectation outcome(s) skipped, failed by --strict: " + ", ".join(names[:8])
+                        + (" ..." if len(names) > 8 else ""))
+                why = f"{why}; {line}" if why else f"fleet failed: {line}"
+        from rich.markup import escape
+
+        renderables.append(escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
+        renderables.append(f"saved {path}")
+        report.display(renderables, quiet=quiet)
+        if why:
+            raise RegressionFound(why)
+        return 0
+    finally:
+        group.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# --check on a saved fleet bundle (pure): the live run's judgement again
+
+
+def check_saved(bundle, expectations) -> list:
+    """The expectations judged on a saved fleet bundle as :func:`run_fleet` judged them live: the
+    node expectations against each rank's own steps (named ``STEP [rank R]``), rank by rank;
+    those of a command with a judging fleet stage (net) against that stage's step only (``net
+    between nodes``), never the per-rank loopback test, and skipped with the live run's reason
+    when that step did not run.
+
+    Args:
+        bundle: a suite.Bundle read from a ``suite-fleet-*.json`` (``bundle.fleet`` set).
+        expectations: suite.Expectation list.
+
+    Returns:
+        suite.Outcome list: every rank's in rank order, then the links'.
+    """
+    import re
+
+    from gpubench.validation import suite
+
+    judged = judged_between_nodes()
+    per_rank: dict[int, list] = {}
+    stage_steps: dict[str, Any] = {}
+    for s in bundle.steps:
+        m = re.fullmatch(r"(.*) \[rank (\d+)\]", s.name, re.S)
+        if m:
+            per_rank.setdefault(int(m.group(2)), []).append(s)
+        elif s.command in judged and s.name == judged[s.command].name:
+            stage_steps[s.command] = s
+    node_exp = [e for e in expectations if e.command not in judged]
+    out: list = []
+    if node_exp:
+        for r in sorted(per_rank):
+            own = suite.Bundle(steps=per_rank[r])
+            out += suite.evaluate(node_exp, own.results(), own.skipped(), own.failed())
+    for command, stage in judged.items():
+        exp = [e for e in expectations if e.command == command]
+        if not exp:
+            continue
+        s = stage_steps.get(command)
+        if s is not None and s.status == "ok" and s.result is not None:
+            out += suite.evaluate(exp, [s.result])
+        else:
+            why = (f"{stage.judges} failed" if s is not None and s.status == "error"
+                   else f"{stage.judges} did not run ({s.reason})" if s is not None
+                   else f"the bundle has no step {stage.name!r}")
+            out += suite.evaluate(exp, [], skipped={command: why})
+    return out
+
+
+def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
+    """What the live run said of its fleet that no TOML decides: missing ranks and slow figures.
+
+    Returns:
+        (report lines with rich markup, peer strings escaped; one line naming the missing ranks
+        and slow nodes, or None when there are none).
+    """
+    from gpubench.core import safe
+
+    rows = [r for r in fleet_obj.get("rows") or [] if r.get("flag") in ("slow", "missing")]
+    lines = [f"[red]MISSING[/red] rank {safe.term_markup(str(m.get('rank')), 12)} on "
+             f"{safe.term_markup(str(m.get('host')), 80)}: did not answer in time ({safe.term_markup(source, 200)})"
+             for m in fleet_obj.get("missing") or []]
+    if not rows and not lines:
+        return lines, None
+    clean = [{"host": str(r.get("host")), "rank": r.get("rank"), "gpu": r.get("gpu"), "check": str(r.get("check")),
+              "flag": r["flag"]} for r in rows]
+    if not clean:  # missing ranks listed, their rows not: still a failure
+        clean = [{"host": str(m.get("host")), "rank": m.get("rank"), "gpu": None, "check": "", "flag": "missing"}
+                 for m in fleet_obj.get("missing") or []]
+    why = verdict({"rows": clean})
+    return lines, why
+
+
+def under_launcher(env=None) -> bool:
+    """True when a launcher (MPI, Slurm's srun, torchrun) started this process (core.ranks)."""
+    import os
+
+    from gpubench.launch import ranks
+
+    return ranks.discover(os.environ if env is None else env).under_launcher

@@ -1,0 +1,142 @@
+"""The steps of ``gpubench suite`` and of each fleet node: asked of every plug-in, run through its
+driver, recorded into a bundle.
+
+A plug-in declares its steps (:class:`gpubench.core.plugin.SuiteStep`: a name and its own Spec,
+never an argv) through its ``suite_steps`` hook, told where it runs
+(:class:`gpubench.core.plugin.StepPlace`); the suite asks every installed plug-in, runs what it
+gets in ``order`` and skips, with the reason, what the node cannot run or the user did not ask for.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from gpubench.core import registry
+from gpubench.core.errors import GpubenchError, MachineError, RegressionFound
+from gpubench.core.plugin import Plugin, StepPlace, SuiteStep
+
+
+def planned(place: StepPlace) -> list[tuple[Plugin, SuiteStep]]:
+    """Every step the installed plug-ins declare for ``place``, in run order (``order``, then the
+    plug-in's name)."""
+    out: list[tuple[Plugin, SuiteStep]] = []
+    for p in registry.plugins().values():
+        hook = p.hook("suite_steps")
+        if hook is not None:
+            out.extend((p, s) for s in hook(place))
+    return sorted(out, key=lambda ps: (ps[1].order, ps[0].name))
+
+
+def skip_reason(step: SuiteStep, n_gpus: int, opted: set[str]) -> str | None:
+    """Why ``step`` does not run here, or None: an opt-in option not given, or too few GPUs."""
+    if step.opt_in is not None and step.opt_in not in opted:
+        return f"not asked ({step.opt_in})"
+    if n_gpus < step.min_gpus:
+        return f"needs {step.min_gpus} GPUs, {n_gpus} visible"
+    return None
+
+
+def run_step(plugin: Plugin, step: SuiteStep, *, quiet: bool = True):
+    """Run one step in this process: its Spec through the command's own run (the path the command
+    line would choose, or the plug-in's single-process run for ``own_process``, or the step's own
+    ``run``), with a progress bar unless ``quiet``, then the command's own verdict (nccl: wrong
+    data, --expect-busbw).
+
+    Returns:
+        The Result (``partial`` when a signal stopped it); the caller saves it.
+
+    Raises:
+        GpubenchError: what the step raised; a MachineError keeps the finished points in
+            ``partial_result`` (also when the command's verdict failed a complete result).
+    """
+    import importlib
+
+    from gpubench.core import report
+
+    cmd = registry.load_command(plugin.name)
+    spec = step.spec() if callable(step.spec) else step.spec
+    if step.run is not None:
+        run = step.run
+    elif step.own_process and plugin.bench is not None:
+        run = importlib.import_module(plugin.bench).run
+    else:
+        run = cmd.select_run(spec)
+    with report.progress(not quiet) as prog:
+        result = run(spec, prog)
+    after = getattr(cmd, "after", None)
+    if after is not None and not result.partial:
+        try:
+            after(result, spec, 0)
+        except RegressionFound as e:
+            err = MachineError(e.message, e.hint)
+            err.partial_result = result  # kept in the bundle; the step is an error
+            raise err from None
+    return result
+
+
+def record_step(bundle, name: str, command: str, path: Path, fn: Callable, say=lambda text: None) -> bool:
+    """Run ``fn(path) -> Result`` as one step of ``bundle`` and save its result at ``path``.
+
+    A GpubenchError makes the step "error" with its one line; a MachineError's ``partial_result``
+    (the finished points) is kept as that step's result and saved. The result's argv is the suite's
+    command line, as a command's own result records its own.
+
+    Returns:
+        False when the step was interrupted (the suite stops), else True.
+    """
+    from gpubench.core.registry import INVOCATION
+    from gpubench.core.result import save
+    from gpubench.validation import suite
+
+    say(f"suite: running {name} ...")
+    t = time.perf_counter()
+
+    def keep(res) -> None:
+        if not res.argv:
+            res.argv = list(INVOCATION)
+        if not path.exists():
+            save(res, path)
+
+    try:
+        res = fn(path)
+    except GpubenchError as e:
+        partial = e.partial_result if isinstance(e, MachineError) else None
+        if partial is not None:
+            keep(partial)
+        bundle.steps.append(suite.Step(name, command, "error", e.one_line(), time.perf_counter() - t, partial,
+                                       str(path) if partial is not None else None))
+        say(f"suite: {name} failed: {e.one_line()}")
+        return True
+    keep(res)
+    bundle.steps.append(suite.Step(name, command, "ok", "", time.perf_counter() - t, res, str(path)))
+    return not res.partial
+
+
+def run_planned(bundle, place: StepPlace, n_gpus: int, opted: set[str], path_of: Callable[[str], Path], *,
+                quiet: bool, say=lambda text: None, each_rank_only: bool = False) -> bool:
+    """Run every planned step of ``place`` into ``bundle``: skipped ones recorded with their reason,
+    a step's error recorded and the next one run.
+
+    Args:
+        path_of: command -> the path its result is saved at.
+        each_rank_only: run only the steps marked ``each_rank`` (a fleet rank that is not its
+            node's local rank 0).
+
+    Returns:
+        False when a step was interrupted (the caller stops), else True.
+    """
+    from gpubench.validation import suite
+
+    for plugin, step in planned(place):
+        if each_rank_only and not step.each_rank:
+            continue
+        why = skip_reason(step, n_gpus, opted)
+        if why is not None:
+            bundle.steps.append(suite.Step(step.name, plugin.name, "skipped", why))
+            continue
+        if not record_step(bundle, step.name, plugin.name, path_of(plugin.name),
+                           lambda path, p=plugin, s=step: run_step(p, s, quiet=quiet), say):
+            return False
+    return True

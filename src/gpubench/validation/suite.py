@@ -1,0 +1,671 @@
+"""Node validation: run a set of benchmarks, keep every result in one bundle, check expectations.
+
+Expectations (TOML, read with :mod:`tomllib`; the format is documented in docs/suite.md)::
+
+    [[expect]]
+    name = "H2D pinned 1 GiB, GPU 0"          # optional label
+    command = "copy"                          # which result the figure comes from
+    where = { device = 0, direction = "h2d", memory = "pinned", nbytes = 1073741824 }
+    min_gbps = 53.0                           # and/or max_gbps; or min_us / max_us for times
+    figure = "median"                         # optional: "median" (default), "p25", "p75", "min", "max",
+                                              # or "extra.KEY" (a number in B/s or seconds in record.extra)
+
+Every record of ``command`` whose params contain all of ``where`` is checked (one row each).
+Bandwidth bounds are in GB/s (1e9 B/s) against nbytes / seconds; time bounds in microseconds.
+
+Outcomes: "pass"; "fail" (a figure outside its bound, a failed point, or a step that errored);
+"missing" (results of the command exist but no record matches ``where``); "skipped" (no result of
+that command: the step did not run here, e.g. p2p on one GPU). fail and missing fail the suite
+(exit 1); skipped too with ``strict``.
+
+The bundle (``schema: "gpubench.bundle"``, version 1) holds every step's status and full result,
+the environment, and the outcomes; :func:`load_checkable` reads a bundle or a single result.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpubench import __version__
+from gpubench.core.errors import UsageError
+from gpubench.core.result import Record, Result
+
+BUNDLE_SCHEMA = "gpubench.bundle"
+BUNDLE_VERSION = 1
+BOUNDS = ("min_gbps", "max_gbps", "min_us", "max_us")
+FIGURES = ("median", "p25", "p75", "min", "max")
+_KEYS = {"name", "command", "where", "figure", *BOUNDS}
+# Parse cost of an expectations file: tomllib reads ~2 MB/s of [[expect]] tables, so 4 MiB is about
+# two seconds; a node's file holds tens of expectations, a fleet's a few thousand.
+MAX_EXPECT_BYTES = 4 * 2**20
+MAX_EXPECTATIONS = 10_000
+MAX_OUTCOMES = 100_000  # rows of the expectations table (one per expectation and matching record)
+_TABLE_HEADER = re.compile(rb"^[ \t]*\[\[", re.MULTILINE)  # an [[array-of-tables]] header line
+MAX_BOUND = 1e12  # GB/s or microseconds: beyond any link (1 EB/s) or any sensible time bound (11 days)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One threshold from an expectations file.
+
+    Attributes:
+        index: 1-based position in the file (named in messages).
+        command: the command whose results hold the figure.
+        where: params a record must contain (exact values).
+        figure: which statistic of the samples, or "extra.KEY".
+        min_gbps, max_gbps: bandwidth bounds in GB/s (1e9 B/s), or None.
+        min_us, max_us: time bounds in microseconds, or None.
+        name: optional label.
+    """
+
+    index: int
+    command: str
+    where: dict[str, Any]
+    figure: str = "median"
+    min_gbps: float | None = None
+    max_gbps: float | None = None
+    min_us: float | None = None
+    max_us: float | None = None
+    name: str = ""
+
+    @property
+    def kind(self) -> str:
+        """"bandwidth" when bounded in GB/s, else "time"."""
+        return "bandwidth" if self.min_gbps is not None or self.max_gbps is not None else "time"
+
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return " ".join(f"{k}={v}" for k, v in self.where.items()) or "(every record)"
+
+    def bound_text(self) -> str:
+        if self.kind == "bandwidth":
+            lo, hi, unit = self.min_gbps, self.max_gbps, "GB/s"
+        else:
+            lo, hi, unit = self.min_us, self.max_us, "us"
+        parts = []
+        if lo is not None:
+            parts.append(f">= {lo:g}")
+        if hi is not None:
+            parts.append(f"<= {hi:g}")
+        return " and ".join(parts) + f" {unit}"
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None and v != ""}
+
+
+def _toml_loads(text: str, source: str) -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            raise UsageError("reading TOML needs Python 3.11 or the tomli package", "pip install tomli") from None
+    try:
+        return tomllib.loads(text)
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        from gpubench.core.result import MAX_DEPTH
+
+        raise UsageError(f"{source} nests arrays or tables too deep to read",
+                         f"at most {MAX_DEPTH} levels; an expectations file nests 3") from None
+    except tomllib.TOMLDecodeError as e:
+        from gpubench.core import safe
+
+        raise UsageError(f"{source} is not valid TOML: {safe.term(str(e).splitlines()[0], 200)}") from None
+
+
+def _scalar_ok(v: Any) -> bool:
+    """A JSON scalar a params value can equal: a string, a bool, None, an int that fits 64 bits, a
+    finite float (TOML datetimes, 400-digit integers, inf and nan never match and do not save)."""
+    if v is None or isinstance(v, (str, bool)):
+        return True
+    if type(v) is int:
+        return -2**63 <= v <= 2**63 - 1
+    return type(v) is float and math.isfinite(v)
+
+
+def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[str] | None = None
+                      ) -> Expectation:
+    """Check one expectation table (from TOML, or from a bundle's outcomes) and build it.
+
+    Args:
+        e: the parsed table.
+        index: its 1-based position.
+        where_: how messages name it ("FILE: expectation 3").
+        known_commands: the accepted commands, or None for any string.
+
+    Raises:
+        UsageError: an unknown key, a command not known, ``where`` not a table of scalars (a
+            TOML datetime, a 400-digit integer, inf or nan included), no bound or bounds of both
+            kinds, a bound that is not a finite number in (0, 1e12], min above max, a figure not
+            known, a name that is not a string.
+    """
+    from gpubench.core import safe
+
+    if not isinstance(e, dict):
+        raise UsageError(f"{where_} is not a table")
+    unknown = set(e) - _KEYS
+    if unknown:
+        raise UsageError(f"{where_} has unknown key(s) {safe.term(', '.join(sorted(map(str, unknown))), 200)}",
+                         f"known: {', '.join(sorted(_KEYS))}")
+    cmd = e.get("command")
+    if not isinstance(cmd, str) or not cmd:
+        raise UsageError(f"{where_} needs command = \"...\" (e.g. \"copy\")")
+    if known_commands is not None and cmd not in known_commands:
+        raise UsageError(f"{where_}: command {safe.term(repr(cmd), 80)} not known",
+                         f"use one of {', '.join(known_commands)}")
+    w = e.get("where", {})
+    if not isinstance(w, dict) or not all(isinstance(k, str) and _scalar_ok(v) for k, v in w.items()):
+        raise UsageError(f"{where_}: where must be a table of params and single values (strings, booleans, "
+                         "integers that fit 64 bits, finite numbers)",
+                         'e.g. where = { direction = "h2d", nbytes = 1073741824 }')
+    bounds = {}
+    for b in BOUNDS:
+        if b in e:
+            v = e[b]
+            ok = (type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) <= MAX_BOUND)
+            if not ok or not 0 < v <= MAX_BOUND:
+                shown = f"(a {len(str(abs(v)))}-digit integer)" if type(v) is int and abs(v) > 10**15 else repr(v)
+                raise UsageError(f"{where_}: {b} = {safe.term(shown, 60)} must be a number > 0",
+                                 f"at most {MAX_BOUND:g}")
+            bounds[b] = float(v)
+    gb = any(b.endswith("gbps") for b in bounds)
+    us = any(b.endswith("_us") for b in bounds)
+    if not bounds:
+        raise UsageError(f"{where_} has no bound", f"give one of {', '.join(BOUNDS)}")
+    if gb and us:
+        raise UsageError(f"{where_} mixes GB/s and us bounds", "one expectation checks one kind of figure")
+    for lo, hi in (("min_gbps", "max_gbps"), ("min_us", "max_us")):
+        if lo in bounds and hi in bounds and bounds[lo] > bounds[hi]:
+            raise UsageError(f"{where_}: {lo} {bounds[lo]:g} is above {hi} {bounds[hi]:g}")
+    fig = e.get("figure", "median")
+    if not isinstance(fig, str) or not (fig in FIGURES or (fig.startswith("extra.") and len(fig) > 6)):
+        raise UsageError(f"{where_}: figure {safe.term(repr(fig), 80)} not known",
+                         f"use {', '.join(FIGURES)} or extra.KEY")
+    name = e.get("name", "")
+    if not isinstance(name, str):
+        raise UsageError(f"{where_}: name must be a string")
+    return Expectation(index, cmd, dict(w), fig, name=name, **bounds)
+
+
+def parse_expectations(doc: dict, source: str = "expectations", known_commands: Sequence[str] | None = None
+                       ) -> list[Expectation]:
+    """Check a parsed TOML document and build its expectations (:func:`check_expectation` each).
+
+    Raises:
+        UsageError: no ``[[expect]]`` tables, more than MAX_EXPECTATIONS (10,000), or a table
+            :func:`check_expectation` refuses.
+    """
+    from gpubench.core import safe
+
+    source = safe.term(source, 200)
+    extra = set(doc) - {"expect"}
+    if extra:
+        raise UsageError(f"{source}: unknown top-level key(s) {safe.term(', '.join(sorted(extra)), 200)}",
+                         "an expectations file holds [[expect]] tables")
+    items = doc.get("expect")
+    if not isinstance(items, list) or not items:
+        raise UsageError(f"{source} has no [[expect]] tables", "see docs/suite.md for the format")
+    if len(items) > MAX_EXPECTATIONS:
+        raise UsageError(f"{source} holds {len(items):,} expectations", f"at most {MAX_EXPECTATIONS:,}")
+    return [check_expectation(e, i, f"{source}: expectation {i}", known_commands) for i, e in enumerate(items, 1)]
+
+
+def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | None = None) -> list[Expectation]:
+    """Read and check an expectations TOML file.
+
+    Raises:
+        UsageError: unreadable, not TOML, or not a valid expectations file (see parse_expectations).
+    """
+    from gpubench.core.result import read_bounded
+
+    from gpubench.core import safe
+    from gpubench.core.result import check_depth, object_depth
+
+    name = safe.term(str(path), 200)
+    raw = read_bounded(path, "an expectations file")  # bounded; a named pipe does not block
+    if len(raw) > MAX_EXPECT_BYTES:
+        raise UsageError(f"{name} is {len(raw):,} bytes, too large for an expectations file",
+                         f"at most {MAX_EXPECT_BYTES:,} bytes ({MAX_EXPECTATIONS:,} expectations)")
+    # each expectation opens one [[expect]] header (or one inline table) and at most one where = {...}:
+    # a file with far more is refused before tomllib spends seconds on it
+    opened = len(_TABLE_HEADER.findall(raw)) + raw.count(b"{")
+    if opened > 2 * MAX_EXPECTATIONS + 16:
+        raise UsageError(f"{name} holds about {opened:,} tables", f"at most {MAX_EXPECTATIONS:,} expectations")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{name} is not UTF-8 text", "expected a TOML expectations file") from None
+    doc = _toml_loads(text, name)
+    check_depth(object_depth(doc), name, "an expectations file")
+    return parse_expectations(doc, name, known_commands)
+
+
+@dataclass
+class Outcome:
+    """The check of one expectation against one record (or against nothing).
+
+    Attributes:
+        expectation: what was checked.
+        status: "pass", "fail", "missing" or "skipped".
+        params: the record's params (None when no record).
+        value: measured figure in GB/s (bandwidth) or microseconds (time), None when none.
+        note: why it failed or was skipped.
+    """
+
+    expectation: Expectation
+    status: str
+    params: dict[str, Any] | None = None
+    value: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"expectation": self.expectation.to_dict(), "status": self.status, "params": self.params,
+                "value": self.value, "unit": "GB/s" if self.expectation.kind == "bandwidth" else "us",
+                "note": self.note}
+
+
+def figure_value(e: Expectation, r: Record) -> float:
+    """The checked figure of a record: GB/s (1e9 B/s) or microseconds.
+
+    Raises:
+        ValueError: the record's metric does not suit the bound, or the figure cannot be computed.
+    """
+    from gpubench.core.stats import Summary
+
+    if e.figure.startswith("extra."):
+        key = e.figure[6:]
+        v = r.extra.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"record has no number extra[{key!r}]")
+        return v / 1e9 if e.kind == "bandwidth" else v * 1e6
+    if r.metric != e.kind:
+        raise ValueError(f"record metric is {r.metric!r}, bound is for {e.kind}")
+    if not r.samples_s:
+        raise ValueError("record has no samples")
+    if any(not (math.isfinite(t) and t > 0) for t in r.samples_s):
+        raise ValueError("record has a sample that is not a positive time")
+    if e.kind == "bandwidth":
+        if r.nbytes <= 0:
+            raise ValueError("bandwidth record moves no bytes")
+        s = Summary.of([r.nbytes / t / 1e9 for t in r.samples_s])
+    else:
+        s = Summary.of([t * 1e6 for t in r.samples_s])
+    return getattr(s, e.figure)
+
+
+def _within(e: Expectation, v: float) -> bool:
+    lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
+    return (lo is None or v >= lo) and (hi is None or v <= hi)
+
+
+def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
+             skipped: dict[str, str] | None = None, failed: dict[str, str] | None = None) -> list[Outcome]:
+    """Check every expectation against the records of its command.
+
+    Args:
+        expectations: from :func:`load_expectations`.
+        results: results to look in (several of one command are all searched).
+        skipped: command -> why its step did not run (its expectations become "skipped").
+        failed: command -> the error that stopped its step (its expectations become "fail").
+
+    Returns:
+        Outcomes in expectation order, one per matching record.
+    """
+    skipped = skipped or {}
+    failed = failed or {}
+    by_cmd: dict[str, _Index] = {}
+    for res in results:
+        by_cmd.setdefault(res.command, _Index()).records.extend(res.records)
+    out: list[Outcome] = []
+
+    def add(o: Outcome) -> None:
+        if len(out) >= MAX_OUTCOMES:
+            raise UsageError(f"the expectations match more than {MAX_OUTCOMES:,} records",
+                             "narrow their where tables; each match is one row of the report")
+        out.append(o)
+
+    for e in expectations:
+        if e.command in failed:
+            add(Outcome(e, "fail", note=f"{e.command} failed: {failed[e.command]}"))
+            continue
+        index = by_cmd.get(e.command)
+        if index is None:
+            why = skipped.get(e.command, f"no {e.command} result given")
+            add(Outcome(e, "skipped", note=why))
+            continue
+        have = index.keys()
+        absent = [k for k in e.where if k not in have]
+        if absent:
+            add(Outcome(e, "missing", note=f"no {e.command} record has param(s) {', '.join(absent)}; "
+                                           f"params are {', '.join(sorted(have))}"))
+            continue
+        hits = index.matching(e.where)
+        if not hits:
+            add(Outcome(e, "missing", note="no {} record has {}".format(
+                e.command, " ".join(f"{k}={v}" for k, v in e.where.items()))))
+            continue
+        for r in hits:
+            if r.error:
+                add(Outcome(e, "fail", dict(r.params), note=f"point failed: {r.error}"))
+                continue
+            try:
+                v = figure_value(e, r)
+            except ValueError as err:
+                add(Outcome(e, "fail", dict(r.params), note=str(err)))
+                continue
+            add(Outcome(e, "pass" if _within(e, v) else "fail", dict(r.params), v))
+    return out
+
+
+def _hkey(v: Any) -> tuple:
+    """A hashable key under which params values equal by :func:`_eq` meet: a bool only matches a
+    bool (True == 1 in Python), 1 matches 1.0."""
+    if isinstance(v, bool) or v is None:
+        return ("b", v)
+    if isinstance(v, (int, float)):
+        return ("n", v)
+    return ("s", v) if isinstance(v, str) else ("o", repr(v))
+
+
+class _Index:
+    """The records of one command, indexed by (param, value) on first use, so checking E
+    expectations against R records costs O(R + E + matches), not O(E x R) (100,000 [[expect]]
+    tables against a sweep took minutes and gigabytes)."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self._by: dict[str, dict[tuple, list[int]]] | None = None
+        self._sets: dict[tuple[str, tuple], set[int]] = {}
+
+    def _build(self) -> dict[str, dict[tuple, list[int]]]:
+        if self._by is None:
+            by: dict[str, dict[tuple, list[int]]] = {}
+            for i, r in enumerate(self.records):
+                for k, v in r.params.items():
+                    by.setdefault(k, {}).setdefault(_hkey(v), []).append(i)
+            self._by = by
+        return self._by
+
+    def keys(self):
+        return self._build().keys()
+
+    def matching(self, where: dict[str, Any]) -> list[Record]:
+        """The records whose params hold every ``where`` value (:func:`_eq`), in file order."""
+        by = self._build()
+        if not where:
+            return list(self.records)
+        lists = []
+        for k, v in where.items():
+            hit = by.get(k, {}).get(_hkey(v))
+            if not hit:
+                return []
+            lists.append((k, _hkey(v), hit))
+        lists.sort(key=lambda t: len(t[2]))
+        first = lists[0][2]
+        others = []
+        for k, h, lst in lists[1:]:
+            key = (k, h)
+            if key not in self._sets:
+                self._sets[key] = set(lst)
+            others.append(self._sets[key])
+        return [self.records[i] for i in first if all(i in o for o in others)]
+
+
+def _eq(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
+
+
+def failures(outcomes: Sequence[Outcome], strict: bool = False) -> list[Outcome]:
+    """Outcomes that fail the suite: fail and missing, and skipped when ``strict``."""
+    bad = {"fail", "missing"} | ({"skipped"} if strict else set())
+    return [o for o in outcomes if o.status in bad]
+
+
+# ---- the bundle ----
+
+@dataclass
+class Step:
+    """One benchmark of a suite run: its name, status ("ok", "skipped", "error"), why, time, result."""
+
+    name: str
+    command: str
+    status: str
+    reason: str = ""
+    seconds: float = 0.0
+    result: Result | None = None
+    path: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "command": self.command, "status": self.status, "reason": self.reason,
+                "seconds": round(self.seconds, 3), "path": self.path,
+                "result": self.result.to_dict() if self.result else None}
+
+
+@dataclass
+class Bundle:
+    """Every step of a suite run with its result, the environment and the expectation outcomes."""
+
+    steps: list[Step] = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    expect_file: str | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    created: str = field(
+        default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    fleet: dict | None = None  # a fleet bundle's "fleet" object (docs/fleet.md), checked on load
+
+    def results(self) -> list[Result]:
+        return [s.result for s in self.steps if s.result is not None]
+
+    def skipped(self) -> dict[str, str]:
+        return {s.command: s.reason for s in self.steps if s.status == "skipped"}
+
+    def failed(self) -> dict[str, str]:
+        return {s.command: s.reason for s in self.steps if s.status == "error"}
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": BUNDLE_SCHEMA,
+            "schema_version": BUNDLE_VERSION,
+            "gpubench_version": __version__,
+            "created": self.created,
+            "argv": self.argv,
+            "env": self.env,
+            "steps": [s.to_dict() for s in self.steps],
+            "expectations": {"file": self.expect_file, "outcomes": [o.to_dict() for o in self.outcomes]},
+            **({"fleet": self.fleet} if self.fleet is not None else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "bundle") -> "Bundle":
+        """Check a parsed bundle field by field (the same checks as a result's,
+        :mod:`gpubench.core.result`) and build it.
+
+        Raises:
+            UsageError: a newer bundle version, or the first bad field named by its JSON Pointer
+                (each step's result checked by Result.from_dict at /steps/N/result).
+        """
+        from gpubench.core import result as R
+        from gpubench.core import safe
+
+        name = safe.term(source, 200)
+        R.check_schema_version(name, d.get("schema_version"), BUNDLE_VERSION, "bundle ")
+        steps = d.get("steps")
+        if not isinstance(steps, list):
+            raise R.bad_field(source, "/steps", steps, "an array of steps")
+        argv = d.get("argv") or []
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise R.bad_field(source, "/argv", argv, "an array of strings")
+        b = cls(env=R.check_env(d.get("env"), source, "/env"), argv=list(argv),
+                created=R.check_str(d.get("created", ""), source, "/created") or "")
+        for i, st in enumerate(steps):
+            p = f"/steps/{i}"
+            if not isinstance(st, dict):
+                raise R.bad_field(source, p, st, "a step object")
+            step_name = R.check_str(st.get("name"), source, p + "/name", nonempty=True)
+            command = R.check_command(st.get("command", step_name), source, p + "/command")
+            res = st.get("result")
+            b.steps.append(Step(
+                name=step_name, command=command,  # type: ignore[arg-type]
+                status=R.check_str(st.get("status", "ok"), source, p + "/status",  # type: ignore[arg-type]
+                                   choices=("ok", "skipped", "error")),
+                reason=R.check_str(st.get("reason"), source, p + "/reason", allow_none=True) or "",
+                seconds=R.check_number(st.get("seconds") or 0.0, source, p + "/seconds"),
+                result=Result.from_dict(res, source=source, pointer=p + "/result") if res is not None else None,
+                path=R.check_str(st.get("path"), source, p + "/path", allow_none=True)))
+        exp = d.get("expectations") or {}
+        if not isinstance(exp, dict):
+            raise R.bad_field(source, "/expectations", exp, "an object")
+        b.expect_file = R.check_str(exp.get("file"), source, "/expectations/file", allow_none=True)
+        outcomes = exp.get("outcomes") or []
+        if not isinstance(outcomes, list) or len(outcomes) > MAX_OUTCOMES:
+            raise R.bad_field(source, "/expectations/outcomes", outcomes, f"an array of at most {MAX_OUTCOMES:,} outcomes")
+        for i, o in enumerate(outcomes):
+            p = f"/expectations/outcomes/{i}"
+            if not isinstance(o, dict):
+                raise R.bad_field(source, p, o, "an outcome object")
+            e = o.get("expectation")
+            if not isinstance(e, dict):
+                raise R.bad_field(source, p + "/expectation", e, "an expectation object")
+            index = R.check_int(e.get("index", i + 1), source, p + "/expectation/index", 1, MAX_EXPECTATIONS)
+            body = {k: val for k, val in e.items() if k != "index"}
+            exp_ = check_expectation(body, index, f"{name}: {p}/expectation")
+            params = o.get("params")
+            if params is not None and (not isinstance(params, dict) or not all(_scalar_ok(x) for x in params.values())):
+                raise R.bad_field(source, p + "/params", params, "an object of scalars or null")
+            value = o.get("value")
+            b.outcomes.append(Outcome(
+                exp_, status=R.check_str(o.get("status"), source, p + "/status",  # type: ignore[arg-type]
+                                         choices=("pass", "fail", "missing", "skipped")),
+                params=params, value=None if value is None else R.check_number(value, source, p + "/value"),
+                note=R.check_str(o.get("note"), source, p + "/note", allow_none=True) or ""))
+        if d.get("fleet") is not None:  # written by suite under a launcher: --check judges it as the live run
+            from gpubench.validation.fleet import check_fleet
+
+            b.fleet = check_fleet(d["fleet"], name)
+        return b
+
+
+def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
+    """Write the bundle atomically (core.result.write_json_atomic). Raises MachineError on a failed write."""
+    from gpubench.core.result import write_json_atomic
+
+    return write_json_atomic(bundle.to_dict(), path, "bundle")
+
+
+def load_checkable(path: str | os.PathLike) -> Bundle:
+    """Read a suite bundle or a single saved result (wrapped into a one-step bundle).
+
+    Raises:
+        UsageError: unreadable, empty, not JSON, neither a bundle nor a result, or a newer schema.
+    """
+    from gpubench.core.result import read_json
+
+    name = str(path)
+    d = read_json(path, "a suite bundle or a file saved by --json")
+    if isinstance(d, dict) and d.get("schema") == BUNDLE_SCHEMA:
+        return Bundle.from_dict(d, name)
+    res = Result.from_dict(d, source=name)
+    return Bundle(steps=[Step(res.command, res.command, "ok", result=res, path=name)], env=res.env)
+
+
+# ---- rendering ----
+
+def _value_text(o: Outcome) -> str:
+    if o.value is None:
+        return "-"
+    v = o.value
+    return f"{v:.1f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
+
+
+def _params_text(o: Outcome) -> str:
+    from gpubench.core.units import format_size
+
+    if not o.params:
+        return ""
+    shown = []
+    for k, v in o.params.items():
+        if k in o.expectation.where:
+            continue
+        shown.append(f"{k}={format_size(v) if k == 'nbytes' and type(v) is int and v >= 0 else v}")
+    return " ".join(shown)
+
+
+def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
+    """Text cells: #, command, figure, also-matched params, bound, measured, status (with note).
+
+    Every cell is plain text made inert by :func:`gpubench.core.safe.term` (names, params, notes
+    and errors come from the TOML and the result files: no ANSI, OSC 8 or CR/LF reaches the
+    terminal); :func:`format_report` hands them to rich as ``Text``, so ``[bold]`` is not markup.
+    """
+    from gpubench.core import safe
+
+    rows = []
+    for o in outcomes:
+        e = o.expectation
+        fig = e.label() + ("" if e.figure == "median" else f" [{e.figure}]")
+        status = o.status.upper() if o.status in ("fail", "missing") else o.status
+        if o.note:
+            status += f": {o.note}"
+        rows.append([safe.term(x) for x in
+                     (str(e.index), e.command, fig, _params_text(o), e.bound_text(), _value_text(o), status)])
+    return rows
+
+
+def format_report(bundle: Bundle, strict: bool = False) -> list:
+    """Rich renderables: the steps table (when steps ran here), the expectations table, a verdict line.
+
+    Strings from files (step names, reasons, paths, the expectations file's name, every outcome
+    cell) are shown as ``rich.text.Text`` of :func:`gpubench.core.safe.term`: never markup, never a
+    control sequence.
+    """
+    from rich.text import Text
+
+    from gpubench.core import report, safe
+
+    out: list = []
+    if any(s.status != "ok" or s.seconds for s in bundle.steps):
+        t = report.table("Suite steps", ["step", "status", "seconds", "figures", "note / saved to"])
+        for s in bundle.steps:
+            n = len(s.result.records) if s.result else 0
+            t.add_row(Text(safe.term(s.name)), Text(safe.term(s.status)), f"{s.seconds:.1f}", str(n),
+                      Text(safe.term(s.reason or (s.path or ""))))
+        out.append(t)
+    if bundle.outcomes:
+        t = report.table(f"Expectations ({safe.term_markup(bundle.expect_file)})",
+                         ["#", "command", "figure", "record", "bound", "measured", "status"])
+        for cells in outcome_rows(bundle.outcomes):
+            style = "red" if cells[-1].startswith(("FAIL", "MISSING")) else None
+            t.add_row(*[Text(c) for c in cells], style=style)
+        out.append(t)
+        out.append(Text(verdict_line(bundle, strict)))
+    elif bundle.expect_file is None:
+        out.append("no --expect file: nothing checked.")
+    return out
+
+
+def verdict_line(bundle: Bundle, strict: bool = False) -> str:
+    c = {k: 0 for k in ("pass", "fail", "missing", "skipped")}
+    for o in bundle.outcomes:
+        c[o.status] += 1
+    bad = len(failures(bundle.outcomes, strict))
+    errors = [s.name for s in bundle.steps if s.status == "error"]
+    head = "FAILED" if bad or errors else "PASSED"
+    s = f"{head}: {c['pass']} pass, {c['fail']} fail, {c['missing']} missing, {c['skipped']} skipped"
+    if strict and c["skipped"]:
+        s += " (skipped counts as failed: --strict)"
+    if errors:
+        from gpubench.core import safe
+
+        s += f"; step(s) with errors: {safe.term(', '.join(errors))}"
+    return s + "."
