@@ -38,7 +38,7 @@ from gpubench.core import safe
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
 from gpubench.core.units import UNITS, format_size
-from gpubench.validation.fleet import FLEET_FLAGS, FLEET_KIND, check_fleet
+from gpubench.validation.suite import FLEET_FLAGS, FLEET_KIND, check_fleet
 
 MAX_ROWS = 500  # rows of one table shown; the rest is counted, not drawn
 
@@ -249,7 +249,7 @@ def records_table(res: Result, units: str) -> str:
 
     recs = res.records
     keys = _mode_keys(recs, set()) or (list(recs[0].params)[:3] if recs else [])
-    nccl = plot_kind(res.command) == "nccl"  # algbw and busbw columns
+    nccl = plot_kind(res.command) == "collective"  # algbw and busbw columns
     metrics = {r.metric for r in recs}
     unit = f"{units}/s" if metrics == {"bandwidth"} else "us" if metrics == {"time"} else f"{units}/s or us"
     cols = keys + ([f"algbw {unit}", f"busbw {unit}"] if nccl else [f"median {unit}"]) + \

@@ -187,7 +187,7 @@ def _has_intervals(r: Record) -> bool:
 
 def plot_kind(command: str) -> str:
     """How ``command``'s sized records read best (its plug-in's ``plot_kind``: "sweep", "bars" or
-    "nccl"); "sweep" for a command whose plug-in is not installed here."""
+    "collective"); "sweep" for a command whose plug-in is not installed here."""
     own = registry.plugins().get(command)
     return own.plot_kind if own is not None else "sweep"
 
@@ -200,7 +200,7 @@ def _kind(r: Record, command: str) -> str:
     if _has_intervals(r):
         return "intervals"
     if size_key(r) or plot_kind(command) == "bars" and r.params:
-        return "nccl" if plot_kind(command) == "nccl" else "sweep"
+        return "nccl" if plot_kind(command) == "collective" else "sweep"
     return "other"
 
 

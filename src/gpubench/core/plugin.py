@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}\Z")
-PLOT_KINDS = ("sweep", "bars", "nccl")
+PLOT_KINDS = ("sweep", "bars", "collective")
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class Plugin:
             record without the param pairs with one holding that value.
         compare_notes: ``"module:function"``, (base, new) -> lines compare adds to its notes.
         plot_kind: how its records with a size axis read best: "sweep" (lines vs size), "bars"
-            (one bar per strategy when there is one size) or "nccl" (busbw, algbw and time).
+            (one bar per strategy when there is one size) or "collective" (busbw, algbw and time).
         x_name: the x axis of its sweeps, where the size param's own name does not say it.
         suite_steps: ``"module:function"``, (StepPlace) -> [SuiteStep]: its steps of the suite.
         fleet_checks: ``"module:function"``, (Result) -> [check dicts]: the figures the fleet

@@ -1,7 +1,7 @@
 """Scale-out: who this process is among the ranks a launcher started, and a group to talk to them.
 
 :func:`discover` reads the rank, the world size, the local rank and the node from the launcher's
-environment (issue 13 item 1, in this order): Open MPI (``OMPI_COMM_WORLD_RANK``, ``_SIZE``,
+environment, one row of :data:`LAUNCHER_TABLE` per launcher, tried in this order: Open MPI (``OMPI_COMM_WORLD_RANK``, ``_SIZE``,
 ``_LOCAL_RANK``, ``_LOCAL_SIZE``), PMIx (``PMIX_RANK``), MPICH/Hydra and Intel MPI (``PMI_RANK``,
 ``PMI_SIZE``, ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``), Slurm (``SLURM_PROCID``,
 ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``) and torchrun (``RANK``, ``WORLD_SIZE``,
@@ -49,11 +49,10 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gpubench.core.errors import MachineError, UsageError
 
-LAUNCHERS = ("openmpi", "pmix", "pmi", "slurm", "torchrun", "none")
 # Slurm's step ids of the batch script, the extern step and an interactive salloc shell (slurm.h:
 # SLURM_BATCH_SCRIPT 0xfffffffb, SLURM_EXTERN_CONT 0xfffffffc, SLURM_INTERACTIVE_STEP 0xfffffffa,
 # SLURM_PENDING_STEP 0xfffffffd); no task of an srun step has one of these.
@@ -81,7 +80,7 @@ class Rank:
         node: index of this node in the job, or None where the launcher does not say (:func:`join`
             fills it from the host names, in order of each host's lowest rank).
         host: this machine's host name (socket.gethostname()).
-        launcher: one of LAUNCHERS.
+        launcher: one of LAUNCHERS (a :data:`LAUNCHER_TABLE` row's name, or "none").
     """
 
     rank: int
@@ -180,24 +179,101 @@ def slurm_tasks_on_node(spec: str, node: int) -> int | None:
     return None
 
 
-def _detect(env: Mapping[str, str]) -> str:
-    if env.get("TORCHELASTIC_RUN_ID") and env.get("RANK", "").strip():
-        return "torchrun"
-    if env.get("OMPI_COMM_WORLD_RANK", "").strip():
-        return "openmpi"
-    if env.get("PMIX_RANK", "").strip():
-        return "pmix"
-    if env.get("PMI_RANK", "").strip():
-        return "pmi"
-    if _slurm_step(env):
-        return "slurm"
-    if env.get("RANK", "").strip() or env.get("WORLD_SIZE", "").strip():
-        return "torchrun"
-    return "none"
+@dataclass(frozen=True)
+class Launcher:
+    """One launcher: how to tell that it started this process, and which variables say who the
+    process is. :data:`LAUNCHER_TABLE` is tried in order; adding a launcher is one row.
+
+    Attributes:
+        name: the Rank's ``launcher``.
+        detect: env -> True when this launcher started the process.
+        rank: the variable of the rank.
+        size: the world size's variables, the first set one counts.
+        size_needed: the size must be in the environment (False: PMIx, whose size MPI gives).
+        missing_size: (message, hint) when the size is needed and missing; default: "RANK is set
+            without SIZE".
+        local, local_size, node, nodes: the local rank, the ranks on this node, this node's index
+            and the node count, each the first set variable of its list.
+        mpi: the ranks talk through mpi4py where it imports (:func:`join`).
+        refine: (env, fields) -> None: what the variables alone do not give, filled into
+            ``fields`` ("local_size", "node" with their variable names "lsize_v", "node_v").
+        rendezvous: env -> (host, port) of rank 0's store where MASTER_ADDR is not set, or None.
+    """
+
+    name: str
+    detect: Callable[[Mapping[str, str]], bool]
+    rank: str
+    size: tuple[str, ...]
+    size_needed: bool = True
+    missing_size: tuple[str, str] | None = None
+    local: tuple[str, ...] = ()
+    local_size: tuple[str, ...] = ()
+    node: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    mpi: bool = False
+    refine: Callable[[Mapping[str, str], dict], None] | None = None
+    rendezvous: Callable[[Mapping[str, str]], tuple[str, int] | None] | None = None
+
+
+def _set(name: str) -> Callable[[Mapping[str, str]], bool]:
+    return lambda env: bool(env.get(name, "").strip())
+
+
+def _pmix_node(env: Mapping[str, str], f: dict) -> None:
+    """Under ``srun --mpi=pmix`` Slurm's node index is the node."""
+    if env.get("SLURM_NODEID", "").strip() and _slurm_step(env):
+        f["node"], f["node_v"] = _int(env, "SLURM_NODEID"), "SLURM_NODEID"
+
+
+def _slurm_local_size(env: Mapping[str, str], f: dict) -> None:
+    """Slurm gives the tasks per node as a list ("4(x2),3"), read at this node's index."""
+    f["lsize_v"] = "SLURM_STEP_TASKS_PER_NODE"
+    tpn = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if tpn and f["node"] is not None:
+        f["local_size"] = slurm_tasks_on_node(tpn, f["node"])
+
+
+def _slurm_rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """The step's first node, on port 29500 + SLURM_JOB_ID % 1000 (every rank computes the same)."""
+    first = slurm_first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
+    if not first:
+        return None
+    job = _opt(env, "SLURM_JOB_ID", counts_ranks=False) or 0
+    return first, DEFAULT_PORT + job % 1000
+
+
+_TORCHRUN = dict(rank="RANK", size=("WORLD_SIZE",), local=("LOCAL_RANK",), local_size=("LOCAL_WORLD_SIZE",),
+                 node=("GROUP_RANK",))
+
+#: The launchers, in the order they are recognised (the module docstring says why this order).
+LAUNCHER_TABLE: tuple[Launcher, ...] = (
+    # torchrun's own workers first: under `srun torchrun` the SLURM_* variables count its agents
+    Launcher("torchrun", lambda env: bool(env.get("TORCHELASTIC_RUN_ID")) and _set("RANK")(env), **_TORCHRUN),
+    Launcher("openmpi", _set("OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",),
+             local=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",), mpi=True),
+    Launcher("pmix", _set("PMIX_RANK"), "PMIX_RANK", ("PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+             size_needed=False, local=("PMIX_LOCAL_RANK", "SLURM_LOCALID"), local_size=("PMIX_LOCAL_SIZE",),
+             mpi=True, refine=_pmix_node),
+    Launcher("pmi", _set("PMI_RANK"), "PMI_RANK", ("PMI_SIZE",), local=("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+             local_size=("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), mpi=True),
+    Launcher("slurm", lambda env: _slurm_step(env), "SLURM_PROCID",
+             ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
+             missing_size=("SLURM_PROCID is set without SLURM_NTASKS", "run under srun, or unset SLURM_PROCID"),
+             local=("SLURM_LOCALID",), node=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
+             refine=_slurm_local_size, rendezvous=_slurm_rendezvous),
+    # a torchrun-style environment set by hand (or by another tool): RANK and WORLD_SIZE
+    Launcher("torchrun", lambda env: _set("RANK")(env) or _set("WORLD_SIZE")(env), **_TORCHRUN),
+)
+LAUNCHERS = tuple(dict.fromkeys(row.name for row in LAUNCHER_TABLE)) + ("none",)
+
+
+def launcher_of(name: str) -> Launcher | None:
+    """The table's row of a Rank's ``launcher`` (None for "none")."""
+    return next((row for row in LAUNCHER_TABLE if row.name == name), None)
 
 
 def discover(env: Mapping[str, str] = os.environ) -> Rank:
-    """This process's Rank from the launcher's environment (the module docstring gives the order).
+    """This process's Rank from the launcher's environment (:data:`LAUNCHER_TABLE`, in order).
 
     Args:
         env: the environment to read (os.environ; tests pass a dict).
@@ -211,61 +287,33 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
             the node count, a torchrun rank without its world size); the message names the
             variable.
     """
-    kind = _detect(env)
+    row = next((r for r in LAUNCHER_TABLE if r.detect(env)), None)
     host = _host()
-    rank: int
-    size: int | None
-    rank_v: str | None
-    size_v: str | None
-    local_v: str | None
-    lsize_v: str | None
-    local: int | None
-    local_size: int | None = None
-    node: int | None = None
-    if kind == "none":
+    if row is None:
         return replace(SINGLE, host=host)
-    if kind == "openmpi":
-        rank_v, size_v = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
-        rank, size = _int(env, rank_v), _need(env, size_v, rank_v)
-        local_v, local = "OMPI_COMM_WORLD_LOCAL_RANK", _opt(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-        lsize_v, local_size = "OMPI_COMM_WORLD_LOCAL_SIZE", _opt(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
-    elif kind == "pmix":
-        # PMIx keeps the job size behind PMIx_Get (PMIX_JOB_SIZE), not in the environment: it is
-        # taken from Slurm's variables when srun --mpi=pmix started us, else from MPI in join().
-        rank_v, rank = "PMIX_RANK", _int(env, "PMIX_RANK")
-        size_v, size = _first(env, "PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", minimum=1)
-        size = size or 0
-        local_v, local = _first(env, "PMIX_LOCAL_RANK", "SLURM_LOCALID")
-        lsize_v, local_size = _first(env, "PMIX_LOCAL_SIZE", minimum=1)
-        if env.get("SLURM_NODEID", "").strip() and _slurm_step(env):
-            node = _int(env, "SLURM_NODEID")
-    elif kind == "pmi":
-        rank_v, size_v = "PMI_RANK", "PMI_SIZE"
-        rank, size = _int(env, rank_v), _need(env, size_v, rank_v)
-        local_v, local = _first(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
-        lsize_v, local_size = _first(env, "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", minimum=1)
-    elif kind == "slurm":
-        rank_v, rank = "SLURM_PROCID", _int(env, "SLURM_PROCID")
-        size_v, size = _first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", minimum=1)
-        if size is None:
-            raise UsageError("SLURM_PROCID is set without SLURM_NTASKS", "run under srun, or unset SLURM_PROCID")
-        local_v, local = "SLURM_LOCALID", _opt(env, "SLURM_LOCALID")
-        node = _opt(env, "SLURM_NODEID")
-        nnodes_v, nnodes = _first(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1)
+    rank_v = row.rank
+    if not env.get(rank_v, "").strip():  # detected by its size alone (a hand-made torchrun environment)
+        raise UsageError(f"{row.size[0]} is set without {rank_v}", "set both (torchrun does), or neither")
+    rank = _int(env, rank_v)
+    size_v, size = _first(env, *row.size, minimum=1)
+    if size is None and row.size_needed:
+        if row.missing_size is not None:
+            raise UsageError(*row.missing_size)
+        raise UsageError(f"{rank_v} is set without {row.size[0]}", "set both (the launcher does), or neither")
+    size_v = size_v or row.size[0]
+    local_v, local = _first(env, *row.local)
+    lsize_v, local_size = _first(env, *row.local_size, minimum=1)
+    node_v, node = _first(env, *row.node)
+    f = {"local_size": local_size, "lsize_v": lsize_v or (row.local_size[0] if row.local_size else ""),
+         "node": node, "node_v": node_v}
+    if row.nodes:
+        nnodes_v, nnodes = _first(env, *row.nodes, minimum=1)
         if node is not None and nnodes is not None and node >= nnodes:
-            raise UsageError(f"SLURM_NODEID={node} is not below {nnodes_v}={nnodes}", "the launcher sets them")
-        lsize_v = "SLURM_STEP_TASKS_PER_NODE"
-        tpn = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-        if tpn and node is not None:
-            local_size = slurm_tasks_on_node(tpn, node)
-    else:  # torchrun, or a hand-made torchrun-style environment
-        rank_v, size_v = "RANK", "WORLD_SIZE"
-        if not env.get("RANK", "").strip():
-            raise UsageError("WORLD_SIZE is set without RANK", "set both (torchrun does), or neither")
-        rank, size = _int(env, rank_v), _need(env, size_v, rank_v)
-        local_v, local = "LOCAL_RANK", _opt(env, "LOCAL_RANK")
-        lsize_v, local_size = "LOCAL_WORLD_SIZE", _opt(env, "LOCAL_WORLD_SIZE", minimum=1)
-        node = _opt(env, "GROUP_RANK")
+            raise UsageError(f"{node_v}={node} is not below {nnodes_v}={nnodes}", "the launcher sets them")
+    if row.refine is not None:
+        row.refine(env, f)
+    local_size, lsize_v, node = f["local_size"], f["lsize_v"], f["node"]
+    local_v = local_v or (row.local[0] if row.local else "")
     if size and rank >= size:
         raise UsageError(f"{rank_v}={rank} is not below {size_v}={size}", "the launcher sets them; check the environment")
     if local is not None and local_size is not None and local >= local_size:
@@ -274,7 +322,7 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
         raise UsageError(f"{lsize_v}={local_size} is above {size_v}={size}", "the launcher sets them")
     if local is not None and size and local >= size:
         raise UsageError(f"{local_v}={local} is not below {size_v}={size}", "the launcher sets them")
-    return Rank(rank, size or 0, -1 if local is None else local, local_size, node, host, kind)
+    return Rank(rank, size or 0, -1 if local is None else local, local_size, node, host, row.name)
 
 
 def _need(env: Mapping[str, str], name: str, rank_var: str) -> int:
@@ -1065,17 +1113,14 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
                                  "a port 1..65535, the same on every rank (torchrun's default 29500)")
             port = int(raw)
         return env["MASTER_ADDR"].strip(), port
-    if me.launcher == "slurm":
-        first = slurm_first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
-        if first:
-            job = _opt(env, "SLURM_JOB_ID", counts_ranks=False) or 0
-            return first, DEFAULT_PORT + job % 1000
-    return None
+    row = launcher_of(me.launcher)
+    return row.rendezvous(env) if row is not None and row.rendezvous is not None else None
 
 
 def _mpi(me: Rank):
     """mpi4py's MPI module when this rank runs under an MPI launcher and mpi4py imports, else None."""
-    if me.launcher not in ("openmpi", "pmix", "pmi"):
+    row = launcher_of(me.launcher)
+    if row is None or not row.mpi:
         return None
     try:
         import mpi4py

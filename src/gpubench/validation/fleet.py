@@ -30,7 +30,7 @@ import math
 import time
 from typing import Any, Sequence
 
-from gpubench.core.errors import UsageError
+from gpubench.validation.suite import FLEET_KIND, FLEET_VERSION
 
 RATIO = 0.95
 Z_LIMIT = 3.5
@@ -40,92 +40,7 @@ RULE_NAME = "median-mad"
 RULE_TEXT = (f"Slow: below {RATIO:g} x the fleet median of the check AND (modified z-score "
              f"{MAD_SCALE} (x - median) / MAD below -{Z_LIMIT:g} [Iglewicz & Hoaglin 1993], or MAD = 0, "
              f"or below {GROSS:g} x the median).")
-FLEET_KIND = "gpubench-fleet"
-FLEET_VERSION = 1
 DEFAULT_TIMEOUT_S = 900.0
-
-
-FLEET_FLAGS = ("ok", "slow", "fail", "missing")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a saved fleet object (pure)
-
-
-def _fleet_bad(source: str, where: str, value: Any, want: str) -> UsageError:
-    return UsageError(f"{source}: fleet.{where} is {_term(repr(value), 40)}; expected {want}")
-
-
-def _num_or_none(v: Any) -> bool:
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                         and abs(v) < 1e300)
-
-
-def check_fleet(f: Any, source: str) -> dict:
-    """Check a fleet object (written by ``suite`` under a launcher) and return it.
-
-    Shape (version 1)::
-
-        {"kind": "gpubench-fleet", "version": 1, "rule": {"name": str, "text": str},
-         "missing": [{"rank": int, "host": str}],
-         "rows": [{"host": str, "rank": int, "gpu": int|null, "uuid": str|null, "check": str,
-                   "value": float|null, "unit": str, "fleet_median": float|null, "expect": float|null,
-                   "flag": "ok"|"slow"|"fail"|"missing"}],
-         "links": {"hosts": [str], "gbps": [[float|null]]}}
-
-    Raises:
-        UsageError: a field of the wrong type, a flag not in the list, a newer version, a links
-            matrix that is not hosts x hosts; one line naming the field.
-    """
-    if not isinstance(f, dict) or f.get("kind") != FLEET_KIND:
-        raise _fleet_bad(source, "kind", f.get("kind") if isinstance(f, dict) else f, repr(FLEET_KIND))
-    v = f.get("version")
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise _fleet_bad(source, "version", v, "1")
-    if v > FLEET_VERSION:
-        raise UsageError(f"{source}: fleet version {v} is newer than this gpubench reads ({FLEET_VERSION})",
-                         "upgrade gpubench")
-    rule = f.get("rule") or {}
-    if not isinstance(rule, dict):
-        raise _fleet_bad(source, "rule", rule, "an object with name and text")
-    rows = f.get("rows") or []
-    if not isinstance(rows, list):
-        raise _fleet_bad(source, "rows", rows, "a list")
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict):
-            raise _fleet_bad(source, f"rows[{i}]", r, "an object")
-        for k in ("value", "fleet_median", "expect"):
-            if not _num_or_none(r.get(k)):
-                raise _fleet_bad(source, f"rows[{i}].{k}", r.get(k), "a finite number or null")
-        for k in ("rank", "gpu"):
-            x = r.get(k)
-            if x is not None and (not isinstance(x, int) or isinstance(x, bool) or abs(x) > 2**31):
-                raise _fleet_bad(source, f"rows[{i}].{k}", x, "an integer" + (" or null" if k == "gpu" else ""))
-        if r.get("flag") not in FLEET_FLAGS:
-            raise _fleet_bad(source, f"rows[{i}].flag", r.get("flag"), " or ".join(FLEET_FLAGS))
-    missing = f.get("missing") or []
-    if not isinstance(missing, list) or not all(isinstance(m, dict) for m in missing):
-        raise _fleet_bad(source, "missing", missing, "a list of {rank, host}")
-    links = f.get("links") or {}
-    if not isinstance(links, dict):
-        raise _fleet_bad(source, "links", links, "an object with hosts and gbps")
-    hosts, gbps = links.get("hosts") or [], links.get("gbps") or []
-    if not isinstance(hosts, list) or not isinstance(gbps, list):
-        raise _fleet_bad(source, "links", links, "hosts and gbps lists")
-    if gbps and (len(gbps) != len(hosts) or any(not isinstance(row, list) or len(row) != len(hosts) for row in gbps)):
-        raise _fleet_bad(source, "links.gbps", f"{len(gbps)} rows", f"{len(hosts)} x {len(hosts)} (one per host)")
-    for i, row in enumerate(gbps):
-        for j, x in enumerate(row):
-            if not _num_or_none(x):
-                raise _fleet_bad(source, f"links.gbps[{i}][{j}]", x, "a finite number or null")
-    return f
-
-
-
-def _term(text: str, limit: int) -> str:
-    from gpubench.core import safe
-
-    return safe.term(text, limit)
 
 
 # ---------------------------------------------------------------------------------------------

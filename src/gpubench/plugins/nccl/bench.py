@@ -482,7 +482,8 @@ BENCHMARK = Nccl()
 
 def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     """Run the sweep in this process, one communicator per selected GPU, through the driver (a spec
-    with a Dask scheduler goes to :func:`run_on_dask`).
+    with a Dask scheduler runs through :func:`gpubench.plugins.nccl.over_dask.run_on_dask`, which
+    the command picks).
 
     Returns:
         A Result with one record per (size, placement); see :func:`to_records`. ``partial`` with
@@ -495,13 +496,5 @@ def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
             finished points when there are any.
     """
     if spec.distributed:
-        return run_on_dask(spec, progress)
+        raise UsageError("a spec with a Dask scheduler runs through gpubench.plugins.nccl.over_dask.run_on_dask")
     return driver.run(BENCHMARK, spec, progress)
-
-
-def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
-    """One rank per worker of an existing Dask cluster: see :func:`gpubench.plugins.nccl.over_dask.run_on_dask`
-    (imported here when called, since it imports this module)."""
-    from gpubench.plugins.nccl import over_dask as nccl_dask
-
-    return nccl_dask.run_on_dask(spec, progress)

@@ -104,7 +104,9 @@ def select_run(spec):
     from gpubench.plugins.nccl import bench
 
     if spec.distributed:
-        return bench.run_on_dask
+        from gpubench.plugins.nccl import over_dask
+
+        return over_dask.run_on_dask
     from gpubench.plugins.nccl import ranks as nccl_ranks
 
     if nccl_ranks.under_launcher():

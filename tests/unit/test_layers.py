@@ -1,0 +1,89 @@
+"""The package's structure holds: the layers of docs/architecture.md as pyproject.toml's
+import-linter contract, no import circle (imports inside functions counted), and core naming no
+command."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "gpubench"
+
+
+def test_the_layers_contract_is_kept():
+    pytest.importorskip("importlinter")
+    lint = Path(sys.executable).with_name("lint-imports")
+    r = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken." in r.stdout
+
+
+def _circles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for start in sorted(graph.modules):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_circle_counting_imports_inside_functions():
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("gpubench", exclude_type_checking_imports=True)
+    assert _circles(graph) == []
+
+
+def _string_constants(tree: ast.AST) -> list[ast.Constant]:
+    """Every str constant of a module that is not a docstring."""
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_core_names_no_command():
+    from gpubench.core import registry
+
+    # "env" is also the name of every Result's environment field, which core reads and writes
+    names = set(registry.plugins()) - {"env"}
+    hits = [f"{p.relative_to(ROOT)}:{c.lineno}: {c.value!r}" for p in sorted((SRC / "core").glob("*.py"))
+            for c in _string_constants(ast.parse(p.read_text())) if c.value in names]
+    assert hits == []
