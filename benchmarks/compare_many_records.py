@@ -1,8 +1,7 @@
-"""`gpubench compare` of a result with many records against itself: time and peak memory (issue 18).
+"""`gpubench compare` of a result with many records against itself: time and peak memory.
 
-The case the break-it pass found: a 60 MB result of 200,000 records compared with itself took
-7 min 53 s and 1.3 GB (the exact permutation test with ties enumerated every split of each figure's
-pooled samples). Run on any machine, no GPU:
+Checks that compare stays linear in the number of records (docs/compare.md). Run on any machine,
+no GPU:
 
     PYTHONPATH=src python3 benchmarks/compare_many_records.py [--records 200000] [--samples 8]
         [--format table|markdown|json]
@@ -14,18 +13,7 @@ process with stdout to /dev/null and prints the wall time and the child's peak R
 
 Measured on the 2-core CPU machine shared with other work (load average 14-15, so read the CPU
 seconds; 2026-12-01): 1,000 records 0.53 s CPU (1.7 s wall), 200,000 records (59.7 MB) 25.0 s CPU
-(80 s wall), peak RSS 889 MB; of the CPU time about 7 s is loading the two files
-(core/result.load). Before this change: 7 min 53 s and 1.3 GB.
-
-Profiled again (cProfile, 2026-12-01, load average 2.6-4, the same 200,000-record file): the JSON
-Pointer strings the loader built for every field of every record (2.8 million, none used unless a
-field is bad), the depth check's cumulative sum over every byte of the file (9.5 s of 60 MB int64
-steps), the per-sample Python loops of the rate (nbytes / s, checked twice) and numpy scalars read
-one by one in the batched Mann-Whitney loop. Now a well-formed record is checked in one pass with
-no pointer (the field-by-field path, which names the bad field, runs only when something is off),
-the depth is counted over the brackets alone (bytes.translate), the rates are one comprehension
-after one min() check, and the batch loop reads Python lists. Same machine, same load, one run
-after the other: before 53.1 s wall, 38.0 s CPU, 1258 MB; after 22.1 s wall, 21.9 s CPU, 1078 MB.
+(80 s wall), peak RSS 889 MB; of the CPU time about 7 s is loading the two files.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """Run gpubench p2p and nccl beside nvbandwidth and nccl-tests' all_reduce_perf (where they are on
 PATH) on the same GPUs and print gpubench / reference ratios.
 
-    PYTHONPATH=src python3 benchmarks/crosscheck_p2p_nccl.py [--reference ../shared/reference/h200x2-2026-11-30.json] [-G 10]
+    PYTHONPATH=src python3 benchmarks/crosscheck_p2p_nccl.py [--reference REFERENCE.json] [-G 10]
 
 Compared figures (GPU 0 -> GPU 1 where a matrix):
 - nvbandwidth device_to_device_memcpy_write_ce / _read_ce / _bidirectional_memcpy_read_ce (total)
@@ -10,9 +10,13 @@ Compared figures (GPU 0 -> GPU 1 where a matrix):
   nvbandwidth labels its read matrix by the reading GPU, so its read (1, 0) cell is gpubench's (0 -> 1).
 - all_reduce_perf -g N (float sum, out of place) busbw per size vs gpubench nccl at the same sizes
   and the same -e (nccl-tests offsets buffers within the largest size).
-- with --reference: the stored figures of a reference file (nvbandwidth_v0.8, p2pBandwidthLatencyTest,
-  nccl_tests_*) vs gpubench now; the p2pBandwidthLatencyTest ones against a gpubench run at that
-  tool's 160,000,000-byte copies.
+- with --reference: figures stored earlier from the reference tools on this machine, vs gpubench
+  now; the p2pBandwidthLatencyTest ones against a gpubench run at that tool's 160,000,000-byte
+  copies. The file is one JSON object: a key starting "nvbandwidth" ({"device_to_device_memcpy_write_ce_0_1",
+  "device_to_device_memcpy_read_ce_0_1", "device_to_device_bidirectional_memcpy_read_ce_total_0_1": GB/s}),
+  "p2pBandwidthLatencyTest" ({"unidir_p2p_disabled_0_1", "bidir_p2p_disabled_0_1": GB/s,
+  "latency_p2p_writes_us_0_1", "latency_p2p_disabled_us_0_1": us}) and a key starting "nccl_tests"
+  ({"busbw_out_of_place_GBps_by_bytes": {"<bytes>": GB/s}}); any of them may be left out.
 A ratio within 0.99..1.01 is marked ok.
 """
 
@@ -121,7 +125,7 @@ def show(rows: list[tuple[str, float | None, float | None]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reference", help="a reference JSON (../shared/reference/...) to compare with as well")
+    ap.add_argument("--reference", help="a JSON of stored reference-tool figures to compare with as well (see above)")
     ap.add_argument("--p2p-size-mib", type=int, default=512, help="copy size, nvbandwidth's default 512")
     ap.add_argument("-b", default="1M")
     ap.add_argument("-e", default="1G")

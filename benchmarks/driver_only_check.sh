@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does the README's main job run on a GPU machine that has only the NVIDIA driver? (issue 12)
+# Does the README's main job run on a GPU machine that has only the NVIDIA driver?
 #
 #   sudo bash benchmarks/driver_only_check.sh [WHEEL_DIR]      # WHEEL_DIR defaults to .whl/ctk
 #
@@ -13,7 +13,8 @@
 # nvidia/ folder (the CUDA component wheels) are hidden under empty tmpfs mounts, CUDA_PATH,
 # CUDA_HOME, LD_LIBRARY_PATH and CONDA_PREFIX are unset; then cupy.show_config() and
 # `gpubench copy --pinned -b 64MiB -e 1GiB` run:
-#   A  nothing added: expected to fail as issue 12 says (exit 3, CUDA headers / NVRTC not found);
+#   A  nothing added: expected to fail (exit 3, CUDA headers / NVRTC not found), since CuPy
+#      compiles gpubench's kernels with NVRTC and the driver brings neither;
 #   B  the wheels unpacked with pip install --target DIR and DIR on PYTHONPATH: expected to fail
 #      like A, because cuda-pathfinder (how CuPy 14 finds NVRTC and the headers) searches
 #      site-packages folders (site.getsitepackages()), not PYTHONPATH;

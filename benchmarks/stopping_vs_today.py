@@ -11,14 +11,16 @@ with those options. Each run is a fresh process (`python3 -m gpubench copy --jso
 by its wall clock. Per rule it prints: wall seconds per sweep, samples taken, the noise each point
 reached (the half-width of the median's 95% distribution-free confidence interval, % of the median,
 recomputed from the saved samples with `gpubench.core.stats.median_noise` for every rule alike), and
-the run-to-run spread of each point's median over the rounds ((max - min) / median, %).
+the run-to-run spread of each point's median over the rounds ((max - min) / median, %). The
+measured default and how to read the verdict: docs/timing.md, "The copy default, measured".
 
 `--analyse DIR` re-prints the summary from a folder of saved runs (no GPU needed).
 
 Without ``--today-src`` the baseline is this tree's own fixed rule, ``--max-noise 100 --min-time 0.1``
-(a 100% goal is met at the 10th sample, so: at least 10 samples and 0.1 s, the old rule), which
-isolates the rule from every other change since. To run the old checkout itself, stage its src
-first (`bash benchmarks/stage_today_src.sh`, then carry `.stage/today-src`).
+(a 100% goal is met at the 10th sample, so: at least 10 samples and 0.1 s), which isolates the rule
+from every other difference between checkouts. To run another checkout itself, point
+``--today-src`` at its ``src`` folder, e.g. ``git worktree add /tmp/old COMMIT`` then
+``--today-src /tmp/old/src`` (any gpubench checkout whose ``copy`` takes ``--json`` and ``-q``).
 
 The verdict per rule against the baseline (`verdict`): wall time per sweep, paired by round (the
 rounds alternate, so round i of each rule ran next to each other), and the run-to-run spread of the
@@ -230,7 +232,7 @@ def main() -> None:
     if a.today_src:
         if not (Path(a.today_src) / "gpubench" / "__main__.py").is_file():
             raise SystemExit(f"--today-src {a.today_src}: no gpubench package there "
-                             "(bash benchmarks/stage_today_src.sh stages it in .stage/today-src)")
+                             "(give the src folder of a checkout, e.g. of `git worktree add DIR COMMIT`)")
         rules["today"] = ("", a.today_src)
     if not (a.no_fixed and a.today_src):
         rules["fixed"] = ("--max-noise 100 --min-time 0.1", here)  # the old rule, in this tree

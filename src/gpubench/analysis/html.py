@@ -367,7 +367,7 @@ def _fleet_section(name: str, f: dict) -> str:
                     tds.append(f"<td class=num style='background:rgba(31,119,180,{0.12 + 0.6 * frac:.2f})'>"
                                f"{_fmt(float(x))}</td>")
             body.append(f"<tr><th>{h(host)}</th>{''.join(tds)}</tr>")
-        out.append("<table class=matrix><caption>Links between hosts (GB/s, row sends to column; "
+        out.append("<table class=matrix><caption>Links between hosts (Gbit/s, row sends to column; "
                    "darker = faster)</caption><thead><tr><th></th>" + "".join(f"<th>{h(x)}</th>" for x in hosts) +
                    "</tr></thead><tbody>" + "".join(body) + "</tbody></table>")
     out.append("</section>")
