@@ -110,27 +110,6 @@ def main(argv: list[str] | None = None) -> None:
         # the process's own run: the exit code is decided and the result saved; in-process (tests):
         # the caller's handlers come back
         signals.restore(None if argv is None else previous)
-    if argv is None and "ucxx" in sys.modules:
-        _exit_skipping_ucxx_teardown(code)
+    if argv is None:
+        signals.exit_process(code)
     sys.exit(code)
-
-
-def _exit_skipping_ucxx_teardown(code: int) -> None:
-    """End the process with ``code`` without the interpreter's teardown, once UCXX is loaded.
-
-    UCXX (0.52, through distributed-ucxx) leaves weakref finalizers that stop its progress thread
-    and free its endpoints at exit; at random they race that thread and the process dies with
-    SIGSEGV (-11) after gpubench has reported and saved everything (seen in CI once in 16 Ctrl-Cs
-    of `merge -p ucx`; the same teardown crash is reported of UCX under Ray, NVIDIA-NeMo/Curator
-    #2073). The cluster is closed and its workers ended by then, so the standard streams and the
-    logs are flushed and the process ends with os._exit, which the exit code then belongs to.
-    """
-    import logging
-
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
-            pass
-    logging.shutdown()
-    os._exit(code)

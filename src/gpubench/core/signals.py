@@ -8,10 +8,13 @@
 - A second signal while the first one's cleanup runs is noted and ignored, so the cleanup does not
   lose the result; a Ctrl-C swallowed inside a ``__del__`` is noted and acted on between points
   (:func:`raise_if_signalled`).
+- The process ends through :func:`exit_process`, which skips the interpreter's teardown where a
+  loaded library is known to crash in it (:data:`TEARDOWN_CRASHES`).
 """
 
 from __future__ import annotations
 
+import os
 import signal as _signal
 import sys
 import threading
@@ -167,3 +170,28 @@ def restore(previous: tuple | None) -> None:
     else:
         _signal.signal(_signal.SIGTERM, previous[0])
         _signal.signal(_signal.SIGINT, previous[1])
+
+
+#: Modules whose interpreter-exit finalizers can crash the process after gpubench has reported and
+#: saved everything: UCXX (0.52, through distributed-ucxx) leaves weakref finalizers that stop its
+#: progress thread and free its endpoints at exit, and at random they race that thread (SIGSEGV;
+#: the same teardown crash is reported of UCX under Ray, NVIDIA-NeMo/Curator#2073).
+TEARDOWN_CRASHES = ("ucxx",)
+
+
+def exit_process(code: int) -> None:
+    """End the command-line process with ``code``: ``sys.exit`` as usual, or, once a module of
+    :data:`TEARDOWN_CRASHES` is loaded, flush the standard streams and the logs and ``os._exit``
+    (its clusters and workers are closed by then), so the exit code is gpubench's, not a crash's.
+    """
+    if not any(m in sys.modules for m in TEARDOWN_CRASHES):
+        sys.exit(code)
+    import logging
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            pass
+    logging.shutdown()
+    os._exit(code)
