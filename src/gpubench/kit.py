@@ -145,7 +145,7 @@ def with_stopping(spec, max_noise: float | None, max_time: float | None):
     from gpubench.core.options import timing_plan
 
     plan = getattr(spec, "plan", None)
-    if plan is None or not dataclasses.is_dataclass(spec):
+    if plan is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
         return spec
     checked = timing_plan(plan.warmup, plan.iters, plan.min_time, max_noise, max_time)
     plan = dataclasses.replace(plan, max_noise=checked.max_noise, max_time=checked.max_time)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from gpubench.core import safe
 from gpubench.core.errors import UsageError
@@ -586,8 +586,8 @@ def judge_many(items: Sequence[tuple[Sequence[float], Sequence[float], str]], *,
             part = idx[lo:lo + 20_000]
             for i, j in zip(part, _judge_block([items[i] for i in part], m, n, threshold_pct, alpha)):
                 out[i] = j
-    for i, j in enumerate(out):
-        if j is None:
+    for i, got in enumerate(out):
+        if got is None:
             b, n_, metric = items[i]
             out[i] = judge(b, n_, metric, threshold_pct=threshold_pct, alpha=alpha)
     return out  # type: ignore[return-value]
@@ -635,9 +635,11 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     bmed = np.median(X, axis=1).tolist()
     nmed = np.median(Y, axis=1).tolist()
     # Python floats and lists once, not a numpy scalar per element in the loop below
-    u1l, varl, tiesl = u1.tolist(), var.tolist(), ties.tolist()
+    u1l, varl = u1.tolist(), var.tolist()
+    tiesl = cast("list[bool]", ties.tolist())
     hll = hl.tolist()
-    lol, hil = (lo.tolist(), hi.tolist()) if c else (None, None)
+    lol: list[float] | None = lo.tolist() if lo is not None else None
+    hil: list[float] | None = hi.tolist() if hi is not None else None
     group_sizes = np.where(start, sizes, 0).tolist() if ties.any() and exact_ties_ok else None
     sqrt, copysign, erfc = math.sqrt, math.copysign, math.erfc
     pct = lambda d: 100.0 * math.expm1(d)  # noqa: E731
@@ -657,7 +659,8 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
                 t = MWU(u, z, _exact_p_ties_groups(N, n, u, row_sizes), "exact (ties)", pmin)
             else:
                 t = MWU(u, z, min(1.0, erfc(abs(z) / sqrt(2.0))), "asymptotic", pmin)
-        shift = Shift(pct(hll[g]), pct(lol[g]) if c else None, pct(hil[g]) if c else None, 1.0 - alpha)
+        shift = Shift(pct(hll[g]), pct(lol[g]) if lol is not None else None, pct(hil[g]) if hil is not None else None,
+                      1.0 - alpha)
         res.append(_verdict(shift, t, items[g][2], threshold_pct, alpha, m, n, bmed[g], nmed[g]))
     return res
 

@@ -184,7 +184,8 @@ def record_flags(r: Record) -> list[str]:
     elif flag == "nvls":
         out.append("above links (NVLS?)")
     tele = r.telemetry if isinstance(r.telemetry, dict) else {}
-    reasons = tele.get("reasons") if isinstance(tele.get("reasons"), list) else []
+    got = tele.get("reasons")
+    reasons = got if isinstance(got, list) else []
     if _throttled(r) or any(x in SLOWDOWN_REASONS for x in reasons if isinstance(x, str)):
         out.append("throttled")  # the telemetry saw a power or thermal slowdown during the point
     others = tele.get("other_processes")

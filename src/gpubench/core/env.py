@@ -163,7 +163,7 @@ def _norm_bus_id(bus: str | None) -> str | None:
     return f"{int(dom, 16):04x}:{rest}" if rest else bus
 
 
-def _cuda_bus_ids() -> list[str]:
+def _cuda_bus_ids() -> list[str | None]:
     try:
         from cupy.cuda import runtime
 
@@ -273,7 +273,8 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
                 break
         if pci is not None:
             rb = _norm_bus_id(_dec(pci.busId))
-            remote[rb] = remote.get(rb, 0) + 1
+            if rb is not None:  # an empty remote PCI id names no GPU (nor a GPU without one)
+                remote[rb] = remote.get(rb, 0) + 1
     per_link = None
     if links_up:
         # Per-link speed in MB/s: NVML_FI_DEV_NVLINK_GET_SPEED (newer drivers; H200 reports 26562),
@@ -409,7 +410,7 @@ def idle_check(gpus: list[dict[str, Any]], devices: tuple[int, ...] | list[int])
             others = [{"pid": p.pid, "used_memory_bytes": p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None}
                       for p in (procs or []) if p.pid != me]
             util = _nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
-            if not others and getattr(util, "gpu", 0):
+            if not others and bool(getattr(util, "gpu", 0)):
                 import time
 
                 time.sleep(UTIL_REREAD_S)  # the tail of an earlier run, or work of a process NVML hides?

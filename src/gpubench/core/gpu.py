@@ -189,7 +189,8 @@ class HostBuffer:
             flags = HOST_ALLOC_PORTABLE | (HOST_ALLOC_WRITE_COMBINED if kind == "write-combined" else 0)
             self._host_ptr = runtime.hostAlloc(nbytes, flags)
             buf = (ctypes.c_uint8 * nbytes).from_address(self._host_ptr)
-            self.array = np.frombuffer(buf, dtype=np.uint8)
+            # typeshed's ctypes.Array lacks the __buffer__ it has at runtime
+            self.array = np.frombuffer(buf, dtype=np.uint8)  # type: ignore[call-overload]
             self.ptr = self._host_ptr
         elif kind in ("pageable", "registered"):
             self.array = np.empty(nbytes, dtype=np.uint8)

@@ -38,6 +38,7 @@ a timing fault) or "no_op" (a figure that measures no data movement). compare an
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 _PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _PCIE_ENC = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 1.0}
@@ -155,7 +156,7 @@ def finalize(records) -> None:
             x["limit_flag"] = "above_peak" if x.get("above_peak") else None
 
 
-def _positive(v) -> bool:
+def _positive(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
@@ -202,9 +203,10 @@ def saved_flag(record) -> str | None:
         return "above_peak"
     nvls = x.get("above_links_nvls") is True
     peak = x.get("peak_bytes_per_s")
-    fig = saved_figure(record) if _positive(peak) else None
-    if fig is not None and fig > peak:
-        return "nvls" if nvls else "above_peak"
+    if _positive(peak):
+        fig = saved_figure(record)
+        if fig is not None and fig > peak:
+            return "nvls" if nvls else "above_peak"
     return "nvls" if nvls else None
 
 

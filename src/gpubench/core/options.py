@@ -85,8 +85,8 @@ def timing_plan(warmup: int, iters: int | None, min_time: float, max_noise: floa
     if max_time is not None and not (0 < max_time <= MAX_SECONDS):
         raise UsageError(f"--max-time {max_time} must be > 0 and at most {MAX_SECONDS:g} seconds",
                          "e.g. --max-time 5")
-    extra = {} if max_time is None else {"max_time": float(max_time)}
-    return TimingPlan(warmup=warmup, iters=iters, min_time=min_time, max_noise=max_noise, **extra)
+    return TimingPlan(warmup=warmup, iters=iters, min_time=min_time, max_noise=max_noise,
+                      max_time=TimingPlan.max_time if max_time is None else float(max_time))
 
 
 def device_id(device: int) -> int:

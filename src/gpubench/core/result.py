@@ -699,7 +699,7 @@ _MIN_INT = -MAX_INT - 1
 def _values_ok(v: object) -> bool:
     """True when every number inside ``v`` is finite and fits 64 bits (:func:`check_values`'s
     rule), walked without recursion and without building a JSON Pointer per value."""
-    stack = [v]
+    stack: list[Any] = [v]  # JSON values of any type: each is told apart by its type() below
     pop, push = stack.pop, stack.extend
     while stack:
         x = pop()
@@ -711,9 +711,9 @@ def _values_ok(v: object) -> bool:
             if not _MIN_INT <= x <= MAX_INT:
                 return False
         elif t is dict:
-            push(x.values())  # type: ignore[union-attr]
+            push(x.values())
         elif t is list:
-            push(x)  # type: ignore[arg-type]
+            push(x)
     return True
 
 
@@ -799,13 +799,13 @@ _PCIE_SET = frozenset(("gen", "width"))
 _TELEMETRY_REQUIRED_SET = frozenset(_TELEMETRY_REQUIRED)
 
 
-def _num_ok(v: object) -> bool:
+def _num_ok(v: Any) -> bool:  # any JSON value: told apart by its type() below
     t = type(v)
-    return (t is float and v - v == 0.0) or (t is int and _MIN_INT <= v <= MAX_INT)  # type: ignore[operator]
+    return (t is float and v - v == 0.0) or (t is int and _MIN_INT <= v <= MAX_INT)
 
 
 def _int_ok(v: object, lo: int = _MIN_INT) -> bool:
-    return type(v) is int and lo <= v <= MAX_INT  # type: ignore[operator]
+    return type(v) is int and lo <= v <= MAX_INT
 
 
 def _telemetry_ok(t: object) -> bool:
@@ -1148,7 +1148,7 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
         which = "failed_by" if failed_by is not None else "interrupted_by"
         raise bad_field(source, pointer_join(pointer, "partial"), partial, f"true, as {which} is set")
     return Result(
-        command=command,  # type: ignore[arg-type]
+        command=command,
         spec=dict(spec),
         timing=dict(timing),
         env=dict(env),

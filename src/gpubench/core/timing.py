@@ -30,7 +30,7 @@ import contextlib
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol, cast
 
 from gpubench.core.stats import median_noise
 
@@ -51,6 +51,15 @@ class Gate(Protocol):
     def hold(self) -> None: ...
 
     def release(self) -> None: ...
+
+
+class MarkedClock(Clock, Protocol):
+    """A clock that can record its end before it is read: ``mark_end()`` then ``elapsed()``
+    (:func:`take_sample` uses them behind a gate when the clock has ``mark_end``)."""
+
+    def mark_end(self) -> None: ...
+
+    def elapsed(self) -> float: ...
 
 
 class HostClock:
@@ -171,7 +180,7 @@ def take_sample(step: Callable[[], None], clock: Clock, reps: int = 1, gate: Gat
     finally:
         if gate is not None:
             gate.release()
-    return (clock.elapsed() if marked else clock.stop()) / reps
+    return (cast(MarkedClock, clock).elapsed() if marked else clock.stop()) / reps
 
 
 def sample_loop(take: Callable[[], float], plan: TimingPlan, reps: int = 1) -> list[float]:
@@ -253,6 +262,7 @@ def annotate(records: list, stops: list[Stop]) -> None:
     measured = [r for r in records if getattr(r, "samples_s", None)]
     if not measured:
         return
+    owner: list[Stop | None]
     if len(stops) == 1:
         owner = [stops[0]] * len(measured)
     elif len(measured) % len(stops) == 0:
@@ -375,7 +385,7 @@ class Lane:
     """
 
     def __init__(self, stream, device: int | None = None, *, gated: bool = True,
-                 enqueue: Callable[[int], None] | None = None, gate_timeout_s: float = GATE_TIMEOUT_S):
+                 enqueue: Callable[[int], object] | None = None, gate_timeout_s: float = GATE_TIMEOUT_S):
         import cupy
 
         from gpubench.core import gpu
@@ -387,6 +397,10 @@ class Lane:
             self.gate = gpu.SpinGate(stream, timeout_s=gate_timeout_s) if gated else None
             self.start = cupy.cuda.Event()
             self.end = cupy.cuda.Event()
+
+
+_NO_LANE_ENQUEUE = ("a Lane made without an enqueue cannot queue its own steps: give GatedTimer.sample "
+                    "an enqueue and no warm steps, or give every Lane an enqueue")
 
 
 @dataclass
@@ -464,6 +478,8 @@ class GatedTimer:
 
         Raises:
             cupy.cuda.runtime.CUDARuntimeError: a CUDA fault.
+            ValueError: a lane without an ``enqueue`` has to queue its own steps (``warm``, or no
+                ``enqueue`` given here).
         """
         import cupy
 
@@ -477,6 +493,8 @@ class GatedTimer:
                     if ln.gate is not None:
                         ln.gate.hold()
                     if warm:
+                        if ln.enqueue is None:
+                            raise ValueError(_NO_LANE_ENQUEUE)
                         ln.enqueue(warm)
             with cupy.cuda.Device(first.device):
                 first.start.record(first.stream)
@@ -491,6 +509,8 @@ class GatedTimer:
                 else:
                     for ln in lanes:
                         with cupy.cuda.Device(ln.device):
+                            if ln.enqueue is None:
+                                raise ValueError(_NO_LANE_ENQUEUE)
                             ln.enqueue(reps)
             finally:
                 for ln in lanes:

@@ -140,7 +140,7 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
     if math.isfinite(step_factor) and math.log(max_bytes / min_bytes) / math.log(step_factor) > MAX_SWEEP_POINTS:
         raise UsageError(f"step factor {step_factor!r} from {format_size(min_bytes)} to {format_size(max_bytes)} "
                          f"gives more than {MAX_SWEEP_POINTS} sizes", "use a larger -f, e.g. -f 2")
-    sizes = []
+    sizes: list[int] = []
     s = float(min_bytes)
     while s <= max_bytes:
         v = int(round(s))

@@ -242,8 +242,8 @@ def _slurm_rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
     return first, DEFAULT_PORT + job % 1000
 
 
-_TORCHRUN = dict(rank="RANK", size=("WORLD_SIZE",), local=("LOCAL_RANK",), local_size=("LOCAL_WORLD_SIZE",),
-                 node=("GROUP_RANK",))
+_TORCHRUN: dict[str, Any] = dict(rank="RANK", size=("WORLD_SIZE",), local=("LOCAL_RANK",),
+                                 local_size=("LOCAL_WORLD_SIZE",), node=("GROUP_RANK",))
 
 #: The launchers, in the order they are recognised (the module docstring says why this order).
 LAUNCHER_TABLE: tuple[Launcher, ...] = (
@@ -304,8 +304,9 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
     local_v, local = _first(env, *row.local)
     lsize_v, local_size = _first(env, *row.local_size, minimum=1)
     node_v, node = _first(env, *row.node)
-    f = {"local_size": local_size, "lsize_v": lsize_v or (row.local_size[0] if row.local_size else ""),
-         "node": node, "node_v": node_v}
+    f: dict[str, Any] = {"local_size": local_size,
+                         "lsize_v": lsize_v or (row.local_size[0] if row.local_size else ""),
+                         "node": node, "node_v": node_v}
     if row.nodes:
         nnodes_v, nnodes = _first(env, *row.nodes, minimum=1)
         if node is not None and nnodes is not None and node >= nnodes:
@@ -1160,6 +1161,7 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
         g: Group = _SingleGroup(replace(me, local_rank=max(me.local_rank, 0), local_size=me.local_size or 1,
                                         node=me.node if me.node is not None else 0), timeout)
         return g
+    addr: tuple[str, int] | None = None  # rank 0's store (the store path only)
     MPI = _mpi(me)
     if MPI is not None:
         world = MPI.COMM_WORLD
@@ -1178,7 +1180,7 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
                              "no rendezvous address is set", "set MASTER_ADDR and MASTER_PORT, or --rendezvous HOST:PORT")
         g = _store_group(me, addr, timeout, env)
     try:
-        if isinstance(g, _StoreGroup):
+        if isinstance(g, _StoreGroup) and addr is not None:  # only the store path makes a _StoreGroup
             try:
                 g.claim(f"{addr[0]}:{addr[1]}", g._deadline(None))
             except UsageError:

@@ -218,13 +218,16 @@ class _Pieces:
         scattered_host[perm] = pat2d  # host contents after a scattered D2H of a device holding pat
         self.scattered_host = scattered_host.ravel()
         self.host = gpu.HostBuffer(total, g.memory)
-        self.dev = self.staging = None
+        dev: gpu.DeviceBuffer | None = None
         try:
-            self.dev = gpu.DeviceBuffer(total)
-            self.staging = gpu.HostBuffer(total, "pinned")
+            dev = gpu.DeviceBuffer(total)
+            staging = gpu.HostBuffer(total, "pinned")
         except BaseException:
-            self.free()
+            if dev is not None:
+                dev.free()
+            self.host.free()
             raise
+        self.dev, self.staging = dev, staging
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.gated = spec.gate and g.memory != "pageable"
         self.host2d = self.host.array.reshape(n, s)

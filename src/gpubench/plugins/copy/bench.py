@@ -138,6 +138,13 @@ class _Group:
     memory: str  # a host memory kind, or "device" for the device-only tests
     tests: tuple[str, ...]
 
+    @property
+    def ordinal(self) -> int:
+        """The CUDA ordinal of a one-GPU group (every test but the "all" group's)."""
+        if isinstance(self.device, int):
+            return self.device
+        raise ValueError(f"the group of device {self.device!r} has no single ordinal")
+
 
 def _label(g: _Group) -> str:
     return f"GPU {g.device} {g.memory} {format_size(g.nbytes)}"
@@ -236,7 +243,7 @@ def _ce_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Rec
     if direction == "d2h" and spec.verify:
         pat.fill(a.host.array, invert=True)  # poison: the copies must overwrite it
     stream = bufs["stream"]
-    timer = GatedTimer([Lane(stream, g.device, gated=bufs["gated"], gate_timeout_s=GATE_TIMEOUT_S)])
+    timer = GatedTimer([Lane(stream, g.ordinal, gated=bufs["gated"], gate_timeout_s=GATE_TIMEOUT_S)])
 
     def enqueue(reps: int) -> None:
         for _ in range(reps):
@@ -279,8 +286,8 @@ def _bidir_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
     stream = bufs["stream"]
     s2 = cupy.cuda.Stream(non_blocking=True)
     # stream 1 is held by the gate; its start event releases stream 2
-    timer = GatedTimer([Lane(stream, g.device, gated=gated, gate_timeout_s=GATE_TIMEOUT_S),
-                        Lane(s2, g.device, gated=False)])
+    timer = GatedTimer([Lane(stream, g.ordinal, gated=gated, gate_timeout_s=GATE_TIMEOUT_S),
+                        Lane(s2, g.ordinal, gated=False)])
 
     def concurrent(copies, policy, check):
         (d1, s1_, n1, k1), (d2, s2_, n2, k2) = copies
@@ -332,7 +339,7 @@ def _sm_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Rec
     a: _Pair = bufs["pair"]
     pat: gpu.Pattern = bufs["pattern"]
     src, dst = (a.host.ptr, a.dev.ptr) if direction == "h2d-sm" else (a.dev.ptr, a.host.ptr)
-    enqueue, copied = kernels.sm_copy_enqueue(g.device, dst, src, g.nbytes)
+    enqueue, copied = kernels.sm_copy_enqueue(g.ordinal, dst, src, g.nbytes)
     params = _params(g, direction)
     if copied == 0:
         return [Record(params=params, nbytes=g.nbytes, error=f"skipped: {format_size(g.nbytes)} is below one "
@@ -340,7 +347,7 @@ def _sm_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Rec
     if direction == "d2h-sm" and spec.verify:
         pat.fill(a.host.array, invert=True)
     stream = bufs["stream"]
-    lane = Lane(stream, g.device, gated=True, gate_timeout_s=GATE_TIMEOUT_S,
+    lane = Lane(stream, g.ordinal, gated=True, gate_timeout_s=GATE_TIMEOUT_S,
                 enqueue=lambda k: enqueue(stream, k))
     timer = GatedTimer([lane])
     enqueue(stream, 1)
@@ -353,7 +360,7 @@ def _sm_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Rec
             else pat.matches(a.host.array[:copied])
     r = _record(params, copied, [t.span / reps for t in times], reps, True, verified,
                 ctx.data["peaks"].get(g.device))
-    r.extra["kernel"] = kernels.sm_copy_geometry(g.nbytes, kernels.num_sms(g.device))[0]
+    r.extra["kernel"] = kernels.sm_copy_geometry(g.nbytes, kernels.num_sms(g.ordinal))[0]
     return [r]
 
 
@@ -372,9 +379,9 @@ def _latency_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
                        extra={"skipped": True})]
     kernels.chase_layout(a.host.array)
     bufs["chased"] = True  # the pattern is gone from the host buffer
-    chase = kernels.ptr_chase_enqueue(g.device, a.host.ptr)
+    chase = kernels.ptr_chase_enqueue(g.ordinal, a.host.ptr)
     stream = cupy.cuda.Stream(non_blocking=True)
-    timer = GatedTimer([Lane(stream, g.device, gated=False)])
+    timer = GatedTimer([Lane(stream, g.ordinal, gated=False)])
     count = [0]
 
     def take() -> float:
@@ -402,9 +409,9 @@ def _d2d_records(ctx: Context, g: _Group) -> list[Record]:
         a.free()
         raise
     try:
-        kernels.fill(g.device, a.ptr, n, seed=n & 0xFFFFFFFF)
+        kernels.fill(g.ordinal, a.ptr, n, seed=n & 0xFFFFFFFF)
         stream = cupy.cuda.Stream(non_blocking=True)
-        timer = GatedTimer([Lane(stream, g.device, gate_timeout_s=GATE_TIMEOUT_S)])
+        timer = GatedTimer([Lane(stream, g.ordinal, gate_timeout_s=GATE_TIMEOUT_S)])
 
         def enqueue(reps: int) -> None:
             for _ in range(reps):
@@ -413,12 +420,12 @@ def _d2d_records(ctx: Context, g: _Group) -> list[Record]:
         enqueue(1)
         stream.synchronize()
         times, reps = timed(timer, enqueue, spec.plan)
-        verified = kernels.count_wrong(g.device, b.ptr, n, seed=n & 0xFFFFFFFF) == 0 if spec.verify else None
+        verified = kernels.count_wrong(g.ordinal, b.ptr, n, seed=n & 0xFFFFFFFF) == 0 if spec.verify else None
         r = _record(_params(g, "d2d"), n, [t.span / reps for t in times], reps, True, verified, None)
         from gpubench.core import env as envmod
 
         # each byte is read and written in the same memory: held against half its bandwidth
-        limits.mark(r, limits.device_copy_peak_bytes_per_s(envmod.gpu_by_index(ctx.env, g.device)),
+        limits.mark(r, limits.device_copy_peak_bytes_per_s(envmod.gpu_by_index(ctx.env, g.ordinal)),
                     "device memory bandwidth / 2 (read + write)")
         return [r]
     finally:
@@ -491,12 +498,12 @@ def _all_devices_records(ctx: Context, g: _Group) -> list[Record]:
             n = len(sample_loop(take, spec.plan, reps))
             times = got[len(got) - n:]
             for i, d in enumerate(devices):
-                p = {"device": f"{d}@all", "direction": direction, "memory": kind, "nbytes": nbytes}
-                out.append(_record(p, nbytes, [policy_seconds(t, "each", i) / reps for t in times], reps, True,
+                params = {"device": f"{d}@all", "direction": direction, "memory": kind, "nbytes": nbytes}
+                out.append(_record(params, nbytes, [policy_seconds(t, "each", i) / reps for t in times], reps, True,
                                    None, peaks.get(d)))
-            p = {"device": "all", "direction": direction, "memory": kind, "nbytes": nbytes}
+            params = {"device": "all", "direction": direction, "memory": kind, "nbytes": nbytes}
             total_peak = sum(peaks.get(d) or 0 for d in devices) or None
-            r = _record(p, nbytes * len(devices), [t.span / reps for t in times], reps, True, None, total_peak)
+            r = _record(params, nbytes * len(devices), [t.span / reps for t in times], reps, True, None, total_peak)
             r.extra["aggregate"] = "sum of bytes over the time until the last GPU finished"
             out.append(r)
     finally:
@@ -521,7 +528,7 @@ class Copy(Benchmark):
             dev = max(t.device_units for t in tests) * n
             host = max(t.host_units for t in tests) * n
             locked = host if g.memory not in ("pageable", "device") else 0
-            on = devices if g.device == "all" else (g.device,)
+            on = devices if g.device == "all" else (g.ordinal,)
             out.append(Point(_label(g), g, device_bytes=dev, host_bytes=host * len(on), locked_bytes=locked * len(on),
                              devices=on))
         return out

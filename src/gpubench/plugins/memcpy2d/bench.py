@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
@@ -212,15 +212,22 @@ class _Copy:
     src_ptr: int
     dst_ptr: int
     kind: int
-    stream: object
+    stream: Any  # a cupy.cuda.Stream
     gated: bool
-    host: object  # gpu.HostBuffer, or None for d2d
-    dev_a: object
-    dev_b: object
+    host: gpu.HostBuffer | None  # None for d2d
+    dev_a: gpu.DeviceBuffer
+    dev_b: gpu.DeviceBuffer | None  # d2d's destination, else None
 
     @property
     def win_ptr(self) -> int:
         return self.dst_ptr + GUARD
+
+    @property
+    def host_buffer(self) -> gpu.HostBuffer:
+        """The host buffer of an h2d or d2h copy."""
+        if self.host is None:
+            raise ValueError(f"a {self.direction} copy has no host buffer")
+        return self.host
 
 
 def _two_d(c: _Copy, extra: dict):
@@ -270,31 +277,38 @@ def _cupy_slice(c: _Copy, extra: dict):
 
     extra["gated"] = False
     stream, h, sp, dp, w = c.stream, c.h, c.sp, c.dp, c.w
+    step: Callable[[], None]
     if c.direction == "d2h":
         src_arr = _device_array(cupy, c.src_ptr, c.src_n, c.dev_a).reshape(h, sp)
-        dst_rows = c.host.array[GUARD:GUARD + dp * h].reshape(h, dp)
+        dst_rows = c.host_buffer.array[GUARD:GUARD + dp * h].reshape(h, dp)
 
-        def step(src_arr=src_arr, dst_rows=dst_rows):
+        def d2h_step(src_arr=src_arr, dst_rows=dst_rows):
             with stream:
                 dst_rows[:, :w] = cupy.asnumpy(src_arr[:, :w], stream=stream)
             stream.synchronize()
+
+        step = d2h_step
     else:
         owner = c.dev_a if c.direction == "h2d" else c.dev_b
         dst_arr = _device_array(cupy, c.dst_ptr, c.dst_n, owner)[GUARD:GUARD + dp * h].reshape(h, dp)
         if c.direction == "h2d":
-            src_rows = c.host.array[:c.src_n].reshape(h, sp)
+            src_rows = c.host_buffer.array[:c.src_n].reshape(h, sp)
 
-            def step(dst_arr=dst_arr, src_rows=src_rows):
+            def h2d_step(dst_arr=dst_arr, src_rows=src_rows):
                 with stream:
                     dst_arr[:, :w] = cupy.asarray(src_rows[:, :w])
                 stream.synchronize()
+
+            step = h2d_step
         else:
             src_arr = _device_array(cupy, c.src_ptr, c.src_n, c.dev_a).reshape(h, sp)
 
-            def step(dst_arr=dst_arr, src_arr=src_arr):
+            def d2d_step(dst_arr=dst_arr, src_arr=src_arr):
                 with stream:
                     dst_arr[:, :w] = src_arr[:, :w]
                 stream.synchronize()
+
+            step = d2d_step
 
     return measure(step, HostClock(), c.spec.plan), 1
 
@@ -311,7 +325,7 @@ class Strategy:
 
     name: str
     contiguous: bool
-    measure: Callable[[_Copy, dict], object]
+    measure: Callable[[_Copy, dict], tuple[list[float], int] | str]
 
 
 STRATEGY_TABLE: dict[str, Strategy] = {st.name: st for st in (
@@ -341,7 +355,8 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None, d2d_peak: 
         # host side (h2d / d2h) or a second device buffer (d2d)
         dev_a = gpu.DeviceBuffer(max(src_n, dst_n))
         bufs.append(dev_a)
-        dev_b = host = None
+        dev_b: gpu.DeviceBuffer | None = None
+        host: gpu.HostBuffer | None = None
         if g.memory == "device":
             dev_b = gpu.DeviceBuffer(dst_n)
             bufs.append(dev_b)
@@ -360,11 +375,16 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None, d2d_peak: 
             return check[:n]
 
         for direction in g.directions:
-            if direction == "h2d":
-                src_ptr, dst_ptr, kind = host.ptr, dev_a.ptr, gpu.H2D
-            elif direction == "d2h":
-                src_ptr, dst_ptr, kind = dev_a.ptr, host.ptr, gpu.D2H
+            if direction in ("h2d", "d2h"):
+                if host is None:  # _groups gives h2d and d2h host memory kinds only
+                    raise ValueError(f"a {direction} copy needs host memory, not {g.memory!r}")
+                if direction == "h2d":
+                    src_ptr, dst_ptr, kind = host.ptr, dev_a.ptr, gpu.H2D
+                else:
+                    src_ptr, dst_ptr, kind = dev_a.ptr, host.ptr, gpu.D2H
             else:
+                if dev_b is None:  # and d2d memory "device" only
+                    raise ValueError(f"a {direction} copy needs device memory, not {g.memory!r}")
                 src_ptr, dst_ptr, kind = dev_a.ptr, dev_b.ptr, gpu.D2D
             c = _Copy(spec, direction, w, h, sp, dp, src_n, dst_n, src_ptr, dst_ptr, kind, stream, gated, host,
                       dev_a, dev_b)

@@ -418,8 +418,9 @@ def _require_dask() -> None:
             # a Ctrl-C inside the import can come back wrapped: Python raises RuntimeError("Error
             # calling __set_name__ ...") with the KeyboardInterrupt as its cause (CI: SIGINT 1.5 s
             # into merge gave exit 2); a noted signal is the user's stop, not a missing package
-            if signal_noted():
-                raise signal_exception(last_signal()) from None
+            signum = last_signal()  # None: no signal noted
+            if signum is not None:
+                raise signal_exception(signum) from None
             raise UsageError(f"merge needs {pkg}, which cannot be imported ({error_line(e)[:120]})",
                              "pip install 'gpubench-cuda[dask]'") from None
 
@@ -468,7 +469,7 @@ def _join_check_keeping_the_run(client, joined, index: Mapping[str, int], timeou
         return None
 
 
-def _signal_name(e: BaseException) -> str:
+def _signal_name(e: KeyboardInterrupt | Interrupted) -> str:
     return "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
 
 

@@ -385,10 +385,11 @@ def _quiet_ucx_env(spec: MergeSpec | None = None) -> Iterator[None]:
         yield
     finally:
         for k in keys:
-            if old[k] is None:
+            was = old[k]
+            if was is None:
                 os.environ.pop(k, None)
             else:
-                os.environ[k] = old[k]
+                os.environ[k] = was
 
 
 def _import_ucxx() -> None:
@@ -819,8 +820,9 @@ def holding_signals() -> Iterator[None]:
         with CRITICAL:
             yield
     except Exception:
-        if signal_noted():
-            raise signal_exception(last_signal()) from None
+        signum = last_signal()  # None: no signal noted
+        if signum is not None:
+            raise signal_exception(signum) from None
         raise
 
 
@@ -839,7 +841,7 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
     the 2-core host (faulthandler, the main thread always in the close of a start cut short; CI:
     test_sigint_at_every_half_second_of_the_first_8_s[ucx], exit -11). A cluster that finished its
     start closes cleanly. The teardown at exit has a crash of the same family, which
-    cli._exit_skipping_ucxx_teardown avoids.
+    core.signals.exit_process avoids.
 
     Raises:
         TimeoutError: ``timeout_s`` passed (the caller names it).
@@ -870,10 +872,12 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
             fut.cancel()
             if now > deadline:
                 raise TimeoutError(f"the start took longer than {timeout_s:g} s")
-            raise signal_exception(last_signal())
+            signum = last_signal()
+            assert signum is not None  # signalled_at is set once a signal is noted, and noted ones stay
+            raise signal_exception(signum)
 
 
-def close_all(client, cluster) -> BaseException | None:
+def close_all(client, cluster) -> KeyboardInterrupt | Interrupted | None:
     """Close the client, then the cluster (within CLOSE_TIMEOUT_S, then its leftover workers are
     killed), even when a Ctrl-C or SIGTERM lands in the middle: the interrupted close is tried once
     more (the CLI notes and ignores later signals) so no worker process is left. Other errors of a
@@ -883,7 +887,7 @@ def close_all(client, cluster) -> BaseException | None:
         The first interrupt (KeyboardInterrupt or Interrupted) that landed while closing, for the
         caller to act on once everything is closed; None when none did.
     """
-    pending: BaseException | None = None
+    pending: KeyboardInterrupt | Interrupted | None = None
     if cluster is not None:  # gpubench's own cluster: the client's close already cancels comms that
         quiet_closing_logs()  # distributed logs with a traceback (CI: CancelledError in a ucx write)
     for what, close in (("client", lambda: client.close(timeout=CLIENT_CLOSE_TIMEOUT_S)),
@@ -915,7 +919,7 @@ def rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
     if spec.external and any(run_on_workers(client, _has_rmm_plugin, workers, "looking for RMMSetup").values()):
         return "already set up on the external cluster (RMMSetup plugin); pool options not applied"
     pool = spec.rmm_pool_bytes if spec.rmm_pool_bytes is not None else spec.rmm_pool_fraction
-    kw = dict(pool_size=pool, disable_rmm_pool=spec.disable_rmm_pool, rmm_async=spec.rmm_async)
+    kw: dict[str, Any] = dict(pool_size=pool, disable_rmm_pool=spec.disable_rmm_pool, rmm_async=spec.rmm_async)
     try:
         descs = run_on_workers(client, _setup_rmm, workers, "RMM setup", **kw)
     except MachineError as e:

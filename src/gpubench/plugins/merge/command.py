@@ -7,6 +7,7 @@ functions, once the options have been checked.
 from __future__ import annotations
 
 import re
+from typing import Any, Callable
 
 import click
 
@@ -145,6 +146,7 @@ def parse_timeout(text) -> float:
     bad = UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
     if not s:
         raise bad
+    parse_timedelta: Callable[..., Any] | None
     try:
         from dask.utils import parse_timedelta
     except ImportError:

@@ -35,7 +35,7 @@ import math
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeGuard
 
 from gpubench.plugins.net.protocol import (
     DEFAULT_BIND,
@@ -139,7 +139,8 @@ def _addresses(host: str, port: int, family: int) -> list[tuple]:
     try:
         return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
-        fam = {socket.AF_INET: " as IPv4", socket.AF_INET6: " as IPv6"}.get(family, "")
+        fams: dict[int, str] = {socket.AF_INET: " as IPv4", socket.AF_INET6: " as IPv6"}
+        fam = fams.get(family, "")
         raise UsageError(f"host {host!r} not found{fam} ({getattr(e, 'strerror', None) or e})") from None
 
 
@@ -208,7 +209,7 @@ class ServerLied(MachineError):
     or out-of-schedule interval, too many intervals, an impossible CPU time."""
 
 
-def _finite_number(v: Any) -> bool:
+def _finite_number(v: Any) -> TypeGuard[int | float]:
     return type(v) in (int, float) and (type(v) is float or abs(v) <= MAX_WIRE_INT) and math.isfinite(v)
 
 
@@ -317,6 +318,9 @@ def parse_end(msg: Any, req: Request, wall_s: float, received: list[int] | None)
     return {"cpu_s": out_cpu, "tcp": infos, "sent": list(sent)}
 
 
+_NOT_OPEN = "the net test has not started (_Session.open first)"
+
+
 class _Session:
     """One test seen from the client: the control connection, the data streams and their workers.
 
@@ -376,9 +380,9 @@ class _Session:
         # (e.g. streams 99 for 1) would have the client wait for streams it never opens
         changed = [k for k, v in asdict(req).items() if k in reply and reply[k] != v]
         if changed:
-            k = changed[0]
-            raise ServerLied(f"server {host} port {port}: its reply changes {k} from {shown(getattr(req, k))} "
-                             f"to {shown(reply[k])}")
+            name = changed[0]
+            raise ServerLied(f"server {host} port {port}: its reply changes {name} from {shown(getattr(req, name))} "
+                             f"to {shown(reply[name])}")
         n = 0
         for d in req.directions():
             for k in range(req.streams):
@@ -410,6 +414,8 @@ class _Session:
                 self.sets[d].go()
 
     def _read(self, timeout: float) -> Any:
+        if self.reader is None:
+            raise RuntimeError(_NOT_OPEN)
         try:
             return self.reader.readjson(timeout)
         except ProtocolError as e:
@@ -434,19 +440,22 @@ class _Session:
             MachineError: the server stopped answering, aborted the test (e.g. "server stopping"),
                 ended early, or lied (:class:`ServerLied`); a data stream failed.
         """
+        t0 = self.t0
+        if t0 is None:
+            raise RuntimeError(_NOT_OPEN)
         i = self.received
         end, omitted = self.schedule[i]
         out: dict[str, Interval] = {}
         rx = self.sets.get("s2c")
         if rx is not None:
-            left = self.t0 + end - time.perf_counter()
+            left = t0 + end - time.perf_counter()
             if left > 0:
                 time.sleep(left)
-            now = time.perf_counter() - self.t0
+            now = time.perf_counter() - t0
             snap = rx.counts()
             out["s2c"] = Interval(self.prev_end["s2c"], now, omitted, [a - b for a, b in zip(snap, self.rx_prev)])
             self.rx_prev, self.prev_end["s2c"] = snap, now
-        left = max(0.0, self.t0 + end - time.perf_counter())
+        left = max(0.0, t0 + end - time.perf_counter())
         msg = self._reply(left + self.req.interval + 10.0)
         if msg.get("done") is True:
             raise _server_error(self.host, self.port, f"ended the test after {i} of {self.expected} intervals")
@@ -473,6 +482,9 @@ class _Session:
         Raises:
             MachineError: a line other than "done"; a data stream failed; ServerLied: a bad end line.
         """
+        t0, reader = self.t0, self.reader
+        if t0 is None or reader is None:
+            raise RuntimeError(_NOT_OPEN)
         msg = self._reply(self.req.interval + 10.0)
         if msg.get("done") is not True:
             raise ServerLied(f"server {self.host} port {self.port}: sent more than the {self.expected} intervals asked for")
@@ -481,9 +493,9 @@ class _Session:
             self.tcp_local = tx.tcp_infos()
         for st in self.sets.values():
             st.close()
-        wall = time.perf_counter() - self.t0
+        wall = time.perf_counter() - t0
         try:
-            end = self.reader.readjson(5.0 + 5.0)
+            end = reader.readjson(5.0 + 5.0)
         except ProtocolError as e:
             self.end_missing = str(e)
         else:
@@ -622,15 +634,15 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
             extra.update({"retransmits": info.get("total_retrans"), "cwnd_bytes": info.get("cwnd_bytes"),
                           "rtt_us": info.get("rtt_us"), "snd_mss": info.get("snd_mss")})
         else:
-            known = [t.get("total_retrans") for t in tcp if t]
+            known = [r for r in (t.get("total_retrans") for t in tcp if t) if r is not None]
             all_bytes = sum(per)
-            cpu = [facts.sender_cpu_s, facts.receiver_cpu_s]
+            cpu = [c for c in (facts.sender_cpu_s, facts.receiver_cpu_s) if c is not None]
             extra.update({
-                "retransmits": sum(known) if len(known) == streams and None not in known else None,
+                "retransmits": sum(known) if len(known) == streams else None,
                 "sender_cpu_s": facts.sender_cpu_s,
                 "receiver_cpu_s": facts.receiver_cpu_s,
                 "all_bytes": all_bytes,
-                "cpu_s_per_gbit": (sum(cpu) / (all_bytes * 8 / 1e9)) if None not in cpu and all_bytes > 0 else None,
+                "cpu_s_per_gbit": (sum(cpu) / (all_bytes * 8 / 1e9)) if len(cpu) == 2 and all_bytes > 0 else None,
             })
         err = None if samples else "no bytes received in a counted interval"
         out.append(Record(params={**base, "stream": k if k is not None else "total"}, metric="bandwidth",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpubench.core.plugin import FleetStage, StageContext, StageOutcome, StepPlace, SuiteStep
 from gpubench.validation.checks import row
 
 # the loopback test of a fleet node without GPUs: 2 streams, 3 s after 1 s omitted, 0.5 s intervals
-LOOPBACK = {"streams": 2, "seconds": 3.0, "omit": 1.0, "interval": 0.5}
+LOOPBACK: dict[str, Any] = {"streams": 2, "seconds": 3.0, "omit": 1.0, "interval": 0.5}
 
 
 def suite_steps(place: StepPlace) -> list[SuiteStep]:

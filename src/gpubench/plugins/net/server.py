@@ -272,6 +272,8 @@ class NetServer:
                     self._renew_listener(sel, pending)
                 for key, _ in sel.select(0.1):
                     if key.data is None:
+                        # the listener: open() made it; _renew_listener replaces it, never with None
+                        assert self._listener is not None
                         self._accept(self._listener, sel, pending)
                     else:
                         self._read_pending(key.data, sel, pending)
@@ -287,7 +289,8 @@ class NetServer:
                 self._drop(p, sel, pending, "server stopping", count=False)
             sel.close()
             try:
-                self._listener.close()
+                if self._listener is not None:
+                    self._listener.close()
             except OSError:
                 pass
             test = self._active

@@ -143,7 +143,7 @@ def main(arg: dict) -> None:
     cpu0 = _cpu()
     t0 = time.monotonic()
     live = len(socks)
-    waiting = []  # (due monotonic time, fd) of paced streams ahead of their schedule
+    waiting: list[tuple[float, int]] = []  # (due monotonic time, fd) of paced streams ahead of their schedule
     sendfile, MSG_TRUNC = os.sendfile, socket.MSG_TRUNC
     rbytes = len(buf)
     flags = 0 if copy else MSG_TRUNC

@@ -22,6 +22,7 @@ y = a^n x + b (1 - a^n) / (1 - a) (n = work).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
@@ -231,10 +232,13 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         d2h(s0)
         s0.synchronize()
 
-        meds = {}
+        meds: dict[str, float] = {}
         for stage, fn in (("h2d", h2d), ("kernel", run_kernel), ("d2h", d2h)):
-            samples, reps = time_repeated(s0, True, lambda fn=fn: fn(s0), spec.plan)
-            extra = {"gated": True}
+            def one(fn=fn) -> None:
+                fn(s0)
+
+            samples, reps = time_repeated(s0, True, one, spec.plan)
+            extra: dict[str, Any] = {"gated": True}
             if stage == "kernel":
                 med = float(np.median(samples))
                 extra["gflops"] = 2.0 * work * n_elems / med / 1e9 if work else 0.0
@@ -294,7 +298,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
             verified=ok, max_abs_error=err, tolerance=tol,
             speedup_vs_serial=serial_med / over_med,
             ratio_to_longest_stage=over_med / longest,
-            longest_stage=max(meds, key=meds.get),
+            longest_stage=max(meds, key=meds.__getitem__),
             sum_of_stages_s=sum(meds.values()),
         )
         out.append(over)

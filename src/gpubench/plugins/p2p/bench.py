@@ -324,9 +324,9 @@ class _PairBuffers:
     j: int
     n: int
     seed: int
-    src: object
-    dst: object
-    alloc: Callable
+    src: gpu.DeviceBuffer
+    dst: gpu.DeviceBuffer
+    alloc: Callable[[int, int], gpu.DeviceBuffer]
     gate_timeout: float
     off: bool
     base: dict
@@ -373,7 +373,8 @@ class P2PTest:
     Attributes:
         name: the ``-t/--tests`` value.
         what: one line for --help and docs.
-        lanes: (the point's buffers) -> (lanes, checks, bytes per copy), or error records.
+        lanes: (the point's buffers) -> (lanes, checks, bytes per copy), or error records; a check
+            is (device, address, bytes, seed) of a destination to count wrong bytes in.
         peer_off: peer access disabled for it (run first, p2pBandwidthLatencyTest's P2P=Disabled).
         latency: a time per 16-byte copy (metric "time"), LATENCY_REPS copies per sample.
         bidir: both directions at once (three records: forward, reverse, total).
@@ -381,7 +382,7 @@ class P2PTest:
 
     name: str
     what: str
-    lanes: Callable[[_PairBuffers], object]
+    lanes: Callable[[_PairBuffers], tuple[list[Lane], list[tuple[int, int, int, int]], int] | list[Record]]
     peer_off: bool = False
     latency: bool = False
     bidir: bool = False
@@ -421,7 +422,7 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
     common = {"peer_access": not off, "peer_access_capable": can, "link": link}
     gate_timeout = OFF_GATE_TIMEOUT_S if off else 10.0
     n = spec.latency_bytes if test in LATENCY_TESTS else spec.nbytes
-    bufs: list[gpu.DeviceBuffer] = []
+    bufs: list[tuple[int, gpu.DeviceBuffer]] = []
 
     def alloc(dev, size):
         with cupy.cuda.Device(dev):
@@ -467,7 +468,7 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         for ln in lanes:
             ln.stream.synchronize()
         verified = None
-        wrong = None
+        wrong: int | None = None
         if spec.verify:
             wrong = sum(_count_wrong(d, p, size, s) for d, p, size, s in checks)
             verified = wrong == 0
