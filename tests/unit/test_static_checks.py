@@ -1,5 +1,5 @@
 """The source passes the checks CI holds it to: ruff's rules (pyproject.toml [tool.ruff]) over src,
-tests and examples, and mypy (pyproject.toml [tool.mypy]) over every module of src/gpubench with
+tests, benchmarks and examples, and mypy (pyproject.toml [tool.mypy]) over every module of src/gpubench with
 no module left unchecked."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _tool(name: str) -> str:
 
 
 def test_ruff_finds_nothing():
-    r = subprocess.run([_tool("ruff"), "check", "src", "tests", "examples"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([_tool("ruff"), "check", "src", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
