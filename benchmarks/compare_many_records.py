@@ -22,11 +22,9 @@ import argparse
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 
