@@ -381,7 +381,7 @@ def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click
     from gpubench.core.options import option_maximum
 
     name = name or cmd.name or ""
-    own = registry.plugins().get(name.split()[0])
+    own = registry.find(name.split()[0])
     groups = own is not None and own.digit_groups
     if isinstance(cmd, click.Group):
         for sub_name, sub in cmd.commands.items():

@@ -1,13 +1,16 @@
-"""The command line as a user meets it: help, version, exit codes, one-line errors, no GPU."""
+"""The command line as a user meets it: help, version, exit codes, one-line errors, no GPU, devices
+beyond the visible ones, a missing CuPy named with its extra, the command line kept in the result."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +196,70 @@ def test_a_critical_section_in_another_thread_does_not_delay_the_main_threads_ct
         t.join(5)
         signal.signal(signal.SIGINT, old_int)
         clear_signals()
+
+
+# ---- devices beyond the visible ones, a missing CuPy, the saved command line ----
+
+NO_GPU = "no CUDA device is visible"
+
+
+def _one_error_line(err: str) -> str:
+    """The single stderr line of an error (fails when there are more, or a traceback)."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpubench") and ": error: " in lines[0], err
+    return lines[0]
+
+
+def _refused_matching(run_cli, *argv, needle: str) -> str:
+    """Exit 2 with one error line matching the regular expression ``needle``."""
+    code, out, err = run_cli(*argv)
+    assert code == 2, (argv, code, out, err)
+    line = _one_error_line(err)
+    assert re.search(needle, line), (needle, line)
+    return line
+
+
+def _gb_from_src(*args, env=None, timeout=60, preexec_fn=None, cwd=None):
+    """``python -m gpubench`` in a fresh process, this checkout's src/ first on PYTHONPATH (so it also
+    runs from another cwd)."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2] / "src"),
+                                                    e.get("PYTHONPATH")]))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=e, preexec_fn=preexec_fn, cwd=cwd)
+
+
+@pytest.mark.parametrize("argv", [
+    ["copy", "-d", "0,63"], ["p2p", "-d", "0,63"], ["nccl", "-d", "0,63", "-b", "1K", "-e", "1K"],
+    ["batch", "-d", "63"], ["memcpy2d", "-d", "63"], ["overlap", "-d", "63"], ["merge", "-d", "63"],
+])
+def test_more_devices_than_visible(run_cli, argv):
+    if argv[0] == "merge":
+        pytest.importorskip("distributed")  # without it merge stops at the missing extra first
+    _refused_matching(run_cli, *argv, needle=f"{NO_GPU}|not visible")
+
+@pytest.mark.parametrize("argv", [["batch"], ["memcpy2d"], ["overlap"], ["merge", "-d", "0"], ["suite", "-o", "."]])
+def test_cuda_visible_devices_hiding_the_device(argv, tmp_path):
+    p = _gb_from_src(*argv, env={"CUDA_VISIBLE_DEVICES": ""}, cwd=tmp_path)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert NO_GPU in _one_error_line(p.stderr)
+    assert list(tmp_path.iterdir()) == []  # nothing saved
+
+_WITHOUT_CUPY = ("import sys\nsys.modules['cupy'] = None\nsys.modules['cupy.cuda'] = None\n"
+                 "from gpubench.cli.app import main\nmain(sys.argv[1:])\n")
+
+@pytest.mark.parametrize("name", ["copy", "p2p", "nccl", "batch", "memcpy2d", "overlap"])
+def test_a_missing_cupy_is_a_setup_error_naming_the_extra(name):
+    p = subprocess.run([sys.executable, "-c", _WITHOUT_CUPY, name], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    assert p.returncode == 2, p.stderr
+    assert "CuPy is not importable" in _one_error_line(p.stderr) and "gpubench-cuda[cuda13]" in p.stderr
+
+def test_saved_results_keep_the_command_line(tmp_path):
+    out = tmp_path / "n.json"
+    p = _gb_from_src("net", "local", "-t", "1", "-P", "1", "--json", str(out), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text())["argv"] == ["net", "local", "-t", "1", "-P", "1", "--json", str(out)]

@@ -1,14 +1,22 @@
-"""gpubench compare as a user meets it: exit codes, formats, refusal of files that are not results."""
+"""gpubench compare as a user meets it: exit codes, formats, refusal of files that are not results
+(too large, too many values, not JSON, pipes without a writer, devices, broken links), with memory
+bounded; saved figures beyond a physical limit flagged, repeated records refused, telemetry and a
+shared GPU shown."""
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import edited  # noqa: E402
 import synth  # noqa: E402
 
 from gpubench.cli.app import main  # noqa: E402
@@ -203,8 +211,9 @@ def test_inconclusive_drops_warn_but_fail_the_gate_only_with_strict(capsys, tmp_
     assert code == 2 and "--strict needs --fail-on-regression" in err
 
 
-def test_the_issue_net_case_is_inconclusive_in_every_format(capsys, tmp_path):
-    """5 intervals against 5 at -24% (p = 0.032): the table and the markdown called it "same"."""
+def test_five_net_intervals_against_five_at_minus_24_percent_are_inconclusive_in_every_format(capsys, tmp_path):
+    """5 intervals against 5 at -24% (p = 0.032): inconclusive in the table, the markdown and the
+    JSON, never "same"."""
     from gpubench.core.result import Record, Result
 
     def net(rates):
@@ -224,8 +233,8 @@ def test_the_issue_net_case_is_inconclusive_in_every_format(capsys, tmp_path):
 
 def test_a_net_result_of_an_older_gpubench_pairs_with_a_fresh_net_local_run(capsys, tmp_path):
     """tests/data/net-local.json predates the records' "direction" param: against a real run of
-    today's net local with the same streams its figures pair (they used to be all one-sided, and
-    --fail-on-regression failed on 3 "missing" figures); a -R (s2c) run still pairs with nothing."""
+    today's net local with the same streams its figures pair (none one-sided, so
+    --fail-on-regression finds no "missing" figure); a -R (s2c) run still pairs with nothing."""
     base = str(synth.DATA / "net-local.json")
     for extra, paired in (([], 3), (["-R"], 0)):
         new = tmp_path / f"new{len(extra)}.json"
@@ -242,3 +251,167 @@ def test_a_net_result_of_an_older_gpubench_pairs_with_a_fresh_net_local_run(caps
             assert "have none in the new result" not in err and "only in" not in out, (out, err)
         else:
             assert code == 1 and "3 figure(s) with data in the base have none in the new result" in err
+
+
+# ---- files that are not results: refused in one line, with memory bounded, without hanging ----
+
+PINNED_PATH = str(Path(__file__).resolve().parents[1] / "data" / "copy-pinned-h200.json")
+
+
+def _one_error_line(err: str) -> str:
+    """The single stderr line of an error (fails when there are more, or a traceback)."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpubench") and ": error: " in lines[0], err
+    return lines[0]
+
+
+def _refused_matching(run_cli, *argv, needle: str) -> str:
+    """Exit 2 with one error line matching the regular expression ``needle``."""
+    code, out, err = run_cli(*argv)
+    assert code == 2, (argv, code, out, err)
+    line = _one_error_line(err)
+    assert re.search(needle, line), (needle, line)
+    return line
+
+
+MAX_RSS_MB = 200
+
+# The peak RSS of this process's own memory (VmHWM). Not ru_maxrss: Linux carries the pre-exec
+# high-water mark of the forking parent (here pytest, often above 200 MB) into it.
+_MEASURED = (
+    "import sys\n"
+    "from gpubench.cli.app import main\n"
+    "try:\n"
+    "    main(sys.argv[1:])\n"
+    "finally:\n"
+    "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
+    "    print('MAXRSS_KB', hwm)\n"
+)
+
+def compare_measured(*files: str, timeout: float = 60):
+    """Run compare in a fresh process; return (exit code, stderr, peak RSS in MB)."""
+    p = subprocess.run([sys.executable, "-c", _MEASURED, "compare", *files], capture_output=True, text=True,
+                       timeout=timeout)
+    m = re.search(r"MAXRSS_KB (\d+)", p.stdout)
+    assert m, (p.stdout, p.stderr)
+    return p.returncode, p.stderr, int(m.group(1)) / 1024
+
+def test_a_1gb_garbage_file_is_refused_by_its_size_without_reading_it(tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:  # sparse: 1 GiB on paper, nothing on disk
+        f.truncate(2**30)
+        f.seek(0)
+        f.write(b"\x89garbage\xff")
+    code, err, rss_mb = compare_measured(PINNED_PATH, str(big))
+    assert code == 2
+    assert re.search(r"big\.json is 1073741824 bytes, too large", _one_error_line(err))
+    assert rss_mb < MAX_RSS_MB, rss_mb
+
+def test_garbage_under_the_size_limit_is_read_once_with_bounded_memory(tmp_path):
+    junk = tmp_path / "junk.json"
+    junk.write_bytes(b"\xffgarbage" * (4 * 2**20))  # 32 MiB, not JSON, not UTF-8
+    code, err, rss_mb = compare_measured(str(junk), PINNED_PATH)
+    assert code == 2
+    assert "junk.json is not valid JSON" in _one_error_line(err)
+    assert rss_mb < MAX_RSS_MB, rss_mb
+
+@pytest.mark.parametrize("unit", [b"0,", b"[],"])
+def test_many_tiny_json_values_are_refused_before_parsing(tmp_path, unit):
+    # 24-36 MB of text that json.loads would turn into 0.1-0.3 GB ("0,") or 0.7 GB ("[],")
+    many = tmp_path / "many.json"
+    many.write_bytes(b"[" + unit * 12_000_000 + b"0]")
+    code, err, rss_mb = compare_measured(str(many), PINNED_PATH)
+    assert code == 2
+    assert re.search(r"many\.json holds about \d+ JSON values, more than the 8000000", _one_error_line(err))
+    assert rss_mb < MAX_RSS_MB, rss_mb
+
+def test_broken_symlink_is_unreadable(run_cli, tmp_path):
+    link = tmp_path / "gone.json"
+    link.symlink_to(tmp_path / "deleted-result.json")
+    _refused_matching(run_cli, "compare", PINNED_PATH, str(link), needle=r"cannot read .*gone\.json: No such file")
+
+def test_named_pipe_with_no_writer_does_not_hang(tmp_path):
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    code, err, _ = compare_measured(PINNED_PATH, str(fifo), timeout=30)  # open() must not wait for a writer
+    assert code == 2
+    assert "pipe.json is empty" in _one_error_line(err)
+
+def test_device_file_is_refused_without_reading(run_cli):
+    # /dev/zero has no end: it is refused as a device, without reading it up to the size limit
+    _refused_matching(run_cli, "compare", "/dev/zero", PINNED_PATH, needle="cannot read /dev/zero: a device or socket")
+
+def test_process_substitution_pipe_still_reads(tmp_path):
+    # a pipe with a writer is read: `gpubench compare <(ssh host cat r.json) r.json`
+    p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m gpubench compare <(cat "{PINNED_PATH}") "{PINNED_PATH}"'],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "20 figure(s) paired: 0 faster, 0 slower, 20 same, 0 inconclusive." in p.stdout
+
+def test_file_name_with_a_newline_stays_one_line(run_cli, tmp_path):
+    # the message quotes the name; its newline is shown escaped so the error stays one line
+    _refused_matching(run_cli, "compare", PINNED_PATH, str(tmp_path / "two\nlines.json"), needle=r"two\\nlines\.json")
+
+
+# ---- saved limit flags, repeated records, telemetry in the comparison ----
+
+
+
+def _strict_error_line(err: str) -> str:
+    """The single "gpubench: error: " line of an error; no traceback, no request for a bug report."""
+    assert "Traceback" not in err and "run with --debug for the traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpubench: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", list(edited.LIMIT_CASES))
+def test_compare_flags_a_saved_figure_beyond_its_limit(run_cli, tmp_path, case):
+    new = edited.LIMIT_CASES[case]()
+    base = copy.deepcopy(new)
+    base["records"][0]["samples_s"] = [t * 1.05 for t in base["records"][0]["samples_s"]]
+    b, n = edited.write(tmp_path, "base", base), edited.write(tmp_path, "new", new)
+    for fmt in ("table", "markdown", "json"):
+        code, out, err = run_cli("compare", b, n, "--format", fmt)
+        assert code == 0, err
+        if fmt == "json":
+            flags = json.loads(out)["comparisons"][0]["rows"][0]["flags"]
+            assert any(f.startswith("new ") and ("no-op" in f or "above a physical limit" in f) for f in flags), flags
+        else:
+            assert "no-op" in out or "above a physical limit" in out, out
+
+@pytest.mark.parametrize("side", ["base", "new"])
+def test_compare_refuses_two_records_with_the_same_params(run_cli, tmp_path, side):
+    """Two records with the same params are refused, in either file, naming both: a repeated figure
+    (here a 50% slower repeat) is never dropped unseen, so it cannot pass --fail-on-regression."""
+    good = edited.pinned()
+    dup = copy.deepcopy(good)
+    slow = copy.deepcopy(dup["records"][0])
+    slow["samples_s"] = [t * 2 for t in slow["samples_s"]]
+    dup["records"].append(slow)
+    files = {"base": edited.write(tmp_path, "good", good), "new": edited.write(tmp_path, "dup", dup)}
+    if side == "base":
+        files = {"base": files["new"], "new": files["base"]}
+    code, out, err = run_cli("compare", files["base"], files["new"], "--fail-on-regression")
+    assert code == 2, (out, err)
+    line = _strict_error_line(err)
+    assert "/records/1 has the same params as /records/0" in line and "dup.json" in line
+
+def test_compare_shows_a_shared_gpu_and_a_new_runs_events_against_an_older_baseline(run_cli, tmp_path):
+    """compare shows a second process on the GPU (other_processes 0 -> 1) and the new run's throttle
+    reasons; against a baseline that has no telemetry block the new run's events are still shown."""
+    old = edited.pinned()  # the real file: no telemetry block
+    base = edited.conditions_result()
+    base["records"][0]["telemetry"].update(reasons=[], other_processes=0)
+    new = edited.conditions_result()
+    new["records"][0]["telemetry"].update(reasons=["sw_power_cap"], other_processes=1)
+    b, o, n = edited.write(tmp_path, "base", base), edited.write(tmp_path, "old", old), edited.write(tmp_path, "new", new)
+    code, out, err = run_cli("compare", b, n, "--format", "json")
+    assert code == 0, err
+    tele = json.loads(out)["comparisons"][0]["rows"][0]["telemetry"]
+    assert "other processes on the GPU 0->1" in tele and "new only: sw_power_cap" in tele, tele
+    code, out, err = run_cli("compare", o, n, "--format", "markdown")
+    assert code == 0, err
+    assert "new: sw\\_power\\_cap, 1 other process(es) on the GPU (no telemetry in base)" in out, out

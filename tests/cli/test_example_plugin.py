@@ -84,6 +84,85 @@ def test_the_plugin_goes_through_compare_plot_report_and_suite_check(site, tmp_p
     assert "1 pass, 1 fail" in r.stdout
 
 
+def _fake(tmp_path: Path, name: str, entries: dict[str, str], modules: dict[str, str]) -> Path:
+    """A distribution written by hand into a folder of its own: its entry points and modules."""
+    site = tmp_path / name
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[gpubench.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
+    for mod, text in modules.items():
+        (site / f"{mod}.py").write_text(text)
+    return site
+
+
+def _gb_with(site: Path, *args):
+    env = dict(os.environ, PYTHONPATH=str(site))
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_third_party_cannot_take_a_builtin_command(tmp_path):
+    site = _fake(tmp_path, "aaa_evil", {"copy": "aaa_evil:PLUGIN"}, {"aaa_evil": (
+        "from gpubench.core.plugin import Plugin\n"
+        "PLUGIN = Plugin(name='copy', help='HIJACKED copy', command='aaa_evil', gpu='no')\n")})
+    r = _gb_with(site, "--help")
+    assert r.returncode == 0 and "HIJACKED" not in r.stdout
+    assert "aaa_evil:PLUGIN left out: the command 'copy' is taken by gpubench.plugins.copy.command" in r.stderr
+
+
+def test_a_plugin_that_exits_or_has_a_bad_field_is_left_out_and_the_others_work(tmp_path):
+    site = _fake(tmp_path, "gpubench_bad", {"byebye": "bad_exit:PLUGIN", "badhelp": "bad_help:PLUGIN",
+                                            "badgpu": "bad_gpu:PLUGIN"}, {
+        "bad_exit": "raise SystemExit('bye from plugin')\n",
+        "bad_help": "from gpubench.core.plugin import Plugin\nPLUGIN = Plugin(name='badhelp', help=12345, command='x')\n",
+        "bad_gpu": "from gpubench.core.plugin import Plugin\nPLUGIN = Plugin(name='badgpu', help='h', command='x', gpu=None)\n",
+    })
+    r = _gb_with(site, "--help")
+    assert r.returncode == 0 and "copy" in r.stdout and "bye from plugin" not in r.stdout
+    warned = [x for x in r.stderr.splitlines() if x.startswith("gpubench: warning: plug-in ")]
+    assert len(warned) == 3, r.stderr
+    assert any("SystemExit: bye from plugin" in x for x in warned)
+    assert any("help 12345 is not a string" in x for x in warned) and any("gpu None is not a string" in x for x in warned)
+    r = _gb_with(site, "env", "-q")  # a built-in runs, its no-GPU list intact
+    assert r.returncode == 0, r.stderr
+
+
+def test_plugin_help_reaches_the_terminal_inert(tmp_path):
+    site = _fake(tmp_path, "gpubench_ansi", {"ansi": "ansi_mod:PLUGIN"}, {"ansi_mod": (
+        "from gpubench.core.plugin import Plugin\n"
+        "PLUGIN = Plugin(name='ansi', help='x\\x1b[2J\\x1b]8;;http://e\\x07link\\u202eevil\\r', command='ansi_mod')\n")})
+    r = _gb_with(site, "--help")
+    assert r.returncode == 0
+    assert "\x1b" not in r.stdout and "\u202e" not in r.stdout and "\r" not in r.stdout
+    assert "ansi" in r.stdout
+
+
+def test_broken_hooks_are_said_once_and_left_out_where_saved_results_are_read(site, tmp_path):
+    hooks = _fake(tmp_path, "gpubench_hooks", {"hooky": "hooky:PLUGIN"}, {"hooky": (
+        "from gpubench.core.plugin import Plugin\n"
+        "PLUGIN = Plugin(name='hooky', help='h', command='hooky', gpu='no', compare_notes='hooky:notes',\n"
+        "                fleet_checks='hooky:checks', suite_steps='hooky:steps')\n"
+        "def notes(base, new):\n    raise RuntimeError('notes boom')\n"
+        "def checks(result):\n    return 'junk'\n"
+        "def steps(place):\n    return ['not a step']\n")})
+    a = tmp_path / "a.json"
+    r = gb(site, "hostcopy", "-b", "64KiB", "-e", "64KiB", "--min-time", "0.01", "-q", "--json", str(a))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(a.read_text())
+    d["command"] = "hooky"
+    a.write_text(json.dumps(d))
+    env = dict(os.environ, PYTHONPATH=str(hooks))
+    code = ("import sys\nfrom gpubench.core.result import load\nfrom gpubench.analysis import compare\n"
+            "from gpubench.core.plugin import StepPlace\nfrom gpubench.validation import fleet, steps\n"
+            "r = load(sys.argv[1])\nprint('NOTES', compare.compare(r, r).notes)\nprint('CHECKS', fleet.checks_of(r))\n"
+            "print('STEPS', [s.name for p, s in steps.planned(StepPlace(devices=(0,)))])\n")
+    p = subprocess.run([sys.executable, "-c", code, str(a)], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "NOTES []" in p.stdout and "CHECKS []" in p.stdout and "'copy pinned'" in p.stdout
+    assert "its compare_notes hook failed (RuntimeError: notes boom); left out" in p.stderr
+    assert "its fleet_checks hook failed" in p.stderr and "its suite_steps hook failed" in p.stderr
+
+
 def test_a_broken_plugin_is_left_out_with_one_warning_and_the_rest_works(site, tmp_path):
     broken = tmp_path / "broken"
     (broken / "gpubench_broken-0.1.dist-info").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Option fuzzing (issue 7): every command's declared options and arguments, drawn by hypothesis and
+"""Option fuzzing: every command's declared options and arguments, drawn by hypothesis and
 run in this process through ``gpubench.cli.app.main``, must end with a known exit code and one line of
 error, never a traceback.
 
@@ -30,12 +30,15 @@ from pathlib import Path
 
 import click
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from gpubench.cli.app import main
-from gpubench.core.registry import plugins
-from gpubench.core.gpu import gpu_available
+pytest.importorskip("hypothesis")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gpubench.cli.app import main  # noqa: E402
+from gpubench.core.registry import plugins  # noqa: E402
+from gpubench.core.gpu import gpu_available  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"

@@ -1,4 +1,4 @@
-"""``--json -``: the result on stdout (for jq and pipes), the human report on stderr (issue 12)."""
+"""``--json -``: the result on stdout (for jq and pipes), the human report on stderr."""
 
 from __future__ import annotations
 

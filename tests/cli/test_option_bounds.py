@@ -1,10 +1,13 @@
-"""Issue 18, item 1: every numeric option of every command (net checks its own) is
+"""Every numeric option of every command (net checks its own) is
 bounded before any work: ASCII digits only (Python's int() and float() read "١٢" as 12 and
 "1_000" as 1000), finite (no inf, nan, 1e400), at most what the option can mean; one line naming
-the value and the largest accepted, exit 2. Also: copy -m '' is refused (it silently meant the
+the value and the largest accepted, exit 2. Also: copy -m '' is refused (never read as the
 default), and nccl-tests binary names as a collective get the list of accepted names.
 
 The parameters are read from the commands themselves, so an option added later is covered.
+
+And the sweeps: a min size above the max, a step factor that would make more than 1000 sizes,
+sizes beyond any machine or above its memory; repeated and negative device ids.
 """
 
 from __future__ import annotations
@@ -141,3 +144,93 @@ def test_lists_sizes_memory_and_collective_names(run_cli, argv, needle):
     code, out, err = run_cli(*argv)
     assert code == 2 and needle in err and len(err.splitlines()) == 1, err
     assert HUGE not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# sweeps that collapse or exceed memory, repeated and negative devices: one line, exit 2
+# ---------------------------------------------------------------------------------------------
+
+NO_GPU = "no CUDA device is visible"
+
+
+def _one_error_line(err: str) -> str:
+    """The single stderr line of an error (fails when there are more, or a traceback)."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpubench") and ": error: " in lines[0], err
+    return lines[0]
+
+
+def _refused_matching(run_cli, *argv, needle: str) -> str:
+    """Exit 2 with one error line matching the regular expression ``needle``."""
+    code, out, err = run_cli(*argv)
+    assert code == 2, (argv, code, out, err)
+    line = _one_error_line(err)
+    assert re.search(needle, line), (needle, line)
+    return line
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["nccl", "-b", "1G", "-e", "1M"], "min size 1 GiB is larger than max size 1 MiB"),
+    (["nccl", "all-gather", "-b", "1M", "-e", "8"], "larger than max size 8 B"),
+    (["batch", "--piece", "4KiB", "--total", "1KiB"], "not a whole number of 4 KiB pieces"),
+    # a step factor barely above 1 would make millions of sizes (minutes of looping, gigabytes of list)
+    (["copy", "-b", "1", "-e", "1T", "-f", "1.0001"], "more than 1000 sizes"),
+    (["nccl", "-f", "1.0000001"], "more than 1000 sizes"),
+    # sizes beyond any machine, 400 digits included (a float overflows on them): named, no traceback
+    (["copy", "-b", "99999999999T", "-e", "99999999999T"], r"-b/--min-bytes .* over \d+ bytes \(8 EiB\)"),
+    (["nccl", "-b", HUGE, "-e", HUGE], r"-b/--min-bytes .* over \d+ bytes"),
+    (["copy", "-b", "4KiB", "-e", HUGE], r"-e/--max-bytes .* over \d+ bytes"),
+    (["batch", "--piece", HUGE], r"--piece .* over \d+ bytes"),
+    (["overlap", "--size", HUGE], r"--size .* over \d+ bytes"),
+    # a row count with 400 digits: its buffer size is too large to format as a float
+    (["memcpy2d", "-H", HUGE], r"-H/--height \(a 400-digit number\) is too large \(at most 9,223,372,036,854,775,807\)"),
+    (["memcpy2d", "-H", "2147483648"], "does not fit in a buffer"),
+])
+def test_sweep_limits_that_collapse_are_one_line(run_cli, argv, needle):
+    _refused_matching(run_cli, *argv, needle=needle)
+
+@pytest.mark.parametrize("argv", [
+    ["copy", "-b", "8T", "-e", "8T"],
+    ["copy", "--pinned", "-b", "4T", "-e", "8T"],
+    ["nccl", "-b", "4T", "-e", "8T"],
+    ["nccl", "reduce-scatter", "-b", "8T", "-e", "8T"],
+    ["batch", "--piece", "1T", "--count", "4096"],
+])
+def test_min_and_max_both_above_memory_are_refused_before_any_work(run_cli, argv):
+    # no GPU: the no-GPU line; with a GPU: the preflight names the size and the free memory
+    _refused_matching(run_cli, *argv, needle=f"{NO_GPU}| free|fit|host memory|page-lock")
+
+@pytest.mark.parametrize("argv,needle", [
+    (["copy", "-d", "0,1,0"], "device 0 is repeated"),
+    (["p2p", "-d", "1,0,1"], "device 1 is repeated"),
+    (["nccl", "-d", "0,1,0"], "device 0 is repeated"),
+    (["merge", "-d", "0,1,0"], "device 0 is repeated"),
+    (["nccl", "-d", "-1"], "device -1 .* is negative"),
+    (["p2p", "-d", "0,-1"], "device -1 .* is negative"),
+    (["merge", "-d", "-1"], "device -1 .* is negative"),
+    (["memcpy2d", "-d", "-1"], "-d/--device -1 is negative"),
+    (["overlap", "-d", "-1"], "-d/--device -1 is negative"),
+])
+def test_repeated_and_negative_devices(run_cli, argv, needle):
+    _refused_matching(run_cli, *argv, needle=needle)
+
+
+# ---- options parsed by click's own INT/FLOAT: ASCII digits only ----
+
+@pytest.mark.parametrize("argv,needle", [
+    (["net", "local", "-P", "٣"], "-P/--parallel '٣' is not an integer"),  # net's options too
+    (["net", "local", "-t", "٣"], "-t/--time '٣' is not a finite number"),
+    (["net", "local", "-i", "٠.٢"], "-i/--interval '٠.٢' is not a finite number"),
+    (["net", "local", "-P", "inf"], "-P/--parallel 'inf' is not an integer"),  # click: "not a valid integer"
+    (["net", "local", "-P", ""], "-P/--parallel '' is not an integer"),
+    (["net", "server", "-1", "-p", "٣"], "-p/--port '٣' is not an integer"),  # never port 3
+    (["net", "local", "-P", "\u00a04"], "-P/--parallel '\\xa04' is not an integer"),  # U+00A0 is not stripped
+    (["merge", "-t", "cpu", "-c", "\u00a05"], "-c/--chunk-size '\\xa05' is not an integer"),
+    (["suite", "--check", "x.json", "--expect", "e.toml", "--node-timeout", "-1"],
+     "--node-timeout -1 out of range"),
+])
+def test_every_numeric_option_takes_ascii_digits_only(run_cli, argv, needle):
+    code, out, err = run_cli(*argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (code, err)

@@ -1,15 +1,21 @@
-"""Issue 18, item 8: --json targets that are not regular files are refused before the run, exit 2,
+"""--json targets that are not regular files are refused before the run, exit 2,
 one line: device nodes (``mknod mynull c 1 3``; /dev/null, which as root an atomic save would
 replace), FIFOs, sockets, each also through a symbolic link; file-descriptor links (/dev/stdout,
 /dev/fd/1, /proc/self/fd/1), whose rename would replace whatever file the descriptor has open.
 ``--json -`` stays stdout; with stdout closed it is one clean line. Every check is
 core.result.check_output_target (plot's -o and suite's -o use the same).
+
+Also refused before the run: a folder that does not exist, a file used as a folder, a read-only
+target (the earlier file kept), a name too long for the save's temporary name; a full disk is
+exit 3 with the earlier file whole; a symbolic link keeps the link and replaces its target.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import resource
 import socket
 import stat
 import subprocess
@@ -126,3 +132,94 @@ def test_env_json_dash_with_stdout_closed_is_one_clean_line(tmp_path):
     p = subprocess.run(["bash", "-c", f'"{sys.executable}" -m gpubench env >&-'], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "PYTHONPATH": SRC}, cwd=tmp_path)
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+# ---- --json: a missing folder, a file as folder, a read-only target, a full disk, long names, links ----
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from readonly import OLD, read_only_folder  # noqa: E402
+
+
+def _one_error_line(err: str) -> str:
+    """The single stderr line of an error (fails when there are more, or a traceback)."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpubench") and ": error: " in lines[0], err
+    return lines[0]
+
+
+def _refused_matching(run_cli, *argv, needle: str) -> str:
+    """Exit 2 with one error line matching the regular expression ``needle``."""
+    code, out, err = run_cli(*argv)
+    assert code == 2, (argv, code, out, err)
+    line = _one_error_line(err)
+    assert re.search(needle, line), (needle, line)
+    return line
+
+
+@pytest.mark.parametrize("argv", [["env"], ["net", "local", "-t", "0.1"]])
+def test_json_into_a_missing_folder_is_refused_before_the_run(run_cli, tmp_path, argv):
+    target = tmp_path / "no-such-folder" / "r.json"
+    _refused_matching(run_cli, *argv, "--json", str(target), needle="no-such-folder.* does not exist")
+    assert not target.parent.exists()
+
+def test_json_inside_a_file_is_refused_and_the_file_kept(run_cli, tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("keep me")
+    _refused_matching(run_cli, "env", "--json", str(f / "r.json"), needle="notes.txt")
+    assert f.read_text() == "keep me"
+
+@pytest.mark.parametrize("name", ["old.json", "new.json"])
+def test_json_onto_a_read_only_target(run_cli, tmp_path, name):
+    # as root too: a read-only mount or the immutable attribute (tests/data/readonly.py); refused
+    # before the run (net local would run its 30 s first), the earlier file kept
+    with read_only_folder(tmp_path) as (d, how):
+        target = d / name
+        for argv in (["env"], ["net", "local", "-t", "30"]):
+            code, out, err = run_cli(*argv, "--json", str(target))
+            assert code == 2, (how, code, out, err)
+            line = _one_error_line(err)
+            assert str(target) in line and ("cannot be written" in line or "cannot write there" in line), line
+        assert (d / "old.json").read_text() == OLD
+        assert sorted(x.name for x in d.iterdir()) == ["old.json"]
+
+def _small_file_limit():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))
+
+def test_full_disk_keeps_the_earlier_file_intact(tmp_path):
+    # RLIMIT_FSIZE makes every write past 1 KiB fail with EFBIG, as a full disk fails with ENOSPC
+    # (CPython ignores SIGXFSZ, so the write returns the error instead of killing the process)
+    old = tmp_path / "env.json"
+    before = json.dumps({"earlier": "result"})
+    old.write_text(before)
+    p = gb("env", "--json", str(old), preexec_fn=_small_file_limit)
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    line = _one_error_line(p.stderr)
+    assert "could not save" in line and "env.json" in line
+    assert old.read_text() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["env.json"]  # no temporary file left
+
+@pytest.mark.parametrize("target", ["", "/sys/gpubench-x.json", "/proc/gpubench-x.json"])
+def test_json_targets_that_cannot_be_written_are_refused_before_the_run(run_cli, target):
+    # refused before net local runs its -t seconds
+    code, _out, err = run_cli("net", "local", "-t", "30", "--json", target)
+    assert code == 2, err
+    assert "--json" in _one_error_line(err)
+
+def test_json_names_near_the_limit_save_and_over_it_are_refused_before_the_run(run_cli, tmp_path):
+    near = tmp_path / ("a" * 245 + ".json")  # 250 bytes: the save's temporary name must still fit
+    code, _out, err = run_cli("env", "--json", str(near))
+    assert code == 0, err
+    assert json.loads(near.read_text())["command"] == "env"
+    code, _out, err = run_cli("net", "local", "-t", "30", "--json", str(tmp_path / ("b" * 300)))
+    assert code == 2 and "file name is 300 bytes" in _one_error_line(err)
+
+def test_json_through_a_symlink_replaces_its_target_and_keeps_the_link(run_cli, tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    code, _out, err = run_cli("env", "--json", str(link))
+    assert code == 0, err
+    assert link.is_symlink() and json.loads(target.read_text())["command"] == "env"

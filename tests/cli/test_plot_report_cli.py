@@ -1,6 +1,7 @@
-"""plot and report on bad input and bad output targets (issue 18 items 3, 4, 8, 9): one line on
+"""plot and report on bad input and bad output targets: one line on
 stderr naming the bad value, exit 2, nothing written; a full disk leaves an earlier file whole and
-no temporary or empty file behind."""
+no temporary or empty file behind. Also the flags a report takes from saved results: figures
+beyond a physical limit, throttling, a shared or busy GPU."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("matplotlib")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import edited  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PINNED = DATA / "copy-pinned-h200.json"
@@ -106,7 +109,7 @@ def test_malformed_numbers_are_refused_naming_the_field(run_cli, tmp_path, chang
     assert not out.exists()
 
 
-def test_the_1e400_text_of_the_issue(run_cli, tmp_path):
+def test_an_nbytes_written_1e400_is_refused_as_inf(run_cli, tmp_path):
     text = PINNED.read_text().replace('"nbytes":4096,"samples_s"', '"nbytes":1e400,"samples_s"', 1)
     assert "1e400" in text
     p = tmp_path / "big.result"
@@ -239,3 +242,65 @@ def test_help_of_report_and_plot(run_cli):
 def test_tiny_disk_fixture_is_really_small(tiny_disk):
     with pytest.raises(OSError):
         (tiny_disk / "x").write_bytes(b"0" * 200_000)
+
+
+# ---- report: saved limit flags and the conditions of a run ----
+
+@pytest.mark.parametrize("case", list(edited.LIMIT_CASES))
+def test_report_flags_a_saved_figure_beyond_its_limit(run_cli, tmp_path, case):
+    src = edited.write(tmp_path, "r", edited.LIMIT_CASES[case]())
+    out = str(tmp_path / "r.html")
+    code, _, err = run_cli("report", src, "-o", out, "-q")
+    assert code == 0, err
+    text = edited.html_text(out)
+    assert "Nothing flagged" not in text and "No flags" not in text, text[:600]
+    assert "above peak" in text or "no-op" in text
+    if case == "stale flag":  # the % of peak is the samples', not the stale saved 50%
+        assert "159%" in text and " 50% " not in text
+
+def test_report_flags_throttling_sharing_and_a_busy_gpu_from_the_conditions(run_cli, tmp_path):
+    """The report's flags come from the conditions the run recorded: a power-capped, thermally
+    throttled point on a shared GPU after a failed idle check is flagged throttled and shared, with
+    the idle check's warning (from the file) escaped; a quiet run says "Nothing flagged"."""
+    d = edited.conditions_result()
+    d["records"][0]["telemetry"].update(reasons=["sw_power_cap", "hw_thermal"], other_processes=1)
+    d["env"]["preflight"]["warnings"] = [f"GPU 0 is not idle: {edited.EV} {edited.HT} a|b"]
+    src = edited.write(tmp_path, "capped", d)
+    out = str(tmp_path / "r.html")
+    code, _, err = run_cli("report", src, "-o", out, "-q")
+    assert code == 0, err
+    raw = Path(out).read_text()
+    assert "<img src=x" not in raw and "\x1b" not in raw and "\x07" not in raw
+    text = edited.html_text(out)
+    assert "Nothing flagged" not in text and "No flags" not in text
+    assert "throttled" in text and "GPU shared with another process" in text
+    assert "before the run: GPU 0 is not idle" in text
+
+    quiet = edited.conditions_result()  # sync_boost is not a slowdown; no other process; the GPU idle
+    quiet["records"][0]["telemetry"].update(reasons=["sync_boost"], other_processes=0)
+    quiet["env"]["preflight"].update(idle=True, warnings=[])
+    quiet["env"]["preflight"]["gpus"][0]["busy"] = []
+    code, _, err = run_cli("report", edited.write(tmp_path, "quiet", quiet), "-o", out, "-q")
+    assert code == 0, err
+    assert "Nothing flagged" in edited.html_text(out)
+
+
+# ---- a folder holding a FIFO, a figure too small ----
+
+def _gpubench_from_src(*args, timeout=120):
+    env = dict(os.environ, PYTHONPATH=str(DATA.parents[1] / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "gpubench", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+def test_report_of_a_folder_holding_a_fifo_does_not_block(tmp_path):
+    folder = tmp_path / "fdir"
+    folder.mkdir()
+    (folder / "copy.json").write_text((DATA / "copy-pinned-h200.json").read_text())
+    os.mkfifo(folder / "f.json")  # opening it for reading would wait for a writer for ever
+    p = _gpubench_from_src("report", folder, "-o", tmp_path / "r.html", timeout=120)
+    assert p.returncode == 0, p.stderr[-800:]
+    assert (tmp_path / "r.html").stat().st_size > 0
+
+def test_plot_size_below_100_pixels_is_refused(run_cli, tmp_path):
+    code, out, err = run_cli("plot", DATA / "net-local.json", "-o", tmp_path / "p.png", "--size", "0.001x0.001")
+    assert code == 2 and "under 100 pixels" in err and "Traceback" not in err, err

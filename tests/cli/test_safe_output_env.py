@@ -1,4 +1,4 @@
-"""Issue 18, item 4 in env: strings the environment report shows come from the machine and from
+"""In env: strings the environment report shows come from the machine and from
 files (the hostname, /proc/cpuinfo's model name, GPU names and bus ids from NVML, driver strings,
 errors) and are shown inert: no ANSI, OSC 8, CR/LF or rich markup reaches the terminal.
 

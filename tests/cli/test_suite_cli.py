@@ -1,8 +1,8 @@
-"""gpubench suite as a user meets it: --check against saved results, exit codes, no GPU."""
+"""gpubench suite as a user meets it: --check against saved results, exit codes, no GPU, an
+unwritable -o named before the GPU check."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -130,7 +130,23 @@ def _no_gpu() -> bool:
 def test_suite_without_gpu_exits_2_with_the_standard_line(capsys, tmp_path):
     rc, out, err = run(capsys, "--expect", EXAMPLE, "-o", str(tmp_path))
     assert rc == 2
-    assert err.startswith("gpubench: error: no CUDA device is visible") and "compare, plot" in err
+    assert err.startswith("gpubench: error: no CUDA device is visible") and all(c in err for c in ("compare", "plot", "report", "suite --check"))
     assert list(tmp_path.iterdir()) == []
 
 
+
+
+@pytest.mark.parametrize("sub", ["", "new/deeper"])
+def test_suite_names_an_unwritable_output_before_the_gpu(run_cli, tmp_path, sub):
+    """A read-only mount (or immutable folder, as root) as -o, or a folder to be made under one: one
+    line naming -o, exit 2, whether or not the machine has a GPU; nothing is created."""
+    from readonly import OLD, read_only_folder
+
+    with read_only_folder(tmp_path) as (d, how):
+        target = d / sub if sub else d
+        code, out, err = run_cli("suite", "-o", str(target))
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (how, code, err)
+        assert lines[0].startswith("gpubench: error: -o ") and "cannot write there" in lines[0], lines[0]
+        assert "CUDA" not in lines[0]
+        assert (d / "old.json").read_text() == OLD and sorted(x.name for x in d.iterdir()) == ["old.json"]

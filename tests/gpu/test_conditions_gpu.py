@@ -1,4 +1,4 @@
-"""Telemetry, NUMA placement, limits and the idle check on a real GPU (issue 19).
+"""Telemetry, NUMA placement, limits and the idle check on a real GPU.
 
 Every check reads what the run measured: telemetry blocks sampled by NVML during the points, the
 pages of the host buffers read back with move_pages, the device memory limit from NVML, the idle

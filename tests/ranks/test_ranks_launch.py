@@ -1,16 +1,17 @@
 """core/ranks for real: 3 processes under mpiexec (MPICH from PyPI, mpi4py) and 3 started with a
 torchrun-style environment (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) on 127.0.0.1, through the
 test entry point rank_probe.py; and a rank killed or stopped mid-run: the others exit 3 within the
-deadline naming it, and no process is left (psutil).
+deadline naming it, and no process is left (psutil); bad launcher variables (RANK, WORLD_SIZE,
+MASTER_PORT) refused in one line; messages of MBs through MPI's non-blocking receive.
 
-Outside CI these skip, with the reason, where mpiexec or mpi4py is missing; under CI=true they fail.
+Outside CI these skip, with the reason, where mpiexec, mpi4py or psutil is missing; under CI=true a
+missing mpiexec or mpi4py fails.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import re
 import signal
 import socket
@@ -19,63 +20,19 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
+psutil = pytest.importorskip("psutil")
+
+from rank_procs import _alive, _env, _free_port, _gpubench, mpiexec  # noqa: E402
+
 PROBE = Path(__file__).with_name("rank_probe.py")
-SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def mpiexec() -> str:
-    """mpiexec beside this Python (the mpich wheel of the test extra), else on PATH; a skip with the
-    reason outside CI when there is none or mpi4py does not import."""
-    here = Path(sys.executable).with_name("mpiexec")
-    exe = str(here) if here.exists() else shutil.which("mpiexec")
-    why = None
-    if exe is None:
-        why = "no mpiexec (pip install '.[test]' brings the mpich wheel)"
-    else:
-        try:
-            import mpi4py  # noqa: F401
-        except ImportError:
-            why = "mpi4py does not import (pip install '.[test]')"
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return exe
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMI", "SLURM_", "TORCHELASTIC", "MPI_LOCAL", "HYDRA"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
 
 
 def _result(out: str) -> dict:
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, out
     return json.loads(lines[0][7:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pids) -> list[int]:
-    out = []
-    for p in pids:
-        try:
-            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def test_mpiexec_three_ranks_gather():
@@ -280,3 +237,50 @@ def test_a_command_that_does_not_gather_ranks_says_so_on_every_rank_and_only_und
     torch_like = subprocess.run(args, env=_env(RANK="1", WORLD_SIZE="3"), capture_output=True, text=True, timeout=120)
     assert "under torchrun, each of the 3 ranks runs it alone" in torch_like.stderr, torch_like.stderr
     assert "(this is rank 1 on " in torch_like.stderr
+
+
+# ---- the launcher's variables: bad values are one line, exit 2 ----
+
+@pytest.mark.parametrize("env, named", [
+    # Python's int() reads these as numbers; no launcher writes them
+    ({"RANK": "\u0661", "WORLD_SIZE": "\u0663"}, "RANK="),          # Arabic-Indic 1 and 3
+    ({"RANK": "0", "WORLD_SIZE": "1_0"}, "WORLD_SIZE='1_0' is not an integer"),
+    ({"RANK": "+0", "WORLD_SIZE": "2"}, "RANK='+0' is not an integer"),
+    # a 30-digit world size is refused at once (a join would loop past its deadline)
+    ({"RANK": "0", "WORLD_SIZE": "9" * 30, "MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE=999999999999... (30 digits) is above"),
+    ({"RANK": "0", "WORLD_SIZE": str(2 ** 31), "MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE=2147483648 is above 1048576"),
+    # MASTER_PORT is named as the user wrote it
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}, "MASTER_PORT='0' is not a TCP port"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "\uff12\uff19\uff15\uff10\uff10"},
+     "MASTER_PORT="),
+])
+def test_bad_launcher_values_are_refused(env, named):
+    p = _gpubench(["net", "nodes", "-t", "1", "-O", "0", "-T", "4"], _env(**env), timeout=30)
+    err = p.stdout + p.stderr
+    assert p.returncode == 2, err
+    assert named in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---- messages of MBs ----
+
+LARGE_SCRIPT = """
+from gpubench.launch import ranks
+g = ranks.join(ranks.discover(), timeout=60)
+big = g.allgather("x" * (4 << 20) + str(g.rank))  # far above MPICH's eager limit: rendezvous, irecv
+assert [len(b) for b in big] == [(4 << 20) + 1] * g.size and [b[-1] for b in big] == ["0", "1", "2"]
+got = g.gather({"r": g.rank, "pad": "y" * (1 << 20)})
+if g.rank == 0:
+    assert [x["r"] for x in got] == [0, 1, 2]
+    print("LARGE ok", g.transport, flush=True)
+g.close()
+"""
+
+def test_mpiexec_large_messages_arrive_through_the_non_blocking_receive():
+    """Messages of MBs (MPICH sends them by rendezvous, not eagerly) arrive whole through the
+    matched probe + Message.irecv path, and the clean close still finalizes (exit 0)."""
+    exe = mpiexec()
+    p = subprocess.run([exe, "-n", "3", sys.executable, "-c", LARGE_SCRIPT], env=_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "LARGE ok mpi" in p.stdout, p.stdout + p.stderr
+    assert "BAD TERMINATION" not in p.stdout + p.stderr

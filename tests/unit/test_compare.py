@@ -464,7 +464,7 @@ NET_DROP = [7.10, 7.20, 7.30, 9.45, 9.50]  # two intervals about as fast as the 
 
 
 def test_five_against_five_at_minus_24_percent_with_p_0_032_is_inconclusive_never_same():
-    """The issue's net case: two 5-interval runs, a -24% change, p = 0.032: compare called it "same"."""
+    """Two 5-interval net runs, a -24% change, p = 0.032: inconclusive, never "same"."""
     c = cmp.compare(_net({0: NET_BASE}), _net({0: NET_DROP}))
     (row,) = c.rows
     assert row.p == pytest.approx(8 / 252)  # U = 2 of 25: exact p = 2 * 4/252 = 0.032
@@ -724,3 +724,37 @@ def test_judging_in_chunks_gives_the_same_rows(monkeypatch):
     whole = view(cmp.compare(a, b))  # one chunk of 50: the numpy batch
     monkeypatch.setattr(cmp, "JUDGE_CHUNK", 7)  # chunks of 7: under BATCH_MIN_FIGURES, one by one
     assert view(cmp.compare(a, b)) == whole and len(whole) == 50
+
+
+def test_hodges_lehmann_and_moses_interval_by_hand():
+    """5 vs 5, new = 0.76 x base: HL exactly -24%; at 99% C = 1 (P(U <= 0) = 1/252 <= 0.005 <
+    P(U <= 1) = 2/252), so the interval is [D_(1), D_(25)], the extreme pairwise ratios
+    0.76 x 0.99/1.01 and 0.76 x 1.01/0.99; exact p = 2/252. And an overlapping 5 vs 5: HL the 13th of the 25 sorted log-ratios, p = 14/252 by enumerating the 252 splits."""
+    import itertools
+    import math
+
+    from gpubench.analysis import compare as C
+
+    f = (1.0, 1.01, 0.99, 1.005, 0.995)
+    base = [55e9 * x for x in f]
+    j = C.judge(base, [0.76 * v for v in base], "bandwidth", threshold_pct=1.0)
+    assert j.shift.change_pct == pytest.approx(-24.0, abs=1e-9)
+    assert j.shift.ci_low_pct == pytest.approx(100 * (0.76 * 0.99 / 1.01 - 1), abs=1e-9)
+    assert j.shift.ci_high_pct == pytest.approx(100 * (0.76 * 1.01 / 0.99 - 1), abs=1e-9)
+    assert j.test.p == pytest.approx(2 / 252) and j.verdict == "slower"
+
+    b, n = [55, 40, 60, 45, 50], [38, 42, 36, 47, 34]
+    j = C.judge([x * 1e9 for x in b], [x * 1e9 for x in n], "bandwidth", threshold_pct=1.0)
+    d = sorted(math.log(y / x) for y in n for x in b)
+    assert j.shift.change_pct == pytest.approx(100 * math.expm1(d[12]))
+    assert (j.shift.ci_low_pct, j.shift.ci_high_pct) == pytest.approx((100 * math.expm1(d[0]), 100 * math.expm1(d[24])))
+    pool = b + n
+
+    def u(xs, ys):
+        return sum((a > c) + 0.5 * (a == c) for a in xs for c in ys)
+
+    u0 = u(n, b)
+    hits = sum(abs(u([pool[i] for i in s], [pool[i] for i in range(10) if i not in s]) - 12.5) >= abs(u0 - 12.5)
+               for s in itertools.combinations(range(10), 5))
+    assert j.test.p == pytest.approx(hits / 252) and hits == 14
+    assert j.verdict == "inconclusive"

@@ -1,4 +1,4 @@
-"""Issue 19 without a GPU: the NUMA binding logic against this machine's real topology
+"""The conditions of a run, without a GPU: the NUMA binding logic against this machine's real topology
 (/sys/devices/system/node, sched_setaffinity, move_pages on real pages), the telemetry block's
 shape and schema, the report's telemetry lines, the limit flags on saved results, the idle check
 without NVML."""
@@ -183,9 +183,9 @@ def _one_rank_all_gather(place: str, seconds: float) -> Record:
                   extra={"algbw_bytes_per_s": n / seconds, "busbw_bytes_per_s": 0.0, "time_s": seconds})
 
 
-def test_the_issues_one_rank_in_place_all_gather_is_a_no_op():
+def test_a_one_rank_in_place_all_gather_is_a_no_op():
     g = {"index": 0, "memory_peak_bytes_per_s": 4.8152e12, "pcie_peak_bytes_per_s": 63.0e9}
-    r = _one_rank_all_gather("in-place", 3.41e-6)  # 1,259,644 GB/s: the issue's 1,260,537.8 GB/s case
+    r = _one_rank_all_gather("in-place", 3.41e-6)  # 1,259,644 GB/s, as a real one-rank run reported (1,260,537.8 GB/s)
     assert r.extra["algbw_bytes_per_s"] > 1e15
     limits.mark_collective(r, g, nvls_possible=False)
     assert r.extra["limit_flag"] == "no_op" and "no data" in r.extra["no_op"]

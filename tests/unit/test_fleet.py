@@ -241,3 +241,16 @@ def test_net_report_names_the_common_node():
             for a, b in itertools.permutations(range(3), 2)]
     res = Result(command="net", spec={}, records=recs)
     assert "every flagged link has node n1 (rank 1)" in net_fleet.slow_summary(res)[-1]
+
+
+def test_round_deadline_is_minus_T_but_never_shorter_than_the_round():
+    from gpubench.plugins.net import fleet as net_fleet
+    from gpubench.plugins.net.protocol import Request
+
+    s = net_fleet.NetFleetSpec(Request(seconds=10.0, interval=1.0), timeout=15.0)
+    # the round covers net's client stall allowance too, so a stopped receiver, not its healthy
+    # sender, is the rank named
+    assert s.round_work == 10.0 + 1.0 + net_fleet.CLIENT_STALL_S + net_fleet.ROUND_MARGIN_S == 26.0
+    assert s.round_timeout == 26.0  # the round is longer than -T
+    assert net_fleet.NetFleetSpec(Request(seconds=10.0, interval=1.0), timeout=60.0).round_timeout == 60.0
+    assert net_fleet.NetFleetSpec(Request(seconds=2.0, omit=1.0, interval=0.5), timeout=1.0).round_timeout == 18.5

@@ -1,6 +1,7 @@
 """merge_cluster.resolve_lazy_modules: a LazyLoader placeholder in sys.modules (CuPy's cupy.testing)
 is loaded in the calling thread, so distributed's error logging never runs that import on its IO
-loop thread (where `merge -p ucx` died with SIGSEGV on a Ctrl-C during the start)."""
+loop thread (where the import can crash the process with SIGSEGV, as on a Ctrl-C during `merge -p
+ucx`'s start)."""
 
 from __future__ import annotations
 

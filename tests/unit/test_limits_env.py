@@ -1,6 +1,12 @@
+import sys
+from pathlib import Path
+
 import pytest
 
 from gpubench.core import env, limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import edited  # noqa: E402
 
 
 def test_pcie_peaks():
@@ -39,3 +45,31 @@ def test_bus_id_normalisation():
 def test_nvml_nvlink_version_enum_maps_to_generation():
     # an H200 reports nvmlNvlinkVersion_t 6 = NVLink 4.0, 26.5625 GB/s per link per direction
     assert limits.NVLINK_GBPS_PER_LINK[limits.NVML_NVLINK_VERSION[6]] == 26.5625
+
+
+def test_saved_flag_rules():
+    from gpubench.core import limits
+    from gpubench.core.result import Result
+
+    def rec(d):
+        return Result.from_dict(d).records[0]
+
+    assert limits.saved_flag(rec(edited.with_rate(edited.pinned(), 54.0, peak_bytes_per_s=63.0e9))) is None
+    assert limits.saved_flag(rec(edited.with_rate(edited.pinned(), 54.0))) is None  # no peak known: nothing to hold against
+    assert limits.saved_flag(rec(edited.with_rate(edited.pinned(), 64.0, peak_bytes_per_s=63.0e9))) == "above_peak"
+    # NVLS: a busbw above the links' sum the run marked as possible NVLS stays "nvls", not impossible
+    d = edited.nccl_one_rank_in_place(1e-5, peak_bytes_per_s=1e9, above_links_nvls=True)
+    d["records"][0]["params"].update(nranks=8, placement="out-of-place")
+    assert limits.saved_flag(rec(d)) == "nvls"
+    # busbw, not algbw, of several ranks is held against the links: factor 2 lifts 0.6 over 1.0
+    d = edited.nccl_one_rank_in_place(1.0, peak_bytes_per_s=1.0e9)
+    r = d["records"][0]
+    r["params"].update(nranks=2, placement="out-of-place")
+    r["samples_s"] = [r["nbytes"] / 0.6e9] * 5
+    r["extra"]["busbw_factor"] = 2.0
+    assert limits.saved_flag(rec(d)) == "above_peak"
+    r["extra"]["busbw_factor"] = 1.0
+    assert limits.saved_flag(rec(d)) is None
+    # malformed values are ignored, never raised on
+    d = edited.with_rate(edited.pinned(), 54.0, peak_bytes_per_s="x", limit_flag=["no_op"], above_peak="yes", no_op=7)
+    assert limits.saved_flag(rec(d)) is None

@@ -155,6 +155,7 @@ def test_device_not_visible_is_refused():
 
 
 def test_parse_pool_size():
+    pytest.importorskip("dask.utils")  # sizes are read by dask.utils.parse_bytes
     assert parse_pool_size(None) == (None, None)
     assert parse_pool_size("30GB") == (30 * 10**9, None)
     assert parse_pool_size("30GiB") == (30 * GiB, None)
@@ -205,6 +206,8 @@ def test_shuffle_join_takes_precedence_over_broadcast_join():
     (dict(timeout_s=0), "--timeout"),
 ])
 def test_bad_options_are_refused_with_one_line(kw, needle):
+    if kw.get("rmm_pool_size"):
+        pytest.importorskip("dask.utils")  # --rmm-pool-size is read by dask.utils.parse_bytes
     with pytest.raises(UsageError) as e:
         _build(**kw)
     assert needle in e.value.one_line() and "\n" not in e.value.one_line()
@@ -336,6 +339,7 @@ def test_devices_shown_or_not_comparable_pass(value, devices):
 
 
 def test_an_interface_this_host_lacks_is_a_usage_error():
+    pytest.importorskip("psutil")  # check_interface reads the interfaces with psutil
     from gpubench.plugins.merge.cluster import check_interface
     from gpubench.core.errors import UsageError
 
@@ -349,7 +353,7 @@ def test_an_interface_without_ipv4_is_a_usage_error(monkeypatch):
     import socket
     from types import SimpleNamespace
 
-    import psutil
+    psutil = pytest.importorskip("psutil")
 
     from gpubench.plugins.merge.cluster import check_interface
     from gpubench.core.errors import UsageError
@@ -361,7 +365,7 @@ def test_an_interface_without_ipv4_is_a_usage_error(monkeypatch):
     assert "has no IPv4 address" in ei.value.one_line() and "use one of lo" in ei.value.one_line()
 
 
-# --- issue 12: --rmm-pool-size read as dask-cuda reads it (dask.utils.parse_bytes) -------------------
+# --- --rmm-pool-size read as dask-cuda reads it (dask.utils.parse_bytes) -------------------------------
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -369,7 +373,7 @@ def test_an_interface_without_ipv4_is_a_usage_error(monkeypatch):
     ("30GiB", 30 * GiB), ("30Gi", 30 * GiB), ("512MiB", 512 * 2**20), ("1000", 1000),
 ])
 def test_pool_size_is_what_dask_parse_bytes_reads(text, expected):
-    from dask.utils import parse_bytes
+    parse_bytes = pytest.importorskip("dask.utils").parse_bytes
 
     assert parse_pool_size(text) == (expected, None)
     assert parse_bytes(text) == expected  # the same bytes dask-cuda's LocalCUDACluster would reserve
@@ -377,6 +381,7 @@ def test_pool_size_is_what_dask_parse_bytes_reads(text, expected):
 
 @pytest.mark.parametrize("bad", ["", "  ", "0", "0B", "-3GB", "lots", "30XB", "1.5", "9" * 400 + "GB"])
 def test_pool_size_refuses_what_is_not_a_size(bad):
+    pytest.importorskip("dask.utils")
     with pytest.raises(UsageError) as e:
         parse_pool_size(bad)
     assert "--rmm-pool-size" in e.value.one_line() and repr(bad) in e.value.one_line()
@@ -387,3 +392,29 @@ def test_configuration_block_prints_the_resolved_pool_bytes():
     assert "RMM pool size             | 27.94 GiB (30,000,000,000 B)" in format_lines(r)
     r = _result([], spec_kw={"rmm_pool_bytes": 30 * GiB})
     assert "RMM pool size             | 30.00 GiB (32,212,254,720 B)" in format_lines(r)
+
+
+def test_frames_are_counted_on_every_worker_with_the_shuffle_copies():
+    from gpubench.plugins.merge import cluster as mc
+    from gpubench.plugins.merge.bench import MergeSpec
+    from gpubench.core.errors import UsageError
+
+    spec = MergeSpec(merge_type="cpu", devices=(0, 1), chunk_size=1_000_000, base_chunks=3, other_chunks=2)
+    # (3 x 24 B + 2 x 16 B) x 1e6 rows x 3 copies
+    assert mc.worker_need_bytes(spec, 2) == 3 * 1_000_000 * (3 * 24 + 2 * 16)
+    room = mc.worker_need_bytes(spec, 2) + mc.WORKER_BASE_BYTES
+    mc.check_frames_fit(spec, None, worker_limit=room)
+    with pytest.raises(UsageError) as e:
+        mc.check_frames_fit(spec, None, worker_limit=room - 1)
+    assert "need" in e.value.message and "a worker (its memory limit)" in e.value.message
+    # on a GPU the room is the device's, per device
+    gspec = MergeSpec(merge_type="gpu", devices=(0,), chunk_size=10**9)
+    with pytest.raises(UsageError) as e:
+        mc.check_frames_fit(gspec, None, device_free={0: 100 * 2**30})
+    assert "GPU 0" in e.value.message and "largest -c/--chunk-size that fits is" in e.value.one_line()
+
+def test_unicode_digits_in_timeout_read_as_python_reads_them():
+    pytest.importorskip("dask.utils")  # units ("10s", "5 minutes") are read by dask.utils.parse_timedelta
+    from gpubench.plugins.merge.command import parse_timeout
+
+    assert parse_timeout("١.٥") == 1.5 and parse_timeout("10s") == 10 and parse_timeout("2m") == 120 and parse_timeout("5 minutes") == 300

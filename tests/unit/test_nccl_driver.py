@@ -115,6 +115,7 @@ def _stand_in_bad_call(ranks):
 @pytest.fixture
 def fault_at(monkeypatch) -> dict | None:
     """NCCL calls fail from FAULT_AT bytes on; returns the stand-ins' record (None: real GPU and NCCL)."""
+    pytest.importorskip("cupy")  # the plug-in's setup imports CuPy even around the stand-ins
     real = _gpu_with_nccl()
     made = None if real else _stand_in_gpu_and_nccl(monkeypatch)
     calls = L._calls

@@ -1,7 +1,7 @@
 """The order of CUDA-graph calls in nccl -G (bench.nccl.CapturedGraphs), checked against a recorder
-of the runtime calls: what hung on the 2x H200 was an order (a graph instantiated while another
-stream still captured; graphs left alive when the communicators were destroyed), so the order and
-the clean-up on every failure are what these tests pin down. Nothing here measures anything."""
+of the runtime calls: no graph is instantiated while another stream still captures, and no graph
+is left alive when the communicators are destroyed (either order can hang the GPU), so the order
+and the clean-up on every failure are what these tests pin down. Nothing here measures anything."""
 
 from __future__ import annotations
 
@@ -177,8 +177,8 @@ def cli_handlers():
                                    ("instantiate", 1), ("upload", 0), ("upload", 1), ("destroy-graph", 0),
                                    ("destroy-graph", 1), ("destroy-exec", 0), ("destroy-exec", 1)])
 def test_a_ctrl_c_at_any_runtime_call_leaves_no_capture_open_and_no_graph_alive(cli_handlers, where):
-    """A Ctrl-C handled right after a runtime call returns used to lose what the call made (an
-    executable graph then kept ncclCommDestroy waiting for ever)."""
+    """A Ctrl-C handled right after a runtime call returns keeps what the call made, so it is
+    cleaned up (an executable graph left alive would keep ncclCommDestroy waiting for ever)."""
     rt = Recorder(signal_in=[where])
     with pytest.raises(KeyboardInterrupt):
         _capture_and_close(rt, _issue(rt))

@@ -31,7 +31,7 @@ def test_check_request_accepts_the_header_a_client_sends():
     ([1, 2], "JSON object"),
     ("x", "JSON object"),
     (_req(gpubench_net=1), "protocol version 1"),
-    # issue 18 item 5: JSON true and 2.0 compare equal to an int in Python; neither is a version
+    # JSON true and 2.0 compare equal to an int in Python; neither is a version
     (_req(gpubench_net=True), "protocol version true"),
     (_req(gpubench_net=2.0), "protocol version 2.0"),
     (_req(streams=10**400), "streams 1000000000000000000000000000000000000000... (401 characters) is too large"),
@@ -292,7 +292,7 @@ def test_tcp_info_of_a_real_connection_counts_what_was_sent():
         assert info["total_retrans"] == 0 and info["bytes_sent"] >= 100_000
 
 
-# -- a lying server (issue 18 item 5): the client bounds what it takes --------------------------
+# -- a lying server: the client bounds what it takes --------------------------------------------
 
 LIE_REQ = Request(streams=2, seconds=2.0, omit=0.0, interval=1.0, buffer=1000)
 

@@ -121,7 +121,7 @@ def test_a_silent_client_is_timed_out_and_the_server_goes_on(srv):
     (b"[1, 2]\n", "JSON object"),
     (b"{}\n", "protocol version"),
     (json.dumps({"gpubench_net": 99, "role": "control"}).encode() + b"\n", "protocol version 99"),
-    # issue 18 item 5: true and 2.0 are not the integer 2; a 400-digit count still gets its reply
+    # true and 2.0 are not the integer 2; a 400-digit count still gets its reply
     (json.dumps({**Request().header(), "gpubench_net": True}).encode() + b"\n", "protocol version true"),
     (json.dumps({**Request().header(), "gpubench_net": 2.0}).encode() + b"\n", "protocol version 2.0"),
     (json.dumps({**Request().header(), "streams": 10**400}).encode() + b"\n", "is too large"),
@@ -362,9 +362,9 @@ def test_threads_and_connections_stay_bounded_under_many_silent_clients():
 
 @pytest.mark.parametrize("max_pending", [512, 64])
 def test_300_idle_sockets_do_not_starve_a_real_client(max_pending):
-    """Issue 18 item 5: 300 connections that never send a request made a real client's test fail
-    ("no reply to the request within 10 s"). Now they wait in one selector (no thread each), the
-    oldest goes when the cap is reached, and each has a deadline for its line (2 s by default)."""
+    """300 connections that never send a request do not make a real client's test fail ("no reply
+    to the request within 10 s"): they wait in one selector (no thread each), the oldest goes when
+    the cap is reached, and each has a deadline for its line (2 s by default)."""
     s = Served(max_pending=max_pending, header_timeout=10.0)  # the idle ones would hold out for 10 s
     idle = []
     try:
@@ -525,14 +525,15 @@ def _lie(lines, req=LIE_REQUEST):
 
 
 def test_a_400_digit_byte_count_is_refused_with_a_clear_line():
-    """Issue 18 item 5: was "OverflowError: int too large to convert to float" (exit 3 catch-all)."""
+    """A 400-digit byte count from the server is named (exit 3), never an OverflowError ("int too
+    large to convert to float") through the catch-all."""
     err, _ = _lie([{"interval": 0, "omit": False, "start_s": 0.0, "end_s": 0.2, "bytes": [10**400]}])
     assert err.exit_code == 3
     assert "server sent a bad interval 0: stream 0's count 1000000000000000000000000000000000000000..." in err.one_line()
 
 
 def test_10000_intervals_beyond_the_schedule_end_the_run_at_once():
-    """Issue 18 item 5: 10,000 intervals beyond the schedule made the client run past 60 s."""
+    """10,000 intervals beyond the schedule end the run at once (within 10 s), not after a minute."""
     lines = [{"interval": i, "omit": False, "start_s": 0.2 * i, "end_s": 0.2 * (i + 1), "bytes": [0]}
              for i in range(10_000)]
     err, took = _lie(lines)
@@ -567,7 +568,7 @@ def test_a_reverse_test_against_a_lying_end_line_is_refused():
 
 
 def test_done_without_an_end_line_keeps_the_intervals_and_exits_3():
-    """D11: "done" and then no end line (the server closes) gave exit 0 with a note. The end line
+    """"done" and then no end line (the server closes) is a fault, never exit 0 with a note. The end line
     carries the server's CPU times, TCP_INFO and bytes sent, and a real server always sends it: the
     intervals are kept (printed, saved partial) and the run is a fault, exit 3, saying so."""
     lines = [{"interval": 0, "omit": False, "start_s": 0.0, "end_s": 0.2, "bytes": [0]},
@@ -590,22 +591,21 @@ def test_done_without_an_end_line_keeps_the_intervals_and_exits_3():
     ([1, 2], "sent a reply without ok=true or an error: [1, 2]"),
 ])
 def test_a_reply_that_is_neither_ok_nor_an_error_is_worded_as_such(reply, needle):
-    """D11: {"ok": 1} was worded "refused the test: None"."""
+    """A reply such as {"ok": 1} is quoted as neither ok nor an error, never "refused the test: None"."""
     liar = LyingServer([], reply=reply)
     with pytest.raises(MachineError) as e:
         run(NetSpec("127.0.0.1", liar.port, LIE_REQUEST, connect_timeout=3.0))
     assert needle in e.value.one_line() and "None" not in e.value.one_line(), e.value.one_line()
 
 
-# -- D4: small windows (-w 4-8 KiB) ---------------------------------------------------------------
+# -- small windows (-w 4-8 KiB) -------------------------------------------------------------------
 
 
 def test_a_small_window_is_set_before_the_handshake_and_the_next_test_gets_the_kernels_again(srv):
-    """-w 4KiB c2s: the server set SO_RCVBUF on the accepted socket, after the handshake had offered
-    a window (and scale) for the default buffer; the 8 KiB buffer then dropped the 64 KiB loopback
-    segments, the stream stalled on retransmission timeouts (64 KiB in the first second) and the
-    client's sender was killed (exit -9, 3 runs in 4). Now the listener holds the buffers before the
-    streams connect (as iperf3 re-creates its listener), and is replaced once the test ends."""
+    """-w 4KiB c2s: the listener holds the buffers before the streams connect (as iperf3 re-creates
+    its listener), and is replaced once the test ends. SO_RCVBUF set on the accepted socket, after
+    the handshake offered a window (and scale) for the default buffer, would make the 8 KiB buffer
+    drop the 64 KiB loopback segments and stall the stream on retransmission timeouts."""
     default = socket.socket()
     want = default.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
     default.close()
@@ -640,7 +640,7 @@ def test_a_sender_inside_one_long_sendfile_stops_at_once_without_a_kill():
     set_window(c, 4096)
     c.connect(lst.getsockname())
     r, _ = lst.accept()
-    set_window(r, 4096)  # after the handshake: the stall the old server made
+    set_window(r, 4096)  # after the handshake: the stall a late buffer makes
     lst.close()
 
     def drain():
@@ -668,9 +668,9 @@ def test_a_sender_inside_one_long_sendfile_stops_at_once_without_a_kill():
 
 
 def test_close_after_a_signal_inside_thread_start_does_not_raise():
-    """A Ctrl-C inside NetServer.start()'s Thread.start() (CI: `net local -P 128`, SIGINT the moment
-    the server listens) left a thread that had not said it started; close() joined it and raised
-    "cannot join thread before it is started" (exit 3). Now close() waits for it (1 s at most)."""
+    """A Ctrl-C inside NetServer.start()'s Thread.start() (`net local -P 128`, SIGINT the moment the
+    server listens) leaves a thread that has not said it started; close() waits for it (1 s at most)
+    instead of raising "cannot join thread before it is started" (exit 3)."""
     server = NetServer("127.0.0.1", 0)
     server.open()
     server._serving = threading.Thread(target=server.serve_forever, daemon=True)  # start() cut short
@@ -687,8 +687,8 @@ def test_close_after_a_signal_inside_thread_start_does_not_raise():
 
 
 def test_an_ok_reply_that_changes_the_test_is_refused_at_once():
-    """Third break-it pass: a server whose ok reply said streams 99 for a 1-stream request was not
-    caught; the client failed 3.4 s later with "stopped answering". The reply echoes the request as
+    """A server whose ok reply says streams 99 for a 1-stream request is caught at once, not seconds
+    later as "stopped answering". The reply echoes the request as
     the server parsed it; a changed field is a lie named at once (exit 3)."""
     req = LIE_REQUEST
     liar = LyingServer([], reply={"ok": True, "version": 2, "cookie": "ab" * 16, **asdict(req), "streams": 99})

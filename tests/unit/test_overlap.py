@@ -118,3 +118,40 @@ def test_report():
     assert "WRONG DATA" in text
     assert "H2D 54.56 GB/s" in text  # 256 MiB / 4.92 ms
     assert "67000 GFLOP/s" in text
+
+
+def test_overlap_copies_alone_are_held_against_the_pcie_link():
+    """overlap's copies alone are held against the PCIe link (docs/conditions.md lists overlap under
+    the PCIe limit): an H2D figure above PCIe Gen5 x16 gets limit_flag above_peak in the record, "!!"
+    in the report's "copies alone" line and the flag back from the saved file. The driver's derive
+    and finalize steps, on records as overlap makes them (metric time, nbytes = N), with the env of
+    a Gen5 x16 GPU."""
+    from types import SimpleNamespace
+
+    from gpubench.plugins.overlap.bench import BENCHMARK
+    from gpubench.plugins.overlap.command import format_report
+    from gpubench.core import limits
+    from gpubench.core.benchmark import Context
+    from gpubench.core.result import Record, Result
+
+    n = 256 * 2**20
+    env = {"gpus": [{"index": 0, "pcie_gen": 5, "pcie_width": 16,
+                     "pcie_peak_bytes_per_s": limits.pcie_peak_bytes_per_s(5, 16)}]}
+
+    def rec(stage, gbps):
+        return Record(params={"device": 0, "work": 0, "streams": 4, "chunks": 16, "nbytes": n, "stage": stage},
+                      metric="time", nbytes=n, samples_s=[n / (gbps * 1e9)] * 5, extra={"gated": True})
+
+    records = [rec("h2d", 120.0), rec("kernel", 2000.0), rec("d2h", 55.0), rec("serial", 30.0), rec("overlapped", 40.0)]
+    records[-1].extra.update(speedup_vs_serial=1.3, ratio_to_longest_stage=1.1, longest_stage="h2d", verified=True)
+    BENCHMARK.derive(Context(spec=SimpleNamespace(device=0), env=env, devices=(0,)), records)
+    limits.finalize(records)
+    by = {r.params["stage"]: r for r in records}
+    assert by["h2d"].extra["limit_flag"] == "above_peak" and by["d2h"].extra["limit_flag"] is None
+    assert by["d2h"].extra["pct_of_peak"] == pytest.approx(55e9 / limits.pcie_peak_bytes_per_s(5, 16) * 100)
+    assert "limit_flag" not in by["kernel"].extra or by["kernel"].extra["limit_flag"] is None
+    res = Result(command="overlap", spec={"nbytes": n, "chunks": 16, "streams": 4, "device": 0},
+                 timing={"warmup": 2}, env=env, records=records)
+    text = " ".join(str(getattr(x, "plain", x)) for x in format_report(res))
+    assert "H2D 120.0 !! GB/s" in text, text
+    assert limits.saved_flag(Result.from_dict(res.to_dict()).records[0]) == "above_peak"

@@ -1,4 +1,4 @@
-"""Packaging facts users rely on (issue 12): the distribution name, the Python range, the extras,
+"""Packaging facts users rely on: the distribution name, the Python range, the extras,
 install hints that name this distribution, and a CI matrix that matches the classifiers."""
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""plot: every kind drawn from the fixtures in tests/data and checked for what a person checks
-(issue 15): axis labels with units, legend entries equal to the series drawn, no two series of one
+"""plot: every kind drawn from the fixtures in tests/data and checked for what a person checks:
+axis labels with units, legend entries equal to the series drawn, no two series of one
 colour and style, a matrix of equal cells still showing its value, peaks named by their source."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+import edited  # noqa: E402
 import synth  # noqa: E402
 
 from gpubench.analysis import plot  # noqa: E402
@@ -327,3 +329,25 @@ def test_shared_y_facets_fit_the_highest_facet_whatever_its_place():
     axes = visible_axes(fig)
     top = max(max(line.get_ydata()) for ax in axes for line in ax.get_lines() if not line.get_label().startswith("_"))
     assert all(ax.get_ylim()[1] >= top for ax in axes)
+
+
+# ---- saved figures beyond a physical limit ----
+
+def test_plot_marks_a_saved_figure_beyond_its_limit():
+    from gpubench.analysis import plot
+    from gpubench.core.result import Result
+
+    for case, labels in (("no-op saved", plot.NO_OP_LABEL), ("stale flag", plot.ABOVE_LABEL),
+                         ("limit_flag only", plot.ABOVE_LABEL)):
+        res = Result.from_dict(edited.LIMIT_CASES[case]())
+        texts = edited.legend_texts(plot.figure([(case, res)]))
+        assert labels in texts, (case, texts)
+
+def test_plot_bars_mark_a_figure_above_its_limit():
+    from gpubench.analysis import plot
+    from gpubench.core.result import Result
+
+    d = json.loads((edited.DATA / "batch-h200.json").read_text())
+    d["records"][0]["extra"].update(peak_bytes_per_s=1e9, above_peak=False)
+    texts = edited.legend_texts(plot.figure([("batch", Result.from_dict(d))]))
+    assert plot.ABOVE_LABEL in texts, texts

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import tomllib
 from pathlib import Path
 
@@ -63,3 +64,15 @@ def test_a_plugin_name_is_a_command_word():
         Plugin(name="Copy Fast", help="x", command="x")
     with pytest.raises(ValueError, match="plot_kind"):
         Plugin(name="x", help="x", command="x", plot_kind="pie")
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("help", 12345, "help 12345 is not a string"), ("help", "", "help '' is not a string"),
+    ("help", "h" * 201, "at most 200"), ("gpu", None, "gpu None is not a string"),
+    ("suite_steps", "no colon", "'module:function' reference"), ("fleet_checks", 3, "'module:function'"),
+    ("added_params", None, "a mapping"), ("option_maxima", {3: 1}, "a mapping"),
+    ("host_memory", "yes", "true or false"), ("x_name", 5, "or None"),
+])
+def test_a_descriptor_with_a_bad_field_is_refused_naming_it(field, value, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        Plugin(**{"name": "x", "help": "x", "command": "x", field: value})

@@ -1,5 +1,6 @@
 """core/ranks.discover: each launcher's variables, the order, nesting, and contradictions (exit 2
-naming the variable); the Slurm helpers; a group of one."""
+naming the variable); the Slurm helpers (job and step ids are not rank counts); a group of one;
+rendezvous addresses (an IPv6 zone, ASCII ports only); the wording of an abort notice."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_torchrun_and_its_nesting_under_srun():
               "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}
     assert ranks.discover(nested).launcher == "torchrun"
     assert ranks.discover(nested).rank == 3
-    # without torchrun's mark the issue's order holds: Slurm before a plain RANK
+    # without torchrun's mark the documented order holds: Slurm before a plain RANK
     del nested["TORCHELASTIC_RUN_ID"]
     assert ranks.discover(nested).launcher == "slurm"
 
@@ -133,3 +134,39 @@ def test_json_only():
     g = ranks.join(ranks.discover({}))
     with pytest.raises(TypeError, match="JSON"):
         g.gather(object())
+
+
+def test_rendezvous_takes_an_ipv6_zone_and_only_ascii_ports():
+    from gpubench.core.errors import UsageError
+    from gpubench.launch.ranks import parse_rendezvous
+
+    assert parse_rendezvous("[fe80::1%eth0]:29500") == ("fe80::1%eth0", 29500)
+    with pytest.raises(UsageError):
+        parse_rendezvous("node01:\uff12\uff19\uff15\uff10\uff10")
+
+def test_slurm_job_and_step_ids_are_not_rank_counts():
+    from gpubench.launch.ranks import discover, rendezvous_address
+
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "98765432",
+           "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    me = discover(env)
+    assert rendezvous_address(me, None, env) == ("gpu07", 29500 + 98765432 % 1000)
+
+def test_an_abort_notice_naming_this_rank_says_it_was_late_not_that_it_did_not_answer():
+    """A rank late at a barrier (its test outlasted the deadline) that reads an abort notice naming
+    itself says that rank 2 gave up waiting for it, after the seconds rank 2 waited (not -T), never
+    that it did not answer; a notice naming another rank names that rank, the step, the seconds and
+    who found it."""
+    import json
+
+    from gpubench.launch.ranks import Group, Rank
+
+    g = Group(Rank(0, 3, 0, 3, 0, "node0", "torchrun"), timeout=6.0)
+    g.ranks = [Rank(r, 3, r, 3, 0, f"node{r}", "torchrun") for r in range(3)]
+    e = g._aborted(json.dumps({"missing": [0], "by": 2, "what": "end of net round 1 of 3", "s": 17.5}))
+    assert "did not answer" not in e.message, e.message
+    assert "rank 2 gave up waiting for this rank (rank 0 on node0)" in e.message and "17.5 s" in e.message
+    e = Group(Rank(1, 3, 1, 3, 0, "node1", "torchrun"), timeout=6.0)
+    e.ranks = g.ranks
+    err = e._aborted(json.dumps({"missing": [2], "by": 0, "what": "gather", "s": 17.5}))
+    assert "rank 2 on node2 did not answer the gather within 17.5 s" in err.message and "(found by rank 0)" in err.message

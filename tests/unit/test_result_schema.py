@@ -8,10 +8,11 @@ import copy
 import json
 from pathlib import Path
 
-import jsonschema
 import pytest
 
-from gpubench.core.result import SCHEMA_VERSION, Record, Result, json_schema
+jsonschema = pytest.importorskip("jsonschema")
+
+from gpubench.core.result import SCHEMA_VERSION, Record, Result, json_schema  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FILES = sorted(DATA.glob("*.json"))

@@ -130,7 +130,7 @@ def test_depth_of_raw_text_and_of_objects_agree():
 
 
 def test_the_one_pass_check_builds_what_the_field_by_field_check_builds(monkeypatch):
-    """check_record takes a one-pass path for well-formed records (no JSON Pointer built, D12);
+    """check_record takes a one-pass path for well-formed records (no JSON Pointer built);
     every fixture record takes it, and it builds the same Record as the field-by-field path."""
     from gpubench.core import result as R
 

@@ -153,6 +153,19 @@ def test_a_fault_without_points_and_a_usage_error_are_errors_without_result(tmp_
     assert b.steps[0].status == "error" and b.steps[0].result is None and not (tmp_path / "b.json").exists()
 
 
+def test_a_step_that_raises_a_bug_is_an_error_row_and_the_next_step_runs(tmp_path):
+    b = suite.Bundle()
+
+    def bug(path):
+        raise AttributeError("'str' object has no attribute 'sizes'")
+
+    assert steps.record_step(b, "hostcopy", "hostcopy", tmp_path / "h.json", bug) is True
+    assert steps.record_step(b, "junk", "junk", tmp_path / "j.json", lambda p: "not a result") is True
+    assert [s.status for s in b.steps] == ["error", "error"]
+    assert b.steps[0].reason == "AttributeError: 'str' object has no attribute 'sizes'"
+    assert "not a Result" in b.steps[1].reason
+
+
 def test_an_interrupted_step_stops_the_suite(tmp_path):
     b = suite.Bundle()
     res = Result("copy", {}, records=[_record()], partial=True, interrupted_by="SIGINT")

@@ -543,12 +543,34 @@ def more_samples_hint(command: str) -> str:
     return own.more_samples if own is not None else "more samples per figure"
 
 
+def _plugin_notes(base: Result, new: Result) -> list[str]:
+    """The lines the plug-in of ``base.command`` adds to compare's notes (its ``compare_notes``);
+    none where it declares none, is not installed, or its hook fails or gives anything but a list
+    of strings (said once on stderr: saved results still compare)."""
+    from gpubench.core import registry
+    from gpubench.core.signals import Interrupted
+
+    own = plugin_of(base.command)
+    if own is None or own.compare_notes is None:
+        return []
+    try:
+        got = own.hook("compare_notes")(base, new)
+        if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
+            raise TypeError(f"it gave {type(got).__name__}, not a list of strings")
+    except (KeyboardInterrupt, Interrupted):
+        raise
+    except Exception as e:
+        registry.warn_hook(own, "compare_notes", e)
+        return []
+    return got
+
+
 def plugin_of(command: str):
     """The plug-in that wrote ``command``'s results, or None where it is not installed here (its
     results still compare, as figures with no command-specific hints)."""
     from gpubench.core import registry
 
-    return registry.plugins().get(command)
+    return registry.find(command)
 
 
 def inconclusive_line(cmp: "Comparison") -> str:
@@ -973,10 +995,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
             why = f"stopped by a fault: {r.failed_by[:100]}" if r.failed_by else \
                 f"interrupted by {r.interrupted_by or 'a signal'}"
             cmp.notes.append(f"{name} is partial ({why})")
-    own = plugin_of(base.command)
-    notes = own.hook("compare_notes") if own is not None else None
-    if notes is not None:
-        cmp.notes.extend(notes(base, new))
+    cmp.notes.extend(_plugin_notes(base, new))
     added = _added_params(base.command)
     lacking = [name for name, r in ((base_name, base), (new_name, new))
                if added and any(any(k not in rec.params for k in added) for rec in r.records)]

@@ -188,7 +188,7 @@ def _has_intervals(r: Record) -> bool:
 def plot_kind(command: str) -> str:
     """How ``command``'s sized records read best (its plug-in's ``plot_kind``: "sweep", "bars" or
     "collective"); "sweep" for a command whose plug-in is not installed here."""
-    own = registry.plugins().get(command)
+    own = registry.find(command)
     return own.plot_kind if own is not None else "sweep"
 
 
@@ -662,7 +662,7 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
         sizes += xs
         top = max([top] + [v.p75 for v in ss])
     _size_ticks(ax, sizes)
-    own = registry.plugins().get(panel.command)
+    own = registry.find(panel.command)
     ax.set_xlabel(S((own.x_name if own is not None else None) or X_NAMES.get(panel.xkey or "", "size")
                     + " (log2 axis)"))
     what = panel.scale_by or ("bandwidth" if panel.metric == "bandwidth" else "time")

@@ -32,14 +32,16 @@ class LazyGroup(click.Group):
         return list(registry.plugins())
 
     def get_command(self, ctx, name):
-        if name not in registry.plugins():
+        if registry.find(name) is None:
             return None
         from gpubench.kit import harden_numeric_options
 
         return harden_numeric_options(load_command(name), name)  # every numeric option bounded
 
     def format_commands(self, ctx, formatter):
-        rows = [(name, p.help) for name, p in registry.plugins().items()]
+        from gpubench.core import safe
+
+        rows = [(name, safe.term(p.help, 120)) for name, p in registry.plugins().items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

@@ -29,9 +29,10 @@ from gpubench.core.errors import RegressionFound, UsageError
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout, quiet, debug):
-    """Validate a node: env, pinned copy (H2D and D2H), and where available batch, p2p and NCCL
-    all-reduce (several GPUs), merge with --merge; save one JSON bundle of every result; check
-    the expectations; print a pass/fail table. Exit 1 when an expectation fails.
+    """Validate a node: env, then every installed command's steps (pinned copy H2D and D2H, batch,
+    p2p and NCCL all-reduce with several GPUs, merge with --merge, and any plug-in's); save one
+    JSON bundle of every result; check the expectations; print a pass/fail table. Exit 1 when an
+    expectation or a step fails.
 
     With --check FILE, check the expectations against saved bundles or results (no GPU).
     """
@@ -40,7 +41,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
 
     if not node_timeout > 0:  # also with --check and off a launcher (fleet.run_fleet says the same)
         raise UsageError(f"--node-timeout {node_timeout:g} out of range", "use seconds > 0")
-    known = sorted(registry.plugins())
+    known = sorted(p.name for p in registry.measuring())
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:
         if expectations is None:

@@ -203,7 +203,7 @@ def option_maximum(command: str, name: str) -> float | None:
     default of its type. ``command`` may be "net server": its first word is the plug-in."""
     from gpubench.core import registry
 
-    own = registry.plugins().get(command.split()[0]) if command else None
+    own = registry.find(command.split()[0]) if command else None
     hi = own.option_maxima.get(name) if own is not None and name in own.option_maxima else OPTION_MAXIMA.get(name)
     return hi() if callable(hi) else hi
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}\Z")
+HOOK = re.compile(r"[A-Za-z_][\w.]{0,199}:[A-Za-z_]\w{0,99}\Z")  # "module:function"
 PLOT_KINDS = ("sweep", "bars", "collective")
 
 
@@ -205,11 +206,40 @@ class Plugin:
     option_maxima: Mapping[str, float | Callable[[], float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        """Check every field's type and form, so a broken descriptor is refused where it is made
+        (the registry then leaves that plug-in out with one warning) and never breaks a command.
+
+        Raises:
+            ValueError: naming the field and what it takes.
+        """
         if not isinstance(self.name, str) or not NAME.match(self.name):
-            raise ValueError(f"plug-in name {self.name!r}: use lower case letters, digits, '-' and '_' "
+            raise ValueError(f"plug-in name {self.name!r:.60}: use lower case letters, digits, '-' and '_' "
                              "(at most 40, a letter first)")
+
+        def bad(what: str, want: str) -> ValueError:
+            return ValueError(f"plug-in {self.name}: {what} {getattr(self, what)!r:.60} is not {want}")
+
+        for attr, limit in (("help", 200), ("command", 200), ("gpu", 80), ("docs", 200), ("more_samples", 200)):
+            v = getattr(self, attr)
+            if not isinstance(v, str) or len(v) > limit or (attr in ("help", "command", "gpu") and not v.strip()):
+                raise bad(attr, f"a string of at most {limit} characters")
+        for attr in ("bench", "x_name"):
+            v = getattr(self, attr)
+            if v is not None and (not isinstance(v, str) or len(v) > 200):
+                raise bad(attr, "a string of at most 200 characters, or None")
+        for attr in ("compare_notes", "suite_steps", "fleet_checks", "fleet_stage"):
+            v = getattr(self, attr)
+            if v is not None and not (isinstance(v, str) and HOOK.match(v)):
+                raise bad(attr, "a 'module:function' reference, or None")
+        for attr in ("added_options", "added_params", "option_maxima"):
+            v = getattr(self, attr)
+            if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+                raise bad(attr, "a mapping of option or param names")
+        for attr in ("writes_results", "host_memory", "digit_groups"):
+            if not isinstance(getattr(self, attr), bool):
+                raise bad(attr, "true or false")
         if self.plot_kind not in PLOT_KINDS:
-            raise ValueError(f"plug-in {self.name}: plot_kind {self.plot_kind!r} is not one of {PLOT_KINDS}")
+            raise bad("plot_kind", f"one of {', '.join(PLOT_KINDS)}")
 
     def hook(self, attr: str) -> Callable | None:
         """The function a ``"module:function"`` field names, imported now; None where unset.

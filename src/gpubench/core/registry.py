@@ -13,6 +13,7 @@ or its help is shown (click's "Lazily Loading Subcommands").
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Iterator
@@ -20,7 +21,10 @@ from typing import Iterator
 from gpubench.core.plugin import Plugin
 
 GROUP = "gpubench.plugins"
-_LOADED: dict[str, Plugin] | None = None
+OWN_DISTRIBUTION = "gpubench-cuda"
+_LOADED: dict[str, Plugin] = {}  # name -> its plug-in, as each is loaded
+_ALL = False  # every entry point loaded
+_TRIED: set[tuple[str, str]] = set()
 #: plug-ins that did not load: (entry point "name = value", why), each said once on stderr
 BROKEN: list[tuple[str, str]] = []
 
@@ -33,20 +37,24 @@ def _load(value: str) -> object:
     return obj
 
 
-OWN = "gpubench."  # the entry points of gpubench's own commands name its modules
-
-
-def _entry_points() -> list[tuple[str, str]]:
-    """(name, "module:attr") of every entry point of the group, by name."""
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> tuple[tuple[str, str, bool], ...]:
+    """(name, "module:attr", gpubench's own) of every entry point of the group: gpubench's own
+    first (they keep their names: a third party's entry of the same name is left out), then the
+    others by name."""
     from importlib.metadata import entry_points
 
-    found = [(ep.name, ep.value) for ep in entry_points(group=GROUP)]
-    if not any(value.startswith(OWN) for _name, value in found):
+    found = []
+    for ep in entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        own = dist is not None and (dist.metadata["Name"] or "").lower() == OWN_DISTRIBUTION
+        found.append((ep.name, ep.value, own))
+    if not any(own for _n, _v, own in found):
         found = _source_tree_entry_points() + found
-    return sorted(found)
+    return tuple(sorted(found, key=lambda e: (not e[2], e[0], e[1])))
 
 
-def _source_tree_entry_points() -> list[tuple[str, str]]:
+def _source_tree_entry_points() -> list[tuple[str, str, bool]]:
     """gpubench's own entry points read from the pyproject.toml of the source tree it runs from
     (src/gpubench -> the project root); none where there is no such file."""
     import tomllib
@@ -57,35 +65,56 @@ def _source_tree_entry_points() -> list[tuple[str, str]]:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
+    if doc.get("project", {}).get("name") != OWN_DISTRIBUTION:
+        return []
     table = doc.get("project", {}).get("entry-points", {}).get(GROUP, {})
-    return [(k, v) for k, v in table.items() if isinstance(v, str) and v.startswith(OWN)]
+    return [(k, v, True) for k, v in table.items() if isinstance(v, str)]
+
+
+def _take(name: str, value: str) -> None:
+    """Load one entry point into _LOADED, or say once why it is left out."""
+    if (name, value) in _TRIED:
+        return
+    _TRIED.add((name, value))
+    if name in _LOADED:
+        _broken(f"{name} = {value}", f"the command {name!r} is taken by {_LOADED[name].command}")
+        return
+    try:
+        p = _load(value)
+    except (Exception, SystemExit) as e:  # a third party's broken plug-in must not break every command
+        _broken(f"{name} = {value}", f"{type(e).__name__}: {e}")
+        return
+    if not isinstance(p, Plugin):
+        _broken(f"{name} = {value}", f"it is a {type(p).__name__}, not a gpubench.core.plugin.Plugin")
+    elif p.name != name:
+        _broken(f"{name} = {value}", f"its Plugin is named {p.name!r}, not {name!r}")
+    else:
+        _LOADED[name] = p
 
 
 def plugins() -> dict[str, Plugin]:
     """Every command, by name (the order of ``gpubench --help``).
 
-    A plug-in whose entry point does not load, or that names a command already taken, is left
+    A plug-in whose entry point does not load (its import raises, even SystemExit), is not a
+    Plugin of that name, or names a command already taken (gpubench's own keep theirs) is left
     out and said once on stderr (``BROKEN``); the others still work.
     """
-    global _LOADED
-    if _LOADED is not None:
-        return _LOADED
-    got: dict[str, Plugin] = {}
-    for name, value in _entry_points():
-        if name in got:
-            _broken(f"{name} = {value}", f"the command {name!r} is taken")
-            continue
-        try:
-            p = _load(value)
-        except Exception as e:  # a third party's broken plug-in must not break every command
-            _broken(f"{name} = {value}", f"{type(e).__name__}: {e}")
-            continue
-        if not isinstance(p, Plugin) or p.name != name:
-            _broken(f"{name} = {value}", "it is not a gpubench.core.plugin.Plugin named " + repr(name))
-            continue
-        got[name] = p
-    _LOADED = got
-    return _LOADED
+    global _ALL
+    if not _ALL:
+        for name, value, _own in _entry_points():
+            _take(name, value)
+        _ALL = True
+    return dict(sorted(_LOADED.items()))
+
+
+def find(name: str) -> Plugin | None:
+    """The plug-in of ``name``, loading only the entry points of that name (running one command
+    imports no other plug-in); None when no installed plug-in has it."""
+    if name not in _LOADED and not _ALL:
+        for n, value, _own in _entry_points():
+            if n == name:
+                _take(n, value)
+    return _LOADED.get(name)
 
 
 def _broken(what: str, why: str) -> None:
@@ -95,13 +124,31 @@ def _broken(what: str, why: str) -> None:
     sys.stderr.write(f"gpubench: warning: plug-in {term(what, 200)} left out: {term(why, 300)}\n")
 
 
+def warn_hook(plugin: Plugin, hook: str, e: BaseException) -> None:
+    """Say once on stderr that ``plugin``'s ``hook`` failed and what it gave is left out."""
+    from gpubench.core.safe import term
+
+    key = (plugin.name, hook)
+    if key in _HOOKS_SAID:
+        return
+    _HOOKS_SAID.add(key)
+    sys.stderr.write(f"gpubench: warning: plug-in {term(plugin.name, 60)}: its {hook} hook failed "
+                     f"({term(type(e).__name__ + ': ' + str(e), 300)}); left out\n")
+
+
+_HOOKS_SAID: set[tuple[str, str]] = set()
+
+
 def get(name: str) -> Plugin:
     """The plug-in of ``name``.
 
     Raises:
         KeyError: no such command.
     """
-    return plugins()[name]
+    p = find(name)
+    if p is None:
+        raise KeyError(name)
+    return p
 
 
 def measuring() -> Iterator[Plugin]:
@@ -115,8 +162,20 @@ def load_command(name: str):
 
     Raises:
         KeyError: ``name`` is not registered.
+        RuntimeError: the plug-in's command module does not import or has no click command (the
+            command line says so in one line, exit 3, naming the plug-in).
     """
-    return importlib.import_module(get(name).command).command
+    import click
+
+    p = get(name)
+    try:
+        cmd = getattr(importlib.import_module(p.command), "command", None)
+    except (Exception, SystemExit) as e:
+        raise RuntimeError(f"plug-in {name}: its command module {p.command} does not import "
+                           f"({type(e).__name__}: {e})") from None
+    if not isinstance(cmd, click.Command):
+        raise RuntimeError(f"plug-in {name}: {p.command}.command is a {type(cmd).__name__}, not a click command")
+    return cmd
 
 
 def no_gpu_commands() -> tuple[str, ...]:

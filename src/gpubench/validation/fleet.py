@@ -30,6 +30,7 @@ import math
 import time
 from typing import Any, Sequence
 
+from gpubench.core.signals import Interrupted
 from gpubench.validation.suite import FLEET_KIND, FLEET_VERSION
 
 RATIO = 0.95
@@ -100,9 +101,22 @@ def checks_of(result) -> list[dict]:
     """
     from gpubench.core import registry
 
-    own = registry.plugins().get(result.command)
-    hook = own.hook("fleet_checks") if own is not None else None
-    return hook(result) if hook is not None else []
+    own = registry.find(result.command)
+    if own is None or own.fleet_checks is None:
+        return []
+    try:
+        got = list(own.hook("fleet_checks")(result))  # type: ignore[misc]
+        for c in got:
+            if not (isinstance(c, dict) and isinstance(c.get("check"), str) and isinstance(c.get("unit"), str)
+                    and (c.get("value") is None or isinstance(c.get("value"), (int, float)))
+                    and isinstance(c.get("params", {}), dict)):
+                raise TypeError(f"it gave {c!r:.60}, not a check (a dict of check, value, unit, params)")
+    except (KeyboardInterrupt, Interrupted):
+        raise
+    except Exception as e:
+        registry.warn_hook(own, "fleet_checks", e)
+        return []
+    return got
 
 
 def _bound(e) -> float | None:
@@ -448,19 +462,37 @@ def stages() -> list[tuple[str, Any]]:
 
     out = []
     for p in registry.plugins().values():
-        hook = p.hook("fleet_stage")
-        if hook is not None:
-            out.append((p.name, hook()))
+        stage = _stage(p)
+        if stage is not None:
+            out.append((p.name, stage))
     return sorted(out, key=lambda cs: (cs[1].order, cs[0]))
+
+
+def _stage(p) -> Any:
+    """``p``'s FleetStage, or None (none declared, or its hook failed: said once)."""
+    from gpubench.core import registry
+    from gpubench.core.plugin import FleetStage
+
+    if p.fleet_stage is None:
+        return None
+    try:
+        stage = p.hook("fleet_stage")()
+        if not isinstance(stage, FleetStage) or not isinstance(stage.order, int) or not isinstance(stage.name, str):
+            raise TypeError(f"it gave {type(stage).__name__}, not a FleetStage")
+    except (KeyboardInterrupt, Interrupted):
+        raise
+    except Exception as e:
+        registry.warn_hook(p, "fleet_stage", e)
+        return None
+    return stage
 
 
 def stage_of(result) -> Any:
     """The fleet stage of the plug-in that wrote ``result``, or None."""
     from gpubench.core import registry
 
-    own = registry.plugins().get(result.command)
-    hook = own.hook("fleet_stage") if own is not None else None
-    return hook() if hook is not None else None
+    own = registry.find(result.command)
+    return _stage(own) if own is not None else None
 
 
 def judged_between_nodes() -> dict[str, Any]:

@@ -16,16 +16,29 @@ from typing import Callable
 from gpubench.core import registry
 from gpubench.core.errors import GpubenchError, MachineError, RegressionFound
 from gpubench.core.plugin import Plugin, StepPlace, SuiteStep
+from gpubench.core.result import Result
+from gpubench.core.signals import Interrupted
 
 
 def planned(place: StepPlace) -> list[tuple[Plugin, SuiteStep]]:
     """Every step the installed plug-ins declare for ``place``, in run order (``order``, then the
-    plug-in's name)."""
+    plug-in's name). A plug-in whose hook fails or gives something other than SuiteSteps is left
+    out with one warning (``registry.warn_hook``); the others' steps run."""
     out: list[tuple[Plugin, SuiteStep]] = []
     for p in registry.plugins().values():
-        hook = p.hook("suite_steps")
-        if hook is not None:
-            out.extend((p, s) for s in hook(place))
+        if p.suite_steps is None:
+            continue
+        try:
+            got = list(p.hook("suite_steps")(place))  # type: ignore[misc]
+            for s in got:
+                if not isinstance(s, SuiteStep) or not isinstance(s.order, int) or not isinstance(s.name, str):
+                    raise TypeError(f"it gave {type(s).__name__} {s!r:.60}, not a SuiteStep")
+        except (KeyboardInterrupt, Interrupted):
+            raise
+        except Exception as e:
+            registry.warn_hook(p, "suite_steps", e)
+            continue
+        out.extend((p, s) for s in got)
     return sorted(out, key=lambda ps: (ps[1].order, ps[0].name))
 
 
@@ -101,7 +114,11 @@ def record_step(bundle, name: str, command: str, path: Path, fn: Callable, say=l
 
     try:
         res = fn(path)
-    except GpubenchError as e:
+        if not isinstance(res, Result):
+            raise TypeError(f"the step gave {type(res).__name__}, not a Result")
+    except Exception as e:  # a step's error is its row of the bundle; the next step runs
+        if not isinstance(e, GpubenchError):
+            e = MachineError(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
         partial = e.partial_result if isinstance(e, MachineError) else None
         if partial is not None:
             keep(partial)
