@@ -53,6 +53,24 @@ def test_every_collective_checks_zero_wrong(coll, gpu_count):
         assert r.extra["busbw_bytes_per_s"] == pytest.approx(r.extra["algbw_bytes_per_s"] * r.extra["busbw_factor"])
 
 
+def test_hypercube_checks_zero_wrong_on_a_power_of_two_gpus_and_refuses_other_counts(gpu_count):
+    """nccl-tests' hypercube_perf: its own block copied into place, then log2(n) grouped exchanges,
+    each step complete on every GPU before the next; S = count x elt x (n-1), factor 1. One GPU (or
+    a count that is not a power of 2): exit 2 before anything is measured."""
+    from gpubench.plugins.nccl import bench as N
+
+    if gpu_count < 2 or gpu_count & (gpu_count - 1):
+        p = subprocess.run([sys.executable, "-m", "gpubench", "nccl", "hypercube", "-b", "1M", "-e", "1M"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "hypercube needs a power-of-2 number of ranks" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+        return
+    res = N.run(_spec(collective="hypercube"))
+    for r in res.records:
+        assert r.error is None and r.extra["wrong"] == 0, (r.params, r.error)
+        assert r.extra["busbw_bytes_per_s"] == pytest.approx(r.extra["algbw_bytes_per_s"])
+
+
 def test_gather_and_scatter_check_zero_wrong_from_every_root(gpu_count):
     """nccl-tests' gather_perf and scatter_perf (grouped ncclSend/ncclRecv to and from the root), each
     root in turn, both placements, data checked; on one GPU the one rank sends to and receives

@@ -26,6 +26,7 @@ def _nccl_tests_factor(name: str, n: int) -> float:
         "send-recv": 1.0,
         "gather": (n - 1) / n,  # gather.cu GatherGetBw
         "scatter": (n - 1) / n,  # scatter.cu ScatterGetBw
+        "hypercube": 1.0,  # hypercube.cu HyperCubeGetBw
     }[name]
 
 
@@ -57,6 +58,9 @@ def _nccl_tests_counts(name: str, count: int, elt: int, n: int):
         return base, base * n, base, base, 0
     if name == "scatter":
         return base * n, base, base, 0, base
+    if name == "hypercube":  # ALIGN 4 elements, not 16 bytes
+        hb = (count // (4 * n)) * 4
+        return hb, hb * n, hb, hb, 0
     raise AssertionError(name)
 
 
@@ -66,11 +70,16 @@ def _nccl_tests_counts(name: str, count: int, elt: int, n: int):
 @pytest.mark.parametrize("size", [8, 1000, 4096, 1 << 20, 3 * (1 << 20) + 5, 1 << 30])
 def test_byte_counts_match_nccl_tests(name, n, dt, size):
     d = C.DTYPES[dt]
-    cc = C.counts(C.COLLECTIVES[name], size, d.size, n)
+    coll = C.COLLECTIVES[name]
+    if coll.ranks_ok(n) is not None:
+        with pytest.raises(UsageError, match=f"{name} needs"):
+            C.counts(coll, size, d.size, n)
+        return
+    cc = C.counts(coll, size, d.size, n)
     want = _nccl_tests_counts(name, size // d.size, d.size, n)
     assert (cc.send_count, cc.recv_count, cc.param_count, cc.send_inplace_offset, cc.recv_inplace_offset) == want
     # gathered kinds hand each rank a whole number of 16-byte units
-    if C.COLLECTIVES[name].size_ranks:
+    if coll.size_blocks(n) == n and n > 1:
         assert (cc.param_count * d.size) % 16 == 0
 
 
@@ -81,7 +90,7 @@ def test_algbw_numerator(name):
     cc = C.counts(coll, 1 << 24, elt, n)
     alg, bus = C.bandwidths(coll, cc.param_count, elt, t, n)
     s = cc.param_count * elt * (n if name in ("all-gather", "reduce-scatter", "all-to-all", "gather", "scatter")
-                                else 1)
+                                else n - 1 if name == "hypercube" else 1)
     assert alg == pytest.approx(s / t)
     assert bus == pytest.approx(alg * _nccl_tests_factor(name, n))
     # the size nccl-tests prints: max(send, receive) bytes

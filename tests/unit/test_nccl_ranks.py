@@ -126,3 +126,18 @@ def test_unique_id_survives_the_json_group():
     assert uid_from_wire(json.loads(json.dumps(uid_to_wire(raw)))) == raw
     old = tuple(range(-64, 64))
     assert uid_from_wire(json.loads(json.dumps(uid_to_wire(old)))) == old
+
+
+@pytest.mark.parametrize("given", [bytes(range(16)), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f",
+                                   "000102030405060708090A0B0C0D0E0F"])
+def test_a_gpu_uuid_reads_as_nvml_writes_it_from_bytes_or_text(given):
+    from gpubench.plugins.nccl.ranks import _uuid_text
+
+    assert _uuid_text(given) == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+
+
+@pytest.mark.parametrize("given", [None, b"short", "GPU-xyz", 7])
+def test_a_gpu_uuid_that_is_not_one_is_none(given):
+    from gpubench.plugins.nccl.ranks import _uuid_text
+
+    assert _uuid_text(given) is None

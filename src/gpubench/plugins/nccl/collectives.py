@@ -12,10 +12,13 @@ Sources (nccl-tests 2.19.6, github.com/NVIDIA/nccl-tests), each entry's ``source
 - byte counts: ``<Coll>GetCollByteCount``. ``size`` is the user's size in bytes; ``count = size //
   elt_size``; the collectives of per-rank blocks split it over the ranks and round the per-rank
   count down to a multiple of 16 bytes (``(count / nranks) & ~(16 / eltSize - 1)``).
-- bandwidths: ``<Coll>GetBw``: ``algbw = S / t`` with S = ``paramcount * eltSize``, times nranks
-  where the entry's ``size_ranks`` says so; ``busbw = algbw * factor``, the factor derived in
+- bandwidths: ``<Coll>GetBw``: ``algbw = S / t`` with S = ``paramcount * eltSize`` times the
+  entry's ``size_blocks(nranks)`` (1, n or n-1); ``busbw = algbw * factor``, the factor derived in
   doc/PERFORMANCE.md (2(n-1)/n, (n-1)/n or 1: the entry's ``factor_text``).
-- calls: ``<Coll>RunColl``; expected data: ``<Coll>InitData``.
+- calls: ``<Coll>RunColl``, as (function, arguments) pairs; a collective made of dependent steps
+  (hypercube: each step forwards what the last one received) separates them with :data:`STEP`,
+  and the driver completes one step on every local rank before it issues the next.
+  Expected data: ``<Coll>InitData``.
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def _reducescatter(count: int, elt_size: int, nranks: int) -> CollCounts:
     return CollCounts(base * nranks, base, base, 0, base)
 
 
+def _hypercube(count: int, elt_size: int, nranks: int) -> CollCounts:
+    # hypercube.cu: base = (count / (ALIGN * nranks)) * ALIGN with ALIGN = 4 elements
+    base = (count // (4 * nranks)) * 4
+    return CollCounts(base, base * nranks, base, base, 0)
+
+
 def _alltoall(count: int, elt_size: int, nranks: int) -> CollCounts:
     base = _per_rank_base(count, elt_size, nranks)
     return CollCounts(base * nranks, base * nranks, base, 0, 0)
@@ -90,6 +99,8 @@ class RankCall:
         stream: the rank's cudaStream_t.
         group_start, group_end: ncclGroupStart and ncclGroupEnd (collectives made of point-to-point
             calls group them, as nccl-tests does).
+        copy: (dst, src, nbytes, stream) -> a device-to-device cudaMemcpyAsync on the stream
+            (hypercube's own block, out of place).
     """
 
     comm: Any
@@ -104,6 +115,7 @@ class RankCall:
     stream: int
     group_start: Callable[[], Any]
     group_end: Callable[[], Any]
+    copy: Callable[[int, int, int, int], Any] | None = None
 
     @property
     def block_bytes(self) -> int:
@@ -112,6 +124,24 @@ class RankCall:
 
 
 Calls = list[tuple[Callable, tuple]]  # (function, arguments) pairs, called in order
+
+
+def STEP() -> None:  # noqa: N802 - a marker, named like the constant it is used as
+    """Marks the end of one step of a collective made of dependent steps (never called: the driver
+    splits a rank's calls at it, :func:`steps`)."""
+    raise AssertionError("STEP is a marker in a call list, not a call")
+
+
+def steps(calls: Calls) -> list[Calls]:
+    """A rank's calls split at :data:`STEP` markers: the dependent steps, in order (one for every
+    collective but hypercube)."""
+    out: list[Calls] = [[]]
+    for fn, args in calls:
+        if fn is STEP:
+            out.append([])
+        else:
+            out[-1].append((fn, args))
+    return [s for s in out if s]
 
 
 def _grouped(a: RankCall, calls: Calls) -> Calls:
@@ -177,6 +207,29 @@ def _scatter_call(a: RankCall) -> Calls:
     return _grouped(a, calls)
 
 
+def _hypercube_call(a: RankCall) -> Calls:
+    """nccl-tests src/hypercube.cu HyperCubeRunColl: the rank's own block copied into place (out of
+    place), then for mask = 1, 2, 4 ... < n one grouped step: send the ``mask`` blocks this rank
+    holds (from ``rank & ~(mask - 1)``) to ``rank ^ mask`` and receive its ``mask`` blocks (an
+    all-gather in log2(n) steps, each forwarding what the last received)."""
+    if a.copy is None:
+        raise ValueError("hypercube needs RankCall.copy (a device-to-device copy)")
+    calls: Calls = []
+    mine = a.recv + a.rank * a.block_bytes
+    if a.send != mine:
+        calls.append((a.copy, (mine, a.send, a.block_bytes, a.stream)))
+    mask = 1
+    while mask < a.nranks:
+        held = a.rank & ~(mask - 1)
+        peer = a.rank ^ mask
+        calls += [(STEP, ())] if calls else []
+        calls += _grouped(a, [(a.comm.send, (a.recv + held * a.block_bytes, a.count * mask, a.dtype.nccl, peer, a.stream)),
+                              (a.comm.recv, (a.recv + (held ^ mask) * a.block_bytes, a.count * mask, a.dtype.nccl, peer,
+                                             a.stream))])
+        mask <<= 1
+    return calls
+
+
 # Expected outputs (nccl-tests <Coll>InitData's ``expected``): (xp, output indices, DataArgs) ->
 # values. Rank p sends DataArgs.sent(xp, p, k) at its input index k (nccl_data.rank_values).
 
@@ -217,6 +270,28 @@ def _root_only(rank: int, root: int) -> bool:
     return rank == root
 
 
+def _one_block(n: int) -> int:
+    return 1
+
+
+def _n_blocks(n: int) -> int:
+    return n
+
+
+def _others_blocks(n: int) -> int:
+    return n - 1
+
+
+def _any_ranks(n: int) -> str | None:
+    return None
+
+
+def _power_of_two_ranks(n: int) -> str | None:
+    # hypercube.cu runs only on a power-of-2 number of ranks ("is not a power of 2, skipping"); one
+    # rank exchanges nothing, so S = count x (n-1) is 0 and there is no figure either
+    return None if n >= 2 and n & (n - 1) == 0 else f"needs a power-of-2 number of ranks, 2 or more (got {n})"
+
+
 def _twice_share_of_others(n: int) -> float:
     return 2 * (n - 1) / n
 
@@ -239,8 +314,8 @@ class Collective:
         nccl_tests: the nccl-tests binary that measures the same thing.
         source: the nccl-tests file the counts, data, formula and call come from.
         counts: (count, elt_size, nranks) -> CollCounts (GetCollByteCount).
-        size_ranks: whether S (the algbw numerator) is ``param_count * elt_size * nranks`` (True) or
-            ``param_count * elt_size`` (False) (GetBw).
+        size_blocks: nranks -> how many ``param_count * elt_size`` blocks S (the algbw numerator)
+            is: 1, n for the gathered kinds, n-1 for hypercube (GetBw).
         factor: nranks -> busbw / algbw (GetBw; doc/PERFORMANCE.md).
         factor_text: the factor as a formula, for reports and docs.
         call: RankCall -> the NCCL calls of one rank for one iteration, as (function, arguments)
@@ -256,13 +331,15 @@ class Collective:
         reduces: takes a reduction op (-o).
         rooted: takes a root rank (-r).
         aliases: spellings accepted besides those :meth:`spellings` derives.
+        ranks_ok: nranks -> why this collective cannot run on that many ranks, or None (hypercube:
+            a power of 2).
     """
 
     name: str
     nccl_tests: str
     source: str
     counts: Callable[[int, int, int], CollCounts]
-    size_ranks: bool
+    size_blocks: Callable[[int], int]
     factor: Callable[[int], float]
     factor_text: str
     call: Callable[[RankCall], Calls]
@@ -273,6 +350,7 @@ class Collective:
     reduces: bool = False
     rooted: bool = False
     aliases: tuple[str, ...] = ()
+    ranks_ok: Callable[[int], str | None] = _any_ranks
 
     def spellings(self) -> tuple[str, ...]:
         """Accepted names, lower case: the name, without or with ``_`` for its hyphens, the
@@ -285,25 +363,28 @@ class Collective:
 COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
-        Collective("all-reduce", "all_reduce_perf", "src/all_reduce.cu", _same, False, _twice_share_of_others,
+        Collective("all-reduce", "all_reduce_perf", "src/all_reduce.cu", _same, _one_block, _twice_share_of_others,
                    "2(n-1)/n", _all_reduce_call, _expect_reduced, reduces=True),
-        Collective("all-gather", "all_gather_perf", "src/all_gather.cu", _allgather, True, _share_of_others,
+        Collective("all-gather", "all_gather_perf", "src/all_gather.cu", _allgather, _n_blocks, _share_of_others,
                    "(n-1)/n", _all_gather_call, _expect_every_rank_block),
-        Collective("reduce-scatter", "reduce_scatter_perf", "src/reduce_scatter.cu", _reducescatter, True,
+        Collective("reduce-scatter", "reduce_scatter_perf", "src/reduce_scatter.cu", _reducescatter, _n_blocks,
                    _share_of_others, "(n-1)/n", _reduce_scatter_call, _expect_reduced_block, reduces=True),
-        Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, False, _one, "1", _broadcast_call,
+        Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, _one_block, _one, "1", _broadcast_call,
                    _expect_root, rooted=True, aliases=("bcast",)),
-        Collective("reduce", "reduce_perf", "src/reduce.cu", _same, False, _one, "1", _reduce_call, _expect_reduced,
+        Collective("reduce", "reduce_perf", "src/reduce.cu", _same, _one_block, _one, "1", _reduce_call, _expect_reduced,
                    holds_result=_root_only, reduces=True, rooted=True),
-        Collective("all-to-all", "alltoall_perf", "src/alltoall.cu", _alltoall, True, _share_of_others, "(n-1)/n",
+        Collective("all-to-all", "alltoall_perf", "src/alltoall.cu", _alltoall, _n_blocks, _share_of_others, "(n-1)/n",
                    _all_to_all_call, _expect_my_block_of_every_rank, checked_in_place=False),
-        Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, False, _one, "1", _send_recv_call,
+        Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, _one_block, _one, "1", _send_recv_call,
                    _expect_previous_rank, checked_in_place=False, aliases=("p2p",)),
         # gather.cu's GetCollByteCount is all-gather's, scatter.cu's reduce-scatter's
-        Collective("gather", "gather_perf", "src/gather.cu", _allgather, True, _share_of_others, "(n-1)/n",
+        Collective("gather", "gather_perf", "src/gather.cu", _allgather, _n_blocks, _share_of_others, "(n-1)/n",
                    _gather_call, _expect_every_rank_block, holds_result=_root_only, rooted=True),
-        Collective("scatter", "scatter_perf", "src/scatter.cu", _reducescatter, True, _share_of_others, "(n-1)/n",
+        Collective("scatter", "scatter_perf", "src/scatter.cu", _reducescatter, _n_blocks, _share_of_others, "(n-1)/n",
                    _scatter_call, _expect_my_block_of_root, sends=_root_only, rooted=True),
+        # hypercube.cu: an all-gather by log2(n) exchanges; GetBw's S is count x (n-1), factor 1
+        Collective("hypercube", "hypercube_perf", "src/hypercube.cu", _hypercube, _others_blocks, _one, "1",
+                   _hypercube_call, _expect_every_rank_block, ranks_ok=_power_of_two_ranks),
     )
 }
 # Accepted spellings (lower case) -> canonical name.
@@ -393,9 +474,13 @@ def counts(coll: Collective, size_bytes: int, elt_size: int, nranks: int) -> Col
 
     Raises:
         ValueError: nranks < 1 or elt_size < 1.
+        UsageError: the collective does not run on ``nranks`` ranks (its ``ranks_ok``).
     """
     if nranks < 1 or elt_size < 1:
         raise ValueError("nranks and elt_size must be >= 1")
+    why = coll.ranks_ok(nranks)
+    if why is not None:
+        raise UsageError(f"{coll.name} {why}", f"run it on a number of ranks it takes ({coll.source})")
     return coll.counts(size_bytes // elt_size, elt_size, nranks)
 
 
@@ -406,9 +491,9 @@ def reported_bytes(coll: Collective, size_bytes: int, elt_size: int, nranks: int
 
 
 def algbw_bytes(coll: Collective, param_count: int, elt_size: int, nranks: int) -> int:
-    """S of ``algbw = S / t`` in bytes: param_count * elt_size, times nranks for the gathered kinds."""
-    s = param_count * elt_size
-    return s * nranks if coll.size_ranks else s
+    """S of ``algbw = S / t`` in bytes: param_count * elt_size, times the entry's size_blocks(nranks)
+    (nranks for the gathered kinds, nranks - 1 for hypercube)."""
+    return param_count * elt_size * coll.size_blocks(nranks)
 
 
 def busbw_factor(coll: Collective, nranks: int) -> float:

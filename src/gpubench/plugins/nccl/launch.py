@@ -22,20 +22,28 @@ def _calls(ranks: list[Rank], coll: C.Collective, cc: C.CollCounts, dt: C.DType,
            in_place: bool, shift: int, nranks: int) -> C.Calls:
     """The NCCL calls of one iteration on every local rank (nccl-tests startColl: the entry's
     ``call`` per rank), as (function, arguments) pairs, grouped between ncclGroupStart/ncclGroupEnd
-    when there are several local ranks (nccl-tests -g N). Built once per buffer shift, so that an
-    iteration is only these calls."""
-    from cupy.cuda import nccl
+    when there are several local ranks (nccl-tests -g N); a collective of dependent steps
+    (:data:`collectives.STEP`) is grouped step by step, so a step's receives complete before the
+    next step sends them on. Built once per buffer shift, so that an iteration is only these calls."""
+    from cupy.cuda import nccl, runtime
 
-    out: C.Calls = []
-    grouped = len(ranks) > 1
-    if grouped:
-        out.append((nccl.groupStart, ()))
+    def copy(dst: int, src: int, nbytes: int, stream: int) -> None:
+        runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDeviceToDevice, stream)
+
+    per_rank = []
     for rk in ranks:
         s, r = pointers(rk, cc, dt.size, in_place, shift)
-        out += coll.call(C.RankCall(rk.comm, s, r, cc.param_count, dt, op_id, root, rk.rank, nranks, rk.stream.ptr,
-                                    nccl.groupStart, nccl.groupEnd))
-    if grouped:
-        out.append((nccl.groupEnd, ()))
+        per_rank.append(C.steps(coll.call(C.RankCall(rk.comm, s, r, cc.param_count, dt, op_id, root, rk.rank, nranks,
+                                                     rk.stream.ptr, nccl.groupStart, nccl.groupEnd, copy))))
+    out: C.Calls = []
+    grouped = len(ranks) > 1
+    for k in range(max(len(st) for st in per_rank)):  # step k on every local rank before step k + 1
+        if grouped:
+            out.append((nccl.groupStart, ()))
+        for st in per_rank:
+            out += st[k] if k < len(st) else []
+        if grouped:
+            out.append((nccl.groupEnd, ()))
     return out
 
 

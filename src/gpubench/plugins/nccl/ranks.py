@@ -91,15 +91,35 @@ def gpu_identity(device: int) -> dict:
     try:
         props = cupy.cuda.runtime.getDeviceProperties(device)
         out["name"] = props.get("name", b"").decode(errors="replace") if isinstance(props.get("name"), bytes) else props.get("name")
-        u = props.get("uuid")
-        if isinstance(u, (bytes, bytearray)) and len(u) == 16:
-            h = u.hex()
-            out["uuid"] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        out["uuid"] = _uuid_text(props.get("uuid"))
         out["pci_bus_id"] = (f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', 0):02x}:"
                              f"{props.get('pciDeviceID', 0):02x}.0")
     except Exception:
         pass
+    if out["uuid"] is None and out["pci_bus_id"]:  # NVML knows the GPU at that PCI address
+        try:
+            import pynvml as nv
+
+            nv.nvmlInit()
+            got = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByPciBusId(out["pci_bus_id"]))
+            out["uuid"] = _uuid_text(got.decode() if isinstance(got, bytes) else got)
+        except Exception:
+            pass
     return out
+
+
+def _uuid_text(u) -> str | None:
+    """A GPU UUID as NVML writes it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) from the 16 bytes of
+    cudaDeviceProp.uuid or from a text form with or without "GPU-" and dashes; None otherwise."""
+    if isinstance(u, (bytes, bytearray)) and len(u) == 16:
+        h = bytes(u).hex()
+    elif isinstance(u, str):
+        h = u.strip().removeprefix("GPU-").replace("-", "").lower()
+        if len(h) != 32 or any(c not in "0123456789abcdef" for c in h):
+            return None
+    else:
+        return None
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def uid_to_wire(uid) -> dict:
