@@ -304,3 +304,16 @@ def test_report_of_a_folder_holding_a_fifo_does_not_block(tmp_path):
 def test_plot_size_below_100_pixels_is_refused(run_cli, tmp_path):
     code, out, err = run_cli("plot", DATA / "net-local.json", "-o", tmp_path / "p.png", "--size", "0.001x0.001")
     assert code == 2 and "under 100 pixels" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command,out", [("plot", "p.png"), ("report", "r.html")])
+def test_plot_and_report_without_matplotlib_name_the_extra_with_exit_2(tmp_path, command, out):
+    code = ("import sys\nsys.modules['matplotlib'] = None  # not installed\n"
+            "from gpubench.cli.app import main\nmain(sys.argv[1:])\n")
+    r = subprocess.run([sys.executable, "-c", code, command, "tests/data/copy-pinned-h200.json", "-o",
+                        str(tmp_path / out)], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"gpubench: error: {command} needs matplotlib, which is not installed "
+                                "(pip install 'gpubench-cuda[plot]')"), r.stderr
+    assert not (tmp_path / out).exists()

@@ -582,13 +582,17 @@ def write(paths: Sequence[str], out: str | os.PathLike, *, units: str = "GB", ti
     """Read ``paths`` and write the report to ``out`` atomically (temporary file + rename).
 
     Raises:
-        UsageError: bad inputs (see :func:`read_inputs`), ``out`` not a regular file.
+        UsageError: bad inputs (see :func:`read_inputs`), ``out`` not a regular file, matplotlib
+            not installed.
         MachineError: the file cannot be written.
     """
     from gpubench.core.result import write_bytes_atomic
 
+    from gpubench.analysis.plot import require_matplotlib
+
     if units not in UNITS:
         raise UsageError(f"units {units!r} not known", "use GB or GiB")
+    require_matplotlib("report")  # its plots are drawn inline
     inputs = read_inputs(paths)
     text = build(inputs, units=units, title=title)
     return write_bytes_atomic(text.encode("utf-8"), out, "the report", "-o")

@@ -185,6 +185,19 @@ def _has_intervals(r: Record) -> bool:
     return all(isinstance(e.get(k), list) and e.get(k) for k in ("interval_bytes", "interval_start_s", "interval_end_s"))
 
 
+def require_matplotlib(command: str) -> None:
+    """Before anything is drawn: matplotlib (the ``plot`` extra) is installed.
+
+    Raises:
+        UsageError: it is not (exit 2, naming the extra), where ``plot`` and ``report`` draw.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{command} needs matplotlib, which is not installed",
+                         "pip install 'gpubench-cuda[plot]'") from None
+
+
 def plot_kind(command: str) -> str:
     """How ``command``'s sized records read best (its plug-in's ``plot_kind``: "sweep", "bars" or
     "collective"); "sweep" for a command whose plug-in is not installed here."""
@@ -993,10 +1006,7 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
         UsageError: nothing to plot, matplotlib missing, a ``--peak`` that cannot be drawn.
         MachineError: the PNG cannot be written (full disk, read-only folder).
     """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("plot needs matplotlib, which is not installed", "pip install 'gpubench-cuda[plot]'") from None
+    require_matplotlib("plot")
     from gpubench.core.result import write_bytes_atomic
 
     data = png_bytes(results, units=units, size_in=size_in, dpi=dpi, peaks_gbps=peaks_gbps, title=title)

@@ -10,6 +10,8 @@ them here first, so each of those mistakes is one line, exit 2.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import time
@@ -107,6 +109,20 @@ IDENTITY_TIMEOUT_S = 30  # one query of the scheduler's worker list
 CONFIRM_S = 1.0  # a worker missing from the list is looked for again after this long before it is called lost
 
 
+@functools.lru_cache(maxsize=1)
+def _identity_lists_every_worker() -> dict:
+    """The keyword of Scheduler.identity that asks for every worker: ``n_workers=-1`` where the
+    installed distributed has it (dask/distributed#9045; older ones list every worker anyway)."""
+    import inspect
+
+    try:
+        from distributed import Scheduler
+
+        return {"n_workers": -1} if "n_workers" in inspect.signature(Scheduler.identity).parameters else {}
+    except (ImportError, TypeError, ValueError):
+        return {"n_workers": -1}
+
+
 def _worker_addresses(client, timeout_s: float = IDENTITY_TIMEOUT_S) -> set[str]:
     """The addresses of the workers the scheduler knows now, asked of the scheduler itself.
 
@@ -120,7 +136,7 @@ def _worker_addresses(client, timeout_s: float = IDENTITY_TIMEOUT_S) -> set[str]
         MachineError: the scheduler did not answer within ``timeout_s`` or the connection failed.
     """
     try:
-        info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout_s)
+        info = client.sync(client.scheduler.identity, **_identity_lists_every_worker(), callback_timeout=timeout_s)
     except (OSError, TimeoutError) as e:
         raise MachineError(f"the scheduler did not answer within {timeout_s:g} s ({error_line(e)[:120]})",
                            "the host may be overloaded, or the scheduler went away") from None
