@@ -61,7 +61,7 @@ _HATCHES = ["", "//", "..", "xx", "\\\\", "oo", "--"]
 _P2P_ORDER = ("write", "read", "bidir", "sm", "latency", "off", "off-bidir", "off-latency")
 _PART_ORDER = ("forward", "reverse", "total")
 # panel size (inches) per kind, and panels per row
-_PANEL = {"sweep": (6.0, 4.2, 3), "bars": (11.0, 4.8, 1), "nccl": (6.5, 4.2, 2), "matrix": (3.4, 2.9, 4),
+_PANEL = {"sweep": (6.0, 4.2, 3), "bars": (11.0, 4.8, 1), "collective": (6.5, 4.2, 2), "matrix": (3.4, 2.9, 4),
           "intervals": (9.0, 4.2, 1), "pairs": (8.0, 4.2, 1)}
 
 
@@ -213,7 +213,7 @@ def _kind(r: Record, command: str) -> str:
     if _has_intervals(r):
         return "intervals"
     if size_key(r) or plot_kind(command) == "bars" and r.params:
-        return "nccl" if plot_kind(command) == "collective" else "sweep"
+        return "collective" if plot_kind(command) == "collective" else "sweep"
     return "other"
 
 
@@ -356,7 +356,7 @@ class Section:
         w, h, _ = _PANEL[self.kind]
         if self.panel_in:
             w, h = self.panel_in
-        legend = 2.6 if self.kind in ("sweep", "nccl", "bars", "pairs", "intervals") else 1.0
+        legend = 2.6 if self.kind in ("sweep", "collective", "bars", "pairs", "intervals") else 1.0
         return self.cols * w + legend, self.rows * h + 0.5
 
 
@@ -408,7 +408,7 @@ def build_sections(results: Sequence[tuple[str, Result]]) -> list[Section]:
                 groups.setdefault((k, res.command, "" if k == "matrix" else r.metric), []).append((name, r))
     sections: list[Section] = []
     for (kind, command, metric), items in groups.items():
-        build = {"sweep": _sweep_section, "nccl": _nccl_section, "matrix": _matrix_section,
+        build = {"sweep": _sweep_section, "collective": _collective_section, "matrix": _matrix_section,
                  "intervals": _intervals_section, "pairs": _pairs_section}[kind]
         sources = list(dict.fromkeys(n for n, _ in items))
         # an overlay (one colour per file) only where this section holds several files
@@ -457,7 +457,7 @@ def _sweep_section(command: str, metric: str, items, many: bool) -> Section:
     return Section("sweep", command, title, panels)
 
 
-def _nccl_section(command: str, metric: str, items, many: bool) -> Section:
+def _collective_section(command: str, metric: str, items, many: bool) -> Section:
     recs = [r for _, r in items]
     panels = []
     colls: list = []
@@ -468,17 +468,17 @@ def _nccl_section(command: str, metric: str, items, many: bool) -> Section:
     for coll, nranks in colls:
         sub = [(n, r) for n, r in items if (r.params.get("collective"), r.params.get("nranks")) == (coll, nranks)]
         keys = _mode_keys([r for _, r in sub], {"nbytes", "collective", "nranks"})
-        head = f"{coll or 'nccl'}, {nranks} ranks" if nranks else f"{coll or 'nccl'}"
+        head = f"{coll or command}, {nranks} ranks" if nranks else f"{coll or command}"
         if metric == "time":
-            panels.append(Panel("nccl", metric, f"{head}: time", _series(sub, keys, many, "time"), command, "nbytes"))
+            panels.append(Panel("collective", metric, f"{head}: time", _series(sub, keys, many, "time"), command, "nbytes"))
             continue
         for bw in ("busbw", "algbw"):
-            panels.append(Panel("nccl", metric, f"{head}: {bw}", _series(sub, keys, many, str(coll)), command,
+            panels.append(Panel("collective", metric, f"{head}: {bw}", _series(sub, keys, many, str(coll)), command,
                                 "nbytes", scale_by=bw))
     fixed = _fixed_text(recs, {"nbytes", "placement", "collective", "nranks"})
     heads = "; ".join(f"{c}, {n} ranks" if n else str(c) for c, n in colls)
     title = f"nccl {heads}" + (f" ({fixed})" if fixed else "") + ": busbw and algbw vs size"
-    return Section("nccl", command, title, panels)
+    return Section("collective", command, title, panels)
 
 
 def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
@@ -963,9 +963,9 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
         legend: dict = {}
         for ax, panel in zip(axes, sec.panels):
             peaks = peaks_for(panel.series, sec.envs, user_bps) if panel.metric == "bandwidth" else []
-            if sec.kind in ("sweep", "nccl"):
+            if sec.kind in ("sweep", "collective"):
                 _draw_lines(ax, panel, styles, units, peaks, legend)
-                if sec.kind == "nccl" or len(sec.panels) > 1:
+                if sec.kind == "collective" or len(sec.panels) > 1:
                     ax.set_title(S(panel.title), fontsize=10, loc="left")
             elif sec.kind == "bars":
                 _draw_bars(ax, panel, styles, units, peaks, legend)
