@@ -263,3 +263,10 @@ def test_saved_results_keep_the_command_line(tmp_path):
     p = _gb_from_src("net", "local", "-t", "1", "-P", "1", "--json", str(out), timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(out.read_text())["argv"] == ["net", "local", "-t", "1", "-P", "1", "--json", str(out)]
+
+
+def test_a_mistyped_command_gets_the_closest_names_and_exit_2():
+    r = gb("cpoy")
+    assert r.returncode == 2 and r.stderr.strip() == "gpubench: error: No such command 'cpoy'. Did you mean 'copy'?"
+    r = gb("x\x1b[2J")
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "Did you mean" not in r.stderr

@@ -38,6 +38,19 @@ class LazyGroup(click.Group):
 
         return harden_numeric_options(load_command(name), name)  # every numeric option bounded
 
+    def resolve_command(self, ctx, args):
+        """click's, with the closest command names suggested for a mistyped one ("cpoy")."""
+        name = args[0] if args else ""
+        if args and not name.startswith("-") and registry.find(name) is None:
+            import difflib
+
+            from gpubench.core import safe
+
+            near = difflib.get_close_matches(name, list(registry.plugins()), n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            ctx.fail(f"No such command {safe.term(repr(name), 80)}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx, formatter):
         from gpubench.core import safe
 
@@ -51,7 +64,8 @@ class LazyGroup(click.Group):
 def cli():
     """gpubench: how fast data moves on GPU machines.
 
-    Every command prints a table, saves its result with --json PATH, and exits
+    Every measuring command prints a table and saves its result with --json PATH;
+    compare, plot, report and suite work on saved results. Every command exits
     0 (ok), 1 (expectation failed), 2 (bad input or no GPU), 3 (machine fault),
     130/143 (interrupted; what was measured is kept).
     """

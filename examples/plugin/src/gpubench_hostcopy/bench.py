@@ -39,7 +39,7 @@ class HostCopySpec:
             raise UsageError("no sizes to measure")
         for n in self.sizes:
             if not 1 <= n <= MAX_BYTES:
-                raise UsageError(f"size {n} out of range", f"use 1 B to {format_size(MAX_BYTES)}")
+                raise UsageError(f"size {format_size(n)} out of range", f"use 1 B to {format_size(MAX_BYTES)}")
 
     def to_dict(self) -> dict:
         return asdict(self)
