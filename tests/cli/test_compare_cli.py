@@ -415,3 +415,14 @@ def test_compare_shows_a_shared_gpu_and_a_new_runs_events_against_an_older_basel
     code, out, err = run_cli("compare", o, n, "--format", "markdown")
     assert code == 0, err
     assert "new: sw\\_power\\_cap, 1 other process(es) on the GPU (no telemetry in base)" in out, out
+
+
+def test_quiet_compare_prints_nothing_and_keeps_the_verdict_and_exit_code(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "gpubench", "compare", "tests/data/copy-pinned-h200.json",
+                        "tests/data/copy-all-h200.json", "-q", "--fail-on-regression"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout == ""
+    assert r.returncode == 1 and r.stderr.startswith("gpubench: error: ") and len(r.stderr.splitlines()) == 1

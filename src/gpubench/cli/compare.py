@@ -26,8 +26,10 @@ from gpubench.core.errors import RegressionFound, UsageError
               show_default=True, help="table for a terminal, markdown for a pull-request comment, json for tools.")
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
               help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print nothing but errors (with --fail-on-regression: the exit code and its one line).")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
-def command(base, new, threshold_pct, alpha, fail_on_regression, strict, fmt, units, debug):
+def command(base, new, threshold_pct, alpha, fail_on_regression, strict, fmt, units, quiet, debug):
     """Compare saved results: BASE.json against NEW.json (and more, each against BASE).
 
     Figures are paired by their parameters (size, direction, memory kind, devices...). For each:
@@ -47,7 +49,8 @@ def command(base, new, threshold_pct, alpha, fail_on_regression, strict, fmt, un
     (bname, b), rest = results[0], results[1:]
     cmps = [cmpmod.compare(b, r, base_name=bname, new_name=n, threshold_pct=threshold_pct, alpha=alpha)
             for n, r in rest]
-    display(cmps, fmt, threshold_pct=threshold_pct, alpha=alpha, units=units)
+    if not quiet:
+        display(cmps, fmt, threshold_pct=threshold_pct, alpha=alpha, units=units)
     if fail_on_regression:
         slower = sum(len(c.regressions()) for c in cmps)
         missing = sum(len(c.missing()) for c in cmps)
