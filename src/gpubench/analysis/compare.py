@@ -548,21 +548,13 @@ def _plugin_notes(base: Result, new: Result) -> list[str]:
     none where it declares none, is not installed, or its hook fails or gives anything but a list
     of strings (said once on stderr: saved results still compare)."""
     from gpubench.core import registry
-    from gpubench.core.signals import Interrupted
 
-    own = plugin_of(base.command)
-    if own is None or own.compare_notes is None:
-        return []
-    try:
-        got = own.hook("compare_notes")(base, new)
+    def lines(got) -> None:
         if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
             raise TypeError(f"it gave {type(got).__name__}, not a list of strings")
-    except (KeyboardInterrupt, Interrupted):
-        raise
-    except Exception as e:
-        registry.warn_hook(own, "compare_notes", e)
-        return []
-    return got
+
+    own = plugin_of(base.command)
+    return registry.call_hook(own, "compare_notes", base, new, check=lines, default=[]) if own is not None else []
 
 
 def plugin_of(command: str):

@@ -139,6 +139,27 @@ def warn_hook(plugin: Plugin, hook: str, e: BaseException) -> None:
 _HOOKS_SAID: set[tuple[str, str]] = set()
 
 
+def call_hook(plugin: Plugin, attr: str, *args, check=None, default=None):
+    """``plugin``'s hook ``attr`` called with ``args``, its answer held to ``check`` (a function that
+    raises TypeError naming what is wrong with it); the one place a plug-in's hook is called from
+    the layers above, so a hook that is missing, raises (not a Ctrl-C or SIGTERM) or answers the
+    wrong shape is said once on stderr (:func:`warn_hook`) and ``default`` stands for it.
+
+    Returns:
+        The hook's answer; ``default`` where the plug-in declares no such hook or it failed.
+    """
+    if getattr(plugin, attr) is None:
+        return default
+    try:
+        got = plugin.hook(attr)(*args)  # type: ignore[misc]
+        if check is not None:
+            check(got)
+    except Exception as e:  # KeyboardInterrupt and Interrupted are BaseExceptions: they pass
+        warn_hook(plugin, attr, e)
+        return default
+    return got
+
+
 def get(name: str) -> Plugin:
     """The plug-in of ``name``.
 

@@ -30,7 +30,6 @@ import math
 import time
 from typing import Any, Sequence
 
-from gpubench.core.signals import Interrupted
 from gpubench.validation.suite import FLEET_KIND, FLEET_VERSION
 
 RATIO = 0.95
@@ -101,22 +100,15 @@ def checks_of(result) -> list[dict]:
     """
     from gpubench.core import registry
 
-    own = registry.find(result.command)
-    if own is None or own.fleet_checks is None:
-        return []
-    try:
-        got = list(own.hook("fleet_checks")(result))  # type: ignore[misc]
-        for c in got:
+    def checks(got) -> None:
+        for c in got if isinstance(got, list) else [got]:
             if not (isinstance(c, dict) and isinstance(c.get("check"), str) and isinstance(c.get("unit"), str)
                     and (c.get("value") is None or isinstance(c.get("value"), (int, float)))
                     and isinstance(c.get("params", {}), dict)):
                 raise TypeError(f"it gave {c!r:.60}, not a check (a dict of check, value, unit, params)")
-    except (KeyboardInterrupt, Interrupted):
-        raise
-    except Exception as e:
-        registry.warn_hook(own, "fleet_checks", e)
-        return []
-    return got
+
+    own = registry.find(result.command)
+    return registry.call_hook(own, "fleet_checks", result, check=checks, default=[]) if own is not None else []
 
 
 def _bound(e) -> float | None:
@@ -473,18 +465,11 @@ def _stage(p) -> Any:
     from gpubench.core import registry
     from gpubench.core.plugin import FleetStage
 
-    if p.fleet_stage is None:
-        return None
-    try:
-        stage = p.hook("fleet_stage")()
-        if not isinstance(stage, FleetStage) or not isinstance(stage.order, int) or not isinstance(stage.name, str):
-            raise TypeError(f"it gave {type(stage).__name__}, not a FleetStage")
-    except (KeyboardInterrupt, Interrupted):
-        raise
-    except Exception as e:
-        registry.warn_hook(p, "fleet_stage", e)
-        return None
-    return stage
+    def stage(got) -> None:
+        if not isinstance(got, FleetStage) or not isinstance(got.order, int) or not isinstance(got.name, str):
+            raise TypeError(f"it gave {type(got).__name__}, not a FleetStage")
+
+    return registry.call_hook(p, "fleet_stage", check=stage)
 
 
 def stage_of(result) -> Any:

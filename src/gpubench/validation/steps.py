@@ -17,28 +17,20 @@ from gpubench.core import registry
 from gpubench.core.errors import GpubenchError, MachineError, RegressionFound
 from gpubench.core.plugin import Plugin, StepPlace, SuiteStep
 from gpubench.core.result import Result
-from gpubench.core.signals import Interrupted
 
 
 def planned(place: StepPlace) -> list[tuple[Plugin, SuiteStep]]:
     """Every step the installed plug-ins declare for ``place``, in run order (``order``, then the
     plug-in's name). A plug-in whose hook fails or gives something other than SuiteSteps is left
     out with one warning (``registry.warn_hook``); the others' steps run."""
+    def steps(got) -> None:
+        for s in got if isinstance(got, list) else [got]:
+            if not isinstance(s, SuiteStep) or not isinstance(s.order, int) or not isinstance(s.name, str):
+                raise TypeError(f"it gave {type(s).__name__} {s!r:.60}, not a SuiteStep")
+
     out: list[tuple[Plugin, SuiteStep]] = []
     for p in registry.plugins().values():
-        if p.suite_steps is None:
-            continue
-        try:
-            got = list(p.hook("suite_steps")(place))  # type: ignore[misc]
-            for s in got:
-                if not isinstance(s, SuiteStep) or not isinstance(s.order, int) or not isinstance(s.name, str):
-                    raise TypeError(f"it gave {type(s).__name__} {s!r:.60}, not a SuiteStep")
-        except (KeyboardInterrupt, Interrupted):
-            raise
-        except Exception as e:
-            registry.warn_hook(p, "suite_steps", e)
-            continue
-        out.extend((p, s) for s in got)
+        out.extend((p, s) for s in registry.call_hook(p, "suite_steps", place, check=steps, default=[]))
     return sorted(out, key=lambda ps: (ps[1].order, ps[0].name))
 
 
