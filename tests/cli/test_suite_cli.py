@@ -150,3 +150,12 @@ def test_suite_names_an_unwritable_output_before_the_gpu(run_cli, tmp_path, sub)
         assert lines[0].startswith("gpubench: error: -o ") and "cannot write there" in lines[0], lines[0]
         assert "CUDA" not in lines[0]
         assert (d / "old.json").read_text() == OLD and sorted(x.name for x in d.iterdir()) == ["old.json"]
+
+
+def test_the_failed_count_is_of_expectations_not_of_the_rows_they_matched(capsys, tmp_path):
+    """One expectation that matches two records and fails on both is one expectation not met."""
+    exp = tmp_path / "e.toml"
+    exp.write_text('[[expect]]\nname = "impossible"\ncommand = "copy"\nwhere = { direction = "h2d" }\n'
+                   "min_gbps = 1e9\n")
+    rc, out, err = run(capsys, "--check", "tests/data/copy-pinned-h200.json", "--expect", str(exp))
+    assert rc == 1 and err.strip().endswith("suite failed: 1 expectation(s) not met"), err

@@ -758,3 +758,12 @@ def test_hodges_lehmann_and_moses_interval_by_hand():
                for s in itertools.combinations(range(10), 5))
     assert j.test.p == pytest.approx(hits / 252) and hits == 14
     assert j.verdict == "inconclusive"
+
+
+def test_an_incidental_option_of_the_command_is_not_a_difference():
+    """net's port (a free one each run of net local) does not change what a figure means; its mode does."""
+    from gpubench.analysis.compare import env_diff
+
+    a = Result(command="net", spec={"mode": "local", "port": 0, "cport": None, "streams": 2})
+    b = Result(command="net", spec={"mode": "client", "port": 40803, "cport": 6000, "streams": 2})
+    assert [d[0] for d in env_diff(a, b) if d[0].startswith("option ")] == ["option mode"]

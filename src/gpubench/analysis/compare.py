@@ -899,7 +899,9 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
     out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
     if base.gpubench_version != new.gpubench_version:
         out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
-    for k in sorted(set(base.spec) | set(new.spec)):
+    own = plugin_of(new.command)
+    incidental = set(own.incidental_options) if own is not None else set()
+    for k in sorted((set(base.spec) | set(new.spec)) - incidental):
         va, vb = base.spec.get(k), new.spec.get(k)
         if (k not in base.spec or k not in new.spec) and (va if k in base.spec else vb) == \
                 _added(new.command, "added_options").get(k, _NO_DEFAULT):

@@ -158,7 +158,7 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
         return None
     what = []
     if bad:
-        what.append(f"{len(bad)} expectation(s) not met")
+        what.append(f"{len({o.expectation.index for o in bad})} expectation(s) not met")  # not rows: one may match many
     if errors:
         what.append(f"step(s) failed: {', '.join(errors)}")
     return "; ".join((["suite failed: " + "; ".join(what)] if what else []) + list(also_failed))

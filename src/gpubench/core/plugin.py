@@ -168,6 +168,8 @@ class Plugin:
             as the results before them did (compare does not call their absence a difference).
         added_params: record params added later, with the value an older result measured: a
             record without the param pairs with one holding that value.
+        incidental_options: Spec options that do not change what a figure means (net's port):
+            compare does not list a difference in them.
         compare_notes: ``"module:function"``, (base, new) -> lines compare adds to its notes.
         plot_kind: how its records with a size axis read best: "sweep" (lines vs size), "bars"
             (one bar per strategy when there is one size) or "collective" (busbw, algbw and time).
@@ -195,6 +197,7 @@ class Plugin:
     more_samples: str = "more samples per figure"
     added_options: Mapping[str, Any] = field(default_factory=dict)
     added_params: Mapping[str, Any] = field(default_factory=dict)
+    incidental_options: tuple[str, ...] = ()
     compare_notes: str | None = None
     plot_kind: str = "sweep"
     x_name: str | None = None
@@ -235,6 +238,8 @@ class Plugin:
             v = getattr(self, attr)
             if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
                 raise bad(attr, "a mapping of option or param names")
+        if not isinstance(self.incidental_options, tuple) or not all(isinstance(k, str) for k in self.incidental_options):
+            raise bad("incidental_options", "a tuple of option names")
         for attr in ("writes_results", "host_memory", "digit_groups"):
             if not isinstance(getattr(self, attr), bool):
                 raise bad(attr, "true or false")

@@ -14,6 +14,7 @@ PLUGIN = Plugin(
     more_samples="more intervals (net's samples are its intervals): a longer -t (seconds) or a shorter -i (interval)",
     added_options={"direction": "c2s", "window": 0, "bitrate": 0, "family": 0},
     added_params={"direction": "c2s"},
+    incidental_options=("port", "cport"),  # the server's and the streams' TCP ports
     suite_steps="gpubench.plugins.net.hooks:suite_steps",
     fleet_checks="gpubench.plugins.net.hooks:fleet_checks",
     fleet_stage="gpubench.plugins.net.hooks:fleet_stage",
