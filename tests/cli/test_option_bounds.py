@@ -217,6 +217,43 @@ def test_repeated_and_negative_devices(run_cli, argv, needle):
     _refused_matching(run_cli, *argv, needle=needle)
 
 
+# ---- one rule for every comma list and every zero: no empty entry, no sign on zero ----
+
+@pytest.mark.parametrize("argv,needle", [
+    (["copy", "-d", ""], r"-d/--devices '' is empty"),  # never read as the default device
+    (["copy", "-d", ","], r"-d/--devices ',' has an empty 1st entry"),
+    (["copy", "-d", "0,1,,"], r"-d/--devices '0,1,,' has an empty 3rd entry"),
+    (["nccl", "-d", " "], r"-d/--devices ' ' is empty"),
+    (["merge", "-t", "cpu", "-d", "0,"], r"-d/--devices '0,' has an empty 2nd entry"),
+    (["batch", "-d", ""], r"-d/--device '' is not an integer"),
+    (["copy", "-m", "pinned,"], r"-m/--memory 'pinned,' has an empty 2nd entry"),
+    (["copy", "--direction", ",h2d"], r"--direction ',h2d' has an empty 1st entry"),
+    (["batch", "--piece", "4K,,8K"], r"--piece '4K,,8K' has an empty 2nd entry"),
+    (["memcpy2d", "-W", "4K,,8K"], r"--width '4K,,8K' has an empty 2nd entry"),
+    (["overlap", "--work", "0,,1024"], r"--work '0,,1024' has an empty 2nd entry"),
+    (["p2p", "-t", "write,"], r"-t/--tests 'write,' has an empty 2nd entry"),
+    (["pin", "--op", "pin,,unpin"], r"--op 'pin,,unpin' has an empty 2nd entry"),
+    (["copy", "-m", "pinned,pinned"], r"value pinned is repeated in -m/--memory 'pinned,pinned'"),
+    (["overlap", "--work", "-0"], r"--work -0 has a minus sign \(write 0\)"),
+    (["copy", "-b", "-0"], r"-b/--min-bytes '-0'"),
+    (["copy", "-w", "-0"], r"-w/--warmup -0 has a minus sign"),
+    (["nccl", "--timeout", "-0.0"], r"-0.0 (has a minus sign|must be)"),
+])
+def test_every_comma_list_refuses_an_empty_entry_and_every_zero_its_sign(run_cli, argv, needle):
+    _refused_matching(run_cli, *argv, needle=needle)
+
+
+def test_split_list_keeps_the_order_and_strips_ascii_space_only():
+    from gpubench.core.options import split_list
+
+    assert split_list(" 0, 1 ,2", "-d", "0,1") == ("0", "1", "2")
+    assert split_list("\u00a0h2d", "--direction", "h2d") == ("\u00a0h2d",)
+    for bad, needle in [("", "is empty"), ("a,,b", "empty 2nd entry"), ("a,b,a", "a is repeated"),
+                        (",", "empty 1st entry"), ("a,b,c,", "empty 4th entry")]:
+        with pytest.raises(Exception, match=needle):
+            split_list(bad, "-x", "a,b")
+
+
 # ---- options parsed by click's own INT/FLOAT: ASCII digits only ----
 
 @pytest.mark.parametrize("argv,needle", [

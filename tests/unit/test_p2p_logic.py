@@ -39,7 +39,7 @@ def test_defaults():
     (dict(nbytes="1QB"), "not a size"),
     (dict(tests="write,warp"), "test 'warp'"),
     (dict(tests="write,write"), "repeated"),
-    (dict(tests=","), "names no test"),
+    (dict(tests=","), "has an empty 1st entry"),
     (dict(iters=0), "-n/--iters"),
     (dict(loop_count=0), "--loop-count"),
 ])

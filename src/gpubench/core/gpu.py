@@ -31,13 +31,16 @@ MAX_DEVICE_LIST = 1024
 def parse_devices(text: str | None) -> tuple[int, ...] | None:
     """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU.
 
-    Returns None for None/"" (meaning: the default device).
+    Returns None for None (the option not given: the default device).
 
     Raises:
-        UsageError: more than :data:`MAX_DEVICE_LIST` entries (counted before any is parsed), not
-            a comma list of integers, a negative id, or a repeated id.
+        UsageError: more than :data:`MAX_DEVICE_LIST` entries (counted before any is parsed), an
+            empty list or entry (:func:`gpubench.core.options.split_list`), an entry that is not
+            an integer, a negative id, or a repeated id.
     """
-    if text is None or str(text).strip() == "":
+    from gpubench.core.options import split_list
+
+    if text is None:
         return None
     text = str(text)
     n = text.count(",") + 1
@@ -45,20 +48,17 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
         raise UsageError(f"-d/--devices names {n:,} devices, more than one machine has",
                          f"at most {MAX_DEVICE_LIST:,}, e.g. -d 0,1")
     out: list[int] = []
-    seen: set[int] = set()
-    for part in text.split(","):
-        p = part.strip()
+    for p in split_list(text, "-d/--devices", "0,1", "device"):
         if not re.fullmatch(r"-?[0-9]{1,10}", p):  # ASCII digits: int() also reads "١" and "1_0"
             raise UsageError(f"device {p[:40]!r} in -d {text[:80]!r} is not an integer",
                              "e.g. -d 0 or -d 0,1; ids are at most 2147483647")
         v = int(p)
         if v > 2**31 - 1:
             raise UsageError(f"device {v} in -d is too large", "CUDA ordinals are at most 2147483647")
-        if v < 0:
-            raise UsageError(f"device {v} in -d {text[:80]!r} is negative", "device ids start at 0")
-        if v in seen:
+        if v < 0 or p.startswith("-"):
+            raise UsageError(f"device {p} in -d {text[:80]!r} is negative", "device ids start at 0")
+        if v in out:
             raise UsageError(f"device {v} is repeated in -d {text[:80]!r}", "name each GPU once")
-        seen.add(v)
         out.append(v)
     return tuple(out)
 

@@ -13,6 +13,7 @@ from gpubench.core.errors import UsageError
 
 MAX_COUNT = 10**9  # any count option; beyond it is a typo, not a measurement
 MAX_REPEATS = 10**6  # warm-ups, iterations and samples per point
+ASCII_SPACE = " \t\n\r\f\v"  # what an option value is stripped of (str.strip() also takes U+00A0)
 
 
 def positive_int(name: str, value: int | None, *, allow_zero: bool = False, maximum: int = MAX_COUNT) -> int | None:
@@ -31,8 +32,50 @@ def positive_int(name: str, value: int | None, *, allow_zero: bool = False, maxi
     return value
 
 
+def _ordinal(i: int) -> str:
+    return f"{i}{'th' if 10 <= i % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(i % 10, 'th')}"
+
+
+def split_list(text: object, what: str, example: str, kind: str = "value") -> tuple[str, ...]:
+    """Split a comma list option ("0,1", "h2d,d2h", "4K,8K") into its entries: the one rule of
+    every comma list of every command.
+
+    Each entry is stripped of ASCII white space; the list must name at least one entry, and no
+    entry may be empty ("0,,1", "pinned,", ",") or repeated as written (callers that parse the
+    entries also refuse two spellings of one value, such as "1" and "01").
+
+    Args:
+        text: the option's value (str() of it is used).
+        what: the option's name for messages ("-d/--devices").
+        example: an accepted value for messages ("0,1").
+        kind: what an entry is, for messages ("device").
+
+    Returns:
+        The entries, in the order given.
+
+    Raises:
+        UsageError: an empty list, an empty entry (named by position) or a repeated entry.
+    """
+    from gpubench.core import safe
+
+    raw = str(text)
+    shown = safe.term(repr(raw), 80)
+    items = tuple(x.strip(ASCII_SPACE) for x in raw.split(","))
+    if items == ("",):
+        raise UsageError(f"{what} {shown} is empty", f"e.g. {what.split('/')[-1]} {example}")
+    for i, x in enumerate(items):
+        if not x:
+            raise UsageError(f"{what} {shown} has an empty {_ordinal(i + 1)} entry",
+                             f"separate entries with one comma, e.g. {example}")
+    for i, x in enumerate(items):
+        if x in items[:i]:
+            raise UsageError(f"{kind} {safe.term(x, 40)} is repeated in {what} {shown}", "name each once")
+    return items
+
+
 def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind: str = "value") -> tuple[str, ...]:
-    """Split a comma list option ("h2d,d2h") into unique items, checked against ``allowed``.
+    """Split a comma list option ("h2d,d2h") into unique items (:func:`split_list`), checked
+    against ``allowed``.
 
     Args:
         text: the option's value.
@@ -41,17 +84,15 @@ def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind:
         kind: what an item is, for messages ("direction").
 
     Raises:
-        UsageError: an empty list, a repeated item, or an item not in ``allowed``.
+        UsageError: an empty list, an empty or repeated item, or an item not in ``allowed``.
     """
-    items = tuple(x.strip() for x in str(text).split(",") if x.strip())
-    if not items:
-        raise UsageError(f"{what} {text!r} is empty")
-    if len(set(items)) != len(items):
-        raise UsageError(f"{what} {text!r} repeats a value", "name each once")
+    from gpubench.core import safe
+
+    items = split_list(text, what, ",".join(allowed[:2]) if allowed else "a,b", kind)
     if allowed is not None:
         for x in items:
             if x not in allowed:
-                raise UsageError(f"{kind} {x!r} not known", f"use {', '.join(allowed)}")
+                raise UsageError(f"{kind} {safe.term(repr(x), 60)} not known", f"use {', '.join(allowed)}")
     return items
 
 
@@ -144,8 +185,6 @@ def _shown_text(text: str) -> str:
     return safe.term(repr(text) if not _ASCII_FLOAT.match(text) else text, 60)
 
 
-ASCII_SPACE = " \t\n\r\f\v"
-
 
 def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
                  digit_groups: bool = False) -> int | float:
@@ -164,7 +203,7 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
 
     Raises:
         UsageError: not written with ASCII digits (Unicode digits, underscores, words), not
-            finite (inf, nan, 1e400), or above ``maximum``; the line names the value and the
+            finite (inf, nan, 1e400), a zero with a minus sign ("-0", "-0.0"), or above ``maximum``; the line names the value and the
             largest accepted.
     """
     hi = maximum if maximum is not None else (DEFAULT_INT_MAX if kind is int else DEFAULT_FLOAT_MAX)
@@ -188,6 +227,8 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
             value = float(s)
             if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
                 raise UsageError(f"{name} {_shown_text(s)} is too large", f"at most {_max_text(hi, kind)}")
+        if value == 0 and s.startswith("-"):  # "-0": int() reads 0, parse_size refuses the sign
+            raise UsageError(f"{name} {_shown_text(s)} has a minus sign", "write 0")
     else:
         value = kind(text)
     if isinstance(value, float) and not math.isfinite(value):

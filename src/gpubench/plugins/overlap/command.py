@@ -6,7 +6,7 @@ import click
 
 from gpubench.kit import benchmark_command
 
-from gpubench.core.options import timing_plan
+from gpubench.core.options import parse_number, split_list, timing_plan
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
@@ -41,20 +41,15 @@ OPTIONS = [
 
 
 def parse_works(text: str) -> tuple[int, ...]:
-    """A comma list of integers (their range is OverlapSpec's to check).
+    """A comma list of integers (:func:`gpubench.core.options.split_list`, each entry by
+    :func:`gpubench.core.options.parse_number`; their range is OverlapSpec's to check).
 
     Raises:
-        UsageError: empty, not an integer, or repeated.
+        UsageError: empty, an empty entry, not an integer, or repeated.
     """
-    items = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not items:
-        raise UsageError(f"--work {text!r} is empty", "e.g. --work 0,1024")
-    out = []
-    for x in items:
-        try:
-            v = int(x)
-        except ValueError:
-            raise UsageError(f"--work {x!r} is not an integer", "FMAs per element, e.g. 1024") from None
+    out: list[int] = []
+    for x in split_list(text, "--work", "0,1024"):
+        v = int(parse_number(x, "--work"))
         if v in out:
             raise UsageError(f"--work {text!r} repeats {v}")
         out.append(v)

@@ -6,9 +6,8 @@ import click
 
 from gpubench.kit import benchmark_command
 
-from gpubench.core.options import timing_plan
+from gpubench.core.options import split_list, timing_plan
 from gpubench.core import report
-from gpubench.core.errors import UsageError
 from gpubench.core.units import format_rate, format_size, parse_size
 
 _DEFAULT_TESTS = "write,read,bidir,sm,latency,off,off-bidir,off-latency"
@@ -56,11 +55,7 @@ def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters,
     from gpubench.core.timing import TimingPlan
 
     devs = parse_devices(devices)
-    names = tuple(x.strip() for x in str(tests).split(",") if x.strip())
-    if not names:
-        raise UsageError(f"-t {tests!r} names no test", f"use {', '.join(TESTS)}")
-    if len(set(names)) != len(names):
-        raise UsageError(f"a test is repeated in -t {tests!r}")
+    names = split_list(tests, "-t/--tests", ",".join(list(TESTS)[:2]), "test")
     return P2PSpec(devices=devs, tests=names, nbytes=parse_size(nbytes, what="-b/--nbytes"),
                    latency_bytes=parse_size(latency_bytes, what="--latency-bytes"), loop_count=loop_count,
                    plan=timing_plan(warmup, iters, TimingPlan.min_time), verify=verify)
