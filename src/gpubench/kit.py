@@ -73,8 +73,8 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
         report.display(list(renderables) + report.condition_notes(result), quiet=quiet)
         if json_path:
             save(result, json_path)
-            if not quiet and json_path != STDOUT:
-                report.console().print(f"saved {json_path}" + (" (partial)" if result.partial else ""))
+            if json_path != STDOUT:
+                report.saved(json_path, note=" (partial)" if result.partial else "", quiet=quiet)
     if result.partial and result.failed_by:
         return 3  # the caller re-raises the MachineError, whose line says what failed
     if result.partial:

@@ -223,3 +223,27 @@ def test_json_through_a_symlink_replaces_its_target_and_keeps_the_link(run_cli, 
     code, _out, err = run_cli("env", "--json", str(link))
     assert code == 0, err
     assert link.is_symlink() and json.loads(target.read_text())["command"] == "env"
+
+
+# ---- the line that says where a file was written shows the path as data ----
+
+HOSTILE_NAME = "j\x1b[31mx[bold]\nFAKE"
+
+
+@pytest.mark.parametrize("argv,verb", [
+    (["env", "--json", HOSTILE_NAME + ".json"], "saved"),
+    (["report", "-o", HOSTILE_NAME + ".html", "tests/data/copy-pinned-h200.json"], "wrote"),
+    (["plot", "-o", HOSTILE_NAME + ".png", "tests/data/copy-pinned-h200.json"], "wrote"),
+])
+def test_the_saved_line_shows_control_characters_and_markup_of_a_path_escaped(tmp_path, argv, verb):
+    if argv[0] == "plot":
+        pytest.importorskip("matplotlib")
+    data = str(Path(SRC).parent / "tests" / "data" / "copy-pinned-h200.json")
+    argv = [data if a == "tests/data/copy-pinned-h200.json" else a for a in argv]
+    r = gb(*argv, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    said = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith(verb + " ")]
+    assert said == [f"{verb} j\\x1b[31mx[bold]\\nFAKE{Path(argv[2]).suffix}"], (r.stdout, r.stderr)
+    assert "\x1b" not in r.stdout + r.stderr and "FAKE" not in "".join(
+        line for line in (r.stdout + r.stderr).splitlines() if not line.startswith(verb + " "))
+    assert (tmp_path / argv[2]).exists()  # the file itself has the name asked for

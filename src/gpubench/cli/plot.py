@@ -57,6 +57,7 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
     if errors:
         raise errors[0]
     path = plotmod.render(loaded, output, units=units, size_in=size_in, dpi=dpi, peaks_gbps=peaks, title=title)
-    if not quiet:
-        click.echo(f"wrote {path}")
+    from gpubench.core.report import saved
+
+    saved(path, "wrote", quiet=quiet)
     return 0

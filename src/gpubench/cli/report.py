@@ -30,6 +30,7 @@ def command(inputs, output, units, title, quiet, debug):
         raise UsageError(f"-o {output!r} must end in .html", "e.g. -o report.html")
     check_output_path(output, "-o")
     path = htmlreport.write(list(inputs), output, units=units, title=title)
-    if not quiet:
-        click.echo(f"wrote {path}")
+    from gpubench.core.report import saved
+
+    saved(path, "wrote", quiet=quiet)
     return 0

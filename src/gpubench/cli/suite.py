@@ -100,6 +100,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
     from gpubench.core.registry import INVOCATION
+    from gpubench.core.safe import term
 
     bundle.argv = list(INVOCATION)
     if expectations is not None:
@@ -110,7 +111,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     partial = [s for s in bundle.steps if s.status == "ok" and s.result is not None and s.result.partial]
     if partial:
         sig = partial[0].result.interrupted_by or "SIGINT"
-        print(f"gpubench: suite interrupted by {sig} during {partial[0].name}; bundle kept: {path}", file=sys.stderr)
+        print(f"gpubench: suite interrupted by {sig} during {partial[0].name}; bundle kept: {term(path, 4096)}", file=sys.stderr)
         return 143 if sig == "SIGTERM" else 130
     if failed_why:
         raise RegressionFound(failed_why)
@@ -149,9 +150,9 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
         renderables = [Text("FAILED:" + r.plain[len("PASSED:"):]) if isinstance(r, Text) and r.plain.startswith("PASSED:")
                        else r for r in renderables]
     renderables += list(extra) + [Text(safe.term(w, 2000)) for w in also_failed]
-    if saved:
-        renderables.append(Text(f"saved {safe.term(saved, 2000)}"))
     report.display(renderables, quiet=quiet)
+    if saved:
+        report.saved(saved, quiet=quiet)
     bad = suite.failures(bundle.outcomes, strict)
     errors = [s.name for s in bundle.steps if s.status == "error"]
     if not bad and not errors and not also_failed:

@@ -95,6 +95,21 @@ def console(stderr: bool = False):
                    width=None if _sized_terminal(stream) else 200, force_terminal=is_terminal(stream))
 
 
+def saved(path: object, verb: str = "saved", note: str = "", quiet: bool = False) -> None:
+    """Say where a file was written: one line ``"{verb} {path}{note}"`` on :func:`console`'s stream.
+
+    The one place such a line is made, for every command. The path is the user's text (or a
+    peer's): it is shown as :func:`gpubench.core.safe.term` shows untrusted text, so ESC, CR/LF
+    and rich markup in it are shown, never acted on, and the line is never wrapped."""
+    if quiet:
+        return
+    from rich.text import Text
+
+    from gpubench.core import safe
+
+    console().print(Text(f"{verb} {safe.term(path, 4096)}{note}"), soft_wrap=True)
+
+
 def table(title: str, columns: list[str], caption: str | None = None):
     """A rich Table with right-aligned columns after the first."""
     from rich.table import Table

@@ -638,8 +638,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         from rich.markup import escape
 
         renderables.append(escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
-        renderables.append(f"saved {path}")
         report.display(renderables, quiet=quiet)
+        report.saved(path, quiet=quiet)
         if why:
             raise RegressionFound(why)
         return 0
