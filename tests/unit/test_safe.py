@@ -1,6 +1,8 @@
 """core.safe: every hostile payload (ANSI and OSC 8 escapes, CR/LF, bidi controls, rich markup, HTML)
 made inert in every output."""
 
+import re
+
 import pytest
 from rich.console import Console
 from rich.text import Text
@@ -43,6 +45,26 @@ def test_markdown_cannot_add_html_rows_or_links():
     assert "\n" not in out
     assert "|" not in out.replace("\\|", "")
     assert "\\[" in out and "\\`" in out
+
+
+GITHUB_TRIGGERS = ["@someone", "host @org/team", "see #12", "GH-34", "http://evil.example/x",
+                   "https://evil.example", "www.evil.example", "ops@evil.example", "HTTPS://EVIL.EXAMPLE",
+                   "WWW.EVIL.EXAMPLE", "[x](http://e) <http://e> `@a` *#1*"]
+
+
+@pytest.mark.parametrize("payload", GITHUB_TRIGGERS)
+def test_markdown_leaves_github_no_mention_reference_or_autolink(payload):
+    # rendered by cmark-gfm with GitHub's extensions (the renderer of GitHub's comments), as one
+    # cell of the table compare writes: no link, code or emphasis; the text reads as written, and
+    # a zero-width space breaks each "@name", "#12", "GH-12", "://" and "www."
+    import html
+
+    cmarkgfm = pytest.importorskip("cmarkgfm")
+    rendered = cmarkgfm.github_flavored_markdown_to_html(f"| a | b |\n| --- | --- |\n| {safe.markdown(payload)} | x |\n")
+    assert "<a " not in rendered and "<code>" not in rendered and "<em>" not in rendered, rendered
+    text = html.unescape(re.sub(r"<[^>]+>", "", rendered))
+    assert payload in text.replace("\u200b", ""), text
+    assert not re.search(r"@[0-9A-Za-z_-]|#[0-9]|GH-[0-9]|://|www\.", text, re.IGNORECASE), text
 
 
 def test_html_escapes_tags_and_quotes():

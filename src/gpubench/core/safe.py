@@ -14,7 +14,9 @@ exactly once, at the point where it is rendered:
   cannot raise MarkupError).
 - ``markdown(s)``: one table cell or inline text of GitHub-flavoured markdown: ``term`` first, then
   HTML special characters as entities (no raw ``<img onerror=...>``), and the characters markdown
-  reads as syntax (``|`` would add a column, backticks, ``*``, ``_``, ``[``, ``]``, ``#``, ``~``, ``\\``) backslash-escaped, per the CommonMark spec's "backslash escapes" (any ASCII punctuation).
+  reads as syntax (``|`` would add a column, backticks, ``*``, ``_``, ``[``, ``]``, ``#``, ``~``, ``\\``) backslash-escaped, per the CommonMark spec's "backslash escapes" (any ASCII punctuation);
+  then what GitHub acts on in text (``@name``, ``#12``, ``GH-12``, ``http://``, ``www.``) broken by
+  a zero-width space.
 - ``html(s)``: text or an attribute value in HTML: ``term`` first, then ``html.escape(quote=True)``.
 - ``mpl(s)``: a matplotlib label or title: ``term`` first, then ``$`` escaped so no mathtext is
   parsed (matplotlib's "Text rendering with mathtext": an unescaped pair of ``$`` starts math mode,
@@ -79,10 +81,25 @@ def term_markup(s: object, limit: int = MAX_SHOWN) -> str:
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
 
 
+# GitHub acts on plain text too, after markdown is parsed: "@name" mentions (and notifies) an
+# account or team, "#12" and "GH-12" reference an issue (a timeline event there), and GFM's
+# extended autolinks make "http://", "https://", "www." and "a@b.example" links (GFM spec, section
+# 6.9). A zero-width space between the trigger and the rest, written as the entity &#8203; (a
+# reader sees nothing; GitHub and cmark-gfm see no mention, reference or link), breaks each: the
+# way Renovate keeps "@name" in its pull requests from notifying.
+_ZWSP = "&#8203;"
+_MD_TRIGGERS = re.compile(r"(@)(?=[0-9A-Za-z_-])|(#|GH-)(?=[0-9])|(:)(?=//)|\b(www)(?=\.)", re.IGNORECASE)
+
+
+def _inert(m: re.Match) -> str:
+    return m.group(0) + _ZWSP
+
+
 def markdown(s: object, limit: int = MAX_SHOWN) -> str:
-    """``s`` safe as inline markdown or a table cell: no raw HTML, no new rows, no links or code."""
+    """``s`` safe as inline markdown or a table cell: no raw HTML, no new rows, no links or code,
+    and nothing GitHub acts on (no @mention, #issue reference or bare-URL autolink)."""
     text = _html.escape(term(s, limit), quote=True)
-    return _MD_SPECIAL.sub(r"\\\1", text)
+    return _MD_TRIGGERS.sub(_inert, _MD_SPECIAL.sub(r"\\\1", text))
 
 
 def html(s: object, limit: int = MAX_SHOWN) -> str:
