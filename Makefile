@@ -17,7 +17,7 @@ else
 $(error CUDA=$(CUDA) is not known: use CUDA=cuda13 or CUDA=cuda12)
 endif
 
-.PHONY: run test clean browser
+.PHONY: run test clean browser schema
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ browser:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
 		chromium --version; \
 	fi
+
+# the params entries of the published result schema, from gpubench's own plug-ins (after editing one)
+schema: $(VENV)/.test-$(CUDA)
+	$(BIN)/python ci/write_schema.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -50,6 +50,13 @@ def test_the_installed_plugin_is_a_command_that_measures_saves_and_is_listed(sit
     d = json.loads(out.read_text())
     assert d["command"] == "hostcopy" and [x["nbytes"] for x in d["records"]] == [4096, 16384, 65536]
     assert all(x["samples_s"] and all(t > 0 for t in x["samples_s"]) for x in d["records"])
+    # the schema published where the plug-in is installed holds its results to its declared params
+    check = ("import json, sys, jsonschema; from gpubench.core.result import json_schema; s = json_schema(); "
+             "assert any(e.get('$comment', '').endswith(' hostcopy') for e in s['allOf']); "
+             "jsonschema.validate(json.load(open(sys.argv[1])), s); print('valid')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    v = subprocess.run([sys.executable, "-c", check, str(out)], capture_output=True, text=True, timeout=60, env=env)
+    assert v.returncode == 0 and v.stdout.strip() == "valid", v.stderr
 
 
 def test_bad_input_to_the_plugin_is_one_line_and_exit_2(site):

@@ -134,8 +134,9 @@ def test_block_shape_and_schema():
                 "pcie_replay_delta", "nvlink_errors_delta"):
         assert key in b
     schema = json_schema()
-    r = Record(params={"nbytes": 1}, nbytes=1, samples_s=[1e-3], telemetry=b)
-    res = Result(command="copy", spec={}, records=[r, Record(params={"nbytes": 2}, nbytes=2, samples_s=[1e-3])])
+    at = {"device": 0, "direction": "h2d", "memory": "pinned"}
+    r = Record(params={**at, "nbytes": 1}, nbytes=1, samples_s=[1e-3], telemetry=b)
+    res = Result(command="copy", spec={}, records=[r, Record(params={**at, "nbytes": 2}, nbytes=2, samples_s=[1e-3])])
     d = res.to_dict()
     jsonschema.validate(d, schema)
     back = Result.from_dict(json.loads(json.dumps(d)))

@@ -39,6 +39,7 @@ def test_every_plugin_answers_the_contract(p: Plugin):
         assert hook is None or callable(hook), attr
     if p.writes_results:
         assert p.more_samples
+        assert p.params_schema, f"{p.name}: declare its records' params (none: params_schema({{}}))"
     if p.bench is not None:
         bench = importlib.import_module(p.bench)
         assert callable(bench.run) and list(inspect.signature(bench.run).parameters)[:2] == ["spec", "progress"]
@@ -72,6 +73,8 @@ def test_a_plugin_name_is_a_command_word():
     ("suite_steps", "no colon", "'module:function' reference"), ("fleet_checks", 3, "'module:function'"),
     ("added_params", None, "a mapping"), ("option_maxima", {3: 1}, "a mapping"),
     ("host_memory", "yes", "true or false"), ("x_name", 5, "or None"),
+    ("params_schema", {"nbytes": {"type": "integer"}}, "{'properties'"),
+    ("params_schema", {"properties": {"n": {}}, "required": ["m"]}, "params among them"),
 ])
 def test_a_descriptor_with_a_bad_field_is_refused_naming_it(field, value, says):
     with pytest.raises(ValueError, match=re.escape(says)):

@@ -54,7 +54,8 @@ def test_there_are_real_results_to_validate():
 
 def _good() -> dict:
     return Result(command="copy", spec={"sizes": [4096]}, records=[
-        Record(params={"direction": "h2d", "nbytes": 4096}, nbytes=4096, samples_s=[1e-6, 2e-6], reps=4)]).to_dict()
+        Record(params={"device": 0, "direction": "h2d", "memory": "pinned", "nbytes": 4096}, nbytes=4096,
+               samples_s=[1e-6, 2e-6], reps=4)]).to_dict()
 
 
 @pytest.mark.parametrize("breaks", [
@@ -72,6 +73,10 @@ def _good() -> dict:
     lambda d: d["records"][0].update(reps=0),
     lambda d: d["records"][0].update(nbytes=1.5),
     lambda d: d["records"][0]["params"].update(devices=[0, 1]),       # params are scalars
+    lambda d: d["records"][0]["params"].update(colour="red"),         # copy's params are copy's (its plug-in's)
+    lambda d: d["records"][0]["params"].pop("memory"),
+    lambda d: d["records"][0]["params"].update(nbytes="4096"),
+    lambda d: d["records"][0]["params"].update(nbytes=-1),
     lambda d: d["records"][0].pop("extra"),
     lambda d: d.update(created="yesterday"),
     lambda d: d["env"].update(cuda={"driver_check": {"status": "fine"}}),
@@ -88,3 +93,39 @@ def test_a_partial_result_with_its_fault_validates(validator):
     d = _good()
     d.update(partial=True, failed_by="worker died", interrupted_by=None)
     assert list(validator.iter_errors(d)) == []
+
+
+def test_the_shipped_schema_holds_the_params_gpubenchs_own_plugins_declare():
+    # the published file is what schema_with() makes of the built-in descriptors: declaring a
+    # param in a plug-in's package and shipping the schema cannot drift apart
+    from gpubench.core import registry
+    from gpubench.core.result import PARAMS_COMMENT, schema_with, shipped_schema
+
+    own = [p for p in registry.plugins().values() if p.command.startswith("gpubench.")]
+    made, shipped = schema_with(own), shipped_schema()
+    entries = {e["$comment"]: e for e in made["allOf"] if e.get("$comment", "").startswith(PARAMS_COMMENT)}
+    assert set(entries) == {PARAMS_COMMENT + p.name for p in own if p.params_schema}
+    for e in shipped["allOf"]:
+        if e.get("$comment") in entries:
+            assert e == entries[e["$comment"]], f"{e['$comment']}: regenerate its entry from the plug-in:\n" + \
+                json.dumps(entries[e["$comment"]])
+    assert made == shipped
+
+
+def test_a_third_partys_params_are_held_to_its_declaration_and_others_left_open():
+    from gpubench.core.plugin import Plugin, param, params_schema
+    from gpubench.core.result import schema_with
+
+    extra = Plugin(name="hostfill", help="x", command="x", params_schema=params_schema(
+        {"nbytes": param("integer", "bytes", minimum=1)}, {"threads": param("integer", "threads")}))
+    v = jsonschema.Draft202012Validator(schema_with([extra]))
+    d = Result(command="hostfill", spec={}, records=[Record(params={"nbytes": 8}, nbytes=8, samples_s=[1e-6])]).to_dict()
+    assert list(v.iter_errors(d)) == []
+    d["records"][0]["params"]["threads"] = 4
+    assert list(v.iter_errors(d)) == []
+    d["records"][0]["params"]["nbytes"] = 0
+    assert list(v.iter_errors(d)) != []
+    d["records"][0]["params"] = {"threads": 4}
+    assert list(v.iter_errors(d)) != []
+    d["command"] = "elsewhere"  # a command with no declaration: any scalar params
+    assert list(v.iter_errors(d)) == []

@@ -185,6 +185,10 @@ class Plugin:
         option_maxima: option name -> the largest value accepted (a number, or a function of
             nothing evaluated when the option is parsed), for options whose bound is not the
             default of its type (:func:`gpubench.core.options.option_maximum`).
+        params_schema: its records' ``params`` as a JSON Schema fragment, ``{"properties":
+            {name: schema}, "required": [names]}`` (:func:`params_schema` builds one); the
+            published result schema holds it for results of this command, where no other param
+            is allowed (:func:`gpubench.core.result.json_schema`). Empty: any scalar params.
     """
 
     name: str
@@ -207,6 +211,7 @@ class Plugin:
     host_memory: bool = False
     digit_groups: bool = False
     option_maxima: Mapping[str, float | Callable[[], float]] = field(default_factory=dict)
+    params_schema: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check every field's type and form, so a broken descriptor is refused where it is made
@@ -245,6 +250,13 @@ class Plugin:
                 raise bad(attr, "true or false")
         if self.plot_kind not in PLOT_KINDS:
             raise bad("plot_kind", f"one of {', '.join(PLOT_KINDS)}")
+        ps = self.params_schema
+        props = ps.get("properties") if isinstance(ps, Mapping) else None
+        if ps and not (set(ps) <= {"properties", "required"} and isinstance(props, Mapping)
+                       and all(isinstance(k, str) and isinstance(v, Mapping) for k, v in props.items())
+                       and isinstance(ps.get("required", []), (list, tuple))
+                       and all(k in props for k in ps.get("required", []))):
+            raise bad("params_schema", "{'properties': {param: schema}, 'required': [params among them]}")
 
     def hook(self, attr: str) -> Callable | None:
         """The function a ``"module:function"`` field names, imported now; None where unset.
@@ -257,3 +269,17 @@ class Plugin:
             return None
         module, _, func = ref.partition(":")
         return getattr(importlib.import_module(module), func)
+
+
+def param(json_type: str | list[str], description: str, **more: Any) -> dict[str, Any]:
+    """One param's JSON Schema: ``{"type": json_type, "description": ..., **more}`` (``more``:
+    further keywords, e.g. ``minimum=0``)."""
+    return {"type": json_type, "description": description, **more}
+
+
+def params_schema(required: Mapping[str, Mapping[str, Any]],
+                  optional: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """A :attr:`Plugin.params_schema`: the params every record has (``required``) and those some
+    records have (``optional``: a part of a bidirectional test, a param added after results were
+    saved), each name -> its schema (:func:`param`)."""
+    return {"properties": {**required, **(optional or {})}, "required": list(required)}

@@ -432,11 +432,44 @@ def save(result: Result, path: str | os.PathLike) -> Path:
 SCHEMA_FILE = "result-v1.schema.json"  # in gpubench/schemas/, shipped in the wheel
 
 
-def json_schema() -> dict:
-    """The JSON Schema (draft 2020-12) of what :func:`save` writes, from the installed package."""
+PARAMS_COMMENT = "params of the plug-in "  # marks the schema's entry for one plug-in's params
+
+
+def shipped_schema() -> dict:
+    """The JSON Schema file shipped in the package (draft 2020-12), as it is: what :func:`save`
+    writes, with the params of gpubench's own plug-ins."""
     from importlib import resources
 
     return json.loads((resources.files("gpubench") / "schemas" / SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+def schema_with(plugins) -> dict:
+    """The shipped schema with one ``allOf`` entry per plug-in of ``plugins`` that declares
+    :attr:`~gpubench.core.plugin.Plugin.params_schema` (and none of the shipped file's own):
+    a result whose ``command`` is the plug-in's has records whose ``params`` are those, and no
+    other. ``schema_with`` of gpubench's own plug-ins is the shipped file (a test holds it so)."""
+    schema = shipped_schema()
+    entries = [e for e in schema.get("allOf", []) if not str(e.get("$comment", "")).startswith(PARAMS_COMMENT)]
+    for p in sorted(plugins, key=lambda p: p.name):
+        if not p.params_schema:
+            continue
+        params = {"type": "object", "properties": dict(p.params_schema["properties"]),
+                  "required": list(p.params_schema.get("required", [])), "additionalProperties": False}
+        entries.append({
+            "$comment": PARAMS_COMMENT + p.name,
+            "if": {"properties": {"command": {"const": p.name}}, "required": ["command"]},
+            "then": {"properties": {"records": {"items": {"properties": {"params": params}}}}},
+        })
+    schema["allOf"] = entries
+    return schema
+
+
+def json_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of what :func:`save` writes for the plug-ins installed here
+    (:func:`schema_with` of the registry's): the shipped file, with a third party's params too."""
+    from gpubench.core import registry
+
+    return schema_with(registry.plugins().values())
 
 
 def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> bytes:
@@ -730,7 +763,7 @@ _STAT3_KEYS = ("min", "median", "max")
 @functools.lru_cache(maxsize=1)
 def telemetry_reasons() -> tuple[str, ...]:
     """The clock-event reason names a telemetry block may hold: the published schema's enum."""
-    return tuple(json_schema()["$defs"]["telemetry"]["properties"]["reasons"]["items"]["enum"])
+    return tuple(shipped_schema()["$defs"]["telemetry"]["properties"]["reasons"]["items"]["enum"])
 
 
 def check_telemetry(t: object, source: str, pointer: str) -> dict:

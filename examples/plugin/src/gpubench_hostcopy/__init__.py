@@ -4,7 +4,7 @@ An example of a gpubench plug-in in a distribution of its own: this descriptor i
 reads to list, run, compare, plot, report and check the command (entry point group
 ``gpubench.plugins`` in this distribution's pyproject.toml)."""
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="hostcopy",
@@ -18,4 +18,6 @@ PLUGIN = Plugin(
     x_name="bytes per copy",
     suite_steps="gpubench_hostcopy.hooks:suite_steps",
     fleet_checks="gpubench_hostcopy.hooks:fleet_checks",
+    # what its records' params are: the published result schema holds results of hostcopy to it
+    params_schema=params_schema({"nbytes": param("integer", "bytes per copy", minimum=1)}),
 )

@@ -1,7 +1,7 @@
 """``gpubench batch``: many small copies, one per piece vs packed through pinned staging vs
 ``cudaMemcpyBatchAsync`` vs one contiguous copy."""
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="batch",
@@ -13,4 +13,12 @@ PLUGIN = Plugin(
     plot_kind="bars",
     suite_steps="gpubench.plugins.batch.hooks:suite_steps",
     host_memory=True,
+    params_schema=params_schema({
+        "device": param("integer", "CUDA ordinal", minimum=0),
+        "direction": param("string", "h2d or d2h"),
+        "strategy": param("string", "how the pieces move: separate, packed, batched-api or contiguous"),
+        "memory": param("string", "the host memory kind: pinned or pageable"),
+        "count": param("integer", "pieces per transfer", minimum=1),
+        "piece_bytes": param("integer", "bytes per piece", minimum=0),
+    }),
 )

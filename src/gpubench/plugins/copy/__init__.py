@@ -1,7 +1,7 @@
 """``gpubench copy``: host<->device copy bandwidth (H2D, D2H, bidir; pinned, pageable, write-combined,
 registered; nvbandwidth's SM copies, device local copy and host latency)."""
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="copy",
@@ -13,4 +13,10 @@ PLUGIN = Plugin(
     suite_steps="gpubench.plugins.copy.hooks:suite_steps",
     fleet_checks="gpubench.plugins.copy.hooks:fleet_checks",
     host_memory=True,
+    params_schema=params_schema({
+        "device": param(["integer", "string"], "CUDA ordinal; \"all\" for all GPUs at once, \"N@all\" for GPU N's share of it"),
+        "direction": param("string", "h2d, d2h, bidir-h2d, bidir-d2h, bidir-total, h2d-sm, d2h-sm, d2d or latency"),
+        "memory": param("string", "the host memory kind: pinned, pageable, write-combined or registered (device for d2d)"),
+        "nbytes": param("integer", "bytes per copy", minimum=0),
+    }),
 )

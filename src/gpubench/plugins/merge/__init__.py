@@ -3,7 +3,7 @@ plain Dask cluster). Its parts stay inside: the cluster, the data, the per-pair 
 the workers' setup."""
 
 from gpubench.core.options import MAX_REPEATS, machine_threads
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="merge",
@@ -22,4 +22,15 @@ PLUGIN = Plugin(
     # among the workers and says so)
     option_maxima={"runs": MAX_REPEATS, "warmup_runs": MAX_REPEATS, "frac_match": 1.0,
                    "threads_per_worker": machine_threads},
+    params_schema=params_schema({
+        "type": param("string", "cpu (pandas) or gpu (cuDF)"),
+        "protocol": param("string", "tcp or ucx"),
+        "chunk_size": param("integer", "rows per chunk", minimum=1),
+        "base_chunks": param("integer", "chunks of the base (left) frame", minimum=1),
+        "other_chunks": param("integer", "chunks of the other (right) frame", minimum=1),
+        "frac_match": param("number", "fraction of keys that match", minimum=0, maximum=1),
+        "broadcast": param("string", "dask-cuda's Broadcast: True, False or default"),
+        "n_workers": param("integer", "Dask workers", minimum=1),
+        "shuffle_method": param("string", "Dask's shuffle method: tasks, p2p or disk"),
+    }),
 )

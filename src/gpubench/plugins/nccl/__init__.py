@@ -2,7 +2,7 @@
 GPUs, one per GPU under a launcher, or over Dask. Its parts stay inside this package: the
 collectives table, communicators, data, CUDA graphs, launcher ranks and the Dask path."""
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="nccl",
@@ -18,4 +18,14 @@ PLUGIN = Plugin(
     suite_steps="gpubench.plugins.nccl.hooks:suite_steps",
     fleet_checks="gpubench.plugins.nccl.hooks:fleet_checks",
     fleet_stage="gpubench.plugins.nccl.hooks:fleet_stage",
+    params_schema=params_schema({
+        "collective": param("string", "the collective (all-reduce, all-gather, ...)"),
+        "nbytes": param("integer", "S, nccl-tests' size: bytes per rank", minimum=0),
+        "dtype": param("string", "the element type (float, half, int8, ...)"),
+        "placement": param("string", "in-place or out-of-place"),
+        "nranks": param("integer", "ranks in the communicator", minimum=1),
+    }, {
+        "op": param("string", "the reduction (sum, prod, max, min, avg) of a reducing collective"),
+        "root": param("integer", "the root rank of a rooted collective", minimum=0),
+    }),
 )

@@ -2,7 +2,7 @@
 launcher the node x node matrix. Its parts stay inside: the wire protocol, the server, the
 streams and their worker processes, the fleet's link step."""
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="net",
@@ -18,4 +18,13 @@ PLUGIN = Plugin(
     suite_steps="gpubench.plugins.net.hooks:suite_steps",
     fleet_checks="gpubench.plugins.net.hooks:fleet_checks",
     fleet_stage="gpubench.plugins.net.hooks:fleet_stage",
+    params_schema=params_schema({
+        "stream": param(["integer", "string"], "the TCP stream's index, or \"total\" for their sum"),
+    }, {
+        "streams": param("integer", "parallel TCP streams (-P)", minimum=1),
+        "buffer_nbytes": param("integer", "bytes per send call (-l)", minimum=1),
+        "direction": param("string", "c2s, s2c (-R), or one half of --bidir"),
+        "src": param("integer", "the sending rank of a node x node test", minimum=0),
+        "dst": param("integer", "the receiving rank of a node x node test", minimum=0),
+    }),
 )

@@ -1,7 +1,7 @@
 """``gpubench p2p``: the GPU<->GPU copy matrix (copy engine write/read, bidir, SM copy, latency; peer
 access on and off)."""
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="p2p",
@@ -13,4 +13,12 @@ PLUGIN = Plugin(
     suite_steps="gpubench.plugins.p2p.hooks:suite_steps",
     fleet_checks="gpubench.plugins.p2p.hooks:fleet_checks",
     host_memory=True,
+    params_schema=params_schema({
+        "test": param("string", "write, read, bidir, sm, latency, off, off-bidir or off-latency"),
+        "src": param("integer", "the source GPU's CUDA ordinal", minimum=0),
+        "dst": param("integer", "the destination GPU's CUDA ordinal", minimum=0),
+        "nbytes": param("integer", "bytes per copy", minimum=0),
+    }, {
+        "part": param("string", "forward, reverse or total, of a bidirectional test"),
+    }),
 )

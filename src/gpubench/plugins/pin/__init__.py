@@ -1,7 +1,7 @@
 """``gpubench pin``: what ``cudaHostAlloc``, ``cudaHostRegister`` and ``cudaMalloc`` (and their frees)
 cost over a size sweep."""
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="pin",
@@ -10,4 +10,10 @@ PLUGIN = Plugin(
     docs="docs/pin.md",
     bench="gpubench.plugins.pin.bench",
     more_samples="more samples per point: -n N, or a lower --max-noise with a higher --max-time",
+    params_schema=params_schema({
+        "device": param("integer", "CUDA ordinal", minimum=0),
+        "operation": param("string", "host-alloc, host-register or malloc"),
+        "nbytes": param("integer", "bytes allocated", minimum=0),
+        "phase": param("string", "which call of the pair: alloc, free, register or unregister"),
+    }),
 )
