@@ -64,10 +64,10 @@ def p2p_like(seed: int, n_gpus: int = 2, cv: float = 0.01, n: int = 20) -> Resul
 
 
 def merge_like(seed: int, protocol: str = "ucx", n: int = 30) -> Result:
-    """A merge-shaped Result: per worker-pair transfer samples ("pair" param)."""
+    """A merge-shaped Result: one merge of 2 workers, n runs as its samples (merge's params)."""
     rng = np.random.default_rng(seed)
     med = 80.0 if protocol == "ucx" else 0.8
-    recs = [Record(params={"protocol": protocol, "pair": f"({a},{b})"}, nbytes=2**26,
-                   samples_s=log_normal_seconds(rng, 2**26, med, 0.1, n))
-            for a, b in ((0, 1), (1, 0))]
+    params = {"type": "cpu", "protocol": protocol, "chunk_size": 50_000, "base_chunks": 2, "other_chunks": 2,
+              "frac_match": 0.3, "broadcast": "default", "n_workers": 2, "shuffle_method": "tasks"}
+    recs = [Record(params=params, nbytes=2**26, samples_s=log_normal_seconds(rng, 2**26, med, 0.1, n))]
     return Result(command="merge", spec={"protocol": protocol}, env=real_env(), records=recs)

@@ -45,7 +45,7 @@ def test_count_with_piece_list():
     (dict(count=-3), "--count -3"),
     (dict(piece="0"), "at least 1 byte"),
     (dict(piece="-4KiB"), "not a size"),
-    (dict(piece="4KiB,4KiB"), "repeats"),
+    (dict(piece="4KiB,4KiB"), "is repeated in"),
     (dict(piece="3KiB", total="16MiB"), "not a whole number of 3 KiB pieces"),
     (dict(count=10, total="1MiB"), "both given"),
     (dict(piece="1", total="4MiB"), "over the limit"),

@@ -57,7 +57,7 @@ def test_explicit_pitches():
     (dict(strategies="2d,3d"), "'3d'"),
     (dict(directions="h2h"), "'h2h'"),
     (dict(memory="registered"), "memory kind 'registered' not known"),
-    (dict(width="64,64"), "repeats"),
+    (dict(width="64,64"), "is repeated in --width"),
 ])
 def test_bad_geometry_and_names(kw, needle):
     with pytest.raises(UsageError) as e:

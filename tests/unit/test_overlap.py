@@ -34,7 +34,7 @@ def test_defaults():
     (dict(size="-4"), "not a size"),
     (dict(works="-1"), "out of range"),
     (dict(works="1,x"), "'x' is not an integer"),
-    (dict(works="5,5"), "repeats"),
+    (dict(works="5,5"), "is repeated in --work"),
     (dict(works=","), "empty"),
     (dict(streams=0), "--streams 0"),
     (dict(streams=65), "--streams 65"),

@@ -19,7 +19,7 @@ def test_build_spec_defaults_and_sweep():
 
 @pytest.mark.parametrize("args,words", [
     (dict(operations="host-alloc,bogus"), "operation 'bogus' not known"),
-    (dict(operations="malloc,malloc"), "repeats a value"),
+    (dict(operations="malloc,malloc"), "malloc is repeated in --op"),
     (dict(min_bytes="2GiB", max_bytes="1GiB"), "-b"),
     (dict(device=-1), "-d/--device -1 is negative"),
     (dict(iters=0), "-n/--iters 0"),

@@ -13,7 +13,7 @@ from gpubench.core.result import SCHEMA_VERSION, Record, Result, check_output_pa
 
 
 def _result():
-    r = Record(params={"direction": "h2d", "memory": "pinned", "nbytes": 4096}, nbytes=4096,
+    r = Record(params={"device": 0, "direction": "h2d", "memory": "pinned", "nbytes": 4096}, nbytes=4096,
                samples_s=[1e-6, 2e-6, 3e-6], reps=4, extra={"gated": True})
     return Result(command="copy", spec={"sizes": [4096]}, timing={"clock": "cuda-event"},
                   env={"host": {"hostname": "x"}}, records=[r])

@@ -108,9 +108,12 @@ def test_a_step_runs_its_spec_through_the_commands_run_with_progress(monkeypatch
     assert calls[1][0] == ("spec", "6")
 
 
-def _record(n_samples=3):
-    return Record(params={"device": 0, "direction": "h2d", "memory": "pinned", "nbytes": 1 << 20},
-                  nbytes=1 << 20, samples_s=[1e-4] * n_samples)
+def _record(n_samples=3, command="copy"):
+    """One 1 MiB H2D point with the params ``command``'s records carry (copy's or batch's)."""
+    params = {"device": 0, "direction": "h2d", "memory": "pinned"}
+    params.update({"nbytes": 1 << 20} if command == "copy" else
+                  {"strategy": "separate", "count": 1, "piece_bytes": 1 << 20})
+    return Record(params=params, nbytes=1 << 20, samples_s=[1e-4] * n_samples)
 
 
 def test_record_step_saves_an_ok_result(tmp_path, monkeypatch):
@@ -124,7 +127,7 @@ def test_record_step_saves_an_ok_result(tmp_path, monkeypatch):
 
 
 def test_a_machine_fault_keeps_its_finished_points_as_the_step_result(tmp_path):
-    partial = Result("batch", {}, records=[_record()], partial=True, failed_by="CUDA error: an illegal address")
+    partial = Result("batch", {}, records=[_record(command="batch")], partial=True, failed_by="CUDA error: an illegal address")
 
     def faulty(path):
         e = MachineError("CUDA error: an illegal address")
@@ -195,7 +198,7 @@ def fake_machine(monkeypatch):
             action = behaviour.get(name)
             if isinstance(action, BaseException):
                 raise action
-            return action or Result(name, spec.to_dict(), records=[_record()])
+            return action or Result(name, spec.to_dict(), records=[_record(command=name)])
         return run
 
     monkeypatch.setattr(copy_bench, "run", runner("copy"))

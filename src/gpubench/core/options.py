@@ -137,6 +137,46 @@ def device_id(device: int) -> int:
     return device
 
 
+#: Entries a -d list may hold. -d names CUDA devices of one machine (merge -t cpu: one worker process
+#: each): the largest single hosts have 16 GPUs, 7 MIG instances each is 112; 1,024 leaves room and
+#: bounds the parse (100,000 ids took 94 s to reach the memory refusal, the repeat check being
+#: quadratic).
+MAX_DEVICE_LIST = 1024
+
+
+def parse_devices(text: str | None) -> tuple[int, ...] | None:
+    """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU.
+
+    Returns None for None (the option not given: the default device).
+
+    Raises:
+        UsageError: more than :data:`MAX_DEVICE_LIST` entries (counted before any is parsed), an
+            empty list or entry (:func:`split_list`), an entry that is not
+            an integer, a negative id, or a repeated id.
+    """
+    if text is None:
+        return None
+    text = str(text)
+    n = text.count(",") + 1
+    if n > MAX_DEVICE_LIST:
+        raise UsageError(f"-d/--devices names {n:,} devices, more than one machine has",
+                         f"at most {MAX_DEVICE_LIST:,}, e.g. -d 0,1")
+    out: list[int] = []
+    for p in split_list(text, "-d/--devices", "0,1", "device"):
+        if not re.fullmatch(r"-?[0-9]{1,10}", p):  # ASCII digits: int() also reads "١" and "1_0"
+            raise UsageError(f"device {p[:40]!r} in -d {text[:80]!r} is not an integer",
+                             "e.g. -d 0 or -d 0,1; ids are at most 2147483647")
+        v = int(p)
+        if v > 2**31 - 1:
+            raise UsageError(f"device {v} in -d is too large", "CUDA ordinals are at most 2147483647")
+        if v < 0 or p.startswith("-"):
+            raise UsageError(f"device {p} in -d {text[:80]!r} is negative", "device ids start at 0")
+        if v in out:
+            raise UsageError(f"device {v} is repeated in -d {text[:80]!r}", "name each GPU once")
+        out.append(v)
+    return tuple(out)
+
+
 # -- bounds of every numeric option, checked when the command line is parsed -----------------------
 #
 # Python's int() and float() read more than a command line should mean: Unicode digits ("١٢" is
@@ -171,6 +211,7 @@ _ASCII_INT = re.compile(r"[+-]?[0-9]+\Z")
 # Python's int() grammar with ASCII digits only: groups separated by one underscore ("50_000_000")
 _GROUPED_INT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*\Z")
 _ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+
 
 
 def _max_text(hi: float, kind: type) -> str:

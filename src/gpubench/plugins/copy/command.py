@@ -48,7 +48,7 @@ def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devi
         UsageError: any bad value, named in the message.
     """
     from gpubench.plugins.copy.bench import CopySpec
-    from gpubench.core.gpu import parse_devices
+    from gpubench.core.options import parse_devices
 
     if only and memory:
         raise UsageError(f"--{only} and --memory {memory!r} both given", "use one of them")

@@ -170,7 +170,7 @@ def build_spec(**options):
         UsageError: any bad value, named in the message.
     """
     from gpubench.plugins.merge.bench import MergeSpec
-    from gpubench.core.gpu import parse_devices
+    from gpubench.core.options import parse_devices
 
     o = dict(options)
     devices = o.pop("devices")

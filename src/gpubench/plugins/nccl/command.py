@@ -84,7 +84,7 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
         UsageError: any bad value, named in the message.
     """
     from gpubench.plugins.nccl.bench import PLACES, NcclSpec
-    from gpubench.core.gpu import parse_devices
+    from gpubench.core.options import parse_devices
 
     devs = parse_devices(devices)
     lo = parse_size(min_bytes, what="-b/--min-bytes")

@@ -51,7 +51,7 @@ def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters,
         UsageError: any bad value, named in the message.
     """
     from gpubench.plugins.p2p.bench import TESTS, P2PSpec
-    from gpubench.core.gpu import parse_devices
+    from gpubench.core.options import parse_devices
     from gpubench.core.timing import TimingPlan
 
     devs = parse_devices(devices)
