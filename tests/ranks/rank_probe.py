@@ -1,6 +1,7 @@
 """A test entry point on the real rank group (core/ranks): discover, join, gather, bcast,
 allgather, barrier; with --victim R rank R stops before the last barrier (it sleeps, and the test
-kills or stops it), and the others must leave through the group's deadline with exit 3.
+kills or stops it), and the others must leave through the group's deadline with exit 3; with
+--victim-at close it stops after the last barrier (rank 0 after printing its RESULT), before its close.
 
 Rank 0 prints one JSON line ``RESULT {...}``; a rank that fails prints ``FAULT <rank> <line>``
 and exits 3. Run under mpiexec, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set.
@@ -22,6 +23,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--timeout", type=float, default=20.0)
     ap.add_argument("--victim", type=int, default=-1)
+    ap.add_argument("--victim-at", choices=["barrier", "close"], default="barrier")
     ap.add_argument("--pidfile", default=None)
     a = ap.parse_args()
     me = ranks.discover()
@@ -37,7 +39,7 @@ def main() -> int:
             with open(a.pidfile + ".tmp", "w") as f:
                 json.dump(pids, f)
             os.replace(a.pidfile + ".tmp", a.pidfile)
-        if g.rank == a.victim:
+        if g.rank == a.victim and a.victim_at == "barrier":
             time.sleep(600)
         t0 = time.monotonic()
         g.barrier()
@@ -45,6 +47,8 @@ def main() -> int:
             print("RESULT " + json.dumps({"size": g.size, "transport": g.transport, "gathered": gathered,
                                           "bcast": value, "allgather": every, "pids": pids,
                                           "barrier_s": time.monotonic() - t0}), flush=True)
+        if g.rank == a.victim and a.victim_at == "close":
+            time.sleep(600)
         g.close()
         return 0
     except GpubenchError as e:

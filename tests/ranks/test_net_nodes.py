@@ -1,8 +1,9 @@
 """`gpubench net nodes` under real launchers (mpiexec from the MPICH wheel, torchrun-style
 environments started by hand) on loopback: a rank stopped (SIGSTOP) mid-round is named within one
 round plus max(-T, the round's length), and it is the stopped receiver that is named, never its
-healthy sender; two groups on one MASTER_PORT never mix; another program on the port, a stopped
-net worker, one rank, two schedules and a bad --rendezvous each end cleanly with the reason.
+healthy sender; a rank 0 stopped while it only receives fails the job, named by the survivor; two
+groups on one MASTER_PORT never mix; another program on the port, a stopped net worker, one rank,
+two schedules and a bad --rendezvous each end cleanly with the reason.
 
 Every test ends every process it started in a finally. Outside CI these skip, with the reason,
 where mpiexec, mpi4py or psutil is missing; under CI=true a missing mpiexec or mpi4py fails.
@@ -150,6 +151,71 @@ def test_torchrun_style_net_nodes_names_a_stopped_rank_in_time():
         assert _wait_gone(family, 10) == []
     finally:
         _cleanup(procs, procs[2].pid)
+
+
+# ---- rank 0 stopped while it only receives ----
+
+# Ring of 2: round 2 is 1 -> 0, so rank 0 only receives: it sends its end-of-round message at once
+# and has nothing more to send until the final gather. Stopped there (its receiving workers run),
+# it used to leave rank 1 to a gather whose sender returns at once and a close whose barrier gave
+# up quietly: rank 1 exited 0 about 42 s later, mpiexec 0, no report. Now rank 1 names rank 0 at
+# the end of round 2 (17.5 s after its start) or at the final gather, whose receipt it waits
+# -T + 5 s for (about 13 s of rank 1's stalled test + 9 s here).
+RECV0_ARGS = ["net", "nodes", "-T", "4", "-t", "2", "-i", "0.5", "-P", "1"]
+RECV0_BOUND_S = 17.5 + 4 + 5 + 20.0  # a round's length, the receipt's wait, load
+
+# each rank's exit status on mpiexec's output (mpiexec itself reports the killed rank's)
+SAY_EXIT = ["sh", "-c", '"$@"; rc=$?; echo "EXIT $PMI_RANK $rc"; exit $rc', "sh"]
+
+def _gpubench_ranks(top: int, n: int, timeout: float = 60.0) -> dict[int, int]:
+    """rank -> pid of the gpubench processes under ``top`` (below SAY_EXIT's shell; not the workers)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = {}
+        for c in psutil.Process(top).children(recursive=True):
+            try:
+                if "-m gpubench" in " ".join(c.cmdline()) and "PMI_RANK" in c.environ():
+                    got[int(c.environ()["PMI_RANK"])] = c.pid
+            except psutil.Error:
+                pass
+        if len(got) == n:
+            return got
+        time.sleep(0.05)
+    raise AssertionError("mpiexec did not start the ranks")
+
+def _receives(pid: int) -> bool:
+    """True while ``pid``'s net server runs a receiving worker (a test to it has begun)."""
+    try:
+        return any('"role": "recv"' in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return False
+
+def test_mpiexec_net_nodes_rank_0_stopped_while_it_only_receives_is_named_and_fails_the_job():
+    top = _start([mpiexec(), "-n", "2", *SAY_EXIT, *GPUBENCH, *RECV0_ARGS], _env())
+    out = Lines(top)
+    victim = None
+    try:
+        ranks = _gpubench_ranks(top.pid, 2)
+        end = time.monotonic() + 90
+        while not _receives(ranks[0]):  # round 2: rank 1's test to rank 0 runs
+            assert time.monotonic() < end and top.poll() is None, "".join(line for _, line in out.lines)[-3000:]
+            time.sleep(0.02)
+        victim = ranks[0]
+        os.kill(victim, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        (t_end,) = _wait_all([top], RECV0_BOUND_S + 60)
+        text = out.text() if t_end is not None else "".join(line for _, line in out.lines)
+        assert t_end is not None, text[-3000:]
+        named = [line for _, line in out.lines if re.search(rf"rank 0 on {re.escape(HOST)} did not answer", line)]
+        assert len(named) == 1, text[-3000:]
+        t_named = out.first(rf"rank 0 on {re.escape(HOST)} did not answer")
+        print(f"rank 0 named {t_named - t_stop:.1f} s after its stop; mpiexec exit {top.returncode}")
+        assert t_named - t_stop < RECV0_BOUND_S, (t_named - t_stop, text[-3000:])
+        assert re.search(r"EXIT 1 3\b", text), text[-3000:]  # the survivor: exit 3, not 0
+        assert top.returncode != 0, text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
+    finally:
+        _cleanup([top], victim)
 
 
 # ---- one MASTER_PORT, other programs, stopped workers, schedules ----

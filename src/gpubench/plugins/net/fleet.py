@@ -367,7 +367,9 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
     finally:
         if servers is not None:
             servers.stop()
-    gathered = group.gather([r.to_dict() for r in records])
+    # confirmed: every rank returns only once rank 0 has every link, so a rank 0 that stopped while
+    # it only received (the ring's last round) is named here by the others, not left unseen
+    gathered = group.gather([r.to_dict() for r in records], what="final gather of the net results", confirm=True)
     if me != 0:
         return None
     if progress is not None:

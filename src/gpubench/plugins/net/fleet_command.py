@@ -81,14 +81,17 @@ def nodes_command(test_options, build_request) -> click.Command:
         group = ranks.join(me, rendezvous, timeout=timeout)
         try:
             result = net_fleet.run(group, spec)
-        finally:
-            group.close()
-        if result is None:
-            return 0
-        code = finish(result, net_fleet.format_report(result, units), json_path=json_path, quiet=quiet)
-        why = net_fleet.verdict(result)
-        if why:
-            raise RegressionFound(why)
+            if result is None:
+                code = 0
+            else:  # rank 0 reports before the close, whose end the others wait for
+                code = finish(result, net_fleet.format_report(result, units), json_path=json_path, quiet=quiet)
+                why = net_fleet.verdict(result)
+                if why:
+                    raise RegressionFound(why)
+        except BaseException:
+            group.close(quiet=True)  # the end is still said (rank 0 confirms it), but the error on its way wins
+            raise
+        group.close(quiet=False)  # exit 0 only once rank 0 confirmed the end (raises naming the rank that did not)
         return code
 
     callback.__doc__ = HELP
