@@ -767,3 +767,281 @@ def test_an_incidental_option_of_the_command_is_not_a_difference():
     a = Result(command="net", spec={"mode": "local", "port": 0, "cport": None, "streams": 2})
     b = Result(command="net", spec={"mode": "client", "port": 40803, "cport": 6000, "streams": 2})
     assert [d[0] for d in env_diff(a, b) if d[0].startswith("option ")] == ["option mode"]
+
+
+# ---- the cost of each path: linear (or n log n) in the samples ----
+
+def _u_at_most_by_python_ints(n1, n2, k):
+    """Orderings with U <= k by the same Gaussian binomial series in Python integers (the reference)."""
+    m, n = min(n1, n2), max(n1, n2)
+    c = [1] + [0] * k
+    for i in range(1, m + 1):
+        for u in range(i, k + 1):
+            c[u] += c[u - i]
+        before = c[:]
+        for u in range(n + i, k + 1):
+            c[u] -= before[u - n - i]
+    return sum(c)
+
+
+def test_the_exact_count_of_u_by_the_truncated_series_equals_the_recurrence_table():
+    for n1 in range(1, cmp.EXACT_MAX + 1):
+        for n2 in [*range(1, 13), 31, 50, 62]:  # up to 8 x 62, over EXACT_TABLE_MAX_PAIRS
+            if n1 * n2 > 500:
+                continue
+            cum = cmp._u_cumulative(n1, n2)
+            got = [cmp._u_at_most(n1, n2, k) for k in range(n1 * n2 + 1)]
+            assert got == list(cum) and got == [cmp._u_at_most(n2, n1, k) for k in range(n1 * n2 + 1)]
+            assert all(type(g) is int for g in got)
+    # beyond 2^62 orderings (8 vs 1000: 2.6e19) it counts in float64, to 1e-13 of the integers
+    for n1, n2, k in [(8, 1000, 37), (8, 1000, 2500), (8, 1000, 4000), (3, 5000, 7500)]:
+        assert cmp._u_at_most(n1, n2, k) == pytest.approx(_u_at_most_by_python_ints(n1, n2, k), rel=1e-13)
+
+
+def test_eight_samples_against_half_a_million_distinct_ones_get_the_exact_p():
+    """8 against 500,000 distinct samples (the break-it report: 5,000 took over 200 s, the whole
+    null distribution of U built by an O(n1^2 n2^2) recurrence): exact p, in either order."""
+    rng = np.random.default_rng(21)
+    big = list(1e-3 * (1.0 + rng.permutation(500_000) / 1e7))  # distinct by construction
+    ranks = sorted(big)
+    # 8 values each just above the (i + 1)-th smallest of the others: U = 1 + 4 + 11 + ..., a tiny p
+    small = [(ranks[i] + ranks[i + 1]) / 2 for i in (0, 3, 10, 11, 20, 40, 41, 60)]
+    t = cmp.mann_whitney_u(big, small)
+    u_small = 500_000 * 8 - t.u  # pairs where a small value is above a big one
+    assert t.method == "exact" and u_small == 1 + 4 + 11 + 12 + 21 + 41 + 42 + 61
+    want = 2 * _u_at_most_by_python_ints(8, 500_000, int(u_small)) / math.comb(500_008, 8)
+    assert t.p == pytest.approx(want, rel=1e-12) and t.p < 1e-30
+    assert cmp.mann_whitney_u(small, big).p == t.p
+    # through compare, both orders, with 8 values drawn among the others: a row with a verdict
+    mid = list(rng.choice(big, 8, replace=False) * (1 + 1e-12))
+    a = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4, samples_s=mid)])
+    b = Result("p2p", {}, records=[Record({"test": "latency"}, metric="time", nbytes=4, samples_s=big)])
+    for base, new in ((a, b), (b, a)):
+        (row,) = cmp.compare(base, new).rows
+        assert row.status == "paired" and row.verdict in cmp.VERDICTS and 0 <= row.p <= 1
+        assert {row.n_base, row.n_new} == {8, 500_000} and row.ci_low_pct <= row.change_pct <= row.ci_high_pct
+
+
+def test_one_sample_against_many_tied_ones_takes_the_normal_approximation_not_a_cubic_count():
+    """1 against 20,000 samples with ties: C(20,001, 1) splits is under EXACT_TIES_MAX_SPLITS, but the
+    exact permutation count would fill 1.6e9 cells (and 6 GB); the normal approximation instead.
+    Up to EXACT_TIES_MAX_CELLS it stays exact, and counted on the smaller side."""
+    rng = np.random.default_rng(2)
+    many = list(np.round(rng.normal(10, 1, 20_000), 1))
+    t = cmp.mann_whitney_u([10.0], many)
+    assert t.method == "asymptotic" and 0 < t.p <= 1
+    few = many[:300]
+    t = cmp.mann_whitney_u([10.0], few)
+    ranks, _ = cmp._ranks([10.0] + few)
+    far = abs(t.u - 300 / 2) - 1e-9
+    assert t.method == "exact (ties)"
+    assert t.p == pytest.approx(sum(abs(r - 1 - 150) >= far for r in ranks) / 301)  # U of one value = its rank - 1
+    assert cmp.mann_whitney_u(few, [10.0]).p == t.p  # the same split counted from the other side
+
+
+def test_selected_pairwise_differences_equal_sorting_them_when_the_candidates_are_narrowed(monkeypatch):
+    monkeypatch.setattr(cmp, "BRUTE_MAX_PAIRS", 0)  # always select
+    rng = np.random.default_rng(8)
+    for cap in (1, 64, 1 << 20):
+        monkeypatch.setattr(cmp, "SELECT_MAX_CANDIDATES", cap)
+        for m, n, dec in [(1, 500, None), (37, 410, 1), (300, 300, None), (90, 5, 2), (50, 60, 0)]:
+            x, y = rng.normal(0, 1, m), rng.normal(0.3, 1, n)
+            if dec is not None:
+                x, y = np.round(x, dec), np.round(y, dec)
+            d = np.sort(np.subtract.outer(y, x).ravel())
+            ks = sorted({1, m * n, (m * n + 1) // 2, m * n // 2 + 1, max(1, m * n // 9)})
+            got = cmp._kth_differences(list(x), list(y), ks)
+            assert got == pytest.approx([d[k - 1] for k in ks], abs=1e-12), (cap, m, n)
+    assert cmp._kth_differences([1.0] * 40, [2.0] * 50, [1, 1000, 2000]) == [1.0, 1.0, 1.0]  # one value
+    # two values a side: the differences -1, 0, 1, each repeated far more than the candidates
+    # listed (halving towards a tied 0 went on through the subnormals, ~1,000 steps a rank)
+    monkeypatch.setattr(cmp, "SELECT_MAX_CANDIDATES", 64)
+    x, y = rng.choice([0.0, 1.0], 300), rng.choice([0.0, 1.0], 200)
+    d = np.sort(np.subtract.outer(y, x).ravel())
+    ks = [1, 20_000, 30_000, 30_001, 45_000, 60_000]
+    assert cmp._kth_differences(list(x), list(y), ks) == [d[k - 1] for k in ks]
+
+
+def test_half_a_million_tied_samples_a_side_get_the_normal_p_and_the_kth_differences_of_the_counts():
+    """500,000 against 500,000 samples on a grid of 61 values (heavy ties; 100x the 5,000 of the
+    break-it report): U, its tie-corrected normal p and the k-th of the 2.5e11 pairwise
+    differences, against references from the value counts alone (no ranking, no selection): the
+    differences of grid values i and j are j - i with multiplicity cx[i] cy[j], a convolution of
+    the counts; U counts the pairs y > x and half the equal ones."""
+    rng = np.random.default_rng(11)
+    N, V = 500_000, 61
+    x = np.clip(np.round(rng.normal(30, 8, N)), 0, V - 1)
+    y = np.clip(np.round(rng.normal(30.4, 8, N)), 0, V - 1)
+    cx, cy = np.bincount(x.astype(int), minlength=V), np.bincount(y.astype(int), minlength=V)
+    # the Mann-Whitney U of y against x and its normal p (mann_whitney_u's docstring formula)
+    below = np.concatenate(([0], np.cumsum(cx)[:-1]))  # x values under each grid value
+    u = float((cy * below).sum() + 0.5 * (cy * cx).sum())
+    n = 2 * N
+    t = cx + cy
+    var = N * N / 12.0 * ((n + 1) - float((t.astype(float) ** 3 - t).sum()) / (n * (n - 1)))
+    z = (abs(u - N * N / 2.0) - 0.5) / math.sqrt(var)
+    got = cmp.mann_whitney_u(list(y), list(x))
+    assert got.method == "asymptotic" and got.u == u
+    assert got.p == pytest.approx(math.erfc(z / math.sqrt(2.0)), rel=1e-9) and got.p < 1e-3
+    # the k-th differences y_j - x_i: d = j - i over -60 .. 60 with multiplicity sum_i cx[i] cy[i + d]
+    mult = np.convolve(cy, cx[::-1])  # index d + V - 1
+    cum = np.cumsum(mult)
+    mn = N * N
+    ks = [1, (mn + 1) // 2, mn // 2 + 1, cmp.moses_rank(N, N, 0.01), mn // 3, mn - 7, mn]
+    want = [float(np.searchsorted(cum, k) - (V - 1)) for k in ks]
+    assert cmp._kth_differences(list(x), list(y), ks) == want
+
+
+def test_ranks_with_numpy_for_many_values_equal_the_pure_python_ones():
+    rng = np.random.default_rng(4)
+    v = list(np.round(rng.normal(0, 1, cmp.RANKS_NUMPY_MIN + 500), 2))
+    ranks, groups = cmp._ranks(v)
+    order = sorted(range(len(v)), key=v.__getitem__)
+    want, sizes, i = [0.0] * len(v), [], 0
+    while i < len(v):
+        j = i
+        while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            want[order[k]] = (i + j) / 2 + 1
+        sizes.append(j - i + 1)
+        i = j + 1
+    assert ranks == want and groups == sizes and all(type(g) is int for g in groups)
+
+
+# ---- values read from a file: any telemetry shape, huge and tiny samples ----
+
+def _result_file(tmp_path, name, samples, *, metric="bandwidth", nbytes=4096, telemetry=None, flags=None):
+    """A one-record copy result (the first record of tests/data/copy-pinned-h200.json) with these
+    samples, written as the CLI reads it; ``telemetry`` goes to extra["telemetry"] (not checked by
+    the loader beyond finite numbers), ``flags`` to extra["flags"]."""
+    import json
+
+    doc = json.loads(synth.REAL_PINNED.read_text())
+    rec = doc["records"][0]
+    rec.update(samples_s=list(samples), metric=metric, nbytes=nbytes)
+    if telemetry is not None:
+        rec["extra"]["telemetry"] = telemetry
+    if flags is not None:
+        rec["extra"]["flags"] = flags
+    doc["records"] = [rec]
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _cli(capsys, *args, debug=True):
+    """``gpubench compare ARGS [--debug]`` in this process: (exit code, stdout, stderr); with --debug
+    an error that is not gpubench's own (exit 3) prints its traceback."""
+    from gpubench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["compare", *args] + (["--debug"] if debug else []))
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+GOOD_TELEMETRY = _tele(1980, 300, 40, ["sw_power_cap"])
+MALFORMED_TELEMETRY = {
+    "report": {"sm_clock_mhz": {"min": "a", "median": None}, "reasons": 5},
+    "bools": {"reasons": True, "power_w": {"median": False}, "temp_c": True, "other_processes": True},
+    "dicts": {"reasons": {"sw_power_cap": 1}, "temp_c": [1, 2], "pcie": {"gen": {"x": 1}, "width": 16}},
+    "non-strings": {"reasons": [1, {"a": 2}, [3], None, 2.5, True], "pcie": {"gen": "5", "width": [16]}},
+    "huge": {"sm_clock_mhz": {"median": 1.7e308}, "mem_clock_mhz": {"median": -1.7e308},
+             "power_w": {"median": 9223372036854775807}, "other_processes": 1.7e308,
+             "pcie_replay_delta": -1.7e308, "nvlink_errors_delta": 9223372036854775807},
+    "nested": {"sm_clock_mhz": {"median": {"deep": {"er": [1]}}}, "reasons": 2.5, "pcie": [5, 16]},
+    "strings": {"reasons": "sw_power_cap", "other_processes": "2", "nvlink_errors_delta": [1], "n": "x"},
+    "list": [1, "two", None],
+    "number": 7,
+    "null": None,
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MALFORMED_TELEMETRY))
+def test_a_malformed_telemetry_block_in_a_file_compares_with_exit_0_in_either_order(shape, tmp_path, capsys):
+    """Any telemetry block in a file is used or ignored, never raised on (docs/compare.md): against
+    a side with a good block, against one with none, in either order, in every format."""
+    bad = _result_file(tmp_path, "bad.json", NET_BASE, telemetry=MALFORMED_TELEMETRY[shape])
+    good = _result_file(tmp_path, "good.json", NET_BASE, telemetry=GOOD_TELEMETRY)
+    plain = _result_file(tmp_path, "plain.json", NET_BASE)
+    for a, b in ((good, bad), (bad, good), (plain, bad), (bad, plain)):
+        for fmt in ("table", "json"):
+            code, out, err = _cli(capsys, a, b, "--format", fmt)
+            assert code == 0 and "Traceback" not in err and err == "", (a, b, err)
+            if fmt == "json":
+                import json
+
+                (row,) = json.loads(out)["comparisons"][0]["rows"]
+                for line in row["telemetry"]:  # no text made of a non-string reason or a 309-digit number
+                    assert "{" not in line and "[" not in line and "True" not in line and len(line) < 120, line
+
+
+def test_telemetry_numbers_are_finite_ints_or_floats_and_reasons_strings():
+    assert cmp._num({"a": {"median": 10**400}}, "a") is None  # not a float
+    assert cmp._num({"a": {"median": float("inf")}}, "a") is None and cmp._num({"a": float("nan")}, "a") is None
+    assert cmp._num({"a": True}, "a") is None and cmp._num({"a": "3"}, "a") is None
+    assert cmp._num({"a": {"median": 3}}, "a") == 3.0 and cmp._num({"a": 2.5}, "a") == 2.5
+    a, b = _net({0: NET_BASE}), _net({0: NET_BASE})
+    a.records[0].extra["telemetry"] = _tele(1980, 300, 40, ["sw_power_cap"])
+    b.records[0].extra["telemetry"] = {**_tele(1.7e308, 300, 40, [1, "hw_slowdown", {"a": 1}]), "other_processes": 10**400}
+    assert cmp.compare(a, b).rows[0].telemetry == ["SM clock 1980->1.7e+308 MHz", "new only: hw_slowdown",
+                                                   "base only: sw_power_cap"]
+    b.records[0].extra.update(flags=[True, None, 1.5, "x", [1]])
+    assert cmp.compare(a, b).rows[0].flags == ["new: 1.5", "new: x"]
+
+
+@pytest.mark.parametrize("huge,normal,metric,nbytes", [
+    ([1e308] * 5, NET_BASE, "bandwidth", 4096),  # 4.1e-305 B/s against ~1e9: a ratio of e^720
+    ([1e308] * 4, NET_BASE[:4], "time", 0),  # an even count: the median of two 1e308 is no inf
+    ([5e-324] * 5, NET_BASE, "time", 0),  # the smallest float the loader takes (a record moving no bytes)
+    ([1.7976931348623157e308] * 6, [1e-6] * 3 + [2e-6] * 3, "time", 0),
+])
+def test_huge_and_tiny_samples_compare_with_exit_0_and_a_row_in_both_orders(huge, normal, metric, nbytes,
+                                                                           tmp_path, capsys):
+    import json
+
+    a = _result_file(tmp_path, "a.json", huge, metric=metric, nbytes=nbytes)
+    b = _result_file(tmp_path, "b.json", [v * 1e-9 for v in normal], metric=metric, nbytes=nbytes)
+    for x, y in ((a, b), (b, a)):
+        code, out, err = _cli(capsys, x, y, "--format", "json")
+        assert code == 0 and err == "", err
+
+        def no_constant(c):
+            raise AssertionError(f"{c} is not JSON")
+
+        (row,) = json.loads(out, parse_constant=no_constant)["comparisons"][0]["rows"]
+        separated = 2 / math.comb(len(huge) + len(normal), len(huge))  # 4 vs 4: 0.029, inconclusive at 0.01
+        assert row["verdict"] in ("faster", "slower", "inconclusive") and row["p"] == pytest.approx(separated)
+        assert math.isfinite(row["base_median"]) and math.isfinite(row["new_median"])
+        assert -100 <= row["change_pct"] <= cmp.CHANGE_PCT_MAX
+        if row["ci_low_pct"] is not None:  # 4 vs 4 have no 99% interval
+            assert -100 <= row["ci_low_pct"] <= row["change_pct"] <= row["ci_high_pct"] <= cmp.CHANGE_PCT_MAX
+        for fmt in ("table", "markdown"):
+            code, out, err = _cli(capsys, x, y, "--format", fmt)
+            assert code == 0 and err == "" and any(v in out for v in ("faster", "slower", "inconclusive"))
+            assert "inf" not in out.replace("inconclusive", "") and "nan" not in out
+            assert ">+1e+308%" in out.replace("&gt;", ">") or "-100.00%" in out
+
+
+def test_zero_second_samples_are_refused_with_one_line_in_both_orders(tmp_path, capsys):
+    """The loader takes 0.0 s only in a record that moves no bytes; a figure of it has no log ratio:
+    compare refuses it (exit 2, one line naming the sample), as docs/compare.md says."""
+    a = _result_file(tmp_path, "zero.json", [0.0] * 5, metric="time", nbytes=0)
+    b = _result_file(tmp_path, "b.json", [1e-6] * 5, metric="time", nbytes=0)
+    for x, y in ((a, b), (b, a)):
+        code, out, err = _cli(capsys, x, y, debug=False)
+        assert code == 2 and "Traceback" not in err and err.count("\n") == 1 and "0.0 seconds" in err
+
+
+def test_a_change_beyond_a_float_is_its_ceiling_and_medians_of_huge_values_stay_finite():
+    s = cmp.hodges_lehmann([1e-300] * 3, [1e300] * 3)
+    assert s.change_pct == cmp.CHANGE_PCT_MAX and cmp._pct_cell(s.change_pct) == ">+1e+308%"
+    assert cmp.hodges_lehmann([1e300] * 3, [1e-300] * 3).change_pct == -100.0
+    assert cmp._pct_cell(12345678.9) == "+1.23e+07%" and cmp._pct_cell(-5.0) == "-5.00%"
+    assert cmp._median([1.7e308, 1.7976931348623157e308]) == pytest.approx(1.75e308, rel=0.01)
+    assert cmp._value_cell(1e308, "time", "GB") == "1e+314" and cmp._value_cell(2e-6, "time", "GB") == "2"
+    # the numpy batches (>= BATCH_MIN_FIGURES figures of equal sizes) take the same medians
+    items = [([1.7e308, 1.6e308, 1.5e308, 1.4e308, 1.3e308, 1.2e308], [1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6], "time")]
+    for j in cmp.judge_many(items * cmp.BATCH_MIN_FIGURES, threshold_pct=1.0) + cmp.judge_many(items, threshold_pct=1.0):
+        assert j.base_median == pytest.approx(1.45e308) and j.verdict == "faster" and j.shift.change_pct == -100.0

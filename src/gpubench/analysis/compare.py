@@ -78,7 +78,10 @@ EXACT_MAX = 8  # scipy.stats.mannwhitneyu(method="auto"): exact when a sample ha
 def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
     """Number of orderings of n1 + n2 distinct values giving each U = 0 .. n1*n2 (the exact null
     distribution of U), by the recurrence f(u; m, n) = f(u - n; m - 1, n) + f(u; m, n - 1)
-    (Mann and Whitney 1947, eq. 2). Cached: a comparison meets the same sizes again and again."""
+    (Mann and Whitney 1947, eq. 2). Cached: a comparison meets the same sizes again and again.
+
+    O(n1^2 n2^2) time: used only where n1 n2 <= EXACT_TABLE_MAX_PAIRS (the Moses rank, the numpy
+    batches of at most 16 samples a side, the test's small sizes); :func:`_u_at_most` beyond."""
     # f[m][n] as lists indexed by u, built up over m for every n
     prev = [[1] for _ in range(n2 + 1)]  # m = 0: only U = 0
     for m in range(1, n1 + 1):
@@ -106,42 +109,109 @@ def _u_cumulative(n1: int, n2: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+EXACT_TABLE_MAX_PAIRS = 400  # the whole null distribution of U listed (and cached) up to n1 n2 pairs
+
+
+@functools.lru_cache(maxsize=1024)
+def _u_at_most(n1: int, n2: int, k: int) -> int | float:
+    """Number of orderings of n1 + n2 distinct values with U <= k, in O(min(n1, n2) k) time and
+    O(k) memory, k <= n1 n2 / 2 where it is used: linear in the larger sample for the exact test's
+    smaller side of at most EXACT_MAX values (the whole table, :func:`_u_counts`, is O(n1^2 n2^2):
+    8 against 5,000 samples took over 200 s).
+
+    The counts of U are the coefficients of the Gaussian binomial coefficient
+    [m + n choose m]_q = prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i), m = min(n1, n2), n = max(n1, n2)
+    (U counts the pairs out of order, so its orderings are the partitions that fit in an m x n box;
+    G. E. Andrews, "The Theory of Partitions" (1976), theorem 3.1): the series truncated at degree
+    k is built factor by factor, dividing by 1 - q^i (a running sum along each residue class mod i)
+    then multiplying by 1 - q^(n+i) (a shifted subtraction); after factor i it holds
+    [n + i choose i]_q, so no term exceeds C(n1 + n2, n1). Exact integers (int64) while
+    C(n1 + n2, n1) < 2^62, equal to the table's counts; beyond, float64 (relative error ~1e-13:
+    for the tail that makes a small p, k < n + 1 and there are only sums of positive terms).
+    """
+    import numpy as np
+
+    m, n = min(n1, n2), max(n1, n2)
+    k = min(k, m * n)
+    exact = math.comb(m + n, m) < 2**62
+    c: Any = np.zeros(k + 1, dtype=np.int64 if exact else np.float64)  # int64 or float64 by `exact`
+    c[0] = 1
+    for i in range(1, m + 1):
+        if i > 1:  # / (1 - q^i): c[u] += c[u - i] for u ascending
+            rows = -(-(k + 1) // i)
+            buf = np.zeros(rows * i, dtype=c.dtype)
+            buf[: k + 1] = c
+            c = np.cumsum(buf.reshape(rows, i), axis=0).reshape(-1)[: k + 1]
+        else:
+            c = np.cumsum(c)
+        s = n + i
+        if s <= k:  # * (1 - q^(n+i)): c[u] -= c[u - n - i], from the values before this step
+            c[s:] -= c[: k + 1 - s].copy()
+    got = c.sum()
+    return int(got) if exact else float(got)
+
+
 def _exact_p(u1: float, n1: int, n2: int) -> float:
-    """Two-sided exact p: 2 * P(U <= min(u1, n1 n2 - u1)), capped at 1."""
-    cum = _u_cumulative(n1, n2)
+    """Two-sided exact p: 2 * P(U <= min(u1, n1 n2 - u1)), capped at 1: from the cached table of
+    the null distribution up to EXACT_TABLE_MAX_PAIRS pairs, else from :func:`_u_at_most`."""
     k = int(math.floor(min(u1, n1 * n2 - u1) + 1e-9))
-    return min(1.0, 2.0 * cum[k] / cum[-1])
+    if n1 * n2 <= EXACT_TABLE_MAX_PAIRS:
+        cum = _u_cumulative(n1, n2)
+        return min(1.0, 2.0 * cum[k] / cum[-1])
+    return min(1.0, 2.0 * _u_at_most(n1, n2, k) / math.comb(n1 + n2, n1))
 
 
 EXACT_TIES_MAX_SPLITS = 50_000  # with ties: the exact permutation distribution while C(n1+n2, n1) <= this
+EXACT_TIES_MAX_CELLS = 4_000_000  # ... and its dynamic programme (:func:`_exact_ties_cells`) fills at most this many
+
+
+def _exact_ties_cells(n: int, n1: int) -> int:
+    """Cells :func:`_rank_sum_counts` fills for ``n`` pooled values of which ``n1`` (or the
+    n - n1 others, the smaller) are chosen: n values x (j + 1) counts x (2 n j + 1) doubled rank
+    sums, j = min(n1, n - n1). C(n, 1) = n stays under EXACT_TIES_MAX_SPLITS up to 50,000 values,
+    but 1 sample against 49,999 would fill 10^10 cells (cubic in the samples): beyond
+    EXACT_TIES_MAX_CELLS the normal approximation is used, as scipy does for every tie."""
+    j = min(n1, n - n1)
+    return n * (j + 1) * (2 * n * j + 1)
+
+
+def _exact_ties_ok(n: int, n1: int) -> bool:
+    """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled values.
+    The cells first: they bound n to about 1,000, where C(n, n1) is cheap (C(10^6, 5 10^5), a
+    300,000-digit integer, took 7 s)."""
+    return _exact_ties_cells(n, n1) <= EXACT_TIES_MAX_CELLS and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS
 
 
 @functools.lru_cache(maxsize=4096)
 def _rank_sum_counts(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[int, ...]:
     """Number of ways to choose n1 of the pooled values whose doubled (mid)ranks sum to each t =
-    0 .. sum(doubled_ranks): the permutation distribution of the rank sum given the ties, by
-    dynamic programming over the values (each value in or out), O(n * n1 * sum) instead of
-    enumerating C(n, n1) subsets. Cached by the tie pattern (sorted doubled ranks)."""
+    0 .. the sum of the n1 largest: the permutation distribution of the rank sum given the ties, by
+    dynamic programming over the values (each value in or out), O(n * n1 * 2 n n1) instead of
+    enumerating C(n, n1) subsets (callers pass the smaller side, :func:`_tie_deviations`). Cached
+    by the tie pattern (sorted doubled ranks)."""
     import numpy as np
 
-    total = sum(doubled_ranks)
+    total = sum(sorted(doubled_ranks)[len(doubled_ranks) - n1:]) if n1 else 0
     dp = np.zeros((n1 + 1, total + 1), dtype=np.int64)
     dp[0, 0] = 1
     for r in doubled_ranks:
         # take value with doubled rank r: ways(j, t) += ways(j - 1, t - r), j descending
-        dp[1:, r:] += dp[:-1, : total + 1 - r].copy()
+        if r <= total:
+            dp[1:, r:] += dp[:-1, : total + 1 - r].copy()
     return tuple(int(c) for c in dp[n1])
 
 
 @functools.lru_cache(maxsize=4096)
 def _tie_deviations(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[int, ...], int]:
     """For a tie pattern: the distinct |U - n1 n2 / 2| values the splits reach, ascending, the
-    number of splits at or beyond each, and the number of splits (cached; see :func:`_exact_p_ties`)."""
+    number of splits at or beyond each, and the number of splits (cached; see :func:`_exact_p_ties`).
+    Counted on the smaller side: the other side of a split has U2 = n1 n2 - U1, as far from n1 n2 / 2."""
     n2 = len(doubled_ranks) - n1
+    j = min(n1, n2)
     mu = n1 * n2 / 2.0
-    base = n1 * (n1 + 1) / 2.0
+    base = j * (j + 1) / 2.0
     by_dev: dict[float, int] = {}
-    for t, c in enumerate(_rank_sum_counts(n1, doubled_ranks)):
+    for t, c in enumerate(_rank_sum_counts(j, doubled_ranks)):
         if c:
             d = abs(t / 2.0 - base - mu)
             by_dev[d] = by_dev.get(d, 0) + c
@@ -199,9 +269,26 @@ def min_p(n1: int, n2: int) -> float:
     return min(1.0, math.erfc(max(n1 * n2 / 2.0 - 0.5, 0.0) / sigma / math.sqrt(2.0)))
 
 
+RANKS_NUMPY_MIN = 2_000  # values ranked with numpy from this many (pure Python below)
+
+
 def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
-    """Average (mid)ranks, 1-based, of ``values`` and the sizes of the tie groups (pure Python: the
-    samples of one figure are few, and numpy's per-call cost dominated 200,000-figure comparisons)."""
+    """Average (mid)ranks, 1-based, of ``values`` and the sizes of the tie groups, in rank order
+    (pure Python for the few samples of most figures, where numpy's per-call cost dominated
+    200,000-figure comparisons; numpy from RANKS_NUMPY_MIN values, 5x faster at 10^6: the same
+    ranks, halves of integers, exact either way)."""
+    if len(values) >= RANKS_NUMPY_MIN:
+        import numpy as np
+
+        a = np.asarray(values, dtype=float)
+        order_ = np.argsort(a, kind="stable")
+        s = a[order_]
+        starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+        sizes = np.diff(np.append(starts, len(s)))
+        mid_ = np.repeat(starts + (sizes - 1) / 2.0 + 1.0, sizes)
+        r = np.empty(len(s))
+        r[order_] = mid_
+        return r.tolist(), sizes.tolist()
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
     groups: list[int] = []
@@ -224,11 +311,16 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     """Two-sided Mann-Whitney U test: exact for small samples without ties, else the normal
     approximation with tie and continuity corrections.
 
-    Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto"): p = 2 *
-    P(U <= min(U1, n1 n2 - U1)) under the null distribution of U (every ordering equally likely),
-    counted by Mann and Whitney's recurrence. With ties and at most EXACT_TIES_MAX_SPLITS ways to
-    split the pooled values: the exact permutation distribution of U given the tied ranks (scipy
-    would use the normal approximation, whose p cannot go under ~0.012 at 5 vs 5). Otherwise:
+    Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto", whose
+    ``_mwu_choose_method`` in scipy/stats/_mannwhitneyu.py takes "asymptotic" only when both sizes
+    are over 8 or there are ties): p = 2 * P(U <= min(U1, n1 n2 - U1)) under the null
+    distribution of U (every ordering equally likely), counted by Mann and Whitney's recurrence up
+    to EXACT_TABLE_MAX_PAIRS pairs and beyond by the truncated Gaussian binomial series of
+    :func:`_u_at_most`, O(EXACT_MAX^2 max(n1, n2)): linear in the larger sample (scipy's own
+    exact count is quadratic in U there). With ties, at most EXACT_TIES_MAX_SPLITS ways to split
+    the pooled values and at most EXACT_TIES_MAX_CELLS cells of its dynamic programme: the exact
+    permutation distribution of U given the tied ranks (scipy would use the normal approximation,
+    whose p cannot go under ~0.012 at 5 vs 5). Otherwise (ranking O(n log n)):
 
     With the n = n1 + n2 values ranked together (ties get their average rank) and R1 the sum of the
     ranks of ``x``::
@@ -273,7 +365,7 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     z = math.copysign(z, u1 - mu)
     if len(groups) == n and min(n1, n2) <= EXACT_MAX:
         return MWU(u1, z, _exact_p(u1, n1, n2), "exact", pmin)
-    if len(groups) < n and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS:
+    if len(groups) < n and _exact_ties_ok(n, n1):
         # the normal approximation cannot go below ~0.012 at 5 vs 5, so a tie would hide any change
         return MWU(u1, z, _exact_p_ties(ranks, n1, u1, tuple(groups)), "exact (ties)", pmin)
     p = min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
@@ -314,14 +406,27 @@ def moses_rank(m: int, n: int, alpha: float) -> int:
     return max(0, min(c, (m * n) // 2))
 
 
+SELECT_MAX_CANDIDATES = 1 << 16  # pairs listed at once by the selection (at least m + n): 1 << 20 made
+# 1,000 vs 1,000 samples list and partition all 10^6 pairs per rank, 25x slower than narrowing first
+
+
 def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> list[float]:
     """The k-th smallest (1-based) of the m n differences ly_j - lx_i, for each k in ``ks``.
 
-    Up to BRUTE_MAX_PAIRS pairs: listed and sorted. Beyond: for each k, bisection on the value t
-    with the count of differences <= t (for ascending lx: m - #(lx_i < ly_j - t), summed over j
-    with numpy's searchsorted, O((m + n) log m) per step), then the largest difference <= the
-    upper end, which is the k-th: no m n list is ever built (Monahan's Hodges-Lehmann selection
-    does the same in fewer steps; ACM TOMS 10 (1984) 265-270)."""
+    Up to BRUTE_MAX_PAIRS pairs: listed and sorted. Beyond, no m n list is ever built: for each k
+    a bisection on the value t, with the count of differences <= t (for ascending lx and each
+    y_j, m - #(lx_i < ly_j - t), numpy's searchsorted: O(n log m) per step), narrows (lo, hi]
+    with count(lo) < k <= count(hi) until it holds at most max(m + n, SELECT_MAX_CANDIDATES)
+    pairs; those are listed (for each y_j the x run with lo < y_j - x <= hi) and the one of rank
+    k - count(lo) among them selected (np.partition). The brackets already counted are reused
+    by the next k (the two middle ranks and the interval's ends share most steps). About
+    log2(m n / (m + n)) steps of O((m + n) log m): n log n in the samples, O(m + n) memory.
+    A step that splits nothing (an empty gap between tied differences) is followed by one at the
+    middle of the smallest and largest difference left, not of the bracket; where those are one
+    difference repeated (ties on both sides) or the values cannot be split further, that
+    difference is the k-th (halving towards a tied 0 would take ~1,000 steps). The selection of
+    Monahan (ACM TOMS 10 (1984) 265-270) narrows by the rank instead of the value, in fewer
+    steps."""
     m, n = len(lx), len(ly)
     if m * n <= BRUTE_MAX_PAIRS:
         d = [b - a for b in ly for a in lx]
@@ -331,26 +436,82 @@ def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> lis
 
     ax = np.sort(np.asarray(lx, dtype=float))
     ay = np.sort(np.asarray(ly, dtype=float))
+    cap = max(m + n, SELECT_MAX_CANDIDATES)
 
     def count_le(t: float) -> int:
         return int(m * n - np.searchsorted(ax, ay - t, side="left").sum())
 
+    def spread(lo: float, hi: float) -> tuple[float, float]:
+        # the smallest and the largest difference in (lo, hi] (count_le's rule): for y_j,
+        # y_j - (its last x) and y_j - (its first x)
+        start = np.searchsorted(ax, ay - hi, side="left")
+        stop = np.searchsorted(ax, ay - lo, side="left")
+        ok = stop > start
+        return float((ay[ok] - ax[stop[ok] - 1]).min()), float((ay[ok] - ax[start[ok]]).max())
+
+    d_lo, d_hi = float(ay[0] - ax[-1]), float(ay[-1] - ax[0])
+    counted = {d_lo - 1e-12 * (1.0 + abs(d_lo)): 0, d_hi + 1e-12 * (1.0 + abs(d_hi)): m * n}  # t -> count(t)
     out = []
     for k in ks:
-        lo, hi = float(ay[0] - ax[-1]) - 1e-12, float(ay[-1] - ax[0]) + 1e-12  # count(lo) < k <= count(hi)
-        for _ in range(200):
-            mid = (lo + hi) / 2.0
+        lo = max(t for t, c in counted.items() if c < k)
+        hi = min(t for t, c in counted.items() if c >= k)
+        same: float | None = None
+        span: tuple[float, float] | None = None
+        for _ in range(2200):  # bounded: a double halves at most ~2100 times
+            if counted[hi] - counted[lo] <= cap:
+                break
+            mid = lo + (hi - lo) / 2.0
+            if span is not None:
+                # the last step split nothing: halve the differences left, not the empty gap
+                if span[0] == span[1]:
+                    # one difference repeated more than cap times (ties on both sides: 0 and +-1
+                    # for two values): it is the k-th, where halving on towards it takes ~1,000 steps
+                    same = span[0]
+                    break
+                inner = span[0] + (span[1] - span[0]) / 2.0
+                if lo < inner < hi:
+                    mid = inner
+                span = None
             if mid <= lo or mid >= hi:
                 break
-            if count_le(mid) >= k:
+            c = counted[mid] = count_le(mid)
+            stalled = c in (counted[lo], counted[hi])  # no difference between mid and one end
+            if c >= k:
                 hi = mid
             else:
                 lo = mid
-        # the largest difference <= hi: for each y the smallest x with y - x <= hi
-        idx = np.searchsorted(ax, ay - hi, side="left")
-        ok = idx < m
-        out.append(float((ay[ok] - ax[idx[ok]]).max()))
+            if stalled:
+                span = spread(lo, hi)
+        if same is not None:
+            out.append(same)
+        elif counted[hi] - counted[lo] <= cap:
+            # the pairs in (lo, hi]: for y_j, the x with y_j - hi <= x < y_j - lo (count_le's rule)
+            start = np.searchsorted(ax, ay - hi, side="left")
+            stop = np.searchsorted(ax, ay - lo, side="left")
+            runs = stop - start
+            js = np.repeat(np.arange(n), runs)
+            first = np.cumsum(runs) - runs  # where each run begins in the list
+            xi = np.arange(int(runs.sum())) - np.repeat(first - start, runs)
+            cand = ay[js] - ax[xi]
+            r = k - counted[lo] - 1
+            out.append(float(np.partition(cand, r)[r]))
+        else:
+            # (lo, hi] cannot be split: its differences are one value; the largest <= hi is it
+            idx = np.searchsorted(ax, ay - hi, side="left")
+            ok = idx < m
+            out.append(float((ay[ok] - ax[idx[ok]]).max()))
     return out
+
+
+CHANGE_PCT_MAX = 1e308  # a change beyond it (a ratio over 1e306) is not a float: it is given as this
+_LOG_RATIO_MAX = math.log(1e306)
+
+
+def _pct(d: float) -> float:
+    """The change in percent of a log ratio ``d``: 100 (exp(d) - 1), or CHANGE_PCT_MAX where that
+    is beyond it (1e308 s against 1e-6 s: a ratio of e^720, math.expm1 raises OverflowError).
+    Any finite d gives a finite figure in [-100, CHANGE_PCT_MAX]: the JSON form stays JSON."""
+    return CHANGE_PCT_MAX if d > _LOG_RATIO_MAX else 100.0 * math.expm1(d)
 
 
 @dataclass(frozen=True)
@@ -358,7 +519,8 @@ class Shift:
     """The Hodges-Lehmann change of ``new`` against ``base`` and its interval, in percent.
 
     Attributes:
-        change_pct: 100 (exp(HL) - 1), HL the median of the m n differences log y_j - log x_i.
+        change_pct: 100 (exp(HL) - 1), HL the median of the m n differences log y_j - log x_i;
+            CHANGE_PCT_MAX where the ratio is over 1e306 (:func:`_pct`).
         ci_low_pct, ci_high_pct: the Moses interval at ``confidence``, or None when these sizes
             give none (3 against 3 at 99%).
         confidence: 1 - alpha.
@@ -386,6 +548,9 @@ def hodges_lehmann(base: Sequence[float], new: Sequence[float], alpha: float = D
         base, new: values > 0 (at least one each).
         alpha: 1 - the interval's confidence.
 
+    Any finite values > 0 are fine (from 5e-324 to 1.8e308: the logs are within +-745); a change
+    beyond CHANGE_PCT_MAX is given as it.
+
     Raises:
         ValueError: an empty sample or a value that is not > 0.
     """
@@ -402,11 +567,10 @@ def hodges_lehmann(base: Sequence[float], new: Sequence[float], alpha: float = D
     if c:
         ks += [c, mn + 1 - c]
     got = _kth_differences(lx, ly, ks)
-    hl = (got[0] + got[1]) / 2.0
-    pct = lambda d: 100.0 * math.expm1(d)  # noqa: E731
+    hl = (got[0] + got[1]) / 2.0  # logs: |got| < 1455, no overflow
     if c:
-        return Shift(pct(hl), pct(got[2]), pct(got[3]), 1.0 - alpha)
-    return Shift(pct(hl), None, None, 1.0 - alpha)
+        return Shift(_pct(hl), _pct(got[2]), _pct(got[3]), 1.0 - alpha)
+    return Shift(_pct(hl), None, None, 1.0 - alpha)
 
 
 def figure_values(record: Record, source: str = "result") -> list[float]:
@@ -438,9 +602,15 @@ def figure_values(record: Record, source: str = "result") -> list[float]:
 
 
 def _median(xs: Sequence[float]) -> float:
+    """The median of finite values (the mean of the middle two of an even count, halved first
+    where their sum would overflow: two samples of 1e308 s have the median 1e308, not inf)."""
     s = sorted(xs)
     n = len(s)
-    return float(s[n // 2]) if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
+    if n % 2:
+        return float(s[n // 2])
+    a, b = s[n // 2 - 1], s[n // 2]
+    m = (a + b) / 2.0
+    return m if math.isfinite(m) else a / 2.0 + b / 2.0
 
 
 @dataclass
@@ -644,10 +814,10 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     ties = ~start.all(axis=1)
     pmin = min_p(n, m)
     mu = n * m / 2.0
-    exact_ties_ok = math.comb(N, n) <= EXACT_TIES_MAX_SPLITS
+    exact_ties_ok = _exact_ties_ok(N, n)
     cum = _u_cumulative(n, m) if min(n, m) <= EXACT_MAX else None
-    bmed = np.median(X, axis=1).tolist()
-    nmed = np.median(Y, axis=1).tolist()
+    bmed = _row_medians(X)
+    nmed = _row_medians(Y)
     # Python floats and lists once, not a numpy scalar per element in the loop below
     u1l, varl = u1.tolist(), var.tolist()
     tiesl = cast("list[bool]", ties.tolist())
@@ -656,7 +826,7 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     hil: list[float] | None = hi.tolist() if hi is not None else None
     group_sizes = np.where(start, sizes, 0).tolist() if ties.any() and exact_ties_ok else None
     sqrt, copysign, erfc = math.sqrt, math.copysign, math.erfc
-    pct = lambda d: 100.0 * math.expm1(d)  # noqa: E731
+    pct = _pct
     res = []
     for g in range(G):
         u = u1l[g]
@@ -679,6 +849,24 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     return res
 
 
+def _row_medians(A) -> list[float]:
+    """:func:`_median` of each row of a G x k numpy array of finite values (np.median's mean of
+    the middle two overflows to inf for two values near 1.8e308; halved first there)."""
+    import numpy as np
+
+    k = A.shape[1]
+    S = np.sort(A, axis=1)
+    if k % 2:
+        return S[:, k // 2].tolist()
+    a, b = S[:, k // 2 - 1], S[:, k // 2]
+    with np.errstate(over="ignore"):
+        m = (a + b) / 2.0
+    bad = ~np.isfinite(m)
+    if bad.any():
+        m[bad] = a[bad] / 2.0 + b[bad] / 2.0
+    return m.tolist()
+
+
 def _p_text(p: float) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
@@ -692,15 +880,50 @@ def _record_dict_field(record: Record, name: str) -> Any:
     return v
 
 
+def _finite(v: Any) -> float | None:
+    """``v`` as a float when it is a finite int or float (bool excluded), else None: how every
+    number read from a telemetry block is taken (an int too large for a float is absent too)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:  # an int beyond 1.8e308
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _num(block: Any, key: str, stat: str = "median") -> float | None:
+    """``block[key][stat]`` (or ``block[key]`` when that is not an object) as a finite float, else
+    None (:func:`_finite`): a missing or malformed value is absent, never raised on."""
     if not isinstance(block, dict):
         return None
     v = block.get(key)
     if isinstance(v, dict):
         v = v.get(stat)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    return _finite(v)
+
+
+def _count(v: float) -> str:
+    """A telemetry figure as a whole number: "1980", or "1.7e+308" for a huge one (a cell, not 309 digits)."""
+    return f"{v:.0f}" if abs(v) < 1e7 else f"{v:.3g}"
+
+
+def _reasons(t: dict) -> set[str]:
+    """The clock-event reasons of a telemetry block: its ``reasons`` when that is a list, its string
+    items only (anything else in the block or the list is ignored)."""
+    r = t.get("reasons")
+    return {x for x in r if isinstance(x, str)} if isinstance(r, list) else set()
+
+
+def _pcie_link(t: dict) -> tuple[int, int] | None:
+    """(gen, width) of a telemetry block's ``pcie``: both ints (bool excluded), else None."""
+    p = t.get("pcie")
+    if not isinstance(p, dict):
         return None
-    return float(v)
+    g, w = p.get("gen"), p.get("width")
+    if type(g) is not int or type(w) is not int:
+        return None
+    return g, w
 
 
 def telemetry_diff(rb: Record, rn: Record) -> list[str]:
@@ -730,39 +953,39 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
         a, b = _num(tb, key), _num(tn, key)
         if a is None or b is None:
             continue
+        # finite a, b: b - a may be inf (1.7e308 - -1.7e308), which compares, never raises
         moved = (rel is not None and a and abs(b - a) / abs(a) > rel) or (absd is not None and abs(b - a) >= absd)
         if moved:
-            out.append(f"{label} {a:.0f}->{b:.0f} {unit}")
-    ra = {str(x) for x in tb.get("reasons") or [] if isinstance(tb.get("reasons"), list)}
-    rb_ = {str(x) for x in tn.get("reasons") or [] if isinstance(tn.get("reasons"), list)}
+            out.append(f"{label} {_count(a)}->{_count(b)} {unit}")
+    ra, rb_ = _reasons(tb), _reasons(tn)
     if rb_ - ra:
         out.append("new only: " + ", ".join(sorted(rb_ - ra)))
     if ra - rb_:
         out.append("base only: " + ", ".join(sorted(ra - rb_)))
-    pa, pb = tb.get("pcie"), tn.get("pcie")
-    if isinstance(pa, dict) and isinstance(pb, dict) and (pa.get("gen"), pa.get("width")) != (pb.get("gen"), pb.get("width")):
-        out.append(f"PCIe Gen{pa.get('gen')} x{pa.get('width')}->Gen{pb.get('gen')} x{pb.get('width')}")
+    pa, pb = _pcie_link(tb), _pcie_link(tn)
+    if pa is not None and pb is not None and pa != pb:
+        out.append(f"PCIe Gen{pa[0]} x{pa[1]}->Gen{pb[0]} x{pb[1]}")
     a, b = _num(tb, "other_processes") or 0, _num(tn, "other_processes") or 0
     if a != b:  # another process on the GPU during the point (a second job: the issue's load case)
-        out.append(f"other processes on the GPU {a:.0f}->{b:.0f}")
+        out.append(f"other processes on the GPU {_count(a)}->{_count(b)}")
     for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
         v = _num(tn, key)
         if v:
-            out.append(f"{label} {v:.0f} (new)")
+            out.append(f"{label} {_count(v)} (new)")
     return out
 
 
 def _events(t: dict) -> list[str]:
     """What one side's telemetry block says happened: clock-event reasons, other processes on the
     GPU, PCIe replays, NVLink errors (malformed values ignored)."""
-    out = sorted({str(x) for x in t.get("reasons") or [] if isinstance(t.get("reasons"), list)})
+    out = sorted(_reasons(t))
     n = _num(t, "other_processes")
     if n:
-        out.append(f"{n:.0f} other process(es) on the GPU")
+        out.append(f"{_count(n)} other process(es) on the GPU")
     for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
         v = _num(t, key)
         if v:
-            out.append(f"{label} {v:.0f}")
+            out.append(f"{label} {_count(v)}")
     return out
 
 
@@ -785,7 +1008,7 @@ def limit_flags(record: Record, side: str) -> list[str]:
         out.append(f"{side} busbw above the links' sum (NVLS?)")
     flags = extra.get("flags")
     if isinstance(flags, list):
-        out += [f"{side}: {f}" for f in flags[:5] if isinstance(f, (str, int, float))]
+        out += [f"{side}: {f}" for f in flags[:5] if isinstance(f, str) or _finite(f) is not None]
     return out
 
 
@@ -1161,20 +1384,33 @@ def _unit(metric: str, units: str) -> str:
 
 
 def _value_cell(v: float | None, metric: str, units: str, with_unit: bool = False) -> str:
-    from gpubench.core.units import format_rate
+    """A median as the table shows it: microseconds for "time", GB/s or GiB/s for "bandwidth";
+    figures of 10^7 or more in 3 significant digits (a time of 1e308 s is "1e+314" us, though
+    1e308 x 1e6 is not a float)."""
+    from gpubench.core.units import format_rate, to_rate
 
     if v is None:
         return "-"
     if metric == "time":
         us = v * 1e6
-        text = f"{us:.3g}" if us < 100 else f"{us:.0f}"
+        if not math.isfinite(us):  # v over 1.8e302 s: the exponent shifted by 6 in the text
+            mant, exp = f"{v:.2e}".split("e")
+            text = f"{float(mant):g}e+{int(exp) + 6}"
+        else:
+            text = f"{us:.3g}" if us < 100 or us >= 1e7 else f"{us:.0f}"
     else:
-        text = format_rate(v, units)
+        text = format_rate(v, units) if to_rate(v, units) < 1e7 else f"{to_rate(v, units):.3g}"
     return f"{text} {_unit(metric, units)}" if with_unit else text
 
 
 def _pct_cell(c: float | None) -> str:
-    return "-" if c is None else f"{c:+.2f}%"
+    """A change in percent: "+1.23%"; from 10^7 % on 3 significant digits; ">+1e+308%" for
+    CHANGE_PCT_MAX, which stands for any change beyond it."""
+    if c is None:
+        return "-"
+    if c >= CHANGE_PCT_MAX:
+        return f">+{CHANGE_PCT_MAX:g}%"
+    return f"{c:+.3g}%" if abs(c) >= 1e7 else f"{c:+.2f}%"
 
 
 def _ci_cell(r: Row) -> str:
@@ -1182,7 +1418,7 @@ def _ci_cell(r: Row) -> str:
         return "-"
     if r.ci_low_pct is None:
         return "none (too few)"
-    return f"{r.ci_low_pct:+.2f}% .. {r.ci_high_pct:+.2f}%"
+    return f"{_pct_cell(r.ci_low_pct)} .. {_pct_cell(r.ci_high_pct)}"
 
 
 def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
