@@ -62,11 +62,26 @@ def check_stdout_open() -> None:
 
 
 def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
-    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted)."""
+    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted).
+
+    The one rule for an interrupt, every command, whatever its moment: with a point measured, the
+    partial Result is printed and saved (``saved PATH (partial)``, then ``gpubench: interrupted by
+    SIGINT; kept what was measured: N point(s), M sample(s)``, exit 130 / 143); with nothing
+    measured (the imports, a cluster's start, the warm-up, the first point) nothing is printed or
+    saved and the interrupt ends the command as one before the run does (``gpubench: interrupted
+    by SIGINT``). The suite keeps even an empty partial Result in its bundle (it does not come here).
+
+    Raises:
+        Interrupted: an interrupted run that measured nothing (its signal number).
+    """
     from gpubench.core.registry import INVOCATION
 
-    from gpubench.core.signals import CRITICAL
+    from gpubench.core.signals import CRITICAL, Interrupted
 
+    if result.partial and not result.failed_by and not any(r.samples_s for r in result.records):
+        import signal
+
+        raise Interrupted(signal.Signals[result.interrupted_by or "SIGINT"].value)
     if not result.argv:
         result.argv = list(INVOCATION)
     with CRITICAL:  # a Ctrl-C now is acted on once what was measured is shown and saved

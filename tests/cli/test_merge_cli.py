@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -248,10 +250,14 @@ def test_ctrl_c_keeps_partial_result_and_workers_print_no_traceback(tmp_path, pr
             p.wait(10)
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    # on a loaded 2-core host no timed run may have finished 8 s in: then nothing is saved; when one
+    # did, it is kept
+    if not out.exists():
+        assert "gpubench: interrupted by SIGINT" in stderr.splitlines(), stderr
+        return
     data = json.loads(out.read_text())
     assert data["partial"] is True
-    # on a loaded 2-core host no timed run may have finished 8 s in; when one did, it is kept
-    assert not data["records"] or 1 <= len(data["records"][0]["samples_s"]) < 200
+    assert 1 <= len(data["records"][0]["samples_s"]) < 200
 
 
 def _two_cpu_runs(tmp_path, capsys) -> tuple:
@@ -475,7 +481,8 @@ def test_sigint_at_every_half_second_of_the_first_8_s(tmp_path, protocol):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_sigint_during_the_cluster_start_exits_130(tmp_path, protocol):
-    """SIGINT as soon as the first worker process exists (the cluster is starting). Exit 130, no traceback, no process left."""
+    """SIGINT as soon as the first worker process exists (the cluster is starting). Exit 130, no
+    traceback, no process left, nothing saved (no timed run finished)."""
     psutil = pytest.importorskip("psutil")
     out = tmp_path / "m.json"
     p = subprocess.Popen([sys.executable, "-m", "gpubench", "merge", "-t", "cpu", "-d", "0,1", "-p", protocol,
@@ -499,6 +506,91 @@ def test_sigterm_at_any_moment_exits_143(tmp_path, at):
     code, o, err, out, left = _signalled_run(tmp_path, "tcp", at, signal.SIGTERM)
     assert code in (143, 0), (at, code, err)
     assert "Traceback" not in err and left == []
+
+# The command line with one hook that tells the test (a byte on the pipe MERGE_PROBE_FD) when the run
+# reaches a moment: "start", the local cluster's start begins; "warm-up", the warm-up run begins;
+# "run", the second timed run begins (the driver holds the first one's record by then: a byte sent
+# from inside the first run's measure could be answered before the driver had taken its record).
+_PROBE = r"""
+import os, sys
+from gpubench.plugins.merge import bench, cluster
+fd, at = int(os.environ.pop("MERGE_PROBE_FD")), os.environ.pop("MERGE_PROBE_AT")
+def say():
+    global fd
+    if fd is not None:
+        os.write(fd, b"\n"); os.close(fd); fd = None
+if at == "start":
+    start_cluster = cluster._start_local_cluster
+    def _start(spec):
+        say()
+        return start_cluster(spec)
+    cluster._start_local_cluster = _start
+else:
+    measure = bench.Merge.measure
+    def _measure(self, ctx, point):
+        if (at == "warm-up" and not point.key.timed) or (at == "run" and point.key.timed and point.key.index == 1):
+            say()
+        return measure(self, ctx, point)
+    bench.Merge.measure = _measure
+from gpubench.cli import main
+main()
+"""
+
+_KEPT = r"gpubench: interrupted by SIGINT; kept what was measured: 1 point\(s\), (\d+) sample\(s\)"
+
+
+def _interrupted_at(tmp_path, at: str) -> tuple:
+    """``gpubench merge -t cpu -d 0,1 -c 20_000 --runs 50 --json PATH`` (a real LocalCluster), SIGINT to
+    its process group as soon as it reaches ``at`` (_PROBE): (exit code, stdout, stderr, PATH)."""
+    out = tmp_path / f"m-{at}.json"
+    r, w = os.pipe()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", _PROBE, "merge", "-t", "cpu", "-d", "0,1", "-c", "20_000",
+                              "--runs", "50", "--json", str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, pass_fds=(w,), start_new_session=True,
+                             env={**os.environ, "MERGE_PROBE_FD": str(w), "MERGE_PROBE_AT": at},
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    finally:
+        os.close(w)
+    try:
+        with os.fdopen(r, "rb", buffering=0) as probe:
+            said = probe.read(1) if select.select([probe], [], [], 180)[0] else b""
+        assert said == b"\n", f"the run never reached {at!r} (exit code {p.poll()})"
+        os.killpg(p.pid, signal.SIGINT)  # the whole group, as a terminal's Ctrl-C
+        o, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    return p.returncode, o, err, out
+
+
+@pytest.mark.parametrize("at", ["start", "warm-up", "run"])
+def test_an_interrupt_keeps_the_finished_runs_or_nothing_and_says_so_in_one_line(tmp_path, at):
+    """One rule whatever the moment (docs/merge.md, Signals): SIGINT during the cluster's start or the
+    warm-up run (no timed run finished) saves nothing and says ``gpubench: interrupted by SIGINT``;
+    after the first timed run it saves --json PATH marked partial with the runs that finished,
+    names PATH (``saved PATH (partial)``) and says what it kept. Exit 130, one line on stderr, no
+    traceback either way. (The warm-up case wrote a partial JSON with no records, the start case
+    none, each with its own line.)"""
+    code, o, err, out = _interrupted_at(tmp_path, at)
+    assert code == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    if at != "run":
+        assert lines == ["gpubench: interrupted by SIGINT"], err
+        assert not out.exists() and "saved" not in o, o[-500:]
+        return
+    m = re.fullmatch(_KEPT, lines[0])
+    assert m, lines
+    assert f"saved {out} (partial)" in o, o[-500:]
+    data = json.loads(out.read_text())
+    assert data["partial"] is True and data["interrupted_by"] == "SIGINT" and data.get("failed_by") is None
+    (rec,) = data["records"]
+    assert 1 <= len(rec["samples_s"]) < 50 and m.group(1) == str(len(rec["samples_s"])), (rec["samples_s"], lines)
+
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_port_8787_taken_no_warning_and_only_loopback_listeners(protocol, tmp_path):

@@ -1,6 +1,120 @@
 """The command line: the click group (:mod:`gpubench.cli.app`) and the commands that work on saved
-results (compare, plot, report, suite). The only layer that turns errors into exit codes."""
+results (compare, plot, report, suite). The only layer that turns errors into exit codes.
 
-from gpubench.cli.app import cli, main
+:func:`main` is the process's one entry point: the ``gpubench`` console script (``gpubench.cli:main``)
+and ``python -m gpubench`` (gpubench/__main__.py) both run it. Its first statements hold SIGINT and
+SIGTERM, so a signal at any moment after them ends with exit 130 / 143 and one line: Python's
+default SIGINT handler would print a KeyboardInterrupt traceback from whatever import it lands in,
+SIGTERM's default would kill the process with no word. For that this module imports nothing at
+import time but the C module ``_signal``; the click group is loaded when first used
+(``gpubench.cli.cli``, :func:`__getattr__`). What runs before it, the interpreter's start-up
+(``site`` and the ``.pth`` files of site-packages), cannot be guarded by gpubench.
+"""
 
-__all__ = ["cli", "main"]
+import _signal  # the C module: the Python-level ``signal`` spends milliseconds building its enums
+import sys
+
+__all__ = ["cli", "interrupted_line", "main"]
+
+#: A pipe's file descriptor (inherited, e.g. ``pass_fds``) that :func:`main` writes one byte to and
+#: closes once SIGINT and SIGTERM are held: for a supervisor or a test that must know when a signal
+#: reaches gpubench rather than the interpreter's start-up. Removed from the environment first, so
+#: the processes gpubench starts do not see it.
+STARTED_FD = "GPUBENCH_STARTED_FD"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line and end the process (``argv`` None: ``sys.argv``), or, with ``argv``,
+    run it in this process (tests, an embedding program) with the caller's signal handlers kept.
+
+    The process's run: SIGINT (where it is not ignored) and SIGTERM (where it has its default
+    action) are noted from the first statement on, and acted on once the command line is imported,
+    where the CLI's own handlers (core/signals) take over; an interrupt that escapes the command
+    line's own handling (one landing between two of its steps) is one line and exit 130 / 143 too.
+    """
+    if argv is not None:
+        from gpubench.cli.app import main as run_in_process
+
+        run_in_process(argv)
+        return
+    early: list[int] = []
+
+    def hold(signum, frame):
+        early.append(signum)
+
+    held = []
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:  # an ignored SIGINT stays ignored
+        _signal.signal(_signal.SIGINT, hold)
+        held.append(_signal.SIGINT)
+    if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
+        _signal.signal(_signal.SIGTERM, hold)
+        held.append(_signal.SIGTERM)
+    _say_started()
+    try:
+        from gpubench.cli.app import main as run
+
+        run(early=early, held=tuple(held))
+    except KeyboardInterrupt:
+        _stopped(_signal.SIGINT)
+    except BaseException as e:
+        signals = sys.modules.get("gpubench.core.signals")
+        if signals is None or not isinstance(e, signals.Interrupted):
+            raise
+        _stopped(e.signum)
+    finally:
+        # A Ctrl-C that lands while code compiled from a string runs (dataclasses and namedtuple
+        # build their methods with exec/eval; imports do this a lot) sets CPython's "unhandled
+        # KeyboardInterrupt" flag even when gpubench catches it, and under -m Py_RunMain then ends
+        # the process by SIGINT (-2) instead of with gpubench's exit code (130). Evaluating a string
+        # resets the flag (pythonrun.c run_eval_code_obj).
+        exec("pass")
+
+
+def _say_started() -> None:
+    """Write one byte to the pipe :data:`STARTED_FD` names, if any, and close it."""
+    import os
+    import stat
+
+    value = os.environ.pop(STARTED_FD, None)
+    if value is None or not value.isdigit() or int(value) <= 2:
+        return
+    fd = int(value)
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):  # never a byte into a file or a terminal
+            os.write(fd, b"\n")
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def interrupted_line(signum: int) -> str:
+    """The line of an interrupt that ends the command line with nothing kept (exit 128 + ``signum``):
+    ``gpubench: interrupted by SIGINT``. A run that kept what it measured says the same and what it
+    kept (gpubench.kit.finish: ``gpubench: interrupted by SIGINT; kept what was measured: ...``)."""
+    name = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
+    return f"gpubench: interrupted by {name}"
+
+
+def _stopped(signum: int) -> None:
+    """An interrupt the command line did not turn into its exit code: both signals ignored from
+    here on, one line, exit 128 + ``signum``."""
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
+    try:
+        sys.stderr.write(interrupted_line(signum) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # stderr closed or gone: nothing more can reach it
+        pass
+    signals = sys.modules.get("gpubench.core.signals")
+    if signals is not None:
+        signals.exit_process(128 + signum)
+    sys.exit(128 + signum)
+
+
+def __getattr__(name: str):
+    """``gpubench.cli.cli``, the click group, imported when first asked for."""
+    if name == "cli":
+        from gpubench.cli.app import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,13 +10,17 @@ Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (ba
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import traceback
+from typing import Iterator
 
 import click
 
 from gpubench import __version__
+from gpubench.cli import interrupted_line
 from gpubench.core import signals
 from gpubench.core.errors import GpubenchError
 from gpubench.core import registry
@@ -24,9 +28,28 @@ from gpubench.core.registry import INVOCATION, load_command
 from gpubench.core.signals import Interrupted
 
 
+@contextlib.contextmanager
+def _past_click() -> Iterator[None]:
+    """A KeyboardInterrupt raised inside becomes :class:`Interrupted` (SIGINT), which click lets
+    through to :func:`main` as it is: click would print a blank line on stderr and raise Abort."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT) from None
+
+
 class LazyGroup(click.Group):
     """A click Group that imports a command's module only when the command is run or its help shown
-    (click docs, "Lazily Loading Subcommands")."""
+    (click docs, "Lazily Loading Subcommands"). An interrupt while it parses or runs a command
+    reaches :func:`main` past click (:func:`_past_click`), so it is one line."""
+
+    def make_context(self, *args, **kwargs):
+        with _past_click():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _past_click():
+            return super().invoke(ctx)
 
     def list_commands(self, ctx):
         return list(registry.plugins())
@@ -80,16 +103,27 @@ def _one_line(text: str) -> str:
     return safe.term(text, 4000)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the console script: runs the group and turns every error into one line."""
+def main(argv: list[str] | None = None, *, early: list[int] | None = None, held: tuple[int, ...] = ()) -> None:
+    """Run the group and turn every error into one line: the process's run (``argv`` None, through
+    :func:`gpubench.cli.main`, which ends the process) or one in this process (``argv`` given: the
+    caller's signal handlers come back after it).
+
+    Args:
+        early: the SIGINT / SIGTERM that gpubench.cli.main's start-up guard noted before this point
+            (the first is acted on at once: nothing was measured yet).
+        held: the signals that guard holds, which the CLI's own handlers replace here.
+    """
     args = sys.argv[1:] if argv is None else argv
     INVOCATION[:] = [str(a) for a in args]
     debug = "--debug" in args
     if sys.stdout is None:  # started with stdout closed (`>&-`): the report goes nowhere, as asked;
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         sys.stdout.gpubench_closed_at_start = True  # type: ignore[attr-defined]  # --json - is refused
-    previous = signals.install()
+    previous = signals.install(held)
     try:
+        if early:  # noted while the command line was imported; raised here, as if it had landed now
+            signals.note_signal(early[0])
+            raise signals.signal_exception(early[0])
         rc = cli.main(args=args, prog_name="gpubench", standalone_mode=False)
         code = rc if isinstance(rc, int) else 0
     except click.exceptions.NoArgsIsHelpError as e:  # click >= 8.2
@@ -101,19 +135,19 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except click.exceptions.Exit as e:
         code = e.exit_code
-    except click.Abort:
-        click.echo("gpubench: interrupted", err=True)
+    except click.Abort:  # click's, on an EOF in a prompt
+        click.echo(interrupted_line(signal.SIGINT), err=True)
         code = 130
     except GpubenchError as e:
         if debug:
             traceback.print_exc()
         click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
         code = e.exit_code
-    except KeyboardInterrupt:
-        click.echo("gpubench: interrupted", err=True)
+    except KeyboardInterrupt:  # a command's interrupt that kept nothing: one line (a run that kept what
+        click.echo(interrupted_line(signal.SIGINT), err=True)  # it measured said so in kit.finish)
         code = 130
     except Interrupted as e:
-        click.echo("gpubench: terminated", err=True)
+        click.echo(interrupted_line(e.signum), err=True)
         code = 128 + e.signum
     except Exception as e:  # a bug or an unexpected library fault: one line unless --debug
         if debug:
@@ -126,6 +160,11 @@ def main(argv: list[str] | None = None) -> None:
         # the process's own run: the exit code is decided and the result saved; in-process (tests):
         # the caller's handlers come back
         signals.restore(None if argv is None else previous)
+    noted = signals.last_signal()
+    if code == 0 and noted is not None:  # an interrupt swallowed on its way (a library's `except
+        click.echo(interrupted_line(noted), err=True)  # BaseException`, a __del__): still the user's stop
+        code = 128 + noted
     if argv is None:
         signals.exit_process(code)
+    signals.clear_signals()  # in-process: a signal noted by this command is not the next one's
     sys.exit(code)

@@ -145,8 +145,12 @@ def _unraisable(u) -> None:
     sys.__unraisablehook__(u)
 
 
-def install() -> tuple:
+def install(held: tuple[int, ...] = ()) -> tuple:
     """Install the handlers for one command (an ignored SIGINT, a background job's, stays ignored).
+
+    Args:
+        held: signals that the process's start-up guard (gpubench.cli.main) holds in place of
+            Python's default handler; replaced as that handler is.
 
     Returns:
         The previous (SIGTERM, SIGINT) handlers, for :func:`restore`.
@@ -155,7 +159,7 @@ def install() -> tuple:
     sys.unraisablehook = _unraisable
     old = _signal.signal(_signal.SIGTERM, on_signal)
     old_int = _signal.getsignal(_signal.SIGINT)
-    if old_int is _signal.default_int_handler:
+    if old_int is _signal.default_int_handler or _signal.SIGINT in held:
         _signal.signal(_signal.SIGINT, on_signal)
     return old, old_int
 

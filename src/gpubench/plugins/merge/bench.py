@@ -477,8 +477,13 @@ class Merge(Benchmark):
     """The merge plug-in: a point is one run of dask-cuda's bench_once (the warm-up runs, then the
     timed runs), all on the one cluster that ``setup`` starts (or attaches to) and closes.
 
-    One instance per run (:func:`run`): it notes a signal that lands while the cluster closes
-    (``closing_signal``), after the driver's loop, so the finished runs are still kept.
+    One instance per run (:func:`run`). A SIGINT or SIGTERM while the run starts (Dask's import in
+    preflight, the machine's environment, the cluster's start in setup: seconds, where an interrupt
+    is most likely) is kept (``stopped``) and raised by the first point, so the driver ends the run
+    as it ends one interrupted between points: a partial Result with the timed runs that finished
+    (here none; what the command then keeps is gpubench.kit.finish's rule). A signal
+    that lands while the cluster closes, after the driver's loop, is noted in ``closing_signal``,
+    so the finished runs are still kept.
     """
 
     name = "merge"
@@ -491,6 +496,22 @@ class Merge(Benchmark):
 
     def __init__(self) -> None:
         self.closing_signal: str | None = None
+        self.stopped: BaseException | None = None  # KeyboardInterrupt or Interrupted
+
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        """A step of the run's start: an interrupt inside it is kept in ``stopped`` (the first
+        one), as is an error raised once a signal was noted (the signal reached the process group:
+        a worker's start failing of it is the user's stop, not a fault); other errors propagate."""
+        try:
+            yield
+        except (KeyboardInterrupt, Interrupted) as e:
+            self.stopped = self.stopped or e
+        except Exception:
+            signum = last_signal()  # None: no signal noted
+            if signum is None:
+                raise
+            self.stopped = self.stopped or signal_exception(signum)
 
     def points(self, spec: MergeSpec, devices: tuple[int, ...]) -> list[Point]:
         return run_points(spec)
@@ -498,7 +519,7 @@ class Merge(Benchmark):
     def preflight(self, spec: MergeSpec, points, devices) -> None:
         """Dask importable; on a local cluster, the frames against the workers' memory
         (merge_cluster.check_frames_fit), and for -t gpu the GPU, the -d devices and the RMM pool
-        (merge_cluster.preflight), before any worker starts.
+        (merge_cluster.preflight), before any worker starts. An interrupt here is kept (``stopped``).
 
         Raises:
             UsageError: an --interface this host lacks (checked first, with psutil: Dask's import
@@ -506,35 +527,50 @@ class Merge(Benchmark):
                 device not visible or hidden, a pool or frames that do not fit.
             NoGPUError: -t gpu on a local cluster and NVML shows no GPU.
         """
-        if spec.interface is not None and not spec.external:
-            merge_cluster.check_interface(spec.interface)
-        _require_dask()
-        if spec.external:
-            return
-        if spec.merge_type == "gpu":
-            merge_cluster.preflight(spec)
-        else:
-            from gpubench.core.env import host_memory
+        with self._starting():
+            if spec.interface is not None and not spec.external:
+                merge_cluster.check_interface(spec.interface)
+            _require_dask()
+            if spec.external:
+                return
+            if spec.merge_type == "gpu":
+                merge_cluster.preflight(spec)
+            else:
+                from gpubench.core.env import host_memory
 
-            merge_cluster.check_frames_fit(spec, host_memory()[1],
-                                           worker_limit=merge_cluster.cpu_worker_limit(len(spec.devices)))
+                merge_cluster.check_frames_fit(spec, host_memory()[1],
+                                               worker_limit=merge_cluster.cpu_worker_limit(len(spec.devices)))
+
+    def environment(self, spec: MergeSpec) -> dict:
+        """The driver's (env.capture); nothing when the run was stopped before it, or is stopped in
+        it (``stopped``): the Result's env is then ``{}``."""
+        env: dict = {}
+        if self.stopped is None:
+            with self._starting():
+                env = super().environment(spec)
+        return env
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
         """The cluster and its client (merge_cluster.open_client), the workers found and RMM set up;
-        closed on every path. An interrupt while closing is kept in ``closing_signal``.
+        closed on every path. An interrupt during the start is kept in ``stopped`` (nothing more
+        starts), one while closing in ``closing_signal``.
 
         Raises:
             UsageError, MachineError: see merge_cluster.open_client and rmm_setup.
         """
-        import dask
-
         spec: MergeSpec = ctx.spec
-        ctx.env.setdefault("versions", {}).update(_versions())
-        with dask.config.set({"dataframe.shuffle.method": spec.shuffle_method}):
-            client, cluster = open_client(spec)
+        client = cluster = None
+        with contextlib.ExitStack() as config:
             try:
-                ctx.data.update(_find_workers(client, cluster, spec))
+                if self.stopped is None:
+                    with self._starting():
+                        import dask
+
+                        config.enter_context(dask.config.set({"dataframe.shuffle.method": spec.shuffle_method}))
+                        ctx.env.setdefault("versions", {}).update(_versions())
+                        client, cluster = open_client(spec)
+                        ctx.data.update(_find_workers(client, cluster, spec))
                 yield ctx
             finally:
                 stopped = close_all(client, cluster)
@@ -549,7 +585,10 @@ class Merge(Benchmark):
             MachineError: a worker died, a task failed, a timeout (see wait_watching), or the run
                 ran out of memory (which stops the run, as in dask-cuda: a smaller -c or a larger
                 pool is needed, not another point).
+            KeyboardInterrupt, Interrupted: the one kept while the run started (``stopped``).
         """
+        if self.stopped is not None:  # the start was interrupted: the driver ends the run here
+            raise self.stopped
         run: Run = point.key
         spec: MergeSpec = ctx.spec
         client, index = ctx.data["client"], ctx.data["index"]
@@ -598,8 +637,8 @@ def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
 
     Returns:
         A Result with one Record (:func:`summary_record`), none when no timed run finished;
-        ``partial`` with ``interrupted_by`` when SIGINT/SIGTERM stopped the runs, or landed while
-        the cluster closed (the finished runs are kept either way).
+        ``partial`` with ``interrupted_by`` when SIGINT/SIGTERM stopped the run at any moment from
+        its preflight to the cluster's close (the finished runs are kept).
 
     Raises:
         NoGPUError: -t gpu on a local cluster with no GPU visible.
