@@ -14,7 +14,7 @@ import time but the C module ``_signal``; the click group is loaded when first u
 import _signal  # the C module: the Python-level ``signal`` spends milliseconds building its enums
 import sys
 
-__all__ = ["cli", "interrupted_line", "main"]
+__all__ = ["cli", "main"]
 
 #: A pipe's file descriptor (inherited, e.g. ``pass_fds``) that :func:`main` writes one byte to and
 #: closes once SIGINT and SIGTERM are held: for a supervisor or a test that must know when a signal
@@ -87,19 +87,13 @@ def _say_started() -> None:
         pass
 
 
-def interrupted_line(signum: int) -> str:
-    """The line of an interrupt that ends the command line with nothing kept (exit 128 + ``signum``):
-    ``gpubench: interrupted by SIGINT``. A run that kept what it measured says the same and what it
-    kept (gpubench.kit.finish: ``gpubench: interrupted by SIGINT; kept what was measured: ...``)."""
-    name = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
-    return f"gpubench: interrupted by {name}"
-
-
 def _stopped(signum: int) -> None:
     """An interrupt the command line did not turn into its exit code: both signals ignored from
     here on, one line, exit 128 + ``signum``."""
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
+    from gpubench.cli.interrupt import interrupted_line
+
     try:
         sys.stderr.write(interrupted_line(signum) + "\n")
         sys.stderr.flush()

@@ -20,7 +20,7 @@ from typing import Iterator
 import click
 
 from gpubench import __version__
-from gpubench.cli import interrupted_line
+from gpubench.cli.interrupt import interrupted_line
 from gpubench.core import signals
 from gpubench.core.errors import GpubenchError
 from gpubench.core import registry
