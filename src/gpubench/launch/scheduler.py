@@ -1,17 +1,13 @@
-"""Dask scheduler addresses and files, checked before ``distributed.Client`` sees them, and waits on
-a running cluster that notice a lost worker or a failed task.
-
-``Client(scheduler_file=PATH)`` waits forever for a missing file and raises UnboundLocalError or
-TypeError for one that is not a scheduler file; a Client that fails on a malformed address is left
-to the garbage collector, whose close() can block the process (distributed 2024-2026, client.py
-``_start`` and ``__del__``). The commands that take --scheduler-address / --scheduler-file check
-them here first, so each of those mistakes is one line, exit 2.
+"""Dask scheduler addresses and files, checked before ``distributed.Client`` sees them (a Client
+waits forever for a missing scheduler file, and one that fails on a malformed address can block
+the process in its close()), so each mistake is one line, exit 2; and waits on a running cluster
+that notice a lost worker or a failed task.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-
 import json
 import os
 import time
@@ -49,10 +45,8 @@ _ADDRESS_HINT = "e.g. tcp://HOST:8786"
 
 def check_cluster_options(address: str | None, path: str | None) -> None:
     """--scheduler-address / --scheduler-file as given, before anything is imported: an empty (or
-    blank) value is a mistake, not "start a local cluster" (``--scheduler-address ''`` used to
-    start one, as '' is falsy), and a value with control characters or longer than any host name
-    and port can be is not an address. The full syntax is :func:`check_scheduler_address`'s,
-    once distributed is imported.
+    blank) value is a mistake, not "start a local cluster", and a value with control characters
+    or over 300 characters is not an address. The full syntax is :func:`check_scheduler_address`'s.
 
     Raises:
         UsageError: one line naming the option and the value (escaped) and what is accepted.
@@ -67,8 +61,7 @@ def check_cluster_options(address: str | None, path: str | None) -> None:
             raise UsageError(f"--scheduler-address {shown} is not an address (spaces, control characters or over "
                              "300 characters)", _ADDRESS_HINT)
     if path is not None and not path.strip():
-        raise UsageError(f"--scheduler-file {path!r} is empty", "give the file written by `dask scheduler "
-                         "--scheduler-file`, or leave it out for a local cluster")
+        raise UsageError(f"--scheduler-file {path!r} is empty", _HINT + ", or leave it out for a local cluster")
 
 
 def check_scheduler_address(address: str) -> None:
@@ -85,11 +78,11 @@ def check_scheduler_address(address: str) -> None:
         host, port = get_address_host_port(address)
     except ValueError as e:
         raise UsageError(f"--scheduler-address {address!r} is not an address ({str(e).splitlines()[0][:100]})",
-                         "e.g. tcp://HOST:8786") from None
+                         _ADDRESS_HINT) from None
     if not str(host).strip("[]"):  # tcp://:8786 has no host: the connect waited out its timeout
-        raise UsageError(f"--scheduler-address {address!r} names no host", "e.g. tcp://HOST:8786")
+        raise UsageError(f"--scheduler-address {address!r} names no host", _ADDRESS_HINT)
     if not 0 < port < 65536:
-        raise UsageError(f"--scheduler-address {address!r}: port {port} out of range", "e.g. tcp://HOST:8786")
+        raise UsageError(f"--scheduler-address {address!r}: port {port} out of range", _ADDRESS_HINT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,13 +117,9 @@ def _identity_lists_every_worker() -> dict:
 
 
 def _worker_addresses(client, timeout_s: float = IDENTITY_TIMEOUT_S) -> set[str]:
-    """The addresses of the workers the scheduler knows now, asked of the scheduler itself.
-
-    ``client.scheduler_info()`` is not used: it returns the client's cached identity, which its
-    periodic refresh (every ``distributed.client.scheduler-info-interval``) fills with
-    ``n_workers=0``, i.e. no workers at all, and which a refresh that fails with an OSError (a busy
-    scheduler) leaves as it is; a check that read it could see every worker gone (the "both
-    workers died" flake of test_cpu_merge_runs_on_a_local_cluster[ucx]).
+    """The addresses of the workers the scheduler knows now, asked of the scheduler itself (not
+    ``client.scheduler_info()``: the client's cached identity, which its periodic refresh fills
+    with ``n_workers=0``, no workers at all).
 
     Raises:
         MachineError: the scheduler did not answer within ``timeout_s`` or the connection failed.
@@ -170,29 +159,33 @@ def check_workers(client, workers: Mapping[str, int], what: str) -> None:
 RUN_TIMEOUT_S = 60  # the longest one function run on every worker (client.run) may take
 
 
-def run_on_workers(client, fn, workers: Mapping[str, int], what: str, timeout_s: float = RUN_TIMEOUT_S,
-                   **kwargs) -> dict:
-    """client.run(fn) on every worker, within ``timeout_s`` (a worker that does not answer stops
-    the run instead of hanging it); a failure becomes a MachineError naming a lost worker if one
-    left, else the failure's first line.
-
-    The time limit is distributed's own ``callback_timeout`` of the client's ``sync`` (client.run
-    hands it on to it).
-
-    Raises:
-        MachineError: a worker left, the function failed, or a worker did not answer in time.
-    """
+@contextlib.contextmanager
+def _named_failures(client, workers: Mapping[str, int], what: str, late: str, hint: str, where: str):
+    """A time-out or failure inside becomes a MachineError naming a lost worker if one left, else
+    ``what`` + ``late`` (with ``hint``) or the failure's first line ("failed on ``where``")."""
     try:
-        return client.run(fn, callback_timeout=timeout_s, **kwargs)
+        yield
     except (KeyboardInterrupt, MachineError, UsageError):
         raise
     except TimeoutError:
         check_workers(client, workers, what)
-        raise MachineError(f"{what}: a worker did not answer within {timeout_s:g} s",
-                           "the host may be overloaded; a worker may be stuck") from None
+        raise MachineError(f"{what}: {late}", hint) from None
     except Exception as e:
         check_workers(client, workers, what)
-        raise MachineError(f"{what} failed on the workers: {error_line(e)[:200]}") from None
+        raise MachineError(f"{what} failed on {where}: {error_line(e)[:200]}") from None
+
+
+def run_on_workers(client, fn, workers: Mapping[str, int], what: str, timeout_s: float = RUN_TIMEOUT_S,
+                   **kwargs) -> dict:
+    """client.run(fn) on every worker, within ``timeout_s`` (distributed's ``callback_timeout``):
+    a worker that does not answer stops the run instead of hanging it.
+
+    Raises:
+        MachineError: a worker left (named), the function failed, or a worker did not answer in time.
+    """
+    with _named_failures(client, workers, what, f"a worker did not answer within {timeout_s:g} s",
+                         "the host may be overloaded; a worker may be stuck", "the workers"):
+        return client.run(fn, callback_timeout=timeout_s, **kwargs)
 
 
 def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: float, what: str,
@@ -242,34 +235,17 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
 
 def results_within(client, futs, workers: Mapping[str, int], timeout_s: float, what: str,
                    hint: str = "raise --timeout; a worker may be stuck") -> list:
-    """The results of finished futures, fetched within ``timeout_s`` seconds in all.
-
-    A future the scheduler calls finished still has its result on a worker, which ``Future.result()``
-    with no time limit waits for: a worker stopped (SIGSTOP) between a wait_watching and the fetch
-    held `merge` past 120 s against --timeout 30 (CI: test_a_stuck_worker_stops_the_run_within_the_timeout).
-    The limit is distributed's own ``callback_timeout`` (Future.result's ``timeout``).
-
-    Returns:
-        The results, in the order of ``futs``.
+    """The results of finished futures, in the order of ``futs``, fetched within ``timeout_s``
+    seconds in all (a finished future's result still lives on a worker, which may be stopped).
 
     Raises:
         MachineError: a worker left (names it), a task failed, or the results did not come back in time.
     """
     deadline = time.monotonic() + timeout_s
-    out = []
-    for f in futs:
-        try:
-            out.append(f.result(timeout=max(deadline - time.monotonic(), 0.001)))
-        except (KeyboardInterrupt, MachineError, UsageError):
-            raise
-        except TimeoutError:
-            check_workers(client, workers, what)
-            raise MachineError(f"{what}: the results did not come back from the workers within "
-                               f"{timeout_s:g} s", hint) from None
-        except Exception as e:
-            check_workers(client, workers, what)
-            raise MachineError(f"{what} failed on the cluster: {error_line(e)[:200]}") from None
-    return out
+    with _named_failures(client, workers, what, f"the results did not come back from the workers within {timeout_s:g} s",
+                         hint, "the cluster"):
+        return [f.result(timeout=max(deadline - time.monotonic(), 0.001)) for f in futs]
+
 
 
 def _raise_failed(futs, what: str) -> None:
