@@ -585,20 +585,14 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         for command, stage, got in staged:
             if payloads and payloads[0] is not None:
                 payloads[0]["checks"] += got.checks  # the whole fleet's figure, on rank 0's row
-            exp = [e for e in expectations or [] if e.command == command] if command in judged else []
-            if command in judged and got.status == "ok" and got.result is not None:
-                links = got.result
-                link_outcomes = suite.evaluate(exp, [got.result]) if exp else []
-                stage_outcomes += link_outcomes
-            elif exp:  # the stage did not run: its expectations are skipped, never dropped from the bundle
-                why_not = (f"{stage.judges} failed" if got.status == "error" else
-                           f"{stage.judges} did not run ({got.reason})")
-                stage_outcomes += suite.evaluate(exp, [], skipped={command: why_not})
-        for command in judged:  # a judging stage that did not apply at all
+            if command in judged:
+                judged_here = _judged_on_stage(expectations or [], command, stage, got, "")
+                stage_outcomes += judged_here
+                if got.status == "ok" and got.result is not None:
+                    links, link_outcomes = got.result, judged_here
+        for command, stage in judged.items():  # a judging stage that did not apply at all
             if not any(c == command for c, _s, _g in staged):
-                exp = [e for e in expectations or [] if e.command == command]
-                if exp:
-                    stage_outcomes += suite.evaluate(exp, [], skipped={command: f"{judged[command].judges} did not run"})
+                stage_outcomes += _judged_on_stage(expectations or [], command, stage, None, f"{stage.judges} did not run")
         fleet = build_fleet(payloads or [], hosts, links, link_outcomes)
         steps, outcomes = [], []
         for p in payloads or []:
@@ -685,18 +679,24 @@ def check_saved(bundle, expectations) -> list:
             own = suite.Bundle(steps=per_rank[r])
             out += suite.evaluate(node_exp, own.results(), own.skipped(), own.failed())
     for command, stage in judged.items():
-        exp = [e for e in expectations if e.command == command]
-        if not exp:
-            continue
-        s = stage_steps.get(command)
-        if s is not None and s.status == "ok" and s.result is not None:
-            out += suite.evaluate(exp, [s.result])
-        else:
-            why = (f"{stage.judges} failed" if s is not None and s.status == "error"
-                   else f"{stage.judges} did not run ({s.reason})" if s is not None
-                   else f"the bundle has no step {stage.name!r}")
-            out += suite.evaluate(exp, [], skipped={command: why})
+        out += _judged_on_stage(expectations, command, stage, stage_steps.get(command),
+                                f"the bundle has no step {stage.name!r}")
     return out
+
+
+def _judged_on_stage(expectations, command: str, stage, step, absent: str) -> list:
+    """The expectations of ``command`` judged on the result of its fleet stage's ``step`` (a
+    suite.Step or the stage's outcome, None where it did not apply), or skipped with why there is
+    none (``absent`` where it did not apply): never dropped from the bundle."""
+    from gpubench.validation import suite
+
+    exp = [e for e in expectations if e.command == command]
+    if step is not None and step.status == "ok" and step.result is not None:
+        return suite.evaluate(exp, [step.result])
+    why = (f"{stage.judges} failed" if step is not None and step.status == "error"
+           else f"{stage.judges} did not run ({step.reason})" if step is not None else absent)
+    return suite.evaluate(exp, [], skipped={command: why})
+
 
 
 def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
