@@ -224,10 +224,8 @@ def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | N
     Raises:
         UsageError: unreadable, not TOML, or not a valid expectations file (see parse_expectations).
     """
-    from gpubench.core.result import read_bounded
-
     from gpubench.core import safe
-    from gpubench.core.result import check_depth, object_depth
+    from gpubench.core.result import check_depth, object_depth, read_bounded
 
     name = safe.term(str(path), 200)
     raw = read_bounded(path, "an expectations file")  # bounded; a named pipe does not block
@@ -366,8 +364,8 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
 
 
 def _hkey(v: Any) -> tuple:
-    """A hashable key under which params values equal by :func:`_eq` meet: a bool only matches a
-    bool (True == 1 in Python), 1 matches 1.0."""
+    """A hashable key under which equal params values meet: a bool only matches a bool (True == 1
+    in Python), 1 matches 1.0."""
     if isinstance(v, bool) or v is None:
         return ("b", v)
     if isinstance(v, (int, float)):
@@ -377,8 +375,7 @@ def _hkey(v: Any) -> tuple:
 
 class _Index:
     """The records of one command, indexed by (param, value) on first use, so checking E
-    expectations against R records costs O(R + E + matches), not O(E x R) (100,000 [[expect]]
-    tables against a sweep took minutes and gigabytes)."""
+    expectations against R records costs O(R + E + matches), not O(E x R)."""
 
     def __init__(self) -> None:
         self.records: list[Record] = []
@@ -398,7 +395,7 @@ class _Index:
         return self._build().keys()
 
     def matching(self, where: dict[str, Any]) -> list[Record]:
-        """The records whose params hold every ``where`` value (:func:`_eq`), in file order."""
+        """The records whose params hold every ``where`` value (:func:`_hkey`), in file order."""
         by = self._build()
         if not where:
             return list(self.records)
@@ -417,12 +414,6 @@ class _Index:
                 self._sets[key] = set(lst)
             others.append(self._sets[key])
         return [self.records[i] for i in first if all(i in o for o in others)]
-
-
-def _eq(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    return a == b
 
 
 def failures(outcomes: Sequence[Outcome], strict: bool = False) -> list[Outcome]:
@@ -550,8 +541,8 @@ class Bundle:
                 params=params, value=None if value is None else R.check_number(value, source, p + "/value"),
                 note=R.check_str(o.get("note"), source, p + "/note", allow_none=True) or ""))
         if d.get("fleet") is not None:  # written by suite under a launcher: --check judges it as the live run
-
             b.fleet = check_fleet(d["fleet"], name)
+
         return b
 
 
@@ -679,7 +670,9 @@ FLEET_FLAGS = ("ok", "slow", "fail", "missing")
 
 
 def _fleet_bad(source: str, where: str, value: Any, want: str) -> UsageError:
-    return UsageError(f"{source}: fleet.{where} is {_term(repr(value), 40)}; expected {want}")
+    from gpubench.core import safe
+
+    return UsageError(f"{source}: fleet.{where} is {safe.term(repr(value), 40)}; expected {want}")
 
 
 def _num_or_none(v: Any) -> bool:
@@ -745,10 +738,3 @@ def check_fleet(f: Any, source: str) -> dict:
             if not _num_or_none(x):
                 raise _fleet_bad(source, f"links.gbps[{i}][{j}]", x, "a finite number or null")
     return f
-
-
-
-def _term(text: str, limit: int) -> str:
-    from gpubench.core import safe
-
-    return safe.term(text, limit)
