@@ -1,43 +1,30 @@
 """Scale-out: who this process is among the ranks a launcher started, and a group to talk to them.
 
 :func:`discover` reads the rank, the world size, the local rank and the node from the launcher's
-environment, one row of :data:`LAUNCHER_TABLE` per launcher, tried in this order: Open MPI (``OMPI_COMM_WORLD_RANK``, ``_SIZE``,
-``_LOCAL_RANK``, ``_LOCAL_SIZE``), PMIx (``PMIX_RANK``), MPICH/Hydra and Intel MPI (``PMI_RANK``,
-``PMI_SIZE``, ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``), Slurm (``SLURM_PROCID``,
-``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``) and torchrun (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``). Two refinements of that order, because
-launchers nest:
-
-- torchrun's own workers (``TORCHELASTIC_RUN_ID`` set, which torchrun's agent exports to every
-  worker) come first: under ``srun torchrun ...`` the ``SLURM_*`` variables count torchrun's
-  agents (one per node), not the workers.
-- Slurm counts only inside a task of an ``srun`` step (``SLURM_STEP_ID`` set and not one of Slurm's
-  batch/extern/interactive step ids): a batch script itself also has ``SLURM_PROCID=0`` and the
-  job's ``SLURM_NTASKS``, and a lone process there would wait for ranks that never start.
-
+environment, one row of :data:`LAUNCHER_TABLE` per launcher (Open MPI, PMIx, MPICH/Hydra and Intel
+MPI, Slurm, torchrun), tried in the table's order. Launchers nest, so torchrun's own workers
+(``TORCHELASTIC_RUN_ID`` set) come first: under ``srun torchrun ...`` the ``SLURM_*`` variables count
+torchrun's agents, not the workers; and Slurm counts only inside a task of an ``srun`` step (a real
+``SLURM_STEP_ID``): a batch script also has ``SLURM_PROCID=0`` and the job's ``SLURM_NTASKS``.
 Without any of them gpubench runs as one process (:data:`SINGLE`, launcher ``"none"``).
 
 :func:`join` returns a :class:`Group` of all ranks: through mpi4py when the process runs under MPI
 and mpi4py imports; otherwise through a TCP key-value store at the launcher's rendezvous address
 (``MASTER_ADDR``/``MASTER_PORT`` or ``--rendezvous HOST:PORT``): ``torch.distributed.TCPStore``
 where torch imports (under torchrun the agent's own store, as torch's ``env://`` does), else
-:class:`_Store`, a small store with the same operations in this module (see its docstring for why
-not distributed's). Every collective of the group has a deadline: a rank that died or hangs
-raises :class:`MachineError` naming the rank and its host, never a wait forever.
+:class:`_Store`, a small store with the same operations.
 
-Every wait past the join is bounded, on every transport (docs/cluster.md "Deadlines"): MPI
-messages are received with a matched probe and a non-blocking receive polled to the deadline
-(a blocking receive of a large message would wait for a sender that stopped half-way), the
-group's communicator is made with a non-blocking dup, and :meth:`Group.close` takes at most
-:data:`CLOSE_S`: MPI_Finalize (which waits for every rank of the job) only after a non-blocking
-barrier of every rank completed in that time, never after a fault; a store's every request has
-a socket timeout. After a fault (a rank named missing, by this rank or by an abort notice, or
-marked gone with :meth:`Group.lost`) close() waits for nobody but rank 0's farewell, so that rank
-0 finishes its report before a launcher that ends the job at the first exit ends it.
+Every wait past the join is bounded (docs/cluster.md "Deadlines"): a rank that died or hangs
+raises :class:`MachineError` naming the rank and its host. MPI messages are received with a
+matched probe and a non-blocking receive polled to the deadline, the communicator is made with a
+non-blocking dup, and :meth:`Group.close` takes at most :data:`CLOSE_S`: MPI_Finalize only after a
+non-blocking barrier of every rank completed in that time, never after a fault; a store's every
+request has a socket timeout. After a fault (a rank named missing, by this rank or by an abort
+notice, or marked gone with :meth:`Group.lost`) close() waits for nobody but rank 0's farewell, so
+that rank 0 finishes its report before a launcher that ends the job at the first exit ends it.
 
-Payloads travel as JSON text on every path (MPI too), so an object that gathers under mpirun
-gathers the same under torchrun: lists, dicts, strings, numbers, booleans and None (tuples come
-back as lists).
+Payloads travel as JSON text on every path (MPI too): lists, dicts, strings, numbers, booleans and
+None (tuples come back as lists).
 """
 
 from __future__ import annotations
@@ -54,9 +41,8 @@ from typing import Any, Callable, Mapping
 
 from gpubench.core.errors import MachineError, UsageError
 
-# Slurm's step ids of the batch script, the extern step and an interactive salloc shell (slurm.h:
-# SLURM_BATCH_SCRIPT 0xfffffffb, SLURM_EXTERN_CONT 0xfffffffc, SLURM_INTERACTIVE_STEP 0xfffffffa,
-# SLURM_PENDING_STEP 0xfffffffd); no task of an srun step has one of these.
+# Slurm's step ids that are not an srun step (slurm.h: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT,
+# SLURM_INTERACTIVE_STEP, SLURM_PENDING_STEP, 0xfffffffa..0xfffffffd).
 _SLURM_NOT_A_STEP = range(0xFFFFFFF0, 0x100000000)
 DEFAULT_PORT = 29500  # torchrun's default --master-port
 # The longest Group.close() waits: for every rank at the closing barrier (a healthy run: rank 0 may
@@ -87,7 +73,7 @@ class Rank:
         node: index of this node in the job, or None where the launcher does not say (:func:`join`
             fills it from the host names, in order of each host's lowest rank).
         host: this machine's host name (socket.gethostname()).
-        launcher: one of LAUNCHERS (a :data:`LAUNCHER_TABLE` row's name, or "none").
+        launcher: a :data:`LAUNCHER_TABLE` row's name, or "none".
     """
 
     rank: int
@@ -118,19 +104,18 @@ def _host() -> str:
 SINGLE = Rank(0, 1, 0, 1, 0, _host(), "none")
 
 
-# The most ranks a job may have (2**20): above the largest GPU jobs run, and a bound on what a
-# hand-set WORLD_SIZE makes every rank loop over (a 30-digit one hung join past its deadline).
+# The most ranks a job may have: above the largest GPU jobs, and a bound on what a hand-set
+# WORLD_SIZE makes every rank loop over.
 MAX_RANKS = 1 << 20
 _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "1_0", "+1" and non-ASCII digits
 
 
 def _check_digits(name: str, raw: str, hint: str) -> None:
-    """The one check of a launcher variable's digits (every integer of discover, MASTER_PORT):
-    an optional minus sign and ASCII digits 0-9, nothing around them.
+    """A launcher variable's digits (every integer of discover, MASTER_PORT): an optional minus
+    sign and ASCII digits 0-9, nothing around them.
 
     Raises:
-        UsageError: naming the variable and its value (spaces around the digits are said apart:
-            ``int()`` and a hand-made environment take them, a launcher never writes them).
+        UsageError: naming the variable and its value (spaces around the digits said apart).
     """
     if _DECIMAL.fullmatch(raw):
         return
@@ -145,9 +130,7 @@ def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: b
     a size, ``minimum=1``); ``counts_ranks=False`` (a Slurm job or step id): no upper bound.
 
     Raises:
-        UsageError: not plain ASCII decimal digits (launchers write nothing else; Python's int()
-            would read ``1_0`` as 10, `` 1`` as 1 and Arabic-Indic digits as numbers), or out of
-            that range.
+        UsageError: not plain ASCII decimal digits (:func:`_check_digits`), or out of that range.
     """
     text = env[name]
     _check_digits(name, text, "the launcher sets it (decimal digits 0-9); unset it when not running under that launcher")
@@ -240,9 +223,7 @@ def mpi_library(text: str) -> MpiLibrary:
 @dataclass(frozen=True)
 class MpiJob:
     """The MPI job a launcher starts (a :class:`Launcher` row's ``mpi``), and which MPI library
-    can join it: mpi4py's MPI_Init under a launcher it cannot join aborts the process in the MPI
-    library (MPICH under ``srun --mpi=pmix``: exit 15 and its error stack) or runs a world of
-    one after mpi4py's warning (MPICH under Open MPI's variables).
+    can join it (MPI_Init under a launcher it cannot join aborts or runs a world of one: :func:`_mpi`).
 
     Attributes:
         job: what started this process, for the message ("Open MPI's mpirun").
@@ -388,7 +369,6 @@ LAUNCHER_TABLE: tuple[Launcher, ...] = (
     # a torchrun-style environment set by hand (or by another tool): RANK and WORLD_SIZE
     Launcher("torchrun", lambda env: _set("RANK")(env) or _set("WORLD_SIZE")(env), **_TORCHRUN),
 )
-LAUNCHERS = tuple(dict.fromkeys(row.name for row in LAUNCHER_TABLE)) + ("none",)
 
 
 def launcher_of(name: str) -> Launcher | None:
@@ -448,12 +428,6 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
     if local is not None and size and local >= size:
         raise UsageError(f"{local_v}={local} is not below {size_v}={size}", "the launcher sets them")
     return Rank(rank, size or 0, -1 if local is None else local, local_size, node, host, row.name)
-
-
-def _need(env: Mapping[str, str], name: str, rank_var: str) -> int:
-    if not env.get(name, "").strip():
-        raise UsageError(f"{rank_var} is set without {name}", "set both (the launcher does), or neither")
-    return _int(env, name, minimum=1)
 
 
 # -- the group ------------------------------------------------------------------------------------
@@ -537,8 +511,7 @@ class Group:
         more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
         e = MachineError(f"{who}{more} did not answer the {what} within {round(timeout_s, 1):g} s (died or hangs)",
                          "the other ranks stopped; see that rank's own output")
-        e.missing_ranks = list(ranks)  # type: ignore[attr-defined]
-        gone = set(ranks)  # a set: 20000 missing ranks made a list scan per rank cost seconds
+        gone = set(ranks)
         self._lost |= gone - {self.rank}
         if not self._faulted:
             self._faulted = True
@@ -664,9 +637,7 @@ class Group:
             for i, r in enumerate(rest):
                 try:
                     out[r] = json.loads(self._recv(tag, r, deadline))
-                except TimeoutError:
-                    # past the deadline: one last look at every rank not heard yet, together (a
-                    # request per rank over a store made -T no bound: 20000 ranks, seconds more)
+                except TimeoutError:  # past the deadline: one last look at every rank not heard yet, together
                     late = self._peek(tag, rest[i + 1:])
                     missing = [r] + [q for q in rest[i + 1:] if q not in late]
                     for q, text in late.items():
@@ -828,11 +799,6 @@ class _MpiGroup(Group):
         box = self._early
         MPI = self._MPI
         while True:
-            if (tag, src) in box:
-                return box.pop((tag, src))
-            notice = next((k for k in box if k[0] == "abort"), None) if aborts else None
-            if notice is not None:
-                raise _Abort(box.pop(notice))
             still = []
             for req, s in self._inflight:
                 done, data = req.test()
@@ -842,21 +808,25 @@ class _MpiGroup(Group):
                 else:
                     still.append((req, s))
             self._inflight = still
+            if (tag, src) in box:
+                return box.pop((tag, src))
+            notice = next((k for k in box if k[0] == "abort"), None) if aborts else None
+            if notice is not None:
+                raise _Abort(box.pop(notice))
             status = MPI.Status()
             msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=self._TAG, status=status)
-            if msg is not None:
-                s = status.Get_source()
-                req = msg.irecv()  # a large message arrives in parts: never block on a sender that stopped
-                done, data = req.test()
-                if done:
-                    t, text = data
-                    box[(t, s)] = text
-                else:
-                    self._inflight.append((req, s))
+            if msg is not None:  # a large message arrives in parts: never block on a sender that stopped
+                self._inflight.append((msg.irecv(), status.Get_source()))
                 continue
             if time.monotonic() > deadline:
                 raise TimeoutError
             time.sleep(0.0005)
+
+    def _drain(self, until: float) -> None:
+        """Wait until every message sent is taken, or ``until``."""
+        while self._pending and time.monotonic() < until:
+            self._pending = [p for p in self._pending if not p.Test()]
+            time.sleep(0.001)
 
     def close(self, quiet: bool | None = None) -> None:
         if self._closed:
@@ -867,16 +837,11 @@ class _MpiGroup(Group):
         end = time.monotonic() + CLOSE_S
         if self._faulted:
             self._farewell(ack=False)
-            drain = time.monotonic() + 2.0
-            while self._pending and time.monotonic() < drain:  # the farewell on its way
-                self._pending = [p for p in self._pending if not p.Test()]
-                time.sleep(0.001)
+            self._drain(time.monotonic() + 2.0)  # the farewell on its way
             if ended is not None and not quiet:
                 raise ended
             return  # a peer is gone: MPI_Finalize would wait for it
-        while self._pending and time.monotonic() < end:
-            self._pending = [p for p in self._pending if not p.Test()]
-            time.sleep(0.001)
+        self._drain(end)
         if self._pending or self._inflight:  # a peer never took our message, or stopped sending
             return
         try:
@@ -914,10 +879,8 @@ class _StoreGroup(Group):
         if isinstance(e, _StoreForeign):
             self._faulted = True
             self._lost = set(range(self.size)) - {self.rank}  # nobody of this group is reachable there
-            err = MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
-                               "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port")
-            err.missing_ranks = []  # type: ignore[attr-defined]
-            return err
+            return MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
+                                "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port")
         if self._rank0_serves and self.rank != 0:
             self._lost.add(0)
             self._faulted = True
@@ -925,9 +888,8 @@ class _StoreGroup(Group):
         else:
             self._faulted = True
             who = "the rendezvous store"
-        err = MachineError(f"{who} did not answer ({e.message})", "the other ranks stopped; see that rank's own output")
-        err.missing_ranks = [0] if self._rank0_serves else []  # type: ignore[attr-defined]
-        return err
+        return MachineError(f"{who} did not answer ({e.message})", "the other ranks stopped; see that rank's own output")
+
 
     def _send_all(self, tag, text, dests, deadline):
         # one key per message for a single receiver; a broadcast (and an abort notice) is one key all read
@@ -1158,15 +1120,11 @@ def _peek_reply(reply: dict, req: dict) -> bool:
 
 class _Store:
     """A TCP key-value store: set(key, text) and get(key) that waits up to a deadline; rank 0
-    serves it in a thread, every rank (0 too) is a client.
-
-    Why this and not distributed's: distributed has no store of its own; its Scheduler could hold
-    keys (``Client.set_metadata``), but a scheduler and a client per rank cost seconds of start-up
-    and an event loop per process, for a handful of small messages. torch's TCPStore is used
-    wherever torch imports; this is its subset (set, blocking get) for machines without torch.
-    The wire format is one JSON object a line, so a peer can send data, never code (no pickle).
-    Values are kept until the server stops (a run's messages are a few kilobytes).
+    serves it in a thread, every rank (0 too) is a client: the subset of torch's TCPStore that
+    the group uses, for machines without torch. The wire format is one JSON object a line, so a
+    peer can send data, never code (no pickle). Values are kept until the server stops.
     """
+
 
     def __init__(self, host: str, port: int, is_master: bool, deadline: float):
         self._server: socket.socket | None = None
