@@ -493,8 +493,9 @@ class Group:
         raise NotImplementedError
 
     def _deadline(self, timeout: float | None) -> float:
-        t = self.timeout if timeout is None else float(timeout)
+        t = self._waited(timeout)
         return time.monotonic() + (t if t > 0 else 1e9)
+
 
     def _tag(self, what: str) -> str:
         self._seq += 1
@@ -676,17 +677,24 @@ class Group:
         return list(dict.fromkeys(r.host for r in self.ranks))
 
     def close(self, quiet: bool | None = None) -> None:
-        """End this rank's part (see the subclasses); idempotent.
+        """End this rank's part: the farewell rule (:meth:`_end`), then the transport's own end
+        (:meth:`_shut`); idempotent.
 
         Raises:
             MachineError: a healthy run's end was not confirmed (:meth:`_end`), unless ``quiet``
                 (default: an exception is already on its way, as in a ``finally``, and wins).
         """
+        if self._closed:
+            return
         self._closed = True
+        quiet = sys.exc_info()[1] is not None if quiet is None else quiet
+        ended = self._ended()
+        self._shut()
+        if ended is not None and not quiet:
+            raise ended
 
-    @staticmethod
-    def _quiet(quiet: bool | None) -> bool:
-        return sys.exc_info()[1] is not None if quiet is None else quiet
+    def _shut(self) -> None:
+        """The transport's end, after the farewell rule; never raises."""
 
     def _end(self) -> None:
         """The farewell rule of a healthy run: every other rank tells rank 0 it is done and returns
@@ -828,18 +836,11 @@ class _MpiGroup(Group):
             self._pending = [p for p in self._pending if not p.Test()]
             time.sleep(0.001)
 
-    def close(self, quiet: bool | None = None) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        quiet = self._quiet(quiet)
-        ended = self._ended()  # rank 0's confirmation of the end (the farewell rule)
+    def _shut(self) -> None:
         end = time.monotonic() + CLOSE_S
         if self._faulted:
             self._farewell(ack=False)
             self._drain(time.monotonic() + 2.0)  # the farewell on its way
-            if ended is not None and not quiet:
-                raise ended
             return  # a peer is gone: MPI_Finalize would wait for it
         self._drain(end)
         if self._pending or self._inflight:  # a peer never took our message, or stopped sending
@@ -881,15 +882,12 @@ class _StoreGroup(Group):
             self._lost = set(range(self.size)) - {self.rank}  # nobody of this group is reachable there
             return MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
                                 "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port")
+        self._faulted = True
+        who = "the rendezvous store"
         if self._rank0_serves and self.rank != 0:
             self._lost.add(0)
-            self._faulted = True
             who = f"rank 0 on {self._host_of(0)}, which serves the rendezvous store,"
-        else:
-            self._faulted = True
-            who = "the rendezvous store"
         return MachineError(f"{who} did not answer ({e.message})", "the other ranks stopped; see that rank's own output")
-
 
     def _send_all(self, tag, text, dests, deadline):
         # one key per message for a single receiver; a broadcast (and an abort notice) is one key all read
@@ -960,12 +958,7 @@ class _StoreGroup(Group):
             except _StoreLost:
                 pass
 
-    def close(self, quiet: bool | None = None) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        quiet = self._quiet(quiet)
-        ended = self._ended()  # rank 0's confirmation of the end (the farewell rule)
+    def _shut(self) -> None:
         if self._faulted:
             self._farewell(ack=True)
         try:
@@ -975,8 +968,6 @@ class _StoreGroup(Group):
                 self._store.close()
         except Exception:
             pass
-        if ended is not None and not quiet:
-            raise ended
 
     def _peek(self, tag: str, srcs: list[int]) -> dict[int, str]:
         if not srcs:
