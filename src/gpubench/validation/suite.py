@@ -84,11 +84,14 @@ class Expectation:
             return self.name
         return " ".join(f"{k}={v}" for k, v in self.where.items()) or "(every record)"
 
+    @property
+    def bounds(self) -> tuple[float | None, float | None]:
+        """(min, max) in the expectation's unit: GB/s or microseconds (None: no bound)."""
+        return (self.min_gbps, self.max_gbps) if self.kind == "bandwidth" else (self.min_us, self.max_us)
+
     def bound_text(self) -> str:
-        if self.kind == "bandwidth":
-            lo, hi, unit = self.min_gbps, self.max_gbps, "GB/s"
-        else:
-            lo, hi, unit = self.min_us, self.max_us, "us"
+        lo, hi = self.bounds
+        unit = "GB/s" if self.kind == "bandwidth" else "us"
         parts = []
         if lo is not None:
             parts.append(f">= {lo:g}")
@@ -300,7 +303,8 @@ def figure_value(e: Expectation, r: Record) -> float:
 
 
 def _within(e: Expectation, v: float) -> bool:
-    lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
+    lo, hi = e.bounds
+
     return (lo is None or v >= lo) and (hi is None or v <= hi)
 
 
