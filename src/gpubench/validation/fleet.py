@@ -111,12 +111,6 @@ def checks_of(result) -> list[dict]:
     return registry.call_hook(own, "fleet_checks", result, check=checks, default=[]) if own is not None else []
 
 
-def _bound(e) -> float | None:
-    """The expectation's bound in its own unit (GB/s or us): the minimum, else the maximum."""
-    lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
-    return lo if lo is not None else hi
-
-
 def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
     """The bound that decides a figure judged by several expectations (two [[expect]] tables
     matching one record): among the failed outcomes if any failed, else among the rest, the bound
@@ -135,8 +129,7 @@ def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
         judged = [o for o in judged if o.status == "fail"]
     best: tuple[float, float, str] | None = None
     for o in judged:
-        e = o.expectation
-        lo, hi = (e.min_gbps, e.max_gbps) if e.kind == "bandwidth" else (e.min_us, e.max_us)
+        lo, hi = o.expectation.bounds
         for b, op in ((lo, ">="), (hi, "<=")):
             if b is None:
                 continue
@@ -179,10 +172,9 @@ def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
             unit = "GB/s" if e.kind == "bandwidth" else "us"
             gpu = o.params.get("device") if o.params else None
             b, op = deciding_bound([o], unit)
-            if b is None:  # missing: no figure to judge, the bound as written
-                b = _bound(e)
-                lo = e.min_gbps if e.kind == "bandwidth" else e.min_us
-                op = None if b is None else ">=" if lo is not None else "<="
+            if b is None:  # missing: no figure to judge, the bound as written: the minimum, else the maximum
+                lo, hi = e.bounds
+                b, op = (lo, ">=") if lo is not None else (hi, "<=") if hi is not None else (None, None)
             extra.append({"check": f"expect {e.index}: {e.label()}", "gpu": gpu if isinstance(gpu, int) else None,
                           "value": o.value, "unit": unit, "command": e.command, "params": o.params or {},
                           "expect": b, "expect_op": op, "expect_status": o.status, "note": o.note})
@@ -342,9 +334,8 @@ def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
 # Gathering that outlives a silent rank
 
 
-# How long past --node-timeout a rank waits for rank 0's list of the silent ranks once rank 0 has
-# said it is gathering: rank 0 sends the list as soon as its own deadline passed; this covers the
-# messages' way and rank 0 reading the payloads that did arrive.
+# How long past --node-timeout a rank waits for rank 0's list of the silent ranks (the messages'
+# way and rank 0 reading the payloads that did arrive).
 ROLL_SLACK_S = 10.0
 
 
@@ -353,16 +344,13 @@ class Roll:
 
     :meth:`sync` is: rank 0 says it is gathering (a broadcast), every other rank sends it its
     object, rank 0 receives rank by rank until ``timeout`` after it began (a rank silent that long
-    is noted and not waited for again), then broadcasts the silent ranks, so every rank goes on
-    knowing who is missing; every rank marks them gone in the group (:meth:`Group.lost`), so the
-    group's close waits for none of them. Rank 0 receives through the group's transport
-    primitives (``_tag``, ``_recv``: the same tag sequence as :meth:`Group.gather` on the
-    senders), not through :meth:`Group.gather`, which ends the whole group at the first silent
-    rank (it sends every rank an abort notice).
+    is noted and not waited for again), then broadcasts the silent ranks, which every rank marks
+    gone in the group (:meth:`Group.lost`). Rank 0 receives through the group's ``_tag`` and
+    ``_recv`` (the tag sequence of :meth:`Group.gather` on the senders), since Group.gather ends
+    the whole group at the first silent rank.
 
     Every wait is bounded: rank 0 waits ``timeout``; another rank waits ``timeout`` for rank 0 to
-    begin, then ``timeout`` + ROLL_SLACK_S for the list. A rank 0 that does not answer in those
-    times is the group's usual MachineError on the others (exit 3, naming it).
+    begin, then ``timeout`` + ROLL_SLACK_S for the list (else the group's MachineError, exit 3).
 
     Attributes:
         silent: ranks that did not answer a sync in time.
@@ -516,18 +504,18 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             and its host).
         UsageError / MachineError: the group could not be formed (join's).
     """
+    from rich.markup import escape
+
     from gpubench.core import env as envmod
+    from gpubench.core import report, safe
+    from gpubench.core.errors import MachineError, RegressionFound, UsageError
     from gpubench.core.plugin import StageContext
-    from gpubench.core import report
-    from gpubench.launch import ranks
-    from gpubench.core.errors import MachineError, RegressionFound
     from gpubench.core.registry import INVOCATION
-    from gpubench.core.result import Result
+    from gpubench.core.result import Result, write_json_atomic
+    from gpubench.launch import ranks
     from gpubench.validation import suite
 
     if not (0 < timeout < math.inf):
-        from gpubench.core.errors import UsageError
-
         raise UsageError(f"--node-timeout {timeout} out of range", "use seconds > 0")
     me0 = ranks.discover()
     group = ranks.join(me0, rendezvous, timeout=min(timeout, 120.0))
@@ -606,32 +594,24 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                "argv": list(INVOCATION), "expectations": {"file": expect_file, "outcomes": outcomes}}
         full = suite.Bundle.from_dict(doc, "fleet bundle")
         full.expect_file = expect_file
+        full.fleet = fleet
         for command, stage, got in staged:
             full.steps.append(suite.Step(stage.name, command, got.status, got.reason, got.seconds or 0.0, got.result))
-        d = full.to_dict()
-        d["fleet"] = fleet
-        from gpubench.core.result import write_json_atomic
-
-        path = write_json_atomic(d, out / f"suite-fleet-{host_tag}-{stamp}.json", "bundle")
+        path = write_json_atomic(full.to_dict(), out / f"suite-fleet-{host_tag}-{stamp}.json", "bundle")
         renderables = format_report(fleet, links, show_ok=len(fleet["rows"]) <= 64)
         if broken is not None:
-            from gpubench.core import safe
-
             renderables.append(f"[red]stopped:[/red] {safe.term_markup(broken.one_line())}")
         errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
         why = verdict(fleet, errors)
         if strict:  # as the one-node suite: --strict counts an expectation whose command did not run as failed
             skipped = [o for o in full.outcomes if o.status == "skipped"]
             if skipped:
-                from gpubench.core import safe
-
                 names = sorted({f"{o.expectation.index}: {safe.term(o.expectation.label(), 80)} ({o.expectation.command})" for o in skipped})
                 line = (f"{len(skipped)} expectation outcome(s) skipped, failed by --strict: " + ", ".join(names[:8])
                         + (" ..." if len(names) > 8 else ""))
                 why = f"{why}; {line}" if why else f"fleet failed: {line}"
-        from rich.markup import escape
-
-        renderables.append(escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
+        renderables.append(
+escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
         report.display(renderables, quiet=quiet)
         report.saved(path, quiet=quiet)
         if why:
@@ -724,9 +704,10 @@ def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
 
 
 def under_launcher(env=None) -> bool:
-    """True when a launcher (MPI, Slurm's srun, torchrun) started this process (core.ranks)."""
+    """True when a launcher (MPI, Slurm's srun, torchrun) started this process (launch.ranks)."""
     import os
 
     from gpubench.launch import ranks
+
 
     return ranks.discover(os.environ if env is None else env).under_launcher
