@@ -475,9 +475,8 @@ class Group:
         self._lost: set[int] = set()  # the ranks known missing
 
     def lost(self, ranks) -> None:
-        """Mark ``ranks`` as gone (a caller that gathers past a silent rank, e.g. fleet.Roll, knows
-        who is missing without a group error): close() then waits for none of them, and a
-        transport that would wait for every rank at its end (MPI_Finalize) is not entered."""
+        """Mark ``ranks`` as gone (e.g. fleet.Roll's silent ranks): close() then waits for none of
+        them, and MPI_Finalize (which would wait for every rank) is not entered."""
         gone = {int(r) for r in ranks} - {self.rank}
         if gone:
             self._lost |= gone
@@ -566,9 +565,7 @@ class Group:
         """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks.
 
         ``confirm``: the root tells the others once it has every part, and they return only then
-        (waiting ``timeout`` + CONFIRM_S for it): a root that stopped while the others sent is
-        named by each of them here (exit 3), not missed (a plain gather's sender returns at
-        once, and a job whose reporting rank hangs would pass with no report).
+        (waiting ``timeout`` + CONFIRM_S for it), so a root that stopped is named by each of them.
         """
         if self.size == 1:
             return [json.loads(_dumps(obj))]
@@ -699,9 +696,8 @@ class Group:
     def _end(self) -> None:
         """The farewell rule of a healthy run: every other rank tells rank 0 it is done and returns
         only once rank 0 has confirmed the end, which rank 0 does when every rank said so. Rank 0
-        waits CLOSE_S for them (it may be writing its report while they close); the others wait
-        CLOSE_S + CONFIRM_S for rank 0. So a rank that stops at the end (rank 0 too, silent while
-        the others only sent to it) is named by every survivor, and none exits 0 on silence.
+        waits CLOSE_S for them; the others wait CLOSE_S + CONFIRM_S for rank 0. So a rank that
+        stops at the end is named by every survivor, and none exits 0 on silence.
 
         Raises:
             MachineError: rank 0 did not confirm (on the others); a rank did not say it was done
@@ -763,15 +759,12 @@ class _SingleGroup(Group):
 
 
 class _MpiGroup(Group):
-    """The group over a duplicate of mpi4py's COMM_WORLD, with deadlines: non-blocking sends
-    (isend), matched probes (improbe) and non-blocking receives of the matched message
-    (Message.irecv) polled until the deadline, since a blocking MPI call cannot be interrupted;
-    the duplicate itself is made with Idup, polled the same way.
+    """The group over a duplicate (Idup) of mpi4py's COMM_WORLD: isend, improbe and Message.irecv
+    polled until the deadline, since a blocking MPI call cannot be interrupted.
 
-    mpi4py is imported with ``rc.finalize = False`` (the module's documented switch): close()
-    calls MPI_Finalize only when every rank reached a non-blocking barrier within CLOSE_S (MPI_Finalize
-    waits for every process of the job, a stopped one too); otherwise, and after any fault, the
-    process exits without it (the launcher then ends what is left of the job)."""
+    With ``rc.finalize = False``, close() calls MPI_Finalize (which waits for every process of the
+    job, a stopped one too) only when every rank reached a non-blocking barrier within CLOSE_S;
+    otherwise, and after any fault, the process exits without it."""
 
     def __init__(self, me: Rank, timeout: float, MPI):
         super().__init__(me, timeout)
@@ -916,11 +909,9 @@ class _StoreGroup(Group):
 
     def claim(self, where: str, deadline: float) -> None:
         """Claim this rank's index in the store, once per group: a second process with the same
-        RANK (another group started on the same MASTER_PORT, whose own rank 0 could not serve it)
-        is refused, instead of reading this group's messages as its own and sending its tests to
-        this group's servers. While the group has not formed (rank 0 sets ``joined`` once it has),
-        the refused rank also leaves an abort notice: the group may hold an intruder that claimed
-        first, and every rank of it must stop, naming the clash.
+        RANK (another group on the same MASTER_PORT) is refused. While the group has not formed
+        (rank 0 sets ``joined`` once it has), the refused rank also leaves an abort notice: the
+        group may hold an intruder that claimed first, and every rank of it must stop.
 
         Raises:
             UsageError: the index was claimed already (names the process that has it).
@@ -999,11 +990,9 @@ _MAX_LINE = 64 << 20  # the longest request or reply line of gpubench's store (b
 class _TorchStore:
     """torch.distributed.TCPStore behind set / get_any / close, every call bounded.
 
-    TCPStore's ``check`` (and ``set``) read the server's reply with no timeout of their own: with
-    the server's process stopped (SIGSTOP) they wait until it resumes (seen with torch 2.13).
-    So every call runs in one worker thread (torch releases the GIL inside a store call) and the
-    caller waits for it up to the deadline plus STORE_REPLY_S; a call that does not come back
-    leaves the store unusable (the worker is stuck in it) and raises :class:`_StoreLost`."""
+    TCPStore's calls wait for the server's reply with no timeout of their own, so each runs in one
+    daemon worker thread and the caller waits for it up to the deadline plus STORE_REPLY_S; a call
+    that does not come back leaves the store unusable and raises :class:`_StoreLost`."""
 
     def __init__(self, host: str, port: int, world: int, is_master: bool, timeout: float):
         import datetime
@@ -1063,8 +1052,7 @@ class _TorchStore:
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
         """(the first of ``keys`` that is set, its value); TimeoutError past ``deadline``. Polled
-        with check() every 2 ms in the worker: TCPStore.wait takes no "any of" and logs a warning
-        per timeout."""
+        with check() every 2 ms (TCPStore.wait takes no "any of")."""
 
         def poll():
             while True:
@@ -1079,9 +1067,8 @@ class _TorchStore:
 
     def peek(self, under: str, srcs: list[int], dest: int, keys: list[str], deadline: float) -> dict[str, str]:
         """The messages to ``dest`` under ``under`` of ``srcs`` (keys ``under``SRC/DEST and
-        ``under``SRC/*) and the ``keys`` set by now, with their values. TCPStore has no "which of
-        these" and no listing, so this checks key by key until ``deadline``: a source not checked by
-        then counts as not there (a world of a million ranks would take minutes otherwise)."""
+        ``under``SRC/*) and the ``keys`` set by now, with their values. TCPStore has no listing,
+        so this checks key by key until ``deadline``: a source not checked by then counts as not there."""
 
         def look():
             got = {k: self._store.get(k).decode() for k in keys if self._store.check([k])}
@@ -1222,8 +1209,9 @@ class _Store:
             time.sleep(0.1)
 
     def _ask(self, req: dict, wait_s: float) -> dict:
-        """One request and its reply; the socket waits ``wait_s`` (the server's own wait) plus
-        STORE_REPLY_S. Raises _StoreLost when the server does not answer in that time or is gone."""
+        """One request and its reply, waiting ``wait_s`` (the server's own wait) plus STORE_REPLY_S.
+        Raises _StoreLost when the server does not answer in that time or is gone."""
+
         with self._lock:
             if self._broken:
                 raise (_StoreForeign if "never sends" in self._broken else _StoreLost)(self._broken)
@@ -1347,11 +1335,10 @@ def _mpi(me: Rank, env: Mapping[str, str] = os.environ):
     """mpi4py's MPI module, initialized, when this rank runs under an MPI launcher and mpi4py
     imports, else None.
 
-    mpi4py is imported with ``rc.initialize = False`` (its documented switch) and MPI_Init called
-    here, after the launcher's row has read the library (MPI_Get_library_version, allowed before
-    MPI_Init) and found that it can join the launcher's job: MPI_Init under a launcher the library
-    cannot join aborts the process inside MPI (MPICH under ``srun --mpi=pmix``) or warns in three
-    lines and runs a world of one (MPICH under Open MPI's variables).
+    MPI_Init is called here (``rc.initialize = False``) only once the launcher's row has read the
+    library (MPI_Get_library_version, allowed before MPI_Init) and found that it can join the
+    launcher's job: otherwise MPI_Init aborts the process inside MPI (MPICH under ``srun
+    --mpi=pmix``) or runs a world of one (MPICH under Open MPI's variables).
 
     Raises:
         UsageError: the library cannot join the launcher's job (:func:`mpi_refusal`).
