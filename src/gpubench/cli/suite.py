@@ -92,11 +92,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     if probe_dir.is_dir():
         check_output_target(probe_dir / "suite-probe.json", "-o")
     gpu.require_gpu()  # before creating anything
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
-    check_output_target(out / "suite-probe.json", "-o")
+    check_output_target(_made(out, out_dir) / "suite-probe.json", "-o")
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
     from gpubench.core.registry import INVOCATION
@@ -119,6 +115,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
 
 
 def _made(out: Path, out_dir: str) -> Path:
+    """``out`` (-o ``out_dir``), created with its parents where missing."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -145,7 +142,7 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
 
     renderables = suite.format_report(bundle, strict)
     if not show_steps:
-        renderables = [r for r in renderables if not _is_steps_table(r)]
+        renderables = [r for r in renderables if getattr(r, "title", None) != "Suite steps"]
     if also_failed:
         renderables = [Text("FAILED:" + r.plain[len("PASSED:"):]) if isinstance(r, Text) and r.plain.startswith("PASSED:")
                        else r for r in renderables]
@@ -164,9 +161,6 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
         what.append(f"step(s) failed: {', '.join(errors)}")
     return "; ".join((["suite failed: " + "; ".join(what)] if what else []) + list(also_failed))
 
-
-def _is_steps_table(r) -> bool:
-    return getattr(r, "title", None) == "Suite steps"
 
 
 def run_steps(out: Path, *, with_merge: bool, quiet: bool):
