@@ -95,9 +95,9 @@ def cli():
 
 
 def _one_line(text: str) -> str:
-    """``text`` made one inert line by :func:`gpubench.core.safe.term`: control characters (ESC, so no
-    ANSI or OSC 8; CR and LF, so no fake line), bidirectional overrides and other unprintable
-    characters escaped (a newline in a file name the user gave, a payload in a result file)."""
+    """``text`` made one inert line by :func:`gpubench.core.safe.term` (control characters,
+    bidirectional overrides and other unprintable characters escaped)."""
+
     from gpubench.core import safe
 
     return safe.term(text, 4000)
