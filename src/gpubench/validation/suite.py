@@ -104,14 +104,10 @@ class Expectation:
 
 
 def _toml_loads(text: str, source: str) -> dict:
+    import tomllib  # the standard library's from Python 3.11, which gpubench requires
+
     try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ImportError:
-            raise UsageError("reading TOML needs Python 3.11 or the tomli package", "pip install tomli") from None
-    try:
+
         return tomllib.loads(text)
     except RecursionError:  # tomllib recurses per nested array or inline table
         from gpubench.core.result import MAX_DEPTH
