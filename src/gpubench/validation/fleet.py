@@ -27,6 +27,7 @@ the deadline is **missing**. Any of the three fails the suite (exit 1), naming n
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any, Sequence
 
@@ -48,12 +49,9 @@ DEFAULT_TIMEOUT_S = 900.0
 
 
 def median(xs: Sequence[float]) -> float:
-    """The median (mean of the middle two for an even count). Raises ValueError when empty."""
-    s = sorted(xs)
-    n = len(s)
-    if not n:
-        raise ValueError("median of no values")
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    """The median (mean of the middle two for an even count). Raises ValueError
+    (statistics.StatisticsError) when empty."""
+    return statistics.median(xs)
 
 
 def mad(xs: Sequence[float]) -> float:
@@ -257,15 +255,12 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
             "missing": missing, "rows": rows, "links": link_obj}
 
 
-def failed_rows(fleet: dict) -> list[dict]:
-    return [r for r in fleet["rows"] if r["flag"] != "ok"]
-
-
 def verdict(fleet: dict, step_errors: Sequence[str] = ()) -> str | None:
     """One line naming the failed nodes and GPUs (host names escaped for a terminal), or None."""
     from gpubench.core import safe
 
-    bad = failed_rows(fleet)
+    bad = [r for r in fleet["rows"] if r["flag"] != "ok"]
+
     if not bad and not step_errors:
         return None
     where: dict[str, set] = {}
