@@ -1103,7 +1103,6 @@ class _Store:
     peer can send data, never code (no pickle). Values are kept until the server stops.
     """
 
-
     def __init__(self, host: str, port: int, is_master: bool, deadline: float):
         self._server: socket.socket | None = None
         self._data: dict[str, str] = {}
