@@ -162,7 +162,6 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
     return "; ".join((["suite failed: " + "; ".join(what)] if what else []) + list(also_failed))
 
 
-
 def run_steps(out: Path, *, with_merge: bool, quiet: bool):
     """Run env and every step the installed plug-ins declare (:mod:`gpubench.validation.steps`); a
     step's error is recorded and the next one runs; an interruption stops the run after saving what

@@ -495,7 +495,6 @@ class Group:
         t = self._waited(timeout)
         return time.monotonic() + (t if t > 0 else 1e9)
 
-
     def _tag(self, what: str) -> str:
         self._seq += 1
         return f"{what}{self._seq}"

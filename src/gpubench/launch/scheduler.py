@@ -247,7 +247,6 @@ def results_within(client, futs, workers: Mapping[str, int], timeout_s: float, w
         return [f.result(timeout=max(deadline - time.monotonic(), 0.001)) for f in futs]
 
 
-
 def _raise_failed(futs, what: str) -> None:
     for f in futs:
         if f.status == "error":

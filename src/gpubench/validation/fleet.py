@@ -673,7 +673,6 @@ def _judged_on_stage(expectations, command: str, stage, step, absent: str) -> li
     return suite.evaluate(exp, [], skipped={command: why})
 
 
-
 def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
     """What the live run said of its fleet that no TOML decides: missing ranks and slow figures.
 
@@ -703,6 +702,5 @@ def under_launcher(env=None) -> bool:
     import os
 
     from gpubench.launch import ranks
-
 
     return ranks.discover(os.environ if env is None else env).under_launcher
