@@ -97,7 +97,6 @@ def cli():
 def _one_line(text: str) -> str:
     """``text`` made one inert line by :func:`gpubench.core.safe.term` (control characters,
     bidirectional overrides and other unprintable characters escaped)."""
-
     from gpubench.core import safe
 
     return safe.term(text, 4000)

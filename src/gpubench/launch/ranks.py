@@ -1209,7 +1209,6 @@ class _Store:
     def _ask(self, req: dict, wait_s: float) -> dict:
         """One request and its reply, waiting ``wait_s`` (the server's own wait) plus STORE_REPLY_S.
         Raises _StoreLost when the server does not answer in that time or is gone."""
-
         with self._lock:
             if self._broken:
                 raise (_StoreForeign if "never sends" in self._broken else _StoreLost)(self._broken)

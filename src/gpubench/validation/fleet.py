@@ -260,7 +260,6 @@ def verdict(fleet: dict, step_errors: Sequence[str] = ()) -> str | None:
     from gpubench.core import safe
 
     bad = [r for r in fleet["rows"] if r["flag"] != "ok"]
-
     if not bad and not step_errors:
         return None
     where: dict[str, set] = {}

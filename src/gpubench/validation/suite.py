@@ -107,7 +107,6 @@ def _toml_loads(text: str, source: str) -> dict:
     import tomllib  # the standard library's from Python 3.11, which gpubench requires
 
     try:
-
         return tomllib.loads(text)
     except RecursionError:  # tomllib recurses per nested array or inline table
         from gpubench.core.result import MAX_DEPTH
@@ -300,7 +299,6 @@ def figure_value(e: Expectation, r: Record) -> float:
 
 def _within(e: Expectation, v: float) -> bool:
     lo, hi = e.bounds
-
     return (lo is None or v >= lo) and (hi is None or v <= hi)
 
 
