@@ -27,10 +27,8 @@ so the pair table holds only the transfers of the timed joins (dask-cuda's also 
 run's and the data generation's).
 
 The plug-in (:class:`Merge`) runs through the one driver (core/benchmark.run): a point is one run
-(the warm-up runs, then the timed runs), ``setup`` starts or attaches to the cluster and closes it,
-``measure`` is one run (:func:`bench_once`), ``derive`` folds the timed runs into the one record
-with dask-cuda's figures. This module holds the spec, the plug-in and its records; the cluster is
-in merge_cluster, the frames and the join check in merge_data, the statistics in merge_stats.
+(warm-up or timed), ``setup`` owns the cluster (merge_cluster), ``measure`` is :func:`bench_once`,
+``derive`` folds the timed runs into the one record with dask-cuda's figures.
 
 Dask, dask-cuda, cuDF, RMM and UCXX are imported inside functions only.
 """
@@ -45,8 +43,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping
 
 from gpubench.plugins.merge import cluster as merge_cluster
-from gpubench.plugins.merge.cluster import (clear_transfer_log, close_all, open_client, rmm_setup,
-                                          take_transfer_log, worker_device)
+from gpubench.plugins.merge.cluster import (big_number, clear_transfer_log, close_all, open_client, rmm_setup,
+                                            take_transfer_log, worker_device)
 from gpubench.plugins.merge.data import compute_watching, join_check, random_ddf
 from gpubench.plugins.merge.stats import address_to_index, hmean, hstd, pair_statistics
 from gpubench.core import benchmark as driver
@@ -57,7 +55,7 @@ from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.launch.scheduler import error_line, run_on_workers, wait_watching
-from gpubench.core.signals import Interrupted, last_signal, signal_exception, signal_noted
+from gpubench.core.signals import Interrupted, last_signal, raise_if_signalled, signal_exception, signal_noted
 
 TYPES = ("gpu", "cpu")
 PROTOCOLS = ("tcp", "ucx")
@@ -75,13 +73,9 @@ def check_key_space(chunk_size: int, base_chunks: int | None, other_chunks: int 
     """
     chunks = max(base_chunks or n_workers, other_chunks or n_workers, 1)
     if 2 * chunk_size * chunks > MAX_KEY:
-        raise UsageError(f"-c/--chunk-size {_big(chunk_size)} with {_big(chunks)} partitions numbers keys past "
-                         f"int64 (2 x rows x partitions must stay below 2^63)",
-                         f"the largest -c for {_big(chunks)} partitions is {MAX_KEY // (2 * chunks):,}")
-
-
-def _big(v: int) -> str:
-    return f"{v}" if v < 10**15 else f"(a {len(str(v))}-digit number)"
+        raise UsageError(f"-c/--chunk-size {big_number(chunk_size)} with {big_number(chunks)} partitions numbers "
+                         f"keys past int64 (2 x rows x partitions must stay below 2^63)",
+                         f"the largest -c for {big_number(chunks)} partitions is {MAX_KEY // (2 * chunks):,}")
 
 
 @dataclass(frozen=True)
@@ -116,11 +110,9 @@ class MergeSpec:
         timeout_s: the longest a cluster start, a data generation, a join or a call on every worker
             during a run (the transfer logs) may take.
 
-    Build it from the command's options with ``commands.merge.build_spec``, which turns the options
-    given as text (-d, --rmm-pool-size, --ignore-size) or as two flags (--broadcast-join,
-    --shuffle-join) into these fields and refuses text that names no value (no device; a pool
-    that is neither a size nor a fraction in (0, 1]). Every other check is here, once, with the
-    option's name in the message.
+    Build it from the command's options with ``commands.merge.build_spec``, which turns text
+    options (-d, --rmm-pool-size, --ignore-size) and --broadcast-join/--shuffle-join into these
+    fields; every other check is here, once, with the option's name in the message.
     """
 
     merge_type: str = "gpu"
@@ -216,15 +208,6 @@ class MergeSpec:
         """dask-cuda's "Broadcast" value: True, False or "default"."""
         return "default" if self.broadcast is None else str(self.broadcast)
 
-    @property
-    def ucx_transport_selection(self) -> str:
-        """dask-cuda's ucx_transport_selection: not-applicable, automatic or manual."""
-        if self.protocol != "ucx":
-            return "not-applicable"
-        if all(v is None for v in (self.enable_tcp_over_ucx, self.enable_infiniband, self.enable_nvlink)):
-            return "automatic"
-        return "manual"
-
     def to_dict(self) -> dict:
         d = asdict(self)
         d["devices"] = list(self.devices)
@@ -276,8 +259,7 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
     data_processed = rows_base * sum(t.itemsize for t in ddf_base.dtypes)
     data_processed += rows_other * sum(t.itemsize for t in ddf_other.dtypes)
 
-    # every step of a run answers within --timeout, these two calls too (a worker stopped while its
-    # transfer log was read kept the run for distributed's 60 s, past --timeout 30: CI)
+    # every step of a run answers within --timeout, these two calls too
     maxlens = run_on_workers(client, clear_transfer_log, workers, f"{what} (clearing the transfer logs)",
                              timeout_s=spec.timeout_s)
     t0 = time.perf_counter()
@@ -415,12 +397,9 @@ def _require_dask() -> None:
         try:
             __import__(mod)
         except Exception as e:
-            # a Ctrl-C inside the import can come back wrapped: Python raises RuntimeError("Error
-            # calling __set_name__ ...") with the KeyboardInterrupt as its cause (CI: SIGINT 1.5 s
-            # into merge gave exit 2); a noted signal is the user's stop, not a missing package
-            signum = last_signal()  # None: no signal noted
-            if signum is not None:
-                raise signal_exception(signum) from None
+            # a Ctrl-C inside the import can come back wrapped (a RuntimeError caused by the
+            # KeyboardInterrupt): a noted signal is the user's stop, not a missing package
+            raise_if_signalled()
             raise UsageError(f"merge needs {pkg}, which cannot be imported ({error_line(e)[:120]})",
                              "pip install 'gpubench-cuda[dask]'") from None
 
@@ -477,21 +456,16 @@ class Merge(Benchmark):
     """The merge plug-in: a point is one run of dask-cuda's bench_once (the warm-up runs, then the
     timed runs), all on the one cluster that ``setup`` starts (or attaches to) and closes.
 
-    One instance per run (:func:`run`). A SIGINT or SIGTERM while the run starts (Dask's import in
-    preflight, the machine's environment, the cluster's start in setup: seconds, where an interrupt
-    is most likely) is kept (``stopped``) and raised by the first point, so the driver ends the run
-    as it ends one interrupted between points: a partial Result with the timed runs that finished
-    (here none; what the command then keeps is gpubench.kit.finish's rule). A signal
-    that lands while the cluster closes, after the driver's loop, is noted in ``closing_signal``,
-    so the finished runs are still kept.
+    One instance per run (:func:`run`). A SIGINT or SIGTERM while the run starts (preflight,
+    environment, setup) is kept (``stopped``) and raised by the first point, so the driver ends the
+    run as one interrupted between points (a partial Result). A signal that lands while the
+    cluster closes is noted in ``closing_signal``, so the finished runs are still kept.
     """
 
     name = "merge"
     description = "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge."
-    # The driver's GPU check (CuPy sees a CUDA device in this process) is not merge's: -t cpu needs
-    # no GPU, an external cluster's GPUs are its workers', and -d names physical GPUs (dask-cuda's
-    # meaning) that CUDA_VISIBLE_DEVICES may renumber. preflight checks -t gpu on a local cluster
-    # through NVML instead, with the same NoGPUError (exit 2).
+    # -t cpu needs no GPU and an external cluster's GPUs are its workers': preflight checks -t gpu
+    # on a local cluster through NVML instead of the driver's CuPy check (same NoGPUError, exit 2)
     needs_gpu = False
 
     def __init__(self) -> None:
@@ -522,9 +496,8 @@ class Merge(Benchmark):
         (merge_cluster.preflight), before any worker starts. An interrupt here is kept (``stopped``).
 
         Raises:
-            UsageError: an --interface this host lacks (checked first, with psutil: Dask's import
-                alone took 4-10 s on a loaded 2-core host before the refusal), Dask missing, a
-                device not visible or hidden, a pool or frames that do not fit.
+            UsageError: an --interface this host lacks (checked first: Dask's import is slow), Dask
+                missing, a device not visible or hidden, a pool or frames that do not fit.
             NoGPUError: -t gpu on a local cluster and NVML shows no GPU.
         """
         with self._starting():

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from gpubench.core.errors import MachineError, NoGPUError, UsageError
 from gpubench.launch.scheduler import error_line, run_on_workers
-from gpubench.core.signals import CRITICAL, Interrupted, last_signal, signal_exception, signal_noted
+from gpubench.core.signals import CRITICAL, Interrupted, raise_if_signalled, signal_noted
 from gpubench.core.units import format_size
 
 if TYPE_CHECKING:  # types only: bench/merge imports this module
@@ -129,12 +129,9 @@ def _scheduler_device() -> int:
 
 
 def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> None:
-    """Refuse -d devices that this process's CUDA_VISIBLE_DEVICES hides.
-
-    -d names physical GPUs, as dask-cuda's does (its workers get CUDA_VISIBLE_DEVICES rotated from
-    the list), so dask-cuda would start workers on a GPU the user hid from this process; gpubench
-    refuses instead. NVML, which the other checks use, ignores CUDA_VISIBLE_DEVICES. Entries that
-    are not integers (GPU-UUIDs, MIG names) cannot be matched to -d and are not checked.
+    """Refuse -d devices (physical GPUs, as dask-cuda's -d) that this process's CUDA_VISIBLE_DEVICES
+    hides; NVML, which the other checks use, ignores it. Entries that are not integers (GPU-UUIDs,
+    MIG names) cannot be matched to -d and are not checked.
 
     Args:
         devices: the -d ids.
@@ -194,17 +191,13 @@ def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
 # shuffle column becomes the index after set_index), the other frame's key and payload.
 BASE_ROW_BYTES = 3 * 8
 OTHER_ROW_BYTES = 2 * 8
-# Copies of both frames a worker may hold at its peak: the generated partitions, their pieces while
-# the tasks shuffle splits and concatenates them, and the join's hash partitions and output. Dask
-# neither balances partitions evenly nor avoids broadcasting the smaller frame, so the whole of
-# both frames is counted on every worker. Measured (-t cpu, distributed 2026.7.1, pandas, VmHWM of
-# each worker less its idle RSS): 2.2x both frames per worker with 2 workers (-c 4M, 2 or 4
-# partitions each), 2.75x with 1 worker.
+# Copies of both frames a worker may hold at its peak (generated partitions, shuffle pieces, the
+# join's partitions and output), counting the whole of both frames on every worker since Dask does
+# not balance partitions evenly. Measured peak (-t cpu): 2.2x with 2 workers, 2.75x with 1.
 FRAME_COPIES = 3
-# A worker process before it holds data (measured 193 MiB RSS, distributed 2026.7.1 and pandas).
-WORKER_BASE_BYTES = 256 * 2**20
+WORKER_BASE_BYTES = 256 * 2**20  # a worker process before it holds data (measured 193 MiB RSS)
 # This process (client and scheduler of a local cluster) per partition of the two frames: the
-# tasks of generation, shuffle and join (measured +0.55 MiB per partition at 400 and 2000).
+# tasks of generation, shuffle and join (measured 0.55 MiB).
 PARTITION_HOST_BYTES = 2**20
 
 
@@ -233,13 +226,17 @@ def _largest_that_fits(spec: MergeSpec, n_workers: int, room: int) -> tuple[str,
     return max(cands, key=lambda t: t[1] / t[2] if t[2] > 0 else float("inf"))
 
 
+def big_number(v: int) -> str:
+    """``v`` as digits, or "(a N-digit number)" from 10^15 on."""
+    return f"{v}" if v < 10**15 else f"(a {len(str(v))}-digit number)"
+
+
 def _refuse_frames(spec: MergeSpec, n_workers: int, room: int, where: str) -> UsageError:
     flag, value, largest = _largest_that_fits(spec, n_workers, room)
     bc, oc = spec.base_chunks or n_workers, spec.other_chunks or n_workers
     need = worker_need_bytes(spec, n_workers)
-    shown = f"{value}" if value < 10**15 else f"(a {len(str(value))}-digit number)"
     return UsageError(
-        f"{flag} {shown}: both frames ({bc} x -c rows x {BASE_ROW_BYTES} B + {oc} x -c rows x "
+        f"{flag} {big_number(value)}: both frames ({bc} x -c rows x {BASE_ROW_BYTES} B + {oc} x -c rows x "
         f"{OTHER_ROW_BYTES} B) and the shuffle's copies (x{FRAME_COPIES}) need {format_size(need)} on every "
         f"worker; {where} has {format_size(max(room, 0))}",
         f"the largest {flag} that fits is {largest:,}" if largest >= 1 else
@@ -274,7 +271,7 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
         given = [(f, v) for f, v, g in (("--base-chunks", bc, spec.base_chunks), ("--other-chunks", oc, spec.other_chunks))
                  if g is not None]
         flag, v = max(given, key=lambda t: t[1]) if given else ("-d/--devices", n)
-        raise UsageError(f"{flag} {v if v < 10**15 else f'(a {len(str(v))}-digit number)'}: {bc + oc:,} partitions "
+        raise UsageError(f"{flag} {big_number(v)}: {bc + oc:,} partitions "
                          f"need about {format_size((bc + oc) * PARTITION_HOST_BYTES)} in this process for their "
                          f"tasks; {format_size(host_available)} is available",
                          f"at most {most:,} partitions of both frames together")
@@ -411,17 +408,11 @@ def _is_oom_text(text: str) -> bool:
 @contextlib.contextmanager
 def _workers_ignore_sigint() -> Iterator[None]:
     """Worker processes spawned inside this block start with SIGINT ignored, while this process
-    keeps its own Ctrl-C handler.
-
-    A Ctrl-C at the terminal reaches the whole process group; a worker that got it would print
-    its own KeyboardInterrupt traceback while gpubench stops the cluster and keeps what it measured.
-    An ignored disposition survives exec, and CPython installs no KeyboardInterrupt handler over
-    an ignored SIGINT, so the workers (multiprocessing "spawn" children of the Nannies) are started
-    through a two-line /bin/sh wrapper (``trap '' INT; exec python "$@"``) set as multiprocessing's
-    spawn executable for the duration of the block. Ignoring SIGINT in this process while the
-    workers spawn (the earlier way) lost every Ctrl-C of the cluster start (issue 18, item 6);
-    a blocked signal mask is not kept across the spawn (CPython's _posixsubprocess resets it).
-    Without /bin/sh the workers start as usual.
+    keeps its own Ctrl-C handler (a worker that got the terminal's Ctrl-C would print its own
+    KeyboardInterrupt traceback). An ignored disposition survives exec, and CPython installs no
+    KeyboardInterrupt handler over it, so the workers (multiprocessing "spawn" children of the
+    Nannies) start through a /bin/sh wrapper (``trap '' INT; exec python "$@"``) set as
+    multiprocessing's spawn executable for the block. Without /bin/sh they start as usual.
     """
     import multiprocessing.spawn as mp_spawn
     import shlex
@@ -472,16 +463,10 @@ def resolve_lazy_modules() -> int:
     """Load, in the calling (main) thread, every module of sys.modules that is still an
     ``importlib.util.LazyLoader`` placeholder; returns how many there were.
 
-    CuPy registers ``cupy.testing`` lazily (cupy/__init__.py, ``_lazy_import``), and dask.array
-    imports CuPy even for ``-t cpu``. distributed's error logging (utils._LogErrors ->
-    _getmodulename_with_path) reads ``__file__`` of every module in sys.modules, so the first task
-    that failed or was cancelled on the IO loop thread ran CuPy's whole testing import (numpy.testing,
-    unittest, importlib.metadata) on that thread, in the middle of a cluster's close; LazyLoader is
-    not thread-safe before Python 3.12.3 (CPython gh-114763). It was where the first two SIGSEGVs of
-    a `-p ucx` start cut short were caught (faulthandler), though not their cause (see
-    _start_holding_signals): loaded here first, nothing is imported on the loop thread. It costs
-    about 0.15 s (CuPy's testing package) and only when the placeholder is there. A module whose
-    load fails is left as Python leaves it.
+    CuPy registers ``cupy.testing`` lazily, and distributed's error logging reads ``__file__`` of
+    every module in sys.modules, which would run that import on the IO loop thread during a
+    cluster's close; LazyLoader is not thread-safe before Python 3.12.3 (CPython gh-114763). A
+    module whose load fails is left as Python leaves it.
     """
     import importlib.util
 
@@ -647,41 +632,31 @@ class LocalHandle:
                 self.runner.stop(timeout=2)
 
 
-# UCXX's own logger ("ucx", printed as "UCXPY  ERROR ...") logs a traceback when a listener is
-# destroyed while a peer is still in its handshake (listener.py, _listener_handler_coroutine:
-# "Unexpected error in listener handler coroutine", ucxx 0.52), which a cluster gpubench closes
-# itself (after the runs, on Ctrl-C, on a fault) does at random. Like distributed's own logs
-# (silence_logs=CRITICAL), the workers of gpubench's own cluster start with UCXPY_LOG_LEVEL at
-# CRITICAL and this process's "ucx" logger goes quiet when the close begins; a fault of the run is
-# reported by the error gpubench raises. A UCXPY_LOG_LEVEL the user set is kept everywhere.
+# UCXX's own logger ("ucx") logs a traceback when a listener is destroyed mid-handshake, which a
+# cluster gpubench closes itself may do; like distributed's logs (silence_logs), it is kept at
+# CRITICAL on gpubench's own workers and here, unless the user set UCXPY_LOG_LEVEL.
 UCX_QUIET_LEVEL = "CRITICAL"
 
 
 def worker_environ() -> dict[str, str]:
     """dask's ``distributed.nanny.environ`` for gpubench's own workers: the configured one with
-    UCXPY_LOG_LEVEL at CRITICAL added. It is a config key, not the Nanny's ``env``, because
-    dask-cuda's LocalCUDACluster replaces ``env`` with CUDA_VISIBLE_DEVICES; the Nanny takes a
-    variable set in this process's environment over the config (nanny._get_env_variables)."""
+    UCXPY_LOG_LEVEL at CRITICAL added (a config key, since LocalCUDACluster replaces the Nanny's
+    ``env``; a variable set in this process's environment wins, nanny._get_env_variables)."""
     import dask
 
     return {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
 
 
-# distributed's UCX comm lives in its own package, distributed_ucxx, whose log_errors wrappers log to
-# "distributed_ucxx.ucxx": outside "distributed", so silence_logs leaves it alone and, with no
-# handler of its own, Python's last-resort handler prints its tracebacks bare (CI: a CancelledError
-# in a ucx write on a Ctrl-C 6 s into `merge -p ucx`). It follows distributed's level everywhere.
+# distributed's UCX comm logs to "distributed_ucxx.ucxx", outside "distributed" (silence_logs leaves
+# it alone, and with no handler its tracebacks print bare): it follows distributed's level.
 DISTRIBUTED_LOGGERS = ("distributed", "distributed_ucxx")
 WORKER_PRELOAD = "gpubench.plugins.merge.worker_setup"
 
 
 def worker_preload() -> list[str]:
     """dask's ``distributed.worker.preload`` for gpubench's own workers: the configured list with
-    gpubench's worker setup (merge_worker_setup: distributed_ucxx's, tornado's and asyncio's
-    loggers at CRITICAL, as silence_logs sets distributed's) added. A config key: each Worker imports
-    the module in its constructor, before it listens or registers, so it holds from then on; a
-    ``client.run`` after the start (what gpubench did for tornado's and asyncio's) leaves the start
-    and the client's connection uncovered."""
+    gpubench's worker setup (merge_worker_setup) added. Each Worker imports it in its constructor,
+    before it listens or registers, so its quiet loggers hold from the start."""
     import dask
 
     configured = dask.config.get("distributed.worker.preload", []) or []
@@ -692,11 +667,8 @@ def worker_preload() -> list[str]:
 def quiet_closing_logs() -> None:
     """Raise this process's UCXX logger ("ucx") to CRITICAL, unless the user set UCXPY_LOG_LEVEL,
     and distributed's and distributed_ucxx's (DISTRIBUTED_LOGGERS) and tornado's callback logger
-    to CRITICAL: the cluster gpubench closes restores distributed's level at the end of its close
-    (silence_logs), after which a comm still closing logs a traceback (batched.py's
-    _background_send: CommClosedError, seen in CI on a SIGTERM 4 s into the start); a periodic
-    callback of distributed's (a heartbeat) that fails on a closed pool is logged by tornado
-    ("Exception in callback", as on the workers, merge_worker_setup)."""
+    to CRITICAL: the close of gpubench's cluster puts distributed's level back (silence_logs),
+    after which a comm still closing, or a periodic callback on a closed pool, logs a traceback."""
     import logging
 
     if "UCXPY_LOG_LEVEL" not in os.environ:
@@ -707,9 +679,8 @@ def quiet_closing_logs() -> None:
 
 def _quiet_distributed_finalizers() -> None:
     """Drop the "Exception ignored in ... __del__" tracebacks of distributed's and UCXX's objects
-    (an rpc whose UCXX comm never finished its handshake, when a start is cancelled by Ctrl-C or
-    the deadline: ``'...' object has no attribute 'alive'``) that the garbage collector prints after
-    gpubench closed the cluster itself; every other unraisable exception goes to the hook before."""
+    that the garbage collector prints after gpubench closed the cluster itself (a start cut short);
+    every other unraisable exception goes to the hook before."""
 
     previous = sys.unraisablehook
     if getattr(previous, "_gpubench_quiet_distributed", False):
@@ -729,12 +700,11 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     """A LocalCUDACluster (-t gpu, one worker per -d GPU) or a LocalCluster of worker processes
     (-t cpu, one per -d entry), started within --timeout.
 
-    The cluster is built asynchronously on an IO loop thread of gpubench's own (distributed's
-    LoopRunner), and this thread waits for it with distributed's ``sync(..., callback_timeout=)``:
-    a start that does not finish in time (a loaded host, a worker that never connects) is cancelled,
+    Built asynchronously on gpubench's own IO loop thread (distributed's LoopRunner) and waited
+    for with ``sync(..., callback_timeout=)``: a start that does not finish in time is cancelled,
     the cluster closed and its processes killed, and a Ctrl-C reaches this thread at once. Listens
     on 127.0.0.1 unless --interface names another interface; no dashboard, and the scheduler's
-    HTTP routes (health, metrics) on a free loopback port, so a taken port 8787 draws no warning.
+    HTTP routes on a free loopback port.
 
     Raises:
         UsageError: -t gpu without dask-cuda.
@@ -779,9 +749,7 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     logging.getLogger("distributed_ucxx").setLevel(logging.CRITICAL)  # as silence_logs does distributed's
     runner = LoopRunner(asynchronous=False)
     runner.start()
-    # The loop is gpubench's own: what its tasks leave unhandled (a start cancelled by Ctrl-C or the
-    # deadline: "Task exception was never retrieved"; comms that break while the cluster closes) is
-    # a consequence of a stop gpubench made and reports itself, not a traceback to print.
+    # what the loop's tasks leave unhandled follows from a stop gpubench made and reports itself
     runner.loop.asyncio_loop.set_exception_handler(lambda loop, context: None)
     box: list = []
 
@@ -814,15 +782,13 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
 def holding_signals() -> Iterator[None]:
     """``with CRITICAL:`` (a SIGINT or SIGTERM inside is raised when the block ends), and an error
     raised inside once a signal was noted becomes that signal's exception: the signal reached the
-    process group too, where a worker's /bin/sh wrapper can die of it before its trap ("Nanny failed
-    to start"), so the failure is the user's stop (exit 130 / 143), not a machine fault (exit 3)."""
+    process group too, where a worker can die of it ("Nanny failed to start"), so the failure is
+    the user's stop (exit 130 / 143), not a machine fault (exit 3)."""
     try:
         with CRITICAL:
             yield
     except Exception:
-        signum = last_signal()  # None: no signal noted
-        if signum is not None:
-            raise signal_exception(signum) from None
+        raise_if_signalled()
         raise
 
 
@@ -831,17 +797,11 @@ UCX_START_GRACE_S = 20.0  # the longest a -p ucx start may go on after a Ctrl-C 
 
 def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_START_GRACE_S) -> None:
     """Run the coroutine function ``start`` on ``loop`` (a tornado IOLoop on its own thread) to its
-    end, within ``timeout_s``; called inside ``with holding_signals():``, so a SIGINT or SIGTERM that lands
-    meanwhile is noted and raised once the start (and the client's connection) ends, or here when
-    the start is still going ``grace_s`` after it.
-
-    Why: a UCXX cluster closed while it starts (endpoints and listeners mid-handshake, on
-    distributed-ucxx 0.52, libucx 1.21) crashes this process with SIGSEGV on the IO loop thread, in
-    whatever Python code that thread runs then: 7 of 85 Ctrl-Cs 3-5 s into `merge -p ucx -t cpu` on
-    the 2-core host (faulthandler, the main thread always in the close of a start cut short; CI:
-    test_sigint_at_every_half_second_of_the_first_8_s[ucx], exit -11). A cluster that finished its
-    start closes cleanly. The teardown at exit has a crash of the same family, which
-    core.signals.exit_process avoids.
+    end, within ``timeout_s``; called inside ``with holding_signals():``, so a SIGINT or SIGTERM that
+    lands meanwhile is noted and raised once the start (and the client's connection) ends, or here
+    when the start is still going ``grace_s`` after it: a UCXX cluster closed while it starts
+    (endpoints mid-handshake) can crash this process with SIGSEGV, while one that finished its
+    start closes cleanly.
 
     Raises:
         TimeoutError: ``timeout_s`` passed (the caller names it).
@@ -872,9 +832,7 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
             fut.cancel()
             if now > deadline:
                 raise TimeoutError(f"the start took longer than {timeout_s:g} s")
-            signum = last_signal()
-            assert signum is not None  # signalled_at is set once a signal is noted, and noted ones stay
-            raise signal_exception(signum)
+            raise_if_signalled()  # signalled_at is set once a signal is noted, and noted ones stay
 
 
 def close_all(client, cluster) -> KeyboardInterrupt | Interrupted | None:
@@ -889,14 +847,13 @@ def close_all(client, cluster) -> KeyboardInterrupt | Interrupted | None:
     """
     pending: KeyboardInterrupt | Interrupted | None = None
     if cluster is not None:  # gpubench's own cluster: the client's close already cancels comms that
-        quiet_closing_logs()  # distributed logs with a traceback (CI: CancelledError in a ucx write)
-    for what, close in (("client", lambda: client.close(timeout=CLIENT_CLOSE_TIMEOUT_S)),
-                        ("cluster", lambda: cluster.close(timeout=CLOSE_TIMEOUT_S))):
-        if (client if what == "client" else cluster) is None:
+        quiet_closing_logs()  # distributed logs with a traceback
+    for obj, timeout in ((client, CLIENT_CLOSE_TIMEOUT_S), (cluster, CLOSE_TIMEOUT_S)):
+        if obj is None:
             continue
         for _attempt in range(2):
             try:
-                close()
+                obj.close(timeout=timeout)
                 break
             except (KeyboardInterrupt, Interrupted) as e:
                 pending = pending or e
