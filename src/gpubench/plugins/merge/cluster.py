@@ -116,10 +116,8 @@ def _nvml_memory(devices: Sequence[int]) -> tuple[int, dict[int, tuple[int, int]
                 mem[d] = (int(info.free), int(info.total))
         return n, mem
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nv.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _scheduler_device() -> int:
@@ -816,11 +814,9 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
     deadline = time.monotonic() + timeout_s
     signalled_at = None
     while True:
-        try:
+        with contextlib.suppress(concurrent.futures.TimeoutError):
             fut.result(timeout=0.1)
             return
-        except concurrent.futures.TimeoutError:
-            pass
         now = time.monotonic()
         if signalled_at is None and signal_noted():
             signalled_at = now

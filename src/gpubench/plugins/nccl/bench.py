@@ -1,28 +1,22 @@
 """``gpubench nccl``: NCCL collectives through CuPy's bindings, timed as nccl-tests times them.
 
 One process, one communicator per GPU (``NcclCommunicator.initAll``), the ranks' calls grouped
-between ``ncclGroupStart``/``ncclGroupEnd`` (nccl-tests ``-g N``); or, with a Dask scheduler, one
-rank per worker (the unique id passed through the scheduler; nccl-tests under MPI).
+between ``ncclGroupStart``/``ncclGroupEnd`` (nccl-tests ``-g N``); or one rank per Dask worker
+(over_dask) or per launched process (ranks).
 
 What is timed (nccl-tests 2.19.6 src/common.cu BenchTime; docs/nccl.md): a host clock
 (``perf_counter``) started before ``iters`` grouped launches are queued and stopped when every
-rank's stream has finished (polled with cudaStreamQuery, as testStreamSynchronize does); the
-per-iteration time is that span / iters. With ``cuda_graph`` G > 0 (nccl-tests ``-G``), the
-``iters`` iterations are captured once per point into one CUDA graph per rank's stream and a
-sample is G launches of those graphs: span / (iters * G). Each iteration moves its buffers by one
-operation size within buffers of the largest size (nccl-tests' ``shift``, against cache effects).
+rank's stream has finished (polled, as testStreamSynchronize does); the per-iteration time is that
+span / iters. With ``cuda_graph`` G > 0 (nccl-tests ``-G``) the ``iters`` iterations are captured
+once per point into one CUDA graph per rank's stream and a sample is G launches of them: span /
+(iters * G). Each iteration moves its buffers by one operation size (nccl-tests' ``shift``).
 Before the timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each
-followed by a full synchronisation. A sample is one such timed span; the report shows the median over samples;
-across processes the per-sample times are averaged (nccl-tests' default ``-a 1``).
+followed by a full synchronisation. The report shows the median over samples.
 
-What differs between collectives (byte counts, algbw and busbw formula, the NCCL call, the
-expected data, which ranks are checked) is the collective's entry in bench/collectives.py; this
-module is the public face (spec, the plug-in :class:`Nccl`, records) and iterates entries. The
-driver (core/benchmark.run) runs the plug-in: ``setup`` owns the communicators, the buffers and
-the CUDA graphs, ``measure`` is one (size, placement) point. The rest lives by job: nccl_comm
-(communicators, buffers, waits, faults), nccl_launch (the calls of an iteration, the launch queue,
-the timed samples, the drain), nccl_graphs (-G), nccl_data (initialisation and check) and
-nccl_dask (one rank per Dask worker, the same plug-in contract run from the client).
+What differs between collectives is the collective's entry in collectives.py; this module holds
+the spec, the plug-in :class:`Nccl` and the records. The rest lives by job: comm (communicators,
+buffers, waits, faults), launch (the calls, the launch queue, the timed samples, the drain),
+graphs (-G) and data (initialisation and check).
 """
 
 from __future__ import annotations
@@ -57,17 +51,13 @@ def teardown(graphs, ranks: list, comms: list, timeout_s: float) -> None:
     graphs.close_all()
     L.drain(ranks, timeout_s)
     for rk in ranks:
-        try:
+        with contextlib.suppress(Exception):
             rk.free()
-        except Exception:
-            pass
     for i, c in enumerate(comms):
         if i < len(ranks) and getattr(ranks[i], "aborted", False):
             continue
-        try:
+        with contextlib.suppress(Exception):
             c.destroy()
-        except Exception:
-            pass
 
 
 @dataclass(frozen=True)
@@ -212,12 +202,10 @@ def unmeasured_point(spec: NcclSpec, size: int, place: str, nranks: int, error: 
 
 def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Callable[[], None], size: int,
                   place: str, new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> Point:
-    """Measure one (size, placement) on this process's ``ranks`` (nccl-tests BenchTime for one size).
-
-    The sequence: the calls of every iteration built (nccl_launch.launcher), the inputs set to the
-    check's values, ``warmup`` iterations and a wait, one more call and a wait (nccl-tests' "Sync"),
-    the timed samples (nccl_launch.timed_samples), then ``check`` data checks, each after fresh
-    inputs and a barrier, stopping at the first wrong one.
+    """Measure one (size, placement) on this process's ``ranks`` (nccl-tests BenchTime for one size):
+    the inputs set to the check's values, ``warmup`` iterations, the "Sync" call, the timed samples
+    (launch.timed_samples), then ``check`` data checks, each after fresh inputs and a barrier,
+    stopping at the first wrong one.
 
     Args:
         ranks: the local ranks (all of them in one process, or one per Dask worker).
@@ -247,8 +235,7 @@ def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Calla
 
     one = L.launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, max(spec.sizes),
                      max(spec.iters, spec.warmup, 1))
-    # never time on uninitialised memory: the inputs hold the check's values (nccl-tests
-    # initialises before timing when it checks)
+    # never time on uninitialised memory: the inputs hold the check's values
     D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
     L.run_iters(ranks, spec.warmup, one, spec.timeout_s)
     wait_all(ranks, spec.timeout_s)
@@ -359,11 +346,9 @@ def _no_barrier() -> None:
 class Nccl(Benchmark):
     """The nccl plug-in, one process: a point is one (size, placement); one communicator per GPU.
 
-    ``setup`` opens the communicators (ncclCommInitAll) and each rank's stream and two buffers of
-    the largest size, and owns the CUDA graphs of -G; on every way out it closes the graphs still
-    open, lets queued work finish (nccl_launch.drain), frees the buffers and destroys the
-    communicators, in that order. ``measure`` is :func:`measure_point`; an NCCL or CUDA fault
-    becomes a MachineError (the driver keeps the finished points, exit 3).
+    ``setup`` opens the communicators, each rank's stream and two buffers of the largest size, and
+    owns the CUDA graphs of -G; on every way out :func:`teardown` releases them. ``measure`` is
+    :func:`measure_point`; an NCCL or CUDA fault becomes a MachineError (exit 3).
     """
 
     name = "nccl"
@@ -482,8 +467,7 @@ BENCHMARK = Nccl()
 
 def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
     """Run the sweep in this process, one communicator per selected GPU, through the driver (a spec
-    with a Dask scheduler runs through :func:`gpubench.plugins.nccl.over_dask.run_on_dask`, which
-    the command picks).
+    with a Dask scheduler runs through :func:`gpubench.plugins.nccl.over_dask.run_on_dask`).
 
     Returns:
         A Result with one record per (size, placement); see :func:`to_records`. ``partial`` with

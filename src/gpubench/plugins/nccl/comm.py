@@ -5,10 +5,13 @@ NCCL faults to gpubench's errors. CuPy is imported inside the functions that nee
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from typing import Callable
 
 from gpubench.core import gpu
+from gpubench.plugins.nccl.collectives import DTYPES, OPS
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.units import format_size
 
@@ -40,12 +43,9 @@ class NcclBuffer:
     """``nbytes`` of device memory on the current device from ncclMemAlloc, freed with ncclMemFree
     (NCCL >= 2.19), else cudaMalloc.
 
-    ncclMemAlloc is what nccl-tests allocates its buffers with since 2.19 (src/common.cu
-    AllocateBuffs): cuMem memory with exportable handles, which NCCL can register for zero-copy
-    transfers when the calls are captured in a CUDA graph (NCCL_GRAPH_REGISTER). It fails to
-    register cudaMalloc memory ("failed to IPC register userbuff" with NCCL_DEBUG_SUBSYS=REG), and
-    on the 2x H200 a -G 10 all-reduce of 128 MiB out of place then gave 286 instead of nccl-tests'
-    294-297 GB/s busbw.
+    ncclMemAlloc is what nccl-tests allocates with since 2.19 (src/common.cu AllocateBuffs): cuMem
+    memory that NCCL can register for zero-copy transfers in CUDA graphs (NCCL_GRAPH_REGISTER),
+    which it cannot do with cudaMalloc memory (lower -G figures).
 
     Attributes:
         ptr: the device address; allocator: "ncclMemAlloc" or "cudaMalloc".
@@ -128,10 +128,7 @@ def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) ->
     nccl-tests' testStreamSynchronize does, so that the wait has a deadline.
 
     The poll spins without yielding (cudaStreamQuery releases the GIL, so other Python threads
-    still run). nccl-tests yields (std::this_thread::yield) between passes; from Python neither
-    time.sleep(0) (a nanosleep, rounded up by Linux's 50 us timer slack) nor os.sched_yield kept up:
-    on the 2x H200 each added 40-80 us to a timed sample of -n 20, 0.5-2 % at 64 MiB, where a
-    spin matched nccl-tests (probe in the issue-4 notes).
+    still run): a sleep or sched_yield between passes added 40-80 us to a timed sample.
 
     Raises:
         MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
@@ -160,16 +157,37 @@ def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) ->
                                    "communicators aborted")
 
 
+def make_barrier(ranks: list[Rank], timeout_s: float) -> Callable[[], None]:
+    """nccl-tests' Barrier across processes: a one-element float sum all-reduce on every rank of
+    ``ranks`` (grouped when there are several), then :func:`wait_all`. The flags are allocated here."""
+    import cupy
+    from cupy.cuda import nccl
+
+    flags = []
+    for rk in ranks:
+        with cupy.cuda.Device(rk.device):
+            flags.append(cupy.zeros(1, dtype=cupy.float32))
+
+    def barrier() -> None:
+        if len(ranks) > 1:
+            nccl.groupStart()
+        for rk, f in zip(ranks, flags):
+            rk.comm.allReduce(f.data.ptr, f.data.ptr, 1, DTYPES["float"].nccl, OPS["sum"], rk.stream.ptr)
+        if len(ranks) > 1:
+            nccl.groupEnd()
+        wait_all(ranks, timeout_s)
+
+    return barrier
+
+
 def abort(ranks: list[Rank]) -> None:
     """ncclCommAbort each rank's communicator once (its kernels quit; the communicator is gone)."""
     for rk in ranks:
         if rk.aborted:
             continue
         rk.aborted = True
-        try:
+        with contextlib.suppress(Exception):
             rk.comm.abort()
-        except Exception:
-            pass
 
 
 def nccl_module():

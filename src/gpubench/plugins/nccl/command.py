@@ -134,11 +134,6 @@ def after(result, spec, code: int) -> int:
     return 0
 
 
-def _busbw_gbps(r) -> float | None:
-    b = r.extra.get("busbw_bytes_per_s")
-    return None if b is None else b / 1e9
-
-
 def verdict(result, expect_busbw: float | None) -> str | None:
     """Why the run failed, or None: wrong elements (nccl-tests exits 1 on them), or the busbw at the
     largest size (out-of-place when measured) below --expect-busbw GB/s."""
@@ -153,9 +148,9 @@ def verdict(result, expect_busbw: float | None) -> str | None:
     top = max(r.params["nbytes"] for r in measured)
     at_top = [r for r in measured if r.params["nbytes"] == top]
     r = next((x for x in at_top if x.params["placement"] == "out-of-place"), at_top[0])
-    bus = _busbw_gbps(r)
-    if bus is None or bus < expect_busbw:
-        return (f"busbw {bus or 0:.1f} GB/s at {top} B ({r.params['placement']}) is below --expect-busbw "
+    bus = r.extra.get("busbw_bytes_per_s")
+    if bus is None or bus / 1e9 < expect_busbw:
+        return (f"busbw {(bus or 0) / 1e9:.1f} GB/s at {top} B ({r.params['placement']}) is below --expect-busbw "
                 f"{expect_busbw:g} GB/s")
     return None
 
@@ -228,8 +223,7 @@ def format_report(result, units: str = "GB") -> list:
     if spec.get("expect_busbw_gbps") is not None:
         out.append(f"--expect-busbw {spec['expect_busbw_gbps']:g} GB/s: checked on the largest size.")
     if result.partial:
-        why = f"stopped by a fault ({result.failed_by})" if result.failed_by else f"interrupted by {result.interrupted_by}"
-        out.append(f"PARTIAL: {why}; only the rows above were measured.")
+        out.append(report.partial_note(result, "rows"))
     return out
 
 

@@ -4,6 +4,7 @@ GraphOwner closes any still open when the run ends."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Callable
 
 from gpubench.core.errors import MachineError
@@ -16,23 +17,17 @@ if TYPE_CHECKING:
 class CapturedGraphs:
     """One CUDA graph per local rank's stream, captured from the NCCL calls ``issue()`` makes
     (nccl-tests BenchTime with -G; CUDA programming guide, "Creating a Graph Using Stream Capture").
+    Two steps, ``g = CapturedGraphs()`` then ``g.capture(ranks, issue)``, so that the caller holds
+    the object before any CUDA work and its ``finally`` can always :meth:`close` it.
 
-    Two steps, so that the caller holds the object before any CUDA work and its ``finally`` can
-    always :meth:`close` it: ``g = CapturedGraphs()`` then ``g.capture(ranks, issue)``.
-
-    :meth:`capture`: every rank's stream begins capture (cudaStreamCaptureModeThreadLocal, as
-    nccl-tests), ``issue()`` queues the calls, every capture ends, and only then is each graph
-    instantiated and uploaded to its stream (so the timed samples measure the graph, not its first
-    upload; nccl-tests does not upload and times one sample that includes it). The order matters:
-    instantiating while another stream of this thread is still capturing fails with
-    cudaErrorStreamCaptureUnsupported, which CuPy's Stream.end_capture (end and instantiate, one
-    stream at a time) runs into with two GPUs.
+    :meth:`capture` ends every capture before instantiating any graph (instantiating while another
+    stream of this thread is capturing fails with cudaErrorStreamCaptureUnsupported), then uploads
+    each graph to its stream so the timed samples do not include the first upload.
 
     The executable graphs hold NCCL resources that ncclCommDestroy waits for, so :meth:`close` must
-    run before the communicators are destroyed (a process that left them alive hung at exit on the
-    2x H200). Destroying a graph that is still running is allowed: CUDA frees it when it completes.
-    Each runtime call and the bookkeeping of what it made are one critical section (core.errors
-    CRITICAL), so a Ctrl-C cannot land between a graph's creation and its being recorded for close.
+    run before the communicators are destroyed. Each runtime call and the bookkeeping of what it
+    made are one critical section (core.signals CRITICAL), so a Ctrl-C cannot land between a
+    graph's creation and its being recorded for close.
     """
 
     def __init__(self, runtime=None):
@@ -92,10 +87,8 @@ class CapturedGraphs:
         finally:
             with CRITICAL:  # an executable graph keeps what it needs of its graph
                 for _, g in graphs:
-                    try:
+                    with contextlib.suppress(Exception):
                         rt.graphDestroy(g)
-                    except Exception:
-                        pass
                 rt.setDevice(prev)
         if failure is not None:
             raise failure
@@ -115,10 +108,8 @@ class CapturedGraphs:
         with CRITICAL:
             while self.launches:
                 _, ex, _ = self.launches.pop()
-                try:
+                with contextlib.suppress(Exception):
                     self._rt.graphExecDestroy(ex)
-                except Exception:
-                    pass
 
 
 class GraphOwner:

@@ -5,6 +5,7 @@ interrupt or a fault."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -185,7 +186,5 @@ def drain(ranks: list[Rank], timeout_s: float) -> None:
     Ctrl-C meanwhile is noted and ignored by the CLI's handler)."""
     if all(rk.aborted for rk in ranks):
         return
-    try:
+    with contextlib.suppress(BaseException):
         wait_all(ranks, min(DRAIN_S, timeout_s) if timeout_s else DRAIN_S)
-    except BaseException:
-        pass

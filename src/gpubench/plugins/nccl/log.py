@@ -2,24 +2,19 @@
 
 Capture (:func:`capture`): before NCCL's first call in the process, ``NCCL_DEBUG=INFO`` and
 ``NCCL_DEBUG_FILE=<a private temporary file>`` are put in the environment, unless the user set
-NCCL_DEBUG or NCCL_DEBUG_FILE (then gpubench reads nothing and says so). Why this does not change
-what NCCL does: NCCL_DEBUG and NCCL_DEBUG_FILE are read only by NCCL's logger (debug.cc,
-ncclDebugInit); algorithm, protocol, channel and transport selection never read them. The INFO
-lines are written during init and connection set-up (subsystems INIT, BOOTSTRAP, ENV, NET, the
-default NCCL_DEBUG_SUBSYS); the collective's fast path logs only under the COLL subsystem, which
-the default does not include, so no timed iteration writes a line. The side-by-side run on the
-GPU machine (plain run without the log, launcher runs with it) shows the same figures.
+NCCL_DEBUG or NCCL_DEBUG_FILE (then nothing is read, and the report says so). Only NCCL's logger
+reads them, and with the default NCCL_DEBUG_SUBSYS the INFO lines are written during init and
+connection set-up, never in a timed iteration.
 
-Parsing (:func:`parse`) keeps: the NCCL version line ("NCCL version 2.28.3+cuda13.0"), the
-network ("Using network Socket" / "IB" / a plugin's name), the net plugin ("NET/Plugin: Loaded
-net plugin ..." or "Could not find ..."/"No plugin found"), the interfaces ("NET/Socket : Using
-[0]eth0:10.0.0.2<0>", "NET/IB : Using [0]mlx5_0:1/IB"), and each channel's path ("Channel 00/0 :
-0[0] -> 1[1] via P2P/CUMEM/read", "... [send] via NET/Socket/0"). The strings come from a file
-another library wrote: they are escaped (core.safe) wherever they are shown.
+Parsing (:func:`parse`) keeps the NCCL version, the network ("Using network Socket" / "IB"), the
+net plugin, the interfaces ("NET/Socket : Using [0]eth0:10.0.0.2<0>") and each channel's path
+("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"). The strings come from a file another library
+wrote: they are escaped (core.safe) wherever they are shown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -107,10 +102,8 @@ class Capture:
 
     def remove(self) -> None:
         if self.path is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.path)
-            except OSError:
-                pass
 
 
 def capture(env=os.environ) -> Capture:

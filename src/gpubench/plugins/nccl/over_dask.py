@@ -2,15 +2,11 @@
 run by the same driver (core/benchmark.run) as one process, on the client.
 
 Each worker runs one rank (:func:`_worker_run`): the NCCL unique id comes from rank 0's worker
-through the scheduler, and the rank measures every point back to back with the same sequence as
-one process (nccl.measure_point, with an NCCL barrier before each sample), logging each finished
-point on the run's event topic. On the client, the plug-in :class:`NcclDask` (no GPU needed
-there): ``setup`` connects, starts the ranks and subscribes to the topic; ``measure`` of point i
-waits, watching the cluster, until every rank has reported point i and combines the ranks'
-samples into its record. The ranks do not wait for the client between points, so what is timed is
-what it was when the client only collected the ranks' lists at the end; what the client gains is
-the driver's point loop: progress per point, and the finished points kept when a worker leaves,
-fails or stalls (exit 3) or the run is interrupted (exit 130/143).
+through the scheduler, and the rank measures every point back to back (bench.measure_point, with
+an NCCL barrier before each sample), logging each finished point on the run's event topic. On the
+client, :class:`NcclDask` (no GPU needed there) waits for each point from every rank, watching the
+cluster, and combines the ranks' samples into its record, so finished points are kept when a
+worker leaves, fails or stalls (exit 3) or the run is interrupted (exit 130/143).
 """
 
 from __future__ import annotations
@@ -21,10 +17,9 @@ import uuid
 from dataclasses import asdict
 from typing import Any, Callable, Iterator, Sequence
 
-from gpubench.plugins.nccl import collectives as C
 from gpubench.plugins.nccl.bench import (Nccl, NcclSpec, Point, _check_root, _timing, measure_point, point_keys, point_label,
                                  to_records)
-from gpubench.plugins.nccl.comm import Rank, abort, nccl_env, wait_all
+from gpubench.plugins.nccl.comm import Rank, abort, make_barrier, nccl_env
 from gpubench.plugins.nccl.graphs import GraphOwner
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context
@@ -69,14 +64,9 @@ def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) 
     rk = Rank(rank, device, comm, max(spec.sizes))
     info = {"host": socket.gethostname(), "device": device, "allocator": rk.send.allocator, "nccl": nccl_env(nccl)}
     tell(points=0, info=info)
-    flag = cupy.zeros(1, dtype=cupy.float32)
+    barrier = make_barrier([rk], spec.timeout_s)
     graphs = GraphOwner()
     done: list[dict] = []
-
-    def barrier():
-        comm.allReduce(flag.data.ptr, flag.data.ptr, 1, C.DTYPES["float"].nccl, C.OPS["sum"], rk.stream.ptr)
-        wait_all([rk], spec.timeout_s)
-
     try:
         for size, place in point_keys(spec):
             done.append(asdict(measure_point(spec, [rk], nranks, barrier, size, place, graphs.new)))
@@ -312,13 +302,11 @@ def _connect(spec: NcclSpec):
 class NcclDask(Benchmark):
     """The nccl plug-in for one rank per Dask worker, run by the driver on the client (no GPU there).
 
-    A point is (index, size, placement), as in one process. ``setup`` connects to the scheduler
-    and starts the ranks; ``measure`` waits for every rank's report of the point (the last point:
-    for every rank's task to return, after its communicator is destroyed) and combines them; on
-    every way out the ranks' unfinished tasks are cancelled and the client closed. Every wait is
-    watched (core.scheduler.wait_watching): a worker that leaves the cluster, a rank whose task
-    fails (a peer gone: its NCCL wait times out after -T and aborts the communicator), or no rank
-    moving for -T seconds (StallWatch) is a MachineError naming the worker and rank.
+    A point is (index, size, placement). ``setup`` connects to the scheduler and starts the ranks;
+    ``measure`` waits for every rank's report of the point (the last point: for every rank's task
+    to return) and combines them; on every way out the unfinished tasks are cancelled and the client
+    closed. A worker that leaves, a rank whose task fails, or no rank moving for -T seconds
+    (StallWatch) is a MachineError naming the worker and rank.
     """
 
     name = Nccl.name

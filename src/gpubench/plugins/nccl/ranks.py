@@ -1,22 +1,15 @@
 """``gpubench nccl`` under a launcher (mpirun, srun, torchrun): one process per GPU, or -g N GPUs
 per process, as nccl-tests' all_reduce_perf under MPI.
 
-Every rank runs the same plug-in through the one driver (:class:`NcclRanks`, the single-process
-plug-in with a different ``setup``): its GPUs are its local rank's (local rank x g .. + g - 1)
-unless -d names them; one communicator per GPU over every process (ncclCommInitRank inside one
-group, as nccl-tests -g N), the NCCL unique id made on rank 0 and broadcast through the rank
-:class:`~gpubench.launch.ranks.Group` (mpi4py or the store), or, where NCCL_COMM_ID is set, NCCL's
-own bootstrap (every rank's ncclGetUniqueId returns that address; nothing is broadcast).
+Every rank runs :class:`NcclRanks` (the single-process plug-in with its own ``setup``) through the
+driver: its GPUs are its local rank's unless -d names them; one communicator per GPU over every
+process (ncclCommInitRank in one group), the unique id made on rank 0 and broadcast through the
+rank :class:`~gpubench.launch.ranks.Group`, or NCCL's own bootstrap where NCCL_COMM_ID is set.
 
-A point is measured on every rank at once (bench.nccl.measure_point with an NCCL barrier, as
-nccl-tests' Barrier under MPI); then every rank's per-sample times go to rank 0 through the group,
-which combines them per sample with nccl-tests' -a rule (:func:`combine`) and keeps every rank's
-figures in the record (``extra.per_rank``: rank, host, GPUs with UUID and PCI bus id, samples,
-median). Rank 0 prints and writes the JSON; the others are quiet.
-
-A rank that dies or hangs: the waiting ranks' deadline (-T) passes in wait_all, which aborts
-their communicators (ncclCommAbort); a roll call through the group (:data:`ROLL_CALL_S`) then
-names the ranks that do not answer, and each remaining rank exits 3 with that line.
+After each point every rank's per-sample times go to rank 0, which combines them with nccl-tests'
+-a rule (:func:`combine`) and keeps every rank's figures in ``extra.per_rank``; rank 0 prints and
+writes the JSON. A rank that dies or hangs: the others' -T deadline aborts their communicators
+and a roll call (:data:`ROLL_CALL_S`) names the ranks that do not answer; each exits 3.
 """
 
 from __future__ import annotations
@@ -24,14 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-from typing import Iterator
+from typing import Callable, Iterator
 
-from gpubench.plugins.nccl import collectives as C
 from gpubench.plugins.nccl import bench as N
 from gpubench.plugins.nccl import launch as L
 from gpubench.plugins.nccl import log as nccl_log
 from gpubench.plugins.nccl.comm import Rank as NcclRank
-from gpubench.plugins.nccl.comm import nccl_env, nccl_module, wait_all
+from gpubench.plugins.nccl.comm import make_barrier, nccl_env, nccl_module
 from gpubench.plugins.nccl.graphs import GraphOwner
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu
@@ -44,6 +36,7 @@ from gpubench.core.result import Record, Result
 AVERAGES = {0: "rank 0", 1: "mean", 2: "minimum", 3: "maximum"}
 ROLL_CALL_S = 5.0  # after a fault, how long the ranks wait for each other to learn who is missing
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # the group's deadline when -T is 0 (never): the gathers still end
+_COMBINE: dict[int, Callable[[list[float]], float]] = {1: lambda c: sum(c) / len(c), 2: min, 3: max}  # -a 1..3
 
 
 def combine(per_rank: list[list[float]], average: int) -> list[float]:
@@ -59,16 +52,12 @@ def combine(per_rank: list[list[float]], average: int) -> list[float]:
     n = len(per_rank[0])
     if any(len(s) != n for s in per_rank):
         raise ValueError("ranks returned different numbers of samples")
-    cols = [[s[k] for s in per_rank] for k in range(n)]
     if average == 0:
         return list(per_rank[0])
-    if average == 1:
-        return [sum(c) / len(c) for c in cols]
-    if average == 2:
-        return [min(c) for c in cols]
-    if average == 3:
-        return [max(c) for c in cols]
-    raise ValueError(f"average {average} is not 0..3")
+    pick = _COMBINE.get(average)
+    if pick is None:
+        raise ValueError(f"average {average} is not 0..3")
+    return [pick([s[k] for s in per_rank]) for k in range(n)]
 
 
 def slowest(per_rank: list[dict]) -> dict | None:
@@ -88,23 +77,19 @@ def gpu_identity(device: int) -> dict:
     import cupy
 
     out: dict = {"device": device, "uuid": None, "pci_bus_id": None, "name": None}
-    try:
+    with contextlib.suppress(Exception):
         props = cupy.cuda.runtime.getDeviceProperties(device)
         out["name"] = props.get("name", b"").decode(errors="replace") if isinstance(props.get("name"), bytes) else props.get("name")
         out["uuid"] = _uuid_text(props.get("uuid"))
         out["pci_bus_id"] = (f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', 0):02x}:"
                              f"{props.get('pciDeviceID', 0):02x}.0")
-    except Exception:
-        pass
     if out["uuid"] is None and out["pci_bus_id"]:  # NVML knows the GPU at that PCI address
-        try:
+        with contextlib.suppress(Exception):
             import pynvml as nv
 
             nv.nvmlInit()
             got = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByPciBusId(out["pci_bus_id"]))
             out["uuid"] = _uuid_text(got.decode() if isinstance(got, bytes) else got)
-        except Exception:
-            pass
     return out
 
 
@@ -219,23 +204,8 @@ class NcclRanks(N.Nccl):
             with N._as_machine_errors(allocation_passes=False):
                 for i, (d, c) in enumerate(zip(ctx.devices, comms)):
                     ranks.append(NcclRank(group.rank * g + i, d, c, max(ctx.spec.sizes)))
-                flags = []
-                for rk in ranks:
-                    with cupy.cuda.Device(rk.device):
-                        flags.append(cupy.zeros(1, dtype=cupy.float32))
+                ctx.data["barrier"] = make_barrier(ranks, ctx.spec.timeout_s)
             ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
-
-            def barrier() -> None:  # nccl-tests' Barrier across processes: a one-element all-reduce
-                fdt, fop = C.DTYPES["float"].nccl, C.OPS["sum"]
-                if len(ranks) > 1:
-                    nccl.groupStart()
-                for rk, f in zip(ranks, flags):
-                    rk.comm.allReduce(f.data.ptr, f.data.ptr, 1, fdt, fop, rk.stream.ptr)
-                if len(ranks) > 1:
-                    nccl.groupEnd()
-                wait_all(ranks, ctx.spec.timeout_s)
-
-            ctx.data["barrier"] = barrier
             yield ctx
         finally:
             N.teardown(graphs, ranks, comms, ctx.spec.timeout_s)
