@@ -23,8 +23,7 @@ Figures (dask-cuda's definitions, ``utils.py``):
 - bandwidth = ``hmean`` (and ``hstd``) over the pairs' harmonic means: a per-pair figure, not a total.
 
 Unlike dask-cuda, the transfer logs are cleared just before each timed join and read just after it,
-so the pair table holds only the transfers of the timed joins (dask-cuda's also holds the warm-up
-run's and the data generation's).
+so the pair table holds only the transfers of the timed joins.
 
 The plug-in (:class:`Merge`) runs through the one driver (core/benchmark.run): a point is one run
 (warm-up or timed), ``setup`` owns the cluster (merge_cluster), ``measure`` is :func:`bench_once`,
@@ -239,19 +238,16 @@ class RunOutcome:
 
 def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, int], what: str,
                keep_result: bool = False):
-    """Generate both frames, then time their join (dask-cuda's bench_once).
-
-    Returns:
-        (RunOutcome, joined) where joined is the persisted join when keep_result, else None.
+    """Generate both frames, then time their join (dask-cuda's bench_once); returns (RunOutcome,
+    the persisted join when keep_result, else None).
 
     Raises:
         MachineError: see wait_watching.
     """
     gpu = spec.merge_type == "gpu"
-    base_chunks = spec.base_chunks or n_workers
-    other_chunks = spec.other_chunks or n_workers
-    ddf_base = random_ddf(spec.chunk_size, base_chunks, spec.frac_match, "build", gpu, spec.no_shuffle).persist()
-    ddf_other = random_ddf(spec.chunk_size, other_chunks, spec.frac_match, "other", gpu).persist()
+    ddf_base = random_ddf(spec.chunk_size, spec.base_chunks or n_workers, spec.frac_match, "build", gpu,
+                          spec.no_shuffle).persist()
+    ddf_other = random_ddf(spec.chunk_size, spec.other_chunks or n_workers, spec.frac_match, "other", gpu).persist()
     wait_watching(client, ddf_base, workers, spec.timeout_s, f"{what} (generating the base frame)")
     wait_watching(client, ddf_other, workers, spec.timeout_s, f"{what} (generating the other frame)")
     rows_base, rows_other = compute_watching(client, [ddf_base.shape[0], ddf_other.shape[0]], workers,
@@ -340,7 +336,6 @@ def summary_record(spec: MergeSpec, runs: list[Record], cluster: Mapping[str, An
     dask-cuda's report reads it.
 
     Args:
-        spec: the options.
         runs: one record per timed run that finished, in order.
         cluster: what setup found: "index" (worker address -> index), "workers", "rmm",
             "scheduler_address".
@@ -602,11 +597,8 @@ BENCHMARK = Merge()  # the registry's instance (name, description); run() takes 
 
 
 def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
-    """Run the merge benchmark through the driver.
-
-    Args:
-        spec: the parsed options.
-        progress: advanced once per run (warm-ups included); silent when None.
+    """Run the merge benchmark through the driver; ``progress`` is advanced once per run (warm-ups
+    included).
 
     Returns:
         A Result with one Record (:func:`summary_record`), none when no timed run finished;

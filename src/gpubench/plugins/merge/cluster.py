@@ -62,7 +62,6 @@ def check_devices_and_memory(
     """Refuse devices that are not there and pools that do not fit, before any worker starts.
 
     Args:
-        spec: the options (devices, pool).
         visible: number of GPUs the machine shows.
         memory: device -> (free, total) bytes, for every device in spec.devices.
         scheduler_device: the device on which the client process makes the scheduler's 1 GB pool
@@ -246,7 +245,6 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
     """Refuse a local run whose frames cannot fit, before any worker starts.
 
     Args:
-        spec: the options (-c, --base-chunks, --other-chunks, -d, -t).
         host_available: bytes of host memory available (MemAvailable), None when unknown.
         device_free: -t gpu: device -> bytes one worker may use on it (free memory less the CUDA
             context and the scheduler's pool); the RMM pool grows into it as the frames need.
@@ -479,13 +477,10 @@ def resolve_lazy_modules() -> int:
 
 
 def open_client(spec: MergeSpec) -> tuple[Any, Any]:
-    """Start (or attach to) the cluster and connect a client.
-
-    Returns:
-        (client, cluster): cluster is None when the cluster is external, else a :class:`LocalHandle`.
-        Close both with :func:`close_all` (a local cluster's close stops its worker processes, and
-        kills any that outlive it). When the start fails, times out or is interrupted, whatever had
-        started is closed here.
+    """Start (or attach to) the cluster and connect a client; returns (client, cluster), cluster
+    being None for an external cluster, else a :class:`LocalHandle`. Close both with
+    :func:`close_all`; when the start fails, times out or is interrupted, whatever had started is
+    closed here.
 
     Raises:
         UsageError: an external scheduler that cannot be reached or has no workers; a missing

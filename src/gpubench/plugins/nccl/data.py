@@ -3,8 +3,7 @@ wrong elements, and (on the GPU) the initialisation before a call and the check 
 (nccl-tests InitData / CheckData).
 
 The pure parts take ``xp`` (numpy or cupy), so the unit tests run them on numpy; CuPy is imported
-only inside :func:`init_data` and :func:`check`. What each rank must receive is the collective's
-own ``expected`` function, in its table entry (bench/collectives.py).
+only inside :func:`init_data` and :func:`check`.
 """
 
 from __future__ import annotations
@@ -73,18 +72,10 @@ class DataArgs:
 
 def expected_values(xp, coll: Collective, rank: int, nranks: int, root: int, base: int, idx, op_name: str,
                     kind: str):
-    """What rank ``rank`` must hold at output element indices ``idx`` after ``coll``.
-
-    Args:
-        xp: numpy or cupy.
-        coll: the collective (its ``expected`` function answers).
-        base: the per-rank count (param_count) of the call.
-        idx: output indices, int64.
-        op_name: reduction op name; kind: "int", "uint" or "float".
-
-    Returns:
-        int64 (integer kinds) or float64 values (before conversion to the data type).
-    """
+    """What rank ``rank`` must hold at output element indices ``idx`` (int64) after ``coll`` (its
+    ``expected`` function answers), ``base`` being the call's per-rank count (param_count) and
+    ``kind`` "int", "uint" or "float": int64 (integer kinds) or float64 values, before conversion
+    to the data type. ``xp``: numpy or cupy."""
     a = DataArgs(rank, nranks, root, base, op_name, kind)
     out = coll.expected(xp, idx.astype(xp.int64), a)
     return out.astype(xp.float64 if kind == "float" else xp.int64)

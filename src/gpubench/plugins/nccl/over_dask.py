@@ -35,15 +35,12 @@ def _worker_unique_id():
 
 
 def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) -> dict:
-    """Runs on a Dask worker: one rank on the worker's current GPU, every point of ``spec`` in turn.
+    """Runs on a Dask worker: one rank on the worker's current GPU, every point of ``spec`` in turn;
+    returns the info, "rank", and "points" (every point as a dict).
 
     Logs on ``topic``: {"rank", "points": 0} once the communicator is up, {"rank", "points": 0,
     "info"} once the buffers are (host, device, allocator, NCCL version and variables), and
-    {"rank", "points": n, "point"} after each point (n points done; the point as a dict). The client
-    reads the points from these events and watches them for a rank that stopped answering.
-
-    Returns:
-        The info, "rank", and "points": every point as a dict.
+    {"rank", "points": n, "point"} after each point (n points done; the point as a dict).
     """
     import socket
 
