@@ -42,22 +42,40 @@ PLACES = ("out-of-place", "in-place")
 MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured into one graph
 
 
-def teardown(graphs, ranks: list, comms: list, timeout_s: float) -> None:
-    """Release what a setup made, in the order NCCL needs: CUDA graphs first (they hold NCCL
-    resources that ncclCommDestroy waits for), then drain the streams, free the buffers, and
-    destroy each communicator whose rank was not aborted (an aborted one is already gone). Errors
-    on the way are ignored: this runs after a fault too. ``comms`` may be longer than ``ranks``
-    when an allocation failed part way."""
-    graphs.close_all()
-    L.drain(ranks, timeout_s)
-    for rk in ranks:
-        with contextlib.suppress(Exception):
-            rk.free()
-    for i, c in enumerate(comms):
-        if i < len(ranks) and getattr(ranks[i], "aborted", False):
-            continue
-        with contextlib.suppress(Exception):
-            c.destroy()
+@contextlib.contextmanager
+def local_ranks(ctx: Context, comms: list, first: int = 0) -> Iterator[list[Rank]]:
+    """This process's ranks, rank ``first + i`` on ``ctx.devices[i]`` and ``comms[i]`` (a stream and
+    two buffers of the largest size each), with the graph owner, in ``ctx.data``.
+
+    On the way out, whatever happened, what was made is released in the order NCCL needs: CUDA
+    graphs first (they hold NCCL resources that ncclCommDestroy waits for), then the streams
+    drained, the buffers freed, and each communicator whose rank was not aborted destroyed (an
+    aborted one is already gone; ``comms`` may be longer than the ranks when an allocation failed
+    part way). Errors on the way out are ignored.
+
+    Raises:
+        MachineError: a stream or a buffer failed.
+    """
+    ranks: list[Rank] = []
+    graphs = GraphOwner()
+    ctx.data.update(ranks=ranks, graphs=graphs, allocator=None)
+    try:
+        with _as_machine_errors(allocation_passes=False):
+            for i, (d, c) in enumerate(zip(ctx.devices, comms)):
+                ranks.append(Rank(first + i, d, c, max(ctx.spec.sizes)))
+        ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
+        yield ranks
+    finally:
+        graphs.close_all()
+        L.drain(ranks, ctx.spec.timeout_s)
+        for rk in ranks:
+            with contextlib.suppress(Exception):
+                rk.free()
+        for i, c in enumerate(comms):
+            if i < len(ranks) and getattr(ranks[i], "aborted", False):
+                continue
+            with contextlib.suppress(Exception):
+                c.destroy()
 
 
 @dataclass(frozen=True)
@@ -307,21 +325,6 @@ def _check_root(spec: NcclSpec, nranks: int) -> None:
         raise UsageError(f"root {spec.root} is not a rank: {nranks} rank(s)", f"use -r 0..{nranks - 1}")
 
 
-def preflight(spec: NcclSpec, devices: tuple[int, ...]) -> None:
-    """Two buffers of the largest size per GPU must fit.
-
-    Raises:
-        UsageError: they do not; the message says which -e would.
-    """
-    need = 2 * max(spec.sizes)
-    margin = 1024 * 2**20  # NCCL's own buffers and the CUDA context
-    for d in devices:
-        free, _ = gpu.device_free_bytes(d)
-        if need + margin > free:
-            raise UsageError(f"-e {format_size(max(spec.sizes))} needs {format_size(need)} on GPU {d}, which has "
-                             f"{format_size(free)} free", f"use -e {format_size(max(0, free - margin) // 2)} or less")
-
-
 def _timing(spec: NcclSpec, allocator: str | None = None) -> dict:
     return {
         "buffers": allocator,
@@ -347,7 +350,7 @@ class Nccl(Benchmark):
     """The nccl plug-in, one process: a point is one (size, placement); one communicator per GPU.
 
     ``setup`` opens the communicators, each rank's stream and two buffers of the largest size, and
-    owns the CUDA graphs of -G; on every way out :func:`teardown` releases them. ``measure`` is
+    owns the CUDA graphs of -G (:func:`local_ranks`, which releases them on every way out). ``measure`` is
     :func:`measure_point`; an NCCL or CUDA fault becomes a MachineError (exit 3).
     """
 
@@ -382,7 +385,14 @@ class Nccl(Benchmark):
             UsageError: NCCL missing (how to get it), or the sizes do not fit (which -e would).
         """
         nccl_module()
-        preflight(spec, devices)
+        need = 2 * max(spec.sizes)
+        margin = 1024 * 2**20  # NCCL's own buffers and the CUDA context
+        for d in devices:
+            free, _ = gpu.device_free_bytes(d)
+            if need + margin > free:
+                raise UsageError(f"-e {format_size(max(spec.sizes))} needs {format_size(need)} on GPU {d}, which "
+                                 f"has {format_size(free)} free",
+                                 f"use -e {format_size(max(0, free - margin) // 2)} or less")
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
@@ -399,17 +409,8 @@ class Nccl(Benchmark):
         except Exception as e:
             raise MachineError(f"ncclCommInitAll on GPUs {list(ctx.devices)} failed: {str(e).splitlines()[0]}") \
                 from None
-        ranks: list[Rank] = []
-        graphs = GraphOwner()
-        ctx.data.update(ranks=ranks, graphs=graphs, allocator=None)
-        try:
-            with _as_machine_errors(allocation_passes=False):
-                for r, (d, c) in enumerate(zip(ctx.devices, comms)):
-                    ranks.append(Rank(r, d, c, max(ctx.spec.sizes)))
-            ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
+        with local_ranks(ctx, comms):
             yield ctx
-        finally:
-            teardown(graphs, ranks, comms, ctx.spec.timeout_s)
 
     def measure(self, ctx: Context, point: driver.Point) -> list[Record]:
         """One (size, placement) on every rank: :func:`measure_point`, then its record.

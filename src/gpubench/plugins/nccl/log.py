@@ -18,7 +18,7 @@ import contextlib
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 _VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
 _NETWORK = re.compile(r"NCCL INFO (?:Using network|Using NET plugin|Assigned NET plugin) (\S+)")
@@ -40,8 +40,7 @@ class NcclLog:
     paths: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "network": self.network, "plugin": self.plugin,
-                "interfaces": list(self.interfaces), "paths": {k: list(v) for k, v in self.paths.items()}}
+        return asdict(self)
 
 
 def parse(lines) -> NcclLog:

@@ -22,9 +22,7 @@ from typing import Callable, Iterator
 from gpubench.plugins.nccl import bench as N
 from gpubench.plugins.nccl import launch as L
 from gpubench.plugins.nccl import log as nccl_log
-from gpubench.plugins.nccl.comm import Rank as NcclRank
 from gpubench.plugins.nccl.comm import make_barrier, nccl_env, nccl_module
-from gpubench.plugins.nccl.graphs import GraphOwner
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu
 from gpubench.launch import ranks as R
@@ -197,18 +195,11 @@ class NcclRanks(N.Nccl):
         except Exception as e:
             raise MachineError(f"ncclCommInitRank on rank {group.rank} ({group.me.host}) failed: "
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-        ranks: list[NcclRank] = []
-        graphs = GraphOwner()
-        ctx.data.update(ranks=ranks, graphs=graphs, allocator=None, nranks=nranks)
-        try:
+        ctx.data["nranks"] = nranks
+        with N.local_ranks(ctx, comms, group.rank * g) as ranks:
             with N._as_machine_errors(allocation_passes=False):
-                for i, (d, c) in enumerate(zip(ctx.devices, comms)):
-                    ranks.append(NcclRank(group.rank * g + i, d, c, max(ctx.spec.sizes)))
                 ctx.data["barrier"] = make_barrier(ranks, ctx.spec.timeout_s)
-            ctx.data["allocator"] = ranks[0].send.allocator if ranks else None
             yield ctx
-        finally:
-            N.teardown(graphs, ranks, comms, ctx.spec.timeout_s)
 
     def _fault(self, ctx: Context, e: MachineError) -> MachineError:
         """After a fault on this rank: abort, then a roll call names the missing ranks."""
