@@ -161,10 +161,8 @@ def parse_timeout(text) -> float:
 
 
 def build_spec(**options):
-    """Build a MergeSpec from the options, by name: an option named as a MergeSpec field goes to it
-    as given (MergeSpec checks it); -d, --rmm-pool-size and --ignore-size are turned from text into
-    their fields here, --broadcast-join/--shuffle-join into ``broadcast``, and ucxx into ucx. No GPU
-    and no Dask needed.
+    """Build a MergeSpec from the options, by name (MergeSpec checks each); -d, --rmm-pool-size,
+    --ignore-size, --broadcast-join/--shuffle-join and ucxx are converted here. No GPU or Dask needed.
 
     Raises:
         UsageError: any bad value, named in the message.
@@ -230,12 +228,9 @@ def _sep(ch: str = "-") -> str:
 
 
 def format_lines(result) -> list[str]:
-    """dask-cuda's merge report as text lines: configuration, per-run wall clock and throughput,
-    Throughput/Bandwidth/Wall clock +/-, the (w1,w2) pair table and the worker index table.
-
-    Args:
-        result: a merge Result (see gpubench.plugins.merge.bench.run).
-    """
+    """dask-cuda's merge report of a merge Result as text lines: configuration, per-run wall clock
+    and throughput, Throughput/Bandwidth/Wall clock +/-, the (w1,w2) pair table and the worker index
+    table."""
     spec = result.spec
     rec = result.records[0] if result.records else None
     ex = rec.extra if rec is not None else {}
