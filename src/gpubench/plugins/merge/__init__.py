@@ -16,10 +16,8 @@ PLUGIN = Plugin(
     suite_steps="gpubench.plugins.merge.hooks:suite_steps",
     fleet_checks="gpubench.plugins.merge.hooks:fleet_checks",
     digit_groups=True,
-    # the driver lists every run as a point before anything starts (MergeSpec says the same); a
-    # fraction of keys that match is at most all of them; a worker's thread pool is bounded by what
-    # this machine lets one user run (read when the option is parsed; MergeSpec then divides it
-    # among the workers and says so)
+    # as MergeSpec bounds them; the thread pool by what this machine lets one user run (read when the
+    # option is parsed; MergeSpec divides it among the workers)
     option_maxima={"runs": MAX_REPEATS, "warmup_runs": MAX_REPEATS, "frac_match": 1.0,
                    "threads_per_worker": machine_threads},
     params_schema=params_schema({

@@ -78,11 +78,11 @@ def check_devices_and_memory(
                 f"{visible} GPU(s)", f"use ids 0..{visible - 1}" if visible else "no GPU is visible")
     for d in spec.devices:
         free, total = memory[d]
-        need = required_device_bytes(spec, total) + CONTEXT_MARGIN_BYTES
+        pool = required_device_bytes(spec, total)
+        need = pool + CONTEXT_MARGIN_BYTES
         if d == scheduler_device and not spec.external:
             need += SCHEDULER_POOL_BYTES + CONTEXT_MARGIN_BYTES
         if need > free:
-            pool = required_device_bytes(spec, total)
             raise UsageError(
                 f"RMM pool of {format_size(pool)} per worker does not fit on GPU {d}: "
                 f"{format_size(free)} free of {format_size(total)}, and {format_size(need - pool)} "
