@@ -348,10 +348,11 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
 
 # -- strict numbers: every numeric option, one mechanism --------------------------------------------
 
-class StrictInt(click.types.IntParamType):
-    """click's INT read by :func:`gpubench.core.options.parse_number`: ASCII digits only (with
-    ``digit_groups``, "_" between groups as in 50_000_000), at most ``maximum``. A bad value raises
-    gpubench's UsageError (one line, exit 2)."""
+class _Strict:
+    """A click number type read by :func:`gpubench.core.options.parse_number` as ``kind``, at most
+    ``maximum``. A bad value raises gpubench's UsageError (one line, exit 2)."""
+
+    kind: type = int
 
     def __init__(self, maximum: float | None = None, digit_groups: bool = False):
         self.maximum = maximum
@@ -362,22 +363,17 @@ class StrictInt(click.types.IntParamType):
 
         if value is None:
             return None
-        return parse_number(value, _opt_name(param), int, self.maximum, digit_groups=self.digit_groups)
+        return parse_number(value, _opt_name(param), self.kind, self.maximum, digit_groups=self.digit_groups)
 
 
-class StrictFloat(click.types.FloatParamType):
-    """click's FLOAT read by :func:`gpubench.core.options.parse_number`: ASCII digits, finite (no
-    inf, nan, 1e400), at most ``maximum``."""
+class StrictInt(_Strict, click.types.IntParamType):
+    """click's INT: ASCII digits only (with ``digit_groups``, "_" between groups as in 50_000_000)."""
 
-    def __init__(self, maximum: float | None = None):
-        self.maximum = maximum
 
-    def convert(self, value, param, ctx):
-        from gpubench.core.options import parse_number
+class StrictFloat(_Strict, click.types.FloatParamType):
+    """click's FLOAT: ASCII digits, finite (no inf, nan, 1e400)."""
 
-        if value is None:
-            return None
-        return parse_number(value, _opt_name(param), float, self.maximum)
+    kind = float
 
 
 def _opt_name(param) -> str:

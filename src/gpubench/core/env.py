@@ -128,12 +128,9 @@ def cuda_info() -> dict[str, Any]:
         out["driver_version"] = _fmt_cuda_version(runtime.driverGetVersion())
         out["device_count"] = runtime.getDeviceCount()
     except Exception as e:
-        out["error"] = _short(e)
-        from gpubench.core.gpu import _driver_library_present
+        from gpubench.core.gpu import no_driver_text
 
-        if "InsufficientDriver" in out["error"] and not _driver_library_present():
-            # the runtime says "insufficient driver" when there is no driver at all (as require_gpu)
-            out["error"] = "no NVIDIA driver is installed: libcuda and NVML cannot be loaded"
+        out["error"] = no_driver_text(_short(e))
     return out
 
 
@@ -143,7 +140,8 @@ def _fmt_cuda_version(v: int) -> str | None:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-def _nvml_call(fn, *args):
+def nvml_call(fn, *args):
+    """``fn(*args)``, or None when it raises (a query the driver does not answer)."""
     try:
         return fn(*args)
     except Exception:
@@ -184,7 +182,7 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
         status["error"] = _short(e)
         return [], {}, status
     try:
-        status["driver_version"] = _dec(_nvml_call(nv.nvmlSystemGetDriverVersion))
+        status["driver_version"] = _dec(nvml_call(nv.nvmlSystemGetDriverVersion))
         n = nv.nvmlDeviceGetCount()
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
         nvml_bus = [_norm_bus_id(_dec(nv.nvmlDeviceGetPciInfo(h).busId)) for h in handles]
@@ -209,7 +207,7 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
                 if links:
                     kind = f"NV{links}"
                 else:
-                    lvl = _nvml_call(
+                    lvl = nvml_call(
                         nv.nvmlDeviceGetTopologyCommonAncestor,
                         handles[order[a["index"]]],
                         handles[order[b["index"]]],
@@ -221,7 +219,7 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
         status["error"] = _short(e)
         return [], {}, status
     finally:
-        _nvml_call(nv.nvmlShutdown)
+        nvml_call(nv.nvmlShutdown)
 
 
 def _nvlink_peers_by_p2p_status(nv, gpus: list[dict], handles: list) -> None:
@@ -241,7 +239,7 @@ def _nvlink_peers_by_p2p_status(nv, gpus: list[dict], handles: list) -> None:
         for b, hb in zip(gpus, handles):
             if a is b:
                 continue
-            if _nvml_call(nv.nvmlDeviceGetP2PStatus, ha, hb, idx) == getattr(nv, "NVML_P2P_STATUS_OK", 0):
+            if nvml_call(nv.nvmlDeviceGetP2PStatus, ha, hb, idx) == getattr(nv, "NVML_P2P_STATUS_OK", 0):
                 a["nvlink_peers"][str(b["index"])] = a["nvlink_links_up"]
                 a["nvlink_peers_inferred"] = True
 
@@ -251,24 +249,24 @@ _TOPO_NAMES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 
 def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
-    mem = _nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
-    gen = _nvml_call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
-    width = _nvml_call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
-    gen_max = _nvml_call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
-    width_max = _nvml_call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
+    mem = nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
+    gen = nvml_call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
+    width = nvml_call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
+    gen_max = nvml_call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
+    width_max = nvml_call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
     links_up = 0
     remote: dict[str, int] = {}
     version = None
     for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-        state = _nvml_call(nv.nvmlDeviceGetNvLinkState, h, link)
+        state = nvml_call(nv.nvmlDeviceGetNvLinkState, h, link)
         if state != 1:  # NVML_FEATURE_ENABLED
             continue
         links_up += 1
-        version = version or _nvml_call(nv.nvmlDeviceGetNvLinkVersion, h, link)
+        version = version or nvml_call(nv.nvmlDeviceGetNvLinkVersion, h, link)
         pci = None
         for fn_name in ("nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"):
             fn = getattr(nv, fn_name, None)
-            pci = _nvml_call(fn, h, link) if fn is not None else None
+            pci = nvml_call(fn, h, link) if fn is not None else None
             if pci is not None:
                 break
         if pci is not None:
@@ -281,7 +279,7 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
         # then NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON, then a table by NVLink version.
         for name, fallback in (("NVML_FI_DEV_NVLINK_GET_SPEED", 164), ("NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", 90)):
             field = getattr(nv, name, fallback)
-            vals = _nvml_call(nv.nvmlDeviceGetFieldValues, h, [field])
+            vals = nvml_call(nv.nvmlDeviceGetFieldValues, h, [field])
             if vals and getattr(vals[0], "nvmlReturn", 1) == 0:
                 v = vals[0].value
                 mbps = getattr(v, "uiVal", 0) or getattr(v, "ulVal", 0) or getattr(v, "ullVal", 0)
@@ -290,8 +288,8 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
                     break
         if per_link is None and version in limits.NVML_NVLINK_VERSION:
             per_link = limits.NVLINK_GBPS_PER_LINK[limits.NVML_NVLINK_VERSION[version]] * 1e9
-    bus_bits = _nvml_call(nv.nvmlDeviceGetMemoryBusWidth, h)
-    mem_mhz = _nvml_call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM)
+    bus_bits = nvml_call(nv.nvmlDeviceGetMemoryBusWidth, h)
+    mem_mhz = nvml_call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM)
     numa = None
     if bus:
         try:
@@ -307,8 +305,8 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
         pass
     return {
         "index": index,
-        "name": _dec(_nvml_call(nv.nvmlDeviceGetName, h)),
-        "uuid": _dec(_nvml_call(nv.nvmlDeviceGetUUID, h)),
+        "name": _dec(nvml_call(nv.nvmlDeviceGetName, h)),
+        "uuid": _dec(nvml_call(nv.nvmlDeviceGetUUID, h)),
         "pci_bus_id": bus,
         "memory_total_bytes": getattr(mem, "total", None),
         "memory_free_bytes": getattr(mem, "free", None),
@@ -402,21 +400,21 @@ def idle_check(gpus: list[dict[str, Any]], devices: tuple[int, ...] | list[int])
         by_index = {g.get("index"): g for g in gpus}
         for d in devices:
             g = by_index.get(d) or {}
-            h = _nvml_call(nv.nvmlDeviceGetHandleByUUID, g["uuid"]) if g.get("uuid") else None
+            h = nvml_call(nv.nvmlDeviceGetHandleByUUID, g["uuid"]) if g.get("uuid") else None
             if h is None:
                 out["gpus"].append({"index": d, "busy": [], "error": "NVML does not know this GPU"})
                 continue
-            procs = _nvml_call(nv.nvmlDeviceGetComputeRunningProcesses, h)
+            procs = nvml_call(nv.nvmlDeviceGetComputeRunningProcesses, h)
             others = [{"pid": p.pid, "used_memory_bytes": p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None}
                       for p in (procs or []) if p.pid != me]
-            util = _nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
+            util = nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
             if not others and bool(getattr(util, "gpu", 0)):
                 import time
 
                 time.sleep(UTIL_REREAD_S)  # the tail of an earlier run, or work of a process NVML hides?
-                util = _nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
-            temp = _nvml_call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
-            slow = _nvml_call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+                util = nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
+            temp = nvml_call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+            slow = nvml_call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
             entry = {"index": d, "other_processes": others,
                      "utilization_gpu_pct": getattr(util, "gpu", None),
                      "utilization_memory_pct": getattr(util, "memory", None),
@@ -438,4 +436,4 @@ def idle_check(gpus: list[dict[str, Any]], devices: tuple[int, ...] | list[int])
         out["error"] = _short(e)
         return out
     finally:
-        _nvml_call(nv.nvmlShutdown)
+        nvml_call(nv.nvmlShutdown)

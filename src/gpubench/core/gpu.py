@@ -35,23 +35,22 @@ def require_gpu() -> Any:
     try:
         n = runtime.getDeviceCount()
     except Exception as e:
-        text = first_line(e)
-        if "InsufficientDriver" in text and not _driver_library_present():
-            # the runtime says "insufficient driver" when there is no driver at all
-            text = "no NVIDIA driver is installed: libcuda and NVML cannot be loaded"
-        raise NoGPUError(text) from None
+        raise NoGPUError(no_driver_text(first_line(e))) from None
     if n < 1:
         raise NoGPUError("the CUDA runtime reports 0 devices")
     return cupy
 
 
-def _driver_library_present() -> bool:
-    """True when the NVIDIA driver's user-space library (libcuda.so.1) can be loaded."""
+def no_driver_text(text: str) -> str:
+    """A CUDA runtime error line, or what it means where it says "insufficient driver" and the
+    NVIDIA driver's user-space library (libcuda.so.1) cannot be loaded: no driver at all."""
+    if "InsufficientDriver" not in text:
+        return text
     try:
         ctypes.CDLL("libcuda.so.1")
-        return True
     except OSError:
-        return False
+        return "no NVIDIA driver is installed: libcuda and NVML cannot be loaded"
+    return text
 
 
 def gpu_available() -> bool:
@@ -218,8 +217,7 @@ def pattern(nbytes: int, seed: int = 0):
     """A deterministic pseudo-random uint8 numpy array of ``nbytes`` (never zeros only)."""
     import numpy as np
 
-    base = np.random.default_rng(seed).integers(0, 256, size=min(nbytes, _PATTERN_LEN), dtype=np.uint8)
-    return np.resize(base, nbytes)
+    return np.resize(Pattern(nbytes, seed).base, nbytes)
 
 
 class Pattern:

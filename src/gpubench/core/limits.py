@@ -226,11 +226,6 @@ def saved_pct_of_peak(record) -> float | None:
     return None
 
 
-FLAG_WORDS = {"no_op": "no-op: moves no data (one rank, in place); the call's time, not a bandwidth",
-              "above_peak": "above a physical limit (a timing fault, not a speed)",
-              "nvls": "busbw above the links' sum (NVLS?)"}
-
-
 def flag_mark(extra: dict) -> str:
     """The mark a table puts after a figure: " (no-op)", " !!" (above a physical limit), " (NVLS?)"."""
     if extra.get("limit_flag") == "no_op":

@@ -207,6 +207,10 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
     """
     have = nodes(root)
     allowed = set(allowed_cpus())
+
+    def usable(cpus: list[int]) -> list[int]:  # those this process may use (all when unknown)
+        return sorted(set(cpus) & allowed) if allowed else cpus
+
     if policy == "none":
         return [Binding(None, None, "--numa none: not bound")]
     if policy == "all":
@@ -215,12 +219,12 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
                              _use_it_with())
         out = []
         for n, cpus in have.items():
-            mine = sorted(set(cpus) & allowed) if allowed else cpus
+            mine = usable(cpus)
             if mine:
                 out.append(Binding(n, tuple(mine), f"--numa all: node {n}", tag=n))
         return out or [Binding(None, None, "--numa all: no node with usable CPUs found; not bound")]
     if isinstance(policy, int):
-        mine = sorted(set(have.get(policy, [])) & allowed) if allowed else have.get(policy, [])
+        mine = usable(have.get(policy, []))
         if not mine:
             raise UsageError(f"--numa {policy}: none of node {policy}'s CPUs may be used by this process",
                              f"allowed CPUs: {format_cpulist(sorted(allowed))}")
@@ -230,7 +234,7 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
         return [Binding(None, None, "auto: no GPU; not bound")]
     node = gpu.get("numa_node")
     if isinstance(node, int) and node >= 0 and have.get(node):
-        mine = sorted(set(have[node]) & allowed) if allowed else have[node]
+        mine = usable(have[node])
         if mine:
             return [Binding(node, tuple(mine), f"auto: GPU {gpu.get('index')}'s NUMA node {node}")]
     local = gpu.get("cpu_affinity")
@@ -239,7 +243,7 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
             cpus = parse_cpulist(local)
         except ValueError:
             cpus = []
-        mine = sorted(set(cpus) & allowed) if allowed else cpus
+        mine = usable(cpus)
         if mine:
             only = next(iter(have)) if len(have) == 1 else None
             return [Binding(only, tuple(mine), f"auto: GPU {gpu.get('index')}'s local CPUs (its NUMA node is "
@@ -318,22 +322,17 @@ class PlacementLog:
 
     def note(self, buf) -> None:
         """Read ``buf``'s pages now (before it is freed) and keep them."""
-        ptr = getattr(buf, "ptr", 0)
-        nbytes = getattr(buf, "nbytes", 0)
-        if not ptr or not nbytes:
-            return
-        where = page_nodes(ptr, nbytes)
-        self.seen.append({"kind": getattr(buf, "kind", None), "nbytes": nbytes, **where})
-        self.live.discard(buf)
+        ptr, nbytes = getattr(buf, "ptr", 0), getattr(buf, "nbytes", 0)
+        if ptr and nbytes:
+            self.seen.append({"kind": getattr(buf, "kind", None), "nbytes": nbytes, **page_nodes(ptr, nbytes)})
+            self.live.discard(buf)
 
     def take(self) -> dict[str, Any] | None:
         """The point's placement (buffers still alive are read now), and start over; None when no
         host buffer was seen. Shape: {"buffers", "pages": {node: n}, "pages_checked", "not_present",
         "kinds": [...]}."""
         for b in list(self.live):
-            ptr, nbytes = getattr(b, "ptr", 0), getattr(b, "nbytes", 0)
-            if ptr and nbytes:
-                self.seen.append({"kind": getattr(b, "kind", None), "nbytes": nbytes, **page_nodes(ptr, nbytes)})
+            self.note(b)
         seen, self.seen = self.seen, []
         if not seen:
             return None

@@ -111,8 +111,6 @@ def timing_plan(warmup: int, iters: int | None, min_time: float, max_noise: floa
         UsageError: a negative warm-up, iterations below 1, a min or max time that is not a finite
             number of seconds in (0, 86400], a noise goal that is not a percentage in (0, 100].
     """
-    import math
-
     from gpubench.core.timing import TimingPlan
 
     positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
@@ -290,12 +288,6 @@ def option_maximum(command: str, name: str) -> float | None:
     return hi() if callable(hi) else hi
 
 
-def ascii_int(text: str, name: str) -> int:
-    """An integer written with ASCII digits (for comma lists such as -d 0,1): parse_number's rules,
-    bounded by DEFAULT_INT_MAX."""
-    return int(parse_number(text, name, int))
-
-
 def max_wait_seconds() -> float:
     """The longest wait Python's locks, events and thread joins accept (``threading.TIMEOUT_MAX``,
     about 292 years on Linux): beyond it a wait raises OverflowError, so it bounds any --timeout."""
@@ -312,8 +304,6 @@ def finite_seconds(name: str, value: float, *, maximum: float | None = None) -> 
         UsageError: not a number, NaN, infinite, <= 0, or above ``maximum``; the line names the
             value and the largest accepted.
     """
-    import math
-
     top = max_wait_seconds() if maximum is None else maximum
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"{name} {value!r} is not a number of seconds", "e.g. 600")

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from gpubench.core.stats import Summary
-from gpubench.core.units import format_rate, to_rate
+from gpubench.core.units import format_rate
 
 
 _HUMAN_TO_STDERR = [False]  # True while stdout carries a JSON result (--json -): see human_to_stderr
@@ -268,11 +268,6 @@ def progress(enabled: bool) -> Iterator[ProgressSink]:
         yield p
     finally:
         p.done()
-
-
-def gbps(rate_bytes_per_s: float, units: str) -> float:
-    """Bytes/s -> GB/s or GiB/s (for JSON extras and tests)."""
-    return to_rate(rate_bytes_per_s, units)
 
 
 def partial_note(result, what: str = "points") -> str:

@@ -27,9 +27,8 @@ JSON layout (schema version 1)::
     }
 
 The JSON Schema of this layout is ``gpubench/schemas/result-v1.schema.json`` (:func:`json_schema`).
-Raw bytes and seconds are kept so GB/s or GiB/s can be derived later. History of the schema:
-version 1 (gpubench 0.1.0) is the first. Loading a newer version is refused; older versions are
-upgraded through ``_MIGRATIONS``.
+Raw bytes and seconds are kept so GB/s or GiB/s can be derived later. Loading a newer schema
+version is refused; older versions are upgraded through ``_MIGRATIONS``.
 """
 
 from __future__ import annotations
@@ -55,12 +54,11 @@ SCHEMA_VERSION = 1
 # version -> function upgrading a dict of that version to version + 1
 _MIGRATIONS: dict[int, Any] = {}
 MAX_LOAD_BYTES = 64 * 2**20
-# JSON values a file may hold (counted as commas and opening brackets, strings included, so an
-# overestimate). A result of a million samples is about 20 MB and a million values; a file of
-# 64 MiB of "0," or "[]," would parse into 1-5 GB of Python objects, so it is refused before parsing.
+# JSON values a file may hold (commas and opening brackets counted, an overestimate): 64 MiB of
+# "0," would parse into gigabytes of Python objects, so it is refused before parsing.
 MAX_JSON_ITEMS = 8_000_000
-# Nesting of arrays and objects a file may hold (a result nests 5 levels; a bundle 8): deeper is
-# refused from the raw text before parsing, so no recursion (json, tomllib, rich, a re-save) can fail.
+# Nesting a file may hold (a result nests 5 levels; a bundle 8), checked on the raw text before
+# parsing, so no recursion (json, tomllib, rich, a re-save) can fail.
 MAX_DEPTH = 64
 MAX_RECORDS = 1_000_000  # records in one result (a 1000-size sweep x 4 memories x 3 directions x 64 GPUs)
 MAX_INT = 2**63 - 1  # the largest count any field holds: bytes, steps, indices (a signed 64-bit int)
@@ -564,18 +562,15 @@ def load(path: str | os.PathLike) -> Result:
 
 # -- the one validator of loaded files ------------------------------------------------------------
 #
-# Every file gpubench reads back (a result, a suite bundle, an expectations TOML) goes through the
-# functions below: the raw text is bounded (size, value count, nesting depth) before it is parsed,
-# and every field is checked for its type and range before anything uses it. A bad field is one
-# UsageError (exit 2) naming the file and the field by its JSON Pointer (RFC 6901), the value as
-# found (made inert by core.safe.term) and what would be accepted.
+# Every file gpubench reads back (a result, a suite bundle, an expectations TOML) is bounded (size,
+# value count, nesting depth) before it is parsed, and every field is checked for its type and range
+# before anything uses it. A bad field is one UsageError (exit 2) naming the file, the field by its
+# JSON Pointer (RFC 6901), the value as found (core.safe.term) and what would be accepted.
 #
-# The checks are the published schema (gpubench/schemas/result-v1.schema.json) plus what a schema
-# cannot say for Python's json module: no Infinity, NaN or 1e400 (json reads them as floats), no
-# integer beyond 64 bits, no bool where an integer is meant (True == 1 in Python). They are written
-# out rather than run through jsonschema, which is not a runtime dependency (the test extra brings
-# it; tests/unit/test_result_validate.py holds the two to agree) and which is ~50x slower on a file
-# of millions of samples.
+# The checks are the published schema plus what a schema cannot say for Python's json module: no
+# Infinity, NaN or 1e400, no integer beyond 64 bits, no bool where an integer is meant. They are
+# written out: jsonschema is not a runtime dependency (tests/unit/test_result_validate.py holds the
+# two to agree) and is ~50x slower on a file of millions of samples.
 
 
 def pointer_join(pointer: str, key: object) -> str:
@@ -593,9 +588,7 @@ def _shown(v: object) -> str:
         text = f"(a {len(str(abs(v)))}-digit integer)"
     elif isinstance(v, int):
         text = str(v)
-    elif isinstance(v, float):
-        text = repr(v)
-    elif isinstance(v, str):
+    elif isinstance(v, (float, str)):
         text = repr(v)
     elif isinstance(v, dict):
         text = "an object"
@@ -686,7 +679,7 @@ def check_values(v: object, source: str, pointer: str) -> None:
             if not -MAX_INT - 1 <= x <= MAX_INT:
                 raise bad_field(source, ptr, x, "an integer that fits 64 bits")
         elif t is dict:
-            stack.extend((val, ptr + "/" + str(k).replace("~", "~0").replace("/", "~1")) for k, val in x.items())
+            stack.extend((val, pointer_join(ptr, k)) for k, val in x.items())
         elif t is list:
             stack.extend((val, f"{ptr}/{i}") for i, val in enumerate(x))
 
@@ -787,9 +780,7 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
         check_number(t["interval_s"], source, pointer_join(pointer, "interval_s"), lo_open=True)
     if "devices" in t:
         dp = pointer_join(pointer, "devices")
-        if type(t["devices"]) is not list:
-            raise bad_field(source, dp, t["devices"], "an array of CUDA ordinals")
-        for i, v in enumerate(t["devices"]):
+        for i, v in enumerate(_check_list(t["devices"], source, dp, "an array of CUDA ordinals")):
             check_int(v, source, f"{dp}/{i}")
     for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
         v = t.get(k)
@@ -802,10 +793,8 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
             check_number(v[s], source, pointer_join(kp, s), lo=-1.8e308)
     if "reasons" in t:
         rp = pointer_join(pointer, "reasons")
-        if type(t["reasons"]) is not list:
-            raise bad_field(source, rp, t["reasons"], "an array of clock-event reasons")
         known, seen = telemetry_reasons(), set()
-        for i, v in enumerate(t["reasons"]):
+        for i, v in enumerate(_check_list(t["reasons"], source, rp, "an array of clock-event reasons")):
             if type(v) is not str or v not in known:
                 raise bad_field(source, f"{rp}/{i}", v, "one of " + ", ".join(known))
             if v in seen:
@@ -843,8 +832,7 @@ def _int_ok(v: object, lo: int = _MIN_INT) -> bool:
 
 def _telemetry_ok(t: object) -> bool:
     """True when :func:`check_telemetry` would pass ``t``, without building a JSON Pointer or an
-    error (a result's every record may carry a block: 100,000 of them took 7 s through the named
-    check, 0.8 s here); anything doubtful goes to the named check."""
+    error (every record may carry a block); anything doubtful goes to the named check."""
     if type(t) is not dict or not _TELEMETRY_REQUIRED_SET <= t.keys() <= _TELEMETRY_KEYS:
         return False
     if not _int_ok(t["n"], 0) or not (_num_ok(t["interval_s"]) and t["interval_s"] > 0):
@@ -877,8 +865,7 @@ def _REASONS_SET() -> frozenset:  # noqa: N802
 
 def _record_fast(d: object) -> "Record | None":
     """The record of a well-formed ``d`` (every rule of :func:`check_record`), or None when
-    anything is off, for check_record's slow path to name. No JSON Pointer is built here: 200,000
-    records built 2.8 million pointer strings that no message used (compare of such a file)."""
+    anything is off, for check_record's slow path to name; no JSON Pointer is built here."""
     if type(d) is not dict or len(d) < 7 or not d.keys() <= _RECORD_KEYS:
         return None
     try:
@@ -1022,7 +1009,7 @@ def _check_fields(obj: dict, fields: dict[str, str], source: str, pointer: str) 
 
 def check_env(env: object, source: str, pointer: str) -> dict:
     """Check a result's ``env`` (the schema's ``$defs/env``): each part an object, its known fields
-    of their types (``host`` a string was an AttributeError deep in a report)."""
+    of their types."""
     env = check_obj(env, source, pointer)
     for part, fields in _ENV_FIELDS.items():
         if part in env:
@@ -1034,10 +1021,7 @@ def check_env(env: object, source: str, pointer: str) -> dict:
             check_str(v, source, pointer_join(vp, k), allow_none=True)
     if "gpus" in env:
         gp = pointer_join(pointer, "gpus")
-        gpus = env["gpus"]
-        if not isinstance(gpus, list):
-            raise bad_field(source, gp, gpus, "an array of GPUs")
-        for i, g in enumerate(gpus):
+        for i, g in enumerate(_check_list(env["gpus"], source, gp, "an array of GPUs")):
             p = f"{gp}/{i}"
             g = check_obj(g, source, p)
             check_int(g.get("index"), source, pointer_join(p, "index"))
@@ -1121,10 +1105,9 @@ def _check_preflight(v: object, source: str, pointer: str) -> None:
 def check_result(d: object, source: str = "result", pointer: str = "") -> "Result":
     """Check a parsed result (schema version 1 after migration) field by field and build it.
 
-    Every field the schema requires must be there (a file without ``records`` was read as a run
-    that measured nothing), the objects (spec, timing, env, a record's extra) must be objects, not
-    null, and a stopped run must say ``partial``: what the published schema refuses, the loader
-    refuses, besides what a schema cannot say (inf, 1e400, bool for int, depth).
+    Every field the schema requires must be there, the objects (spec, timing, env, a record's
+    extra) must be objects, not null, and a stopped run must say ``partial``: what the published
+    schema refuses, the loader refuses, besides what a schema cannot say (inf, 1e400, bool for int).
 
     Raises:
         UsageError: not a gpubench result; an unknown or newer schema version; or the first bad
@@ -1144,18 +1127,14 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
     if "command" not in d:
         raise UsageError(f"{where} is a malformed gpubench result: it names no command")
     command = check_command(d["command"], source, pointer_join(pointer, "command"))
-    argv = d.get("argv", [])
-    if not isinstance(argv, list):
-        raise bad_field(source, pointer_join(pointer, "argv"), argv, "an array of strings")
+    argv = _check_list(d.get("argv", []), source, pointer_join(pointer, "argv"), "an array of strings")
     for i, a in enumerate(argv):
         check_str(a, source, pointer_join(pointer, f"argv/{i}"))
     partial = d.get("partial", False)
     if not isinstance(partial, bool):
         raise bad_field(source, pointer_join(pointer, "partial"), partial, "true or false")
-    records = d.get("records", [])
     rp = pointer_join(pointer, "records")
-    if not isinstance(records, list):
-        raise bad_field(source, rp, records, "an array of records")
+    records = _check_list(d.get("records", []), source, rp, "an array of records")
     if len(records) > MAX_RECORDS:
         raise bad_field(source, rp, records, f"at most {MAX_RECORDS:,} records (it holds {len(records):,})")
     spec = check_obj(d.get("spec", {}), source, pointer_join(pointer, "spec"))
@@ -1211,8 +1190,7 @@ def json_depth(raw: bytes) -> int:
     import numpy as np
 
     text = _JSON_STRING.sub(b'""', raw) if b'"' in raw else raw
-    # the brackets alone, in order (bytes.translate deletes the rest at C speed): the cumulative
-    # sum then runs over them, not over every byte (60 MB of samples: 9.5 s down to a few ms)
+    # the brackets alone, in order (bytes.translate deletes the rest at C speed), then the cumulative sum
     brackets = text.translate(None, _NOT_BRACKETS)
     if not brackets:
         return 0

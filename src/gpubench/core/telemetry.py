@@ -40,6 +40,8 @@ import statistics
 import threading
 from typing import Any, Iterator, Sequence
 
+from gpubench.core.env import nvml_call as _call
+
 DEFAULT_INTERVAL_S = 0.01
 
 # nvmlClocksEventReasons (nvml.h: nvmlClocksEventReasonGpuIdle 0x1 ... HwPowerBrakeSlowdown 0x80,
@@ -59,13 +61,6 @@ REASON_WORDS = {"sw_power_cap": "power-capped", "hw_slowdown": "in hardware slow
                 "sw_thermal": "thermally throttled (software)", "hw_thermal": "thermally throttled (hardware)",
                 "hw_power_brake": "power-braked", "sync_boost": "sync-boosted"}
 NVLINK_COUNTERS = 4  # NVML_NVLINK_ERROR_DL_REPLAY, _RECOVERY, _CRC_FLIT, _CRC_DATA
-
-
-def _call(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:
-        return None
 
 
 def summary3(values: Sequence[float]) -> dict[str, float] | None:
