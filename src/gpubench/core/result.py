@@ -260,14 +260,11 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     one check of every output gpubench writes (--json, plot's PNG, report's HTML).
 
     Refused: an empty name or one over 255 bytes; a missing folder or one that cannot be written
-    (tried: a temporary file is made and removed, which also catches read-only mounts, immutable
-    folders and /sys or /proc, where the permission bits say yes); a folder; anything that exists
-    and is not a regular file, directly or through symbolic links: a character or block device
-    (``mknod mynull c 1 3``, /dev/null: an atomic save would replace the device node, as root even
-    /dev/null itself), a FIFO, a socket; a file-descriptor link (/dev/stdout, /dev/fd/N,
-    /proc/self/fd/N: the rename would replace whatever file the descriptor has open, e.g. the
-    shell's log; ``--json -`` is the way to standard output); an existing file this user cannot
-    write.
+    (tried with a temporary file, which also catches read-only mounts and /sys or /proc); a folder;
+    anything that exists and is not a regular file, directly or through symbolic links (a device,
+    which an atomic save would replace, a FIFO, a socket); a file-descriptor link (/dev/stdout,
+    /dev/fd/N, /proc/self/fd/N: the rename would replace the file the descriptor has open); an
+    existing file this user cannot write.
 
     Args:
         path: the file to be written.
@@ -876,14 +873,8 @@ def _record_fast(d: object) -> "Record | None":
     if type(params) is not dict or type(samples) is not list or type(extra) is not dict:
         return None
     for v in params.values():
-        t = type(v)
-        if t is str or t is bool or v is None:
-            continue
-        if t is int and _MIN_INT <= v <= MAX_INT:
-            continue
-        if t is float and v - v == 0.0:
-            continue
-        return None
+        if not (type(v) is str or type(v) is bool or v is None or _num_ok(v)):
+            return None
     if metric not in ("bandwidth", "time") or type(nbytes) is not int or not 0 <= nbytes <= MAX_INT:
         return None
     if type(reps) is not int or not 1 <= reps <= MAX_REPS or not (error is None or type(error) is str):
