@@ -34,7 +34,9 @@ Verdict (:func:`judge`), with ``threshold_pct`` (default 1) and ``alpha`` (defau
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence, cast
@@ -42,6 +44,7 @@ from typing import Any, Sequence, cast
 from gpubench.core import safe
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
+from gpubench.core.stats import _z
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD_PCT = 1.0
@@ -102,11 +105,7 @@ def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=1024)
 def _u_cumulative(n1: int, n2: int) -> tuple[int, ...]:
-    out, acc = [], 0
-    for c in _u_counts(n1, n2):
-        acc += c
-        out.append(acc)
-    return tuple(out)
+    return tuple(itertools.accumulate(_u_counts(n1, n2)))
 
 
 EXACT_TABLE_MAX_PAIRS = 400  # the whole null distribution of U listed (and cached) up to n1 n2 pairs
@@ -116,8 +115,7 @@ EXACT_TABLE_MAX_PAIRS = 400  # the whole null distribution of U listed (and cach
 def _u_at_most(n1: int, n2: int, k: int) -> int | float:
     """Number of orderings of n1 + n2 distinct values with U <= k, in O(min(n1, n2) k) time and
     O(k) memory, k <= n1 n2 / 2 where it is used: linear in the larger sample for the exact test's
-    smaller side of at most EXACT_MAX values (the whole table, :func:`_u_counts`, is O(n1^2 n2^2):
-    8 against 5,000 samples took over 200 s).
+    smaller side of at most EXACT_MAX values (the whole table, :func:`_u_counts`, is O(n1^2 n2^2)).
 
     The counts of U are the coefficients of the Gaussian binomial coefficient
     [m + n choose m]_q = prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i), m = min(n1, n2), n = max(n1, n2)
@@ -162,24 +160,18 @@ def _exact_p(u1: float, n1: int, n2: int) -> float:
 
 
 EXACT_TIES_MAX_SPLITS = 50_000  # with ties: the exact permutation distribution while C(n1+n2, n1) <= this
-EXACT_TIES_MAX_CELLS = 4_000_000  # ... and its dynamic programme (:func:`_exact_ties_cells`) fills at most this many
-
-
-def _exact_ties_cells(n: int, n1: int) -> int:
-    """Cells :func:`_rank_sum_counts` fills for ``n`` pooled values of which ``n1`` (or the
-    n - n1 others, the smaller) are chosen: n values x (j + 1) counts x (2 n j + 1) doubled rank
-    sums, j = min(n1, n - n1). C(n, 1) = n stays under EXACT_TIES_MAX_SPLITS up to 50,000 values,
-    but 1 sample against 49,999 would fill 10^10 cells (cubic in the samples): beyond
-    EXACT_TIES_MAX_CELLS the normal approximation is used, as scipy does for every tie."""
-    j = min(n1, n - n1)
-    return n * (j + 1) * (2 * n * j + 1)
+EXACT_TIES_MAX_CELLS = 4_000_000  # ... and its dynamic programme (:func:`_exact_ties_ok`) fills at most this many
 
 
 def _exact_ties_ok(n: int, n1: int) -> bool:
-    """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled values.
-    The cells first: they bound n to about 1,000, where C(n, n1) is cheap (C(10^6, 5 10^5), a
-    300,000-digit integer, took 7 s)."""
-    return _exact_ties_cells(n, n1) <= EXACT_TIES_MAX_CELLS and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS
+    """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled values:
+    at most EXACT_TIES_MAX_CELLS cells of :func:`_rank_sum_counts` (n values x (j + 1) counts x
+    (2 n j + 1) doubled rank sums, j = min(n1, n - n1): cubic in the samples, so 1 against 49,999
+    is refused though C(n, 1) is small) and at most EXACT_TIES_MAX_SPLITS splits; beyond, the normal
+    approximation, as scipy for every tie. The cells are checked first: they bound n to about 1,000,
+    where C(n, n1) is cheap."""
+    j = min(n1, n - n1)
+    return n * (j + 1) * (2 * n * j + 1) <= EXACT_TIES_MAX_CELLS and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS
 
 
 @functools.lru_cache(maxsize=4096)
@@ -216,11 +208,8 @@ def _tie_deviations(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[tuple[floa
             d = abs(t / 2.0 - base - mu)
             by_dev[d] = by_dev.get(d, 0) + c
     devs = sorted(by_dev)
-    beyond, acc = [0] * len(devs), 0
-    for i in range(len(devs) - 1, -1, -1):
-        acc += by_dev[devs[i]]
-        beyond[i] = acc
-    return tuple(devs), tuple(beyond), acc
+    beyond = list(itertools.accumulate(by_dev[d] for d in reversed(devs)))[::-1]
+    return tuple(devs), tuple(beyond), beyond[0] if beyond else 0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -234,26 +223,13 @@ def _doubled_ranks(groups: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _exact_p_ties_groups(n: int, n1: int, u1: float, groups: tuple[int, ...]) -> float:
-    """:func:`_exact_p_ties` for ``n`` pooled values whose tie groups, in rank order, have these sizes."""
-    import bisect
-
+def _exact_p_ties(n: int, n1: int, u1: float, groups: tuple[int, ...]) -> float:
+    """Two-sided exact p with ties, for ``n`` pooled values whose tie groups, in rank order, have
+    these sizes: every way of choosing which n1 of the pooled (mid)ranks belong to the first sample
+    is equally likely under the null; p is the share of them whose U is at least as far from
+    n1 n2 / 2 as the observed one (the permutation test of U, conditional on the ties)."""
     devs, beyond, total = _tie_deviations(n1, _doubled_ranks(groups))
     i = bisect.bisect_left(devs, abs(u1 - n1 * (n - n1) / 2.0) - 1e-9)
-    return min(1.0, (beyond[i] if i < len(devs) else 0) / total)
-
-
-def _exact_p_ties(ranks: Sequence[float], n1: int, u1: float, groups: tuple[int, ...] | None = None) -> float:
-    """Two-sided exact p with ties: every way of choosing which n1 of the pooled (mid)ranks belong
-    to the first sample is equally likely under the null; p is the share of them whose U is at least
-    as far from n1 n2 / 2 as the observed one (the permutation test of U, conditional on the ties).
-    """
-    import bisect
-
-    n2 = len(ranks) - n1
-    devs, beyond, total = _tie_deviations(n1, _doubled_ranks(groups) if groups is not None else
-                                          tuple(sorted(int(round(2 * r)) for r in ranks)))
-    i = bisect.bisect_left(devs, abs(u1 - n1 * n2 / 2.0) - 1e-9)
     return min(1.0, (beyond[i] if i < len(devs) else 0) / total)
 
 
@@ -274,9 +250,8 @@ RANKS_NUMPY_MIN = 2_000  # values ranked with numpy from this many (pure Python 
 
 def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
     """Average (mid)ranks, 1-based, of ``values`` and the sizes of the tie groups, in rank order
-    (pure Python for the few samples of most figures, where numpy's per-call cost dominated
-    200,000-figure comparisons; numpy from RANKS_NUMPY_MIN values, 5x faster at 10^6: the same
-    ranks, halves of integers, exact either way)."""
+    (pure Python for the few samples of most figures, where numpy's per-call cost dominates; numpy
+    from RANKS_NUMPY_MIN values: the same ranks, halves of integers, exact either way)."""
     if len(values) >= RANKS_NUMPY_MIN:
         import numpy as np
 
@@ -289,21 +264,15 @@ def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
         r = np.empty(len(s))
         r[order_] = mid_
         return r.tolist(), sizes.tolist()
-    order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
     groups: list[int] = []
-    i = 0
-    n = len(values)
-    while i < n:
-        j = i
-        v = values[order[i]]
-        while j + 1 < n and values[order[j + 1]] == v:
-            j += 1
-        mid = (i + j) / 2.0 + 1.0
-        for k in range(i, j + 1):
-            ranks[order[k]] = mid
-        groups.append(j - i + 1)
-        i = j + 1
+    start = 0
+    for _, tied in itertools.groupby(sorted(range(len(values)), key=values.__getitem__), key=values.__getitem__):
+        idx = list(tied)
+        for k in idx:
+            ranks[k] = start + (len(idx) + 1) / 2.0  # midrank of positions start+1 .. start+len
+        groups.append(len(idx))
+        start += len(idx)
     return ranks, groups
 
 
@@ -367,7 +336,7 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
         return MWU(u1, z, _exact_p(u1, n1, n2), "exact", pmin)
     if len(groups) < n and _exact_ties_ok(n, n1):
         # the normal approximation cannot go below ~0.012 at 5 vs 5, so a tie would hide any change
-        return MWU(u1, z, _exact_p_ties(ranks, n1, u1, tuple(groups)), "exact (ties)", pmin)
+        return MWU(u1, z, _exact_p_ties(n, n1, u1, tuple(groups)), "exact (ties)", pmin)
     p = min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
     return MWU(u1, z, p, "asymptotic", pmin)
 
@@ -376,12 +345,6 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
 
 EXACT_CI_MAX_PAIRS = 400  # the Moses rank from the exact null distribution of U up to m n pairs
 BRUTE_MAX_PAIRS = 40_000  # pairwise differences listed and sorted up to this many; selected beyond
-
-
-def _z(confidence: float) -> float:
-    from gpubench.core.stats import _z as z
-
-    return z(confidence)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -406,8 +369,7 @@ def moses_rank(m: int, n: int, alpha: float) -> int:
     return max(0, min(c, (m * n) // 2))
 
 
-SELECT_MAX_CANDIDATES = 1 << 16  # pairs listed at once by the selection (at least m + n): 1 << 20 made
-# 1,000 vs 1,000 samples list and partition all 10^6 pairs per rank, 25x slower than narrowing first
+SELECT_MAX_CANDIDATES = 1 << 16  # pairs listed at once by the selection (at least m + n)
 
 
 def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> list[float]:
@@ -753,11 +715,10 @@ BATCH_MIN_FIGURES = 32  # of the same sizes; fewer, one by one
 def judge_many(items: Sequence[tuple[Sequence[float], Sequence[float], str]], *, threshold_pct: float,
                alpha: float = DEFAULT_ALPHA) -> list[Judgement]:
     """:func:`judge` of each (base, new, metric), the same results, computed for many small
-    figures of equal sample sizes at once with numpy (a 200,000-figure comparison spent most of its
-    time in per-figure Python): pairwise log differences sorted row-wise for the Hodges-Lehmann
-    estimate and the Moses interval; pooled samples ranked row-wise (midranks for ties) for U;
-    p from the cached exact distributions (per tie pattern for rows with ties) or the normal
-    approximation, as :func:`mann_whitney_u` chooses."""
+    figures of equal sample sizes at once with numpy: pairwise log differences sorted row-wise for
+    the Hodges-Lehmann estimate and the Moses interval; pooled samples ranked row-wise (midranks
+    for ties) for U; p from the cached exact distributions (per tie pattern for rows with ties) or
+    the normal approximation, as :func:`mann_whitney_u` chooses."""
     out: list[Judgement | None] = [None] * len(items)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (b, n_, _) in enumerate(items):
@@ -840,7 +801,7 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
                 t = MWU(u, z, min(1.0, 2.0 * cum[k] / cum[-1]), "exact", pmin)
             elif tiesl[g] and exact_ties_ok:
                 row_sizes = tuple([int(x) for x in group_sizes[g] if x])  # type: ignore[index]
-                t = MWU(u, z, _exact_p_ties_groups(N, n, u, row_sizes), "exact (ties)", pmin)
+                t = MWU(u, z, _exact_p_ties(N, n, u, row_sizes), "exact (ties)", pmin)
             else:
                 t = MWU(u, z, min(1.0, erfc(abs(z) / sqrt(2.0))), "asymptotic", pmin)
         shift = Shift(pct(hll[g]), pct(lol[g]) if lol is not None else None, pct(hil[g]) if hil is not None else None,
@@ -966,12 +927,18 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
     if pa is not None and pb is not None and pa != pb:
         out.append(f"PCIe Gen{pa[0]} x{pa[1]}->Gen{pb[0]} x{pb[1]}")
     a, b = _num(tb, "other_processes") or 0, _num(tn, "other_processes") or 0
-    if a != b:  # another process on the GPU during the point (a second job: the issue's load case)
+    if a != b:  # another process on the GPU during the point (a second job)
         out.append(f"other processes on the GPU {_count(a)}->{_count(b)}")
+    return out + _link_errors(tn, " (new)")
+
+
+def _link_errors(t: dict, suffix: str = "") -> list[str]:
+    """PCIe replays and NVLink errors counted in a telemetry block, each "label count" + ``suffix``."""
+    out = []
     for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
-        v = _num(tn, key)
+        v = _num(t, key)
         if v:
-            out.append(f"{label} {_count(v)} (new)")
+            out.append(f"{label} {_count(v)}{suffix}")
     return out
 
 
@@ -982,11 +949,7 @@ def _events(t: dict) -> list[str]:
     n = _num(t, "other_processes")
     if n:
         out.append(f"{_count(n)} other process(es) on the GPU")
-    for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
-        v = _num(t, key)
-        if v:
-            out.append(f"{label} {_count(v)}")
-    return out
+    return out + _link_errors(t)
 
 
 def limit_flags(record: Record, side: str) -> list[str]:
@@ -1057,31 +1020,17 @@ class Comparison:
         }
 
 
-def _gpu_field(env: dict, key: str) -> str:
-    gpus = env.get("gpus") or []
-    vals = [g.get(key) for g in gpus]
-    if not vals:
-        return "-"
-    return ", ".join(str(v) for v in vals)
-
-
-def _pcie(env: dict) -> str:
-    gpus = env.get("gpus") or []
-    if not gpus:
-        return "-"
-    return ", ".join(f"Gen{g.get('pcie_gen') or '?'} x{g.get('pcie_width') or '?'}" for g in gpus)
-
-
 def env_facts(env: dict) -> dict[str, str]:
     """The machine facts a comparison header shows, as text: GPUs, driver, CUDA, PCIe link, versions, host."""
     host = env.get("host") or {}
     cuda = env.get("cuda") or {}
     nvml = env.get("nvml") or {}
+    gpus = env.get("gpus") or []
     facts = {
         "hostname": str(host.get("hostname", "-")),
-        "GPUs": _gpu_field(env, "name"),
-        "GPU count": str(cuda.get("device_count", len(env.get("gpus") or [])) or "-"),
-        "PCIe link (now)": _pcie(env),
+        "GPUs": ", ".join(str(g.get("name")) for g in gpus) or "-",
+        "GPU count": str(cuda.get("device_count", len(gpus)) or "-"),
+        "PCIe link (now)": ", ".join(f"Gen{g.get('pcie_gen') or '?'} x{g.get('pcie_width') or '?'}" for g in gpus) or "-",
         "NVIDIA driver": str(nvml.get("driver_version") or "-"),
         "CUDA driver": str(cuda.get("driver_version") or "-"),
         "CUDA runtime": str(cuda.get("runtime_version") or "-"),
@@ -1148,12 +1097,6 @@ def _added(command: str, what: str) -> dict[str, Any]:
     return dict(getattr(own, what)) if own is not None else {}
 
 
-def _added_params(command: str) -> dict[str, Any]:
-    """The params the plug-in of ``command`` added after results of it were saved (param -> the
-    value an older result measured): a record without one pairs as if it had that value."""
-    return _added(command, "added_params")
-
-
 def _filled(params: dict, added: dict[str, Any]) -> dict:
     """``params`` with each added param it lacks at its older-behaviour value (``params`` itself
     when it lacks none)."""
@@ -1213,7 +1156,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
                 f"interrupted by {r.interrupted_by or 'a signal'}"
             cmp.notes.append(f"{name} is partial ({why})")
     cmp.notes.extend(_plugin_notes(base, new))
-    added = _added_params(base.command)
+    added = _added(base.command, "added_params")  # a record without one pairs as if it had that value
     lacking = [name for name, r in ((base_name, base), (new_name, new))
                if added and any(any(k not in rec.params for k in added) for rec in r.records)]
     for name in lacking:
@@ -1250,10 +1193,8 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         if rb.error or rn.error or not rb.samples_s or not rn.samples_s:
             why = rb.error or rn.error or "no samples"
             row = Row(dict(pb), rb.metric, "no-data", note=str(why), flags=flags)
-            if rb.samples_s and not rb.error:
-                row.base_median, row.n_base = _median(figure_values(rb, base_name)), len(rb.samples_s)
-            if rn.samples_s and not rn.error:
-                row.new_median, row.n_new = _median(figure_values(rn, new_name)), len(rn.samples_s)
+            _side_median(row, rb, True, base_name)
+            _side_median(row, rn, False, new_name)
             cmp.rows.append(row)
             continue
         vb, vn = figure_values(rb, base_name), figure_values(rn, new_name)
@@ -1324,13 +1265,18 @@ def _key(r: Record, params: dict | None = None) -> tuple:
 def _one_side(r: Record, status: str, source: str, params: dict | None = None) -> Row:
     side = "base" if status == "only-base" else "new"
     row = Row(dict(r.params if params is None else params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
+    _side_median(row, r, status == "only-base", source)
+    return row
+
+
+def _side_median(row: Row, r: Record, base: bool, source: str) -> None:
+    """Set the row's median and sample count of one side from ``r``, where it has samples and no error."""
     if r.samples_s and not r.error:
         m = _median(figure_values(r, source))
-        if status == "only-base":
+        if base:
             row.base_median, row.n_base = m, len(r.samples_s)
         else:
             row.new_median, row.n_new = m, len(r.samples_s)
-    return row
 
 
 # ---- formatting: format_* return data (rich renderables or lines); the command displays them.
@@ -1343,13 +1289,7 @@ MAX_TABLE_ROWS = 500  # the terminal table lists at most this many rows; beyond,
 
 def varying_params(rows: Sequence[Row]) -> list[str]:
     """Param names whose value differs between rows, in first-seen order (all names if one row)."""
-    keys: list[str] = []
-    known: set[str] = set()
-    for r in rows:
-        for k in r.params:
-            if k not in known:
-                known.add(k)
-                keys.append(k)
+    keys = list(dict.fromkeys(k for r in rows for k in r.params))
     if len(rows) <= 1:
         return keys
     out = []
@@ -1462,13 +1402,8 @@ def summary_line(cmp: Comparison) -> str:
     paired = c[SAME] + c[FASTER] + c[SLOWER] + c[INCONCLUSIVE]
     s = (f"{paired} figure(s) paired: {c[FASTER]} faster, {c[SLOWER]} slower, {c[SAME]} same, "
          f"{c[INCONCLUSIVE]} inconclusive")
-    extra = []
-    if c["only-base"]:
-        extra.append(f"{c['only-base']} only in base")
-    if c["only-new"]:
-        extra.append(f"{c['only-new']} only in new")
-    if c["no-data"]:
-        extra.append(f"{c['no-data']} without data")
+    extra = [f"{c[k]} {what}" for k, what in (("only-base", "only in base"), ("only-new", "only in new"),
+                                               ("no-data", "without data")) if c[k]]
     return s + ("; " + ", ".join(extra) if extra else "") + "."
 
 
