@@ -102,11 +102,7 @@ def _add_file(inputs: Inputs, path: Path, name: str, seen_steps: set[str]) -> No
         return
     if isinstance(d, dict) and d.get("schema") is None and "fleet" in d:
         return
-    plot.check_numbers(d, name)
-    try:
-        res = Result.from_dict(d, source=name)
-    except (OverflowError, RecursionError) as e:
-        raise UsageError(f"{name} is a malformed gpubench result: {type(e).__name__}") from None
+    res = plot.result_of(d, name)
     if path.name in seen_steps:
         return  # a bundle's step result, already shown with its bundle
     inputs.items.append(Item(name, res))

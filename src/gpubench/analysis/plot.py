@@ -65,9 +65,7 @@ _PANEL = {"sweep": (6.0, 4.2, 3), "bars": (11.0, 4.8, 1), "collective": (6.5, 4.
           "intervals": (9.0, 4.2, 1), "pairs": (8.0, 4.2, 1)}
 
 
-def S(text: object) -> str:  # noqa: N802 - short on purpose: every label goes through it
-    """``text`` safe as a matplotlib label (:func:`gpubench.core.safe.mpl`: one line, no mathtext)."""
-    return safe.mpl(text)
+S = safe.mpl  # every label goes through it: one line, no mathtext
 
 
 # ---- checking what a file holds, before drawing ----
@@ -146,6 +144,15 @@ def load(path: str | Path) -> Result:
         d = read_json(path)
     except RecursionError:
         raise UsageError(f"{name} is nested too deeply to be a gpubench result") from None
+    return result_of(d, name)
+
+
+def result_of(d: Any, name: str) -> Result:
+    """The Result in the parsed JSON ``d``, checked for what plot and report draw.
+
+    Raises:
+        UsageError: not a result, or numbers that cannot be drawn (:func:`check_numbers`).
+    """
     check_numbers(d, name)
     try:
         return Result.from_dict(d, source=name)
@@ -164,15 +171,16 @@ def size_key(r: Record) -> str | None:
     return None
 
 
-def _merge_pair_stats(r: Record) -> dict[str, Summary]:
+def _merge_pair_stats(r: Record, scale: float = 1.0) -> dict[str, Summary]:
     """merge's per worker-pair bandwidth (extra["pairs"]: q25/q50/q75 of B/s per transfer, as
-    dask-cuda's table) as Summaries keyed "(w1,w2)"; {} when the record has none."""
+    dask-cuda's table) as Summaries keyed "(w1,w2)", in B/s / ``scale``; {} when the record has none."""
     out = {}
     for p in r.extra.get("pairs") or []:
         try:
             out[f"({p['w1']},{p['w2']})"] = Summary(
-                n=int(p["n"]), median=float(p["q50"]), mean=float(p["hmean"]), min=float(p["min"]),
-                max=float(p["max"]), p25=float(p["q25"]), p75=float(p["q75"]), stdev=float(p["hstd"]),
+                n=int(p["n"]), median=float(p["q50"]) / scale, mean=float(p["hmean"]) / scale,
+                min=float(p["min"]) / scale, max=float(p["max"]) / scale, p25=float(p["q25"]) / scale,
+                p75=float(p["q75"]) / scale, stdev=float(p["hstd"]) / scale,
                 cv=float(p["hstd"]) / float(p["hmean"]) if p["hmean"] else 0.0)
         except (KeyError, TypeError, ValueError, OverflowError):
             continue
@@ -241,11 +249,7 @@ def _fmt(v: float) -> str:
 
 def _mode_keys(records: Sequence[Record], skip: set[str]) -> list[str]:
     """Param names (other than ``skip``) whose values differ between records, first-seen order."""
-    keys: list[str] = []
-    for r in records:
-        for k in r.params:
-            if k not in skip and k not in keys:
-                keys.append(k)
+    keys = dict.fromkeys(k for r in records for k in r.params if k not in skip)
     return [k for k in keys if len({repr(r.params.get(k)) for r in records}) > 1]
 
 
@@ -441,11 +445,7 @@ def _sweep_section(command: str, metric: str, items, many: bool) -> Section:
         return Section("bars", command, title, [p])
     facet = "direction" if len({r.params.get("direction") for r in recs}) > 1 else None
     panels = []
-    facets: list = []
-    for r in recs:
-        v = r.params.get(facet) if facet else None
-        if v not in facets:
-            facets.append(v)
+    facets = list(dict.fromkeys(r.params.get(facet) if facet else None for r in recs))
     for v in facets:
         sub = [(n, r) for n, r in items if not facet or r.params.get(facet) == v]
         srecs = [r for _, r in sub]
@@ -460,11 +460,7 @@ def _sweep_section(command: str, metric: str, items, many: bool) -> Section:
 def _collective_section(command: str, metric: str, items, many: bool) -> Section:
     recs = [r for _, r in items]
     panels = []
-    colls: list = []
-    for r in recs:
-        c = (r.params.get("collective"), r.params.get("nranks"))
-        if c not in colls:
-            colls.append(c)
+    colls = list(dict.fromkeys((r.params.get("collective"), r.params.get("nranks")) for r in recs))
     for coll, nranks in colls:
         sub = [(n, r) for n, r in items if (r.params.get("collective"), r.params.get("nranks")) == (coll, nranks)]
         keys = _mode_keys([r for _, r in sub], {"nbytes", "collective", "nranks"})
@@ -542,13 +538,8 @@ def _styles(sections_series: Sequence[Series], many: bool) -> dict[tuple[str, st
     several files are drawn, else colour by mode (solid lines). No two series share both."""
     import matplotlib
 
-    sources: list[str] = []
-    modes: list[str] = []
-    for s in sections_series:
-        if s.source not in sources:
-            sources.append(s.source)
-        if s.mode not in modes:
-            modes.append(s.mode)
+    sources = list(dict.fromkeys(s.source for s in sections_series))
+    modes = list(dict.fromkeys(s.mode for s in sections_series))
     colour_keys = sources if many else modes
     cmap = matplotlib.colormaps["tab10" if len(colour_keys) <= 10 else "tab20"]
     out = {}
@@ -689,13 +680,9 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
         ax.gpubench_top = top
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(_n_text(ns), loc="right", fontsize=7, color="0.3")
-    legend.setdefault(BAND_LABEL, _band_handle())
-
-
-def _band_handle():
     from matplotlib.patches import Patch
 
-    return Patch(facecolor="0.5", alpha=0.3, label=BAND_LABEL)
+    legend.setdefault(BAND_LABEL, Patch(facecolor="0.5", alpha=0.3, label=BAND_LABEL))
 
 
 def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], legend: dict,
@@ -711,11 +698,7 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
 
     get = summaries or by_cat
     per = [(s, get(s)) for s in panel.series]
-    cats: list[str] = []
-    for _, d in per:
-        for c in d:
-            if c not in cats:
-                cats.append(c)
+    cats = list(dict.fromkeys(c for _, d in per for c in d))
     k = max(len(per), 1)
     width = min(0.8 / k, 0.45)
     x = np.arange(len(cats))
@@ -757,13 +740,10 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
 def _pair_summaries(recs: Sequence[Record], units: str) -> dict[str, Summary]:
     """Per-pair Summaries in ``units``/s: from records with a "pair" param, or merge's extra."""
     out: dict[str, Summary] = {}
-    scale = UNITS[units]
     for r in recs:
         if "pair" in r.params:
             out[str(r.params["pair"])] = values(r, units)
-        for pair, s in _merge_pair_stats(r).items():
-            out[pair] = Summary(s.n, s.median / scale, s.mean / scale, s.min / scale, s.max / scale,
-                                s.p25 / scale, s.p75 / scale, s.stdev / scale, s.cv)
+        out.update(_merge_pair_stats(r, UNITS[units]))
     return out
 
 
