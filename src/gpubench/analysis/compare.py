@@ -11,25 +11,11 @@ Figures present on one side only are listed, not dropped.
 Value of a figure: for metric "bandwidth" each sample's rate nbytes / seconds in B/s (higher is
 better); for metric "time" each sample's seconds (lower is better).
 
-Change: the Hodges-Lehmann estimate of the ratio new / base, ``exp(median_ij(log y_j - log x_i)) - 1``
-in percent, with the distribution-free (Moses) confidence interval at level 1 - alpha from the order
-statistics of the same pairwise differences (:func:`hodges_lehmann`; Hollander & Wolfe,
-"Nonparametric Statistical Methods", 2nd ed., 1999, sections 4.2 and 4.3). On the log scale a
-shift is a ratio, so the change of a bandwidth is exactly the inverse change of its time.
-
-Test: the two-sided Mann-Whitney U test on the raw samples (:func:`mann_whitney_u`), the test whose
-inversion gives that interval.
-
-Verdict (:func:`judge`), with ``threshold_pct`` (default 1) and ``alpha`` (default 0.01):
-
-- "same": the change is within the threshold;
-- "faster" / "slower": the change is beyond the threshold AND the test finds it (p < alpha); faster
-  means more bandwidth or less time;
-- "inconclusive": the change is beyond the threshold but the test does not reach significance
-  (noise, or too few samples: 3 against 3 cannot go under p = 0.1).
-
-``--fail-on-regression`` fails on "slower" (and on figures missing from the new result); with
-``--strict`` also on "inconclusive".
+Change: the Hodges-Lehmann estimate of the ratio new / base in percent, with its distribution-free
+(Moses) interval at level 1 - alpha (:func:`hodges_lehmann`). On the log scale a shift is a ratio,
+so the change of a bandwidth is exactly the inverse change of its time. Test: the two-sided
+Mann-Whitney U test on the raw samples (:func:`mann_whitney_u`), whose inversion gives that
+interval. Verdict: same, faster, slower or inconclusive (:func:`judge`).
 """
 
 from __future__ import annotations
@@ -280,16 +266,12 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     """Two-sided Mann-Whitney U test: exact for small samples without ties, else the normal
     approximation with tie and continuity corrections.
 
-    Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto", whose
-    ``_mwu_choose_method`` in scipy/stats/_mannwhitneyu.py takes "asymptotic" only when both sizes
-    are over 8 or there are ties): p = 2 * P(U <= min(U1, n1 n2 - U1)) under the null
-    distribution of U (every ordering equally likely), counted by Mann and Whitney's recurrence up
-    to EXACT_TABLE_MAX_PAIRS pairs and beyond by the truncated Gaussian binomial series of
-    :func:`_u_at_most`, O(EXACT_MAX^2 max(n1, n2)): linear in the larger sample (scipy's own
-    exact count is quadratic in U there). With ties, at most EXACT_TIES_MAX_SPLITS ways to split
-    the pooled values and at most EXACT_TIES_MAX_CELLS cells of its dynamic programme: the exact
-    permutation distribution of U given the tied ranks (scipy would use the normal approximation,
-    whose p cannot go under ~0.012 at 5 vs 5). Otherwise (ranking O(n log n)):
+    Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto"):
+    p = 2 * P(U <= min(U1, n1 n2 - U1)) under the null distribution of U (every ordering equally
+    likely), from :func:`_exact_p`, linear in the larger sample. With ties, where
+    :func:`_exact_ties_ok`: the exact permutation distribution of U given the tied ranks
+    (:func:`_exact_p_ties`; the normal approximation cannot go under p ~0.012 at 5 vs 5).
+    Otherwise (ranking O(n log n)):
 
     With the n = n1 + n2 values ranked together (ties get their average rank) and R1 the sum of the
     ranks of ``x``::
@@ -324,21 +306,24 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     ranks, groups = _ranks(allv)
     r1 = math.fsum(ranks[:n1])
     u1 = r1 - n1 * (n1 + 1) / 2.0
-    mu = n1 * n2 / 2.0
     tie_term = float(sum(t ** 3 - t for t in groups))
     var = n1 * n2 / 12.0 * ((n + 1) - (tie_term / (n * (n - 1)) if n > 1 else 0.0))
-    pmin = min_p(n1, n2)
+    return _mwu(u1, var, n1, n2, min_p(n1, n2), len(groups) < n, groups)
+
+
+def _mwu(u1: float, var: float, n1: int, n2: int, pmin: float, ties: bool, groups: Sequence[float]) -> MWU:
+    """The test of :func:`mann_whitney_u` from U1 and its tie-corrected variance: ``ties`` whether
+    any pooled value is tied, ``groups`` the tie-group sizes in rank order (zeros skipped; read only
+    for the exact test with ties)."""
     if var <= 0:
         return MWU(u1, 0.0, 1.0, "asymptotic", pmin)
-    z = max(abs(u1 - mu) - 0.5, 0.0) / math.sqrt(var)
-    z = math.copysign(z, u1 - mu)
-    if len(groups) == n and min(n1, n2) <= EXACT_MAX:
+    mu = n1 * n2 / 2.0
+    z = math.copysign(max(abs(u1 - mu) - 0.5, 0.0) / math.sqrt(var), u1 - mu)
+    if not ties and min(n1, n2) <= EXACT_MAX:
         return MWU(u1, z, _exact_p(u1, n1, n2), "exact", pmin)
-    if len(groups) < n and _exact_ties_ok(n, n1):
-        # the normal approximation cannot go below ~0.012 at 5 vs 5, so a tie would hide any change
-        return MWU(u1, z, _exact_p_ties(n, n1, u1, tuple(groups)), "exact (ties)", pmin)
-    p = min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
-    return MWU(u1, z, p, "asymptotic", pmin)
+    if ties and _exact_ties_ok(n1 + n2, n1):
+        return MWU(u1, z, _exact_p_ties(n1 + n2, n1, u1, tuple(int(g) for g in groups if g)), "exact (ties)", pmin)
+    return MWU(u1, z, min(1.0, math.erfc(abs(z) / math.sqrt(2.0))), "asymptotic", pmin)
 
 
 # ---- the change and its confidence interval: Hodges-Lehmann with the Moses interval ----
@@ -634,7 +619,10 @@ class Judgement:
 
 def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold_pct: float,
           alpha: float = DEFAULT_ALPHA) -> Judgement:
-    """Verdict on one figure from its two samples of values.
+    """Verdict on one figure from its two samples of values: "same" when the change is within
+    the threshold; beyond it "faster" / "slower" (more bandwidth or less time is faster) when the
+    test finds it (p < alpha), else "inconclusive" (noise, or too few samples: 3 against 3 cannot go
+    under p = 0.1).
 
     Args:
         base, new: values (B/s for bandwidth, seconds for time), > 0.
@@ -643,8 +631,7 @@ def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold
         alpha: level of the two-sided Mann-Whitney U test, and 1 - the interval's confidence.
 
     Returns:
-        Judgement: "same" when |change| <= threshold; beyond it "faster"/"slower" when p < alpha,
-        else "inconclusive" (with ``why``: the p reached, or that these sizes cannot reach alpha).
+        Judgement, with ``why``: the p reached, or that these sizes cannot reach alpha.
     """
     shift = hodges_lehmann(base, new, alpha)
     t = mann_whitney_u(new, base)
@@ -774,9 +761,6 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     var = n * m / 12.0 * ((N + 1) - tie_term / (N * (N - 1)))
     ties = ~start.all(axis=1)
     pmin = min_p(n, m)
-    mu = n * m / 2.0
-    exact_ties_ok = _exact_ties_ok(N, n)
-    cum = _u_cumulative(n, m) if min(n, m) <= EXACT_MAX else None
     bmed = _row_medians(X)
     nmed = _row_medians(Y)
     # Python floats and lists once, not a numpy scalar per element in the loop below
@@ -785,25 +769,11 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     hll = hl.tolist()
     lol: list[float] | None = lo.tolist() if lo is not None else None
     hil: list[float] | None = hi.tolist() if hi is not None else None
-    group_sizes = np.where(start, sizes, 0).tolist() if ties.any() and exact_ties_ok else None
-    sqrt, copysign, erfc = math.sqrt, math.copysign, math.erfc
+    group_sizes = np.where(start, sizes, 0).tolist() if ties.any() and _exact_ties_ok(N, n) else None
     pct = _pct
     res = []
     for g in range(G):
-        u = u1l[g]
-        v = varl[g]
-        if v <= 0:
-            t = MWU(u, 0.0, 1.0, "asymptotic", pmin)
-        else:
-            z = copysign(max(abs(u - mu) - 0.5, 0.0) / sqrt(v), u - mu)
-            if not tiesl[g] and cum is not None:
-                k = int(math.floor(min(u, n * m - u) + 1e-9))
-                t = MWU(u, z, min(1.0, 2.0 * cum[k] / cum[-1]), "exact", pmin)
-            elif tiesl[g] and exact_ties_ok:
-                row_sizes = tuple([int(x) for x in group_sizes[g] if x])  # type: ignore[index]
-                t = MWU(u, z, _exact_p_ties(N, n, u, row_sizes), "exact (ties)", pmin)
-            else:
-                t = MWU(u, z, min(1.0, erfc(abs(z) / sqrt(2.0))), "asymptotic", pmin)
+        t = _mwu(u1l[g], varl[g], n, m, pmin, tiesl[g], group_sizes[g] if group_sizes is not None else ())
         shift = Shift(pct(hll[g]), pct(lol[g]) if lol is not None else None, pct(hil[g]) if hil is not None else None,
                       1.0 - alpha)
         res.append(_verdict(shift, t, items[g][2], threshold_pct, alpha, m, n, bmed[g], nmed[g]))
