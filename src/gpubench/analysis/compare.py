@@ -1134,7 +1134,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
                          "gpubench); they pair as " + ", ".join(f"{k} {_short(v)}" for k, v in sorted(added.items()))
                          + ", what that gpubench measured")
     new_params = [_filled(rec.params, added) for rec in new.records]
-    new_keys = [_key(rec, p) for rec, p in zip(new.records, new_params)]
+    new_keys = [_key(p) for p in new_params]
     new_by_key: dict[tuple, Record] = {}
     first_new: dict[tuple, int] = {}
     for j, (k, rec) in enumerate(zip(new_keys, new.records)):
@@ -1148,7 +1148,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     paired: list[Row] = []
     for i, rb in enumerate(base.records):
         pb = _filled(rb.params, added)
-        k = _key(rb, pb)
+        k = _key(pb)
         if k in seen:
             raise _repeated(base_name, rb, seen[k], i)
         seen[k] = i
@@ -1202,34 +1202,11 @@ def _fill(rows: list[Row], pending: list, threshold_pct: float, alpha: float) ->
         row.p, row.verdict, row.why = j.test.p, j.verdict, j.why
 
 
-_SCALARS = (str, int, bool, type(None))
-_SCALAR_NAMES = {t: t.__name__ for t in _SCALARS}
-
-
-def _key(r: Record, params: dict | None = None) -> tuple:
-    """The record's identity, equal exactly when :meth:`Record.key` is (params compared as JSON:
-    1, 1.0 and true differ), without a json.dumps per value for the common scalar params.
-    ``params``: the record's params with the plug-in's ``added_params`` filled in (default: its own)."""
-    if params is not None and params is not r.params:
-        r = Record(params=params)
-    params = r.params
-    try:
-        items = sorted(params.items())
-    except TypeError:
-        return ("json", r.key())
-    try:  # every value a str, int, bool or null (the common case): one comprehension
-        return tuple([(k, _SCALAR_NAMES[type(v)], v) for k, v in items])
-    except KeyError:
-        pass
-    out = []
-    for k, v in items:
-        if type(v) in _SCALARS:
-            out.append((k, type(v).__name__, v))
-        elif type(v) is float:
-            out.append((k, "float", repr(v)))
-        else:
-            return ("json", r.key())
-    return tuple(out)
+def _key(params: dict) -> tuple:
+    """A record's identity from its params (with the plug-in's ``added_params`` filled in), equal
+    exactly when :meth:`Record.key` is (params compared as JSON: 1, 1.0 and true differ), without a
+    json.dumps per value. Params are JSON scalars: :meth:`Result.from_dict` refuses any other."""
+    return tuple([(k, type(v).__name__, repr(v) if type(v) is float else v) for k, v in sorted(params.items())])
 
 
 def _one_side(r: Record, status: str, source: str, params: dict | None = None) -> Row:
