@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence, cast
 
-from gpubench.core import safe
+from gpubench.core import registry, safe
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result
 from gpubench.core.stats import _z
@@ -658,7 +658,7 @@ def _verdict(shift: Shift, t: MWU, metric: str, threshold_pct: float, alpha: flo
 def more_samples_hint(command: str) -> str:
     """What to run to give ``command``'s figures more samples, as words that follow "take"
     (e.g. net: "more intervals ...: a longer -t (seconds) or a shorter -i (interval)")."""
-    own = plugin_of(command)
+    own = registry.find(command)
     return own.more_samples if own is not None else "more samples per figure"
 
 
@@ -666,22 +666,13 @@ def _plugin_notes(base: Result, new: Result) -> list[str]:
     """The lines the plug-in of ``base.command`` adds to compare's notes (its ``compare_notes``);
     none where it declares none, is not installed, or its hook fails or gives anything but a list
     of strings (said once on stderr: saved results still compare)."""
-    from gpubench.core import registry
 
     def lines(got) -> None:
         if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
             raise TypeError(f"it gave {type(got).__name__}, not a list of strings")
 
-    own = plugin_of(base.command)
+    own = registry.find(base.command)
     return registry.call_hook(own, "compare_notes", base, new, check=lines, default=[]) if own is not None else []
-
-
-def plugin_of(command: str):
-    """The plug-in that wrote ``command``'s results, or None where it is not installed here (its
-    results still compare, as figures with no command-specific hints)."""
-    from gpubench.core import registry
-
-    return registry.find(command)
 
 
 def inconclusive_line(cmp: "Comparison") -> str:
@@ -1041,7 +1032,7 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
     out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
     if base.gpubench_version != new.gpubench_version:
         out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
-    own = plugin_of(new.command)
+    own = registry.find(new.command)
     incidental = set(own.incidental_options) if own is not None else set()
     for k in sorted((set(base.spec) | set(new.spec)) - incidental):
         va, vb = base.spec.get(k), new.spec.get(k)
@@ -1063,7 +1054,7 @@ _NO_DEFAULT = object()
 def _added(command: str, what: str) -> dict[str, Any]:
     """The plug-in's ``added_options`` or ``added_params`` (its Plugin says what each means): the
     value that behaves as, or measures what, a result written before the key existed did."""
-    own = plugin_of(command)
+    own = registry.find(command)  # None where not installed here: its results still compare
     return dict(getattr(own, what)) if own is not None else {}
 
 
