@@ -601,12 +601,14 @@ def peaks_for(records: Sequence[Series], envs: dict[str, dict], user_bps: Sequen
     return sorted(out.values(), key=lambda p: p.bytes_per_s)
 
 
-def _draw_peaks(ax, peaks: Sequence[Peak], units: str) -> None:
+def _draw_peaks(ax, peaks: Sequence[Peak], units: str, top: float = 0.0) -> float:
+    """Draw the peak lines; returns the highest of ``top`` and the peaks, in ``units``/s."""
     for p in peaks:
         v = p.bytes_per_s / UNITS[units]
         ax.axhline(v, linestyle=(0, (6, 3)), color="0.3" if p.source != "user" else "tab:red", lw=1)
         ax.annotate(S(p.label(units)), (0.01, v), xycoords=("axes fraction", "data"), textcoords="offset points",
                     xytext=(0, 3), fontsize=8, color="0.25" if p.source != "user" else "tab:red")
+    return max([top] + [p.bytes_per_s / UNITS[units] for p in peaks])
 
 
 def _n_text(ns: Sequence[int]) -> str:
@@ -674,8 +676,7 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
     if panel.metric == "time":
         ax.set_yscale("log")
     else:
-        _draw_peaks(ax, peaks, units)
-        top = max([p.bytes_per_s / UNITS[units] for p in peaks] + [top])
+        top = _draw_peaks(ax, peaks, units, top)
         ax.set_ylim(0, top * 1.12 if top > 0 else 1)
         ax.gpubench_top = top
     ax.grid(True, which="major", alpha=0.3)
@@ -728,8 +729,7 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
     unit = _unit(panel.metric, units)
     ax.set_ylabel(f"{'bandwidth' if panel.metric == 'bandwidth' else 'time'} ({unit}), median")
     if panel.metric == "bandwidth":
-        _draw_peaks(ax, peaks, units)
-        top = max([top] + [p.bytes_per_s / UNITS[units] for p in peaks])
+        top = _draw_peaks(ax, peaks, units, top)
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
     ax.grid(True, axis="y", alpha=0.3)
     from matplotlib.lines import Line2D
@@ -775,8 +775,7 @@ def _draw_intervals(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak],
                             label=S(s.label))
             legend.setdefault(S(s.label), line)
     ax.set_xlim(0, t_end * 1.02 if t_end else 1)
-    _draw_peaks(ax, peaks, units)
-    top = max([top] + [p.bytes_per_s / scale for p in peaks])
+    top = _draw_peaks(ax, peaks, units, top)
     ax.set_ylim(0, top * 1.15 if top else 1)
     ax.set_xlabel("time since the start (s)")
     ax.set_ylabel(f"received ({units}/s), per interval")
