@@ -752,8 +752,8 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     var = n * m / 12.0 * ((N + 1) - tie_term / (N * (N - 1)))
     ties = ~start.all(axis=1)
     pmin = min_p(n, m)
-    bmed = _row_medians(X)
-    nmed = _row_medians(Y)
+    bmed = [_median(it[0]) for it in items]
+    nmed = [_median(it[1]) for it in items]
     # Python floats and lists once, not a numpy scalar per element in the loop below
     u1l, varl = u1.tolist(), var.tolist()
     tiesl = cast("list[bool]", ties.tolist())
@@ -769,24 +769,6 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
                       1.0 - alpha)
         res.append(_verdict(shift, t, items[g][2], threshold_pct, alpha, m, n, bmed[g], nmed[g]))
     return res
-
-
-def _row_medians(A) -> list[float]:
-    """:func:`_median` of each row of a G x k numpy array of finite values (np.median's mean of
-    the middle two overflows to inf for two values near 1.8e308; halved first there)."""
-    import numpy as np
-
-    k = A.shape[1]
-    S = np.sort(A, axis=1)
-    if k % 2:
-        return S[:, k // 2].tolist()
-    a, b = S[:, k // 2 - 1], S[:, k // 2]
-    with np.errstate(over="ignore"):
-        m = (a + b) / 2.0
-    bad = ~np.isfinite(m)
-    if bad.any():
-        m[bad] = a[bad] / 2.0 + b[bad] / 2.0
-    return m.tolist()
 
 
 def _p_text(p: float) -> str:
