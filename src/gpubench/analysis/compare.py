@@ -1095,9 +1095,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     cmp = Comparison(base_name, new_name, base.command, env_diff(base, new))
     for name, r in ((base_name, base), (new_name, new)):
         if r.partial:
-            why = f"stopped by a fault: {r.failed_by[:100]}" if r.failed_by else \
-                f"interrupted by {r.interrupted_by or 'a signal'}"
-            cmp.notes.append(f"{name} is partial ({why})")
+            cmp.notes.append(f"{name} is partial ({partial_why(r, 100)})")
     cmp.notes.extend(_plugin_notes(base, new))
     added = _added(base.command, "added_params")  # a record without one pairs as if it had that value
     lacking = [name for name, r in ((base_name, base), (new_name, new))
@@ -1154,6 +1152,12 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         if k not in seen:
             cmp.rows.append(_one_side(rn, "only-new", new_name, pn))
     return cmp
+
+
+def partial_why(r: Result, clip: int | None = None) -> str:
+    """Why a partial result ended: "stopped by a fault: ..." (its ``failed_by``, clipped to ``clip``
+    characters) or "interrupted by SIGNAL"."""
+    return f"stopped by a fault: {r.failed_by[:clip]}" if r.failed_by else f"interrupted by {r.interrupted_by or 'a signal'}"
 
 
 def _repeated(name: str, rec: Record, first: int, again: int) -> UsageError:

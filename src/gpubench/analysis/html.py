@@ -166,6 +166,7 @@ def record_flags(r: Record) -> list[str]:
     """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`),
     throttled (an ``extra`` throttle key, or a power or thermal slowdown reason in its telemetry),
     sharing the GPU with another process (telemetry), verification failed."""
+    from gpubench.analysis.compare import _reasons
     from gpubench.core import limits
     from gpubench.core.telemetry import SLOWDOWN_REASONS
 
@@ -180,9 +181,7 @@ def record_flags(r: Record) -> list[str]:
     elif flag == "nvls":
         out.append("above links (NVLS?)")
     tele = r.telemetry if isinstance(r.telemetry, dict) else {}
-    got = tele.get("reasons")
-    reasons = got if isinstance(got, list) else []
-    if _throttled(r) or any(x in SLOWDOWN_REASONS for x in reasons if isinstance(x, str)):
+    if _throttled(r) or any(x in SLOWDOWN_REASONS for x in _reasons(tele)):
         out.append("throttled")  # the telemetry saw a power or thermal slowdown during the point
     others = tele.get("other_processes")
     if isinstance(others, int) and not isinstance(others, bool) and others > 0:
@@ -194,11 +193,11 @@ def record_flags(r: Record) -> list[str]:
 
 def result_flags(res: Result) -> list[str]:
     """Flags of a whole result, each one line: partial, and counts of flagged records."""
+    from gpubench.analysis.compare import partial_why
+
     out = []
     if res.partial:
-        why = f"stopped by a fault: {res.failed_by}" if res.failed_by else \
-            f"interrupted by {res.interrupted_by or 'a signal'}"
-        out.append(f"partial ({why})")
+        out.append(f"partial ({partial_why(res)})")
     pre = res.env.get("preflight") if isinstance(res.env, dict) else None
     if isinstance(pre, dict) and isinstance(pre.get("warnings"), list):
         out += [f"before the run: {w}" for w in pre["warnings"][:8]]  # the idle check's (GPU not idle)
