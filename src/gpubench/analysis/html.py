@@ -308,9 +308,7 @@ def _env_section(inputs: Inputs) -> str:
     if not seen:
         return ""
     # one table: a row per fact, a column per distinct environment; facts that differ are marked
-    keys: list[str] = []
-    for facts, _ in seen:
-        keys += [k for k, v in facts.items() if k not in keys and v not in ("-", "")]
+    keys = list(dict.fromkeys(k for facts, _ in seen for k, v in facts.items() if v not in ("-", "")))
     head = "".join(f"<th>{h(', '.join(Path(n).name for n in names[:4]))}"
                    f"{h(f' and {len(names) - 4} more') if len(names) > 4 else ''}</th>" for _, names in seen)
     body = []

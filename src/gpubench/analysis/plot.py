@@ -367,14 +367,11 @@ class Section:
 def display_names(names: Sequence[str]) -> list[str]:
     """Short unique names for files: the file name, or more of its path where two share one."""
     parts = [Path(n).parts or (n,) for n in names]
-    depth = 1
-    while depth < max((len(p) for p in parts), default=1):
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
         shown = ["/".join(p[-depth:]) for p in parts]
         if len(set(shown)) == len(shown):
             return shown
-        depth += 1
-    shown = ["/".join(p[-depth:]) for p in parts]
-    return shown if len(set(shown)) == len(shown) else [f"{s} ({i + 1})" for i, s in enumerate(shown)]
+    return [f"{s} ({i + 1})" for i, s in enumerate(shown)]
 
 
 def _series(items: Sequence[tuple[str, Record]], keys: Sequence[str], many: bool, fallback: str) -> list[Series]:
