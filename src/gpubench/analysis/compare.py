@@ -531,17 +531,13 @@ def figure_values(record: Record, source: str = "result") -> list[float]:
         raise UsageError(f"{safe.term(source)}: record {safe.term(record.params)} has metric "
                          f"{safe.term(repr(record.metric))}", "known metrics: bandwidth, time")
     samples = record.samples_s
-    if samples and record.nbytes > 0 and min(samples) > 0:
-        total = sum(samples)
-        if math.isfinite(total):  # every sample finite and > 0: one pass instead of two
-            nb = record.nbytes
-            return list(samples) if record.metric == "time" else [nb / t for t in samples]
-    for t in record.samples_s:
-        if not (math.isfinite(t) and t > 0):
-            raise UsageError(f"{safe.term(source)}: record {safe.term(record.params)} has a sample of {t!r} seconds",
-                             "samples must be finite and > 0")
+    if not (samples and min(samples) > 0 and math.isfinite(sum(samples))):  # else all finite and > 0 (C speed)
+        for t in samples:
+            if not (math.isfinite(t) and t > 0):
+                raise UsageError(f"{safe.term(source)}: record {safe.term(record.params)} has a sample of {t!r} seconds",
+                                 "samples must be finite and > 0")
     if record.metric == "time":
-        return list(record.samples_s)
+        return list(samples)
     if record.nbytes <= 0:
         raise UsageError(f"{safe.term(source)}: bandwidth record {safe.term(record.params)} moves "
                          f"{record.nbytes} bytes")
