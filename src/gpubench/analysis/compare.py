@@ -76,13 +76,8 @@ def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
     for m in range(1, n1 + 1):
         cur = [[1]]  # n = 0: only U = 0
         for n in range(1, n2 + 1):
-            size = m * n + 1
-            row = [0] * size
-            a = prev[n]  # f(.; m - 1, n): shifted by n
-            for u, c in enumerate(a):
-                row[u + n] += c
-            b = cur[n - 1]  # f(.; m, n - 1)
-            for u, c in enumerate(b):
+            row = [0] * n + prev[n]  # f(u - n; m - 1, n): m n + 1 counts
+            for u, c in enumerate(cur[n - 1]):  # + f(u; m, n - 1)
                 row[u] += c
             cur.append(row)
         prev = cur
