@@ -510,9 +510,7 @@ def hodges_lehmann(base: Sequence[float], new: Sequence[float], alpha: float = D
         ks += [c, mn + 1 - c]
     got = _kth_differences(lx, ly, ks)
     hl = (got[0] + got[1]) / 2.0  # logs: |got| < 1455, no overflow
-    if c:
-        return Shift(_pct(hl), _pct(got[2]), _pct(got[3]), 1.0 - alpha)
-    return Shift(_pct(hl), None, None, 1.0 - alpha)
+    return Shift(_pct(hl), _pct(got[2]) if c else None, _pct(got[3]) if c else None, 1.0 - alpha)
 
 
 def figure_values(record: Record, source: str = "result") -> list[float]:
@@ -720,8 +718,6 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     D.sort(axis=1)
     hl = (D[:, (mn + 1) // 2 - 1] + D[:, mn // 2]) / 2.0
     c = moses_rank(m, n, alpha)
-    lo = D[:, c - 1] if c else None
-    hi = D[:, mn - c] if c else None
     # Mann-Whitney: the first sample is the new one, as judge calls it
     N = m + n
     P = np.concatenate([Y, X], axis=1)
@@ -749,15 +745,15 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     u1l, varl = u1.tolist(), var.tolist()
     tiesl = cast("list[bool]", ties.tolist())
     hll = hl.tolist()
-    lol: list[float] | None = lo.tolist() if lo is not None else None
-    hil: list[float] | None = hi.tolist() if hi is not None else None
+    lol: list[float | None] = D[:, c - 1].tolist() if c else [None] * G
+    hil: list[float | None] = D[:, mn - c].tolist() if c else [None] * G
     group_sizes = np.where(start, sizes, 0).tolist() if ties.any() and _exact_ties_ok(N, n) else None
     pct = _pct
     res = []
     for g in range(G):
         t = _mwu(u1l[g], varl[g], n, m, pmin, tiesl[g], group_sizes[g] if group_sizes is not None else ())
-        shift = Shift(pct(hll[g]), pct(lol[g]) if lol is not None else None, pct(hil[g]) if hil is not None else None,
-                      1.0 - alpha)
+        lo, hi = lol[g], hil[g]
+        shift = Shift(pct(hll[g]), None if lo is None else pct(lo), None if hi is None else pct(hi), 1.0 - alpha)
         res.append(_verdict(shift, t, items[g][2], threshold_pct, alpha, m, n, bmed[g], nmed[g]))
     return res
 
@@ -886,6 +882,10 @@ def _events(t: dict) -> list[str]:
     return out + _link_errors(t)
 
 
+_LIMIT_TEXT = {"above_peak": "above a physical limit", "no_op": "no-op (moves no data: one rank, in place)",
+               "nvls": "busbw above the links' sum (NVLS?)"}
+
+
 def limit_flags(record: Record, side: str) -> list[str]:
     """Limit flags of a record, each text naming the side: the limit rule read back from the file
     (:func:`gpubench.core.limits.saved_flag`: ``limit_flag`` "no_op" or "above_peak", a one-rank
@@ -896,13 +896,9 @@ def limit_flags(record: Record, side: str) -> list[str]:
 
     extra = record.extra if isinstance(record.extra, dict) else {}
     out = []
-    flag = limits.saved_flag(record)
-    if flag == "above_peak":
-        out.append(f"{side} above a physical limit")
-    elif flag == "no_op":
-        out.append(f"{side} no-op (moves no data: one rank, in place)")
-    elif flag == "nvls":
-        out.append(f"{side} busbw above the links' sum (NVLS?)")
+    flag = _LIMIT_TEXT.get(limits.saved_flag(record) or "")
+    if flag:
+        out.append(f"{side} {flag}")
     flags = extra.get("flags")
     if isinstance(flags, list):
         out += [f"{side}: {f}" for f in flags[:5] if isinstance(f, str) or _finite(f) is not None]

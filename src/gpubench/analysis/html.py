@@ -173,13 +173,11 @@ def record_flags(r: Record) -> list[str]:
     out = []
     if r.error:
         out.append("failed")
-    flag = limits.saved_flag(r)  # the saved flag, or re-derived: a stale or missing one is not trusted
-    if flag == "above_peak":
-        out.append("above peak")
-    elif flag == "no_op":
-        out.append("no-op (moves no data)")
-    elif flag == "nvls":
-        out.append("above links (NVLS?)")
+    # the saved flag, or re-derived: a stale or missing one is not trusted
+    flag = {"above_peak": "above peak", "no_op": "no-op (moves no data)", "nvls": "above links (NVLS?)"}.get(
+        limits.saved_flag(r) or "")
+    if flag:
+        out.append(flag)
     tele = r.telemetry if isinstance(r.telemetry, dict) else {}
     if _throttled(r) or any(x in SLOWDOWN_REASONS for x in _reasons(tele)):
         out.append("throttled")  # the telemetry saw a power or thermal slowdown during the point

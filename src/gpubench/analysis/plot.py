@@ -689,10 +689,7 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
     import numpy as np
 
     def by_cat(s: Series) -> dict[str, Summary]:
-        out = {}
-        for r in s.records:
-            out[str(r.params.get(panel.cat_key or "", "-"))] = values(r, units)
-        return out
+        return {str(r.params.get(panel.cat_key or "", "-")): values(r, units) for r in s.records}
 
     get = summaries or by_cat
     per = [(s, get(s)) for s in panel.series]
