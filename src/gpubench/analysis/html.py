@@ -66,20 +66,15 @@ class Inputs:
 
 # ---- reading ----
 
-def _read(path: Path) -> Any:
-    from gpubench.core.result import read_json
-
-    try:
-        return read_json(path, "a result, a suite bundle or a fleet bundle")
-    except RecursionError:
-        raise UsageError(f"{path} is nested too deeply to be a gpubench file") from None
-
-
 def _add_file(inputs: Inputs, path: Path, name: str, seen_steps: set[str]) -> None:
     from gpubench.analysis import plot
+    from gpubench.core.result import read_json
     from gpubench.validation import suite
 
-    d = _read(path)
+    try:
+        d = read_json(path, "a result, a suite bundle or a fleet bundle")
+    except RecursionError:
+        raise UsageError(f"{path} is nested too deeply to be a gpubench file") from None
     if isinstance(d, dict) and isinstance(d.get("fleet"), dict):
         inputs.fleets.append((name, check_fleet(d["fleet"], name)))
     elif isinstance(d, dict) and d.get("kind") == FLEET_KIND:

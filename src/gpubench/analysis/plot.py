@@ -314,7 +314,7 @@ class Series:
 
 @dataclass
 class Panel:
-    """One axes: its kind, metric, title, series; ``facet`` is the facet value it shows."""
+    """One axes: its kind, metric, title, series, and what its x axis shows."""
 
     kind: str
     metric: str
