@@ -497,16 +497,14 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
         title: the page's heading (escaped here); default "gpubench report".
         created: the time shown as "written" (ISO 8601); default now, UTC.
     """
+    from gpubench.validation import suite
+
     created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     heading = title or "gpubench report"
     cmps = comparisons(inputs)
-    flags: list[tuple[str, str]] = []  # (class, text) for the summary
-    for it in inputs.items:
-        for line in result_flags(it.result):
-            flags.append(("bad", f"{it.name}: {line}"))
+    # (class, text) for the summary
+    flags = [("bad", f"{it.name}: {line}") for it in inputs.items for line in result_flags(it.result)]
     for name, b in inputs.bundles:
-        from gpubench.validation import suite
-
         line = suite.verdict_line(b) if b.outcomes else ""
         if line:
             flags.append(("bad" if line.startswith("FAILED") else "ok", f"{name}: {line}"))
@@ -552,14 +550,10 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
                                                       rows, classes=classes, numeric_from=3, raw_cells=True,
                                                       caption="Results") + "</section>")
     parts.append(_env_section(inputs))
-    for name, f in inputs.fleets:
-        parts.append(_fleet_section(name, f))
-    for name, b in inputs.bundles:
-        parts.append(_bundle_section(name, b))
-    for command, cs in cmps:
-        parts.append(_compare_section(command, cs, inputs, units))
-    for i, it in enumerate(inputs.items):
-        parts.append(_result_section(i, it, units))
+    parts += [_fleet_section(name, f) for name, f in inputs.fleets]
+    parts += [_bundle_section(name, b) for name, b in inputs.bundles]
+    parts += [_compare_section(command, cs, inputs, units) for command, cs in cmps]
+    parts += [_result_section(i, it, units) for i, it in enumerate(inputs.items)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
 
