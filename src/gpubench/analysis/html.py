@@ -27,6 +27,7 @@ time in microseconds; busbw = algbw x busbw_factor (nccl-tests).
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as _dt
 import os
 from dataclasses import dataclass, field
@@ -194,13 +195,8 @@ def result_flags(res: Result) -> list[str]:
     pre = res.env.get("preflight") if isinstance(res.env, dict) else None
     if isinstance(pre, dict) and isinstance(pre.get("warnings"), list):
         out += [f"before the run: {w}" for w in pre["warnings"][:8]]  # the idle check's (GPU not idle)
-    counts: dict[str, int] = {}
-    for r in res.records:
-        for f in record_flags(r):
-            counts[f] = counts.get(f, 0) + 1
-    for f, n in counts.items():
-        out.append(f"{n} point(s) {f}")
-    return out
+    counts = collections.Counter(f for r in res.records for f in record_flags(r))  # first-seen order
+    return out + [f"{n} point(s) {f}" for f, n in counts.items()]
 
 
 # ---- tables ----
