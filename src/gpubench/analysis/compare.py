@@ -1093,14 +1093,11 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
                          + ", what that gpubench measured")
     new_params = [_filled(rec.params, added) for rec in new.records]
     new_keys = [_key(p) for p in new_params]
-    new_by_key: dict[tuple, Record] = {}
-    first_new: dict[tuple, int] = {}
+    new_index: dict[tuple, int] = {}  # key -> its record's index
     for j, (k, rec) in enumerate(zip(new_keys, new.records)):
-        if k in first_new:
-            raise _repeated(new_name, rec, first_new[k], j)
-        first_new[k] = j
-        new_by_key[k] = rec
-    del first_new
+        if k in new_index:
+            raise _repeated(new_name, rec, new_index[k], j)
+        new_index[k] = j
     seen: dict[tuple, int] = {}
     pending: list[tuple[list[float], list[float], str]] = []
     paired: list[Row] = []
@@ -1110,7 +1107,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         if k in seen:
             raise _repeated(base_name, rb, seen[k], i)
         seen[k] = i
-        rn = new_by_key.get(k)
+        rn = new.records[new_index[k]] if k in new_index else None
         if rn is None:
             cmp.rows.append(_one_side(rb, "only-base", base_name, pb))
             continue
