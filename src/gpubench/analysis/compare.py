@@ -236,15 +236,8 @@ def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
     if len(values) >= RANKS_NUMPY_MIN:
         import numpy as np
 
-        a = np.asarray(values, dtype=float)
-        order_ = np.argsort(a, kind="stable")
-        s = a[order_]
-        starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
-        sizes = np.diff(np.append(starts, len(s)))
-        mid_ = np.repeat(starts + (sizes - 1) / 2.0 + 1.0, sizes)
-        r = np.empty(len(s))
-        r[order_] = mid_
-        return r.tolist(), sizes.tolist()
+        r, sizes = _midranks(np.asarray(values, dtype=float)[None, :])
+        return r[0].tolist(), [s for s in sizes[0].tolist() if s]
     ranks = [0.0] * len(values)
     groups: list[int] = []
     start = 0
@@ -255,6 +248,26 @@ def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
         groups.append(len(idx))
         start += len(idx)
     return ranks, groups
+
+
+def _midranks(P):
+    """Midranks (1-based) along each row of the G x N numpy array ``P``, and the size of each tie
+    group at the sorted position where it starts (0 at the others), in rank order."""
+    import numpy as np
+
+    G, N = P.shape
+    order = np.argsort(P, axis=1, kind="stable")
+    S = np.take_along_axis(P, order, axis=1)
+    pos = np.broadcast_to(np.arange(N), (G, N))
+    start = np.ones((G, N), dtype=bool)
+    start[:, 1:] = S[:, 1:] != S[:, :-1]
+    end = np.ones((G, N), dtype=bool)
+    end[:, :-1] = start[:, 1:]
+    first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(end, pos, N), axis=1), axis=1), axis=1)
+    R = np.empty((G, N))
+    np.put_along_axis(R, order, (first + last) / 2.0 + 1.0, axis=1)
+    return R, np.where(start, last - first + 1, 0)
 
 
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
@@ -720,24 +733,11 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     c = moses_rank(m, n, alpha)
     # Mann-Whitney: the first sample is the new one, as judge calls it
     N = m + n
-    P = np.concatenate([Y, X], axis=1)
-    order = np.argsort(P, axis=1, kind="stable")
-    S = np.take_along_axis(P, order, axis=1)
-    pos = np.broadcast_to(np.arange(N), (G, N))
-    start = np.ones((G, N), dtype=bool)
-    start[:, 1:] = S[:, 1:] != S[:, :-1]
-    end = np.ones((G, N), dtype=bool)
-    end[:, :-1] = start[:, 1:]
-    first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)
-    last = np.flip(np.minimum.accumulate(np.flip(np.where(end, pos, N), axis=1), axis=1), axis=1)
-    mid = (first + last) / 2.0 + 1.0
-    R = np.empty_like(mid)
-    np.put_along_axis(R, order, mid, axis=1)
+    R, sizes = _midranks(np.concatenate([Y, X], axis=1))
     u1 = R[:, :n].sum(axis=1) - n * (n + 1) / 2.0
-    sizes = np.where(start, last - first + 1, 0).astype(float)
-    tie_term = (sizes ** 3 - sizes).sum(axis=1)
+    tie_term = (sizes.astype(float) ** 3 - sizes).sum(axis=1)
     var = n * m / 12.0 * ((N + 1) - tie_term / (N * (N - 1)))
-    ties = ~start.all(axis=1)
+    ties = (sizes > 1).any(axis=1)
     pmin = min_p(n, m)
     bmed = [_median(it[0]) for it in items]
     nmed = [_median(it[1]) for it in items]
@@ -747,7 +747,7 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     hll = hl.tolist()
     lol: list[float | None] = D[:, c - 1].tolist() if c else [None] * G
     hil: list[float | None] = D[:, mn - c].tolist() if c else [None] * G
-    group_sizes = np.where(start, sizes, 0).tolist() if ties.any() and _exact_ties_ok(N, n) else None
+    group_sizes = sizes.tolist() if ties.any() and _exact_ties_ok(N, n) else None
     pct = _pct
     res = []
     for g in range(G):
