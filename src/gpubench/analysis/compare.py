@@ -46,8 +46,8 @@ class MWU:
     Attributes:
         u: U statistic of the first sample (number of pairs (x, y) with x > y, ties counting 1/2).
         z: normal score of u with tie and continuity corrections (0 when the variance is 0).
-        p: two-sided p-value, in [0, 1]: exact when there are no ties and the smaller sample has
-            at most EXACT_MAX values, else from the normal approximation.
+        p: two-sided p-value, in [0, 1]: exact for small samples (with ties: given the ties), else
+            from the normal approximation (:func:`mann_whitney_u` says when).
         method: "exact", "exact (ties)" or "asymptotic".
         p_min: the smallest p these sample sizes can give (complete separation, no ties): when it
             is not below alpha the test cannot find any difference, however large.
