@@ -47,15 +47,7 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
         raise UsageError(f"--size {size} at --dpi {dpi} is under 100 pixels a side", "raise --size or --dpi, e.g. --size 8x5")
     if size_in and dpi * max(size_in) > 20000:
         raise UsageError(f"--size {size} at --dpi {dpi} is over 20000 pixels a side", "lower --size or --dpi")
-    loaded = []
-    errors = []
-    for p in results:
-        try:
-            loaded.append((p, plotmod.load(p)))
-        except UsageError as e:
-            errors.append(e)
-    if errors:
-        raise errors[0]
+    loaded = [(p, plotmod.load(p)) for p in results]  # the first unreadable file's UsageError
     path = plotmod.render(loaded, output, units=units, size_in=size_in, dpi=dpi, peaks_gbps=peaks, title=title)
     from gpubench.core.report import saved
 
