@@ -1343,9 +1343,8 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
         return Text(safe.term(s))
 
     out: list = []
-    metrics: set[str] = set()
+    metrics: set[str] = set().union(*(cmp.metrics() for cmp in cmps))
     for cmp in cmps:
-        metrics |= cmp.metrics()
         title = safe.term_markup(f"{cmp.command}: {safe.term(cmp.new_name)} vs base {safe.term(cmp.base_name)}")
         if cmp.env_diff:
             t = report.table(f"What differs - {title}", ["", "base", "new"])
@@ -1381,9 +1380,8 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
     cell through safe.markdown (no raw HTML, no extra rows or columns, no links)."""
     md = safe.markdown
     lines: list[str] = []
-    metrics: set[str] = set()
+    metrics: set[str] = set().union(*(cmp.metrics() for cmp in cmps))
     for cmp in cmps:
-        metrics |= cmp.metrics()
         c = cmp.counts()
         lines.append(f"### gpubench {md(cmp.command)}: {md(cmp.new_name)} vs base {md(cmp.base_name)}")
         lines.append("")
