@@ -23,11 +23,8 @@ import time
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
-# Workers still running, ended at this process's exit. A worker runs in its own session (so a
-# terminal's Ctrl-C reaches only the parent) and ends on its own when its stop pipe reaches EOF,
-# the parent's death included; one that is stopped (SIGSTOP, a hung process) would never read it,
-# and a parent that exits without StreamSet.stop (a server thread still inside a failed test when
-# the rank exits) left it orphaned for good (break-it pass 13).
+# Workers still running, killed at this process's exit: a worker ends on its own at EOF of its
+# stop pipe, but a stopped one (SIGSTOP, hung) never reads it.
 _LIVE: set = set()
 
 
@@ -39,27 +36,33 @@ def _end_live_workers() -> None:
                 p.kill()
         except OSError:
             pass
-# One worker process per stream, blocking calls, up to this many per stream set; beyond, the
-# streams are shared out over this many workers, each polling its own. Measured 2026-12 on 2
-# cores (16 streams, 2 s, zero copy, workers' CPU only): 16 workers 72-90 Gbit/s at 0.019-0.024
-# CPU-s/Gbit; 8 workers 57-72 at 0.022-0.025; 2 workers 31-52 at 0.020-0.029. A worker holds
-# about 6 MB of private memory (python -I -S and its buffer), so a set stays under ~100 MB.
+
+
+# Worker processes per stream set: one per stream up to this many, beyond it the streams are
+# shared out over them. A worker holds about WORKER_BYTES of private memory (python -I -S and
+# its buffer).
 MAX_WORKERS = 16
 WORKER_BYTES = 6 * 2**20
 
 
-def payload_file(nbytes: int) -> int:
-    """A file descriptor of a memory file holding ``nbytes`` random bytes (a 1 MiB block from
-    ``os.urandom`` repeated; never zeros, nothing to compress), the source ``os.sendfile`` reads
-    (iperf3 ``-Z`` sends from a file the same way). ``memfd_create`` where the platform has it,
-    else an unlinked temporary file. The caller closes it.
-    """
+def _memory_file(name: str) -> int:
+    """A file descriptor of an empty memory file: ``memfd_create`` where the platform has it,
+    else an unlinked temporary file (in /dev/shm when there is one). The caller closes it."""
     try:
-        fd = os.memfd_create("gpubench-net-payload")
+        return os.memfd_create(name)
     except (AttributeError, OSError):
         f = tempfile.TemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         fd = os.dup(f.fileno())
         f.close()
+        return fd
+
+
+def payload_file(nbytes: int) -> int:
+    """A file descriptor of a memory file holding ``nbytes`` random bytes (a 1 MiB block from
+    ``os.urandom`` repeated; never zeros, nothing to compress), the source ``os.sendfile`` reads.
+    The caller closes it.
+    """
+    fd = _memory_file("gpubench-net-payload")
     block = os.urandom(min(nbytes, 2**20))
     left = nbytes
     while left > 0:
@@ -67,18 +70,9 @@ def payload_file(nbytes: int) -> int:
     return fd
 
 
-# struct tcp_info, include/uapi/linux/tcp.h (Linux 6.x): (byte offset, struct format) of the fields
-# read. The kernel copies min(its struct size, the length asked) and getsockopt returns what it
-# filled, so a field is read only when the returned bytes reach past it (older kernels are shorter).
-#   u8 state 0 | u32 rto 8, ato 12, snd_mss 16, rcv_mss 20, unacked 24, sacked 28, lost 32,
-#   retrans 36, fackets 40, last_data_sent 44, last_ack_sent 48, last_data_recv 52,
-#   last_ack_recv 56, pmtu 60, rcv_ssthresh 64, rtt 68 (us), rttvar 72, snd_ssthresh 76,
-#   snd_cwnd 80 (segments), advmss 84, reordering 88, rcv_rtt 92, rcv_space 96, total_retrans 100
-#   | u64 pacing_rate 104, max_pacing_rate 112, bytes_acked 120, bytes_received 128 | u32
-#   segs_out 136, segs_in 140, notsent_bytes 144, min_rtt 148, data_segs_in 152, data_segs_out 156
-#   | u64 delivery_rate 160, busy_time 168, rwnd_limited 176, sndbuf_limited 184 | u32 delivered
-#   192, delivered_ce 196 | u64 bytes_sent 200, bytes_retrans 208 | u32 dsack_dups 216,
-#   reord_seen 220, rcv_ooopack 224, snd_wnd 228 (232 bytes to here).
+# struct tcp_info, include/uapi/linux/tcp.h (Linux 6.x, 232 bytes up to snd_wnd): (byte offset,
+# struct format) of the fields read; rtt in microseconds, snd_cwnd in segments. getsockopt returns
+# what the kernel filled, so a field is read only when the returned bytes reach past it.
 TCP_INFO_LEN = 232
 TCP_INFO_FIELDS: dict[str, tuple[int, str]] = {
     "snd_mss": (16, "I"),
@@ -176,7 +170,6 @@ class StreamSet:
         self._stop_r: int | None = None
         self._stop_w: int | None = None
         self._payload: int | None = None
-        self.t_go: float | None = None
         self.t_stop: float | None = None
         self._cpu: float | None = None
         self._final_counts: list[int] | None = None
@@ -195,7 +188,8 @@ class StreamSet:
         if not n:
             return
         size = 16 * n + 16 * self.nworkers
-        self._shm_fd = _shared_file(size)
+        self._shm_fd = _memory_file("gpubench-net-counters")
+        os.ftruncate(self._shm_fd, size)
         self._shm = mmap.mmap(self._shm_fd, size)
         self._go_r, self._go_w = os.pipe()
         self._stop_r, self._stop_w = os.pipe()
@@ -239,7 +233,6 @@ class StreamSet:
 
     def go(self) -> None:
         """Release the workers (each reads one byte of the go pipe)."""
-        self.t_go = time.perf_counter()
         if self._go_w is not None and self.procs:
             os.write(self._go_w, b"g" * len(self.procs))
 
@@ -269,12 +262,9 @@ class StreamSet:
     def stop(self, timeout: float = 3.0, grace: float = 0.5) -> None:
         """End the workers and read their CPU seconds. Again: nothing more.
 
-        The stop pipe is closed; a sender still running after ``grace`` seconds is inside one
-        long sendfile (a stalled peer taking a little at a time: each of the kernel's inner
-        writes waits its SO_SNDTIMEO anew, so the call outlasted the 3 s and the worker was
-        killed, exit -9, under ``net local -w 4KiB``), and its sockets' write side is shut, which
-        ends the call (EPIPE; the worker reads it as the stop); one that has still not ended after
-        ``timeout`` seconds is killed."""
+        The stop pipe is closed; a sender still running after ``grace`` seconds (inside one long
+        sendfile to a stalled peer) has its sockets' write side shut, which ends the call (EPIPE,
+        read by the worker as the stop); a worker still running after ``timeout`` seconds is killed."""
         if self.t_stop is not None:
             return
         self.t_stop = time.perf_counter()
@@ -351,14 +341,3 @@ class StreamSet:
             except (BufferError, ValueError):
                 pass
             self._shm = None
-
-
-def _shared_file(size: int) -> int:
-    try:
-        fd = os.memfd_create("gpubench-net-counters")
-    except (AttributeError, OSError):
-        f = tempfile.TemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        fd = os.dup(f.fileno())
-        f.close()
-    os.ftruncate(fd, size)
-    return fd

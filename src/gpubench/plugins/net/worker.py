@@ -3,12 +3,7 @@
 Run by :class:`gpubench.plugins.net.stream.StreamSet` as ``python -I -S worker.py ARGS`` with the
 sockets passed as inherited file descriptors (``subprocess.Popen(pass_fds=...)``). It imports the
 standard library only, so it starts in a few milliseconds and never holds the parent's interpreter
-lock: every stream set is spread over up to one such process per CPU, which is what lets Python
-reach iperf2's throughput (iperf2 runs one thread per stream; see docs/net.md "Data path").
-
-Why processes: a thread doing ``sendfile``/``recv_into`` releases the GIL during the system call
-but must take it back after every call; with 4 to 16 busy streams on 2 cores the threads queue for
-the lock (measured 2026-12, 2 cores: 16 streams in threads 41-73 Gbit/s, in 2 processes 93-99).
+lock (threads would queue for it after every system call; docs/net.md "Data path").
 
 Arguments (one JSON object, ``argv[1]``):
 
@@ -64,11 +59,8 @@ def _stopped(stop_fd: int) -> bool:
 def _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd) -> None:
     """One unpaced stream: blocking calls, no poll per call (one system call per write or read).
     SO_SNDTIMEO / SO_RCVTIMEO of 0.2 s make a call that cannot progress return, so the stop pipe
-    is looked at least that often; otherwise every 16 calls. One sendfile of -l bytes to a peer
-    that takes a little at a time (a window of a few KiB stalling on retransmission timeouts) is
-    many socket writes inside the kernel, each waiting its 0.2 s anew, so it can outlast the
-    parent's stop: the parent then shuts the socket's write side (StreamSet.stop), which ends the
-    call with EPIPE, read here as the stop it is."""
+    is looked at least that often; otherwise every 16 calls. A sendfile that outlasts the stop
+    ends with EPIPE once the parent shuts the socket's write side (StreamSet.stop): the stop."""
     s.setblocking(True)
     tv = struct.pack("ll", 0, 200_000)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO if role == "send" else socket.SO_RCVTIMEO, tv)
