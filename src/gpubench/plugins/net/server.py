@@ -186,13 +186,9 @@ class NetServer:
             raise UsageError(f"--bind {self.bind!r} is not an address ({getattr(e, 'strerror', None) or e})",
                              "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
         family, _, _, _, sockaddr = infos[0]
-        s = socket.socket(family, socket.SOCK_STREAM)
         try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(sockaddr)
-            s.listen(1024)  # a burst of connections waits in the kernel, not refused
+            s = _listen(family, sockaddr)
         except OSError as e:
-            s.close()
             raise UsageError(f"cannot listen on {self.bind} port {self.port}: {e.strerror or e}",
                              "choose another --port or --bind") from None
         _raise_fd_limit(self.max_pending + 2 * self.caps.max_streams + 64)
@@ -227,9 +223,8 @@ class NetServer:
                     t.join(max(0.0, deadline - time.monotonic()))
                     break
                 except RuntimeError:
-                    # "cannot join thread before it is started": a Ctrl-C landed inside
-                    # Thread.start(), before the new thread said it runs. If it runs, it sees the
-                    # stop within one selector wait (0.1 s) and closes the listener; wait 1 s at most.
+                    # "cannot join thread before it is started" (a Ctrl-C inside Thread.start()):
+                    # a thread that runs sees the stop within 0.1 s; wait 1 s at most.
                     if time.monotonic() > min(deadline, begun + 1.0):
                         break
                     time.sleep(0.01)
@@ -310,16 +305,11 @@ class NetServer:
 
         Linux sizes a connection's receive window, and the window scale it offers in the SYN-ACK,
         from the listener's buffer (``tcp_openreq_init_rwin``), and an accepted socket inherits the
-        listener's buffers and locks. Set on the accepted socket after the handshake instead (as
-        before), a small -w shrinks a buffer under a window already offered for the default one: a
-        4-8 KiB -w on loopback (64 KiB segments) dropped every segment, stalled on retransmission
-        timeouts (6 retransmits, 64 KiB in the first second, then nothing) and ended with the
-        sender killed. iperf3 does the same (iperf_tcp_listen: a new listener with the buffers
-        for a test that sets them). Once the test ends, :meth:`_renew_listener` replaces the
-        listener, since a buffer set on a socket cannot be handed back to the kernel's autotuning.
+        listener's buffers; set after the handshake, a small -w shrinks the buffer under a window
+        already offered (iperf3's iperf_tcp_listen does the same). Once the test ends,
+        :meth:`_renew_listener` replaces the listener: a buffer set on a socket cannot be handed
+        back to the kernel's autotuning.
         """
-        from gpubench.plugins.net.stream import set_window
-
         lst = self._listener
         if lst is not None and window > 0:
             set_window(lst, window)
@@ -340,13 +330,9 @@ class NetServer:
             pass
         old.close()
         family, sockaddr = self._listen_info
-        new = socket.socket(family, socket.SOCK_STREAM)
         try:
-            new.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            new.bind(sockaddr)
-            new.listen(1024)
+            new = _listen(family, sockaddr)
         except OSError as e:
-            new.close()
             self.log(f"cannot listen again on {sockaddr[0]} port {sockaddr[1]} after a -w test: {e.strerror or e}; "
                      "stopping")
             self._listener = old  # closed: the loop below ends
@@ -522,10 +508,7 @@ class NetServer:
                 st.start()
             counted_bytes, counted_s = self._measure(conn, test)
             self._finish(conn, test)
-        except WorkerError as e:
-            self._abort(conn, tag, str(e))
-            return
-        except _Abort as e:
+        except (WorkerError, _Abort) as e:
             self._abort(conn, tag, str(e))
             return
         except OSError as e:
@@ -637,6 +620,20 @@ class NetServer:
 
 class _Abort(Exception):
     """A running test ends early; the message is the line its client gets."""
+
+
+def _listen(family: int, sockaddr) -> socket.socket:
+    """A listening TCP socket on ``sockaddr``; a backlog of 1024, so a burst of connections waits
+    in the kernel. Raises OSError (the socket closed) when the address cannot be bound."""
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(sockaddr)
+        s.listen(1024)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def _raise_fd_limit(want: int) -> None:
