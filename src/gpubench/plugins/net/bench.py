@@ -35,7 +35,7 @@ import math
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, TypeGuard
+from typing import Any, TypeGuard
 
 from gpubench.plugins.net.protocol import (
     DEFAULT_BIND,
@@ -506,25 +506,18 @@ class _Session:
         if failed:
             raise _server_error(self.host, self.port, f"data stream failed: {failed[0]}")
 
-    def sent(self, direction: str) -> list[int] | None:
-        """Bytes each stream's sender handed to the kernel: c2s counted here, s2c as the server said."""
-        if direction == "c2s":
-            return self.sets["c2s"].counts() if "c2s" in self.sets else None
-        return self.end["sent"] if self.end is not None else None
-
-    def tcp(self, direction: str) -> list[dict | None]:
-        """TCP_INFO of each stream's sending socket (c2s: here; s2c: the server's)."""
-        if direction == "c2s":
-            return self.tcp_local
-        return self.end["tcp"] if self.end is not None else []
-
-    def cpu(self, direction: str) -> tuple[float | None, float | None]:
-        """(sender, receiver) CPU seconds of ``direction``'s workers; None where unknown."""
+    def facts(self, direction: str) -> "DirectionFacts":
+        """What is known of ``direction`` besides its intervals: the bytes each sender handed to
+        the kernel, TCP_INFO of the sending sockets and the (sender, receiver) CPU seconds; the
+        c2s sender is here, the s2c sender is the server (its end line), None where unknown."""
         here = self.sets[direction].cpu_seconds if direction in self.sets else None
-        there = None
-        if self.end is not None:
-            there = self.end["cpu_s"]["recv" if direction == "c2s" else "send"]
-        return (here, there) if direction == "c2s" else (there, here)
+        end = self.end
+        there = end["cpu_s"]["recv" if direction == "c2s" else "send"] if end is not None else None
+        if direction == "c2s":
+            return DirectionFacts(sent=self.sets["c2s"].counts() if "c2s" in self.sets else None,
+                                  tcp=self.tcp_local, sender_cpu_s=here, receiver_cpu_s=there)
+        return DirectionFacts(sent=end["sent"] if end is not None else None, tcp=end["tcp"] if end is not None else [],
+                              sender_cpu_s=there, receiver_cpu_s=here)
 
     def close(self) -> None:
         """Stop the workers and close every connection; safe at any moment, and again."""
@@ -537,18 +530,6 @@ class _Session:
             for s in ss:
                 close_socket(s)
         close_socket(self.ctl)
-
-
-@contextlib.contextmanager
-def _local_server(streams: int, family: int = 0) -> Iterator[tuple[str, int]]:
-    """A NetServer on loopback (127.0.0.1, or ::1 for -6; a free port) in a thread of this
-    process for one test; yields (address, port)."""
-    server = NetServer("::1" if family == socket.AF_INET6 else DEFAULT_BIND, 0)
-    try:
-        address = server.start(max_tests=1)
-        yield address
-    finally:
-        server.close(5.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -698,8 +679,10 @@ class Net(Benchmark):
             ctx.data["session"] = None
             try:
                 host, port = spec.host, spec.port
-                if spec.mode == "local":
-                    host, port = stack.enter_context(_local_server(spec.request.streams, spec.address_family))
+                if spec.mode == "local":  # a server on loopback (a free port) in a thread, for one test
+                    server = NetServer("::1" if spec.address_family == socket.AF_INET6 else DEFAULT_BIND, 0)
+                    stack.callback(server.close, 5.0)
+                    host, port = server.start(max_tests=1)
                 ctx.data["port"] = port
                 session = ctx.data["session"] = _Session(host, port, spec.request, spec.connect_timeout,
                                                          spec.address_family, spec.cport)
@@ -749,11 +732,7 @@ class Net(Benchmark):
             ivs = [Interval.of(r) for r in records if r.params.get("direction", "c2s") == d]
             if not ivs:
                 continue
-            facts = DirectionFacts()
-            if session is not None:
-                sender, receiver = session.cpu(d)
-                facts = DirectionFacts(sent=session.sent(d), tcp=session.tcp(d), sender_cpu_s=sender,
-                                       receiver_cpu_s=receiver)
+            facts = session.facts(d) if session is not None else DirectionFacts()
             out += build_records(ctx.spec.request, ivs, direction=d, facts=facts)
         records[:] = out
 
@@ -801,32 +780,15 @@ def run(spec: NetSpec, progress: ProgressSink | None = None) -> Result:
 
 def run_test(host: str, port: int, request: Request, *, family: int = 0, cport: int | None = None,
              connect_timeout: float = 10.0, progress: ProgressSink | None = None) -> Result:
-    """One client test against a ``gpubench net`` server at host:port: the entry point for other
-    modes (e.g. several ranks each testing a peer).
-
-    Args:
-        host, port: the server (:class:`gpubench.plugins.net.server.NetServer`, started with
-            ``NetServer(bind, port).start()`` on the far side).
-        request: streams (P), seconds, omit, interval, buffer, direction ("c2s", "s2c", "both"),
-            window, bitrate, copy.
-        family: 0, 4 or 6. cport: first local port of the data streams, or None.
-
-    Returns:
-        The Result (``result.records``: per direction, per stream and "total"; the total's extra
-        has ``gbit_per_s``, ``sender_cpu_s``, ``receiver_cpu_s``, ``retransmits``).
-
-    Raises:
-        UsageError, MachineError: as :func:`run`.
-    """
+    """One client test against a ``gpubench net`` server at host:port (a
+    :class:`gpubench.plugins.net.server.NetServer`): the entry point for other modes. ``family``:
+    0, 4 or 6; ``cport``: first local port of the data streams, or None. Returns and raises as
+    :func:`run`."""
     return run(NetSpec(host=host, port=port, request=request, connect_timeout=connect_timeout, family=family,
                        cport=cport), progress)
 
 
 def run_local(request: Request, progress: ProgressSink | None = None, family: int = 0) -> Result:
-    """Run a server on loopback (a free port) in this process and one test against it.
-
-    Raises:
-        MachineError: as :func:`run`.
-    """
+    """Run a server on loopback (a free port) in this process and one test against it, as :func:`run`."""
     host = "::1" if family == 6 else DEFAULT_BIND
     return run(NetSpec(host=host, port=0, request=request, mode="local", family=family), progress)
