@@ -20,15 +20,10 @@ at the same time (on a non-blocking fabric they do not share a link). A barrier 
 
 Deadlines (docs/cluster.md "Deadlines"): the barrier that starts the first round waits ``timeout``
 (-T); the barrier that ends round k must be reached by every rank within
-:attr:`NetFleetSpec.round_timeout` of round k's start: -T, but never less than the round's own
-length (omit + seconds + one interval + CLIENT_STALL_S + ROUND_MARGIN_S), since a rank cannot be
-called missing while its test may still run, nor while net's client still waits for a stalled
-server (else the healthy sender of a stopped receiver is the one named). Counted from the round's start, not from each rank's arrival, so a
-rank idle in the round (at the barrier at once) and one that ran a test time out together, and
-a rank that stops is named within max(-T, the round's length) of stopping. A sender whose
-receiver stopped leaves its test within net's own reply limits (the connect timeout before the
-start, one interval + 10 s past the schedule during it) and then finds the other ranks' abort
-notice at the barrier.
+:attr:`NetFleetSpec.round_timeout` of round k's start (not of each rank's arrival, so a rank idle
+in the round and one that ran a test time out together): -T, but never less than the round's own
+length, since a rank cannot be called missing while its test may still run, nor while net's
+client still waits for a stalled server.
 
 Figures are net's own (docs/net.md): bytes the receiver counted per interval of its clock, total =
 counted bytes / counted seconds, Gbit/s = 8 * B/s / 1e9. Rank 0 gathers one record per link and a
@@ -36,8 +31,8 @@ sender x receiver matrix of Gbit/s (``timing["matrix"]``: {"hosts": [...], "gbps
 where no test ran); a link is flagged slow against the median of the matrix by the fleet rule
 (:func:`gpubench.validation.fleet.flag`).
 
-The calls into net's data path are in two adapter functions, :func:`start_servers` and
-:func:`run_client`; nothing else here touches :mod:`gpubench.plugins.net.bench`.
+The calls into net's data path are in :class:`Servers` and :func:`run_client`; nothing else here
+touches :mod:`gpubench.plugins.net.bench`.
 """
 
 from __future__ import annotations
@@ -54,16 +49,12 @@ from gpubench.core.result import Record, Result
 
 PAIRS = ("ring", "all")
 # A round's allowance beyond omit + seconds + one interval, for a healthy test: connecting the
-# control and data streams, starting the worker processes on both sides, the "done" and end lines.
-# Measured 2026-12-01 on the 2-core machine at load 5-8 (mpiexec -n 3, ring, -t 2 -i 0.5): 0.17 s
-# (-P 1), 0.33 s (-P 4), 0.82 s (-P 16) per round beyond -t, barriers included (docs/fleet.md).
+# control and data streams, starting the worker processes on both sides, the "done" and end lines
+# (docs/fleet.md has what it took).
 ROUND_MARGIN_S = 5.0
 # net's client waits this long past an interval line's due time (and for the "done" line) before
-# it calls the server stalled (bench/net.py _Session.next_intervals / finish: interval + 10 s). A
-# round's deadline must cover it: a sender whose receiver stopped mid-test leaves its test up to
-# -O + -t + -i + this after the start, and a deadline shorter than that named the healthy sender
-# as the rank that did not answer (the stopped receiver was already at the barrier: it had
-# nothing to send), so the stopped rank was never named (break-it pass 13).
+# it calls the server stalled (bench.py _Session.next_intervals / finish: interval + 10 s); a
+# round's deadline covers it, so the stopped receiver is named, not its healthy sender.
 CLIENT_STALL_S = 10.0
 
 
@@ -118,10 +109,7 @@ Edge = tuple[int, int]  # (sender, receiver), ranks
 def ring_edges(members: Sequence[int]) -> list[Edge]:
     """Each member sends to the next one (the last to the first); one member: none."""
     n = len(members)
-    if n < 2:
-        return []
-    return [(members[i], members[(i + 1) % n]) for i in range(n)] if n > 2 else [(members[0], members[1]),
-                                                                                (members[1], members[0])]
+    return [(members[i], members[(i + 1) % n]) for i in range(n)] if n > 1 else []
 
 
 def first_fit_rounds(edges: Iterable[Edge]) -> list[list[Edge]]:
@@ -179,7 +167,7 @@ def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None)
     if pairs == "all":
         out = []
         for r in circle_rounds(members):
-            out.append([(a, b) for a, b in r])
+            out.append(list(r))
             out.append([(b, a) for a, b in r])
         return out
     raise UsageError(f"--pairs {pairs!r} not known", f"use {' or '.join(PAIRS)}")
@@ -192,14 +180,19 @@ def _ranks_text(members: Sequence[int]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Adapter: the only calls into net's data path (re-point here when bench/net.py changes)
+# Adapter: the only calls into net's data path
 
 
 class Servers:
-    """``count`` NetServers on ``bind``, each serving tests one at a time in its own thread.
+    """Adapter: ``count`` of net's NetServers on ``bind`` (any free port each), each serving tests
+    one at a time in its own thread.
 
     Attributes:
         ports: the TCP port of each server.
+
+    Raises:
+        UsageError: ``bind`` is not an address of this host (net's server says which).
+        MachineError: the socket could not be opened.
     """
 
     def __init__(self, bind: str, count: int, streams: int):
@@ -223,16 +216,6 @@ class Servers:
         for s in self._servers:
             s.close(5.0)
         self._servers = []
-
-
-def start_servers(bind: str, count: int, streams: int) -> Servers:
-    """Adapter: start ``count`` of net's servers on ``bind`` (any free port each).
-
-    Raises:
-        UsageError: ``bind`` is not an address of this host (net's server says which).
-        MachineError: the socket could not be opened.
-    """
-    return Servers(bind, count, streams)
 
 
 def run_client(host: str, port: int, request: Request, connect_timeout: float) -> Record:
@@ -341,7 +324,7 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
     taking_part = me in members
     senders = [m for m in members if m != spec.to]
     count = (len(senders) if me == spec.to else 1) if taking_part else 0
-    servers = start_servers(spec.bind, count, spec.request.streams) if count else None
+    servers = Servers(spec.bind, count, spec.request.streams) if count else None
     try:
         mine = {"rank": me, "host": getattr(group.me, "host", socket.gethostname()),
                 "addr": advertised(spec.bind), "ports": servers.ports if servers else []}
@@ -434,13 +417,8 @@ def link_flags(result: Result) -> list[tuple[Record, str, float | None]]:
 
     values = [r.extra["gbit_per_s"] for r in result.records if r.error is None and "gbit_per_s" in r.extra]
     med = median(values) if values else None
-    out = []
-    for r in result.records:
-        if r.error is not None or "gbit_per_s" not in r.extra:
-            out.append((r, "fail", med))
-        else:
-            out.append((r, flag(r.extra["gbit_per_s"], values), med))
-    return out
+    return [(r, "fail" if r.error is not None or "gbit_per_s" not in r.extra else flag(r.extra["gbit_per_s"], values),
+             med) for r in result.records]
 
 
 def slow_summary(result: Result) -> list[str]:
@@ -467,6 +445,7 @@ def slow_summary(result: Result) -> list[str]:
 def format_report(result: Result, units: str = "GB") -> list:
     """The matrix (sender rows, receiver columns, Gbit/s), the per-link table, the flagged links."""
     from gpubench.core import report, safe
+    from gpubench.validation.fleet import RULE_TEXT, median
 
     m = result.timing.get("matrix") or {}
     hosts, gbps = m.get("hosts") or [], m.get("gbps") or []
@@ -486,12 +465,8 @@ def format_report(result: Result, units: str = "GB") -> list:
                   "-" if g is None else f"{g / 8 / (1 if units == 'GB' else 1.073741824):.3f}",
                   f if f == "ok" else f"[red]{f.upper()}[/red]" + (f": {safe.term_markup(r.error, 80)}" if r.error else ""))
     out.append(s)
-    from gpubench.validation.fleet import RULE_TEXT
-
     values = [v for row in gbps for v in row if v is not None]
     if values:
-        from gpubench.validation.fleet import median
-
         out.append(f"Matrix median {median(values):.2f} Gbit/s over {len(values)} link(s). {RULE_TEXT}")
     for line in slow_summary(result):
         out.append(safe.term_markup(line))
