@@ -1,30 +1,21 @@
 """``gpubench net client`` / ``net local``: multi-stream TCP throughput (iperf-like), the client
 side as a plug-in of the one driver (:func:`gpubench.core.benchmark.run`).
 
-What is timed (see docs/net.md): ``streams`` TCP connections per direction; the sender (the
-client for "c2s", the server for "s2c", both for "both") writes ``buffer`` bytes at a time on each
-as fast as it can (or at ``bitrate`` per stream), through the worker processes of
-:mod:`gpubench.plugins.net.stream`; the receiver counts the bytes each stream takes and, every
-``interval`` seconds of its own ``time.perf_counter`` clock, reads the per-stream counts (c2s: the
-server, which sends them to the client, :mod:`gpubench.plugins.net.protocol`; s2c: the client). The
-first ``omit`` seconds are reported but not counted (TCP slow start, as iperf3's ``--omit``).
-Figures are bytes *received*, so data still in socket buffers when the test ends is never counted.
+What is timed (docs/net.md): ``streams`` TCP connections per direction; the sender writes
+``buffer`` bytes at a time on each (at most ``bitrate`` per stream) through the worker processes of
+:mod:`gpubench.plugins.net.stream`; every ``interval`` seconds of its own ``time.perf_counter``
+clock the receiver reads the bytes each stream took (c2s: the server, which sends the counts,
+:mod:`gpubench.plugins.net.protocol`; s2c: the client). The first ``omit`` seconds are reported
+but not counted. Figures are bytes *received*: data left in socket buffers is never counted.
 
 Formulas: an interval's rate = its bytes / its measured seconds. The total of a stream (or of all
-streams) = bytes of the counted intervals / the sum of their measured seconds; this is the
-duration-weighted mean of the interval rates, so it always lies between the smallest and the
-largest counted interval rate (never above what the intervals show). Gbit/s = 8 * B/s / 1e9.
-CPU per Gbit = (sender + receiver worker CPU seconds) / (8 x all bytes received / 1e9).
+streams) = bytes of the counted intervals / the sum of their measured seconds, the
+duration-weighted mean of the interval rates. Gbit/s = 8 * B/s / 1e9. CPU per Gbit = (sender +
+receiver worker CPU seconds) / (8 x all bytes received / 1e9).
 
-Through the driver: a point is one interval of the schedule. ``setup`` starts the server (``net
-local``), connects, asks for the test, connects the streams, starts the workers and releases them
-once the server says start; ``measure`` returns the next interval of each direction (the last one
-also the server's "done" and end line); ``derive`` turns the intervals into, per direction, one
-record per stream and one for the total. So an interrupt keeps the intervals received, and a fault
-during the test keeps them too (``partial``, exit 3).
-
-Entry points for other modes: :func:`run_test` (one client test against host:port) and
-:class:`gpubench.plugins.net.server.NetServer` (``start()`` / ``close()``).
+Through the driver a point is one interval of the schedule, so an interrupt or a fault during
+the test keeps the intervals received (``partial``; a fault exits 3). Entry point for other
+modes: :func:`run_test`.
 """
 
 from __future__ import annotations
@@ -191,8 +182,7 @@ def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port
 
 def _refusal(reply: Any, what: str, wanted: str = "ok=true") -> str:
     """Why a reply is not the one asked for: the server's own error line when it sent one
-    ("refused the test: busy..."), else what it sent instead (``{"ok": 1}`` was worded "refused
-    the test: None")."""
+    ("refused the test: busy..."), else what it sent instead."""
     err = reply.get("error") if isinstance(reply, dict) else None
     if isinstance(err, str) and err.strip():
         return f"{what}: {err}"
@@ -541,13 +531,9 @@ def totals(intervals: list[Interval], stream: int | None = None) -> tuple[int, f
 
     The total rate is bytes / seconds: the duration-weighted mean of the counted intervals' rates.
     """
-    nbytes, secs = 0, 0.0
-    for iv in intervals:
-        if iv.omit:
-            continue
-        nbytes += iv.bytes[stream] if stream is not None else sum(iv.bytes)
-        secs += iv.seconds
-    return nbytes, secs
+    counted = [iv for iv in intervals if not iv.omit]
+    return (sum(iv.bytes[stream] if stream is not None else sum(iv.bytes) for iv in counted),
+            sum((iv.seconds for iv in counted), 0.0))
 
 
 @dataclass
@@ -656,11 +642,10 @@ class Net(Benchmark):
         # both sides in net local: a sender and a receiver set per direction)
         workers = min(req.streams, MAX_WORKERS) * len(req.directions()) * (2 if spec.mode == "local" else 1)
         host = req.buffer + workers * (WORKER_BYTES + RECV_BYTES)
-        out, start = [], 0.0
-        for i, (end, omitted) in enumerate(req.intervals()):
-            out.append(Point(f"{start:.1f}-{end:.1f} s" + (" (omitted)" if omitted else ""), i, host_bytes=host))
-            start = end
-        return out
+        ends = req.intervals()
+        starts = [0.0, *(end for end, _ in ends)]
+        return [Point(f"{start:.1f}-{end:.1f} s" + (" (omitted)" if omitted else ""), i, host_bytes=host)
+                for i, (start, (end, omitted)) in enumerate(zip(starts, ends))]
 
     def too_big_hint(self, spec: NetSpec) -> str:
         return "lower -l/--length"

@@ -70,8 +70,8 @@ def _not_seconds(name: str, v: float) -> tuple[str, None]:
     return f"{name} {v} is not a number of seconds", None
 
 
-# How the command words each limit of net_protocol.LIMITS (the server words them for the wire):
-# key -> (request, caps, the -l text as given) -> (message, hint). The checks themselves are there.
+# How the command words each limit of protocol.LIMITS (the checks themselves): key -> (request,
+# caps, the -l text as given) -> (message, hint).
 OPTION_WORDING = {
     "streams": lambda r, c, length: (f"-P/--parallel {r.streams} out of range", f"use 1 to {c.max_streams} streams"),
     "seconds-finite": lambda r, c, length: _not_seconds("-t/--time", r.seconds),
@@ -204,11 +204,10 @@ def server(bind, port, one_off, quiet, debug):
     streams, 3600 s, 64 MiB writes) are refused.
     Listens on loopback only unless --bind says otherwise.
     """
+    from gpubench.core import safe
     from gpubench.plugins.net.server import NetServer
 
     _check_port(port, allow_zero=True)
-
-    from gpubench.core import safe
 
     def log(line: str) -> None:
         if not quiet:

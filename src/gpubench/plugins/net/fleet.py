@@ -2,21 +2,17 @@
 
 The seed's ``iperf -c HOST -P 16 -t 30``, at fleet scale. Every taking-part rank starts net's own
 server (:class:`gpubench.plugins.net.server.NetServer`) in a thread, the ranks exchange where they
-listen (``allgather``), and the tests run in rounds computed alike on every rank:
+listen (``allgather``), and the tests run in rounds computed alike on every rank, each started by
+a barrier; within a round no node is in two tests, and its disjoint pairs run at the same time:
 
-- ``ring`` (default): rank i sends to rank i+1 (mod n), every node tested once as a sender and once
-  as a receiver. The n directed edges are put into rounds first-fit so that no node is in two tests
-  of one round (2 rounds for an even n, 3 for an odd one).
+- ``ring`` (default): rank i sends to rank i+1 (mod n), put into rounds first-fit (2 rounds for an
+  even n, 3 for an odd one).
 - ``all``: every ordered pair. The unordered pairs come from the circle method of round-robin
   tournament scheduling (Kirkman 1847; e.g. E. Lucas, *Recreations mathematiques* II, 1883, and
-  Wikipedia "Round-robin tournament", Scheduling algorithm): fix one node, rotate the others one
-  place per round; n - 1 rounds of n/2 disjoint pairs (n odd: a bye is added, n rounds). Each
-  round runs twice, a -> b then b -> a, so each node sends or receives one test at a time.
+  Wikipedia "Round-robin tournament", Scheduling algorithm); each round runs twice, a -> b then
+  b -> a.
 - ``--to RANK`` (many-to-one, incast): one round in which every other rank sends to RANK at once;
   RANK runs one server per sender (a NetServer serves one test at a time).
-
-"Each pair runs alone": within a round no node is in two tests; the disjoint pairs of a round run
-at the same time (on a non-blocking fabric they do not share a link). A barrier starts each round.
 
 Deadlines (docs/cluster.md "Deadlines"): the barrier that starts the first round waits ``timeout``
 (-T); the barrier that ends round k must be reached by every rank within
@@ -25,10 +21,8 @@ in the round and one that ran a test time out together): -T, but never less than
 length, since a rank cannot be called missing while its test may still run, nor while net's
 client still waits for a stalled server.
 
-Figures are net's own (docs/net.md): bytes the receiver counted per interval of its clock, total =
-counted bytes / counted seconds, Gbit/s = 8 * B/s / 1e9. Rank 0 gathers one record per link and a
-sender x receiver matrix of Gbit/s (``timing["matrix"]``: {"hosts": [...], "gbps": [[...]]}, None
-where no test ran); a link is flagged slow against the median of the matrix by the fleet rule
+Figures are net's own (docs/net.md). Rank 0 gathers one record per link and a sender x receiver
+matrix of Gbit/s; a link is flagged slow against the median of the matrix by the fleet rule
 (:func:`gpubench.validation.fleet.flag`).
 
 The calls into net's data path are in :class:`Servers` and :func:`run_client`; nothing else here
@@ -37,6 +31,7 @@ touches :mod:`gpubench.plugins.net.bench`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -69,9 +64,8 @@ class NetFleetSpec:
         bind: address each rank's server listens on; a specific address is also the one peers are
             told to connect to (0.0.0.0: every address, and the one found by :func:`advertised`).
         connect_timeout: seconds to connect and for each reply before a test starts.
-        timeout: -T: seconds a rank waits for the others at the first barrier, and at least
-            the seconds from a round's start by which every rank must reach its end
-            (:attr:`round_timeout`).
+        timeout: -T: seconds a rank waits for the others at the first barrier; see
+            :attr:`round_timeout`.
     """
 
     request: Request = field(default_factory=Request)
@@ -219,16 +213,9 @@ class Servers:
 
 
 def run_client(host: str, port: int, request: Request, connect_timeout: float) -> Record:
-    """Adapter: one net test from here to ``host:port``; the total record of its result.
-
-    Returns:
-        The record with params stream = "total" (net's :func:`gpubench.plugins.net.bench.build_records`):
-        samples in seconds per ``request.buffer`` bytes, extra "gbit_per_s", "bytes_per_s",
-        "interval_bytes", ...
-
-    Raises:
-        GpubenchError: what net raised (cannot connect, refused, failed during the test).
-    """
+    """Adapter: one net test from here to ``host:port``; the record with params stream = "total"
+    of its result (:func:`gpubench.plugins.net.bench.build_records`). Raises GpubenchError: what
+    net raised (cannot connect, refused, failed during the test)."""
     from gpubench.plugins.net import bench as net
 
     res = net.run_test(host, port, request, connect_timeout=connect_timeout)
@@ -255,12 +242,9 @@ def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
     source: Mapping[str, str] = os.environ if env is None else env
     master = source.get("MASTER_ADDR")
     if master:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((master, int(source.get("MASTER_PORT") or 9)))
-                return s.getsockname()[0]
-        except (OSError, ValueError, UnicodeError):
-            pass
+        with contextlib.suppress(OSError, ValueError, UnicodeError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, int(source.get("MASTER_PORT") or 9)))
+            return s.getsockname()[0]
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:

@@ -13,10 +13,7 @@ Control protocol (version 2), one JSON object per line, each side capping what i
         "interval": 1.0, "buffer": 131072, "direction": "c2s", "window": 0, "bitrate": 0,
         "copy": false}
 
-   direction: "c2s" (the client sends, iperf's default), "s2c" (-R: the server sends) or
-   "both" (--bidir); window: SO_SNDBUF/SO_RCVBUF of every data socket, 0 for the kernel's
-   autotuning (-w); bitrate: target bits/s per stream, 0 for unlimited (-b); copy: send from and
-   receive into buffers instead of zero copy.
+   (the fields: :class:`Request`).
 2. server -> client: ``{"ok": true, "cookie": "<hex>", ...the accepted request...}`` or
    ``{"ok": false, "error": "<one line>"}`` and the server closes (bad request, caps, busy).
 3. client -> server: ``streams`` data connections per direction, each first sending
@@ -34,6 +31,7 @@ Control protocol (version 2), one JSON object per line, each side capping what i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -177,10 +175,7 @@ LIMITS: tuple[Limit, ...] = (
 
 def first_broken(req: Request, caps: Caps = CAPS) -> Limit | None:
     """The first limit of :data:`LIMITS` that ``req`` breaks, or None when it is within ``caps``."""
-    for limit in LIMITS:
-        if limit.broken(req, caps):
-            return limit
-    return None
+    return next((limit for limit in LIMITS if limit.broken(req, caps)), None)
 
 
 def wire_int(v: Any) -> bool:
@@ -226,14 +221,8 @@ def _number(d: dict, key: str, *, integer: bool = False) -> int | float:
 
 
 def check_request(d: Any, caps: Caps = CAPS) -> Request:
-    """Validate a control request (a parsed JSON line) against the caps.
-
-    Args:
-        d: the parsed header; must be a dict with the fields of :meth:`Request.header`.
-        caps: the limits.
-
-    Returns:
-        The accepted Request.
+    """The accepted Request of a control request ``d`` (a parsed JSON line: a dict with the fields
+    of :meth:`Request.header`) within ``caps``.
 
     Raises:
         RequestError: one line naming the bad field and what is accepted.
@@ -348,11 +337,7 @@ class LineReader:
             self._buf += chunk
 
     def readjson(self, timeout: float, stop: threading.Event | None = None) -> Any:
-        """The next line parsed as JSON.
-
-        Raises:
-            ProtocolError: as :meth:`readline`, or the line is not JSON.
-        """
+        """The next line parsed as JSON. Raises ProtocolError as :meth:`readline`, or the line is not JSON."""
         line = self.readline(timeout, stop)
         try:
             return parse_line(line)
@@ -381,23 +366,16 @@ def send_json(sock: socket.socket, obj: Any, timeout: float = 5.0) -> None:
 
 def refuse(sock: socket.socket, message: str) -> None:
     """Send an error line (at most 300 characters) without waiting, then close; never raises."""
-    try:
+    with contextlib.suppress(OSError):
         sock.setblocking(False)
         sock.send(json.dumps({"ok": False, "error": message[:300]}).encode() + b"\n")
-    except OSError:
-        pass
     close_socket(sock)
 
 
 def close_socket(sock: socket.socket | None) -> None:
     """Shut down and close ``sock`` (None: nothing); never raises."""
-    if sock is None:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    try:
-        sock.close()
-    except OSError:
-        pass
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            sock.close()

@@ -30,6 +30,7 @@ Programmatic use (e.g. a multi-rank mode)::
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import resource
 import secrets
@@ -283,11 +284,9 @@ class NetServer:
             for p in list(pending.values()):
                 self._drop(p, sel, pending, "server stopping", count=False)
             sel.close()
-            try:
-                if self._listener is not None:
+            if self._listener is not None:
+                with contextlib.suppress(OSError):
                     self._listener.close()
-            except OSError:
-                pass
             test = self._active
             if test is not None:
                 test.closing.set()
@@ -324,10 +323,8 @@ class NetServer:
         old = self._listener
         assert old is not None and self._listen_info is not None
         self._accept(old, sel, pending)
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             sel.unregister(old)
-        except (KeyError, ValueError):
-            pass
         old.close()
         family, sockaddr = self._listen_info
         try:
@@ -370,10 +367,8 @@ class NetServer:
 
     def _drop(self, p: _Pending, sel, pending, why: str, *, count: bool = True) -> None:
         pending.pop(p.sock, None)
-        try:
+        with contextlib.suppress(KeyError, ValueError, OSError):
             sel.unregister(p.sock)
-        except (KeyError, ValueError, OSError):
-            pass
         if count:
             self._refused(p.sock, p.peer, why)
         else:
@@ -525,10 +520,8 @@ class NetServer:
     def _abort(self, conn: socket.socket, tag: str, why: str) -> None:
         self._count("tests_aborted")
         self.log(f"{tag}: aborted: {why}")
-        try:
+        with contextlib.suppress(OSError):
             send_json(conn, {"ok": False, "error": why}, timeout=1.0)
-        except OSError:
-            pass
 
     def _peer_gone(self, conn: socket.socket, wait: float) -> bool:
         """Wait up to ``wait`` s for the control connection; True when the client closed or sent anything."""
@@ -612,10 +605,8 @@ class NetServer:
         cpu = {role: (test.sets[d].cpu_seconds if d in test.sets else None)
                for d, role in (("c2s", "recv"), ("s2c", "send"))}
         sent = tx.counts() if tx is not None else []
-        try:
+        with contextlib.suppress(OSError):
             send_json(conn, {"end": True, "cpu_s": cpu, "tcp": tcp, "sent": sent}, timeout=2.0)
-        except OSError:
-            pass
 
 
 class _Abort(Exception):
@@ -639,11 +630,9 @@ def _listen(family: int, sockaddr) -> socket.socket:
 def _raise_fd_limit(want: int) -> None:
     """Raise the soft RLIMIT_NOFILE towards ``want`` (never above the hard limit), so the waiting
     connections and a test's 256 sockets fit; never raises."""
-    try:
+    with contextlib.suppress(ValueError, OSError):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         target = want if hard == resource.RLIM_INFINITY else min(want, hard)
         if soft != resource.RLIM_INFINITY and soft < target:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError):
-        pass
 

@@ -10,6 +10,7 @@ the sockets passed as file descriptors; the counters live in a shared memory fil
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import mmap
 import os
@@ -31,11 +32,9 @@ _LIVE: set = set()
 @atexit.register
 def _end_live_workers() -> None:
     for p in list(_LIVE):
-        try:
+        with contextlib.suppress(OSError):
             if p.poll() is None:
                 p.kill()
-        except OSError:
-            pass
 
 
 # Worker processes per stream set: one per stream up to this many, beyond it the streams are
@@ -270,10 +269,8 @@ class StreamSet:
         self.t_stop = time.perf_counter()
         for fd in (self._stop_w, self._go_w):  # a worker still waiting for go reads EOF and ends
             if fd is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         self._stop_w = self._go_w = None
         deadline = time.monotonic() + timeout
         if self.role == "send" and self.procs:
@@ -285,10 +282,8 @@ class StreamSet:
                     break
             if any(p.poll() is None for p in self.procs):
                 for s in self.socks:
-                    try:
+                    with contextlib.suppress(OSError):
                         s.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
         for w, p in enumerate(self.procs):
             try:
                 _, err = p.communicate(timeout=max(0.05, deadline - time.monotonic()))
@@ -318,26 +313,18 @@ class StreamSet:
         """Stop the workers if they run, close the sockets and the shared memory; again is harmless."""
         self.stop()
         for s in self.socks:
-            try:
-                if self.role == "send":
+            if self.role == "send":
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
         for name in ("_go_r", "_stop_r", "_payload", "_shm_fd"):
             fd = getattr(self, name)
             if fd is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
                 setattr(self, name, None)
         if self._shm is not None:
-            try:
+            with contextlib.suppress(BufferError, ValueError):
                 self._shm.close()
-            except (BufferError, ValueError):
-                pass
             self._shm = None
