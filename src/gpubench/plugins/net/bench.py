@@ -313,13 +313,7 @@ _NOT_OPEN = "the net test has not started (_Session.open first)"
 
 class _Session:
     """One test seen from the client: the control connection, the data streams and their workers.
-
-    Args:
-        host, port: the server.
-        req: the test asked for.
-        connect_timeout: seconds to connect and for each reply before the test starts.
-        family: 0, AF_INET or AF_INET6 (-4 / -6).
-        cport: the first local port of the data streams (--cport), or None.
+    The arguments are :class:`NetSpec`'s (``req``: its request; ``family``: its address_family).
     """
 
     def __init__(self, host: str, port: int, req: Request, connect_timeout: float, family: int = 0,
@@ -702,10 +696,7 @@ class Net(Benchmark):
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         """Net allocates nothing per point: a memory failure while receiving is this host's fault.
-
-        Raises:
-            MachineError: always (the driver keeps the intervals received so far).
-        """
+        Raises MachineError, always (the driver keeps the intervals received so far)."""
         raise MachineError(f"net client ({point.label}): {message}")
 
     def derive(self, ctx: Context, records: list[Record]) -> None:

@@ -72,7 +72,6 @@ class BetweenNodes(FleetStage):
 
         mat = result.timing.get("matrix") or {}
         links = {"hosts": list(mat.get("hosts") or []), "gbps": [list(r) for r in mat.get("gbps") or []]}
-        failed_by_toml = {tuple(sorted(o.params.items())) for o in outcomes if o.status == "fail" and o.params}
         by_link: dict[tuple, list] = {}
         for o in outcomes:
             if o.params:
@@ -80,7 +79,7 @@ class BetweenNodes(FleetStage):
         rows = []
         for r, f, med in link_flags(result):
             key = tuple(sorted(r.params.items()))
-            if key in failed_by_toml:
+            if any(o.status == "fail" for o in by_link.get(key, [])):
                 f = "fail"
             b, op = deciding_bound(by_link.get(key, []), "Gbit/s")
             rows.append({"host": str(r.extra.get("src_host")), "rank": int(r.params["src"]), "gpu": None,

@@ -316,10 +316,9 @@ class NetServer:
 
     def _renew_listener(self, sel, pending) -> None:
         """A fresh listener on the same address (autotuned buffers), after a test that set -w. The
-        connections already queued on the old one are accepted first (they wait for their request
-        as any other); one arriving in the instant between close and listen is refused by the
-        kernel, as iperf3's own listener swap does. If the address cannot be bound again, the
-        server stops (it says so in its log)."""
+        connections queued on the old one are accepted first; one arriving between close and
+        listen is refused by the kernel. If the address cannot be bound again, the server stops
+        (it says so in its log)."""
         old = self._listener
         assert old is not None and self._listen_info is not None
         self._accept(old, sel, pending)

@@ -2,9 +2,9 @@
 streams moved by worker processes (:mod:`gpubench.plugins.net.worker`), their byte counters, their
 CPU time, and each socket's ``TCP_INFO``.
 
-Why worker processes, zero copy and MSG_TRUNC: docs/net.md "Data path" (what was measured, and
-what each step paid). The worker is a standard-library script started with ``python -I -S`` and
-the sockets passed as file descriptors; the counters live in a shared memory file.
+Why worker processes, zero copy and MSG_TRUNC: docs/net.md "Data path". The worker is a
+standard-library script started with ``python -I -S`` and the sockets passed as file descriptors;
+the counters live in a shared memory file.
 """
 
 from __future__ import annotations
@@ -139,13 +139,10 @@ class StreamSet:
     Args:
         socks: the connected sockets, stream k = socks[k]; the set owns them from now on.
         role: "send" or "recv".
-        buffer: bytes per write (iperf's -l).
-        copy: False: zero copy (sendfile from a memory file; receive with MSG_TRUNC); True: send
-            from and receive into a buffer (one copy each way, as iperf2).
-        rate: target bytes/s per stream, 0 for as fast as possible (iperf's -b, per stream).
+        buffer, copy: as :class:`gpubench.plugins.net.protocol.Request`'s.
+        rate: target bytes/s per stream, 0 for as fast as possible.
         workers: processes to spread the streams over; default (and at most) one per stream up
-            to :data:`MAX_WORKERS`: a worker with one unpaced stream makes blocking calls, one
-            with several (or a paced one) polls them.
+            to :data:`MAX_WORKERS`.
 
     Use: ``start()`` (workers started, waiting), ``go()`` (they move data), ``counts()`` at any
     time, ``stop()`` (the workers end, CPU seconds known), ``close()`` (sockets closed). ``close``
