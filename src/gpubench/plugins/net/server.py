@@ -29,7 +29,6 @@ Programmatic use (e.g. a multi-rank mode)::
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import resource
@@ -260,7 +259,7 @@ class NetServer:
         lst.setblocking(False)
         sel = selectors.DefaultSelector()
         sel.register(lst, selectors.EVENT_READ, None)
-        pending: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
+        pending: dict[socket.socket, _Pending] = {}  # oldest first (insertion order)
         self._loop = (sel, pending)  # for _dispatch, which renews a windowed listener before a test
         try:
             while not self._stop.is_set():
