@@ -158,12 +158,8 @@ def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None)
         return [[(m, to) for m in members if m != to]] if len(members) > 1 else []
     if pairs == "ring":
         return first_fit_rounds(ring_edges(members))
-    if pairs == "all":
-        out = []
-        for r in circle_rounds(members):
-            out.append(list(r))
-            out.append([(b, a) for a, b in r])
-        return out
+    if pairs == "all":  # each round of pairs twice: a -> b, then b -> a
+        return [half for r in circle_rounds(members) for half in (list(r), [(b, a) for a, b in r])]
     raise UsageError(f"--pairs {pairs!r} not known", f"use {' or '.join(PAIRS)}")
 
 
@@ -274,8 +270,7 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
         if a != me:
             continue
         info = peers[b]
-        ports = info["ports"]
-        port = ports[senders.index(a)] if spec.to is not None else ports[0]
+        port = info["ports"][senders.index(a) if spec.to is not None else 0]
         try:
             out.append(_link_record(a, b, run_client(info["addr"], port, spec.request, spec.connect_timeout)))
         except GpubenchError as e:
