@@ -136,3 +136,12 @@ def test_a_fault_after_a_noted_ctrl_c_is_the_interrupt():
         clear_signals()
     assert r.partial and r.interrupted_by == "SIGINT" and r.failed_by is None
     assert [x.params["n"] for x in r.records] == [1]
+
+
+def test_first_line_of_an_error_is_its_first_text_line_or_its_type_name():
+    from gpubench.core.errors import first_line
+
+    assert first_line(RuntimeError("cudaErrorMemoryAllocation: out of memory\ndetail")) == \
+        "cudaErrorMemoryAllocation: out of memory"
+    assert first_line(RuntimeError("")) == "RuntimeError"
+    assert first_line(OSError("  \n  ")) == "OSError"

@@ -275,3 +275,13 @@ def test_the_footer_names_the_nccl_version_as_people_write_it_and_escapes_the_va
     r.env = dict(r.env, nccl={"version": 22809, "env": {"NCCL_SOCKET_IFNAME": "eth0\x1b[31m"}})
     line = next(x for x in cmd.format_report(r) if isinstance(x, str) and x.startswith("NCCL 2.28.9"))
     assert "\x1b" not in line and "NCCL_SOCKET_IFNAME=eth0" in line
+
+
+def test_an_nccl_error_with_no_text_is_named_by_its_type_not_an_index_error():
+    from gpubench.plugins.nccl.comm import as_machine_error
+
+    class NcclError(Exception):  # CuPy's class name, as as_machine_error recognises it
+        pass
+
+    assert str(as_machine_error(NcclError(""))) == "NCCL call failed: NcclError"
+    assert str(as_machine_error(NcclError("\nunhandled cuda error"))) == "NCCL call failed: unhandled cuda error"

@@ -90,3 +90,11 @@ class RegressionFound(GpubenchError):
     """A comparison or expectation failed; exit code 1."""
 
     exit_code = 1
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's text (CUDA errors carry the code and its description), or its
+    type name where the text is empty: the one way an error from a library becomes a line of a
+    gpubench message."""
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from gpubench.core.errors import MachineError, NoGPUError, UsageError
+from gpubench.core.errors import MachineError, NoGPUError, UsageError, first_line
 
 # cudaMemcpyKind
 H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4
@@ -88,12 +88,6 @@ def resolve_devices(devices: tuple[int, ...] | None, *, minimum: int = 1) -> tup
     if len(devs) < minimum:
         raise UsageError(f"this needs {minimum} GPUs; {len(devs)} selected, {n} visible")
     return devs
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of an exception's text (CUDA errors carry the code and its description), or its type name."""
-    s = str(e).strip().splitlines()
-    return s[0] if s else type(e).__name__
 
 
 def is_oom(e: BaseException) -> bool:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench import __version__
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.stats import Summary, rates
 
 SCHEMA = "gpubench.result"
@@ -526,7 +526,7 @@ def read_json(path: str | os.PathLike, expected: str = "a file saved by --json")
         raise UsageError(f"{name} repeats the key {safe.term(repr(e.args[0]), 80)} in one object",
                          f"expected {expected}; a second value would silently replace the first") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"{name} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+        raise UsageError(f"{name} is not valid JSON ({first_line(e)[:80]})") from None
 
 
 class _RepeatedKey(Exception):

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Mapping
 
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, first_line
 
 _HINT = "give the file written by `dask scheduler --scheduler-file`"
 
@@ -77,7 +77,7 @@ def check_scheduler_address(address: str) -> None:
     try:
         host, port = get_address_host_port(address)
     except ValueError as e:
-        raise UsageError(f"--scheduler-address {address!r} is not an address ({str(e).splitlines()[0][:100]})",
+        raise UsageError(f"--scheduler-address {address!r} is not an address ({first_line(e)[:100]})",
                          _ADDRESS_HINT) from None
     if not str(host).strip("[]"):  # tcp://:8786 has no host: the connect waited out its timeout
         raise UsageError(f"--scheduler-address {address!r} names no host", _ADDRESS_HINT)

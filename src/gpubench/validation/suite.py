@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpubench import __version__
-from gpubench.core.errors import UsageError
+from gpubench.core.errors import UsageError, first_line
 from gpubench.core.result import Record, Result
 
 BUNDLE_SCHEMA = "gpubench.bundle"
@@ -116,7 +116,7 @@ def _toml_loads(text: str, source: str) -> dict:
     except tomllib.TOMLDecodeError as e:
         from gpubench.core import safe
 
-        raise UsageError(f"{source} is not valid TOML: {safe.term(str(e).splitlines()[0], 200)}") from None
+        raise UsageError(f"{source} is not valid TOML: {safe.term(first_line(e), 200)}") from None
 
 
 def _scalar_ok(v: Any) -> bool:

@@ -33,7 +33,7 @@ from gpubench.plugins.nccl.graphs import CapturedGraphs, GraphOwner
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu
 from gpubench.core.benchmark import Benchmark, Context
-from gpubench.core.errors import MachineError, UsageError, check_choices
+from gpubench.core.errors import MachineError, UsageError, check_choices, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.units import format_size
@@ -407,7 +407,7 @@ class Nccl(Benchmark):
         try:
             comms = nccl.NcclCommunicator.initAll(list(ctx.devices))
         except Exception as e:
-            raise MachineError(f"ncclCommInitAll on GPUs {list(ctx.devices)} failed: {str(e).splitlines()[0]}") \
+            raise MachineError(f"ncclCommInitAll on GPUs {list(ctx.devices)} failed: {first_line(e)}") \
                 from None
         with local_ranks(ctx, comms):
             yield ctx

@@ -12,7 +12,7 @@ from typing import Callable
 
 from gpubench.core import gpu
 from gpubench.plugins.nccl.collectives import DTYPES, OPS
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.units import format_size
 
 
@@ -150,7 +150,7 @@ def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) ->
                     rk.comm.check_async_error()
                 except Exception as e:
                     abort(ranks)
-                    raise MachineError(f"NCCL reported an error on rank {rk.rank}: {str(e).splitlines()[0]}") from None
+                    raise MachineError(f"NCCL reported an error on rank {rk.rank}: {first_line(e)}") from None
             if timeout_s and now - t0 > timeout_s:
                 abort(ranks)
                 raise MachineError(f"NCCL operation did not finish within --timeout {timeout_s:g} s; "
@@ -218,7 +218,7 @@ def as_machine_error(e: BaseException) -> MachineError | None:
     """The one-line MachineError for a CUDA runtime or NCCL fault ``e`` (exit 3), or None when ``e``
     is neither."""
     if type(e).__name__ == "NcclError":  # CuPy's, from every NCCL call that does not return ncclSuccess
-        return MachineError(f"NCCL call failed: {str(e).splitlines()[0]}")
+        return MachineError(f"NCCL call failed: {first_line(e)}")
     import cupy
 
     if isinstance(e, cupy.cuda.runtime.CUDARuntimeError):

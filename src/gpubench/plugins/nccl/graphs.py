@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Callable
 
-from gpubench.core.errors import MachineError
+from gpubench.core.errors import MachineError, first_line
 from gpubench.core.signals import CRITICAL
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class CapturedGraphs:
                         graphs.append((rk, rt.streamEndCapture(rk.stream.ptr)))
                     except Exception as e:
                         failure = failure or MachineError(
-                            f"CUDA-graph capture on GPU {rk.device} failed: {str(e).splitlines()[0]}")
+                            f"CUDA-graph capture on GPU {rk.device} failed: {first_line(e)}")
             if failure is None:
                 for rk, g in graphs:
                     with CRITICAL:
@@ -80,7 +80,7 @@ class CapturedGraphs:
                             ex = rt.graphInstantiate(g)
                         except Exception as e:
                             failure = MachineError(f"instantiating the CUDA graph of GPU {rk.device} failed: "
-                                                   f"{str(e).splitlines()[0]}")
+                                                   f"{first_line(e)}")
                             break
                         self.launches.append((rk.device, ex, rk.stream.ptr))
                     rt.graphUpload(ex, rk.stream.ptr)

@@ -23,7 +23,7 @@ from gpubench.plugins.nccl.comm import Rank, abort, make_barrier, nccl_env
 from gpubench.plugins.nccl.graphs import GraphOwner
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 
@@ -293,7 +293,7 @@ def _connect(spec: NcclSpec):
             Client(scheduler_file=spec.scheduler_file, timeout=connect)
     except (OSError, ValueError) as e:
         where = spec.scheduler_address or spec.scheduler_file
-        raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {str(e).splitlines()[0]}") from None
+        raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {first_line(e)}") from None
 
 
 class NcclDask(Benchmark):

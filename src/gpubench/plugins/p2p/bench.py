@@ -39,7 +39,7 @@ from gpubench.core.kernels import num_sms as _num_sms
 from gpubench.core.kernels import sm_copy_enqueue as _sm_enqueue
 from gpubench.core.kernels import sm_copy_geometry
 from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
-from gpubench.core.errors import MachineError, UsageError, check_choices
+from gpubench.core.errors import MachineError, UsageError, check_choices, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.timing import GatedTimer, Lane, TimingPlan, choose_reps
@@ -564,7 +564,7 @@ class P2P(Benchmark):
         try:
             return _measure_group(g, ctx.spec, ctx.env, ctx.data["peers"])
         except cupy.cuda.compiler.CompileException as e:
-            raise MachineError(f"the copy kernels did not compile: {str(e).splitlines()[0]}") from None
+            raise MachineError(f"the copy kernels did not compile: {first_line(e)}") from None
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         spec: P2PSpec = ctx.spec
