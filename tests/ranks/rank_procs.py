@@ -98,8 +98,10 @@ class Lines:
         return "".join(line for _, line in self.lines)
 
 def _start(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    """``args`` in a session of its own, output piped, stdin empty: mpiexec forwards its stdin to
+    rank 0, so an inherited one (pytest -s) changes how a stopped rank 0's job ends."""
+    return subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 def _mpi_ranks(top: int, n: int = 3, timeout: float = 60.0) -> dict[int, int]:
     """rank -> pid of the Python processes the launcher's daemon started under mpiexec ``top``: MPICH's

@@ -27,7 +27,7 @@ import pytest
 
 psutil = pytest.importorskip("psutil")
 
-from rank_procs import _alive, _env, _free_port, _gpubench, mpiexec  # noqa: E402
+from rank_procs import _alive, _env, _free_port, _gpubench, _start, mpiexec  # noqa: E402
 
 PROBE = Path(__file__).with_name("rank_probe.py")
 
@@ -92,8 +92,7 @@ def _wait_pidfile(path: Path, proc, timeout: float = 60.0) -> list[int]:
 
 def _run_victim(cmd, pidfile: Path, sig: int) -> tuple[subprocess.Popen, str, float, list[int]]:
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = _start(cmd, _env())
     try:
         pids = _wait_pidfile(pidfile, proc)
         os.kill(pids[2], sig)
@@ -308,8 +307,7 @@ def test_a_rank_0_silent_at_the_close_is_named_by_every_other_rank(tmp_path, lau
     args = ["--timeout", "3", "--victim", "0", "--victim-at", "close", "--pidfile", str(pidfile)]
     t0 = time.monotonic()
     if launcher == "mpiexec":
-        procs = [subprocess.Popen([mpiexec(), "-n", "3", sys.executable, str(PROBE), *args], env=_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)]
+        procs = [_start([mpiexec(), "-n", "3", sys.executable, str(PROBE), *args], _env())]
     else:
         procs = _torchrun_style(3, _free_port(), *args)
     try:
