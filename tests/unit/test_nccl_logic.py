@@ -219,6 +219,24 @@ def test_combine_ranks_averages_samples_and_sums_wrong():
     assert nccl_dask.combine_ranks([a, b])[0].wrong is None
 
 
+def test_combine_ranks_keeps_an_error_without_samples_as_launched_ranks_do():
+    a = [{"nbytes": 8, "count": 2, "place": "in-place", "samples_s": [1.0, 2.0], "wrong": 0, "error": None}]
+    b = [{"nbytes": 8, "count": 2, "place": "in-place", "samples_s": [], "wrong": None, "error": "out of memory"}]
+    (p,) = nccl_dask.combine_ranks([a, b])
+    assert p.samples_s == [] and p.error == "out of memory" and p.wrong is None
+
+
+def test_combine_ranks_refuses_uneven_samples_or_points_naming_the_counts():
+    from gpubench.core.errors import MachineError
+
+    a = [{"nbytes": 1 << 20, "count": 2, "place": "in-place", "samples_s": [1.0, 2.0], "wrong": 0, "error": None}]
+    b = [{"nbytes": 1 << 20, "count": 2, "place": "in-place", "samples_s": [3.0], "wrong": 0, "error": None}]
+    with pytest.raises(MachineError, match=r"different numbers of samples for 1 MiB in-place: \[2, 1\]"):
+        nccl_dask.combine_ranks([a, b])
+    with pytest.raises(MachineError, match=r"different numbers of points: \[1, 2\]"):
+        nccl_dask.combine_ranks([a, a + a])
+
+
 def test_verdict_expect_busbw_and_wrong():
     pts = [N.Point(1 << 20, 1 << 18, "out-of-place", [1e-4], 0),
            N.Point(1 << 30, 1 << 28, "out-of-place", [4e-3], 0),

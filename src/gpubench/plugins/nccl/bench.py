@@ -102,7 +102,7 @@ class NcclSpec:
         gpus_per_proc: -g, GPUs per process under a launcher (nccl-tests -g; None: 1, or len(-d));
             in one process without a launcher, the first N visible GPUs when -d is not given.
         average: -a, how the ranks' per-sample times combine (nccl-tests -a: 0 rank 0, 1 mean,
-            2 minimum, 3 maximum); bench/nccl_ranks.combine.
+            2 minimum, 3 maximum); :func:`combine`.
         rendezvous: --rendezvous HOST:PORT of rank 0's store (else MASTER_ADDR/MASTER_PORT).
 
     Raises:
@@ -198,6 +198,30 @@ class Point:
     samples_s: list[float]
     wrong: int | None  # elements that differ from the expected result (None: not checked)
     error: str | None = None
+
+
+_COMBINE: dict[int, Callable[[list[float]], float]] = {1: lambda c: sum(c) / len(c), 2: min, 3: max}  # -a 1..3
+
+
+def combine(per_rank: list[list[float]], average: int) -> list[float]:
+    """Each sample's time over the ranks, by nccl-tests' -a (src/common.cu Allreduce of deltaSec):
+    0 rank 0's own, 1 the mean (sum / ranks), 2 the minimum, 3 the maximum. ``per_rank[r][k]``:
+    rank r's k-th per-iteration time in seconds; every rank has the same number of samples.
+
+    Raises:
+        ValueError: ranks with different sample counts, or an unknown ``average``.
+    """
+    if not per_rank:
+        return []
+    n = len(per_rank[0])
+    if any(len(s) != n for s in per_rank):
+        raise ValueError("ranks returned different numbers of samples")
+    if average == 0:
+        return list(per_rank[0])
+    pick = _COMBINE.get(average)
+    if pick is None:
+        raise ValueError(f"average {average} is not 0..3")
+    return [pick([s[k] for s in per_rank]) for k in range(n)]
 
 
 def point_keys(spec: NcclSpec) -> list[tuple[int, str]]:

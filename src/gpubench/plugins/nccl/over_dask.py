@@ -17,7 +17,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any, Callable, Iterator, Sequence
 
-from gpubench.plugins.nccl.bench import (Nccl, NcclSpec, Point, _check_root, _timing, measure_point, point_keys, point_label,
+from gpubench.plugins.nccl.bench import (Nccl, combine, NcclSpec, Point, _check_root, _timing, measure_point, point_keys, point_label,
                                  to_records)
 from gpubench.plugins.nccl.comm import Rank, abort, make_barrier, nccl_env
 from gpubench.plugins.nccl.graphs import GraphOwner
@@ -26,6 +26,7 @@ from gpubench.core.benchmark import Benchmark, Context
 from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
+from gpubench.core.units import format_size
 
 
 def _worker_unique_id():
@@ -115,15 +116,27 @@ class StallWatch:
 
 
 def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
-    """Points of every rank -> one list: per-sample times averaged over ranks (nccl-tests ``-a 1``),
-    wrong counts summed (a rank's None counts as unchecked)."""
+    """Points of every rank -> one list: per-sample times averaged over ranks (nccl-tests ``-a 1``,
+    :func:`gpubench.plugins.nccl.bench.combine`), wrong counts summed (a rank's None counts as
+    unchecked); a point any rank reported an error for keeps the error and no samples, as the
+    launched ranks' points do.
+
+    Raises:
+        MachineError: the ranks returned different numbers of points, or of samples for one point.
+    """
+    if len({len(pts) for pts in per_rank}) > 1:
+        raise MachineError(f"the Dask ranks returned different numbers of points: {[len(p) for p in per_rank]}")
     out = []
     for pts in zip(*per_rank):
         first = pts[0]
-        samples = [sum(p["samples_s"][k] for p in pts) / len(pts) for k in range(len(first["samples_s"]))]
         wrongs = [p["wrong"] for p in pts]
         wrong = None if any(w is None for w in wrongs) else sum(wrongs)
         err = next((p["error"] for p in pts if p.get("error")), None)
+        try:
+            samples = combine([p["samples_s"] for p in pts], 1) if not err and first["samples_s"] else []
+        except ValueError:
+            raise MachineError(f"the Dask ranks returned different numbers of samples for {format_size(first['nbytes'])} "
+                               f"{first['place']}: {[len(p['samples_s']) for p in pts]}") from None
         out.append(Point(first["nbytes"], first["count"], first["place"], samples, wrong, err))
     return out
 

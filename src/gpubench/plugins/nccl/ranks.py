@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-from typing import Callable, Iterator
+from typing import Iterator
 
 from gpubench.plugins.nccl import bench as N
 from gpubench.plugins.nccl import launch as L
 from gpubench.plugins.nccl import log as nccl_log
+from gpubench.plugins.nccl.bench import combine
 from gpubench.plugins.nccl.comm import make_barrier, nccl_env, nccl_module
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu
@@ -34,30 +35,6 @@ from gpubench.core.result import Record, Result
 AVERAGES = {0: "rank 0", 1: "mean", 2: "minimum", 3: "maximum"}
 ROLL_CALL_S = 5.0  # after a fault, how long the ranks wait for each other to learn who is missing
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # the group's deadline when -T is 0 (never): the gathers still end
-_COMBINE: dict[int, Callable[[list[float]], float]] = {1: lambda c: sum(c) / len(c), 2: min, 3: max}  # -a 1..3
-
-
-def combine(per_rank: list[list[float]], average: int) -> list[float]:
-    """Each sample's time over the ranks, by nccl-tests' -a (src/common.cu Allreduce of deltaSec):
-    0 rank 0's own, 1 the mean (sum / ranks), 2 the minimum, 3 the maximum. ``per_rank[r][k]``:
-    rank r's k-th per-iteration time in seconds; every rank has the same number of samples.
-
-    Raises:
-        ValueError: ranks with different sample counts, or an unknown ``average``.
-    """
-    if not per_rank:
-        return []
-    n = len(per_rank[0])
-    if any(len(s) != n for s in per_rank):
-        raise ValueError("ranks returned different numbers of samples")
-    if average == 0:
-        return list(per_rank[0])
-    pick = _COMBINE.get(average)
-    if pick is None:
-        raise ValueError(f"average {average} is not 0..3")
-    return [pick([s[k] for s in per_rank]) for k in range(n)]
-
-
 def slowest(per_rank: list[dict]) -> dict | None:
     """The rank with the longest median time among ``per_rank`` entries ({"rank", "host",
     "time_s"}), with ``above_median``: its time / the median rank's time - 1. None when fewer
