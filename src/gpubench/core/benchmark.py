@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator, Sequence
 
 from gpubench.core import timing
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.signals import Interrupted, last_signal, raise_if_signalled
@@ -230,8 +230,6 @@ def check_fits(points: Sequence[Point], max_pinned_bytes: int | None, hint: str)
 
 def allocation_message(point: Point, e: BaseException) -> str:
     """The ``error`` of a record whose point could not be allocated."""
-    from gpubench.core.gpu import first_line
-
     return f"allocation of {point.label} failed: {first_line(e)}"
 
 
