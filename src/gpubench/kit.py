@@ -120,9 +120,9 @@ def run_keeping_partial(run: Callable[[], Result], report: Callable[[Result], li
 
 def timing_options(*, warmup: int = 2, what: str = "timed copies", min_time: float = 0.1,
                    max_noise: float | None = None, max_time: float = 5.0) -> list[Callable]:
-    """-w/--warmup, -n/--iters, --min-time, --max-noise and --max-time (checked by
-    :func:`gpubench.core.options.timing_plan`; --max-noise and --max-time are applied to the
-    spec's plan by :func:`with_stopping`, so a command's build_spec does not see them).
+    """-w/--warmup, -n/--iters, --min-time, --max-noise and --max-time (the fields of the spec's
+    :class:`~gpubench.core.timing.TimingPlan`, which checks them; --max-noise and --max-time are
+    applied to the spec's plan by :func:`with_stopping`, so a command's build_spec does not see them).
 
     Args:
         min_time, max_noise, max_time: the command's defaults (max_noise None: no noise goal,
@@ -150,20 +150,17 @@ STOP_PARAMS = ("max_noise", "max_time")
 
 def with_stopping(spec, max_noise: float | None, max_time: float | None):
     """``spec`` with its ``plan``'s noise goal and time cap set (a spec without a plan is returned
-    as it is). The checks are :func:`gpubench.core.options.timing_plan`'s.
+    as it is; None keeps the plan's). The plan checks them (its fields' bounds).
 
     Raises:
         UsageError: a bad --max-noise or --max-time.
     """
     import dataclasses
 
-    from gpubench.core.options import timing_plan
-
     plan = getattr(spec, "plan", None)
     if plan is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
         return spec
-    checked = timing_plan(plan.warmup, plan.iters, plan.min_time, max_noise, max_time)
-    plan = dataclasses.replace(plan, max_noise=checked.max_noise, max_time=checked.max_time)
+    plan = dataclasses.replace(plan, max_noise=max_noise, max_time=plan.max_time if max_time is None else max_time)
     return dataclasses.replace(spec, plan=plan)
 
 
@@ -349,21 +346,25 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
 # -- strict numbers: every numeric option, one mechanism --------------------------------------------
 
 class _Strict:
-    """A click number type read by :func:`gpubench.core.options.parse_number` as ``kind``, at most
-    ``maximum``. A bad value raises gpubench's UsageError (one line, exit 2)."""
+    """A click number type read by :func:`gpubench.core.options.parse_number` as ``kind``: written as
+    a number, within its type; its range is the Spec's (:mod:`gpubench.core.bounds`). A bad value
+    raises gpubench's UsageError (one line, exit 2)."""
 
     kind: type = int
 
-    def __init__(self, maximum: float | None = None, digit_groups: bool = False):
-        self.maximum = maximum
+    def __init__(self, digit_groups: bool = False, bounds_in: tuple[str, ...] = ()):
         self.digit_groups = digit_groups
+        self.bounds_in = bounds_in  # modules whose Specs declare the options' bounds
 
     def convert(self, value, param, ctx):
+        from gpubench.core.bounds import declared
         from gpubench.core.options import parse_number
 
         if value is None:
             return None
-        return parse_number(value, _opt_name(param), self.kind, self.maximum, digit_groups=self.digit_groups)
+        name = _opt_name(param)
+        return parse_number(value, name, self.kind, digit_groups=self.digit_groups,
+                            bound=lambda: declared(self.bounds_in, name))
 
 
 class StrictInt(_Strict, click.types.IntParamType):
@@ -383,17 +384,18 @@ def _opt_name(param) -> str:
 
 def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click.Command:
     """Give every int and float parameter of ``cmd`` (a group's subcommands too) the strict types
-    above, bounded by :data:`gpubench.core.options.OPTION_MAXIMA`; in place, idempotent.
+    above; in place, idempotent. A value beyond its type is refused naming the bound declared on
+    the field of the plug-in's Spec (its ``bench`` module) or of the timing plan.
 
     Called where a command is loaded for the command line (cli.LazyGroup) and for suite's steps,
-    so an option added later is bounded without touching this file.
+    so an option added later is read strictly without touching this file.
     """
     from gpubench.core import registry
-    from gpubench.core.options import option_maximum
 
     name = name or cmd.name or ""
     own = registry.find(name.split()[0])
     groups = own is not None and own.digit_groups
+    specs = ("gpubench.core.timing", *([own.bench] if own is not None and own.bench else ()))
     if isinstance(cmd, click.Group):
         for sub_name, sub in cmd.commands.items():
             harden_numeric_options(sub, f"{name} {sub_name}")
@@ -403,9 +405,9 @@ def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click
         if isinstance(t, (StrictInt, StrictFloat)) or isinstance(t, click.types._NumberRangeBase):
             continue
         if type(t) is click.types.IntParamType:
-            p.type = StrictInt(option_maximum(name, p.name or ""), digit_groups=groups)
+            p.type = StrictInt(digit_groups=groups, bounds_in=specs)
         elif type(t) is click.types.FloatParamType:
-            p.type = StrictFloat(option_maximum(name, p.name or ""))
+            p.type = StrictFloat(bounds_in=specs)
     return cmd
 
 

@@ -21,7 +21,7 @@ BAD = [
     (["-s", "separate,teleport"], "teleport"),
     (["--direction", "sideways"], "sideways"),
     (["-m", "pinned,gold"], "gold"),
-    (["-d", "-1"], "negative"),
+    (["-d", "-1"], "-d/--device -1 must be >= 0"),
     (["-n", "0"], "-n/--iters"),
     (["--min-time", "0"], "--min-time"),
     (["--json", "/nonexistent-dir/x.json"], "does not exist"),

@@ -52,7 +52,7 @@ def test_count_with_piece_list():
     (dict(strategies="separate,magic"), "'magic'"),
     (dict(directions="d2d"), "'d2d'"),
     (dict(memory="write-combined"), "memory kind 'write-combined' not known"),
-    (dict(device=-1), "negative"),
+    (dict(device=-1), "-d/--device -1 must be >= 0"),
     (dict(iters=0), "-n/--iters"),
     (dict(warmup=-1), "-w/--warmup"),
     (dict(min_time=0), "--min-time"),

@@ -41,7 +41,7 @@ def test_defaults():
     (dict(streams=8, chunks=4), "fewer than --streams"),
     (dict(chunks=0), "--chunks 0"),
     (dict(size="8", chunks=4, streams=1), "fewer float32 elements"),
-    (dict(device=-1), "negative"),
+    (dict(device=-1), "-d/--device -1 must be >= 0"),
     (dict(iters=0), "-n/--iters"),
     (dict(min_time=-1.0), "--min-time"),
 ])

@@ -21,7 +21,7 @@ def test_build_spec_defaults_and_sweep():
     (dict(operations="host-alloc,bogus"), "operation 'bogus' not known"),
     (dict(operations="malloc,malloc"), "malloc is repeated in --op"),
     (dict(min_bytes="2GiB", max_bytes="1GiB"), "-b"),
-    (dict(device=-1), "-d/--device -1 is negative"),
+    (dict(device=-1), "-d/--device -1 must be >= 0"),
     (dict(iters=0), "-n/--iters 0"),
 ])
 def test_bad_options_name_the_value(args, words):

@@ -71,7 +71,7 @@ def test_a_plugin_name_is_a_command_word():
     ("help", 12345, "help 12345 is not a string"), ("help", "", "help '' is not a string"),
     ("help", "h" * 201, "at most 200"), ("gpu", None, "gpu None is not a string"),
     ("suite_steps", "no colon", "'module:function' reference"), ("fleet_checks", 3, "'module:function'"),
-    ("added_params", None, "a mapping"), ("option_maxima", {3: 1}, "a mapping"),
+    ("added_params", None, "a mapping"), ("added_options", {3: 1}, "a mapping"),
     ("host_memory", "yes", "true or false"), ("x_name", 5, "or None"),
     ("params_schema", {"nbytes": {"type": "integer"}}, "{'properties'"),
     ("params_schema", {"properties": {"n": {}}, "required": ["m"]}, "params among them"),

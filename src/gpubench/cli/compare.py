@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from gpubench.core.bounds import Bound
 from gpubench.core.errors import RegressionFound, UsageError
 
 
@@ -73,12 +74,13 @@ def command(base, new, threshold_pct, alpha, fail_on_regression, strict, fmt, un
     return 0
 
 
-def check_options(threshold_pct: float, alpha: float) -> None:
-    """Raises UsageError for a negative or non-finite threshold or an alpha outside (0, 1)."""
-    import math
+#: a change of 10,000x is no longer a threshold
+THRESHOLD = Bound("--threshold", lo=0, hi=1e6, unit="percent")
 
-    if not math.isfinite(threshold_pct) or threshold_pct < 0:
-        raise UsageError(f"--threshold {threshold_pct} must be a percentage >= 0", "e.g. --threshold 2")
+
+def check_options(threshold_pct: float, alpha: float) -> None:
+    """Raises UsageError for a threshold outside :data:`THRESHOLD` or an alpha outside (0, 1)."""
+    THRESHOLD.check(threshold_pct)
     if not (0 < alpha < 1):
         raise UsageError(f"--alpha {alpha} must be between 0 and 1", "e.g. --alpha 0.01")
 

@@ -38,9 +38,9 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     """
     from gpubench.core import registry
     from gpubench.validation import suite
+    from gpubench.validation.fleet import NODE_TIMEOUT
 
-    if not node_timeout > 0:  # also with --check and off a launcher (fleet.run_fleet says the same)
-        raise UsageError(f"--node-timeout {node_timeout:g} out of range", "use seconds > 0")
+    NODE_TIMEOUT.check(node_timeout)  # also with --check and off a launcher
     known = sorted(p.name for p in registry.measuring())
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:

@@ -10,7 +10,6 @@ COMPARE = Plugin(
     gpu="no",
     writes_results=False,
     docs="docs/compare.md",
-    option_maxima={"threshold_pct": 1e6},  # percent: a change of 10,000x is no longer a threshold
 )
 PLOT = Plugin(
     name="plot",

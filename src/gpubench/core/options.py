@@ -1,6 +1,6 @@
-"""Checks of option values that benchmarks' specs share (no GPU needed): counts, comma lists,
-the timing plan, a device ordinal. Each raises UsageError with one line naming the bad value and
-what would be accepted.
+"""How option values are read (no GPU needed): comma lists, device lists and numbers as written
+on the command line. Each raises UsageError with one line naming the bad value and what would be
+accepted. The range of each number is its Spec's (:mod:`gpubench.core.bounds`).
 """
 
 from __future__ import annotations
@@ -8,28 +8,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import Any
 
 from gpubench.core.errors import UsageError
 
-MAX_COUNT = 10**9  # any count option; beyond it is a typo, not a measurement
-MAX_REPEATS = 10**6  # warm-ups, iterations and samples per point
 ASCII_SPACE = " \t\n\r\f\v"  # what an option value is stripped of (str.strip() also takes U+00A0)
-
-
-def positive_int(name: str, value: int | None, *, allow_zero: bool = False, maximum: int = MAX_COUNT) -> int | None:
-    """Check an integer option; None passes through.
-
-    Raises:
-        UsageError: negative, zero when not allowed, or above ``maximum``.
-    """
-    if value is None:
-        return None
-    if value < 0 or (value == 0 and not allow_zero):
-        raise UsageError(f"{name} {value} must be {'>= 0' if allow_zero else '>= 1'}")
-    if value > maximum:
-        shown = value if value < 10**12 else f"(a {len(str(value))}-digit number)"
-        raise UsageError(f"{name} {shown} is too large", f"at most {maximum:,}")
-    return value
 
 
 def _ordinal(i: int) -> str:
@@ -96,45 +79,6 @@ def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind:
     return items
 
 
-MAX_SECONDS = 86_400.0  # --min-time / --max-time: a day per point is a typo, not a measurement
-
-
-def timing_plan(warmup: int, iters: int | None, min_time: float, max_noise: float | None = None,
-                max_time: float | None = None):
-    """Check -w/--warmup, -n/--iters, --min-time, --max-noise and --max-time and build a TimingPlan.
-
-    Args:
-        max_noise: the noise goal in percent, or None for none (stop at --min-time).
-        max_time: wall seconds a point may sample while it waits for the goal (None: the plan's default).
-
-    Raises:
-        UsageError: a negative warm-up, iterations below 1, a min or max time that is not a finite
-            number of seconds in (0, 86400], a noise goal that is not a percentage in (0, 100].
-    """
-    from gpubench.core.timing import TimingPlan
-
-    positive_int("-w/--warmup", warmup, allow_zero=True, maximum=MAX_REPEATS)
-    positive_int("-n/--iters", iters, maximum=MAX_REPEATS)
-    if not (min_time > 0):
-        raise UsageError(f"--min-time {min_time} must be > 0 seconds")
-    if not (min_time <= MAX_SECONDS):
-        raise UsageError(f"--min-time {min_time} is too long", f"at most {MAX_SECONDS:g} seconds")
-    if max_noise is not None and not (0 < max_noise <= 100 and math.isfinite(max_noise)):
-        raise UsageError(f"--max-noise {max_noise} must be a percentage > 0 and <= 100", "e.g. --max-noise 0.5")
-    if max_time is not None and not (0 < max_time <= MAX_SECONDS):
-        raise UsageError(f"--max-time {max_time} must be > 0 and at most {MAX_SECONDS:g} seconds",
-                         "e.g. --max-time 5")
-    return TimingPlan(warmup=warmup, iters=iters, min_time=min_time, max_noise=max_noise,
-                      max_time=TimingPlan.max_time if max_time is None else float(max_time))
-
-
-def device_id(device: int) -> int:
-    """Check a single -d/--device ordinal (no GPU needed). Raises UsageError when negative."""
-    if device < 0:
-        raise UsageError(f"-d/--device {device} is negative", "device ids start at 0")
-    return device
-
-
 #: Entries a -d list may hold. -d names CUDA devices of one machine (merge -t cpu: one worker process
 #: each): the largest single hosts have 16 GPUs, 7 MIG instances each is 112; 1,024 leaves room and
 #: bounds the parse (100,000 ids took 94 s to reach the memory refusal, the repeat check being
@@ -175,35 +119,17 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-# -- bounds of every numeric option, checked when the command line is parsed -----------------------
+# -- numbers as the command line writes them ----------------------------------------------------
 #
 # Python's int() and float() read more than a command line should mean: Unicode digits ("١٢" is
 # 12, "١.٥" 1.5), underscores ("1_000"), "inf", "nan", "1e400" (inf) and integers of any length.
-# Every numeric option of every command (net checks its own in its Spec) is parsed by
-# parse_number below through commands.common.harden_numeric_options: ASCII digits only, a finite
-# value, and at most the largest value the option can mean (OPTION_MAXIMA, derived from what the
-# machine or the protocol allows). The lower bounds stay with each Spec, whose lines name them.
+# Every numeric option of every command is read by parse_number below (kit.StrictInt and
+# StrictFloat): ASCII digits only, finite, and within its type (a signed 64-bit integer, a
+# double). The range of each number is declared once, on the Spec field it fills
+# (gpubench.core.bounds).
 
-MAX_DEVICE_ORDINAL = 2**31 - 1  # cudaSetDevice(int), ncclCommInitRank's rank and root: a C int
-MAX_MIN_TIME_S = 3600.0  # seconds of samples per point: an hour per point is a soak, not a sweep
-MAX_TIMEOUT_S = 7 * 86400.0  # a deadline beyond a week is no deadline (0 means none where allowed)
-MAX_GBPS = 1e6  # GB/s: no link moves a petabyte per second (NVLink 5 x18 is 0.9 TB/s per direction)
-MAX_INT64 = 2**63 - 1
-
-#: option (click's parameter name) -> the largest accepted value, for every command; a plug-in's
-#: ``option_maxima`` overrides an entry for its own options (merge's --runs, compare's --threshold).
-OPTION_MAXIMA: dict[str, float | Callable[[], float]] = {
-    "warmup": MAX_REPEATS, "iters": MAX_REPEATS, "samples": MAX_REPEATS, "cuda_graph": MAX_REPEATS,
-    "loop_count": MAX_COUNT, "check": MAX_COUNT,
-    # batch --count, memcpy2d -H, overlap --streams/--chunks: their Specs bound them tighter, with
-    # the reason (pieces per transfer, the buffer size, streams per GPU)
-    "device": MAX_DEVICE_ORDINAL, "root": MAX_DEVICE_ORDINAL,
-    "min_time": MAX_MIN_TIME_S, "timeout": MAX_TIMEOUT_S,
-    "step_factor": float(MAX_INT64),  # a factor beyond the largest size gives the same two sizes
-    "expect_busbw": MAX_GBPS,
-}
-DEFAULT_INT_MAX = MAX_INT64  # any other integer option: what a signed 64-bit C argument holds
-DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # any other float option: finite
+DEFAULT_INT_MAX = 2**63 - 1  # an integer option: what a signed 64-bit C argument holds
+DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # a float option: finite
 
 _ASCII_INT = re.compile(r"[+-]?[0-9]+\Z")
 # Python's int() grammar with ASCII digits only: groups separated by one underscore ("50_000_000")
@@ -226,7 +152,7 @@ def _shown_text(text: str) -> str:
 
 
 def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
-                 digit_groups: bool = False) -> int | float:
+                 digit_groups: bool = False, bound: Callable[[], Any] | None = None) -> int | float:
     """Parse one numeric option strictly and check its upper bound.
 
     Args:
@@ -236,6 +162,8 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
         maximum: the largest accepted value (default: DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX).
         digit_groups: an integer may separate groups of digits with "_" ("50_000_000", as
             Python's int() reads it; a plug-in's ``digit_groups``).
+        bound: returns the option's declared :class:`gpubench.core.bounds.Bound` (or None), asked
+            only for a value beyond ``maximum``, so that line names the option's own limit.
 
     Returns:
         The int or float.
@@ -246,6 +174,13 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
             largest accepted.
     """
     hi = maximum if maximum is not None else (DEFAULT_INT_MAX if kind is int else DEFAULT_FLOAT_MAX)
+
+    def too_large(shown: str) -> UsageError:
+        own = bound() if bound is not None else None
+        if own is not None and own.largest() is not None:
+            return own.too_large(shown)
+        return UsageError(f"{name} {shown} is too large", f"at most {_max_text(hi, kind)}")
+
     if isinstance(text, bool) or not isinstance(text, (int, float, str)):
         raise UsageError(f"{name} {text!r} is not a number")
     if isinstance(text, str):
@@ -257,7 +192,7 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
                                  else "use the digits 0-9, e.g. 4")
             s = s.replace("_", "")
             if len(s.lstrip("+-")) > 30:
-                raise UsageError(f"{name} {_shown_text(s)} is too large", f"at most {_max_text(hi, kind)}")
+                raise too_large(_shown_text(s))
             value: int | float = int(s)
         else:
             if not _ASCII_FLOAT.match(s):
@@ -265,7 +200,7 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
                                  f"use the digits 0-9 with an optional '.' and exponent, at most {_max_text(hi, kind)}")
             value = float(s)
             if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
-                raise UsageError(f"{name} {_shown_text(s)} is too large", f"at most {_max_text(hi, kind)}")
+                raise too_large(_shown_text(s))
         if value == 0 and s.startswith("-"):  # "-0": int() reads 0, parse_size refuses the sign
             raise UsageError(f"{name} {_shown_text(s)} has a minus sign", "write 0")
     else:
@@ -273,50 +208,8 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
     if isinstance(value, float) and not math.isfinite(value):
         raise UsageError(f"{name} {_shown_text(str(text))} is not a finite number", f"at most {_max_text(hi, kind)}")
     if value > hi:
-        raise UsageError(f"{name} {_shown_text(str(text).strip())} is too large", f"at most {_max_text(hi, kind)}")
+        raise too_large(_shown_text(str(text).strip()))
     return value
-
-
-def option_maximum(command: str, name: str) -> float | None:
-    """The largest value of ``command``'s option ``name``: its plug-in's ``option_maxima``, else
-    OPTION_MAXIMA (an entry may be a function of the machine, called here), else None for the
-    default of its type. ``command`` may be "net server": its first word is the plug-in."""
-    from gpubench.core import registry
-
-    own = registry.find(command.split()[0]) if command else None
-    hi = own.option_maxima.get(name) if own is not None and name in own.option_maxima else OPTION_MAXIMA.get(name)
-    return hi() if callable(hi) else hi
-
-
-def max_wait_seconds() -> float:
-    """The longest wait Python's locks, events and thread joins accept (``threading.TIMEOUT_MAX``,
-    about 292 years on Linux): beyond it a wait raises OverflowError, so it bounds any --timeout."""
-    import threading
-
-    return float(threading.TIMEOUT_MAX)
-
-
-def finite_seconds(name: str, value: float, *, maximum: float | None = None) -> float:
-    """Check a duration option: a finite number of seconds, > 0 and at most ``maximum`` (default
-    :func:`max_wait_seconds`).
-
-    Raises:
-        UsageError: not a number, NaN, infinite, <= 0, or above ``maximum``; the line names the
-            value and the largest accepted.
-    """
-    top = max_wait_seconds() if maximum is None else maximum
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageError(f"{name} {value!r} is not a number of seconds", "e.g. 600")
-    try:
-        v = float(value)
-    except OverflowError:  # a 400-digit int
-        v = math.inf
-    if math.isnan(v) or v <= 0:
-        raise UsageError(f"{name} {value!r} must be > 0 seconds", "e.g. 600")
-    if v > top:
-        shown = value if v < 1e15 else f"(a {len(str(int(value)))}-digit number)" if isinstance(value, int) else value
-        raise UsageError(f"{name} {shown} is too long", f"at most {top:,.0f} s")
-    return v
 
 
 def machine_threads() -> int:

@@ -9,8 +9,8 @@ when the hook is called (:meth:`Plugin.hook`).
 
 Who asks what:
 
-- the command line: ``help``, ``gpu``, ``command`` (the click command), ``digit_groups`` and
-  ``option_maxima`` (the bound of each numeric option, where the Spec's own field does not say it);
+- the command line: ``help``, ``gpu``, ``command`` (the click command) and ``digit_groups`` (the
+  range of each number is declared on its Spec's field: :mod:`gpubench.core.bounds`);
 - compare: ``more_samples``, ``added_options``, ``added_params``, ``compare_notes``;
 - plot: ``plot_kind`` and ``x_name``; report: ``plot_kind`` too;
 - suite and the fleet: ``suite_steps``, ``fleet_checks`` and ``fleet_stage``;
@@ -182,9 +182,6 @@ class Plugin:
         host_memory: it allocates host buffers in this process, so ``--numa NODE|all`` applies.
         digit_groups: its integer options take "_" between digit groups (``-c 50_000_000``, as
             the tool it reproduces reads them).
-        option_maxima: option name -> the largest value accepted (a number, or a function of
-            nothing evaluated when the option is parsed), for options whose bound is not the
-            default of its type (:func:`gpubench.core.options.option_maximum`).
         params_schema: its records' ``params`` as a JSON Schema fragment, ``{"properties":
             {name: schema}, "required": [names]}`` (:func:`params_schema` builds one); the
             published result schema holds it for results of this command, where no other param
@@ -210,7 +207,6 @@ class Plugin:
     fleet_stage: str | None = None
     host_memory: bool = False
     digit_groups: bool = False
-    option_maxima: Mapping[str, float | Callable[[], float]] = field(default_factory=dict)
     params_schema: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -239,7 +235,7 @@ class Plugin:
             v = getattr(self, attr)
             if v is not None and not (isinstance(v, str) and HOOK.match(v)):
                 raise bad(attr, "a 'module:function' reference, or None")
-        for attr in ("added_options", "added_params", "option_maxima"):
+        for attr in ("added_options", "added_params"):
             v = getattr(self, attr)
             if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
                 raise bad(attr, "a mapping of option or param names")

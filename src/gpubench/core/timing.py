@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Protocol, cast
 
+from gpubench.core.bounds import MAX_MIN_TIME_S, MAX_REPEATS, bounded, check_bounds
 from gpubench.core.stats import median_noise
 
 
@@ -93,13 +94,17 @@ class TimingPlan:
             always honoured first.
     """
 
-    warmup: int = 2
-    iters: int | None = None
-    min_time: float = 0.1
+    warmup: int = bounded(2, "-w/--warmup", lo=0, hi=MAX_REPEATS)
+    iters: int | None = bounded(None, "-n/--iters", lo=1, hi=MAX_REPEATS)
+    min_time: float = bounded(0.1, "--min-time", lo=0, above=True, hi=MAX_MIN_TIME_S, unit="seconds")
     min_iters: int = 10
     max_iters: int = 1000
-    max_noise: float | None = None
-    max_time: float = 5.0
+    max_noise: float | None = bounded(None, "--max-noise", lo=0, above=True, hi=100, unit="percent")
+    max_time: float = bounded(5.0, "--max-time", lo=0, above=True, hi=86_400, unit="seconds")
+
+    def __post_init__(self):
+        """Raises UsageError: a field outside its bound (:func:`gpubench.core.bounds.check_bounds`)."""
+        check_bounds(self)
 
     def to_dict(self) -> dict:
         return asdict(self)

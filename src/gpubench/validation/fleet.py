@@ -31,6 +31,7 @@ import statistics
 import time
 from typing import Any, Sequence
 
+from gpubench.core.bounds import MAX_TIMEOUT_S, Bound
 from gpubench.validation.suite import FLEET_KIND, FLEET_VERSION
 
 RATIO = 0.95
@@ -42,6 +43,8 @@ RULE_TEXT = (f"Slow: below {RATIO:g} x the fleet median of the check AND (modifi
              f"{MAD_SCALE} (x - median) / MAD below -{Z_LIMIT:g} [Iglewicz & Hoaglin 1993], or MAD = 0, "
              f"or below {GROSS:g} x the median).")
 DEFAULT_TIMEOUT_S = 900.0
+#: --node-timeout: how long a rank waits for the others at each step of the fleet suite
+NODE_TIMEOUT = Bound("--node-timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,15 +505,14 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
 
     from gpubench.core import env as envmod
     from gpubench.core import report, safe
-    from gpubench.core.errors import MachineError, RegressionFound, UsageError
+    from gpubench.core.errors import MachineError, RegressionFound
     from gpubench.core.plugin import StageContext
     from gpubench.core.registry import INVOCATION
     from gpubench.core.result import Result, write_json_atomic
     from gpubench.launch import ranks
     from gpubench.validation import suite
 
-    if not (0 < timeout < math.inf):
-        raise UsageError(f"--node-timeout {timeout} out of range", "use seconds > 0")
+    NODE_TIMEOUT.check(timeout)
     me0 = ranks.discover()
     group = ranks.join(me0, rendezvous, timeout=min(timeout, 120.0))
     console = report.console(stderr=True)

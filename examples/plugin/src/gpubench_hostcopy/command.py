@@ -22,12 +22,12 @@ OPTIONS = [
 
 def build_spec(min_bytes, max_bytes, step_factor, warmup, iters, min_time):
     """The options as a HostCopySpec (each bad value named in a UsageError)."""
-    from gpubench.core.options import timing_plan
+    from gpubench.core.timing import TimingPlan
     from gpubench_hostcopy.bench import HostCopySpec
 
     sizes = size_sweep(parse_size(min_bytes, what="-b/--min-bytes"), parse_size(max_bytes, what="-e/--max-bytes"),
                        step_factor)
-    return HostCopySpec(sizes=tuple(sizes), plan=timing_plan(warmup, iters, min_time))
+    return HostCopySpec(sizes=tuple(sizes), plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time))
 
 
 def format_report(result: Result, units: str = "GB", spread: str = "iqr") -> list:

@@ -33,6 +33,7 @@ from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu
 from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.bounds import check_bounds, device_field
 from gpubench.core.errors import MachineError, UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result, time_ratios
@@ -65,7 +66,7 @@ class BatchSpec:
     strategies: tuple[str, ...] = STRATEGIES
     directions: tuple[str, ...] = DIRECTIONS
     memory: tuple[str, ...] = HOST_KINDS
-    device: int = 0
+    device: int = device_field()
     plan: TimingPlan = field(default_factory=TimingPlan)
     gate: bool = True
 
@@ -74,8 +75,9 @@ class BatchSpec:
 
         Raises:
             UsageError: no points, a count below 1 or above MAX_COUNT, a piece below 1 byte, a
-                strategy, direction or memory kind not known (or none), a negative device.
+                strategy, direction or memory kind not known (or none), a device ordinal outside 0 to 2**31 - 1.
         """
+        check_bounds(self)
         if not self.points:
             raise UsageError("no piece sizes to measure")
         for count, piece in self.points:
@@ -91,8 +93,6 @@ class BatchSpec:
                                    ("direction", self.directions, DIRECTIONS),
                                    ("memory kind", self.memory, HOST_KINDS)):
             check_choices(name, got, allowed)
-        if self.device < 0:
-            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -6,9 +6,10 @@ import click
 
 from gpubench.kit import benchmark_command, spread_option, timing_options
 
-from gpubench.core.options import csv_list, timing_plan
+from gpubench.core.options import csv_list
 from gpubench.core import report
 from gpubench.core.errors import UsageError
+from gpubench.core.timing import TimingPlan
 from gpubench.core.units import format_rate, format_size, parse_size
 
 SWEEP_PIECES = ("1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "1MiB")
@@ -76,7 +77,7 @@ def build_spec(count, piece, total, sweep, strategies, directions, memory, devic
         points = [(4096, p) for p in pieces]
     return BatchSpec(points=tuple(points), strategies=csv_list(strategies, "--strategy"),
                      directions=csv_list(directions, "--direction"), memory=csv_list(memory, "--memory"),
-                     device=device, plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
+                     device=device, plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time), gate=not no_gate)
 
 
 _DIR_TITLES = {"h2d": "H2D (host to device)", "d2h": "D2H (device to host)"}

@@ -6,10 +6,10 @@ import click
 
 from gpubench.kit import benchmark_command, spread_option, sweep_options, timing_options
 
-from gpubench.core.options import csv_list, timing_plan
+from gpubench.core.options import csv_list
 from gpubench.core import report
 from gpubench.core.errors import UsageError
-from gpubench.core.timing import stop_cell, stopping_note
+from gpubench.core.timing import TimingPlan, stop_cell, stopping_note
 from gpubench.core.units import format_rate, format_size, parse_size, size_sweep
 
 
@@ -57,7 +57,7 @@ def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devi
     lo = parse_size(min_bytes, what="-b/--min-bytes")
     hi = parse_size(max_bytes, what="-e/--max-bytes")
     sizes = size_sweep(lo, hi, step_factor)
-    plan = timing_plan(warmup, iters, min_time)
+    plan = TimingPlan(warmup=warmup, iters=iters, min_time=min_time)
     cap = parse_size(max_pinned, what="--max-pinned") if max_pinned is not None else None
     return CopySpec(
         sizes=tuple(sizes), directions=dirs, memory=kinds, devices=parse_devices(devices),

@@ -33,6 +33,7 @@ from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu, limits
 from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
+from gpubench.core.bounds import check_bounds, device_field
 from gpubench.core.errors import UsageError, check_choices
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result, time_ratios
@@ -96,7 +97,7 @@ class Memcpy2dSpec:
     strategies: tuple[str, ...] = STRATEGIES
     directions: tuple[str, ...] = DIRECTIONS
     memory: tuple[str, ...] = ("pinned",)
-    device: int = 0
+    device: int = device_field()
     plan: TimingPlan = field(default_factory=TimingPlan)
     gate: bool = True
 
@@ -105,8 +106,9 @@ class Memcpy2dSpec:
 
         Raises:
             UsageError: no window, a geometry :func:`check_geometry` refuses, a strategy, direction
-                or memory kind not known (or none), a negative device.
+                or memory kind not known (or none), a device ordinal outside 0 to 2**31 - 1.
         """
+        check_bounds(self)
         if not self.points:
             raise UsageError("no window to measure")
         for p in self.points:
@@ -115,8 +117,6 @@ class Memcpy2dSpec:
                                    ("direction", self.directions, DIRECTIONS),
                                    ("memory kind", self.memory, HOST_KINDS)):
             check_choices(name, got, allowed)
-        if self.device < 0:
-            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
 
     def to_dict(self) -> dict:
         d = asdict(self)

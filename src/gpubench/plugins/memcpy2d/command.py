@@ -8,9 +8,10 @@ import click
 
 from gpubench.kit import benchmark_command, spread_option, timing_options
 
-from gpubench.core.options import csv_list, timing_plan
+from gpubench.core.options import csv_list
 from gpubench.core import report
 from gpubench.core.errors import UsageError
+from gpubench.core.timing import TimingPlan
 from gpubench.core.units import format_rate, format_size, parse_size
 
 SWEEP_WIDTHS = ("64", "256", "1KiB", "4KiB", "16KiB", "64KiB")
@@ -102,7 +103,7 @@ def build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, di
         points.append((w, h, parse_pitch(src_pitch, w, "--src-pitch"), parse_pitch(dst_pitch, w, "--dst-pitch")))
     return Memcpy2dSpec(points=tuple(points), strategies=csv_list(strategies, "--strategy"),
                         directions=csv_list(directions, "--direction"), memory=csv_list(memory, "--memory"),
-                        device=device, plan=timing_plan(warmup, iters, min_time), gate=not no_gate)
+                        device=device, plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time), gate=not no_gate)
 
 
 def check_cell(verified: bool | None, untouched: bool | None) -> str:

@@ -2,7 +2,6 @@
 plain Dask cluster). Its parts stay inside: the cluster, the data, the per-pair statistics and
 the workers' setup."""
 
-from gpubench.core.options import MAX_REPEATS, machine_threads
 from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
@@ -16,10 +15,6 @@ PLUGIN = Plugin(
     suite_steps="gpubench.plugins.merge.hooks:suite_steps",
     fleet_checks="gpubench.plugins.merge.hooks:fleet_checks",
     digit_groups=True,
-    # as MergeSpec bounds them; the thread pool by what this machine lets one user run (read when the
-    # option is parsed; MergeSpec divides it among the workers)
-    option_maxima={"runs": MAX_REPEATS, "warmup_runs": MAX_REPEATS, "frac_match": 1.0,
-                   "threads_per_worker": machine_threads},
     params_schema=params_schema({
         "type": param("string", "cpu (pandas) or gpu (cuDF)"),
         "protocol": param("string", "tcp or ucx"),

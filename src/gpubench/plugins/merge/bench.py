@@ -48,7 +48,8 @@ from gpubench.plugins.merge.data import compute_watching, join_check, random_ddf
 from gpubench.plugins.merge.stats import address_to_index, hmean, hstd, pair_statistics
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context, Point
-from gpubench.core.options import MAX_REPEATS, finite_seconds, machine_threads, positive_int
+from gpubench.core.bounds import MAX_REPEATS, MAX_TIMEOUT_S, bounded, check_bounds
+from gpubench.core.options import machine_threads
 from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
@@ -117,10 +118,10 @@ class MergeSpec:
     merge_type: str = "gpu"
     devices: tuple[int, ...] = (0,)
     protocol: str = "tcp"
-    chunk_size: int = 1_000_000
-    base_chunks: int | None = None
-    other_chunks: int | None = None
-    frac_match: float = 0.3
+    chunk_size: int = bounded(1_000_000, "-c/--chunk-size", lo=1, hi=MAX_KEY)
+    base_chunks: int | None = bounded(None, "--base-chunks", lo=1, hi=MAX_KEY)
+    other_chunks: int | None = bounded(None, "--other-chunks", lo=1, hi=MAX_KEY)
+    frac_match: float = bounded(0.3, "--frac-match", lo=0, above=True, hi=1.0)
     broadcast: bool | None = None
     shuffle_method: str = "tasks"
     no_shuffle: bool = False
@@ -135,15 +136,18 @@ class MergeSpec:
     enable_infiniband: bool | None = None
     enable_rdmacm: bool | None = None
     interface: str | None = None
-    threads_per_worker: int = 1
-    runs: int = 3
-    warmup_runs: int = 1
-    ignore_size: int = 2**20
+    # a worker's thread pool: at most what the machine lets one user run (a 400-digit count
+    # overflowed msgpack), and at most a share of it (below)
+    threads_per_worker: int = bounded(1, "--threads-per-worker", lo=1, hi=machine_threads)
+    runs: int = bounded(3, "--runs", lo=1, hi=MAX_REPEATS)
+    warmup_runs: int = bounded(1, "--warmup-runs", lo=0, hi=MAX_REPEATS)
+    ignore_size: int = bounded(2**20, "--ignore-size", lo=0, unit="bytes")
     scheduler_address: str | None = None
     scheduler_file: str | None = None
-    timeout_s: float = 600.0
+    timeout_s: float = bounded(600.0, "--timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
 
     def __post_init__(self):
+        check_bounds(self)
         if self.merge_type not in TYPES:
             raise UsageError(f"-t/--type {self.merge_type!r} not known", "use gpu or cpu")
         if self.protocol not in PROTOCOLS:
@@ -151,25 +155,12 @@ class MergeSpec:
         if self.shuffle_method not in SHUFFLE_METHODS:
             raise UsageError(f"--shuffle-method {self.shuffle_method!r} not known",
                              f"use {', '.join(SHUFFLE_METHODS)}")
-        positive_int("-c/--chunk-size", self.chunk_size, maximum=MAX_KEY)
-        positive_int("--base-chunks", self.base_chunks, maximum=MAX_KEY)
-        positive_int("--other-chunks", self.other_chunks, maximum=MAX_KEY)
         check_key_space(self.chunk_size, self.base_chunks, self.other_chunks, len(self.devices))
-        if not (0.0 < self.frac_match <= 1.0):
-            raise UsageError(f"--frac-match {self.frac_match} must be in (0, 1]", "e.g. 0.3")
-        # the driver lists every run as a point before anything starts: bounded like every repeat count
-        positive_int("--runs", self.runs, maximum=MAX_REPEATS)
-        positive_int("--warmup-runs", self.warmup_runs, allow_zero=True, maximum=MAX_REPEATS)
-        # a worker's thread pool: what the machine lets one user run (a 400-digit count overflowed msgpack)
-        positive_int("--threads-per-worker", self.threads_per_worker, maximum=2**63 - 1)
         threads, workers = machine_threads(), max(1, len(self.devices))
         if self.threads_per_worker is not None and self.threads_per_worker > max(1, threads // workers):
             raise UsageError(f"--threads-per-worker {self.threads_per_worker} is too large",
                              f"at most {max(1, threads // workers):,}: {threads:,} threads this machine lets one "
                              f"user run (threads-max, RLIMIT_NPROC), shared by {workers} worker(s)")
-        if self.ignore_size < 0:
-            raise UsageError(f"--ignore-size {self.ignore_size} must be >= 0 bytes")
-        finite_seconds("--timeout", self.timeout_s)
         from gpubench.launch.scheduler import check_cluster_options
 
         check_cluster_options(self.scheduler_address, self.scheduler_file)

@@ -33,6 +33,7 @@ from gpubench.plugins.nccl.graphs import CapturedGraphs, GraphOwner
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu
 from gpubench.core.benchmark import Benchmark, Context
+from gpubench.core.bounds import MAX_COUNT, MAX_DEVICE_ORDINAL, MAX_GBPS, MAX_REPEATS, MAX_TIMEOUT_S, bounded, check_bounds
 from gpubench.core.errors import MachineError, UsageError, check_choices, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
@@ -113,25 +114,24 @@ class NcclSpec:
     sizes: tuple[int, ...] = (2**20, 2**22, 2**24, 2**26, 2**28, 2**30)
     dtype: str = "float"
     op: str = "sum"
-    root: int = 0
+    root: int = bounded(0, "-r/--root", lo=0, hi=MAX_DEVICE_ORDINAL)
     devices: tuple[int, ...] | None = None
-    warmup: int = 1
-    iters: int = 20
-    samples: int = 5
-    check: int = 1
+    warmup: int = bounded(1, "-w/--warmup", lo=0, hi=MAX_REPEATS)
+    iters: int = bounded(20, "-n/--iters", lo=1, hi=MAX_REPEATS)
+    samples: int = bounded(5, "--samples", lo=1, hi=MAX_REPEATS)
+    check: int = bounded(1, "-c/--check", lo=0, hi=MAX_COUNT)
     places: tuple[str, ...] = PLACES
-    cuda_graph: int = 0
-    timeout_s: float = 0.0
+    cuda_graph: int = bounded(0, "-G/--cuda-graph", lo=0, hi=MAX_REPEATS)
+    timeout_s: float = bounded(0.0, "-T/--timeout", lo=0, hi=MAX_TIMEOUT_S, unit="seconds")
     scheduler_address: str | None = None
     scheduler_file: str | None = None
-    expect_busbw_gbps: float | None = None
-    gpus_per_proc: int | None = None
+    expect_busbw_gbps: float | None = bounded(None, "--expect-busbw", lo=0, above=True, hi=MAX_GBPS, unit="GB/s")
+    gpus_per_proc: int | None = bounded(None, "-g/--gpus-per-proc", lo=1, hi=1024)
     average: int = 1
     rendezvous: str | None = None
 
     def __post_init__(self):
-        from gpubench.core.options import MAX_REPEATS, positive_int
-
+        check_bounds(self)
         object.__setattr__(self, "collective", C.collective(self.collective).name)
         object.__setattr__(self, "dtype", C.dtype(self.dtype).name)
         C.op(self.op)
@@ -139,25 +139,12 @@ class NcclSpec:
         if not self.sizes or min(self.sizes) < 1:
             raise UsageError("sizes must be at least 1 byte")
         check_choices("placement", self.places, PLACES)
-        if self.root < 0:
-            raise UsageError(f"-r/--root {self.root} must be >= 0")
-        positive_int("-w/--warmup", self.warmup, allow_zero=True, maximum=MAX_REPEATS)
-        positive_int("-n/--iters", self.iters, maximum=MAX_REPEATS)
-        positive_int("--samples", self.samples, maximum=MAX_REPEATS)
-        positive_int("-c/--check", self.check, allow_zero=True)
-        positive_int("-G/--cuda-graph", self.cuda_graph, allow_zero=True, maximum=MAX_REPEATS)
         if self.cuda_graph and self.iters > MAX_GRAPH_ITERS:
             raise UsageError(f"-n/--iters {self.iters} with -G: the -n iterations are captured into one CUDA graph "
                              "per GPU", f"at most {MAX_GRAPH_ITERS:,} with -G; raise -G for longer samples")
-        if not self.timeout_s >= 0:
-            raise UsageError(f"-T/--timeout {self.timeout_s} must be >= 0 seconds")
-        if self.expect_busbw_gbps is not None and not self.expect_busbw_gbps > 0:
-            raise UsageError(f"--expect-busbw {self.expect_busbw_gbps} must be > 0 GB/s")
-        if self.gpus_per_proc is not None:
-            positive_int("-g/--gpus-per-proc", self.gpus_per_proc, maximum=1024)
-            if self.devices is not None and len(self.devices) != self.gpus_per_proc:
-                raise UsageError(f"-g {self.gpus_per_proc} with -d listing {len(self.devices)} GPU(s)",
-                                 "give -d the GPUs of one process, or leave one of them out")
+        if self.gpus_per_proc is not None and self.devices is not None and len(self.devices) != self.gpus_per_proc:
+            raise UsageError(f"-g {self.gpus_per_proc} with -d listing {len(self.devices)} GPU(s)",
+                             "give -d the GPUs of one process, or leave one of them out")
         if self.average not in (0, 1, 2, 3):
             raise UsageError(f"-a/--average {self.average} is not 0, 1, 2 or 3",
                              "0 = rank 0's time, 1 = mean, 2 = minimum, 3 = maximum (nccl-tests -a)")

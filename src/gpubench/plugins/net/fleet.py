@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from gpubench.plugins.net.protocol import Request
+from gpubench.core.bounds import MAX_TIMEOUT_S, bounded, check_bounds
 from gpubench.core.errors import GpubenchError, MachineError, UsageError
 from gpubench.core.result import Record, Result
 
@@ -73,7 +74,11 @@ class NetFleetSpec:
     to: int | None = None
     bind: str = "0.0.0.0"
     connect_timeout: float = 10.0
-    timeout: float = 60.0
+    timeout: float = bounded(60.0, "-T/--timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
+
+    def __post_init__(self):
+        """Raises UsageError: a field outside its bound."""
+        check_bounds(self)
 
     def to_dict(self) -> dict:
         return {"mode": "fleet", "pairs": None if self.to is not None else self.pairs, "to": self.to,

@@ -55,6 +55,7 @@ def nodes_command(test_options, build_request) -> click.Command:
         from gpubench.plugins.net import fleet as net_fleet
         from gpubench.kit import finish
         from gpubench.launch import ranks
+        from gpubench.core.bounds import field_bound
         from gpubench.core.errors import RegressionFound, UsageError
 
         if ipv4 or ipv6:
@@ -64,8 +65,7 @@ def nodes_command(test_options, build_request) -> click.Command:
             # --to is one round of many-to-one; --pairs was silently ignored beside it
             raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
         req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
-        if not (timeout > 0 and timeout < float("inf")):
-            raise UsageError(f"-T/--timeout {timeout} out of range", "use seconds > 0")
+        field_bound(net_fleet.NetFleetSpec, "timeout").check(timeout)  # before the launcher's checks
         me = ranks.discover()
         if not me.under_launcher:
             raise UsageError("gpubench net nodes runs under a launcher (mpirun, srun, torchrun) or with RANK, "

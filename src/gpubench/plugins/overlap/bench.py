@@ -28,6 +28,7 @@ from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu
 from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
+from gpubench.core.bounds import check_bounds, device_field
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
@@ -74,7 +75,7 @@ class OverlapSpec:
     works: tuple[int, ...] = (0, 1024, 4096)
     streams: int = 4
     chunks: int = 4
-    device: int = 0
+    device: int = device_field()
     plan: TimingPlan = field(default_factory=TimingPlan)
 
     def __post_init__(self):
@@ -82,16 +83,15 @@ class OverlapSpec:
 
         Raises:
             UsageError: a shape :func:`check_shape` refuses, no work value or one outside
-                0..MAX_WORK, a negative device.
+                0..MAX_WORK, a device ordinal outside 0 to 2**31 - 1.
         """
+        check_bounds(self)
         check_shape(self.nbytes, self.streams, self.chunks)
         if not self.works:
             raise UsageError("no --work value to measure")
         for w in self.works:
             if not isinstance(w, int) or w < 0 or w > MAX_WORK:
                 raise UsageError(f"--work {w!r} is out of range", f"use 0..{MAX_WORK}")
-        if self.device < 0:
-            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
 
     def to_dict(self) -> dict:
         return asdict(self)  # the plan (a dataclass) becomes a dict too

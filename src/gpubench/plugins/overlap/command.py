@@ -6,9 +6,10 @@ import click
 
 from gpubench.kit import benchmark_command
 
-from gpubench.core.options import parse_number, split_list, timing_plan
+from gpubench.core.options import parse_number, split_list
 from gpubench.core import report
 from gpubench.core.errors import UsageError
+from gpubench.core.timing import TimingPlan
 from gpubench.core.units import format_rate, format_size, parse_size
 
 DEFAULT_WORKS = (0, 1024, 4096)
@@ -71,7 +72,7 @@ def build_spec(size, works, sweep, streams, chunks, device, warmup, iters, min_t
         ws = parse_works(works)
     return OverlapSpec(nbytes=nbytes, works=tuple(ws), streams=streams,
                        chunks=chunks if chunks is not None else streams, device=device,
-                       plan=timing_plan(warmup, iters, min_time))
+                       plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time))
 
 
 def _ms(seconds: float) -> str:

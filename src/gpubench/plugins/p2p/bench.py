@@ -39,6 +39,7 @@ from gpubench.core.kernels import num_sms as _num_sms
 from gpubench.core.kernels import sm_copy_enqueue as _sm_enqueue
 from gpubench.core.kernels import sm_copy_geometry
 from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
+from gpubench.core.bounds import MAX_COUNT, bounded, check_bounds
 from gpubench.core.errors import MachineError, UsageError, check_choices, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
@@ -60,7 +61,7 @@ LATENCY_TESTS = ("latency", "off-latency")
 BIDIR_TESTS = ("bidir", "off-bidir")
 
 NVB_LOOP_COUNT = 16  # nvbandwidth --loopCount default
-MAX_LOOP_COUNT = 10**9  # copies per sample given by --loop-count; beyond it is a typo
+MAX_LOOP_COUNT = MAX_COUNT  # copies per sample given by --loop-count; beyond it is a typo
 OFF_REPEAT = 5  # p2pBandwidthLatencyTest outputBandwidthMatrix / outputBidirectionalBandwidthMatrix: repeat = 5
 WARMUP_COPIES = 4  # nvbandwidth memcpy.cpp WARMUP_COUNT, queued behind the gate before the start event
 LATENCY_REPS = 100  # p2pBandwidthLatencyTest outputLatencyMatrix: repeat = 100
@@ -89,9 +90,9 @@ class P2PSpec:
 
     devices: tuple[int, ...] | None = None
     tests: tuple[str, ...] = tuple(TESTS)
-    nbytes: int = 2**30
-    latency_bytes: int = 16
-    loop_count: int | None = None
+    nbytes: int = bounded(2**30, "-b/--nbytes", lo=1, unit="bytes")
+    latency_bytes: int = bounded(16, "--latency-bytes", lo=1, unit="bytes")
+    loop_count: int | None = bounded(None, "--loop-count", lo=1, hi=MAX_LOOP_COUNT)
     plan: TimingPlan = field(default_factory=lambda: TimingPlan(warmup=1, iters=5))
     verify: bool = True
 
@@ -100,23 +101,15 @@ class P2PSpec:
 
         Raises:
             UsageError: fewer than two devices, a test not known (or none), no fixed sample count,
-                a size below 1 byte, a loop count below 1 or above MAX_LOOP_COUNT.
+                a field outside its bound.
         """
+        check_bounds(self)
         if self.devices is not None and len(self.devices) < 2:
             named = ",".join(map(str, self.devices))
             raise UsageError(f"p2p needs two GPUs; -d {named!r} names {len(self.devices)}", "e.g. -d 0,1")
         check_choices("test", self.tests, TESTS)
-        if self.plan.iters is None:  # the plan's own ranges are checked where it is built (timing_plan)
+        if self.plan.iters is None:  # the plan checks its own ranges
             raise UsageError("p2p needs a fixed number of samples (-n >= 1)")
-        for name, n in (("-b/--nbytes", self.nbytes), ("--latency-bytes", self.latency_bytes)):
-            if n < 1:
-                raise UsageError(f"{name} {n} must be at least 1 byte")
-        if self.loop_count is not None:
-            if self.loop_count < 1:
-                raise UsageError(f"--loop-count {self.loop_count} must be >= 1")
-            if self.loop_count > MAX_LOOP_COUNT:
-                shown = self.loop_count if self.loop_count < 10**12 else f"(a {len(str(self.loop_count))}-digit number)"
-                raise UsageError(f"--loop-count {shown} is too large", f"at most {MAX_LOOP_COUNT:,}")
 
     def to_dict(self) -> dict:
         return asdict(self)  # the plan (a dataclass) becomes a dict too

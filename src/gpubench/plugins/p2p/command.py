@@ -6,7 +6,7 @@ import click
 
 from gpubench.kit import benchmark_command
 
-from gpubench.core.options import split_list, timing_plan
+from gpubench.core.options import split_list
 from gpubench.core import report
 from gpubench.core.units import format_rate, format_size, parse_size
 
@@ -58,7 +58,7 @@ def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters,
     names = split_list(tests, "-t/--tests", ",".join(list(TESTS)[:2]), "test")
     return P2PSpec(devices=devs, tests=names, nbytes=parse_size(nbytes, what="-b/--nbytes"),
                    latency_bytes=parse_size(latency_bytes, what="--latency-bytes"), loop_count=loop_count,
-                   plan=timing_plan(warmup, iters, TimingPlan.min_time), verify=verify)
+                   plan=TimingPlan(warmup=warmup, iters=iters, min_time=TimingPlan.min_time), verify=verify)
 
 
 _TITLES = {

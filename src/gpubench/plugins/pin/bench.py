@@ -27,6 +27,7 @@ import click
 
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.bounds import check_bounds, device_field
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
@@ -54,17 +55,16 @@ class PinSpec:
 
     sizes: tuple[int, ...]
     operations: tuple[str, ...] = tuple(OPERATIONS)
-    device: int = 0
+    device: int = device_field()
     plan: TimingPlan = field(default_factory=lambda: TimingPlan(warmup=1))
 
     def __post_init__(self):
+        check_bounds(self)
         if not self.sizes:
             raise UsageError("no sizes to measure")
         for op in self.operations:
             if op not in OPERATIONS:
                 raise UsageError(f"operation {op!r} not known", f"use {', '.join(OPERATIONS)}")
-        if self.device < 0:
-            raise UsageError(f"-d/--device {self.device} is negative", "device ids start at 0")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -205,14 +205,14 @@ def build_spec(operations, min_bytes, max_bytes, step_factor, device, warmup, it
     Raises:
         UsageError: any bad value, named in the message.
     """
-    from gpubench.core.options import csv_list, device_id, timing_plan
+    from gpubench.core.options import csv_list
     from gpubench.core.units import parse_size, size_sweep
 
     ops = csv_list(operations, "--op", kind="operation")
     sizes = size_sweep(parse_size(min_bytes, what="-b/--min-bytes"), parse_size(max_bytes, what="-e/--max-bytes"),
                        step_factor)
-    return PinSpec(sizes=tuple(sizes), operations=ops, device=device_id(device),
-                   plan=timing_plan(warmup, iters, min_time))
+    return PinSpec(sizes=tuple(sizes), operations=ops, device=device,
+                   plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time))
 
 
 def format_report(result: Result, units: str = "GB") -> list:
