@@ -52,7 +52,8 @@ def test_five_percent_drop_fails_with_threshold_2(capsys, drop):
     rc, out, err = run(capsys, *drop, "--fail-on-regression", "--threshold", "2")
     assert rc == 1
     assert "6 slower" in out
-    assert err.strip() == "gpubench: error: 6 figure(s) slower by more than 2% beyond noise (p < 0.01)"
+    assert err.strip() == ("gpubench: error: 6 figure(s) slower by more than 2% beyond noise (p < 0.01); "
+                           "worst direction d2h, nbytes 1 MiB: -5.07%")
 
 
 def test_five_percent_drop_passes_with_threshold_10_or_without_the_flag(capsys, drop):
@@ -195,20 +196,42 @@ def test_a_new_result_without_the_figures_fails_the_gate(capsys, tmp_path):
     assert code == 0  # without the flag it is a report, not a failure
 
 
-def test_inconclusive_drops_warn_but_fail_the_gate_only_with_strict(capsys, tmp_path):
+def test_a_drop_too_few_samples_cannot_decide_fails_the_gate_and_says_how_many_would(capsys, tmp_path):
     base = str(synth.DATA / "merge-cpu.json")  # 3 runs: no test can reach p < 0.01
     half = _scaled(tmp_path, "merge-cpu.json", 2.0)
     code, out, err = run(capsys, base, half, "--fail-on-regression")
-    assert code == 0, (out, err)
-    assert "without reaching p < 0.01 (inconclusive)" in err and "not failed (--strict fails on them)" in err
-    assert "inconclusive" in out and "3 vs 3 samples cannot reach p < 0.01" in out
-    assert "take more runs: --runs N" in err and "more)" not in out
-    code, out, err = run(capsys, base, half, "--fail-on-regression", "--strict")
-    assert code == 1 and err.startswith("gpubench: error: 1 figure(s) changed by more than 1%"), err
+    assert code == 1, (out, err)
+    assert err.strip() == ("gpubench: error: 1 figure(s) slower by more than 1% that the samples cannot decide at "
+                           "p < 0.01 (3 vs 3 samples cannot reach p < 0.01 (best 0.1): it takes 5 vs 5 or 3 vs 9); "
+                           "worst -50.00%; take more runs: --runs N")
+    assert "undecidable" in out and "1 figure undecidable: 3 vs 3 samples cannot reach p < 0.01" in out
     code, out, _ = run(capsys, base, half, "--format", "markdown")
-    assert "**1 inconclusive**" in out
+    assert "**1 undecidable**" in out and "it takes 5 vs 5 or 3 vs 9" in out
+    # a gain the samples cannot decide does not fail; nor does an inconclusive figure without --strict
+    code, out, err = run(capsys, half, base, "--fail-on-regression")
+    assert code == 0 and err == "" and "undecidable" in out
     code, _, err = run(capsys, base, half, "--strict")
     assert code == 2 and "--strict needs --fail-on-regression" in err
+
+
+def test_inconclusive_drops_warn_but_fail_the_gate_only_with_strict(capsys, tmp_path):
+    """Six samples a side that overlap: p >= 0.01 although 6 vs 6 could reach it."""
+    from gpubench.core.result import Record, Result
+
+    def net(rates):
+        return Result("net", {}, records=[Record({"stream": 0}, nbytes=10**9, samples_s=[1 / r for r in rates])])
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save(net([9.4, 9.5, 9.6, 9.7, 9.8, 9.9]), a)
+    save(net([7.1, 7.2, 9.45, 9.55, 9.65, 9.75]), b)
+    code, out, err = run(capsys, str(a), str(b), "--fail-on-regression")
+    assert code == 0, (out, err)
+    assert "without reaching p < 0.01 (inconclusive)" in err and "not failed (--strict fails on them)" in err
+    assert "take more intervals" in err and "inconclusive" in out
+    code, out, err = run(capsys, str(a), str(b), "--fail-on-regression", "--strict")
+    assert code == 1 and err.startswith("gpubench: error: 1 figure(s) changed by more than 1%"), err
+    code, out, _ = run(capsys, str(a), str(b), "--format", "markdown")
+    assert "**1 inconclusive**" in out
 
 
 def test_five_net_intervals_against_five_at_minus_24_percent_are_inconclusive_in_every_format(capsys, tmp_path):
@@ -426,3 +449,80 @@ def test_quiet_compare_prints_nothing_and_keeps_the_verdict_and_exit_code(tmp_pa
                        timeout=120)
     assert r.stdout == ""
     assert r.returncode == 1 and r.stderr.startswith("gpubench: error: ") and len(r.stderr.splitlines()) == 1
+
+
+# ---- pairing across a named param, and the pull-request markdown ----
+
+def _merge(tmp_path, name, protocol, factor):
+    d = json.loads((synth.DATA / "merge-cpu.json").read_text())
+    for r in d["records"]:
+        r["params"]["protocol"] = protocol
+        r["samples_s"] = [x * factor for x in r["samples_s"]]
+    d["spec"]["protocol"] = protocol
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+def test_results_that_differ_in_one_param_say_so_and_pair_with_ignore_param(capsys, tmp_path):
+    tcp, ucx = _merge(tmp_path, "tcp.json", "tcp", 1.0), _merge(tmp_path, "ucx.json", "ucx", 1.02)
+    code, out, _ = run(capsys, tcp, ucx)
+    assert code == 0 and "0 figure(s) paired" in out
+    assert ("no figure pairs: the results differ in protocol: base tcp, new ucx; --ignore-param protocol pairs "
+            "figures that differ only there") in out.replace("\n", " ")
+    code, out, _ = run(capsys, tcp, ucx, "--ignore-param", "protocol", "--format", "json")
+    (c,) = json.loads(out)["comparisons"]
+    assert code == 0 and c["notes"] == ["pairs across protocol: base tcp, new ucx"]
+    (row,) = c["rows"]
+    assert row["status"] == "paired" and "protocol" not in row["params"] and row["verdict"] == "undecidable"
+    code, out, err = run(capsys, tcp, ucx, "--ignore-param", "protcol")
+    assert code == 2 and err.strip() == ("gpubench: error: --ignore-param 'protcol' is not a param of these results "
+                                         "(their params: base_chunks, broadcast, chunk_size, frac_match, n_workers, other_chunks, "
+                                         "protocol, shuffle_method, type)")
+
+
+def test_ignoring_a_param_that_tells_records_of_one_file_apart_is_refused(capsys):
+    code, _, err = run(capsys, str(synth.DATA / "copy-pinned-h200.json"), str(synth.DATA / "copy-pinned-h200.json"),
+                       "--ignore-param", "nbytes")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "differ only in nbytes, which --ignore-param leaves out" in err
+    assert "ignore only a param that differs between the files, not within one" in err
+
+
+def test_markdown_puts_what_changed_first_and_folds_one_sided_figures(capsys, tmp_path):
+    from gpubench.core.result import Record, Result
+
+    def net(streams):
+        recs = [Record({"stream": s}, nbytes=10**9, samples_s=[1 / (r * k) for r in (9.4, 9.5, 9.6, 9.7, 9.8, 9.9)])
+                for s, k in streams.items()]
+        return Result("net", {}, records=recs)
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save(net({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}), a)
+    save(net({0: 1.0, 1: 0.8, 2: 1.0, 3: 0.5, 5: 1.0}), b)  # 1 and 3 slower (3 the worst), 4 gone, 5 new
+    code, out, _ = run(capsys, str(a), str(b), "--format", "markdown")
+    lines = out.splitlines()
+    body = [x for x in lines if x.startswith("| ") and ("slower" in x or "same" in x)]
+    assert [x.split(" | ")[0] for x in body] == ["| 3", "| 1", "| 0", "| 2"]  # worst first, same last
+    assert "(worst: stream 3: -50.00%)" in out
+    i = lines.index("<details>")
+    assert lines[i + 1] == "<summary>1 figure(s) only in base, 1 only in new</summary>"
+    assert any(x.startswith("| 4 |") for x in lines[i:]) and any(x.startswith("| 5 |") for x in lines[i:])
+    assert not any(x.startswith("| 4 |") for x in lines[:i])
+
+
+def test_a_change_that_parts_from_the_medians_shows_both_and_says_why(capsys, tmp_path):
+    """Skewed samples: the medians move +2.8% while the Hodges-Lehmann change is far smaller."""
+    from gpubench.core.result import Record, Result
+
+    def net(rates):
+        return Result("net", {}, records=[Record({"stream": 0}, nbytes=10**9, samples_s=[1 / r for r in rates])])
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save(net([10.0, 10.0, 10.0, 10.0, 10.0, 10.28, 10.28, 10.28, 10.28]), a)
+    save(net([10.0, 10.0, 10.0, 10.0, 10.28, 10.28, 10.28, 10.28, 10.28]), b)
+    for fmt in ("table", "markdown"):
+        code, out, _ = run(capsys, str(a), str(b), "--format", fmt)
+        assert code == 0 and "(medians +2.80%)†" in out, out
+        assert "† the change of the medians parts from the change: the change is the Hodges-Lehmann estimate" in \
+            out.replace("\n", " ").replace("\\", "")

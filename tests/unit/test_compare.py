@@ -179,7 +179,7 @@ def test_time_metric_lower_is_better():
 def test_real_result_against_itself_is_all_same():
     r = load(synth.REAL_PINNED)
     c = cmp.compare(r, r)
-    assert c.counts() == {"faster": 0, "slower": 0, "same": 20, "inconclusive": 0,
+    assert c.counts() == {"faster": 0, "slower": 0, "same": 20, "inconclusive": 0, "undecidable": 0,
                           "only-base": 0, "only-new": 0, "no-data": 0}
     assert c.missing() == []
     assert all(row.change_pct == 0 and row.p == 1.0 for row in c.rows)
@@ -209,7 +209,9 @@ def test_a_record_param_an_older_result_lacks_pairs_only_with_its_older_behaviou
     assert not cmp.compare(net("c2s"), net("c2s")).notes
     # only net's records are filled
     c = cmp.compare(net(None, command="copy"), net("c2s", command="copy"))
-    assert c.counts()["only-base"] == 2 and not c.notes
+    assert c.counts()["only-base"] == 2 and not any("records without" in n for n in c.notes)
+    assert c.notes == ["no figure pairs: the results differ in direction: base -, new c2s; --ignore-param "
+                       "direction pairs figures that differ only there"]
 
 
 def test_env_diff_skips_net_options_an_older_result_lacks_at_their_older_behaviour_value():
@@ -322,18 +324,17 @@ def _res(samples_by_size, command="nccl"):
                                         for n, s in samples_by_size.items()])
 
 
-def test_three_runs_cannot_be_tested_so_a_big_drop_is_inconclusive_not_slower():
+def test_three_runs_cannot_be_tested_so_a_big_drop_is_undecidable_not_slower():
     base = _res({1: [1.00, 1.01, 0.99]})
     slow = _res({1: [2.00, 2.02, 1.98]})  # half the bandwidth
     c = cmp.compare(base, slow)
     (row,) = c.rows
     assert row.p == pytest.approx(0.1)  # the least 3 vs 3 can give
-    # noise alone moves 3 merge runs by several %: failing on it failed ~40 % of healthy re-runs
-    assert row.verdict == "inconclusive" and c.regressions() == [] and c.inconclusive() == [row]
-    assert "cannot reach p < 0.01" in row.why
+    assert row.verdict == "undecidable" and c.regressions() == [] and c.undecidable() == [row]
+    assert "cannot reach p < 0.01" in row.why and "it takes 5 vs 5" in row.why
     assert row.ci_low_pct is None  # 3 vs 3 has no 99% interval
     (row,) = cmp.compare(slow, base).rows
-    assert row.verdict == "inconclusive"
+    assert row.verdict == "undecidable"
     (row,) = cmp.compare(base, _res({1: [1.001, 1.011, 0.991]})).rows  # inside the 1 % threshold
     assert row.verdict == "same"
 
@@ -522,21 +523,54 @@ def test_time_figures_say_lower_is_better_and_bandwidth_only_footers_do_not():
     assert b.rows[0].to_dict()["unit"] == "B/s" and b.rows[0].to_dict()["better"] == "higher"
 
 
-def test_the_inconclusive_line_is_a_sentence_naming_the_commands_own_sample_options():
-    def res(command, n_figs, scale):
-        return Result(command, {}, records=[Record({"stream": s}, nbytes=10**9, samples_s=[scale * 0.1, scale * 0.11])
+def test_the_undecided_lines_are_sentences_naming_the_sizes_and_the_commands_own_sample_options():
+    def res(command, n_figs, scale, samples=(0.1, 0.11)):
+        return Result(command, {}, records=[Record({"stream": s}, nbytes=10**9, samples_s=[scale * x for x in samples])
                                             for s in range(n_figs)])
     c = cmp.compare(res("net", 3, 1.0), res("net", 3, 2.0))
-    line = cmp.inconclusive_line(c)
-    assert line == ("3 figures inconclusive; the first: 2 vs 2 samples cannot reach p < 0.01 (best 0.333). "
-                    "To decide them, take more intervals (net's samples are its intervals): a longer -t (seconds) "
-                    "or a shorter -i (interval).")
-    assert "more)" not in line and "--max-noise" not in line
-    one = cmp.inconclusive_line(cmp.compare(res("nccl", 1, 1.0), res("nccl", 1, 2.0)))
-    assert one.startswith("1 figure inconclusive: 2 vs 2 samples") and "take more samples per point: --samples N" in one
+    assert cmp.undecided_lines(c) == [
+        "3 figures undecidable; the first: 2 vs 2 samples cannot reach p < 0.01 (best 0.333): it takes 5 vs 5 "
+        "or 2 vs 19. "
+        "To decide them, take more intervals (net's samples are its intervals): a longer -t (seconds) "
+        "or a shorter -i (interval)."]
+    one = cmp.undecided_lines(cmp.compare(res("nccl", 1, 1.0), res("nccl", 1, 2.0)))[0]
+    assert one.startswith("1 figure undecidable: 2 vs 2 samples") and "take more samples per point: --samples N" in one
     assert "--max-noise" in cmp.more_samples_hint("copy") and "--max-noise" not in cmp.more_samples_hint("overlap")
     assert cmp.more_samples_hint("someday") == "more samples per figure"
-    assert cmp.inconclusive_line(cmp.compare(res("net", 2, 1.0), res("net", 2, 1.0))) == ""
+    assert cmp.undecided_lines(cmp.compare(res("net", 2, 1.0), res("net", 2, 1.0))) == []
+    # enough samples to decide, but overlapping: inconclusive, its own sentence
+    wide = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+    lines = cmp.undecided_lines(cmp.compare(res("net", 1, 1.0, wide), res("net", 1, 1.1, wide)))
+    assert len(lines) == 1 and lines[0].startswith("1 figure inconclusive: p = ")
+
+
+@pytest.mark.parametrize("m,n,alpha,needed", [
+    (3, 3, 0.01, (5, 9)),    # 2 / C(10, 5) = 0.0079; beside 3 base samples: 2 / C(12, 3) = 0.0091
+    (2, 2, 0.01, (5, 19)),   # 2 / C(21, 2) = 0.0095
+    (1, 1, 0.01, (5, 200)),  # one base sample: the smallest p is 2 / (n + 1), under 0.01 from n = 200
+    (1, 1, 1e-9, (26, None)),  # ... never under 1e-9 within SAMPLES_SEARCH_MAX (26 a side: normal approximation)
+    (5, 5, 0.05, (4, 5)),    # 2 / C(8, 4) = 0.029 already; 5 vs 5 can reach it
+])
+def test_samples_needed_are_the_smallest_sizes_whose_best_p_is_under_alpha(m, n, alpha, needed):
+    k, n2 = cmp.samples_needed(m, n, alpha)
+    assert (k, n2) == needed
+    assert cmp.min_p(k, k) < alpha <= cmp.min_p(k - 1, k - 1)
+    if n2 is not None and n2 > n:
+        assert cmp.min_p(m, n2) < alpha <= cmp.min_p(m, n2 - 1)
+
+
+def test_a_change_the_sizes_cannot_decide_is_undecidable_and_a_slowdown_among_them_is_named():
+    def res(scale, runs=3):
+        return Result("merge", {}, records=[Record({"run": "all"}, metric="time",
+                                                   samples_s=[scale * (1 + i / 100) for i in range(runs)])])
+    c = cmp.compare(res(1.0), res(1.7))  # 70% slower in time, 3 runs a side: best p 0.1
+    row = c.rows[0]
+    assert row.verdict == cmp.UNDECIDABLE and "it takes 5 vs 5 or 3 vs 9" in row.why
+    assert c.undecidable(slower_only=True) == [row] and c.regressions() == [] and c.inconclusive() == []
+    faster = cmp.compare(res(1.7), res(1.0))
+    assert faster.rows[0].verdict == cmp.UNDECIDABLE and faster.undecidable(slower_only=True) == []
+    decided = cmp.compare(res(1.0, 5), res(1.7, 5))
+    assert decided.rows[0].verdict == cmp.SLOWER
 
 
 # ---- telemetry differences and limit flags beside the figures ----
@@ -1012,14 +1046,14 @@ def test_huge_and_tiny_samples_compare_with_exit_0_and_a_row_in_both_orders(huge
 
         (row,) = json.loads(out, parse_constant=no_constant)["comparisons"][0]["rows"]
         separated = 2 / math.comb(len(huge) + len(normal), len(huge))  # 4 vs 4: 0.029, inconclusive at 0.01
-        assert row["verdict"] in ("faster", "slower", "inconclusive") and row["p"] == pytest.approx(separated)
+        assert row["verdict"] in ("faster", "slower", "inconclusive", "undecidable") and row["p"] == pytest.approx(separated)
         assert math.isfinite(row["base_median"]) and math.isfinite(row["new_median"])
         assert -100 <= row["change_pct"] <= cmp.CHANGE_PCT_MAX
         if row["ci_low_pct"] is not None:  # 4 vs 4 have no 99% interval
             assert -100 <= row["ci_low_pct"] <= row["change_pct"] <= row["ci_high_pct"] <= cmp.CHANGE_PCT_MAX
         for fmt in ("table", "markdown"):
             code, out, err = _cli(capsys, x, y, "--format", fmt)
-            assert code == 0 and err == "" and any(v in out for v in ("faster", "slower", "inconclusive"))
+            assert code == 0 and err == "" and any(v in out for v in ("faster", "slower", "inconclusive", "undecidable"))
             assert "inf" not in out.replace("inconclusive", "") and "nan" not in out
             assert ">+1e+308%" in out.replace("&gt;", ">") or "-100.00%" in out
 

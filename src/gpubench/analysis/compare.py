@@ -15,7 +15,8 @@ Change: the Hodges-Lehmann estimate of the ratio new / base in percent, with its
 (Moses) interval at level 1 - alpha (:func:`hodges_lehmann`). On the log scale a shift is a ratio,
 so the change of a bandwidth is exactly the inverse change of its time. Test: the two-sided
 Mann-Whitney U test on the raw samples (:func:`mann_whitney_u`), whose inversion gives that
-interval. Verdict: same, faster, slower or inconclusive (:func:`judge`).
+interval. Verdict: same, faster, slower, inconclusive, or undecidable where the sample sizes
+cannot reach alpha at all (:func:`judge`, :func:`samples_needed`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD_PCT = 1.0
 HIGHER_IS_BETTER = {"bandwidth": True, "time": False}
 SAME, FASTER, SLOWER, INCONCLUSIVE = "same", "faster", "slower", "inconclusive"
-VERDICTS = (SAME, FASTER, SLOWER, INCONCLUSIVE)
+UNDECIDABLE = "undecidable"  # beyond the threshold, and these sample sizes cannot reach p < alpha
+VERDICTS = (SAME, FASTER, SLOWER, INCONCLUSIVE, UNDECIDABLE)
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,28 @@ def min_p(n1: int, n2: int) -> float:
     n = n1 + n2
     sigma = math.sqrt(n1 * n2 / 12.0 * (n + 1))
     return min(1.0, math.erfc(max(n1 * n2 / 2.0 - 0.5, 0.0) / sigma / math.sqrt(2.0)))
+
+
+SAMPLES_SEARCH_MAX = 100_000  # samples_needed looks no further for the other side's size
+
+
+@functools.lru_cache(maxsize=1024)
+def samples_needed(m: int, n: int, alpha: float) -> tuple[int, int | None]:
+    """The sample sizes that can reach p < ``alpha`` (:func:`min_p`: every value of one side
+    beyond every value of the other, no ties): (k, n2) where k is the smallest size of both sides
+    (k vs k) and n2 the smallest size of the new side beside the base's ``m`` (None when none up
+    to SAMPLES_SEARCH_MAX does). ``n`` is the new side's size today (n2 is at least it).
+    E.g. alpha 0.01: 5 vs 5 (2 / C(10, 5) = 0.0079), or 3 vs 9 (2 / C(12, 3) = 0.0091)."""
+    k = 1
+    while min_p(k, k) >= alpha:
+        k += 1
+    lo, hi = max(n, 1), SAMPLES_SEARCH_MAX
+    if m < 1 or min_p(m, hi) >= alpha:
+        return k, None
+    while lo < hi:  # min_p(m, .) falls as the other side grows
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if min_p(m, mid) >= alpha else (lo, mid)
+    return k, lo
 
 
 RANKS_NUMPY_MIN = 2_000  # values ranked with numpy from this many (pure Python below)
@@ -607,6 +631,12 @@ class Row:
         return d
 
 
+def _gain(r: Row) -> float:
+    """A paired row's change as a gain in %: > 0 is faster whatever the metric's direction."""
+    c = r.change_pct or 0.0
+    return c if HIGHER_IS_BETTER.get(r.metric, True) else -c
+
+
 @dataclass(frozen=True)
 class Judgement:
     """The verdict on one figure (:func:`judge`): the change, its interval, the test, the verdict."""
@@ -623,8 +653,9 @@ def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold
           alpha: float = DEFAULT_ALPHA) -> Judgement:
     """Verdict on one figure from its two samples of values: "same" when the change is within
     the threshold; beyond it "faster" / "slower" (more bandwidth or less time is faster) when the
-    test finds it (p < alpha), else "inconclusive" (noise, or too few samples: 3 against 3 cannot go
-    under p = 0.1).
+    test finds it (p < alpha); "undecidable" when these sample sizes cannot reach p < alpha
+    whatever the values (3 against 3 cannot go under p = 0.1; the why names the sizes that can,
+    :func:`samples_needed`); else "inconclusive" (the change may be noise).
 
     Args:
         base, new: values (B/s for bandwidth, seconds for time), > 0.
@@ -650,8 +681,10 @@ def _verdict(shift: Shift, t: MWU, metric: str, threshold_pct: float, alpha: flo
         verdict = FASTER if gain > 0 else SLOWER
         why = f"p = {_p_text(t.p)} < alpha {alpha:g}"
     elif t.p_min >= alpha:
-        verdict = INCONCLUSIVE
-        why = f"{m} vs {n} samples cannot reach p < {alpha:g} (best {t.p_min:.3g})"
+        k, n2 = samples_needed(m, n, alpha)
+        verdict = UNDECIDABLE
+        why = (f"{m} vs {n} samples cannot reach p < {alpha:g} (best {t.p_min:.3g}): it takes {k} vs {k}"
+               + (f" or {m} vs {n2}" if n2 is not None and n2 != k else ""))
     else:
         verdict, why = INCONCLUSIVE, f"p = {_p_text(t.p)} >= alpha {alpha:g}: the change may be noise"
     return Judgement(shift, t, verdict, why, base_median, new_median)
@@ -677,15 +710,16 @@ def _plugin_notes(base: Result, new: Result) -> list[str]:
     return registry.call_hook(own, "compare_notes", base, new, check=lines, default=[]) if own is not None else []
 
 
-def inconclusive_line(cmp: "Comparison") -> str:
-    """One sentence on the inconclusive figures of ``cmp`` (the first one's reason and what would
-    decide them), or "" when there are none."""
-    inc = cmp.inconclusive()
-    if not inc:
-        return ""
-    head = (f"1 figure inconclusive: {inc[0].why}. To decide it" if len(inc) == 1 else
-            f"{len(inc)} figures inconclusive; the first: {inc[0].why}. To decide them")
-    return f"{head}, take {more_samples_hint(cmp.command)}."
+def undecided_lines(cmp: "Comparison") -> list[str]:
+    """A sentence each on the undecidable and the inconclusive figures of ``cmp`` (how many, the
+    first one's reason and what would decide them); none where there are none."""
+    out = []
+    for verdict, rows in ((UNDECIDABLE, cmp.undecidable()), (INCONCLUSIVE, cmp.inconclusive())):
+        if rows:
+            head = (f"1 figure {verdict}: {rows[0].why}. To decide it" if len(rows) == 1 else
+                    f"{len(rows)} figures {verdict}; the first: {rows[0].why}. To decide them")
+            out.append(f"{head}, take {more_samples_hint(cmp.command)}.")
+    return out
 
 
 BATCH_MAX_SIZE = 16  # figures with at most this many samples a side are judged in numpy batches
@@ -917,7 +951,8 @@ class Comparison:
     rows: list[Row] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        c = {SAME: 0, FASTER: 0, SLOWER: 0, INCONCLUSIVE: 0, "only-base": 0, "only-new": 0, "no-data": 0}
+        c = {SAME: 0, FASTER: 0, SLOWER: 0, INCONCLUSIVE: 0, UNDECIDABLE: 0, "only-base": 0, "only-new": 0,
+             "no-data": 0}
         for r in self.rows:
             c[r.verdict if r.status == "paired" else r.status] += 1
         return c
@@ -929,6 +964,11 @@ class Comparison:
     def inconclusive(self) -> list[Row]:
         """Figures changed by more than the threshold whose test does not reach p < alpha."""
         return [r for r in self.rows if r.verdict == INCONCLUSIVE]
+
+    def undecidable(self, slower_only: bool = False) -> list[Row]:
+        """Figures changed by more than the threshold that their sample sizes cannot decide at
+        alpha (:func:`samples_needed`); ``slower_only``: those whose change is a slowdown."""
+        return [r for r in self.rows if r.verdict == UNDECIDABLE and not (slower_only and _gain(r) >= 0)]
 
     def missing(self) -> list[Row]:
         """Figures the base has data for and the new result lacks (absent, or an error row)."""
@@ -1065,7 +1105,8 @@ def check_same_command(results: Sequence[tuple[str, Result]]) -> str:
 
 
 def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str = "new",
-            threshold_pct: float = DEFAULT_THRESHOLD_PCT, alpha: float = DEFAULT_ALPHA) -> Comparison:
+            threshold_pct: float = DEFAULT_THRESHOLD_PCT, alpha: float = DEFAULT_ALPHA,
+            ignore: Sequence[str] = ()) -> Comparison:
     """Compare ``new`` against ``base``, figure by figure (:func:`judge`), in time linear in the
     number of records (a dict of the new records by key; per figure work that depends only on
     its own samples, with the exact null distributions cached by sample sizes and tie pattern).
@@ -1074,12 +1115,17 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         base, new: results of the same command.
         threshold_pct: changes at or under this many percent are "same" (>= 0).
         alpha: level of the Mann-Whitney U test and 1 - the confidence of the change's interval, in (0, 1).
+        ignore: params left out of a figure's identity (--ignore-param), so figures that differ
+            only in them pair (merge tcp against ucx); a note gives their values on each side.
 
     Raises:
-        UsageError: different commands; a record with an unknown metric or impossible samples.
+        UsageError: different commands; a record with an unknown metric or impossible samples;
+            an ignored name that is no param of either result; two records of one file that only
+            an ignored param told apart.
     """
     check_same_command([(base_name, base), (new_name, new)])
     cmp = Comparison(base_name, new_name, base.command, env_diff(base, new))
+    cmp.notes.extend(_ignored_notes(base, new, ignore))
     for name, r in ((base_name, base), (new_name, new)):
         if r.partial:
             cmp.notes.append(f"{name} is partial ({partial_why(r, 100)})")
@@ -1091,21 +1137,21 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         cmp.notes.append(f"{name} has records without param(s) {', '.join(sorted(added))} (written by an older "
                          "gpubench); they pair as " + ", ".join(f"{k} {_short(v)}" for k, v in sorted(added.items()))
                          + ", what that gpubench measured")
-    new_params = [_filled(rec.params, added) for rec in new.records]
+    new_params = [_kept(_filled(rec.params, added), ignore) for rec in new.records]
     new_keys = [_key(p) for p in new_params]
     new_index: dict[tuple, int] = {}  # key -> its record's index
     for j, (k, rec) in enumerate(zip(new_keys, new.records)):
         if k in new_index:
-            raise _repeated(new_name, rec, new_index[k], j)
+            raise _repeated(new_name, rec, new_index[k], j, ignore)
         new_index[k] = j
     seen: dict[tuple, int] = {}
     pending: list[tuple[list[float], list[float], str]] = []
     paired: list[Row] = []
     for i, rb in enumerate(base.records):
-        pb = _filled(rb.params, added)
+        pb = _kept(_filled(rb.params, added), ignore)
         k = _key(pb)
         if k in seen:
-            raise _repeated(base_name, rb, seen[k], i)
+            raise _repeated(base_name, rb, seen[k], i, ignore)
         seen[k] = i
         rn = new.records[new_index[k]] if k in new_index else None
         if rn is None:
@@ -1135,7 +1181,53 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     for k, rn, pn in zip(new_keys, new.records, new_params):
         if k not in seen:
             cmp.rows.append(_one_side(rn, "only-new", new_name, pn))
+    if base.records and new.records and all(r.status in ("only-base", "only-new") for r in cmp.rows):
+        cmp.notes.append(_nothing_pairs(base, new, ignore))
     return cmp
+
+
+def _kept(params: dict, ignore: Sequence[str]) -> dict:
+    return {k: v for k, v in params.items() if k not in ignore} if ignore else params
+
+
+def _values(r: Result, name: str) -> list:
+    """The values of param ``name`` in ``r``'s records, in first-seen order."""
+    return list(dict.fromkeys(rec.params[name] for rec in r.records if name in rec.params))
+
+
+def _values_text(vals: list) -> str:
+    return ", ".join(_short(v, 30) for v in vals[:4]) + (f" (+{len(vals) - 4} more)" if len(vals) > 4 else "") or "-"
+
+
+def _ignored_notes(base: Result, new: Result, ignore: Sequence[str]) -> list[str]:
+    """A note per ignored param: its values on each side.
+
+    Raises:
+        UsageError: a name that no record of either result has as a param.
+    """
+    known = {k for r in (base, new) for rec in r.records for k in rec.params}
+    notes = []
+    for name in ignore:
+        if name not in known:
+            raise UsageError(f"--ignore-param {safe.term(repr(name), 60)} is not a param of these results",
+                             f"their params: {safe.term(', '.join(sorted(known)), 200) or 'none'}")
+        notes.append(f"pairs across {name}: base {_values_text(_values(base, name))}, "
+                     f"new {_values_text(_values(new, name))}")
+    return notes
+
+
+def _nothing_pairs(base: Result, new: Result, ignore: Sequence[str]) -> str:
+    """Why no figure paired: the params whose values differ between the sides, and the option."""
+    names = sorted({k for r in (base, new) for rec in r.records for k in rec.params} - set(ignore))
+    differ = [n for n in names if set(map(repr, _values(base, n))) != set(map(repr, _values(new, n)))]
+    if not differ:
+        return "no figure pairs: each side's figures are its own"
+    whole = [n for n in differ if not set(map(repr, _values(base, n))) & set(map(repr, _values(new, n)))]
+    pick = whole or differ
+    said = "; ".join(f"{n}: base {_values_text(_values(base, n))}, new {_values_text(_values(new, n))}"
+                     for n in pick[:3])
+    return (f"no figure pairs: the results differ in {said}; --ignore-param {pick[0]} pairs figures that "
+            "differ only there")
 
 
 def partial_why(r: Result, clip: int | None = None) -> str:
@@ -1144,10 +1236,14 @@ def partial_why(r: Result, clip: int | None = None) -> str:
     return f"stopped by a fault: {r.failed_by[:clip]}" if r.failed_by else f"interrupted by {r.interrupted_by or 'a signal'}"
 
 
-def _repeated(name: str, rec: Record, first: int, again: int) -> UsageError:
+def _repeated(name: str, rec: Record, first: int, again: int, ignore: Sequence[str] = ()) -> UsageError:
     """Two records of one file with the same params: compare pairs figures by params, so one of
     them would be dropped unseen (a slower repeat would pass --fail-on-regression); no gpubench
-    command writes such a file."""
+    command writes such a file, but --ignore-param can make two of its records one figure."""
+    if ignore:
+        return UsageError(f"{safe.term(name)}: /records/{again} and /records/{first} differ only in "
+                          f"{safe.term(', '.join(ignore), 100)}, which --ignore-param leaves out",
+                          "ignore only a param that differs between the files, not within one")
     return UsageError(f"{safe.term(name)}: /records/{again} has the same params as /records/{first} "
                       f"({safe.term(rec.params, 200)}), so the two cannot be told apart",
                       "compare results whose records each have their own params (one run per file)")
@@ -1195,22 +1291,25 @@ def _side_median(row: Row, r: Record, base: bool, source: str) -> None:
 MAX_TABLE_ROWS = 500  # the terminal table lists at most this many rows; beyond, the ones not "same"
 
 
+def differing_params(rows: Sequence[Row]) -> list[str]:
+    """Param names whose value differs between rows (a row lacking one counts as differing), in
+    first-seen order; [] for one row."""
+    keys = list(dict.fromkeys(k for r in rows for k in r.params))
+    out = []
+    for k in keys:
+        first = rows[0].params.get(k, _MISSING) if rows else _MISSING
+        if any((v := r.params.get(k, _MISSING)) != first or type(v) is not type(first) for r in rows[1:]):
+            out.append(k)
+    return out
+
+
 def varying_params(rows: Sequence[Row]) -> list[str]:
-    """Param names whose value differs between rows, in first-seen order (all names if one row)."""
+    """The params a table shows: those whose value differs between rows (:func:`differing_params`),
+    else the first one; all names for one row."""
     keys = list(dict.fromkeys(k for r in rows for k in r.params))
     if len(rows) <= 1:
         return keys
-    out = []
-    for k in keys:
-        first = _MISSING
-        for r in rows:
-            v = r.params.get(k, _MISSING)
-            if first is _MISSING:
-                first = v
-            elif v != first or type(v) is not type(first):
-                out.append(k)
-                break
-    return out or keys[:1]
+    return differing_params(rows) or keys[:1]
 
 
 _MISSING = object()
@@ -1269,11 +1368,29 @@ def _ci_cell(r: Row) -> str:
     return f"{_pct_cell(r.ci_low_pct)} .. {_pct_cell(r.ci_high_pct)}"
 
 
+def medians_part(r: Row, threshold_pct: float) -> float | None:
+    """The change of the medians (new / base - 1, %) of a paired row when it parts from the
+    Hodges-Lehmann change by more than ``threshold_pct`` points, else None. The two part when
+    the samples are skewed or spread: the ratio of medians reads one value a side, the
+    Hodges-Lehmann estimate the median of all m x n ratios (:data:`MEDIANS_NOTE`)."""
+    if r.status != "paired" or r.change_pct is None or not r.base_median or r.new_median is None:
+        return None
+    med = (r.new_median / r.base_median - 1.0) * 100.0
+    return med if math.isfinite(med) and abs(med - r.change_pct) > threshold_pct else None
+
+
+MEDIANS_NOTE = ("† the change of the medians parts from the change: the change is the Hodges-Lehmann estimate, the median "
+                "of all base x new sample ratios, which weighs every sample; the ratio of the two medians reads "
+                "one value a side. They part when the samples are skewed or spread; the verdict uses the change.")
+
+
 def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
-               rows: Sequence[Row] | None = None) -> tuple[list[str], list[list[str]]]:
+               rows: Sequence[Row] | None = None,
+               threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> tuple[list[str], list[list[str]]]:
     """Column names and raw text cells of a comparison table (shared by the rich and markdown
     forms; the cells still hold strings from the files: the renderers escape them). ``rows``: the
-    rows to make cells for (default all; the columns are always those of all rows)."""
+    rows to make cells for (default all; the columns are always those of all rows). A change
+    that parts from the medians' change (:func:`medians_part`) shows both, marked †."""
     keys = varying_params(cmp.rows)
     metrics = cmp.metrics()
     mixed = len(metrics) > 1
@@ -1293,7 +1410,9 @@ def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
         cells += [_value_cell(r.base_median, r.metric, units, mixed), _value_cell(r.new_median, r.metric, units, mixed),
                   f"{r.n_base or '-'}/{r.n_new or '-'}"]
         if r.status == "paired":
-            cells += [_pct_cell(r.change_pct), _ci_cell(r), _p_text(r.p) if r.p is not None else "-", r.verdict]
+            med = medians_part(r, threshold_pct)
+            change = _pct_cell(r.change_pct) + ("" if med is None else f" (medians {_pct_cell(med)})†")
+            cells += [change, _ci_cell(r), _p_text(r.p) if r.p is not None else "-", r.verdict]
         else:
             label = {"only-base": "only in base", "only-new": "only in new", "no-data": "no data"}[r.status]
             cells += ["-", "-", "-", label + (f": {r.note[:60]}" if r.note else "")]
@@ -1305,11 +1424,29 @@ def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
     return cols, body
 
 
+def worst(rows: Sequence[Row]) -> Row | None:
+    """The paired row of ``rows`` that lost the most (the smallest gain, :func:`_gain`), or None."""
+    paired = [r for r in rows if r.status == "paired" and r.change_pct is not None]
+    return min(paired, key=_gain) if paired else None
+
+
+def figure_text(row: Row, keys: Sequence[str] | None = None) -> str:
+    """A figure in words, its params (``keys``, default all) and change: "nbytes 1 GiB, direction
+    h2d: -12.30%", or the change alone without keys (raw text from the file: the caller escapes
+    it for where it goes)."""
+    ks = list(row.params) if keys is None else [k for k in keys if k in row.params]
+    label = ", ".join(f"{k} {_param_cell(k, row.params[k])}" for k in ks)
+    return f"{label}: {_pct_cell(row.change_pct)}" if label else _pct_cell(row.change_pct)
+
+
 def summary_line(cmp: Comparison) -> str:
     c = cmp.counts()
-    paired = c[SAME] + c[FASTER] + c[SLOWER] + c[INCONCLUSIVE]
+    paired = sum(c[v] for v in VERDICTS)
     s = (f"{paired} figure(s) paired: {c[FASTER]} faster, {c[SLOWER]} slower, {c[SAME]} same, "
-         f"{c[INCONCLUSIVE]} inconclusive")
+         f"{c[INCONCLUSIVE]} inconclusive" + (f", {c[UNDECIDABLE]} undecidable" if c[UNDECIDABLE] else ""))
+    bad = worst(cmp.regressions() + cmp.undecidable(slower_only=True))
+    if bad is not None:
+        s += f" (worst: {figure_text(bad, differing_params(cmp.rows))})"
     extra = [f"{c[k]} {what}" for k, what in (("only-base", "only in base"), ("only-new", "only in new"),
                                                ("no-data", "without data")) if c[k]]
     return s + ("; " + ", ".join(extra) if extra else "") + "."
@@ -1318,7 +1455,8 @@ def summary_line(cmp: Comparison) -> str:
 def method_lines(threshold_pct: float, alpha: float, units: str, metrics: set[str]) -> list[str]:
     """How the verdicts were reached, and the unit and direction of only the metrics compared."""
     lines = [f"verdict: same when |change| <= {threshold_pct:g}%; beyond it faster or slower when the two-sided "
-             f"Mann-Whitney U test on the raw samples gives p < {alpha:g}, else inconclusive. change: "
+             f"Mann-Whitney U test on the raw samples gives p < {alpha:g}, else inconclusive, or undecidable "
+             "when the sample sizes cannot reach that p whatever the values. change: "
              f"Hodges-Lehmann estimate of new/base - 1 with its {100 * (1 - alpha):g}% distribution-free (Moses) "
              "interval; base and new are medians; n = samples per side."]
     if "bandwidth" in metrics:
@@ -1329,7 +1467,7 @@ def method_lines(threshold_pct: float, alpha: float, units: str, metrics: set[st
     return lines
 
 
-_STYLE = {SLOWER: "red", FASTER: "green", INCONCLUSIVE: "yellow"}
+_STYLE = {SLOWER: "red", FASTER: "green", INCONCLUSIVE: "yellow", UNDECIDABLE: "yellow"}
 
 
 def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float, units: str = "GB") -> list:
@@ -1359,7 +1497,7 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
         if len(rows) > MAX_TABLE_ROWS:
             rows = [r for r in rows if r.verdict != SAME][:MAX_TABLE_ROWS]
         hidden = len(cmp.rows) - len(rows)
-        cols, shown = table_rows(cmp, units, alpha, rows)
+        cols, shown = table_rows(cmp, units, alpha, rows, threshold_pct)
         verdict_col = cols.index("verdict")
         t = report.table(title, [safe.term_markup(c) for c in cols])
         for cells in shown:
@@ -1368,9 +1506,10 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
         if hidden:
             out.append(Text(f"{hidden} of {len(cmp.rows)} rows not listed (same, or beyond the first {MAX_TABLE_ROWS} "
                             "others); --format markdown or json list every figure."))
+        if any("†" in x for cells in shown for x in cells):
+            out.append(Text(MEDIANS_NOTE))
         out.append(Text(summary_line(cmp)))
-        if cmp.inconclusive():
-            out.append(T(inconclusive_line(cmp)))
+        out.extend(T(x) for x in undecided_lines(cmp))
     out.extend(Text(x) for x in method_lines(threshold_pct, alpha, units, metrics))
     return out
 
@@ -1388,6 +1527,9 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
         head = ""
         if c[SLOWER]:
             head += f"**{c[SLOWER]} figure(s) slower.** "
+        if c[UNDECIDABLE]:
+            head += (f"**{c[UNDECIDABLE]} undecidable** (changed beyond the threshold; too few samples to "
+                     "decide). ")
         if c[INCONCLUSIVE]:
             head += f"**{c[INCONCLUSIVE]} inconclusive** (changed beyond the threshold, not significant). "
         lines.append(head + md(summary_line(cmp)))
@@ -1400,21 +1542,50 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
         lines.append("")
         for n in cmp.notes:
             lines += [f"> note: {md(n)}", ""]
-        cols, body = table_rows(cmp, units, alpha)
-        verdict_col = cols.index("verdict")
-        lines.append("| " + " | ".join(md(x) for x in cols) + " |")
-        lines.append("| " + " | ".join("---" if i < verdict_col - 6 or i >= verdict_col else "---:"
-                                       for i in range(len(cols))) + " |")
-        for cells in body:
-            out = [md(x) for x in cells]
-            if cells[verdict_col] in (SLOWER, FASTER, INCONCLUSIVE):
-                out[verdict_col] = f"**{out[verdict_col]}**"
-            lines.append("| " + " | ".join(out) + " |")
-        lines.append("")
+        shown = sorted((r for r in cmp.rows if r.status in ("paired", "no-data")), key=_markdown_order)
+        one_side = [r for r in cmp.rows if r.status in ("only-base", "only-new")]
+        cols, body = table_rows(cmp, units, alpha, shown, threshold_pct)
+        lines += _markdown_table(cols, body) if body else []
+        if any("†" in x for cells in body for x in cells):
+            lines += [md(MEDIANS_NOTE, limit=10_000), ""]
+        if one_side:
+            c_base, c_new = c["only-base"], c["only-new"]
+            lines += ["<details>", f"<summary>{c_base} figure(s) only in base, {c_new} only in new</summary>", ""]
+            lines += _markdown_table(*table_rows(cmp, units, alpha, one_side, threshold_pct))
+            lines += ["</details>", ""]
+        lines += [md(x, limit=10_000) for x in undecided_lines(cmp)] + ([""] if undecided_lines(cmp) else [])
     # our own text, escaped for markdown all the same (no clipping: it is not from a file)
     lines.append("<sub>" + " ".join(md(x, limit=10_000) for x in method_lines(threshold_pct, alpha, units, metrics))
                  + "</sub>")
     return lines
+
+
+_ORDER = {SLOWER: 0, INCONCLUSIVE: 2, FASTER: 4, SAME: 6}
+
+
+def _markdown_order(r: Row) -> tuple[int, float]:
+    """Rows a reviewer must see first: slower, undecidable slowdowns, inconclusive, undecidable
+    gains, faster, without data, same; the biggest loss first within each."""
+    if r.status != "paired":
+        return 5, 0.0
+    rank = _ORDER.get(r.verdict, 1 if _gain(r) < 0 else 3)
+    return rank, _gain(r)
+
+
+def _markdown_table(cols: list[str], body: list[list[str]]) -> list[str]:
+    """A GitHub table of ``cols`` and ``body`` cells (every one through safe.markdown), the
+    verdicts that are not "same" in bold, a blank line after it."""
+    md = safe.markdown
+    verdict_col = cols.index("verdict")
+    lines = ["| " + " | ".join(md(x) for x in cols) + " |",
+             "| " + " | ".join("---" if i < verdict_col - 6 or i >= verdict_col else "---:" for i in range(len(cols)))
+             + " |"]
+    for cells in body:
+        out = [md(x) for x in cells]
+        if cells[verdict_col] in (SLOWER, FASTER, INCONCLUSIVE, UNDECIDABLE):
+            out[verdict_col] = f"**{out[verdict_col]}**"
+        lines.append("| " + " | ".join(out) + " |")
+    return lines + [""]
 
 
 def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float) -> dict:
@@ -1422,7 +1593,7 @@ def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: floa
     changes and intervals in percent)."""
     return {
         "schema": "gpubench.analysis.compare",
-        "schema_version": 2,
+        "schema_version": 3,
         "method": {"test": "mann-whitney-u two-sided: exact for small samples (with ties: the exact "
                            "permutation distribution), else the normal approximation with tie and "
                            "continuity corrections",
@@ -1430,10 +1601,12 @@ def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: floa
                    "interval": f"moses distribution-free interval at {1 - alpha:g} confidence (hollander & wolfe 4.3)",
                    "verdicts": {SAME: "|change| <= threshold", FASTER: "beyond the threshold, better, p < alpha",
                                 SLOWER: "beyond the threshold, worse, p < alpha",
-                                INCONCLUSIVE: "beyond the threshold, p >= alpha"},
+                                INCONCLUSIVE: "beyond the threshold, p >= alpha",
+                                UNDECIDABLE: "beyond the threshold; the sample sizes cannot reach p < alpha"},
                    "alpha": alpha, "threshold_pct": threshold_pct,
                    "values": {"bandwidth": "B/s per sample, higher is better", "time": "seconds, lower is better"}},
         "comparisons": [c.to_dict() for c in cmps],
         "regressions": sum(len(c.regressions()) for c in cmps),
         "inconclusive": sum(len(c.inconclusive()) for c in cmps),
+        "undecidable_slower": sum(len(c.undecidable(slower_only=True)) for c in cmps),
     }

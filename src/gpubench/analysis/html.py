@@ -406,7 +406,8 @@ def _compare_section(command: str, cmps: list, inputs: Inputs, units: str) -> st
     for cmp in cmps:
         c = cmp.counts()
         out.append(f"<h3>{h(cmp.new_name)} against base {h(cmp.base_name)}</h3>")
-        out.append(f"<p class='verdict {'bad' if c['slower'] else 'ok'}'>{h(cmpmod.summary_line(cmp))}</p>")
+        bad = c["slower"] or cmp.undecidable(slower_only=True)
+        out.append(f"<p class='verdict {'bad' if bad else 'ok'}'>{h(cmpmod.summary_line(cmp))}</p>")
         if cmp.env_diff:
             out.append(_table(["what differs", "base", "new"], [list(x) for x in cmp.env_diff], numeric_from=99))
         else:
@@ -414,7 +415,7 @@ def _compare_section(command: str, cmps: list, inputs: Inputs, units: str) -> st
         for n in cmp.notes:
             out.append(f"<p class=note>note: {h(n)}</p>")
         cols, body = cmpmod.table_rows(cmp, units)
-        verdict_class = {"slower": "bad", "faster": "good", "inconclusive": "warn"}
+        verdict_class = {"slower": "bad", "faster": "good", "inconclusive": "warn", "undecidable": "warn"}
         vcol = cols.index("verdict")  # telemetry and flags columns may follow it
         first_figure = vcol - 6  # params, then base, new, n, change, interval, p, verdict
         paired = [(row, cells) for row, cells in zip(cmp.rows, body) if row.status == "paired"]
@@ -513,9 +514,10 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
     for command, cs in cmps:
         for c in cs:
             n = c.counts()
-            flags.append(("bad" if n["slower"] else "warn" if n["inconclusive"] else "ok",
+            flags.append(("bad" if n["slower"] or c.undecidable(slower_only=True)
+                          else "warn" if n["inconclusive"] or n["undecidable"] else "ok",
                           f"{command}: {c.new_name} vs {c.base_name}: {n['slower']} slower, {n['faster']} faster, "
-                          f"{n['same']} same, {n['inconclusive']} inconclusive"))
+                          f"{n['same']} same, {n['inconclusive']} inconclusive, {n['undecidable']} undecidable"))
     parts = [
         "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
         "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; img-src data:; "
