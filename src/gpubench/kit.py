@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import click
 
 from gpubench.core import report
-from gpubench.core.errors import MachineError
+from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.result import STDOUT, Result, check_output_target, save
 
 
@@ -270,7 +270,12 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         out = {k: kwargs.pop(k) for k in OUTPUT_PARAMS}
         shown = {k: kwargs.pop(k) for k in display}
         cond = {k: kwargs.pop(k) for k in CONDITION_PARAMS if k in kwargs}
-        spec = build_spec(**kwargs)
+        try:
+            spec = build_spec(**kwargs)
+        except UsageError as e:
+            e.every_rank = True  # the options alone: every rank of a launcher refuses them alike
+            raise
+        warn_quiet_keeps_nothing(out["quiet"], out["json_path"])
         if not gathers_ranks:
             warn_ranks_alone(name, out["json_path"])
         result_box: list = []
@@ -300,6 +305,27 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
     cmd.select_run = select_run  # type: ignore[attr-defined]
     cmd.after = after  # type: ignore[attr-defined]
     return cmd
+
+
+def warn_quiet_keeps_nothing(quiet: bool, json_path: str | None) -> None:
+    """-q given on the command line without --json: one warning line before the run, which would
+    otherwise measure and keep nothing but its exit code (said on rank 0 only under a launcher)."""
+    ctx = click.get_current_context(silent=True)
+    if not quiet or json_path is not None or ctx is None:
+        return
+    if ctx.get_parameter_source("quiet") not in (click.core.ParameterSource.COMMANDLINE,
+                                                 click.core.ParameterSource.ENVIRONMENT):
+        return  # set by the command itself (nccl's ranks other than 0)
+    from gpubench.launch import ranks
+    from gpubench.core.errors import UsageError
+
+    try:
+        if ranks.discover().rank != 0:
+            return
+    except UsageError:
+        pass
+    report.err_line("gpubench: warning: -q without --json shows and keeps nothing of this run but its exit code; "
+                    "add --json FILE to keep the figures")
 
 
 def warn_ranks_alone(name: str, json_path: str | None) -> None:

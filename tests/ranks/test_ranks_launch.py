@@ -235,10 +235,34 @@ def test_a_command_that_does_not_gather_ranks_says_so_on_every_rank_and_only_und
     one = subprocess.run([exe, "-n", "1", *args], env=_env(), capture_output=True, text=True, timeout=120)
     assert one.returncode == 0 and "does not gather" not in one.stderr, one.stderr
     alone = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=120)
-    assert alone.returncode == 0 and alone.stderr == "", alone.stderr
+    assert alone.returncode == 0 and alone.stderr == QUIET_WARNING + "\n", alone.stderr
     torch_like = subprocess.run(args, env=_env(RANK="1", WORLD_SIZE="3"), capture_output=True, text=True, timeout=120)
     assert "under torchrun, each of the 3 ranks runs it alone" in torch_like.stderr, torch_like.stderr
     assert "(this is rank 1 on " in torch_like.stderr
+
+
+QUIET_WARNING = ("gpubench: warning: -q without --json shows and keeps nothing of this run but its exit code; "
+                 "add --json FILE to keep the figures")
+
+
+def test_a_bad_option_under_a_launcher_is_said_once_by_rank_0_and_every_rank_exits_2():
+    p = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "gpubench", "net", "local", "-t", "0"],
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.splitlines() == ["gpubench: error: -t/--time 0 out of range (use more than 0 and at most 3600 "
+                                     "seconds)"], p.stderr
+    p = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "gpubench", "net", "local", "--bogus"],
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("No such option") == 1, p.stderr
+
+
+def test_quiet_without_json_warns_once_before_the_run_and_not_with_json(tmp_path):
+    args = [sys.executable, "-m", "gpubench", "net", "local", "-t", "0.3", "-q"]
+    p = subprocess.run([mpiexec(), "-n", "2", *args], env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr.count(QUIET_WARNING) == 1, p.stderr
+    p = subprocess.run([*args, "--json", str(tmp_path / "r.json")], env=_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
 # ---- the launcher's variables: bad values are one line, exit 2 ----

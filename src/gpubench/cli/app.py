@@ -102,6 +102,17 @@ def _one_line(text: str) -> str:
     return safe.term(text, 4000)
 
 
+def _said_here() -> bool:
+    """Whether this process prints an error that the command line alone caused: every process but
+    ranks 1.. of a launcher, whose rank 0 says it once for the job (they exit 2 all the same)."""
+    from gpubench.launch import ranks
+
+    try:
+        return ranks.discover().rank == 0
+    except GpubenchError:  # launcher variables that do not parse: each process says its own error
+        return True
+
+
 def main(argv: list[str] | None = None, *, early: list[int] | None = None, held: tuple[int, ...] = ()) -> None:
     """Run the group and turn every error into one line: the process's run (``argv`` None, through
     :func:`gpubench.cli.main`, which ends the process) or one in this process (``argv`` given: the
@@ -130,7 +141,8 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
         code = 0
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx else "gpubench"
-        click.echo(f"{where}: error: {_one_line(e.format_message())}", err=True)
+        if _said_here():
+            click.echo(f"{where}: error: {_one_line(e.format_message())}", err=True)
         code = 2
     except click.exceptions.Exit as e:
         code = e.exit_code
@@ -140,7 +152,8 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
     except GpubenchError as e:
         if debug:
             traceback.print_exc()
-        click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
+        if not getattr(e, "every_rank", False) or _said_here():
+            click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
         code = e.exit_code
     except KeyboardInterrupt:  # a command's interrupt that kept nothing: one line (a run that kept what
         click.echo(interrupted_line(signal.SIGINT), err=True)  # it measured said so in kit.finish)

@@ -34,9 +34,13 @@ class GpubenchError(Exception):
 
 
 class UsageError(GpubenchError):
-    """A bad option value or a request this machine cannot serve; exit code 2."""
+    """A bad option value or a request this machine cannot serve; exit code 2.
+
+    ``every_rank`` is set where the error comes from the command line alone (its options, read
+    the same way by every rank of a launcher), so only rank 0 prints it."""
 
     exit_code = 2
+    every_rank = False
 
 
 def check_choices(name: str, got, allowed) -> None:
