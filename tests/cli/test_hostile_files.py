@@ -12,6 +12,7 @@ refuses.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -299,9 +300,14 @@ def test_payloads_in_toml_and_result_are_shown_inert_by_suite(run_cli, tmp_path,
     payload = PAYLOADS[name]
     d = pinned()
     rec = d["records"][0]
-    rec["params"]["tag"] = payload
-    rec["params"][payload] = 1
+    rec["params"]["device"] = payload  # copy's device is an ordinal or a string ("all", "N@all")
     target = rec["params"]["nbytes"]
+    named = copy.deepcopy(d)
+    named["records"][0]["params"][payload] = 1  # a param no copy record has: refused as the schema does
+    code, out, err = run_cli("suite", "--check", write(tmp_path, "n.json", json.dumps(named)), "--expect",
+                             toml(tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1 and "no such param" in err, (out, err)
+    _clean(err)
     f = write(tmp_path, "r.json", json.dumps(d))
     text = ('[[expect]]\nname = ' + json.dumps(payload) + '\ncommand = "copy"\n'
             f'where = {{ nbytes = {target}, direction = "{rec["params"]["direction"]}", memory = "pinned" }}\n'

@@ -224,6 +224,21 @@ def test_a_2x2_matrix_of_equal_cells_still_shows_its_value():
     assert all(mc.to_hex(t.get_color()) == "#000000" for t in ax.texts)
 
 
+@pytest.mark.parametrize("n", [2, 6])
+def test_a_net_node_matrix_names_ranks_not_gpus(n):
+    """net's node x node result (src/dst are ranks, one per node) is drawn as a matrix as p2p's is,
+    with its rows and columns named as ranks: it was labelled "GPU 0", "source GPU"."""
+    recs = [Record(params={"src": s, "dst": (s + 1) % n, "stream": "total"}, nbytes=131072,
+                   samples_s=[131072 / 5e9] * 4) for s in range(n)]
+    fig, (sec,) = drawn([("fleet.json", Result("net", {"mode": "fleet"}, records=recs))])
+    assert sec.kind == "matrix" and "source rank (rows) to destination rank (columns)" in sec.title
+    (ax,) = [ax for sf in fig.subfigs for ax in sf.axes if ax.images]
+    words = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()] + [ax.get_xlabel(), ax.get_ylabel()]
+    assert not any("GPU" in w for w in words), words
+    if n == 2:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["rank 0", "rank 1"]
+
+
 def test_p2p_draws_inside_the_figure_size_it_says(tmp_path):
     from PIL import Image
 

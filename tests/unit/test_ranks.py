@@ -238,6 +238,19 @@ def test_launcher_values_with_spaces_around_their_digits_are_refused(env, named)
     assert named in e.value.one_line() and e.value.exit_code == 2, e.value.one_line()
 
 
+@pytest.mark.parametrize("env, named", [
+    ({"RANK": "-0", "WORLD_SIZE": "2"}, "RANK='-0' has a minus sign on zero"),
+    ({"PMI_RANK": "-00", "PMI_SIZE": "2"}, "PMI_RANK='-00' has a minus sign on zero"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "-0"},
+     "OMPI_COMM_WORLD_LOCAL_RANK='-0'"),
+])
+def test_launcher_values_with_a_minus_sign_on_zero_are_refused(env, named):
+    """A signed zero is not the plain digits a launcher writes (int() reads it as rank 0)."""
+    with pytest.raises(UsageError) as e:
+        ranks.discover(env)
+    assert named in e.value.one_line() and e.value.exit_code == 2, e.value.one_line()
+
+
 def test_master_port_with_spaces_is_refused():
     me = ranks.Rank(1, 2, 1, 2, 0, "h", "torchrun")
     with pytest.raises(UsageError, match="MASTER_PORT=' 29500' has spaces around its digits"):

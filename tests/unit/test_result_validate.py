@@ -112,6 +112,39 @@ def test_what_else_the_schema_refuses_the_loader_refuses(mutation):
         Result.from_dict(d, source="m.json")
 
 
+PARAM_MUTATIONS = [
+    ("copy-pinned-h200.json", "device", True), ("copy-pinned-h200.json", "device", None),
+    ("copy-pinned-h200.json", "nbytes", -1), ("copy-pinned-h200.json", "nbytes", "4096"),
+    ("copy-pinned-h200.json", "not_a_param", 1), ("net-local.json", "stream", True),
+    ("net-local.json", "stream", None), ("net-local.json", "zzz", "x"), ("net-local.json", "streams", 0),
+    ("p2p-h200x2.json", "src", False), ("merge-cpu.json", "broadcast", 1),
+]
+
+
+@pytest.mark.parametrize("name,param,value", PARAM_MUTATIONS, ids=[f"{n}:{p}={v!r}" for n, p, v in PARAM_MUTATIONS])
+def test_params_the_commands_schema_refuses_the_loader_refuses(name, param, value):
+    """Each command's records have the params its plug-in declares (the schema's allOf entry per
+    command): a param of another type, out of its range or not the command's pairs as another
+    point in compare (``stream: true`` beside ``stream: 1``), so the loader refuses it as the
+    schema does, naming it."""
+    d = json.loads((DATA / name).read_text())
+    d["records"][0]["params"][param] = value
+    assert list(_validator().iter_errors(d)), "the schema accepts this mutation: not a useful case"
+    with pytest.raises(UsageError) as e:
+        Result.from_dict(d, source="m.json")
+    assert e.value.one_line().startswith(f"m.json: /records/0/params/{param} is"), e.value.one_line()
+
+
+@pytest.mark.parametrize("name", ["copy-pinned-h200.json", "net-local.json"])
+def test_a_param_the_commands_records_all_have_is_required(name):
+    d = json.loads((DATA / name).read_text())
+    required = "device" if name.startswith("copy") else "stream"
+    del d["records"][0]["params"][required]
+    assert list(_validator().iter_errors(d))
+    with pytest.raises(UsageError, match=rf"^m\.json: /records/0/params/{required} is missing"):
+        Result.from_dict(d, source="m.json")
+
+
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**400, True])
 def test_what_the_schema_cannot_say_the_loader_still_refuses(value):
     d = json.loads((DATA / "copy-pinned-h200.json").read_text())

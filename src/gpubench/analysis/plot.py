@@ -474,6 +474,13 @@ def _collective_section(command: str, metric: str, items, many: bool) -> Section
     return Section("collective", command, title, panels)
 
 
+def _endpoint(command: str) -> str:
+    """What a matrix's rows and columns are (its plug-in's ``matrix_ends``: GPUs for p2p, ranks
+    for net's node x node test); "GPU" for a command whose plug-in is not installed here."""
+    own = registry.find(command)
+    return own.matrix_ends if own is not None else "GPU"
+
+
 def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
     """Matrices of both metrics: one panel per (file, test, part, other params, metric)."""
     per: dict[tuple, tuple[str, str, list[Record]]] = {}
@@ -497,7 +504,8 @@ def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
                 {r.params["dst"] for _, _, rs in per.values() for r in rs}), 1)
     what = ("bandwidth (brighter = faster)" if metrics == {"bandwidth"} else "latency (brighter = lower)"
             if metrics == {"time"} else "bandwidth and latency (brighter = better)")
-    sec = Section("matrix", command, f"{command}: {what}, source GPU (rows) to destination GPU (columns)",
+    end = _endpoint(command)
+    sec = Section("matrix", command, f"{command}: {what}, source {end} (rows) to destination {end} (columns)",
                   sorted(panels, key=lambda p: p.metric != "bandwidth"))
     if n > 4:  # cells of about half an inch, so 3-digit values stay legible
         sec.panel_in = (0.5 * n + 1.4, 0.5 * n + 1.0)
@@ -817,14 +825,15 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, co
     for ax, panel, (devs, m, pct, above) in zip(axes, panels, mats):
         im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm, aspect="equal")
         small = len(devs) <= 4
-        labels = [f"GPU {safe.mpl(d, 8)}" if small else safe.mpl(d, 8) for d in devs]
+        end = _endpoint(panel.command)
+        labels = [f"{end} {safe.mpl(d, 8)}" if small else safe.mpl(d, 8) for d in devs]
         ax.set_xticks(range(len(devs)), labels, fontsize=8)
         ax.set_yticks(range(len(devs)), labels, fontsize=8)
         k = len(mats) and list(axes).index(ax)
         if k >= len(axes) - cols:  # axis names once per row and column: the grid reads the same
-            ax.set_xlabel("destination" if small else "destination GPU", fontsize=8)
+            ax.set_xlabel("destination" if small else f"destination {end}", fontsize=8)
         if k % cols == 0:
-            ax.set_ylabel("source" if small else "source GPU", fontsize=8)
+            ax.set_ylabel("source" if small else f"source {end}", fontsize=8)
         ax.set_title(S(panel.title), fontsize=9)
         for i in range(len(devs)):
             for j in range(len(devs)):

@@ -174,6 +174,8 @@ class Plugin:
         plot_kind: how its records with a size axis read best: "sweep" (lines vs size), "bars"
             (one bar per strategy when there is one size) or "collective" (busbw, algbw and time).
         x_name: the x axis of its sweeps, where the size param's own name does not say it.
+        matrix_ends: what the rows and columns of its src/dst matrices are ("GPU": p2p's; "rank":
+            net's node x node test, one rank per node).
         suite_steps: ``"module:function"``, (StepPlace) -> [SuiteStep]: its steps of the suite.
         fleet_checks: ``"module:function"``, (Result) -> [check dicts]: the figures the fleet
             compares across nodes (:func:`gpubench.validation.fleet.checks_of`).
@@ -202,6 +204,7 @@ class Plugin:
     compare_notes: str | None = None
     plot_kind: str = "sweep"
     x_name: str | None = None
+    matrix_ends: str = "GPU"
     suite_steps: str | None = None
     fleet_checks: str | None = None
     fleet_stage: str | None = None
@@ -223,9 +226,11 @@ class Plugin:
         def bad(what: str, want: str) -> ValueError:
             return ValueError(f"plug-in {self.name}: {what} {getattr(self, what)!r:.60} is not {want}")
 
-        for attr, limit in (("help", 200), ("command", 200), ("gpu", 80), ("docs", 200), ("more_samples", 200)):
+        for attr, limit in (("help", 200), ("command", 200), ("gpu", 80), ("docs", 200), ("more_samples", 200),
+                            ("matrix_ends", 40)):
             v = getattr(self, attr)
-            if not isinstance(v, str) or len(v) > limit or (attr in ("help", "command", "gpu") and not v.strip()):
+            if not isinstance(v, str) or len(v) > limit or (attr in ("help", "command", "gpu", "matrix_ends")
+                                                             and not v.strip()):
                 raise bad(attr, f"a string of at most {limit} characters")
         for attr in ("bench", "x_name"):
             v = getattr(self, attr)

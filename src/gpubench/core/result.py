@@ -956,6 +956,97 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
                   error=error, extra=dict(extra), telemetry=telemetry)
 
 
+# a params schema's JSON types -> the Python types json.loads gives for them (a bool is no number)
+_PARAM_TYPES: dict[str, frozenset] = {
+    "integer": frozenset({int}), "number": frozenset({int, float}), "string": frozenset({str}),
+    "boolean": frozenset({bool}), "null": frozenset({type(None)}),
+}
+_PARAM_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+                "null": "null"}
+
+
+@dataclass(frozen=True)
+class ParamsRules:
+    """One command's records' ``params`` (the schema's ``allOf`` entry "params of the plug-in
+    NAME"): the names every record has, the names allowed, per name the Python types of its JSON
+    types and its bounds (only the names that have one)."""
+
+    required: frozenset
+    allowed: frozenset
+    types: dict
+    words: dict
+    bounds: dict
+
+
+def _rules_of(params: dict) -> ParamsRules:
+    types, words, bounds = {}, {}, {}
+    for k, v in params.get("properties", {}).items():
+        t = v.get("type", list(_PARAM_TYPES))
+        kinds = tuple(t) if isinstance(t, list) else (t,)
+        types[k] = frozenset().union(*(_PARAM_TYPES.get(x, frozenset()) for x in kinds))
+        words[k] = " or ".join(_PARAM_WORDS.get(x, str(x)) for x in kinds)
+        if v.get("minimum") is not None or v.get("maximum") is not None:
+            bounds[k] = (v.get("minimum"), v.get("maximum"))
+    return ParamsRules(frozenset(params.get("required", ())), frozenset(types), types, words, bounds)
+
+
+@functools.lru_cache(maxsize=64)
+def params_rules(command: str) -> ParamsRules | None:
+    """The params rules of ``command``'s records: the shipped schema's entry for gpubench's own
+    commands, else the installed plug-in's ``params_schema`` (the registry is consulted only for
+    a command the shipped file does not name); None where neither says (a plug-in not installed)."""
+    for e in shipped_schema().get("allOf", []):
+        if e.get("$comment") == PARAMS_COMMENT + command:
+            return _rules_of(e["then"]["properties"]["records"]["items"]["properties"]["params"])
+    from gpubench.core import registry
+
+    plugin = registry.find(command)
+    if plugin is None or not plugin.params_schema:
+        return None
+    return _rules_of(dict(plugin.params_schema))
+
+
+def _params_ok(params: dict, rules: ParamsRules) -> bool:
+    keys = params.keys()
+    if not (rules.required <= keys <= rules.allowed):
+        return False
+    types, bounds = rules.types, rules.bounds
+    for k, v in params.items():
+        if type(v) not in types[k]:
+            return False
+        b = bounds.get(k)
+        if b is not None and type(v) is not str and (b[0] is not None and v < b[0] or b[1] is not None and v > b[1]):
+            return False
+    return True
+
+
+def check_params(params: dict, rules: ParamsRules, source: str, pointer: str) -> None:
+    """A record's params against its command's rules: the schema's ``required``, ``additionalProperties:
+    false``, ``type`` and ``minimum`` / ``maximum`` (JSON types as the loader reads them: true is no
+    integer, 1.0 is no integer).
+
+    Raises:
+        UsageError: naming the first param that is missing, not the command's, or of the wrong type
+            or range, by its JSON Pointer.
+    """
+    if _params_ok(params, rules):
+        return
+    keys = params.keys()
+    if not keys <= rules.allowed:
+        k = sorted(map(str, keys - rules.allowed))[0]
+        raise bad_field(source, pointer_join(pointer, k), params[k],
+                        f"no such param (this command's records have {', '.join(sorted(rules.allowed))})")
+    for k, v in params.items():
+        if type(v) not in rules.types[k]:
+            raise bad_field(source, pointer_join(pointer, k), v, rules.words[k])
+        lo, hi = rules.bounds.get(k, (None, None))
+        if type(v) is not str and (lo is not None and v < lo or hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"{lo}..{hi}"
+            raise bad_field(source, pointer_join(pointer, k), v, f"a number {rng}")
+    raise missing_field(source, pointer_join(pointer, sorted(rules.required - keys)[0]),
+                        f"the param (this command's records have {', '.join(sorted(rules.required))})")
+
+
 def check_command(v: object, source: str, pointer: str) -> str:
     """``v`` as the name of the command that made a result: a plug-in's name (the schema's
     ``command`` pattern, :data:`gpubench.core.plugin.NAME`), installed here or not.
@@ -1132,6 +1223,11 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
     timing = check_obj(d.get("timing", {}), source, pointer_join(pointer, "timing"))
     env = check_env(d.get("env", {}), source, pointer_join(pointer, "env"))
     checked = [check_record(r, source, f"{rp}/{i}") for i, r in enumerate(records)]
+    rules = params_rules(command)
+    if rules is not None:
+        for i, r in enumerate(checked):
+            if not _params_ok(r.params, rules):
+                check_params(r.params, rules, source, f"{rp}/{i}/params")
     interrupted_by = check_str(d.get("interrupted_by"), source, pointer_join(pointer, "interrupted_by"),
                                allow_none=True, choices=("SIGINT", "SIGTERM"))
     failed_by = check_str(d.get("failed_by"), source, pointer_join(pointer, "failed_by"), allow_none=True,

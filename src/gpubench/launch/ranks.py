@@ -112,12 +112,16 @@ _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "1_0", "+1" a
 
 def _check_digits(name: str, raw: str, hint: str) -> None:
     """A launcher variable's digits (every integer of discover, MASTER_PORT): an optional minus
-    sign and ASCII digits 0-9, nothing around them.
+    sign and ASCII digits 0-9, nothing around them. The sign is taken so that a negative value is
+    named by its range ("must be >= 0"); a signed zero (``-0``, ``-00``) is no launcher's value.
 
     Raises:
         UsageError: naming the variable and its value (spaces around the digits said apart).
     """
     if _DECIMAL.fullmatch(raw):
+        if raw.startswith("-") and not raw.strip("-0"):
+            raise UsageError(f"{name}={raw[:40]!r} has a minus sign on zero", "a launcher writes plain digits 0-9: "
+                             "write 0")
         return
     if _DECIMAL.fullmatch(raw.strip()):
         raise UsageError(f"{name}={raw[:40]!r} has spaces around its digits", "a launcher writes plain digits 0-9: remove "

@@ -15,6 +15,7 @@ PLUGIN = Plugin(
     added_options={"direction": "c2s", "window": 0, "bitrate": 0, "family": 0},
     added_params={"direction": "c2s"},
     incidental_options=("port", "cport"),  # the server's and the streams' TCP ports
+    matrix_ends="rank",  # the node x node test's src/dst: one rank per node
     suite_steps="gpubench.plugins.net.hooks:suite_steps",
     fleet_checks="gpubench.plugins.net.hooks:fleet_checks",
     fleet_stage="gpubench.plugins.net.hooks:fleet_stage",
