@@ -15,8 +15,6 @@ Figures, from the saved result:
 - overhead/round s: (rounds s - rounds x (-O + -t)) / rounds: what a round costs beyond the
   counted and omitted seconds: the barrier, connecting the control and data streams, starting
   net's worker processes on both sides, the end lines, and the wait for the slowest pair.
-- where the result has ``timing.round_s`` (rank 0's per-round phases), the median of each phase:
-  ``test`` (rank 0's own test, when it has one), ``barrier`` (rank 0's wait at the round's end).
 - job s: the whole mpiexec, start-up of N Python processes included.
 
 Medians over ``--runs``. The machine's load average is printed with each run (a 2-core machine
@@ -60,10 +58,6 @@ def one(n: int, pairs: str, seconds: float, timeout: float) -> dict:
     rounds = len(t["rounds"])
     got = {"rounds": rounds, "seconds": t["seconds"], "job": job,
            "overhead": (t["seconds"] - rounds * seconds) / rounds, "load": os.getloadavg()[0]}
-    phases = t.get("round_s") or []
-    for key in ("test", "barrier"):
-        vals = [ph[key] for ph in phases if ph.get(key) is not None]
-        got[key] = statistics.median(vals) if vals else None
     return got
 
 
@@ -90,14 +84,14 @@ def main() -> int:
         return f"{statistics.median(vals):.2f}" if vals else "-"
 
     print(f"\n{'ranks':>5} {'pairs':>6} {'rounds':>6} {'rounds s':>9} {'overhead/round s':>17} "
-          f"{'test s':>7} {'barrier s':>9} {'job s':>7} {'load':>5}  (medians of {a.runs}, -t {a.seconds:g} -P 1)")
+          f"{'job s':>7} {'load':>5}  (medians of {a.runs}, -t {a.seconds:g} -P 1)")
     for (n, p), rows in table.items():
         ok = [r for r in rows if "error" not in r]
         if not ok:
             print(f"{n:>5} {p:>6} failed: {rows[0]['error']}")
             continue
         print(f"{n:>5} {p:>6} {ok[0]['rounds']:>6} {med(ok, 'seconds'):>9} {med(ok, 'overhead'):>17} "
-              f"{med(ok, 'test'):>7} {med(ok, 'barrier'):>9} {med(ok, 'job'):>7} {med(ok, 'load'):>5}")
+              f"{med(ok, 'job'):>7} {med(ok, 'load'):>5}")
     return 0
 
 

@@ -7,6 +7,9 @@ a barrier; within a round no node is in two tests, and its disjoint pairs run at
 
 - ``ring`` (default): rank i sends to rank i+1 (mod n), put into rounds first-fit (2 rounds for an
   even n, 3 for an odd one).
+- ``rings``: the ring and a second ring of stride :func:`stride` (rank i also sends to i+s), so
+  every node sends to two peers and receives from two others: 4 rounds (5 for an odd n) at any
+  size, and :func:`culprits` tells a slow sender or receiver from a slow link.
 - ``all``: every ordered pair. The unordered pairs come from the circle method of round-robin
   tournament scheduling (Kirkman 1847; e.g. E. Lucas, *Recreations mathematiques* II, 1883, and
   Wikipedia "Round-robin tournament", Scheduling algorithm); each round runs twice, a -> b then
