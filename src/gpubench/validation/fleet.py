@@ -10,7 +10,7 @@ What each rank does (docs/fleet.md):
    a GPU: net's loopback test (``net local``) and, with ``--merge``, ``merge -t cpu``.
 2. With GPUs and more than one rank, once every rank answered: the all-node NCCL all-reduce at
    1 GiB, every rank its GPU, through nccl's launcher plug-in on the fleet's group.
-3. The network between nodes: local rank 0 of each host, ``net``'s ring test
+3. The network between nodes: local rank 0 of each host, ``net``'s two-ring test (``--pairs rings``)
    (:mod:`gpubench.plugins.net.fleet`).
 4. Rank 0 gathers every rank's steps and checks and writes one bundle with a ``fleet`` object.
 
