@@ -235,6 +235,22 @@ class Netns:
         subprocess.run(["ip", "netns", "exec", self.names[i], "tc", "qdisc", "add", "dev", self.node_if[i], "root",
                         "tbf", "rate", rate, "burst", "32kbit", "latency", "50ms"], check=True, capture_output=True)
 
+    def shape_ingress(self, i: int, rate: str = "200mbit") -> None:
+        """tbf on the bridge's end of node i's veth: what node i receives."""
+        subprocess.run(["tc", "qdisc", "add", "dev", self.host_if[i], "root", "tbf", "rate", rate, "burst", "32kbit",
+                        "latency", "50ms"], check=True, capture_output=True)
+
+    def shape_link(self, a: int, b: int, rate: str = "200mbit") -> None:
+        """Only what node a sends to node b: an htb qdisc on a's veth whose class 1:20 (``rate``)
+        takes the packets to b's address by a u32 filter; every other packet goes to 1:10 (100 Gbit/s)."""
+        ns, dev = ["ip", "netns", "exec", self.names[a], "tc"], self.node_if[a]
+        for args in (["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+                     ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "100gbit"],
+                     ["class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", rate],
+                     ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32", "match", "ip", "dst",
+                      f"{self.addrs[b]}/32", "flowid", "1:20"]):
+            subprocess.run([*ns, *args], check=True, capture_output=True)
+
     def start(self, i: int, args: list[str], port: int) -> subprocess.Popen:
         """Rank i in namespace i with its own host name (a UTS namespace): node{i}."""
         env = _torchrun_env(i, len(self.names), self.addrs[0], port)
@@ -288,10 +304,10 @@ def _run_all(ns: Netns, args: list[str], timeout: float = 240) -> list[tuple[int
     return out
 
 
-def test_netns_fleet_names_the_shaped_link(tmp_path):
+def test_netns_fleet_names_the_slow_sender(tmp_path):
     """Three nodes on a bridge; node1's link shaped to 200 Mbit/s with tc tbf: the fleet suite's
-    ring test flags node1 -> node2 slow (exit 1, named), the other links ok; `net --pairs all`
-    flags both links out of node1 and names node1."""
+    network step (--pairs rings, every ordered pair at 3 nodes) flags both links out of node1
+    and names node1 the slow sender (exit 1), the other links ok; `net --pairs all` likewise."""
     with _namespaces(3) as ns:
         ns.shape(1)
         res = _run_all(ns, ["suite", "-o", str(tmp_path), "--node-timeout", "120"])
@@ -301,13 +317,14 @@ def test_netns_fleet_names_the_shaped_link(tmp_path):
         d = json.loads(next(tmp_path.glob("suite-fleet-*.json")).read_text())
         f = d["fleet"]
         assert f["links"]["hosts"] == ["node0", "node1", "node2"]
-        link_rows = {r["check"]: r for r in f["rows"] if r["check"].startswith("net to")}
-        assert link_rows["net to node2 (rank 2)"]["host"] == "node1"
-        assert link_rows["net to node2 (rank 2)"]["flag"] == "slow"
-        assert link_rows["net to node2 (rank 2)"]["value"] < 0.25  # 200 Mbit/s
-        assert link_rows["net to node1 (rank 1)"]["flag"] == "ok" and link_rows["net to node0 (rank 0)"]["flag"] == "ok"
-        assert rc0 == 1 and "node1 (rank 1)" in err0, (rc0, err0[-800:])
-        assert "SLOW link node1 -> node2" in out0
+        link_rows = {(r["host"], r["check"]): r for r in f["rows"] if r["check"].startswith("net to")}
+        assert len(link_rows) == 6  # every ordered pair
+        slow = {k for k, r in link_rows.items() if r["flag"] == "slow"}
+        assert slow == {("node1", "net to node0 (rank 0)"), ("node1", "net to node2 (rank 2)")}, link_rows
+        assert all(link_rows[k]["value"] < 0.25 for k in slow)  # 200 Mbit/s
+        assert [(c["kind"], c["ranks"]) for c in f["links"]["culprits"]] == [("sender", [1])]
+        assert rc0 == 1 and "named: node1 (rank 1) sends slowly (1.00)" in err0, (rc0, err0[-800:])
+        assert "SLOW link node1 -> node2" in out0 and "SLOW SENDER node1 (rank 1)" in out0
 
         out = tmp_path / "all.json"
         res = _run_all(ns, ["net", "--pairs", "all", "-P", "2", "-t", "2", "-O", "0.5", "-i", "0.5",
@@ -317,7 +334,39 @@ def test_netns_fleet_names_the_shaped_link(tmp_path):
         slow = {(r["params"]["src"], r["params"]["dst"]) for r in d["records"] if r["extra"]["gbit_per_s"] < 0.25}
         assert slow == {(1, 0), (1, 2)}, d["timing"]["matrix"]
         assert rc0 == 1 and "node1->node0 (slow)" in err0 and "node1->node2 (slow)" in err0, err0[-800:]
-        assert "every flagged link has node node1 (rank 1)" in out0, out0[-1500:]
+        assert "SLOW SENDER node1 (rank 1): every link out at" in out0, out0[-1500:]
     # nothing left behind
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in left for n in ns.names)
+
+
+@pytest.mark.parametrize("shaped, named", [
+    ("egress", ("sender", (2,))),
+    ("ingress", ("receiver", (5,))),
+    ("link", ("link", (3, 4))),
+])
+def test_netns_rings_names_the_slow_sender_receiver_or_link_at_8_nodes(tmp_path, shaped, named):
+    """Eight nodes on a bridge, `net nodes --pairs rings` (4 rounds): node2 shaped on egress, node5
+    on ingress, or only node3 -> node4 shaped (200 Mbit/s each); the one verdict at confidence
+    >= 0.99 is that sender, receiver or link, in the report and the exit line."""
+    from gpubench.core.result import load
+    from gpubench.plugins.net import fleet as net_fleet
+    from gpubench.plugins.net.culprits import named as named_ones
+
+    with _namespaces(8) as ns:
+        {"egress": lambda: ns.shape(2), "ingress": lambda: ns.shape_ingress(5),
+         "link": lambda: ns.shape_link(3, 4)}[shaped]()
+        out = tmp_path / "rings.json"
+        res = _run_all(ns, ["net", "nodes", "--pairs", "rings", "-P", "1", "-t", "2", "-O", "0.5", "-i", "0.5",
+                            "-T", "120", "--json", str(out)], timeout=300)
+    assert all("Traceback" not in e for _, _, e in res), [e[-800:] for _, _, e in res]
+    assert [r[0] for r in res] == [1] + [0] * 7, [(r[0], r[2][-300:]) for r in res]
+    r = load(out)
+    assert len(r.timing["rounds"]) == 4
+    verdicts = net_fleet.culprits(r)
+    assert [(c.kind, c.ranks) for c in named_ones(verdicts)] == [named], [c.line() for c in verdicts]
+    words = {"sender": "node2 (rank 2) sends slowly", "receiver": "node5 (rank 5) receives slowly",
+             "link": "node3 -> node4 (rank 3 -> 4) is a slow link"}[named[0]]
+    assert words in res[0][2], res[0][2][-800:]
+    assert {"sender": "SLOW SENDER node2", "receiver": "SLOW RECEIVER node5",
+            "link": "SLOW LINK node3 -> node4"}[named[0]] in res[0][1]

@@ -77,11 +77,31 @@ def test_ring(n):
     assert len(rounds) == (2 if n % 2 == 0 else 3)
 
 
+@pytest.mark.parametrize("n", [*range(2, 40), 64, 999, 1000, 10_000])
+def test_rings_every_node_sends_to_two_and_receives_from_two_in_four_or_five_rounds(n):
+    rounds = net_fleet.schedule(list(range(n)), "rings")
+    _check_rounds(rounds)
+    edges = [e for r in rounds for e in r]
+    assert len(edges) == len(set(edges))
+    if n <= 4:  # no second ring differs from the first: every ordered pair
+        assert sorted(edges) == sorted(itertools.permutations(range(n), 2)) and len(rounds) == (2 if n == 2 else 6)
+        return
+    s = net_fleet.stride(n) or n - 1
+    assert sorted(edges) == sorted([(i, (i + 1) % n) for i in range(n)] + [(i, (i + s) % n) for i in range(n)])
+    assert math.gcd(s, n) == 1 and s not in (1, 2) and (n == 6 or (s != n - 1 and (2 * s - 2) % n))
+    assert len(rounds) == (4 if n % 2 == 0 else 5)
+
+
+def test_rings_stride_is_far_in_rank_order():
+    assert [net_fleet.stride(n) for n in (5, 6, 7, 8, 12, 1000)] == [3, None, 3, 3, 5, 499]
+
+
 def test_many_to_one_and_members():
     assert net_fleet.schedule([0, 2, 5], to=5) == [[(0, 5), (2, 5)]]
     assert net_fleet.schedule([0, 2, 5], "ring") == [[(0, 2)], [(2, 5)], [(5, 0)]]
     with pytest.raises(UsageError, match="--to 3 is not a rank taking part"):
         net_fleet.schedule([0, 1, 2], to=3)
+    assert net_fleet.schedule([0, 2, 5, 7], "rings") == net_fleet.schedule([0, 2, 5, 7], "all")
     with pytest.raises(UsageError, match="--pairs 'star'"):
         net_fleet.schedule([0, 1], "star")
     assert net_fleet.schedule([4], "ring") == [] and net_fleet.schedule([4], "all") == []
@@ -154,10 +174,14 @@ def test_build_fleet_shape_and_flags():
     assert ("n1", 1, "GPU-1-1") in slow and ("n1", None, None) in slow  # GPU 1 of n1, and the link n1 -> n2
     assert [r["check"] for r in f["rows"] if r["flag"] == "slow" and r["gpu"] is None] == ["net to n2 (rank 2)"]
     assert [r["rank"] for r in f["rows"] if r["flag"] == "missing"] == [2]
-    assert f["links"] == {"hosts": ["n0", "n1", "n2"], "gbps": [[None, 20.0, None], [None, None, 0.2],
-                                                                [21.0, None, None]]}
+    assert {k: v for k, v in f["links"].items() if k != "culprits"} == {
+        "hosts": ["n0", "n1", "n2"], "gbps": [[None, 20.0, None], [None, None, 0.2], [21.0, None, None]]}
+    # the ring cannot tell n1 sending from n2 receiving or the path: said, with the link
+    (c,) = f["links"]["culprits"]
+    assert c["kind"] == "unresolved" and c["ranks"] == [1, 2] and c["confidence"] == 1.0
     line = fleet.verdict(f)
     assert "n1 (rank 1) GPU 1" in line and "n2 (rank 2)" in line and "missing" in line
+    assert line.endswith("; named: n1 -> n2 (rank 1 -> 2) is slow (sender, receiver or path) (1.00)")
 
 
 def _render(renderables) -> str:
@@ -230,7 +254,7 @@ def test_hostile_host_names_are_shown_inert():
     assert "\x1b[2J" not in text and "[bold red]pwn[/]" in text  # markup shown as written
 
 
-def test_net_report_names_the_common_node():
+def test_net_report_names_the_slow_sender():
     links = _links([20.0, 0.2, 21.0])
     lines = net_fleet.slow_summary(links)
     assert lines and lines[0].startswith("SLOW link n1 -> n2 (rank 1 -> 2)")
@@ -240,7 +264,18 @@ def test_net_report_names_the_common_node():
                    extra={"gbit_per_s": 0.2 if a == 1 else 20.0 + a + b, "src_host": f"n{a}", "dst_host": f"n{b}"})
             for a, b in itertools.permutations(range(3), 2)]
     res = Result(command="net", spec={}, records=recs)
-    assert "every flagged link has node n1 (rank 1)" in net_fleet.slow_summary(res)[-1]
+    assert net_fleet.slow_summary(res)[-1].startswith("SLOW SENDER n1 (rank 1): every link out at 1%, 1% of the median")
+    assert net_fleet.verdict(res).endswith("; n1 (rank 1) sends slowly (1.00)")
+
+
+def test_flags_agree_with_flag_one_by_one():
+    import random
+
+    rng = random.Random(3)
+    for k in range(200):
+        vals = [rng.choice([10.0, 9.9, 10.1, 5.0, 9.0, 0.2]) * (1 + rng.gauss(0, 0.01 * (k % 5))) for _ in range(k % 9 + 1)]
+        vals += [None] if k % 7 == 0 else []
+        assert fleet.flags(vals) == [fleet.flag(v, vals) if v is not None else "ok" for v in vals]
 
 
 def test_round_deadline_is_minus_T_but_never_shorter_than_the_round():

@@ -219,3 +219,11 @@ def test_a_long_result_table_is_cut_and_says_so():
                    samples_s=[1e-6, 1.1e-6]) for i in range(600)]
     html = htmlreport.records_table(Result("copy", {}, records=recs), "GB")
     assert html.count("<tr") == 501 and "First 500 of 600 rows shown." in html
+
+
+def test_fleet_section_names_the_slow_sender():
+    f = {"rule": {"name": "median-mad", "text": "..."}, "rows": [], "missing": [],
+         "links": {"hosts": ["n0", "n1"], "gbps": [[None, 1.0], [9.0, None]],
+                   "culprits": [{"kind": "sender", "ranks": [0], "confidence": 1.0, "says": "n0 (rank 0) sends <slowly> (1.00)"}]}}
+    page = htmlreport._fleet_section("b.json", f)
+    assert "<li class=bad>n0 (rank 0) sends &lt;slowly&gt; (1.00)</li>" in page

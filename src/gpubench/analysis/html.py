@@ -353,6 +353,11 @@ def _fleet_section(name: str, f: dict) -> str:
         out.append("<table class=matrix><caption>Links between hosts (Gbit/s, row sends to column; "
                    "darker = faster)</caption><thead><tr><th></th>" + "".join(f"<th>{h(x)}</th>" for x in hosts) +
                    "</tr></thead><tbody>" + "".join(body) + "</tbody></table>")
+    said = [c for c in links.get("culprits") or [] if isinstance(c, dict) and isinstance(c.get("says"), str)]
+    if said:  # net's verdicts: the slow sender, receiver or link, each with its confidence
+        out.append("<p>Who is slow (confidence 0.99 or more is named):</p><ul>" + "".join(
+            f"<li class={'bad' if isinstance(c.get('confidence'), (int, float)) and c['confidence'] >= 0.99 else 'warn'}>"
+            f"{h(c['says'])}</li>" for c in said) + "</ul>")
     out.append("</section>")
     return "\n".join(out)
 

@@ -10,7 +10,7 @@ What each rank does (docs/fleet.md):
    a GPU: net's loopback test (``net local``) and, with ``--merge``, ``merge -t cpu``.
 2. With GPUs and more than one rank, once every rank answered: the all-node NCCL all-reduce at
    1 GiB, every rank its GPU, through nccl's launcher plug-in on the fleet's group.
-3. The network between nodes: local rank 0 of each host, ``net``'s ring test
+3. The network between nodes: local rank 0 of each host, ``net``'s two-ring test (``--pairs rings``)
    (:mod:`gpubench.plugins.net.fleet`).
 4. Rank 0 gathers every rank's steps and checks and writes one bundle with a ``fleet`` object.
 
@@ -42,6 +42,9 @@ RULE_NAME = "median-mad"
 RULE_TEXT = (f"Slow: below {RATIO:g} x the fleet median of the check AND (modified z-score "
              f"{MAD_SCALE} (x - median) / MAD below -{Z_LIMIT:g} [Iglewicz & Hoaglin 1993], or MAD = 0, "
              f"or below {GROSS:g} x the median).")
+#: a verdict on the network (a slow sender, receiver, node or link; net's culprits) at this
+#: confidence or above is named in the exit lines; below it is shown in the report only
+NAMED_CONFIDENCE = 0.99
 DEFAULT_TIMEOUT_S = 900.0
 #: --node-timeout: how long a rank waits for the others at each step of the fleet suite
 NODE_TIMEOUT = Bound("--node-timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
@@ -83,6 +86,39 @@ def flag(value: float, values: Sequence[float]) -> str:
     if value < GROSS * m:
         return "slow"
     return "slow" if modified_z(value, vals) < -Z_LIMIT else "ok"
+
+
+def flags(values: Sequence[float | None]) -> list[str]:
+    """:func:`flag` of every figure of one check against all of them ("ok" for None or a
+    non-finite one), the median and MAD computed once: O(N log N) for N figures (a fleet of 1,000
+    nodes has 2,000 links), where calling :func:`flag` per figure is O(N^2)."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if len(vals) < 2:
+        return ["ok"] * len(values)
+    m, d = median(vals), mad(vals)
+
+    def one(x: float | None) -> str:
+        if x is None or not math.isfinite(x) or m <= 0 or not x < RATIO * m:
+            return "ok"
+        if x < GROSS * m or d == 0:  # modified_z is -inf when MAD is 0 and x < m
+            return "slow"
+        return "slow" if MAD_SCALE * (x - m) / d < -Z_LIMIT else "ok"
+
+    return [one(v) for v in values]
+
+
+def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median m, noise sigma, bound t) of one check's figures: a figure below t is slow by the
+    rule, t = min(RATIO m, max(m - Z_LIMIT sigma, GROSS m)), where sigma = MAD / MAD_SCALE is
+    the MAD's estimate of the standard deviation (0 when MAD is 0: then t = RATIO m).
+
+    Raises:
+        ValueError: no finite figure.
+    """
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    m = median(vals)
+    sigma = mad(vals) / MAD_SCALE
+    return m, sigma, min(RATIO * m, max(m - Z_LIMIT * sigma, GROSS * m))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,6 +317,11 @@ def verdict(fleet: dict, step_errors: Sequence[str] = ()) -> str | None:
                      + (" ..." if len(names) > 16 else ""))
     if step_errors:
         parts.append("step(s) failed: " + ", ".join(safe.term(s, 120) for s in step_errors[:8]))
+    said = [c["says"] for c in (fleet.get("links") or {}).get("culprits") or []
+            if isinstance(c, dict) and isinstance(c.get("says"), str) and isinstance(c.get("confidence"), (int, float))
+            and c["confidence"] >= NAMED_CONFIDENCE]
+    if bad and said:  # who the flagged links point to (the rows name each link's sender)
+        parts.append("named: " + "; ".join(safe.term(x, 200) for x in said[:8]) + (" ..." if len(said) > 8 else ""))
     return "fleet failed: " + "; ".join(parts)
 
 
@@ -694,7 +735,7 @@ def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
     if not clean:  # missing ranks listed, their rows not: still a failure
         clean = [{"host": str(m.get("host")), "rank": m.get("rank"), "gpu": None, "check": "", "flag": "missing"}
                  for m in fleet_obj.get("missing") or []]
-    why = verdict({"rows": clean})
+    why = verdict({"rows": clean, "links": fleet_obj.get("links") if isinstance(fleet_obj.get("links"), dict) else {}})
     return lines, why
 
 

@@ -7,6 +7,9 @@ a barrier; within a round no node is in two tests, and its disjoint pairs run at
 
 - ``ring`` (default): rank i sends to rank i+1 (mod n), put into rounds first-fit (2 rounds for an
   even n, 3 for an odd one).
+- ``rings``: the ring and a second ring of stride :func:`stride` (rank i also sends to i+s), so
+  every node sends to two peers and receives from two others: 4 rounds (5 for an odd n) at any
+  size, and :func:`culprits` tells a slow sender or receiver from a slow link.
 - ``all``: every ordered pair. The unordered pairs come from the circle method of round-robin
   tournament scheduling (Kirkman 1847; e.g. E. Lucas, *Recreations mathematiques* II, 1883, and
   Wikipedia "Round-robin tournament", Scheduling algorithm); each round runs twice, a -> b then
@@ -43,7 +46,7 @@ from gpubench.core.bounds import MAX_TIMEOUT_S, bounded, check_bounds
 from gpubench.core.errors import GpubenchError, MachineError, UsageError
 from gpubench.core.result import Record, Result
 
-PAIRS = ("ring", "all")
+PAIRS = ("ring", "rings", "all")
 # A round's allowance beyond omit + seconds + one interval, for a healthy test: connecting the
 # control and data streams, starting the worker processes on both sides, the "done" and end lines
 # (docs/fleet.md has what it took).
@@ -52,6 +55,10 @@ ROUND_MARGIN_S = 5.0
 # it calls the server stalled (bench.py _Session.next_intervals / finish: interval + 10 s); a
 # round's deadline covers it, so the stopped receiver is named, not its healthy sender.
 CLIENT_STALL_S = 10.0
+# the report prints the matrix up to this many nodes and every link up to this many links (then
+# only the flagged ones); the JSON has them all
+MATRIX_SHOWN = 32
+LINKS_SHOWN = 64
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,58 @@ def circle_rounds(members: Sequence[int]) -> list[list[tuple[int, int]]]:
     return [r for r in out if r]
 
 
+def stride(n: int) -> int | None:
+    """The stride s of the second ring of ``rings`` among n members (i -> i + s mod n), or None
+    when no stride fits (n <= 4, and n = 6, whose only strides co-prime with it are +-1).
+
+    s is co-prime with n (so the second ring is one cycle through every member, two rounds like
+    the first), not +-1 (the first ring or the first reversed: each node would meet the same two
+    peers), not 2 (node i + 2 would receive from both i and i + 1, so two adjacent slow senders
+    would make it look like a slow receiver), and 2 s != 2 mod n (nodes i and i + s - 1 would send
+    to the same two peers, so two slow senders and two slow receivers could not be told apart);
+    among those the closest to n / 2 (the smaller on a tie), so a node's second peer is far from
+    it in rank order (adjacent ranks often share a rack and its switch).
+    """
+    import math
+
+    fits = [s for s in range(3, n - 1) if math.gcd(s, n) == 1 and (2 * s - 2) % n]
+    return min(fits, key=lambda s: (abs(2 * s - n), s)) if fits else None
+
+
+def _cycle_rounds(order: Sequence[int]) -> list[list[Edge]]:
+    """The cycle order[0] -> order[1] -> ... -> order[0] in rounds of disjoint tests: the edges at
+    even and at odd positions (2 rounds), and for an odd length the last edge alone (a third)."""
+    n = len(order)
+    edges = [(order[k], order[(k + 1) % n]) for k in range(n)]
+    last = n - 1 if n % 2 else n
+    out = [edges[0:last:2], edges[1:last:2]]
+    return out + ([[edges[-1]]] if n % 2 else [])
+
+
+def rings_rounds(members: Sequence[int]) -> list[list[Edge]]:
+    """``--pairs rings``: the ring (member i sends to i + 1) and a second ring of stride
+    :func:`stride` (i sends to i + s), so every member sends to two peers and receives from two
+    others, in 4 rounds for an even count and 5 for an odd one (each ring's odd edge left over,
+    the two put in one round). 2 to 4 members: every ordered pair (2, 6 and 6 rounds), since no
+    second ring differs from the first; 6 members: the second ring is the first reversed (s = -1).
+
+    Rounds are optimal: every member is in 4 tests and a round holds at most floor(n / 2).
+    """
+    members = list(members)
+    n = len(members)
+    if n <= 4:
+        return [half for r in circle_rounds(members) for half in (list(r), [(b, a) for a, b in r])]
+    s = stride(n) or n - 1
+    first = _cycle_rounds(members)
+    # start the second ring where its odd edge (a - s -> a) shares no member with the first's
+    # (position n - 1 -> 0), so the two fit in one round
+    a = next(a for a in range(n) if not {(a - s) % n, a} & {n - 1, 0}) if n % 2 else 0
+    second = _cycle_rounds([members[(a + k * s) % n] for k in range(n)])
+    if n % 2:
+        return [first[0], first[1], first[2] + second[2], second[0], second[1]]
+    return first + second
+
+
 def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None) -> list[list[Edge]]:
     """The rounds of directed tests (sender, receiver) among ``members`` (ranks, in order).
 
@@ -163,6 +222,8 @@ def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None)
         return [[(m, to) for m in members if m != to]] if len(members) > 1 else []
     if pairs == "ring":
         return first_fit_rounds(ring_edges(members))
+    if pairs == "rings":
+        return rings_rounds(members)
     if pairs == "all":  # each round of pairs twice: a -> b, then b -> a
         return [half for r in circle_rounds(members) for half in (list(r), [(b, a) for a, b in r])]
     raise UsageError(f"--pairs {pairs!r} not known", f"use {' or '.join(PAIRS)}")
@@ -396,18 +457,38 @@ def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, di
 
 def link_flags(result: Result) -> list[tuple[Record, str, float | None]]:
     """(link record, flag, matrix median) per link: "fail" when it has no figure, "slow" by the
-    fleet rule against the median of every link's Gbit/s (:func:`gpubench.validation.fleet.flag`), else "ok"."""
-    from gpubench.validation.fleet import flag, median
+    fleet rule against the median of every link's Gbit/s (:func:`gpubench.validation.fleet.flags`,
+    computed once), else "ok"."""
+    from gpubench.validation.fleet import flags, median
 
-    values = [r.extra["gbit_per_s"] for r in result.records if r.error is None and "gbit_per_s" in r.extra]
-    med = median(values) if values else None
-    return [(r, "fail" if r.error is not None or "gbit_per_s" not in r.extra else flag(r.extra["gbit_per_s"], values),
-             med) for r in result.records]
+    measured = [r.error is None and "gbit_per_s" in r.extra for r in result.records]
+    values = [r.extra["gbit_per_s"] if ok else None for r, ok in zip(result.records, measured)]
+    present = [v for v in values if v is not None]
+    med = median(present) if present else None
+    return [(r, f if ok else "fail", med) for r, f, ok in zip(result.records, flags(values), measured)]
+
+
+def culprits(result: Result) -> list:
+    """The verdicts on the links of a net-between-nodes Result: which node sends or receives
+    slowly, which link is slow between healthy nodes, with a confidence
+    (:func:`gpubench.plugins.net.culprits.infer`, the rule in docs/fleet.md)."""
+    from gpubench.plugins.net.culprits import infer
+
+    figures: dict[Edge, float | None] = {}
+    labels: dict[int, str] = {}
+    for r in result.records:
+        a, b = int(r.params["src"]), int(r.params["dst"])
+        g = r.extra.get("gbit_per_s")
+        figures[(a, b)] = float(g) if r.error is None and isinstance(g, (int, float)) else None
+        labels.setdefault(a, str(r.extra.get("src_host", f"rank {a}")))
+        labels.setdefault(b, str(r.extra.get("dst_host", f"rank {b}")))
+    return infer(figures, labels)
 
 
 def slow_summary(result: Result) -> list[str]:
-    """Plain lines naming the slow and failed links and, when every one shares a node, that node
-    (untrusted host names still raw: the caller escapes them)."""
+    """Plain lines naming the slow and failed links, then the verdicts: the node that sends or
+    receives slowly, or the slow link between healthy nodes (untrusted host names still raw: the
+    caller escapes them)."""
     flagged = [(r, f, m) for r, f, m in link_flags(result) if f != "ok"]
     if not flagged:
         return []
@@ -417,13 +498,7 @@ def slow_summary(result: Result) -> list[str]:
                 f"{med:.2f}" if f == "slow" and med else f"failed: {r.error}")
         lines.append(f"{f.upper()} link {r.extra.get('src_host')} -> {r.extra.get('dst_host')} "
                      f"(rank {r.params['src']} -> {r.params['dst']}): {what}")
-    common = set.intersection(*[{r.params["src"], r.params["dst"]} for r, _, _ in flagged])
-    tested = {x for r in result.records for x in (r.params["src"], r.params["dst"])}
-    if len(common) == 1 and len(tested) > 2:
-        (rank,) = common
-        host = next(r.extra["src_host"] if r.params["src"] == rank else r.extra["dst_host"] for r, _, _ in flagged)
-        lines.append(f"every flagged link has node {host} (rank {rank}): that node or its link is slow")
-    return lines
+    return lines + [c.line() for c in culprits(result)]
 
 
 def format_report(result: Result, units: str = "GB") -> list:
@@ -436,13 +511,21 @@ def format_report(result: Result, units: str = "GB") -> list:
     spec = result.spec
     how = f"--to {spec['to']}" if spec.get("to") is not None else f"--pairs {spec.get('pairs')}"
     out: list = []
-    t = report.table(f"TCP Gbit/s between nodes ({how}, -P {spec.get('streams')}, {spec.get('seconds'):g} s): "
-                     "sender rows, receiver columns", ["from \\ to", *[safe.term_markup(h) for h in hosts]])
-    for h, row in zip(hosts, gbps):
-        t.add_row(safe.term_markup(h), *["-" if v is None else f"{v:.2f}" for v in row])
-    out.append(t)
-    s = report.table("Links", ["round", "sender", "receiver", "Gbit/s", f"{units}/s", "flag"])
+    if len(hosts) <= MATRIX_SHOWN:
+        t = report.table(f"TCP Gbit/s between nodes ({how}, -P {spec.get('streams')}, {spec.get('seconds'):g} s): "
+                         "sender rows, receiver columns", ["from \\ to", *[safe.term_markup(h) for h in hosts]])
+        for h, row in zip(hosts, gbps):
+            t.add_row(safe.term_markup(h), *["-" if v is None else f"{v:.2f}" for v in row])
+        out.append(t)
+    else:
+        out.append(f"TCP Gbit/s between {len(hosts)} nodes ({how}, -P {spec.get('streams')}, "
+                   f"{spec.get('seconds'):g} s): the sender x receiver matrix is in the JSON (timing.matrix).")
+    flagged_only = len(result.records) > LINKS_SHOWN
+    s = report.table("Links" + (" flagged (every link is in the JSON)" if flagged_only else ""),
+                     ["round", "sender", "receiver", "Gbit/s", f"{units}/s", "flag"])
     for r, f, med in link_flags(result):
+        if flagged_only and f == "ok":
+            continue
         g = r.extra.get("gbit_per_s")
         s.add_row(str(r.extra.get("round", "")), safe.term_markup(r.extra.get("src_host")),
                   safe.term_markup(r.extra.get("dst_host")), "-" if g is None else f"{g:.2f}",
@@ -463,9 +546,13 @@ def verdict(result: Result) -> str | None:
     """One line naming the slow or failed links, or None when every link is ok."""
     from gpubench.core import safe
 
+    from gpubench.plugins.net.culprits import named
+
     bad = [(r, f) for r, f, _ in link_flags(result) if f != "ok"]
     if not bad:
         return None
     names = ", ".join(f"{safe.term(r.extra.get('src_host'))}->{safe.term(r.extra.get('dst_host'))} ({f})"
                       for r, f in bad[:8])
-    return f"{len(bad)} link(s) flagged: {names}" + (" ..." if len(bad) > 8 else "")
+    who = named(culprits(result))
+    return (f"{len(bad)} link(s) flagged: {names}" + (" ..." if len(bad) > 8 else "")
+            + (f"; {'; '.join(safe.term(c.short(), 200) for c in who[:8])}" if who else ""))

@@ -40,9 +40,10 @@ def _launched_ranks() -> int:
 HELP = """Under a launcher (mpirun, srun, torchrun): TCP throughput between the ranks.
 
     Start one rank per node. Every rank runs a net server; tests run in rounds in which no node
-    is in two tests: ring neighbours (default), every ordered pair (--pairs all, the circle
-    method), or all ranks to one (--to RANK). Rank 0 prints the sender x receiver Gbit/s matrix;
-    a link below the fleet rule's bound against the matrix median is flagged (exit 1).
+    is in two tests: ring neighbours (default), two rings that tell a slow node from a slow link
+    (--pairs rings), every ordered pair (--pairs all, the circle method), or all ranks to one
+    (--to RANK). Rank 0 prints the sender x receiver Gbit/s matrix; a link below the fleet rule's
+    bound against the matrix median is flagged (exit 1), and the slow sender, receiver or link named.
     """
 
 
@@ -97,8 +98,10 @@ def nodes_command(test_options, build_request) -> click.Command:
     callback.__doc__ = HELP
     f = common_options(callback)
     opts = [*test_options,
-            click.option("--pairs", type=click.Choice(["ring", "all"]), default="ring", show_default=True,
-                         help="ring: rank i to i+1; all: every ordered pair (n(n-1) tests)."),
+            click.option("--pairs", type=click.Choice(["ring", "rings", "all"]), default="ring", show_default=True,
+                         help="ring: rank i to i+1 (2 rounds, 3 for an odd count); rings: that ring and a second of "
+                              "stride s, so a slow node is told from a slow link (4 rounds, 5 for an odd count); "
+                              "all: every ordered pair (2(n-1) rounds)."),
             click.option("--to", "to", type=int, default=None, help="Many-to-one: every other rank sends to RANK at once."),
             click.option("-B", "--bind", default="0.0.0.0", show_default=True,
                          help="Address each rank's server listens on (a specific one is also told to the peers)."),

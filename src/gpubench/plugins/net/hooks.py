@@ -32,14 +32,17 @@ def fleet_checks(result) -> list[dict]:
             if r.params.get("stream") == "total" and "gbit_per_s" in r.extra and "src" not in r.params]
 
 
-# The network step of the fleet suite: net's ring test between the nodes, shorter than the seed's
-# `iperf -P 16 -t 30` so the suite stays quick (run `gpubench net nodes -P 16 -t 30` under the
-# launcher for the long test).
+# The network step of the fleet suite: net's two-ring test between the nodes (--pairs rings: 4
+# rounds, 5 for an odd count, at any size; every node sends to two peers and receives from two
+# others, so a slow node is told from a slow link), shorter than the seed's `iperf -P 16 -t 30`
+# so the suite stays quick (run `gpubench net nodes -P 16 -t 30` under the launcher for the long
+# test).
 NET_STREAMS, NET_SECONDS, NET_OMIT, NET_INTERVAL = 4, 3.0, 1.0, 0.5
+NET_PAIRS = "rings"
 
 
 class BetweenNodes(FleetStage):
-    """net's ring test between the nodes (local rank 0 of each host, :mod:`gpubench.plugins.net.fleet`);
+    """net's two-ring test between the nodes (local rank 0 of each host, :mod:`gpubench.plugins.net.fleet`);
     net's expectations are judged on these links, never on a node's loopback test."""
 
     name = "net between nodes"
@@ -55,9 +58,11 @@ class BetweenNodes(FleetStage):
             return StageOutcome("skipped", ctx.stopped)
         if len(ctx.leaders) < 2:
             return StageOutcome("skipped", "one node")
-        ctx.say(f"fleet: the network between {len(ctx.leaders)} nodes (ring, -P {NET_STREAMS}, {NET_SECONDS:g} s)")
+        rounds = len(net_fleet.schedule(ctx.leaders, NET_PAIRS))
+        ctx.say(f"fleet: the network between {len(ctx.leaders)} nodes (--pairs {NET_PAIRS}, {rounds} rounds, "
+                f"-P {NET_STREAMS}, {NET_SECONDS:g} s)")
         spec = net_fleet.NetFleetSpec(Request(streams=NET_STREAMS, seconds=NET_SECONDS, omit=NET_OMIT,
-                                              interval=NET_INTERVAL), timeout=ctx.timeout)
+                                              interval=NET_INTERVAL), pairs=NET_PAIRS, timeout=ctx.timeout)
         try:
             links = net_fleet.run(ctx.group, spec, ctx.leaders)
         except MachineError as e:
@@ -67,11 +72,12 @@ class BetweenNodes(FleetStage):
     def rows(self, result, outcomes) -> tuple[dict | None, list[dict]]:
         """The link matrix and a row per link: flagged by the fleet rule against every link's
         Gbit/s, "fail" where an expectation on that link failed."""
-        from gpubench.plugins.net.fleet import link_flags
+        from gpubench.plugins.net.fleet import culprits, link_flags
         from gpubench.validation.fleet import deciding_bound
 
         mat = result.timing.get("matrix") or {}
-        links = {"hosts": list(mat.get("hosts") or []), "gbps": [list(r) for r in mat.get("gbps") or []]}
+        links = {"hosts": list(mat.get("hosts") or []), "gbps": [list(r) for r in mat.get("gbps") or []],
+                 "culprits": [c.to_dict() for c in culprits(result)]}
         by_link: dict[tuple, list] = {}
         for o in outcomes:
             if o.params:
