@@ -121,6 +121,10 @@ def test_ordinary_values_still_pass_the_option_check(run_cli, argv):
 def test_parse_number_on_its_own():
     assert parse_number("12", "-n") == 12 and parse_number("1.5e1", "-t", float) == 15.0
     assert parse_number(7, "-n") == 7  # a default
+    # a double reads 1e-400 as 0: --threshold 1e-400 became 0 without a word
+    with pytest.raises(Exception, match=r"--threshold 1e-400 is too small to tell from 0"):
+        parse_number("1e-400", "--threshold", float)
+    assert parse_number("0e5", "-t", float) == 0.0 and parse_number("1e-300", "-t", float) == 1e-300
     for bad in ("١٢", "1_0", "0x10", "1 2", "", "--", "True"):
         with pytest.raises(Exception, match="is not an integer"):
             parse_number(bad, "-n")

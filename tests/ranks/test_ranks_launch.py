@@ -249,8 +249,7 @@ def test_a_bad_option_under_a_launcher_is_said_once_by_rank_0_and_every_rank_exi
     p = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "gpubench", "net", "local", "-t", "0"],
                        env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
-    assert p.stderr.splitlines() == ["gpubench: error: -t/--time 0 out of range (use more than 0 and at most 3600 "
-                                     "seconds)"], p.stderr
+    assert p.stderr.splitlines() == ["gpubench: error: -t/--time 0 out of range (use 0.1 to 3600 seconds)"], p.stderr
     p = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "gpubench", "net", "local", "--bogus"],
                        env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.count("No such option") == 1, p.stderr

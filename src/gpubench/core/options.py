@@ -170,8 +170,9 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
 
     Raises:
         UsageError: not written with ASCII digits (Unicode digits, underscores, words), not
-            finite (inf, nan, 1e400), a zero with a minus sign ("-0", "-0.0"), or above ``maximum``; the line names the value and the
-            largest accepted.
+            finite (inf, nan, 1e400), a non-zero value that a double reads as 0 (1e-400), a zero
+            with a minus sign ("-0", "-0.0"), or above ``maximum``; the line names the value and
+            the largest accepted.
     """
     hi = maximum if maximum is not None else (DEFAULT_INT_MAX if kind is int else DEFAULT_FLOAT_MAX)
 
@@ -201,6 +202,9 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
             value = float(s)
             if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
                 raise too_large(_shown_text(s))
+            if value == 0 and any(c in "123456789" for c in s.lower().split("e")[0]):
+                raise UsageError(f"{name} {_shown_text(s)} is too small to tell from 0",  # 1e-400 underflows
+                                 "use a value of at least 1e-300, or 0")
         if value == 0 and s.startswith("-"):  # "-0": int() reads 0, parse_size refuses the sign
             raise UsageError(f"{name} {_shown_text(s)} has a minus sign", "write 0")
     else:

@@ -78,7 +78,7 @@ OPTION_WORDING = {
     "omit-finite": lambda r, c, length: _not_seconds("-O/--omit", r.omit),
     "interval-finite": lambda r, c, length: _not_seconds("-i/--interval", r.interval),
     "seconds": lambda r, c, length: (f"-t/--time {r.seconds:g} out of range",
-                                     f"use more than 0 and at most {c.max_seconds:g} seconds"),
+                                     f"use {c.min_seconds:g} to {c.max_seconds:g} seconds"),
     "omit": lambda r, c, length: (f"-O/--omit {r.omit:g} out of range", f"use 0 to {c.max_omit:g} seconds"),
     "total": lambda r, c, length: (f"--omit {r.omit:g} + --time {r.seconds:g} is over {c.max_seconds:g} seconds", None),
     "interval": lambda r, c, length: (f"-i/--interval {r.interval:g} out of range",

@@ -55,6 +55,8 @@ class Caps:
 
     Attributes:
         max_streams: parallel TCP streams per test.
+        min_seconds: the shortest counted time (-t): one shortest interval, so a test reports
+            at least one interval of bytes (1e-9 s ran and reported "no bytes received").
         max_seconds: omit + seconds, the whole test, in seconds.
         max_omit: leading seconds left out of the figures.
         max_buffer: bytes per write on the client.
@@ -66,6 +68,7 @@ class Caps:
     """
 
     max_streams: int = 128
+    min_seconds: float = 0.1
     max_seconds: float = 3600.0
     max_omit: float = 600.0
     max_buffer: int = 64 * 2**20
@@ -153,8 +156,8 @@ LIMITS: tuple[Limit, ...] = (
     _finite("seconds"),
     _finite("omit"),
     _finite("interval"),
-    Limit("seconds", lambda r, c: not 0 < r.seconds <= c.max_seconds,
-          lambda r, c: f"seconds {r.seconds:g} out of range: more than 0, at most {c.max_seconds:g}"),
+    Limit("seconds", lambda r, c: not c.min_seconds <= r.seconds <= c.max_seconds,
+          lambda r, c: f"seconds {r.seconds:g} out of range: {c.min_seconds:g} to {c.max_seconds:g}"),
     Limit("omit", lambda r, c: not 0 <= r.omit <= c.max_omit,
           lambda r, c: f"omit {r.omit:g} out of range: 0 to {c.max_omit:g} seconds"),
     Limit("total", lambda r, c: r.omit + r.seconds > c.max_seconds,
