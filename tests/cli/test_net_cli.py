@@ -70,6 +70,24 @@ def test_bad_input_is_one_line_exit_2(args, fragment):
     assert fragment in line
 
 
+@pytest.mark.parametrize("args, here", [(["-P", "4"], True), (["-P4", "-t", "2"], True), (["--pairs", "all"], False)])
+def test_the_launcher_form_outside_a_launcher_says_what_it_is_and_what_to_run(args, here):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    p = subprocess.run([sys.executable, "-m", "gpubench", "net", *args], capture_output=True, text=True, timeout=60,
+                       env=env)
+    line = _one_line_error(p, 2)
+    shown = " ".join(args)
+    assert "No such option" not in line and "runs between the ranks of a launcher" in line
+    assert f"mpirun -n 4 --map-by node gpubench net {shown}" in line
+    assert (f"gpubench net local {shown}" in line) is here
+
+
+def test_an_unknown_option_of_net_is_still_unknown():
+    line = _one_line_error(gb("net", "--no-such"), 2)
+    assert "No such option '--no-such'" in line
+
+
 def test_client_with_no_server_is_one_line_exit_3():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
