@@ -115,7 +115,7 @@ def test_the_figures_of_the_input_are_in_the_tables(page):
 def test_the_net_table_shows_each_streams_gbit_per_s():
     res = load(DATA / "net-local.json")
     html = htmlreport.records_table(res, "GB")
-    assert "<th>Gbit/s</th>" in html
+    assert "<th>overall Gbit/s</th>" in html
     for r in res.records:
         assert f"<td class=num>{htmlreport._fmt(r.extra['gbit_per_s'])}</td>" in html
     copy_table = htmlreport.records_table(load(DATA / "copy-pinned-h200.json"), "GB")

@@ -239,10 +239,10 @@ def records_table(res: Result, units: str) -> str:
     metrics = {r.metric for r in recs}
     unit = f"{units}/s" if metrics == {"bandwidth"} else "us" if metrics == {"time"} else f"{units}/s or us"
     # a record that carries its own Gbit/s (net: bytes of the counted intervals / their seconds,
-    # the figure its terminal report leads with) gets it as a column of its own
+    # the figure its terminal report leads with; not the median of the intervals) gets a column of its own
     gbit = any(isinstance(r.extra.get("gbit_per_s"), (int, float)) for r in recs[:MAX_ROWS])
     cols = keys + ([f"algbw {unit}", f"busbw {unit}"] if nccl else [f"median {unit}"]) + \
-        ["p25-p75", "n"] + (["Gbit/s"] if gbit else []) + ["% of peak", "flags"]
+        ["p25-p75", "n"] + (["overall Gbit/s"] if gbit else []) + ["% of peak", "flags"]
     rows, classes = [], []
     for r in recs[:MAX_ROWS]:  # the rest is counted, not computed
         cells = [format_size(r.params[k]) if k in ("nbytes", "piece_bytes", "width") and isinstance(r.params.get(k), int)
