@@ -13,7 +13,8 @@ Each command's records are drawn the way they read best (docs/plot.md shows one 
   one shared colour scale from 0 and every latency matrix on one shared, reversed scale (brighter =
   better in both); each cell shows its value and, where known, its % of the link's peak.
 - **intervals** (net): each stream's and the total's received rate per interval against time since
-  the start, both axes from 0 (a second axis in Gbit/s).
+  the start, both axes from 0 (a second axis in Gbit/s); a panel per direction (--bidir) on one
+  y scale.
 - **pairs** (merge): bars of the median per worker pair (w1, w2) with p25-p75 whiskers, ``n=`` over
   each bar.
 
