@@ -235,7 +235,9 @@ def _net_run(spec):
     from gpubench.plugins.net import bench as net
 
     def run(s, progress):
-        if not isinstance(progress, report.RichProgress) or progress.quiet:
+        ctx = click.get_current_context(silent=True)
+        own = ctx is not None and ctx.command.name in ("client", "local")  # not a suite's step
+        if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
             return net.run(s, progress)
         return net.run(s, report.ProgressSink(), live=live_lines(s.request.direction == "both"))
 
