@@ -174,12 +174,12 @@ def test_many_streams_live_is_the_sum_line_and_the_tables_fit_100_columns(tmp_pa
     assert all(f" {k} " in heads for k in range(8))  # a column per stream
 
 
-def test_live_lines_follow_the_report_to_stderr_under_json_dash_and_quiet_prints_nothing():
+def test_live_lines_follow_the_report_to_stderr_under_json_dash_and_quiet_prints_nothing(tmp_path):
     p = gb("net", "local", "-P", "2", "-t", "0.4", "-i", "0.2", "--json", "-")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["command"] == "net"  # stdout: the JSON alone
     assert "gpubench net: loopback" in p.stderr and len(_sum_lines(p.stderr)) == 2 + 2
-    q = gb("net", "local", "-P", "2", "-t", "0.4", "-i", "0.2", "-q")
+    q = gb("net", "local", "-P", "2", "-t", "0.4", "-i", "0.2", "-q", "--json", str(tmp_path / "q.json"))
     assert q.returncode == 0 and q.stdout == "" and q.stderr == "", (q.stdout, q.stderr)
 
 
