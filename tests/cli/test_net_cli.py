@@ -70,6 +70,24 @@ def test_bad_input_is_one_line_exit_2(args, fragment):
     assert fragment in line
 
 
+@pytest.mark.parametrize("args, here", [(["-P", "4"], True), (["-P4", "-t", "2"], True), (["--pairs", "all"], False)])
+def test_the_launcher_form_outside_a_launcher_says_what_it_is_and_what_to_run(args, here):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    p = subprocess.run([sys.executable, "-m", "gpubench", "net", *args], capture_output=True, text=True, timeout=60,
+                       env=env)
+    line = _one_line_error(p, 2)
+    shown = " ".join(args)
+    assert "No such option" not in line and "runs between the ranks of a launcher" in line
+    assert f"mpirun -n 4 --map-by node gpubench net {shown}" in line
+    assert (f"gpubench net local {shown}" in line) is here
+
+
+def test_an_unknown_option_of_net_is_still_unknown():
+    line = _one_line_error(gb("net", "--no-such"), 2)
+    assert "No such option '--no-such'" in line
+
+
 def test_client_with_no_server_is_one_line_exit_3():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -82,8 +100,8 @@ def test_local_reports_and_saves_consistent_figures(tmp_path):
     out = tmp_path / "net.json"
     p = gb("net", "local", "-P", "2", "-t", "0.6", "-O", "0.3", "-i", "0.3", "--json", str(out))
     assert p.returncode == 0, p.stderr
-    for text in ("TCP throughput client -> server (loopback", "(omitted)", "total Gbit/s", "stream 1 Gbit/s", "Per stream",
-                 "total", "GB/s"):
+    for text in ("gpubench net, loopback", "Intervals, client -> server", "0.00-0.30*", "omitted (-O)", "Gbit/s",
+                 "Per stream", "total", "GB/s"):
         assert text in p.stdout
     d = json.loads(out.read_text())
     assert d["command"] == "net" and d["spec"]["mode"] == "local" and d["spec"]["streams"] == 2
@@ -105,6 +123,73 @@ def test_local_reports_and_saves_consistent_figures(tmp_path):
     # the printed total is the saved one
     row = next(line for line in p.stdout.splitlines() if re.match(r"\W*total\s", line))
     assert f"{tot['gbit_per_s']:.2f}" in row
+
+
+def _sum_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("[SUM]")]
+
+
+def test_live_lines_reach_a_pipe_while_the_test_runs_and_a_sum_line_ends_it():
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-P", "2", "-t", "1.5", "-i", "0.3", "-O", "0.3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in p.stdout:  # a pipe: block-buffered unless each line is flushed
+            seen.append(line)
+            if line.startswith("[SUM]"):
+                break
+        running = p.poll() is None  # the first interval's line came before the 1.8 s test ended
+        rest, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert running, "".join(seen) + err
+    out = "".join(seen) + rest
+    assert p.returncode == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("gpubench net: loopback"))
+    assert "2 stream(s) client -> server" in header and "window: kernel autotuning" in header and "unpaced" in header
+    live = [line for line in out.splitlines() if re.match(r"\[(  \d|SUM)\]\s+\d", line)]
+    # per interval (6): stream 0, stream 1, [SUM]; the first interval omitted
+    assert [line[:5] for line in live[:18]] == ["[  0]", "[  1]", "[SUM]"] * 6, live
+    assert all("(omitted)" in line for line in live[:3]) and not any("(omitted)" in line for line in live[3:18])
+    sums = _sum_lines(out)
+    assert "sender (client, omitted s too)" in sums[-2] and "receiver (server)" in sums[-1]
+    assert out.index("Intervals, client -> server") < out.index(sums[-2])  # the report, then the [SUM] lines
+    # the receiver's [SUM] is the report's total
+    total = next(line for line in out.splitlines() if re.match(r"\W*total\s", line))
+    assert re.search(r"(\d+\.\d\d) Gbit/s", sums[-1]).group(1) in total
+
+
+def test_many_streams_live_is_the_sum_line_and_the_tables_fit_100_columns(tmp_path):
+    p = gb("net", "local", "-P", "8", "-t", "0.6", "-i", "0.3", "-O", "0.3", "-b", "2G", "-w", "1MiB")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert not any(line.startswith("[  0]") for line in lines)  # 8 streams: no per-stream live lines
+    assert len([line for line in _sum_lines(p.stdout) if "Gbit/s" in line and "sender" not in line
+                and "receiver" not in line]) == 3
+    head = next(line for line in lines if line.startswith("gpubench net, loopback"))
+    assert "paced at 2 Gbit/s per stream" in head and "window -w 1 MiB (kernel: SO_SNDBUF" in head
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= 100, max(table, key=len)
+    heads = next(line for line in table if "interval s" in line)
+    assert all(f" {k} " in heads for k in range(8))  # a column per stream
+
+
+def test_live_lines_follow_the_report_to_stderr_under_json_dash_and_quiet_prints_nothing(tmp_path):
+    p = gb("net", "local", "-P", "2", "-t", "0.4", "-i", "0.2", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["command"] == "net"  # stdout: the JSON alone
+    assert "gpubench net: loopback" in p.stderr and len(_sum_lines(p.stderr)) == 2 + 2
+    q = gb("net", "local", "-P", "2", "-t", "0.4", "-i", "0.2", "-q", "--json", str(tmp_path / "q.json"))
+    assert q.returncode == 0 and q.stdout == "" and q.stderr == "", (q.stdout, q.stderr)
+
+
+def test_bidir_live_lines_and_sums_name_each_direction():
+    p = gb("net", "local", "-P", "1", "-t", "0.4", "-i", "0.2", "--bidir")
+    assert p.returncode == 0, p.stderr
+    sums = _sum_lines(p.stdout)
+    assert [line[:10] for line in sums] == ["[SUM][c2s]", "[SUM][s2c]"] * 2 + ["[SUM][c2s]"] * 2 + ["[SUM][s2c]"] * 2
+    assert "sender (client)" in sums[-4] and "receiver (server)" in sums[-3]
+    assert "sender (server)" in sums[-2] and "receiver (client)" in sums[-1]
 
 
 # -- a server process -------------------------------------------------------------------------

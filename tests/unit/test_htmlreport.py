@@ -112,6 +112,16 @@ def test_the_figures_of_the_input_are_in_the_tables(page):
     assert f"{write.rate_summary().median / 1e9:.1f}" in page
 
 
+def test_the_net_table_shows_each_streams_gbit_per_s():
+    res = load(DATA / "net-local.json")
+    html = htmlreport.records_table(res, "GB")
+    assert "<th>overall Gbit/s</th>" in html
+    for r in res.records:
+        assert f"<td class=num>{htmlreport._fmt(r.extra['gbit_per_s'])}</td>" in html
+    copy_table = htmlreport.records_table(load(DATA / "copy-pinned-h200.json"), "GB")
+    assert "Gbit/s" not in copy_table  # only where a record carries the figure
+
+
 def test_two_results_of_one_command_are_compared(page):
     assert "Comparison: copy" in page
     assert "copy-pinned-h200.json against base copy-all-h200.json" in page  # short names: the file names

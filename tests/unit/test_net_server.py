@@ -7,6 +7,7 @@ threads return to where they were."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -400,6 +401,26 @@ def test_reverse_and_bidir_tests_report_every_interval(srv, direction):
         assert e["retransmits"] is not None and e["retransmits"] >= 0
     srv.wait_idle()
     assert srv.server.stats.tests_done == 1
+
+
+@pytest.mark.parametrize("direction", ["c2s", "s2c", "both"])
+def test_the_server_logs_a_rate_for_each_direction_it_served(srv, direction):
+    req = Request(streams=2, seconds=0.4, omit=0.2, interval=0.2, buffer=32 * 1024, direction=direction, bitrate=10**9)
+    res = srv.test(req)
+    srv.wait_idle()
+    log = [line for line in srv.lines if line.startswith("test from")]
+    assert "2 stream(s)" in log[0] and "paced at 1 Gbit/s per stream" in log[0] and "window: kernel" in log[0]
+    want = {"c2s": "c2s (client -> server) received", "s2c": "s2c (server -> client) sent"}
+    done = log[1:]
+    assert len(done) == len(req.directions()), srv.lines
+    for d, line in zip(req.directions(), done):
+        m = re.search(re.escape(want[d]) + r" \S+ \S+ in (\d+\.\d+) s after 0.2 s omitted = (\d+\.\d\d) Gbit/s", line)
+        assert m, line
+        gbps = float(m.group(2))
+        assert 0 < gbps <= 2 * 1.05  # two streams paced at 1 Gbit/s each
+        if d == "c2s":  # the server received what the client reports
+            total = next(r for r in res.records if r.params["stream"] == "total" and r.params["direction"] == d)
+            assert gbps == pytest.approx(total.extra["gbit_per_s"], abs=0.006)
 
 
 @pytest.mark.parametrize("direction", ["s2c", "both"])

@@ -178,6 +178,34 @@ def test_net_is_per_stream_and_total_from_zero():
     check_legend_and_styles(fig)
 
 
+def test_net_bidir_is_a_panel_per_direction_on_one_scale():
+    import copy
+
+    _, res = fixture("net-local.json")
+    s2c = copy.deepcopy([r for r in res.records if r.params.get("direction", "c2s") == "c2s"])
+    for r in s2c:  # the server -> client half moved a quarter of the bytes
+        r.params["direction"] = "s2c"
+        r.extra["interval_bytes"] = [b // 4 for b in r.extra["interval_bytes"]]
+    for r in res.records:
+        r.params.setdefault("direction", "c2s")
+    res.records += s2c
+    fig, (sec,) = drawn([("bidir.json", res)])
+    axes = visible_axes(fig)
+    assert [ax.get_title(loc="left") for ax in axes] == ["direction c2s", "direction s2c"]
+    tops = []
+    for ax, d in zip(axes, ("c2s", "s2c")):
+        assert sorted(a[0] for a in series_artists(ax)) == ["stream 0", "stream 1", "total"]
+        total = next(r for r in res.records if r.params["direction"] == d and r.params["stream"] == "total")
+        e = total.extra
+        want = [b / (t1 - t0) / 1e9 for b, t0, t1 in zip(e["interval_bytes"], e["interval_start_s"], e["interval_end_s"])]
+        line = next(line for line in ax.get_lines() if line.get_label() == "total")
+        assert list(line.get_ydata())[::2] == pytest.approx(want)  # this panel's direction, not the other's
+        tops.append(ax.get_ylim())
+    assert tops[0] == tops[1]  # one scale: the slower direction looks slower
+    assert "a panel per direction" in sec.title
+    check_legend_and_styles(fig)
+
+
 def test_net_takes_a_user_peak_labelled_user():
     fig, _ = drawn([fixture("net-local.json")], peaks_gbps=[10.0])
     (ax,) = visible_axes(fig)

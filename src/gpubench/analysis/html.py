@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import collections
 import datetime as _dt
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,8 +238,11 @@ def records_table(res: Result, units: str) -> str:
     nccl = plot_kind(res.command) == "collective"  # algbw and busbw columns
     metrics = {r.metric for r in recs}
     unit = f"{units}/s" if metrics == {"bandwidth"} else "us" if metrics == {"time"} else f"{units}/s or us"
+    # a record that carries its own Gbit/s (net: bytes of the counted intervals / their seconds,
+    # the figure its terminal report leads with; not the median of the intervals) gets a column of its own
+    gbit = any(isinstance(r.extra.get("gbit_per_s"), (int, float)) for r in recs[:MAX_ROWS])
     cols = keys + ([f"algbw {unit}", f"busbw {unit}"] if nccl else [f"median {unit}"]) + \
-        ["p25-p75", "n", "% of peak", "flags"]
+        ["p25-p75", "n"] + (["overall Gbit/s"] if gbit else []) + ["% of peak", "flags"]
     rows, classes = [], []
     for r in recs[:MAX_ROWS]:  # the rest is counted, not computed
         cells = [format_size(r.params[k]) if k in ("nbytes", "piece_bytes", "width") and isinstance(r.params.get(k), int)
@@ -254,6 +258,10 @@ def records_table(res: Result, units: str) -> str:
         else:
             cells += ["-"] * (3 if nccl else 2)
             cells.append("0")
+        if gbit:
+            g = r.extra.get("gbit_per_s")
+            cells.append(_fmt(g) if isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g)
+                         else "-")
         pct = limits.saved_pct_of_peak(r)
         cells.append(f"{pct:.0f}%" if pct is not None else "-")
         cells.append(", ".join(f"failed: {r.error}" if f == "failed" else f for f in flags))

@@ -13,7 +13,8 @@ Each command's records are drawn the way they read best (docs/plot.md shows one 
   one shared colour scale from 0 and every latency matrix on one shared, reversed scale (brighter =
   better in both); each cell shows its value and, where known, its % of the link's peak.
 - **intervals** (net): each stream's and the total's received rate per interval against time since
-  the start, both axes from 0 (a second axis in Gbit/s).
+  the start, both axes from 0 (a second axis in Gbit/s); a panel per direction (--bidir) on one
+  y scale.
 - **pairs** (merge): bars of the median per worker pair (w1, w2) with p25-p75 whiskers, ``n=`` over
   each bar.
 
@@ -515,15 +516,24 @@ def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
 def _intervals_section(command: str, metric: str, items, many: bool) -> Section:
     recs = [r for _, r in items]
     streams = {r.params.get("streams") for r in recs if r.params.get("streams") is not None}
-    series = _series(items, ["stream"], many, "total")
-    for sr in series:  # "stream 0", "total"; the total first, so in overlays it takes the solid line
-        if sr.mode != "total":
-            sr.mode = f"stream {sr.mode}"
-            sr.label = f"{sr.mode} · {sr.source}" if many else sr.mode
-    series.sort(key=lambda sr: sr.mode != "total")
+    # one panel per direction (net --bidir: c2s and s2c), each with its own streams and total
+    directions = list(dict.fromkeys(r.params.get("direction") for r in recs))
+    panels = []
+    for d in directions:
+        series = _series([(src, r) for src, r in items if r.params.get("direction") == d], ["stream"], many, "total")
+        for sr in series:  # "stream 0", "total"; the total first, so in overlays it takes the solid line
+            if sr.mode != "total":
+                sr.mode = f"stream {sr.mode}"
+                sr.label = f"{sr.mode} · {sr.source}" if many else sr.mode
+        series.sort(key=lambda sr: sr.mode != "total")
+        panels.append(Panel("intervals", metric, f"direction {d}" if len(directions) > 1 else "", series, command))
     fixed = f"{', '.join(str(s) for s in sorted(streams, key=str))} streams" if streams else ""
+    if len(directions) > 1:
+        fixed = ", ".join(x for x in (fixed, "a panel per direction") if x)
     title = f"{command}: received rate per interval" + (f" ({fixed})" if fixed else "")
-    return Section("intervals", command, title, [Panel("intervals", metric, title, series, command)])
+    for p in panels:
+        p.title = p.title or title
+    return Section("intervals", command, title, panels)
 
 
 def _pairs_section(command: str, metric: str, items, many: bool) -> Section:
@@ -956,6 +966,12 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
                            summaries=lambda s: _pair_summaries(s.records, units), xlabel="worker pair (w1, w2)")
             else:
                 _draw_intervals(ax, panel, styles, units, peaks, legend, many)
+                if len(sec.panels) > 1:  # per direction: named, on one y scale so they compare
+                    ax.set_title(S(panel.title), fontsize=10, loc="left")
+        if sec.kind == "intervals" and len(sec.panels) > 1:
+            top = max(ax.get_ylim()[1] for ax in axes)
+            for ax in axes:
+                ax.set_ylim(0, top)
         if sec.kind == "sweep" and len(sec.panels) > 1:
             tops = [getattr(ax, "gpubench_top", 0.0) for ax in axes]
             if max(tops) > 0:  # the facets share the y axis: the highest of them sets it

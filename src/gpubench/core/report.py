@@ -29,6 +29,11 @@ def human_to_stderr(enabled: bool = True) -> Iterator[None]:
         _HUMAN_TO_STDERR[0] = before
 
 
+def human_stream():
+    """Where the human report goes now: stdout, or stderr inside :func:`human_to_stderr` (``--json -``)."""
+    return sys.stderr if _HUMAN_TO_STDERR[0] else sys.stdout
+
+
 def err_line(text: str) -> None:
     """Write ``text`` and its newline to stderr in one write, then flush.
 

@@ -26,7 +26,7 @@ import math
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeGuard
+from typing import Any, Callable, TypeGuard
 
 from gpubench.plugins.net.protocol import (
     DEFAULT_BIND,
@@ -41,6 +41,7 @@ from gpubench.plugins.net.protocol import (
     shown,
     wire_int,
 )
+from gpubench.plugins.net.lines import LiveLines, test_words
 from gpubench.plugins.net.server import RECV_BYTES, NetServer
 from gpubench.plugins.net.stream import MAX_WORKERS, TCP_INFO_FIELDS, WORKER_BYTES, StreamSet, WorkerError, set_window, window_of
 from gpubench.core import benchmark as driver
@@ -336,6 +337,8 @@ class _Session:
         self.end_missing: str | None = None
         self.tcp_local: list[dict | None] = []
         self.window: dict[str, int] = {}
+        # called with each interval as it arrives (direction -> Interval), before the test's end
+        self.on_intervals: Callable[[dict[str, Interval]], None] | None = None
         self._closed = False
 
     def open(self) -> None:
@@ -455,6 +458,8 @@ class _Session:
             out["c2s"] = iv
             self.counted_c2s = [a + b for a, b in zip(self.counted_c2s, iv.bytes)]
         self.received += 1
+        if self.on_intervals is not None:  # the last one too, before the drain and the end line
+            self.on_intervals(out)
         if self.received == self.expected:
             self.finish()
         return out
@@ -616,11 +621,19 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
 
 
 class Net(Benchmark):
-    """The net client plug-in: a point is one interval of the schedule (see the module)."""
+    """The net client plug-in: a point is one interval of the schedule (see the module).
+
+    Args:
+        live: where the interval lines go as the test runs (:class:`gpubench.plugins.net.lines.LiveLines`),
+            or None for none.
+    """
 
     name = "net"
     description = "Multi-stream TCP throughput between two hosts (server, client, local)."
     needs_gpu = False
+
+    def __init__(self, live: LiveLines | None = None):
+        self.live = live
 
     def environment(self, spec: NetSpec) -> dict:
         """What net records of the machine: the host and the versions (no GPU facts: a TCP test
@@ -667,9 +680,21 @@ class Net(Benchmark):
                                                          spec.address_family, spec.cport)
                 stack.callback(session.close)
                 session.open()
+                if self.live is not None:
+                    self._go_live(self.live, session, spec, host, port)
             except (KeyboardInterrupt, Interrupted) as e:
                 ctx.data["interrupted"] = e
             yield ctx
+
+    @staticmethod
+    def _go_live(live: LiveLines, session: "_Session", spec: NetSpec, host: str, port: int) -> None:
+        """The header line (where, what was asked, the window the kernel gave), then a line per
+        interval as it arrives."""
+        where = (f"loopback {_hostport(host, port)}" if spec.mode == "local"
+                 else f"connected to {_hostport(spec.host, port)}")
+        live.header(f"gpubench net: {where}: {test_words(asdict(spec.request), session.window)}")
+        session.on_intervals = lambda ivs: live.intervals(
+            {d: (iv.start_s, iv.end_s, iv.omit, iv.bytes) for d, iv in ivs.items()})
 
     def measure(self, ctx: Context, point: Point) -> list[Record]:
         """The next interval of each direction (:meth:`_Session.next_intervals`).
@@ -733,12 +758,18 @@ class Net(Benchmark):
 BENCHMARK = Net()
 
 
-def run(spec: NetSpec, progress: ProgressSink | None = None) -> Result:
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def run(spec: NetSpec, progress: ProgressSink | None = None, live: LiveLines | None = None) -> Result:
     """Run one test against a server (``net local``: one started here) through the driver.
 
     Args:
         spec: the parsed options.
         progress: advanced once per interval (silent when None).
+        live: the interval lines as the test runs (:class:`gpubench.plugins.net.lines.LiveLines`),
+            or None.
 
     Returns:
         A Result with, per direction (params "direction": "c2s" and/or "s2c"), one record per
@@ -751,7 +782,7 @@ def run(spec: NetSpec, progress: ProgressSink | None = None) -> Result:
             the server or the network failed during the test (``partial_result`` then keeps the
             intervals received); :class:`ServerLied` for a server that sent impossible figures.
     """
-    return driver.run(BENCHMARK, spec, progress)
+    return driver.run(BENCHMARK if live is None else Net(live), spec, progress)
 
 
 def run_test(host: str, port: int, request: Request, *, family: int = 0, cport: int | None = None,

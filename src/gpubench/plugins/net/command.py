@@ -229,9 +229,35 @@ def server(bind, port, one_off, quiet, debug):
 
 
 def _net_run(spec):
+    """net's run for client and local: with the report shown (not -q, not a silent sink), the
+    interval lines go live where the report goes (stdout; stderr under --json -), one line per
+    write, flushed, on a terminal and in a pipe alike, in place of the progress bar."""
     from gpubench.plugins.net import bench as net
 
-    return net.run
+    def run(s, progress):
+        ctx = click.get_current_context(silent=True)
+        own = ctx is not None and ctx.command.name in ("client", "local")  # not a suite's step
+        if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
+            return net.run(s, progress)
+        return net.run(s, report.ProgressSink(), live=live_lines(s.request.direction == "both"))
+
+    return run
+
+
+def live_lines(bidir: bool):
+    """A LiveLines writing to the human report's stream, each line escaped and flushed at once."""
+    from gpubench.core import safe
+    from gpubench.plugins.net.lines import LiveLines
+
+    def write(line: str) -> None:
+        out = report.human_stream()
+        try:
+            out.write(safe.term(line, 1000) + "\n")
+            out.flush()  # read live: a pipe is block-buffered
+        except (OSError, ValueError):  # a closed pipe: the result is still saved
+            pass
+
+    return LiveLines(write, bidir)
 
 
 CLIENT_HELP = """Send to a `gpubench net server` on HOST and report the throughput it received.
@@ -250,7 +276,10 @@ def _gbit(rate_bytes_per_s: float) -> str:
     return f"{rate_bytes_per_s * 8 / 1e9:.2f}"
 
 
-DIRECTION_WORDS = {"c2s": "client -> server", "s2c": "server -> client"}
+def _gbit3(rate_bytes_per_s: float) -> str:
+    """Gbit/s in 3 or 4 digits (iperf3's precision), for the per-stream columns: 9.18, 10.3, 123."""
+    v = rate_bytes_per_s * 8 / 1e9
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
 def _cpu(v) -> str:
@@ -292,7 +321,11 @@ def format_report(result, units: str = "GB") -> list:
 
 
 def _report(result, units: str) -> list:
+    from rich.text import Text
+
+    from gpubench.core import safe
     from gpubench.core.stats import Summary
+    from gpubench.plugins.net.lines import DIRECTION_WORDS, summary_lines, test_words
 
     spec = result.spec
     by_dir: dict[str, dict] = {}
@@ -302,6 +335,11 @@ def _report(result, units: str) -> list:
     if not any("total" in recs for recs in by_dir.values()):  # a run stopped before the first interval arrived
         return [report.partial_note(result, "intervals")] if result.partial else ["no records"]
     where = "loopback, this machine" if spec.get("mode") == "local" else _hostport(str(spec["host"]), spec["port"])
+    try:
+        asked = test_words(spec, (result.timing or {}).get("socket_buffers"))
+    except (KeyError, TypeError, ValueError):  # a file from an older gpubench: what it has
+        asked = f"{spec.get('streams')} stream(s)"
+    out.append(Text(safe.term(f"gpubench net, {where}: {asked}", 2000)))  # plain text: no rich markup in a host
     for d, recs in by_dir.items():
         total = recs.get("total")
         if total is None:
@@ -309,27 +347,26 @@ def _report(result, units: str) -> list:
         streams = [k for k in recs if k != "total"]
         ex = total.extra
         starts, ends, omits = ex["interval_start_s"], ex["interval_end_s"], ex["interval_omit"]
-        title = (f"TCP throughput {DIRECTION_WORDS.get(d, d)} ({where}): {len(streams)} stream(s), "
-                 f"{format_size(spec['buffer'])} writes, {spec['seconds']:g} s counted"
-                 + (f" after {spec['omit']:g} s omitted" if spec.get("omit") else ""))
         per_stream_cols = len(streams) <= 8
-        cols = ["interval (s)", "total Gbit/s", f"total {units}/s"]
-        cols += [f"stream {k} Gbit/s" for k in streams] if per_stream_cols else ["slowest stream Gbit/s",
-                                                                                 "fastest stream Gbit/s"]
-        t = report.table(title, cols)
+        # narrow columns (a stream's head is its number), so 8 streams fit 100 columns
+        title = (f"Intervals, {DIRECTION_WORDS.get(d, d)}: Gbit/s in all and "
+                 + ("per stream (0, 1, ...)" if per_stream_cols else "of the slowest and fastest stream"))
+        cols = ["interval s", "Gbit/s", f"{units}/s"]
+        cols += [str(k) for k in streams] if per_stream_cols else ["slowest", "fastest"]
+        t = report.table(title, cols, caption="* omitted (-O): measured, not counted" if any(omits) else None)
         for i, (a, b, om) in enumerate(zip(starts, ends, omits)):
             dt = b - a
-            row = [f"{a:6.2f}-{b:6.2f}" + (" (omitted)" if om else "")]
+            row = [f"{a:.2f}-{b:.2f}" + ("*" if om else "")]
             tot = ex["interval_bytes"][i] / dt if dt > 0 else 0.0
             row += [_gbit(tot), format_rate(tot, units)]
             rates = [recs[k].extra["interval_bytes"][i] / dt if dt > 0 else 0.0 for k in streams]
-            row += [_gbit(r) for r in rates] if per_stream_cols else [_gbit(min(rates)), _gbit(max(rates))]
+            row += [_gbit3(r) for r in rates] if per_stream_cols else [_gbit3(min(rates)), _gbit3(max(rates))]
             t.add_row(*row)
         out.append(t)
 
-        st = report.table(f"Per stream, counted intervals ({DIRECTION_WORDS.get(d, d)})",
-                          ["stream", "received", "seconds", "Gbit/s", f"{units}/s", "intervals Gbit/s min / median / max",
-                           "retransmits", "cwnd"])
+        st = report.table(f"Per stream, counted intervals, {DIRECTION_WORDS.get(d, d)} (min / med / max: "
+                          "of the intervals)",
+                          ["stream", "received", "seconds", "Gbit/s", f"{units}/s", "min / med / max", "retr", "cwnd"])
         for k in [*streams, "total"]:
             r = recs[k]
             e = r.extra
@@ -364,6 +401,8 @@ def _report(result, units: str) -> list:
         out.append(f"Stream(s) {', '.join(zeros)} received nothing in some counted interval(s): stalled.")
     if result.partial:
         out.append(report.partial_note(result, "intervals"))
+    # last, as iperf3 ends: [SUM] sender, [SUM] receiver (Text: rich would take "[c2s]" for markup)
+    out += [Text(line) for line in summary_lines(by_dir)]
     return out
 
 

@@ -22,7 +22,35 @@ class LauncherGroup(click.Group):
         if (not args or args[0].startswith("-")) and not any(a in ("-h", "--help") for a in args[:1]) \
                 and _launched_ranks() > 1:
             args = ["nodes", *args]
+        elif args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
+            _not_launched(self, args)  # click would say only "No such option '-P'"
         return super().parse_args(ctx, args)
+
+
+def _not_launched(group: click.Group, args: list[str]) -> None:
+    """``gpubench net -P 4`` outside a launcher: when the option is one of ``net nodes``', say that
+    this form runs between a launcher's ranks, and what to run here instead.
+
+    Raises:
+        UsageError: the option belongs to the launcher form.
+    """
+    import shlex
+
+    from gpubench.core.errors import UsageError
+    from gpubench.core.safe import term
+
+    def knows(cmd: click.Command | None, name: str) -> bool:
+        return cmd is not None and any(name in p.opts or name in p.secondary_opts for p in cmd.params)
+
+    names = [a.split("=", 1)[0] if a.startswith("--") else a[:2] for a in args if a.startswith("-")]  # -P4: -P
+    if not knows(group.commands.get("nodes"), names[0]):
+        return
+    shown = term(shlex.join(args), 200)
+    here = (f"here: gpubench net local {shown} (loopback), or gpubench net client HOST {shown} against a net "
+            "server; " if all(knows(group.commands.get("local"), n) for n in names) else "")
+    raise UsageError(f"gpubench net {shown}: with no sub-command, net runs between the ranks of a launcher "
+                     "(mpirun, srun, torchrun), and none started this process",
+                     f"{here}between nodes: mpirun -n 4 --map-by node gpubench net {shown}")
 
 
 def _launched_ranks() -> int:

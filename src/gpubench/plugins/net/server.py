@@ -56,6 +56,7 @@ from gpubench.plugins.net.protocol import (
     schedule,
     send_json,
 )
+from gpubench.plugins.net.lines import server_line, test_words
 from gpubench.plugins.net.stream import StreamSet, WorkerError, set_window
 from gpubench.core.errors import UsageError
 
@@ -480,8 +481,8 @@ class NetServer:
 
     def _run_test(self, conn: socket.socket, who: str, test: _Test) -> None:
         req = test.req
-        tag = (f"test from {who}: {req.streams} stream(s) {req.direction}, {req.seconds:g} s"
-               + (f" after {req.omit:g} s omitted" if req.omit else "") + f", {req.buffer} B writes")
+        tag = f"test from {who}"
+        self.log(f"{tag}: {test_words(asdict(req))}")
         try:
             self._window_listener(req.window)  # before the reply: the data streams connect after it
             send_json(conn, {"ok": True, "version": 2, "cookie": test.cookie, **asdict(req)})
@@ -499,7 +500,7 @@ class NetServer:
                                                  copy=req.copy, rate=req.bitrate / 8, workers=self.workers)
             for st in test.sets.values():
                 st.start()
-            counted_bytes, counted_s = self._measure(conn, test)
+            counted = self._measure(conn, test)
             self._finish(conn, test)
         except (WorkerError, _Abort) as e:
             self._abort(conn, tag, str(e))
@@ -508,12 +509,10 @@ class NetServer:
             self._abort(conn, tag, f"control connection failed: {e.strerror or e}")
             return
         self._count("tests_done")
-        if "c2s" in test.sets:
-            rate = counted_bytes / counted_s if counted_s > 0 else 0.0
-            self.log(f"{tag}: received {counted_bytes} B in {counted_s:.3f} s = {rate * 8 / 1e9:.2f} Gbit/s "
-                     f"({rate / 1e9:.3f} GB/s)")
-        else:
-            self.log(f"{tag}: sent {sum(test.sets['s2c'].counts())} B")
+        for d, role in (("c2s", "received"), ("s2c", "sent")):  # both halves of --bidir
+            if d in counted:
+                nbytes, secs = counted[d]
+                self.log(f"{tag}: {server_line(d, role, nbytes, secs, req.omit)}")
 
     def _abort(self, conn: socket.socket, tag: str, why: str) -> None:
         self._count("tests_aborted")
@@ -543,7 +542,10 @@ class NetServer:
                 return "client closed the control connection"
         return None
 
-    def _measure(self, conn: socket.socket, test: _Test) -> tuple[int, float]:
+    def _measure(self, conn: socket.socket, test: _Test) -> dict[str, tuple[int, float]]:
+        """Run the schedule: the receiver's counts per interval to the client (c2s). Returns, per
+        direction, the bytes and seconds of the counted intervals on this clock: received (c2s),
+        or handed to the kernel by this side's senders (s2c), for the log."""
         req = test.req
         rx, tx = test.sets.get("c2s"), test.sets.get("s2c")
         sets = list(test.sets.values())
@@ -559,6 +561,7 @@ class NetServer:
             tx.go()
         t_prev = t0
         counted_bytes, counted_s = 0, 0.0
+        sent_prev, sent_counted = 0, 0
         seen, seen_at = -1, t0
         for i, (end, omitted) in enumerate(ends):
             while True:
@@ -581,12 +584,19 @@ class NetServer:
             snap = rx.counts() if rx is not None else []
             got = [a - b for a, b in zip(snap, prev)]
             send_json(conn, {"interval": i, "omit": omitted, "start_s": t_prev - t0, "end_s": now - t0, "bytes": got})
+            sent = sum(tx.counts()) if tx is not None else 0
             if not omitted:
                 counted_bytes += sum(got)
                 counted_s += now - t_prev
-            prev, t_prev = snap, now
+                sent_counted += sent - sent_prev
+            prev, t_prev, sent_prev = snap, now, sent
         send_json(conn, {"done": True})
-        return counted_bytes, counted_s
+        out = {}
+        if rx is not None:
+            out["c2s"] = (counted_bytes, counted_s)
+        if tx is not None:
+            out["s2c"] = (sent_counted, counted_s)
+        return out
 
     def _finish(self, conn: socket.socket, test: _Test) -> None:
         """After "done": TCP_INFO of the sending sockets, wait for the client to close its streams
