@@ -289,3 +289,17 @@ def test_round_deadline_is_minus_T_but_never_shorter_than_the_round():
     assert s.round_timeout == 26.0  # the round is longer than -T
     assert net_fleet.NetFleetSpec(Request(seconds=10.0, interval=1.0), timeout=60.0).round_timeout == 60.0
     assert net_fleet.NetFleetSpec(Request(seconds=2.0, omit=1.0, interval=0.5), timeout=1.0).round_timeout == 18.5
+
+
+def test_skipped_steps_are_listed_once_per_step_and_reason_with_their_ranks():
+    from gpubench.validation import fleet
+    from gpubench.validation.suite import Step
+
+    steps = [Step(f"copy [rank {r}]", "copy", "skipped", "no CUDA device is visible") for r in range(10)]
+    steps += [Step("net between nodes", "net", "skipped", "one node"), Step("env [rank 0]", "env", "ok"),
+              Step("pin [rank 3]", "pin", "skipped", "[red]x[/red]")]
+    assert fleet.skipped_lines(steps) == [
+        "skipped: copy on ranks 0, 1, 2, 3, 4, 5, 6, 7 (+2 more): no CUDA device is visible",
+        "skipped: net between nodes: one node",
+        "skipped: pin on rank 3: \\[red]x\\[/red]",
+    ]

@@ -97,7 +97,7 @@ def test_every_result_has_its_table_and_plot(page):
     text = " ".join(t.text)
     for name in ALL_FIXTURES:
         assert f": {Path(name).name}" in text
-    assert sum(u.startswith("data:image/png") for u in t.urls) == len(ALL_FIXTURES) + 1  # + the copy comparison
+    assert sum(u.startswith("data:image/png") for u in t.urls) == len(ALL_FIXTURES)
 
 
 def test_the_figures_of_the_input_are_in_the_tables(page):
@@ -122,10 +122,29 @@ def test_the_net_table_shows_each_streams_gbit_per_s():
     assert "Gbit/s" not in copy_table  # only where a record carries the figure
 
 
-def test_two_results_of_one_command_are_compared(page):
-    assert "Comparison: copy" in page
-    assert "copy-pinned-h200.json against base copy-all-h200.json" in page  # short names: the file names
-    assert "Mann-Whitney" in page
+def test_results_are_compared_only_against_a_baseline_asked_for(page):
+    assert "Comparison:" not in page and "against base" not in page  # two copy results, no --baseline
+    base = str(DATA / "copy-all-h200.json")
+    with_base = htmlreport.build(htmlreport.read_inputs(ALL_FIXTURES, baseline=base), created="2026-12-01T00:00:00+00:00")
+    assert "Comparison: copy" in with_base
+    assert "copy-pinned-h200.json against base copy-all-h200.json (baseline)" in with_base
+    assert "Mann-Whitney" in with_base
+    assert with_base.count("<h3>") - page.count("<h3>") == 2  # each copy input (the baseline's own file too)
+
+
+@pytest.mark.parametrize("name,says", [
+    ("net-local.json", "is a result of net and no input is"),
+])
+def test_a_baseline_of_no_input_command_or_without_figures_is_refused(tmp_path, name, says):
+    from gpubench.core.errors import UsageError
+    from gpubench.core.result import Result
+
+    with pytest.raises(UsageError, match=says):
+        htmlreport.read_inputs([str(DATA / "copy-all-h200.json")], baseline=str(DATA / name))
+    env = tmp_path / "env.json"
+    save(Result("env", {}, env={}), env)
+    with pytest.raises(UsageError, match=r"has no figures \(its command: env\)"):
+        htmlreport.read_inputs([str(DATA / "copy-all-h200.json")], baseline=str(env))
 
 
 def test_flags_partial_above_peak_throttled_failed(tmp_path):

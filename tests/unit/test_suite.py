@@ -162,3 +162,34 @@ def test_newer_bundle_refused(tmp_path):
     p.write_text(json.dumps({"schema": "gpubench.bundle", "schema_version": 99, "steps": []}))
     with pytest.raises(UsageError, match="newer than this gpubench reads"):
         suite.load_checkable(p)
+
+
+# ---- the verdict line says what was checked; a bundle keeps its run's --strict ----
+
+def _outcomes(*statuses):
+    e = suite.check_expectation({"command": "copy", "min_gbps": 1.0}, 1, "t")
+    return [suite.Outcome(e, status=s) for s in statuses]
+
+
+@pytest.mark.parametrize("statuses,strict,head", [
+    (("skipped", "skipped"), False, "NOTHING CHECKED: 0 pass, 0 fail, 0 missing, 2 skipped."),
+    ((), False, "NOTHING CHECKED: 0 pass, 0 fail, 0 missing, 0 skipped."),
+    (("pass", "skipped"), False, "PASSED: 1 pass, 0 fail, 0 missing, 1 skipped."),
+    (("skipped",), True, "FAILED: 0 pass, 0 fail, 0 missing, 1 skipped (skipped counts as failed: --strict)."),
+    (("pass", "missing"), False, "FAILED: 1 pass, 0 fail, 1 missing, 0 skipped."),
+])
+def test_passed_only_when_something_was_checked_and_nothing_failed(statuses, strict, head):
+    assert suite.verdict_line(suite.Bundle(outcomes=_outcomes(*statuses)), strict) == head
+
+
+def test_a_bundle_keeps_its_runs_strict_and_its_verdict_honours_it():
+    b = suite.Bundle(outcomes=_outcomes("pass", "skipped"), strict=True, expect_file="e.toml")
+    d = json.loads(json.dumps(b.to_dict()))
+    assert d["expectations"]["strict"] is True
+    back = suite.Bundle.from_dict(d)
+    assert back.strict is True and suite.verdict_line(back).startswith("FAILED:")
+    del d["expectations"]["strict"]  # a bundle written before the field: as without --strict
+    assert suite.Bundle.from_dict(d).strict is False
+    d["expectations"]["strict"] = "yes"
+    with pytest.raises(UsageError, match="/expectations/strict"):
+        suite.Bundle.from_dict(d)

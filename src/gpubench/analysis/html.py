@@ -64,6 +64,7 @@ class Inputs:
     bundles: list[tuple[str, Any]] = field(default_factory=list)  # (name, suite.Bundle)
     fleets: list[tuple[str, dict]] = field(default_factory=list)  # (name, checked fleet object)
     sources: list[str] = field(default_factory=list)
+    baseline: Item | None = None  # --baseline: the result each input of its command is compared with
 
 
 # ---- reading ----
@@ -105,11 +106,13 @@ def _add_file(inputs: Inputs, path: Path, name: str, seen_steps: set[str]) -> No
     inputs.items.append(Item(name, res))
 
 
-def read_inputs(paths: Sequence[str]) -> Inputs:
-    """Read results, bundles, bundle folders (their ``*.json``) and fleet objects.
+def read_inputs(paths: Sequence[str], baseline: str | None = None) -> Inputs:
+    """Read results, bundles, bundle folders (their ``*.json``) and fleet objects, and the
+    ``baseline`` result (--baseline) when given.
 
     Raises:
-        UsageError: a path that does not exist, an empty folder, an unreadable or malformed file.
+        UsageError: a path that does not exist, an empty folder, an unreadable or malformed file;
+            a baseline that is not a measured result, or whose command no input has.
     """
     inputs = Inputs()
     seen_steps: set[str] = set()
@@ -143,6 +146,8 @@ def read_inputs(paths: Sequence[str]) -> Inputs:
 
     for it, short in zip(inputs.items, display_names([it.name for it in inputs.items])):
         it.name = short
+    if baseline is not None:
+        inputs.baseline = _baseline(baseline, inputs)
     inputs.bundles = list(zip(display_names([n for n, _ in inputs.bundles]), [b for _, b in inputs.bundles]))
     inputs.fleets = list(zip(display_names([n for n, _ in inputs.fleets]), [f for _, f in inputs.fleets]))
     return inputs
@@ -385,31 +390,54 @@ def _bundle_section(name: str, b) -> str:
                           classes=["bad" if c[-1].startswith(("FAIL", "MISSING")) else "" for c in cells],
                           caption=f"Expectations ({b.expect_file})", numeric_from=4))
         line = suite.verdict_line(b)
-        out.append(f"<p class='verdict {'bad' if line.startswith('FAILED') else 'ok'}'>{h(line)}</p>")
+        cls = "bad" if line.startswith("FAILED") else "ok" if line.startswith("PASSED") else "warn"
+        out.append(f"<p class='verdict {cls}'>{h(line)}</p>")
     out.append("</section>")
     return "\n".join(out)
 
 
+def _baseline(path: str, inputs: Inputs) -> Item:
+    """The --baseline result, checked: a measured result (not env, not a bundle) of a command that
+    an input has.
+
+    Raises:
+        UsageError: naming the file and what it is.
+    """
+    from gpubench.analysis import plot
+    from gpubench.core import safe
+    from gpubench.core.result import read_json
+
+    shown = safe.term(path, 200)
+    d = read_json(path, "a gpubench result")
+    if not isinstance(d, dict) or d.get("schema") != "gpubench.result":
+        raise UsageError(f"--baseline {shown} is not a gpubench result", "give one result file saved by --json")
+    res = plot.result_of(d, path)
+    if not res.records:  # env's: the machine, no figure
+        raise UsageError(f"--baseline {shown} has no figures (its command: {safe.term(res.command, 40)})",
+                         "give a measured result (copy, nccl, net...)")
+    if not any(it.result.command == res.command for it in inputs.items):
+        raise UsageError(f"--baseline {shown} is a result of {safe.term(res.command, 40)} and no input is",
+                         "give inputs of the same command")
+    return Item(os.path.basename(path) + " (baseline)", res)
+
+
 def comparisons(inputs: Inputs) -> list[tuple[str, list]]:
-    """(command, [Comparison]) for each command with two or more results: each against the first."""
+    """(command, [Comparison]): with a baseline (--baseline), each input of its command against
+    it; without one, none (the page compares only what it is asked to)."""
     from gpubench.analysis import compare as cmpmod
 
-    by: dict[str, list[Item]] = {}
+    base = inputs.baseline
+    if base is None:
+        return []
+    command, cmps = base.result.command, []
     for it in inputs.items:
-        by.setdefault(it.result.command, []).append(it)
-    out = []
-    for command, items in by.items():
-        if len(items) < 2:
+        if it.result.command != command:
             continue
-        base = items[0]
-        cmps = []
-        for it in items[1:]:
-            try:
-                cmps.append(cmpmod.compare(base.result, it.result, base_name=base.name, new_name=it.name))
-            except UsageError as e:  # records that cannot be paired: said, not fatal to the page
-                cmps.append(cmpmod.Comparison(base.name, it.name, command, notes=[f"not compared: {e.message}"]))
-        out.append((command, cmps))
-    return out
+        try:
+            cmps.append(cmpmod.compare(base.result, it.result, base_name=base.name, new_name=it.name))
+        except UsageError as e:  # records that cannot be paired: said, not fatal to the page
+            cmps.append(cmpmod.Comparison(base.name, it.name, command, notes=[f"not compared: {e.message}"]))
+    return [(command, cmps)]
 
 
 def _compare_section(command: str, cmps: list, inputs: Inputs, units: str) -> str:
@@ -476,7 +504,7 @@ caption { text-align: left; font-weight: 600; padding: 0.2em 0; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 tr.bad td, li.bad, p.bad, .verdict.bad, span.fail { background: #fde0dc; color: #8a1100; }
-tr.warn td, span.slow { background: #fff3cd; color: #6b4e00; }
+tr.warn td, span.slow, .verdict.warn, li.warn { background: #fff3cd; color: #6b4e00; }
 tr.gone td, td.gone, span.missing { background: #e8e8e8; color: #555; }
 tr.good td { background: #e3f4e1; } tr.differs th, tr.differs td { background: #fff3cd; }
 table.env td { max-width: 28em; overflow-wrap: anywhere; } .verdict.ok, span.ok { background: #e3f4e1; color: #174d12; }
@@ -517,7 +545,8 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
     for name, b in inputs.bundles:
         line = suite.verdict_line(b) if b.outcomes else ""
         if line:
-            flags.append(("bad" if line.startswith("FAILED") else "ok", f"{name}: {line}"))
+            flags.append(("bad" if line.startswith("FAILED") else "ok" if line.startswith("PASSED") else "warn",
+                          f"{name}: {line}"))
     for name, f in inputs.fleets:
         rows = f.get("rows") or []
         bad = [r for r in rows if r.get("flag") != "ok"]
@@ -569,7 +598,8 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
     return "\n".join(p for p in parts if p)
 
 
-def write(paths: Sequence[str], out: str | os.PathLike, *, units: str = "GB", title: str | None = None) -> Path:
+def write(paths: Sequence[str], out: str | os.PathLike, *, units: str = "GB", title: str | None = None,
+          baseline: str | None = None) -> Path:
     """Read ``paths`` and write the report to ``out`` atomically (temporary file + rename).
 
     Raises:
@@ -584,6 +614,6 @@ def write(paths: Sequence[str], out: str | os.PathLike, *, units: str = "GB", ti
     if units not in UNITS:
         raise UsageError(f"units {units!r} not known", "use GB or GiB")
     require_matplotlib("report")  # its plots are drawn inline
-    inputs = read_inputs(paths)
+    inputs = read_inputs(paths, baseline)
     text = build(inputs, units=units, title=title)
     return write_bytes_atomic(text.encode("utf-8"), out, "the report", "-o")

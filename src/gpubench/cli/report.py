@@ -14,14 +14,16 @@ from gpubench.core.errors import UsageError
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
               help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
 @click.option("--title", default=None, help="Heading of the page [default: gpubench report].")
+@click.option("--baseline", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="A saved result to compare each input of its command with (no comparison without it).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
-def command(inputs, output, units, title, quiet, debug):
+def command(inputs, output, units, title, baseline, quiet, debug):
     """One self-contained HTML page (no network, plots inline) of saved results, suite bundles or
     their folders, and fleet bundles: verdicts and flags first (partial, above peak, throttled,
-    failed), the environment, the fleet table, each suite's expectations, a comparison for each
-    command given twice or more, and each result's table and plot. Readable without JavaScript;
-    prints well. No GPU needed.
+    failed), the environment, the fleet table, each suite's expectations, with --baseline FILE a
+    comparison of each input of its command against it, and each result's table and plot.
+    Readable without JavaScript; prints well. No GPU needed.
     """
     from gpubench.analysis import html as htmlreport
     from gpubench.core.result import check_output_path
@@ -29,7 +31,7 @@ def command(inputs, output, units, title, quiet, debug):
     if not output.lower().endswith((".html", ".htm")):
         raise UsageError(f"-o {output!r} must end in .html", "e.g. -o report.html")
     check_output_path(output, "-o")
-    path = htmlreport.write(list(inputs), output, units=units, title=title)
+    path = htmlreport.write(list(inputs), output, units=units, title=title, baseline=baseline)
     from gpubench.core.report import saved
 
     saved(path, "wrote", quiet=quiet)

@@ -49,8 +49,9 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
         from gpubench.validation import fleet
 
         bundles = [suite.load_checkable(p) for p in check_files]
+        strict = strict or any(b.strict for b in bundles)  # a bundle's own --strict holds when it is checked again
         bundle = suite.Bundle(steps=[s for b in bundles for s in b.steps], expect_file=expect_file,
-                              env=bundles[0].env)
+                              env=bundles[0].env, strict=strict)
         # a fleet bundle is judged on its own, as its live run judged it (fleet.check_saved); the
         # other files together: steps skipped or failed in a bundle keep that status only when no
         # other file has the command (a failed step's partial result does not count)
@@ -95,6 +96,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     check_output_target(_made(out, out_dir) / "suite-probe.json", "-o")
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
+    bundle.strict = strict
     from gpubench.core.registry import INVOCATION
     from gpubench.core.safe import term
 
@@ -144,8 +146,13 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
     if not show_steps:
         renderables = [r for r in renderables if getattr(r, "title", None) != "Suite steps"]
     if also_failed:
-        renderables = [Text("FAILED:" + r.plain[len("PASSED:"):]) if isinstance(r, Text) and r.plain.startswith("PASSED:")
-                       else r for r in renderables]
+        def failed(r):
+            for head in ("PASSED:", "NOTHING CHECKED:"):
+                if isinstance(r, Text) and r.plain.startswith(head):
+                    return Text("FAILED:" + r.plain[len(head):])
+            return r
+
+        renderables = [failed(r) for r in renderables]
     renderables += list(extra) + [Text(safe.term(w, 2000)) for w in also_failed]
     report.display(renderables, quiet=quiet)
     if saved:

@@ -448,6 +448,26 @@ class Roll:
                 "rank 0 reports the rest of the fleet")
 
 
+def skipped_lines(steps: Sequence[Any]) -> list[str]:
+    """A line per skipped step of a fleet bundle, the same step and reason on several ranks said
+    once with the ranks: "skipped: copy on ranks 0, 1: no CUDA device is visible" (escaped
+    for rich's markup)."""
+    from gpubench.core import safe
+
+    by: dict[tuple[str, str], list[str]] = {}
+    for s in steps:
+        if s.status == "skipped":
+            name, _, rank = s.name.partition(" [rank ")
+            by.setdefault((name, s.reason or ""), []).append(rank.rstrip("]"))
+    out = []
+    for (name, why), ranks_ in by.items():
+        shown = [r for r in ranks_ if r]
+        more = f" (+{len(shown) - 8} more)" if len(shown) > 8 else ""
+        where = f" on rank{'s' if len(shown) > 1 else ''} {', '.join(shown[:8])}{more}" if shown else ""
+        out.append(safe.term_markup(f"skipped: {name}{where}: {why or 'no reason given'}"))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The run (every rank calls run_fleet)
 
@@ -628,7 +648,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             outcomes += p["outcomes"]
         outcomes += [o.to_dict() for o in stage_outcomes]
         doc = {"schema_version": suite.BUNDLE_VERSION, "created": bundle.created, "steps": steps, "env": env,
-               "argv": list(INVOCATION), "expectations": {"file": expect_file, "outcomes": outcomes}}
+               "argv": list(INVOCATION), "expectations": {"file": expect_file, "strict": strict, "outcomes": outcomes}}
         full = suite.Bundle.from_dict(doc, "fleet bundle")
         full.expect_file = expect_file
         full.fleet = fleet
@@ -647,8 +667,11 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                 line = (f"{len(skipped)} expectation outcome(s) skipped, failed by --strict: " + ", ".join(names[:8])
                         + (" ..." if len(names) > 8 else ""))
                 why = f"{why}; {line}" if why else f"fleet failed: {line}"
-        renderables.append(
-escape(why) if why else f"PASSED: {len(fleet['rows'])} figure(s) ok on {group.size} rank(s).")
+        renderables += skipped_lines(full.steps)
+        n_rows = len(fleet["rows"])
+        renderables.append(escape(why) if why else
+                           f"PASSED: {n_rows} figure(s) ok on {group.size} rank(s)." if n_rows else
+                           f"NOTHING CHECKED: no figure was measured on {group.size} rank(s).")
         report.display(renderables, quiet=quiet)
         report.saved(path, quiet=quiet)
         if why:

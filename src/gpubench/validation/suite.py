@@ -449,6 +449,7 @@ class Bundle:
     argv: list[str] = field(default_factory=list)
     expect_file: str | None = None
     outcomes: list[Outcome] = field(default_factory=list)
+    strict: bool = False  # the run's --strict: report and suite --check judge the bundle as it did
     created: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     fleet: dict | None = None  # a fleet bundle's "fleet" object (docs/fleet.md), checked on load
@@ -471,7 +472,8 @@ class Bundle:
             "argv": self.argv,
             "env": self.env,
             "steps": [s.to_dict() for s in self.steps],
-            "expectations": {"file": self.expect_file, "outcomes": [o.to_dict() for o in self.outcomes]},
+            "expectations": {"file": self.expect_file, "strict": self.strict,
+                             "outcomes": [o.to_dict() for o in self.outcomes]},
             **({"fleet": self.fleet} if self.fleet is not None else {}),
         }
 
@@ -516,6 +518,10 @@ class Bundle:
         if not isinstance(exp, dict):
             raise R.bad_field(source, "/expectations", exp, "an object")
         b.expect_file = R.check_str(exp.get("file"), source, "/expectations/file", allow_none=True)
+        strict = exp.get("strict", False)  # absent in bundles written before it was recorded
+        if not isinstance(strict, bool):
+            raise R.bad_field(source, "/expectations/strict", strict, "true or false")
+        b.strict = strict
         outcomes = exp.get("outcomes") or []
         if not isinstance(outcomes, list) or len(outcomes) > MAX_OUTCOMES:
             raise R.bad_field(source, "/expectations/outcomes", outcomes, f"an array of at most {MAX_OUTCOMES:,} outcomes")
@@ -643,12 +649,16 @@ def format_report(bundle: Bundle, strict: bool = False) -> list:
 
 
 def verdict_line(bundle: Bundle, strict: bool = False) -> str:
+    """"FAILED: ..." when an expectation failed or is missing (skipped too with ``strict`` or the
+    bundle's own --strict) or a step had an error; "PASSED: ..." only when at least one passed;
+    else "NOTHING CHECKED: ..."; with the counts of each outcome."""
+    strict = strict or bundle.strict
     c = {k: 0 for k in ("pass", "fail", "missing", "skipped")}
     for o in bundle.outcomes:
         c[o.status] += 1
     bad = len(failures(bundle.outcomes, strict))
     errors = [s.name for s in bundle.steps if s.status == "error"]
-    head = "FAILED" if bad or errors else "PASSED"
+    head = "FAILED" if bad or errors else "PASSED" if c["pass"] else "NOTHING CHECKED"
     s = f"{head}: {c['pass']} pass, {c['fail']} fail, {c['missing']} missing, {c['skipped']} skipped"
     if strict and c["skipped"]:
         s += " (skipped counts as failed: --strict)"
