@@ -1,6 +1,9 @@
 # Two commands set up and use a fresh machine:
 #   make run   - create .venv, install gpubench with the CUDA extra, run `gpubench copy --pinned`
 #   make test  - create .venv if missing, install the test extras, run the whole test suite
+# and one checks the source and the package (no GPU, a few minutes; .ci/run runs it before make test):
+#   make check - ruff, mypy, lint-imports (make lint); python -m build, twine check --strict, what the
+#                sdist and wheel hold, and the wheel on a base install in a fresh venv (make package)
 # make browser installs headless Chromium from the system's packages when it is missing (Debian:
 # apt-get install chromium; root, or sudo), for the HTML report's browser test; .ci/run does it first.
 # CUDA=cuda12 picks CuPy for CUDA 12. The tests also get distributed-ucxx for that CUDA (ucx-cu13 or
@@ -17,7 +20,7 @@ else
 $(error CUDA=$(CUDA) is not known: use CUDA=cuda13 or CUDA=cuda12)
 endif
 
-.PHONY: run test clean browser schema
+.PHONY: run test check lint lint-ruff lint-mypy lint-imports package clean browser schema
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +34,38 @@ $(VENV)/.test-$(CUDA): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $@
 
+# make check's tools, pyproject.toml's [dependency-groups] check (pip install --group: pip >= 25.1)
+$(VENV)/.check: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade "pip>=25.1"
+	$(BIN)/python -m pip install -q -e . --group check
+	touch $@
+
 run: $(VENV)/.run-$(CUDA)
 	$(BIN)/gpubench copy --pinned
 
 test: $(VENV)/.test-$(CUDA)
 	$(BIN)/python -m pytest -q
+
+check: lint package
+
+lint: lint-ruff lint-mypy lint-imports
+
+lint-ruff: $(VENV)/.check
+	$(BIN)/ruff check src tests benchmarks examples ci
+
+lint-mypy: $(VENV)/.check
+	$(BIN)/mypy
+
+# the layers of docs/architecture.md (pyproject.toml [tool.importlinter])
+lint-imports: $(VENV)/.check
+	$(BIN)/lint-imports
+
+package: $(VENV)/.check
+	rm -rf dist
+	$(BIN)/python -m build --sdist --wheel --outdir dist/ .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python ci/check_dists.py dist/
+	PYTHON=$(PYTHON) ci/base_install_check.sh dist/*.whl
 
 browser:
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
@@ -51,4 +81,4 @@ schema: $(VENV)/.test-$(CUDA)
 	$(BIN)/python ci/write_schema.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build dist src/*.egg-info

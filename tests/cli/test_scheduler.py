@@ -87,7 +87,9 @@ def test_check_workers_reads_the_scheduler_not_the_clients_cache(monkeypatch):
         workers = {a: i for i, a in enumerate(client.scheduler_info(n_workers=-1)["workers"])}
         assert len(workers) == 2
         client.sync(client._update_scheduler_info)  # the periodic refresh: n_workers=0
-        assert client._scheduler_identity["workers"] == {}
+        if scheduler._identity_lists_every_worker():  # distributed#9045 on: the refresh lists no worker
+            assert client._scheduler_identity["workers"] == {}
+        # (before it, as in the lowest dask the constraints pin, every identity lists every worker)
 
         async def refresh_fails(n_workers=0):  # distributed's path on OSError: log and keep the cache
             return None

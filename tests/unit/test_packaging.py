@@ -64,3 +64,26 @@ def test_install_hints_name_this_distribution():
             if bare.search(line) or re.search(r"pip install '?gpubench(?![\w-])", line):
                 offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def test_readme_links_work_on_pypi():
+    # PyPI renders README.md without the repository: a relative link there leads nowhere. Every link
+    # is absolute, and one into this repository names a file or folder that exists, at the address
+    # [project.urls] Source gives.
+    source = PROJECT["urls"]["Source"].rstrip("/")
+    links = re.findall(r"\]\(([^)\s]+)\)|(?:href|src)=\"([^\"]+)\"|^\[[^\]]+\]:\s*(\S+)",
+                       (ROOT / "README.md").read_text(), flags=re.M)
+    links = [next(x for x in groups if x) for groups in links]
+    assert links, "README.md has no links to check"
+    bad = [u for u in links if not u.startswith(("https://", "http://", "#", "mailto:"))]
+    assert bad == [], "relative links in README.md"
+    for u in links:
+        m = re.fullmatch(re.escape(source) + r"/(?:blob|tree)/main/([^#?]+)(?:#.*)?", u)
+        if u.startswith(source + "/") and not u.startswith(source + "/issues"):
+            assert m and (ROOT / m.group(1)).exists(), u
+
+
+def test_the_sdist_manifest_ships_the_docs_images():
+    # docs/*.md show docs/img/*.png; MANIFEST.in is what puts them in the sdist (make check lists it)
+    assert list((ROOT / "docs" / "img").glob("*.png"))
+    assert re.search(r"^recursive-include docs [^\n]*\*\.png", (ROOT / "MANIFEST.in").read_text(), flags=re.M)

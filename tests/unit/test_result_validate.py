@@ -38,6 +38,7 @@ MUTATIONS = [
     ("failed_by", 3), ("failed_by", ""), ("argv", "x"), ("argv", [1]), ("spec", []), ("env", []),
     ("records", {}), ("env.host", "x"), ("env.host.cpu_count", "2"), ("env.gpus", {}), ("env.gpus", [{"name": "x"}]),
     ("env.topology", {"0,1": 1}), ("env.versions", {"x": 1}), ("env.cuda.device_count", "1"),
+    ("env.cuda.nvrtc_version", 13),
     ("records.0", []), ("records.0.params", []), ("records.0.params.x", [1]), ("records.0.metric", "speed"),
     ("records.0.nbytes", 1.5), ("records.0.nbytes", -1), ("records.0.nbytes", "1"), ("records.0.samples_s", [-1.0]),
     ("records.0.samples_s", ["1"]), ("records.0.samples_s", 1.0), ("records.0.reps", 0),

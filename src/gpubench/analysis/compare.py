@@ -1004,12 +1004,13 @@ def env_facts(env: dict) -> dict[str, str]:
         "NVIDIA driver": str(nvml.get("driver_version") or "-"),
         "CUDA driver": str(cuda.get("driver_version") or "-"),
         "CUDA runtime": str(cuda.get("runtime_version") or "-"),
+        "NVRTC": str(cuda.get("nvrtc_version") or "-"),
         "CPU": str(host.get("cpu_model", "-")),
         "OS": str(host.get("os", "-")),
         "python": str(host.get("python", "-")),
     }
     for k, v in sorted((env.get("versions") or {}).items()):
-        facts[k] = str(v)
+        facts[k] = "-" if v is None else str(v)  # a wheel not installed reads as one an older file did not record
     nccl = env.get("nccl")
     if isinstance(nccl, dict):  # nccl results: the library and the NCCL_* variables it read
         facts["NCCL"] = nccl_version_text(nccl.get("version"))
@@ -1038,7 +1039,7 @@ def nccl_version_text(code) -> str:
 def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
     """(what, base value, new value) for each machine fact, gpubench version or option that differs."""
     a, b = env_facts(base.env), env_facts(new.env)
-    out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
+    out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k, "-") != b.get(k, "-")]
     if base.gpubench_version != new.gpubench_version:
         out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
     own = registry.find(new.command)

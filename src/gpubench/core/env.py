@@ -3,8 +3,10 @@
 :func:`capture` returns a JSON-able dict::
 
     {"host": {hostname, os, python, cpu_count, numa_nodes, mem_total_bytes, mem_available_bytes},
-     "versions": {gpubench, numpy, cupy, nvidia-ml-py},
-     "cuda": {driver_version, runtime_version, device_count, error,
+     "versions": {gpubench, numpy, cupy, nvidia-ml-py, click, rich,
+                  cuda-toolkit, nvidia-cuda-nvrtc, nvidia-nccl, cuda-bindings},  # the CUDA wheels: null
+                                                                                  # where not installed
+     "cuda": {driver_version, runtime_version, nvrtc_version, device_count, error,
               driver_check},                     # gpubench.support.driver_check, null when unknown
      "nvml": {driver_version, error},
      "gpus": [{index, name, uuid, pci_bus_id, memory_total_bytes, memory_free_bytes,
@@ -93,16 +95,38 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+#: The CUDA wheels the cuda12/cuda13 extras install, each under one key whatever its CUDA major:
+#: key -> the distributions that provide it (the CUDA 13 names first; CUDA 12's carry -cu12).
+CUDA_WHEELS: dict[str, tuple[str, ...]] = {
+    "cuda-toolkit": ("cuda-toolkit",),
+    "nvidia-cuda-nvrtc": ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12"),
+    "nvidia-nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl"),
+    "cuda-bindings": ("cuda-bindings",),
+}
+
+
 def versions() -> dict[str, str | None]:
-    """Versions of gpubench and the libraries it measures through (None when not installed)."""
+    """Versions of gpubench and the libraries it measures through: numpy, CuPy, nvidia-ml-py, click
+    and rich where installed, and always the CUDA wheels of :data:`CUDA_WHEELS` (None where none is
+    installed). Read from the installed distributions' metadata: nothing is imported."""
     from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
 
     out: dict[str, str | None] = {"gpubench": __version__}
     for dist in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "nvidia-ml-py", "click", "rich"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
+        v = version(dist)
+        if v is not None:
+            out[dist] = v
+    # with CuPy for CUDA 12 installed, its wheels (-cu12) are the ones in use where both majors are
+    cu12_first = "cupy-cuda12x" in out and "cupy-cuda13x" not in out
+    for key, dists in CUDA_WHEELS.items():
+        order = sorted(dists, key=lambda d: not d.endswith("-cu12")) if cu12_first else dists
+        out[key] = next((v for v in map(version, order) if v is not None), None)
     return out
 
 
@@ -113,13 +137,20 @@ def _short(e: BaseException) -> str:
 
 def cuda_info() -> dict[str, Any]:
     """CUDA driver/runtime versions and device count through CuPy; ``error`` says why not."""
-    out: dict[str, Any] = {"driver_version": None, "runtime_version": None, "device_count": 0, "error": None}
+    out: dict[str, Any] = {"driver_version": None, "runtime_version": None, "nvrtc_version": None,
+                           "device_count": 0, "error": None}
+    from importlib.util import find_spec
+
+    if find_spec("cupy") is None:  # not installed: nothing to import
+        out["error"] = "CuPy not importable (ModuleNotFoundError: No module named 'cupy')"
+        return out
     try:
         import cupy  # noqa: F401
         from cupy.cuda import runtime
     except Exception as e:  # ImportError, or a broken CUDA install
         out["error"] = f"CuPy not importable ({_short(e)})"
         return out
+    out["nvrtc_version"] = nvrtc_version()
     try:
         out["runtime_version"] = _fmt_cuda_version(runtime.runtimeGetVersion())
     except Exception as e:
@@ -132,6 +163,18 @@ def cuda_info() -> dict[str, Any]:
 
         out["error"] = no_driver_text(_short(e))
     return out
+
+
+def nvrtc_version() -> str | None:
+    """NVRTC's version as "major.minor" (CuPy's ``cupy.cuda.nvrtc.getVersion()``: the NVRTC that
+    compiles gpubench's kernels), None where CuPy or NVRTC cannot say."""
+    try:
+        from cupy.cuda import nvrtc
+
+        major, minor = nvrtc.getVersion()
+        return f"{int(major)}.{int(minor)}"
+    except Exception:  # no NVRTC library found, or a CuPy without the call
+        return None
 
 
 def _fmt_cuda_version(v: int) -> str | None:

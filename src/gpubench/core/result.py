@@ -1065,7 +1065,8 @@ def check_command(v: object, source: str, pointer: str) -> str:
 _ENV_FIELDS: dict[str, dict[str, str]] = {
     "host": {"hostname": "str", "os": "str", "python": "str", "cpu_count": "int", "cpus_usable": "int",
              "cpu_model": "str", "numa_nodes": "int", "mem_total_bytes": "int", "mem_available_bytes": "int"},
-    "cuda": {"driver_version": "str", "runtime_version": "str", "device_count": "int", "error": "str"},
+    "cuda": {"driver_version": "str", "runtime_version": "str", "nvrtc_version": "str", "device_count": "int",
+             "error": "str"},
     "nvml": {"driver_version": "str", "error": "str"},
 }
 _GPU_FIELDS = {"name": "str", "uuid": "str", "pci_bus_id": "str", "memory_total_bytes": "int",

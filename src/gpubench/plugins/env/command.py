@@ -43,6 +43,7 @@ def format_report(env: dict, units: str = "GB") -> list:
     """Host table, GPU table, topology matrix (rich renderables). Every string from the
     environment is shown inert (:func:`_t`): a hostname or GPU name holding ANSI, OSC 8, CR/LF or
     rich markup is printed as its escapes."""
+    from gpubench.core import env as envmod
     from gpubench.core import safe
     from gpubench.core.limits import pcie_label
     from gpubench.core.units import format_rate
@@ -60,8 +61,10 @@ def format_report(env: dict, units: str = "GB") -> list:
         ("memory", _t(f"{_fmt_bytes(h.get('mem_total_bytes'))} total, "
                       f"{_fmt_bytes(h.get('mem_available_bytes'))} available")),
         ("python", _t(h.get("python"))),
-        ("versions", _t(", ".join(f"{k} {val}" for k, val in v.items()))),
+        ("versions", _t(", ".join(f"{k} {val}" for k, val in v.items() if k not in envmod.CUDA_WHEELS))),
+        ("CUDA wheels", _t(", ".join(f"{k} {v.get(k) or '-'}" for k in envmod.CUDA_WHEELS))),
         ("CUDA driver / runtime", _t(f"{c.get('driver_version') or '-'} / {c.get('runtime_version') or '-'}")),
+        ("NVRTC", _t(c.get("nvrtc_version") or "-")),
         ("NVIDIA driver", _t(nvml.get("driver_version") or "-")),
     ]))
     out.append(_support_table(h.get("python")))

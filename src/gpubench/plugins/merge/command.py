@@ -146,9 +146,12 @@ def parse_timeout(text) -> float:
     bad = UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
     if not s:
         raise bad
+    import importlib
+
+    # through import_module: the name has one type (Any) whether mypy finds dask or not
     parse_timedelta: Callable[..., Any] | None
     try:
-        from dask.utils import parse_timedelta
+        parse_timedelta = importlib.import_module("dask.utils").parse_timedelta
     except ImportError:
         parse_timedelta = None
     try:
