@@ -167,7 +167,7 @@ def test_an_oversized_request_is_refused_after_4096_bytes(srv):
 
 @pytest.mark.parametrize("ask, fragment", [
     ({"streams": 10_000}, "streams 10000 out of range: 1 to 128"),
-    ({"seconds": 365 * 24 * 3600}, "at most 3600"),
+    ({"seconds": 365 * 24 * 3600}, "0.1 to 3600"),
     ({"buffer": 2**40}, "buffer 1099511627776 out of range"),
 ])
 def test_a_greedy_request_is_refused(srv, ask, fragment):
