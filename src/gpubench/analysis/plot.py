@@ -7,7 +7,7 @@ Each command's records are drawn the way they read best (docs/plot.md shows one 
   a p25-p75 band.
 - **bars** (batch, memcpy2d, overlap at one size): one bar group per strategy (overlap: per stage),
   one bar per direction + memory kind (overlap: per work), whiskers p25-p75, ``n=`` over each bar.
-- **nccl**: busbw and algbw, each its own panel against size; the collective, rank count, dtype and
+- **nccl**: busbw and algbw, each its own panel against size (one panel where they are equal); the collective, rank count, dtype and
   op in the titles; one line per placement.
 - **matrix** (p2p): one annotated 2-D matrix per test (and bidir part), every bandwidth matrix on
   one shared colour scale from 0 and every latency matrix on one shared, reversed scale (brighter =
@@ -465,6 +465,10 @@ def _collective_section(command: str, metric: str, items, many: bool) -> Section
         head = f"{coll or command}, {nranks} ranks" if nranks else f"{coll or command}"
         if metric == "time":
             panels.append(Panel("collective", metric, f"{head}: time", _series(sub, keys, many, "time"), command, "nbytes"))
+            continue
+        if all(float(r.extra.get("busbw_factor") or 1.0) == 1.0 for _, r in sub):  # busbw = algbw (2-rank
+            panels.append(Panel("collective", metric, f"{head}: busbw = algbw",  # all-reduce, broadcast...):
+                                _series(sub, keys, many, str(coll)), command, "nbytes", scale_by="algbw"))  # one panel
             continue
         for bw in ("busbw", "algbw"):
             panels.append(Panel("collective", metric, f"{head}: {bw}", _series(sub, keys, many, str(coll)), command,
