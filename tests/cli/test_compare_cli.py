@@ -360,7 +360,7 @@ def test_named_pipe_with_no_writer_does_not_hang(tmp_path):
     os.mkfifo(fifo)
     code, err, _ = compare_measured(PINNED_PATH, str(fifo), timeout=30)  # open() must not wait for a writer
     assert code == 2
-    assert "pipe.json is empty" in _one_error_line(err)
+    assert "pipe.json is a named pipe that nothing had written to" in _one_error_line(err)
 
 def test_device_file_is_refused_without_reading(run_cli):
     # /dev/zero has no end: it is refused as a device, without reading it up to the size limit

@@ -471,8 +471,8 @@ def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> by
     """The bytes of ``path``, at most MAX_LOAD_BYTES (64 MiB), never blocking on a named pipe.
 
     Raises:
-        UsageError: unreadable, a device or socket, or larger than MAX_LOAD_BYTES; one line naming
-            the file. A named pipe that nobody writes to reads as empty.
+        UsageError: unreadable, a device or socket, larger than MAX_LOAD_BYTES, or a named pipe
+            that nothing had written to (it is not waited for); one line naming the file.
     """
     p = Path(path)
     name = str(p)
@@ -483,7 +483,8 @@ def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> by
         size = st.st_size
         if size > MAX_LOAD_BYTES:
             raise UsageError(f"{name} is {size} bytes, too large for {what}")
-        if _stat.S_ISFIFO(st.st_mode):  # <(cmd) works; a named pipe nobody writes to reads as empty, no wait
+        fifo = _stat.S_ISFIFO(st.st_mode)
+        if fifo:  # <(cmd) works; a named pipe nobody writes to reads as empty, no wait
             fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
             os.set_blocking(fd, True)
             f = os.fdopen(fd, "rb")
@@ -493,6 +494,9 @@ def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> by
             raw = f.read(MAX_LOAD_BYTES + 1)
     except OSError as e:
         raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+    if fifo and not raw:  # not "empty" or "no [[expect]] tables": nothing was there to read
+        raise UsageError(f"{name} is a named pipe that nothing had written to",
+                         f"give {what} as a file, or start its writer first")
     if len(raw) > MAX_LOAD_BYTES:
         raise UsageError(f"{name} is over {MAX_LOAD_BYTES} bytes, too large for {what}")
     return raw
