@@ -938,7 +938,7 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
     user_bps = [p * UNITS[units] for p in peaks_gbps]
     for sf, sec in zip(subfigs, sections):
         sf.suptitle(S(sec.title), fontsize=11, x=0.01, ha="left")
-        grid = sf.subplots(sec.rows, sec.cols, squeeze=False, sharey=sec.kind in ("sweep",))
+        grid = sf.subplots(sec.rows, sec.cols, squeeze=False)  # each panel its own y scale (copy's d2d, bidir-total)
         groups: list[list] = []
         spares = []
         row = 0
@@ -976,12 +976,6 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
             top = max(ax.get_ylim()[1] for ax in axes)
             for ax in axes:
                 ax.set_ylim(0, top)
-        if sec.kind == "sweep" and len(sec.panels) > 1:
-            tops = [getattr(ax, "gpubench_top", 0.0) for ax in axes]
-            if max(tops) > 0:  # the facets share the y axis: the highest of them sets it
-                axes[0].set_ylim(0, max(tops) * 1.12)
-            for ax in axes:
-                ax.tick_params(labelleft=True)
         sf.legend(list(legend.values()), list(legend.keys()), loc="outside right upper", fontsize=8,
                   handlelength=3.2, frameon=False)
     return fig, sections
