@@ -123,6 +123,13 @@ def test_batch_at_one_size_is_bars_per_strategy_with_whiskers_and_n():
     assert plot.WHISKER_LABEL in texts
     # the record's peak is labelled by its source
     assert any("PCIe Gen5 x16 peak 63.0 GB/s (measured link)" == t.get_text() for t in ax.texts)
+    # no bar's label crosses the peak line (a tall bar's is written inside it)
+    fig.canvas.draw()
+    peak_y = ax.transData.transform((0, 63.0))[1]
+    for t in ax.texts:
+        if "n=" in t.get_text():
+            box = t.get_window_extent()
+            assert not box.y0 < peak_y < box.y1, t.get_text()
 
 
 def overlap_result() -> Result:

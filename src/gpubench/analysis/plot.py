@@ -720,6 +720,7 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
     width = min(0.8 / k, 0.45)
     x = np.arange(len(cats))
     top = 0.0
+    labels: list[tuple[float, Summary]] = []  # written once the y range is known (below)
     for i, (s, d) in enumerate(per):
         colour, _, _, hatch = styles[(s.source, s.mode)]
         med = [d[c].median if c in d else np.nan for c in cats]
@@ -735,8 +736,7 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
         for xi, c in zip(xs, cats):
             if c in d:
                 top = max(top, d[c].p75)
-                ax.annotate(f"{_fmt(d[c].median)}  n={d[c].n}", (xi, d[c].p75), textcoords="offset points",
-                            xytext=(0, 2), ha="center", va="bottom", fontsize=7, rotation=90, color="0.2")
+                labels.append((xi, d[c]))
                 if c in above:
                     mark, = ax.plot([xi], [d[c].median], "x", color="red", markersize=9, mew=2, label="_above")
                     legend.setdefault(ABOVE_LABEL, mark)
@@ -747,6 +747,13 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
     if panel.metric == "bandwidth":
         top = _draw_peaks(ax, peaks, units, top)
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
+    # the median and n over a short bar; inside a tall one (from its top down), where it cannot
+    # cross a peak line drawn just above the bars
+    for xi, v in labels:
+        inside = v.median > 0.45 * ax.get_ylim()[1]
+        ax.annotate(f"{_fmt(v.median)}  n={v.n}", (xi, v.median if inside else v.p75), textcoords="offset points",
+                    xytext=(0, -3 if inside else 2), ha="center", va="top" if inside else "bottom", fontsize=7,
+                    rotation=90, color="white" if inside else "0.2")
     ax.grid(True, axis="y", alpha=0.3)
     from matplotlib.lines import Line2D
 
