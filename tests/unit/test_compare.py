@@ -672,6 +672,22 @@ def test_hostile_strings_are_inert_in_the_terminal_table(name):
 
 
 @pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_the_summary_line_names_the_worst_figure_inertly_in_the_terminal_table(name):
+    """The summary line names the worst figure by the params that tell figures apart: a hostile
+    value there is escaped as in the table's cells (one line, no escape sequence), not written raw."""
+    payload = PAYLOADS[name]
+    base = _net({0: NET_BASE, 1: NET_BASE})
+    new = _net({0: [v / 2 for v in NET_BASE], 1: NET_BASE})
+    for r in (base, new):
+        r.records[0].params["stream"] = payload
+    c = cmp.compare(base, new)
+    text = _rich_text(cmp.format_table([c], threshold_pct=1, alpha=0.01))
+    assert "\x1b" not in text and "\r" not in text
+    summary = next(line for line in text.splitlines() if "figure(s) paired" in line)
+    assert "(worst: stream " in summary and "-50.00%)" in summary  # the whole figure on the one line
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
 def test_hostile_strings_are_inert_in_the_markdown(name):
     payload = PAYLOADS[name]
     a, b = _hostile(payload)

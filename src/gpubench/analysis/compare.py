@@ -1509,7 +1509,7 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
                             "others); --format markdown or json list every figure."))
         if any("†" in x for cells in shown for x in cells):
             out.append(Text(MEDIANS_NOTE))
-        out.append(Text(summary_line(cmp)))
+        out.append(T(summary_line(cmp)))  # it names the worst figure by its params, strings from the file
         out.extend(T(x) for x in undecided_lines(cmp))
     out.extend(Text(x) for x in method_lines(threshold_pct, alpha, units, metrics))
     return out
