@@ -243,6 +243,11 @@ def test_repeated_and_negative_devices(run_cli, argv, needle):
     (["copy", "-b", "-0"], r"-b/--min-bytes '-0'"),
     (["copy", "-w", "-0"], r"-w/--warmup -0 has a minus sign"),
     (["nccl", "--timeout", "-0.0"], r"-0.0 (has a minus sign|must be)"),
+    # where the range refuses 0, the line gives the range, never "write 0"
+    (["copy", "-n", "-0"], r"^gpubench: error: -n/--iters -0 must be >= 1$"),
+    (["copy", "--min-time", "-0"], r"^gpubench: error: --min-time -0 must be > 0 seconds$"),
+    (["copy", "--min-time", "1e-400"], r"--min-time 1e-400 is too small to tell from 0 \(use a value of at least 1e-300\)$"),
+    (["nccl", "-T", "1e-400"], r"-T/--timeout 1e-400 is too small to tell from 0 \(use a value of at least 1e-300, or 0\)$"),
 ])
 def test_every_comma_list_refuses_an_empty_entry_and_every_zero_its_sign(run_cli, argv, needle):
     _refused_matching(run_cli, *argv, needle=needle)

@@ -38,6 +38,17 @@ def test_a_value_outside_is_one_line_naming_option_value_and_bound(bound, value,
     assert _line(bound, value) == line
 
 
+@pytest.mark.parametrize("bound,value,line", [
+    (Bound("-T/--timeout", lo=0, hi=604800.0, unit="seconds"), 604800.5,
+     "-T/--timeout 604800.5 is too large (at most 604,800 seconds)"),
+    (Bound("--expect-busbw", lo=0, above=True, hi=1e6, unit="GB/s"), 1000001.0,
+     "--expect-busbw 1000001.0 is too large (at most 1,000,000 GB/s)"),
+    (Bound("-t/--time", lo=0.1, unit="seconds"), 0.0999999, "-t/--time 0.0999999 must be >= 0.1 seconds"),
+])
+def test_a_value_just_past_its_bound_is_shown_with_the_digits_that_put_it_there(bound, value, line):
+    assert _line(bound, value) == line
+
+
 def test_an_upper_bound_may_be_read_from_the_machine_when_checked():
     seen = []
     b = Bound("--threads", lo=1, hi=lambda: seen.append(1) or 8)

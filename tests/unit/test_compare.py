@@ -214,6 +214,22 @@ def test_a_record_param_an_older_result_lacks_pairs_only_with_its_older_behaviou
                        "direction pairs figures that differ only there"]
 
 
+def test_when_nothing_pairs_a_param_an_older_result_lacks_is_not_named_as_the_difference():
+    """An older net result (no "direction": it pairs as c2s) against a c2s run with another -P: the
+    note names streams and the option that pairs them, not direction, which --ignore-param would not
+    help with."""
+    def net(streams, direction=None):
+        return Result("net", {}, records=[
+            Record({"streams": streams, "stream": s, **({"direction": direction} if direction else {})},
+                   nbytes=10**9, samples_s=[0.1, 0.101, 0.099]) for s in (0, "total")])
+
+    c = cmp.compare(net(2), net(1, "c2s"))
+    assert c.counts()["only-base"] == 2 and c.counts()["only-new"] == 2, c.counts()
+    assert ("no figure pairs: the results differ in streams: base 2, new 1; --ignore-param streams pairs "
+            "figures that differ only there") in c.notes
+    assert cmp.compare(net(2), net(1, "c2s"), ignore=["streams"]).counts()["only-base"] == 0
+
+
 def test_env_diff_skips_net_options_an_older_result_lacks_at_their_older_behaviour_value():
     a, b = Result("net", {"streams": 1}), Result("net", {"streams": 1, "direction": "c2s", "window": 0,
                                                            "bitrate": 0, "family": 0, "copy": False})
@@ -669,6 +685,22 @@ def test_hostile_strings_are_inert_in_the_terminal_table(name):
         assert payload in text  # shown as written, not interpreted
     if name == "crlf":
         assert "a\\r\\nfake" in text
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_the_summary_line_names_the_worst_figure_inertly_in_the_terminal_table(name):
+    """The summary line names the worst figure by the params that tell figures apart: a hostile
+    value there is escaped as in the table's cells (one line, no escape sequence), not written raw."""
+    payload = PAYLOADS[name]
+    base = _net({0: NET_BASE, 1: NET_BASE})
+    new = _net({0: [v / 2 for v in NET_BASE], 1: NET_BASE})
+    for r in (base, new):
+        r.records[0].params["stream"] = payload
+    c = cmp.compare(base, new)
+    text = _rich_text(cmp.format_table([c], threshold_pct=1, alpha=0.01))
+    assert "\x1b" not in text and "\r" not in text
+    summary = next(line for line in text.splitlines() if "figure(s) paired" in line)
+    assert "(worst: stream " in summary and "-50.00%)" in summary  # the whole figure on the one line
 
 
 @pytest.mark.parametrize("name", sorted(PAYLOADS))

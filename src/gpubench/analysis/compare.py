@@ -1183,7 +1183,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         if k not in seen:
             cmp.rows.append(_one_side(rn, "only-new", new_name, pn))
     if base.records and new.records and all(r.status in ("only-base", "only-new") for r in cmp.rows):
-        cmp.notes.append(_nothing_pairs(base, new, ignore))
+        cmp.notes.append(_nothing_pairs(base, new, ignore, added))
     return cmp
 
 
@@ -1217,9 +1217,14 @@ def _ignored_notes(base: Result, new: Result, ignore: Sequence[str]) -> list[str
     return notes
 
 
-def _nothing_pairs(base: Result, new: Result, ignore: Sequence[str]) -> str:
-    """Why no figure paired: the params whose values differ between the sides, and the option."""
-    names = sorted({k for r in (base, new) for rec in r.records for k in rec.params} - set(ignore))
+def _nothing_pairs(base: Result, new: Result, ignore: Sequence[str], added: dict[str, Any]) -> str:
+    """Why no figure paired: the params whose values differ between the sides, and the option. A
+    param an older result lacks counts at the value it pairs as (``added``), as in the pairing."""
+
+    def _values(r: Result, name: str) -> list:
+        return list(dict.fromkeys(p[name] for p in (_filled(rec.params, added) for rec in r.records) if name in p))
+
+    names = sorted({k for r in (base, new) for rec in r.records for k in _filled(rec.params, added)} - set(ignore))
     differ = [n for n in names if set(map(repr, _values(base, n))) != set(map(repr, _values(new, n)))]
     if not differ:
         return "no figure pairs: each side's figures are its own"
@@ -1509,7 +1514,7 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
                             "others); --format markdown or json list every figure."))
         if any("†" in x for cells in shown for x in cells):
             out.append(Text(MEDIANS_NOTE))
-        out.append(Text(summary_line(cmp)))
+        out.append(T(summary_line(cmp)))  # it names the worst figure by its params, strings from the file
         out.extend(T(x) for x in undecided_lines(cmp))
     out.extend(Text(x) for x in method_lines(threshold_pct, alpha, units, metrics))
     return out

@@ -27,10 +27,12 @@ MAX_GBPS = 1e6  # GB/s: no link moves a petabyte per second (NVLink 5 x18 is 0.9
 
 
 def _shown(v: float) -> str:
-    """A value as given: an int in full (its digits counted past 15), a float by %g."""
+    """A value as given: an int in full (its digits counted past 15), a float by %g where that is
+    the value, else in full (604800.5 is not shown as 604800 beside "at most 604,800")."""
     if isinstance(v, int):
         return str(v) if abs(v) < 10**15 else f"(a {len(str(abs(v)))}-digit number)"
-    return f"{v:g}"
+    short = f"{v:g}"
+    return short if float(short) == v else repr(v)
 
 
 def _limit(v: float) -> str:

@@ -182,6 +182,16 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
             return own.too_large(shown)
         return UsageError(f"{name} {shown} is too large", f"at most {_max_text(hi, kind)}")
 
+    def zero_allowed() -> bool:  # never suggest 0 where the option's declared bound refuses it
+        own = bound() if bound is not None else None
+        if own is None:
+            return True
+        try:
+            own.check(0.0)
+        except UsageError:
+            return False
+        return True
+
     if isinstance(text, bool) or not isinstance(text, (int, float, str)):
         raise UsageError(f"{name} {text!r} is not a number")
     if isinstance(text, str):
@@ -204,8 +214,11 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
                 raise too_large(_shown_text(s))
             if value == 0 and any(c in "123456789" for c in s.lower().split("e")[0]):
                 raise UsageError(f"{name} {_shown_text(s)} is too small to tell from 0",  # 1e-400 underflows
-                                 "use a value of at least 1e-300, or 0")
+                                 "use a value of at least 1e-300" + (", or 0" if zero_allowed() else ""))
         if value == 0 and s.startswith("-"):  # "-0": int() reads 0, parse_size refuses the sign
+            own = bound() if bound is not None else None
+            if own is not None:
+                own.check(-0.0)  # where 0 is out of the option's range, that range ("-n/--iters -0 must be >= 1")
             raise UsageError(f"{name} {_shown_text(s)} has a minus sign", "write 0")
     else:
         value = kind(text)
