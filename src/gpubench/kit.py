@@ -275,7 +275,7 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         except UsageError as e:
             e.every_rank = True  # the options alone: every rank of a launcher refuses them alike
             raise
-        warn_quiet_keeps_nothing(out["quiet"], out["json_path"])
+        note = quiet_keeps_nothing(out["quiet"], out["json_path"])
         if not gathers_ranks:
             warn_ranks_alone(name, out["json_path"])
         result_box: list = []
@@ -288,7 +288,7 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
                                                        numa=cond.get("numa", "auto"),
                                                        require_idle=cond.get("require_idle", False))):
             code = run_benchmark(run_fn, spec, lambda r: report(r, units=out["units"], **shown),
-                                 json_path=out["json_path"], quiet=out["quiet"])
+                                 json_path=out["json_path"], quiet=out["quiet"], note=note)
         if after is not None and result_box:
             code = after(result_box[-1], spec, code)
         return code
@@ -307,25 +307,27 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
     return cmd
 
 
-def warn_quiet_keeps_nothing(quiet: bool, json_path: str | None) -> None:
-    """-q given on the command line without --json: one warning line before the run, which would
-    otherwise measure and keep nothing but its exit code (said on rank 0 only under a launcher)."""
+QUIET_NOTE = "-q without --json: this run's figures were neither shown nor kept; add --json FILE to keep them"
+
+
+def quiet_keeps_nothing(quiet: bool, json_path: str | None) -> str | None:
+    """:data:`QUIET_NOTE` where -q was given on the command line without --json (on rank 0 only
+    under a launcher), else None: said as a warning once a run ends without an error
+    (:func:`run_benchmark`), so a refusal or a fault stays one line."""
     ctx = click.get_current_context(silent=True)
     if not quiet or json_path is not None or ctx is None:
-        return
+        return None
     if ctx.get_parameter_source("quiet") not in (click.core.ParameterSource.COMMANDLINE,
                                                  click.core.ParameterSource.ENVIRONMENT):
-        return  # set by the command itself (nccl's ranks other than 0)
+        return None  # set by the command itself (nccl's ranks other than 0)
     from gpubench.launch import ranks
-    from gpubench.core.errors import UsageError
 
     try:
         if ranks.discover().rank != 0:
-            return
+            return None
     except UsageError:
         pass
-    report.err_line("gpubench: warning: -q without --json shows and keeps nothing of this run but its exit code; "
-                    "add --json FILE to keep the figures")
+    return QUIET_NOTE
 
 
 def warn_ranks_alone(name: str, json_path: str | None) -> None:
@@ -357,7 +359,7 @@ def warn_ranks_alone(name: str, json_path: str | None) -> None:
 
 
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,
-                  quiet: bool) -> int:
+                  quiet: bool, note: str | None = None) -> int:
     """The ending every measuring command shares: ``run(spec, progress)`` through the driver with a
     progress bar, then :func:`run_keeping_partial` (a machine fault's finished points are printed
     and saved, marked partial, before exit 3)."""
@@ -366,7 +368,10 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
         with report.progress(not quiet) as prog:
             return run(spec, prog)
 
-    return run_keeping_partial(go, report_fn, json_path=json_path, quiet=quiet)
+    code = run_keeping_partial(go, report_fn, json_path=json_path, quiet=quiet)
+    if note:  # after the run: an error line before it stays the only line
+        report.err_line(f"gpubench: warning: {note}")
+    return code
 
 
 # -- strict numbers: every numeric option, one mechanism --------------------------------------------

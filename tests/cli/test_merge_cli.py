@@ -623,8 +623,8 @@ def test_port_8787_taken_no_warning_and_only_loopback_listeners(protocol, tmp_pa
         if holder is not None:
             holder.close()
     assert p.returncode == 0, err
-    assert o == "" and err.splitlines() == ["gpubench: warning: -q without --json shows and keeps nothing of this run "
-                                            "but its exit code; add --json FILE to keep the figures"], err
+    assert o == "" and err.splitlines() == ["gpubench: warning: -q without --json: this run's figures were neither "
+                                            "shown nor kept; add --json FILE to keep them"], err
     assert listening, "the cluster's listeners were not seen"
     wide = sorted(a for a in listening if a[0] not in ("127.0.0.1", "::1"))
     if protocol == "ucx" and wide and all(ip in ("0.0.0.0", "::") for ip, _ in wide):

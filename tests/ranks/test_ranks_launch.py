@@ -241,8 +241,8 @@ def test_a_command_that_does_not_gather_ranks_says_so_on_every_rank_and_only_und
     assert "(this is rank 1 on " in torch_like.stderr
 
 
-QUIET_WARNING = ("gpubench: warning: -q without --json shows and keeps nothing of this run but its exit code; "
-                 "add --json FILE to keep the figures")
+QUIET_WARNING = ("gpubench: warning: -q without --json: this run's figures were neither shown nor kept; add --json "
+                 "FILE to keep them")
 
 
 def test_a_bad_option_under_a_launcher_is_said_once_by_rank_0_and_every_rank_exits_2():
@@ -255,7 +255,7 @@ def test_a_bad_option_under_a_launcher_is_said_once_by_rank_0_and_every_rank_exi
     assert p.returncode == 2 and p.stderr.count("No such option") == 1, p.stderr
 
 
-def test_quiet_without_json_warns_once_before_the_run_and_not_with_json(tmp_path):
+def test_quiet_without_json_warns_once_after_the_run_and_not_with_json(tmp_path):
     args = [sys.executable, "-m", "gpubench", "net", "local", "-t", "0.3", "-q"]
     p = subprocess.run([mpiexec(), "-n", "2", *args], env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stderr.count(QUIET_WARNING) == 1, p.stderr
