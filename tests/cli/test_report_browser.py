@@ -42,8 +42,8 @@ def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
     inputs = [str(p) for p in sorted(DATA.glob("*.json"))]
-    r = subprocess.run([sys.executable, "-m", "gpubench", "report", *inputs, "-o", str(out)], capture_output=True,
-                       text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "gpubench", "report", *inputs, "-o", str(out), "--baseline",
+                        str(DATA / "copy-all-h200.json")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     return out
 
@@ -81,7 +81,7 @@ def test_the_dom_holds_the_figures_of_the_input(report, tmp_path):
     net = load(DATA / "net-local.json")
     total = next(x for x in net.records if x.params["stream"] == "total")
     assert f">{total.rate_summary().median / 1e9:.2f}<" in dom
-    assert dom.count("<img") == len(list(DATA.glob("*.json"))) + 1
+    assert dom.count("<img") == len(list(DATA.glob("*.json"))) + 1  # + the overlay of the copy comparison
     assert "<script" not in dom
 
 
