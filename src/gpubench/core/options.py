@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from gpubench.core.bounds import MAX_DEVICE_ORDINAL
 from gpubench.core.errors import UsageError
 
 ASCII_SPACE = " \t\n\r\f\v"  # what an option value is stripped of (str.strip() also takes U+00A0)
@@ -107,10 +108,10 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
     for p in split_list(text, "-d/--devices", "0,1", "device"):
         if not re.fullmatch(r"-?[0-9]{1,10}", p):  # ASCII digits: int() also reads "١" and "1_0"
             raise UsageError(f"device {p[:40]!r} in -d {text[:80]!r} is not an integer",
-                             "e.g. -d 0 or -d 0,1; ids are at most 2147483647")
+                             f"e.g. -d 0 or -d 0,1; ids are at most {MAX_DEVICE_ORDINAL}")
         v = int(p)
-        if v > 2**31 - 1:
-            raise UsageError(f"device {v} in -d is too large", "CUDA ordinals are at most 2147483647")
+        if v > MAX_DEVICE_ORDINAL:
+            raise UsageError(f"device {v} in -d is too large", f"CUDA ordinals are at most {MAX_DEVICE_ORDINAL}")
         if v < 0 or p.startswith("-"):
             raise UsageError(f"device {p} in -d {text[:80]!r} is negative", "device ids start at 0")
         if v in out:
