@@ -55,3 +55,26 @@ def test_torchrun_one_rank(tmp_path):
     if torchrun is None:
         pytest.skip("no torchrun on this machine")
     _check(_run([torchrun, "--nproc-per-node", "1", "-m", "gpubench"], tmp_path), "torchrun")
+
+
+def test_more_ranks_than_gpus_on_a_node_exit_2_on_every_rank(tmp_path):
+    """One rank more than the node's GPUs: every rank refuses at once naming the GPUs it needs (exit 2),
+    none waits for the rank that stopped (that wait ends in exit 3 after the all-gather's deadline)."""
+    cupy = pytest.importorskip("cupy")
+    visible = cupy.cuda.runtime.getDeviceCount()
+    mpirun, torchrun = shutil.which("mpirun"), shutil.which("torchrun")
+    if mpirun is not None:
+        openmpi = "Open MPI" in subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
+        extra = ["--allow-run-as-root", "--oversubscribe"] if openmpi and os.geteuid() == 0 else []
+        cmd = [mpirun, "-n", str(visible + 1), *extra, sys.executable, "-m", "gpubench"]
+    elif torchrun is not None:
+        cmd = [torchrun, "--nproc-per-node", str(visible + 1), "-m", "gpubench"]
+    else:
+        pytest.skip("neither mpirun nor torchrun on this machine")
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    p = subprocess.run(cmd + ["nccl", "-b", "1M", "-e", "1M"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "are visible" in ln]
+    assert len(lines) == visible + 1 and f"need GPUs 0..{visible}, but {visible} are visible" in lines[0], p.stderr
+    assert "did not answer" not in p.stderr, p.stderr

@@ -141,3 +141,25 @@ def test_a_gpu_uuid_that_is_not_one_is_none(given):
     from gpubench.plugins.nccl.ranks import _uuid_text
 
     assert _uuid_text(given) is None
+
+
+@pytest.mark.parametrize("local_rank", [0, 1, 2])
+def test_every_rank_of_a_node_with_too_few_gpus_refuses_alike(monkeypatch, local_rank):
+    """Three ranks on a node with two GPUs: every one of them, not only the rank past the last GPU,
+    refuses with the same line (none waits in the all-gather for a rank that stopped)."""
+    from types import SimpleNamespace
+
+    from gpubench.core.errors import UsageError
+    from gpubench.launch.ranks import Rank
+    from gpubench.plugins.nccl import bench as N
+    from gpubench.plugins.nccl import ranks as nccl_ranks
+
+    monkeypatch.setattr(nccl_ranks.gpu, "device_count", lambda: 2)
+    me = Rank(rank=4 + local_rank, size=6, local_rank=local_rank, local_size=3, node=1, host="node1",
+              launcher="openmpi")
+    plugin = nccl_ranks.NcclRanks(SimpleNamespace(me=me, size=6), nccl_log.Capture(None, "not captured"))
+    with pytest.raises(UsageError) as e:
+        plugin.devices(N.NcclSpec())
+    assert e.value.message == "3 ranks on node1 with 1 GPU(s) each need GPUs 0..2, but 2 are visible"
+    monkeypatch.setattr(nccl_ranks.gpu, "device_count", lambda: 3)
+    assert plugin.devices(N.NcclSpec()) == (local_rank,)

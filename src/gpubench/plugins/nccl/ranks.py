@@ -110,8 +110,9 @@ class NcclRanks(N.Nccl):
         """-d, or the local rank's GPUs: local_rank x g .. local_rank x g + g - 1.
 
         Raises:
-            UsageError: a GPU that is not visible (naming the rank, its local rank and the count
-                visible), a root that is not a rank.
+            UsageError: the node's ranks need more GPUs than are visible (local size x -g, raised on
+                every rank of that node at once, naming the host and both counts), a GPU of -d that is
+                not visible, a root that is not a rank.
         """
         me = self.group.me
         g = self.gpus_per_proc(spec)
@@ -120,9 +121,12 @@ class NcclRanks(N.Nccl):
         else:
             first = me.local_rank * g
             visible = gpu.device_count()
-            if first + g > visible:
-                raise UsageError(f"rank {me.rank} (local rank {me.local_rank} of {me.local_size} on {me.host}) needs GPU(s) "
-                                 f"{first}..{first + g - 1}, but {visible} are visible",
+            # every rank of the node sees the same shortfall, so each one refuses at once (none is left
+            # waiting for a rank that stopped); the join fills local_size, else this rank's own need
+            local = me.local_size if me.local_size is not None else me.local_rank + 1
+            if local * g > visible:
+                raise UsageError(f"{local} ranks on {me.host} with {g} GPU(s) each need GPUs "
+                                 f"0..{local * g - 1}, but {visible} are visible",
                                  "start at most as many ranks per node as GPUs / -g, or pick GPUs with -d")
             devs = tuple(range(first, first + g))
         N._check_root(spec, self.group.size * g)
