@@ -9,10 +9,42 @@ file left under pytest's temporary folders (subprocess runs too) is checked when
 from __future__ import annotations
 
 import json
+import os
+import random
 import stat
 from pathlib import Path
 
 import pytest
+
+# The seed of the tests that sample instants or cases at random (``sampled`` below): a new one each
+# run, so the runs together cover the whole range; GPUBENCH_TEST_SEED=N replays a run. Set in the
+# environment here, before pytest-xdist starts its workers, so every worker draws from the same seed.
+SEED_VAR = "GPUBENCH_TEST_SEED"
+if not os.environ.get(SEED_VAR, "").isdigit():
+    os.environ[SEED_VAR] = str(random.SystemRandom().randrange(2**32))
+SEED = int(os.environ[SEED_VAR])
+
+
+def pytest_report_header(config):
+    return f"gpubench: sampled instants and cases from seed {SEED} (replay with {SEED_VAR}={SEED})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that drew at random says how to replay its draw."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "sampled" in getattr(item, "fixturenames", ()):
+        report.sections.append(("gpubench seed", f"replay this draw with {SEED_VAR}={SEED}"))
+
+
+@pytest.fixture
+def sampled(request) -> random.Random:
+    """A random generator for this test, seeded from the run's seed and the test's id: the same test
+    draws the same values on a replay, whatever else ran (or on which pytest-xdist worker)."""
+    rng = random.Random(f"{SEED}:{request.node.nodeid}")
+    request.node.user_properties.append(("seed", SEED))
+    return rng
 
 _SCHEMA_SEEN = {"in_process": 0, "files": 0}
 _SCHEMA_ERRORS: list[str] = []
@@ -101,6 +133,19 @@ def _no_result_broke_the_schema():
         _SCHEMA_ERRORS.clear()
         pytest.fail("a result written by this test does not match the JSON schema:\n" + "\n".join(errors[:20]),
                     pytrace=False)
+
+
+def pytest_sessionfinish(session):
+    """On a pytest-xdist worker: hand this worker's counts to the controller, which prints the sum."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["gpubench_schema_seen"] = dict(_SCHEMA_SEEN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    for k, v in getattr(node, "workeroutput", {}).get("gpubench_schema_seen", {}).items():
+        _SCHEMA_SEEN[k] = _SCHEMA_SEEN.get(k, 0) + v
 
 
 def pytest_terminal_summary(terminalreporter):

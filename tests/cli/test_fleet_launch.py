@@ -200,7 +200,12 @@ def test_torchrun_env_rank_that_stops_answering_is_missing(tmp_path):
 
 class Netns:
     """``n`` network namespaces on one bridge (10.77.x.(i+1)/24), node i's own veth inside its
-    namespace; ``shape(i)`` puts a tbf qdisc on node i's veth (its egress). Removed on close."""
+    namespace, every node's egress held to ``HEALTHY`` by a tbf qdisc: a healthy link then runs at
+    that rate whatever else loads the machine (loopback TCP through veths otherwise runs as fast as
+    the CPUs let it, so its rate would follow the load, and it would burn cores). ``shape(i)`` puts
+    node i's egress at the slow rate. Removed on close."""
+
+    HEALTHY = "1gbit"
 
     def __init__(self, n: int):
         tag = f"{os.getpid() % 100000}"
@@ -229,27 +234,37 @@ class Netns:
             self._ip("-n", ns, "addr", "add", f"{a}/24", "dev", v)
             self._ip("-n", ns, "link", "set", v, "up")
             self._ip("-n", ns, "link", "set", "lo", "up")
+            self._tc(ns, "qdisc", "add", "dev", v, "root", *self._tbf(self.HEALTHY))
         return self
 
+    @staticmethod
+    def _tbf(rate: str) -> list[str]:
+        # the bucket holds a few GSO packets (64 KiB each) at any rate, else tbf drops them all
+        return ["tbf", "rate", rate, "burst", "512kb", "latency", "50ms"]
+
+    @staticmethod
+    def _tc(ns: str | None, *args: str) -> None:
+        subprocess.run([*(["ip", "netns", "exec", ns] if ns else []), "tc", *args], check=True, capture_output=True)
+
     def shape(self, i: int, rate: str = "200mbit") -> None:
-        subprocess.run(["ip", "netns", "exec", self.names[i], "tc", "qdisc", "add", "dev", self.node_if[i], "root",
-                        "tbf", "rate", rate, "burst", "32kbit", "latency", "50ms"], check=True, capture_output=True)
+        """node i's egress at ``rate``: what node i sends."""
+        self._tc(self.names[i], "qdisc", "replace", "dev", self.node_if[i], "root", *self._tbf(rate))
 
     def shape_ingress(self, i: int, rate: str = "200mbit") -> None:
         """tbf on the bridge's end of node i's veth: what node i receives."""
-        subprocess.run(["tc", "qdisc", "add", "dev", self.host_if[i], "root", "tbf", "rate", rate, "burst", "32kbit",
-                        "latency", "50ms"], check=True, capture_output=True)
+        self._tc(None, "qdisc", "add", "dev", self.host_if[i], "root", *self._tbf(rate))
 
     def shape_link(self, a: int, b: int, rate: str = "200mbit") -> None:
         """Only what node a sends to node b: an htb qdisc on a's veth whose class 1:20 (``rate``)
-        takes the packets to b's address by a u32 filter; every other packet goes to 1:10 (100 Gbit/s)."""
-        ns, dev = ["ip", "netns", "exec", self.names[a], "tc"], self.node_if[a]
-        for args in (["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
-                     ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "100gbit"],
+        takes the packets to b's address by a u32 filter; every other packet goes to 1:10 (the
+        healthy rate)."""
+        ns, dev = self.names[a], self.node_if[a]
+        for args in (["qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+                     ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", self.HEALTHY],
                      ["class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", rate],
                      ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32", "match", "ip", "dst",
                       f"{self.addrs[b]}/32", "flowid", "1:20"]):
-            subprocess.run([*ns, *args], check=True, capture_output=True)
+            self._tc(ns, *args)
 
     def start(self, i: int, args: list[str], port: int) -> subprocess.Popen:
         """Rank i in namespace i with its own host name (a UTS namespace): node{i}."""

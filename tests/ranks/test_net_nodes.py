@@ -39,7 +39,7 @@ def test_net_nodes_with_one_rank_is_refused():
 # then waits net's own stall allowance (an interval + 10 s past the due reply) before it leaves
 # the test; the round deadline covers that allowance (net_fleet.NetFleetSpec.round_work), so the
 # rank named is rank 1, the stopped receiver, never rank 0, its healthy sender, under mpiexec too.
-STALL_ARGS = ["net", "nodes", "-T", "6", "-t", "2", "-i", "0.5", "-P", "1"]
+STALL_ARGS = ["net", "nodes", "-T", "6", "-t", "2", "-i", "0.5", "-P", "1", "-b", "2G"]
 
 STALL_BOUND_S = 60.0
 
@@ -98,7 +98,7 @@ def test_torchrun_style_net_nodes_names_the_stopped_receiver_not_its_sender():
 # start. Rank 2 is stopped while rank 0 runs the first test (0 -> 1; rank 2 idle, already at the
 # round's end barrier); it is missed at the end of round 2 (1 -> 2): the rest of round 1 (about
 # 2.5 s; rank 0's test is healthy) plus 17.5 s after the stop.
-NET_ARGS = ["net", "nodes", "-T", "6", "-t", "2", "-i", "0.5", "-P", "1"]
+NET_ARGS = ["net", "nodes", "-T", "6", "-t", "2", "-i", "0.5", "-P", "1", "-b", "2G"]
 
 NET_BOUND_S = 2.5 + 17.5 + 8.0  # the rest of round 1, round 2's deadline, load and close
 
@@ -161,7 +161,7 @@ def test_torchrun_style_net_nodes_names_a_stopped_rank_in_time():
 # up quietly: rank 1 exited 0 about 42 s later, mpiexec 0, no report. Now rank 1 names rank 0 at
 # the end of round 2 (17.5 s after its start) or at the final gather, whose receipt it waits
 # -T + 5 s for (about 13 s of rank 1's stalled test + 9 s here).
-RECV0_ARGS = ["net", "nodes", "-T", "4", "-t", "2", "-i", "0.5", "-P", "1"]
+RECV0_ARGS = ["net", "nodes", "-T", "4", "-t", "2", "-i", "0.5", "-P", "1", "-b", "2G"]
 RECV0_BOUND_S = 17.5 + 4 + 5 + 20.0  # a round's length, the receipt's wait, load
 
 # each rank's exit status on mpiexec's output (mpiexec itself reports the killed rank's)
@@ -228,7 +228,7 @@ def test_mpiexec_net_nodes_rank_0_stopped_while_it_only_receives_is_named_and_fa
 
 # ---- one MASTER_PORT, other programs, stopped workers, schedules ----
 
-CLASH_ARGS = ["net", "nodes", "-T", "15", "-t", "1", "-O", "0", "-i", "0.5", "-P", "1"]
+CLASH_ARGS = ["net", "nodes", "-T", "15", "-t", "1", "-O", "0", "-i", "0.5", "-P", "1", "-b", "2G"]
 
 def test_two_groups_on_one_master_port_fail_clearly_and_never_mix():
     """Two groups of 3 on one MASTER_PORT never mix: a rank index is claimed once per store, so a
@@ -304,8 +304,11 @@ def test_a_stopped_net_worker_is_not_left_behind_when_its_rank_exits():
     """A receiving worker process of rank 0's server stopped mid-test (a hung process of the data
     path, not the rank): the link is FAIL, mpiexec ends, and the stopped worker is not left behind
     (it runs in its own session, where neither mpiexec nor a terminal would reach it)."""
-    top = _start([mpiexec(), "-n", "3", *GPUBENCH, "net", "nodes", "--to", "0", "-P", "4", "-t", "4", "-O", "0",
-                  "-T", "8"], _env())
+    # -t 10: the worker is found and stopped while its test runs, even when a loaded host starts the
+    # ranks and lists their processes slowly (with -t 4 it was sometimes found as its test ended);
+    # -b paces the streams (what is tested is the stop, not a rate: no need to burn the cores)
+    top = _start([mpiexec(), "-n", "3", *GPUBENCH, "net", "nodes", "--to", "0", "-P", "4", "-t", "10", "-O", "0",
+                  "-T", "8", "-b", "1G"], _env())
     out = Lines(top)
     victim = None
     try:

@@ -3,6 +3,7 @@ doc/PERFORMANCE.md), written out again here independently for every collective a
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -30,10 +31,11 @@ def _nccl_tests_factor(name: str, n: int) -> float:
     }[name]
 
 
-@pytest.mark.parametrize("name", list(C.COLLECTIVES))
-@pytest.mark.parametrize("n", RANKS)
-def test_busbw_factor_matches_nccl_tests(name, n):
-    assert C.busbw_factor(C.COLLECTIVES[name], n) == pytest.approx(_nccl_tests_factor(name, n), rel=1e-15)
+def test_busbw_factor_matches_nccl_tests():
+    wrong = [(name, n, C.busbw_factor(coll, n), _nccl_tests_factor(name, n))
+             for name, coll in C.COLLECTIVES.items() for n in RANKS
+             if C.busbw_factor(coll, n) != pytest.approx(_nccl_tests_factor(name, n), rel=1e-15)]
+    assert wrong == [], "(collective, ranks, gpubench, nccl-tests)"
 
 
 def test_one_rank_allreduce_has_zero_busbw():
@@ -64,23 +66,28 @@ def _nccl_tests_counts(name: str, count: int, elt: int, n: int):
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("name", list(C.COLLECTIVES))
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8])
-@pytest.mark.parametrize("dt", ["int8", "half", "float", "double"])
-@pytest.mark.parametrize("size", [8, 1000, 4096, 1 << 20, 3 * (1 << 20) + 5, 1 << 30])
-def test_byte_counts_match_nccl_tests(name, n, dt, size):
-    d = C.DTYPES[dt]
-    coll = C.COLLECTIVES[name]
-    if coll.ranks_ok(n) is not None:
-        with pytest.raises(UsageError, match=f"{name} needs"):
-            C.counts(coll, size, d.size, n)
-        return
-    cc = C.counts(coll, size, d.size, n)
-    want = _nccl_tests_counts(name, size // d.size, d.size, n)
-    assert (cc.send_count, cc.recv_count, cc.param_count, cc.send_inplace_offset, cc.recv_inplace_offset) == want
-    # gathered kinds hand each rank a whole number of 16-byte units
-    if coll.size_blocks(n) == n and n > 1:
-        assert (cc.param_count * d.size) % 16 == 0
+def test_byte_counts_match_nccl_tests():
+    """Every collective x ranks 1-8 x int8/half/float/double x sizes from 8 B to 1 GiB (odd ones too):
+    the counts and in-place offsets of nccl-tests' GetCollByteCount, or the collective's refusal of
+    that rank count."""
+    wrong = []
+    for name, coll in C.COLLECTIVES.items():
+        for n, dt, size in itertools.product([1, 2, 3, 4, 7, 8], ["int8", "half", "float", "double"],
+                                             [8, 1000, 4096, 1 << 20, 3 * (1 << 20) + 5, 1 << 30]):
+            d = C.DTYPES[dt]
+            case = (name, n, dt, size)
+            if coll.ranks_ok(n) is not None:
+                with pytest.raises(UsageError, match=f"{name} needs"):
+                    C.counts(coll, size, d.size, n)
+                continue
+            cc = C.counts(coll, size, d.size, n)
+            got = (cc.send_count, cc.recv_count, cc.param_count, cc.send_inplace_offset, cc.recv_inplace_offset)
+            if got != _nccl_tests_counts(name, size // d.size, d.size, n):
+                wrong.append((case, got, _nccl_tests_counts(name, size // d.size, d.size, n)))
+            # gathered kinds hand each rank a whole number of 16-byte units
+            if coll.size_blocks(n) == n and n > 1 and (cc.param_count * d.size) % 16:
+                wrong.append((case, "param bytes not a multiple of 16", cc.param_count * d.size))
+    assert wrong == [], wrong[:10]
 
 
 @pytest.mark.parametrize("name", list(C.COLLECTIVES))

@@ -68,7 +68,8 @@ def _reply(sock: socket.socket, timeout: float = 5.0) -> dict:
 
 
 def _check_next_test_works(srv: Served) -> None:
-    res = srv.test()
+    # 1 s, paced: a 0.2 s test (QUICK) can end before a loaded host's stream workers send a byte
+    res = srv.test(Request(streams=2, seconds=1.0, interval=0.5, buffer=64 * 1024, bitrate=1_000_000_000))
     total = res.records[-1]
     assert total.params["stream"] == "total" and total.extra["counted_bytes"] > 0
     srv.wait_idle()

@@ -29,7 +29,9 @@ import pytest
 from gpubench.cli import STARTED_FD
 
 SCRIPT = Path(sys.executable).with_name("gpubench")  # the console script installed beside this Python
-DELAYS = (0.0, 0.01, 0.03, 0.1, 0.2, 0.4, 0.8)  # seconds after the child said it is guarded
+# seconds after the child said it is guarded: one delay drawn anew each run from each span (the
+# import of the command line, the option parsing and the start of the run, the run itself)
+DELAY_SPANS = ((0.0, 0.05), (0.05, 0.3), (0.3, 0.8))
 RUN = ("net", "local", "-t", "3")
 # the line of an interrupt that kept nothing, or of one that kept what was measured (kit.finish)
 LINE = {signal.SIGINT: r"gpubench: interrupted by SIGINT(; kept what was measured: .*)?",
@@ -90,10 +92,10 @@ def _signalled(argv: list[str], sig: int, delay: float, *, preexec=_default_sigi
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("entry", ["console script", "python -m"])
-def test_a_signal_at_any_moment_after_the_first_statement_exits_128_plus_it_with_one_line(entry, sig):
+def test_a_signal_at_any_moment_after_the_first_statement_exits_128_plus_it_with_one_line(entry, sig, sampled):
     argv = _entry(entry) + list(RUN)
     seen = []
-    for delay in DELAYS:
+    for delay in [round(sampled.uniform(lo, hi), 3) for lo, hi in DELAY_SPANS]:
         code, err = _signalled(argv, sig, delay)
         lines = err.strip().splitlines()
         seen.append((delay, code, lines))
