@@ -306,11 +306,22 @@ def test_server_serves_a_client_and_stops_on_sigterm(server, tmp_path):
     assert any("1 test(s) done" in line for line in server.lines)
 
 
+def _wait_for_the_test(server, seen: int, client: subprocess.Popen) -> None:
+    """Until the server logs the client's test (a loaded host may take seconds to start the client),
+    then 0.5 s more: its streams are under way."""
+    deadline = time.monotonic() + 30
+    while len(server.lines) == seen and time.monotonic() < deadline and client.poll() is None:
+        time.sleep(0.05)
+    assert len(server.lines) > seen, "the server never logged the client's test"
+    time.sleep(0.5)
+
+
 def test_server_stops_on_ctrl_c_during_a_test(server):
+    seen = len(server.lines)
     c = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "client", "127.0.0.1", "--port", str(server.port),
                           "-t", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.5)
+        _wait_for_the_test(server, seen, c)
         t0 = time.monotonic()
         rc, err = server.stop(signal.SIGINT)
         assert rc == 130 and time.monotonic() - t0 < 3
@@ -327,11 +338,7 @@ def test_a_killed_client_frees_the_server_for_the_next(server):
     seen = len(server.lines)
     c = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "client", "127.0.0.1", "--port", str(server.port),
                           "-P", "2", "-t", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30  # the client's start on a loaded host: its test's line on the server
-    while len(server.lines) == seen and time.monotonic() < deadline and c.poll() is None:
-        time.sleep(0.05)
-    assert len(server.lines) > seen, "the server never logged the client's test"
-    time.sleep(0.5)  # streams under way
+    _wait_for_the_test(server, seen, c)
     c.kill()
     c.wait()
     t0 = time.monotonic()
@@ -398,9 +405,14 @@ def test_local_interrupted_keeps_the_intervals_received(tmp_path):
     out = tmp_path / "p.json"
     p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-t", "20", "-i", "0.25", "--json", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    head = []
+    for line in p.stdout:  # until the first live interval line: intervals were received
+        head.append(line)
+        if line.startswith("[SUM]"):
+            break
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=15)
+    stdout = "".join(head) + stdout
     assert p.returncode == 130, stderr
     assert "PARTIAL: interrupted by SIGINT" in stdout and "Traceback" not in stderr
     d = json.loads(out.read_text())

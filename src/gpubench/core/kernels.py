@@ -213,11 +213,17 @@ def chase_layout(host_array) -> int:
     if n < 1:
         raise ValueError("the latency buffer must hold at least one 8-byte node")
     nodes = host_array[: n * LATENCY_NODE_BYTES].view(np.uint64)
-    base = host_array.ctypes.data
-    step = 1 << 24  # nodes per chunk: bounded temporaries for any buffer size
+    base = np.uint64(host_array.ctypes.data)
+    # 2**20 nodes (8 MiB) per chunk, computed in place in one temporary: the host memory the layout
+    # adds to the buffer it fills stays 8 MiB at any buffer size
+    step = 1 << 20
     for lo in range(0, n, step):
         idx = np.arange(lo, min(n, lo + step), dtype=np.uint64)
-        nodes[lo:lo + len(idx)] = base + ((idx + LATENCY_STRIDE) % n) * LATENCY_NODE_BYTES
+        idx += np.uint64(LATENCY_STRIDE)
+        idx %= np.uint64(n)
+        idx *= np.uint64(LATENCY_NODE_BYTES)
+        idx += base
+        nodes[lo:lo + len(idx)] = idx
     return n
 
 
