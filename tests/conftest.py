@@ -149,6 +149,9 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
+    # the header line is not shown under -q: the seed is said here too
+    terminalreporter.write_line(f"gpubench: sampled instants and cases from seed {SEED} "
+                                f"(replay with {SEED_VAR}={SEED})")
     if _SCHEMA_SEEN.get("skipped"):
         terminalreporter.write_line("gpubench: results NOT validated against the JSON schema: jsonschema is not "
                                     "installed (the test extra brings it)")
