@@ -406,13 +406,16 @@ def test_local_interrupted_keeps_the_intervals_received(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-t", "20", "-i", "0.25", "--json", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     head = []
-    for line in p.stdout:  # until the first live interval line: intervals were received
+    for line in p.stdout:  # until the fourth live interval line: intervals were received
         head.append(line)
-        if line.startswith("[SUM]"):
+        if sum(h.startswith("[SUM]") for h in head) == 4:
             break
     p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=15)
-    stdout = "".join(head) + stdout
+    # read on through the same file object (communicate() reads the raw pipe and would lose what the
+    # line iterator had already buffered)
+    stdout = "".join(head) + p.stdout.read()
+    stderr = p.stderr.read()
+    p.wait(15)
     assert p.returncode == 130, stderr
     assert "PARTIAL: interrupted by SIGINT" in stdout and "Traceback" not in stderr
     d = json.loads(out.read_text())
