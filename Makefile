@@ -43,8 +43,8 @@ $(VENV)/.check: $(BIN)/python pyproject.toml
 run: $(VENV)/.run-$(CUDA)
 	$(BIN)/gpubench copy --pinned
 
-# The suite mostly waits on the processes it starts, so it runs on 4 pytest-xdist workers (on 2 cores:
-# every test holds under that load); the 20 slowest tests are listed at the end.
+# The suite mostly waits on the processes it starts, so it runs on 4 pytest-xdist workers (on 2 cores
+# too); the 20 slowest tests are listed at the end.
 test: $(VENV)/.test-$(CUDA)
 	$(BIN)/python -m pytest -q -n 4 --dist worksteal --durations=20
 
