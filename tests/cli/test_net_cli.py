@@ -85,7 +85,7 @@ def test_the_launcher_form_outside_a_launcher_says_what_it_is_and_what_to_run(ar
 
 def test_an_unknown_option_of_net_is_still_unknown():
     line = _one_line_error(gb("net", "--no-such"), 2)
-    assert "No such option '--no-such'" in line
+    assert "No such option" in line and "--no-such" in line  # click's wording varies by release
 
 
 def test_client_with_no_server_is_one_line_exit_3():

@@ -34,6 +34,10 @@ CLOSE_TIMEOUT_S = 10  # a local cluster's close; then its leftover workers are k
 CLIENT_CLOSE_TIMEOUT_S = 5
 FAILED_START_CLOSE_S = 3  # a start that failed or ran out of time: a short close, then the kill
 KILL_GRACE_S = 2  # SIGTERM to SIGKILL for a worker that outlived its cluster's close
+# After a failed start, how long to keep sweeping for workers: a Nanny's process is spawned by a
+# thread of distributed's AsyncProcess, so a spawn under way when the start was cancelled can land
+# after the first sweep (seen with distributed 2024.9-2025.1 on a saturated host).
+FAILED_START_SETTLE_S = 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,9 +609,11 @@ class LocalHandle:
         self.scheduler_address = cluster.scheduler_address if cluster is not None else None
         self._closed = False
 
-    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT_S, settle_s: float = 0.0) -> None:
         """Close the cluster within ``timeout`` seconds, then kill any worker process it left, then
-        stop the loop. A Ctrl-C in the middle still kills the workers before it propagates."""
+        stop the loop, then (``settle_s`` > 0: a start that did not finish) sweep again, up to three
+        times, until no worker has appeared for ``settle_s`` seconds. A Ctrl-C in the middle still kills the
+        workers before it propagates."""
         from distributed.utils import sync
 
         if self._closed:
@@ -623,6 +629,10 @@ class LocalHandle:
             kill_leftovers(self.before)
             with contextlib.suppress(Exception):
                 self.runner.stop(timeout=2)
+            for _ in range(3 if settle_s > 0 else 0):  # bounded: the stopped loop spawns no more
+                time.sleep(settle_s)
+                if not kill_leftovers(self.before):
+                    break
 
 
 # UCXX's own logger ("ucx") logs a traceback when a listener is destroyed mid-handshake, which a
@@ -760,7 +770,8 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
             else:
                 sync(runner.loop, start, callback_timeout=spec.timeout_s)
     except BaseException as e:
-        LocalHandle(box[0] if box else None, runner, before).close(timeout=FAILED_START_CLOSE_S)
+        LocalHandle(box[0] if box else None, runner, before).close(
+            timeout=FAILED_START_CLOSE_S, settle_s=FAILED_START_SETTLE_S)
         if isinstance(e, (KeyboardInterrupt, Interrupted, UsageError)):
             raise
         if isinstance(e, TimeoutError):  # asyncio's is the builtin one on Python >= 3.11
