@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import click
 
@@ -379,13 +379,20 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
 class _Strict:
     """A click number type read by :func:`gpubench.core.options.parse_number` as ``kind``: written as
     a number, within its type; its range is the Spec's (:mod:`gpubench.core.bounds`). A bad value
-    raises gpubench's UsageError (one line, exit 2)."""
+    raises gpubench's UsageError (one line, exit 2).
+
+    ``bound``: for an option that fills no Spec field (compare's --threshold, the suite's
+    --node-timeout, net's limits), returns its :class:`gpubench.core.bounds.Bound`; called only for
+    a value beyond its type (1e400), so that line names the option's own limit, not the type's.
+    """
 
     kind: type = int
 
-    def __init__(self, digit_groups: bool = False, bounds_in: tuple[str, ...] = ()):
+    def __init__(self, digit_groups: bool = False, bounds_in: tuple[str, ...] = (),
+                 bound: Callable[[], Any] | None = None):
         self.digit_groups = digit_groups
         self.bounds_in = bounds_in  # modules whose Specs declare the options' bounds
+        self.bound = bound
 
     def convert(self, value, param, ctx):
         from gpubench.core.bounds import declared
@@ -395,7 +402,7 @@ class _Strict:
             return None
         name = _opt_name(param)
         return parse_number(value, name, self.kind, digit_groups=self.digit_groups,
-                            bound=lambda: declared(self.bounds_in, name))
+                            bound=self.bound or (lambda: declared(self.bounds_in, name)))
 
 
 class StrictInt(_Strict, click.types.IntParamType):

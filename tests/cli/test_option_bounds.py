@@ -111,6 +111,22 @@ def test_the_largest_accepted_value_is_named(run_cli, argv, line):
     assert code == 2 and err.strip() == f"gpubench: error: {line}", err
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["compare", "--threshold", "1e400", PINNED, PINNED], "--threshold 1e400 is too large (at most 1,000,000 percent)"),
+    (["suite", "--check", PINNED, "--node-timeout", "1e400"],
+     "--node-timeout 1e400 is too large (at most 604,800 seconds)"),
+    (["net", "nodes", "-T", "1e400"], "-T/--timeout 1e400 is too large (at most 604,800 seconds)"),
+    (["net", "local", "-t", "1e400"], "-t/--time 1e400 is too large (at most 3,600 seconds)"),
+    (["net", "client", "h", "-O", "1e999"], "-O/--omit 1e999 is too large (at most 600 seconds)"),
+    (["net", "local", "-i", "1e400"], "-i/--interval 1e400 is too large (at most 60 seconds)"),
+])
+def test_a_value_beyond_a_double_names_the_options_own_limit(run_cli, argv, line):
+    """An option that fills no Spec field (compare, suite, net's protocol caps, net nodes' -T)
+    still names its own limit, not the double's, for a value that overflows to infinity."""
+    code, out, err = run_cli(*argv)
+    assert code == 2 and err.strip() == f"gpubench: error: {line}", err
+
+
 @pytest.mark.parametrize("argv", [["copy", "--min-time", str(MAX_MIN_TIME_S)], ["nccl", "-T", str(MAX_TIMEOUT_S)],
                                   ["copy", "-w", " 3 "], ["copy", "-n", "+3"], ["copy", "--min-time", ".5"],
                                   ["copy", "--min-time", "1e-3"], ["nccl", "-r", "0"]])

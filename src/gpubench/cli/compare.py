@@ -8,12 +8,17 @@ import click
 
 from gpubench.core.bounds import Bound
 from gpubench.core.errors import RegressionFound, UsageError
+from gpubench.kit import StrictFloat
+
+
+#: a change of 10,000x is no longer a threshold
+THRESHOLD = Bound("--threshold", lo=0, hi=1e6, unit="percent")
 
 
 @click.command("compare")
 @click.argument("base", type=click.Path(dir_okay=True))
 @click.argument("new", nargs=-1, required=True, type=click.Path(dir_okay=True))
-@click.option("--threshold", "threshold_pct", type=float, default=1.0, show_default=True,
+@click.option("--threshold", "threshold_pct", type=StrictFloat(bound=lambda: THRESHOLD), default=1.0, show_default=True,
               help="Changes of at most this many percent count as 'same'.")
 @click.option("--alpha", type=float, default=0.01, show_default=True,
               help="Significance level of the Mann-Whitney U test on the samples.")
@@ -103,10 +108,6 @@ def raise_on_regression(cmps, *, strict: bool, threshold_pct: float, alpha: floa
         raise RegressionFound("; ".join(why + ([note] if note else [])))
     if note:
         print(f"gpubench: warning: {note}; not failed (--strict fails on them)", file=sys.stderr)
-
-
-#: a change of 10,000x is no longer a threshold
-THRESHOLD = Bound("--threshold", lo=0, hi=1e6, unit="percent")
 
 
 def check_options(threshold_pct: float, alpha: float) -> None:

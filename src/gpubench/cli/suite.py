@@ -13,6 +13,14 @@ from typing import Sequence
 import click
 
 from gpubench.core.errors import RegressionFound, UsageError
+from gpubench.kit import StrictFloat
+
+
+def _node_timeout():
+    """--node-timeout's Bound (the fleet's module is imported only when a value is checked)."""
+    from gpubench.validation.fleet import NODE_TIMEOUT
+
+    return NODE_TIMEOUT
 
 
 @click.command("suite")
@@ -24,7 +32,7 @@ from gpubench.core.errors import RegressionFound, UsageError
               help="Check --expect against saved bundles or results instead of running (no GPU needed); repeatable.")
 @click.option("--merge", "with_merge", is_flag=True, help="Also run the Dask-CUDA merge (slow: starts a cluster).")
 @click.option("--strict", is_flag=True, help="Count expectations whose command did not run as failed.")
-@click.option("--node-timeout", type=float, default=900.0, show_default=True,
+@click.option("--node-timeout", type=StrictFloat(bound=lambda: _node_timeout()), default=900.0, show_default=True,
               help="Under a launcher: seconds to wait for a node before reporting it missing (docs/fleet.md).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
@@ -38,9 +46,7 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     """
     from gpubench.core import registry
     from gpubench.validation import suite
-    from gpubench.validation.fleet import NODE_TIMEOUT
-
-    NODE_TIMEOUT.check(node_timeout)  # also with --check and off a launcher
+    _node_timeout().check(node_timeout)  # also with --check and off a launcher
     known = sorted(p.name for p in registry.measuring())
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from gpubench.plugins.net.protocol import DEFAULT_BIND, DEFAULT_PORT  # the standard library only: --help stays light
-from gpubench.kit import benchmark_command
+from gpubench.kit import StrictFloat, benchmark_command
 from gpubench.plugins.net.fleet_command import LauncherGroup, nodes_command
 from gpubench.core import report
 from gpubench.core.errors import UsageError
@@ -34,14 +34,23 @@ def command():
 
 # -- client and local: one option list, one check of it -------------------------------------------
 
+def _cap(option: str, name: str) -> Any:
+    """The Bound of a net option whose limit is the protocol's cap ``name`` (server and client
+    check the same :data:`gpubench.plugins.net.protocol.CAPS`)."""
+    from gpubench.core.bounds import Bound
+    from gpubench.plugins.net.protocol import CAPS
+
+    return Bound(option, hi=getattr(CAPS, name), unit="seconds")
+
+
 TEST_OPTIONS = [
     click.option("-P", "--parallel", "streams", type=int, default=1, show_default=True,
                  help="Parallel TCP streams (1 to 128)."),
-    click.option("-t", "--time", "seconds", type=float, default=10.0, show_default=True,
+    click.option("-t", "--time", "seconds", type=StrictFloat(bound=lambda: _cap("-t/--time", "max_seconds")), default=10.0, show_default=True,
                  help="Counted seconds, after --omit (omit + time <= 3600)."),
-    click.option("-O", "--omit", type=float, default=0.0, show_default=True,
+    click.option("-O", "--omit", type=StrictFloat(bound=lambda: _cap("-O/--omit", "max_omit")), default=0.0, show_default=True,
                  help="Leading seconds measured but left out of the figures (TCP slow start)."),
-    click.option("-i", "--interval", type=float, default=1.0, show_default=True,
+    click.option("-i", "--interval", type=StrictFloat(bound=lambda: _cap("-i/--interval", "max_interval")), default=1.0, show_default=True,
                  help="Seconds per reported interval (0.1 to 60)."),
     click.option("-l", "--length", "length", default="128KiB", show_default=True,
                  help="Bytes per write on each stream (64MiB at most)."),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.kit import common_options
+from gpubench.kit import StrictFloat, common_options
 
 
 class LauncherGroup(click.Group):
@@ -26,6 +26,14 @@ class LauncherGroup(click.Group):
             _not_launched(self, args)  # click would say only "No such option '-P'"
         return super().parse_args(ctx, args)
 
+
+
+def _timeout_bound():
+    """-T/--timeout's Bound, declared on :class:`gpubench.plugins.net.fleet.NetFleetSpec`."""
+    from gpubench.core.bounds import field_bound
+    from gpubench.plugins.net.fleet import NetFleetSpec
+
+    return field_bound(NetFleetSpec, "timeout")
 
 def _not_launched(group: click.Group, args: list[str]) -> None:
     """``gpubench net -P 4`` outside a launcher: when the option is one of ``net nodes``', say that
@@ -134,7 +142,7 @@ def nodes_command(test_options, build_request) -> click.Command:
             click.option("-B", "--bind", default="0.0.0.0", show_default=True,
                          help="Address each rank's server listens on (a specific one is also told to the peers)."),
             click.option("--rendezvous", default=None, help="HOST:PORT of rank 0's store (default: the launcher's)."),
-            click.option("-T", "--timeout", type=float, default=60.0, show_default=True,
+            click.option("-T", "--timeout", type=StrictFloat(bound=_timeout_bound), default=60.0, show_default=True,
                          help="Seconds to wait for the other ranks: to join, and from a round's start to its end "
                               "(at least the round's length: -O + -t + -i + 5 s); a rank later than that is named."),
             ]
