@@ -94,9 +94,25 @@ def test_cpu_merge_runs_on_a_local_cluster(protocol, tmp_path):
     assert ex["join_check"] == pandas_reference(CHUNK, 2, 2, 0.3)
 
 
-def test_cpu_merge_with_other_shapes_matches_pandas(tmp_path):
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """One 2-worker LocalCluster (processes, loopback) for the tests whose subject is the merge's
+    result, not the cluster's life: they reach it with --scheduler-address, as a user with a
+    cluster of their own does, and gpubench must leave it running."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           host="127.0.0.1")
+    client = Client(cluster)
+    yield client
+    client.close(timeout=5)
+    cluster.close(timeout=10)
+
+
+def test_cpu_merge_with_other_shapes_matches_pandas(tmp_path, shared_cluster):
     out = tmp_path / "m.json"
-    p = gpubench("merge", "-t", "cpu", "-d", "0,1", "-c", "20000", "--base-chunks", "3", "--other-chunks", "2",
+    p = gpubench("merge", "-t", "cpu", "--scheduler-address", shared_cluster.scheduler.address, "-c", "20000",
+                 "--base-chunks", "3", "--other-chunks", "2",
                  "--frac-match", "0.7", "--shuffle-join", "--runs", "1", "--warmup-runs", "0",
                  "--ignore-size", "0", "-q", "--json", str(out))
     assert p.returncode == 0, p.stderr
@@ -105,6 +121,20 @@ def test_cpu_merge_with_other_shapes_matches_pandas(tmp_path):
     assert rec["params"]["base_chunks"] == 3 and rec["params"]["broadcast"] == "False"
     assert rec["nbytes"] == (3 + 2) * 20000 * 16
     assert rec["extra"]["join_check"] == pandas_reference(20000, 3, 2, 0.7)
+
+
+def test_a_run_on_a_users_cluster_leaves_it_running_and_empty(tmp_path, shared_cluster):
+    """--scheduler-address: gpubench closes its client only; the cluster keeps its workers, and
+    holds none of the run's data afterwards."""
+    workers = set(shared_cluster.scheduler_info()["workers"])
+    p = gpubench("merge", "-t", "cpu", "--scheduler-address", shared_cluster.scheduler.address, "-c", "20000",
+                 "--runs", "2", "-q", "--json", str(tmp_path / "m.json"))
+    assert p.returncode == 0, p.stderr
+    [rec] = json.loads((tmp_path / "m.json").read_text())["records"]
+    assert rec["params"]["n_workers"] == 2 and len(rec["samples_s"]) == 2
+    assert set(shared_cluster.scheduler_info()["workers"]) == workers
+    held = shared_cluster.run(lambda dask_worker: len(dask_worker.data))
+    assert set(held) == workers and sum(held.values()) == 0, held
 
 
 @pytest.mark.parametrize("args, needle", [
