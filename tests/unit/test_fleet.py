@@ -268,6 +268,24 @@ def test_net_report_names_the_slow_sender():
     assert net_fleet.verdict(res).endswith("; n1 (rank 1) sends slowly (1.00)")
 
 
+def test_a_link_with_a_stalled_stream_fails_at_a_healthy_rate():
+    """net nodes: a link whose test had a stream stalled (a hung receiving worker) is FAIL with the
+    streams named, though the other streams carried it to the median; its rate stays in extra."""
+    healthy = Record(params={"stream": "total"}, nbytes=1, samples_s=[1.0],
+                     extra={"gbit_per_s": 20.0, "stalled_streams": []})
+    stalled = Record(params={"stream": "total"}, nbytes=1, samples_s=[1.0],
+                     extra={"gbit_per_s": 19.0, "stalled_streams": [2]})
+    recs = [net_fleet._link_record(a, b, t, 4) for (a, b), t in zip([(0, 1), (1, 2), (2, 0)], [healthy, stalled, healthy])]
+    for r, (a, b) in zip(recs, [(0, 1), (1, 2), (2, 0)]):
+        r.extra.update(src_host=f"n{a}", dst_host=f"n{b}")
+    res = Result(command="net", spec={}, records=recs)
+    assert [f for _, f, _ in net_fleet.link_flags(res)] == ["ok", "fail", "ok"]
+    assert recs[1].samples_s == [] and recs[1].extra["gbit_per_s"] == 19.0
+    assert net_fleet.slow_summary(res)[0] == ("FAIL link n1 -> n2 (rank 1 -> 2): failed: stream(s) 2 of 4 received "
+                                              "nothing for 1 s or more of the counted time (stalled)")
+    assert net_fleet.verdict(res).startswith("1 link(s) flagged: n1->n2 (fail)")
+
+
 def test_flags_agree_with_flag_one_by_one():
     import random
 

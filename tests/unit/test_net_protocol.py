@@ -147,6 +147,16 @@ def _intervals():
     ]
 
 
+def test_a_stream_silent_for_a_second_of_counted_time_is_stalled():
+    """STALL_S (1 s): the empty counted intervals of one stream add up; omitted ones do not count."""
+    req = Request(streams=2, seconds=2.0, omit=1.0, interval=1.0, buffer=500)
+    ivs = [Interval(0.0, 1.0, True, [0, 1_000]), Interval(1.0, 1.5, False, [0, 1_000]),
+           Interval(1.5, 2.0, False, [0, 1_000]), Interval(2.0, 3.0, False, [500, 0])]
+    assert build_records(req, ivs)[-1].extra["stalled_streams"] == [0, 1]
+    ivs[1] = Interval(1.0, 1.5, False, [10, 1_000])  # stream 0 now silent for 0.5 s only
+    assert build_records(req, ivs)[-1].extra["stalled_streams"] == [1]
+
+
 def test_totals_count_only_the_counted_intervals():
     ivs = _intervals()
     assert totals(ivs) == (11_000, pytest.approx(2.5))
@@ -164,6 +174,7 @@ def test_records_per_stream_and_total_follow_the_intervals():
     # the stalled interval has no sample but counts in the total and is flagged
     assert [s1.nbytes / x for x in s1.samples_s] == pytest.approx([2_000, 1_000])
     assert s1.extra["zero_intervals"] == 1 and s0.extra["zero_intervals"] == 0
+    assert tot.extra["stalled_streams"] == []  # 0.5 s without data: a hiccup, not a stall
     assert tot.extra["counted_bytes"] == 11_000 == s0.extra["counted_bytes"] + s1.extra["counted_bytes"]
     assert tot.extra["bytes_per_s"] == pytest.approx(11_000 / 2.5)
     assert tot.extra["gbit_per_s"] == pytest.approx(8 * 11_000 / 2.5 / 1e9)

@@ -33,6 +33,7 @@ from gpubench.plugins.net.protocol import (
     MAX_LINE_BYTES,
     MAX_WIRE_INT,
     PROTOCOL_VERSION,
+    STALL_S,
     LineReader,
     ProtocolError,
     Request,
@@ -567,7 +568,8 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
     the sender's TCP_INFO at the end (``retransmits`` = tcpi_total_retrans, ``cwnd_bytes`` =
     tcpi_snd_cwnd x tcpi_snd_mss, ``rtt_us``, ``snd_mss``); the total ``retransmits`` (their sum),
     ``sender_cpu_s``, ``receiver_cpu_s``, ``all_bytes`` (received in every interval, omitted ones
-    included) and ``cpu_s_per_gbit`` = (sender + receiver CPU seconds) / (8 x all_bytes / 1e9):
+    included), ``stalled_streams`` (the streams whose empty counted intervals add up to
+    :data:`STALL_S` or more) and ``cpu_s_per_gbit`` = (sender + receiver CPU seconds) / (8 x all_bytes / 1e9):
     the workers run for the whole test, so the bytes are those of the whole test too.
     """
     facts = facts or DirectionFacts(sent=sent)
@@ -576,6 +578,7 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
     streams = request.streams
     base = {"streams": streams, "buffer_nbytes": request.buffer, "direction": direction}
     tcp = facts.tcp if len(facts.tcp) == streams else [None] * streams
+    stalled = []
     for k in [*range(streams), None]:
         per = [iv.bytes[k] if k is not None else sum(iv.bytes) for iv in intervals]
         nbytes, secs = totals(intervals, k)
@@ -596,6 +599,8 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
         if sent is not None:
             extra["sent_bytes"] = sent[k] if k is not None else sum(sent)
         if k is not None:
+            if sum(iv.seconds for iv, b in zip(intervals, per) if not iv.omit and b == 0) >= STALL_S:
+                stalled.append(k)
             info = tcp[k] or {}
             extra.update({"retransmits": info.get("total_retrans"), "cwnd_bytes": info.get("cwnd_bytes"),
                           "rtt_us": info.get("rtt_us"), "snd_mss": info.get("snd_mss")})
@@ -608,6 +613,7 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
                 "sender_cpu_s": facts.sender_cpu_s,
                 "receiver_cpu_s": facts.receiver_cpu_s,
                 "all_bytes": all_bytes,
+                "stalled_streams": stalled,
                 "cpu_s_per_gbit": (sum(cpu) / (all_bytes * 8 / 1e9)) if len(cpu) == 2 and all_bytes > 0 else None,
             })
         err = None if samples else "no bytes received in a counted interval"

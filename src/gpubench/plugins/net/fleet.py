@@ -41,7 +41,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from gpubench.plugins.net.protocol import Request
+from gpubench.plugins.net.protocol import STALL_S, Request
 from gpubench.core.bounds import MAX_TIMEOUT_S, bounded, check_bounds
 from gpubench.core.errors import GpubenchError, MachineError, UsageError
 from gpubench.core.result import Record, Result
@@ -321,12 +321,18 @@ def _failed_link(src: int, dst: int, request: Request, why: str) -> Record:
     return Record(params={"src": src, "dst": dst, "stream": "total"}, nbytes=request.buffer, error=why[:300])
 
 
-def _link_record(src: int, dst: int, total: Record) -> Record:
+def _link_record(src: int, dst: int, total: Record, streams: int) -> Record:
+    """The link's record from its test's total; a link one of whose streams stalled
+    (:data:`gpubench.plugins.net.bench.STALL_S`) failed, whatever the other streams carried."""
     ex = total.extra
+    stalled = ex.get("stalled_streams") or []
+    error = total.error or (f"stream(s) {', '.join(map(str, stalled))} of {streams} received nothing for "
+                            f"{STALL_S:g} s or more of the counted time (stalled)" if stalled else None)
     return Record(params={"src": src, "dst": dst, "stream": "total"}, metric="bandwidth", nbytes=total.nbytes,
-                  samples_s=list(total.samples_s), reps=total.reps, error=total.error,
+                  samples_s=[] if error else list(total.samples_s), reps=total.reps, error=error,
                   extra={k: ex[k] for k in ("gbit_per_s", "bytes_per_s", "counted_bytes", "counted_seconds",
-                                            "interval_bytes", "zero_intervals", "sent_bytes") if k in ex})
+                                            "interval_bytes", "zero_intervals", "stalled_streams", "sent_bytes")
+                         if k in ex})
 
 
 def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFleetSpec, senders: list[int]
@@ -338,7 +344,8 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
         info = peers[b]
         port = info["ports"][senders.index(a) if spec.to is not None else 0]
         try:
-            out.append(_link_record(a, b, run_client(info["addr"], port, spec.request, spec.connect_timeout)))
+            out.append(_link_record(a, b, run_client(info["addr"], port, spec.request, spec.connect_timeout),
+                                    spec.request.streams))
         except GpubenchError as e:
             out.append(_failed_link(a, b, spec.request, e.one_line()))
     return out

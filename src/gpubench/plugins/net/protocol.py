@@ -79,6 +79,12 @@ class Caps:
     max_bitrate: int = 10**13
 
 
+
+#: A stream that received nothing in counted intervals adding up to this many seconds is stalled
+#: (a hung receiver or a dead path), not a scheduling hiccup of a loaded host; net nodes fails the
+#: link (the other streams would otherwise carry it past the fleet rule).
+STALL_S = 1.0
+
 CAPS = Caps()
 
 
