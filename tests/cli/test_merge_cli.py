@@ -94,24 +94,56 @@ def test_cpu_merge_runs_on_a_local_cluster(protocol, tmp_path):
     assert ex["join_check"] == pandas_reference(CHUNK, 2, 2, 0.3)
 
 
+_CLUSTER = """
+import sys
+from distributed import LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as cluster:
+        print(cluster.scheduler_address, flush=True)
+        sys.stdin.read()  # until the test closes it
+"""
+
+_INSPECT = """
+import json, sys
+from distributed import Client
+with Client(sys.argv[1], timeout=30) as c:
+    held = c.run(lambda dask_worker: len(dask_worker.data))
+    print(json.dumps({"workers": sorted(c.scheduler_info()["workers"]), "held": held}))
+"""
+
+
 @pytest.fixture(scope="module")
 def shared_cluster():
-    """One 2-worker LocalCluster (processes, loopback) for the tests whose subject is the merge's
-    result, not the cluster's life: they reach it with --scheduler-address, as a user with a
-    cluster of their own does, and gpubench must leave it running."""
-    from distributed import Client, LocalCluster
+    """The scheduler address of one 2-worker LocalCluster (processes, loopback) for the tests whose
+    subject is the merge's result, not the cluster's life: they reach it with --scheduler-address,
+    as a user with a cluster of their own does, and gpubench must leave it running. It lives in a
+    process of its own, so its workers are no test process's children."""
+    p = subprocess.Popen([sys.executable, "-c", _CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        address = p.stdout.readline().strip()
+        assert address.startswith("tcp://"), address
+        yield address
+    finally:
+        p.stdin.close()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                           host="127.0.0.1")
-    client = Client(cluster)
-    yield client
-    client.close(timeout=5)
-    cluster.close(timeout=10)
+
+def _inspect(address: str) -> dict:
+    """The cluster's workers and how many keys each holds, asked from a process of its own."""
+    r = subprocess.run([sys.executable, "-c", _INSPECT, address], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
 
 
 def test_cpu_merge_with_other_shapes_matches_pandas(tmp_path, shared_cluster):
     out = tmp_path / "m.json"
-    p = gpubench("merge", "-t", "cpu", "--scheduler-address", shared_cluster.scheduler.address, "-c", "20000",
+    p = gpubench("merge", "-t", "cpu", "--scheduler-address", shared_cluster, "-c", "20000",
                  "--base-chunks", "3", "--other-chunks", "2",
                  "--frac-match", "0.7", "--shuffle-join", "--runs", "1", "--warmup-runs", "0",
                  "--ignore-size", "0", "-q", "--json", str(out))
@@ -126,15 +158,15 @@ def test_cpu_merge_with_other_shapes_matches_pandas(tmp_path, shared_cluster):
 def test_a_run_on_a_users_cluster_leaves_it_running_and_empty(tmp_path, shared_cluster):
     """--scheduler-address: gpubench closes its client only; the cluster keeps its workers, and
     holds none of the run's data afterwards."""
-    workers = set(shared_cluster.scheduler_info()["workers"])
-    p = gpubench("merge", "-t", "cpu", "--scheduler-address", shared_cluster.scheduler.address, "-c", "20000",
+    before = _inspect(shared_cluster)
+    p = gpubench("merge", "-t", "cpu", "--scheduler-address", shared_cluster, "-c", "20000",
                  "--runs", "2", "-q", "--json", str(tmp_path / "m.json"))
     assert p.returncode == 0, p.stderr
     [rec] = json.loads((tmp_path / "m.json").read_text())["records"]
     assert rec["params"]["n_workers"] == 2 and len(rec["samples_s"]) == 2
-    assert set(shared_cluster.scheduler_info()["workers"]) == workers
-    held = shared_cluster.run(lambda dask_worker: len(dask_worker.data))
-    assert set(held) == workers and sum(held.values()) == 0, held
+    after = _inspect(shared_cluster)
+    assert len(before["workers"]) == 2 and after["workers"] == before["workers"]
+    assert sorted(after["held"]) == after["workers"] and sum(after["held"].values()) == 0, after
 
 
 @pytest.mark.parametrize("args, needle", [
