@@ -158,7 +158,9 @@ def test_nan_sample_exits_2(capsys, tmp_path):
     assert "/records/0/samples_s/0 is -1.0 (expected a finite number >= 0)" in _refused(capsys, PINNED, str(p))
 
 
-@pytest.mark.parametrize("opt,needle", [(["--threshold", "-1"], "--threshold -1 must be >= 0 percent"), (["--alpha", "1.5"], "--alpha 1.5"),
+@pytest.mark.parametrize("opt,needle", [(["--threshold", "-1"], "--threshold -1 must be >= 0 percent"), (["--alpha", "1.5"], "--alpha 1.5 must be < 1"),
+                                        (["--alpha", "-0"], "--alpha -0 must be > 0"),  # not "write 0"
+                                        (["--alpha", "1e400"], "--alpha 1e400 must be < 1"),
                                         (["--format", "html"], "html")])
 def test_bad_options_exit_2(capsys, opt, needle):
     assert needle in _refused(capsys, PINNED, PINNED, *opt)

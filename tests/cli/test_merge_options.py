@@ -44,6 +44,7 @@ def test_an_interface_this_host_lacks_is_refused_before_dask_is_imported():
     (["-c", "١٢"], "-c/--chunk-size '١٢' is not an integer"),  # int() would read Arabic-Indic digits as 12
     (["--base-chunks", "１２"], "--base-chunks '１２' is not an integer"),
     (["--frac-match", "٠.٥"], "--frac-match '٠.٥' is not a finite number"),
+    (["--timeout", "1e-400"], "--timeout '1e-400' is too small to tell from 0"),  # not "--timeout 0 must be > 0"
     (["--scheduler-address", ""], "--scheduler-address '' is empty"),  # not a local cluster
     (["-d", ",".join(map(str, range(100_000)))], "-d/--devices names 100,000 devices"),  # at once, not after minutes
 ])

@@ -83,6 +83,23 @@ def test_the_launcher_form_outside_a_launcher_says_what_it_is_and_what_to_run(ar
     assert (f"gpubench net local {shown}" in line) is here
 
 
+@pytest.mark.parametrize("args, line", [
+    (["-P", "0"], "-P/--parallel 0 out of range (use 1 to 128 streams)"),
+    (["-t", "0.01"], "-t/--time 0.01 out of range (use 0.1 to 3600 seconds)"),
+    (["-T", "0"], "-T/--timeout 0 must be > 0 seconds"),
+    (["--to", "-1"], "--to -1 out of range (use a rank, 0 to the number of ranks - 1)"),
+])
+def test_the_launcher_form_outside_a_launcher_names_a_bad_value_before_suggesting_it(args, line):
+    """A form it would suggest to run must be one that runs: a bad value is named as net nodes
+    names it, with or without the sub-command, launcher or not."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    for form in (["net"], ["net", "nodes"]):
+        p = subprocess.run([sys.executable, "-m", "gpubench", *form, *args], capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert _one_line_error(p, 2) == f"gpubench: error: {line}", (form, p.stderr)
+
+
 def test_an_unknown_option_of_net_is_still_unknown():
     line = _one_line_error(gb("net", "--no-such"), 2)
     assert "No such option" in line and "--no-such" in line  # click's wording varies by release

@@ -247,3 +247,21 @@ def test_the_saved_line_shows_control_characters_and_markup_of_a_path_escaped(tm
     assert "\x1b" not in r.stdout + r.stderr and "FAKE" not in "".join(
         line for line in (r.stdout + r.stderr).splitlines() if not line.startswith(verb + " "))
     assert (tmp_path / argv[2]).exists()  # the file itself has the name asked for
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize("argv", [
+    ["compare", "tests/data/merge-cpu.json", "tests/data/merge-cpu.json"],  # rich's table
+    ["compare", "tests/data/merge-cpu.json", "tests/data/merge-cpu.json", "--format", "markdown"],  # click.echo
+    ["env"],
+])
+def test_a_report_onto_a_full_stdout_is_one_line_naming_it_exit_3(argv):
+    """A report that meets a full disk (or a broken pipe) behind stdout is a machine fault named in
+    one line, not a bare OSError."""
+    root = Path(SRC).parent
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "gpubench", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=60, cwd=root, env={**os.environ, "PYTHONPATH": SRC})
+    assert r.returncode == 3, r.stderr
+    assert one_line(r.stderr) == ("gpubench: error: could not write the report to standard output: "
+                                  "No space left on device")

@@ -28,6 +28,7 @@ def test_a_value_within_the_bound_or_none_passes_unchanged():
     (Bound("-w/--warmup", lo=0, hi=10**6), 10**6 + 1, "-w/--warmup 1000001 is too large (at most 1,000,000)"),
     (Bound("-T/--timeout", hi=604800.0, unit="seconds"), 1e9, "-T/--timeout 1e+09 is too large (at most 604,800 seconds)"),
     (Bound("--frac-match", lo=0, above=True, hi=1.0), 1.5, "--frac-match 1.5 is too large (at most 1)"),
+    (Bound("--alpha", lo=0, above=True, hi=1, below=True), 1, "--alpha 1 must be < 1"),
     (Bound("-c", hi=5), 10**30, "-c (a 31-digit number) is too large (at most 5)"),
     (Bound("-c", lo=0), float("nan"), "-c nan is not a finite number"),
     (Bound("-c", lo=0), float("-inf"), "-c -inf is not a finite number"),

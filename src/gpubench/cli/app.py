@@ -113,6 +113,18 @@ def _said_here() -> bool:
         return True
 
 
+def _writing_stdout(e: BaseException) -> bool:
+    """Whether ``e`` was raised where standard output was being written: the innermost Python
+    frame holds ``sys.stdout`` (rich's console writing its buffer, click.echo, a write of ours)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    held = tb.tb_frame.f_locals.values()
+    return any(v is sys.stdout or getattr(v, "file", None) is sys.stdout for v in held)
+
+
 def main(argv: list[str] | None = None, *, early: list[int] | None = None, held: tuple[int, ...] = ()) -> None:
     """Run the group and turn every error into one line: the process's run (``argv`` None, through
     :func:`gpubench.cli.main`, which ends the process) or one in this process (``argv`` given: the
@@ -164,9 +176,12 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
     except Exception as e:  # a bug or an unexpected library fault: one line unless --debug
         if debug:
             traceback.print_exc()
-        first = (str(e).strip().splitlines() or [""])[0]
-        click.echo(f"gpubench: error: {type(e).__name__}: {_one_line(first)} (run with --debug for the traceback)",
-                   err=True)
+        if isinstance(e, OSError) and _writing_stdout(e):  # the report met a full disk or a broken pipe
+            line = f"could not write the report to standard output: {e.strerror or e}"
+        else:
+            first = (str(e).strip().splitlines() or [""])[0]
+            line = f"{type(e).__name__}: {_one_line(first)} (run with --debug for the traceback)"
+        click.echo(f"gpubench: error: {line}", err=True)
         code = 3
     finally:
         # the process's own run: the exit code is decided and the result saved; in-process (tests):

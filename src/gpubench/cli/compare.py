@@ -13,6 +13,8 @@ from gpubench.kit import StrictFloat
 
 #: a change of 10,000x is no longer a threshold
 THRESHOLD = Bound("--threshold", lo=0, hi=1e6, unit="percent")
+#: the Mann-Whitney test's significance level, a probability strictly between 0 and 1
+ALPHA = Bound("--alpha", lo=0, above=True, hi=1, below=True)
 
 
 @click.command("compare")
@@ -20,7 +22,7 @@ THRESHOLD = Bound("--threshold", lo=0, hi=1e6, unit="percent")
 @click.argument("new", nargs=-1, required=True, type=click.Path(dir_okay=True))
 @click.option("--threshold", "threshold_pct", type=StrictFloat(bound=lambda: THRESHOLD), default=1.0, show_default=True,
               help="Changes of at most this many percent count as 'same'.")
-@click.option("--alpha", type=float, default=0.01, show_default=True,
+@click.option("--alpha", type=StrictFloat(bound=lambda: ALPHA), default=0.01, show_default=True,
               help="Significance level of the Mann-Whitney U test on the samples.")
 @click.option("--ignore-param", "ignore", multiple=True, metavar="NAME",
               help="Pair figures that differ only in this param (repeatable): merge -p tcp against ucx "
@@ -111,10 +113,9 @@ def raise_on_regression(cmps, *, strict: bool, threshold_pct: float, alpha: floa
 
 
 def check_options(threshold_pct: float, alpha: float) -> None:
-    """Raises UsageError for a threshold outside :data:`THRESHOLD` or an alpha outside (0, 1)."""
+    """Raises UsageError for a threshold outside :data:`THRESHOLD` or an alpha outside :data:`ALPHA`."""
     THRESHOLD.check(threshold_pct)
-    if not (0 < alpha < 1):
-        raise UsageError(f"--alpha {alpha} must be between 0 and 1", "e.g. --alpha 0.01")
+    ALPHA.check(alpha)
 
 
 def display(cmps, fmt: str, *, threshold_pct: float, alpha: float, units: str) -> None:

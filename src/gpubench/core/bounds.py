@@ -49,6 +49,7 @@ class Bound:
         lo: the smallest accepted value, or None for no lower bound.
         hi: the largest accepted value, a function of the machine (called when checked), or None.
         above: ``lo`` itself is refused (the value must be > lo).
+        below: ``hi`` itself is refused (the value must be < hi).
         unit: appended to the bounds in messages ("seconds", "GB/s"), or "".
     """
 
@@ -57,6 +58,7 @@ class Bound:
     hi: float | Callable[[], float] | None = None
     above: bool = False
     unit: str = ""
+    below: bool = False
 
     def check(self, value: Any) -> Any:
         """``value`` when it is None or within the bound.
@@ -77,7 +79,7 @@ class Bound:
             raise UsageError(f"{self.option} {_shown(value)} must be {'>' if self.above else '>='} "
                              f"{_limit(self.lo)}{unit}")
         hi = self.largest()
-        if hi is not None and value > hi:
+        if hi is not None and (value >= hi if self.below else value > hi):
             raise self.too_large(_shown(value))
         return value
 
@@ -88,8 +90,10 @@ class Bound:
     def too_large(self, shown: str) -> UsageError:
         """The error of a value above ``hi`` shown as ``shown`` ("(a 400-digit number)")."""
         hi = self.largest()
-        return UsageError(f"{self.option} {shown} is too large",
-                          None if hi is None else f"at most {_limit(hi)}{f' {self.unit}' if self.unit else ''}")
+        unit = f" {self.unit}" if self.unit else ""
+        if hi is not None and self.below:
+            return UsageError(f"{self.option} {shown} must be < {_limit(hi)}{unit}")
+        return UsageError(f"{self.option} {shown} is too large", None if hi is None else f"at most {_limit(hi)}{unit}")
 
 
 def bounded(default: Any, option: str, *, lo: float | None = None, hi: float | Callable[[], float] | None = None,

@@ -160,6 +160,8 @@ def parse_timeout(text) -> float:
         raise bad from None
     if not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
         raise bad
+    if v == 0 and any(c.isdecimal() and int(c) for c in s.lower().split("e")[0]):
+        raise UsageError(f"--timeout {s[:40]!r} is too small to tell from 0", "use a value of at least 1e-300")  # 1e-400
     return v
 
 

@@ -35,6 +35,23 @@ def _timeout_bound():
 
     return field_bound(NetFleetSpec, "timeout")
 
+def _check_values(build_request, params: dict, req=None) -> None:
+    """net nodes' checks that need no launcher: the test options (``build_request``, unless ``req``
+    was built), -T, and the sign of --to (its upper end is the launcher's size).
+
+    Raises:
+        UsageError: the first bad value, named.
+    """
+    from gpubench.core.errors import UsageError
+
+    if req is None:
+        build_request(*(params[k] for k in ("streams", "seconds", "omit", "interval", "length")))
+    _timeout_bound().check(params["timeout"])
+    to = params["to"]
+    if to is not None and to < 0:
+        raise UsageError(f"--to {to} out of range", "use a rank, 0 to the number of ranks - 1")
+
+
 def _not_launched(group: click.Group, args: list[str]) -> None:
     """``gpubench net -P 4`` outside a launcher: when the option is one of ``net nodes``', say that
     this form runs between a launcher's ranks, and what to run here instead.
@@ -51,8 +68,11 @@ def _not_launched(group: click.Group, args: list[str]) -> None:
         return cmd is not None and any(name in p.opts or name in p.secondary_opts for p in cmd.params)
 
     names = [a.split("=", 1)[0] if a.startswith("--") else a[:2] for a in args if a.startswith("-")]  # -P4: -P
-    if not knows(group.commands.get("nodes"), names[0]):
+    nodes = group.commands.get("nodes")
+    if nodes is None or not knows(nodes, names[0]):
         return
+    with nodes.make_context("gpubench net", list(args)) as ctx:  # a bad value is named first, as net nodes names it
+        _check_values(getattr(nodes, "build_request"), ctx.params)
     shown = term(shlex.join(args), 200)
     here = (f"here: gpubench net local {shown} (loopback), or gpubench net client HOST {shown} against a net "
             "server; " if all(knows(group.commands.get("local"), n) for n in names) else "")
@@ -92,7 +112,6 @@ def nodes_command(test_options, build_request) -> click.Command:
         from gpubench.plugins.net import fleet as net_fleet
         from gpubench.kit import finish
         from gpubench.launch import ranks
-        from gpubench.core.bounds import field_bound
         from gpubench.core.errors import RegressionFound, UsageError
 
         if ipv4 or ipv6:
@@ -102,7 +121,7 @@ def nodes_command(test_options, build_request) -> click.Command:
             # --to is one round of many-to-one; --pairs was silently ignored beside it
             raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
         req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
-        field_bound(net_fleet.NetFleetSpec, "timeout").check(timeout)  # before the launcher's checks
+        _check_values(build_request, {"timeout": timeout, "to": to}, req)  # before the launcher's checks
         me = ranks.discover()
         if not me.under_launcher:
             raise UsageError("gpubench net nodes runs under a launcher (mpirun, srun, torchrun) or with RANK, "
@@ -148,4 +167,6 @@ def nodes_command(test_options, build_request) -> click.Command:
             ]
     for opt in reversed(opts):
         f = opt(f)
-    return click.command("nodes", help=HELP)(f)
+    cmd = click.command("nodes", help=HELP)(f)
+    cmd.build_request = build_request  # type: ignore[attr-defined]  # _not_launched checks the values with it
+    return cmd
