@@ -117,21 +117,26 @@ with Client(sys.argv[1], timeout=30) as c:
 def shared_cluster():
     """The scheduler address of one 2-worker LocalCluster (processes, loopback) for the tests whose
     subject is the merge's result, not the cluster's life: they reach it with --scheduler-address,
-    as a user with a cluster of their own does, and gpubench must leave it running. It lives in a
-    process of its own, so its workers are no test process's children."""
-    p = subprocess.Popen([sys.executable, "-c", _CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    as a user with a cluster of their own does, and gpubench must leave it running. It is started
+    through a shell that exits at once (stdin passed on through fd 3: a background job's own stdin is
+    /dev/null), so neither it nor its workers descend from the test process
+    (whose tests count and kill the Dask workers under it); it ends when its stdin closes."""
+    psutil = pytest.importorskip("psutil")
+    sh = subprocess.Popen(["/bin/sh", "-c", 'exec 3<&0; setsid "$0" -c "$1" <&3 3<&- & echo $!', sys.executable,
+                           _CLUSTER],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    sh.wait(timeout=30)
+    cluster = psutil.Process(int(sh.stdout.readline()))
     try:
-        address = p.stdout.readline().strip()
+        address = sh.stdout.readline().strip()
         assert address.startswith("tcp://"), address
         yield address
     finally:
-        p.stdin.close()
+        sh.stdin.close()  # the cluster's stdin too: it closes
         try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            cluster.wait(timeout=20)
+        except psutil.TimeoutExpired:
+            os.killpg(cluster.pid, signal.SIGKILL)
 
 
 def _inspect(address: str) -> dict:
