@@ -473,7 +473,12 @@ def test_a_stuck_worker_stops_the_run_within_the_timeout(tmp_path):
             time.sleep(0.5)  # not there yet: it appears only at the end
             if time.monotonic() > deadline - 100:  # ~20 s after the workers came up: runs under way
                 break
-        victim = _workers_of(p.pid)[0]
+        workers = _workers_of(p.pid)
+        if not workers:  # it ended, or its workers are gone: say how, not IndexError
+            p.kill()
+            _o, err = p.communicate(timeout=30)
+            raise AssertionError(f"no Dask worker under merge to stop (exit {p.returncode}): {err[-1500:]}")
+        victim = workers[0]
         victim.suspend()
         t0 = time.monotonic()
         _o, err = p.communicate(timeout=120)

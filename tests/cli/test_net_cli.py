@@ -503,23 +503,33 @@ def test_local_128_streams_interrupted_while_setting_up_exits_130_or_143(tmp_pat
     """`net local -P 128 -t 2 --json n.json` with SIGINT or SIGTERM while its 128 streams connect is
     never exit 3 "RuntimeError: cannot join thread before it is started" with no JSON. Signalled at
     three moments drawn anew each run: 0 to 0.1 s after the local server listens (connecting), 0.1
-    to 0.6 s after it (starting 256 worker processes, the first intervals), and 0.4 to 0.6 s after
-    the process starts; each run must exit 130 / 143 with no traceback, keep a partial JSON or say it
-    kept nothing, and leave no worker process behind."""
+    to 0.6 s after it (starting 256 worker processes, the first intervals), and 0 to 0.2 s after
+    gpubench says its signal guard is in place (GPUBENCH_STARTED_FD: the interpreter's own start-up
+    before it cannot be guarded); each run must exit 130 / 143 with no traceback, keep a partial
+    JSON or say it kept nothing, and leave no worker process behind."""
+    from gpubench.cli import STARTED_FD
+
     code = 130 if sig == signal.SIGINT else 143
     moments = [(True, round(sampled.uniform(0.0, 0.1), 3)), (True, round(sampled.uniform(0.1, 0.6), 3)),
-               (False, round(sampled.uniform(0.4, 0.6), 3))]
+               (False, round(sampled.uniform(0.0, 0.2), 3))]
     for after_listen, delay in moments:
         out = tmp_path / f"n{after_listen}{delay}.json"
         tag = f"{os.getpid()}-{sig}-{after_listen}-{delay}"
-        p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-P", "128", "-t", "2", "--json", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, TEST_TAG: tag})
+        r, w = os.pipe()
+        try:
+            p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-P", "128", "-t", "2", "--json",
+                                  str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(w,),
+                                 env={**os.environ, TEST_TAG: tag, STARTED_FD: str(w)})
+        finally:
+            os.close(w)
+        with os.fdopen(r, "rb", buffering=0) as started:
+            assert started.read(1) == b"\n", p.communicate(timeout=30)  # EOF only if it ended first
         if after_listen:
             assert _wait_listening(p.pid), p.communicate(timeout=30)
         time.sleep(delay)
         p.send_signal(sig)
         stdout, stderr = p.communicate(timeout=30)
-        moment = f"{delay} s after {'the server listens' if after_listen else 'the start'}"
+        moment = f"{delay} s after {'the server listens' if after_listen else 'its signal guard'}"
         assert p.returncode == code, (moment, p.returncode, stderr[-400:])
         assert "Traceback" not in stderr and "cannot join" not in stderr, (moment, stderr[-400:])
         # the one rule (kit.finish): a file with what was measured, said on stderr, or none

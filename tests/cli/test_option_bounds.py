@@ -65,7 +65,7 @@ HOSTILE = [
     ("inf", r"(is not an integer|'inf' is not a finite number)"),
     ("nan", r"(is not an integer|'nan' is not a finite number)"),
     ("1e400", r"(is not an integer|1e400 is too large \(at most|1e400 must be < )"),
-    (HUGE, r"\(a 400-digit number\) is too large \(at most [0-9,.e+]+( [a-zA-Z/]+)?\)"),
+    (HUGE, r"\(a 400-digit number\) (is too large \(at most [0-9,.e+]+( [a-zA-Z/]+)?\)|must be < [0-9])"),
 ]
 
 
