@@ -32,7 +32,7 @@ def _node_timeout():
               help="Check --expect against saved bundles or results instead of running (no GPU needed); repeatable.")
 @click.option("--merge", "with_merge", is_flag=True, help="Also run the Dask-CUDA merge (slow: starts a cluster).")
 @click.option("--strict", is_flag=True, help="Count expectations whose command did not run as failed.")
-@click.option("--node-timeout", type=StrictFloat(bound=lambda: _node_timeout()), default=900.0, show_default=True,
+@click.option("--node-timeout", type=StrictFloat(bound=_node_timeout), default=900.0, show_default=True,
               help="Under a launcher: seconds to wait for a node before reporting it missing (docs/fleet.md).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")

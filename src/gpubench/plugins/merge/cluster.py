@@ -36,7 +36,7 @@ FAILED_START_CLOSE_S = 3  # a start that failed or ran out of time: a short clos
 KILL_GRACE_S = 2  # SIGTERM to SIGKILL for a worker that outlived its cluster's close
 # After a failed start, how long to keep sweeping for workers: a Nanny's process is spawned by a
 # thread of distributed's AsyncProcess, so a spawn under way when the start was cancelled can land
-# after the first sweep (seen with distributed 2024.9-2025.1 on a saturated host).
+# after the first sweep (distributed 2024.9 to 2025.1 do, on a saturated host).
 FAILED_START_SETTLE_S = 1.0
 
 

@@ -323,7 +323,7 @@ def _failed_link(src: int, dst: int, request: Request, why: str) -> Record:
 
 def _link_record(src: int, dst: int, total: Record, streams: int) -> Record:
     """The link's record from its test's total; a link one of whose streams stalled
-    (:data:`gpubench.plugins.net.bench.STALL_S`) failed, whatever the other streams carried."""
+    (:data:`gpubench.plugins.net.protocol.STALL_S`) failed, whatever the other streams carried."""
     ex = total.extra
     stalled = ex.get("stalled_streams") or []
     error = total.error or (f"stream(s) {', '.join(map(str, stalled))} of {streams} received nothing for "
