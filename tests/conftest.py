@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import stat
 from pathlib import Path
 
@@ -23,6 +24,14 @@ SEED_VAR = "GPUBENCH_TEST_SEED"
 if not os.environ.get(SEED_VAR, "").isdigit():
     os.environ[SEED_VAR] = str(random.SystemRandom().randrange(2**32))
 SEED = int(os.environ[SEED_VAR])
+
+# The signal tests send SIGINT to the processes they start, which must not inherit it ignored: a
+# suite started as a background job of a shell without job control, or under nohup, has SIGINT
+# ignored, and gpubench rightly leaves an ignored SIGINT ignored (as iperf3 and any well-behaved
+# program do), so those tests would see it run on. Python's own handler is put back here, in the
+# controller and in every pytest-xdist worker (each imports this file).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header(config):
