@@ -179,8 +179,11 @@ def restore(previous: tuple | None) -> None:
 #: Modules whose interpreter-exit finalizers can crash the process after gpubench has reported and
 #: saved everything: UCXX (0.52, through distributed-ucxx) leaves weakref finalizers that stop its
 #: progress thread and free its endpoints at exit, and at random they race that thread (SIGSEGV;
-#: the same teardown crash is reported of UCX under Ray, NVIDIA-NeMo/Curator#2073).
-TEARDOWN_CRASHES = ("ucxx",)
+#: the same teardown crash is reported of UCX under Ray, NVIDIA-NeMo/Curator#2073); pyarrow's S3
+#: module (loaded with dask.dataframe) can crash in the AWS SDK's static destructors when S3 was not
+#: finalized ("arrow::fs::FinalizeS3 was not called ... segmentation fault at exit", apache/arrow#36346;
+#: pyarrow 14.0.1, the floor, after an interrupted merge -t cpu).
+TEARDOWN_CRASHES = ("ucxx", "pyarrow._s3fs")
 
 
 def exit_process(code: int) -> None:
