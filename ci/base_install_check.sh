@@ -87,6 +87,7 @@ where = { device = 0, direction = "h2d", memory = "pinned", nbytes = 1073741824 
 min_gbps = 1
 EOF
 run 0 "" -- "$gb" suite --check "$data/copy-pinned-h200.json" --expect "$work/expect.toml"
+run 0 "" -- "$gb" metrics "$data/copy-pinned-h200.json" -o "$work/out.prom"
 # an extra that is missing: exit 2, one line naming it
 run 2 "gpubench-cuda[plot]" -- "$gb" plot "$data/copy-pinned-h200.json" -o "$work/out.png"
 run 2 "gpubench-cuda[plot]" -- "$gb" report "$data/copy-pinned-h200.json" -o "$work/out.html"

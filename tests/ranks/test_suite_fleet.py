@@ -125,15 +125,16 @@ min_gbps = 1
 def test_fleet_suite_keeps_skipped_expectations_and_honours_strict(tmp_path, strict):
     """A fleet of one (mpiexec -n 1, CPU steps): expectations that could not run (net links between
     nodes: none here; copy: no GPU) stay in the bundle's outcomes as skipped, and --strict fails
-    them (exit 1, the name shown inert), as in the one-node suite; without --strict, exit 0."""
+    them (exit 1, the name shown inert), as in the one-node suite; without --strict, exit 0. The
+    node writes its --metrics file, {rank} in its name replaced, with its own outcome (copy)."""
     import json
 
     toml = tmp_path / "fleet.toml"
     toml.write_text(EXPECT)
     out = tmp_path / "res"
     p = subprocess.run([mpiexec(), "-n", "1", *GPUBENCH, "suite", "-o", str(out), "--node-timeout", "30", "--expect",
-                        str(toml), *(["--strict"] if strict else [])], env=_env(), capture_output=True, text=True,
-                       timeout=120)
+                        str(toml), "--metrics", str(tmp_path / "node-{rank}.prom"),
+                        *(["--strict"] if strict else [])], env=_env(), capture_output=True, text=True, timeout=120)
     text = p.stdout + p.stderr
     assert "Traceback" not in text, text
     bundle = json.loads(next(out.glob("suite-fleet-*.json")).read_text())
@@ -145,3 +146,9 @@ def test_fleet_suite_keeps_skipped_expectations_and_honours_strict(tmp_path, str
         assert "\x1b" not in text
     else:
         assert p.returncode == 0, text
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    fams = {f.name: f.samples for f in text_string_to_metric_families((tmp_path / "node-0.prom").read_text())}
+    assert [(s.labels["command"], s.labels["status"]) for s in fams["gpubench_expectation_status"]] == [
+        ("copy", "skipped")]
+    assert "gpubench_net_bandwidth_bytes_per_second" in fams

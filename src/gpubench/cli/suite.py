@@ -34,9 +34,13 @@ def _node_timeout():
 @click.option("--strict", is_flag=True, help="Count expectations whose command did not run as failed.")
 @click.option("--node-timeout", type=StrictFloat(bound=_node_timeout), default=900.0, show_default=True,
               help="Under a launcher: seconds to wait for a node before reporting it missing (docs/fleet.md).")
+@click.option("--metrics", "metrics_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.prom",
+              help="Also write the bundle as OpenMetrics text for Prometheus' textfile collector (gpubench "
+                   "metrics). Under a launcher each rank writes its own: {rank} and {host} in FILE are "
+                   "replaced by the rank and its host name.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
-def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout, quiet, debug):
+def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout, metrics_file, quiet, debug):
     """Validate a node: env, then every installed command's steps (pinned copy H2D and D2H, batch,
     p2p and NCCL all-reduce with several GPUs, merge with --merge, and any plug-in's); save one
     JSON bundle of every result; check the expectations; print a pass/fail table. Exit 1 when an
@@ -48,6 +52,8 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     from gpubench.validation import suite
     _node_timeout().check(node_timeout)  # also with --check and off a launcher
     known = sorted(p.name for p in registry.measuring())
+    if metrics_file is not None:
+        _check_metrics_path(metrics_file)
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:
         if expectations is None:
@@ -77,6 +83,8 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
                     fleet_why.append(why)
         # missing ranks and slow figures fail --check as they failed the live run
         failed_why = _finish(bundle, strict, quiet, show_steps=False, extra=fleet_lines, also_failed=fleet_why)
+        if metrics_file is not None:
+            _write_metrics(metrics_file, bundle, quiet)
         if failed_why:
             raise RegressionFound(failed_why)
         return 0
@@ -89,7 +97,9 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
 
     if fleet.under_launcher():  # srun / mpirun / torchrun: every node, one fleet report (docs/fleet.md)
         return fleet.run_fleet(expectations=expectations, expect_file=expect_file, out=_made(out, out_dir),
-                               with_merge=with_merge, strict=strict, quiet=quiet, timeout=node_timeout)
+                               with_merge=with_merge, strict=strict, quiet=quiet, timeout=node_timeout,
+                               node_done=None if metrics_file is None else
+                               lambda b, me: _write_metrics(_node_path(metrics_file, me), b, True, keep_going=True))
     # the output before the GPU: on a machine without one, an unwritable -o (a read-only mount) was
     # named only after the GPU was fixed; checked without creating anything (a missing folder: the
     # nearest folder above it that exists must take a file)
@@ -112,6 +122,8 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = suite.save_bundle(bundle, out / f"suite-{_host()}-{stamp}.json")
     failed_why = _finish(bundle, strict, quiet, show_steps=True, saved=str(path))
+    if metrics_file is not None:
+        _write_metrics(metrics_file, bundle, quiet)
     partial = [s for s in bundle.steps if s.status == "ok" and s.result is not None and s.result.partial]
     if partial:
         sig = partial[0].result.interrupted_by or "SIGINT"
@@ -120,6 +132,43 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     if failed_why:
         raise RegressionFound(failed_why)
     return 0
+
+
+def _check_metrics_path(path: str) -> None:
+    """--metrics FILE: a .prom file that can be written, checked before anything runs."""
+    from gpubench.core.result import check_output_path
+
+    if not path.endswith(".prom"):
+        raise UsageError(f"--metrics {path!r} must end in .prom (node_exporter's textfile collector reads "
+                         "only *.prom)", "e.g. --metrics /var/lib/node_exporter/textfile/gpubench.prom")
+    check_output_path(path, "--metrics")
+
+
+def _node_path(path: str, me) -> str:
+    """--metrics FILE of one rank of a fleet run: ``{rank}`` and ``{host}`` replaced (the host name
+    with characters other than letters, digits, ``-`` and ``_`` as ``_``)."""
+    host = "".join(c if c.isalnum() or c in "-_" else "_" for c in me.host)[:64] or "host"
+    return path.replace("{rank}", str(me.rank)).replace("{host}", host)
+
+
+def _write_metrics(path: str, bundle, quiet: bool, keep_going: bool = False) -> None:
+    """Write ``bundle``'s results, outcomes and verdict as OpenMetrics text (gpubench metrics) to
+    ``path``, atomically. With ``keep_going`` (a node of a fleet run) a failed write is a warning,
+    so the node still reports to the fleet; else it raises MachineError (exit 3)."""
+    from gpubench.analysis import metrics
+    from gpubench.core import report
+    from gpubench.core.errors import MachineError
+    from gpubench.core.result import write_bytes_atomic
+
+    try:
+        written = write_bytes_atomic(metrics.build(bundle.results(), [bundle]).text(), path, "the metrics",
+                                     "--metrics")
+    except MachineError as e:
+        if not keep_going:
+            raise
+        report.err_line(f"gpubench: warning: {e.one_line()}")
+        return
+    report.saved(written, "wrote", quiet=quiet)
 
 
 def _made(out: Path, out_dir: str) -> Path:

@@ -35,3 +35,11 @@ SUITE = Plugin(
     writes_results=False,
     docs="docs/suite.md",
 )
+METRICS = Plugin(
+    name="metrics",
+    help="OpenMetrics text of saved results for Prometheus (node_exporter's textfile collector).",
+    command="gpubench.cli.metrics",
+    gpu="no",
+    writes_results=False,
+    docs="docs/metrics.md",
+)

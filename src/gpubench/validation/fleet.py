@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from gpubench.core.bounds import MAX_TIMEOUT_S, Bound
 from gpubench.validation.suite import FLEET_KIND, FLEET_VERSION
@@ -539,6 +539,7 @@ def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
     checks = [c for res in bundle.results() for c in checks_of(res)]
     node_exp = [e for e in expectations or [] if e.command not in judged_between_nodes()]
     outcomes = suite.evaluate(node_exp, bundle.results(), bundle.skipped(), bundle.failed()) if node_exp else []
+    bundle.outcomes = outcomes
     checks = attach_expectations(checks, outcomes)
     for c in checks:
         c["params"] = {k: v for k, v in (c.get("params") or {}).items()}
@@ -550,8 +551,12 @@ def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
 
 
 def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, strict: bool, quiet: bool,
-              timeout: float = DEFAULT_TIMEOUT_S, rendezvous: str | None = None) -> int:
-    """``gpubench suite`` under a launcher: every rank calls this (module docstring).
+              timeout: float = DEFAULT_TIMEOUT_S, rendezvous: str | None = None,
+              node_done: Callable[[Any, Any], None] | None = None) -> int:
+    """``gpubench suite`` under a launcher: every rank calls this (module docstring). ``node_done``
+    is called on each rank with its own bundle (steps, and the node expectations' outcomes) and its
+    ``ranks.Rank`` once its steps ran, before the ranks exchange them (``suite --metrics`` writes
+    the node's file there).
 
     Returns:
         0 on every rank but 0; on rank 0, 0 when every figure is ok.
@@ -605,6 +610,9 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
                 roll.sync(None)
         gpus: list[dict] = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
         payload = node_payload(me, bundle, expectations, gpus)
+        if node_done is not None:
+            bundle.expect_file = expect_file
+            node_done(bundle, me)
         payloads = roll.sync(payload)
         ctx = StageContext(group, sorted(r.rank for r in group.ranks if r.local_rank == 0), n_gpu, timeout, say)
         staged: list[tuple[str, Any, Any]] = []  # (command, stage, outcome) of the stages that applied

@@ -1,0 +1,267 @@
+"""Saved results as OpenMetrics text for Prometheus (node_exporter's textfile collector).
+
+Every family is a gauge (the textfile collector reads the Prometheus text format, whose parser takes
+OpenMetrics gauges, ``# UNIT`` and ``# EOF`` as they are; it refuses sample timestamps, so none is
+written: when a result was made is its own gauge). Names and units follow Prometheus' naming
+guide: base units (bytes per second, seconds), ``gpubench_`` first, the command second.
+
+Families, for each figure of each result (one record, one point of the sweep)::
+
+    gpubench_<command>_bandwidth_bytes_per_second{host, gpu_uuid, command, stat, <params>}
+    gpubench_<command>_time_seconds{...}        # a "time" figure (latency), lower is better
+        stat: "median", "p25", "p75" (the interquartile band; core.stats.Summary's percentiles)
+    gpubench_<command>_samples{host, gpu_uuid, command, <params>}   # samples behind the figure
+    gpubench_<command>_point_failed{...}        # 1 for a point that has an error and no samples
+
+and for each result, bundle and GPU::
+
+    gpubench_result_created_seconds{host, command, gpubench_version, driver_version}   # Unix time
+    gpubench_result_partial{host, command}      # 1 when the run stopped early (signal or fault)
+    gpubench_gpu_pcie_replays{host, gpu_uuid, command}     # PCIe replays during the command's
+    gpubench_gpu_nvlink_errors{host, gpu_uuid, command}    # points, and NVLink DL errors (summed
+                                                # telemetry deltas, core/telemetry.py)
+    gpubench_gpu_pcie_link_gen{host, gpu_uuid, state}      # state "current" or "max" (env)
+    gpubench_gpu_pcie_link_width{host, gpu_uuid, state}
+    gpubench_gpu_nvlinks_up{host, gpu_uuid}
+    gpubench_expectation_status{host, command, expectation, status}  # 1, status pass / fail /
+                                                # missing / skipped (a suite bundle's outcomes)
+    gpubench_expectation_value{host, command, expectation, unit}     # the checked figure
+    gpubench_suite_verdict{host, verdict}       # 1, verdict "passed" / "failed" / "nothing checked"
+
+``gpu_uuid`` is the UUID of the GPU a point names (its ``device``, else its ``src`` param), "" where it
+names none (nccl's world, merge, net). A param becomes a label of its own name; one that clashes with
+the labels above, or is no valid label name, is ``param_`` + its name with every other character
+``_``. When two inputs give the same series (two runs of one command on one host with the same
+params), the newest result's value is kept and a warning names the count.
+
+A label value from a result file is first shown as a terminal shows untrusted text
+(:func:`gpubench.core.safe.term`: control characters as their Python escapes, cut at 1,024
+characters), since ``-o -`` may print to a terminal; prometheus_client's OpenMetrics writer then
+escapes backslash, double quote and line feed as the OpenMetrics ABNF requires, so no string from a
+result file can end a sample or add one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from gpubench.core import safe
+from gpubench.core.result import Record, Result
+from gpubench.core.stats import Summary
+
+_LABEL_OK = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
+FIXED_LABELS = ("host", "gpu_uuid", "command", "stat")
+UNITS = {"bandwidth": ("bandwidth", "bytes_per_second", "bytes per second (1e9 = 1 GB/s)"),
+         "time": ("time", "seconds", "seconds per step")}
+STATS = ("median", "p25", "p75")
+MAX_LABEL = 1024  # characters of a label value kept (a 10 MB host name is cut, as a terminal cuts it)
+
+
+def label_name(param: str) -> str:
+    """A param's label name: itself when a valid label that is not one of the fixed labels and
+    does not start with ``__`` (reserved), else ``param_`` + it with invalid characters as ``_``."""
+    if _LABEL_OK.match(param) and param not in FIXED_LABELS and not param.startswith("__"):
+        return param
+    return "param_" + _NOT_NAME.sub("_", param)
+
+
+def family_part(name: str) -> str:
+    """A command's name as a part of a metric name: characters other than ``[a-zA-Z0-9_]`` as ``_``."""
+    return _NOT_NAME.sub("_", name)
+
+
+def _label_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v if isinstance(v, str) else str(v)
+
+
+def _unix(created: str) -> float | None:
+    try:
+        t = _dt.datetime.fromisoformat(created)
+    except (TypeError, ValueError):
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.timezone.utc)
+    return t.timestamp()
+
+
+@dataclass
+class Families:
+    """The families being built: name -> (help, unit, {label tuple: value}); a later sample of the
+    same series replaces the earlier one and is counted in ``replaced``."""
+
+    fams: dict[str, tuple[str, str, dict[tuple, float]]] = field(default_factory=dict)
+    replaced: int = 0
+
+    def add(self, name: str, help_: str, labels: dict[str, str], value: float, unit: str = "") -> None:
+        if not math.isfinite(value):
+            return
+        series = self.fams.setdefault(name, (help_, unit, {}))[2]
+        key = tuple(sorted((k, safe.term(v, MAX_LABEL)) for k, v in labels.items()))
+        if key in series:
+            self.replaced += 1
+        series[key] = float(value)
+
+    def text(self) -> bytes:
+        """The OpenMetrics text, families and series in sorted order, ending in ``# EOF``."""
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.openmetrics.exposition import generate_latest
+
+        built = []
+        for name in sorted(self.fams):
+            help_, unit, series = self.fams[name]
+            fam = GaugeMetricFamily(name, help_, unit=unit)
+            for key in sorted(series):
+                fam.add_sample(fam.name, dict(key), series[key])
+            built.append(fam)
+
+        class _Fixed:
+            def collect(self):
+                return built
+
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(_Fixed())
+        return generate_latest(reg)
+
+
+def _uuids(env: dict) -> dict[int, str]:
+    out = {}
+    for g in env.get("gpus") or []:
+        if isinstance(g, dict) and isinstance(g.get("index"), int) and isinstance(g.get("uuid"), str):
+            out[g["index"]] = g["uuid"]
+    return out
+
+
+def _host(env: dict) -> str:
+    host = env.get("host") if isinstance(env.get("host"), dict) else {}
+    name = host.get("hostname") if isinstance(host, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _gpu_of(record: Record) -> int | None:
+    for k in ("device", "src"):
+        v = record.params.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def _figure(record: Record) -> Summary | None:
+    """The figure's summary in base units (B/s or s), None where the point has none."""
+    if record.error or not record.samples_s:
+        return None
+    try:
+        values = record.rates() if record.metric == "bandwidth" else list(record.samples_s)
+        return Summary.of(values)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def add_result(f: Families, res: Result) -> None:
+    """Add one result's figures, its run facts and its GPUs' counters to ``f``."""
+    host = _host(res.env)
+    uuids = _uuids(res.env)
+    cmd = res.command
+    part = family_part(cmd)
+    nvml = res.env.get("nvml")
+    driver = nvml.get("driver_version") if isinstance(nvml, dict) else None
+    created = _unix(res.created)
+    if created is not None:
+        f.add("gpubench_result_created", "When the result was made (Unix time)",
+              {"host": host, "command": cmd, "gpubench_version": _label_value(res.gpubench_version),
+               "driver_version": _label_value(driver if driver is not None else "")}, created, "seconds")
+    f.add("gpubench_result_partial", "1 when the run stopped before its end (a signal or a machine fault)",
+          {"host": host, "command": cmd}, 1.0 if res.partial else 0.0)
+    replays: dict[int, float] = {}
+    nvl_errors: dict[int, float] = {}
+    for r in res.records:
+        gpu = _gpu_of(r)
+        labels = {"host": host, "gpu_uuid": uuids.get(gpu, "") if gpu is not None else "", "command": cmd}
+        labels.update({label_name(k): _label_value(v) for k, v in r.params.items()})
+        s = _figure(r)
+        if s is None:
+            f.add(f"gpubench_{part}_point_failed", f"1 for a {cmd} point measured with no samples (its error)",
+                  labels, 1.0)
+            continue
+        kind, unit, what = UNITS.get(r.metric, UNITS["bandwidth"])
+        for stat in STATS:
+            f.add(f"gpubench_{part}_{kind}", f"{cmd} figure per point, {what}; stat median, p25, p75",
+                  {**labels, "stat": stat}, getattr(s, stat), unit)
+        f.add(f"gpubench_{part}_samples", f"Timed samples behind each {cmd} figure", labels, float(s.n))
+        t = r.telemetry or {}
+        for gpu_i in t.get("devices") or []:
+            if not isinstance(gpu_i, int):
+                continue
+            for key, into in (("pcie_replay_delta", replays), ("nvlink_errors_delta", nvl_errors)):
+                v = t.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    into[gpu_i] = into.get(gpu_i, 0.0) + v
+    for name, help_, counts in (
+            ("gpubench_gpu_pcie_replays", "PCIe replays during the command's points (NVML replay counter)", replays),
+            ("gpubench_gpu_nvlink_errors", "NVLink DL errors during the command's points (replay, recovery, CRC)",
+             nvl_errors)):
+        for gpu_i, v in counts.items():
+            f.add(name, help_, {"host": host, "gpu_uuid": uuids.get(gpu_i, ""), "command": cmd}, v)
+
+
+def add_env(f: Families, env: dict) -> None:
+    """Add the link facts of each GPU of ``env``: PCIe generation and width (current and max) and
+    the NVLinks up."""
+    host = _host(env)
+    for g in env.get("gpus") or []:
+        if not isinstance(g, dict):
+            continue
+        base = {"host": host, "gpu_uuid": _label_value(g.get("uuid") or "")}
+        for key, name, state in (("pcie_gen", "gen", "current"), ("pcie_gen_max", "gen", "max"),
+                                 ("pcie_width", "width", "current"), ("pcie_width_max", "width", "max")):
+            v = g.get(key)
+            if isinstance(v, int) and not isinstance(v, bool):
+                f.add(f"gpubench_gpu_pcie_link_{name}", f"PCIe link {name} (state current or max)",
+                      {**base, "state": state}, v)
+        v = g.get("nvlink_links_up")
+        if isinstance(v, int) and not isinstance(v, bool):
+            f.add("gpubench_gpu_nvlinks_up", "NVLinks up", base, v)
+
+
+def add_outcomes(f: Families, host: str, outcomes: Iterable, verdict: str | None) -> None:
+    """Add a suite bundle's expectation outcomes and its verdict."""
+    for o in outcomes:
+        e = o.expectation
+        labels = {"host": host, "command": e.command, "expectation": e.label()}
+        f.add("gpubench_expectation_status", "1 for each expectation's outcome (pass, fail, missing, skipped)",
+              {**labels, "status": o.status}, 1.0)
+        if o.value is not None:
+            unit = "GB/s" if e.kind == "bandwidth" else "us"
+            f.add("gpubench_expectation_value", "The figure an expectation checked, in its unit (GB/s or us)",
+                  {**labels, "unit": unit}, o.value)
+    if verdict:
+        f.add("gpubench_suite_verdict", "1 for the suite's verdict (passed, failed, nothing checked)",
+              {"host": host, "verdict": verdict.lower()}, 1.0)
+
+
+def build(results: Sequence[Result], bundles: Sequence[Any] = ()) -> Families:
+    """The families of ``results`` (oldest first, so the newest wins a shared series) and of the
+    suite ``bundles`` (their outcomes and verdicts; their steps' results come in ``results``)."""
+    from gpubench.validation.suite import verdict_line
+
+    f = Families()
+    envs: dict[str, dict] = {}
+    for res in sorted(results, key=lambda r: _unix(r.created) or 0.0):
+        add_result(f, res)
+        if res.env.get("gpus"):
+            envs[_host(res.env)] = res.env
+    for b in bundles:
+        verdict = verdict_line(b).split(":", 1)[0] if b.expect_file is not None or b.outcomes else None
+        add_outcomes(f, _host(b.env), b.outcomes, verdict)
+        if b.env.get("gpus"):
+            envs.setdefault(_host(b.env), b.env)
+    for env in envs.values():
+        add_env(f, env)
+    return f
