@@ -258,7 +258,7 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
             points (``partial``, ``failed_by``), which the command prints and saves before exit 3.
     """
     from gpubench.core import env as envmod
-    from gpubench.core import gpu, limits, numa, telemetry
+    from gpubench.core import gpu, health, limits, numa, telemetry
 
     cond = conditions or _CONDITIONS.get()
     progress = progress or ProgressSink()
@@ -288,7 +288,10 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
     records: list[Record] = []
     interrupted: str | None = None
     fault: MachineError | None = None
-    with telemetry.session(gpus, cond.telemetry and bench.needs_gpu, cond.telemetry_interval_s) as tel:
+    with health.watch(gpus, bench.needs_gpu) as hw, \
+            telemetry.session(gpus, cond.telemetry and bench.needs_gpu, cond.telemetry_interval_s) as tel:
+        if hw is not None:
+            ctx.env["health"] = hw.block  # its "after" reads are filled in when the block ends
         ctx.env["telemetry"] = tel.status if tel is not None else {"enabled": False, "interval_s": None, "error": None}
         progress.start(len(points) * len(bindings), points[0].label if points else "")
         try:

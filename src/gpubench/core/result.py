@@ -1146,7 +1146,50 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         check_str(t.get("error"), source, pointer_join(tp, "error"), allow_none=True)
         _require(t, {"enabled": "true or false", "interval_s": "a number or null", "error": "a string or null"},
                  source, tp)
+    if "health" in env:
+        _check_health(env["health"], source, pointer_join(pointer, "health"))
     return env
+
+
+def _check_counter(v: object, source: str, pointer: str, depth: int = 0) -> None:
+    """A health counter (core/health.py): an integer >= 0, a bool, "unsupported", null, or (for the
+    grouped counters: ECC, remapped rows, per-link NVLink errors) an object of those, two deep."""
+    if v is None or v == "unsupported" or type(v) is bool:
+        return
+    if type(v) is int:
+        check_int(v, source, pointer)
+        return
+    if isinstance(v, dict) and depth < 2:
+        for k, x in v.items():
+            _check_counter(x, source, pointer_join(pointer, k), depth + 1)
+        return
+    raise bad_field(source, pointer, v, 'an integer >= 0, true or false, "unsupported" or null'
+                    + (", or an object of those" if depth < 2 else ""))
+
+
+def _check_health(v: object, source: str, pointer: str) -> None:
+    """``env.health`` (core/health.py): gpus [{index, uuid, before, after}], xid_events, error."""
+    h = check_obj(v, source, pointer)
+    gp = pointer_join(pointer, "gpus")
+    for i, g in enumerate(_check_list(h.get("gpus", []), source, gp, "an array of GPUs")):
+        p = f"{gp}/{i}"
+        g = check_obj(g, source, p)
+        if g.get("index") is not None:
+            check_int(g["index"], source, pointer_join(p, "index"))
+        check_str(g.get("uuid"), source, pointer_join(p, "uuid"), allow_none=True)
+        for when in ("before", "after"):
+            counters = check_obj(g.get(when), source, pointer_join(p, when), allow_none=True)
+            for k, c in counters.items():
+                _check_counter(c, source, pointer_join(pointer_join(p, when), k))
+    xp = pointer_join(pointer, "xid_events")
+    xids = h.get("xid_events")
+    if xids is not None and xids != "unsupported":
+        for i, e in enumerate(_check_list(xids, source, xp, 'an array of events, "unsupported" or null')):
+            e = check_obj(e, source, f"{xp}/{i}")
+            for k in ("index", "xid"):
+                if e.get(k) is not None:
+                    check_int(e[k], source, f"{xp}/{i}/{k}")
+    check_str(h.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
 
 
 def _check_list(v: object, source: str, pointer: str, what: str) -> list:

@@ -1,0 +1,221 @@
+"""GPU health counters (core/health.py) through NVML's seam: a stand-in module with pynvml's
+constants and error class whose counters are constructed here, so every branch (counters read, a
+query the GPU does not support, a query that fails, XID events, events not permitted) is checked
+without a GPU; and the block through the result validator and the JSON Schema."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+pynvml = pytest.importorskip("pynvml")
+
+from gpubench.core import health  # noqa: E402
+from gpubench.core.errors import UsageError  # noqa: E402
+from gpubench.core.result import Result, check_result, json_schema, load, save  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _err(code):
+    return pynvml.NVMLError(code)
+
+
+class Gpu:
+    def __init__(self, uuid, *, replays=0, links=(), nvlink=True, ecc=True, remap=True, gen=5, width=16,
+                 fail=()):
+        self.uuid, self.replays, self.links, self.nvlink = uuid, replays, dict(links), nvlink
+        self.ecc = {(0, 0): 3, (1, 0): 0, (0, 1): 40, (1, 1): 0} if ecc else None
+        self.remap = (2, 0, False, False) if remap else None
+        self.gen, self.width, self.fail = gen, width, set(fail)
+
+
+class FakeNVML:
+    """pynvml's functions the health module calls, answering from Gpu objects."""
+
+    def __init__(self, gpus, events=(), register_error=None):
+        for k in dir(pynvml):
+            if k.startswith(("NVML_", "nvmlEventType")):
+                setattr(self, k, getattr(pynvml, k))
+        self.gpus = {g.uuid: g for g in gpus}
+        self.events = list(events)
+        self.register_error = register_error
+        self.registered: list = []
+        self.freed = False
+
+    def _g(self, h, what):
+        if what in h.fail:
+            raise _err(pynvml.NVML_ERROR_UNKNOWN)
+        return h
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid not in self.gpus:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return self.gpus[uuid]
+
+    def nvmlDeviceGetUUID(self, h):
+        return h.uuid
+
+    def nvmlDeviceGetPcieReplayCounter(self, h):
+        return self._g(h, "replay").replays
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
+        return h.gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
+        return 5
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return h.width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
+        return 16
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        if not h.nvlink:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= 18:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1 if link in h.links else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
+        return h.links[link][counter]
+
+    def nvmlDeviceGetTotalEccErrors(self, h, etype, ctype):
+        if h.ecc is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.ecc[(etype, ctype)]
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        if h.remap is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.remap
+
+    def nvmlDeviceGetRetiredPages(self, h, cause):
+        return [0x1000] * (cause + 1)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
+        return 0
+
+    def nvmlEventSetCreate(self):
+        return "set"
+
+    def nvmlDeviceRegisterEvents(self, h, types, event_set):
+        if self.register_error is not None:
+            raise _err(self.register_error)
+        self.registered.append((h.uuid, types))
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+        if not self.events:
+            raise _err(pynvml.NVML_ERROR_TIMEOUT)
+        uuid, xid = self.events.pop(0)
+        return type("Data", (), {"device": self.gpus[uuid], "eventData": xid})()
+
+    def nvmlEventSetFree(self, event_set):
+        self.freed = True
+
+
+NVLINK = {0: (0, 0, 5, 1), 1: (2, 0, 0, 0)}  # replay, recovery, crc_flit, crc_data
+
+
+def test_every_counter_is_read_as_the_driver_gives_it():
+    nv = FakeNVML([Gpu("GPU-a", replays=7, links=NVLINK, gen=4, width=8)])
+    got = health.read(nv, nv.gpus["GPU-a"])
+    assert got == {
+        "pcie_replays": 7, "pcie_gen": 4, "pcie_gen_max": 5, "pcie_width": 8, "pcie_width_max": 16,
+        "nvlinks_up": 2,
+        "nvlink_errors": {"0": {"replay": 0, "recovery": 0, "crc_flit": 5, "crc_data": 1},
+                          "1": {"replay": 2, "recovery": 0, "crc_flit": 0, "crc_data": 0}},
+        "ecc": {"volatile": {"corrected": 3, "uncorrected": 0}, "aggregate": {"corrected": 40, "uncorrected": 0}},
+        "remapped_rows": {"corrected": 2, "uncorrected": 0, "pending": False, "failed": False},
+        "retired_pages": "unsupported",  # rows are remapped: pages are not retired
+    }
+
+
+def test_a_counter_the_gpu_lacks_is_unsupported_and_a_failed_query_is_null_never_zero():
+    nv = FakeNVML([Gpu("GPU-pcie", nvlink=False, ecc=False, remap=False, fail={"replay"})])
+    got = health.read(nv, nv.gpus["GPU-pcie"])
+    assert got["nvlinks_up"] == "unsupported" and got["nvlink_errors"] == "unsupported"
+    assert got["ecc"] == "unsupported" and got["remapped_rows"] == "unsupported"
+    assert got["retired_pages"] == {"single_bit": 1, "double_bit": 2, "pending": False}
+    assert got["pcie_replays"] is None
+
+
+def test_a_watch_reads_before_and_after_and_collects_the_xid_events_between():
+    a, b = Gpu("GPU-a", replays=1, links=NVLINK), Gpu("GPU-b")
+    nv = FakeNVML([a, b], events=[("GPU-b", 79), ("GPU-a", 48)])
+    gpus = [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}, {"index": 2, "uuid": "GPU-gone"}]
+    with health.watch(gpus, True, nv) as w:
+        assert w is not None and nv.registered == [("GPU-a", 8), ("GPU-b", 8)]
+        a.replays = 9
+    block = w.block
+    assert [(g["index"], g["before"]["pcie_replays"], g["after"]["pcie_replays"]) for g in block["gpus"]] == [
+        (0, 1, 9), (1, 0, 0)]
+    assert block["xid_events"] == [{"index": 1, "xid": 79}, {"index": 0, "xid": 48}]
+    assert nv.freed and block["error"] is None
+
+
+def test_events_that_cannot_be_registered_are_unsupported_and_the_counters_still_read():
+    nv = FakeNVML([Gpu("GPU-a")], register_error=pynvml.NVML_ERROR_NO_PERMISSION)
+    with health.watch([{"index": 0, "uuid": "GPU-a"}], True, nv) as w:
+        pass
+    assert w.block["xid_events"] == "unsupported" and nv.freed
+    assert w.block["gpus"][0]["after"]["pcie_replays"] == 0
+
+
+def test_no_watch_when_off_and_an_unknown_gpu_is_said():
+    with health.watch([{"index": 0}], False) as w:
+        assert w is None
+    with health.watch([{"index": 0, "uuid": "GPU-x"}], True, FakeNVML([])) as w:
+        pass
+    assert w.block == {"gpus": [], "xid_events": None, "error": "NVML knows none of the GPUs used"}
+
+
+def _with_health(block) -> dict:
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    d["env"]["health"] = block
+    return d
+
+
+def _block() -> dict:
+    nv = FakeNVML([Gpu("GPU-a", links=NVLINK), Gpu("GPU-p", nvlink=False, ecc=False, remap=False)],
+                  events=[("GPU-a", 79)])
+    with health.watch([{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-p"}], True, nv) as w:
+        pass
+    return w.block
+
+
+def test_the_block_round_trips_through_a_saved_result_and_the_schema(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    d = _with_health(_block())
+    jsonschema.validate(d, json_schema())
+    res = Result.from_dict(d)
+    path = save(res, tmp_path / "r.json")
+    assert load(path).env["health"] == d["env"]["health"]
+
+
+@pytest.mark.parametrize("path, value", [
+    (("gpus", 0, "before", "pcie_replays"), -1),
+    (("gpus", 0, "before", "pcie_replays"), 1.5),
+    (("gpus", 0, "before", "pcie_replays"), "many"),
+    (("gpus", 0, "after", "ecc", "volatile", "corrected"), [1]),
+    (("gpus", 0, "before", "nvlink_errors", "0", "crc_flit"), {"deeper": 1}),
+    (("gpus", 0, "index"), "zero"),
+    (("xid_events",), "some"),
+    (("xid_events", 0, "xid"), -79),
+])
+def test_a_malformed_block_is_refused_naming_its_pointer(path, value):
+    jsonschema = pytest.importorskip("jsonschema")
+    d = _with_health(_block())
+    node = d["env"]["health"]
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    with pytest.raises(UsageError) as e:
+        check_result(copy.deepcopy(d), "r.json")
+    assert "/env/health/" + "/".join(map(str, path)) in str(e.value), str(e.value)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(d, json_schema())
