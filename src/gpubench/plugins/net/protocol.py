@@ -1,9 +1,6 @@
 """``gpubench net``'s control protocol: what a client may ask (:class:`Request` within :class:`Caps`,
-checked by the one table :data:`LIMITS`), the interval schedule, and line I/O with limits.
-
-Both sides import this module: the server (:mod:`gpubench.plugins.net.server`) checks a request
-with :func:`check_request`; the command checks the same limits with the same table before it
-connects, worded with its option names (:func:`gpubench.plugins.net.command.build_request`).
+checked by the one table :data:`LIMITS`, which the server and the command both use), the interval
+schedule, and line I/O with limits.
 
 Control protocol (version 2), one JSON object per line, each side capping what it reads:
 
@@ -55,14 +52,12 @@ class Caps:
 
     Attributes:
         max_streams: parallel TCP streams per test.
-        min_seconds: the shortest counted time (-t): one shortest interval, so a test reports
-            at least one interval of bytes (1e-9 s ran and reported "no bytes received").
+        min_seconds: the shortest counted time (-t): one shortest interval.
         max_seconds: omit + seconds, the whole test, in seconds.
         max_omit: leading seconds left out of the figures.
         max_buffer: bytes per write on the client.
         min_interval, max_interval: reporting interval in seconds.
-        max_intervals: (omit + seconds) / interval, so a test's report stays small (at most
-            128 streams x 3600 intervals of counts).
+        max_intervals: (omit + seconds) / interval.
         max_window: -w, bytes of SO_SNDBUF / SO_RCVBUF per data socket.
         max_bitrate: -b, bits/s per stream.
     """
@@ -79,10 +74,8 @@ class Caps:
     max_bitrate: int = 10**13
 
 
-
 #: A stream that received nothing in counted intervals adding up to this many seconds is stalled
-#: (a hung receiver or a dead path), not a scheduling hiccup of a loaded host; net nodes fails the
-#: link (the other streams would otherwise carry it past the fleet rule).
+#: (a hung receiver or a dead path), not a hiccup of a loaded host; net nodes fails the link.
 STALL_S = 1.0
 
 CAPS = Caps()
@@ -139,8 +132,7 @@ class Limit:
     """One check of a request against the caps.
 
     Attributes:
-        key: names the check, so another layer can word it its own way (the command names its
-            options: :data:`gpubench.plugins.net.command.OPTION_WORDING`).
+        key: names the check, for :data:`gpubench.plugins.net.command.OPTION_WORDING`.
         broken: (request, caps) -> True when the request breaks the limit.
         reason: (request, caps) -> the one line the server sends back.
     """
@@ -154,8 +146,7 @@ def _finite(field: str) -> Limit:
     return Limit(f"{field}-finite", lambda r, c: not math.isfinite(getattr(r, field)), lambda r, c: f"{field} must be finite")
 
 
-# In order: the first broken one is reported. Later checks may assume the earlier ones hold (the
-# interval count is computed only for a bounded test).
+# In order: the first broken one is reported; later checks may assume the earlier ones hold.
 LIMITS: tuple[Limit, ...] = (
     Limit("streams", lambda r, c: not 1 <= r.streams <= c.max_streams,
           lambda r, c: f"streams {r.streams} out of range: 1 to {c.max_streams}"),
@@ -202,16 +193,15 @@ def shown(v: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def _number(d: dict, key: str, *, integer: bool = False) -> int | float:
-    """``d[key]`` as the JSON number the protocol wants: an integer field takes an int only
-    (JSON true/false and 1.0 are not integers), at most :data:`MAX_WIRE_INT`; a number field
+def _number(d: dict, key: str, *, integer: bool = False, default: Any = None) -> int | float:
+    """``d[key]`` (``default`` when missing) as the JSON number the protocol wants: an integer
+    field takes an int only (not true/false or 1.0), at most :data:`MAX_WIRE_INT`; a number field
     takes an int or a float, finite once converted.
 
     Raises:
-        RequestError: missing, the wrong type, or too large (the message shows at most 40
-            characters of the value).
+        RequestError: missing, the wrong type, or too large (the value shown cut to 40 characters).
     """
-    v = d.get(key)
+    v = d.get(key, default)
     if integer:
         if type(v) is not int:
             raise RequestError(f"{key} must be an integer, got {shown(v)}")
@@ -250,8 +240,8 @@ def check_request(d: Any, caps: Caps = CAPS) -> Request:
     req = Request(streams=int(_number(d, "streams", integer=True)), seconds=_number(d, "seconds"),
                   omit=_number(d, "omit"), interval=_number(d, "interval"),
                   buffer=int(_number(d, "buffer", integer=True)), direction=direction,
-                  window=int(_number({"window": d.get("window", 0)}, "window", integer=True)),
-                  bitrate=int(_number({"bitrate": d.get("bitrate", 0)}, "bitrate", integer=True)), copy=copy)
+                  window=int(_number(d, "window", integer=True, default=0)),
+                  bitrate=int(_number(d, "bitrate", integer=True, default=0)), copy=copy)
     limit = first_broken(req, caps)
     if limit is not None:
         raise RequestError(limit.reason(req, caps))
@@ -259,8 +249,7 @@ def check_request(d: Any, caps: Caps = CAPS) -> Request:
 
 
 def check_version(d: dict) -> None:
-    """Refuse a line whose "gpubench_net" is not the integer :data:`PROTOCOL_VERSION` (JSON true
-    and 1.0 compare equal to 1 in Python; neither is a version).
+    """Refuse a line whose "gpubench_net" is not the integer :data:`PROTOCOL_VERSION` (not true or 1.0).
 
     Raises:
         RequestError: naming the version seen and the one spoken.
@@ -355,8 +344,7 @@ class LineReader:
 
 
 def parse_line(line: bytes) -> Any:
-    """One protocol line as JSON: UTF-8 only (``json.loads`` of bytes would also take UTF-16 and
-    UTF-32), nesting as deep as Python's parser allows.
+    """One protocol line as JSON: UTF-8 only (not UTF-16/32), nesting as deep as Python's parser allows.
 
     Raises:
         ValueError: not UTF-8 JSON (UnicodeDecodeError and RecursionError included as ValueError).
