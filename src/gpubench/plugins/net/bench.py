@@ -42,7 +42,7 @@ from gpubench.plugins.net.protocol import (
     shown,
     wire_int,
 )
-from gpubench.plugins.net.lines import LiveLines, test_words
+from gpubench.plugins.net.lines import LiveLines, hostport, test_words
 from gpubench.plugins.net.server import RECV_BYTES, NetServer
 from gpubench.plugins.net.stream import MAX_WORKERS, TCP_INFO_FIELDS, WORKER_BYTES, StreamSet, WorkerError, set_window, window_of
 from gpubench.core import benchmark as driver
@@ -83,8 +83,7 @@ class NetSpec:
         return {4: socket.AF_INET, 6: socket.AF_INET6}.get(self.family, 0)
 
     def to_dict(self) -> dict:
-        """The options as asked: net local asks for any free port (0); the one it got is in the
-        result's timing ("server_port"), so two local runs do not differ by their random ports."""
+        """The options as asked (net local: port 0), so two local runs do not differ by their ports."""
         port = 0 if self.mode == "local" else self.port
         return {"host": self.host, "port": port, "mode": self.mode, "family": self.family, "cport": self.cport,
                 **asdict(self.request)}
@@ -123,20 +122,6 @@ class Interval:
         return cls(start_s=e["start_s"], end_s=e["end_s"], omit=e["omit"], bytes=e["bytes"])
 
 
-def _addresses(host: str, port: int, family: int) -> list[tuple]:
-    """getaddrinfo of (host, port) for TCP, in ``family`` (0: any; -4/-6 pick AF_INET/AF_INET6).
-
-    Raises:
-        UsageError: the name does not resolve (in that family).
-    """
-    try:
-        return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
-        fams: dict[int, str] = {socket.AF_INET: " as IPv4", socket.AF_INET6: " as IPv6"}
-        fam = fams.get(family, "")
-        raise UsageError(f"host {host!r} not found{fam} ({getattr(e, 'strerror', None) or e})") from None
-
-
 def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port: int | None = None,
             window: int = 0) -> socket.socket:
     """A TCP connection to (host, port), TCP_NODELAY on.
@@ -148,11 +133,16 @@ def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port
             window scale of the handshake fits it.
 
     Raises:
-        UsageError: the host does not resolve, or ``local_port`` is taken.
+        UsageError: the host does not resolve (in that family), or ``local_port`` is taken.
         MachineError: cannot connect (refused, no answer within ``timeout``).
     """
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
+        fams: dict[int, str] = {socket.AF_INET: " as IPv4", socket.AF_INET6: " as IPv6"}
+        raise UsageError(f"host {host!r} not found{fams.get(family, '')} ({getattr(e, 'strerror', None) or e})") from None
     last: BaseException | None = None
-    for fam, kind, proto, _, addr in _addresses(host, port, family):
+    for fam, kind, proto, _, addr in infos:
         s = socket.socket(fam, kind, proto)
         try:
             set_window(s, window)
@@ -288,20 +278,14 @@ def parse_end(msg: Any, req: Request, wall_s: float, received: list[int] | None)
     tcp, sent = msg.get("tcp"), msg.get("sent")
     if not (isinstance(tcp, list) and len(tcp) == n and isinstance(sent, list) and len(sent) == n):
         raise lie(f"tcp and sent must be lists of {n}")
-    infos: list[dict | None] = []
+    fields = (*TCP_INFO_FIELDS, "cwnd_bytes")
     for k, t in enumerate(tcp):
-        if t is None:
-            infos.append(None)
-            continue
-        if not isinstance(t, dict):
+        if t is not None and not isinstance(t, dict):
             raise lie(f"tcp[{k}] must be an object or null")
-        info = {}
-        for name in (*TCP_INFO_FIELDS, "cwnd_bytes"):
-            if name in t:
-                if not wire_int(t[name]):
-                    raise lie(f"tcp[{k}].{name} {safe.term(shown(t[name]))} is not an integer 0 to {MAX_WIRE_INT}")
-                info[name] = t[name]
-        infos.append(info)
+        for name in fields:
+            if t and name in t and not wire_int(t[name]):
+                raise lie(f"tcp[{k}].{name} {safe.term(shown(t[name]))} is not an integer 0 to {MAX_WIRE_INT}")
+    infos = [None if t is None else {n: t[n] for n in fields if n in t} for t in tcp]
     for k, x in enumerate(sent):
         if not wire_int(x):
             raise lie(f"sent[{k}] {safe.term(shown(x))} is not an integer 0 to {MAX_WIRE_INT}")
@@ -556,21 +540,13 @@ class DirectionFacts:
 
 def build_records(request: Request, intervals: list[Interval], sent: list[int] | None = None,
                   direction: str = "c2s", facts: DirectionFacts | None = None) -> list[Record]:
-    """One Record per stream of ``direction``, then one for the total (params stream = "total").
-
-    Each record: metric "bandwidth", nbytes = the write size (``request.buffer``), and per counted
-    interval with bytes > 0 one sample = interval seconds * buffer / interval bytes, i.e. the
-    seconds per buffer's worth of data received, so nbytes / sample = that interval's rate in B/s.
-    extra holds the raw figures: ``interval_bytes``, ``interval_start_s``, ``interval_end_s``,
-    ``interval_omit`` (all intervals), ``counted_bytes``, ``counted_seconds``, ``bytes_per_s``,
-    ``gbit_per_s`` (8 * B/s / 1e9), ``gb_per_s`` (B/s / 1e9), ``zero_intervals`` (counted intervals
-    that received nothing; they have no sample but are in the total) and ``sent_bytes``; per stream
-    the sender's TCP_INFO at the end (``retransmits`` = tcpi_total_retrans, ``cwnd_bytes`` =
-    tcpi_snd_cwnd x tcpi_snd_mss, ``rtt_us``, ``snd_mss``); the total ``retransmits`` (their sum),
-    ``sender_cpu_s``, ``receiver_cpu_s``, ``all_bytes`` (received in every interval, omitted ones
-    included), ``stalled_streams`` (the streams whose empty counted intervals add up to
-    :data:`STALL_S` or more) and ``cpu_s_per_gbit`` = (sender + receiver CPU seconds) / (8 x all_bytes / 1e9):
-    the workers run for the whole test, so the bytes are those of the whole test too.
+    """One Record per stream of ``direction``, then one for the total (params stream = "total"):
+    metric "bandwidth", nbytes = the write size, and per counted interval with bytes > 0 one sample
+    = interval seconds x buffer / interval bytes (so nbytes / sample is its rate in B/s). ``extra``
+    holds the raw figures (docs/net.md "Results (JSON)"): gbit_per_s = 8 x B/s / 1e9, gb_per_s =
+    B/s / 1e9, per stream the sender's TCP_INFO; on the total ``stalled_streams`` (empty counted
+    intervals adding up to :data:`STALL_S` or more) and cpu_s_per_gbit = (sender + receiver CPU
+    seconds) / (8 x all_bytes / 1e9), all_bytes of every interval: the workers run the whole test.
     """
     facts = facts or DirectionFacts(sent=sent)
     sent = facts.sent
@@ -696,8 +672,8 @@ class Net(Benchmark):
     def _go_live(live: LiveLines, session: "_Session", spec: NetSpec, host: str, port: int) -> None:
         """The header line (where, what was asked, the window the kernel gave), then a line per
         interval as it arrives."""
-        where = (f"loopback {_hostport(host, port)}" if spec.mode == "local"
-                 else f"connected to {_hostport(spec.host, port)}")
+        where = (f"loopback {hostport(host, port)}" if spec.mode == "local"
+                 else f"connected to {hostport(spec.host, port)}")
         live.header(f"gpubench net: {where}: {test_words(asdict(spec.request), session.window)}")
         session.on_intervals = lambda ivs: live.intervals(
             {d: (iv.start_s, iv.end_s, iv.omit, iv.bytes) for d, iv in ivs.items()})
@@ -762,10 +738,6 @@ class Net(Benchmark):
 
 
 BENCHMARK = Net()
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def run(spec: NetSpec, progress: ProgressSink | None = None, live: LiveLines | None = None) -> Result:

@@ -7,12 +7,14 @@ net plug-in (:mod:`gpubench.plugins.net.bench`) through the driver.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import Any
 
 import click
 
+from gpubench.plugins.net.lines import gbit, hostport
 from gpubench.plugins.net.protocol import DEFAULT_BIND, DEFAULT_PORT  # the standard library only: --help stays light
 from gpubench.kit import StrictFloat, benchmark_command
 from gpubench.plugins.net.fleet_command import LauncherGroup, nodes_command
@@ -194,10 +196,6 @@ def _check_port(port: int, *, allow_zero: bool) -> int:
     return port
 
 
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 @command.command("server")
 @click.option("-B", "--bind", default=DEFAULT_BIND, show_default=True,
               help="Address to listen on; 0.0.0.0 or :: to accept other hosts.")
@@ -226,7 +224,7 @@ def server(bind, port, one_off, quiet, debug):
     srv = NetServer(bind, port, log=log)
     addr, real_port = srv.open()
     scope = " (loopback only; --bind 0.0.0.0 to serve other hosts)" if addr.startswith("127.") or addr == "::1" else ""
-    log(f"gpubench net server: listening on {_hostport(addr, real_port)}{scope}")
+    log(f"gpubench net server: listening on {hostport(addr, real_port)}{scope}")
     try:
         stats = srv.serve_forever(max_tests=1 if one_off else None)
     except (KeyboardInterrupt, Interrupted):
@@ -260,11 +258,9 @@ def live_lines(bidir: bool):
 
     def write(line: str) -> None:
         out = report.human_stream()
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: the result is still saved
             out.write(safe.term(line, 1000) + "\n")
             out.flush()  # read live: a pipe is block-buffered
-        except (OSError, ValueError):  # a closed pipe: the result is still saved
-            pass
 
     return LiveLines(write, bidir)
 
@@ -281,10 +277,6 @@ LOCAL_HELP = """Run a server and a client on this machine over loopback (127.0.0
     """
 
 
-def _gbit(rate_bytes_per_s: float) -> str:
-    return f"{rate_bytes_per_s * 8 / 1e9:.2f}"
-
-
 def _gbit3(rate_bytes_per_s: float) -> str:
     """Gbit/s in 3 or 4 digits (iperf3's precision), for the per-stream columns: 9.18, 10.3, 123."""
     v = rate_bytes_per_s * 8 / 1e9
@@ -296,9 +288,8 @@ def _cpu(v) -> str:
 
 
 class _Deferred(list):
-    """A report's renderables, built when first looked at: under -q nothing looks (the driver's
-    display returns at once), so a quiet client never imports rich's tables, ~0.05 CPU-s that
-    benchmarks/net_vs_iperf3.py would charge to gpubench's CPU per Gbit."""
+    """A report's renderables, built when first looked at: under -q nothing looks, so a quiet
+    client never imports rich's tables (~0.05 CPU-s)."""
 
     def __init__(self, build):
         super().__init__()
@@ -343,7 +334,7 @@ def _report(result, units: str) -> list:
     out: list = []
     if not any("total" in recs for recs in by_dir.values()):  # a run stopped before the first interval arrived
         return [report.partial_note(result, "intervals")] if result.partial else ["no records"]
-    where = "loopback, this machine" if spec.get("mode") == "local" else _hostport(str(spec["host"]), spec["port"])
+    where = "loopback, this machine" if spec.get("mode") == "local" else hostport(str(spec["host"]), spec["port"])
     try:
         asked = test_words(spec, (result.timing or {}).get("socket_buffers"))
     except (KeyError, TypeError, ValueError):  # a file from an older gpubench: what it has
@@ -367,7 +358,7 @@ def _report(result, units: str) -> list:
             dt = b - a
             row = [f"{a:.2f}-{b:.2f}" + ("*" if om else "")]
             tot = ex["interval_bytes"][i] / dt if dt > 0 else 0.0
-            row += [_gbit(tot), format_rate(tot, units)]
+            row += [gbit(tot), format_rate(tot, units)]
             rates = [recs[k].extra["interval_bytes"][i] / dt if dt > 0 else 0.0 for k in streams]
             row += [_gbit3(r) for r in rates] if per_stream_cols else [_gbit3(min(rates)), _gbit3(max(rates))]
             t.add_row(*row)
@@ -383,10 +374,10 @@ def _report(result, units: str) -> list:
             rates = [b / (en - s0) for b, s0, en, om in zip(e["interval_bytes"], starts, ends, omits) if not om and en > s0]
             if rates:
                 sm = Summary.of(rates)
-                spread = f"{_gbit(sm.min)} / {_gbit(sm.median)} / {_gbit(sm.max)}"
+                spread = f"{gbit(sm.min)} / {gbit(sm.median)} / {gbit(sm.max)}"
             retrans = e.get("retransmits")
             cwnd = e.get("cwnd_bytes")
-            st.add_row(str(k), format_size(e["counted_bytes"]), f"{e['counted_seconds']:.3f}", _gbit(e["bytes_per_s"]),
+            st.add_row(str(k), format_size(e["counted_bytes"]), f"{e['counted_seconds']:.3f}", gbit(e["bytes_per_s"]),
                        format_rate(e["bytes_per_s"], units), spread, "-" if retrans is None else str(retrans),
                        "-" if cwnd is None else format_size(cwnd))
         out.append(st)

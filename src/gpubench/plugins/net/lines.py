@@ -1,10 +1,6 @@
-"""net's one-line forms, iperf3's way: the test's header, a line per interval while the test runs
-(per stream at a few streams, the ``[SUM]`` line per interval at any count), the sender and
-receiver ``[SUM]`` lines at the end, and the server's log line per direction.
-
-The client's live lines, its report and the server's log all take their wording from here, so a
-figure reads the same wherever it is shown. Nothing here prints: :class:`LiveLines` is handed the
-stream to write to. Standard library and gpubench.core only (the server imports it).
+"""net's one-line forms, iperf3's way, shared by the client's live lines, its report and the
+server's log: the test's header, the interval lines, the sender and receiver ``[SUM]`` lines, the
+server's log line per direction. Nothing here prints; standard library and gpubench.core only.
 """
 
 from __future__ import annotations
@@ -22,6 +18,11 @@ DIRECTION_WORDS = {"c2s": "client -> server", "s2c": "server -> client"}
 def gbit(bytes_per_s: float) -> str:
     """Gbit/s with two decimals (1e9 bit/s)."""
     return f"{bytes_per_s * 8 / 1e9:.2f}"
+
+
+def hostport(host: str, port: int) -> str:
+    """``host:port``, the host in brackets when it is an IPv6 address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def bitrate_text(bits_per_s: int) -> str:
@@ -138,11 +139,8 @@ def server_line(direction: str, role: str, nbytes: int, seconds: float, omitted:
 
 
 class LiveLines:
-    """The client's interval lines as the test runs, written to ``write`` (one call per line).
-
-    ``header`` once the streams are connected, then ``intervals`` for each interval as it arrives
-    (the column heads before the first).
-    """
+    """The client's lines as the test runs, one ``write`` call each: ``header`` once the streams
+    are connected, then ``intervals`` per interval (the column heads before the first)."""
 
     def __init__(self, write: Callable[[str], None], bidir: bool = False):
         self._write = write
