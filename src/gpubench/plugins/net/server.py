@@ -6,25 +6,10 @@ It receives the client's streams (c2s), sends on its own (s2c, the client's -R),
 seconds of its own ``time.perf_counter`` clock it sends the client the per-stream byte counts it
 received in that interval (the protocol: :mod:`gpubench.plugins.net.protocol`).
 
-Protections (each a test in tests/unit/test_net_server.py and tests/cli/test_net_cli.py):
-
-- binds to 127.0.0.1 unless told otherwise;
-- one test at a time (others get ``busy``), in any direction;
-- new connections wait for their request line in one selector loop, no thread each: at most
-  ``max_pending`` at once (a further one makes the oldest waiting one go, so idle sockets cannot
-  keep a real client out) and each has ``header_timeout`` seconds (2 by default) to send it;
-- a request line over 4096 bytes, a request of the wrong types (JSON true and 1.0 are not
-  integers) or over :class:`~gpubench.plugins.net.protocol.Caps` is refused with one line;
-- a silent client (no stream moves for ``stall_timeout``) or a vanished one aborts its test;
-- memory and processes are bounded: at most 16 worker processes per direction (one per stream up
-  to that), a receive buffer of 1 MiB per worker (256 KiB with --copy).
-
-Programmatic use (e.g. a multi-rank mode)::
-
-    srv = NetServer("0.0.0.0", 5301)
-    addr, port = srv.start()          # listening, serving in a background thread
-    ...                               # clients run gpubench.plugins.net.bench.run_test(host, port, request)
-    srv.close()                       # stop, join; srv.stats says what it served
+Its protections (binds to loopback by default, one test at a time, a bounded wait for each
+request line, the caps, aborting a silent or vanished client, bounded memory and processes) are
+listed in docs/net.md "The server: limits and behaviour"; each is a test in
+tests/unit/test_net_server.py or tests/cli/test_net_cli.py. Use from Python: docs/net.md "From Python".
 """
 
 from __future__ import annotations
@@ -216,19 +201,18 @@ class NetServer:
         """Stop and wait (at most ``timeout`` s) for the thread :meth:`start` began; returns the stats."""
         self.stop()
         t = self._serving
-        if t is not None:
-            begun = time.monotonic()
-            deadline = begun + timeout
-            while True:
-                try:
-                    t.join(max(0.0, deadline - time.monotonic()))
+        begun = time.monotonic()
+        deadline = begun + timeout
+        while t is not None:
+            try:
+                t.join(max(0.0, deadline - time.monotonic()))
+                break
+            except RuntimeError:
+                # "cannot join thread before it is started" (a Ctrl-C inside Thread.start()):
+                # a thread that runs sees the stop within 0.1 s; wait 1 s at most.
+                if time.monotonic() > min(deadline, begun + 1.0):
                     break
-                except RuntimeError:
-                    # "cannot join thread before it is started" (a Ctrl-C inside Thread.start()):
-                    # a thread that runs sees the stop within 0.1 s; wait 1 s at most.
-                    if time.monotonic() > min(deadline, begun + 1.0):
-                        break
-                    time.sleep(0.01)
+                time.sleep(0.01)
         return self.stats
 
     def _count(self, what: str) -> None:
@@ -300,14 +284,11 @@ class NetServer:
     # -- a test's socket buffers (-w) --------------------------------------------------------------
 
     def _window_listener(self, window: int) -> None:
-        """Give the listening socket the test's SO_SNDBUF/SO_RCVBUF before its data streams connect.
-
-        Linux sizes a connection's receive window, and the window scale it offers in the SYN-ACK,
-        from the listener's buffer (``tcp_openreq_init_rwin``), and an accepted socket inherits the
-        listener's buffers; set after the handshake, a small -w shrinks the buffer under a window
-        already offered (iperf3's iperf_tcp_listen does the same). Once the test ends,
-        :meth:`_renew_listener` replaces the listener: a buffer set on a socket cannot be handed
-        back to the kernel's autotuning.
+        """Give the listening socket the test's SO_SNDBUF/SO_RCVBUF before its data streams connect:
+        Linux sizes the window (and scale) offered in the SYN-ACK from the listener's buffer
+        (``tcp_openreq_init_rwin``), and an accepted socket inherits it (iperf3's iperf_tcp_listen
+        does the same). A buffer once set cannot go back to autotuning: :meth:`_renew_listener`
+        replaces the listener after the test.
         """
         lst = self._listener
         if lst is not None and window > 0:
