@@ -47,10 +47,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 Edge = tuple[int, int]
-KINDS = ("sender", "receiver", "node", "link", "unresolved")
 
 
 @dataclass(frozen=True)
@@ -170,20 +169,19 @@ def infer(figures: Mapping[Edge, float | None], labels: Mapping[int, str] | None
 
     n_nodes, n_links = len(nodes), len(edges)
     verdicts: list[Culprit] = []
-    conf_s = {i: not_noise([value(e) for e in out[i]], n_nodes)
-              * (1.0 - math.prod(1.0 - cleared([f for f in inn[e[1]] if f != e], value(e)) for e in out[i]))
-              for i in send}
-    conf_r = {j: not_noise([value(e) for e in inn[j]], n_nodes)
-              * (1.0 - math.prod(1.0 - cleared([f for f in out[e[0]] if f != e], value(e)) for e in inn[j]))
-              for j in recv}
+
+    def node_confidence(mine: list[Edge], peer_links: Callable[[Edge], list[Edge]]) -> float:
+        return not_noise([value(e) for e in mine], n_nodes) * (
+            1.0 - math.prod(1.0 - cleared([f for f in peer_links(e) if f != e], value(e)) for e in mine))
+
+    conf_s = {i: node_confidence(out[i], lambda e: inn[e[1]]) for i in send}
+    conf_r = {j: node_confidence(inn[j], lambda e: out[e[0]]) for j in recv}
     for i in nodes:
-        if i in send and i in recv:
-            fr = tuple(value(e) / m for e in out[i] + inn[i])
-            verdicts.append(Culprit("node", (i,), (label(i),), conf_s[i] * conf_r[i], fr))
-        elif i in send:
-            verdicts.append(Culprit("sender", (i,), (label(i),), conf_s[i], tuple(value(e) / m for e in out[i])))
-        elif i in recv:
-            verdicts.append(Culprit("receiver", (i,), (label(i),), conf_r[i], tuple(value(e) / m for e in inn[i])))
+        mine = (out[i] if i in send else []) + (inn[i] if i in recv else [])
+        if mine:
+            kind = "node" if i in send and i in recv else "sender" if i in send else "receiver"
+            confidence = conf_s.get(i, 1.0) * conf_r.get(i, 1.0)
+            verdicts.append(Culprit(kind, (i,), (label(i),), confidence, tuple(value(e) / m for e in mine)))
     for e in sorted(low):
         a, b = e
         if a in send or b in recv:
