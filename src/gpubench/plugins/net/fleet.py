@@ -1,40 +1,20 @@
-"""``gpubench net`` under a launcher: the multi-stream TCP test between ranks, one rank per node.
+"""``gpubench net`` under a launcher: the multi-stream TCP test between ranks, one rank per node
+(the seed's ``iperf -c HOST -P 16 -t 30`` at fleet scale).
 
-The seed's ``iperf -c HOST -P 16 -t 30``, at fleet scale. Every taking-part rank starts net's own
-server (:class:`gpubench.plugins.net.server.NetServer`) in a thread, the ranks exchange where they
-listen (``allgather``), and the tests run in rounds computed alike on every rank, each started by
-a barrier; within a round no node is in two tests, and its disjoint pairs run at the same time:
-
-- ``ring`` (default): rank i sends to rank i+1 (mod n), put into rounds first-fit (2 rounds for an
-  even n, 3 for an odd one).
-- ``rings``: the ring and a second ring of stride :func:`stride` (rank i also sends to i+s), so
-  every node sends to two peers and receives from two others: 4 rounds (5 for an odd n) at any
-  size, and :func:`culprits` tells a slow sender or receiver from a slow link.
-- ``all``: every ordered pair. The unordered pairs come from the circle method of round-robin
-  tournament scheduling (Kirkman 1847; e.g. E. Lucas, *Recreations mathematiques* II, 1883, and
-  Wikipedia "Round-robin tournament", Scheduling algorithm); each round runs twice, a -> b then
-  b -> a.
-- ``--to RANK`` (many-to-one, incast): one round in which every other rank sends to RANK at once;
-  RANK runs one server per sender (a NetServer serves one test at a time).
-
-Deadlines (docs/cluster.md "Deadlines"): the barrier that starts the first round waits ``timeout``
-(-T); the barrier that ends round k must be reached by every rank within
-:attr:`NetFleetSpec.round_timeout` of round k's start (not of each rank's arrival, so a rank idle
-in the round and one that ran a test time out together): -T, but never less than the round's own
-length, since a rank cannot be called missing while its test may still run, nor while net's
-client still waits for a stalled server.
-
-Figures are net's own (docs/net.md). Rank 0 gathers one record per link and a sender x receiver
-matrix of Gbit/s; a link is flagged slow against the median of the matrix by the fleet rule
-(:func:`gpubench.validation.fleet.flag`).
-
-The calls into net's data path are in :class:`Servers` and :func:`run_client`; nothing else here
-touches :mod:`gpubench.plugins.net.bench`.
+Every taking-part rank starts net's own server in a thread, the ranks all-gather where they
+listen, and the tests run in rounds computed alike on every rank (:func:`schedule`: ``ring``,
+``rings``, ``all`` or ``--to RANK``), each started by a barrier; within a round no node is in two
+tests. The schedules and the deadlines (:attr:`NetFleetSpec.round_timeout`): docs/fleet.md "The
+network between nodes". Rank 0 gathers one record per link and a sender x receiver matrix of
+Gbit/s; a link is flagged slow against the matrix median by the fleet rule
+(:func:`gpubench.validation.fleet.flag`). The only calls into net's data path are in
+:func:`serve` and :func:`run_client`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import time
@@ -47,13 +27,12 @@ from gpubench.core.errors import GpubenchError, MachineError, UsageError
 from gpubench.core.result import Record, Result
 
 PAIRS = ("ring", "rings", "all")
-# A round's allowance beyond omit + seconds + one interval, for a healthy test: connecting the
-# control and data streams, starting the worker processes on both sides, the "done" and end lines
-# (docs/fleet.md has what it took).
+# A round's allowance beyond omit + seconds + one interval for a healthy test (connecting, starting
+# the workers, the "done" and end lines; docs/fleet.md has what it took).
 ROUND_MARGIN_S = 5.0
-# net's client waits this long past an interval line's due time (and for the "done" line) before
-# it calls the server stalled (bench.py _Session.next_intervals / finish: interval + 10 s); a
-# round's deadline covers it, so the stopped receiver is named, not its healthy sender.
+# net's client waits this long past an interval line's due time before it calls the server stalled
+# (bench.py _Session.next_intervals / finish); a round's deadline covers it, so the stopped
+# receiver is named, not its healthy sender.
 CLIENT_STALL_S = 10.0
 # the report prints the matrix up to this many nodes and every link up to this many links (then
 # only the flagged ones); the JSON has them all
@@ -67,7 +46,7 @@ class NetFleetSpec:
 
     Attributes:
         request: streams (-P), seconds (-t), omit (-O), interval (-i), buffer (-l) of each test.
-        pairs: "ring" (rank i -> i+1) or "all" (every ordered pair).
+        pairs: "ring", "rings" or "all" (:func:`schedule`).
         to: many-to-one: every other rank sends to this rank at once (then ``pairs`` is not used).
         bind: address each rank's server listens on; a specific address is also the one peers are
             told to connect to (0.0.0.0: every address, and the one found by :func:`advertised`).
@@ -169,10 +148,13 @@ def stride(n: int) -> int | None:
     among those the closest to n / 2 (the smaller on a tie), so a node's second peer is far from
     it in rank order (adjacent ranks often share a rack and its switch).
     """
-    import math
-
     fits = [s for s in range(3, n - 1) if math.gcd(s, n) == 1 and (2 * s - 2) % n]
     return min(fits, key=lambda s: (abs(2 * s - n), s)) if fits else None
+
+
+def _both_ways(members: Sequence[int]) -> list[list[Edge]]:
+    """Every ordered pair: each round of :func:`circle_rounds` twice, a -> b, then b -> a."""
+    return [half for r in circle_rounds(members) for half in (list(r), [(b, a) for a, b in r])]
 
 
 def _cycle_rounds(order: Sequence[int]) -> list[list[Edge]]:
@@ -186,18 +168,15 @@ def _cycle_rounds(order: Sequence[int]) -> list[list[Edge]]:
 
 
 def rings_rounds(members: Sequence[int]) -> list[list[Edge]]:
-    """``--pairs rings``: the ring (member i sends to i + 1) and a second ring of stride
-    :func:`stride` (i sends to i + s), so every member sends to two peers and receives from two
-    others, in 4 rounds for an even count and 5 for an odd one (each ring's odd edge left over,
-    the two put in one round). 2 to 4 members: every ordered pair (2, 6 and 6 rounds), since no
-    second ring differs from the first; 6 members: the second ring is the first reversed (s = -1).
-
-    Rounds are optimal: every member is in 4 tests and a round holds at most floor(n / 2).
+    """``--pairs rings``: the ring (i sends to i + 1) and a second ring of stride :func:`stride`,
+    in 4 rounds for an even count and 5 for an odd one (each ring's odd edge left over, the two
+    in one round; optimal: every member is in 4 tests, a round holds at most floor(n / 2)).
+    2 to 4 members: every ordered pair; 6 members: the second ring is the first reversed (s = -1).
     """
     members = list(members)
     n = len(members)
     if n <= 4:
-        return [half for r in circle_rounds(members) for half in (list(r), [(b, a) for a, b in r])]
+        return _both_ways(members)
     s = stride(n) or n - 1
     first = _cycle_rounds(members)
     # start the second ring where its odd edge (a - s -> a) shares no member with the first's
@@ -224,8 +203,8 @@ def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None)
         return first_fit_rounds(ring_edges(members))
     if pairs == "rings":
         return rings_rounds(members)
-    if pairs == "all":  # each round of pairs twice: a -> b, then b -> a
-        return [half for r in circle_rounds(members) for half in (list(r), [(b, a) for a, b in r])]
+    if pairs == "all":
+        return _both_ways(members)
     raise UsageError(f"--pairs {pairs!r} not known", f"use {' or '.join(PAIRS)}")
 
 
@@ -239,39 +218,20 @@ def _ranks_text(members: Sequence[int]) -> str:
 # Adapter: the only calls into net's data path
 
 
-class Servers:
-    """Adapter: ``count`` of net's NetServers on ``bind`` (any free port each), each serving tests
-    one at a time in its own thread.
-
-    Attributes:
-        ports: the TCP port of each server.
+def serve(stack: contextlib.ExitStack, bind: str, streams: int) -> int:
+    """Adapter: one of net's NetServers on ``bind`` (any free port), serving tests one at a time in
+    its own thread until ``stack`` closes (5 s at most). Returns its TCP port.
 
     Raises:
         UsageError: ``bind`` is not an address of this host (net's server says which).
-        MachineError: the socket could not be opened.
     """
+    from gpubench.plugins.net.server import NetServer
 
-    def __init__(self, bind: str, count: int, streams: int):
-        from gpubench.plugins.net.server import NetServer
-
-        self._servers: list = []
-        self.ports: list[int] = []
-        try:
-            for _ in range(count):
-                # a test opens one control and ``streams`` data connections; a few more may wait
-                srv = NetServer(bind, 0, max_pending=streams + 8)
-                _, port = srv.start()
-                self._servers.append(srv)
-                self.ports.append(port)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        """Stop every server (each 5 s at most); again is harmless."""
-        for s in self._servers:
-            s.close(5.0)
-        self._servers = []
+    # a test opens one control and ``streams`` data connections; a few more may wait
+    srv = NetServer(bind, 0, max_pending=streams + 8)
+    _, port = srv.start()
+    stack.callback(srv.close, 5.0)
+    return port
 
 
 def run_client(host: str, port: int, request: Request, connect_timeout: float) -> Record:
@@ -317,10 +277,6 @@ def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
 # The run
 
 
-def _failed_link(src: int, dst: int, request: Request, why: str) -> Record:
-    return Record(params={"src": src, "dst": dst, "stream": "total"}, nbytes=request.buffer, error=why[:300])
-
-
 def _link_record(src: int, dst: int, total: Record, streams: int) -> Record:
     """The link's record from its test's total; a link one of whose streams stalled
     (:data:`gpubench.plugins.net.protocol.STALL_S`) failed, whatever the other streams carried."""
@@ -347,7 +303,8 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
             out.append(_link_record(a, b, run_client(info["addr"], port, spec.request, spec.connect_timeout),
                                     spec.request.streams))
         except GpubenchError as e:
-            out.append(_failed_link(a, b, spec.request, e.one_line()))
+            out.append(Record(params={"src": a, "dst": b, "stream": "total"}, nbytes=spec.request.buffer,
+                              error=e.one_line()[:300]))
     return out
 
 
@@ -376,10 +333,10 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
     taking_part = me in members
     senders = [m for m in members if m != spec.to]
     count = (len(senders) if me == spec.to else 1) if taking_part else 0
-    servers = Servers(spec.bind, count, spec.request.streams) if count else None
-    try:
+    with contextlib.ExitStack() as servers:
+        ports = [serve(servers, spec.bind, spec.request.streams) for _ in range(count)]
         mine = {"rank": me, "host": getattr(group.me, "host", socket.gethostname()),
-                "addr": advertised(spec.bind), "ports": servers.ports if servers else []}
+                "addr": advertised(spec.bind), "ports": ports}
         everyone = group.allgather(mine)
         peers = {d["rank"]: d for d in everyone if d and d["rank"] in members}
         if progress is not None and me == 0:
@@ -399,9 +356,6 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
             group.barrier(timeout=max(left, 0.5), waited=spec.round_timeout,
                           what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s after its start)")
         elapsed = time.time() - t0
-    finally:
-        if servers is not None:
-            servers.stop()
     # confirmed: every rank returns only once rank 0 has every link, so a rank 0 that stopped while
     # it only received (the ring's last round) is named here by the others, not left unseen
     gathered = group.gather([r.to_dict() for r in records], what="final gather of the net results", confirm=True)
@@ -517,16 +471,17 @@ def format_report(result: Result, units: str = "GB") -> list:
     hosts, gbps = m.get("hosts") or [], m.get("gbps") or []
     spec = result.spec
     how = f"--to {spec['to']}" if spec.get("to") is not None else f"--pairs {spec.get('pairs')}"
+    what = f"({how}, -P {spec.get('streams')}, {spec.get('seconds'):g} s)"
     out: list = []
     if len(hosts) <= MATRIX_SHOWN:
-        t = report.table(f"TCP Gbit/s between nodes ({how}, -P {spec.get('streams')}, {spec.get('seconds'):g} s): "
-                         "sender rows, receiver columns", ["from \\ to", *[safe.term_markup(h) for h in hosts]])
+        t = report.table(f"TCP Gbit/s between nodes {what}: sender rows, receiver columns",
+                         ["from \\ to", *[safe.term_markup(h) for h in hosts]])
         for h, row in zip(hosts, gbps):
             t.add_row(safe.term_markup(h), *["-" if v is None else f"{v:.2f}" for v in row])
         out.append(t)
     else:
-        out.append(f"TCP Gbit/s between {len(hosts)} nodes ({how}, -P {spec.get('streams')}, "
-                   f"{spec.get('seconds'):g} s): the sender x receiver matrix is in the JSON (timing.matrix).")
+        out.append(f"TCP Gbit/s between {len(hosts)} nodes {what}: the sender x receiver matrix is in the JSON "
+                   "(timing.matrix).")
     flagged_only = len(result.records) > LINKS_SHOWN
     s = report.table("Links" + (" flagged (every link is in the JSON)" if flagged_only else ""),
                      ["round", "sender", "receiver", "Gbit/s", f"{units}/s", "flag"])
@@ -552,7 +507,6 @@ def format_report(result: Result, units: str = "GB") -> list:
 def verdict(result: Result) -> str | None:
     """One line naming the slow or failed links, or None when every link is ok."""
     from gpubench.core import safe
-
     from gpubench.plugins.net.culprits import named
 
     bad = [(r, f) for r, f, _ in link_flags(result) if f != "ok"]
