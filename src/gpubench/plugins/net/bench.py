@@ -618,9 +618,8 @@ class Net(Benchmark):
         self.live = live
 
     def environment(self, spec: NetSpec) -> dict:
-        """What net records of the machine: the host and the versions (no GPU facts: a TCP test
-        uses no GPU, and finding them costs CuPy's import and CUDA/NVML queries before the client
-        connects)."""
+        """The host and the versions (no GPU facts: finding them costs CuPy's import and CUDA/NVML
+        queries before the client connects)."""
         from gpubench.core import env as envmod
 
         return {"host": envmod.host_info(), "versions": envmod.versions()}
@@ -641,11 +640,9 @@ class Net(Benchmark):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context):
-        """Start the local server (net local), connect, start the workers, release them.
-
-        A Ctrl-C or SIGTERM while this runs (connecting 128 streams takes a while) is kept and
-        raised by the first :meth:`measure`, so the driver ends the run as interrupted (exit
-        130/143, the JSON saved with no records) instead of it escaping half-built.
+        """Start the local server (net local), connect, start the workers, release them. A Ctrl-C
+        or SIGTERM meanwhile is raised by the first :meth:`measure`, so the driver ends the run as
+        interrupted (exit 130/143, the JSON saved with no records), not half-built.
         """
         spec: NetSpec = ctx.spec
         with contextlib.ExitStack() as stack:
@@ -682,10 +679,8 @@ class Net(Benchmark):
         """The next interval of each direction (:meth:`_Session.next_intervals`).
 
         Raises:
-            MachineError: as next_intervals; and after the last interval, a server that sent
-                "done" but no end line: every interval is kept (``point_records`` holds the last
-                one) and the run ends with exit 3, since the CPU times, TCP_INFO and the bytes the
-                server sent (the end line's figures) are unknown; a real server always sends it.
+            MachineError: as next_intervals; and after the last interval, a server that sent no
+                end line (every interval kept, ``point_records`` the last one; exit 3).
         """
         stopped = ctx.data.pop("interrupted", None)
         if stopped is not None:
@@ -702,7 +697,7 @@ class Net(Benchmark):
         return recs
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
-        """Net allocates nothing per point: a memory failure while receiving is this host's fault.
+        """A memory failure while receiving is this host's fault (net allocates nothing per point).
         Raises MachineError, always (the driver keeps the intervals received so far)."""
         raise MachineError(f"net client ({point.label}): {message}")
 
@@ -765,10 +760,8 @@ def run(spec: NetSpec, progress: ProgressSink | None = None, live: LiveLines | N
 
 def run_test(host: str, port: int, request: Request, *, family: int = 0, cport: int | None = None,
              connect_timeout: float = 10.0, progress: ProgressSink | None = None) -> Result:
-    """One client test against a ``gpubench net`` server at host:port (a
-    :class:`gpubench.plugins.net.server.NetServer`): the entry point for other modes. ``family``:
-    0, 4 or 6; ``cport``: first local port of the data streams, or None. Returns and raises as
-    :func:`run`."""
+    """One client test against a ``gpubench net`` server at host:port, for other modes (``family``,
+    ``cport``: :class:`NetSpec`'s). Returns and raises as :func:`run`."""
     return run(NetSpec(host=host, port=port, request=request, connect_timeout=connect_timeout, family=family,
                        cport=cport), progress)
 

@@ -32,11 +32,8 @@ def fleet_checks(result) -> list[dict]:
             if r.params.get("stream") == "total" and "gbit_per_s" in r.extra and "src" not in r.params]
 
 
-# The network step of the fleet suite: net's two-ring test between the nodes (--pairs rings: 4
-# rounds, 5 for an odd count, at any size; every node sends to two peers and receives from two
-# others, so a slow node is told from a slow link), shorter than the seed's `iperf -P 16 -t 30`
-# so the suite stays quick (run `gpubench net nodes -P 16 -t 30` under the launcher for the long
-# test).
+# The network step of the fleet suite: net's two-ring test between the nodes (docs/fleet.md),
+# shorter than `gpubench net nodes -P 16 -t 30` so the suite stays quick.
 NET_STREAMS, NET_SECONDS, NET_OMIT, NET_INTERVAL = 4, 3.0, 1.0, 0.5
 NET_PAIRS = "rings"
 
