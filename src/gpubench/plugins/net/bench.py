@@ -21,6 +21,7 @@ modes: :func:`run_test`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import socket
@@ -355,20 +356,16 @@ class _Session:
             name = changed[0]
             raise ServerLied(f"server {host} port {port}: its reply changes {name} from {shown(getattr(req, name))} "
                              f"to {shown(reply[name])}")
-        n = 0
-        for d in req.directions():
-            for k in range(req.streams):
-                s = connect(host, port, self.connect_timeout, family=self.family, window=req.window,
-                            local_port=None if self.cport is None else self.cport + n)
-                n += 1
-                self.socks[d].append(s)
-                try:
-                    send_json(s, {"gpubench_net": PROTOCOL_VERSION, "role": "data", "cookie": cookie, "stream": k,
-                                  "direction": d})
-                except OSError as e:
-                    raise _server_error(host, port, f"data stream {k} ({d}) failed: {e.strerror or e}") from None
-        first = next(iter(self.socks.values()))[0]
-        self.window = window_of(first)
+        for n, (d, k) in enumerate(itertools.product(req.directions(), range(req.streams))):
+            s = connect(host, port, self.connect_timeout, family=self.family, window=req.window,
+                        local_port=None if self.cport is None else self.cport + n)
+            self.socks[d].append(s)
+            try:
+                send_json(s, {"gpubench_net": PROTOCOL_VERSION, "role": "data", "cookie": cookie, "stream": k,
+                              "direction": d})
+            except OSError as e:
+                raise _server_error(host, port, f"data stream {k} ({d}) failed: {e.strerror or e}") from None
+        self.window = window_of(next(iter(self.socks.values()))[0])
         try:
             for d, role in (("c2s", "send"), ("s2c", "recv")):
                 if d in self.socks:

@@ -118,8 +118,9 @@ def first_fit_rounds(edges: Iterable[Edge]) -> list[list[Edge]]:
 
 
 def circle_rounds(members: Sequence[int]) -> list[list[tuple[int, int]]]:
-    """Round-robin tournament by the circle method: n - 1 rounds (n even) of n/2 disjoint pairs,
-    every unordered pair exactly once; an odd n gets a bye (n rounds, one member idle in each).
+    """Round-robin tournament by the circle method (Kirkman 1847; E. Lucas, *Recreations
+    mathematiques* II, 1883): n - 1 rounds (n even) of n/2 disjoint pairs, every unordered pair
+    exactly once; an odd n gets a bye (n rounds, one member idle in each).
 
     Member 0 stays put; the others rotate one place per round; round r pairs position i with
     position n - 1 - i.
@@ -138,15 +139,8 @@ def circle_rounds(members: Sequence[int]) -> list[list[tuple[int, int]]]:
 
 def stride(n: int) -> int | None:
     """The stride s of the second ring of ``rings`` among n members (i -> i + s mod n), or None
-    when no stride fits (n <= 4, and n = 6, whose only strides co-prime with it are +-1).
-
-    s is co-prime with n (so the second ring is one cycle through every member, two rounds like
-    the first), not +-1 (the first ring or the first reversed: each node would meet the same two
-    peers), not 2 (node i + 2 would receive from both i and i + 1, so two adjacent slow senders
-    would make it look like a slow receiver), and 2 s != 2 mod n (nodes i and i + s - 1 would send
-    to the same two peers, so two slow senders and two slow receivers could not be told apart);
-    among those the closest to n / 2 (the smaller on a tie), so a node's second peer is far from
-    it in rank order (adjacent ranks often share a rack and its switch).
+    when none fits (n <= 4, and n = 6). s is co-prime with n, not +-1, not 2, and 2 s != 2 mod n
+    (why: docs/fleet.md, ``--pairs rings``); among those the closest to n / 2, the smaller on a tie.
     """
     fits = [s for s in range(3, n - 1) if math.gcd(s, n) == 1 and (2 * s - 2) % n]
     return min(fits, key=lambda s: (abs(2 * s - n), s)) if fits else None

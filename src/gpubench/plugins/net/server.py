@@ -38,7 +38,6 @@ from gpubench.plugins.net.protocol import (
     parse_line,
     close_socket,
     refuse,
-    schedule,
     send_json,
 )
 from gpubench.plugins.net.lines import server_line, test_words
@@ -530,7 +529,7 @@ class NetServer:
         req = test.req
         rx, tx = test.sets.get("c2s"), test.sets.get("s2c")
         sets = list(test.sets.values())
-        ends = schedule(req.omit, req.seconds, req.interval)
+        ends = req.intervals()
         if rx is not None:
             rx.go()  # receivers first: the client's first bytes must find them
         # the clock and the byte counts start before "start" goes out: a client's first bytes can be
