@@ -167,7 +167,7 @@ class StreamSet:
         self._stop_w: int | None = None
         self._payload: int | None = None
         self.t_stop: float | None = None
-        self._cpu: float | None = None
+        self.cpu_seconds: float | None = None  # user + system s of the workers, go to end (after stop)
         self._final_counts: list[int] | None = None
         self.worker_failures: list[str] = []
 
@@ -295,12 +295,7 @@ class StreamSet:
         if self._shm is not None:
             self._final_counts = self._words("Q", 0, n)
             words = self._words("d", 16 * n, 2 * self.nworkers)
-            self._cpu = sum(words[0::2])
-
-    @property
-    def cpu_seconds(self) -> float | None:
-        """User + system seconds of the workers from go to their end (after :meth:`stop`)."""
-        return self._cpu
+            self.cpu_seconds = sum(words[0::2])
 
     def tcp_infos(self) -> list[dict | None]:
         """TCP_INFO of each stream's socket now (:func:`tcp_info`)."""
