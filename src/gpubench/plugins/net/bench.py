@@ -1,12 +1,9 @@
 """``gpubench net client`` / ``net local``: multi-stream TCP throughput (iperf-like), the client
 side as a plug-in of the one driver (:func:`gpubench.core.benchmark.run`).
 
-What is timed (docs/net.md): ``streams`` TCP connections per direction; the sender writes
-``buffer`` bytes at a time on each (at most ``bitrate`` per stream) through the worker processes of
-:mod:`gpubench.plugins.net.stream`; every ``interval`` seconds of its own ``time.perf_counter``
-clock the receiver reads the bytes each stream took (c2s: the server, which sends the counts,
-:mod:`gpubench.plugins.net.protocol`; s2c: the client). The first ``omit`` seconds are reported
-but not counted. Figures are bytes *received*: data left in socket buffers is never counted.
+What is timed (docs/net.md): every ``interval`` seconds of its own ``time.perf_counter`` clock
+the receiver (c2s: the server, which sends the counts; s2c: the client) reads the bytes each
+stream took; the first ``omit`` seconds are reported but not counted. Figures are bytes *received*.
 
 Formulas: an interval's rate = its bytes / its measured seconds. The total of a stream (or of all
 streams) = bytes of the counted intervals / the sum of their measured seconds, the
@@ -58,26 +55,15 @@ from gpubench.core.signals import Interrupted
 @dataclass(frozen=True)
 class NetSpec:
     """Parsed options of ``gpubench net client`` / ``net local`` (checked by the command's
-    :func:`gpubench.plugins.net.command.build_request`; a Request is within the caps there).
+    :func:`gpubench.plugins.net.command.build_request`; a Request is within the caps there)."""
 
-    Attributes:
-        host: the server's name or address.
-        port: the server's TCP port (``net local``: 0, any free one; the one it got is in the
-            result's timing, "server_port").
-        request: streams, seconds, omit, interval, buffer.
-        mode: "client" or "local" (server started in this process on loopback).
-        connect_timeout: seconds to connect and to get each reply before the test starts.
-        family: 0 (any), 4 or 6 (-4 / -6).
-        cport: first local port of the data streams (--cport; stream n uses cport + n), or None.
-    """
-
-    host: str
-    port: int
+    host: str  # the server's name or address
+    port: int  # the server's TCP port (net local: 0, any free one; the one it got: timing "server_port")
     request: Request = field(default_factory=Request)
-    mode: str = "client"
-    connect_timeout: float = 10.0
-    family: int = 0
-    cport: int | None = None
+    mode: str = "client"  # or "local": a server started in this process on loopback
+    connect_timeout: float = 10.0  # seconds to connect and to get each reply before the test starts
+    family: int = 0  # 0 (any), 4 or 6 (-4 / -6)
+    cport: int | None = None  # first local port of the data streams (--cport; stream n uses cport + n)
 
     @property
     def address_family(self) -> int:
@@ -92,19 +78,12 @@ class NetSpec:
 
 @dataclass
 class Interval:
-    """One reporting interval as the server measured it.
+    """One reporting interval as the receiver measured it."""
 
-    Attributes:
-        start_s, end_s: seconds after the start, on the receiver's clock (c2s: the server's;
-            s2c: the client's).
-        omit: True for the leading intervals left out of the figures.
-        bytes: bytes received per stream during the interval.
-    """
-
-    start_s: float
+    start_s: float  # seconds after the start, on the receiver's clock (c2s: the server's; s2c: the client's)
     end_s: float
-    omit: bool
-    bytes: list[int]
+    omit: bool  # True for the leading intervals left out of the figures
+    bytes: list[int]  # received per stream during the interval
 
     @property
     def seconds(self) -> float:
@@ -520,17 +499,11 @@ def totals(intervals: list[Interval], stream: int | None = None) -> tuple[int, f
 @dataclass
 class DirectionFacts:
     """What is known of one direction's test besides its intervals (None where unknown, e.g. an
-    interrupted run or a server that sent no end line).
+    interrupted run or a server that sent no end line)."""
 
-    Attributes:
-        sent: bytes each stream's sender handed to the kernel.
-        tcp: TCP_INFO of each stream's sending socket (:func:`gpubench.plugins.net.stream.parse_tcp_info`).
-        sender_cpu_s, receiver_cpu_s: user + system seconds of that side's worker processes, from
-            their start signal to their end.
-    """
-
-    sent: list[int] | None = None
-    tcp: list[dict | None] = field(default_factory=list)
+    sent: list[int] | None = None  # bytes each stream's sender handed to the kernel
+    tcp: list[dict | None] = field(default_factory=list)  # TCP_INFO of each sending socket (stream.parse_tcp_info)
+    # user + system seconds of that side's worker processes, from their start signal to their end
     sender_cpu_s: float | None = None
     receiver_cpu_s: float | None = None
 

@@ -54,25 +54,17 @@ Edge = tuple[int, int]
 
 @dataclass(frozen=True)
 class Culprit:
-    """One verdict.
+    """One verdict."""
 
-    Attributes:
-        kind: "sender" (the node sends slowly), "receiver", "node" (both), "link" (slow between two
-            healthy nodes), "unresolved" (a low link whose parts the schedule cannot tell apart).
-        ranks: (rank,) for a node's verdict, (sender, receiver) for a link's.
-        hosts: the label of each rank.
-        confidence: 0 to 1 (module docstring).
-        fractions: each low link's figure over the median of every link (0 for a failed test),
-            out-links first for a slow node.
-        suspects: for "unresolved", the parts it may be ("node1 sending", "the path").
-    """
-
+    # "sender" (the node sends slowly), "receiver", "node" (both), "link" (slow between two healthy
+    # nodes), "unresolved" (a low link whose parts the schedule cannot tell apart)
     kind: str
-    ranks: tuple[int, ...]
-    hosts: tuple[str, ...]
-    confidence: float
+    ranks: tuple[int, ...]  # (rank,) for a node's verdict, (sender, receiver) for a link's
+    hosts: tuple[str, ...]  # the label of each rank
+    confidence: float  # 0 to 1 (module docstring)
+    # each low link's figure over the median of every link (0 for a failed test), out-links first
     fractions: tuple[float, ...]
-    suspects: tuple[str, ...] = ()
+    suspects: tuple[str, ...] = ()  # for "unresolved", the parts it may be ("node1 sending", "the path")
 
     def where(self) -> str:
         """The node or link, e.g. "node7 (rank 7)" or "node1 -> node2 (rank 1 -> 2)" (raw host names)."""

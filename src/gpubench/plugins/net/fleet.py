@@ -42,24 +42,16 @@ LINKS_SHOWN = 64
 
 @dataclass(frozen=True)
 class NetFleetSpec:
-    """Options of ``gpubench net`` under a launcher.
+    """Options of ``gpubench net`` under a launcher."""
 
-    Attributes:
-        request: streams (-P), seconds (-t), omit (-O), interval (-i), buffer (-l) of each test.
-        pairs: "ring", "rings" or "all" (:func:`schedule`).
-        to: many-to-one: every other rank sends to this rank at once (then ``pairs`` is not used).
-        bind: address each rank's server listens on; a specific address is also the one peers are
-            told to connect to (0.0.0.0: every address, and the one found by :func:`advertised`).
-        connect_timeout: seconds to connect and for each reply before a test starts.
-        timeout: -T: seconds a rank waits for the others at the first barrier; see
-            :attr:`round_timeout`.
-    """
-
-    request: Request = field(default_factory=Request)
-    pairs: str = "ring"
-    to: int | None = None
+    request: Request = field(default_factory=Request)  # -P, -t, -O, -i, -l of each test
+    pairs: str = "ring"  # "ring", "rings" or "all" (:func:`schedule`)
+    to: int | None = None  # many-to-one: every other rank sends to this rank at once (pairs unused)
+    # the address each rank's server listens on; a specific one is also the one told to the peers
+    # (0.0.0.0: every address, and the one :func:`advertised` finds is told)
     bind: str = "0.0.0.0"
-    connect_timeout: float = 10.0
+    connect_timeout: float = 10.0  # seconds to connect and for each reply before a test starts
+    # -T: seconds a rank waits for the others at the first barrier; see :attr:`round_timeout`
     timeout: float = bounded(60.0, "-T/--timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
 
     def __post_init__(self):

@@ -81,10 +81,10 @@ class BetweenNodes(FleetStage):
                 by_link.setdefault(tuple(sorted(o.params.items())), []).append(o)
         rows = []
         for r, f, med in link_flags(result):
-            key = tuple(sorted(r.params.items()))
-            if any(o.status == "fail" for o in by_link.get(key, [])):
+            mine = by_link.get(tuple(sorted(r.params.items())), [])
+            if any(o.status == "fail" for o in mine):
                 f = "fail"
-            b, op = deciding_bound(by_link.get(key, []), "Gbit/s")
+            b, op = deciding_bound(mine, "Gbit/s")
             rows.append({"host": str(r.extra.get("src_host")), "rank": int(r.params["src"]), "gpu": None,
                          "uuid": None, "check": f"net to {r.extra.get('dst_host')} (rank {r.params['dst']})",
                          "value": r.extra.get("gbit_per_s") if r.error is None else None, "unit": "Gbit/s",

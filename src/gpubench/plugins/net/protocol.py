@@ -48,30 +48,18 @@ DIRECTIONS = ("c2s", "s2c", "both")
 
 @dataclass(frozen=True)
 class Caps:
-    """What a server accepts; a request outside these is refused with a one-line reason.
+    """What a server accepts; a request outside these is refused with a one-line reason."""
 
-    Attributes:
-        max_streams: parallel TCP streams per test.
-        min_seconds: the shortest counted time (-t): one shortest interval.
-        max_seconds: omit + seconds, the whole test, in seconds.
-        max_omit: leading seconds left out of the figures.
-        max_buffer: bytes per write on the client.
-        min_interval, max_interval: reporting interval in seconds.
-        max_intervals: (omit + seconds) / interval.
-        max_window: -w, bytes of SO_SNDBUF / SO_RCVBUF per data socket.
-        max_bitrate: -b, bits/s per stream.
-    """
-
-    max_streams: int = 128
-    min_seconds: float = 0.1
-    max_seconds: float = 3600.0
-    max_omit: float = 600.0
-    max_buffer: int = 64 * 2**20
-    min_interval: float = 0.1
+    max_streams: int = 128  # parallel TCP streams per test
+    min_seconds: float = 0.1  # the shortest counted time (-t): one shortest interval
+    max_seconds: float = 3600.0  # omit + seconds, the whole test
+    max_omit: float = 600.0  # leading seconds left out of the figures
+    max_buffer: int = 64 * 2**20  # bytes per write on the sender
+    min_interval: float = 0.1  # reporting interval, seconds
     max_interval: float = 60.0
-    max_intervals: int = 3600
-    max_window: int = 512 * 2**20
-    max_bitrate: int = 10**13
+    max_intervals: int = 3600  # (omit + seconds) / interval
+    max_window: int = 512 * 2**20  # -w, bytes of SO_SNDBUF / SO_RCVBUF per data socket
+    max_bitrate: int = 10**13  # -b, bits/s per stream
 
 
 #: A stream that received nothing in counted intervals adding up to this many seconds is stalled
@@ -83,31 +71,18 @@ CAPS = Caps()
 
 @dataclass(frozen=True)
 class Request:
-    """What a client asks a server for.
+    """What a client asks a server for (iperf's option letters in brackets)."""
 
-    Attributes:
-        streams: parallel TCP connections (iperf's -P).
-        seconds: counted seconds, after the omitted ones (iperf's -t).
-        omit: leading seconds measured but not counted (iperf3's --omit).
-        interval: seconds per reported interval (iperf's -i).
-        buffer: bytes per write on the sender (iperf's -l).
-        direction: "c2s" (the client sends), "s2c" (iperf's -R: the server sends) or "both"
-            (iperf3's --bidir: both at once, ``streams`` each way).
-        window: SO_SNDBUF and SO_RCVBUF of every data socket in bytes, 0 for the kernel's
-            autotuning (iperf's -w).
-        bitrate: target bits/s per stream, 0 for as fast as it goes (iperf3's -b, per stream).
-        copy: False (default): zero copy, sendfile from a memory file and receive with
-            MSG_TRUNC; True: send from and receive into a buffer (iperf2, iperf3 without -Z).
-    """
-
-    streams: int = 1
-    seconds: float = 10.0
-    omit: float = 0.0
-    interval: float = 1.0
-    buffer: int = 128 * 1024
-    direction: str = "c2s"
-    window: int = 0
-    bitrate: int = 0
+    streams: int = 1  # parallel TCP connections (-P)
+    seconds: float = 10.0  # counted seconds, after the omitted ones (-t)
+    omit: float = 0.0  # leading seconds measured but not counted (iperf3's --omit)
+    interval: float = 1.0  # seconds per reported interval (-i)
+    buffer: int = 128 * 1024  # bytes per write on the sender (-l)
+    direction: str = "c2s"  # "c2s" (the client sends), "s2c" (-R) or "both" (--bidir: ``streams`` each way)
+    window: int = 0  # SO_SNDBUF and SO_RCVBUF of every data socket in bytes, 0: the kernel's autotuning (-w)
+    bitrate: int = 0  # target bits/s per stream, 0: as fast as it goes (iperf3's -b)
+    # copy False: zero copy, sendfile from a memory file and receive with MSG_TRUNC; True: send from
+    # and receive into a buffer (iperf2, iperf3 without -Z)
     copy: bool = False
 
     def directions(self) -> tuple[str, ...]:

@@ -306,6 +306,7 @@ class NetServer:
             sel.unregister(old)
         old.close()
         family, sockaddr = self._listen_info
+        self._windowed = False
         try:
             new = _listen(family, sockaddr)
         except OSError as e:
@@ -313,12 +314,10 @@ class NetServer:
                      "stopping")
             self._listener = old  # closed: the loop below ends
             self._stop.set()
-            self._windowed = False
             return
         new.setblocking(False)
         sel.register(new, selectors.EVENT_READ, None)
         self._listener = new
-        self._windowed = False
 
     # -- the request-reading stage -------------------------------------------------------------
 
