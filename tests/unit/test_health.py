@@ -219,3 +219,127 @@ def test_a_malformed_block_is_refused_naming_its_pointer(path, value):
     assert "/env/health/" + "/".join(map(str, path)) in str(e.value), str(e.value)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(d, json_schema())
+
+
+# ---- [health] expectations (validation/health.py) ----
+
+HEALTHY = {"pcie_replays": 3, "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16,
+           "nvlinks_up": 18, "nvlink_errors": {"0": {"replay": 0, "recovery": 0, "crc_flit": 1, "crc_data": 0}},
+           "ecc": {"volatile": {"corrected": 0, "uncorrected": 0}, "aggregate": {"corrected": 5, "uncorrected": 0}},
+           "remapped_rows": {"corrected": 0, "uncorrected": 0, "pending": False, "failed": False},
+           "retired_pages": "unsupported"}
+
+
+def _health_result(gpus: list[tuple[dict, dict]], xids=()) -> dict:
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    d["env"]["health"] = {"gpus": [{"index": i, "uuid": f"GPU-{i}", "before": b, "after": a}
+                                   for i, (b, a) in enumerate(gpus)],
+                          "xid_events": [{"index": i, "xid": x} for i, x in xids], "error": None}
+    return d
+
+
+HEALTH_TOML = """
+[health]
+max_pcie_replays = 0
+pcie_gen = 5
+pcie_width = 16
+nvlinks_up = 18
+max_nvlink_errors = 0
+max_ecc_uncorrected = 0
+no_remap_failure = true
+max_xid_events = 0
+"""
+
+
+def _expect(text: str):
+    import tomllib
+
+    from gpubench.validation.suite import parse_expectations
+
+    return parse_expectations(tomllib.loads(text), "e.toml", ["copy"])
+
+
+def test_each_health_rule_fails_the_gpu_that_breaks_it_naming_the_counter_and_its_value():
+    from gpubench.validation.suite import evaluate
+
+    sick_before = copy.deepcopy(HEALTHY)
+    sick_after = copy.deepcopy(HEALTHY)
+    sick_before.update(pcie_gen=4, pcie_width=8)  # trained down on both reads
+    sick_after.update(pcie_replays=12, pcie_gen=4, pcie_width=8, nvlinks_up=17)
+    sick_after["nvlink_errors"]["0"]["crc_flit"] = 9
+    sick_after["ecc"]["volatile"]["uncorrected"] = 2
+    sick_after["remapped_rows"]["failed"] = True
+    # GPU 1 idles at Gen1 before the run and reaches Gen5 x16 under load: it passes
+    idle = dict(HEALTHY, pcie_gen=1, pcie_width=4)
+    res = Result.from_dict(_health_result([(sick_before, sick_after), (idle, HEALTHY)], xids=[(0, 79)]))
+    got = {(o.expectation.name, o.params["device"]): o for o in evaluate(_expect(HEALTH_TOML), [res])}
+    assert {k for k, o in got.items() if o.status == "pass"} == {(n, 1) for n, _ in got}
+    fails = {n: (o.value, o.note) for (n, gpu), o in got.items() if gpu == 0}
+    assert fails == {
+        "max_pcie_replays = 0": (9.0, "GPU 0 (GPU-0): PCIe replays during the runs 9, <= 0"),
+        "pcie_gen = 5": (4.0, "GPU 0 (GPU-0): PCIe generation (highest read) 4, >= 5"),
+        "pcie_width = 16": (8.0, "GPU 0 (GPU-0): PCIe width (highest read) 8, >= 16"),
+        "nvlinks_up = 18": (17.0, "GPU 0 (GPU-0): NVLinks up (lowest read) 17, >= 18"),
+        "max_nvlink_errors = 0": (8.0, "GPU 0 (GPU-0): NVLink errors during the runs 8, <= 0"),
+        "max_ecc_uncorrected = 0": (2.0, "GPU 0 (GPU-0): uncorrected ECC errors (volatile) 2, <= 0"),
+        "no_remap_failure = true": (1.0, "GPU 0 (GPU-0): reads with a failed row remap 1, <= 0"),
+        "max_xid_events = 0": (1.0, "GPU 0 (GPU-0): XID events during the runs 1, <= 0"),
+    }
+    assert all(got[(n, 0)].status == "fail" for n, _ in got)
+
+
+def test_a_counter_the_gpu_lacks_is_skipped_and_strict_fails_it():
+    from gpubench.validation.suite import evaluate, failures
+
+    pcie_card = dict(HEALTHY, nvlinks_up="unsupported", nvlink_errors="unsupported", ecc="unsupported")
+    res = Result.from_dict(_health_result([(pcie_card, pcie_card)]))
+    out = evaluate(_expect("[health]\nnvlinks_up = 18\nmax_ecc_uncorrected = 0\nmax_pcie_replays = 0\n"), [res])
+    assert [(o.status, o.note) for o in out] == [
+        ("skipped", "GPU 0 (GPU-0): NVLinks up (lowest read): not supported by this GPU"),
+        ("skipped", "GPU 0 (GPU-0): uncorrected ECC errors (volatile): not supported by this GPU"),
+        ("pass", "")]
+    assert failures(out) == [] and len(failures(out, strict=True)) == 2
+    old = Result.from_dict(json.loads((DATA / "copy-pinned-h200.json").read_text()))  # saved before env.health
+    assert [(o.status, o.note) for o in evaluate(_expect("[health]\npcie_gen = 5\n"), [old])] == [
+        ("skipped", "no result holds GPU health counters (env.health)")]
+
+
+@pytest.mark.parametrize("body, words", [
+    ("[health]\npcie_genn = 5", "unknown key 'pcie_genn' (known: max_pcie_replays, pcie_gen, pcie_width"),
+    ("[health]\npcie_gen = '5'", "pcie_gen = '5' must be an integer 0..1,000,000,000,000"),
+    ("[health]\nmax_pcie_replays = -1", "must be an integer 0..1,000,000,000,000"),
+    ("[health]\nmax_pcie_replays = 1.5", "must be an integer"),
+    ("[health]\nmax_xid_events = 100000000000000000000", "(a 21-digit integer) must be an integer"),
+    ("[health]\nno_remap_failure = 1", "no_remap_failure = 1 must be true or false"),
+    ("health = 5", "[health] must be a table of counter bounds"),
+    ("[[expect]]\ncommand = 'copy'\nmax_count = 0", "must be an integer 0..1,000,000,000,000 of a health expectation"),
+    ("[[expect]]\ncommand = 'health'\nfigure = 'health.pcie_gen'\nmin_gbps = 1",
+     "a health expectation bounds a count"),
+    ("[[expect]]\ncommand = 'health'\nfigure = 'median'\nmax_count = 0", "figure 'median' is no health counter"),
+])
+def test_a_bad_health_table_is_refused_naming_the_key(body, words):
+    with pytest.raises(UsageError) as e:
+        _expect(body)
+    assert words in e.value.one_line(), e.value.one_line()
+
+
+def test_health_outcomes_round_trip_through_a_bundle():
+    from gpubench.validation.suite import Bundle, evaluate
+
+    res = Result.from_dict(_health_result([(HEALTHY, dict(HEALTHY, pcie_replays=4))]))
+    b = Bundle(outcomes=evaluate(_expect(HEALTH_TOML), [res]), expect_file="e.toml")
+    again = Bundle.from_dict(json.loads(json.dumps(b.to_dict())), "b.json")
+    assert [(o.expectation, o.status, o.value, o.note) for o in again.outcomes] == [
+        (o.expectation, o.status, o.value, o.note) for o in b.outcomes]
+    assert again.outcomes[0].to_dict()["unit"] == "" and again.outcomes[0].status == "fail"
+
+
+def test_suite_check_fails_on_a_sick_gpu_and_names_it(run_cli, tmp_path):
+    d = _health_result([(HEALTHY, dict(HEALTHY, pcie_replays=40))])
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(d))
+    toml = tmp_path / "e.toml"
+    toml.write_text("[health]\nmax_pcie_replays = 0\npcie_gen = 5\n")
+    code, out, err = run_cli("suite", "--check", src, "--expect", toml)
+    assert code == 1 and "1 expectation(s) not met" in err, err
+    assert "PCIe replays during the runs 37, <= 0" in out and "FAILED: 1 pass, 1 fail" in out, out

@@ -238,7 +238,7 @@ def add_outcomes(f: Families, host: str, outcomes: Iterable, verdict: str | None
         f.add("gpubench_expectation_status", "1 for each expectation's outcome (pass, fail, missing, skipped)",
               {**labels, "status": o.status}, 1.0)
         if o.value is not None:
-            unit = "GB/s" if e.kind == "bandwidth" else "us"
+            unit = e.unit
             f.add("gpubench_expectation_value", "The figure an expectation checked, in its unit (GB/s or us)",
                   {**labels, "unit": unit}, o.value)
     if verdict:

@@ -206,7 +206,7 @@ def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
             if checks[i]["expect_status"] != "fail":
                 checks[i]["expect_status"] = o.status
         if not hit:
-            unit = "GB/s" if e.kind == "bandwidth" else "us"
+            unit = e.unit
             gpu = o.params.get("device") if o.params else None
             b, op = deciding_bound([o], unit)
             if b is None:  # missing: no figure to judge, the bound as written: the minimum, else the maximum

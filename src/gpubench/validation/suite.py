@@ -38,7 +38,8 @@ from gpubench.core.result import Record, Result
 
 BUNDLE_SCHEMA = "gpubench.bundle"
 BUNDLE_VERSION = 1
-BOUNDS = ("min_gbps", "max_gbps", "min_us", "max_us")
+BOUNDS = ("min_gbps", "max_gbps", "min_us", "max_us", "min_count", "max_count")
+UNITS = {"bandwidth": "GB/s", "time": "us", "count": ""}  # an expectation's kind -> its unit
 FIGURES = ("median", "p25", "p75", "min", "max")
 _KEYS = {"name", "command", "where", "figure", *BOUNDS}
 # Parse cost of an expectations file: tomllib reads ~2 MB/s of [[expect]] tables, so 4 MiB is about
@@ -73,11 +74,20 @@ class Expectation:
     min_us: float | None = None
     max_us: float | None = None
     name: str = ""
+    min_count: float | None = None  # a count's bounds: the health counters (validation/health.py)
+    max_count: float | None = None
 
     @property
     def kind(self) -> str:
-        """"bandwidth" when bounded in GB/s, else "time"."""
-        return "bandwidth" if self.min_gbps is not None or self.max_gbps is not None else "time"
+        """"bandwidth" when bounded in GB/s, "count" when bounded as a count, else "time"."""
+        if self.min_gbps is not None or self.max_gbps is not None:
+            return "bandwidth"
+        return "count" if self.min_count is not None or self.max_count is not None else "time"
+
+    @property
+    def unit(self) -> str:
+        """"GB/s", "us", or "" for a count."""
+        return UNITS[self.kind]
 
     def label(self) -> str:
         if self.name:
@@ -86,18 +96,18 @@ class Expectation:
 
     @property
     def bounds(self) -> tuple[float | None, float | None]:
-        """(min, max) in the expectation's unit: GB/s or microseconds (None: no bound)."""
-        return (self.min_gbps, self.max_gbps) if self.kind == "bandwidth" else (self.min_us, self.max_us)
+        """(min, max) in the expectation's unit: GB/s, microseconds or a count (None: no bound)."""
+        return {"bandwidth": (self.min_gbps, self.max_gbps), "count": (self.min_count, self.max_count)}.get(
+            self.kind, (self.min_us, self.max_us))
 
     def bound_text(self) -> str:
         lo, hi = self.bounds
-        unit = "GB/s" if self.kind == "bandwidth" else "us"
         parts = []
         if lo is not None:
             parts.append(f">= {lo:g}")
         if hi is not None:
             parts.append(f"<= {hi:g}")
-        return " and ".join(parts) + f" {unit}"
+        return " and ".join(parts) + (f" {self.unit}" if self.unit else "")
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != ""}
@@ -156,7 +166,7 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
     cmd = e.get("command")
     if not isinstance(cmd, str) or not cmd:
         raise UsageError(f"{where_} needs command = \"...\" (e.g. \"copy\")")
-    if known_commands is not None and cmd not in known_commands:
+    if known_commands is not None and cmd not in known_commands and cmd != "health":
         raise UsageError(f"{where_}: command {safe.term(repr(cmd), 80)} not known",
                          f"use one of {', '.join(known_commands)}")
     w = e.get("where", {})
@@ -164,27 +174,43 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
         raise UsageError(f"{where_}: where must be a table of params and single values (strings, booleans, "
                          "integers that fit 64 bits, finite numbers)",
                          'e.g. where = { direction = "h2d", nbytes = 1073741824 }')
-    bounds = {}
+    bounds: dict[str, float] = {}
     for b in BOUNDS:
         if b in e:
             v = e[b]
+            if b.endswith("_count"):  # a health counter's bound: a whole count, 0 allowed
+                from gpubench.validation.health import MAX_COUNT
+
+                if type(v) is not int or not 0 <= v <= MAX_COUNT or cmd != "health":
+                    raise UsageError(f"{where_}: {b} = {safe.term(repr(v), 60)} must be an integer 0..{MAX_COUNT:,} "
+                                     "of a health expectation", "write counter bounds in the [health] table")
+                bounds[b] = v  # kept an int: it is saved in bundles and read back as one
+                continue
             ok = (type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) <= MAX_BOUND)
             if not ok or not 0 < v <= MAX_BOUND:
                 shown = f"(a {len(str(abs(v)))}-digit integer)" if type(v) is int and abs(v) > 10**15 else repr(v)
                 raise UsageError(f"{where_}: {b} = {safe.term(shown, 60)} must be a number > 0",
                                  f"at most {MAX_BOUND:g}")
             bounds[b] = float(v)
-    gb = any(b.endswith("gbps") for b in bounds)
-    us = any(b.endswith("_us") for b in bounds)
+    kinds = {{"gbps": "GB/s", "us": "us", "count": "count"}[b.rpartition("_")[2]] for b in bounds}
     if not bounds:
         raise UsageError(f"{where_} has no bound", f"give one of {', '.join(BOUNDS)}")
-    if gb and us:
-        raise UsageError(f"{where_} mixes GB/s and us bounds", "one expectation checks one kind of figure")
-    for lo, hi in (("min_gbps", "max_gbps"), ("min_us", "max_us")):
+    if len(kinds) > 1:
+        raise UsageError(f"{where_} mixes {' and '.join(sorted(kinds, key=str.lower))} bounds", "one expectation checks one kind of figure")
+    if (cmd == "health") != ("count" in kinds):
+        raise UsageError(f"{where_}: a health expectation bounds a count (min_count, max_count) and only it does",
+                         "write counter bounds in the [health] table (docs/suite.md)")
+    for lo, hi in (("min_gbps", "max_gbps"), ("min_us", "max_us"), ("min_count", "max_count")):
         if lo in bounds and hi in bounds and bounds[lo] > bounds[hi]:
             raise UsageError(f"{where_}: {lo} {bounds[lo]:g} is above {hi} {bounds[hi]:g}")
     fig = e.get("figure", "median")
-    if not isinstance(fig, str) or not (fig in FIGURES or (fig.startswith("extra.") and len(fig) > 6)):
+    if cmd == "health":
+        from gpubench.validation.health import COUNTERS
+
+        if not isinstance(fig, str) or fig.partition(".")[2] not in COUNTERS or not fig.startswith("health."):
+            raise UsageError(f"{where_}: figure {safe.term(repr(fig), 80)} is no health counter",
+                             f"use health.{', health.'.join(COUNTERS)}")
+    elif not isinstance(fig, str) or not (fig in FIGURES or (fig.startswith("extra.") and len(fig) > 6)):
         raise UsageError(f"{where_}: figure {safe.term(repr(fig), 80)} not known",
                          f"use {', '.join(FIGURES)} or extra.KEY")
     name = e.get("name", "")
@@ -203,17 +229,25 @@ def parse_expectations(doc: dict, source: str = "expectations", known_commands: 
     """
     from gpubench.core import safe
 
+    from gpubench.validation import health
+
     source = safe.term(source, 200)
-    extra = set(doc) - {"expect"}
+    extra = set(doc) - {"expect", "health"}
     if extra:
         raise UsageError(f"{source}: unknown top-level key(s) {safe.term(', '.join(sorted(extra)), 200)}",
-                         "an expectations file holds [[expect]] tables")
-    items = doc.get("expect")
-    if not isinstance(items, list) or not items:
+                         "an expectations file holds [[expect]] tables and a [health] table")
+    items = doc.get("expect", [])
+    if not isinstance(items, list) or not (items or "health" in doc):
         raise UsageError(f"{source} has no [[expect]] tables", "see docs/suite.md for the format")
-    if len(items) > MAX_EXPECTATIONS:
-        raise UsageError(f"{source} holds {len(items):,} expectations", f"at most {MAX_EXPECTATIONS:,}")
-    return [check_expectation(e, i, f"{source}: expectation {i}", known_commands) for i, e in enumerate(items, 1)]
+    n = len(items) + (len(doc["health"]) if isinstance(doc.get("health"), dict) else 0)
+    if n > MAX_EXPECTATIONS:
+        raise UsageError(f"{source} holds {n:,} expectations", f"at most {MAX_EXPECTATIONS:,}")
+    out = [check_expectation(e, i, f"{source}: expectation {i}", known_commands) for i, e in enumerate(items, 1)]
+    if "health" in doc:
+        for t in health.parse(doc["health"], source, len(items) + 1):
+            i = t.pop("_index")
+            out.append(check_expectation(t, i, f"{source}: [health] {t['name'].split(' = ')[0]}", known_commands))
+    return out
 
 
 def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | None = None) -> list[Expectation]:
@@ -264,7 +298,7 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return {"expectation": self.expectation.to_dict(), "status": self.status, "params": self.params,
-                "value": self.value, "unit": "GB/s" if self.expectation.kind == "bandwidth" else "us",
+                "value": self.value, "unit": self.expectation.unit,
                 "note": self.note}
 
 
@@ -329,6 +363,12 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
         out.append(o)
 
     for e in expectations:
+        if e.command == "health":
+            from gpubench.validation import health
+
+            for o in health.outcomes(e, results, Outcome):
+                add(o)
+            continue
         if e.command in failed:
             add(Outcome(e, "fail", note=f"{e.command} failed: {failed[e.command]}"))
             continue
