@@ -20,7 +20,7 @@ else
 $(error CUDA=$(CUDA) is not known: use CUDA=cuda13 or CUDA=cuda12)
 endif
 
-.PHONY: run test check lint lint-ruff lint-mypy lint-imports package clean browser schema
+.PHONY: manifests run test check lint lint-ruff lint-mypy lint-imports package clean browser schema
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,9 +48,13 @@ run: $(VENV)/.run-$(CUDA)
 test: $(VENV)/.test-$(CUDA)
 	$(BIN)/python -m pytest -q -n 4 --dist worksteal --durations=20
 
-check: lint package
+check: lint package manifests
 
 lint: lint-ruff lint-mypy lint-imports
+
+# examples/kubernetes/ against Kubernetes' schemas (the MPIJob's own fields against its CRD's)
+manifests: $(VENV)/.check
+	$(BIN)/python ci/check_kubernetes.py
 
 lint-ruff: $(VENV)/.check
 	$(BIN)/ruff check src tests benchmarks examples ci

@@ -80,6 +80,27 @@ def test_torchrun_style_environment_gathers_over_the_store():
     assert r["bcast"] == {"from": 0, "t": [1, 2]} and r["allgather"] == [0, 10, 20]
 
 
+def test_kubernetes_indexed_job_pods_gather_over_the_store_ranked_by_completion_index():
+    """What the pods of examples/kubernetes/indexed-job.yaml get: the Job's completion index, the
+    manifest's WORLD_SIZE and MASTER_ADDR/MASTER_PORT, and Kubernetes' own variables. Started in
+    reverse order: each rank is its pod's index, not its start order."""
+    port = _free_port()
+    procs = {}
+    for index in (2, 1, 0):
+        env = _env(JOB_COMPLETION_INDEX=str(index), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   HOSTNAME=f"gpubench-fleet-{index}", KUBERNETES_SERVICE_HOST="10.96.0.1",
+                   KUBERNETES_SERVICE_PORT="443")
+        procs[index] = subprocess.Popen([sys.executable, str(PROBE), "--timeout", "30"], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outs = {i: p.communicate(timeout=120)[0] for i, p in procs.items()}
+    assert {i: p.returncode for i, p in procs.items()} == {0: 0, 1: 0, 2: 0}, outs
+    r = _result(outs[0])
+    assert r["size"] == 3 and r["transport"].startswith("store:")
+    assert [g["rank"] for g in r["gathered"]] == [0, 1, 2]
+    assert {g["launcher"] for g in r["gathered"]} == {"kubernetes"}
+    assert r["allgather"] == [0, 10, 20]
+
+
 def _wait_pidfile(path: Path, proc, timeout: float = 60.0) -> list[int]:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -283,6 +304,10 @@ def test_quiet_without_json_warns_once_after_the_run_and_not_with_json(tmp_path)
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}, "MASTER_PORT='0' is not a TCP port"),
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "\uff12\uff19\uff15\uff10\uff10"},
      "MASTER_PORT="),
+    # a Kubernetes Indexed Job's pod: the manifest must give the world size; the index is below it
+    ({"JOB_COMPLETION_INDEX": "1"}, "JOB_COMPLETION_INDEX is set without WORLD_SIZE (set WORLD_SIZE to the Job's"),
+    ({"JOB_COMPLETION_INDEX": "3", "WORLD_SIZE": "3"}, "JOB_COMPLETION_INDEX=3 is not below WORLD_SIZE=3"),
+    ({"JOB_COMPLETION_INDEX": "-1", "WORLD_SIZE": "3"}, "JOB_COMPLETION_INDEX=-1 must be >= 0"),
 ])
 def test_bad_launcher_values_are_refused(env, named):
     p = _gpubench(["net", "nodes", "-t", "1", "-O", "0", "-T", "4"], _env(**env), timeout=30)

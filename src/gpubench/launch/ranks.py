@@ -2,7 +2,7 @@
 
 :func:`discover` reads the rank, the world size, the local rank and the node from the launcher's
 environment, one row of :data:`LAUNCHER_TABLE` per launcher (Open MPI, PMIx, MPICH/Hydra and Intel
-MPI, Slurm, torchrun), tried in the table's order. Launchers nest, so torchrun's own workers
+MPI, Slurm, a Kubernetes Indexed Job, torchrun), tried in the table's order. Launchers nest, so torchrun's own workers
 (``TORCHELASTIC_RUN_ID`` set) come first: under ``srun torchrun ...`` the ``SLURM_*`` variables count
 torchrun's agents, not the workers; and Slurm counts only inside a task of an ``srun`` step (a real
 ``SLURM_STEP_ID``): a batch script also has ``SLURM_PROCID=0`` and the job's ``SLURM_NTASKS``.
@@ -370,6 +370,11 @@ LAUNCHER_TABLE: tuple[Launcher, ...] = (
              missing_size=("SLURM_PROCID is set without SLURM_NTASKS", "run under srun, or unset SLURM_PROCID"),
              local=("SLURM_LOCALID",), node=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
              refine=_slurm_local_size, rendezvous=_slurm_rendezvous),
+    # a Kubernetes Indexed Job (examples/kubernetes/indexed-job.yaml): a pod per node, its rank the
+    # completion index; WORLD_SIZE and MASTER_ADDR/MASTER_PORT come from the manifest's env
+    Launcher("kubernetes", _set("JOB_COMPLETION_INDEX"), "JOB_COMPLETION_INDEX", ("WORLD_SIZE",),
+             missing_size=("JOB_COMPLETION_INDEX is set without WORLD_SIZE",
+                           "set WORLD_SIZE to the Job's completions in the pod's env")),
     # a torchrun-style environment set by hand (or by another tool): RANK and WORLD_SIZE
     Launcher("torchrun", lambda env: _set("RANK")(env) or _set("WORLD_SIZE")(env), **_TORCHRUN),
 )
