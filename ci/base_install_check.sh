@@ -88,6 +88,7 @@ min_gbps = 1
 EOF
 run 0 "" -- "$gb" suite --check "$data/copy-pinned-h200.json" --expect "$work/expect.toml"
 run 0 "" -- "$gb" metrics "$data/copy-pinned-h200.json" -o "$work/out.prom"
+run 0 "" -- "$gb" suite --check "$data/nccl-h200x2.json" --expect gcp-a3-high
 # an extra that is missing: exit 2, one line naming it
 run 2 "gpubench-cuda[plot]" -- "$gb" plot "$data/copy-pinned-h200.json" -o "$work/out.png"
 run 2 "gpubench-cuda[plot]" -- "$gb" report "$data/copy-pinned-h200.json" -o "$work/out.html"

@@ -14,10 +14,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SDIST_HOLDS = ["Makefile", "LICENSE", "CHANGELOG.md", "README.md", "MANIFEST.in", "tests/conftest.py",
-               "docs/results.md", "examples/h200x2-expect.toml", "ci/constraints-lowest.txt",
+               "docs/results.md", "src/gpubench/profiles/h200x2.toml", "ci/constraints-lowest.txt",
                "ci/base_install_check.sh", "src/gpubench/schemas/result-v1.schema.json",
                *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "img").glob("*.png"))]
-WHEEL_HOLDS = ["gpubench/schemas/result-v1.schema.json", "gpubench/cli/__init__.py"]
+WHEEL_HOLDS = ["gpubench/schemas/result-v1.schema.json", "gpubench/cli/__init__.py", "gpubench/profiles/h200x2.toml",
+               "gpubench/profiles/gcp-a3-high.toml"]
 
 
 def main(dist: Path) -> int:

@@ -42,7 +42,7 @@ from gpubench.core.gpu import gpu_available  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
-EXAMPLE_TOML = str(ROOT / "examples" / "h200x2-expect.toml")
+EXAMPLE_TOML = str(ROOT / "src" / "gpubench" / "profiles" / "h200x2.toml")
 RESULTS = [str(DATA / n) for n in ("copy-pinned-h200.json", "nccl-h200x2.json", "batch-h200.json")]
 COPY_RESULTS = [str(DATA / n) for n in ("copy-pinned-h200.json", "copy-all-h200.json")]
 

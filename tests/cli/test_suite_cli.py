@@ -17,7 +17,7 @@ from gpubench.core.errors import NoGPUError  # noqa: E402
 from gpubench.core.gpu import require_gpu  # noqa: E402
 from gpubench.core.result import load  # noqa: E402
 
-EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "h200x2-expect.toml")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "src" / "gpubench" / "profiles" / "h200x2.toml")
 PINNED = str(synth.REAL_PINNED)
 
 # The real H200 pinned copy run: h2d 1 GiB 54.35 GB/s, d2h 1 GiB 54.41, h2d 1 MiB 42.22.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from gpubench.validation import suite  # noqa: E402
 from gpubench.core.errors import UsageError  # noqa: E402
 from gpubench.core.result import Record, load  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "h200x2-expect.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "src" / "gpubench" / "profiles" / "h200x2.toml"
 KNOWN = ["batch", "copy", "env", "merge", "nccl", "p2p"]
 
 
@@ -193,3 +194,58 @@ def test_a_bundle_keeps_its_runs_strict_and_its_verdict_honours_it():
     d["expectations"]["strict"] = "yes"
     with pytest.raises(UsageError, match="/expectations/strict"):
         suite.Bundle.from_dict(d)
+
+
+# ---- profiles and the nodes a figure needs ----
+
+def test_every_shipped_profile_parses_and_names_a_source_for_each_bound():
+    from gpubench.validation import profiles
+
+    described = profiles.describe()
+    assert [n for n, _, _ in described] == ["gcp-a2", "gcp-a3-high", "gcp-a3-mega", "gcp-g2", "gcp-n1", "h200x2"]
+    for name, head, expectations in described:
+        assert head["description"] and head["source"], name
+        assert expectations, name
+        if name.startswith("gcp-"):
+            assert all(e.source.startswith("the guide: ") and e.nodes == 2 for e in expectations), name
+
+
+def test_a_figure_that_needs_more_nodes_than_its_results_span_is_skipped_not_judged():
+    net = json.loads((Path(__file__).resolve().parents[1] / "data" / "net-local.json").read_text())
+    from gpubench.core.result import Result
+
+    (e,) = suite.parse_expectations(suite._toml_loads(
+        "[[expect]]\ncommand = 'net'\nwhere = { stream = 'total' }\nmin_gbps = 1000\nnodes = 2\nsource = 'a guide'\n",
+        "t.toml"), "t.toml", [*KNOWN, "net"])
+    one_host = Result.from_dict(net)
+    (o,) = suite.evaluate([e], [one_host])
+    assert (o.status, o.note) == ("skipped", "needs 2 nodes; the net results span 1")
+    net["env"]["nodes"] = 2
+    (o,) = suite.evaluate([e], [Result.from_dict(net)])
+    assert o.status == "fail" and o.value is not None  # judged: 5.7 GB/s against >= 1000
+    assert e.to_dict()["source"] == "a guide" and e.to_dict()["nodes"] == 2
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[[expect]]\ncommand='copy'\nmin_gbps=1\nnodes=0\n", "nodes = 0 must be an integer 1..1,048,576"),
+    ("[[expect]]\ncommand='copy'\nmin_gbps=1\nnodes=true\n", "nodes = True must be an integer"),
+    ("[[expect]]\ncommand='copy'\nmin_gbps=1\nsource=5\n", "source must be a string"),
+    ("[profile]\nname='x'\n[[expect]]\ncommand='copy'\nmin_gbps=1\n", "[profile] holds description and source"),
+])
+def test_bad_profile_keys_are_refused(text, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        parse(text)
+
+
+def test_expect_takes_a_profile_name_and_lists_the_profiles_for_an_unknown_one(run_cli):
+    code, out, err = run_cli("suite", "--check", DATA_NCCL, "--expect", "gcp-a3-high")
+    assert code == 0 and "skipped: needs 2 nodes; the nccl results span 1" in out, (out, err)
+    code, out, err = run_cli("suite", "--check", DATA_NCCL, "--expect", "gcp-a9")
+    assert code == 2 and err == ("gpubench: error: --expect 'gcp-a9' is no file and no profile (profiles: gcp-a2, "
+                                 "gcp-a3-high, gcp-a3-mega, gcp-g2, gcp-n1, h200x2; or give a TOML file)\n")
+    code, out, err = run_cli("suite", "--profiles")
+    assert code == 0 and err == ""
+    assert "gcp-a3-mega" in out and "cloud.google.com/compute/docs/gpus/gpu-network-bandwidth" in out
+
+
+DATA_NCCL = Path(__file__).resolve().parents[1] / "data" / "nccl-h200x2.json"

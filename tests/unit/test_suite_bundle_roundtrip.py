@@ -6,7 +6,7 @@ from gpubench.validation import suite
 from gpubench.core.result import load
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-EXPECT = Path(__file__).resolve().parents[2] / "examples" / "h200x2-expect.toml"
+EXPECT = Path(__file__).resolve().parents[2] / "src" / "gpubench" / "profiles" / "h200x2.toml"
 
 
 def test_bundle_round_trip_keeps_outcomes(tmp_path):

@@ -24,8 +24,11 @@ def _node_timeout():
 
 
 @click.command("suite")
-@click.option("--expect", "expect_file", type=click.Path(dir_okay=False), default=None,
-              help="TOML file of expectations (thresholds per figure; see docs/suite.md).")
+@click.option("--expect", "expect_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.toml|PROFILE",
+              help="TOML file of expectations (thresholds per figure; see docs/suite.md), or the name of a "
+                   "shipped profile (--profiles lists them).")
+@click.option("--profiles", "list_profiles", is_flag=True,
+              help="List the shipped expectation profiles, each bound with its source, and exit.")
 @click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
               help="Folder for the bundle (suite-HOST-TIME.json) and each step's result.")
 @click.option("--check", "check_files", multiple=True, type=click.Path(dir_okay=True),
@@ -40,7 +43,8 @@ def _node_timeout():
                    "replaced by the rank and its host name.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
-def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout, metrics_file, quiet, debug):
+def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict, node_timeout, metrics_file, quiet,
+            debug):
     """Validate a node: env, then every installed command's steps (pinned copy H2D and D2H, batch,
     p2p and NCCL all-reduce with several GPUs, merge with --merge, and any plug-in's); save one
     JSON bundle of every result; check the expectations; print a pass/fail table. Exit 1 when an
@@ -49,9 +53,15 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     With --check FILE, check the expectations against saved bundles or results (no GPU).
     """
     from gpubench.core import registry
-    from gpubench.validation import suite
+    from gpubench.validation import profiles, suite
+
+    if list_profiles:
+        _show_profiles(profiles.describe())
+        return 0
     _node_timeout().check(node_timeout)  # also with --check and off a launcher
     known = sorted(p.name for p in registry.measuring())
+    if expect_file is not None:
+        expect_file = profiles.resolve(expect_file)
     if metrics_file is not None:
         _check_metrics_path(metrics_file)
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
@@ -132,6 +142,27 @@ def command(expect_file, out_dir, check_files, with_merge, strict, node_timeout,
     if failed_why:
         raise RegressionFound(failed_why)
     return 0
+
+
+def _show_profiles(described) -> None:
+    """``--profiles``: each profile's description and source, then its bounds with their sources."""
+    from rich.text import Text
+
+    from gpubench.core import report
+
+    out: list = []
+    for name, head, expectations in described:
+        t = report.table(f"{name}: {head.get('description', '')}",
+                         ["#", "command", "figure", "bound", "nodes", "source"],
+                         caption=f"source: {head.get('source', '')}")
+        for e in expectations:
+            where = " ".join(f"{k}={v}" for k, v in e.where.items())
+            t.add_row(*[Text(c) for c in (str(e.index), e.command, e.label() + (f" [{where}]" if e.name and where
+                                                                                      else ""),
+                                          e.bound_text(), str(e.nodes or 1), e.source or "(the profile's)")])
+        out.append(t)
+    out.append(Text("Use one with --expect NAME (docs/suite.md)."))
+    report.display(out)
 
 
 def _check_metrics_path(path: str) -> None:

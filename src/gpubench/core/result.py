@@ -1146,6 +1146,8 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         check_str(t.get("error"), source, pointer_join(tp, "error"), allow_none=True)
         _require(t, {"enabled": "true or false", "interval_s": "a number or null", "error": "a string or null"},
                  source, tp)
+    if "nodes" in env:
+        check_int(env["nodes"], source, pointer_join(pointer, "nodes"), 1)
     if "health" in env:
         _check_health(env["health"], source, pointer_join(pointer, "health"))
     return env

@@ -41,7 +41,8 @@ BUNDLE_VERSION = 1
 BOUNDS = ("min_gbps", "max_gbps", "min_us", "max_us", "min_count", "max_count")
 UNITS = {"bandwidth": "GB/s", "time": "us", "count": ""}  # an expectation's kind -> its unit
 FIGURES = ("median", "p25", "p75", "min", "max")
-_KEYS = {"name", "command", "where", "figure", *BOUNDS}
+_KEYS = {"name", "command", "where", "figure", "source", "nodes", *BOUNDS}
+MAX_NODES = 2**20  # the largest world size a launcher may give (launch/ranks.py)
 # Parse cost of an expectations file: tomllib reads ~2 MB/s of [[expect]] tables, so 4 MiB is about
 # two seconds; a node's file holds tens of expectations, a fleet's a few thousand.
 MAX_EXPECT_BYTES = 4 * 2**20
@@ -76,6 +77,8 @@ class Expectation:
     name: str = ""
     min_count: float | None = None  # a count's bounds: the health counters (validation/health.py)
     max_count: float | None = None
+    source: str = ""  # where the bound comes from (a profile's published figure)
+    nodes: int | None = None  # the nodes the figure needs: a result spanning fewer is skipped
 
     @property
     def kind(self) -> str:
@@ -213,10 +216,15 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
     elif not isinstance(fig, str) or not (fig in FIGURES or (fig.startswith("extra.") and len(fig) > 6)):
         raise UsageError(f"{where_}: figure {safe.term(repr(fig), 80)} not known",
                          f"use {', '.join(FIGURES)} or extra.KEY")
-    name = e.get("name", "")
+    name, source, nodes = e.get("name", ""), e.get("source", ""), e.get("nodes")
     if not isinstance(name, str):
         raise UsageError(f"{where_}: name must be a string")
-    return Expectation(index, cmd, dict(w), fig, name=name, **bounds)
+    if not isinstance(source, str):
+        raise UsageError(f"{where_}: source must be a string")
+    if nodes is not None and (type(nodes) is not int or not 1 <= nodes <= MAX_NODES):
+        raise UsageError(f"{where_}: nodes = {safe.term(repr(nodes), 60)} must be an integer 1..{MAX_NODES:,}",
+                         "the number of nodes the figure needs")
+    return Expectation(index, cmd, dict(w), fig, name=name, source=source, nodes=nodes, **bounds)
 
 
 def parse_expectations(doc: dict, source: str = "expectations", known_commands: Sequence[str] | None = None
@@ -232,10 +240,14 @@ def parse_expectations(doc: dict, source: str = "expectations", known_commands: 
     from gpubench.validation import health
 
     source = safe.term(source, 200)
-    extra = set(doc) - {"expect", "health"}
+    extra = set(doc) - {"expect", "health", "profile"}
     if extra:
         raise UsageError(f"{source}: unknown top-level key(s) {safe.term(', '.join(sorted(extra)), 200)}",
-                         "an expectations file holds [[expect]] tables and a [health] table")
+                         "an expectations file holds [[expect]] tables, a [health] table and a [profile] table")
+    profile = doc.get("profile", {})
+    if not isinstance(profile, dict) or set(profile) - {"description", "source"} or \
+            not all(isinstance(v, str) for v in profile.values()):
+        raise UsageError(f"{source}: [profile] holds description and source, both strings")
     items = doc.get("expect", [])
     if not isinstance(items, list) or not (items or "health" in doc):
         raise UsageError(f"{source} has no [[expect]] tables", "see docs/suite.md for the format")
@@ -331,6 +343,16 @@ def figure_value(e: Expectation, r: Record) -> float:
     return getattr(s, e.figure)
 
 
+def nodes_of(res: Result) -> int:
+    """How many nodes a result's figures span: its env's ``nodes`` (net: 2 between two hosts, the
+    fleet's hosts between nodes), else its launch's (nccl under a launcher), else 1."""
+    for v in (res.env.get("nodes"), (res.env.get("launch") or {}).get("nodes")
+              if isinstance(res.env.get("launch"), dict) else None):
+        if type(v) is int and v >= 1:
+            return v
+    return 1
+
+
 def _within(e: Expectation, v: float) -> bool:
     lo, hi = e.bounds
     return (lo is None or v >= lo) and (hi is None or v <= hi)
@@ -352,8 +374,10 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
     skipped = skipped or {}
     failed = failed or {}
     by_cmd: dict[str, _Index] = {}
+    nodes: dict[str, int] = {}  # command -> the most nodes one of its results spans
     for res in results:
         by_cmd.setdefault(res.command, _Index()).records.extend(res.records)
+        nodes[res.command] = max(nodes.get(res.command, 1), nodes_of(res))
     out: list[Outcome] = []
 
     def add(o: Outcome) -> None:
@@ -371,6 +395,10 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
             continue
         if e.command in failed:
             add(Outcome(e, "fail", note=f"{e.command} failed: {failed[e.command]}"))
+            continue
+        spans = nodes.get(e.command, 1)
+        if e.nodes is not None and e.command in nodes and spans < e.nodes:
+            add(Outcome(e, "skipped", note=f"needs {e.nodes} nodes; the {e.command} results span {spans}"))
             continue
         index = by_cmd.get(e.command)
         if index is None:

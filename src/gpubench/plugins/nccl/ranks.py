@@ -155,6 +155,7 @@ class NcclRanks(N.Nccl):
         if any(len(t["gpus"]) != g for t in table):
             raise UsageError("the ranks drive different numbers of GPUs (-g / -d)", "give every rank the same -g")
         ctx.env["ranks"] = table
+        ctx.env["nodes"] = len(group.hosts)
         ctx.env["launch"] = {"launcher": group.me.launcher, "transport": group.transport, "processes": group.size,
                              "gpus_per_proc": g, "nranks": nranks, "nodes": len(group.hosts),
                              "bootstrap": "NCCL_COMM_ID" if os.environ.get("NCCL_COMM_ID") else "unique id broadcast"}

@@ -588,11 +588,19 @@ class Net(Benchmark):
         self.live = live
 
     def environment(self, spec: NetSpec) -> dict:
-        """The host and the versions (no GPU facts: finding them costs CuPy's import and CUDA/NVML
-        queries before the client connects)."""
+        """The host, the versions (no GPU facts: finding them costs CuPy's import and CUDA/NVML
+        queries before the client connects) and the nodes the test spans: 1 on loopback (net local,
+        or a server at a loopback address), else 2."""
+        import ipaddress
+
         from gpubench.core import env as envmod
 
-        return {"host": envmod.host_info(), "versions": envmod.versions()}
+        try:
+            loopback = spec.host == "localhost" or ipaddress.ip_address(spec.host.strip("[]")).is_loopback
+        except ValueError:
+            loopback = False
+        nodes = 1 if spec.mode == "local" or loopback else 2
+        return {"host": envmod.host_info(), "versions": envmod.versions(), "nodes": nodes}
 
     def points(self, spec: NetSpec, devices: tuple[int, ...]) -> list[Point]:
         req = spec.request

@@ -394,7 +394,7 @@ def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, di
     }
     from gpubench.core import env as envmod
 
-    env = {"host": envmod.host_info(), "versions": envmod.versions()}
+    env = {"host": envmod.host_info(), "versions": envmod.versions(), "nodes": len({str(peers.get(m, {}).get("host", m)) for m in members})}
     return Result(command="net", spec=spec.to_dict(), timing=timing, env=env, records=links)
 
 

@@ -1,0 +1,56 @@
+"""Expectation profiles shipped with gpubench: ``--expect NAME`` reads ``gpubench/profiles/NAME.toml``.
+
+A profile is an expectations file (docs/suite.md) with a ``[profile]`` table (``description``,
+``source``) and, where a bound is a published figure, a ``source`` on that expectation; ``nodes``
+marks the figures that need several nodes. ``gpubench suite --profiles`` lists them
+(:func:`describe`).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}\Z")
+
+
+def _folder() -> Any:
+    return resources.files("gpubench") / "profiles"
+
+
+def names() -> list[str]:
+    """The shipped profiles' names, sorted."""
+    return sorted(p.name[:-5] for p in _folder().iterdir() if p.name.endswith(".toml"))
+
+
+def resolve(value: str) -> str:
+    """The expectations file ``--expect VALUE`` names: VALUE itself when it is a file (or looks like
+    a path: a separator or a .toml suffix), else the shipped profile VALUE.
+
+    Raises:
+        UsageError: VALUE names no file and no profile (the profiles are listed).
+    """
+    from gpubench.core import safe
+    from gpubench.core.errors import UsageError
+
+    if Path(value).exists() or "/" in value or value.endswith(".toml") or not NAME.match(value):
+        return value
+    if value in names():
+        return str(_folder() / f"{value}.toml")
+    raise UsageError(f"--expect {safe.term(repr(value), 80)} is no file and no profile",
+                     f"profiles: {', '.join(names())}; or give a TOML file")
+
+
+def describe() -> list[tuple[str, dict, list]]:
+    """(name, its [profile] table, its expectations) of every profile, for ``suite --profiles``."""
+    import tomllib
+
+    from gpubench.validation.suite import parse_expectations
+
+    out = []
+    for name in names():
+        doc = tomllib.loads((_folder() / f"{name}.toml").read_text(encoding="utf-8"))
+        out.append((name, doc.get("profile", {}), parse_expectations(doc, f"profile {name}")))
+    return out
