@@ -74,18 +74,20 @@ def modified_z(x: float, xs: Sequence[float]) -> float:
     return MAD_SCALE * (x - m) / d
 
 
+def _judge(x: float | None, m: float, d: float) -> str:
+    """"slow" or "ok" for figure ``x`` against a check's median ``m`` and MAD ``d`` (the module's rule)."""
+    if x is None or not math.isfinite(x) or m <= 0 or not x < RATIO * m:
+        return "ok"
+    if x < GROSS * m or d == 0:  # modified_z is -inf when MAD is 0 and x < m
+        return "slow"
+    return "slow" if MAD_SCALE * (x - m) / d < -Z_LIMIT else "ok"
+
+
 def flag(value: float, values: Sequence[float]) -> str:
     """"slow" or "ok" for a higher-is-better figure against the fleet's figures of the same check
     (``values`` includes ``value``); see the module for the rule."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
-    if len(vals) < 2 or not math.isfinite(value):
-        return "ok"
-    m = median(vals)
-    if m <= 0 or not value < RATIO * m:
-        return "ok"
-    if value < GROSS * m:
-        return "slow"
-    return "slow" if modified_z(value, vals) < -Z_LIMIT else "ok"
+    return _judge(value, median(vals), mad(vals)) if len(vals) >= 2 else "ok"
 
 
 def flags(values: Sequence[float | None]) -> list[str]:
@@ -96,15 +98,7 @@ def flags(values: Sequence[float | None]) -> list[str]:
     if len(vals) < 2:
         return ["ok"] * len(values)
     m, d = median(vals), mad(vals)
-
-    def one(x: float | None) -> str:
-        if x is None or not math.isfinite(x) or m <= 0 or not x < RATIO * m:
-            return "ok"
-        if x < GROSS * m or d == 0:  # modified_z is -inf when MAD is 0 and x < m
-            return "slow"
-        return "slow" if MAD_SCALE * (x - m) / d < -Z_LIMIT else "ok"
-
-    return [one(v) for v in values]
+    return [_judge(v, m, d) for v in values]
 
 
 def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
@@ -206,14 +200,13 @@ def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
             if checks[i]["expect_status"] != "fail":
                 checks[i]["expect_status"] = o.status
         if not hit:
-            unit = e.unit
             gpu = o.params.get("device") if o.params else None
-            b, op = deciding_bound([o], unit)
+            b, op = deciding_bound([o], e.unit)
             if b is None:  # missing: no figure to judge, the bound as written: the minimum, else the maximum
                 lo, hi = e.bounds
                 b, op = (lo, ">=") if lo is not None else (hi, "<=") if hi is not None else (None, None)
             extra.append({"check": f"expect {e.index}: {e.label()}", "gpu": gpu if isinstance(gpu, int) else None,
-                          "value": o.value, "unit": unit, "command": e.command, "params": o.params or {},
+                          "value": o.value, "unit": e.unit, "command": e.command, "params": o.params or {},
                           "expect": b, "expect_op": op, "expect_status": o.status, "note": o.note})
     for i, os_ in judged.items():
         checks[i]["expect"], checks[i]["expect_op"] = deciding_bound(os_, checks[i]["unit"])
@@ -236,11 +229,8 @@ def _row_flag(c: dict, values: list[float]) -> str:
 
 
 def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
-    for g in gpus:
-        if g.get("index") == gpu:
-            u = g.get("uuid")
-            return u if isinstance(u, str) else None
-    return None
+    u = next((g.get("uuid") for g in gpus if g.get("index") == gpu), None)
+    return u if isinstance(u, str) else None
 
 
 def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: Any = None,
@@ -498,11 +488,7 @@ def stages() -> list[tuple[str, Any]]:
     """(command, FleetStage) of every installed plug-in that declares a fleet stage, in order."""
     from gpubench.core import registry
 
-    out = []
-    for p in registry.plugins().values():
-        stage = _stage(p)
-        if stage is not None:
-            out.append((p.name, stage))
+    out = [(p.name, stage) for p in registry.plugins().values() if (stage := _stage(p)) is not None]
     return sorted(out, key=lambda cs: (cs[1].order, cs[0]))
 
 

@@ -28,6 +28,7 @@ import datetime as _dt
 import math
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -93,9 +94,7 @@ class Expectation:
         return UNITS[self.kind]
 
     def label(self) -> str:
-        if self.name:
-            return self.name
-        return " ".join(f"{k}={v}" for k, v in self.where.items()) or "(every record)"
+        return self.name or " ".join(f"{k}={v}" for k, v in self.where.items()) or "(every record)"
 
     @property
     def bounds(self) -> tuple[float | None, float | None]:
@@ -104,12 +103,7 @@ class Expectation:
             self.kind, (self.min_us, self.max_us))
 
     def bound_text(self) -> str:
-        lo, hi = self.bounds
-        parts = []
-        if lo is not None:
-            parts.append(f">= {lo:g}")
-        if hi is not None:
-            parts.append(f"<= {hi:g}")
+        parts = [f"{op} {b:g}" for op, b in zip((">=", "<="), self.bounds) if b is not None]
         return " and ".join(parts) + (f" {self.unit}" if self.unit else "")
 
     def to_dict(self) -> dict:
@@ -310,8 +304,7 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return {"expectation": self.expectation.to_dict(), "status": self.status, "params": self.params,
-                "value": self.value, "unit": self.expectation.unit,
-                "note": self.note}
+                "value": self.value, "unit": self.expectation.unit, "note": self.note}
 
 
 def figure_value(e: Expectation, r: Record) -> float:
@@ -470,16 +463,13 @@ class _Index:
             hit = by.get(k, {}).get(_hkey(v))
             if not hit:
                 return []
-            lists.append((k, _hkey(v), hit))
-        lists.sort(key=lambda t: len(t[2]))
-        first = lists[0][2]
-        others = []
-        for k, h, lst in lists[1:]:
-            key = (k, h)
+            lists.append(((k, _hkey(v)), hit))
+        lists.sort(key=lambda t: len(t[1]))
+        for key, lst in lists[1:]:
             if key not in self._sets:
                 self._sets[key] = set(lst)
-            others.append(self._sets[key])
-        return [self.records[i] for i in first if all(i in o for o in others)]
+        others = [self._sets[key] for key, _ in lists[1:]]
+        return [self.records[i] for i in lists[0][1] if all(i in o for o in others)]
 
 
 def failures(outcomes: Sequence[Outcome], strict: bool = False) -> list[Outcome]:
@@ -653,14 +643,8 @@ def _value_text(o: Outcome) -> str:
 def _params_text(o: Outcome) -> str:
     from gpubench.core.units import format_size
 
-    if not o.params:
-        return ""
-    shown = []
-    for k, v in o.params.items():
-        if k in o.expectation.where:
-            continue
-        shown.append(f"{k}={format_size(v) if k == 'nbytes' and type(v) is int and v >= 0 else v}")
-    return " ".join(shown)
+    return " ".join(f"{k}={format_size(v) if k == 'nbytes' and type(v) is int and v >= 0 else v}"
+                    for k, v in (o.params or {}).items() if k not in o.expectation.where)
 
 
 def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
@@ -721,9 +705,7 @@ def verdict_line(bundle: Bundle, strict: bool = False) -> str:
     bundle's own --strict) or a step had an error; "PASSED: ..." only when at least one passed;
     else "NOTHING CHECKED: ..."; with the counts of each outcome."""
     strict = strict or bundle.strict
-    c = {k: 0 for k in ("pass", "fail", "missing", "skipped")}
-    for o in bundle.outcomes:
-        c[o.status] += 1
+    c = Counter(o.status for o in bundle.outcomes)
     bad = len(failures(bundle.outcomes, strict))
     errors = [s.name for s in bundle.steps if s.status == "error"]
     head = "FAILED" if bad or errors else "PASSED" if c["pass"] else "NOTHING CHECKED"
