@@ -1,18 +1,10 @@
 """Fleet validation: ``gpubench suite`` under a launcher (srun, mpirun, torchrun), every node measured,
 one bundle and a fleet report written by rank 0, the slow node, GPU or link named.
 
-What each rank does (docs/fleet.md):
-
-1. Its own steps, the ranks of one host taking turns by local rank (so two ranks never share a
-   host's PCIe or memory while measuring): with GPUs, the pinned H2D/D2H copy sweep on *its* GPU
-   (local rank mod visible GPUs, as ``all_reduce_perf -g 1``); local rank 0 also runs p2p and the
-   in-node NCCL all-reduce over every GPU it sees (when it sees two or more). On a machine without
-   a GPU: net's loopback test (``net local``) and, with ``--merge``, ``merge -t cpu``.
-2. With GPUs and more than one rank, once every rank answered: the all-node NCCL all-reduce at
-   1 GiB, every rank its GPU, through nccl's launcher plug-in on the fleet's group.
-3. The network between nodes: local rank 0 of each host, ``net``'s two-ring test (``--pairs rings``)
-   (:mod:`gpubench.plugins.net.fleet`).
-4. Rank 0 gathers every rank's steps and checks and writes one bundle with a ``fleet`` object.
+What each rank does is docs/fleet.md's "What each rank measures": its own steps, the ranks of one
+host taking turns by local rank (:func:`_node_steps`); rank 0's roll call (:class:`Roll`); the
+installed plug-ins' stages across nodes (:func:`stages`: nccl's all-node all-reduce, net's two-ring
+test between the hosts' local ranks 0); then rank 0 writes one bundle with a ``fleet`` object.
 
 The rule (:func:`flag`), for figures where higher is better (GB/s, Gbit/s): a figure is **slow**
 when it is below ``RATIO`` (0.95) x the fleet median of that check AND it is an outlier by the
@@ -235,7 +227,7 @@ def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
 
 def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: Any = None,
                 link_outcomes: Sequence = ()) -> dict:
-    """The bundle's ``fleet`` object from every rank's payload (None: the rank did not answer).
+    """The bundle's ``fleet`` object (its shape: :func:`gpubench.validation.suite.check_fleet`).
 
     Args:
         payloads: index = rank; each {"rank", "host", "gpus": [{"index", "uuid"}], "checks": [...]}
@@ -244,11 +236,6 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
         links: the Result of the fleet stage that judges its command's expectations (net's
             links between nodes), or None; its stage gives the fleet's ``links`` and their rows.
         link_outcomes: the expectations of that command judged on that Result.
-
-    Returns:
-        {"kind": "gpubench-fleet", "version": 1, "rule": {"name", "text"}, "missing": [{"rank",
-        "host"}], "rows": [{"host", "rank", "gpu", "uuid", "check", "value", "unit", "fleet_median",
-        "expect", "expect_op", "flag"}], "links": {"hosts": [...], "gbps": [[Gbit/s or None]]}}.
     """
     present = [p for p in payloads if p is not None]
     missing = [{"rank": r, "host": str(hosts[r]) if r < len(hosts) else "?"} for r, p in enumerate(payloads)
@@ -472,7 +459,7 @@ def _gpu_count() -> int:
 
 
 def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet: bool, host_tag: str) -> None:
-    """This rank's own steps (module docstring, item 1), recorded into ``bundle``: what every
+    """This rank's own steps (docs/fleet.md, item 1), recorded into ``bundle``: what every
     plug-in declares for a fleet node (:mod:`gpubench.validation.steps`); a rank that is not its
     node's local rank 0 runs only the steps of its own GPU."""
     from gpubench.core.plugin import StepPlace
@@ -539,7 +526,7 @@ def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
 def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, strict: bool, quiet: bool,
               timeout: float = DEFAULT_TIMEOUT_S, rendezvous: str | None = None,
               node_done: Callable[[Any, Any], None] | None = None) -> int:
-    """``gpubench suite`` under a launcher: every rank calls this (module docstring). ``node_done``
+    """``gpubench suite`` under a launcher: every rank calls this (docs/fleet.md). ``node_done``
     is called on each rank with its own bundle (steps, and the node expectations' outcomes) and its
     ``ranks.Rank`` once its steps ran, before the ranks exchange them (``suite --metrics`` writes
     the node's file there).
@@ -565,8 +552,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
     from gpubench.validation import suite
 
     NODE_TIMEOUT.check(timeout)
-    me0 = ranks.discover()
-    group = ranks.join(me0, rendezvous, timeout=min(timeout, 120.0))
+    group = ranks.join(ranks.discover(), rendezvous, timeout=min(timeout, 120.0))
     console = report.console(stderr=True)
 
     def say(text: str) -> None:
@@ -578,10 +564,9 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         stamp = time.strftime("%Y%m%d-%H%M%S")
         host_tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in me.host)[:64] or "host"
         n_gpu = _gpu_count()
-        bundle = suite.Bundle()
         t0 = time.perf_counter()
         env = envmod.capture() if n_gpu else {"host": envmod.host_info(), "versions": envmod.versions()}
-        bundle.env = env
+        bundle = suite.Bundle(env=env)
         bundle.steps.append(suite.Step("env", "env", "ok", seconds=time.perf_counter() - t0,
                                        result=Result(command="env", spec={}, env=env, argv=list(INVOCATION))))
         broken: MachineError | None = None
@@ -633,18 +618,12 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             if not any(c == command for c, _s, _g in staged):
                 stage_outcomes += _judged_on_stage(expectations or [], command, stage, None, f"{stage.judges} did not run")
         fleet = build_fleet(payloads or [], hosts, links, link_outcomes)
-        steps, outcomes = [], []
-        for p in payloads or []:
-            if p is None:
-                continue
-            for s in p["steps"]:
-                steps.append({**s, "name": f"{s['name']} [rank {p['rank']}]"})
-            outcomes += p["outcomes"]
-        outcomes += [o.to_dict() for o in stage_outcomes]
+        answered = [p for p in payloads or [] if p is not None]
+        steps = [{**s, "name": f"{s['name']} [rank {p['rank']}]"} for p in answered for s in p["steps"]]
+        outcomes = [o for p in answered for o in p["outcomes"]] + [o.to_dict() for o in stage_outcomes]
         doc = {"schema_version": suite.BUNDLE_VERSION, "created": bundle.created, "steps": steps, "env": env,
                "argv": list(INVOCATION), "expectations": {"file": expect_file, "strict": strict, "outcomes": outcomes}}
         full = suite.Bundle.from_dict(doc, "fleet bundle")
-        full.expect_file = expect_file
         full.fleet = fleet
         for command, stage, got in staged:
             full.steps.append(suite.Step(stage.name, command, got.status, got.reason, got.seconds or 0.0, got.result))

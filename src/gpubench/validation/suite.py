@@ -747,8 +747,8 @@ def check_fleet(f: Any, source: str) -> dict:
          "missing": [{"rank": int, "host": str}],
          "rows": [{"host": str, "rank": int, "gpu": int|null, "uuid": str|null, "check": str,
                    "value": float|null, "unit": str, "fleet_median": float|null, "expect": float|null,
-                   "flag": "ok"|"slow"|"fail"|"missing"}],
-         "links": {"hosts": [str], "gbps": [[float|null]]}}
+                   "expect_op": ">="|"<="|null, "flag": "ok"|"slow"|"fail"|"missing"}],
+         "links": {"hosts": [str], "gbps": [[float|null]] (Gbit/s)}}
 
     Raises:
         UsageError: a field of the wrong type, a flag not in the list, a newer version, a links
