@@ -356,7 +356,7 @@ LAUNCHER_TABLE: tuple[Launcher, ...] = (
              mpi=_PMIX, refine=_pmix_node),
     Launcher("pmi", _set("PMI_RANK"), "PMI_RANK", ("PMI_SIZE",), local=("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
              local_size=("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), mpi=_PMI),
-    Launcher("slurm", lambda env: _slurm_step(env), "SLURM_PROCID",
+    Launcher("slurm", _slurm_step, "SLURM_PROCID",
              ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
              missing_size=("SLURM_PROCID is set without SLURM_NTASKS", "run under srun, or unset SLURM_PROCID"),
              local=("SLURM_LOCALID",), node=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
@@ -745,12 +745,6 @@ class Group:
                     self._send_all("ack", "0", [0], time.monotonic() + FAREWELL_ACK_S)
         except Exception:  # a rank or the store gone meanwhile: nothing more to wait for
             pass
-
-    def __enter__(self) -> Group:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close(quiet=exc[0] is not None)
 
 
 class _MpiGroup(Group):
@@ -1143,14 +1137,10 @@ class _Store:
                     reply = {"ok": True, "vs": vs}
                 elif op == "get":
                     keys = [str(k) for k in req.get("ks") or []]
-                    end = time.monotonic() + min(float(req.get("t") or 0), 3600.0)
                     with self._cv:
-                        while True:
-                            hit = next((k for k in keys if k in self._data), None)
-                            left = end - time.monotonic()
-                            if hit is not None or left <= 0 or self._stop:
-                                break
-                            self._cv.wait(left)
+                        self._cv.wait_for(lambda: self._stop or any(k in self._data for k in keys),
+                                          min(float(req.get("t") or 0), 3600.0))
+                        hit = next((k for k in keys if k in self._data), None)
                     reply = {"ok": True, "k": hit, "v": self._data[hit]} if hit is not None else {"ok": False}
                 else:
                     break
@@ -1245,12 +1235,9 @@ class _Store:
         except OSError:
             pass
         if self._server is not None:
-            end = time.monotonic() + linger_s
             with self._cv:
-                while self._conns > 0 and time.monotonic() < end:
-                    self._cv.wait(max(0.0, end - time.monotonic()))
-            self._stop = True
-            with self._cv:
+                self._cv.wait_for(lambda: self._conns <= 0, linger_s)
+                self._stop = True
                 self._cv.notify_all()
             try:
                 self._server.close()

@@ -132,14 +132,6 @@ def _worker_addresses(client, timeout_s: float = IDENTITY_TIMEOUT_S) -> set[str]
     return set(info.get("workers", {}))
 
 
-def _lost_workers_error(lost: set[str], now: set[str], index: Mapping[str, int], what: str) -> MachineError:
-    names = ", ".join(f"worker {index.get(a, '?')} ({a})" for a in sorted(lost, key=lambda a: index.get(a, 0)))
-    new = sorted(now - set(index))
-    tail = f"; replaced by {', '.join(new)}" if new else ""
-    return MachineError(f"{names} died during {what}{tail}",
-                        "the run was stopped; the worker's log or dmesg may say why, e.g. an out-of-memory kill")
-
-
 def check_workers(client, workers: Mapping[str, int], what: str) -> None:
     """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster.
 
@@ -153,7 +145,11 @@ def check_workers(client, workers: Mapping[str, int], what: str) -> None:
         now = _worker_addresses(client)
         lost = set(workers) - now
     if lost:
-        raise _lost_workers_error(lost, now, workers, what)
+        names = ", ".join(f"worker {workers.get(a, '?')} ({a})" for a in sorted(lost, key=lambda a: workers.get(a, 0)))
+        new = sorted(now - set(workers))
+        tail = f"; replaced by {', '.join(new)}" if new else ""
+        raise MachineError(f"{names} died during {what}{tail}",
+                           "the run was stopped; the worker's log or dmesg may say why, e.g. an out-of-memory kill")
 
 
 RUN_TIMEOUT_S = 60  # the longest one function run on every worker (client.run) may take

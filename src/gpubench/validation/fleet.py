@@ -362,10 +362,7 @@ class Roll:
     is noted and not waited for again), then broadcasts the silent ranks, which every rank marks
     gone in the group (:meth:`Group.lost`). Rank 0 receives through the group's ``_tag`` and
     ``_recv`` (the tag sequence of :meth:`Group.gather` on the senders), since Group.gather ends
-    the whole group at the first silent rank.
-
-    Every wait is bounded: rank 0 waits ``timeout``; another rank waits ``timeout`` for rank 0 to
-    begin, then ``timeout`` + ROLL_SLACK_S for the list (else the group's MachineError, exit 3).
+    the whole group at the first silent rank. Every wait is bounded (:meth:`sync`'s Raises).
 
     Attributes:
         silent: ranks that did not answer a sync in time.
