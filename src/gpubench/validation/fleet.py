@@ -46,10 +46,8 @@ NODE_TIMEOUT = Bound("--node-timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit=
 # The rule (pure)
 
 
-def median(xs: Sequence[float]) -> float:
-    """The median (mean of the middle two for an even count). Raises ValueError
-    (statistics.StatisticsError) when empty."""
-    return statistics.median(xs)
+#: the median (mean of the middle two for an even count); ValueError (StatisticsError) when empty
+median = statistics.median
 
 
 def mad(xs: Sequence[float]) -> float:
@@ -112,10 +110,8 @@ def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def checks_of(result) -> list[dict]:
-    """The fleet's figures in one Result, as its plug-in's ``fleet_checks`` gives them (copy: per
-    GPU the pinned H2D/D2H at the largest size; p2p: per pair write/read; nccl: busbw at the
-    largest size; net: the loopback total; merge: the harmonic-mean throughput); none for a
-    command whose plug-in declares none or is not installed.
+    """The fleet's figures in one Result, as its plug-in's ``fleet_checks`` gives them (docs/fleet.md
+    "The figures"); none for a command whose plug-in declares none or is not installed.
 
     Returns:
         Dicts with "check", "command", "params" (the record's), "gpu" (CUDA index or None),

@@ -1,17 +1,10 @@
 """Node validation: run a set of benchmarks, keep every result in one bundle, check expectations.
 
-Expectations (TOML, read with :mod:`tomllib`; the format is documented in docs/suite.md)::
-
-    [[expect]]
-    name = "H2D pinned 1 GiB, GPU 0"          # optional label
-    command = "copy"                          # which result the figure comes from
-    where = { device = 0, direction = "h2d", memory = "pinned", nbytes = 1073741824 }
-    min_gbps = 53.0                           # and/or max_gbps; or min_us / max_us for times
-    figure = "median"                         # optional: "median" (default), "p25", "p75", "min", "max",
-                                              # or "extra.KEY" (a number in B/s or seconds in record.extra)
-
-Every record of ``command`` whose params contain all of ``where`` is checked (one row each).
-Bandwidth bounds are in GB/s (1e9 B/s) against nbytes / seconds; time bounds in microseconds.
+Expectations are TOML ``[[expect]]`` tables (read with :mod:`tomllib`; the format is docs/suite.md
+"Expectations (TOML)"): a ``command``, a ``where`` table, ``min_gbps``/``max_gbps`` or ``min_us``/``max_us``
+and an optional ``figure`` ("median", "p25", "p75", "min", "max" or "extra.KEY"). Every record of
+``command`` whose params contain all of ``where`` is checked (one row each). Bandwidth bounds are
+in GB/s (1e9 B/s) against nbytes / seconds; time bounds in microseconds.
 
 Outcomes: "pass"; "fail" (a figure outside its bound, a failed point, or a step that errored);
 "missing" (results of the command exist but no record matches ``where``); "skipped" (no result of
@@ -346,11 +339,6 @@ def nodes_of(res: Result) -> int:
     return 1
 
 
-def _within(e: Expectation, v: float) -> bool:
-    lo, hi = e.bounds
-    return (lo is None or v >= lo) and (hi is None or v <= hi)
-
-
 def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
              skipped: dict[str, str] | None = None, failed: dict[str, str] | None = None) -> list[Outcome]:
     """Check every expectation against the records of its command.
@@ -418,7 +406,8 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
             except ValueError as err:
                 add(Outcome(e, "fail", dict(r.params), note=str(err)))
                 continue
-            add(Outcome(e, "pass" if _within(e, v) else "fail", dict(r.params), v))
+            lo, hi = e.bounds
+            add(Outcome(e, "pass" if (lo is None or v >= lo) and (hi is None or v <= hi) else "fail", dict(r.params), v))
     return out
 
 
