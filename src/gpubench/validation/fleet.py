@@ -172,9 +172,8 @@ def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
         "expect_status" (None, "pass", "fail", "missing" or "skipped").
     """
     for c in checks:
-        c.setdefault("expect", None)
-        c.setdefault("expect_op", None)
-        c.setdefault("expect_status", None)
+        for k in ("expect", "expect_op", "expect_status"):
+            c.setdefault(k, None)
     extra = []
     judged: dict[int, list] = {}
     for o in outcomes:
@@ -206,14 +205,11 @@ def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
 
 
 def _row_flag(c: dict, values: list[float]) -> str:
-    if c.get("expect_status") in ("fail", "missing"):
-        return "fail"
-    v = c.get("value")
-    if v is None:
+    if c.get("expect_status") in ("fail", "missing") or c.get("value") is None:
         return "fail"
     if c.get("unit") == "us":  # lower is better: no fleet rule here, the TOML decides
         return "ok"
-    return flag(v, values)
+    return flag(c["value"], values)
 
 
 def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
@@ -324,9 +320,7 @@ def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
     t = report.table(f"Fleet: {len({(r['host'], r['rank']) for r in fleet['rows']})} rank(s), "
                      f"{len(fleet['missing'])} missing",
                      ["host", "rank", "GPU", "check", "value", "unit", "fleet median", "expect", "flag"])
-    for r in fleet["rows"]:
-        if not show_ok and r["flag"] == "ok":
-            continue
+    for r in [x for x in fleet["rows"] if show_ok or x["flag"] != "ok"]:
         fl = r["flag"]
         t.add_row(safe.term_markup(r["host"], 60), str(r["rank"]), "-" if r["gpu"] is None else str(r["gpu"]),
                   safe.term_markup(r["check"], 80), _num(r["value"]), r["unit"], _num(r["fleet_median"]),
