@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, wait
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from gpubench.core.errors import MachineError, UsageError
@@ -150,17 +150,11 @@ def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: b
     return v
 
 
-def _opt(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: bool = True) -> int | None:
-    return _int(env, name, minimum=minimum, counts_ranks=counts_ranks) if env.get(name, "").strip() else None
-
-
 def _first(env: Mapping[str, str], *names: str, minimum: int = 0, counts_ranks: bool = True
            ) -> tuple[str | None, int | None]:
-    for n in names:
-        v = _opt(env, n, minimum=minimum, counts_ranks=counts_ranks)
-        if v is not None:
-            return n, v
-    return None, None
+    """The first of ``names`` set (not blank) and its value (:func:`_int`), or (None, None)."""
+    n = next((n for n in names if env.get(n, "").strip()), None)
+    return (n, _int(env, n, minimum=minimum, counts_ranks=counts_ranks)) if n is not None else (None, None)
 
 
 def _slurm_step(env: Mapping[str, str]) -> bool:
@@ -338,7 +332,7 @@ def _slurm_rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
     first = slurm_first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
     if not first:
         return None
-    job = _opt(env, "SLURM_JOB_ID", counts_ranks=False) or 0
+    job = _first(env, "SLURM_JOB_ID", counts_ranks=False)[1] or 0
     return first, DEFAULT_PORT + job % 1000
 
 
@@ -649,8 +643,7 @@ class Group:
     def _learn_ranks(self) -> None:
         """Every rank's Rank (all-gathered), and ``me`` completed from the hosts where the launcher
         left local rank, local size or node unsaid."""
-        me = self.me
-        got = self.allgather([me.rank, me.size, me.local_rank, me.local_size, me.node, me.host, me.launcher])
+        got = self.allgather(list(astuple(self.me)))
         ranks = [Rank(*g) for g in got]
         for i, r in enumerate(ranks):
             if r.rank != i or (r.size and r.size != self.size):
