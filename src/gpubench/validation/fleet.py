@@ -620,13 +620,14 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             renderables.append(f"[red]stopped:[/red] {safe.term_markup(broken.one_line())}")
         errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
         why = verdict(fleet, errors)
-        if strict:  # as the one-node suite: --strict counts an expectation whose command did not run as failed
-            skipped = [o for o in full.outcomes if o.status == "skipped"]
-            if skipped:
-                names = sorted({f"{o.expectation.index}: {safe.term(o.expectation.label(), 80)} ({o.expectation.command})" for o in skipped})
-                line = (f"{len(skipped)} expectation outcome(s) skipped, failed by --strict: " + ", ".join(names[:8])
-                        + (" ..." if len(names) > 8 else ""))
-                why = f"{why}; {line}" if why else f"fleet failed: {line}"
+        # as the one-node suite: --strict counts an expectation whose command did not run as failed
+        skipped = [o for o in full.outcomes if o.status == "skipped"] if strict else []
+        if skipped:
+            names = sorted({f"{o.expectation.index}: {safe.term(o.expectation.label(), 80)} ({o.expectation.command})"
+                            for o in skipped})
+            line = (f"{len(skipped)} expectation outcome(s) skipped, failed by --strict: " + ", ".join(names[:8])
+                    + (" ..." if len(names) > 8 else ""))
+            why = f"{why}; {line}" if why else f"fleet failed: {line}"
         renderables += skipped_lines(full.steps)
         n_rows = len(fleet["rows"])
         renderables.append(escape(why) if why else
