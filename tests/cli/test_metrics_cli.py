@@ -150,3 +150,20 @@ def test_suite_metrics_path_is_checked_before_the_run(run_cli, tmp_path):
     code, _, err = run_cli("suite", "--check", DATA / "net-local.json", "--expect", tmp_path / "none.toml",
                            "--metrics", tmp_path / "x.json")
     assert code == 2 and re.fullmatch(r"gpubench: error: --metrics '.*x\.json' must end in \.prom .*\n", err), err
+
+
+def test_the_health_counters_of_each_gpu_are_exported_and_a_missing_one_left_out(run_cli, tmp_path):
+    d = edited.pinned(1)
+    after = {"pcie_replays": 12, "nvlinks_up": "unsupported", "ecc": {"volatile": {"corrected": 1, "uncorrected": 0},
+                                                                      "aggregate": {"corrected": 9, "uncorrected": 2}},
+             "remapped_rows": {"corrected": 0, "uncorrected": 0, "pending": True, "failed": False}}
+    d["env"]["health"] = {"gpus": [{"index": 0, "uuid": "GPU-x", "before": None, "after": after}],
+                          "xid_events": [{"index": 0, "xid": 79}, {"index": 0, "xid": 48}], "error": None}
+    src = edited.write(tmp_path, "health", d)
+    code, out, err = run_cli("metrics", src, "-o", "-")
+    assert code == 0, err
+    fams = families(out)
+    got = {dict(k)["counter"]: v for k, v in fams["gpubench_gpu_health_counter"].items()}
+    assert got == {"pcie_replays": 12, "ecc_volatile_corrected": 1, "ecc_volatile_uncorrected": 0,
+                   "ecc_aggregate_uncorrected": 2, "remapped_rows_pending": 1, "remapped_rows_failed": 0}
+    assert one(fams, "gpubench_gpu_xid_events", gpu_uuid="GPU-x", command="copy") == 2

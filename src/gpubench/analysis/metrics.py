@@ -23,6 +23,9 @@ and for each result, bundle and GPU::
     gpubench_gpu_pcie_link_gen{host, gpu_uuid, state}      # state "current" or "max" (env)
     gpubench_gpu_pcie_link_width{host, gpu_uuid, state}
     gpubench_gpu_nvlinks_up{host, gpu_uuid}
+    gpubench_gpu_health_counter{host, gpu_uuid, counter}  # env.health's last read: pcie_replays,
+                                                # nvlinks_up, ecc_*, remapped_rows_*, ... (0/1 for flags)
+    gpubench_gpu_xid_events{host, gpu_uuid, command}       # XID errors during the command's points
     gpubench_expectation_status{host, command, expectation, status}  # 1, status pass / fail /
                                                 # missing / skipped (a suite bundle's outcomes)
     gpubench_expectation_value{host, command, expectation, unit}     # the checked figure
@@ -211,6 +214,44 @@ def add_result(f: Families, res: Result) -> None:
             f.add(name, help_, {"host": host, "gpu_uuid": uuids.get(gpu_i, ""), "command": cmd}, v)
 
 
+# env.health's counters exported from each GPU's last read (core/health.py): name -> path in COUNTERS
+HEALTH_COUNTERS = {
+    "pcie_replays": ("pcie_replays",),
+    "nvlinks_up": ("nvlinks_up",),
+    "ecc_volatile_corrected": ("ecc", "volatile", "corrected"),
+    "ecc_volatile_uncorrected": ("ecc", "volatile", "uncorrected"),
+    "ecc_aggregate_uncorrected": ("ecc", "aggregate", "uncorrected"),
+    "remapped_rows_pending": ("remapped_rows", "pending"),
+    "remapped_rows_failed": ("remapped_rows", "failed"),
+    "retired_pages_double_bit": ("retired_pages", "double_bit"),
+}
+
+
+def add_health(f: Families, res: Result) -> None:
+    """Add each GPU's health counters from ``res.env["health"]`` (their read after the points; a
+    counter the GPU lacks is left out) and the XID events during the run."""
+    h = res.env.get("health")
+    if not isinstance(h, dict):
+        return
+    host, cmd = _host(res.env), res.command
+    xids = h.get("xid_events")
+    for g in h.get("gpus") or []:
+        if not isinstance(g, dict) or not isinstance(g.get("after"), dict):
+            continue
+        base = {"host": host, "gpu_uuid": _label_value(g.get("uuid") or "")}
+        for name, path in HEALTH_COUNTERS.items():
+            v: Any = g["after"]
+            for k in path:
+                v = v.get(k) if isinstance(v, dict) else None
+            if isinstance(v, (int, bool)):
+                f.add("gpubench_gpu_health_counter", "A GPU health counter read after the command's points "
+                      "(docs/env.md); booleans as 0/1", {**base, "counter": name}, float(v))
+        if isinstance(xids, list):
+            n = sum(1 for x in xids if isinstance(x, dict) and x.get("index") == g.get("index"))
+            f.add("gpubench_gpu_xid_events", "XID errors the driver reported during the command's points",
+                  {**base, "command": cmd}, float(n))
+
+
 def add_env(f: Families, env: dict) -> None:
     """Add the link facts of each GPU of ``env``: PCIe generation and width (current and max) and
     the NVLinks up."""
@@ -255,6 +296,7 @@ def build(results: Sequence[Result], bundles: Sequence[Any] = ()) -> Families:
     envs: dict[str, dict] = {}
     for res in sorted(results, key=lambda r: _unix(r.created) or 0.0):
         add_result(f, res)
+        add_health(f, res)
         if res.env.get("gpus"):
             envs[_host(res.env)] = res.env
     for b in bundles:
