@@ -152,6 +152,18 @@ def _shown_text(text: str) -> str:
 
 
 
+def underflowed(text: str) -> bool:
+    """Whether a number written as ``text`` that reads as 0 was not 0 (a nonzero digit before its
+    exponent: "1e-400" underflows a double to 0, "0e-400" is 0)."""
+    return any(c.isdecimal() and int(c) for c in text.lower().split("e")[0])
+
+
+def too_small(name: str, shown: str, zero_ok: bool = False) -> UsageError:
+    """The error of a value that underflows to 0 (:func:`underflowed`), for option ``name``."""
+    return UsageError(f"{name} {shown} is too small to tell from 0",
+                      "use a value of at least 1e-300" + (", or 0" if zero_ok else ""))
+
+
 def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
                  digit_groups: bool = False, bound: Callable[[], Any] | None = None) -> int | float:
     """Parse one numeric option strictly and check its upper bound.
@@ -213,9 +225,8 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
             value = float(s)
             if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
                 raise too_large(_shown_text(s))
-            if value == 0 and any(c in "123456789" for c in s.lower().split("e")[0]):
-                raise UsageError(f"{name} {_shown_text(s)} is too small to tell from 0",  # 1e-400 underflows
-                                 "use a value of at least 1e-300" + (", or 0" if zero_allowed() else ""))
+            if value == 0 and underflowed(s):
+                raise too_small(name, _shown_text(s), zero_allowed())
         if value == 0 and s.startswith("-"):  # "-0": int() reads 0, parse_size refuses the sign
             own = bound() if bound is not None else None
             if own is not None:

@@ -13,6 +13,7 @@ import click
 
 from gpubench.kit import benchmark_command
 from gpubench.core.errors import UsageError
+from gpubench.core.options import too_small, underflowed
 from gpubench.core.units import format_rate, parse_size
 
 SEPARATOR_LEN = 80
@@ -160,8 +161,8 @@ def parse_timeout(text) -> float:
         raise bad from None
     if not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
         raise bad
-    if v == 0 and any(c.isdecimal() and int(c) for c in s.lower().split("e")[0]):
-        raise UsageError(f"--timeout {s[:40]!r} is too small to tell from 0", "use a value of at least 1e-300")  # 1e-400
+    if v == 0 and underflowed(s):  # 1e-400
+        raise too_small("--timeout", repr(s[:40]))
     return v
 
 
