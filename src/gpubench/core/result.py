@@ -40,12 +40,14 @@ import math
 import os
 import re
 import stat as _stat
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpubench import __version__
+from gpubench.core import safe
 from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.stats import Summary, rates
 
@@ -127,16 +129,8 @@ class Record:
         self.extra["above_peak"] = bool(peak and med > peak)
 
     def to_dict(self) -> dict:
-        return {
-            "params": self.params,
-            "metric": self.metric,
-            "nbytes": self.nbytes,
-            "samples_s": self.samples_s,
-            "reps": self.reps,
-            "error": self.error,
-            "extra": self.extra,
-            "telemetry": self.telemetry,
-        }
+        """The JSON dict, its fields in the layout's order (the dataclass's)."""
+        return dict(vars(self))
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "result", pointer: str = "") -> "Record":
@@ -214,19 +208,12 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "result", pointer: str = "") -> "Result":
-        """Build a Result from a dict, upgrading older schema versions; every field is checked
-        (:func:`check_result`), so what reaches a report, a comparison or a plot is well formed.
-
-        Args:
-            d: the parsed JSON.
-            source: the file's name, for messages.
-            pointer: the JSON Pointer of ``d`` inside its file ("" at the top; a bundle's step
-                result is "/steps/2/result").
+        """Build a Result from the parsed JSON ``d``, upgraded and checked by :func:`check_result`
+        (``source``: the file's name; ``pointer``: the JSON Pointer of ``d`` in it, e.g. a bundle
+        step's "/steps/2/result").
 
         Raises:
-            UsageError: not a gpubench result, a newer or unknown schema version, or a field of the
-                wrong type or out of range (the line names it by its JSON Pointer and says what
-                would be accepted).
+            UsageError: as :func:`check_result`.
         """
         return check_result(d, source, pointer)
 
@@ -276,8 +263,6 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     Raises:
         UsageError: one line naming the option, the path and what would be accepted.
     """
-    from gpubench.core import safe
-
     shown = safe.term(repr(str(path)), 300)
     if not str(path).strip():
         raise UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
@@ -320,7 +305,7 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
 
 
 def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
-    """The same check as :func:`check_output_target` (the name earlier callers use)."""
+    """:func:`check_output_target` under the name the plot and report commands call."""
     return check_output_target(path, option)
 
 
@@ -399,8 +384,6 @@ def write_json_stdout(data: dict) -> None:
         ValueError: data holds NaN or infinity (not JSON); nothing is written.
         MachineError: stdout is closed or its reader went away (a broken pipe).
     """
-    import sys
-
     text = json.dumps(data, indent=1, allow_nan=False)
     if sys.stdout is None:  # started with standard output closed (`gpubench env --json - >&-`)
         raise MachineError("could not write the result to standard output: it is closed")
@@ -511,8 +494,6 @@ def read_json(path: str | os.PathLike, expected: str = "a file saved by --json")
             MAX_DEPTH (64), empty (a named pipe with no writer too) or not JSON; one line naming the
             file.
     """
-    from gpubench.core import safe
-
     name = safe.term(str(Path(path)), 200)
     raw = read_bounded(path)
     if not raw.strip():
@@ -581,8 +562,6 @@ def pointer_join(pointer: str, key: object) -> str:
 
 def _shown(v: object) -> str:
     """A found value for a message: JSON-like, cut short, control characters escaped."""
-    from gpubench.core import safe
-
     if isinstance(v, bool) or v is None:
         text = json.dumps(v)
     elif isinstance(v, int) and abs(v) >= 10**15:
@@ -602,16 +581,12 @@ def _shown(v: object) -> str:
 
 def bad_field(source: str, pointer: str, value: object, accepted: str) -> UsageError:
     """The one error of a bad field: "FILE: /records/3/nbytes is inf; expected an integer 0..N"."""
-    from gpubench.core import safe
-
     return UsageError(f"{safe.term(source, 200)}: {safe.term(pointer or '/', 120)} is {_shown(value)}",
                       f"expected {accepted}")
 
 
 def missing_field(source: str, pointer: str, accepted: str) -> UsageError:
     """The error of a required field that is absent: "FILE: /records is missing; expected ..."."""
-    from gpubench.core import safe
-
     return UsageError(f"{safe.term(source, 200)}: {safe.term(pointer or '/', 120)} is missing", f"expected {accepted}")
 
 
@@ -916,7 +891,7 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
         return fast
     if not isinstance(d, dict):
         raise bad_field(source, pointer, d, "a record object")
-    unknown = set(d) - {"params", "metric", "nbytes", "samples_s", "reps", "error", "extra", "telemetry"}
+    unknown = set(d) - _RECORD_KEYS
     if unknown:
         raise bad_field(source, pointer_join(pointer, sorted(map(str, unknown))[0]), d[sorted(unknown, key=str)[0]],
                         "no such field (a record has params, metric, nbytes, samples_s, reps, error, extra, telemetry)")
@@ -1246,8 +1221,6 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
             field, named by its JSON Pointer with what would be accepted (present fields are
             checked first, then the required ones that are missing).
     """
-    from gpubench.core import safe
-
     where = safe.term(source, 200) + (f" at {pointer}" if pointer else "")
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:
         raise UsageError(f"{where} is not a gpubench result", "expected a file saved by --json")
@@ -1296,20 +1269,9 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
         # the schema's allOf: a run stopped by a fault or a signal is partial
         which = "failed_by" if failed_by is not None else "interrupted_by"
         raise bad_field(source, pointer_join(pointer, "partial"), partial, f"true, as {which} is set")
-    return Result(
-        command=command,
-        spec=dict(spec),
-        timing=dict(timing),
-        env=dict(env),
-        records=checked,
-        partial=partial,
-        interrupted_by=interrupted_by,
-        failed_by=failed_by,
-        argv=list(argv),
-        created=created,  # type: ignore[arg-type]
-        gpubench_version=version_text,  # type: ignore[arg-type]
-        schema_version=SCHEMA_VERSION,
-    )
+    return Result(command=command, spec=dict(spec), timing=dict(timing), env=dict(env), records=checked,
+                  partial=partial, interrupted_by=interrupted_by, failed_by=failed_by, argv=list(argv),
+                  created=created, gpubench_version=version_text)  # type: ignore[arg-type]
 
 
 # JSON strings (with their escapes): removed before brackets are counted, as a '[' inside a string
@@ -1339,9 +1301,7 @@ def json_depth(raw: bytes) -> int:
 def check_depth(depth: int, name: str, what: str = "a gpubench file") -> None:
     """Refuse nesting beyond :data:`MAX_DEPTH` (64), before any parser recurses into it."""
     if depth > MAX_DEPTH:
-        from gpubench.core import safe
-
-        raise UsageError(f"{safe.term(name, 200)} nests {depth} levels deep, more than the {MAX_DEPTH} "
+            raise UsageError(f"{safe.term(name, 200)} nests {depth} levels deep, more than the {MAX_DEPTH} "
                          f"{what} may", "a result nests 5 levels, a suite bundle 8")
 
 
