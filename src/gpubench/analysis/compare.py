@@ -951,8 +951,7 @@ class Comparison:
     rows: list[Row] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        c = {SAME: 0, FASTER: 0, SLOWER: 0, INCONCLUSIVE: 0, UNDECIDABLE: 0, "only-base": 0, "only-new": 0,
-             "no-data": 0}
+        c = dict.fromkeys((*VERDICTS, "only-base", "only-new", "no-data"), 0)
         for r in self.rows:
             c[r.verdict if r.status == "paired" else r.status] += 1
         return c
@@ -1191,9 +1190,11 @@ def _kept(params: dict, ignore: Sequence[str]) -> dict:
     return {k: v for k, v in params.items() if k not in ignore} if ignore else params
 
 
-def _values(r: Result, name: str) -> list:
-    """The values of param ``name`` in ``r``'s records, in first-seen order."""
-    return list(dict.fromkeys(rec.params[name] for rec in r.records if name in rec.params))
+def _values(r: Result, name: str, added: dict[str, Any] | None = None) -> list:
+    """The values of param ``name`` in ``r``'s records, in first-seen order; a record lacking one
+    of ``added`` (the plug-in's added params) counts at its value there, as in the pairing."""
+    params = (_filled(rec.params, added or {}) for rec in r.records)
+    return list(dict.fromkeys(p[name] for p in params if name in p))
 
 
 def _values_text(vals: list) -> str:
@@ -1220,18 +1221,15 @@ def _ignored_notes(base: Result, new: Result, ignore: Sequence[str]) -> list[str
 def _nothing_pairs(base: Result, new: Result, ignore: Sequence[str], added: dict[str, Any]) -> str:
     """Why no figure paired: the params whose values differ between the sides, and the option. A
     param an older result lacks counts at the value it pairs as (``added``), as in the pairing."""
-
-    def _values(r: Result, name: str) -> list:
-        return list(dict.fromkeys(p[name] for p in (_filled(rec.params, added) for rec in r.records) if name in p))
-
     names = sorted({k for r in (base, new) for rec in r.records for k in _filled(rec.params, added)} - set(ignore))
-    differ = [n for n in names if set(map(repr, _values(base, n))) != set(map(repr, _values(new, n)))]
+    sides = {n: (set(map(repr, _values(base, n, added))), set(map(repr, _values(new, n, added)))) for n in names}
+    differ = [n for n in names if sides[n][0] != sides[n][1]]
     if not differ:
         return "no figure pairs: each side's figures are its own"
-    whole = [n for n in differ if not set(map(repr, _values(base, n))) & set(map(repr, _values(new, n)))]
+    whole = [n for n in differ if not sides[n][0] & sides[n][1]]
     pick = whole or differ
-    said = "; ".join(f"{n}: base {_values_text(_values(base, n))}, new {_values_text(_values(new, n))}"
-                     for n in pick[:3])
+    said = "; ".join(f"{n}: base {_values_text(_values(base, n, added))}, new "
+                     f"{_values_text(_values(new, n, added))}" for n in pick[:3])
     return (f"no figure pairs: the results differ in {said}; --ignore-param {pick[0]} pairs figures that "
             "differ only there")
 

@@ -36,10 +36,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpubench import __version__
-from gpubench.core import safe
+from gpubench.analysis import compare as cmpmod
+from gpubench.analysis import plot
+from gpubench.core import limits, safe
 from gpubench.core.errors import UsageError
-from gpubench.core.result import Record, Result
+from gpubench.core.result import Record, Result, read_json, write_bytes_atomic
+from gpubench.core.telemetry import SLOWDOWN_REASONS
 from gpubench.core.units import UNITS, format_size
+from gpubench.validation import suite
 from gpubench.validation.suite import FLEET_FLAGS, FLEET_KIND, check_fleet
 
 MAX_ROWS = 500  # rows of one table shown; the rest is counted, not drawn
@@ -70,14 +74,7 @@ class Inputs:
 # ---- reading ----
 
 def _add_file(inputs: Inputs, path: Path, name: str, seen_steps: set[str]) -> None:
-    from gpubench.analysis import plot
-    from gpubench.core.result import read_json
-    from gpubench.validation import suite
-
-    try:
-        d = read_json(path, "a result, a suite bundle or a fleet bundle")
-    except RecursionError:
-        raise UsageError(f"{path} is nested too deeply to be a gpubench file") from None
+    d = read_json(path, "a result, a suite bundle or a fleet bundle")
     if isinstance(d, dict) and isinstance(d.get("fleet"), dict):
         inputs.fleets.append((name, check_fleet(d["fleet"], name)))
     elif isinstance(d, dict) and d.get("kind") == FLEET_KIND:
@@ -124,11 +121,9 @@ def read_inputs(paths: Sequence[str], baseline: str | None = None) -> Inputs:
             if not files:
                 raise UsageError(f"{p} is a folder with no .json file", "give results, bundles or their folder")
             # bundles first, so their steps' own files are not shown twice
-            from gpubench.validation.suite import BUNDLE_SCHEMA
-
             def is_bundle(f: Path) -> bool:
                 try:
-                    return f.read_bytes()[:4096].find(BUNDLE_SCHEMA.encode()) >= 0
+                    return f.read_bytes()[:4096].find(suite.BUNDLE_SCHEMA.encode()) >= 0
                 except OSError:
                     return False
 
@@ -142,14 +137,12 @@ def read_inputs(paths: Sequence[str], baseline: str | None = None) -> Inputs:
     if not inputs.items and not inputs.fleets and not inputs.bundles:
         raise UsageError("nothing to report: no result, bundle or fleet in the inputs")
     # short names: the file name, or as much of the path as tells two apart
-    from gpubench.analysis.plot import display_names
-
-    for it, short in zip(inputs.items, display_names([it.name for it in inputs.items])):
+    for it, short in zip(inputs.items, plot.display_names([it.name for it in inputs.items])):
         it.name = short
     if baseline is not None:
         inputs.baseline = _baseline(baseline, inputs)
-    inputs.bundles = list(zip(display_names([n for n, _ in inputs.bundles]), [b for _, b in inputs.bundles]))
-    inputs.fleets = list(zip(display_names([n for n, _ in inputs.fleets]), [f for _, f in inputs.fleets]))
+    inputs.bundles = list(zip(plot.display_names([n for n, _ in inputs.bundles]), [b for _, b in inputs.bundles]))
+    inputs.fleets = list(zip(plot.display_names([n for n, _ in inputs.fleets]), [f for _, f in inputs.fleets]))
     return inputs
 
 
@@ -168,10 +161,6 @@ def record_flags(r: Record) -> list[str]:
     """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`),
     throttled (an ``extra`` throttle key, or a power or thermal slowdown reason in its telemetry),
     sharing the GPU with another process (telemetry), verification failed."""
-    from gpubench.analysis.compare import _reasons
-    from gpubench.core import limits
-    from gpubench.core.telemetry import SLOWDOWN_REASONS
-
     out = []
     if r.error:
         out.append("failed")
@@ -181,7 +170,7 @@ def record_flags(r: Record) -> list[str]:
     if flag:
         out.append(flag)
     tele = r.telemetry if isinstance(r.telemetry, dict) else {}
-    if _throttled(r) or any(x in SLOWDOWN_REASONS for x in _reasons(tele)):
+    if _throttled(r) or any(x in SLOWDOWN_REASONS for x in cmpmod._reasons(tele)):
         out.append("throttled")  # the telemetry saw a power or thermal slowdown during the point
     others = tele.get("other_processes")
     if isinstance(others, int) and not isinstance(others, bool) and others > 0:
@@ -193,11 +182,9 @@ def record_flags(r: Record) -> list[str]:
 
 def result_flags(res: Result) -> list[str]:
     """Flags of a whole result, each one line: partial, and counts of flagged records."""
-    from gpubench.analysis.compare import partial_why
-
     out = []
     if res.partial:
-        out.append(f"partial ({partial_why(res)})")
+        out.append(f"partial ({cmpmod.partial_why(res)})")
     pre = res.env.get("preflight") if isinstance(res.env, dict) else None
     if isinstance(pre, dict) and isinstance(pre.get("warnings"), list):
         out += [f"before the run: {w}" for w in pre["warnings"][:8]]  # the idle check's (GPU not idle)
@@ -235,12 +222,9 @@ def _fmt(v: float) -> str:
 
 def records_table(res: Result, units: str) -> str:
     """The figures of one result: the params that vary, median, p25-p75, n, % of peak, flags."""
-    from gpubench.core import limits
-    from gpubench.analysis.plot import _mode_keys, plot_kind, values
-
     recs = res.records
-    keys = _mode_keys(recs, set()) or (list(recs[0].params)[:3] if recs else [])
-    nccl = plot_kind(res.command) == "collective"  # algbw and busbw columns
+    keys = plot._mode_keys(recs, set()) or (list(recs[0].params)[:3] if recs else [])
+    nccl = plot.plot_kind(res.command) == "collective"  # algbw and busbw columns
     metrics = {r.metric for r in recs}
     unit = f"{units}/s" if metrics == {"bandwidth"} else "us" if metrics == {"time"} else f"{units}/s or us"
     # a record that carries its own Gbit/s (net: bytes of the counted intervals / their seconds,
@@ -254,7 +238,7 @@ def records_table(res: Result, units: str) -> str:
                  and not isinstance(r.params.get(k), bool) else str(r.params.get(k, "-")) for k in keys]
         flags = record_flags(r)
         if r.samples_s and not r.error and (r.metric == "time" or r.nbytes > 0):
-            s = values(r, units)
+            s = plot.values(r, units)
             cells.append(_fmt(s.median))
             if nccl:
                 f = r.extra.get("busbw_factor")
@@ -282,8 +266,6 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _plot(results: Sequence[tuple[str, Result]], units: str, alt: str) -> str:
-    from gpubench.analysis import plot
-
     try:
         png = plot.png_bytes(list(results), units=units, dpi=90, max_cols=2)
     except UsageError as e:
@@ -292,13 +274,11 @@ def _plot(results: Sequence[tuple[str, Result]], units: str, alt: str) -> str:
 
 
 def _env_section(inputs: Inputs) -> str:
-    from gpubench.analysis.compare import env_facts
-
     seen: list[tuple[dict, list[str]]] = []
     for it in inputs.items:
         env = it.result.env if isinstance(it.result.env, dict) else {}
         try:
-            facts = env_facts(env)
+            facts = cmpmod.env_facts(env)
         except (AttributeError, TypeError, ValueError):
             facts = {"environment": "malformed in this file"}
         for f, names in seen:
@@ -376,8 +356,6 @@ def _fleet_section(name: str, f: dict) -> str:
 
 
 def _bundle_section(name: str, b) -> str:
-    from gpubench.validation import suite
-
     out = [f"<section class=bundle><h2>Suite: {h(name)}</h2>"]
     rows = [[s.name, s.status, f"{s.seconds:.1f}", str(len(s.result.records) if s.result else 0), s.reason or ""]
             for s in b.steps]
@@ -403,10 +381,6 @@ def _baseline(path: str, inputs: Inputs) -> Item:
     Raises:
         UsageError: naming the file and what it is.
     """
-    from gpubench.analysis import plot
-    from gpubench.core import safe
-    from gpubench.core.result import read_json
-
     shown = safe.term(path, 200)
     d = read_json(path, "a gpubench result")
     if not isinstance(d, dict) or d.get("schema") != "gpubench.result":
@@ -424,8 +398,6 @@ def _baseline(path: str, inputs: Inputs) -> Item:
 def comparisons(inputs: Inputs) -> list[tuple[str, list]]:
     """(command, [Comparison]): with a baseline (--baseline), each input of its command against
     it; without one, none (the page compares only what it is asked to)."""
-    from gpubench.analysis import compare as cmpmod
-
     base = inputs.baseline
     if base is None:
         return []
@@ -441,8 +413,6 @@ def comparisons(inputs: Inputs) -> list[tuple[str, list]]:
 
 
 def _compare_section(command: str, cmps: list, inputs: Inputs, units: str) -> str:
-    from gpubench.analysis import compare as cmpmod
-
     out = [f"<section class=compare><h2>Comparison: {h(command)}</h2>"]
     for cmp in cmps:
         c = cmp.counts()
@@ -535,8 +505,6 @@ def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, create
         title: the page's heading (escaped here); default "gpubench report".
         created: the time shown as "written" (ISO 8601); default now, UTC.
     """
-    from gpubench.validation import suite
-
     created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     heading = title or "gpubench report"
     cmps = comparisons(inputs)
@@ -607,13 +575,9 @@ def write(paths: Sequence[str], out: str | os.PathLike, *, units: str = "GB", ti
             not installed.
         MachineError: the file cannot be written.
     """
-    from gpubench.core.result import write_bytes_atomic
-
-    from gpubench.analysis.plot import require_matplotlib
-
     if units not in UNITS:
         raise UsageError(f"units {units!r} not known", "use GB or GiB")
-    require_matplotlib("report")  # its plots are drawn inline
+    plot.require_matplotlib("report")  # its plots are drawn inline
     inputs = read_inputs(paths, baseline)
     text = build(inputs, units=units, title=title)
     return write_bytes_atomic(text.encode("utf-8"), out, "the report", "-o")

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 
 from gpubench.core import limits, registry, safe
 from gpubench.core.errors import UsageError
-from gpubench.core.result import Record, Result
+from gpubench.core.result import Record, Result, read_json, write_bytes_atomic
 from gpubench.core.stats import Summary
 from gpubench.core.units import UNITS, format_size
 
@@ -138,14 +138,7 @@ def load(path: str | Path) -> Result:
     Raises:
         UsageError: unreadable, not JSON, nested too deeply, not a result, or numbers that cannot be drawn.
     """
-    from gpubench.core.result import read_json
-
-    name = str(path)
-    try:
-        d = read_json(path)
-    except RecursionError:
-        raise UsageError(f"{name} is nested too deeply to be a gpubench result") from None
-    return result_of(d, name)
+    return result_of(read_json(path), str(path))
 
 
 def result_of(d: Any, name: str) -> Result:
@@ -1010,7 +1003,5 @@ def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str
         MachineError: the PNG cannot be written (full disk, read-only folder).
     """
     require_matplotlib("plot")
-    from gpubench.core.result import write_bytes_atomic
-
     data = png_bytes(results, units=units, size_in=size_in, dpi=dpi, peaks_gbps=peaks_gbps, title=title)
     return write_bytes_atomic(data, out, "the plot", "-o")
