@@ -1528,14 +1528,7 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
         c = cmp.counts()
         lines.append(f"### gpubench {md(cmp.command)}: {md(cmp.new_name)} vs base {md(cmp.base_name)}")
         lines.append("")
-        head = ""
-        if c[SLOWER]:
-            head += f"**{c[SLOWER]} figure(s) slower.** "
-        if c[UNDECIDABLE]:
-            head += (f"**{c[UNDECIDABLE]} undecidable** (changed beyond the threshold; too few samples to "
-                     "decide). ")
-        if c[INCONCLUSIVE]:
-            head += f"**{c[INCONCLUSIVE]} inconclusive** (changed beyond the threshold, not significant). "
+        head = "".join(f"**{c[v]} {text} " for v, text in _MARKDOWN_HEADS if c[v])
         lines.append(head + md(summary_line(cmp)))
         lines.append("")
         if cmp.env_diff:
@@ -1565,6 +1558,10 @@ def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: 
 
 
 _ORDER = {SLOWER: 0, INCONCLUSIVE: 2, FASTER: 4, SAME: 6}
+# the bold counts a markdown comparison opens with, in this order where not 0
+_MARKDOWN_HEADS = ((SLOWER, "figure(s) slower.**"),
+                   (UNDECIDABLE, "undecidable** (changed beyond the threshold; too few samples to decide)."),
+                   (INCONCLUSIVE, "inconclusive** (changed beyond the threshold, not significant)."))
 
 
 def _markdown_order(r: Row) -> tuple[int, float]:
