@@ -148,11 +148,9 @@ EXACT_TIES_MAX_CELLS = 4_000_000  # ... and its dynamic programme (:func:`_exact
 
 def _exact_ties_ok(n: int, n1: int) -> bool:
     """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled values:
-    at most EXACT_TIES_MAX_CELLS cells of :func:`_rank_sum_counts` (n values x (j + 1) counts x
-    (2 n j + 1) doubled rank sums, j = min(n1, n - n1): cubic in the samples, so 1 against 49,999
-    is refused though C(n, 1) is small) and at most EXACT_TIES_MAX_SPLITS splits; beyond, the normal
-    approximation, as scipy for every tie. The cells are checked first: they bound n to about 1,000,
-    where C(n, n1) is cheap."""
+    at most EXACT_TIES_MAX_CELLS cells of :func:`_rank_sum_counts` (n x (j + 1) x (2 n j + 1),
+    j = min(n1, n - n1): 1 against 49,999 is refused) and, checked second as it is then cheap, at
+    most EXACT_TIES_MAX_SPLITS splits; beyond, the normal approximation, as scipy for every tie."""
     j = min(n1, n - n1)
     return n * (j + 1) * (2 * n * j + 1) <= EXACT_TIES_MAX_CELLS and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS
 
@@ -392,20 +390,15 @@ SELECT_MAX_CANDIDATES = 1 << 16  # pairs listed at once by the selection (at lea
 def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> list[float]:
     """The k-th smallest (1-based) of the m n differences ly_j - lx_i, for each k in ``ks``.
 
-    Up to BRUTE_MAX_PAIRS pairs: listed and sorted. Beyond, no m n list is ever built: for each k
-    a bisection on the value t, with the count of differences <= t (for ascending lx and each
-    y_j, m - #(lx_i < ly_j - t), numpy's searchsorted: O(n log m) per step), narrows (lo, hi]
-    with count(lo) < k <= count(hi) until it holds at most max(m + n, SELECT_MAX_CANDIDATES)
-    pairs; those are listed (for each y_j the x run with lo < y_j - x <= hi) and the one of rank
-    k - count(lo) among them selected (np.partition). The brackets already counted are reused
-    by the next k (the two middle ranks and the interval's ends share most steps). About
-    log2(m n / (m + n)) steps of O((m + n) log m): n log n in the samples, O(m + n) memory.
-    A step that splits nothing (an empty gap between tied differences) is followed by one at the
-    middle of the smallest and largest difference left, not of the bracket; where those are one
-    difference repeated (ties on both sides) or the values cannot be split further, that
-    difference is the k-th (halving towards a tied 0 would take ~1,000 steps). The selection of
-    Monahan (ACM TOMS 10 (1984) 265-270) narrows by the rank instead of the value, in fewer
-    steps."""
+    Up to BRUTE_MAX_PAIRS pairs: listed and sorted. Beyond, no m n list is built: per k, a
+    bisection on the value t, counting the differences <= t with searchsorted (O(n log m) a step),
+    narrows (lo, hi] with count(lo) < k <= count(hi) to at most max(m + n, SELECT_MAX_CANDIDATES)
+    pairs, which are listed and the one of rank k - count(lo) selected (np.partition); brackets
+    counted are reused by the next k. About log2(m n / (m + n)) steps: O(m + n) memory. A step
+    that splits nothing (a gap between tied differences) is followed by one at the middle of the
+    smallest and largest difference left; where those are one difference repeated, or the values
+    cannot be split further, that difference is the k-th. (Monahan's selection, ACM TOMS 10
+    (1984) 265-270, narrows by rank instead, in fewer steps.)"""
     m, n = len(lx), len(ly)
     if m * n <= BRUTE_MAX_PAIRS:
         d = [b - a for b in ly for a in lx]
@@ -662,9 +655,6 @@ def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold
         metric: "bandwidth" (higher is better) or "time" (lower is better).
         threshold_pct: a change of at most this (in %) is "same" whatever the test says.
         alpha: level of the two-sided Mann-Whitney U test, and 1 - the interval's confidence.
-
-    Returns:
-        Judgement, with ``why``: the p reached, or that these sizes cannot reach alpha.
     """
     shift = hodges_lehmann(base, new, alpha)
     t = mann_whitney_u(new, base)
@@ -843,12 +833,8 @@ def _reasons(t: dict) -> set[str]:
 def _pcie_link(t: dict) -> tuple[int, int] | None:
     """(gen, width) of a telemetry block's ``pcie``: both ints (bool excluded), else None."""
     p = t.get("pcie")
-    if not isinstance(p, dict):
-        return None
-    g, w = p.get("gen"), p.get("width")
-    if type(g) is not int or type(w) is not int:
-        return None
-    return g, w
+    g, w = (p.get("gen"), p.get("width")) if isinstance(p, dict) else (None, None)
+    return (g, w) if type(g) is int and type(w) is int else None
 
 
 def telemetry_diff(rb: Record, rn: Record) -> list[str]:
@@ -1101,7 +1087,6 @@ def check_same_command(results: Sequence[tuple[str, Result]]) -> str:
                 "compare results of the same command",
             )
     return base.command
-
 
 
 def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str = "new",
