@@ -456,16 +456,15 @@ def _collective_section(command: str, metric: str, items, many: bool) -> Section
         sub = [(n, r) for n, r in items if (r.params.get("collective"), r.params.get("nranks")) == (coll, nranks)]
         keys = _mode_keys([r for _, r in sub], {"nbytes", "collective", "nranks"})
         head = f"{coll or command}, {nranks} ranks" if nranks else f"{coll or command}"
+        # (title, scale_by, fallback label) per panel: busbw = algbw (2-rank all-reduce, broadcast...) is one
         if metric == "time":
-            panels.append(Panel("collective", metric, f"{head}: time", _series(sub, keys, many, "time"), command, "nbytes"))
-            continue
-        if all(float(r.extra.get("busbw_factor") or 1.0) == 1.0 for _, r in sub):  # busbw = algbw (2-rank
-            panels.append(Panel("collective", metric, f"{head}: busbw = algbw",  # all-reduce, broadcast...):
-                                _series(sub, keys, many, str(coll)), command, "nbytes", scale_by="algbw"))  # one panel
-            continue
-        for bw in ("busbw", "algbw"):
-            panels.append(Panel("collective", metric, f"{head}: {bw}", _series(sub, keys, many, str(coll)), command,
-                                "nbytes", scale_by=bw))
+            views: list[tuple[str, str | None, str]] = [("time", None, "time")]
+        elif all(float(r.extra.get("busbw_factor") or 1.0) == 1.0 for _, r in sub):
+            views = [("busbw = algbw", "algbw", str(coll))]
+        else:
+            views = [(bw, bw, str(coll)) for bw in ("busbw", "algbw")]
+        panels += [Panel("collective", metric, f"{head}: {what}", _series(sub, keys, many, fallback), command,
+                         "nbytes", scale_by=by) for what, by, fallback in views]
     fixed = _fixed_text(recs, {"nbytes", "placement", "collective", "nranks"})
     heads = "; ".join(f"{c}, {n} ranks" if n else str(c) for c, n in colls)
     title = f"nccl {heads}" + (f" ({fixed})" if fixed else "") + ": busbw and algbw vs size"
