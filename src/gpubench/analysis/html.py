@@ -53,11 +53,10 @@ h = safe.html
 
 @dataclass
 class Item:
-    """One result to show: its display name, the Result, and the bundle step it came from."""
+    """One result to show: its display name and the Result."""
 
     name: str
     result: Result
-    bundle: str | None = None
 
 
 @dataclass
@@ -91,7 +90,7 @@ def _add_file(inputs: Inputs, path: Path, name: str, seen_steps: set[str]) -> No
         inputs.bundles.append((name, b))
         for s in b.steps:
             if s.result is not None:
-                inputs.items.append(Item(f"{name}: {s.name}", s.result, name))
+                inputs.items.append(Item(f"{name}: {s.name}", s.result))
                 if s.path:
                     seen_steps.add(os.path.basename(str(s.path)))
         return
