@@ -1,23 +1,15 @@
 """One self-contained HTML page of saved results, suite bundles, comparisons and a fleet.
 
 ``gpubench report RESULT_OR_BUNDLE... -o report.html`` reads result files (``--json``), suite
-bundles (``suite-HOST-TIME.json``, or the folder holding them) and fleet bundles (a bundle, or any
-JSON object, with a ``fleet`` object; see :func:`check_fleet`), and writes one HTML file:
-
-- the verdicts and flags first: partial results (interrupted, or stopped by a fault), points above
-  the link's peak (a timing fault), throttled points (a record whose ``extra`` has a true
-  ``throttled`` or a non-empty ``*throttle*`` field), failed points, failed verification, suite
-  expectations that failed, fleet rows that are slow, failed or missing, comparison regressions;
-- the environment of each machine (:func:`gpubench.analysis.compare.env_facts`);
-- the fleet table (a row per node and GPU, outliers highlighted) and the links matrix;
-- each suite bundle's steps and expectation outcomes;
-- a comparison for each command given two or more results (:func:`gpubench.analysis.compare.compare`, each
-  result against the first of its command, as ``gpubench compare``), with an overlay plot;
-- each result: what ran, its flags, a table of its figures and its plot (:mod:`gpubench.analysis.plot`).
+bundles (or the folder holding them) and fleet bundles (any JSON object with a ``fleet`` object;
+:func:`check_fleet`), and writes one HTML file: verdicts and flags first, then the environment,
+the fleet, each suite bundle, with ``--baseline`` a comparison per input of its command
+(:func:`gpubench.analysis.compare.compare`), and each result's table and plot. docs/report.md
+describes the page in order.
 
 Self-contained: no script, no link, no font or style sheet fetched; plots are PNGs inline as
-``data:`` URIs and a Content-Security-Policy forbids any other source. Readable without
-JavaScript; a print style sheet keeps tables and figures whole on paper. Every string from a file
+``data:`` URIs and a Content-Security-Policy forbids any other source; readable without
+JavaScript, and a print style sheet keeps tables and figures whole. Every string from a file
 passes through :func:`gpubench.core.safe.html` once, where it is written.
 
 Figures: bandwidth = nbytes / seconds per sample (median, p25-p75), in GB/s (1e9 B/s) or GiB/s;

@@ -1,28 +1,11 @@
 """Plot saved results as one PNG (matplotlib's Agg backend: no display needed).
 
-Each command's records are drawn the way they read best (docs/plot.md shows one of each):
-
-- **sweep** (copy, and batch/memcpy2d over several sizes): the median against size on a log2 x axis,
-  one panel per direction (facets share the y axis), one colour per memory kind (or per strategy),
-  a p25-p75 band.
-- **bars** (batch, memcpy2d, overlap at one size): one bar group per strategy (overlap: per stage),
-  one bar per direction + memory kind (overlap: per work), whiskers p25-p75, ``n=`` over each bar.
-- **nccl**: busbw and algbw, each its own panel against size (one panel where they are equal); the collective, rank count, dtype and
-  op in the titles; one line per placement.
-- **matrix** (p2p): one annotated 2-D matrix per test (and bidir part), every bandwidth matrix on
-  one shared colour scale from 0 and every latency matrix on one shared, reversed scale (brighter =
-  better in both); each cell shows its value and, where known, its % of the link's peak.
-- **intervals** (net): each stream's and the total's received rate per interval against time since
-  the start, both axes from 0 (a second axis in Gbit/s); a panel per direction (--bidir) on one
-  y scale.
-- **pairs** (merge): bars of the median per worker pair (w1, w2) with p25-p75 whiskers, ``n=`` over
-  each bar.
-
-Several files are overlaid: one colour per file (the legend names the file) and one line style
-(bars: hatch) per mode. Peak lines are labelled by their source: "measured link" (saved in the
-record by the run, for the link it measured: PCIe from NVML's generation and width, NVLink from
-NVML's per-link speed), "NVML" (derived here from the result's env when no record carries one) and
-"user" (``--peak``).
+Each command's records are drawn the way they read best (docs/plot.md shows and explains each):
+lines against size (**sweep**), bars per strategy or stage (**bars**), nccl's busbw and algbw
+(**collective**), p2p's annotated matrices (**matrix**), net's rate per interval (**intervals**),
+merge's worker pairs (**pairs**). Several files are overlaid, one colour per file and one line
+style (bars: hatch) per mode. Peak lines are labelled by their source: "measured link" (saved in
+the record by the run), "NVML" (derived here from the result's env) or "user" (``--peak``).
 
 Values: bandwidth = nbytes / seconds per sample (:meth:`Record.rates`), shown in GB/s (1e9 B/s) or
 GiB/s; busbw = algbw x the record's ``busbw_factor`` (nccl-tests' doc/PERFORMANCE.md); time in
