@@ -1,34 +1,10 @@
 """The result model: what every command returns and ``--json`` saves; atomic save and checked load.
 
-JSON layout (schema version 1)::
-
-    {
-      "schema": "gpubench.result",        # marks a gpubench file
-      "schema_version": 1,
-      "command": "copy",                  # the command that made it
-      "gpubench_version": "0.1.0",
-      "created": "2026-11-30T01:00:00+00:00",
-      "argv": ["copy", "--pinned"],
-      "spec": {...},                      # the parsed options
-      "timing": {...},                    # clock, warm-ups, iteration rule, method notes
-      "env": {...},                       # gpubench.core.env.capture()
-      "partial": false,                   # true when stopped early; "interrupted_by" names the signal,
-                                          # "failed_by" (present only then) the machine fault
-      "records": [                        # one per measured point
-        {"params": {"direction": "h2d", "memory": "pinned", "device": 0, "nbytes": 4096},
-         "metric": "bandwidth",           # "bandwidth" (higher is better) or "time" (lower is better)
-         "nbytes": 4096,                  # bytes moved per step; a sample's rate = nbytes / sample
-         "samples_s": [1.2e-06, ...],     # raw per-step seconds, every timed sample
-         "reps": 16,                      # steps per sample
-         "error": null,                   # or one line: why this point has no samples
-         "extra": {},                     # command-specific derived values
-         "telemetry": {...}}              # GPU state during the point (core/telemetry.py) or null
-      ]
-    }
-
-The JSON Schema of this layout is ``gpubench/schemas/result-v1.schema.json`` (:func:`json_schema`).
-Raw bytes and seconds are kept so GB/s or GiB/s can be derived later. Loading a newer schema
-version is refused; older versions are upgraded through ``_MIGRATIONS``.
+The JSON layout (schema version 1) is :meth:`Result.to_dict` with its records' :meth:`Record.to_dict`
+(the fields as the classes below describe them), shown in docs/results.md; its JSON Schema is
+``gpubench/schemas/result-v1.schema.json`` (:func:`json_schema`). Raw bytes and seconds are kept,
+so GB/s or GiB/s can be derived later. Loading a newer schema version is refused; older versions
+are upgraded through ``_MIGRATIONS``.
 """
 
 from __future__ import annotations
