@@ -219,8 +219,9 @@ _FD_LINK = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd|dev/
 
 
 def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
-    """Check, before a run, that ``path`` can be replaced by a regular file written atomically: the
-    one check of every output gpubench writes (--json, plot's PNG, report's HTML).
+    """Check, before a run, that ``path`` can be replaced by a regular file written atomically, and
+    return it as a Path: the one check of every output gpubench writes (--json, plot's PNG, report's
+    HTML); ``what`` is the option that named it ("--json", "-o").
 
     Refused: an empty name or one over 255 bytes; a missing folder or one that cannot be written
     (tried with a temporary file, which also catches read-only mounts and /sys or /proc); a folder;
@@ -228,13 +229,6 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     which an atomic save would replace, a FIFO, a socket); a file-descriptor link (/dev/stdout,
     /dev/fd/N, /proc/self/fd/N: the rename would replace the file the descriptor has open); an
     existing file this user cannot write.
-
-    Args:
-        path: the file to be written.
-        what: the option that named it, for messages ("--json", "-o").
-
-    Returns:
-        ``path`` as a Path.
 
     Raises:
         UsageError: one line naming the option, the path and what would be accepted.
