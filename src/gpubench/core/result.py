@@ -753,11 +753,8 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
             raise bad_field(source, pp, pcie, "null or an object of gen and width")
         for k in ("gen", "width"):
             check_int(pcie[k], source, pointer_join(pp, k), _MIN_INT)
-    for k in ("pcie_replay_delta", "nvlink_errors_delta"):
-        if t.get(k) is not None:
-            check_int(t[k], source, pointer_join(pointer, k), _MIN_INT)
-    if t.get("other_processes") is not None:
-        check_int(t["other_processes"], source, pointer_join(pointer, "other_processes"))
+    _check_fields(t, {"pcie_replay_delta": "i64", "nvlink_errors_delta": "i64", "other_processes": "int"}, source,
+                  pointer)
     _require(t, _TELEMETRY_REQUIRED, source, pointer)
     return t
 
@@ -1010,7 +1007,8 @@ def check_command(v: object, source: str, pointer: str) -> str:
     return v
 
 
-# env: part -> {field: kind}; kind "str", "int" or "num", each also null (the schema's $defs/env)
+# env: part -> {field: kind}; kind "str", "int" (>= 0), "i64" or "num" (>= 0), each also null (the schema's
+# $defs/env)
 _ENV_FIELDS: dict[str, dict[str, str]] = {
     "host": {"hostname": "str", "os": "str", "python": "str", "cpu_count": "int", "cpus_usable": "int",
              "cpu_model": "str", "numa_nodes": "int", "mem_total_bytes": "int", "mem_available_bytes": "int"},
@@ -1035,6 +1033,8 @@ def _check_fields(obj: dict, fields: dict[str, str], source: str, pointer: str) 
             check_str(v, source, p, allow_none=True)
         elif kind == "int":
             check_int(v, source, p, -1 if k == "numa_node" else 0)
+        elif kind == "i64":
+            check_int(v, source, p, _MIN_INT)
         else:
             check_number(v, source, p)
 
@@ -1072,10 +1072,7 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         if "bindings" in numa:
             bp = pointer_join(np_, "bindings")
             for i, b in enumerate(_check_list(numa["bindings"], source, bp, "an array of bindings")):
-                b = check_obj(b, source, f"{bp}/{i}")
-                if b.get("node") is not None:
-                    check_int(b["node"], source, f"{bp}/{i}/node", _MIN_INT)
-                check_str(b.get("cpus"), source, f"{bp}/{i}/cpus", allow_none=True)
+                _check_fields(check_obj(b, source, f"{bp}/{i}"), {"node": "i64", "cpus": "str"}, source, f"{bp}/{i}")
                 if "reason" in b:
                     check_str(b["reason"], source, f"{bp}/{i}/reason")
                 _require(b, {"node": "a node number or null", "cpus": "a CPU list or null",
@@ -1086,9 +1083,7 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         t = check_obj(env["telemetry"], source, tp)
         if "enabled" in t and type(t["enabled"]) is not bool:
             raise bad_field(source, pointer_join(tp, "enabled"), t["enabled"], "true or false")
-        if t.get("interval_s") is not None:
-            check_number(t["interval_s"], source, pointer_join(tp, "interval_s"))
-        check_str(t.get("error"), source, pointer_join(tp, "error"), allow_none=True)
+        _check_fields(t, {"interval_s": "num", "error": "str"}, source, tp)
         _require(t, {"enabled": "true or false", "interval_s": "a number or null", "error": "a string or null"},
                  source, tp)
     if "nodes" in env:
@@ -1171,9 +1166,8 @@ def _check_preflight(v: object, source: str, pointer: str) -> None:
                 for j, o in enumerate(_check_list(g["other_processes"], source, f"{p}/other_processes",
                                                   "an array of processes")):
                     check_obj(o, source, f"{p}/other_processes/{j}")
-            for k in ("utilization_gpu_pct", "utilization_memory_pct", "temperature_c", "slowdown_temp_c"):
-                if g.get(k) is not None:
-                    check_int(g[k], source, f"{p}/{k}", _MIN_INT)
+            _check_fields(g, dict.fromkeys(("utilization_gpu_pct", "utilization_memory_pct", "temperature_c",
+                                            "slowdown_temp_c"), "i64"), source, p)
             _require(g, {"index": "an integer", "busy": "an array of strings"}, source, p)
     _require(pre, {"idle": "true, false or null", "warnings": "an array of strings", "gpus": "an array of GPUs",
                    "error": "a string or null"}, source, pointer)
