@@ -1283,13 +1283,11 @@ MAX_TABLE_ROWS = 500  # the terminal table lists at most this many rows; beyond,
 def differing_params(rows: Sequence[Row]) -> list[str]:
     """Param names whose value differs between rows (a row lacking one counts as differing), in
     first-seen order; [] for one row."""
-    keys = list(dict.fromkeys(k for r in rows for k in r.params))
-    out = []
-    for k in keys:
-        first = rows[0].params.get(k, _MISSING) if rows else _MISSING
-        if any((v := r.params.get(k, _MISSING)) != first or type(v) is not type(first) for r in rows[1:]):
-            out.append(k)
-    return out
+    def differs(k: str) -> bool:
+        first = rows[0].params.get(k, _MISSING)
+        return any((v := r.params.get(k, _MISSING)) != first or type(v) is not type(first) for r in rows[1:])
+
+    return [k for k in dict.fromkeys(k for r in rows for k in r.params) if differs(k)]
 
 
 def varying_params(rows: Sequence[Row]) -> list[str]:

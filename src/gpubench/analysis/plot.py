@@ -76,12 +76,8 @@ def check_numbers(d: Any, source: str) -> None:
     Raises:
         UsageError: one line naming ``source``, the field (``records[3].nbytes``) and its value.
     """
-    if not isinstance(d, dict):
-        return
-    recs = d.get("records")
-    if not isinstance(recs, list):
-        return
-    for i, r in enumerate(recs):
+    recs = d.get("records") if isinstance(d, dict) else None
+    for i, r in enumerate(recs if isinstance(recs, list) else []):
         if not isinstance(r, dict):
             raise _bad(source, f"records[{i}]", r, "an object")
         for k, low in (("nbytes", 0), ("reps", 1)):

@@ -761,7 +761,6 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
 
 _STAT3_SET = frozenset(_STAT3_KEYS)
 _PCIE_SET = frozenset(("gen", "width"))
-_TELEMETRY_REQUIRED_SET = frozenset(_TELEMETRY_REQUIRED)
 
 
 def _num_ok(v: Any) -> bool:  # any JSON value: told apart by its type() below
@@ -776,7 +775,7 @@ def _int_ok(v: object, lo: int = _MIN_INT) -> bool:
 def _telemetry_ok(t: object) -> bool:
     """True when :func:`check_telemetry` would pass ``t``, without building a JSON Pointer or an
     error (every record may carry a block); anything doubtful goes to the named check."""
-    if type(t) is not dict or not _TELEMETRY_REQUIRED_SET <= t.keys() <= _TELEMETRY_KEYS:
+    if type(t) is not dict or not _TELEMETRY_REQUIRED.keys() <= t.keys() <= _TELEMETRY_KEYS:
         return False
     if not _int_ok(t["n"], 0) or not (_num_ok(t["interval_s"]) and t["interval_s"] > 0):
         return False
