@@ -884,12 +884,9 @@ def telemetry_diff(rb: Record, rn: Record) -> list[str]:
 
 def _link_errors(t: dict, suffix: str = "") -> list[str]:
     """PCIe replays and NVLink errors counted in a telemetry block, each "label count" + ``suffix``."""
-    out = []
-    for key, label in (("pcie_replay_delta", "PCIe replays"), ("nvlink_errors_delta", "NVLink errors")):
-        v = _num(t, key)
-        if v:
-            out.append(f"{label} {_count(v)}{suffix}")
-    return out
+    counted = ((label, _num(t, key)) for key, label in (("pcie_replay_delta", "PCIe replays"),
+                                                        ("nvlink_errors_delta", "NVLink errors")))
+    return [f"{label} {_count(v)}{suffix}" for label, v in counted if v]
 
 
 def _events(t: dict) -> list[str]:

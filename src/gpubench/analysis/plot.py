@@ -317,9 +317,8 @@ class Section:
         return max(1, min(_PANEL[self.kind][2], self.max_cols, len(self.panels)))
 
     def groups(self) -> list[list[int]]:
-        """Panel indices per metric; in a matrix section each metric starts a row (its own scale)."""
-        if self.kind != "matrix":
-            return [list(range(len(self.panels)))]
+        """Panel indices per metric: one group but in a matrix section, where each metric starts a
+        row (its own scale); the other kinds' sections are built per metric."""
         out: dict[str, list[int]] = {}
         for i, p in enumerate(self.panels):
             out.setdefault(p.metric, []).append(i)

@@ -125,12 +125,7 @@ def time_ratios(records: list[Record], baseline: str, key) -> list[tuple[Record,
     """
     base = {key(r): r.time_summary().median for r in records
             if r.params.get("strategy") == baseline and r.samples_s}
-    out = []
-    for r in records:
-        if r.samples_s:
-            b = base.get(key(r))
-            out.append((r, b / r.time_summary().median if b else None))
-    return out
+    return [(r, b / r.time_summary().median if (b := base.get(key(r))) else None) for r in records if r.samples_s]
 
 
 @dataclass
