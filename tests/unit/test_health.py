@@ -343,3 +343,17 @@ def test_suite_check_fails_on_a_sick_gpu_and_names_it(run_cli, tmp_path):
     code, out, err = run_cli("suite", "--check", src, "--expect", toml)
     assert code == 1 and "1 expectation(s) not met" in err, err
     assert "PCIe replays during the runs 37, <= 0" in out and "FAILED: 1 pass, 1 fail" in out, out
+
+
+def test_xid_events_seen_in_one_run_fail_even_where_another_run_could_not_watch():
+    from gpubench.validation.suite import evaluate
+
+    seen = _health_result([(HEALTHY, HEALTHY)], xids=[(0, 79)])
+    blind = _health_result([(HEALTHY, HEALTHY)])
+    blind["env"]["health"]["xid_events"] = "unsupported"
+    rule = _expect("[health]\nmax_xid_events = 0\n")
+    for order in ((seen, blind), (blind, seen)):
+        (o,) = evaluate(rule, [Result.from_dict(d) for d in order])
+        assert (o.status, o.value) == ("fail", 1.0)
+    (o,) = evaluate(rule, [Result.from_dict(blind), Result.from_dict(_health_result([(HEALTHY, HEALTHY)]))])
+    assert o.status == "skipped" and "not supported" in o.note  # 0 seen in one run, the other blind

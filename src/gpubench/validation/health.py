@@ -144,9 +144,10 @@ def _gpus(results: Iterable[Any]) -> list[_Gpu]:
             key = (host, g.get("uuid") or g.get("index"))
             gpu = by.setdefault(key, _Gpu(host, g.get("index"), g.get("uuid"), []))
             gpu.pairs.append((g.get("before") or {}, g.get("after") or {}))
-            if isinstance(xids, list) and isinstance(gpu.xids, int):
-                gpu.xids += sum(1 for x in xids if isinstance(x, dict) and x.get("index") == g.get("index"))
-            elif gpu.xids == 0 or xids is None:
+            if isinstance(xids, list):  # events seen count even where another run could not watch
+                n = sum(1 for x in xids if isinstance(x, dict) and x.get("index") == g.get("index"))
+                gpu.xids = gpu.xids + n if isinstance(gpu.xids, int) else (n or gpu.xids)
+            elif gpu.xids == 0:  # a run that could not watch: no count of 0 can be claimed
                 gpu.xids = UNSUPPORTED if xids == UNSUPPORTED else None
     return list(by.values())
 
