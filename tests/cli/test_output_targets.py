@@ -164,6 +164,15 @@ def test_json_into_a_missing_folder_is_refused_before_the_run(run_cli, tmp_path,
     _refused_matching(run_cli, *argv, "--json", str(target), needle="no-such-folder.* does not exist")
     assert not target.parent.exists()
 
+@pytest.mark.parametrize("argv", [["env"], ["net", "local", "-t", "0.1"]])
+@pytest.mark.parametrize("name", ["newdir/", "newdir/..", "."])
+def test_json_naming_a_folder_with_a_trailing_slash_is_refused_and_nothing_is_written(run_cli, tmp_path, argv, name):
+    target = f"{tmp_path}/{name}"
+    code, out, err = run_cli(*argv, "--json", target)
+    assert code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "newdir").exists() and list(tmp_path.iterdir()) == []
+
+
 def test_json_inside_a_file_is_refused_and_the_file_kept(run_cli, tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("keep me")

@@ -218,7 +218,8 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     return it as a Path: the one check of every output gpubench writes (--json, plot's PNG, report's
     HTML); ``what`` is the option that named it ("--json", "-o").
 
-    Refused: an empty name or one over 255 bytes; a missing folder or one that cannot be written
+    Refused: an empty name or one over 255 bytes; a name that ends in "/" (a folder's, even a missing
+    one: "new/" would be saved as a file "new"); a missing folder or one that cannot be written
     (tried with a temporary file, which also catches read-only mounts and /sys or /proc); a folder;
     anything that exists and is not a regular file, directly or through symbolic links (a device,
     which an atomic save would replace, a FIFO, a socket); a file-descriptor link (/dev/stdout,
@@ -231,6 +232,8 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     shown = safe.term(repr(str(path)), 300)
     if not str(path).strip():
         raise UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
+    if str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):  # "new/": a folder, not a file
+        raise UsageError(f"{what} {shown} names a folder", "give a file name, e.g. out.json")
     name_len = len(os.fsencode(Path(path).name))
     if name_len > 255:
         raise UsageError(f"{what}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
