@@ -296,7 +296,8 @@ def test_net_has_no_condition_options(run_cli):
 
 
 @pytest.mark.parametrize("value,words", [("99", "no NUMA node 99"), ("socket", "is not a NUMA node"),
-                                         ("-1", "no NUMA node -1"), ("", "is not a NUMA node")])
+                                         ("-1", "'-1' is not a NUMA node"), ("-0", "'-0' is not a NUMA node"),
+                                         ("", "is not a NUMA node")])
 def test_bad_numa_one_line_exit_2(run_cli, value, words):
     code, out, err = run_cli("copy", "--numa", value)
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -107,7 +107,7 @@ def nodes(root: str = NODE_ROOT) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
-_NODE_TEXT = re.compile(r"-?[0-9]{1,9}")  # ASCII digits; the kernel's MAX_NUMNODES is at most 1024
+_NODE_TEXT = re.compile(r"[0-9]{1,9}")  # ASCII digits, no sign ("-0" is no node); MAX_NUMNODES is at most 1024
 
 
 def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
@@ -121,7 +121,7 @@ def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
     t = str(text).strip().lower()
     if t in POLICIES:
         return t
-    if not _NODE_TEXT.fullmatch(t):  # int() also takes "٠", "０", "0_0" and "+0": not node numbers as sysfs writes them
+    if not _NODE_TEXT.fullmatch(t):  # int() also takes "٠", "０", "0_0", "+0" and "-0": not node numbers as sysfs writes them
         raise UsageError(f"--numa {safe.term(repr(text), 80)} is not a NUMA node, none, all or auto",
                          "e.g. --numa 0, --numa none, --numa all")
     node = int(t)
