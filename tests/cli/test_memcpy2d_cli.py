@@ -15,6 +15,8 @@ BAD = [
     (["-H", "0"], "-H/--height 0"),
     (["-H", "-7"], "-H/--height -7"),
     (["--src-pitch", "0x"], "positive multiple"),
+    (["--dst-pitch", "１x"], "--dst-pitch '１x' is not a size"),  # float() reads fullwidth digits
+    (["--src-pitch", "١.٥x"], "--src-pitch '١.٥x' is not a size"),
     (["--src-pitch", "4GiB"], "maximum pitch"),
     (["-H", "1073741824", "--src-pitch", "2000MiB"], "does not fit"),
     (["--total", "1MiB", "-W", "3000"], "3000-byte rows"),

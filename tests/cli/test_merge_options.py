@@ -45,6 +45,11 @@ def test_an_interface_this_host_lacks_is_refused_before_dask_is_imported():
     (["--base-chunks", "１２"], "--base-chunks '１２' is not an integer"),
     (["--frac-match", "٠.٥"], "--frac-match '٠.٥' is not a finite number"),
     (["--timeout", "1e-400"], "--timeout '1e-400' is too small to tell from 0"),  # not "--timeout 0 must be > 0"
+    # dask's parse_timedelta and parse_bytes read any script's digits; gpubench's are ASCII
+    (["--timeout", "١٢"], "--timeout '١٢' is not a duration"),
+    (["--timeout", "1٢m"], "--timeout '1٢m' is not a duration"),
+    (["-t", "gpu", "--rmm-pool-size", "١GB"], "--rmm-pool-size '١GB' is not a size"),
+    (["-t", "gpu", "--rmm-pool-size", "٠.٥"], "--rmm-pool-size '٠.٥' is not a size"),
     (["--scheduler-address", ""], "--scheduler-address '' is empty"),  # not a local cluster
     (["-d", ",".join(map(str, range(100_000)))], "-d/--devices names 100,000 devices"),  # at once, not after minutes
 ])

@@ -56,6 +56,8 @@ def test_help(args):
     (["server", "--bind", "not an address"], "not an address"),
     (["server", "--bind", "192.0.2.1", "--port", "0"], "cannot listen on 192.0.2.1"),
     (["local", "-b", "fast"], "-b/--bitrate 'fast' is not a bit rate"),
+    (["local", "-b", "١٢"], "-b/--bitrate '١٢' is not a bit rate"),  # float() reads Arabic-Indic digits
+    (["local", "-b", "１２M"], "-b/--bitrate '１２M' is not a bit rate"),
     (["local", "-b", "20T"], "-b/--bitrate 20000000000000 bit/s out of range"),
     (["local", "-w", "10"], "-w/--window 10 bytes out of range"),
     (["local", "-w", "lots"], "-w/--window 'lots' is not a size"),

@@ -16,7 +16,7 @@ from gpubench.core.units import format_rate, format_size, parse_size
 
 SWEEP_WIDTHS = ("64", "256", "1KiB", "4KiB", "16KiB", "64KiB")
 SWEEP_TOTAL = "4MiB"
-_FACTOR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$", re.IGNORECASE)
+_FACTOR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$", re.IGNORECASE | re.ASCII)  # not "١x"
 
 
 HELP = """Pitched 2-D copies: cudaMemcpy2DAsync vs one copy per row vs one contiguous copy vs a CuPy slice.

@@ -84,7 +84,7 @@ def _stopped_by(result) -> str:
     return f"interrupted by {result.interrupted_by}"
 
 
-_FLOAT_RE = re.compile(r"^\s*\d*\.\d+\s*$|^\s*\d+(\.\d*)?[eE][-+]?\d+\s*$")
+_FLOAT_RE = re.compile(r"^\s*\d*\.\d+\s*$|^\s*\d+(\.\d*)?[eE][-+]?\d+\s*$", re.ASCII)
 
 
 def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
@@ -114,8 +114,8 @@ def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
     except ImportError:
         raise UsageError("--rmm-pool-size reads sizes as dask-cuda does (dask.utils.parse_bytes); dask is not "
                          "installed", "pip install 'gpubench-cuda[dask]'") from None
-    try:
-        nbytes = parse_bytes(text.strip())
+    try:  # dask reads "١GB" (any script's digits); gpubench's numbers are ASCII digits (docs/errors.md)
+        nbytes = parse_bytes(text.strip()) if text.isascii() else None
     except (ValueError, TypeError, KeyError, OverflowError):  # "9" x 400 overflows a float
         nbytes = None
     if not isinstance(nbytes, int) or nbytes < 1:
@@ -145,7 +145,7 @@ def parse_timeout(text) -> float:
         return text
     s = str(text).strip()
     bad = UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
-    if not s:
+    if not s or not s.isascii():  # dask reads "١٢" (any script's digits); gpubench's are ASCII (docs/errors.md)
         raise bad
     import importlib
 
