@@ -48,12 +48,6 @@ class CollCounts:
     send_inplace_offset: int
     recv_inplace_offset: int
 
-    def send_bytes(self, elt_size: int) -> int:
-        return self.send_count * elt_size
-
-    def recv_bytes(self, elt_size: int) -> int:
-        return self.recv_count * elt_size
-
 
 def _per_rank_base(count: int, elt_size: int, nranks: int) -> int:
     # (count / nranks) & ~(16 / eltSize - 1): a whole number of 16-byte units per rank
@@ -148,24 +142,14 @@ def _grouped(a: RankCall, calls: Calls) -> Calls:
     return [(a.group_start, ()), *calls, (a.group_end, ())]
 
 
-def _all_reduce_call(a: RankCall) -> Calls:
-    return [(a.comm.allReduce, (a.send, a.recv, a.count, a.dtype.nccl, a.op, a.stream))]
+def _single(method: str, *extra: str) -> Callable[[RankCall], Calls]:
+    """RunColl of a collective that is one NCCL call: ``comm.<method>(send, recv, count, datatype,
+    <the RankCall fields named in extra: op, root>, stream)``."""
+    def call(a: RankCall) -> Calls:
+        return [(getattr(a.comm, method), (a.send, a.recv, a.count, a.dtype.nccl, *(getattr(a, f) for f in extra),
+                                           a.stream))]
 
-
-def _all_gather_call(a: RankCall) -> Calls:
-    return [(a.comm.allGather, (a.send, a.recv, a.count, a.dtype.nccl, a.stream))]
-
-
-def _reduce_scatter_call(a: RankCall) -> Calls:
-    return [(a.comm.reduceScatter, (a.send, a.recv, a.count, a.dtype.nccl, a.op, a.stream))]
-
-
-def _broadcast_call(a: RankCall) -> Calls:
-    return [(a.comm.broadcast, (a.send, a.recv, a.count, a.dtype.nccl, a.root, a.stream))]
-
-
-def _reduce_call(a: RankCall) -> Calls:
-    return [(a.comm.reduce, (a.send, a.recv, a.count, a.dtype.nccl, a.op, a.root, a.stream))]
+    return call
 
 
 def _all_to_all_call(a: RankCall) -> Calls:
@@ -364,15 +348,15 @@ COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
         Collective("all-reduce", "all_reduce_perf", "src/all_reduce.cu", _same, _one_block, _twice_share_of_others,
-                   "2(n-1)/n", _all_reduce_call, _expect_reduced, reduces=True),
+                   "2(n-1)/n", _single("allReduce", "op"), _expect_reduced, reduces=True),
         Collective("all-gather", "all_gather_perf", "src/all_gather.cu", _allgather, _n_blocks, _share_of_others,
-                   "(n-1)/n", _all_gather_call, _expect_every_rank_block),
+                   "(n-1)/n", _single("allGather"), _expect_every_rank_block),
         Collective("reduce-scatter", "reduce_scatter_perf", "src/reduce_scatter.cu", _reducescatter, _n_blocks,
-                   _share_of_others, "(n-1)/n", _reduce_scatter_call, _expect_reduced_block, reduces=True),
-        Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, _one_block, _one, "1", _broadcast_call,
-                   _expect_root, rooted=True, aliases=("bcast",)),
-        Collective("reduce", "reduce_perf", "src/reduce.cu", _same, _one_block, _one, "1", _reduce_call, _expect_reduced,
-                   holds_result=_root_only, reduces=True, rooted=True),
+                   _share_of_others, "(n-1)/n", _single("reduceScatter", "op"), _expect_reduced_block, reduces=True),
+        Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, _one_block, _one, "1",
+                   _single("broadcast", "root"), _expect_root, rooted=True, aliases=("bcast",)),
+        Collective("reduce", "reduce_perf", "src/reduce.cu", _same, _one_block, _one, "1",
+                   _single("reduce", "op", "root"), _expect_reduced, holds_result=_root_only, reduces=True, rooted=True),
         Collective("all-to-all", "alltoall_perf", "src/alltoall.cu", _alltoall, _n_blocks, _share_of_others, "(n-1)/n",
                    _all_to_all_call, _expect_my_block_of_every_rank, checked_in_place=False),
         Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, _one_block, _one, "1", _send_recv_call,
@@ -427,16 +411,26 @@ _DTYPE_ALIASES = {
 OPS: dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 
 
+def _lookup(what: str, name: str, table: dict, aliases: dict[str, str] | None = None) -> str:
+    """The key of ``table`` that ``name`` (any case, spaces around) or its alias names.
+
+    Raises:
+        UsageError: neither; the message lists the table's keys.
+    """
+    key = str(name).strip().lower()
+    key = (aliases or {}).get(key, key)
+    if key not in table:
+        raise UsageError(f"{what} {name!r} not known", f"use one of {', '.join(table)}")
+    return key
+
+
 def collective(name: str) -> Collective:
     """The table entry for ``name`` (canonical or an alias such as ``allreduce``).
 
     Raises:
         UsageError: not a known collective; the message lists the accepted names.
     """
-    key = _SPELLINGS.get(str(name).strip().lower())
-    if key is None:
-        raise UsageError(f"collective {name!r} not known", f"use one of {', '.join(COLLECTIVES)}")
-    return COLLECTIVES[key]
+    return COLLECTIVES[_lookup("collective", name, COLLECTIVES, _SPELLINGS)]
 
 
 def dtype(name: str) -> DType:
@@ -445,11 +439,7 @@ def dtype(name: str) -> DType:
     Raises:
         UsageError: not a known type (float8 types are not offered: CuPy's NCCL bindings lack them).
     """
-    key = str(name).strip().lower()
-    key = _DTYPE_ALIASES.get(key, key)
-    if key not in DTYPES:
-        raise UsageError(f"data type {name!r} not known", f"use one of {', '.join(DTYPES)}")
-    return DTYPES[key]
+    return DTYPES[_lookup("data type", name, DTYPES, _DTYPE_ALIASES)]
 
 
 def op(name: str) -> int:
@@ -458,10 +448,7 @@ def op(name: str) -> int:
     Raises:
         UsageError: any other name (nccl-tests' premultiplied ``mulsum`` is not offered).
     """
-    key = str(name).strip().lower()
-    if key not in OPS:
-        raise UsageError(f"reduction op {name!r} not known", f"use one of {', '.join(OPS)}")
-    return OPS[key]
+    return OPS[_lookup("reduction op", name, OPS)]
 
 
 def counts(coll: Collective, size_bytes: int, elt_size: int, nranks: int) -> CollCounts:
@@ -487,7 +474,7 @@ def counts(coll: Collective, size_bytes: int, elt_size: int, nranks: int) -> Col
 def reported_bytes(coll: Collective, size_bytes: int, elt_size: int, nranks: int) -> int:
     """The "size" nccl-tests prints for a point: max(send bytes, receive bytes) of one rank."""
     c = counts(coll, size_bytes, elt_size, nranks)
-    return max(c.send_bytes(elt_size), c.recv_bytes(elt_size))
+    return max(c.send_count, c.recv_count) * elt_size
 
 
 def algbw_bytes(coll: Collective, param_count: int, elt_size: int, nranks: int) -> int:
