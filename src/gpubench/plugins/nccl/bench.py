@@ -1,22 +1,18 @@
-"""``gpubench nccl``: NCCL collectives through CuPy's bindings, timed as nccl-tests times them.
+"""``gpubench nccl``: NCCL collectives through CuPy's bindings, timed as nccl-tests 2.19.6 times them
+(src/common.cu BenchTime; docs/nccl.md). One process with one communicator per GPU
+(``NcclCommunicator.initAll``, the ranks' calls grouped between ``ncclGroupStart``/``ncclGroupEnd``
+as nccl-tests ``-g N``), or one rank per Dask worker (over_dask) or per launched process (ranks).
 
-One process, one communicator per GPU (``NcclCommunicator.initAll``), the ranks' calls grouped
-between ``ncclGroupStart``/``ncclGroupEnd`` (nccl-tests ``-g N``); or one rank per Dask worker
-(over_dask) or per launched process (ranks).
+Timed: ``perf_counter`` from before ``iters`` grouped launches are queued until every rank's stream
+has finished (polled, as testStreamSynchronize); per-iteration time = span / iters. With
+``cuda_graph`` G > 0 (``-G``) the iterations are captured once per point into one CUDA graph per
+rank's stream and a sample is G launches of them: span / (iters * G). Each iteration moves its
+buffers by one operation size (``shift``). Before timing: ``warmup`` iterations and one more (the
+"Sync" call), each followed by a full synchronisation. The report shows the median over samples.
 
-What is timed (nccl-tests 2.19.6 src/common.cu BenchTime; docs/nccl.md): a host clock
-(``perf_counter``) started before ``iters`` grouped launches are queued and stopped when every
-rank's stream has finished (polled, as testStreamSynchronize does); the per-iteration time is that
-span / iters. With ``cuda_graph`` G > 0 (nccl-tests ``-G``) the ``iters`` iterations are captured
-once per point into one CUDA graph per rank's stream and a sample is G launches of them: span /
-(iters * G). Each iteration moves its buffers by one operation size (nccl-tests' ``shift``).
-Before the timed iterations: ``warmup`` iterations and one more (nccl-tests' "Sync" call), each
-followed by a full synchronisation. The report shows the median over samples.
-
-What differs between collectives is the collective's entry in collectives.py; this module holds
-the spec, the plug-in :class:`Nccl` and the records. The rest lives by job: comm (communicators,
-buffers, waits, faults), launch (the calls, the launch queue, the timed samples, the drain),
-graphs (-G) and data (initialisation and check).
+This module holds the spec, the plug-in :class:`Nccl` and the records; the collective's entry is in
+collectives.py, and comm (communicators, buffers, waits, faults), launch (the calls, the launch
+queue, the timed samples, the drain), graphs (-G) and data (initialisation and check) the rest.
 """
 
 from __future__ import annotations

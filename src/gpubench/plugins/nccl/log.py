@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import tempfile
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 _VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
@@ -129,11 +130,7 @@ def summary_line(logs: list[dict | None], nranks: int) -> str:
     network = next((d["network"] for d in got if d.get("network")), None)
     plugins = sorted({d["plugin"] for d in got if d.get("plugin")})
     ifaces = sorted({i for d in got for i in d.get("interfaces", [])})
-    paths: dict[str, int] = {}
-    for d in got:
-        for _peer, ts in (d.get("paths") or {}).items():
-            for t in ts:
-                paths[t] = paths.get(t, 0) + 1
+    paths = Counter(t for d in got for ts in (d.get("paths") or {}).values() for t in ts)
     parts = [f"NCCL {version or '?'}"]
     if network:
         plug = ("no net plugin loaded" if plugins in ([], ["none"]) else "plugin " + ", ".join(p for p in plugins if p != "none"))

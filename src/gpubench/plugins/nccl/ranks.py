@@ -221,12 +221,9 @@ class NcclRanks(N.Nccl):
         wrong = None if any(w is None for w in wrongs) else sum(wrongs)
         rec = N.to_records(spec, [N.Point(p.nbytes, p.count, p.place, samples, wrong, errors[0] if errors else None)],
                            ctx.data["nranks"])[0]
-        per_rank = []
-        for r, (x, t) in enumerate(zip(got, ctx.env["ranks"])):
-            med = statistics.median(x["samples_s"]) if x["samples_s"] else None
-            per_rank.append({"rank": r, "host": t["host"], "gpus": t["gpus"], "samples_s": x["samples_s"],
-                             "time_s": med, "wrong": x["wrong"]})
-        rec.extra["per_rank"] = per_rank
+        rec.extra["per_rank"] = [{"rank": r, "host": t["host"], "gpus": t["gpus"], "samples_s": x["samples_s"],
+                                  "time_s": statistics.median(x["samples_s"]) if x["samples_s"] else None,
+                                  "wrong": x["wrong"]} for r, (x, t) in enumerate(zip(got, ctx.env["ranks"]))]
         rec.extra["average"] = AVERAGES[spec.average]
         return [rec]
 
