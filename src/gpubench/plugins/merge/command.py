@@ -233,6 +233,22 @@ def _sep(ch: str = "-") -> str:
     return ch * SEPARATOR_LEN
 
 
+def _pool_text(spec: dict) -> str:
+    """The "RMM pool size" row of -t gpu."""
+    if spec.get("rmm_pool_bytes") is not None:
+        return f"{format_bytes(spec['rmm_pool_bytes'])} ({spec['rmm_pool_bytes']:,} B)"
+    if spec.get("rmm_pool_fraction") is not None:
+        return f"{spec['rmm_pool_fraction']:g} of each GPU's memory"
+    if spec.get("rmm_async"):
+        return "async (CudaAsyncMemoryResource)"
+    return "RMM default (half of each GPU's memory)" if not spec.get("disable_rmm_pool") else "none"
+
+
+def _head(left: str, right: str) -> list[str]:
+    """A table's heading between its separators."""
+    return [_sep("="), _kv(left, right), _sep("-")]
+
+
 def format_lines(result) -> list[str]:
     """dask-cuda's merge report of a merge Result as text lines: configuration, per-run wall clock
     and throughput, Throughput/Bandwidth/Wall clock +/-, the (w1,w2) pair table and the worker index
@@ -241,73 +257,44 @@ def format_lines(result) -> list[str]:
     rec = result.records[0] if result.records else None
     ex = rec.extra if rec is not None else {}
     n_workers = len(ex.get("workers", [])) or (rec.params.get("n_workers") if rec else None)
-    lines = ["Merge benchmark", _sep("-")]
-    lines.append(_kv("Backend", "dask"))
-    lines.append(_kv("Merge type", spec["merge_type"]))
-    lines.append(_kv("Rows-per-chunk", spec["chunk_size"]))
-    lines.append(_kv("Base-chunks", rec.params.get("base_chunks") if rec else spec.get("base_chunks")))
-    lines.append(_kv("Other-chunks", rec.params.get("other_chunks") if rec else spec.get("other_chunks")))
-    broadcast = spec.get("broadcast")
-    lines.append(_kv("Broadcast", "default" if broadcast is None else broadcast))
-    lines.append(_kv("Protocol", spec["protocol"]))
-    lines.append(_kv("Device(s)", ",".join(map(str, spec["devices"]))))
     gpu = spec["merge_type"] == "gpu"
-    lines.append(_kv("RMM Pool", (not spec.get("disable_rmm_pool") and not spec.get("rmm_async")) if gpu else "n/a (-t cpu)"))
-    if gpu:
-        if spec.get("rmm_pool_bytes") is not None:
-            pool = f"{format_bytes(spec['rmm_pool_bytes'])} ({spec['rmm_pool_bytes']:,} B)"
-        elif spec.get("rmm_pool_fraction") is not None:
-            pool = f"{spec['rmm_pool_fraction']:g} of each GPU's memory"
-        elif spec.get("rmm_async"):
-            pool = "async (CudaAsyncMemoryResource)"
-        else:
-            pool = "RMM default (half of each GPU's memory)" if not spec.get("disable_rmm_pool") else "none"
-        lines.append(_kv("RMM pool size", pool))
-    lines.append(_kv("Frac-match", spec["frac_match"]))
+    broadcast = spec.get("broadcast")
+    rows = [("Backend", "dask"), ("Merge type", spec["merge_type"]), ("Rows-per-chunk", spec["chunk_size"]),
+            ("Base-chunks", rec.params.get("base_chunks") if rec else spec.get("base_chunks")),
+            ("Other-chunks", rec.params.get("other_chunks") if rec else spec.get("other_chunks")),
+            ("Broadcast", "default" if broadcast is None else broadcast), ("Protocol", spec["protocol"]),
+            ("Device(s)", ",".join(map(str, spec["devices"]))),
+            ("RMM Pool", (not spec.get("disable_rmm_pool") and not spec.get("rmm_async")) if gpu else "n/a (-t cpu)")]
+    rows += [("RMM pool size", _pool_text(spec))] if gpu else []
+    rows.append(("Frac-match", spec["frac_match"]))
     if spec["protocol"] == "ucx":
         sel = "automatic" if all(spec.get(k) is None for k in
                                  ("enable_tcp_over_ucx", "enable_infiniband", "enable_nvlink")) else "manual"
-        lines.append(_kv("UCX transport selection", sel))
+        rows.append(("UCX transport selection", sel))
         if sel == "manual":
-            lines.append(_kv("TCP", spec.get("enable_tcp_over_ucx")))
-            lines.append(_kv("InfiniBand", spec.get("enable_infiniband")))
-            lines.append(_kv("NVLink", spec.get("enable_nvlink")))
-    lines.append(_kv("Worker thread(s)", spec["threads_per_worker"]))
-    lines.append(_kv("Shuffle method", spec["shuffle_method"]))
+            rows += [("TCP", spec.get("enable_tcp_over_ucx")), ("InfiniBand", spec.get("enable_infiniband")),
+                     ("NVLink", spec.get("enable_nvlink"))]
+    rows += [("Worker thread(s)", spec["threads_per_worker"]), ("Shuffle method", spec["shuffle_method"])]
+    lines = ["Merge benchmark", _sep("-"), *(_kv(k, v) for k, v in rows)]
     if rec is None or not rec.samples_s:
-        lines.append(_kv("Data processed", "-"))
-        lines.append(_kv("Number of workers", n_workers if n_workers is not None else "-"))
-        lines.append(_sep("="))
-        lines.append("no timed run finished" + (f": {rec.error}" if rec is not None and rec.error else ""))
-        return lines
-    lines.append(_kv("Data processed", format_bytes(rec.nbytes)))
-    lines.append(_kv("Number of workers", n_workers))
-    lines.append(_sep("="))
-    lines.append(_kv("Wall clock", "Throughput"))
-    lines.append(_sep("-"))
-    for seconds, tp in zip(rec.samples_s, ex["throughputs_Bps"]):
-        lines.append(_kv(format_time(seconds), f"{format_bytes(tp)}/s"))
-    lines.append(_sep("="))
-    lines.append(_kv("Throughput", f"{format_bytes(ex['throughput_hmean_Bps'])}/s "
-                                   f"+/- {format_bytes(ex['throughput_hstd_Bps'])}/s"))
-    lines.append(_kv("Bandwidth", f"{format_bytes(ex['bandwidth_hmean_Bps'])}/s "
-                                  f"+/- {format_bytes(ex['bandwidth_hstd_Bps'])}/s"))
-    lines.append(_kv("Wall clock", f"{format_time(ex['wall_clock_mean_s'])} +/- {format_time(ex['wall_clock_std_s'])}"))
-    lines.append(_sep("="))
-    lines.append(_kv("(w1,w2)", "25% 50% 75% (total nbytes)"))
-    lines.append(_sep("-"))
-    for p in ex.get("pairs", []):
-        if p["total_bytes"] > 0:
-            lines.append(_kv(f"({p['w1']},{p['w2']})",
-                             f"{format_bytes(p['q25'])}/s {format_bytes(p['q50'])}/s "
-                             f"{format_bytes(p['q75'])}/s ({format_bytes(p['total_bytes'])})"))
-    lines.append(_sep("="))
-    lines.append(_kv("Worker index", "Worker address"))
-    lines.append(_sep("-"))
-    for w in sorted(ex.get("workers", []), key=lambda w: w["index"]):
-        lines.append(_kv(w["index"], w["address"]))
-    lines.append(_sep("="))
-    return lines
+        return lines + [_kv("Data processed", "-"), _kv("Number of workers", n_workers if n_workers is not None else "-"),
+                        _sep("="), "no timed run finished" + (f": {rec.error}" if rec is not None and rec.error else "")]
+    lines += [_kv("Data processed", format_bytes(rec.nbytes)), _kv("Number of workers", n_workers)]
+    lines += _head("Wall clock", "Throughput")
+    lines += [_kv(format_time(seconds), f"{format_bytes(tp)}/s") for seconds, tp in zip(rec.samples_s, ex["throughputs_Bps"])]
+    lines += [_sep("="),
+              _kv("Throughput", f"{format_bytes(ex['throughput_hmean_Bps'])}/s "
+                                f"+/- {format_bytes(ex['throughput_hstd_Bps'])}/s"),
+              _kv("Bandwidth", f"{format_bytes(ex['bandwidth_hmean_Bps'])}/s "
+                               f"+/- {format_bytes(ex['bandwidth_hstd_Bps'])}/s"),
+              _kv("Wall clock", f"{format_time(ex['wall_clock_mean_s'])} +/- {format_time(ex['wall_clock_std_s'])}")]
+    lines += _head("(w1,w2)", "25% 50% 75% (total nbytes)")
+    lines += [_kv(f"({p['w1']},{p['w2']})", f"{format_bytes(p['q25'])}/s {format_bytes(p['q50'])}/s "
+                                            f"{format_bytes(p['q75'])}/s ({format_bytes(p['total_bytes'])})")
+              for p in ex.get("pairs", []) if p["total_bytes"] > 0]
+    lines += _head("Worker index", "Worker address")
+    lines += [_kv(w["index"], w["address"]) for w in sorted(ex.get("workers", []), key=lambda w: w["index"])]
+    return lines + [_sep("=")]
 
 
 def format_notes(result, units: str = "GB") -> list[str]:
