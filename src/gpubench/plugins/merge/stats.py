@@ -83,22 +83,19 @@ def pair_statistics(
     for receiver, entries in logs.items():
         if receiver not in address_to_index:
             continue
-        bws: dict[str, list[float]] = {}
-        totals: dict[str, int] = {}
+        by_sender: dict[str, list] = {}
         for e in entries:
-            if ignore_size is not None and e["total"] < ignore_size:
-                continue
-            bws.setdefault(e["who"], []).append(float(e["bandwidth"]))
-            totals[e["who"]] = totals.get(e["who"], 0) + int(e["total"])
-        for sender, xs in bws.items():
+            if ignore_size is None or e["total"] >= ignore_size:
+                by_sender.setdefault(e["who"], []).append(e)
+        for sender, es in by_sender.items():
             if sender not in address_to_index:
                 continue
-            s = sorted(xs)
+            s = sorted(float(e["bandwidth"]) for e in es)
             out.append(PairStats(
                 w1=address_to_index[receiver], w2=address_to_index[sender], n=len(s),
                 hmean=hmean(s), hstd=hstd(s),
                 q25=_percentile(s, 25), q50=_percentile(s, 50), q75=_percentile(s, 75),
-                min=s[0], max=s[-1], total_bytes=totals[sender],
+                min=s[0], max=s[-1], total_bytes=sum(int(e["total"]) for e in es),
             ))
     return sorted(out, key=lambda p: (p.w1, p.w2))
 
