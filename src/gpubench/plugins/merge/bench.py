@@ -1,35 +1,25 @@
-"""``gpubench merge``: a distributed inner join of two random dataframes on a Dask(-CUDA) cluster.
+"""``gpubench merge``: a distributed inner join of two random dataframes on a Dask(-CUDA) cluster,
+as dask-cuda 26.10's ``benchmarks/local_cudf_merge.py`` (with ``common.py`` and ``utils.py``): the
+same data (merge_data.generate_chunk, copied), join (``ddf_base.merge(ddf_other, on=["key"],
+how="inner", broadcast=...)``, ``persist``, ``wait``), timing and figures; docs/merge.md ("What is
+timed", "Figures and their source") gives them in full.
 
-This reproduces dask-cuda 26.10's ``dask_cuda/benchmarks/local_cudf_merge.py`` (with its
-``common.py`` and ``utils.py``): the same data generation (``merge_data.generate_chunk``, copied),
-the same join (``ddf_base.merge(ddf_other, on=["key"], how="inner", broadcast=...)`` then
-``persist`` and ``wait``), the same timing and the same figures. See docs/merge.md.
+Timed per run, as dask-cuda: both frames are generated and persisted first, untimed (the base frame
+shuffled into ``base_chunks`` partitions by ``set_index("shuffle")``); then ``perf_counter``
+brackets building the join's graph, ``persist`` and ``wait``. Warm-up runs (``warmup_runs``) are the
+same and are not kept. Unlike dask-cuda, the transfer logs are cleared just before each timed join
+and read just after it, so the pair table holds only the timed joins' transfers.
 
-What is timed (as dask-cuda): per run, both frames are generated and persisted first (the base frame
-is shuffled into ``base_chunks`` partitions by ``set_index("shuffle")``); then ``perf_counter``
-brackets building the join's graph, ``persist`` and ``wait`` until every output partition sits in a
-worker's memory. Warm-up runs (``warmup_runs``, default 1) are the same and are not kept.
+Figures (dask-cuda's ``utils.py``): data processed = rows x bytes per row (the sum of the column
+itemsizes) over both frames, bytes; throughput = data processed / wall clock, B/s for the whole
+cluster, summarised by ``hmean``/``hstd`` (merge_stats); per worker pair (w1 received from w2, from
+w1's ``transfer_incoming_log``, transfers under ``ignore_size`` bytes left out) the quantiles (numpy's
+linear rule), harmonic mean and total bytes of distributed's ``total / max(duration, 1 ms)``;
+bandwidth = ``hmean``/``hstd`` over the pairs' harmonic means, per pair, not a total.
 
-Figures (dask-cuda's definitions, ``utils.py``):
-
-- data processed (bytes) = rows(base) * bytes per row(base) + rows(other) * bytes per row(other),
-  bytes per row being the sum of the column itemsizes (2 int64 columns each: 16 B).
-- throughput of a run = data processed / wall clock (B/s), for the whole cluster, not per GPU;
-  summarised by the harmonic mean ``hmean`` and ``hstd`` (merge_stats).
-- per worker pair (w1, w2): the bandwidths (``total / max(duration, 1 ms)``, computed by
-  distributed) of the transfers worker w1 received from worker w2, read from w1's
-  ``transfer_incoming_log``, leaving out transfers of fewer than ``ignore_size`` bytes;
-  their 25/50/75 % quantiles (numpy's linear rule), harmonic mean and total bytes.
-- bandwidth = ``hmean`` (and ``hstd``) over the pairs' harmonic means: a per-pair figure, not a total.
-
-Unlike dask-cuda, the transfer logs are cleared just before each timed join and read just after it,
-so the pair table holds only the transfers of the timed joins.
-
-The plug-in (:class:`Merge`) runs through the one driver (core/benchmark.run): a point is one run
-(warm-up or timed), ``setup`` owns the cluster (merge_cluster), ``measure`` is :func:`bench_once`,
-``derive`` folds the timed runs into the one record with dask-cuda's figures.
-
-Dask, dask-cuda, cuDF, RMM and UCXX are imported inside functions only.
+The plug-in (:class:`Merge`) runs through the one driver (core/benchmark.run): a point is one run,
+``setup`` owns the cluster (merge_cluster), ``measure`` is :func:`bench_once`, ``derive`` folds the
+timed runs into one record. Dask, dask-cuda, cuDF, RMM and UCXX are imported inside functions only.
 """
 
 from __future__ import annotations

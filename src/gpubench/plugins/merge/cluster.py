@@ -548,9 +548,7 @@ def _connect(spec: MergeSpec) -> Any:
     else:
         scheduler_file_address(spec.scheduler_file or "")  # distributed waits forever for a missing one
     try:
-        if spec.scheduler_address:
-            return Client(spec.scheduler_address, timeout=min(spec.timeout_s, 10))
-        return Client(scheduler_file=spec.scheduler_file, timeout=min(spec.timeout_s, 10))
+        return Client(spec.scheduler_address, scheduler_file=spec.scheduler_file, timeout=min(spec.timeout_s, 10))
     except (OSError, TimeoutError, ValueError) as e:
         where = spec.scheduler_address or spec.scheduler_file
         raise UsageError(f"cannot reach the scheduler at {where}: {error_line(e)}",
