@@ -188,7 +188,8 @@ def test_torchrun_style_rank_killed_or_hung_mid_run(tmp_path, sig):
 AVERAGE_SCRIPT = """
 import os
 from gpubench.launch import ranks
-from gpubench.plugins.nccl.ranks import combine, uid_from_wire, uid_to_wire
+from gpubench.plugins.nccl.bench import combine
+from gpubench.plugins.nccl.ranks import uid_from_wire, uid_to_wire
 g = ranks.join(ranks.discover(), timeout=30)
 # nccl's bootstrap: rank 0's unique id (128 bytes) broadcast through the group, as run_ranks does
 uid = uid_from_wire(g.bcast(uid_to_wire(os.urandom(128)) if g.rank == 0 else None))

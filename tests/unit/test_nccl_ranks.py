@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpubench.plugins.nccl import log as nccl_log
-from gpubench.plugins.nccl.ranks import combine, slowest
+from gpubench.plugins.nccl.bench import combine
+from gpubench.plugins.nccl.ranks import slowest
 
 
 def test_average_modes_follow_nccl_tests():

@@ -207,6 +207,20 @@ def combine(per_rank: list[list[float]], average: int) -> list[float]:
     return [pick([s[k] for s in per_rank]) for k in range(n)]
 
 
+def combined_point(nbytes: int, count: int, place: str, reports: Sequence[dict], average: int) -> Point:
+    """One point from every rank's report of it ({"samples_s", "wrong", "error"}, rank 0 first): the
+    samples combined by -a (:func:`combine`), the wrong counts summed (a rank's None makes the
+    point unchecked), the first error kept with no samples.
+
+    Raises:
+        ValueError: the ranks have different numbers of samples (see :func:`combine`).
+    """
+    err = next((x["error"] for x in reports if x.get("error")), None)
+    wrongs = [x["wrong"] for x in reports]
+    samples = combine([x["samples_s"] for x in reports], average) if not err and reports[0]["samples_s"] else []
+    return Point(nbytes, count, place, samples, None if any(w is None for w in wrongs) else sum(wrongs), err)
+
+
 def point_keys(spec: NcclSpec) -> list[tuple[int, str]]:
     """The (size in bytes, placement) of every point, in the order they are measured: sizes
     ascending, each size's placements in the spec's order (one process and every Dask worker)."""

@@ -17,8 +17,8 @@ import uuid
 from dataclasses import asdict
 from typing import Any, Callable, Iterator, Sequence
 
-from gpubench.plugins.nccl.bench import (Nccl, combine, NcclSpec, Point, _check_root, _timing, measure_point, point_keys, point_label,
-                                 to_records)
+from gpubench.plugins.nccl.bench import (Nccl, NcclSpec, Point, _check_root, _timing, combined_point, measure_point,
+                                         point_keys, point_label, to_records)
 from gpubench.plugins.nccl.comm import Rank, abort, make_barrier, nccl_env
 from gpubench.plugins.nccl.graphs import GraphOwner
 from gpubench.core import benchmark as driver
@@ -129,15 +129,11 @@ def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
     out = []
     for pts in zip(*per_rank):
         first = pts[0]
-        wrongs = [p["wrong"] for p in pts]
-        wrong = None if any(w is None for w in wrongs) else sum(wrongs)
-        err = next((p["error"] for p in pts if p.get("error")), None)
         try:
-            samples = combine([p["samples_s"] for p in pts], 1) if not err and first["samples_s"] else []
+            out.append(combined_point(first["nbytes"], first["count"], first["place"], pts, 1))
         except ValueError:
             raise MachineError(f"the Dask ranks returned different numbers of samples for {format_size(first['nbytes'])} "
                                f"{first['place']}: {[len(p['samples_s']) for p in pts]}") from None
-        out.append(Point(first["nbytes"], first["count"], first["place"], samples, wrong, err))
     return out
 
 
@@ -301,9 +297,8 @@ def _connect(spec: NcclSpec):
     from distributed import Client
 
     try:
-        connect = connect_timeout(spec.timeout_s)
-        return Client(spec.scheduler_address, timeout=connect) if spec.scheduler_address else \
-            Client(scheduler_file=spec.scheduler_file, timeout=connect)
+        return Client(spec.scheduler_address, scheduler_file=spec.scheduler_file,
+                      timeout=connect_timeout(spec.timeout_s))
     except (OSError, ValueError) as e:
         where = spec.scheduler_address or spec.scheduler_file
         raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {first_line(e)}") from None

@@ -22,7 +22,6 @@ from typing import Iterator
 from gpubench.plugins.nccl import bench as N
 from gpubench.plugins.nccl import launch as L
 from gpubench.plugins.nccl import log as nccl_log
-from gpubench.plugins.nccl.bench import combine
 from gpubench.plugins.nccl.comm import make_barrier, nccl_env, nccl_module
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu
@@ -215,11 +214,7 @@ class NcclRanks(N.Nccl):
         got = self.group.gather(mine)
         if got is None:  # not rank 0: its own figures, not shown
             return N.to_records(spec, [p], ctx.data["nranks"])
-        errors = [x["error"] for x in got if x.get("error")]
-        wrongs = [x["wrong"] for x in got]
-        samples = combine([x["samples_s"] for x in got], spec.average) if not errors and p.samples_s else []
-        wrong = None if any(w is None for w in wrongs) else sum(wrongs)
-        rec = N.to_records(spec, [N.Point(p.nbytes, p.count, p.place, samples, wrong, errors[0] if errors else None)],
+        rec = N.to_records(spec, [N.combined_point(p.nbytes, p.count, p.place, got, spec.average)],
                            ctx.data["nranks"])[0]
         rec.extra["per_rank"] = [{"rank": r, "host": t["host"], "gpus": t["gpus"], "samples_s": x["samples_s"],
                                   "time_s": statistics.median(x["samples_s"]) if x["samples_s"] else None,
