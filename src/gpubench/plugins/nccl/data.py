@@ -28,21 +28,6 @@ def rank_values(xp, p, k, op_name: str):
     return (k + 3 * p) % 7 + 1
 
 
-def _avg(xp, stack, nranks: int, kind: str):
-    s = stack.sum(axis=0)
-    return s // nranks if kind != "float" else s / nranks
-
-
-# ncclRedOp_t name -> (xp, ranks' values stacked on axis 0, nranks, kind) -> reduced values
-_REDUCTIONS = {
-    "sum": lambda xp, stack, n, kind: stack.sum(axis=0),
-    "prod": lambda xp, stack, n, kind: stack.prod(axis=0),
-    "max": lambda xp, stack, n, kind: stack.max(axis=0),
-    "min": lambda xp, stack, n, kind: stack.min(axis=0),
-    "avg": _avg,
-}
-
-
 @dataclass(frozen=True)
 class DataArgs:
     """What a collective's ``expected`` function needs besides the output indices.
@@ -65,9 +50,13 @@ class DataArgs:
         return rank_values(xp, p, k, self.op).astype(xp.float64 if self.kind == "float" else xp.int64)
 
     def reduced(self, xp, k):
-        """The reduction over every rank of what each sent at index(es) ``k``."""
+        """The reduction over every rank of what each sent at index(es) ``k``: the array method of
+        the op's name (sum, prod, max, min), or avg = sum / nranks (floor division for integers)."""
         stack = xp.stack([self.sent(xp, p, k) for p in range(self.nranks)])
-        return _REDUCTIONS[self.op](xp, stack, self.nranks, self.kind)
+        if self.op != "avg":
+            return getattr(stack, self.op)(axis=0)
+        s = stack.sum(axis=0)
+        return s // self.nranks if self.kind != "float" else s / self.nranks
 
 
 def expected_values(xp, coll: Collective, rank: int, nranks: int, root: int, base: int, idx, op_name: str,
