@@ -40,9 +40,7 @@ KILL_GRACE_S = 2  # SIGTERM to SIGKILL for a worker that outlived its cluster's 
 FAILED_START_SETTLE_S = 1.0
 
 
-# ---------------------------------------------------------------------------------------------
-# Checks before any worker starts
-# ---------------------------------------------------------------------------------------------
+# -- Checks before any worker starts -------------------------------------------------------------------
 
 
 def required_device_bytes(spec: MergeSpec, total_bytes: int) -> int:
@@ -184,9 +182,7 @@ def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
     return mem
 
 
-# ---------------------------------------------------------------------------------------------
-# Memory of the frames (both local cluster kinds), before any worker starts
-# ---------------------------------------------------------------------------------------------
+# -- Memory of the frames (both local cluster kinds), before any worker starts -------------------------
 
 # Bytes per row as generate_chunk makes them: the base frame's key, shuffle and payload (int64; the
 # shuffle column becomes the index after set_index), the other frame's key and payload.
@@ -300,9 +296,7 @@ def cpu_worker_limit(n_workers: int) -> int | None:
     return parse_memory_limit("auto", 1, n_workers, logger=logging.getLogger("gpubench"))
 
 
-# ---------------------------------------------------------------------------------------------
-# Functions run on the workers (client.run passes the worker as dask_worker)
-# ---------------------------------------------------------------------------------------------
+# -- Functions run on the workers (client.run passes the worker as dask_worker) ------------------------
 
 
 def worker_device() -> int:
@@ -360,9 +354,7 @@ def _setup_rmm(pool_size=None, disable_rmm_pool=False, rmm_async=False, dask_wor
     return desc
 
 
-# ---------------------------------------------------------------------------------------------
-# The cluster
-# ---------------------------------------------------------------------------------------------
+# -- The cluster ---------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -371,18 +363,16 @@ def _quiet_ucx_env(spec: MergeSpec | None = None) -> Iterator[None]:
     about the variables distributed-ucxx sets (UCX_MEMTYPE_CACHE); for a local -p ucx -t cpu
     cluster without --interface, UCX's network transports use the loopback device only
     (UCX_NET_DEVICES=lo), unless the user set UCX_NET_DEVICES."""
-    keys = ["UCX_WARN_UNUSED_ENV_VARS"]
-    old = {k: os.environ.get(k) for k in keys + ["UCX_NET_DEVICES"]}
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    new = {"UCX_WARN_UNUSED_ENV_VARS": os.environ.get("UCX_WARN_UNUSED_ENV_VARS", "n")}
     if (spec is not None and spec.protocol == "ucx" and spec.merge_type == "cpu" and not spec.external
             and spec.interface is None and "UCX_NET_DEVICES" not in os.environ):
-        os.environ["UCX_NET_DEVICES"] = "lo"
-        keys.append("UCX_NET_DEVICES")
+        new["UCX_NET_DEVICES"] = "lo"
+    old = {k: os.environ.get(k) for k in new}
+    os.environ.update(new)
     try:
         yield
     finally:
-        for k in keys:
-            was = old[k]
+        for k, was in old.items():
             if was is None:
                 os.environ.pop(k, None)
             else:
@@ -398,11 +388,6 @@ def _import_ucxx() -> None:
             f"{(str(e).splitlines() or [''])[0][:80]})",
             "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]); UCX-Py is discontinued",
         ) from None
-
-
-def _is_oom_text(text: str) -> bool:
-    t = text.lower()
-    return "out of memory" in t or "out_of_memory" in t or "bad_alloc" in t or "memoryerror" in t
 
 
 @contextlib.contextmanager
@@ -456,7 +441,6 @@ def check_interface(name: str) -> None:
     if name not in usable:
         raise UsageError(f"--interface {name!r} has no IPv4 address, which Dask binds to",
                          f"use one of {', '.join(usable)}")
-
 
 
 def resolve_lazy_modules() -> int:
@@ -880,7 +864,7 @@ def rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
     try:
         descs = run_on_workers(client, _setup_rmm, workers, "RMM setup", **kw)
     except MachineError as e:
-        if _is_oom_text(e.message):
+        if any(w in e.message.lower() for w in ("out of memory", "out_of_memory", "bad_alloc", "memoryerror")):
             raise UsageError(f"the RMM pool did not fit on a worker's GPU: {e.message[:200]}",
                              "use a smaller --rmm-pool-size") from None
         raise

@@ -190,10 +190,8 @@ def build_spec(**options):
     return MergeSpec(**o)
 
 
-# ---------------------------------------------------------------------------------------------
-# dask-cuda's text formatting (dask.utils.format_bytes / format_time, benchmarks/utils.py
+# -- dask-cuda's text formatting (dask.utils.format_bytes / format_time, benchmarks/utils.py
 # print_key_value / print_separator), copied so rendering needs no Dask.
-# ---------------------------------------------------------------------------------------------
 
 
 def format_bytes(n: float) -> str:

@@ -14,11 +14,9 @@ from typing import Any, Mapping, Sequence
 from gpubench.launch.scheduler import results_within, wait_watching
 
 
-# ---------------------------------------------------------------------------------------------
-# Data generation: dask-cuda 26.10 benchmarks/local_cudf_merge.py generate_chunk, unchanged in
+# -- Data generation: dask-cuda 26.10 benchmarks/local_cudf_merge.py generate_chunk, unchanged in
 # substance (Copyright (c) 2019-2026, NVIDIA CORPORATION & AFFILIATES, Apache-2.0), after
 # https://gist.github.com/rjzamora/0ffc35c19b5180ab04bbf7c793c45955.
-# ---------------------------------------------------------------------------------------------
 
 
 def generate_chunk(input: tuple) -> Any:
@@ -105,9 +103,7 @@ def random_ddf(chunk_size: int, num_chunks: int, frac_match: float, chunk_type: 
     return ddf
 
 
-# ---------------------------------------------------------------------------------------------
-# Small values computed on the cluster, and the check of the join
-# ---------------------------------------------------------------------------------------------
+# -- Small values computed on the cluster, and the check of the join -----------------------------------
 
 
 def compute_watching(client, values: Sequence[Any], workers: Mapping[str, int], timeout_s: float, what: str) -> list:
