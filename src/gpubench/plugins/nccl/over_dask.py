@@ -202,10 +202,9 @@ class _Ranks:
         # before the ranks start: a subscription sees only the events logged after it
         self.client.subscribe_topic(self.topic, self.events.append)
         uid_f = self.client.submit(_worker_unique_id, workers=[self.workers[0]], pure=False)
-        wait_watching(self.client, [uid_f], self.index, self.spec.timeout_s or 3600,
-                      "getting the NCCL unique id on rank 0", hint="raise -T")
-        uid, = results_within(self.client, [uid_f], self.index, self.spec.timeout_s or 3600,
-                              "getting the NCCL unique id on rank 0", hint="raise -T")
+        watched = (self.client, [uid_f], self.index, self.spec.timeout_s or 3600, "getting the NCCL unique id on rank 0")
+        wait_watching(*watched, hint="raise -T")
+        uid, = results_within(*watched, hint="raise -T")
         n = len(self.workers)
         self.futures = [self.client.submit(_worker_run, self.spec, uid, r, n, self.topic, workers=[w],
                                            allow_other_workers=False, pure=False) for r, w in enumerate(self.workers)]
