@@ -234,9 +234,9 @@ def point_label(spec: NcclSpec, size: int, place: str) -> str:
 
 def unmeasured_point(spec: NcclSpec, size: int, place: str, nranks: int, error: str) -> Point:
     """The Point of a (size, placement) that gave no samples, with its sizes and ``error``."""
-    cc = C.counts(C.collective(spec.collective), size, C.dtype(spec.dtype).size, nranks)
-    return Point(max(cc.send_count, cc.recv_count) * C.dtype(spec.dtype).size, cc.param_count, place, [], None,
-                 error=error)
+    coll, elt = C.collective(spec.collective), C.dtype(spec.dtype).size
+    return Point(C.reported_bytes(coll, size, elt, nranks), C.counts(coll, size, elt, nranks).param_count, place, [],
+                 None, error=error)
 
 
 def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Callable[[], None], size: int,

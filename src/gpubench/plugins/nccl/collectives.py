@@ -1,24 +1,20 @@
-"""The NCCL collectives gpubench measures, one table entry each, nccl-tests style (its testColl:
-GetCollByteCount, InitData, GetBw, RunColl): the byte counts, the algbw size and busbw factor, the
-NCCL call(s) of one rank, the expected output, which ranks hold a checked result and whether it is
-checked in place. The driver (bench/nccl.py and the nccl_* modules) iterates entries and names no
-collective; adding one is adding an entry (docs/nccl.md, "Adding a collective").
+"""The NCCL collectives gpubench measures, one table entry each, as nccl-tests 2.19.6
+(github.com/NVIDIA/nccl-tests, the entry's ``source`` file) defines them: the byte counts
+(``<Coll>GetCollByteCount``), the algbw size and busbw factor (``<Coll>GetBw``), the NCCL call(s) of
+one rank (``<Coll>RunColl``), the expected output (``<Coll>InitData``), which ranks hold a checked
+result and whether it is checked in place. The driver iterates entries and names no collective;
+adding one is adding an entry (docs/nccl.md, "Adding a collective").
+
+``count = size // elt_size`` (size: the user's, in bytes); the collectives of per-rank blocks round
+the per-rank count down to a multiple of 16 bytes (``(count / nranks) & ~(16 / eltSize - 1)``).
+``algbw = S / t`` with S = ``paramcount * eltSize`` times the entry's ``size_blocks(nranks)`` (1, n or
+n-1); ``busbw = algbw * factor``, the factor derived in doc/PERFORMANCE.md (2(n-1)/n, (n-1)/n or 1:
+the entry's ``factor_text``). A collective made of dependent steps (hypercube: each step forwards
+what the last one received) separates its calls with :data:`STEP`, and the driver completes one
+step on every local rank before it issues the next.
 
 Pure Python: no CuPy, no NCCL (a call function only names methods of the communicator it is given),
 so the CLI validates options and the unit tests check every formula without a GPU.
-
-Sources (nccl-tests 2.19.6, github.com/NVIDIA/nccl-tests), each entry's ``source`` file:
-
-- byte counts: ``<Coll>GetCollByteCount``. ``size`` is the user's size in bytes; ``count = size //
-  elt_size``; the collectives of per-rank blocks split it over the ranks and round the per-rank
-  count down to a multiple of 16 bytes (``(count / nranks) & ~(16 / eltSize - 1)``).
-- bandwidths: ``<Coll>GetBw``: ``algbw = S / t`` with S = ``paramcount * eltSize`` times the
-  entry's ``size_blocks(nranks)`` (1, n or n-1); ``busbw = algbw * factor``, the factor derived in
-  doc/PERFORMANCE.md (2(n-1)/n, (n-1)/n or 1: the entry's ``factor_text``).
-- calls: ``<Coll>RunColl``, as (function, arguments) pairs; a collective made of dependent steps
-  (hypercube: each step forwards what the last one received) separates them with :data:`STEP`,
-  and the driver completes one step on every local rank before it issues the next.
-  Expected data: ``<Coll>InitData``.
 """
 
 from __future__ import annotations
