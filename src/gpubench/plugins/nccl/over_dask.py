@@ -116,10 +116,8 @@ class StallWatch:
 
 
 def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
-    """Points of every rank -> one list: per-sample times averaged over ranks (nccl-tests ``-a 1``,
-    :func:`gpubench.plugins.nccl.bench.combine`), wrong counts summed (a rank's None counts as
-    unchecked); a point any rank reported an error for keeps the error and no samples, as the
-    launched ranks' points do.
+    """Points of every rank -> one list, each point by :func:`gpubench.plugins.nccl.bench.combined_point`
+    with the samples averaged over ranks (nccl-tests ``-a 1``), as the launched ranks' points are.
 
     Raises:
         MachineError: the ranks returned different numbers of points, or of samples for one point.
