@@ -100,9 +100,8 @@ class MergeSpec:
         timeout_s: the longest a cluster start, a data generation, a join or a call on every worker
             during a run (the transfer logs) may take.
 
-    Build it from the command's options with ``commands.merge.build_spec``, which turns text
-    options (-d, --rmm-pool-size, --ignore-size) and --broadcast-join/--shuffle-join into these
-    fields; every other check is here, once, with the option's name in the message.
+    Built from the options by merge's ``command.build_spec`` (which converts -d, --rmm-pool-size,
+    --ignore-size, --timeout, --broadcast-join/--shuffle-join); every other check is here, once.
     """
 
     merge_type: str = "gpu"
@@ -126,8 +125,7 @@ class MergeSpec:
     enable_infiniband: bool | None = None
     enable_rdmacm: bool | None = None
     interface: str | None = None
-    # a worker's thread pool: at most what the machine lets one user run (a 400-digit count
-    # overflowed msgpack), and at most a share of it (below)
+    # a worker's thread pool: at most what the machine lets one user run, and a share of it (below)
     threads_per_worker: int = bounded(1, "--threads-per-worker", lo=1, hi=machine_threads)
     runs: int = bounded(3, "--runs", lo=1, hi=MAX_REPEATS)
     warmup_runs: int = bounded(1, "--warmup-runs", lo=0, hi=MAX_REPEATS)

@@ -484,8 +484,7 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     resolve_lazy_modules()  # in this thread, before any IO loop thread runs distributed's code
     if spec.interface is not None and not spec.external:
         check_interface(spec.interface)
-    cluster = None
-    client = None
+    client = cluster = None
     # The workers inherit this config through their Nanny (a local cluster only).
     cfg = {"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}
     try:
