@@ -27,6 +27,8 @@ devices by PCI bus id.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import platform
 import socket
@@ -35,6 +37,7 @@ from typing import Any
 
 from gpubench import __version__
 from gpubench.core import limits
+from gpubench.core.numa import read_text
 
 
 def _meminfo() -> dict[str, int]:
@@ -232,9 +235,7 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
         cuda_bus = _cuda_bus_ids()
         # CUDA ordinal order (respects CUDA_VISIBLE_DEVICES); fall back to NVML order.
         order = [nvml_bus.index(b) for b in cuda_bus if b in nvml_bus] if cuda_bus else list(range(n))
-        gpus = []
-        for cuda_idx, ni in enumerate(order):
-            gpus.append(_one_gpu(nv, handles[ni], cuda_idx, nvml_bus[ni]))
+        gpus = [_one_gpu(nv, handles[ni], cuda_idx, nvml_bus[ni]) for cuda_idx, ni in enumerate(order)]
         bus_to_idx = {g["pci_bus_id"]: g["index"] for g in gpus}
         for g in gpus:
             g["nvlink_peers"] = {
@@ -242,21 +243,10 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
             }
         _nvlink_peers_by_p2p_status(nv, gpus, [handles[i] for i in order])
         topo = {}
-        for a in gpus:
-            for b in gpus:
-                if a["index"] >= b["index"]:
-                    continue
-                links = a["nvlink_peers"].get(str(b["index"]), 0)
-                if links:
-                    kind = f"NV{links}"
-                else:
-                    lvl = nvml_call(
-                        nv.nvmlDeviceGetTopologyCommonAncestor,
-                        handles[order[a["index"]]],
-                        handles[order[b["index"]]],
-                    )
-                    kind = _TOPO_NAMES.get(lvl, "?")
-                topo[f"{a['index']},{b['index']}"] = kind
+        for a, b in itertools.combinations(gpus, 2):  # in index order: a's index below b's
+            links = a["nvlink_peers"].get(str(b["index"]), 0)
+            topo[f"{a['index']},{b['index']}"] = f"NV{links}" if links else _TOPO_NAMES.get(nvml_call(
+                nv.nvmlDeviceGetTopologyCommonAncestor, handles[order[a["index"]]], handles[order[b["index"]]]), "?")
         return gpus, topo, status
     except Exception as e:
         status["error"] = _short(e)
@@ -334,18 +324,9 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
     bus_bits = nvml_call(nv.nvmlDeviceGetMemoryBusWidth, h)
     mem_mhz = nvml_call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM)
     numa = None
-    if bus:
-        try:
-            with open(f"/sys/bus/pci/devices/{bus}/numa_node") as f:
-                numa = int(f.read().strip())
-        except (OSError, ValueError):
-            pass
-    cpus = None
-    try:
-        with open(f"/sys/bus/pci/devices/{bus}/local_cpulist") as f:
-            cpus = f.read().strip()
-    except (OSError, TypeError):
-        pass
+    with contextlib.suppress(ValueError):
+        numa = int(read_text(f"/sys/bus/pci/devices/{bus}/numa_node") or "") if bus else None
+    cpus = read_text(f"/sys/bus/pci/devices/{bus}/local_cpulist") if bus else None
     return {
         "index": index,
         "name": _dec(nvml_call(nv.nvmlDeviceGetName, h)),

@@ -92,14 +92,9 @@ def resolve_devices(devices: tuple[int, ...] | None, *, minimum: int = 1) -> tup
 
 def is_oom(e: BaseException) -> bool:
     """True when ``e`` is an allocation failure (device or pinned host) rather than a fault."""
-    name = type(e).__name__
     text = str(e)
-    return (
-        isinstance(e, MemoryError)
-        or name in ("OutOfMemoryError",)
-        or "cudaErrorMemoryAllocation" in text
-        or "out of memory" in text.lower()
-    )
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "cudaErrorMemoryAllocation" in text or "out of memory" in text.lower())
 
 
 def machine_error(what: str, e: BaseException) -> MachineError:
@@ -163,12 +158,10 @@ class HostBuffer:
         if self._registered:
             self._registered = False
             self._runtime.hostUnregister(self.ptr)
+        self.array = None
         if self._host_ptr is not None:
-            self.array = None
             ptr, self._host_ptr = self._host_ptr, None
             self._runtime.freeHost(ptr)
-        else:
-            self.array = None
 
     def __enter__(self):
         return self

@@ -147,13 +147,8 @@ def finalize(records) -> None:
     """Give every record a ``limit_flag`` (None, "above_peak", "no_op") from what its plug-in marked,
     so nothing above a limit reaches a table, the JSON or compare unflagged."""
     for r in records:
-        x = r.extra
-        if "limit_flag" in x:
-            continue
-        if x.get("no_op"):
-            x["limit_flag"] = "no_op"
-        else:
-            x["limit_flag"] = "above_peak" if x.get("above_peak") else None
+        if "limit_flag" not in r.extra:
+            r.extra["limit_flag"] = "no_op" if r.extra.get("no_op") else "above_peak" if r.extra.get("above_peak") else None
 
 
 def _positive(v: object) -> TypeGuard[float]:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import platform
 import re
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -71,18 +73,15 @@ def parse_cpulist(text: str) -> list[int]:
 
 def format_cpulist(cpus: Sequence[int]) -> str:
     """[0, 1, 2, 3, 8] -> '0-3,8'."""
-    cs = sorted(set(cpus))
-    parts, i = [], 0
-    while i < len(cs):
-        j = i
-        while j + 1 < len(cs) and cs[j + 1] == cs[j] + 1:
-            j += 1
-        parts.append(str(cs[i]) if i == j else f"{cs[i]}-{cs[j]}")
-        i = j + 1
+    parts = []
+    for _, run in itertools.groupby(enumerate(sorted(set(cpus))), lambda t: t[1] - t[0]):  # consecutive CPUs
+        first, *rest = [c for _, c in run]
+        parts.append(f"{first}-{rest[-1]}" if rest else str(first))
     return ",".join(parts)
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """The text of file ``path`` stripped, None where it cannot be read."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -99,7 +98,7 @@ def nodes(root: str = NODE_ROOT) -> dict[int, list[int]]:
         return out
     for name in names:
         if name.startswith("node") and name[4:].isdigit():
-            text = _read(f"{root}/{name}/cpulist")
+            text = read_text(f"{root}/{name}/cpulist")
             try:
                 out[int(name[4:])] = parse_cpulist(text) if text else []
             except ValueError:
@@ -214,9 +213,7 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
     if policy == "none":
         return [Binding(None, None, "--numa none: not bound")]
     if policy == "all":
-        if not host_memory:
-            raise UsageError("--numa all measures host memory from each NUMA node; this command uses no host buffers",
-                             _use_it_with())
+        check_applies(policy, "", host_memory=host_memory, binds=True)
         out = []
         for n, cpus in have.items():
             mine = usable(cpus)
@@ -336,10 +333,9 @@ class PlacementLog:
         seen, self.seen = self.seen, []
         if not seen:
             return None
-        pages: dict[str, int] = {}
+        pages: Counter[str] = Counter()
         for s in seen:
-            for n, c in s["pages"].items():
-                pages[n] = pages.get(n, 0) + c
+            pages.update(s["pages"])
         errors = sorted({s["error"] for s in seen if s["error"]})
         return {"buffers": len(seen), "pages": dict(sorted(pages.items())),
                 "pages_checked": sum(s["pages_checked"] for s in seen),
@@ -379,19 +375,18 @@ def notes(records: Sequence[Any], env: dict) -> list[str]:
     one node, and a warning where pages were found off the bound node."""
     info = env.get("numa") or {}
     out = []
-    off = []
+    off = 0
     for r in records:
         h = (getattr(r, "extra", None) or {}).get("host_numa") or {}
         node = h.get("bound_node")
-        pages = h.get("pages") or {}
-        if node is not None and any(int(n) != node and c for n, c in pages.items()):
-            off.append(r)
-    if (env.get("host") or {}).get("numa_nodes", 1) and (env.get("host") or {}).get("numa_nodes", 1) > 1:
+        if node is not None and any(int(n) != node and c for n, c in (h.get("pages") or {}).items()):
+            off += 1
+    if ((env.get("host") or {}).get("numa_nodes") or 1) > 1:
         bs = info.get("bindings") or []
         if bs:
             out.append("Host side bound to " + "; ".join(
                 f"NUMA node {b['node']} (CPUs {b['cpus']})" if b.get("node") is not None else "no node"
                 for b in bs) + f" ({info.get('policy')}).")
     if off:
-        out.append(f"WARNING: {len(off)} record(s) had host pages off the bound NUMA node (extra.host_numa in the JSON).")
+        out.append(f"WARNING: {off} record(s) had host pages off the bound NUMA node (extra.host_numa in the JSON).")
     return out

@@ -6,6 +6,7 @@ renders the returned Result with the helpers here.
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -37,10 +38,9 @@ def human_stream():
 def err_line(text: str) -> None:
     """Write ``text`` and its newline to stderr in one write, then flush.
 
-    ``print(..., file=sys.stderr)`` makes two writes (the text, then its end). Under mpiexec every
-    rank's stderr is forwarded as the launcher reads it, so two ranks' lines could run together
-    into one (CI: two "does not gather ranks" warnings on one line under ``mpiexec -n 2``).
-    A line up to the pipe's atomic size (PIPE_BUF, 4096 bytes on Linux) reaches the launcher whole.
+    ``print`` writes the text and its end apart, so under a launcher that forwards every rank's
+    stderr two ranks' lines could run together; one write up to PIPE_BUF (4096 bytes on Linux)
+    reaches the launcher whole.
     """
     try:
         sys.stderr.write(text + "\n")
@@ -52,15 +52,11 @@ def err_line(text: str) -> None:
 def is_terminal(stream) -> bool:
     """Whether ``stream`` is a person's terminal: a tty, except under Open MPI.
 
-    Open MPI's launcher hands each rank a pseudo-terminal of its own for stdout, whatever mpirun's
-    own stdout is (measured with Open MPI 5.0 from PyPI: a rank's stdout is a tty of 0 columns while
-    ``mpirun ... > log`` writes a file; MPICH's hydra, Slurm's srun and torchrun give pipes), so a
-    rank cannot tell a terminal from a log and colour codes would land in CI logs and files. Under
+    Open MPI gives each rank a pseudo-terminal of its own (0 columns) whatever mpirun's stdout is,
+    so a rank cannot tell a terminal from a log (MPICH's hydra, srun and torchrun give pipes). Under
     Open MPI (``OMPI_COMM_WORLD_RANK`` set) the output is plain unless the user asks for colour as
     rich reads it: ``FORCE_COLOR`` (https://force-color.org/) or ``TTY_COMPATIBLE=1``.
     """
-    import os
-
     # rich's own order (Console.is_terminal): TTY_COMPATIBLE 0/1, then FORCE_COLOR, then isatty
     if os.environ.get("TTY_COMPATIBLE") in ("0", "1"):
         return os.environ["TTY_COMPATIBLE"] == "1"
@@ -78,8 +74,6 @@ def _sized_terminal(stream) -> bool:
     """A tty with a size of its own a person watches: not a rank's pty under Open MPI (0 columns,
     whatever mpirun writes to), and not a pipe that FORCE_COLOR colours. Decides the width and
     whether a live progress bar is drawn; :func:`is_terminal` decides colour."""
-    import os
-
     try:
         return stream.isatty() and "OMPI_COMM_WORLD_RANK" not in os.environ
     except (AttributeError, ValueError):
@@ -93,9 +87,8 @@ def console(stderr: bool = False):
 
     stderr = stderr or _HUMAN_TO_STDERR[0]
     stream = sys.stderr if stderr else sys.stdout
-    # Off a terminal (CI logs, pipes) rich would wrap at 80 columns and squeeze wide tables.
-    # a pipe with FORCE_COLOR, or a rank's 0-column pty under Open MPI, would get rich's 80 columns:
-    # as wide as a log instead
+    # off a sized terminal (logs, pipes, a pipe with FORCE_COLOR, a rank's 0-column pty) rich would
+    # wrap at 80 columns and squeeze wide tables: 200 columns instead
     return Console(stderr=stderr, highlight=False, soft_wrap=False,
                    width=None if _sized_terminal(stream) else 200, force_terminal=is_terminal(stream))
 
@@ -195,9 +188,9 @@ def display(renderables, quiet: bool = False) -> None:
         if isinstance(r, Table):
             need = _fit(r)
             if need > c.width:
-                console_wide = console()
-                console_wide.width = need
-                console_wide.print(r)
+                wide = console()
+                wide.width = need
+                wide.print(r)
                 continue
         c.print(r)
 

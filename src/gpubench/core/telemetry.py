@@ -35,6 +35,8 @@ releases the GIL during each foreign call; the thread sleeps on an Event between
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 import os
 import statistics
 import threading
@@ -83,11 +85,8 @@ class _Device:
         self.nv = nv
         self.index = index
         self.h = handle
-        links = []
-        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-            if _call(nv.nvmlDeviceGetNvLinkState, handle, link) == 1:
-                links.append(link)
-        self.links = links
+        self.links = [link for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+                      if _call(nv.nvmlDeviceGetNvLinkState, handle, link) == 1]
 
     def sample(self) -> tuple:
         nv, h = self.nv, self.h
@@ -165,10 +164,7 @@ def summarize(samples: list[tuple], start: list[dict], end: list[dict], interval
     """The telemetry block (module docstring) from raw sample tuples (sm MHz, mem MHz, W, C,
     reasons mask) and the start and end counter reads of each device."""
     cols: list[tuple] = list(zip(*samples)) if samples else [(), (), (), (), ()]
-    mask = 0
-    for m in cols[4]:
-        if m is not None:
-            mask |= int(m)
+    mask = functools.reduce(operator.or_, (int(m) for m in cols[4] if m is not None), 0)
     links = [(c["gen"], c["width"]) for c in start + end if c["gen"] is not None and c["width"] is not None]
     others = [c["others"] for c in start + end if c["others"] is not None]
     return {
@@ -248,11 +244,8 @@ def session(gpus: Sequence[dict], enabled: bool, interval_s: float = DEFAULT_INT
     if not enabled:
         yield None
         return
-    t = Telemetry(gpus, interval_s)
-    try:
+    with contextlib.closing(Telemetry(gpus, interval_s)) as t:
         yield t
-    finally:
-        t.close()
 
 
 # -- what the report says --------------------------------------------------------------------------
@@ -301,10 +294,5 @@ def notes(records: Sequence[Any]) -> list[str]:
 
 
 def _dedupe(blocks: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for b in blocks:
-        k = repr(sorted(b.items()))
-        if k not in seen:
-            seen.add(k)
-            out.append(b)
-    return out
+    """``blocks`` without repeats (equal contents), in first-seen order."""
+    return list({repr(sorted(b.items())): b for b in blocks}.values())
