@@ -28,9 +28,7 @@ class GpubenchError(Exception):
 
     def one_line(self) -> str:
         """The message and hint joined into the single line printed to stderr."""
-        if self.hint:
-            return f"{self.message} ({self.hint})"
-        return self.message
+        return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
 class UsageError(GpubenchError):
@@ -66,11 +64,9 @@ class NoGPUError(UsageError):
     """
 
     def __init__(self, detail: str = ""):
-        msg = "no CUDA device is visible"
-        if detail:
-            msg += f" ({detail})"
         from gpubench.core.registry import no_gpu_commands
 
+        msg = "no CUDA device is visible" + (f" ({detail})" if detail else "")
         super().__init__(msg + f"; commands that work without a GPU: {', '.join(no_gpu_commands())}")
 
 

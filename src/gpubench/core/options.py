@@ -5,11 +5,13 @@ accepted. The range of each number is its Spec's (:mod:`gpubench.core.bounds`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Callable
 from typing import Any
 
+from gpubench.core import safe
 from gpubench.core.bounds import MAX_DEVICE_ORDINAL
 from gpubench.core.errors import UsageError
 
@@ -40,8 +42,6 @@ def split_list(text: object, what: str, example: str, kind: str = "value") -> tu
     Raises:
         UsageError: an empty list, an empty entry (named by position) or a repeated entry.
     """
-    from gpubench.core import safe
-
     raw = str(text)
     shown = safe.term(repr(raw), 80)
     items = tuple(x.strip(ASCII_SPACE) for x in raw.split(","))
@@ -70,8 +70,6 @@ def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind:
     Raises:
         UsageError: an empty list, an empty or repeated item, or an item not in ``allowed``.
     """
-    from gpubench.core import safe
-
     items = split_list(text, what, ",".join(allowed[:2]) if allowed else "a,b", kind)
     if allowed is not None:
         for x in items:
@@ -80,10 +78,8 @@ def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind:
     return items
 
 
-#: Entries a -d list may hold. -d names CUDA devices of one machine (merge -t cpu: one worker process
-#: each): the largest single hosts have 16 GPUs, 7 MIG instances each is 112; 1,024 leaves room and
-#: bounds the parse (100,000 ids took 94 s to reach the memory refusal, the repeat check being
-#: quadratic).
+#: Entries a -d list may hold: CUDA devices of one machine (16 GPUs of 7 MIG instances each is 112);
+#: 1,024 leaves room and bounds the parse (the repeat check is quadratic).
 MAX_DEVICE_LIST = 1024
 
 
@@ -121,13 +117,8 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
 
 
 # -- numbers as the command line writes them ----------------------------------------------------
-#
-# Python's int() and float() read more than a command line should mean: Unicode digits ("١٢" is
-# 12, "١.٥" 1.5), underscores ("1_000"), "inf", "nan", "1e400" (inf) and integers of any length.
-# Every numeric option of every command is read by parse_number below (kit.StrictInt and
-# StrictFloat): ASCII digits only, finite, and within its type (a signed 64-bit integer, a
-# double). The range of each number is declared once, on the Spec field it fills
-# (gpubench.core.bounds).
+# int() and float() also read Unicode digits, "1_000", "inf", "nan" and "1e400": every numeric option
+# is read by parse_number (kit.StrictInt, StrictFloat) instead; its range is its Spec field's (bounds).
 
 DEFAULT_INT_MAX = 2**63 - 1  # an integer option: what a signed 64-bit C argument holds
 DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # a float option: finite
@@ -138,18 +129,14 @@ _GROUPED_INT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*\Z")
 _ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 
-
 def _max_text(hi: float, kind: type) -> str:
     return f"{int(hi):,}" if kind is int or (float(hi).is_integer() and hi < 1e15) else f"{hi:g}"
 
 
 def _shown_text(text: str) -> str:
-    from gpubench.core import safe
-
     if len(text) > 40 and text.lstrip("+-").isdigit():
         return f"(a {len(text.lstrip('+-'))}-digit number)"
     return safe.term(repr(text) if not _ASCII_FLOAT.match(text) else text, 60)
-
 
 
 def underflowed(text: str) -> bool:
@@ -248,15 +235,11 @@ def machine_threads() -> int:
     import resource
 
     limits = [2**31 - 1]
-    try:
+    with contextlib.suppress(OSError, ValueError):
         with open("/proc/sys/kernel/threads-max") as f:
             limits.append(int(f.read().strip()))
-    except (OSError, ValueError):
-        pass
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         soft, _hard = resource.getrlimit(resource.RLIMIT_NPROC)
         if soft != resource.RLIM_INFINITY and soft > 0:
             limits.append(int(soft))
-    except (OSError, ValueError, AttributeError):
-        pass
     return min(limits)

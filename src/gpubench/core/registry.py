@@ -25,8 +25,6 @@ OWN_DISTRIBUTION = "gpubench-cuda"
 _LOADED: dict[str, Plugin] = {}  # name -> its plug-in, as each is loaded
 _ALL = False  # every entry point loaded
 _TRIED: set[tuple[str, str]] = set()
-#: plug-ins that did not load: (entry point "name = value", why), each said once on stderr
-BROKEN: list[tuple[str, str]] = []
 
 
 def _load(value: str) -> object:
@@ -97,7 +95,7 @@ def plugins() -> dict[str, Plugin]:
 
     A plug-in whose entry point does not load (its import raises, even SystemExit), is not a
     Plugin of that name, or names a command already taken (gpubench's own keep theirs) is left
-    out and said once on stderr (``BROKEN``); the others still work.
+    out and said once on stderr; the others still work.
     """
     global _ALL
     if not _ALL:
@@ -120,7 +118,6 @@ def find(name: str) -> Plugin | None:
 def _broken(what: str, why: str) -> None:
     from gpubench.core.safe import term
 
-    BROKEN.append((what, why))
     sys.stderr.write(f"gpubench: warning: plug-in {term(what, 200)} left out: {term(why, 300)}\n")
 
 

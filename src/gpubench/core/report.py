@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 from gpubench.core.stats import Summary
@@ -42,11 +42,9 @@ def err_line(text: str) -> None:
     stderr two ranks' lines could run together; one write up to PIPE_BUF (4096 bytes on Linux)
     reaches the launcher whole.
     """
-    try:
+    with suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
-    except (OSError, ValueError):  # a closed pipe: nothing more can reach it
-        pass
 
 
 def is_terminal(stream) -> bool:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal as _signal
 import sys
@@ -31,10 +32,8 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-# Signals received by this process (the CLI's handlers note them before raising). A
-# KeyboardInterrupt raised while Python runs a __del__ or a gc callback (distributed installs
-# one) is printed as "Exception ignored" and lost; the sweep driver asks here between points, so
-# such a Ctrl-C still stops the run.
+# Signals received by this process (the handlers note them before raising), so a Ctrl-C lost in a
+# __del__ or gc callback still stops the run at the driver's next point.
 _pending_signals: list[int] = []
 
 
@@ -70,23 +69,11 @@ def raise_if_signalled() -> None:
         raise signal_exception(_pending_signals[-1])
 
 
-# Critical sections: launches that must all happen or none (every local rank's part of one NCCL
-# iteration or CUDA-graph launch). A rank whose kernels were queued while its peer's were not waits
-# for the peer for ever, so the CLI's handlers defer a signal that arrives inside one until it ends.
+# Critical sections: a rank whose kernels were queued while its peer's were not waits for ever, so
+# a signal inside one is deferred (_deferred) until it ends.
 _critical = [0]  # depth of the main thread's open sections
 _deferred: list[int] = []
 _MAIN = threading.main_thread().ident
-
-
-def in_critical_section() -> bool:
-    """True inside ``with CRITICAL:``."""
-    return _critical[0] > 0
-
-
-def defer_signal(signum: int) -> None:
-    """Raise ``signum``'s exception when the current critical section ends (called by the CLI's
-    handlers; the signal must be noted with note_signal as well)."""
-    _deferred.append(signum)
 
 
 class _CriticalSection:
@@ -131,8 +118,8 @@ def on_signal(signum, frame) -> None:
         err_line(_AGAIN)
         return
     note_signal(signum)
-    if in_critical_section():  # raised when the launches under way are all queued
-        defer_signal(signum)
+    if _critical[0] > 0:  # inside ``with CRITICAL:``: raised when the launches under way are all queued
+        _deferred.append(signum)
         return
     raise signal_exception(signum)
 
@@ -168,21 +155,15 @@ def restore(previous: tuple | None) -> None:
     """After the command: give an in-process caller its handlers back (``previous`` from install),
     or, for the process's own run (None), ignore both signals so interpreter teardown (Dask's atexit
     hooks) cannot turn a decided exit code into a KeyboardInterrupt."""
-    if previous is None:
-        _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
-        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
-    else:
-        _signal.signal(_signal.SIGTERM, previous[0])
-        _signal.signal(_signal.SIGINT, previous[1])
+    term, intr = (_signal.SIG_IGN, _signal.SIG_IGN) if previous is None else previous
+    _signal.signal(_signal.SIGTERM, term)
+    _signal.signal(_signal.SIGINT, intr)
 
 
-#: Modules whose interpreter-exit finalizers can crash the process after gpubench has reported and
-#: saved everything: UCXX (0.52, through distributed-ucxx) leaves weakref finalizers that stop its
-#: progress thread and free its endpoints at exit, and at random they race that thread (SIGSEGV;
-#: the same teardown crash is reported of UCX under Ray, NVIDIA-NeMo/Curator#2073); pyarrow's S3
-#: module (loaded with dask.dataframe) can crash in the AWS SDK's static destructors when S3 was not
-#: finalized ("arrow::fs::FinalizeS3 was not called ... segmentation fault at exit", apache/arrow#36346;
-#: pyarrow 14.0.1, the floor, after an interrupted merge -t cpu).
+#: Modules whose interpreter-exit finalizers can crash the process after everything is reported and
+#: saved: UCXX's weakref finalizers race its progress thread (SIGSEGV; NVIDIA-NeMo/Curator#2073);
+#: pyarrow's S3 module (loaded with dask.dataframe) crashes in the AWS SDK's static destructors when
+#: S3 was not finalized (apache/arrow#36346).
 TEARDOWN_CRASHES = ("ucxx", "pyarrow._s3fs")
 
 
@@ -196,9 +177,7 @@ def exit_process(code: int) -> None:
     import logging
 
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
-            pass
     logging.shutdown()
     os._exit(code)

@@ -57,10 +57,7 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
         prefix = prefix.upper()
         if binary_i and not prefix:
             raise UsageError(f"{what} {s!r} is not a size", "e.g. 4KiB, 1M, 30GB")
-        if prefix and b and not binary_i:
-            mult = _DECIMAL[prefix]
-        else:
-            mult = _BINARY[prefix]
+        mult = _DECIMAL[prefix] if prefix and b and not binary_i else _BINARY[prefix]
         exact = Fraction(number) * mult  # exact: a float would overflow on a long number or round it
         if exact.denominator != 1:
             raise UsageError(f"{what} {s!r} is not a whole number of bytes")
