@@ -8,10 +8,8 @@ capturing the environment, the point loop with progress, interrupts (what was me
 exit 130/143), a point that cannot be allocated (an error record; the sweep goes on), a machine
 fault (the finished points kept as a partial result, exit 3) and building the Result.
 
-The shapes follow nvbandwidth's ``Testcase`` (a key, a description, a ``filter()`` that says why
-a test cannot run here, one ``run()``), nccl-tests' ``testColl`` (per collective only byte counts,
-the call and the bandwidth formula; main, timing and output once in common.cu) and dask-cuda's
-benchmark ``Config`` (bench once, tidy results, pretty print, args; one driver around them).
+The shape follows nvbandwidth's ``Testcase``, nccl-tests' ``testColl`` and dask-cuda's benchmark
+``Config``: per test only what differs, one driver around them.
 
 The flow of one command: click options -> ``Spec`` (its one constructor validates) -> :func:`run`
 (check, preflight, env, ``setup``, ``measure`` per point, ``derive``) -> Result -> the command's
@@ -116,7 +114,6 @@ class Benchmark:
         name: the command (``copy``), the Result's ``command``.
         description: one line, for ``--help`` and ``--list``.
         needs_gpu: the driver checks that a GPU is visible before anything else.
-        fault_what: how a machine fault's message names the run ("copy"), with the point's label.
         host_memory: the plug-in allocates host buffers through gpu.HostBuffer in setup/measure, so
             the driver binds it to the GPU's NUMA node first (``--numa``; all allows "all").
     """

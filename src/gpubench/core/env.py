@@ -37,20 +37,17 @@ from typing import Any
 
 from gpubench import __version__
 from gpubench.core import limits
-from gpubench.core.numa import read_text
+from gpubench.core.numa import allowed_cpus, read_text
 
 
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                parts = v.split()
-                if parts and parts[0].isdigit():
-                    out[k] = int(parts[0]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            parts = v.split()
+            if parts and parts[0].isdigit():
+                out[k] = int(parts[0]) * 1024
     return out
 
 
@@ -70,16 +67,12 @@ def _numa_nodes() -> int | None:
 def host_info() -> dict[str, Any]:
     """The host part of the environment (works with no GPU)."""
     total, avail = host_memory()
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
     return {
         "hostname": socket.gethostname(),
         "os": platform.platform(),
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),
-        "cpus_usable": affinity,
+        "cpus_usable": len(allowed_cpus()) or None,  # None where the mask cannot be read
         "cpu_model": _cpu_model(),
         "numa_nodes": _numa_nodes(),
         "mem_total_bytes": total,
@@ -88,13 +81,10 @@ def host_info() -> dict[str, Any]:
 
 
 def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or None
 
 

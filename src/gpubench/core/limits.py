@@ -70,13 +70,6 @@ def pcie_label(gen: int | None, width: int | None) -> str:
     return f"PCIe Gen{gen or '?'} x{width or '?'}"
 
 
-def percent_of_peak(bytes_per_s: float, peak_bytes_per_s: float | None) -> float | None:
-    """100 * rate / peak, or None when the peak is unknown."""
-    if not peak_bytes_per_s:
-        return None
-    return 100.0 * bytes_per_s / peak_bytes_per_s
-
-
 def device_memory_peak_bytes_per_s(bus_width_bits: int | None, mem_clock_mhz: int | None) -> float | None:
     """Raw device memory bandwidth in bytes/s: bus width (bits) / 8 x memory clock (MHz) x 1e6 x 2
     (double data rate; see the module docstring for the source). None when either is unknown."""

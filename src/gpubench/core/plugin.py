@@ -5,16 +5,7 @@ A command is one package (``gpubench.plugins.copy``, or a third party's) whose `
 group and pluggy show the shape: the core declares what it asks, each plug-in answers, the core
 never names one). The descriptor is plain data and ``"module:function"`` references, so reading it
 (``gpubench --help`` lists every command) imports nothing heavy; a hook's module is imported only
-when the hook is called (:meth:`Plugin.hook`).
-
-Who asks what:
-
-- the command line: ``help``, ``gpu``, ``command`` (the click command) and ``digit_groups`` (the
-  range of each number is declared on its Spec's field: :mod:`gpubench.core.bounds`);
-- compare: ``more_samples``, ``added_options``, ``added_params``, ``compare_notes``;
-- plot: ``plot_kind`` and ``x_name``; report: ``plot_kind`` too;
-- suite and the fleet: ``suite_steps``, ``fleet_checks`` and ``fleet_stage``;
-- ``--numa``: ``host_memory``.
+when the hook is called (:meth:`Plugin.hook`). Each field's doc names the layer that asks it.
 """
 
 from __future__ import annotations

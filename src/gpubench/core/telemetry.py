@@ -25,11 +25,8 @@ A statistic is null when the driver does not answer that query; with several GPU
 statistics run over the samples of all of them. ``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES`` are not
 used: on the lent H200 their deltas over 43 GB of copies were negative (issue 19).
 
-Cost (measured on the lent H200, driver 580, docs/telemetry.md): one sample set (the five per-sample
-queries) takes 5 us median; the replay counter (175 us) and the link width (28 us) are read only at
-a point's start and end. At the default interval of 10 ms the thread is busy 0.05% of the time, and
-copy figures with and without it agree within their noise. pynvml calls go through ctypes, which
-releases the GIL during each foreign call; the thread sleeps on an Event between sets.
+Cost (measured in docs/conditions.md): a sample set takes 5 us, so at 10 ms the thread is busy 0.05%
+of the time; the slow reads (replay counter, link width) are made only at a point's start and end.
 """
 
 from __future__ import annotations
