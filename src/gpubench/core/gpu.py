@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from gpubench.core import numa
 from gpubench.core.errors import MachineError, NoGPUError, UsageError, first_line
 
 # cudaMemcpyKind
@@ -145,14 +146,10 @@ class HostBuffer:
                 self._registered = True
         else:
             raise UsageError(f"host memory kind {kind!r} not known", f"use one of {', '.join(MEMORY_KINDS)}")
-        from gpubench.core import numa
-
         numa.track(self)  # the driver's placement log reads where its pages are (core/numa.py)
 
     def free(self) -> None:
         """Release the memory (unregister / cudaFreeHost). Safe to call twice."""
-        from gpubench.core import numa
-
         if self.array is not None:
             numa.release(self)
         if self._registered:

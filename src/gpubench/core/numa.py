@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import os
 import platform
@@ -266,14 +267,9 @@ def bound(b: Binding) -> Iterator[Binding]:
 
 # -- where the pages are ---------------------------------------------------------------------------
 
-_libc = None
-
-
+@functools.cache
 def _syscall():
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc.syscall
+    return ctypes.CDLL(None, use_errno=True).syscall
 
 
 def page_nodes(ptr: int, nbytes: int, max_pages: int = MAX_PAGES_CHECKED) -> dict[str, Any]:

@@ -23,21 +23,15 @@ def _ordinal(i: int) -> str:
 
 
 def split_list(text: object, what: str, example: str, kind: str = "value") -> tuple[str, ...]:
-    """Split a comma list option ("0,1", "h2d,d2h", "4K,8K") into its entries: the one rule of
-    every comma list of every command.
-
-    Each entry is stripped of ASCII white space; the list must name at least one entry, and no
-    entry may be empty ("0,,1", "pinned,", ",") or repeated as written (callers that parse the
-    entries also refuse two spellings of one value, such as "1" and "01").
+    """Split a comma list option ("0,1", "h2d,d2h", "4K,8K") into its entries, in the order given: the
+    one rule of every comma list. Entries are stripped of ASCII white space; none may be empty
+    ("0,,1", "pinned,", ",") or repeated as written (callers that parse them also refuse two
+    spellings of one value, "1" and "01").
 
     Args:
         text: the option's value (str() of it is used).
-        what: the option's name for messages ("-d/--devices").
-        example: an accepted value for messages ("0,1").
-        kind: what an entry is, for messages ("device").
-
-    Returns:
-        The entries, in the order given.
+        what, example, kind: for messages: the option ("-d/--devices"), an accepted value ("0,1"),
+            what an entry is ("device").
 
     Raises:
         UsageError: an empty list, an empty entry (named by position) or a repeated entry.
@@ -58,17 +52,11 @@ def split_list(text: object, what: str, example: str, kind: str = "value") -> tu
 
 
 def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind: str = "value") -> tuple[str, ...]:
-    """Split a comma list option ("h2d,d2h") into unique items (:func:`split_list`), checked
-    against ``allowed``.
-
-    Args:
-        text: the option's value.
-        what: the option's name for messages ("--direction").
-        allowed: the accepted items, or None for any.
-        kind: what an item is, for messages ("direction").
+    """:func:`split_list`'s entries, each checked against ``allowed`` (None: any); ``what`` and
+    ``kind`` as there ("--direction", "direction").
 
     Raises:
-        UsageError: an empty list, an empty or repeated item, or an item not in ``allowed``.
+        UsageError: as :func:`split_list`, or an item not in ``allowed``.
     """
     items = split_list(text, what, ",".join(allowed[:2]) if allowed else "a,b", kind)
     if allowed is not None:

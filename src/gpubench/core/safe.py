@@ -81,12 +81,9 @@ def term_markup(s: object, limit: int = MAX_SHOWN) -> str:
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
 
 
-# GitHub acts on plain text too, after markdown is parsed: "@name" mentions (and notifies) an
-# account or team, "#12" and "GH-12" reference an issue (a timeline event there), and GFM's
-# extended autolinks make "http://", "https://", "www." and "a@b.example" links (GFM spec, section
-# 6.9). A zero-width space between the trigger and the rest, written as the entity &#8203; (a
-# reader sees nothing; GitHub and cmark-gfm see no mention, reference or link), breaks each: the
-# way Renovate keeps "@name" in its pull requests from notifying.
+# What GitHub acts on in plain text: "@name" mentions, "#12" and "GH-12" issue references, GFM's
+# extended autolinks (GFM spec, section 6.9: "http://", "www.", "a@b.example"). A zero-width space
+# written as the entity &#8203; after the trigger breaks each, invisibly (as Renovate does).
 _ZWSP = "&#8203;"
 _MD_TRIGGERS = re.compile(r"(@)(?=[0-9A-Za-z_-])|(#|GH-)(?=[0-9])|(:)(?=//)|\b(www)(?=\.)", re.IGNORECASE)
 
