@@ -111,10 +111,8 @@ def versions() -> dict[str, str | None]:
             return None
 
     out: dict[str, str | None] = {"gpubench": __version__}
-    for dist in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "nvidia-ml-py", "click", "rich"):
-        v = version(dist)
-        if v is not None:
-            out[dist] = v
+    out.update({d: v for d in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "nvidia-ml-py", "click", "rich")
+                if (v := version(d)) is not None})
     # with CuPy for CUDA 12 installed, its wheels (-cu12) are the ones in use where both majors are
     cu12_first = "cupy-cuda12x" in out and "cupy-cuda13x" not in out
     for key, dists in CUDA_WHEELS.items():
@@ -171,9 +169,7 @@ def nvrtc_version() -> str | None:
 
 
 def _fmt_cuda_version(v: int) -> str | None:
-    if not v:
-        return None
-    return f"{v // 1000}.{(v % 1000) // 10}"
+    return f"{v // 1000}.{(v % 1000) // 10}" if v else None
 
 
 def nvml_call(fn, *args):
@@ -366,10 +362,7 @@ def capture() -> dict[str, Any]:
 
 def gpu_by_index(env: dict[str, Any], index: int) -> dict[str, Any] | None:
     """The env entry of CUDA device ``index``, or None."""
-    for g in env.get("gpus", []):
-        if g.get("index") == index:
-            return g
-    return None
+    return next((g for g in env.get("gpus", []) if g.get("index") == index), None)
 
 
 # -- pre-flight idle check ----------------------------------------------------------------------------
