@@ -19,6 +19,7 @@ import sys
 from typing import Iterator
 
 from gpubench.core.plugin import Plugin
+from gpubench.core.safe import term
 
 GROUP = "gpubench.plugins"
 OWN_DISTRIBUTION = "gpubench-cuda"
@@ -116,15 +117,11 @@ def find(name: str) -> Plugin | None:
 
 
 def _broken(what: str, why: str) -> None:
-    from gpubench.core.safe import term
-
     sys.stderr.write(f"gpubench: warning: plug-in {term(what, 200)} left out: {term(why, 300)}\n")
 
 
 def warn_hook(plugin: Plugin, hook: str, e: BaseException) -> None:
     """Say once on stderr that ``plugin``'s ``hook`` failed and what it gave is left out."""
-    from gpubench.core.safe import term
-
     key = (plugin.name, hook)
     if key in _HOOKS_SAID:
         return

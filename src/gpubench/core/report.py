@@ -11,6 +11,7 @@ import sys
 from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
+from gpubench.core import safe
 from gpubench.core.stats import Summary
 from gpubench.core.units import format_rate
 
@@ -100,8 +101,6 @@ def saved(path: object, verb: str = "saved", note: str = "", quiet: bool = False
     if quiet:
         return
     from rich.text import Text
-
-    from gpubench.core import safe
 
     console().print(Text(f"{verb} {safe.term(path, 4096)}{note}"), soft_wrap=True)
 
@@ -210,9 +209,7 @@ class ProgressSink:
 
     def warn(self, message: str) -> None:
         """A warning before or during the run (a busy GPU): one line on stderr, escaped."""
-        from gpubench.core.safe import term
-
-        err_line(f"gpubench: warning: {term(message)}")
+        err_line(f"gpubench: warning: {safe.term(message)}")
 
 
 class RichProgress(ProgressSink):
@@ -244,9 +241,7 @@ class RichProgress(ProgressSink):
         if self.quiet:
             return
         if self._p is not None:
-            from gpubench.core.safe import term_markup
-
-            self._p.console.print(f"gpubench: warning: {term_markup(message)}")
+            self._p.console.print(f"gpubench: warning: {safe.term_markup(message)}")
         else:
             super().warn(message)
 
@@ -279,12 +274,11 @@ def condition_notes(result) -> list[str]:
     NUMA node, figures flagged against a physical limit when the command's own table did not say
     why (core/limits.notes)."""
     from gpubench.core import limits, numa, telemetry
-    from gpubench.core.safe import term_markup
 
     out = []
     pre = (result.env or {}).get("preflight") or {}
     for w in pre.get("warnings") or []:
-        out.append(f"Before the run: {term_markup(w)} (env.preflight in the JSON).")
+        out.append(f"Before the run: {safe.term_markup(w)} (env.preflight in the JSON).")
     out += telemetry.notes(result.records)
     out += numa.notes(result.records, result.env or {})
     out += limits.notes([r for r in result.records if r.extra.get("limit_flag") == "no_op"
