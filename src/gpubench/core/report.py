@@ -182,14 +182,12 @@ def display(renderables, quiet: bool = False) -> None:
 
     c = console()
     for r in renderables:
-        if isinstance(r, Table):
-            need = _fit(r)
-            if need > c.width:
-                wide = console()
-                wide.width = need
-                wide.print(r)
-                continue
-        c.print(r)
+        if isinstance(r, Table) and (need := _fit(r)) > c.width:
+            wide = console()
+            wide.width = need
+            wide.print(r)
+        else:
+            c.print(r)
 
 
 class ProgressSink:
