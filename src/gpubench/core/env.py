@@ -33,6 +33,7 @@ import os
 import platform
 import socket
 import sys
+import time
 from typing import Any
 
 from gpubench import __version__
@@ -416,8 +417,6 @@ def idle_check(gpus: list[dict[str, Any]], devices: tuple[int, ...] | list[int])
                       for p in (procs or []) if p.pid != me]
             util = nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
             if not others and bool(getattr(util, "gpu", 0)):
-                import time
-
                 time.sleep(UTIL_REREAD_S)  # the tail of an earlier run, or work of a process NVML hides?
                 util = nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
             temp = nvml_call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)

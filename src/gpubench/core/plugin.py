@@ -162,9 +162,9 @@ class Plugin:
         incidental_options: Spec options that do not change what a figure means (net's port):
             compare does not list a difference in them.
         compare_notes: ``"module:function"``, (base, new) -> lines compare adds to its notes.
-        plot_kind: how its records with a size axis read best: "sweep" (lines vs size), "bars"
+        plot_kind: how plot and report draw its records with a size axis: "sweep" (lines vs size), "bars"
             (one bar per strategy when there is one size) or "collective" (busbw, algbw and time).
-        x_name: the x axis of its sweeps, where the size param's own name does not say it.
+        x_name: plot's x axis of its sweeps, where the size param's own name does not say it.
         matrix_ends: what the rows and columns of its src/dst matrices are ("GPU": p2p's; "rank":
             net's node x node test, one rank per node).
         suite_steps: ``"module:function"``, (StepPlace) -> [SuiteStep]: its steps of the suite.
@@ -173,8 +173,8 @@ class Plugin:
         fleet_stage: ``"module:function"``, () -> :class:`FleetStage`: a step the fleet runs
             across nodes after each node's own.
         host_memory: it allocates host buffers in this process, so ``--numa NODE|all`` applies.
-        digit_groups: its integer options take "_" between digit groups (``-c 50_000_000``, as
-            the tool it reproduces reads them).
+        digit_groups: its integer options take "_" between digit groups on the command line
+            (``-c 50_000_000``, as the tool it reproduces reads them).
         params_schema: its records' ``params`` as a JSON Schema fragment, ``{"properties":
             {name: schema}, "required": [names]}`` (:func:`params_schema` builds one); the
             published result schema holds it for results of this command, where no other param
