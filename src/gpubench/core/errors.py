@@ -87,9 +87,7 @@ class MachineError(GpubenchError):
 
 
 class RegressionFound(GpubenchError):
-    """A comparison or expectation failed; exit code 1."""
-
-    exit_code = 1
+    """A comparison or expectation failed; exit code 1 (GpubenchError's)."""
 
 
 def first_line(e: BaseException) -> str:

@@ -52,17 +52,14 @@ def _unsafe(c: str) -> bool:
 
 
 def _clip(s: str, limit: int) -> str:
-    if len(s) <= limit:
-        return s
-    return f"{s[:limit]}... ({len(s)} characters)"
+    return s if len(s) <= limit else f"{s[:limit]}... ({len(s)} characters)"
 
 
 def term(s: object, limit: int = MAX_SHOWN) -> str:
     """``s`` as one printable line: unsafe characters as Python escapes, cut to ``limit`` characters.
 
     Shape: any object in, ``str`` out; never raises."""
-    text = s if isinstance(s, str) else str(s)
-    text = _clip(text, limit)
+    text = _clip(s if isinstance(s, str) else str(s), limit)
     if text.isprintable() and not any(c in _BIDI for c in text):
         return text
     return "".join(repr(c)[1:-1] if _unsafe(c) else c for c in text)

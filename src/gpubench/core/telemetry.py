@@ -205,9 +205,7 @@ class Telemetry:
             self.status["error"] = f"NVML not available ({type(e).__name__})"
             return
         for g in gpus:
-            h = None
-            if g.get("uuid"):
-                h = _call(nv.nvmlDeviceGetHandleByUUID, g["uuid"])
+            h = _call(nv.nvmlDeviceGetHandleByUUID, g["uuid"]) if g.get("uuid") else None
             if h is None and g.get("pci_bus_id"):
                 h = _call(nv.nvmlDeviceGetHandleByPciBusId, g["pci_bus_id"])
             if h is not None:
