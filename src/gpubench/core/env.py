@@ -41,20 +41,15 @@ from gpubench.core import limits
 from gpubench.core.numa import allowed_cpus, read_text
 
 
-def _meminfo() -> dict[str, int]:
-    out: dict[str, int] = {}
+def host_memory() -> tuple[int | None, int | None]:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo, None where unknown."""
+    m: dict[str, int] = {}
     with contextlib.suppress(OSError), open("/proc/meminfo") as f:
         for line in f:
             k, _, v = line.partition(":")
             parts = v.split()
             if parts and parts[0].isdigit():
-                out[k] = int(parts[0]) * 1024
-    return out
-
-
-def host_memory() -> tuple[int | None, int | None]:
-    """(MemTotal, MemAvailable) in bytes from /proc/meminfo, None where unknown."""
-    m = _meminfo()
+                m[k] = int(parts[0]) * 1024
     return m.get("MemTotal"), m.get("MemAvailable")
 
 

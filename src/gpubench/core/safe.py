@@ -51,15 +51,13 @@ def _unsafe(c: str) -> bool:
     return cat in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
 
 
-def _clip(s: str, limit: int) -> str:
-    return s if len(s) <= limit else f"{s[:limit]}... ({len(s)} characters)"
-
-
 def term(s: object, limit: int = MAX_SHOWN) -> str:
     """``s`` as one printable line: unsafe characters as Python escapes, cut to ``limit`` characters.
 
     Shape: any object in, ``str`` out; never raises."""
-    text = _clip(s if isinstance(s, str) else str(s), limit)
+    text = s if isinstance(s, str) else str(s)
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} characters)"
     if text.isprintable() and not any(c in _BIDI for c in text):
         return text
     return "".join(repr(c)[1:-1] if _unsafe(c) else c for c in text)
@@ -85,15 +83,11 @@ _ZWSP = "&#8203;"
 _MD_TRIGGERS = re.compile(r"(@)(?=[0-9A-Za-z_-])|(#|GH-)(?=[0-9])|(:)(?=//)|\b(www)(?=\.)", re.IGNORECASE)
 
 
-def _inert(m: re.Match) -> str:
-    return m.group(0) + _ZWSP
-
-
 def markdown(s: object, limit: int = MAX_SHOWN) -> str:
     """``s`` safe as inline markdown or a table cell: no raw HTML, no new rows, no links or code,
     and nothing GitHub acts on (no @mention, #issue reference or bare-URL autolink)."""
     text = _html.escape(term(s, limit), quote=True)
-    return _MD_TRIGGERS.sub(_inert, _MD_SPECIAL.sub(r"\\\1", text))
+    return _MD_TRIGGERS.sub(r"\g<0>" + _ZWSP, _MD_SPECIAL.sub(r"\\\1", text))
 
 
 def html(s: object, limit: int = MAX_SHOWN) -> str:

@@ -70,11 +70,6 @@ def summary3(values: Sequence[float]) -> dict[str, float] | None:
     return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
 
 
-def reason_names(mask: int) -> list[str]:
-    """Names of the event bits in a clocks-event-reasons mask, in REASON_BITS order."""
-    return [name for bit, name in REASON_BITS.items() if mask & bit]
-
-
 class _Device:
     """One GPU's NVML handle and what was found about it once (its NVLink links up)."""
 
@@ -172,7 +167,7 @@ def summarize(samples: list[tuple], start: list[dict], end: list[dict], interval
         "mem_clock_mhz": summary3(cols[1]),
         "power_w": summary3(cols[2]),
         "temp_c": summary3(cols[3]),
-        "reasons": reason_names(mask),
+        "reasons": [name for bit, name in REASON_BITS.items() if mask & bit],  # in REASON_BITS order
         "pcie": {"gen": min(g for g, _ in links), "width": min(w for _, w in links)} if links else None,
         "pcie_replay_delta": _delta(start, end, "replay"),
         "nvlink_errors_delta": _delta(start, end, "nvlink"),
@@ -257,7 +252,7 @@ def notes(records: Sequence[Any]) -> list[str]:
             by_dev.setdefault(tuple(t.get("devices") or ()), []).append(t)
     out = []
     for devs, blocks in by_dev.items():
-        uniq = _dedupe(blocks)  # a point's records share one block: count each point once
+        uniq = list({repr(sorted(b.items())): b for b in blocks}.values())  # a point's records share one block
         name = ("GPU " + str(devs[0])) if len(devs) == 1 else ("GPUs " + ",".join(map(str, devs)))
         n = len(uniq)
         parts = []
@@ -286,8 +281,3 @@ def notes(records: Sequence[Any]) -> list[str]:
                 tail += f", power up to {max(p['max'] for p in pw):.0f} W"
             out.append(f"{name} {'; '.join(parts)}{tail} (telemetry in the JSON).")
     return out
-
-
-def _dedupe(blocks: list[dict]) -> list[dict]:
-    """``blocks`` without repeats (equal contents), in first-seen order."""
-    return list({repr(sorted(b.items())): b for b in blocks}.values())
