@@ -1,12 +1,10 @@
 """NUMA placement of host memory: bind the measuring thread to the GPU's CPUs before host buffers are
 allocated and touched, as nvbandwidth does, and record where the buffers' pages really are.
 
-nvbandwidth (memcpy.cpp ``HostBuffer::HostBuffer``, inline_common.h ``setOptimalCpuAffinity``)
-calls ``nvmlDeviceSetCpuAffinity`` for the target GPU before each ``cuMemHostAlloc``: the calling
-thread then runs on the CPUs NVML calls ideal for that GPU (those of its NUMA node), so the pages
-the driver allocates and first touches come from that node (Linux's default local allocation).
-Its ``-d`` (disableAffinity) turns this off. gpubench does the same with ``os.sched_setaffinity``
-(on Linux it sets the calling thread's mask; threads started after inherit it):
+nvbandwidth calls ``nvmlDeviceSetCpuAffinity`` before each ``cuMemHostAlloc`` (memcpy.cpp
+``HostBuffer::HostBuffer``; ``-d`` turns it off), so the pages first touched come from the GPU's
+node (Linux's local allocation). gpubench does the same with ``os.sched_setaffinity`` (the calling
+thread's mask; threads started after inherit it):
 
 - ``auto`` (default): the CPUs of the first GPU's NUMA node (``/sys/bus/pci/devices/BUS/numa_node``,
   the node's ``cpulist``); where the node is unknown (-1, as in many VMs), the GPU's
@@ -99,9 +97,8 @@ def nodes(root: str = NODE_ROOT) -> dict[int, list[int]]:
         return out
     for name in names:
         if name.startswith("node") and name[4:].isdigit():
-            text = read_text(f"{root}/{name}/cpulist")
             try:
-                out[int(name[4:])] = parse_cpulist(text) if text else []
+                out[int(name[4:])] = parse_cpulist(read_text(f"{root}/{name}/cpulist") or "")
             except ValueError:
                 out[int(name[4:])] = []
     return dict(sorted(out.items()))
