@@ -221,6 +221,14 @@ def test_a_host_that_is_a_string_is_refused_naming_the_field(tmp_path):
     (lambda f: f["rows"][0].update(rank="0"), r"fleet\.rows\[0\]\.rank is '0'"),
     (lambda f: f["links"].update(gbps=[[1.0]]), r"fleet\.links\.gbps is '1 rows'"),
     (lambda f: f.update(kind="other"), r"fleet\.kind is 'other'"),
+    # present and empty but of the wrong type: refused as a wrong type is, not read as absent
+    (lambda f: f.update(rows={}), r"fleet\.rows is \{\}"),
+    (lambda f: f.update(missing=""), r"fleet\.missing is ''"),
+    (lambda f: f["links"].update(hosts={}), r"fleet\.links is"),
+    (lambda f: f.update(missing=[{"rank": "x", "host": None}]), r"fleet\.missing\[0\]\.rank is 'x'"),
+    (lambda f: f.update(missing=[{"rank": -1, "host": "h"}]), r"fleet\.missing\[0\]\.rank is -1"),
+    (lambda f: f.update(missing=[{"rank": 1, "host": 5}]), r"fleet\.missing\[0\]\.host is 5"),
+    (lambda f: f["rows"][0].update(rank=-1), r"fleet\.rows\[0\]\.rank is -1"),
 ])
 def test_a_malformed_fleet_is_refused_naming_the_field(change, needle):
     f = copy.deepcopy(fleet_object())

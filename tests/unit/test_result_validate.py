@@ -185,3 +185,46 @@ def test_the_one_pass_check_leaves_every_doubtful_sample_to_the_named_check(valu
     d = json.loads((DATA / "copy-pinned-h200.json").read_text())["records"][0]
     d["samples_s"][3] = value
     assert R._record_fast(d) is None
+
+
+def _driver_check(status="ok"):
+    return {"status": status, "warning": None, "driver_cuda": "13.0", "runtime_cuda": "13.0",
+            "nvidia_driver": "580.1", "min_driver": None}
+
+
+@pytest.mark.parametrize("path, value, pointer", [
+    (("records", 0, "extra", "noise_pct"), -5, "/records/0/extra/noise_pct"),
+    (("records", 0, "extra", "noise_pct"), "x", "/records/0/extra/noise_pct"),
+    (("records", 1, "extra", "stopped_by"), "bogus", "/records/1/extra/stopped_by"),
+    (("records", 1, "extra", "stopped_by"), None, "/records/1/extra/stopped_by"),
+    (("env", "cuda", "driver_check"), _driver_check("bogus"), "/env/cuda/driver_check/status"),
+    (("env", "cuda", "driver_check"), {"status": "ok"}, "/env/cuda/driver_check"),
+    (("env", "cuda", "driver_check"), dict(_driver_check(), driver_cuda=None), "/env/cuda/driver_check/driver_cuda"),
+    (("env", "cuda", "driver_check"), "ok", "/env/cuda/driver_check"),
+])
+def test_the_schemas_declared_extra_and_driver_check_fields_are_refused_as_the_schema_refuses(path, value, pointer):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        _validator().validate(d)
+    with pytest.raises(UsageError) as e:
+        Result.from_dict(copy.deepcopy(d), source="r.json")
+    assert pointer in e.value.one_line(), e.value.one_line()
+
+
+@pytest.mark.parametrize("path, value", [
+    (("records", 0, "extra", "noise_pct"), None), (("records", 0, "extra", "noise_pct"), 0),
+    (("records", 1, "extra", "stopped_by"), "max_time"),
+    (("env", "cuda", "driver_check"), None), (("env", "cuda", "driver_check"), _driver_check("driver-too-old")),
+])
+def test_the_schemas_declared_extra_and_driver_check_fields_load_where_the_schema_takes_them(path, value):
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    _validator().validate(d)
+    Result.from_dict(d, source="r.json")

@@ -26,6 +26,7 @@ from gpubench import __version__
 from gpubench.core import safe
 from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.stats import Summary, rates
+from gpubench.core.timing import ITERS, STOP_REASONS
 
 SCHEMA = "gpubench.result"
 SCHEMA_VERSION = 1
@@ -803,6 +804,22 @@ def _REASONS_SET() -> frozenset:  # noqa: N802
     return frozenset(telemetry_reasons())
 
 
+# the fields of a record's extra the schema declares ($defs/record/properties/extra): the driver's
+# timing facts (core/timing.py); any other key of extra is a command's own
+def _extra_known_ok(extra: dict) -> bool:
+    noise = extra.get("noise_pct")
+    return ((noise is None or (type(noise) in (int, float) and noise >= 0))
+            and extra.get("stopped_by", ITERS) in STOP_REASONS)
+
+
+def _check_extra_known(extra: dict, source: str, pointer: str) -> None:
+    """``extra.noise_pct`` (a number >= 0 or null) and ``extra.stopped_by`` (one of timing's STOP_REASONS)."""
+    if extra.get("noise_pct") is not None:
+        check_number(extra["noise_pct"], source, pointer_join(pointer, "noise_pct"))
+    if "stopped_by" in extra:
+        check_str(extra["stopped_by"], source, pointer_join(pointer, "stopped_by"), choices=STOP_REASONS)
+
+
 def _record_fast(d: object) -> "Record | None":
     """The record of a well-formed ``d`` (every rule of :func:`check_record`), or None when
     anything is off, for check_record's slow path to name; no JSON Pointer is built here."""
@@ -829,7 +846,7 @@ def _record_fast(d: object) -> "Record | None":
         total = sum(samples)
         if total - total != 0.0 or min(samples) < (MIN_SAMPLE_S if nbytes else 0.0):  # inf/nan in the sum
             return None
-    if not _values_ok(extra):
+    if not _values_ok(extra) or not _extra_known_ok(extra):
         return None
     tele = d.get("telemetry")
     if tele is not None and (type(tele) is not dict or not _telemetry_ok(tele)):
@@ -891,6 +908,7 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
                         "no clock gpubench uses resolves less than a nanosecond)")
     error = check_str(d.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
     extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"))
+    _check_extra_known(extra, source, pointer_join(pointer, "extra"))
     _require(d, _RECORD_REQUIRED, source, pointer)
     # the NVML block of core.telemetry (docs/conditions.md), checked as the schema describes it
     tele = d.get("telemetry")
@@ -1013,6 +1031,8 @@ _ENV_FIELDS: dict[str, dict[str, str]] = {
              "error": "str"},
     "nvml": {"driver_version": "str", "error": "str"},
 }
+DRIVER_CHECK_STATUS = ("ok", "minor-version-compatibility", "driver-too-old")  # gpubench.support.driver_check
+_DRIVER_CHECK_FIELDS = ("status", "warning", "driver_cuda", "runtime_cuda", "nvidia_driver", "min_driver")
 _GPU_FIELDS = {"name": "str", "uuid": "str", "pci_bus_id": "str", "memory_total_bytes": "int",
                "memory_free_bytes": "int", "pcie_gen": "int", "pcie_width": "int", "pcie_gen_max": "int",
                "pcie_width_max": "int", "pcie_peak_bytes_per_s": "num", "nvlink_links_up": "int",
@@ -1044,6 +1064,14 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         if part in env:
             _check_fields(check_obj(env[part], source, pointer_join(pointer, part)), fields, source,
                           pointer_join(pointer, part))
+    check = (env.get("cuda") or {}).get("driver_check") if isinstance(env.get("cuda"), dict) else None
+    if check is not None:  # gpubench.support.driver_check
+        dp = pointer_join(pointer_join(pointer, "cuda"), "driver_check")
+        check = check_obj(check, source, dp)
+        _require(check, {k: "a string or null" for k in _DRIVER_CHECK_FIELDS}, source, dp)
+        check_str(check["status"], source, pointer_join(dp, "status"), choices=DRIVER_CHECK_STATUS)
+        for k in _DRIVER_CHECK_FIELDS[1:]:
+            check_str(check[k], source, pointer_join(dp, k), allow_none=k not in ("driver_cuda", "runtime_cuda"))
     if "versions" in env:
         vp = pointer_join(pointer, "versions")
         for k, v in check_obj(env["versions"], source, vp).items():

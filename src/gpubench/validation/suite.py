@@ -727,6 +727,11 @@ def _num_or_none(v: Any) -> bool:
                          and abs(v) < 1e300)
 
 
+def _rank_ok(x: Any, none_ok: bool = False) -> bool:
+    """A rank or GPU index of a fleet object: an int 0..2**31 (not a bool), or None where allowed."""
+    return (x is None and none_ok) or (type(x) is int and 0 <= x <= 2**31)
+
+
 def check_fleet(f: Any, source: str) -> dict:
     """Check a fleet object (written by ``suite`` under a launcher) and return it.
 
@@ -751,10 +756,13 @@ def check_fleet(f: Any, source: str) -> dict:
     if v > FLEET_VERSION:
         raise UsageError(f"{source}: fleet version {v} is newer than this gpubench reads ({FLEET_VERSION})",
                          "upgrade gpubench")
-    rule = f.get("rule") or {}
+    def part(key: str, empty: Any) -> Any:  # absent or null: empty; {} where a list belongs is refused
+        return empty if f.get(key) is None else f[key]
+
+    rule = part("rule", {})
     if not isinstance(rule, dict):
         raise _fleet_bad(source, "rule", rule, "an object with name and text")
-    rows = f.get("rows") or []
+    rows = part("rows", [])
     if not isinstance(rows, list):
         raise _fleet_bad(source, "rows", rows, "a list")
     for i, r in enumerate(rows):
@@ -765,17 +773,22 @@ def check_fleet(f: Any, source: str) -> dict:
                 raise _fleet_bad(source, f"rows[{i}].{k}", r.get(k), "a finite number or null")
         for k in ("rank", "gpu"):
             x = r.get(k)
-            if x is not None and (not isinstance(x, int) or isinstance(x, bool) or abs(x) > 2**31):
-                raise _fleet_bad(source, f"rows[{i}].{k}", x, "an integer" + (" or null" if k == "gpu" else ""))
+            if not _rank_ok(x, none_ok=k == "gpu"):
+                raise _fleet_bad(source, f"rows[{i}].{k}", x, "an integer 0..2**31" + (" or null" if k == "gpu" else ""))
         if r.get("flag") not in FLEET_FLAGS:
             raise _fleet_bad(source, f"rows[{i}].flag", r.get("flag"), " or ".join(FLEET_FLAGS))
-    missing = f.get("missing") or []
+    missing = part("missing", [])
     if not isinstance(missing, list) or not all(isinstance(m, dict) for m in missing):
         raise _fleet_bad(source, "missing", missing, "a list of {rank, host}")
-    links = f.get("links") or {}
+    for i, m in enumerate(missing):
+        if not _rank_ok(m.get("rank")):
+            raise _fleet_bad(source, f"missing[{i}].rank", m.get("rank"), "an integer 0..2**31")
+        if not isinstance(m.get("host"), (str, type(None))):
+            raise _fleet_bad(source, f"missing[{i}].host", m.get("host"), "a string or null")
+    links = part("links", {})
     if not isinstance(links, dict):
         raise _fleet_bad(source, "links", links, "an object with hosts and gbps")
-    hosts, gbps = links.get("hosts") or [], links.get("gbps") or []
+    hosts, gbps = ([] if links.get(k) is None else links[k] for k in ("hosts", "gbps"))
     if not isinstance(hosts, list) or not isinstance(gbps, list):
         raise _fleet_bad(source, "links", links, "hosts and gbps lists")
     if gbps and (len(gbps) != len(hosts) or any(not isinstance(row, list) or len(row) != len(hosts) for row in gbps)):
