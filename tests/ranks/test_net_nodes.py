@@ -237,7 +237,8 @@ def test_two_groups_on_one_master_port_fail_clearly_and_never_mix():
     aborts the group it ran into (which may hold an intruder); no rank of one group reads another's
     messages or tests another's servers. Whatever the race, every process ends, no one exits 0
     unless it was one of three ranks of one group that measured every link (with no FAIL or busy
-    link in its report), and each failure names the port clash."""
+    link in its report), and each failure names the port clash, or (a rank that came after its
+    group's store had closed for the clash) says it found no store while another names the clash."""
     port = _free_port()
     procs, outs = [], []
     try:
@@ -260,10 +261,14 @@ def test_two_groups_on_one_master_port_fail_clearly_and_never_mix():
         if measured:
             reports = [texts[i] for i in measured if "TCP Gbit/s between nodes" in texts[i]]
             assert len(reports) == 1 and "FAIL" not in reports[0] and "busy" not in reports[0], texts
+        clash = r"Address already in use|already joined the rendezvous store|also joined the rendezvous store"
+        named = [i for i, t in enumerate(texts) if re.search(clash, t)]
         for i, p in enumerate(procs):
             if i not in measured:
-                assert re.search(r"Address already in use|already joined the rendezvous store|also joined the rendezvous store", texts[i]), \
-                    ([p.returncode for p in procs], texts)
+                # a rank that started after its group's rank 0 stopped for the clash (a slow start on a
+                # loaded host) finds no store at all: it says so, and another process named the clash
+                late = re.search(r"cannot reach rank 0's rendezvous store", texts[i]) and named
+                assert i in named or late, ([p.returncode for p in procs], texts)
             assert "Traceback" not in texts[i], texts[i]
     finally:
         for p in procs:
