@@ -429,7 +429,7 @@ def saturated_cpus():
     for p in loops:
         p.wait()
 
-@pytest.mark.parametrize("timeout", ["1.5", "١.٥"])
+@pytest.mark.parametrize("timeout", ["1.5", "1500ms"])
 def test_timeout_holds_with_the_cpus_saturated(run_cli, saturated_cpus, timeout):
     """merge -t cpu -c 2000 --runs 1 --warmup-runs 0 --timeout 1.5 with 4 busy loops: every step (the
     cluster start included) is bounded by --timeout, and the close by 3-10 s plus the kill of
