@@ -176,10 +176,8 @@ def _check_metrics_path(path: str) -> None:
 
 
 def _node_path(path: str, me) -> str:
-    """--metrics FILE of one rank of a fleet run: ``{rank}`` and ``{host}`` replaced (the host name
-    with characters other than letters, digits, ``-`` and ``_`` as ``_``)."""
-    host = "".join(c if c.isalnum() or c in "-_" else "_" for c in me.host)[:64] or "host"
-    return path.replace("{rank}", str(me.rank)).replace("{host}", host)
+    """--metrics FILE of one rank of a fleet run: ``{rank}`` and ``{host}`` (:func:`_host`) replaced."""
+    return path.replace("{rank}", str(me.rank)).replace("{host}", _host(me.host))
 
 
 def _write_metrics(path: str, bundle, quiet: bool, keep_going: bool = False) -> None:
@@ -211,8 +209,11 @@ def _made(out: Path, out_dir: str) -> Path:
     return out
 
 
-def _host() -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname()) or "host"
+def _host(name: str | None = None) -> str:
+    """A host name (this one's by default) as a file name takes it: other characters than letters,
+    digits, "-" and "_" as "_", at most 64."""
+    name = socket.gethostname() if name is None else name
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64] or "host"
 
 
 def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str | None = None,
