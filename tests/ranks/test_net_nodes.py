@@ -168,13 +168,14 @@ RECV0_BOUND_S = 19.5 + 4 + 5 + 20.0  # a round's length, the receipt's wait, loa
 SAY_EXIT = ["sh", "-c", '"$@"; rc=$?; echo "EXIT $PMI_RANK $rc"; exit $rc', "sh"]
 
 def _gpubench_ranks(top: int, n: int, timeout: float = 60.0) -> dict[int, int]:
-    """rank -> pid of the gpubench processes under ``top`` (below SAY_EXIT's shell; not the workers)."""
+    """rank -> pid of the gpubench processes under ``top`` (below SAY_EXIT's shell, whose command
+    line holds "-m gpubench" too; not the workers)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         got = {}
         for c in psutil.Process(top).children(recursive=True):
             try:
-                if "-m gpubench" in " ".join(c.cmdline()) and "PMI_RANK" in c.environ():
+                if c.cmdline()[1:3] == ["-m", "gpubench"] and "PMI_RANK" in c.environ():
                     got[int(c.environ()["PMI_RANK"])] = c.pid
             except psutil.Error:
                 pass
