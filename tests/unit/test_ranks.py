@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpubench.launch import ranks
-from gpubench.core.errors import UsageError
+from gpubench.core.errors import MachineError, UsageError
 
 
 def test_no_launcher_is_one_process():
@@ -466,3 +466,90 @@ def test_rank_0_store_close_does_not_linger_once_every_rank_disconnected():
     t.join(30)
     assert "error" not in box, box
     assert time.monotonic() - t0 < 5.0
+
+
+class _Board(ranks.Group):
+    """An in-process transport for the group's collectives: every rank is a thread, messages are
+    kept on one shared board (tag, src, dest) and counted."""
+
+    def __init__(self, me, board, timeout=5.0):
+        super().__init__(me, timeout)
+        self.board = board
+
+    def _send_all(self, tag, text, dests, deadline):
+        with self.board["cv"]:
+            for d in dests:
+                self.board["msgs"][(tag, self.rank, d)] = text
+                self.board["sent"] += 1
+            self.board["cv"].notify_all()
+
+    def _recv(self, tag, src, deadline, aborts=True):
+        import time as _t
+        with self.board["cv"]:
+            while True:
+                msgs = self.board["msgs"]
+                if (tag, src, self.rank) in msgs:
+                    return msgs.pop((tag, src, self.rank))
+                abort = next((k for k in msgs if k[0] == "abort" and k[2] == self.rank), None) if aborts else None
+                if abort is not None:
+                    raise ranks._Abort(msgs.pop(abort))
+                left = deadline - _t.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                self.board["cv"].wait(left)
+
+
+def _board_ranks(n, absent=(), timeout=5.0, call=lambda g: g.allgather(g.rank * 10)):
+    import threading
+
+    board = {"msgs": {}, "sent": 0, "cv": threading.Condition()}
+    members = [_Board(ranks.Rank(r, n, r, n, 0, f"node{r}", "torchrun"), board, timeout) for r in range(n)]
+    for g in members:
+        g.ranks = [m.me for m in members]
+    out: dict = {}
+
+    def one(g):
+        try:
+            out[g.rank] = call(g)
+        except MachineError as e:
+            out[g.rank] = e.message
+
+    threads = [threading.Thread(target=one, args=(g,)) for g in members if g.rank not in absent]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out, board["sent"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 33])
+def test_an_all_gather_and_a_barrier_of_n_ranks_take_2_n_minus_1_messages_through_rank_0(n):
+    """Each rank sends to rank 0, which answers each: 2(n - 1) messages (a store serves that many
+    requests), not one from every rank to every other, n(n - 1), which at 1,000 ranks would be a
+    million requests to rank 0's store per barrier."""
+    out, sent = _board_ranks(n)
+    assert out == {r: [10 * q for q in range(n)] for r in range(n)}
+    assert sent == 2 * (n - 1)
+    out, sent = _board_ranks(n, call=lambda g: g.barrier())
+    assert out == {r: None for r in range(n)} and sent == 2 * (n - 1)
+
+
+def test_a_rank_missing_at_an_all_gather_is_named_by_rank_0_and_through_it_by_every_other():
+    out, _ = _board_ranks(5, absent={3}, timeout=0.5, call=lambda g: g.barrier(what="end of net round 1 of 4"))
+    assert set(out) == {0, 1, 2, 4}
+    assert out[0] == "rank 3 on node3 did not answer the end of net round 1 of 4 within 0.5 s (died or hangs)"
+    for r in (1, 2, 4):
+        assert out[r] == out[0] + " (found by rank 0)"
+
+
+def test_rank_0_missing_at_an_all_gather_is_named_by_the_others_after_rank_0_s_own_wait():
+    """The others wait CONFIRM_S longer than rank 0 would, so that rank 0 names a missing rank first."""
+    import time as _t
+
+    t0 = _t.monotonic()
+    out, _ = _board_ranks(3, absent={0}, timeout=0.3)
+    took = _t.monotonic() - t0
+    for r in (1, 2):
+        assert out[r].startswith(f"rank 0 on node0 did not answer the all-gather within {0.3 + ranks.CONFIRM_S:g} s "
+                                 "(died or hangs)"), out[r]  # or told so by the other
+    assert ranks.CONFIRM_S + 0.3 <= took < ranks.CONFIRM_S + 10

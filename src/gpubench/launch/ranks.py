@@ -51,9 +51,10 @@ CLOSE_S = 30.0
 # After a fault rank 0 waits this long for the other ranks' acknowledgement of its farewell
 # before it stops serving the store (they need the store to read it).
 FAREWELL_ACK_S = 3.0
-# A rank waiting for rank 0's confirmation (of a healthy close, of a gather with confirm=True)
-# waits this much longer than rank 0 waits for the others, so that a rank missing at rank 0 is
-# named through rank 0's notice before the waiting ranks would blame rank 0 itself.
+# A rank waiting for rank 0 (its answer to an all-gather or barrier, its confirmation of a gather
+# with confirm=True or of a healthy close) waits this much longer than rank 0 waits for the others,
+# so that a rank missing at rank 0 is named through rank 0's notice before the waiting ranks would
+# blame rank 0 itself.
 CONFIRM_S = 5.0
 # After a collective's deadline, the ranks not heard yet get this much for a last look, together.
 LAST_LOOK_S = 0.2
@@ -586,8 +587,16 @@ class Group:
         deadline = self._deadline(timeout)
         tag = self._tag("a")
         text = _dumps(obj)
-        self._send_all(tag, text, [r for r in range(self.size) if r != self.rank], deadline)
-        return self._collect(tag, text, deadline, what, timeout if waited is None else waited)
+        said = timeout if waited is None else waited
+        # through rank 0: 2(n - 1) messages, where each rank sending to each would take n(n - 1)
+        # (on a store, that many requests to rank 0's one server)
+        if self.rank != 0:
+            self._send_all(tag, text, [0], deadline)
+            return json.loads(self._recv_named(tag + "all", 0, deadline + CONFIRM_S, what,
+                                               self._waited(said) + CONFIRM_S))
+        whole = _dumps(self._collect(tag, text, deadline, what, said))
+        self._send_all(tag + "all", whole, list(range(1, self.size)), deadline)
+        return json.loads(whole)
 
     def barrier(self, timeout: float | None = None, what: str = "barrier", waited: float | None = None) -> None:
         """Return when every rank has reached it; MachineError naming the absent ones after
