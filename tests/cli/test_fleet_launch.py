@@ -325,7 +325,8 @@ def test_netns_fleet_names_the_slow_sender(tmp_path):
     and names node1 the slow sender (exit 1), the other links ok; `net --pairs all` likewise."""
     with _namespaces(3) as ns:
         ns.shape(1)
-        res = _run_all(ns, ["suite", "-o", str(tmp_path), "--node-timeout", "120"])
+        res = _run_all(ns, ["suite", "-o", str(tmp_path), "--node-timeout", "120",
+                            "--metrics", str(tmp_path / "m-{rank}.prom")])
         rc0, out0, err0 = res[0]
         assert all("Traceback" not in e for _, _, e in res), [e[-800:] for _, _, e in res]
         assert [r[0] for r in res[1:]] == [0, 0], res
@@ -340,6 +341,12 @@ def test_netns_fleet_names_the_slow_sender(tmp_path):
         assert [(c["kind"], c["ranks"]) for c in f["links"]["culprits"]] == [("sender", [1])]
         assert rc0 == 1 and "named: node1 (rank 1) sends slowly (1.00)" in err0, (rc0, err0[-800:])
         assert "SLOW link node1 -> node2" in out0 and "SLOW SENDER node1 (rank 1)" in out0
+        # rank 0's metrics name the node (the others' hold their own steps)
+        verdicts = [line for line in (tmp_path / "m-0.prom").read_text().splitlines()
+                    if line.startswith("gpubench_net_culprit_confidence{")]
+        assert len(verdicts) == 1 and 'kind="sender"' in verdicts[0] and 'host="node1"' in verdicts[0] \
+            and 'rank="1"' in verdicts[0] and verdicts[0].endswith(" 1.0"), verdicts
+        assert "culprit" not in (tmp_path / "m-1.prom").read_text()
 
         out = tmp_path / "all.json"
         res = _run_all(ns, ["net", "--pairs", "all", "-P", "2", "-t", "2", "-O", "0.5", "-i", "0.5",

@@ -172,3 +172,33 @@ def test_a_chance_outlier_among_many_links_is_shown_not_named():
     got = infer(figs)
     (c,) = [c for c in got if c.ranks == edges[10]]
     assert c.kind == "link" and c.confidence < 0.99 and named(got) == []
+
+
+def test_metrics_name_the_slow_node_with_its_confidence():
+    """`gpubench metrics` of a rings result: each verdict is a gauge of its confidence labelled with
+    the node's host and rank (and for a link the receiving end), so an alert can name the node."""
+    from prometheus_client.openmetrics import parser
+
+    from gpubench.analysis import metrics
+
+    rng = random.Random(SEED)
+    edges = _edges(8)
+    hosts = {2: 'evil"}\nnode2', 5: "node5"}
+    res = _result(8, edges, ({2: SLOW}, {}, {(3, 4): SLOW}, set()), 0.0, rng)
+    for r in res.records:
+        for end, key in (("src", "src_host"), ("dst", "dst_host")):
+            r.extra[key] = hosts.get(r.params[end], r.extra[key])
+    got = {}
+    for fam in parser.text_string_to_metric_families(metrics.build([res]).text().decode()):
+        for s in fam.samples:
+            if s.name == "gpubench_net_culprit_confidence":
+                got[(s.labels["kind"], s.labels["host"], s.labels["rank"], s.labels["peer_host"],
+                     s.labels["peer_rank"])] = s.value
+    assert got == {("sender", 'evil"}\\nnode2', "2", "", ""): 1.0, ("link", "node3", "3", "node4", "4"): 1.0}
+
+
+def test_metrics_of_a_net_result_between_two_hosts_have_no_verdict():
+    from gpubench.analysis import metrics
+
+    res = Result(command="net", spec={"mode": "client"}, records=[])
+    assert b"culprit" not in metrics.build([res]).text()

@@ -12,6 +12,9 @@ Families, for each figure of each result (one record, one point of the sweep)::
         stat: "median", "p25", "p75" (the interquartile band; core.stats.Summary's percentiles)
     gpubench_<command>_samples{host, gpu_uuid, command, <params>}   # samples behind the figure
     gpubench_<command>_point_failed{...}        # 1 for a point that has an error and no samples
+    gpubench_<command>_<name>{host, ...}        # a plug-in's own gauges (its metrics hook), e.g.
+    gpubench_net_culprit_confidence{host, kind, rank, peer_host, peer_rank}  # net between nodes:
+                                                # a verdict on a slow node or link (docs/fleet.md)
 
 and for each result, bundle and GPU::
 
@@ -52,7 +55,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from gpubench.core import safe
+from gpubench.core import registry, safe
 from gpubench.core.result import Record, Result
 from gpubench.core.stats import Summary
 
@@ -167,6 +170,16 @@ def _figure(record: Record) -> Summary | None:
         return None
 
 
+def _check_gauges(got: Any) -> None:
+    """A plug-in's metrics hook answers [(name, help, {label: str}, number)] (core/plugin.py)."""
+    for g in got:
+        if not (isinstance(g, tuple) and len(g) == 4 and isinstance(g[0], str) and _LABEL_OK.match(g[0])
+                and isinstance(g[1], str) and isinstance(g[2], dict) and all(isinstance(k, str) and _LABEL_OK.match(k)
+                                                                              for k in g[2])
+                and isinstance(g[3], (int, float)) and not isinstance(g[3], bool)):
+            raise TypeError(f"a gauge is (name, help, {{label: value}}, number), not {g!r:.80}")
+
+
 def add_result(f: Families, res: Result) -> None:
     """Add one result's figures, its run facts and its GPUs' counters to ``f``."""
     host = _host(res.env)
@@ -206,6 +219,11 @@ def add_result(f: Families, res: Result) -> None:
                 v = t.get(key)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     into[gpu_i] = into.get(gpu_i, 0.0) + v
+    plugin = registry.find(cmd)
+    for name, help_, labels, value in (registry.call_hook(plugin, "metrics", res, check=_check_gauges, default=[])
+                                       if plugin is not None else []):
+        f.add(f"gpubench_{part}_{name}", help_, {"host": host, **{k: _label_value(v) for k, v in labels.items()}},
+              float(value))
     for name, help_, counts in (
             ("gpubench_gpu_pcie_replays", "PCIe replays during the command's points (NVML replay counter)", replays),
             ("gpubench_gpu_nvlink_errors", "NVLink DL errors during the command's points (replay, recovery, CRC)",

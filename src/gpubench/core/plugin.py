@@ -172,6 +172,9 @@ class Plugin:
             compares across nodes (:func:`gpubench.validation.fleet.checks_of`).
         fleet_stage: ``"module:function"``, () -> :class:`FleetStage`: a step the fleet runs
             across nodes after each node's own.
+        metrics: ``"module:function"``, (Result) -> [(name, help, labels, value)]: gauges
+            ``gpubench metrics`` exports besides each figure, named ``gpubench_<command>_<name>``
+            (net's verdict on a slow node); labels a dict of str, value a number.
         host_memory: it allocates host buffers in this process, so ``--numa NODE|all`` applies.
         digit_groups: its integer options take "_" between digit groups on the command line
             (``-c 50_000_000``, as the tool it reproduces reads them).
@@ -199,6 +202,7 @@ class Plugin:
     suite_steps: str | None = None
     fleet_checks: str | None = None
     fleet_stage: str | None = None
+    metrics: str | None = None
     host_memory: bool = False
     digit_groups: bool = False
     params_schema: Mapping[str, Any] = field(default_factory=dict)
@@ -227,7 +231,7 @@ class Plugin:
             v = getattr(self, attr)
             if v is not None and (not isinstance(v, str) or len(v) > 200):
                 raise bad(attr, "a string of at most 200 characters, or None")
-        for attr in ("compare_notes", "suite_steps", "fleet_checks", "fleet_stage"):
+        for attr in ("compare_notes", "suite_steps", "fleet_checks", "fleet_stage", "metrics"):
             v = getattr(self, attr)
             if v is not None and not (isinstance(v, str) and HOOK.match(v)):
                 raise bad(attr, "a 'module:function' reference, or None")

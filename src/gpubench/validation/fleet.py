@@ -516,7 +516,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
     """``gpubench suite`` under a launcher: every rank calls this (docs/fleet.md). ``node_done``
     is called on each rank with its own bundle (steps, and the node expectations' outcomes) and its
     ``ranks.Rank`` once its steps ran, before the ranks exchange them (``suite --metrics`` writes
-    the node's file there).
+    the node's file there); on rank 0 again after the steps across nodes, with theirs added.
 
     Returns:
         0 on every rank but 0; on rank 0, 0 when every figure is ok.
@@ -614,6 +614,10 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         full.fleet = fleet
         for command, stage, got in staged:
             full.steps.append(suite.Step(stage.name, command, got.status, got.reason, got.seconds or 0.0, got.result))
+        if node_done is not None and staged:  # rank 0's file gets the steps across nodes (their verdicts) too
+            bundle.steps += full.steps[-len(staged):]
+            bundle.outcomes = list(bundle.outcomes) + stage_outcomes
+            node_done(bundle, me)
         path = write_json_atomic(full.to_dict(), out / f"suite-fleet-{host_tag}-{stamp}.json", "bundle")
         renderables = format_report(fleet, links, show_ok=len(fleet["rows"]) <= 64)
         if broken is not None:

@@ -19,6 +19,7 @@ PLUGIN = Plugin(
     suite_steps="gpubench.plugins.net.hooks:suite_steps",
     fleet_checks="gpubench.plugins.net.hooks:fleet_checks",
     fleet_stage="gpubench.plugins.net.hooks:fleet_stage",
+    metrics="gpubench.plugins.net.hooks:metrics",
     params_schema=params_schema({
         "stream": param(["integer", "string"], "the TCP stream's index, or \"total\" for their sum"),
     }, {

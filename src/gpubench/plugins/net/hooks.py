@@ -99,3 +99,25 @@ class BetweenNodes(FleetStage):
 
 def fleet_stage() -> FleetStage:
     return BetweenNodes()
+
+
+def metrics(result) -> list[tuple[str, str, dict[str, str], float]]:
+    """``gpubench metrics``' gauges of a test between nodes: each verdict of the links' inference
+    (:func:`gpubench.plugins.net.fleet.culprits`) as ``gpubench_net_culprit_confidence`` = its
+    confidence, 0 to 1 (the exit line names those at 0.99 or above), labelled with the kind
+    (sender, receiver, node, link, unresolved), the node's host and rank, and for a link the
+    receiving end's (``peer_host``, ``peer_rank``; "" for a node's verdict). Nothing for other
+    net results."""
+    if not isinstance(result.spec, dict) or result.spec.get("mode") != "fleet":
+        return []
+    from gpubench.plugins.net.fleet import culprits
+
+    out = []
+    for c in culprits(result):
+        ends = list(zip(c.hosts, c.ranks))
+        (host, rank), peer = ends[0], ends[1] if len(ends) > 1 else ("", "")
+        out.append(("culprit_confidence", "net between nodes: a verdict on a slow node or link, its confidence "
+                    "(0 to 1; named at 0.99 or above, docs/fleet.md)",
+                    {"kind": c.kind, "host": str(host), "rank": str(rank), "peer_host": str(peer[0]),
+                     "peer_rank": str(peer[1])}, float(c.confidence)))
+    return out
