@@ -7,7 +7,7 @@ imports, else gpubench's JSON-lines store). With rank 1 stopped (SIGSTOP) once t
 rank 0 reports it missing and saves the bundle, and every surviving process ends (exit 1, naming
 rank 1 and its host) within --node-timeout plus the steps and a bounded close: under mpiexec no
 survivor waits in MPI_Finalize for the stopped rank, and over the store no survivor exits 0
-without naming it; nothing is left. A fleet of one keeps its skipped expectations and honours
+without naming it; nothing is left. A fleet on one host keeps its skipped expectations and honours
 --strict.
 
 Outside CI these skip, with the reason, where mpiexec, mpi4py or psutil is missing; under CI=true
@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,7 +109,7 @@ def test_torchrun_style_suite_stopped_rank_every_survivor_ends(tmp_path):
 
 
 
-# ---- a fleet of one: skipped expectations and --strict ----
+# ---- a fleet on one host: skipped expectations and --strict; one rank is no fleet ----
 
 EXPECT = """
 [[expect]]
@@ -123,7 +124,7 @@ min_gbps = 1
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_fleet_suite_keeps_skipped_expectations_and_honours_strict(tmp_path, strict):
-    """A fleet of one (mpiexec -n 1, CPU steps): expectations that could not run (net links between
+    """A fleet of two ranks on one host (mpiexec -n 2, CPU steps): expectations that could not run (net links between
     nodes: none here; copy: no GPU) stay in the bundle's outcomes as skipped, and --strict fails
     them (exit 1, the name shown inert), as in the one-node suite; without --strict, exit 0. The
     node writes its --metrics file, {rank} in its name replaced, with its own outcome (copy)."""
@@ -132,14 +133,14 @@ def test_fleet_suite_keeps_skipped_expectations_and_honours_strict(tmp_path, str
     toml = tmp_path / "fleet.toml"
     toml.write_text(EXPECT)
     out = tmp_path / "res"
-    p = subprocess.run([mpiexec(), "-n", "1", *GPUBENCH, "suite", "-o", str(out), "--node-timeout", "30", "--expect",
+    p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "suite", "-o", str(out), "--node-timeout", "30", "--expect",
                         str(toml), "--metrics", str(tmp_path / "node-{rank}.prom"),
                         *(["--strict"] if strict else [])], env=_env(), capture_output=True, text=True, timeout=120)
     text = p.stdout + p.stderr
     assert "Traceback" not in text, text
     bundle = json.loads(next(out.glob("suite-fleet-*.json")).read_text())
     got = sorted((o["expectation"]["command"], o["status"]) for o in bundle["expectations"]["outcomes"])
-    assert got == [("copy", "skipped"), ("net", "skipped")], got
+    assert got == [("copy", "skipped"), ("copy", "skipped"), ("net", "skipped")], got  # copy: one per rank
     if strict:
         assert p.returncode == 1, text
         assert "skipped, failed by --strict" in p.stderr and "\\x1b[31m<b>x</b>" in p.stderr, p.stderr
@@ -148,7 +149,28 @@ def test_fleet_suite_keeps_skipped_expectations_and_honours_strict(tmp_path, str
         assert p.returncode == 0, text
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    fams = {f.name: f.samples for f in text_string_to_metric_families((tmp_path / "node-0.prom").read_text())}
-    assert [(s.labels["command"], s.labels["status"]) for s in fams["gpubench_expectation_status"]] == [
-        ("copy", "skipped")]
+    def statuses(rank: int) -> tuple[list, dict]:
+        fams = {f.name: f.samples for f in text_string_to_metric_families((tmp_path / f"node-{rank}.prom").read_text())}
+        return [(s.labels["command"], s.labels["status"]) for s in fams["gpubench_expectation_status"]], fams
+
+    # each rank's own outcome (copy); rank 0's file also has the step across nodes (net, one node here)
+    got, fams = statuses(0)
+    assert got == [("copy", "skipped"), ("net", "skipped")], got
     assert "gpubench_net_bandwidth_bytes_per_second" in fams
+    assert statuses(1)[0] == [("copy", "skipped")]
+
+
+def test_suite_under_a_one_rank_launcher_is_the_one_node_suite():
+    """`mpiexec -n 1 gpubench suite` is the suite without a launcher: on a machine without a GPU
+    both exit 2 with the same one line, and neither writes a bundle."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        plain = subprocess.run([*GPUBENCH, "suite", "-o", f"{d}/a"], env=_env(), capture_output=True, text=True,
+                               timeout=120)
+        one = subprocess.run([mpiexec(), "-n", "1", *GPUBENCH, "suite", "-o", f"{d}/b"], env=_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert (plain.returncode, one.returncode) == (2, 2), (plain.stderr, one.stderr)
+        assert one.stderr.strip() == plain.stderr.strip() and len(plain.stderr.strip().splitlines()) == 1, \
+            (plain.stderr, one.stderr)
+        assert not list(Path(d).rglob("*.json"))

@@ -728,9 +728,12 @@ def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
 
 
 def under_launcher(env=None) -> bool:
-    """True when a launcher (MPI, Slurm's srun, torchrun) started this process (launch.ranks)."""
+    """True when a launcher (MPI, Slurm's srun, torchrun) started this process with more than one
+    rank (launch.ranks; a world size PMIx alone leaves unsaid counts as more): the fleet suite.
+    One rank is the one-node suite, as without a launcher."""
     import os
 
     from gpubench.launch import ranks
 
-    return ranks.discover(os.environ if env is None else env).under_launcher
+    me = ranks.discover(os.environ if env is None else env)
+    return me.under_launcher and me.size != 1
