@@ -37,6 +37,7 @@ import time
 from typing import Any
 
 from gpubench import __version__
+from gpubench.core import kernel_cache
 from gpubench.core import limits
 from gpubench.core.numa import allowed_cpus, read_text
 
@@ -88,7 +89,7 @@ def _cpu_model() -> str | None:
 #: key -> the distributions that provide it (the CUDA 13 names first; CUDA 12's carry -cu12).
 CUDA_WHEELS: dict[str, tuple[str, ...]] = {
     "cuda-toolkit": ("cuda-toolkit",),
-    "nvidia-cuda-nvrtc": ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12"),
+    "nvidia-cuda-nvrtc": kernel_cache.NVRTC_WHEELS,
     "nvidia-nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl"),
     "cuda-bindings": ("cuda-bindings",),
 }
@@ -153,8 +154,12 @@ def cuda_info() -> dict[str, Any]:
 
 
 def nvrtc_version() -> str | None:
-    """NVRTC's version as "major.minor" (CuPy's ``cupy.cuda.nvrtc.getVersion()``: the NVRTC that
-    compiles gpubench's kernels), None where CuPy or NVRTC cannot say."""
+    """The version, "major.minor", of the NVRTC that compiles gpubench's kernels: as their cache
+    recorded it (core/kernel_cache.py; NVRTC is then not loaded), else CuPy's
+    ``cupy.cuda.nvrtc.getVersion()``; None where CuPy or NVRTC cannot say."""
+    cached = kernel_cache.cached_nvrtc_version()
+    if cached is not None:
+        return cached
     try:
         from cupy.cuda import nvrtc
 

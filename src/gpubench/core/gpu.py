@@ -308,7 +308,9 @@ class SpinGate:
 
         dev = cupy.cuda.Device().id
         if dev not in _spin_kernels:
-            _spin_kernels[dev] = cupy.RawKernel(_SPIN_SRC, "gpubench_spin")
+            from gpubench.core import kernel_cache
+
+            _spin_kernels[dev] = kernel_cache.load(_SPIN_SRC).get_function("gpubench_spin")
         self._kernel = _spin_kernels[dev]
         self._stream = stream
         self._flag_mem = cupy.cuda.alloc_pinned_memory(4)

@@ -1,5 +1,5 @@
-"""The CUDA kernels gpubench runs, compiled once per device with NVRTC (CuPy RawModule), and the
-launch helpers around them.
+"""The CUDA kernels gpubench runs, compiled with NVRTC and kept as cubins (core/kernel_cache.py),
+and the launch helpers around them.
 
 - nvbandwidth's copy kernels (kernels.cu ``simpleCopyKernel`` below 64 MiB, ``stridingMemcpyKernel``
   above; ``getAdjustedCopySize`` truncates the copy): SM-driven copies between any two addresses a
@@ -129,12 +129,14 @@ _modules: dict[int, object] = {}
 
 
 def module():
-    """The kernels above as a cupy.RawModule for the current device (compiled once per device)."""
+    """The kernels above as a cupy.RawModule for the current device (loaded once per device)."""
     import cupy
 
     dev = cupy.cuda.Device().id
     if dev not in _modules:
-        _modules[dev] = cupy.RawModule(code=_KERNELS_SRC)
+        from gpubench.core import kernel_cache
+
+        _modules[dev] = kernel_cache.load(_KERNELS_SRC)
     return _modules[dev]
 
 
