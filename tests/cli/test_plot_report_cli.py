@@ -51,9 +51,10 @@ def broken(tmp_path: Path, change) -> Path:
 
 # ---- options ----
 
-@pytest.mark.parametrize("peak", ["inf", "nan", "-3", "0", "-inf"])
+@pytest.mark.parametrize("peak", ["inf", "nan", "-3", "0", "-inf", "1e300", "1000001"])
 def test_plot_refuses_a_peak_that_is_not_a_finite_positive_bandwidth(run_cli, tmp_path, peak):
-    refused(run_cli, "plot", PINNED, "-o", tmp_path / "o.png", "--peak", peak, needle=r"--peak .* (finite bandwidth > 0|is not a finite number)")
+    refused(run_cli, "plot", PINNED, "-o", tmp_path / "o.png", "--peak", peak,
+            needle=r"--peak .* (finite bandwidth > 0|is not a finite number|is too large \(at most 1,000,000 GB/s\))")
     assert not (tmp_path / "o.png").exists()
 
 
@@ -69,6 +70,10 @@ def test_plot_refuses_a_peak_with_no_bandwidth_axis_to_draw_it_on(run_cli, tmp_p
 @pytest.mark.parametrize("args,needle", [
     (["-o", "out.jpg"], "must end in .png"),
     (["-o", "out.png", "--size", "big"], "--size 'big'"),
+    (["-o", "out.png", "--size", "\u0661\u0662x\u0667"], "is not WIDTHxHEIGHT"),
+    (["-o", "out.png", "--size", "1_2x7"], "is not WIDTHxHEIGHT"),
+    (["-o", "out.png", "--size", "+12x7"], "is not WIDTHxHEIGHT"),
+    (["-o", "out.png", "--size", "12 x 7"], "is not WIDTHxHEIGHT"),
     (["-o", "out.png", "--size", "100x100", "--dpi", "1000"], "over 20000 pixels"),
     (["-o", "out.png", "--dpi", "0"], "--dpi 0"),
     (["-o", "/no/such/folder/out.png"], "does not exist"),

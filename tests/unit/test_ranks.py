@@ -121,6 +121,12 @@ def test_rendezvous_addresses():
             ranks.parse_rendezvous(bad)
     with pytest.raises(UsageError, match="MASTER_PORT"):
         ranks.rendezvous_address(me, None, {"MASTER_ADDR": "n1", "MASTER_PORT": "http"})
+    # a host name the resolver cannot encode is a usage error naming it, not an IDNA exception
+    for bad in ("a..b", "x" * 64 + ".example"):
+        with pytest.raises(UsageError, match=r"--rendezvous host .* is not a host name"):
+            ranks.rendezvous_address(me, f"{bad}:29500", {})
+        with pytest.raises(UsageError, match=r"MASTER_ADDR host .* is not a host name"):
+            ranks.rendezvous_address(me, None, {"MASTER_ADDR": bad})
 
 
 def test_several_ranks_without_a_way_to_meet():
@@ -553,3 +559,57 @@ def test_rank_0_missing_at_an_all_gather_is_named_by_the_others_after_rank_0_s_o
         assert out[r].startswith(f"rank 0 on node0 did not answer the all-gather within {0.3 + ranks.CONFIRM_S:g} s "
                                  "(died or hangs)"), out[r]  # or told so by the other
     assert ranks.CONFIRM_S + 0.3 <= took < ranks.CONFIRM_S + 10
+
+
+@pytest.mark.parametrize("junk", [b"[1]\n", b'"str"\n', b'{"op": "add", "k": "x", "v": 1e400}\n',
+                                  b'{"op": "peek", "ks": 5, "p": "a", "e": 5}\n', b'{"op": "get", "ks": ["x"], "t": NaN}\n',
+                                  b"\xff\xfe\n", b"not json\n"])
+def test_the_store_closes_a_connection_that_sends_junk_and_serves_on(junk):
+    """Rank 0's store (gpubench's own) takes one JSON request object a line; anything else on its
+    port (another program, a scanner) has that connection closed, no thread's traceback on rank
+    0's stderr, and the store serves the group on."""
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    raised: list = []
+    old_hook = threading.excepthook
+    threading.excepthook = lambda args: raised.append(args.exc_value)
+    store = ranks._Store("127.0.0.1", port, True, 5.0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(junk)
+            assert c.recv(100) == b""  # closed, nothing answered
+        store.set("k", "v", 5.0)
+        assert store.get_any(["k"], 5.0) == ("k", "v")
+    finally:
+        store.close(0.0)
+        threading.excepthook = old_hook
+    assert raised == []
+
+
+def test_the_store_reads_no_request_line_beyond_its_limit(monkeypatch):
+    """A line with no end is read at most _MAX_LINE + 1 bytes into memory, then the connection is
+    closed: a host that reaches the port cannot make rank 0 hold what it sends."""
+    import socket
+
+    monkeypatch.setattr(ranks, "_MAX_LINE", 1 << 16)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = ranks._Store("127.0.0.1", port, True, 5.0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            sent = 0
+            with pytest.raises(OSError):  # reset by the closed peer, long before 64 MiB went
+                while sent < 64 << 20:
+                    sent += c.send(b"x" * (1 << 16))
+                c.recv(1)
+                raise ConnectionResetError
+        assert sent < 16 << 20, sent
+        store.set("k", "v", 5.0)
+        assert store.get_any(["k"], 5.0) == ("k", "v")
+    finally:
+        store.close(0.0)

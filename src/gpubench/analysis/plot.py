@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -852,6 +853,9 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, co
             sf.colorbar(im, ax=list(axes), label=label, shrink=0.9, aspect=30)
 
 
+_FIGSIZE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)[xX]([0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+
+
 def parse_figsize(text: str | None) -> tuple[float, float] | None:
     """Figure size in inches from "WxH" (e.g. "12x7"); None for None (a size from the panels).
 
@@ -860,10 +864,10 @@ def parse_figsize(text: str | None) -> tuple[float, float] | None:
     """
     if text is None:
         return None
-    try:
-        w, h = (float(v) for v in text.lower().split("x"))
-    except ValueError:
+    m = _FIGSIZE.fullmatch(text)
+    if m is None:  # ASCII digits only, as every number (no "١٢x7", "1_2x7", "+12x7")
         raise UsageError(f"--size {text!r} is not WIDTHxHEIGHT in inches", "e.g. --size 12x7") from None
+    w, h = float(m.group(1)), float(m.group(2))
     if not (0 < w <= 100 and 0 < h <= 100):
         raise UsageError(f"--size {text!r}: width and height must be in (0, 100] inches")
     return w, h

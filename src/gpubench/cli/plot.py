@@ -6,6 +6,7 @@ import math
 
 import click
 
+from gpubench.core.bounds import MAX_GBPS, Bound
 from gpubench.core.errors import UsageError
 
 
@@ -42,6 +43,7 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
     for p in peaks:
         if not (math.isfinite(p) and p > 0):
             raise UsageError(f"--peak {p} must be a finite bandwidth > 0 (in {units}/s)", "e.g. --peak 63")
+        Bound("--peak", hi=MAX_GBPS, unit=f"{units}/s").check(p)
     size_in = plotmod.parse_figsize(size)
     if size_in and dpi * min(size_in) < 100:
         raise UsageError(f"--size {size} at --dpi {dpi} is under 100 pixels a side", "raise --size or --dpi, e.g. --size 8x5")

@@ -28,6 +28,7 @@ Payloads travel as JSON text on every path, MPI too (tuples come back as lists).
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import re
@@ -1112,48 +1113,64 @@ class _Store:
         with self._cv:
             self._conns += 1
         try:
-            for line in f:
-                if len(line) > _MAX_LINE:
+            while True:
+                line = f.readline(_MAX_LINE + 1)  # bounded: a line without an end is not read whole
+                if not line or len(line) > _MAX_LINE:
                     break
-                req = json.loads(line)
-                op, key = req.get("op"), str(req.get("k"))
-                if op == "set":
-                    with self._cv:
-                        self._data[key] = str(req.get("v"))
-                        self._cv.notify_all()
-                    reply: dict = {"ok": True}
-                elif op == "add":  # atomic counter (torch's TCPStore.add): claims of a rank index
-                    with self._cv:
-                        n = int(self._data.get(key, "0")) + int(req.get("v") or 0)
-                        self._data[key] = str(n)
-                        self._cv.notify_all()
-                    reply = {"ok": True, "v": n}
-                elif op == "peek":  # a collective's last look, at once: the keys set under a prefix
-                    # with one of these endings (one scan of what is set, whatever the world size), and these keys
-                    keys = [str(k) for k in req.get("ks") or []]
-                    under, ends = str(req.get("p") or ""), tuple(str(e) for e in req.get("e") or [])
-                    with self._cv:
-                        vs = {k: v for k, v in self._data.items() if k.startswith(under) and k.endswith(ends)} \
-                            if under and ends else {}
-                        vs.update({k: self._data[k] for k in keys if k in self._data})
-                    reply = {"ok": True, "vs": vs}
-                elif op == "get":
-                    keys = [str(k) for k in req.get("ks") or []]
-                    with self._cv:
-                        self._cv.wait_for(lambda: self._stop or any(k in self._data for k in keys),
-                                          min(float(req.get("t") or 0), 3600.0))
-                        hit = next((k for k in keys if k in self._data), None)
-                    reply = {"ok": True, "k": hit, "v": self._data[hit]} if hit is not None else {"ok": False}
-                else:
+                try:
+                    reply = self._reply(json.loads(line))
+                except (ValueError, TypeError, AttributeError, OverflowError):  # not a request of the
+                    break  # group's (another program, junk): that connection is closed, the store serves on
+                if reply is None:
                     break
                 conn.sendall(json.dumps(reply).encode() + b"\n")
-        except (OSError, ValueError):
+        except OSError:
             pass
         finally:
             conn.close()
             with self._cv:
                 self._conns -= 1
                 self._cv.notify_all()
+
+    def _reply(self, req: Any) -> dict | None:
+        """The reply to one request (a JSON object: op set, add, peek or get); None for an unknown op.
+
+        Raises:
+            ValueError, TypeError, AttributeError, OverflowError: a request of another shape.
+        """
+        op, key = req.get("op"), str(req.get("k"))
+        if op == "set":
+            with self._cv:
+                self._data[key] = str(req.get("v"))
+                self._cv.notify_all()
+            reply: dict = {"ok": True}
+        elif op == "add":  # atomic counter (torch's TCPStore.add): claims of a rank index
+            with self._cv:
+                n = int(self._data.get(key, "0")) + int(req.get("v") or 0)
+                self._data[key] = str(n)
+                self._cv.notify_all()
+            reply = {"ok": True, "v": n}
+        elif op == "peek":  # a collective's last look, at once: the keys set under a prefix
+            # with one of these endings (one scan of what is set, whatever the world size), and these keys
+            keys = [str(k) for k in req.get("ks") or []]
+            under, ends = str(req.get("p") or ""), tuple(str(e) for e in req.get("e") or [])
+            with self._cv:
+                vs = {k: v for k, v in self._data.items() if k.startswith(under) and k.endswith(ends)} \
+                    if under and ends else {}
+                vs.update({k: self._data[k] for k in keys if k in self._data})
+            reply = {"ok": True, "vs": vs}
+        elif op == "get":
+            keys = [str(k) for k in req.get("ks") or []]
+            with self._cv:
+                wait = float(req.get("t") or 0)
+                if not math.isfinite(wait):
+                    raise ValueError("t")
+                self._cv.wait_for(lambda: self._stop or any(k in self._data for k in keys), min(wait, 3600.0))
+                hit = next((k for k in keys if k in self._data), None)
+            reply = {"ok": True, "k": hit, "v": self._data[hit]} if hit is not None else {"ok": False}
+        else:
+            return None
+        return reply
 
     @staticmethod
     def _connect(host: str, port: int, deadline: float) -> socket.socket:
@@ -1271,12 +1288,32 @@ def slurm_first_host(nodelist: str) -> str | None:
     return m.group(1) + (m.group(2) or "")
 
 
+def _host_name_ok(where: tuple[str, int] | None, what: str) -> tuple[str, int] | None:
+    """``where`` when its host can be looked up: a name IDNA cannot encode (an empty label as in
+    ``a..b``, a label over 63 characters) is refused as the net client refuses it.
+
+    Raises:
+        UsageError: naming the host and where it came from.
+    """
+    if where is not None:
+        try:
+            where[0].encode("idna")
+        except UnicodeError:
+            raise UsageError(f"{what} host {where[0][:80]!r} is not a host name (an empty label, or one over 63 "
+                             "characters)", "give the rendezvous host's name or address") from None
+    return where
+
+
 def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
     """Where the store is: ``rendezvous`` (--rendezvous), else MASTER_ADDR/MASTER_PORT (port
     default 29500), else under Slurm the step's first node on port 29500 + SLURM_JOB_ID % 1000
-    (every rank computes the same), else None."""
+    (every rank computes the same), else None.
+
+    Raises:
+        UsageError: a port that is not one, or a host name that cannot be looked up.
+    """
     if rendezvous:
-        return parse_rendezvous(rendezvous)
+        return _host_name_ok(parse_rendezvous(rendezvous), "--rendezvous")
     if env.get("MASTER_ADDR", "").strip():
         port = DEFAULT_PORT
         if env.get("MASTER_PORT", "").strip():
@@ -1286,9 +1323,10 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
             if raw.startswith("-") or len(raw) > 5 or not 0 < int(raw) < 65536:
                 raise UsageError(f"MASTER_PORT={raw[:40]!r} is not a TCP port", hint)
             port = int(raw)
-        return env["MASTER_ADDR"].strip(), port
+        return _host_name_ok((env["MASTER_ADDR"].strip(), port), "MASTER_ADDR")
     row = launcher_of(me.launcher)
-    return row.rendezvous(env) if row is not None and row.rendezvous is not None else None
+    return _host_name_ok(row.rendezvous(env) if row is not None and row.rendezvous is not None else None,
+                         f"{me.launcher}'s rendezvous")
 
 
 def _mpi(me: Rank, env: Mapping[str, str] = os.environ):

@@ -770,7 +770,7 @@ def check_fleet(f: Any, source: str) -> dict:
             raise _fleet_bad(source, f"rows[{i}]", r, "an object")
         for k in ("value", "fleet_median", "expect"):
             if not _num_or_none(r.get(k)):
-                raise _fleet_bad(source, f"rows[{i}].{k}", r.get(k), "a finite number or null")
+                raise _fleet_bad(source, f"rows[{i}].{k}", r.get(k), "a number between -1e300 and 1e300, or null")
         for k in ("rank", "gpu"):
             x = r.get(k)
             if not _rank_ok(x, none_ok=k == "gpu"):
@@ -796,5 +796,5 @@ def check_fleet(f: Any, source: str) -> dict:
     for i, row in enumerate(gbps):
         for j, x in enumerate(row):
             if not _num_or_none(x):
-                raise _fleet_bad(source, f"links.gbps[{i}][{j}]", x, "a finite number or null")
+                raise _fleet_bad(source, f"links.gbps[{i}][{j}]", x, "a number between -1e300 and 1e300, or null")
     return f
