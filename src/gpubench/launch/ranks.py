@@ -41,6 +41,7 @@ from dataclasses import astuple, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.signals import Interrupted
 
 # Slurm's step ids that are not an srun step (slurm.h: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT,
 # SLURM_INTERACTIVE_STEP, SLURM_PENDING_STEP, 0xfffffffa..0xfffffffd).
@@ -444,6 +445,15 @@ def _dumps(obj: Any) -> str:
         raise TypeError(f"ranks carry JSON only: {e}") from None
 
 
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 class Group:
     """All ranks of the job, for the small messages of a benchmark (never for timed traffic).
 
@@ -468,6 +478,7 @@ class Group:
         self._seq = 0
         self._closed = False
         self._faulted = False  # a peer went missing: close() does not wait for it
+        self._leaving = False  # this rank stops on a signal: it waits for no farewell either
         self._lost: set[int] = set()  # the ranks known missing
 
     def lost(self, ranks) -> None:
@@ -527,6 +538,12 @@ class Group:
                                 f"rank {d.get('clash')}, held by {d.get('holder')}: two groups of ranks on one MASTER_PORT? "
                                 "this group stops, since it may hold ranks of the other",
                                 "give each group its own MASTER_PORT or --rendezvous")
+        if "interrupted" in d:  # another rank stopped on a signal (see _interrupted)
+            self._faulted = True
+            by = int(d.get("by", -1))
+            self._lost.add(by)
+            return MachineError(f"rank {by} on {self._host_of(by)} stopped: interrupted by "
+                                f"{str(d.get('interrupted'))[:20]}", "the other ranks stopped too; see that rank's own output")
         gone = [int(r) for r in d.get("missing", [])]
         waited = d.get("s")
         waited = float(waited) if isinstance(waited, (int, float)) and waited >= 0 else self.timeout
@@ -686,7 +703,10 @@ class Group:
         if self._closed:
             return
         self._closed = True
-        quiet = sys.exc_info()[1] is not None if quiet is None else quiet
+        on_its_way = sys.exc_info()[1]
+        quiet = on_its_way is not None if quiet is None else quiet
+        if isinstance(on_its_way, (KeyboardInterrupt, Interrupted)):
+            self._interrupted(on_its_way)
         ended = self._ended()
         self._shut()
         if ended is not None and not quiet:
@@ -694,6 +714,22 @@ class Group:
 
     def _shut(self) -> None:
         """The transport's end, after the farewell rule; never raises."""
+
+    def _interrupted(self, e: BaseException) -> None:
+        """This rank stops on a signal (SIGINT, SIGTERM): tell every other rank at once, so each
+        stops at its next wait naming this rank and the signal (not, past a deadline, as a rank
+        that "did not answer"), and none ends as if the run were whole. Then this rank leaves
+        without the healthy end's wait for rank 0, and without waiting for rank 0's farewell."""
+        if self.size == 1 or self._faulted:
+            return
+        self._faulted = True
+        self._leaving = True
+        name = "SIGINT" if isinstance(e, KeyboardInterrupt) else _signal_name(getattr(e, "signum", 0))
+        try:
+            self._send_all("abort", _dumps({"interrupted": name, "by": self.rank}),
+                           [r for r in range(self.size) if r != self.rank], time.monotonic() + 2.0)
+        except Exception:  # the store or a peer gone already: nothing more to tell
+            pass
 
     def _end(self) -> None:
         """The farewell rule of a healthy run: every other rank tells rank 0 it is done and returns
@@ -742,7 +778,7 @@ class Group:
                     end = time.monotonic() + FAREWELL_ACK_S
                     for r in live:
                         self._recv("ack", r, end, aborts=False)
-            elif 0 not in self._lost:
+            elif 0 not in self._lost and not self._leaving:
                 self._recv("bye", 0, time.monotonic() + CLOSE_S, aborts=False)
                 if ack:
                     self._send_all("ack", "0", [0], time.monotonic() + FAREWELL_ACK_S)

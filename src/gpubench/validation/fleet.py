@@ -453,9 +453,15 @@ def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet
     from gpubench.validation import steps
 
     place = StepPlace(devices=tuple(range(n_gpu)), fleet=True, gpu=max(me.local_rank, 0) % n_gpu if n_gpu else None)
-    steps.run_planned(bundle, place, n_gpu, {"--merge"} if with_merge else set(),
-                      lambda command: out / f"suite-{host_tag}-r{me.rank}-{stamp}-{command}.json", quiet=True,
-                      each_rank_only=me.local_rank > 0)
+    whole = steps.run_planned(bundle, place, n_gpu, {"--merge"} if with_merge else set(),
+                              lambda command: out / f"suite-{host_tag}-r{me.rank}-{stamp}-{command}.json", quiet=True,
+                              each_rank_only=me.local_rank > 0)
+    if not whole:  # a signal stopped a step (its finished points are saved): this rank stops, and the
+        # group's close tells the others, so no rank goes on or ends as if the fleet were whole
+        from gpubench.core.signals import raise_if_signalled
+
+        raise_if_signalled()
+        raise KeyboardInterrupt
 
 
 def stages() -> list[tuple[str, Any]]:

@@ -223,10 +223,14 @@ def serve(stack: contextlib.ExitStack, bind: str, streams: int) -> int:
 def run_client(host: str, port: int, request: Request, connect_timeout: float) -> Record:
     """Adapter: one net test from here to ``host:port``; the record with params stream = "total"
     of its result (:func:`gpubench.plugins.net.bench.build_records`). Raises GpubenchError: what
-    net raised (cannot connect, refused, failed during the test)."""
+    net raised (cannot connect, refused, failed during the test); KeyboardInterrupt or Interrupted:
+    a signal stopped the test."""
+    from gpubench.core.signals import raise_if_signalled
     from gpubench.plugins.net import bench as net
 
     res = net.run_test(host, port, request, connect_timeout=connect_timeout)
+    if res.interrupted_by:  # the test kept what it measured; the rank stops here (its group tells the others)
+        raise_if_signalled()
     totals = [r for r in res.records if r.params.get("stream") == "total"]
     if not totals:
         raise MachineError(f"net test to {host} port {port} returned no total "
