@@ -108,6 +108,8 @@ def test_output_must_not_be_a_file(capsys, tmp_path):
     f.write_text("x")
     rc, _, err = run(capsys, "-o", str(f))
     assert rc == 2 and "is a file" in err  # click.Path(file_okay=False) says so first
+    rc, _, err = run(capsys, "-o", "/dev/full")  # a device: not a folder, nor called a file
+    assert rc == 2 and "'/dev/full' is not a folder" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_missing_output_folder_is_not_created_when_the_run_cannot_start(capsys, tmp_path):

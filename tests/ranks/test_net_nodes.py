@@ -378,3 +378,36 @@ def test_a_bad_rendezvous_is_refused_under_mpi_too():
     p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "-t", "1", "-O", "0", "--rendezvous",
                         "127.0.0.1:0"], env=_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--rendezvous '127.0.0.1:0' is not HOST:PORT" in p.stderr, p.stdout + p.stderr
+
+
+# ---- a signal to one rank: it stops at once and the others name it, as interrupted ----
+
+@pytest.mark.parametrize("victim, sig, code", [(1, signal.SIGTERM, 143), (0, signal.SIGINT, 130)])
+def test_a_rank_stopped_by_a_signal_says_so_and_every_other_rank_names_it_at_once(victim, sig, code):
+    """torchrun-style, 3 ranks: SIGTERM (or Ctrl-C's SIGINT) to one rank while the rounds run. It
+    exits 143 (130) with its one line, and tells the others: each stops at its next wait with
+    "rank N on HOST stopped: interrupted by SIGTERM" (exit 3), within seconds, not at the round's
+    deadline as a rank that "did not answer"; none exits 0 (rank 0 interrupted included)."""
+    port = _free_port()
+    args = ["net", "nodes", "-q", "-T", "20", "-t", "2", "-i", "0.5", "-P", "1", "-b", "2G"]
+    procs = [_start([sys.executable, "-m", "gpubench", *args], _torchrun_env(r, port)) for r in range(3)]
+    outs = [Lines(p) for p in procs]
+    try:
+        _wait_test_running(procs[0].pid)
+        procs[victim].send_signal(sig)
+        t_sig = time.monotonic()
+        ended = _wait_all(procs, 30)
+        texts = [o.text() if p.poll() is not None else "".join(line for _, line in o.lines) for o, p in zip(outs, procs)]
+        assert None not in ended, texts
+        assert procs[victim].returncode == code, texts
+        assert f"interrupted by {sig.name}" in texts[victim] and "did not answer" not in texts[victim], texts
+        for r in range(3):
+            if r == victim:
+                continue
+            assert procs[r].returncode == 3, texts
+            assert f"rank {victim} on {HOST} stopped: interrupted by {sig.name}" in texts[r], texts
+            assert "did not answer" not in texts[r] and "Traceback" not in texts[r], texts
+        # the round deadline here is about 20 s: every rank is out well before it
+        assert max(ended) - t_sig < 10, (max(ended) - t_sig, texts)
+    finally:
+        _cleanup(procs, None)

@@ -100,7 +100,7 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
         return 0
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"-o {out_dir!r} is a file, not a folder", "give a folder; it is created if missing")
+        raise UsageError(f"-o {out_dir!r} is not a folder", "give a folder; it is created if missing")
     from gpubench.core import gpu
     from gpubench.core.result import check_output_target
     from gpubench.validation import fleet
