@@ -101,7 +101,7 @@ def test_the_newest_of_two_runs_is_kept_for_a_shared_series(run_cli, tmp_path):
     code, out, err = run_cli("metrics", a, b, "-o", "-")
     assert code == 0
     # counted per series: 3 stats, the samples, when it was made, partial
-    assert re.search(r"warning: 6 series given by more than one input: the newest", err), err
+    assert re.search(r"warning: 6 series given more than once: the newest", err), err
     fams = families(out)
     assert one(fams, "gpubench_copy_bandwidth_bytes_per_second", stat="median") == pytest.approx(10e9, rel=0.01)
     assert one(fams, "gpubench_result_created_seconds") == 1769904000.0

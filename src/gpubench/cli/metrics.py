@@ -38,8 +38,8 @@ def command(inputs, output, quiet, debug):
     from gpubench.core.report import err_line, saved
 
     if fams.replaced:
-        err_line(f"gpubench: warning: {fams.replaced} series given by more than one input: "
-                 "the newest result's value is kept")
+        err_line(f"gpubench: warning: {fams.replaced} series given more than once: the newest result's value "
+                 "is kept (within one result, its last record's)")
     if output == STDOUT:
         sys.stdout.buffer.write(text)
         sys.stdout.flush()
