@@ -411,3 +411,25 @@ def test_a_rank_stopped_by_a_signal_says_so_and_every_other_rank_names_it_at_onc
         assert max(ended) - t_sig < 10, (max(ended) - t_sig, texts)
     finally:
         _cleanup(procs, None)
+
+
+def test_a_rank_0_signalled_while_it_waits_in_the_join_tells_the_ranks_already_there():
+    """torchrun-style, 3 ranks of which rank 1 never comes: rank 0, waiting in the join (a store
+    request of its own in flight), gets SIGTERM. It exits 143 and rank 2 exits 3 naming it as
+    interrupted, at once, not at the join's deadline (-T 20) as a store that did not answer."""
+    port = _free_port()
+    args = ["net", "nodes", "-q", "-T", "20", "-t", "1"]
+    procs = [_start([sys.executable, "-m", "gpubench", *args], _torchrun_env(r, port)) for r in (0, 2)]
+    outs = [Lines(p) for p in procs]
+    try:
+        time.sleep(3.0)  # both joined; rank 0 waits for rank 1 in the join's all-gather
+        procs[0].send_signal(signal.SIGTERM)
+        t_sig = time.monotonic()
+        ended = _wait_all(procs, 30)
+        texts = [o.text() if p.poll() is not None else "".join(line for _, line in o.lines) for o, p in zip(outs, procs)]
+        assert None not in ended and max(ended) - t_sig < 10, texts
+        assert [p.returncode for p in procs] == [143, 3], texts
+        assert "rank 0 on" in texts[1] and "stopped: interrupted by SIGTERM" in texts[1], texts
+        assert "Traceback" not in texts[0] + texts[1], texts
+    finally:
+        _cleanup(procs, None)

@@ -27,6 +27,7 @@ Payloads travel as JSON text on every path, MPI too (tuples come back as lists).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -930,6 +931,14 @@ class _StoreGroup(Group):
             raise _Abort(text)
         return text
 
+    def _interrupted(self, e: BaseException) -> None:
+        if isinstance(self._store, _Store) and not self._faulted and self.size > 1:
+            try:  # the signal may have cut a request short: the notice goes on a connection of its own
+                self._store.reconnect(time.monotonic() + 2.0)
+            except Exception:  # the store is gone: nothing to tell it
+                return
+        super()._interrupted(e)
+
     def claim(self, where: str, deadline: float) -> None:
         """Claim this rank's index in the store, once per group: a second process with the same
         RANK (another group on the same MASTER_PORT) is refused. While the group has not formed
@@ -1117,6 +1126,7 @@ class _Store:
         self._conns = 0
         if is_master:
             self._serve(host, port)
+        self._addr = (host, port)
         self._sock = self._connect(host, port, deadline)
         self._rfile = self._sock.makefile("rb")
         self._lock = threading.Lock()
@@ -1256,6 +1266,18 @@ class _Store:
                                 "never sends: another program on that port?")
                 raise _StoreForeign(self._broken)
             return reply
+
+    def reconnect(self, deadline: float) -> None:
+        """A new connection for this client's next requests: a request interrupted by a signal (a
+        get the server still holds) would keep the old one out of step. Raises MachineError where
+        the store cannot be reached by the deadline."""
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._rfile.close()
+                self._sock.close()
+            self._sock = self._connect(*self._addr, deadline)
+            self._rfile = self._sock.makefile("rb")
+            self._broken = None
 
     def set(self, key: str, text: str, deadline: float | None = None) -> None:
         """Store ``text`` under ``key``; the server answers at once (STORE_REPLY_S at most)."""
@@ -1463,6 +1485,9 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
     except MachineError as e:
         g.close()
         raise MachineError(e.message.replace("all-gather", "join"), e.hint) from None
+    except (KeyboardInterrupt, Interrupted):
+        g.close()  # a signal during the join: the others are told (Group._interrupted)
+        raise
     return g
 
 
