@@ -357,3 +357,23 @@ def test_xid_events_seen_in_one_run_fail_even_where_another_run_could_not_watch(
         assert (o.status, o.value) == ("fail", 1.0)
     (o,) = evaluate(rule, [Result.from_dict(blind), Result.from_dict(_health_result([(HEALTHY, HEALTHY)]))])
     assert o.status == "skipped" and "not supported" in o.note  # 0 seen in one run, the other blind
+
+
+def test_a_counter_read_lower_after_the_runs_fails_as_a_reset_not_as_zero():
+    """NVML's replay and NVLink error counters only grow while the driver stays loaded: one lower
+    after the runs than before means the GPU or driver was reset in between, which is not "0
+    during the runs"."""
+    from gpubench.validation.suite import evaluate
+
+    before = dict(HEALTHY, pcie_replays=10)
+    after = copy.deepcopy(dict(HEALTHY, pcie_replays=0))
+    after["nvlink_errors"]["0"]["crc_flit"] = 0
+    before = copy.deepcopy(before)
+    before["nvlink_errors"]["0"]["crc_flit"] = 5
+    res = Result.from_dict(_health_result([(before, after)]))
+    out = evaluate(_expect("[health]\nmax_pcie_replays = 0\nmax_nvlink_errors = 0\n"), [res])
+    assert [(o.status, o.note) for o in out] == [
+        ("fail", "GPU 0 (GPU-0): PCIe replays during the runs went backwards between the reads before and after "
+                 "the runs: the GPU or its driver was reset during them"),
+        ("fail", "GPU 0 (GPU-0): NVLink errors during the runs went backwards between the reads before and after "
+                 "the runs: the GPU or its driver was reset during them")]

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 UNSUPPORTED = "unsupported"
+# a counter read lower after the runs than before: the GPU or its driver was reset between the reads
+RESET = "reset"
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,9 @@ def _delta(before: Any, after: Any) -> Any:
     if before == UNSUPPORTED or after == UNSUPPORTED:
         return UNSUPPORTED
     b, a = _num(before), _num(after)
-    return None if b is None or a is None else max(0, a - b)
+    if b is None or a is None:
+        return None
+    return RESET if a < b else a - b  # NVML's counters only grow while the driver stays loaded
 
 
 def _link_errors(c: Any) -> Any:
@@ -155,6 +159,8 @@ def _gpus(results: Iterable[Any]) -> list[_Gpu]:
 def _sum(vals: Sequence[Any]) -> Any:
     if any(v == UNSUPPORTED for v in vals):
         return UNSUPPORTED
+    if RESET in vals:
+        return RESET
     nums = [v for v in vals if type(v) is int]
     return sum(nums) if nums else None
 
@@ -204,6 +210,10 @@ def outcomes(e: Any, results: Sequence[Any], outcome: Callable) -> list:
     for g in gpus:
         v = measure(rule.counter, g)
         name = f"GPU {g.index}" + (f" ({g.uuid})" if g.uuid else "")
+        if v == RESET:
+            out.append(outcome(e, "fail", g.label(), None, f"{name}: {rule.what} went backwards between the reads "
+                               "before and after the runs: the GPU or its driver was reset during them"))
+            continue
         if v == UNSUPPORTED or v is None:
             why = "not supported by this GPU" if v == UNSUPPORTED else "not read"
             out.append(outcome(e, "skipped", g.label(), None, f"{name}: {rule.what}: {why}"))
