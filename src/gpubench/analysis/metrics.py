@@ -245,6 +245,9 @@ HEALTH_COUNTERS = {
 }
 
 
+HEALTH_FLAGS = frozenset({"remapped_rows_pending", "remapped_rows_failed"})
+
+
 def add_health(f: Families, res: Result) -> None:
     """Add each GPU's health counters from ``res.env["health"]`` (their read after the points; a
     counter the GPU lacks is left out) and the XID events during the run."""
@@ -261,7 +264,8 @@ def add_health(f: Families, res: Result) -> None:
             v: Any = g["after"]
             for k in path:
                 v = v.get(k) if isinstance(v, dict) else None
-            if isinstance(v, (int, bool)):
+            # a flag (remapped_rows_*) as 0/1; a count only as an integer, as the suite's [health] rules read it
+            if isinstance(v, bool) if name in HEALTH_FLAGS else type(v) is int:
                 f.add("gpubench_gpu_health_counter", "A GPU health counter read after the command's points "
                       "(docs/env.md); booleans as 0/1", {**base, "counter": name}, float(v))
         if isinstance(xids, list):
