@@ -363,7 +363,8 @@ def test_a_killed_client_frees_the_server_for_the_next(server):
     t0 = time.monotonic()
     p = server.client("-t", "0.5")
     assert p.returncode == 0, p.stderr  # not "busy" for the 60 s the killed client asked for
-    assert time.monotonic() - t0 < 15
+    # well under those 60 s; the margin is for a new client's start on a loaded 2-core host (17 s seen)
+    assert time.monotonic() - t0 < 40
     assert any("aborted" in line for line in server.lines)
 
 
