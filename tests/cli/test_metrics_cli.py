@@ -169,3 +169,19 @@ def test_the_health_counters_of_each_gpu_are_exported_and_a_missing_one_left_out
     assert got == {"pcie_replays": 12, "ecc_volatile_corrected": 1, "ecc_volatile_uncorrected": 0,
                    "ecc_aggregate_uncorrected": 2, "remapped_rows_pending": 1, "remapped_rows_failed": 0}
     assert one(fams, "gpubench_gpu_xid_events", gpu_uuid="GPU-x", command="copy") == 2
+
+
+def test_suite_metrics_may_name_its_folder_by_host_and_rank(run_cli, tmp_path):
+    """`{host}` and `{rank}` are replaced before the path is checked, also in its folders (without a
+    launcher: 0 and this host), so a folder per host is accepted and written into."""
+    import socket
+
+    from gpubench.cli.suite import _host
+
+    (tmp_path / _host(socket.gethostname()) / "0").mkdir(parents=True)
+    toml = tmp_path / "e.toml"
+    toml.write_text('[[expect]]\ncommand = "copy"\nmin_gbps = 1\n')
+    code, _, err = run_cli("suite", "--check", DATA / "copy-pinned-h200.json", "--expect", toml, "--metrics",
+                           str(tmp_path / "{host}" / "{rank}" / "m.prom"), "-q")
+    assert code == 0, err
+    assert (tmp_path / _host(socket.gethostname()) / "0" / "m.prom").read_text().endswith("# EOF\n")

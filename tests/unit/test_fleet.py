@@ -321,3 +321,32 @@ def test_skipped_steps_are_listed_once_per_step_and_reason_with_their_ranks():
         "skipped: net between nodes: one node",
         "skipped: pin on rank 3: \\[red]x\\[/red]",
     ]
+
+
+def test_the_roll_call_names_a_rank_that_stopped_on_a_signal_not_the_rank_it_was_waiting_for():
+    """Over the store: rank 1 of 3 stops on SIGTERM and tells the group while rank 0 gathers the
+    roll from rank 1: rank 0 names rank 1 as interrupted, with its host, not an internal message."""
+    import signal
+    import socket
+
+    from gpubench.core.errors import MachineError
+    from gpubench.core.signals import Interrupted
+    from gpubench.launch import ranks
+    from gpubench.validation.fleet import Roll
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stores = [ranks._Store("127.0.0.1", port, r == 0, 5.0) for r in range(2)]
+    who = [ranks.Rank(r, 3, r, 3, 0, f"node{r}", "torchrun") for r in range(3)]
+    groups = [ranks._StoreGroup(who[r], 5.0, stores[r], "gpubench", "p") for r in range(2)]
+    for g in groups:
+        g.ranks = who
+    try:
+        groups[1]._interrupted(Interrupted(signal.SIGTERM))
+        with pytest.raises(MachineError) as e:
+            Roll(groups[0], 5.0).sync({"rank": 0})
+        assert e.value.message == "rank 1 on node1 stopped: interrupted by SIGTERM"
+    finally:
+        for st in reversed(stores):
+            st.close(0.0)

@@ -231,6 +231,7 @@ def test_a_host_that_is_a_string_is_refused_naming_the_field(tmp_path):
     (lambda f: f["rows"][0].update(rank=-1), r"fleet\.rows\[0\]\.rank is -1"),
     # beyond the bound the message names it (1e300 is finite)
     (lambda f: f["rows"][0].update(value=1e300), r"value is 1e\+300; expected a number between -1e300 and 1e300"),
+    (lambda f: f["rows"][0].update(expect=10**310), r"expect is \d+.*expected a number between -1e300 and 1e300"),
     (lambda f: f["links"].update(gbps=[[None, 1e300, None], [None] * 3, [None] * 3]), r"gbps\[0\]\[1\] is 1e\+300; expected a number "),
 ])
 def test_a_malformed_fleet_is_refused_naming_the_field(change, needle):

@@ -565,7 +565,7 @@ def test_rank_0_missing_at_an_all_gather_is_named_by_the_others_after_rank_0_s_o
 
 @pytest.mark.parametrize("junk", [b"[1]\n", b'"str"\n', b'{"op": "add", "k": "x", "v": 1e400}\n',
                                   b'{"op": "peek", "ks": 5, "p": "a", "e": 5}\n', b'{"op": "get", "ks": ["x"], "t": NaN}\n',
-                                  b"\xff\xfe\n", b"not json\n"])
+                                  b"\xff\xfe\n", b"not json\n", b"[" * 3000 + b"\n"])
 def test_the_store_closes_a_connection_that_sends_junk_and_serves_on(junk):
     """Rank 0's store (gpubench's own) takes one JSON request object a line; anything else on its
     port (another program, a scanner) has that connection closed, no thread's traceback on rank
@@ -614,4 +614,29 @@ def test_the_store_reads_no_request_line_beyond_its_limit(monkeypatch):
         store.set("k", "v", 5.0)
         assert store.get_any(["k"], 5.0) == ("k", "v")
     finally:
+        store.close(0.0)
+
+
+def test_the_store_serves_each_rank_and_a_few_more_connections_at_once_and_closes_the_rest():
+    """Each connection may hold a request line of up to _MAX_LINE in rank 0's memory, so rank 0's
+    store serves at most its clients' count at once (a rank each, and a few more): a flood of
+    connections to its port is closed, and the ranks' own are served."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = ranks._Store("127.0.0.1", port, True, 5.0, max_clients=3)  # this client is one
+    extra = []
+    try:
+        for _ in range(2):
+            extra.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        flood = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert flood.recv(10) == b""  # closed at once, nothing read from it
+        flood.close()
+        store.set("k", "v", 5.0)
+        assert store.get_any(["k"], 5.0) == ("k", "v")
+    finally:
+        for c in extra:
+            c.close()
         store.close(0.0)

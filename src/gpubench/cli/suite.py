@@ -62,7 +62,10 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
     known = sorted(p.name for p in registry.measuring())
     if expect_file is not None:
         expect_file = profiles.resolve(expect_file)
-    if metrics_file is not None:
+    if metrics_file is not None:  # the path this rank writes ({rank} and {host} may name folders)
+        from gpubench.launch import ranks
+
+        metrics_file = _node_path(metrics_file, ranks.discover())
         _check_metrics_path(metrics_file)
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:

@@ -626,6 +626,19 @@ class Group:
     def _waited(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else float(timeout)
 
+    def receive(self, tag: str, src: int, deadline: float) -> str:
+        """The message ``tag`` from ``src`` (a caller keeping its own tags, as the fleet's roll call).
+
+        Raises:
+            TimeoutError: past ``deadline``.
+            MachineError: another rank's abort notice came first (naming the rank it is about, as
+                every collective does), or the transport was lost.
+        """
+        try:
+            return self._recv(tag, src, deadline)
+        except _Abort as a:
+            raise self._aborted(a.text) from None
+
     def _recv_named(self, tag: str, src: int, deadline: float, what: str, timeout: float | None = None) -> str:
         try:
             return self._recv(tag, src, deadline)
@@ -1011,6 +1024,9 @@ class _StoreGroup(Group):
 
 # -- the stores -----------------------------------------------------------------------------------
 
+# Connections rank 0's store serves beyond one per rank (a reconnect after a signal, a second
+# group's claimant that must be told of the clash); more are closed at once.
+STORE_SPARE_CLIENTS = 16
 # A store request's own allowance beyond its deadline: the reply of a live server is at once.
 STORE_REPLY_S = 5.0
 _MAX_LINE = 64 << 20  # the longest request or reply line of gpubench's store (bytes)
@@ -1118,8 +1134,10 @@ class _Store:
     peer can send data, never code (no pickle). Values are kept until the server stops.
     """
 
-    def __init__(self, host: str, port: int, is_master: bool, deadline: float):
+    def __init__(self, host: str, port: int, is_master: bool, deadline: float, max_clients: int | None = None):
         self._server: socket.socket | None = None
+        # connections served at once (None: any number); each can hold a request line of _MAX_LINE
+        self._max_clients = max_clients
         self._data: dict[str, str] = {}
         self._cv = threading.Condition()
         self._stop = False
@@ -1152,12 +1170,15 @@ class _Store:
                 conn, _ = self._server.accept()
             except OSError:
                 return
+            with self._cv:  # each rank holds one connection; beyond a few more, others are not served
+                if self._max_clients is not None and self._conns >= self._max_clients:
+                    conn.close()
+                    continue
+                self._conns += 1
             threading.Thread(target=self._client, args=(conn,), daemon=True).start()
 
     def _client(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
-        with self._cv:
-            self._conns += 1
         try:
             while True:
                 line = f.readline(_MAX_LINE + 1)  # bounded: a line without an end is not read whole
@@ -1165,7 +1186,7 @@ class _Store:
                     break
                 try:
                     reply = self._reply(json.loads(line))
-                except (ValueError, TypeError, AttributeError, OverflowError):  # not a request of the
+                except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):  # not a request of the
                     break  # group's (another program, junk): that connection is closed, the store serves on
                 if reply is None:
                     break
@@ -1512,4 +1533,6 @@ def _store_group(me: Rank, addr: tuple[str, int], timeout: float, env: Mapping[s
             raise MachineError(f"torch TCPStore at {host}:{port}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                                "is rank 0 running, and MASTER_ADDR/MASTER_PORT (--rendezvous) its address?") from None
         return _StoreGroup(me, timeout, store, "torch", prefix, served_by_rank0=not agent)
-    return _StoreGroup(me, timeout, _Store(host, port, me.rank == 0, deadline), "gpubench", prefix)
+    # every rank's one connection, and room for a few more (a reconnect, a late claimant to refuse)
+    own = _Store(host, port, me.rank == 0, deadline, max_clients=me.size + STORE_SPARE_CLIENTS if me.size else None)
+    return _StoreGroup(me, timeout, own, "gpubench", prefix)

@@ -391,10 +391,12 @@ class Roll:
             if r in self.silent:
                 continue
             try:
-                out[r] = json.loads(g._recv(tag, r, deadline))
+                out[r] = json.loads(g.receive(tag, r, deadline))
             except TimeoutError:
                 self.silent.add(r)
-            except Exception as e:  # another rank's abort notice, a closed store
+            except MachineError:  # another rank's abort notice (named by the group), a closed store
+                raise
+            except Exception as e:
                 raise MachineError(f"gathering from rank {r} failed: {type(e).__name__}: {str(e)[:200]}") from None
         g.bcast(sorted(self.silent), timeout=self.timeout)
         g.lost(self.silent)

@@ -723,8 +723,9 @@ def _fleet_bad(source: str, where: str, value: Any, want: str) -> UsageError:
 
 
 def _num_or_none(v: Any) -> bool:
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                         and abs(v) < 1e300)
+    if isinstance(v, int) and not isinstance(v, bool):  # a JSON integer past a double's range is no float
+        return abs(v) < 10**300
+    return v is None or (isinstance(v, float) and math.isfinite(v) and abs(v) < 1e300)
 
 
 def _rank_ok(x: Any, none_ok: bool = False) -> bool:
