@@ -339,6 +339,7 @@ class Side:
         """Post ``in_flight`` sends of ``buf`` (the window :meth:`send_for` keeps full)."""
         self._out = self.array(buf)
         self._window: deque = deque(self._send(self._out, DATA_TAG) for _ in range(in_flight))
+        self._last_done = time.perf_counter()  # the last completion, across send_for calls (the stall clock)
 
     def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> Counts:
         """Keep the window full until ``time.perf_counter() >= until``.
@@ -352,20 +353,23 @@ class Side:
         """
         window, progress, send, out = self._window, self.worker.progress, self._send, self._out
         clock = time.perf_counter
-        t0 = last = clock()
+        t0 = clock()
+        last = self._last_done
         next_check = t0 + 0.05
         done = spins = 0
         while True:
             progress()
+            n = 0
             while window[0].completed:
                 _checked(window.popleft())
-                done += 1
+                n += 1
                 window.append(send(out, DATA_TAG))
             spins += 1
-            if spins & 15 == 0 or done:
+            if n or spins & 15 == 0:
                 now = clock()
-                if done:
-                    last = now
+                if n:
+                    done += n
+                    last = self._last_done = now
                 if now >= until:
                     return Counts(done, now - t0)
                 if now >= next_check:
@@ -373,15 +377,13 @@ class Side:
                     check()
                     if now - last > stall_s:
                         raise PeerGone(f"UCX: no send completed for {stall_s:g} s (the receiver stopped?)")
-                    if done:
-                        continue
-        # not reached
 
-    def finish_sending(self, deadline_s: float, check=None) -> int:
-        """Wait for the window's last sends; returns how many there were."""
+    def finish_sending(self, check=None, stall_s: float = STALL_S) -> int:
+        """Wait for the window's last sends (at most ``stall_s`` after the last completion);
+        returns how many there were."""
         left = list(self._window)
         self._window.clear()
-        self.wait(left, deadline_s, check)
+        self.wait(left, max(0.5, stall_s - (time.perf_counter() - self._last_done)), check)
         return len(left)
 
     def recv_until(self, buf, in_flight: int, stop: Callable[[int], bool], stall_s: float = STALL_S) -> int:

@@ -103,11 +103,9 @@ class _Client:
         whose EOF (this process ended, even killed) ends it."""
         import json
 
-        import gpubench
+        from gpubench.plugins.net.ucx_server import child_env
 
-        root = os.path.dirname(os.path.dirname(os.path.abspath(gpubench.__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env = child_env()
         arg = json.dumps({"bind": DEFAULT_BIND, "device": self.spec.device})
         self.proc = subprocess.Popen([sys.executable, "-m", "gpubench.plugins.net.ucx_server", arg], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -203,7 +201,7 @@ class _Client:
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
             try:
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=2)  # it ends at stdin EOF; a stopped one is killed
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
@@ -308,7 +306,7 @@ class UcxNet(Benchmark):
         """After the last point: drain the window, the server's end line. A fault keeps ``recs``."""
         try:
             if not client.spec.latency:
-                client.sent += client.side.finish_sending(30.0, client.check)
+                client.sent += client.side.finish_sending(client.check)
             client.finish(client.sent)
         except MachineError as e:
             e.point_records = recs

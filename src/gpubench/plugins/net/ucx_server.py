@@ -30,6 +30,7 @@ import os
 import resource
 import select
 import socket
+import subprocess
 import sys
 from typing import Any, Callable
 
@@ -149,8 +150,9 @@ class UcxServer:
     """
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = 0, *, device: int = 0,
-                 log: Callable[[str], None] | None = None):
-        self.bind, self.port, self.device = bind, port, device
+                 log: Callable[[str], None] | None = None, isolate: bool = True):
+        self.bind, self.port, self.device, self.isolate = bind, port, device, isolate
+        self.child: subprocess.Popen | None = None
         self.log = log or (lambda line: None)
         self.sock: socket.socket | None = None
         self.done = self.aborted = 0
@@ -195,10 +197,57 @@ class UcxServer:
                 continue
             conn, peer = self.sock.accept()
             served += 1
-            self.serve_one(conn, f"{peer[0]}:{peer[1]}")
+            who = f"{peer[0]}:{peer[1]}"
+            if self.isolate:
+                self.serve_in_child(conn, who)
+            else:
+                self.serve_one(conn, who)
 
-    def serve_one(self, conn: socket.socket, who: str) -> None:
-        """One test on an accepted control connection; never raises (a fault is logged)."""
+    def serve_in_child(self, conn: socket.socket, who: str) -> None:
+        """One test in a process of its own (``python -m gpubench.plugins.net.ucx_server``, the
+        connection inherited): without peer error handling UCX ends a process whose peer dies
+        mid-transfer (cma: ``process_vm_readv ... No such process``), so a client that dies takes
+        only that process with it and the server serves the next test. Its log lines are relayed."""
+        import tempfile
+
+        arg = json.dumps({"fd": conn.fileno(), "who": who, "device": self.device})
+        with tempfile.TemporaryFile() as err:
+            try:
+                self.child = subprocess.Popen([sys.executable, "-m", "gpubench.plugins.net.ucx_server", arg],
+                                              pass_fds=(conn.fileno(),), env=child_env(), stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, stderr=err)
+            except OSError as e:
+                refuse(conn, f"server cannot start the test's process: {e.strerror or e}")
+                self.log(f"test from {who}: refused: cannot start its process ({e.strerror or e})")
+                self.aborted += 1
+                return
+            finally:
+                close_socket(conn) if self.child is None else conn.close()
+            child = self.child
+            assert child.stdout is not None
+            try:
+                for raw in child.stdout:
+                    self.log(raw.decode("utf-8", "replace").rstrip("\n"))
+                code = child.wait()
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+                child.stdout.close()
+                self.child = None
+            if code == 0:
+                self.done += 1
+                return
+            self.aborted += 1
+            if code != 3:  # 3: the process said why itself
+                err.seek(0)
+                tail = [ln for ln in err.read()[-4000:].decode("utf-8", "replace").splitlines() if ln.strip()]
+                why = f"signal {-code}" if code < 0 else f"exit {code}"
+                self.log(f"test from {who}: aborted: its process died ({why})" + (f": {tail[0][:300]}" if tail else ""))
+
+    def serve_one(self, conn: socket.socket, who: str) -> bool:
+        """One test on an accepted control connection, in this process; never raises (a fault is
+        logged). Returns whether the test ended (False: refused or aborted)."""
         from gpubench.plugins.net.ucx import PeerGone
 
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -210,7 +259,7 @@ class UcxServer:
                 refuse(conn, e.message)
                 self.log(f"test from {who}: refused: {e.message}")
                 self.aborted += 1
-                return
+                return False
             self.log(f"test from {who}: ucx {req['api']} {'bandwidth' if req['mode'] == 'bw' else 'latency'}, "
                      f"{req['nbytes']} B messages, {req['in_flight']} in flight, into {req['memory']} memory")
             try:
@@ -219,9 +268,10 @@ class UcxServer:
                 refuse(conn, f"aborted: {e.message}")
                 self.log(f"test from {who}: aborted: {e.message}")
                 self.aborted += 1
-                return
+                return False
             self.done += 1
             self.log(f"test from {who}: {line}")
+            return True
         finally:
             close_socket(conn)
 
@@ -277,14 +327,35 @@ class UcxServer:
             echoed += msg["iters"]
 
     def close(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
         close_socket(self.sock)
         self.sock = None
 
 
+def child_env() -> dict:
+    """This environment with gpubench's own source root first on PYTHONPATH (a child started with
+    ``-m gpubench...`` finds the same gpubench, installed or a checkout)."""
+    import gpubench
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(gpubench.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def main(argv: list[str]) -> int:
-    """The child server of ``net local --protocol ucx``: ``argv[0]`` = JSON {"bind", "device"}."""
+    """A child process of the UCX server. ``argv[0]`` = JSON, either {"fd", "who", "device"}: one
+    test on the inherited control connection ``fd``, its log lines on stdout (exit 0: done, 3:
+    refused or aborted); or {"bind", "device"}: the server of ``net local --protocol ucx``, which
+    prints its port, serves one test and ends with its parent (stdin EOF)."""
     arg = json.loads(argv[0])
-    srv = UcxServer(arg.get("bind", DEFAULT_BIND), 0, device=int(arg.get("device", 0)))
+    if "fd" in arg:
+        conn = socket.socket(fileno=int(arg["fd"]))
+        srv = UcxServer(device=int(arg.get("device", 0)), log=lambda line: print(line, flush=True))
+        return 0 if srv.serve_one(conn, str(arg.get("who", "?"))) else 3
+    srv = UcxServer(arg.get("bind", DEFAULT_BIND), 0, device=int(arg.get("device", 0)), isolate=False)
     try:
         _, port = srv.open()
     except UsageError as e:
