@@ -30,7 +30,7 @@ PLUGIN = Plugin(
         "src": param("integer", "the sending rank of a node x node test", minimum=0),
         "dst": param("integer", "the receiving rank of a node x node test", minimum=0),
         "protocol": param("string", "tcp or ucx (--protocol); absent in older results: tcp"),
-        "memory": param("string", "--protocol ucx: the buffers, host or cuda, or SEND,RECV (-m); absent: host"),
+        "memory": param("string", "the buffers: host (tcp, always), cuda, or SEND,RECV (-m); absent: host"),
         "api": param("string", "--protocol ucx: UCX's tag or stream API (--api)"),
     }),
 )

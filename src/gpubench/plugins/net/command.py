@@ -347,12 +347,14 @@ def _net_run(spec):
     from gpubench.plugins.net import bench as net
 
     def run(s, progress):
+        ctx = click.get_current_context(silent=True)
+        own = ctx is not None and ctx.command.name in ("client", "local")  # not a suite's step
         if getattr(s, "protocol", "tcp") == "ucx":
             from gpubench.plugins.net import ucx_bench
 
-            return ucx_bench.run(s, progress)
-        ctx = click.get_current_context(silent=True)
-        own = ctx is not None and ctx.command.name in ("client", "local")  # not a suite's step
+            if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
+                return ucx_bench.run(s, progress)
+            return ucx_bench.run(s, report.ProgressSink(), live=live_lines(False))
         if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
             return net.run(s, progress)
         return net.run(s, report.ProgressSink(), live=live_lines(s.request.direction == "both"))

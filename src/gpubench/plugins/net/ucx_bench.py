@@ -229,6 +229,8 @@ class UcxNet(Benchmark):
     description = "UCX bandwidth and latency between two processes (tag or stream API)."
     needs_gpu = False
 
+    def __init__(self, live: Any = None):
+        self.live = live  # a gpubench.plugins.net.lines.LiveLines, or None
     def environment(self, spec: UcxSpec) -> dict:
         from gpubench.core import env as envmod
         from gpubench.plugins.net.ucx_server import is_loopback
@@ -263,6 +265,14 @@ class UcxNet(Benchmark):
                 n = spec.nbytes
                 ctx.data["out"] = ucx.alloc(n, spec.memory[0], spec.device, ucx.pattern(n))
                 ctx.data["back"] = ucx.alloc(n, spec.memory[0], spec.device) if spec.latency else None
+                if self.live is not None:
+                    where = "loopback" if spec.mode == "local" else "connected to"
+                    what = "latency (ping-pong), 8 B to" if spec.latency else f"{spec.in_flight} in flight,"
+                    self.live.header(f"gpubench net --protocol ucx: {where} {client.host}:{client.port}: {spec.api} API, "
+                                     f"{what} {n} B messages, memory {spec.memory[0]} -> {spec.memory[1]}; "
+                                     + (f"{spec.seconds:g} s for the sweep" if spec.latency else
+                                        f"{spec.seconds:g} s counted after {spec.omit:g} s omitted, "
+                                        f"{spec.interval:g} s intervals"))
             except (KeyboardInterrupt, Interrupted) as e:
                 ctx.data["interrupted"] = e
             yield ctx
@@ -298,6 +308,8 @@ class UcxNet(Benchmark):
         if "client" not in client.info:
             client.info["client"] = side.info()  # protocols are chosen at the first send: now known
         rec = Interval(start_s=start_s, end_s=now_s, omit=omit, bytes=[got.messages * spec.nbytes]).record(point.key)
+        if self.live is not None:
+            self.live.intervals({"c2s": (start_s, now_s, omit, [got.messages * spec.nbytes])})
         if point.key == len(schedule) - 1:
             self._finish(client, [rec])
         return [rec]
@@ -340,6 +352,10 @@ class UcxNet(Benchmark):
         if bad is not None:
             e = MachineError(f"net --latency: byte {bad} of the {size} B message came back changed")
             raise e
+        if self.live is not None:
+            med = sorted(samples)[len(samples) // 2]
+            self.live.line(f"[LAT] {size:>10} B  {med * 1e6:10.2f} us one-way (median of {len(samples)} batches, "
+                           f"{trips} round trips)")
         rec = Record(params={"stream": "latency", "streams": 1, "buffer_nbytes": size, "direction": "c2s"},
                      metric="time", nbytes=size, samples_s=samples, reps=1,
                      extra={"round_trips": trips, "batches": len(samples)})
@@ -391,7 +407,7 @@ class UcxNet(Benchmark):
                 "endpoint_info": {k: v[:20000] for k, v in (client.info.items() if client else [])}}
 
 
-def run(spec: UcxSpec, progress: ProgressSink | None = None) -> Result:
+def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -> Result:
     """One UCX test through the driver.
 
     Returns:
@@ -407,7 +423,7 @@ def run(spec: UcxSpec, progress: ProgressSink | None = None) -> Result:
 
     ucx.require_ucx()
     ucx.require_cuda(spec.memory, spec.device)
-    return driver.run(UcxNet(), spec, progress)
+    return driver.run(UcxNet(live), spec, progress)
 
 
 def check_not_tcp_only(given: dict[str, Any]) -> None:
