@@ -587,6 +587,7 @@ def _no_gpu() -> bool:
     (["local", "--protocol", "ucx", "--in-flight", "0"], "--in-flight 0"),
     (["local", "--latency"], "--latency applies to --protocol ucx only"),
     (["local", "--protocol", "quic"], "quic"),
+    (["local", "--wait", "sleep"], "--wait applies to --protocol ucx only"),
     (["server", "--protocol", "ucx", "-d", "-1"], "-d/--device -1"),
 ])
 def test_ucx_bad_input_is_one_line_exit_2(args, fragment):
@@ -670,10 +671,12 @@ def test_ucx_server_serves_client_over_loopback_and_outlives_a_killed_client(tmp
         assert listening and set(listening) <= {"0100007F"}, listening
         c.kill()
         c.communicate(timeout=10)
-        p = s.client("--protocol", "ucx", "-l", "64KiB", "-t", "0.3", "-i", "0.3", "--json", str(tmp_path / "c.json"),
-                     timeout=60)
+        p = s.client("--protocol", "ucx", "-l", "64KiB", "-t", "0.3", "-i", "0.3", "--wait", "sleep",
+                     "--json", str(tmp_path / "c.json"), timeout=60)
         assert p.returncode == 0, p.stderr
-        assert json.loads((tmp_path / "c.json").read_text())["spec"]["mode"] == "client"
+        res = json.loads((tmp_path / "c.json").read_text())
+        assert res["spec"]["mode"] == "client" and res["timing"]["wait"] == "sleep"
+        assert res["records"][0]["extra"]["gb_per_s"] > 0 and res["records"][0]["extra"]["data_checked"]
         deadline = time.time() + 10
         while sum("data checked" in line for line in s.lines) < 1 and time.time() < deadline:
             time.sleep(0.1)
@@ -745,6 +748,7 @@ def test_ucx_local_a_server_killed_is_exit_3_and_ctrl_c_is_130_both_keep_the_int
     assert time.time() - t < 5  # no stall deadline to wait for: the server's end is seen at once
     assert p.returncode == (3 if how == "kill" else 130), err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert out.exists(), err
     res = json.loads(out.read_text())
     assert res["partial"] is True and res["records"][0]["extra"]["interval_bytes"]
     time.sleep(0.5)

@@ -80,6 +80,9 @@ UCX_OPTIONS = [
                  help="--protocol ucx: UCX's tag-matching API (distributed-ucxx's) or its stream API."),
     click.option("--in-flight", type=int, default=32, show_default=True,
                  help="--protocol ucx: messages kept in flight (ucx_perftest tag_bw's window: 32; 1 to 1024)."),
+    click.option("--wait", type=click.Choice(["poll", "sleep"]), default="poll", show_default=True,
+                 help="--protocol ucx: both sides spin on UCX's progress (ucx_perftest's default) or sleep on "
+                      "its events when idle (its -E sleep: leaves the CPU to the peer on a small host)."),
     click.option("--latency", is_flag=True,
                  help="--protocol ucx: ping-pong one-way latency over 8 B doubling to -l (tag_lat), "
                       "-t seconds for the whole sweep."),
@@ -183,14 +186,15 @@ def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: 
                       reverse: bool = False, bidir: bool = False, window: str | None = None,
                       bitrate: str | None = None, copy: bool = False, ipv4: bool = False, ipv6: bool = False,
                       cport: int | None = None, protocol: str = "tcp", memory: str = "host", device: int = 0,
-                      api: str = "tag", in_flight: int = 32, latency: bool = False):
+                      api: str = "tag", in_flight: int = 32, latency: bool = False, wait: str = "poll"):
     """The NetSpec of `net client HOST` (the UcxSpec with --protocol ucx). Raises UsageError naming a
     bad option."""
     from gpubench.plugins.net.bench import NetSpec
 
     tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
                 "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
-    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency}
+    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency,
+                           "wait": wait}
     if protocol == "ucx":
         return build_ucx_spec(host, _check_port(port, allow_zero=False), "client", seconds, omit, interval, length,
                               tcp_only, **ucx)
@@ -210,14 +214,16 @@ def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: 
 def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
                      bidir: bool = False, window: str | None = None, bitrate: str | None = None, copy: bool = False,
                      ipv4: bool = False, ipv6: bool = False, protocol: str = "tcp", memory: str = "host",
-                     device: int = 0, api: str = "tag", in_flight: int = 32, latency: bool = False):
+                     device: int = 0, api: str = "tag", in_flight: int = 32, latency: bool = False,
+                     wait: str = "poll"):
     """The NetSpec of `net local` (loopback, any free port; the UcxSpec with --protocol ucx). Raises
     UsageError naming a bad option."""
     from gpubench.plugins.net.bench import NetSpec
 
     tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
                 "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6}
-    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency}
+    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency,
+                           "wait": wait}
     if protocol == "ucx":
         return build_ucx_spec(DEFAULT_BIND, 0, "local", seconds, omit, interval, length, tcp_only, **ucx)
     _check_tcp(ucx)
@@ -229,9 +235,9 @@ def build_local_spec(streams: int, seconds: float, omit: float, interval: float,
 
 def _check_tcp(ucx: dict) -> None:
     """Refuse the UCX options with --protocol tcp (each at a value other than its default)."""
-    defaults = {"memory": "host", "device": 0, "api": "tag", "in_flight": 32, "latency": False}
+    defaults = {"memory": "host", "device": 0, "api": "tag", "in_flight": 32, "latency": False, "wait": "poll"}
     names = {"memory": "-m/--memory", "device": "-d/--device", "api": "--api", "in_flight": "--in-flight",
-             "latency": "--latency"}
+             "latency": "--latency", "wait": "--wait"}
     for k, v in ucx.items():
         if v != defaults[k] and not (k == "memory" and str(v).strip().lower() == "host"):
             raise UsageError(f"{names[k]} applies to --protocol ucx only", "add --protocol ucx, or leave it out")
@@ -239,7 +245,7 @@ def _check_tcp(ucx: dict) -> None:
 
 def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float, interval: float, length: str | None,
                    tcp_only: dict[str, bool], memory: str = "host", device: int = 0, api: str = "tag",
-                   in_flight: int = 32, latency: bool = False):
+                   in_flight: int = 32, latency: bool = False, wait: str = "poll"):
     """The UcxSpec of `net client|local --protocol ucx`: the schedule and -l checked as TCP's (the
     same caps), the UCX options, then what this machine must have: UCXX importable, and for
     -m cuda a GPU, each exit 2 before anything listens.
@@ -258,7 +264,8 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     Bound("--in-flight", lo=1, hi=MAX_IN_FLIGHT).check(in_flight)
     Bound("-d/--device", lo=0, hi=2**31 - 1).check(device)
     spec = UcxSpec(host=host, port=port, mode=mode, memory=mem, device=device, api=api, nbytes=req.buffer,
-                   in_flight=in_flight, seconds=req.seconds, omit=req.omit, interval=req.interval, latency=latency)
+                   in_flight=in_flight, seconds=req.seconds, omit=req.omit, interval=req.interval, latency=latency,
+                   wait=wait)
     from gpubench.plugins.net import ucx
 
     ucx.require_ucx()

@@ -44,6 +44,8 @@ MEMORY_TYPES = ("host", "cuda")
 APIS = ("tag", "stream")
 DEFAULT_IN_FLIGHT = 32  # ucx_perftest's window for tag_bw (src/tools/perf/perftest.c, tests[])
 MAX_IN_FLIGHT = 1024
+WAIT_MODES = ("poll", "sleep")
+SLEEP_MS = 5  # --wait sleep: the longest one wait on the worker's events (the loop's clock granularity)
 STALL_S = 10.0  # no message completes for this long while the peer should be moving data: a fault
 DATA_TAG = 0x1337A880  # ucx_perftest's tag (ucp_tests.cc); the data messages
 WIREUP_TAG = 0x1337A881
@@ -250,13 +252,15 @@ class Side:
         api: "tag" or "stream".
         memory: this side's buffers: "host" or "cuda".
         device: the GPU of ``memory`` "cuda".
+        wait: "poll" (spin on progress, ucx_perftest's default) or "sleep" (wait on the worker's
+            event descriptor when there is nothing to progress, its ``-E sleep``).
 
     Raises:
         UsageError: UCXX not importable (:func:`require_ucx`).
         MachineError: UCX cannot make a context or worker.
     """
 
-    def __init__(self, api: str = "tag", memory: str = "host", device: int = 0):
+    def __init__(self, api: str = "tag", memory: str = "host", device: int = 0, wait: str = "poll"):
         require_ucx()
         import ucxx._lib.libucxx as ucx_api
         from ucxx._lib.arr import Array
@@ -267,12 +271,22 @@ class Side:
             import cupy
 
             cupy.cuda.Device(device).use()  # UCX's cuda transports take the current context
+        features = (ucx_api.Feature.TAG, ucx_api.Feature.STREAM) + ((ucx_api.Feature.WAKEUP,) if wait == "sleep" else ())
         try:
-            self.ctx = ucx_api.UCXContext(feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.STREAM))
+            self.ctx = ucx_api.UCXContext(feature_flags=features)
             self.worker = ucx_api.UCXWorker(self.ctx)
+            if wait == "sleep":
+                self.worker.init_blocking_progress_mode()
         except Exception as e:
             raise MachineError(f"UCX: cannot start a worker: {e}") from None
+        self.wait_mode = wait
+        event = self.worker.progress_worker_event
+        # poll (ucx_perftest's -E poll, its default): progress and return at once, the loop spins;
+        # sleep (-E sleep): progress, then wait on the worker's event descriptor for at most
+        # SLEEP_MS (the loops look at their clock and the control connection between calls)
+        self.progress: Callable[[], Any] = self.worker.progress if wait == "poll" else (lambda: event(SLEEP_MS))
         self.ep: Any = None
+        self._tags: dict[int, Any] = {}
 
     def address(self) -> bytes:
         """This worker's UCP address (what the peer's endpoint is made from)."""
@@ -293,15 +307,30 @@ class Side:
     def array(self, buf) -> Any:
         return self._Array(buf)
 
+    def _tag(self, tag: int):
+        t = self._tags.get(tag)
+        if t is None:
+            t = self._tags[tag] = self._u.UCXXTag(tag)
+        return t
+
     def _send(self, arr, tag: int):
         if self.api == "stream":
             return self.ep.stream_send(arr)
-        return self.ep.tag_send(arr, tag=self._u.UCXXTag(tag))
+        return self.ep.tag_send(arr, self._tag(tag))
 
     def _recv(self, arr, tag: int):
         if self.api == "stream":
             return self.ep.stream_recv(arr)
-        return self.ep.tag_recv(arr, tag=self._u.UCXXTag(tag))
+        return self.ep.tag_recv(arr, self._tag(tag))
+
+    def _poster(self, kind: str, arr, tag: int) -> Callable[[], Any]:
+        """A no-argument function that posts one send or receive of ``arr`` (the hot loops call it
+        once per message: no attribute look-ups, no tag object made per call)."""
+        if self.api == "stream":
+            fn = self.ep.stream_send if kind == "send" else self.ep.stream_recv
+            return lambda: fn(arr)
+        fn, t = (self.ep.tag_send if kind == "send" else self.ep.tag_recv), self._tag(tag)
+        return lambda: fn(arr, t)
 
     def wait(self, reqs: list, deadline_s: float, check: Callable[[], None] | None = None) -> None:
         """Progress until every request completes (each checked), ``check`` called every 50 ms.
@@ -312,7 +341,7 @@ class Side:
         """
         end = time.perf_counter() + deadline_s
         next_check = 0.0
-        progress = self.worker.progress
+        progress = self.progress
         while not all(r.completed for r in reqs):
             progress()
             now = time.perf_counter()
@@ -351,7 +380,8 @@ class Side:
             PeerGone: nothing completed for ``stall_s`` seconds, or as ``check`` (every 50 ms) raises.
             MachineError: a send failed.
         """
-        window, progress, send, out = self._window, self.worker.progress, self._send, self._out
+        window, progress = self._window, self.progress
+        post = self._poster("send", self._out, DATA_TAG)
         clock = time.perf_counter
         t0 = clock()
         last = self._last_done
@@ -363,7 +393,7 @@ class Side:
             while window[0].completed:
                 _checked(window.popleft())
                 n += 1
-                window.append(send(out, DATA_TAG))
+                window.append(post())
             spins += 1
             if n or spins & 15 == 0:
                 now = clock()
@@ -396,19 +426,19 @@ class Side:
         Raises:
             PeerGone: as ``stop`` raises, or nothing arrived for ``stall_s`` while ``stop`` said go on.
         """
-        arr = self.array(buf)
-        window: deque = deque(self._recv(arr, DATA_TAG) for _ in range(in_flight))
-        progress, recv, clock = self.worker.progress, self._recv, time.perf_counter
+        post = self._poster("recv", self.array(buf), DATA_TAG)
+        window: deque = deque(post() for _ in range(in_flight))
+        progress, clock = self.progress, time.perf_counter
         got = spins = 0
         last = clock()
         next_check = last + 0.02
         while True:
             progress()
             n = 0
-            while window and window[0].completed:
+            while window[0].completed:
                 _checked(window.popleft())
                 n += 1
-                window.append(recv(arr, DATA_TAG))
+                window.append(post())
             got += n
             spins += 1
             if n or spins & 15 == 0:
@@ -428,7 +458,7 @@ class Side:
     def ping(self, out, back, iters: int) -> float:
         """``iters`` round trips: send ``out``, receive into ``back`` (same size). Returns seconds."""
         a, b = self.array(out), self.array(back)
-        progress, send, recv, clock = self.worker.progress, self._send, self._recv, time.perf_counter
+        progress, send, recv, clock = self.progress, self._send, self._recv, time.perf_counter
         t0 = clock()
         for _ in range(iters):
             r = recv(b, DATA_TAG)
@@ -444,7 +474,7 @@ class Side:
     def pong(self, buf, iters: int, deadline_s: float, check=None) -> None:
         """``iters`` times: receive into ``buf`` and send it back."""
         a = self.array(buf)
-        progress, send, recv, clock = self.worker.progress, self._send, self._recv, time.perf_counter
+        progress, send, recv, clock = self.progress, self._send, self._recv, time.perf_counter
         end = clock() + deadline_s
         for i in range(iters):
             r = recv(a, DATA_TAG)

@@ -55,6 +55,7 @@ class UcxSpec:
     omit: float = 0.0
     interval: float = 1.0
     latency: bool = False
+    wait: str = "poll"  # --wait: both sides spin on UCX progress (poll) or wait on its events (sleep)
     connect_timeout: float = 10.0
     protocol: str = "ucx"
 
@@ -135,10 +136,10 @@ class _Client:
             limit_to_loopback()
         sock = connect(self.host, self.port, spec.connect_timeout)
         self.ctl = Control(sock, 1 << 20, f"server {self.host} port {self.port}")
-        self.side = ucx.Side(spec.api, spec.memory[0], spec.device)
+        self.side = ucx.Side(spec.api, spec.memory[0], spec.device, spec.wait)
         self.ctl.send({"gpubench_net_ucx": UCX_PROTOCOL_VERSION, "mode": "lat" if spec.latency else "bw",
                        "api": spec.api, "nbytes": spec.nbytes, "in_flight": spec.in_flight,
-                       "memory": spec.memory[1], "address": self.side.address().hex()})
+                       "memory": spec.memory[1], "wait": spec.wait, "address": self.side.address().hex()})
         reply = self.ctl.read(spec.connect_timeout)
         if not (isinstance(reply, dict) and reply.get("ok") is True):
             err = reply.get("error") if isinstance(reply, dict) else None
@@ -401,7 +402,7 @@ class UcxNet(Benchmark):
         else:
             method = (f"tag_bw: {spec.in_flight} sends of -l bytes kept in flight from one buffer; bytes = "
                       "sends completed per interval on the client's clock; total = counted bytes / counted seconds")
-        return {"clock": "perf_counter of the client", "method": method, "interval_s": spec.interval,
+        return {"clock": "perf_counter of the client", "method": method, "wait": spec.wait, "interval_s": spec.interval,
                 "omit_s": spec.omit, "server_port": client.port if client is not None else spec.port,
                 "endpoint_error_handling": False,
                 "endpoint_info": {k: v[:20000] for k, v in (client.info.items() if client else [])}}

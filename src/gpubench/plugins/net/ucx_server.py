@@ -4,7 +4,8 @@ Control protocol (version 1), one JSON object per line on a TCP connection to th
 ``--bind``/``--port`` (127.0.0.1 unless asked otherwise); UCX data never crosses it:
 
 1. client -> server: ``{"gpubench_net_ucx": 1, "mode": "bw" | "lat", "api": "tag" | "stream",
-   "nbytes": L, "in_flight": W, "memory": "host" | "cuda" (the server's buffers), "address": hex}``
+   "nbytes": L, "in_flight": W, "memory": "host" | "cuda" (the server's buffers), "wait": "poll" |
+   "sleep", "address": hex}``
    (``address``: the client's UCP worker address).
 2. server -> client: ``{"ok": true, "address": hex}`` (its worker address; both sides make their
    endpoint from the other's) or ``{"ok": false, "error": "<one line>"}`` and it closes.
@@ -111,7 +112,7 @@ def _cpu() -> float:
 
 def check_request(d: Any) -> dict:
     """A client's request, checked. Raises UsageError naming the first bad field."""
-    from gpubench.plugins.net.ucx import APIS, MAX_IN_FLIGHT, MEMORY_TYPES
+    from gpubench.plugins.net.ucx import APIS, MAX_IN_FLIGHT, MEMORY_TYPES, WAIT_MODES
 
     if not isinstance(d, dict) or d.get("gpubench_net_ucx") != UCX_PROTOCOL_VERSION:
         got = d.get("gpubench_net_ucx") if isinstance(d, dict) else None
@@ -132,6 +133,7 @@ def check_request(d: Any) -> dict:
         "nbytes": want("nbytes", integer(1, MAX_NBYTES), f"1 to {MAX_NBYTES} bytes"),
         "in_flight": want("in_flight", integer(1, MAX_IN_FLIGHT), f"1 to {MAX_IN_FLIGHT}"),
         "memory": want("memory", lambda v: v in MEMORY_TYPES, " or ".join(MEMORY_TYPES)),
+        "wait": want("wait", lambda v: v in WAIT_MODES, " or ".join(WAIT_MODES)) if "wait" in d else "poll",
         "address": want("address", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_REQUEST_BYTES
                         and all(c in "0123456789abcdef" for c in v), "hex digits"),
     }
@@ -278,7 +280,7 @@ class UcxServer:
     def _run(self, ctl: Control, req: dict) -> str:
         from gpubench.plugins.net import ucx
 
-        side = ucx.Side(req["api"], req["memory"], self.device)
+        side = ucx.Side(req["api"], req["memory"], self.device, req["wait"])
         try:
             side.connect(bytes.fromhex(req["address"]))
             ctl.send({"ok": True, "address": side.address().hex()})
