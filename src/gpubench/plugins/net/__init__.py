@@ -32,5 +32,6 @@ PLUGIN = Plugin(
         "protocol": param("string", "tcp or ucx (--protocol); absent in older results: tcp"),
         "memory": param("string", "the buffers: host (tcp, always), cuda, or SEND,RECV (-m); absent: host"),
         "api": param("string", "--protocol ucx: UCX's tag or stream API (--api)"),
+        "nbytes": param("integer", "--protocol ucx --latency: the message size of the record, bytes", minimum=1),
     }),
 )

@@ -12,7 +12,8 @@ sample = a batch's seconds / (2 x its round trips), the one-way latency (tag_lat
 Records (``command: "net"``), params ``protocol`` "ucx", ``memory`` "SEND,RECV" as given to
 ``-m`` ("host" when both are host), ``api``, ``direction`` "c2s": bandwidth as TCP's ``total``
 record (``stream`` "total", ``streams`` 1, ``buffer_nbytes`` = -l; the interval figures in
-``extra``); latency ``metric`` "time", ``stream`` "latency", ``buffer_nbytes`` = the size. Both
+``extra``); latency ``metric`` "time", ``stream`` "latency", ``nbytes`` = the size (plot draws
+them as a sweep). Both
 carry ``extra.transports``: each endpoint's lanes and the protocol that carried the size.
 """
 
@@ -357,7 +358,7 @@ class UcxNet(Benchmark):
             med = sorted(samples)[len(samples) // 2]
             self.live.line(f"[LAT] {size:>10} B  {med * 1e6:10.2f} us one-way (median of {len(samples)} batches, "
                            f"{trips} round trips)")
-        rec = Record(params={"stream": "latency", "streams": 1, "buffer_nbytes": size, "direction": "c2s"},
+        rec = Record(params={"stream": "latency", "streams": 1, "nbytes": size, "direction": "c2s"},
                      metric="time", nbytes=size, samples_s=samples, reps=1,
                      extra={"round_trips": trips, "batches": len(samples)})
         if size == spec.nbytes:
