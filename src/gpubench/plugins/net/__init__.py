@@ -1,12 +1,13 @@
-"""``gpubench net``: multi-stream TCP throughput between two hosts (server, client, local), and under a
-launcher the node x node matrix. Its parts stay inside: the wire protocol, the server, the
-streams and their worker processes, the fleet's link step."""
+"""``gpubench net``: multi-stream TCP throughput between two hosts (server, client, local), UCX
+bandwidth and latency (``--protocol ucx``), and under a launcher the node x node matrix. Its parts
+stay inside: the wire protocol, the server, the streams and their worker processes, the fleet's
+link step, the UCX engine and its server."""
 
 from gpubench.core.plugin import Plugin, param, params_schema
 
 PLUGIN = Plugin(
     name="net",
-    help="Multi-stream TCP throughput between two hosts (server, client, local).",
+    help="Multi-stream TCP throughput between two hosts (server, client, local), or UCX (--protocol ucx).",
     command="gpubench.plugins.net.command",
     gpu="no",
     docs="docs/net.md",

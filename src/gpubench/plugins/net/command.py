@@ -26,11 +26,12 @@ from gpubench.core.units import format_rate, format_size, parse_size
 
 @click.group("net", cls=LauncherGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def command():
-    """Multi-stream TCP throughput between two hosts (iperf-like).
+    """Multi-stream TCP throughput between two hosts (iperf-like), or UCX (--protocol ucx).
 
     Run `gpubench net server` on one host and `gpubench net client HOST` on the other; the client
     sends (-R: the server sends; --bidir: both), the receiver counts what it receives each
-    interval. `gpubench net local` runs both here over loopback. Gbit/s = 1e9 bit/s; GB/s = 1e9 B/s.
+    interval. `gpubench net local` runs both here over loopback. With --protocol ucx (both sides)
+    UCX bandwidth or --latency as ucx_perftest's tag_bw / tag_lat. Gbit/s = 1e9 bit/s; GB/s = 1e9 B/s.
     """
 
 

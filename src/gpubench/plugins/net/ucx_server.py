@@ -33,6 +33,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from typing import Any, Callable
 
 from gpubench.core.errors import MachineError, UsageError
@@ -291,9 +292,12 @@ class UcxServer:
             cpu0 = _cpu()
             if req["mode"] == "bw":
                 sent: list[int] = []
+                polled = [0.0]
 
                 def stop(got: int) -> bool:
-                    if not sent:
+                    now = time.perf_counter()
+                    if not sent and now - polled[0] >= 0.02:  # a select() per 20 ms, not per message
+                        polled[0] = now
                         msg = ctl.poll()
                         if msg is not None:
                             if not (isinstance(msg, dict) and msg.get("stop") is True and type(msg.get("sent")) is int
