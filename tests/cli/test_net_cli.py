@@ -682,6 +682,10 @@ def test_ucx_server_serves_client_over_loopback_and_outlives_a_killed_client(tmp
             time.sleep(0.1)
         assert sum("aborted" in line for line in s.lines) == 1, s.lines
         assert sum("data checked" in line for line in s.lines) == 1, s.lines
+        if _no_gpu():  # cuda asked for the server's side, which has no GPU: refused by the server, exit 3
+            p = s.client("--protocol", "ucx", "-m", "host,cuda", "-t", "0.3", timeout=60)
+            line = _one_line_error(p, 3)
+            assert "refused the test: on the server: -m/--memory cuda needs a GPU" in line
     finally:
         s.stop(signal.SIGKILL)
 

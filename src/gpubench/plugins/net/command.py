@@ -270,7 +270,8 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     from gpubench.plugins.net import ucx
 
     ucx.require_ucx()
-    ucx.require_cuda(mem, device)
+    # net local: both sides are here; net client: the receive side is the server's, which checks its own
+    ucx.require_cuda(mem if mode == "local" else (mem[0], "host"), device)
     return spec
 
 

@@ -424,7 +424,7 @@ def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -
     from gpubench.plugins.net import ucx
 
     ucx.require_ucx()
-    ucx.require_cuda(spec.memory, spec.device)
+    ucx.require_cuda(spec.memory if spec.mode == "local" else (spec.memory[0], "host"), spec.device)
     return driver.run(UcxNet(live), spec, progress)
 
 

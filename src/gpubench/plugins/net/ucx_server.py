@@ -267,6 +267,11 @@ class UcxServer:
                      f"{req['nbytes']} B messages, {req['in_flight']} in flight, into {req['memory']} memory")
             try:
                 line = self._run(ctl, req)
+            except UsageError as e:  # what the client asked for cannot be had here (-m ...,cuda without a GPU)
+                refuse(conn, f"on the server: {e.message}")
+                self.log(f"test from {who}: refused: {e.message}")
+                self.aborted += 1
+                return False
             except (PeerGone, MachineError) as e:
                 refuse(conn, f"aborted: {e.message}")
                 self.log(f"test from {who}: aborted: {e.message}")
@@ -281,6 +286,7 @@ class UcxServer:
     def _run(self, ctl: Control, req: dict) -> str:
         from gpubench.plugins.net import ucx
 
+        ucx.require_cuda(("host", req["memory"]), self.device)  # UsageError: no GPU here for the server's side
         side = ucx.Side(req["api"], req["memory"], self.device, req["wait"])
         try:
             side.connect(bytes.fromhex(req["address"]))
