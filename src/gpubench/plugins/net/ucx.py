@@ -455,35 +455,67 @@ class Side:
 
     # -- latency --
 
-    def ping(self, out, back, iters: int) -> float:
-        """``iters`` round trips: send ``out``, receive into ``back`` (same size). Returns seconds."""
+    def ping(self, out, back, iters: int, check: Callable[[], None] | None = None,
+             stall_s: float = STALL_S) -> float:
+        """``iters`` round trips: send ``out``, receive into ``back`` (same size).
+
+        Returns:
+            seconds of round trips 2..iters (the first, which waits for the peer to take the batch's
+            control line, is not timed; ``iters`` >= 2).
+
+        Raises:
+            PeerGone: a round trip not back within ``stall_s``, or as ``check`` (every 50 ms while
+                one is awaited) raises.
+        """
         a, b = self.array(out), self.array(back)
         progress, send, recv, clock = self.progress, self._send, self._recv, time.perf_counter
-        t0 = clock()
-        for _ in range(iters):
+        t0 = 0.0
+        for i in range(iters):
+            if i == 1:
+                t0 = clock()
             r = recv(b, DATA_TAG)
             s = send(a, DATA_TAG)
+            spins = 0
             while not r.completed:
                 progress()
+                spins += 1
+                if spins & 4095 == 0:
+                    self._awaited(spins, check, stall_s, i, iters)
             while not s.completed:
                 progress()
             _checked(r)
             _checked(s)
         return clock() - t0
 
-    def pong(self, buf, iters: int, deadline_s: float, check=None) -> None:
-        """``iters`` times: receive into ``buf`` and send it back."""
+    def _awaited(self, spins: int, check, stall_s: float, i: int, iters: int) -> None:
+        """Inside a round trip's wait: the control connection every ~50 ms, the stall deadline."""
+        now = time.perf_counter()
+        if spins == 4096:
+            self._wait_from, self._next_check = now, now + 0.05
+        if now >= self._next_check:
+            self._next_check = now + 0.05
+            if check is not None:
+                check()
+            if now - self._wait_from > stall_s:
+                raise PeerGone(f"UCX: round trip {i} of {iters} not back within {stall_s:g} s (the peer stopped?)")
+
+    def pong(self, buf, iters: int, check: Callable[[], None] | None = None, stall_s: float = STALL_S) -> None:
+        """``iters`` times: receive into ``buf`` and send it back.
+
+        Raises:
+            PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms while
+                one is awaited) raises.
+        """
         a = self.array(buf)
-        progress, send, recv, clock = self.progress, self._send, self._recv, time.perf_counter
-        end = clock() + deadline_s
+        progress, send, recv = self.progress, self._send, self._recv
         for i in range(iters):
             r = recv(a, DATA_TAG)
             spins = 0
             while not r.completed:
                 progress()
                 spins += 1
-                if spins & 1023 == 0 and clock() > end:
-                    raise PeerGone(f"UCX: round trip {i} of {iters} did not arrive within {deadline_s:g} s")
+                if spins & 4095 == 0:
+                    self._awaited(spins, check, stall_s, i, iters)
             _checked(r)
             s = send(a, DATA_TAG)
             while not s.completed:

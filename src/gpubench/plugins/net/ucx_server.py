@@ -335,7 +335,7 @@ class UcxServer:
             if not (isinstance(msg, dict) and type(msg.get("size")) is int and 1 <= msg["size"] <= nbytes
                     and type(msg.get("iters")) is int and 1 <= msg["iters"] <= MAX_ITERS):
                 raise MachineError("the client sent a bad latency batch line")
-            side.pong(buf[: msg["size"]], msg["iters"], deadline_s=30.0, check=ctl.poll)
+            side.pong(buf[: msg["size"]], msg["iters"], check=ctl.poll)
             echoed += msg["iters"]
 
     def close(self) -> None:
