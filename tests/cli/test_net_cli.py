@@ -732,17 +732,21 @@ def _ucx_server_children(marker: str) -> list[int]:
 
 
 @needs_ucx
-@pytest.mark.parametrize("how", ["kill", "ctrl-c"])
+@pytest.mark.parametrize("how", ["kill", "ctrl-c", "kill-latency"])
 def test_ucx_local_a_server_killed_is_exit_3_and_ctrl_c_is_130_both_keep_the_intervals(tmp_path, how):
+    """Below the rendezvous threshold (8 KiB) for --latency: above it the client reads the server's
+    memory with cma and UCX ends it when the server dies (docs/net.md)."""
     marker = f"GPUBENCH_UCX_TEST_{os.getpid()}_{how}"
     out = tmp_path / "k.json"
-    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "--protocol", "ucx", "-l", "64KiB",
-                          "-t", "30", "-i", "0.25", "--json", str(out)], env={**os.environ, marker: "1"},
+    mode = ["--latency", "-l", "4KiB", "-t", "30"] if how == "kill-latency" else ["-l", "64KiB", "-t", "30", "-i", "0.25"]
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "--protocol", "ucx", *mode,
+                          "--json", str(out)], env={**os.environ, marker: "1"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:  # the live lines: the test runs once the first interval's is out
-        if line.startswith("[SUM]"):
+    for line in p.stdout:  # the live lines: the test runs once the first interval's (size's) is out
+        if line.startswith("[SUM]") or line.startswith("[LAT]"):
             break
-    if how == "kill":
+    time.sleep(1.5 if how != "kill-latency" else 0.2)
+    if how.startswith("kill"):
         [server] = [pid for pid in _ucx_server_children(marker) if pid != p.pid]
         os.kill(server, signal.SIGKILL)
     else:
@@ -750,10 +754,15 @@ def test_ucx_local_a_server_killed_is_exit_3_and_ctrl_c_is_130_both_keep_the_int
     t = time.time()
     _, err = p.communicate(timeout=30)
     assert time.time() - t < 5  # no stall deadline to wait for: the server's end is seen at once
-    assert p.returncode == (3 if how == "kill" else 130), err
+    assert p.returncode == (130 if how == "ctrl-c" else 3), err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert out.exists(), err
     res = json.loads(out.read_text())
-    assert res["partial"] is True and res["records"][0]["extra"]["interval_bytes"]
+    assert res["partial"] is True and res["records"]
+    if how == "kill-latency":
+        assert [r["nbytes"] for r in res["records"]] == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096][
+            :len(res["records"])]
+    else:
+        assert res["records"][0]["extra"]["interval_bytes"]
     time.sleep(0.5)
     assert _ucx_server_children(marker) == []  # nothing left running
