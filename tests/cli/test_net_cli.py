@@ -4,6 +4,7 @@ mid-test, and the server stopped by SIGTERM / SIGINT; small windows (-w 4-8 KiB)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -559,3 +560,210 @@ def test_net_local_with_a_window_of_a_few_kib_measures(run_cli, tmp_path, window
     d = json.loads(out.read_text())
     total = [r for r in d["records"] if r["params"]["stream"] == "total"][0]
     assert all(b > 2**20 for b in total["extra"]["interval_bytes"]), total["extra"]["interval_bytes"]
+
+
+# -- --protocol ucx ------------------------------------------------------------------------------
+# Real UCX over loopback (two processes: the client here, the server a process of its own), small
+# messages and short runs. Without UCXX (a base install) these skip; the bad-input ones that need
+# no UCX still run.
+
+needs_ucx = pytest.mark.skipif(__import__("importlib.util").util.find_spec("ucxx") is None,
+                               reason="UCXX is not installed (pip install 'gpubench-cuda[ucx-cu13]')")
+
+
+def _no_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() < 1
+    except Exception:
+        return True
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["local", "--protocol", "ucx", "-m", "bogus"], "-m/--memory 'bogus' is not a memory type"),
+    (["local", "--protocol", "ucx", "--bidir"], "--bidir applies to --protocol tcp only"),
+    (["local", "--protocol", "ucx", "-w", "1MiB"], "-w/--window applies to --protocol tcp only"),
+    (["client", "127.0.0.1", "--protocol", "ucx", "--cport", "6000"], "--cport applies to --protocol tcp only"),
+    (["local", "--protocol", "ucx", "--in-flight", "0"], "--in-flight 0"),
+    (["local", "--latency"], "--latency applies to --protocol ucx only"),
+    (["local", "--protocol", "quic"], "quic"),
+    (["local", "--wait", "sleep"], "--wait applies to --protocol ucx only"),
+    (["server", "--protocol", "ucx", "-d", "-1"], "-d/--device -1"),
+])
+def test_ucx_bad_input_is_one_line_exit_2(args, fragment):
+    line = _one_line_error(gb("net", *args), 2)
+    assert fragment in line
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="a GPU is visible: -m cuda would run")
+def test_ucx_memory_cuda_without_a_gpu_is_exit_2_naming_what_to_do_before_anything_listens():
+    line = _one_line_error(gb("net", "local", "--protocol", "ucx", "-m", "cuda,host", "-t", "1"), 2)
+    assert "-m/--memory cuda needs a GPU" in line and "-m host" in line
+
+
+def test_ucx_missing_is_exit_2_naming_what_to_install(tmp_path):
+    fake = tmp_path / "ucxx"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('libucx.so.0: cannot open shared object file')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    for form in (["local", "-t", "1"], ["server", "--port", "0"]):
+        p = subprocess.run([sys.executable, "-m", "gpubench", "net", *form, "--protocol", "ucx"], capture_output=True,
+                           text=True, timeout=60, env=env)
+        line = _one_line_error(p, 2)
+        assert "needs UCXX" in line and "pip install 'gpubench-cuda[ucx-cu13]'" in line
+        assert "listening" not in p.stdout
+
+
+@needs_ucx
+def test_ucx_local_measures_checks_the_data_and_names_the_transports(tmp_path):
+    out = tmp_path / "u.json"
+    p = gb("net", "local", "--protocol", "ucx", "-l", "256KiB", "-t", "0.6", "-O", "0.2", "-i", "0.2", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "gpubench net --protocol ucx, loopback" in p.stdout and "client endpoint lanes:" in p.stdout
+    assert "server endpoint lanes:" in p.stdout and "receiver's buffer matched the sent pattern" in p.stdout
+    res = json.loads(out.read_text())
+    [rec] = res["records"]
+    assert rec["params"] == {"stream": "total", "streams": 1, "buffer_nbytes": 256 * 1024, "direction": "c2s",
+                             "protocol": "ucx", "memory": "host", "api": "tag"}
+    ex = rec["extra"]
+    assert ex["gb_per_s"] > 0 and ex["data_checked"] is True and ex["in_flight"] == 32
+    assert ex["interval_omit"][0] is True and len(rec["samples_s"]) == sum(not o for o in ex["interval_omit"])
+    assert ex["counted_bytes"] % (256 * 1024) == 0
+    for side in ("client", "server"):  # what carried 256 KiB messages, per endpoint: a transport UCX has here
+        t = ex["transports"][side]
+        assert t["lanes"] and t["carried_by"]["via"], t
+        assert any(name in t["carried_by"]["via"] for name in ("cma", "sysv", "posix", "tcp", "xpmem", "knem"))
+    assert res["spec"]["protocol"] == "ucx" and res["spec"]["memory"] == "host" and res["spec"]["port"] == 0
+
+
+@needs_ucx
+def test_ucx_latency_sweeps_8_bytes_to_l_one_record_per_size_with_the_stream_api(tmp_path):
+    out = tmp_path / "lat.json"
+    p = gb("net", "local", "--protocol", "ucx", "--latency", "--api", "stream", "-l", "20", "-t", "0.2",
+           "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "One-way latency per message size" in p.stdout
+    recs = json.loads(out.read_text())["records"]
+    assert [r["nbytes"] for r in recs] == [8, 16, 20]
+    assert all(r["metric"] == "time" and r["samples_s"] and r["params"]["api"] == "stream"
+               and r["params"]["stream"] == "latency" and r["extra"]["round_trips"] >= 1 for r in recs)
+
+
+class UcxServerProc(ServerProc):
+    def __init__(self):
+        super().__init__("--protocol", "ucx")
+
+
+@needs_ucx
+def test_ucx_server_serves_client_over_loopback_and_outlives_a_killed_client(tmp_path):
+    s = UcxServerProc()
+    try:
+        assert s.addr == "127.0.0.1" and "loopback only" in s.lines[0]
+        assert _listening_addresses(s.port) == ["0100007F"]
+        c = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "client", "127.0.0.1", "--port", str(s.port),
+                              "--protocol", "ucx", "-t", "30", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 30
+        while not any("ucx tag bandwidth" in line for line in s.lines) and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        # every socket listening in the server's processes (its UCX worker's too) is on loopback
+        listening = _listening_of([s.p.pid, *_children(s.p.pid)])
+        assert listening and set(listening) <= {"0100007F"}, listening
+        c.kill()
+        c.communicate(timeout=10)
+        p = s.client("--protocol", "ucx", "-l", "64KiB", "-t", "0.3", "-i", "0.3", "--wait", "sleep",
+                     "--json", str(tmp_path / "c.json"), timeout=60)
+        assert p.returncode == 0, p.stderr
+        res = json.loads((tmp_path / "c.json").read_text())
+        assert res["spec"]["mode"] == "client" and res["timing"]["wait"] == "sleep"
+        assert res["records"][0]["extra"]["gb_per_s"] > 0 and res["records"][0]["extra"]["data_checked"]
+        deadline = time.time() + 10
+        while sum("data checked" in line for line in s.lines) < 1 and time.time() < deadline:
+            time.sleep(0.1)
+        assert sum("aborted" in line for line in s.lines) == 1, s.lines
+        assert sum("data checked" in line for line in s.lines) == 1, s.lines
+        if _no_gpu():  # cuda asked for the server's side, which has no GPU: refused by the server, exit 3
+            p = s.client("--protocol", "ucx", "-m", "host,cuda", "-t", "0.3", timeout=60)
+            line = _one_line_error(p, 3)
+            assert "refused the test: on the server: -m/--memory cuda needs a GPU" in line
+    finally:
+        s.stop(signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _listening_of(pids: list[int]) -> list[str]:
+    """The local addresses (as /proc/net/tcp writes them) of the TCP sockets ``pids`` listen on."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+        except OSError:
+            continue
+    out = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as f:
+            for row in (line.split() for line in f.readlines()[1:]):
+                if row[3] == "0A" and row[9] in inodes:
+                    out.append(row[1].split(":")[0])
+    return out
+
+
+def _ucx_server_children(marker: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+@needs_ucx
+@pytest.mark.parametrize("how", ["kill", "ctrl-c", "kill-latency"])
+def test_ucx_local_a_server_killed_is_exit_3_and_ctrl_c_is_130_both_keep_the_intervals(tmp_path, how):
+    """Below the rendezvous threshold (8 KiB) for --latency: above it the client reads the server's
+    memory with cma and UCX ends it when the server dies (docs/net.md)."""
+    marker = f"GPUBENCH_UCX_TEST_{os.getpid()}_{how}"
+    out = tmp_path / "k.json"
+    mode = ["--latency", "-l", "4KiB", "-t", "30"] if how == "kill-latency" else ["-l", "64KiB", "-t", "30", "-i", "0.25"]
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "--protocol", "ucx", *mode,
+                          "--json", str(out)], env={**os.environ, marker: "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:  # the live lines: the test runs once the first interval's (size's) is out
+        if line.startswith("[SUM]") or line.startswith("[LAT]"):
+            break
+    time.sleep(1.5 if how != "kill-latency" else 0.2)
+    if how.startswith("kill"):
+        [server] = [pid for pid in _ucx_server_children(marker) if pid != p.pid]
+        os.kill(server, signal.SIGKILL)
+    else:
+        p.send_signal(signal.SIGINT)
+    t = time.time()
+    _, err = p.communicate(timeout=30)
+    assert time.time() - t < 5  # no stall deadline to wait for: the server's end is seen at once
+    assert p.returncode == (130 if how == "ctrl-c" else 3), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert out.exists(), err
+    res = json.loads(out.read_text())
+    assert res["partial"] is True and res["records"]
+    if how == "kill-latency":
+        assert [r["nbytes"] for r in res["records"]] == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096][
+            :len(res["records"])]
+    else:
+        assert res["records"][0]["extra"]["interval_bytes"]
+    time.sleep(0.5)
+    assert _ucx_server_children(marker) == []  # nothing left running

@@ -186,10 +186,27 @@ def test_real_result_against_itself_is_all_same():
     assert c.env_diff == []
 
 
+def test_an_older_net_result_pairs_as_tcp_over_host_memory_never_with_a_ucx_one():
+    """net records gained "protocol" and "memory" (--protocol ucx, -m): an older one measured tcp, host."""
+    def net(**params):
+        recs = [Record({"streams": 1, "stream": "total", "direction": "c2s", **params}, nbytes=10**6,
+                       samples_s=[r * 1e-3 for r in (1.0, 1.01, 0.99, 1.02, 0.98)])]
+        return Result("net", {}, records=recs)
+
+    old = net()
+    c = cmp.compare(old, net(protocol="tcp", memory="host"))
+    assert c.counts()["same"] == 1 and any("memory host, protocol tcp" in n for n in c.notes), c.notes
+    c = cmp.compare(old, net(protocol="ucx", memory="host", api="tag"))
+    assert c.counts()["only-base"] == 1 and c.counts()["only-new"] == 1
+    c = cmp.compare(net(protocol="ucx", memory="host", api="tag"), net(protocol="ucx", memory="cuda", api="tag"))
+    assert c.counts()["only-base"] == 1 and c.counts()["only-new"] == 1
+
+
 def test_a_record_param_an_older_result_lacks_pairs_only_with_its_older_behaviour_value():
     """net records gained "direction" (-R/--bidir): an older record (no key) measured c2s."""
     def net(direction, *ratios, command="net"):
-        recs = [Record({"streams": 1, "stream": s, **({"direction": direction} if direction else {})},
+        recs = [Record({"streams": 1, "stream": s, "protocol": "tcp", "memory": "host",
+                        **({"direction": direction} if direction else {})},
                        nbytes=10**9, samples_s=[r * 0.1 for r in (1.0, 1.01, 0.99, 1.02, 0.98)])
                 for s, _ in zip((0, "total"), range(2))]
         return Result(command, {}, records=recs)

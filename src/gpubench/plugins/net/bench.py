@@ -522,7 +522,8 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
     sent = facts.sent
     out = []
     streams = request.streams
-    base = {"streams": streams, "buffer_nbytes": request.buffer, "direction": direction}
+    base = {"streams": streams, "buffer_nbytes": request.buffer, "direction": direction, "protocol": "tcp",
+            "memory": "host"}
     tcp = facts.tcp if len(facts.tcp) == streams else [None] * streams
     stalled = []
     for k in [*range(streams), None]:

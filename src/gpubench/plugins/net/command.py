@@ -26,11 +26,12 @@ from gpubench.core.units import format_rate, format_size, parse_size
 
 @click.group("net", cls=LauncherGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def command():
-    """Multi-stream TCP throughput between two hosts (iperf-like).
+    """Multi-stream TCP throughput between two hosts (iperf-like), or UCX (--protocol ucx).
 
     Run `gpubench net server` on one host and `gpubench net client HOST` on the other; the client
     sends (-R: the server sends; --bidir: both), the receiver counts what it receives each
-    interval. `gpubench net local` runs both here over loopback. Gbit/s = 1e9 bit/s; GB/s = 1e9 B/s.
+    interval. `gpubench net local` runs both here over loopback. With --protocol ucx (both sides)
+    UCX bandwidth or --latency as ucx_perftest's tag_bw / tag_lat. Gbit/s = 1e9 bit/s; GB/s = 1e9 B/s.
     """
 
 
@@ -54,8 +55,9 @@ TEST_OPTIONS = [
                  help="Leading seconds measured but left out of the figures (TCP slow start)."),
     click.option("-i", "--interval", type=StrictFloat(bound=lambda: _cap("-i/--interval", "max_interval")), default=1.0, show_default=True,
                  help="Seconds per reported interval (0.1 to 60)."),
-    click.option("-l", "--length", "length", default="128KiB", show_default=True,
-                 help="Bytes per write on each stream (64MiB at most)."),
+    click.option("-l", "--length", "length", default=None,
+                 help="Bytes per write on each stream, or per UCX message (64MiB at most; default 128KiB, "
+                      "--protocol ucx: 1MiB; with --latency the largest size of the sweep)."),
     click.option("-R", "--reverse", is_flag=True, help="The server sends, the client receives (iperf's -R)."),
     click.option("--bidir", is_flag=True, help="Both directions at once, -P streams each way (iperf3's --bidir)."),
     click.option("-w", "--window", default=None,
@@ -68,12 +70,32 @@ TEST_OPTIONS = [
     click.option("-6", "--ipv6", "ipv6", is_flag=True, help="IPv6 only (net local: over ::1)."),
 ]
 
+# --protocol ucx (docs/net.md "UCX"): client and local only; the values are checked in build_ucx_spec
+UCX_OPTIONS = [
+    click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True,
+                 help="tcp (iperf-like streams) or ucx (UCX through UCXX, as ucx_perftest)."),
+    click.option("-m", "--memory", default="host", show_default=True,
+                 help="--protocol ucx: buffers in host or cuda memory; SEND,RECV for each side (e.g. cuda,host)."),
+    click.option("-d", "--device", type=int, default=0, show_default=True, help="--protocol ucx: the GPU of -m cuda."),
+    click.option("--api", type=click.Choice(["tag", "stream"]), default="tag", show_default=True,
+                 help="--protocol ucx: UCX's tag-matching API (distributed-ucxx's) or its stream API."),
+    click.option("--in-flight", type=int, default=32, show_default=True,
+                 help="--protocol ucx: messages kept in flight (ucx_perftest tag_bw's window: 32; 1 to 1024)."),
+    click.option("--wait", type=click.Choice(["poll", "sleep"]), default="poll", show_default=True,
+                 help="--protocol ucx: both sides spin on UCX's progress (ucx_perftest's default) or sleep on "
+                      "its events when idle (its -E sleep: leaves the CPU to the peer on a small host)."),
+    click.option("--latency", is_flag=True,
+                 help="--protocol ucx: ping-pong one-way latency over 8 B doubling to -l (tag_lat), "
+                      "-t seconds for the whole sweep."),
+]
+
 CLIENT_OPTIONS = [
     click.argument("host"),
     click.option("-p", "--port", type=int, default=DEFAULT_PORT, show_default=True, help="The server's TCP port."),
     click.option("--cport", type=int, default=None,
                  help="Local port of the first data stream; stream n uses cport + n (iperf3's --cport)."),
     *TEST_OPTIONS,
+    *UCX_OPTIONS,
 ]
 
 
@@ -135,6 +157,7 @@ def build_request(streams: int, seconds: float, omit: float, interval: float, le
     """
     from gpubench.plugins.net.protocol import CAPS, Request, first_broken
 
+    length = "128KiB" if length is None else length
     try:
         buffer, bad_length = parse_size(length, what="-l/--length"), None
     except UsageError as e:  # reported where -l's checks come: after those of -P, -t, -O, -i
@@ -163,9 +186,20 @@ def _family(ipv4: bool, ipv6: bool) -> int:
 def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: float, interval: float, length: str,
                       reverse: bool = False, bidir: bool = False, window: str | None = None,
                       bitrate: str | None = None, copy: bool = False, ipv4: bool = False, ipv6: bool = False,
-                      cport: int | None = None):
-    """The NetSpec of `net client HOST`. Raises UsageError naming a bad option."""
+                      cport: int | None = None, protocol: str = "tcp", memory: str = "host", device: int = 0,
+                      api: str = "tag", in_flight: int = 32, latency: bool = False, wait: str = "poll"):
+    """The NetSpec of `net client HOST` (the UcxSpec with --protocol ucx). Raises UsageError naming a
+    bad option."""
     from gpubench.plugins.net.bench import NetSpec
+
+    tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
+                "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
+    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency,
+                           "wait": wait}
+    if protocol == "ucx":
+        return build_ucx_spec(host, _check_port(port, allow_zero=False), "client", seconds, omit, interval, length,
+                              tcp_only, **ucx)
+    _check_tcp(ucx)
 
     req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
     family = _family(ipv4, ipv6)
@@ -180,13 +214,65 @@ def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: 
 
 def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
                      bidir: bool = False, window: str | None = None, bitrate: str | None = None, copy: bool = False,
-                     ipv4: bool = False, ipv6: bool = False):
-    """The NetSpec of `net local` (loopback, any free port). Raises UsageError naming a bad option."""
+                     ipv4: bool = False, ipv6: bool = False, protocol: str = "tcp", memory: str = "host",
+                     device: int = 0, api: str = "tag", in_flight: int = 32, latency: bool = False,
+                     wait: str = "poll"):
+    """The NetSpec of `net local` (loopback, any free port; the UcxSpec with --protocol ucx). Raises
+    UsageError naming a bad option."""
     from gpubench.plugins.net.bench import NetSpec
+
+    tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
+                "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6}
+    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency,
+                           "wait": wait}
+    if protocol == "ucx":
+        return build_ucx_spec(DEFAULT_BIND, 0, "local", seconds, omit, interval, length, tcp_only, **ucx)
+    _check_tcp(ucx)
 
     req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
     family = _family(ipv4, ipv6)
     return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
+
+
+def _check_tcp(ucx: dict) -> None:
+    """Refuse the UCX options with --protocol tcp (each at a value other than its default)."""
+    defaults = {"memory": "host", "device": 0, "api": "tag", "in_flight": 32, "latency": False, "wait": "poll"}
+    names = {"memory": "-m/--memory", "device": "-d/--device", "api": "--api", "in_flight": "--in-flight",
+             "latency": "--latency", "wait": "--wait"}
+    for k, v in ucx.items():
+        if v != defaults[k] and not (k == "memory" and str(v).strip().lower() == "host"):
+            raise UsageError(f"{names[k]} applies to --protocol ucx only", "add --protocol ucx, or leave it out")
+
+
+def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float, interval: float, length: str | None,
+                   tcp_only: dict[str, bool], memory: str = "host", device: int = 0, api: str = "tag",
+                   in_flight: int = 32, latency: bool = False, wait: str = "poll"):
+    """The UcxSpec of `net client|local --protocol ucx`: the schedule and -l checked as TCP's (the
+    same caps), the UCX options, then what this machine must have: UCXX importable, and for
+    -m cuda a GPU, each exit 2 before anything listens.
+
+    Raises:
+        UsageError: a TCP-only option, a bad value (naming it and what is accepted), UCXX missing,
+            -m cuda without a GPU.
+    """
+    from gpubench.core.bounds import Bound
+    from gpubench.plugins.net.ucx import MAX_IN_FLIGHT, parse_memory
+    from gpubench.plugins.net.ucx_bench import UcxSpec, check_not_tcp_only
+
+    check_not_tcp_only(tcp_only)
+    req = build_request(1, seconds, omit, interval, "1MiB" if length is None else length)
+    mem = parse_memory(memory)
+    Bound("--in-flight", lo=1, hi=MAX_IN_FLIGHT).check(in_flight)
+    Bound("-d/--device", lo=0, hi=2**31 - 1).check(device)
+    spec = UcxSpec(host=host, port=port, mode=mode, memory=mem, device=device, api=api, nbytes=req.buffer,
+                   in_flight=in_flight, seconds=req.seconds, omit=req.omit, interval=req.interval, latency=latency,
+                   wait=wait)
+    from gpubench.plugins.net import ucx
+
+    ucx.require_ucx()
+    # net local: both sides are here; net client: the receive side is the server's, which checks its own
+    ucx.require_cuda(mem if mode == "local" else (mem[0], "host"), device)
+    return spec
 
 
 def _check_port(port: int, *, allow_zero: bool) -> int:
@@ -201,9 +287,12 @@ def _check_port(port: int, *, allow_zero: bool) -> int:
               help="Address to listen on; 0.0.0.0 or :: to accept other hosts.")
 @click.option("-p", "--port", type=int, default=DEFAULT_PORT, show_default=True, help="TCP port; 0 picks a free one.")
 @click.option("-1", "--one-off", is_flag=True, help="Serve one test, then exit.")
+@click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True,
+              help="Serve TCP tests, or UCX tests (`net client --protocol ucx`).")
+@click.option("-d", "--device", type=int, default=0, show_default=True, help="--protocol ucx: the GPU of -m cuda buffers.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
-def server(bind, port, one_off, quiet, debug):
+def server(bind, port, one_off, protocol, device, quiet, debug):
     """Receive tests from `gpubench net client` until Ctrl-C or SIGTERM.
 
     One test at a time (others are told busy); a connection that sends no request within 2 s is
@@ -221,6 +310,10 @@ def server(bind, port, one_off, quiet, debug):
             click.echo(safe.term(line, 1000))  # a log line can quote what a peer sent
             sys.stdout.flush()  # a server's log is read live (pipes are block-buffered)
 
+    if protocol == "ucx":
+        return _ucx_server(bind, port, one_off, device, log)
+    if device != 0:
+        raise UsageError("-d/--device applies to --protocol ucx only", "add --protocol ucx, or leave it out")
     srv = NetServer(bind, port, log=log)
     addr, real_port = srv.open()
     scope = " (loopback only; --bind 0.0.0.0 to serve other hosts)" if addr.startswith("127.") or addr == "::1" else ""
@@ -235,6 +328,27 @@ def server(bind, port, one_off, quiet, debug):
     return 0
 
 
+def _ucx_server(bind: str, port: int, one_off: bool, device: int, log) -> int:
+    """`net server --protocol ucx`: one UCX test at a time until Ctrl-C (-1: one)."""
+    from gpubench.core.bounds import Bound
+    from gpubench.plugins.net.ucx_server import UcxServer
+
+    Bound("-d/--device", lo=0, hi=2**31 - 1).check(device)
+    srv = UcxServer(bind, port, device=device, log=log)
+    addr, real_port = srv.open()
+    scope = " (loopback only; --bind 0.0.0.0 to serve other hosts)" if addr.startswith("127.") or addr == "::1" else ""
+    log(f"gpubench net server (ucx): listening on {hostport(addr, real_port)}{scope}")
+    try:
+        srv.serve_forever(max_tests=1 if one_off else None)
+    except (KeyboardInterrupt, Interrupted):
+        log(f"gpubench net server (ucx): stopped; {srv.done} test(s) done, {srv.aborted} aborted")
+        raise
+    finally:
+        srv.close()
+    log(f"gpubench net server (ucx): done; {srv.done} test(s) done, {srv.aborted} aborted")
+    return 0
+
+
 def _net_run(spec):
     """net's run for client and local: with the report shown (not -q, not a silent sink), the
     interval lines go live where the report goes (stdout; stderr under --json -), one line per
@@ -244,6 +358,12 @@ def _net_run(spec):
     def run(s, progress):
         ctx = click.get_current_context(silent=True)
         own = ctx is not None and ctx.command.name in ("client", "local")  # not a suite's step
+        if getattr(s, "protocol", "tcp") == "ucx":
+            from gpubench.plugins.net import ucx_bench
+
+            if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
+                return ucx_bench.run(s, progress)
+            return ucx_bench.run(s, report.ProgressSink(), live=live_lines(False))
         if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
             return net.run(s, progress)
         return net.run(s, report.ProgressSink(), live=live_lines(s.request.direction == "both"))
@@ -322,6 +442,11 @@ def format_report(result, units: str = "GB") -> list:
 
 def _report(result, units: str) -> list:
     from rich.text import Text
+
+    if result.spec.get("protocol") == "ucx":
+        from gpubench.plugins.net.ucx_report import ucx_report
+
+        return ucx_report(result, units)
 
     from gpubench.core import safe
     from gpubench.core.stats import Summary
@@ -408,6 +533,6 @@ def _report(result, units: str) -> list:
 
 command.add_command(benchmark_command("client", CLIENT_OPTIONS, build_client_spec, format_report, help=CLIENT_HELP,
                                       run=_net_run, conditions=False))
-command.add_command(benchmark_command("local", TEST_OPTIONS, build_local_spec, format_report, help=LOCAL_HELP,
+command.add_command(benchmark_command("local", [*TEST_OPTIONS, *UCX_OPTIONS], build_local_spec, format_report, help=LOCAL_HELP,
                                       run=_net_run, conditions=False))
 command.add_command(nodes_command(TEST_OPTIONS, build_request))  # under a launcher: commands/net_fleet.py

@@ -150,6 +150,10 @@ class LiveLines:
     def header(self, text: str) -> None:
         self._write(text)
 
+    def line(self, text: str) -> None:
+        """Any other line (net --protocol ucx --latency: one per message size)."""
+        self._write(text)
+
     def intervals(self, by_direction: dict[str, tuple[float, float, bool, Sequence[int]]]) -> None:
         """One interval of each direction: direction -> (start_s, end_s, omitted, bytes per stream)."""
         if not self._heads:

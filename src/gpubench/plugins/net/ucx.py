@@ -1,0 +1,537 @@
+"""``gpubench net --protocol ucx``'s engine: one UCX worker and endpoint through UCXX's core API
+(``ucxx._lib.libucxx``, the layer distributed-ucxx is built on), driven by polling from the calling
+thread, as ucx_perftest drives UCP (libucx's src/tools/perf/lib/ucp_tests.cc).
+
+UCXX and CuPy are imported inside functions only (``gpubench --help`` and TCP runs import neither).
+
+Method (the anchor: ``ucx_perftest -t tag_bw`` / ``-t tag_lat``):
+
+- **Bandwidth** (:meth:`Side.send_for`, :meth:`Side.recv_until`): the sender keeps ``in_flight``
+  sends of ``nbytes`` posted (tag_bw's window: 32 outstanding sends, perftest.c), all from one
+  buffer; as the oldest completes, another is posted. The receiver keeps as many receives posted,
+  all into one buffer, as tag_bw's does. Bytes are counted at the sender as completed sends: UCX
+  completes a rendezvous send (at or above ``UCX_RNDV_THRESH``, 8 KiB as UCXX sets it) only once
+  the receiver has the data, and the receiver's own count is checked against it at the end.
+- **Latency** (:meth:`Side.ping`, :meth:`Side.pong`): ping-pong, one message of each size each way
+  per round trip (tag_lat); one-way latency = round-trip seconds / 2.
+- **Endpoints** are made from worker addresses exchanged over gpubench's own TCP control connection
+  (as ucx_perftest exchanges them over its socket), so no UCX listener is opened: UCXX's listener
+  binds every address (``INADDR_ANY``), the control connection binds what ``--bind`` says.
+  Endpoints are made without UCX's peer error handling (ucx_perftest's default; its ``-e`` turns
+  it on): with it UCX 1.21 leaves out the shared-memory transports (sysv, posix, cma) and carries
+  host data over tcp. A dead or stopped peer is found on the control connection and by a stall
+  deadline instead (:data:`STALL_S`).
+- **Data check**: the sender's buffer holds a pattern (:func:`pattern`, never zero); the receiver's
+  buffer starts all zero and, after the last message, must equal the pattern.
+- **Transports**: :func:`endpoint_info` reads ``ucp_ep_print_info`` (libucp): the endpoint's
+  lanes and, per message size, the protocol and transport UCX chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpubench.core.errors import MachineError, UsageError
+
+MEMORY_TYPES = ("host", "cuda")
+APIS = ("tag", "stream")
+DEFAULT_IN_FLIGHT = 32  # ucx_perftest's window for tag_bw (src/tools/perf/perftest.c, tests[])
+MAX_IN_FLIGHT = 1024
+WAIT_MODES = ("poll", "sleep")
+SLEEP_MS = 5  # --wait sleep: the longest one wait on the worker's events (the loop's clock granularity)
+STALL_S = 10.0  # no message completes for this long while the peer should be moving data: a fault
+DATA_TAG = 0x1337A880  # ucx_perftest's tag (ucp_tests.cc); the data messages
+WIREUP_TAG = 0x1337A881
+INSTALL_HINT = "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]): UCXX and libucx"
+
+
+def parse_memory(text: str) -> tuple[str, str]:
+    """``-m/--memory``: one type for both sides, or ``SEND,RECV`` (ucx_perftest's ``-m``).
+
+    Returns:
+        (send memory, receive memory), each "host" or "cuda".
+
+    Raises:
+        UsageError: a type not in :data:`MEMORY_TYPES`, or more than two.
+    """
+    parts = [p.strip().lower() for p in str(text).split(",")]
+    if len(parts) > 2 or any(p not in MEMORY_TYPES for p in parts):
+        raise UsageError(f"-m/--memory {str(text)[:40]!r} is not a memory type",
+                         "use host or cuda, or SEND,RECV such as cuda,host")
+    return (parts[0], parts[-1])
+
+
+def require_ucx() -> None:
+    """Import UCXX (with its libucx) here, before anything listens.
+
+    Raises:
+        UsageError: UCXX or libucx cannot be imported; the line names what to install (exit 2).
+    """
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # UCXX sets UCX_MEMTYPE_CACHE, which UCX 1.21 does not know
+    try:
+        import ucxx._lib.libucxx  # noqa: F401
+    except Exception as e:
+        raise UsageError(f"--protocol ucx needs UCXX, which cannot be imported ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:80]})", INSTALL_HINT) from None
+
+
+def require_cuda(memory: tuple[str, str], device: int) -> None:
+    """For ``-m cuda`` (either side): CuPy and a visible GPU ``device``.
+
+    Raises:
+        NoGPUError / UsageError: no CuPy, no GPU, or ``device`` not visible (exit 2).
+    """
+    if "cuda" not in memory:
+        return
+    from gpubench.core import gpu
+
+    try:
+        gpu.require_gpu()
+    except UsageError as e:
+        raise UsageError(f"-m/--memory cuda needs a GPU: {e.message}",
+                         "use -m host on a machine without a GPU; for CUDA: pip install 'gpubench-cuda[cuda13]'") from None
+    gpu.resolve_devices((device,))
+
+
+def pattern(nbytes: int, seed: int = 0):
+    """The payload: a numpy uint8 array of ``nbytes``, byte i = 1 + (i * 7 + seed) % 251 (never 0),
+    so a receive buffer that starts zero shows whether the data arrived, and where it did not."""
+    import numpy as np
+
+    return (1 + (np.arange(nbytes, dtype=np.uint64) * 7 + seed) % 251).astype(np.uint8)
+
+
+def first_mismatch(got, want) -> int | None:
+    """The first byte index where two buffers (numpy or CuPy, same length) differ, or None."""
+    xp = _array_module(got)
+    bad = xp.nonzero(got != want)[0]
+    return None if bad.size == 0 else int(bad[0])
+
+
+def _array_module(a):
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    import numpy
+
+    return numpy
+
+
+def alloc(nbytes: int, memory: str, device: int = 0, fill=None):
+    """A uint8 buffer of ``nbytes`` in ``memory`` ("host": numpy; "cuda": CuPy on ``device``),
+    zeroed, or a copy of ``fill`` (a numpy array of the same size)."""
+    import numpy as np
+
+    if memory == "cuda":
+        import cupy
+
+        with cupy.cuda.Device(device):
+            buf = cupy.zeros(nbytes, dtype=cupy.uint8) if fill is None else cupy.asarray(fill)
+            cupy.cuda.runtime.deviceSynchronize()
+        return buf
+    return np.zeros(nbytes, dtype=np.uint8) if fill is None else np.array(fill, copy=True)
+
+
+# -- what carried the data ------------------------------------------------------------------------
+
+_LANE = re.compile(r"lane\[(\d+)\]:\s+\d+:([\w-]+)/([\w:-]+(?:\.[A-Za-z_][\w-]*)*)(?:\.\d+)?\s.*?->\s*\S+\s*(.*)$")
+_TABLE_HEAD = re.compile(r"\|\s*\S.*\|\s*(tagged message by ucp_tag_send\*|stream message[^|(]*?)(\([^)|]*\))?\s*from (\S+) memory\s*\|")
+_ROW = re.compile(r"^#?\s*\|\s*(\d+[KMGT]?)(?:\.\.(\d+[KMGT]?|inf))?\s*\|\s*(.*?)\s*\|\s*(\S.*?)\s*\|\s*$")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _size(text: str) -> float:
+    if text == "inf":
+        return float("inf")
+    m = re.fullmatch(r"(\d+)([KMGT]?)", text)
+    return int(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
+
+
+def parse_endpoint_info(text: str, api: str = "tag") -> dict:
+    """What ``ucp_ep_print_info`` printed, as data.
+
+    Returns:
+        {"lanes": [{"lane": int, "transport": str, "device": str, "roles": str}], "protocols":
+        [{"memory": str, "first": int, "last": int | None (inf), "protocol": str, "via": str}]}:
+        ``protocols`` from the table of ``api``'s plain sends per memory type (``ucp_tag_send*``
+        without a variant such as "(fast-completion)"; the first variant where there is none), each
+        row a message-size range, the protocol and the transport(s) that carried it.
+    """
+    lanes: list[dict] = []
+    tables: dict[tuple[str, str], list[dict]] = {}  # (memory, variant) -> rows, in the order printed
+    rows: list[dict] | None = None
+    for line in text.splitlines():
+        m = _LANE.search(line)
+        if m:
+            roles = re.sub(r"\bseg\s+\d+\s*", "", m.group(4)).split()
+            lanes.append({"lane": int(m.group(1)), "transport": m.group(2)[:40], "device": m.group(3)[:40],
+                          "roles": " ".join(roles)[:120]})
+            continue
+        h = _TABLE_HEAD.search(line)
+        if h:
+            kind = "tag" if h.group(1).startswith("tagged") else "stream"
+            variant = (h.group(2) or "").strip()
+            rows = tables.setdefault((h.group(3), variant), []) if kind == api else None
+            continue
+        r = _ROW.match(line.strip())
+        if rows is not None and r:
+            last = _size(r.group(2) or r.group(1))
+            rows.append({"first": int(_size(r.group(1))), "last": None if last == float("inf") else int(last),
+                         "protocol": r.group(3).replace("(?) ", "")[:120], "via": r.group(4)[:120]})
+    protocols = []
+    for memory in dict.fromkeys(mem for mem, _ in tables):
+        variants = [v for mem, v in tables if mem == memory]
+        chosen = "" if "" in variants else variants[0]
+        protocols += [{"memory": memory, **row} for row in tables[(memory, chosen)]]
+    return {"lanes": lanes[:64], "protocols": protocols[:256]}
+
+
+def carried_by(info: dict, nbytes: int, memory: str = "host") -> dict | None:
+    """The protocol row of :func:`parse_endpoint_info` that ``nbytes`` messages from ``memory`` use."""
+    for row in info.get("protocols", []):
+        if row["memory"] == memory and row["first"] <= nbytes and (row["last"] is None or nbytes <= row["last"]):
+            return row
+    return None
+
+
+def endpoint_info(ep_handle: int) -> str:
+    """``ucp_ep_print_info`` of a UCP endpoint (its ``ucp_ep_h``, UCXX's ``UCXEndpoint.handle``),
+    as text; "" where libucp or the function cannot be found. Cheap: no traffic, a few hundred
+    lines of text at most."""
+    try:
+        ucp = ctypes.CDLL("libucp.so.0")  # already loaded by UCXX: the same library
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return ""
+    fn, fmemopen = getattr(ucp, "ucp_ep_print_info", None), getattr(libc, "fmemopen", None)
+    if fn is None or fmemopen is None:
+        return ""
+    fmemopen.restype = ctypes.c_void_p
+    fmemopen.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    buf = ctypes.create_string_buffer(1 << 18)
+    fp = fmemopen(buf, len(buf) - 1, b"w")
+    if not fp:
+        return ""
+    try:
+        fn(ctypes.c_void_p(ep_handle), ctypes.c_void_p(fp))
+    finally:
+        libc.fclose(ctypes.c_void_p(fp))
+    return buf.value.decode("utf-8", "replace")
+
+
+# -- one side -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Counts:
+    """What one loop moved: completed messages and the seconds it ran (perf_counter)."""
+
+    messages: int = 0
+    seconds: float = 0.0
+
+
+class PeerGone(MachineError):
+    """The peer closed the control connection, sent an abort, or stopped moving data."""
+
+
+class Side:
+    """One end: a UCP context (the tag and stream features), a worker progressed from this
+    thread, and after :meth:`connect` one endpoint to the peer.
+
+    Args:
+        api: "tag" or "stream".
+        memory: this side's buffers: "host" or "cuda".
+        device: the GPU of ``memory`` "cuda".
+        wait: "poll" (spin on progress, ucx_perftest's default) or "sleep" (wait on the worker's
+            event descriptor when there is nothing to progress, its ``-E sleep``).
+
+    Raises:
+        UsageError: UCXX not importable (:func:`require_ucx`).
+        MachineError: UCX cannot make a context or worker.
+    """
+
+    def __init__(self, api: str = "tag", memory: str = "host", device: int = 0, wait: str = "poll"):
+        require_ucx()
+        import ucxx._lib.libucxx as ucx_api
+        from ucxx._lib.arr import Array
+
+        self._u, self._Array = ucx_api, Array
+        self.api, self.memory, self.device = api, memory, device
+        if memory == "cuda":
+            import cupy
+
+            cupy.cuda.Device(device).use()  # UCX's cuda transports take the current context
+        features = (ucx_api.Feature.TAG, ucx_api.Feature.STREAM) + ((ucx_api.Feature.WAKEUP,) if wait == "sleep" else ())
+        try:
+            self.ctx = ucx_api.UCXContext(feature_flags=features)
+            self.worker = ucx_api.UCXWorker(self.ctx)
+            if wait == "sleep":
+                self.worker.init_blocking_progress_mode()
+        except Exception as e:
+            raise MachineError(f"UCX: cannot start a worker: {e}") from None
+        self.wait_mode = wait
+        event = self.worker.progress_worker_event
+        # poll (ucx_perftest's -E poll, its default): progress and return at once, the loop spins;
+        # sleep (-E sleep): progress, then wait on the worker's event descriptor for at most
+        # SLEEP_MS (the loops look at their clock and the control connection between calls)
+        self.progress: Callable[[], Any] = self.worker.progress if wait == "poll" else (lambda: event(SLEEP_MS))
+        self.ep: Any = None
+        self._tags: dict[int, Any] = {}
+
+    def address(self) -> bytes:
+        """This worker's UCP address (what the peer's endpoint is made from)."""
+        return bytes(self.worker.address.tobytes())
+
+    def connect(self, peer_address: bytes) -> None:
+        """Make the endpoint to the peer's worker address (no peer error handling: the module)."""
+        u = self._u
+        try:
+            self.ep = u.UCXEndpoint.create_from_worker_address(
+                self.worker, u.UCXAddress.create_from_buffer(peer_address), endpoint_error_handling=False)
+        except Exception as e:
+            raise MachineError(f"UCX: cannot reach the peer's worker address: {e}") from None
+
+    def info(self) -> str:
+        return endpoint_info(self.ep.handle) if self.ep is not None else ""
+
+    def array(self, buf) -> Any:
+        return self._Array(buf)
+
+    def _tag(self, tag: int):
+        t = self._tags.get(tag)
+        if t is None:
+            t = self._tags[tag] = self._u.UCXXTag(tag)
+        return t
+
+    def _send(self, arr, tag: int):
+        if self.api == "stream":
+            return self.ep.stream_send(arr)
+        return self.ep.tag_send(arr, self._tag(tag))
+
+    def _recv(self, arr, tag: int):
+        if self.api == "stream":
+            return self.ep.stream_recv(arr)
+        return self.ep.tag_recv(arr, self._tag(tag))
+
+    def _poster(self, kind: str, arr, tag: int) -> Callable[[], Any]:
+        """A no-argument function that posts one send or receive of ``arr`` (the hot loops call it
+        once per message: no attribute look-ups, no tag object made per call)."""
+        if self.api == "stream":
+            fn = self.ep.stream_send if kind == "send" else self.ep.stream_recv
+            return lambda: fn(arr)
+        fn, t = (self.ep.tag_send if kind == "send" else self.ep.tag_recv), self._tag(tag)
+        return lambda: fn(arr, t)
+
+    def wait(self, reqs: list, deadline_s: float, check: Callable[[], None] | None = None) -> None:
+        """Progress until every request completes (each checked), ``check`` called every 50 ms.
+
+        Raises:
+            PeerGone: not done within ``deadline_s`` seconds, or as ``check`` raises.
+            MachineError: a request failed.
+        """
+        end = time.perf_counter() + deadline_s
+        next_check = 0.0
+        progress = self.progress
+        while not all(r.completed for r in reqs):
+            progress()
+            now = time.perf_counter()
+            if now >= next_check:
+                next_check = now + 0.05
+                if check is not None:
+                    check()
+                if now > end:
+                    raise PeerGone(f"UCX: {len(reqs)} message(s) did not complete within {deadline_s:g} s")
+        for r in reqs:
+            _checked(r)
+
+    def wireup(self, initiator: bool, deadline_s: float, check=None) -> None:
+        """One 8-byte message each way, so every lane is connected before the clock starts."""
+        import numpy as np
+
+        out, back = self.array(np.ones(8, dtype=np.uint8)), self.array(np.zeros(8, dtype=np.uint8))
+        reqs = [self._send(out, WIREUP_TAG), self._recv(back, WIREUP_TAG)]
+        self.wait(reqs if initiator else reqs[::-1], deadline_s, check)
+
+    # -- bandwidth --
+
+    def start_sending(self, buf, in_flight: int) -> None:
+        """Post ``in_flight`` sends of ``buf`` (the window :meth:`send_for` keeps full)."""
+        self._out = self.array(buf)
+        self._window: deque = deque(self._send(self._out, DATA_TAG) for _ in range(in_flight))
+        self._last_done = time.perf_counter()  # the last completion, across send_for calls (the stall clock)
+
+    def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> Counts:
+        """Keep the window full until ``time.perf_counter() >= until``.
+
+        Returns:
+            the sends completed in this call and the seconds from its start to its end.
+
+        Raises:
+            PeerGone: nothing completed for ``stall_s`` seconds, or as ``check`` (every 50 ms) raises.
+            MachineError: a send failed.
+        """
+        window, progress = self._window, self.progress
+        post = self._poster("send", self._out, DATA_TAG)
+        clock = time.perf_counter
+        t0 = clock()
+        last = self._last_done
+        next_check = t0 + 0.05
+        done = spins = 0
+        while True:
+            progress()
+            n = 0
+            while window[0].completed:
+                _checked(window.popleft())
+                n += 1
+                window.append(post())
+            spins += 1
+            if n or spins & 15 == 0:
+                now = clock()
+                if n:
+                    done += n
+                    last = self._last_done = now
+                if now >= until:
+                    return Counts(done, now - t0)
+                if now >= next_check:
+                    next_check = now + 0.05
+                    check()
+                    if now - last > stall_s:
+                        raise PeerGone(f"UCX: no send completed for {stall_s:g} s (the receiver stopped?)")
+
+    def finish_sending(self, check=None, stall_s: float = STALL_S) -> int:
+        """Wait for the window's last sends (at most ``stall_s`` after the last completion);
+        returns how many there were."""
+        left = list(self._window)
+        self._window.clear()
+        self.wait(left, max(0.5, stall_s - (time.perf_counter() - self._last_done)), check)
+        return len(left)
+
+    def recv_until(self, buf, in_flight: int, stop: Callable[[int], bool], stall_s: float = STALL_S) -> int:
+        """Keep ``in_flight`` receives into ``buf`` posted until ``stop(received)`` says so (asked
+        every 20 ms and at each completion batch).
+
+        Returns:
+            messages received.
+
+        Raises:
+            PeerGone: as ``stop`` raises, or nothing arrived for ``stall_s`` while ``stop`` said go on.
+        """
+        post = self._poster("recv", self.array(buf), DATA_TAG)
+        window: deque = deque(post() for _ in range(in_flight))
+        progress, clock = self.progress, time.perf_counter
+        got = spins = 0
+        last = clock()
+        next_check = last + 0.02
+        while True:
+            progress()
+            n = 0
+            while window[0].completed:
+                _checked(window.popleft())
+                n += 1
+                window.append(post())
+            got += n
+            spins += 1
+            if n or spins & 15 == 0:
+                now = clock()
+                if n:
+                    last = now
+                if now >= next_check or n:
+                    next_check = now + 0.02
+                    if stop(got):
+                        self._leftover = window  # posted receives the peer will never match
+                        return got
+                    if now - last > stall_s:
+                        raise PeerGone(f"UCX: no message arrived for {stall_s:g} s (the sender stopped?)")
+
+    # -- latency --
+
+    def ping(self, out, back, iters: int, check: Callable[[], None] | None = None,
+             stall_s: float = STALL_S) -> float:
+        """``iters`` round trips: send ``out``, receive into ``back`` (same size).
+
+        Returns:
+            seconds of round trips 2..iters (the first, which waits for the peer to take the batch's
+            control line, is not timed; ``iters`` >= 2).
+
+        Raises:
+            PeerGone: a round trip not back within ``stall_s``, or as ``check`` (every 50 ms while
+                one is awaited) raises.
+        """
+        a, b = self.array(out), self.array(back)
+        progress, send, recv, clock = self.progress, self._send, self._recv, time.perf_counter
+        t0 = 0.0
+        for i in range(iters):
+            if i == 1:
+                t0 = clock()
+            r = recv(b, DATA_TAG)
+            s = send(a, DATA_TAG)
+            spins = 0
+            while not r.completed:
+                progress()
+                spins += 1
+                if spins & 4095 == 0:
+                    self._awaited(spins, check, stall_s, i, iters)
+            while not s.completed:
+                progress()
+            _checked(r)
+            _checked(s)
+        return clock() - t0
+
+    def _awaited(self, spins: int, check, stall_s: float, i: int, iters: int) -> None:
+        """Inside a round trip's wait: the control connection every ~50 ms, the stall deadline."""
+        now = time.perf_counter()
+        if spins == 4096:
+            self._wait_from, self._next_check = now, now + 0.05
+        if now >= self._next_check:
+            self._next_check = now + 0.05
+            if check is not None:
+                check()
+            if now - self._wait_from > stall_s:
+                raise PeerGone(f"UCX: round trip {i} of {iters} not back within {stall_s:g} s (the peer stopped?)")
+
+    def pong(self, buf, iters: int, check: Callable[[], None] | None = None, stall_s: float = STALL_S) -> None:
+        """``iters`` times: receive into ``buf`` and send it back.
+
+        Raises:
+            PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms while
+                one is awaited) raises.
+        """
+        a = self.array(buf)
+        progress, send, recv = self.progress, self._send, self._recv
+        for i in range(iters):
+            r = recv(a, DATA_TAG)
+            spins = 0
+            while not r.completed:
+                progress()
+                spins += 1
+                if spins & 4095 == 0:
+                    self._awaited(spins, check, stall_s, i, iters)
+            _checked(r)
+            s = send(a, DATA_TAG)
+            while not s.completed:
+                progress()
+            _checked(s)
+
+    def close(self) -> None:
+        """Stop the worker's progress use; UCXX frees the endpoint and worker with their objects."""
+        with contextlib.suppress(Exception):
+            if self.ep is not None:
+                self.ep.close_blocking(period=10**8, max_attempts=1)  # at most ~0.1 s
+        self.ep = None
+
+
+def _checked(req) -> None:
+    try:
+        req.check_error()
+    except Exception as e:
+        raise MachineError(f"UCX: a transfer failed: {e}") from None

@@ -1,0 +1,441 @@
+"""``gpubench net client|local --protocol ucx``: UCX bandwidth and latency through the one driver
+(:func:`gpubench.core.benchmark.run`), the engine in :mod:`gpubench.plugins.net.ucx`, the far end
+in :mod:`gpubench.plugins.net.ucx_server`.
+
+Points. Bandwidth: one point per interval of the same schedule as TCP's (``-O`` omitted seconds,
+``-t`` counted ones, ``-i`` per interval): the client keeps ``--in-flight`` sends of ``-l`` bytes
+posted and counts the sends completed in each interval on its ``perf_counter`` clock (tag_bw's
+method; docs/net.md "UCX"). Latency (``--latency``): one point per message size, 8 B doubling up to
+``-l``; per size, batches of ping-pong round trips for ``-t`` / (number of sizes) seconds, each
+sample = a batch's seconds / (2 x its round trips), the one-way latency (tag_lat's).
+
+Records (``command: "net"``), params ``protocol`` "ucx", ``memory`` "SEND,RECV" as given to
+``-m`` ("host" when both are host), ``api``, ``direction`` "c2s": bandwidth as TCP's ``total``
+record (``stream`` "total", ``streams`` 1, ``buffer_nbytes`` = -l; the interval figures in
+``extra``); latency ``metric`` "time", ``stream`` "latency", ``nbytes`` = the size (plot draws
+them as a sweep). Both
+carry ``extra.transports``: each endpoint's lanes and the protocol that carried the size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpubench.core import benchmark as driver
+from gpubench.core import safe
+from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.report import ProgressSink
+from gpubench.core.result import Record, Result
+from gpubench.core.signals import Interrupted
+from gpubench.plugins.net.protocol import DEFAULT_BIND, Request, close_socket, shown
+
+LATENCY_MIN_BYTES = 8  # the sweep's first size (tag_lat's default -s 8)
+BATCH_TARGET_S = 0.005  # a latency batch's length: round trips per batch = this / the last round trip
+
+
+@dataclass(frozen=True)
+class UcxSpec:
+    """Parsed options of ``net client|local --protocol ucx`` (bounds checked by the command)."""
+
+    host: str
+    port: int
+    mode: str = "client"  # or "local": a server process started here on loopback
+    memory: tuple[str, str] = ("host", "host")  # (send, receive) buffers
+    device: int = 0
+    api: str = "tag"
+    nbytes: int = 1 << 20  # -l: bytes per message (latency: the sweep's largest)
+    in_flight: int = 32
+    seconds: float = 10.0
+    omit: float = 0.0
+    interval: float = 1.0
+    latency: bool = False
+    wait: str = "poll"  # --wait: both sides spin on UCX progress (poll) or wait on its events (sleep)
+    connect_timeout: float = 10.0
+    protocol: str = "ucx"
+
+    @property
+    def request(self) -> Request:
+        """The interval schedule as TCP's (one stream of ``nbytes`` writes)."""
+        return Request(streams=1, seconds=self.seconds, omit=self.omit, interval=self.interval, buffer=self.nbytes)
+
+    def memory_text(self) -> str:
+        return self.memory[0] if self.memory[0] == self.memory[1] else ",".join(self.memory)
+
+    def sizes(self) -> list[int]:
+        """The latency sweep: 8 B doubling to ``nbytes``, ``nbytes`` last (also when not a power of 2)."""
+        out, s = [], min(LATENCY_MIN_BYTES, self.nbytes)
+        while s < self.nbytes:
+            out.append(s)
+            s *= 2
+        return [*out, self.nbytes]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["memory"] = self.memory_text()
+        if self.mode == "local":
+            d["port"] = 0
+        d.update(streams=1, buffer=self.nbytes, direction="c2s")
+        return d
+
+
+class _Client:
+    """The client's test: the control connection, the UCX side, the local server process."""
+
+    def __init__(self, spec: UcxSpec):
+        self.spec = spec
+        self.ctl: Any = None
+        self.side: Any = None
+        self.proc: subprocess.Popen | None = None
+        self.host, self.port = spec.host, spec.port
+        self.sent = 0  # sends completed so far
+        self.t0: float | None = None
+        self.info: dict[str, str] = {}
+        self.end: dict | None = None
+
+    def start_local_server(self) -> None:
+        """``python -m gpubench.plugins.net.ucx_server``: its own process, as ucx_perftest's server is
+        (so UCX picks the transports between processes: shared memory, cma). It reads our stdin,
+        whose EOF (this process ended, even killed) ends it."""
+        import json
+
+        from gpubench.plugins.net.ucx_server import child_env
+
+        env = child_env()
+        arg = json.dumps({"bind": DEFAULT_BIND, "device": self.spec.device})
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpubench.plugins.net.ucx_server", arg], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode("utf-8", "replace").strip()
+        if not line.isdigit():
+            err = (self.proc.stderr.read().decode("utf-8", "replace") if self.proc.poll() is not None and
+                   self.proc.stderr is not None else "")
+            raise MachineError(f"net local --protocol ucx: the server process did not start: "
+                               f"{safe.term((line or err).strip().splitlines()[-1:] or ['no output'], 300)}")
+        self.host, self.port = DEFAULT_BIND, int(line)
+
+    def open(self) -> None:
+        """Connect, ask for the test, exchange worker addresses, make the endpoint, wire it up.
+
+        Raises:
+            MachineError: cannot connect, refused, or UCX cannot reach the server's worker.
+        """
+        from gpubench.plugins.net import ucx
+        from gpubench.plugins.net.bench import connect
+        from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, is_loopback, limit_to_loopback
+
+        spec = self.spec
+        if spec.mode == "local":
+            self.start_local_server()
+        if is_loopback(self.host):
+            limit_to_loopback()
+        sock = connect(self.host, self.port, spec.connect_timeout)
+        self.ctl = Control(sock, 1 << 20, f"server {self.host} port {self.port}")
+        self.side = ucx.Side(spec.api, spec.memory[0], spec.device, spec.wait)
+        self.ctl.send({"gpubench_net_ucx": UCX_PROTOCOL_VERSION, "mode": "lat" if spec.latency else "bw",
+                       "api": spec.api, "nbytes": spec.nbytes, "in_flight": spec.in_flight,
+                       "memory": spec.memory[1], "wait": spec.wait, "address": self.side.address().hex()})
+        reply = self.ctl.read(spec.connect_timeout)
+        if not (isinstance(reply, dict) and reply.get("ok") is True):
+            err = reply.get("error") if isinstance(reply, dict) else None
+            raise MachineError(f"server {self.host} port {self.port}: refused the test: "
+                               f"{safe.term(err if isinstance(err, str) else shown(reply), 200)}")
+        addr = reply.get("address")
+        try:
+            peer = bytes.fromhex(addr) if isinstance(addr, str) else b""
+        except ValueError:
+            peer = b""
+        if not peer:
+            raise MachineError(f"server {self.host} port {self.port}: its reply has no worker address")
+        self.side.connect(peer)
+        self.side.wireup(initiator=True, deadline_s=spec.connect_timeout, check=self.check)
+
+    def check(self) -> None:
+        """Between messages: a line from the server now is an abort (or it closed)."""
+        from gpubench.plugins.net.ucx import PeerGone
+
+        msg = self.ctl.poll()
+        if msg is not None:
+            err = msg.get("error") if isinstance(msg, dict) else None
+            raise PeerGone(f"server {self.host} port {self.port}: "
+                           + (f"aborted the test: {safe.term(err, 200)}" if isinstance(err, str) else
+                              f"sent {safe.term(shown(msg), 80)} during the test"))
+
+    def finish(self, sent: int) -> dict:
+        """Tell the server the test ended; its end line, checked.
+
+        Raises:
+            MachineError: no end line, an abort, a count that is not ``sent``, or data that differ.
+        """
+        from gpubench.plugins.net.ucx import parse_endpoint_info
+
+        self.ctl.send({"stop": True, "sent": sent})
+        msg = self.ctl.read(30.0)
+        where = f"server {self.host} port {self.port}"
+        if not (isinstance(msg, dict) and msg.get("end") is True):
+            err = msg.get("error") if isinstance(msg, dict) else None
+            raise MachineError(f"{where}: " + (f"aborted the test: {safe.term(err, 200)}" if isinstance(err, str)
+                                               else f"sent no end line ({safe.term(shown(msg), 80)})"))
+        got, check, cpu, info = msg.get("received"), msg.get("check"), msg.get("cpu_s"), msg.get("info")
+        if type(got) is not int or (not self.spec.latency and got != sent):
+            raise MachineError(f"{where}: received {safe.term(shown(got), 40)} message(s), {sent} were sent")
+        if check is not None:
+            raise MachineError(f"{where}: data check failed: {safe.term(check, 200)}")
+        self.info["server"] = info[:60000] if isinstance(info, str) else ""
+        cpu_ok = isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and 0 <= cpu < 1e7
+        self.end = {"received": got, "server_cpu_s": float(cpu) if cpu_ok and cpu is not None else None,
+                    "server": parse_endpoint_info(self.info["server"], self.spec.api)}
+        return self.end
+
+    def close(self) -> None:
+        if self.side is not None:
+            self.side.close()
+        if self.ctl is not None:
+            close_socket(self.ctl.sock)
+        if self.proc is not None:
+            with contextlib.suppress(OSError, ValueError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=2)  # it ends at stdin EOF; a stopped one is killed
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+            for f in (self.proc.stdout, self.proc.stderr):
+                with contextlib.suppress(OSError):
+                    f.close() if f is not None else None
+
+
+def transports(client_text: str, server: dict | None, spec: UcxSpec, nbytes: int) -> dict:
+    """``extra.transports``: per endpoint (client, server) its lanes and the protocol row that
+    ``nbytes`` messages from its memory use (:func:`gpubench.plugins.net.ucx.carried_by`)."""
+    from gpubench.plugins.net.ucx import carried_by, parse_endpoint_info
+
+    client = parse_endpoint_info(client_text, spec.api)
+    out = {"client": {"lanes": client["lanes"], "carried_by": carried_by(client, nbytes, spec.memory[0])}}
+    if server is not None:
+        out["server"] = {"lanes": server["lanes"][:32], "carried_by": carried_by(server, nbytes, spec.memory[1])}
+    return out
+
+
+class UcxNet(Benchmark):
+    """The UCX client plug-in (see the module)."""
+
+    name = "net"
+    description = "UCX bandwidth and latency between two processes (tag or stream API)."
+    needs_gpu = False
+
+    def __init__(self, live: Any = None):
+        self.live = live  # a gpubench.plugins.net.lines.LiveLines, or None
+    def environment(self, spec: UcxSpec) -> dict:
+        from gpubench.core import env as envmod
+        from gpubench.plugins.net.ucx_server import is_loopback
+
+        nodes = 1 if spec.mode == "local" or is_loopback(spec.host) else 2
+        ucx_env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+        return {"host": envmod.host_info(), "versions": envmod.versions(), "nodes": nodes, "ucx_env": ucx_env}
+
+    def points(self, spec: UcxSpec, devices: tuple[int, ...]) -> list[Point]:
+        host = spec.nbytes * 2
+        if spec.latency:
+            return [Point(f"{s} B", s, host_bytes=host) for s in spec.sizes()]
+        ends = spec.request.intervals()
+        starts = [0.0, *(end for end, _ in ends)]
+        return [Point(f"{a:.1f}-{b:.1f} s" + (" (omitted)" if om else ""), i, host_bytes=host)
+                for i, (a, (b, om)) in enumerate(zip(starts, ends))]
+
+    def too_big_hint(self, spec: UcxSpec) -> str:
+        return "lower -l/--length"
+
+    @contextlib.contextmanager
+    def setup(self, ctx: Context):
+        """Start the local server (net local), connect, wire up. A Ctrl-C meanwhile is raised by
+        the first :meth:`measure`, as TCP's."""
+        from gpubench.plugins.net import ucx
+
+        spec: UcxSpec = ctx.spec
+        client = ctx.data["client"] = _Client(spec)
+        try:
+            try:
+                client.open()
+                n = spec.nbytes
+                ctx.data["out"] = ucx.alloc(n, spec.memory[0], spec.device, ucx.pattern(n))
+                ctx.data["back"] = ucx.alloc(n, spec.memory[0], spec.device) if spec.latency else None
+                if self.live is not None:
+                    where = "loopback" if spec.mode == "local" else "connected to"
+                    what = "latency (ping-pong), 8 B to" if spec.latency else f"{spec.in_flight} in flight,"
+                    self.live.header(f"gpubench net --protocol ucx: {where} {client.host}:{client.port}: {spec.api} API, "
+                                     f"{what} {n} B messages, memory {spec.memory[0]} -> {spec.memory[1]}; "
+                                     + (f"{spec.seconds:g} s for the sweep" if spec.latency else
+                                        f"{spec.seconds:g} s counted after {spec.omit:g} s omitted, "
+                                        f"{spec.interval:g} s intervals"))
+            except (KeyboardInterrupt, Interrupted) as e:
+                ctx.data["interrupted"] = e
+            yield ctx
+        finally:
+            client.close()
+
+    def measure(self, ctx: Context, point: Point) -> list[Record]:
+        stopped = ctx.data.pop("interrupted", None)
+        if stopped is not None:
+            raise stopped
+        spec: UcxSpec = ctx.spec
+        client: _Client = ctx.data["client"]
+        if spec.latency:
+            return self._latency(ctx, client, point)
+        return self._interval(ctx, client, point)
+
+    def _interval(self, ctx: Context, client: _Client, point: Point) -> list[Record]:
+        from gpubench.plugins.net.bench import Interval
+
+        spec: UcxSpec = ctx.spec
+        side = client.side
+        schedule = spec.request.intervals()
+        if client.t0 is None:
+            client.t0 = time.perf_counter()
+            side.start_sending(ctx.data["out"], spec.in_flight)
+        t0 = client.t0
+        end_s, omit = schedule[point.key]
+        start_s = ctx.data.get("prev_end", 0.0)
+        got = side.send_for(t0 + end_s, client.check)
+        client.sent += got.messages
+        now_s = time.perf_counter() - t0
+        ctx.data["prev_end"] = now_s
+        if "client" not in client.info:
+            client.info["client"] = side.info()  # protocols are chosen at the first send: now known
+        rec = Interval(start_s=start_s, end_s=now_s, omit=omit, bytes=[got.messages * spec.nbytes]).record(point.key)
+        if self.live is not None:
+            self.live.intervals({"c2s": (start_s, now_s, omit, [got.messages * spec.nbytes])})
+        if point.key == len(schedule) - 1:
+            self._finish(client, [rec])
+        return [rec]
+
+    def _finish(self, client: _Client, recs: list[Record]) -> None:
+        """After the last point: drain the window, the server's end line. A fault keeps ``recs``."""
+        try:
+            if not client.spec.latency:
+                client.sent += client.side.finish_sending(client.check)
+            client.finish(client.sent)
+        except MachineError as e:
+            e.point_records = recs
+            raise
+
+    def _latency(self, ctx: Context, client: _Client, point: Point) -> list[Record]:
+        from gpubench.plugins.net import ucx
+
+        spec: UcxSpec = ctx.spec
+        size = point.key
+        out, back = ctx.data["out"][:size], ctx.data["back"][:size]
+        side = client.side
+        per_size = spec.seconds / len(spec.sizes())
+
+        def batch(k: int) -> float:
+            client.ctl.send({"size": size, "iters": k + 1})
+            return side.ping(out, back, k + 1, client.check)  # the first round trip is not timed: k timed
+
+        samples: list[float] = []
+        k, trips = 4, 0
+        batch(k)  # warm-up: registration, protocol selection
+        if "client" not in client.info:
+            client.info["client"] = side.info()
+        t_end = time.perf_counter() + per_size
+        while not samples or time.perf_counter() < t_end:
+            secs = batch(k)
+            samples.append(secs / (2 * k))
+            trips += k
+            k = max(1, min(100_000, int(BATCH_TARGET_S / max(secs / k, 1e-7))))
+        bad = ucx.first_mismatch(back, out)
+        if bad is not None:
+            e = MachineError(f"net --latency: byte {bad} of the {size} B message came back changed")
+            raise e
+        if self.live is not None:
+            med = sorted(samples)[len(samples) // 2]
+            self.live.line(f"[LAT] {size:>10} B  {med * 1e6:10.2f} us one-way (median of {len(samples)} batches, "
+                           f"{trips} round trips)")
+        rec = Record(params={"stream": "latency", "streams": 1, "nbytes": size, "direction": "c2s"},
+                     metric="time", nbytes=size, samples_s=samples, reps=1,
+                     extra={"round_trips": trips, "batches": len(samples)})
+        if size == spec.nbytes:
+            self._finish(client, [rec])
+        return [rec]
+
+    def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
+        raise MachineError(f"net --protocol ucx ({point.label}): {message}")
+
+    def derive(self, ctx: Context, records: list[Record]) -> None:
+        """Bandwidth: the intervals regrouped into one ``total`` record as TCP's
+        (:func:`gpubench.plugins.net.bench.build_records`); every record gets the UCX params and
+        the transports."""
+        from gpubench.plugins.net.bench import DirectionFacts, Interval, build_records
+
+        spec: UcxSpec = ctx.spec
+        client: _Client | None = ctx.data.get("client")
+        end = client.end if client is not None else None
+        if not spec.latency and records:
+            ivs = [Interval.of(r) for r in records]
+            cpu = end.get("server_cpu_s") if end else None
+            facts = DirectionFacts(sent=[client.sent * spec.nbytes] if client is not None else None,
+                                   receiver_cpu_s=cpu)
+            records[:] = [r for r in build_records(spec.request, ivs, direction="c2s", facts=facts)
+                          if r.params["stream"] == "total"]
+            for r in records:
+                r.extra.pop("retransmits", None)
+                r.extra["in_flight"] = spec.in_flight
+                r.extra["messages"] = [b // spec.nbytes for b in r.extra["interval_bytes"]]
+        info = client.info.get("client", "") if client is not None else ""
+        for r in records:
+            r.params.update(protocol="ucx", memory=spec.memory_text(), api=spec.api)
+            r.extra["transports"] = transports(info, end.get("server") if end else None, spec, r.nbytes)
+            r.extra["data_checked"] = end is not None
+
+    def timing(self, ctx: Context) -> dict:
+        spec: UcxSpec = ctx.spec
+        client: _Client | None = ctx.data.get("client")
+        if spec.latency:
+            method = ("ping-pong (tag_lat): per size, batches of round trips; one-way latency = batch "
+                      "seconds / (2 x round trips); the first round trip of each batch is not timed")
+        else:
+            method = (f"tag_bw: {spec.in_flight} sends of -l bytes kept in flight from one buffer; bytes = "
+                      "sends completed per interval on the client's clock; total = counted bytes / counted seconds")
+        return {"clock": "perf_counter of the client", "method": method, "wait": spec.wait, "interval_s": spec.interval,
+                "omit_s": spec.omit, "server_port": client.port if client is not None else spec.port,
+                "endpoint_error_handling": False,
+                "endpoint_info": {k: v[:20000] for k, v in (client.info.items() if client else [])}}
+
+
+def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -> Result:
+    """One UCX test through the driver.
+
+    Returns:
+        A Result: bandwidth, one ``total`` record of the counted intervals; latency, one record
+        per size (see the module). On Ctrl-C / SIGTERM what was measured, marked partial.
+
+    Raises:
+        UsageError: UCXX missing, ``-m cuda`` without a GPU (before anything listens).
+        MachineError: cannot connect, refused, the server died, stopped or aborted, a count or a
+            data check that fails (``partial_result`` keeps what was measured; exit 3).
+    """
+    from gpubench.plugins.net import ucx
+
+    ucx.require_ucx()
+    ucx.require_cuda(spec.memory if spec.mode == "local" else (spec.memory[0], "host"), spec.device)
+    return driver.run(UcxNet(live), spec, progress)
+
+
+def check_not_tcp_only(given: dict[str, Any]) -> None:
+    """Refuse TCP-only options under ``--protocol ucx``. ``given``: option name -> True where set.
+
+    Raises:
+        UsageError: naming the first such option.
+    """
+    for name, on in given.items():
+        if on:
+            raise UsageError(f"{name} applies to --protocol tcp only", "leave it out with --protocol ucx")
+
+

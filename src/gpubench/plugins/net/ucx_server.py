@@ -1,0 +1,387 @@
+"""``gpubench net server --protocol ucx``: the far end of a UCX test (:mod:`gpubench.plugins.net.ucx`).
+
+Control protocol (version 1), one JSON object per line on a TCP connection to the server's
+``--bind``/``--port`` (127.0.0.1 unless asked otherwise); UCX data never crosses it:
+
+1. client -> server: ``{"gpubench_net_ucx": 1, "mode": "bw" | "lat", "api": "tag" | "stream",
+   "nbytes": L, "in_flight": W, "memory": "host" | "cuda" (the server's buffers), "wait": "poll" |
+   "sleep", "address": hex}``
+   (``address``: the client's UCP worker address).
+2. server -> client: ``{"ok": true, "address": hex}`` (its worker address; both sides make their
+   endpoint from the other's) or ``{"ok": false, "error": "<one line>"}`` and it closes.
+3. one 8-byte UCX message each way (wire-up); then
+   - bw: the client sends; the server keeps ``W`` receives posted until the client's
+     ``{"stop": true, "sent": n}`` and then until it has received ``n``;
+   - lat: per ``{"size": s, "iters": k}`` the server echoes ``k`` messages of ``s`` bytes; then
+     ``{"stop": true, "sent": 0}``.
+4. server -> client: ``{"end": true, "received": n, "check": null | "<why the data is wrong>",
+   "cpu_s": x, "info": "<ucp_ep_print_info of its endpoint>"}``, or ``{"ok": false, "error": ...}``
+   when it aborts (the client stopped moving data for :data:`ucx.STALL_S`, closed, or lied).
+
+One test at a time: a client that connects while a test runs waits in the listen backlog.
+Run as ``python -m gpubench.plugins.net.ucx_server JSON`` by ``net local --protocol ucx``: it
+writes ``PORT\\n`` to stdout once listening, serves one test, and ends with its parent (stdin EOF).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import select
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from gpubench.core.errors import MachineError, UsageError
+from gpubench.plugins.net.protocol import DEFAULT_BIND, LineReader, ProtocolError, close_socket, refuse, send_json
+
+UCX_PROTOCOL_VERSION = 1
+MAX_REQUEST_BYTES = 64 * 1024  # a request line (a worker address with CUDA transports is a few KiB)
+MAX_NBYTES = 1 << 30  # bytes per message
+MAX_SIZES = 64
+MAX_ITERS = 10**8
+REQUEST_TIMEOUT_S = 5.0
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return address == "localhost" or ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def limit_to_loopback() -> bool:
+    """UCX's network transports on the loopback device only (``UCX_NET_DEVICES=lo``), unless the
+    user set UCX_NET_DEVICES: called where the control connection is on loopback, so no UCX
+    transport listens on another address either (shared memory listens on none). Returns whether
+    it set it."""
+    if "UCX_NET_DEVICES" in os.environ:
+        return False
+    os.environ["UCX_NET_DEVICES"] = "lo"
+    return True
+
+
+class Control:
+    """The control connection: JSON lines each way; :meth:`poll` never blocks."""
+
+    def __init__(self, sock: socket.socket, limit: int, peer: str = "peer"):
+        self.sock = sock
+        self.reader = LineReader(sock, limit)
+        self.peer = peer
+
+    def send(self, obj: Any) -> None:
+        try:
+            send_json(self.sock, obj)
+        except OSError as e:
+            raise MachineError(f"{self.peer}: control connection lost ({e.strerror or e})") from None
+
+    def read(self, timeout: float) -> Any:
+        try:
+            return self.reader.readjson(timeout)
+        except ProtocolError as e:
+            raise MachineError(f"{self.peer}: {e}") from None
+
+    def poll(self) -> Any:
+        """A complete line when one has arrived, else None.
+
+        Raises:
+            MachineError (:class:`gpubench.plugins.net.ucx.PeerGone`): the peer closed, or sent
+            something that is not a line of JSON.
+        """
+        from gpubench.plugins.net.ucx import PeerGone
+
+        if b"\n" not in self.reader._buf:
+            r, _, _ = select.select([self.sock], [], [], 0)
+            if not r:
+                return None
+        try:
+            return self.reader.readjson(0.5)
+        except ProtocolError as e:
+            raise PeerGone(f"{self.peer}: {e}") from None
+
+
+def _cpu() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def check_request(d: Any) -> dict:
+    """A client's request, checked. Raises UsageError naming the first bad field."""
+    from gpubench.plugins.net.ucx import APIS, MAX_IN_FLIGHT, MEMORY_TYPES, WAIT_MODES
+
+    if not isinstance(d, dict) or d.get("gpubench_net_ucx") != UCX_PROTOCOL_VERSION:
+        got = d.get("gpubench_net_ucx") if isinstance(d, dict) else None
+        raise UsageError(f"UCX control protocol version {got!r:.20}, this server speaks {UCX_PROTOCOL_VERSION}")
+
+    def want(key, ok, what):
+        v = d.get(key)
+        if not ok(v):
+            raise UsageError(f"bad {key}: {what}")
+        return v
+
+    def integer(lo, hi):
+        return lambda v: type(v) is int and lo <= v <= hi
+
+    out = {
+        "mode": want("mode", lambda v: v in ("bw", "lat"), "bw or lat"),
+        "api": want("api", lambda v: v in APIS, " or ".join(APIS)),
+        "nbytes": want("nbytes", integer(1, MAX_NBYTES), f"1 to {MAX_NBYTES} bytes"),
+        "in_flight": want("in_flight", integer(1, MAX_IN_FLIGHT), f"1 to {MAX_IN_FLIGHT}"),
+        "memory": want("memory", lambda v: v in MEMORY_TYPES, " or ".join(MEMORY_TYPES)),
+        "wait": want("wait", lambda v: v in WAIT_MODES, " or ".join(WAIT_MODES)) if "wait" in d else "poll",
+        "address": want("address", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_REQUEST_BYTES
+                        and all(c in "0123456789abcdef" for c in v), "hex digits"),
+    }
+    return out
+
+
+class UcxServer:
+    """Serves UCX tests one at a time.
+
+    Args:
+        bind: the control connection's address (127.0.0.1 by default: loopback only; then UCX's
+            network transports are held to ``lo`` too, :func:`limit_to_loopback`).
+        port: TCP port; 0 picks a free one.
+        device: the GPU of ``-m cuda`` buffers.
+        log: one line per event; silent when None.
+    """
+
+    def __init__(self, bind: str = DEFAULT_BIND, port: int = 0, *, device: int = 0,
+                 log: Callable[[str], None] | None = None, isolate: bool = True):
+        self.bind, self.port, self.device, self.isolate = bind, port, device, isolate
+        self.child: subprocess.Popen | None = None
+        self.log = log or (lambda line: None)
+        self.sock: socket.socket | None = None
+        self.done = self.aborted = 0
+
+    def open(self) -> tuple[str, int]:
+        """Bind and listen. Raises UsageError: not an address here, or the port is taken."""
+        from gpubench.plugins.net.ucx import require_ucx
+
+        require_ucx()  # before anything listens: a missing UCXX is exit 2
+        try:
+            infos = socket.getaddrinfo(self.bind, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, _, _, _, sockaddr = infos[0]
+        except (socket.gaierror, UnicodeError) as e:
+            raise UsageError(f"--bind {self.bind!r} is not an address ({getattr(e, 'strerror', None) or e})",
+                             "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(sockaddr)
+            s.listen(8)
+        except OSError as e:
+            s.close()
+            raise UsageError(f"cannot listen on {self.bind} port {self.port}: {e.strerror or e}",
+                             "choose another --port or --bind") from None
+        if is_loopback(self.bind):
+            limit_to_loopback()
+        self.sock = s
+        addr = s.getsockname()
+        return addr[0], addr[1]
+
+    def serve_forever(self, max_tests: int | None = None, parent_fd: int | None = None) -> None:
+        """Accept and serve until ``max_tests`` tests ended (None: forever), or ``parent_fd``
+        (a pipe from the parent) reaches EOF."""
+        assert self.sock is not None
+        served = 0
+        while max_tests is None or served < max_tests:
+            watch = [self.sock] + ([parent_fd] if parent_fd is not None else [])
+            r, _, _ = select.select(watch, [], [], 1.0)
+            if parent_fd is not None and parent_fd in r and not os.read(parent_fd, 1):
+                return
+            if self.sock not in r:
+                continue
+            conn, peer = self.sock.accept()
+            served += 1
+            who = f"{peer[0]}:{peer[1]}"
+            if self.isolate:
+                self.serve_in_child(conn, who)
+            else:
+                self.serve_one(conn, who)
+
+    def serve_in_child(self, conn: socket.socket, who: str) -> None:
+        """One test in a process of its own (``python -m gpubench.plugins.net.ucx_server``, the
+        connection inherited): without peer error handling UCX ends a process whose peer dies
+        mid-transfer (cma: ``process_vm_readv ... No such process``), so a client that dies takes
+        only that process with it and the server serves the next test. Its log lines are relayed."""
+        import tempfile
+
+        arg = json.dumps({"fd": conn.fileno(), "who": who, "device": self.device})
+        with tempfile.TemporaryFile() as err:
+            try:
+                self.child = subprocess.Popen([sys.executable, "-m", "gpubench.plugins.net.ucx_server", arg],
+                                              pass_fds=(conn.fileno(),), env=child_env(), stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, stderr=err)
+            except OSError as e:
+                refuse(conn, f"server cannot start the test's process: {e.strerror or e}")
+                self.log(f"test from {who}: refused: cannot start its process ({e.strerror or e})")
+                self.aborted += 1
+                return
+            finally:
+                close_socket(conn) if self.child is None else conn.close()
+            child = self.child
+            assert child.stdout is not None
+            try:
+                for raw in child.stdout:
+                    self.log(raw.decode("utf-8", "replace").rstrip("\n"))
+                code = child.wait()
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+                child.stdout.close()
+                self.child = None
+            if code == 0:
+                self.done += 1
+                return
+            self.aborted += 1
+            if code != 3:  # 3: the process said why itself
+                err.seek(0)
+                tail = [ln for ln in err.read()[-4000:].decode("utf-8", "replace").splitlines() if ln.strip()]
+                why = f"signal {-code}" if code < 0 else f"exit {code}"
+                self.log(f"test from {who}: aborted: its process died ({why})" + (f": {tail[0][:300]}" if tail else ""))
+
+    def serve_one(self, conn: socket.socket, who: str) -> bool:
+        """One test on an accepted control connection, in this process; never raises (a fault is
+        logged). Returns whether the test ended (False: refused or aborted)."""
+        from gpubench.plugins.net.ucx import PeerGone
+
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ctl = Control(conn, MAX_REQUEST_BYTES, f"client {who}")
+        try:
+            try:
+                req = check_request(ctl.read(REQUEST_TIMEOUT_S))
+            except (UsageError, MachineError) as e:
+                refuse(conn, e.message)
+                self.log(f"test from {who}: refused: {e.message}")
+                self.aborted += 1
+                return False
+            self.log(f"test from {who}: ucx {req['api']} {'bandwidth' if req['mode'] == 'bw' else 'latency'}, "
+                     f"{req['nbytes']} B messages, {req['in_flight']} in flight, into {req['memory']} memory")
+            try:
+                line = self._run(ctl, req)
+            except UsageError as e:  # what the client asked for cannot be had here (-m ...,cuda without a GPU)
+                refuse(conn, f"on the server: {e.message}")
+                self.log(f"test from {who}: refused: {e.message}")
+                self.aborted += 1
+                return False
+            except (PeerGone, MachineError) as e:
+                refuse(conn, f"aborted: {e.message}")
+                self.log(f"test from {who}: aborted: {e.message}")
+                self.aborted += 1
+                return False
+            self.done += 1
+            self.log(f"test from {who}: {line}")
+            return True
+        finally:
+            close_socket(conn)
+
+    def _run(self, ctl: Control, req: dict) -> str:
+        from gpubench.plugins.net import ucx
+
+        ucx.require_cuda(("host", req["memory"]), self.device)  # UsageError: no GPU here for the server's side
+        side = ucx.Side(req["api"], req["memory"], self.device, req["wait"])
+        try:
+            side.connect(bytes.fromhex(req["address"]))
+            ctl.send({"ok": True, "address": side.address().hex()})
+            side.wireup(initiator=False, deadline_s=REQUEST_TIMEOUT_S, check=lambda: ctl.poll())
+            n = req["nbytes"]
+            want = ucx.pattern(n)
+            buf = ucx.alloc(n, req["memory"], self.device)
+            cpu0 = _cpu()
+            if req["mode"] == "bw":
+                sent: list[int] = []
+                polled = [0.0]
+
+                def stop(got: int) -> bool:
+                    now = time.perf_counter()
+                    if not sent and now - polled[0] >= 0.02:  # a select() per 20 ms, not per message
+                        polled[0] = now
+                        msg = ctl.poll()
+                        if msg is not None:
+                            if not (isinstance(msg, dict) and msg.get("stop") is True and type(msg.get("sent")) is int
+                                    and 0 <= msg["sent"] <= 2**62):
+                                raise ucx.PeerGone("the client sent something other than a stop line")
+                            sent.append(msg["sent"])
+                    return bool(sent) and got >= sent[0]
+
+                got = side.recv_until(buf, req["in_flight"], stop)
+                check = None
+                if got:
+                    bad = ucx.first_mismatch(buf, ucx.alloc(n, req["memory"], self.device, want))
+                    check = None if bad is None else f"byte {bad} of the last message differs from the pattern"
+            else:
+                got, check = self._echo(ctl, side, buf, n)
+            info = side.info()
+            ctl.send({"end": True, "received": got, "check": check, "cpu_s": _cpu() - cpu0, "info": info[:60000]})
+            return f"received {got} message(s) of {n} B" + (f"; DATA WRONG: {check}" if check else "; data checked")
+        finally:
+            side.close()
+
+    def _echo(self, ctl: Control, side, buf, nbytes: int) -> tuple[int, str | None]:
+        """Echo the client's batches until its stop line; returns (messages echoed, None)."""
+        echoed = 0
+        while True:
+            msg = ctl.read(30.0)
+            if isinstance(msg, dict) and msg.get("stop") is True:
+                return echoed, None
+            if not (isinstance(msg, dict) and type(msg.get("size")) is int and 1 <= msg["size"] <= nbytes
+                    and type(msg.get("iters")) is int and 1 <= msg["iters"] <= MAX_ITERS):
+                raise MachineError("the client sent a bad latency batch line")
+            side.pong(buf[: msg["size"]], msg["iters"], check=ctl.poll)
+            echoed += msg["iters"]
+
+    def close(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+        close_socket(self.sock)
+        self.sock = None
+
+
+def child_env() -> dict:
+    """This environment with gpubench's own source root first on PYTHONPATH (a child started with
+    ``-m gpubench...`` finds the same gpubench, installed or a checkout)."""
+    import gpubench
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(gpubench.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def main(argv: list[str]) -> int:
+    """A child process of the UCX server. ``argv[0]`` = JSON, either {"fd", "who", "device"}: one
+    test on the inherited control connection ``fd``, its log lines on stdout (exit 0: done, 3:
+    refused or aborted); or {"bind", "device"}: the server of ``net local --protocol ucx``, which
+    prints its port, serves one test and ends with its parent (stdin EOF)."""
+    arg = json.loads(argv[0])
+    if "fd" in arg:
+        conn = socket.socket(fileno=int(arg["fd"]))
+        srv = UcxServer(device=int(arg.get("device", 0)), log=lambda line: print(line, flush=True))
+        return 0 if srv.serve_one(conn, str(arg.get("who", "?"))) else 3
+    srv = UcxServer(arg.get("bind", DEFAULT_BIND), 0, device=int(arg.get("device", 0)), isolate=False)
+    try:
+        _, port = srv.open()
+    except UsageError as e:
+        print(f"error {e.message}", flush=True)
+        return 2
+    print(port, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        srv.serve_forever(max_tests=1, parent_fd=sys.stdin.fileno())
+    srv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C ends it through stdin EOF
+    sys.exit(main(sys.argv[1:]))
