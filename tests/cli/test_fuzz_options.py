@@ -295,6 +295,10 @@ def stop_server_at_once(monkeypatch) -> None:
         return orig(self, max_tests)
 
     monkeypatch.setattr(net.NetServer, "serve_forever", serve_once)
+    from gpubench.plugins.net import ucx_server
+
+    # --protocol ucx: its server, once listening, serves no test (0 of 0)
+    monkeypatch.setattr(ucx_server.UcxServer, "serve_forever", lambda self, max_tests=None, parent_fd=None: None)
 
 
 FUZZ_SETTINGS = settings(max_examples=200, deadline=None, derandomize=False, print_blob=True,
