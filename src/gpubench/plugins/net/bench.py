@@ -36,6 +36,7 @@ from gpubench.plugins.net.protocol import (
     ProtocolError,
     Request,
     close_socket,
+    is_loopback,
     send_json,
     shown,
     wire_int,
@@ -573,6 +574,15 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
 # The plug-in
 
 
+def interval_points(req: Request, host_bytes: int) -> list[Point]:
+    """One point per interval of ``req``'s schedule ("0.0-1.0 s", "(omitted)" for the leading ones),
+    each holding ``host_bytes`` of host memory; TCP's and UCX's bandwidth tests alike."""
+    ends = req.intervals()
+    starts = [0.0, *(end for end, _ in ends)]
+    return [Point(f"{start:.1f}-{end:.1f} s" + (" (omitted)" if omitted else ""), i, host_bytes=host_bytes)
+            for i, (start, (end, omitted)) in enumerate(zip(starts, ends))]
+
+
 class Net(Benchmark):
     """The net client plug-in: a point is one interval of the schedule (see the module).
 
@@ -592,15 +602,9 @@ class Net(Benchmark):
         """The host, the versions (no GPU facts: finding them costs CuPy's import and CUDA/NVML
         queries before the client connects) and the nodes the test spans: 1 on loopback (net local,
         or a server at a loopback address), else 2."""
-        import ipaddress
-
         from gpubench.core import env as envmod
 
-        try:
-            loopback = spec.host == "localhost" or ipaddress.ip_address(spec.host.strip("[]")).is_loopback
-        except ValueError:
-            loopback = False
-        nodes = 1 if spec.mode == "local" or loopback else 2
+        nodes = 1 if spec.mode == "local" or is_loopback(spec.host) else 2
         return {"host": envmod.host_info(), "versions": envmod.versions(), "nodes": nodes}
 
     def points(self, spec: NetSpec, devices: tuple[int, ...]) -> list[Point]:
@@ -609,10 +613,7 @@ class Net(Benchmark):
         # both sides in net local: a sender and a receiver set per direction)
         workers = min(req.streams, MAX_WORKERS) * len(req.directions()) * (2 if spec.mode == "local" else 1)
         host = req.buffer + workers * (WORKER_BYTES + RECV_BYTES)
-        ends = req.intervals()
-        starts = [0.0, *(end for end, _ in ends)]
-        return [Point(f"{start:.1f}-{end:.1f} s" + (" (omitted)" if omitted else ""), i, host_bytes=host)
-                for i, (start, (end, omitted)) in enumerate(zip(starts, ends))]
+        return interval_points(req, host)
 
     def too_big_hint(self, spec: NetSpec) -> str:
         return "lower -l/--length"

@@ -234,6 +234,16 @@ def check_version(d: dict) -> None:
         raise RequestError(f"protocol version {shown(version, 20)} not supported (this server speaks {PROTOCOL_VERSION})")
 
 
+def is_loopback(address: str) -> bool:
+    """True for "localhost" and a loopback address (127.0.0.0/8, ::1, bracketed or not)."""
+    import ipaddress
+
+    try:
+        return address == "localhost" or ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def schedule(omit: float, seconds: float, interval: float) -> list[tuple[float, bool]]:
     """Interval ends (seconds after the start) and whether each is omitted.
 

@@ -34,7 +34,8 @@ from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.signals import Interrupted
-from gpubench.plugins.net.protocol import DEFAULT_BIND, Request, close_socket, shown
+from gpubench.plugins.net.bench import interval_points
+from gpubench.plugins.net.protocol import DEFAULT_BIND, Request, close_socket, is_loopback, shown
 
 LATENCY_MIN_BYTES = 8  # the sweep's first size (tag_lat's default -s 8)
 BATCH_TARGET_S = 0.005  # a latency batch's length: round trips per batch = this / the last round trip
@@ -128,7 +129,7 @@ class _Client:
         """
         from gpubench.plugins.net import ucx
         from gpubench.plugins.net.bench import connect
-        from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, is_loopback, limit_to_loopback
+        from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, limit_to_loopback
 
         spec = self.spec
         if spec.mode == "local":
@@ -235,8 +236,6 @@ class UcxNet(Benchmark):
         self.live = live  # a gpubench.plugins.net.lines.LiveLines, or None
     def environment(self, spec: UcxSpec) -> dict:
         from gpubench.core import env as envmod
-        from gpubench.plugins.net.ucx_server import is_loopback
-
         nodes = 1 if spec.mode == "local" or is_loopback(spec.host) else 2
         ucx_env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
         return {"host": envmod.host_info(), "versions": envmod.versions(), "nodes": nodes, "ucx_env": ucx_env}
@@ -245,10 +244,7 @@ class UcxNet(Benchmark):
         host = spec.nbytes * 2
         if spec.latency:
             return [Point(f"{s} B", s, host_bytes=host) for s in spec.sizes()]
-        ends = spec.request.intervals()
-        starts = [0.0, *(end for end, _ in ends)]
-        return [Point(f"{a:.1f}-{b:.1f} s" + (" (omitted)" if om else ""), i, host_bytes=host)
-                for i, (a, (b, om)) in enumerate(zip(starts, ends))]
+        return interval_points(spec.request, host)
 
     def too_big_hint(self, spec: UcxSpec) -> str:
         return "lower -l/--length"

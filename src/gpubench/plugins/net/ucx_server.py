@@ -37,7 +37,8 @@ import time
 from typing import Any, Callable
 
 from gpubench.core.errors import MachineError, UsageError
-from gpubench.plugins.net.protocol import DEFAULT_BIND, LineReader, ProtocolError, close_socket, refuse, send_json
+from gpubench.plugins.net.protocol import (DEFAULT_BIND, LineReader, ProtocolError, close_socket, is_loopback,
+                                           refuse, send_json)
 
 UCX_PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024  # a request line (a worker address with CUDA transports is a few KiB)
@@ -45,15 +46,6 @@ MAX_NBYTES = 1 << 30  # bytes per message
 MAX_SIZES = 64
 MAX_ITERS = 10**8
 REQUEST_TIMEOUT_S = 5.0
-
-
-def is_loopback(address: str) -> bool:
-    import ipaddress
-
-    try:
-        return address == "localhost" or ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def limit_to_loopback() -> bool:
