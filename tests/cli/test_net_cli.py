@@ -590,6 +590,10 @@ def _no_gpu() -> bool:
     (["local", "--protocol", "quic"], "quic"),
     (["local", "--wait", "sleep"], "--wait applies to --protocol ucx only"),
     (["server", "--protocol", "ucx", "-d", "-1"], "-d/--device -1"),
+    (["nodes", "--protocol", "ucx", "-P", "4"], "-P/--parallel applies to --protocol tcp only"),
+    (["nodes", "-m", "cuda"], "-m/--memory applies to --protocol ucx only"),
+    (["nodes", "--protocol", "ucx", "--in-flight", "2000"], "--in-flight 2000"),
+    (["nodes", "--protocol", "ucx", "--latency"], "No such option '--latency'"),
 ])
 def test_ucx_bad_input_is_one_line_exit_2(args, fragment):
     line = _one_line_error(gb("net", *args), 2)

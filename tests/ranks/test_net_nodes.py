@@ -11,6 +11,7 @@ where mpiexec, mpi4py or psutil is missing; under CI=true a missing mpiexec or m
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -433,3 +434,27 @@ def test_a_rank_0_signalled_while_it_waits_in_the_join_tells_the_ranks_already_t
         assert "Traceback" not in texts[0] + texts[1], texts
     finally:
         _cleanup(procs, None)
+
+
+needs_ucx = pytest.mark.skipif(__import__("importlib.util").util.find_spec("ucxx") is None,
+                               reason="UCXX is not installed (pip install 'gpubench-cuda[ucx-cu13]')")
+
+
+@needs_ucx
+def test_mpiexec_net_nodes_over_ucx_gives_the_link_matrix_with_each_links_transports(tmp_path):
+    """`mpiexec -n 2 gpubench net nodes --protocol ucx` on loopback: both links measured with net's
+    UCX test, the data checked, the transports and the UCX params on each link record."""
+    out = tmp_path / "u.json"
+    p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "--protocol", "ucx", "-B", "127.0.0.1",
+                        "-l", "256KiB", "-t", "0.6", "-i", "0.3", "--json", str(out)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "UCX Gbit/s between nodes" in p.stdout and "-m host" in p.stdout
+    res = json.loads(out.read_text())
+    assert res["spec"]["protocol"] == "ucx" and res["spec"]["memory"] == "host" and res["spec"]["buffer"] == 256 * 1024
+    links = res["records"]
+    assert sorted((r["params"]["src"], r["params"]["dst"]) for r in links) == [(0, 1), (1, 0)]
+    for r in links:
+        assert r["error"] is None and r["extra"]["gbit_per_s"] > 0 and r["extra"]["data_checked"] is True
+        assert r["params"]["protocol"] == "ucx" and r["params"]["memory"] == "host" and r["params"]["api"] == "tag"
+        assert r["extra"]["transports"]["client"]["carried_by"]["via"], r["extra"]["transports"]

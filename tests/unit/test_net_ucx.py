@@ -30,7 +30,7 @@ EP_INFO = """#
 # |                       93..8191 | eager copy-in copy-out                    | sysv/memory |
 # |                        8K..inf | (?) rendezvous zero-copy read from remote | cma/memory  |
 # +--------------------------------+-------------------------------------------+-------------+
-# | ucp_context_0 intra-node cfg#0 | tagged message by ucp_tag_send* from cuda memory        |
+# | ucp_context_0 intra-node cfg#0 | tagged message by ucp_tag_send* from cuda/GPU0            |
 # +--------------------------------+-------------------------------------------+-------------+
 # |                          0..1M | rendezvous pipeline cuda_copy             | cuda_copy/cuda |
 # |                        1M..inf | rendezvous zero-copy                      | cuda_ipc/cuda |
@@ -70,6 +70,8 @@ def test_endpoint_info_gives_each_lane_and_the_plain_send_protocol_per_size_and_
                                           "protocol": "rendezvous zero-copy read from remote", "via": "cma/memory"}
     assert ucx.carried_by(info, 2**20 - 1, "cuda")["via"] == "cuda_copy/cuda"
     assert ucx.carried_by(info, 64 * 2**20, "cuda")["via"] == "cuda_ipc/cuda"
+    assert ucx.carried_by(info, 64 * 2**20, "cuda")["device"] == "GPU0"  # "from cuda/GPU0": no " memory"
+    assert "device" not in ucx.carried_by(info, 8)
     assert ucx.parse_endpoint_info("") == {"lanes": [], "protocols": []}
     assert ucx.parse_endpoint_info(EP_INFO, api="stream")["protocols"] == []
 

@@ -70,7 +70,10 @@ TEST_OPTIONS = [
     click.option("-6", "--ipv6", "ipv6", is_flag=True, help="IPv6 only (net local: over ::1)."),
 ]
 
-# --protocol ucx (docs/net.md "UCX"): client and local only; the values are checked in build_ucx_spec
+LATENCY_OPTION = click.option("--latency", is_flag=True,
+                              help="--protocol ucx: ping-pong one-way latency over 8 B doubling to -l (tag_lat), "
+                                   "-t seconds for the whole sweep.")
+# --protocol ucx (docs/net.md "UCX"); the values are checked in build_ucx_spec
 UCX_OPTIONS = [
     click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True,
                  help="tcp (iperf-like streams) or ucx (UCX through UCXX, as ucx_perftest)."),
@@ -84,9 +87,7 @@ UCX_OPTIONS = [
     click.option("--wait", type=click.Choice(["poll", "sleep"]), default="poll", show_default=True,
                  help="--protocol ucx: both sides spin on UCX's progress (ucx_perftest's default) or sleep on "
                       "its events when idle (its -E sleep: leaves the CPU to the peer on a small host)."),
-    click.option("--latency", is_flag=True,
-                 help="--protocol ucx: ping-pong one-way latency over 8 B doubling to -l (tag_lat), "
-                      "-t seconds for the whole sweep."),
+    LATENCY_OPTION,
 ]
 
 CLIENT_OPTIONS = [
@@ -199,7 +200,7 @@ def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: 
     if protocol == "ucx":
         return build_ucx_spec(host, _check_port(port, allow_zero=False), "client", seconds, omit, interval, length,
                               tcp_only, **ucx)
-    _check_tcp(ucx)
+    check_tcp(ucx)
 
     req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
     family = _family(ipv4, ipv6)
@@ -227,20 +228,20 @@ def build_local_spec(streams: int, seconds: float, omit: float, interval: float,
                            "wait": wait}
     if protocol == "ucx":
         return build_ucx_spec(DEFAULT_BIND, 0, "local", seconds, omit, interval, length, tcp_only, **ucx)
-    _check_tcp(ucx)
+    check_tcp(ucx)
 
     req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
     family = _family(ipv4, ipv6)
     return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
 
 
-def _check_tcp(ucx: dict) -> None:
+def check_tcp(ucx: dict) -> None:
     """Refuse the UCX options with --protocol tcp (each at a value other than its default)."""
     defaults = {"memory": "host", "device": 0, "api": "tag", "in_flight": 32, "latency": False, "wait": "poll"}
     names = {"memory": "-m/--memory", "device": "-d/--device", "api": "--api", "in_flight": "--in-flight",
              "latency": "--latency", "wait": "--wait"}
     for k, v in ucx.items():
-        if v != defaults[k] and not (k == "memory" and str(v).strip().lower() == "host"):
+        if k in defaults and v != defaults[k] and not (k == "memory" and str(v).strip().lower() == "host"):
             raise UsageError(f"{names[k]} applies to --protocol ucx only", "add --protocol ucx, or leave it out")
 
 
@@ -270,8 +271,8 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     from gpubench.plugins.net import ucx
 
     ucx.require_ucx()
-    # net local: both sides are here; net client: the receive side is the server's, which checks its own
-    ucx.require_cuda(mem if mode == "local" else (mem[0], "host"), device)
+    # net local and nodes: both sides are here; net client: the receive side is the server's, which checks its own
+    ucx.require_cuda(mem if mode in ("local", "nodes") else (mem[0], "host"), device)
     return spec
 
 
@@ -535,4 +536,18 @@ command.add_command(benchmark_command("client", CLIENT_OPTIONS, build_client_spe
                                       run=_net_run, conditions=False))
 command.add_command(benchmark_command("local", [*TEST_OPTIONS, *UCX_OPTIONS], build_local_spec, format_report, help=LOCAL_HELP,
                                       run=_net_run, conditions=False))
-command.add_command(nodes_command(TEST_OPTIONS, build_request))  # under a launcher: commands/net_fleet.py
+def _nodes_ucx_spec(protocol: str, seconds: float, omit: float, interval: float, length: str | None,
+                    tcp_only: dict[str, bool], **ucx: Any):
+    """`net nodes`' UCX options: with --protocol ucx the UcxSpec of each test (host and port set per
+    link; this rank sends and receives, so both sides of -m are checked here), else None once no
+    UCX option is set. Raises UsageError."""
+    from dataclasses import replace
+
+    if protocol != "ucx":
+        check_tcp(ucx)
+        return None
+    return replace(build_ucx_spec("", 0, "nodes", seconds, omit, interval, length, tcp_only, **ucx), mode="client")
+
+
+command.add_command(nodes_command(TEST_OPTIONS, build_request, [o for o in UCX_OPTIONS if o is not LATENCY_OPTION],
+                                  _nodes_ucx_spec))  # under a launcher: commands/net_fleet.py

@@ -1,5 +1,6 @@
 """``gpubench net`` under a launcher: the multi-stream TCP test between ranks, one rank per node
-(the seed's ``iperf -c HOST -P 16 -t 30`` at fleet scale).
+(the seed's ``iperf -c HOST -P 16 -t 30`` at fleet scale), or with ``--protocol ucx`` the UCX test
+(:mod:`gpubench.plugins.net.ucx_bench`, host or GPU memory).
 
 Every taking-part rank starts net's own server in a thread, the ranks all-gather where they
 listen, and the tests run in rounds computed alike on every rank (:func:`schedule`: ``ring``,
@@ -19,7 +20,7 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from gpubench.plugins.net.protocol import STALL_S, Request
 from gpubench.core.bounds import MAX_TIMEOUT_S, bounded, check_bounds
@@ -30,6 +31,9 @@ PAIRS = ("ring", "rings", "all")
 # A round's allowance beyond omit + seconds + one interval for a healthy test (connecting, starting
 # the workers, the "done" and end lines; docs/fleet.md has what it took).
 ROUND_MARGIN_S = 5.0
+# --protocol ucx adds its start: the receiver's test process (Python, UCX, a CUDA context for -m
+# cuda) and the sender's UCP context, worker and endpoint
+UCX_START_S = 10.0
 # net's client waits this long past an interval line's due time before it calls the server stalled
 # (bench.py _Session.next_intervals / finish); a round's deadline covers it, so the stopped
 # receiver is named, not its healthy sender.
@@ -53,14 +57,25 @@ class NetFleetSpec:
     connect_timeout: float = 10.0  # seconds to connect and for each reply before a test starts
     # -T: seconds a rank waits for the others at the first barrier; see :attr:`round_timeout`
     timeout: float = bounded(60.0, "-T/--timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
+    # --protocol ucx: each test's options (a gpubench.plugins.net.ucx_bench.UcxSpec whose host and
+    # port are set per link); None: TCP
+    ucx: Any = None
 
     def __post_init__(self):
         """Raises UsageError: a field outside its bound."""
         check_bounds(self)
 
+    @property
+    def protocol(self) -> str:
+        return "tcp" if self.ucx is None else "ucx"
+
     def to_dict(self) -> dict:
-        return {"mode": "fleet", "pairs": None if self.to is not None else self.pairs, "to": self.to,
-                "bind": self.bind, **asdict(self.request)}
+        out = {"mode": "fleet", "pairs": None if self.to is not None else self.pairs, "to": self.to,
+               "bind": self.bind, "protocol": self.protocol, **asdict(self.request)}
+        if self.ucx is not None:
+            u = self.ucx
+            out.update(memory=u.memory_text(), device=u.device, api=u.api, in_flight=u.in_flight, wait=u.wait)
+        return out
 
     @property
     def round_work(self) -> float:
@@ -68,7 +83,7 @@ class NetFleetSpec:
         seconds + one interval + CLIENT_STALL_S (net's client gives up on a silent server then)
         + ROUND_MARGIN_S."""
         r = self.request
-        return r.omit + r.seconds + r.interval + CLIENT_STALL_S + ROUND_MARGIN_S
+        return r.omit + r.seconds + r.interval + CLIENT_STALL_S + ROUND_MARGIN_S + (UCX_START_S if self.ucx else 0)
 
     @property
     def round_timeout(self) -> float:
@@ -204,31 +219,63 @@ def _ranks_text(members: Sequence[int]) -> str:
 # Adapter: the only calls into net's data path
 
 
-def serve(stack: contextlib.ExitStack, bind: str, streams: int) -> int:
-    """Adapter: one of net's NetServers on ``bind`` (any free port), serving tests one at a time in
-    its own thread until ``stack`` closes (5 s at most). Returns its TCP port.
+def serve(stack: contextlib.ExitStack, spec: NetFleetSpec) -> int:
+    """Adapter: one of net's servers on ``spec.bind`` (any free port), serving tests one at a time
+    in its own thread until ``stack`` closes (5 s at most): a NetServer, or with ``spec.ucx`` a
+    UcxServer (each test in a process of its own). Returns its TCP port.
 
     Raises:
         UsageError: ``bind`` is not an address of this host (net's server says which).
     """
+    if spec.ucx is not None:
+        return _serve_ucx(stack, spec.bind, spec.ucx.device)
     from gpubench.plugins.net.server import NetServer
 
     # a test opens one control and ``streams`` data connections; a few more may wait
-    srv = NetServer(bind, 0, max_pending=streams + 8)
+    srv = NetServer(spec.bind, 0, max_pending=spec.request.streams + 8)
     _, port = srv.start()
     stack.callback(srv.close, 5.0)
     return port
 
 
-def run_client(host: str, port: int, request: Request, connect_timeout: float) -> Record:
-    """Adapter: one net test from here to ``host:port``; the record with params stream = "total"
-    of its result (:func:`gpubench.plugins.net.bench.build_records`). Raises GpubenchError: what
-    net raised (cannot connect, refused, failed during the test); KeyboardInterrupt or Interrupted:
-    a signal stopped the test."""
+def _serve_ucx(stack: contextlib.ExitStack, bind: str, device: int) -> int:
+    import threading
+
+    from gpubench.plugins.net.ucx_server import UcxServer
+
+    srv = UcxServer(bind, 0, device=device)
+    _, port = srv.open()
+    stop_r, stop_w = os.pipe()  # its write end closed: serve_forever returns within its 1 s select
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"parent_fd": stop_r}, daemon=True,
+                              name="gpubench-net-ucx-server")
+    thread.start()
+
+    def close() -> None:
+        os.close(stop_w)
+        thread.join(5.0)
+        srv.close()  # a test's process still running is killed
+        os.close(stop_r)
+
+    stack.callback(close)
+    return port
+
+
+def run_client(host: str, port: int, spec: NetFleetSpec) -> Record:
+    """Adapter: one net test from here to ``host:port`` (TCP, or UCX with ``spec.ucx``); the record
+    with params stream = "total" of its result (:func:`gpubench.plugins.net.bench.build_records`).
+    Raises GpubenchError: what net raised (cannot connect, refused, failed during the test);
+    KeyboardInterrupt or Interrupted: a signal stopped the test."""
+    from dataclasses import replace
+
     from gpubench.core.signals import raise_if_signalled
     from gpubench.plugins.net import bench as net
 
-    res = net.run_test(host, port, request, connect_timeout=connect_timeout)
+    if spec.ucx is not None:
+        from gpubench.plugins.net import ucx_bench
+
+        res = ucx_bench.run(replace(spec.ucx, host=host, port=port, connect_timeout=spec.connect_timeout))
+    else:
+        res = net.run_test(host, port, spec.request, connect_timeout=spec.connect_timeout)
     if res.interrupted_by:  # the test kept what it measured; the rank stops here (its group tells the others)
         raise_if_signalled()
     totals = [r for r in res.records if r.params.get("stream") == "total"]
@@ -267,17 +314,30 @@ def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
 # The run
 
 
-def _link_record(src: int, dst: int, total: Record, streams: int) -> Record:
+def link_params(spec: NetFleetSpec, src: int, dst: int) -> dict:
+    """A link record's params: the ranks, and what net's other records carry (so compare pairs a
+    UCX link with a UCX link of the same memory, never with a TCP one)."""
+    out = {"src": src, "dst": dst, "stream": "total", "direction": "c2s", "protocol": spec.protocol}
+    if spec.ucx is not None:
+        out.update(memory=spec.ucx.memory_text(), api=spec.ucx.api)
+    else:
+        out["memory"] = "host"
+    return out
+
+
+def _link_record(src: int, dst: int, total: Record, streams: int, params: dict | None = None) -> Record:
     """The link's record from its test's total; a link one of whose streams stalled
-    (:data:`gpubench.plugins.net.protocol.STALL_S`) failed, whatever the other streams carried."""
+    (:data:`gpubench.plugins.net.protocol.STALL_S`) failed, whatever the other streams carried.
+    ``params``: :func:`link_params` (default: the ranks and stream "total" only)."""
     ex = total.extra
     stalled = ex.get("stalled_streams") or []
     error = total.error or (f"stream(s) {', '.join(map(str, stalled))} of {streams} received nothing for "
                             f"{STALL_S:g} s or more of the counted time (stalled)" if stalled else None)
-    return Record(params={"src": src, "dst": dst, "stream": "total"}, metric="bandwidth", nbytes=total.nbytes,
+    return Record(params=params or {"src": src, "dst": dst, "stream": "total"}, metric="bandwidth", nbytes=total.nbytes,
                   samples_s=[] if error else list(total.samples_s), reps=total.reps, error=error,
                   extra={k: ex[k] for k in ("gbit_per_s", "bytes_per_s", "counted_bytes", "counted_seconds",
-                                            "interval_bytes", "zero_intervals", "stalled_streams", "sent_bytes")
+                                            "interval_bytes", "zero_intervals", "stalled_streams", "sent_bytes",
+                                            "messages", "transports", "data_checked")
                          if k in ex})
 
 
@@ -290,10 +350,10 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
         info = peers[b]
         port = info["ports"][senders.index(a) if spec.to is not None else 0]
         try:
-            out.append(_link_record(a, b, run_client(info["addr"], port, spec.request, spec.connect_timeout),
-                                    spec.request.streams))
+            out.append(_link_record(a, b, run_client(info["addr"], port, spec), spec.request.streams,
+                                    link_params(spec, a, b)))
         except GpubenchError as e:
-            out.append(Record(params={"src": a, "dst": b, "stream": "total"}, nbytes=spec.request.buffer,
+            out.append(Record(params=link_params(spec, a, b), nbytes=spec.request.buffer,
                               error=e.one_line()[:300]))
     return out
 
@@ -324,7 +384,7 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
     senders = [m for m in members if m != spec.to]
     count = (len(senders) if me == spec.to else 1) if taking_part else 0
     with contextlib.ExitStack() as servers:
-        ports = [serve(servers, spec.bind, spec.request.streams) for _ in range(count)]
+        ports = [serve(servers, spec) for _ in range(count)]
         mine = {"rank": me, "host": getattr(group.me, "host", socket.gethostname()),
                 "addr": advertised(spec.bind), "ports": ports}
         everyone = group.allgather(mine)
@@ -385,11 +445,14 @@ def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, di
         r.extra["dst_host"] = label[r.params["dst"]]
     req = spec.request
     timing = {
-        "clock": "perf_counter (each receiving rank's server)",
+        "clock": "perf_counter (each receiving rank's server)" if spec.ucx is None else
+                 "perf_counter (each sending rank)",
         "interval_s": req.interval,
         "omit_s": req.omit,
-        "method": "net's test per link (bytes received per interval, counted by the receiver); rounds "
-                  "started by a barrier, no node in two tests of a round",
+        "method": ("net's test per link (bytes received per interval, counted by the receiver); rounds "
+                   if spec.ucx is None else "net --protocol ucx's test per link (sends completed per interval, "
+                   f"{spec.ucx.in_flight} in flight; the receiver's count checked at the end); rounds ")
+                  + "started by a barrier, no node in two tests of a round",
         "rounds": [[list(e) for e in r] for r in rounds],
         "ranks": list(members),
         "addresses": {str(m): peers[m]["addr"] for m in members if m in peers},
@@ -461,16 +524,23 @@ def format_report(result: Result, units: str = "GB") -> list:
     hosts, gbps = m.get("hosts") or [], m.get("gbps") or []
     spec = result.spec
     how = f"--to {spec['to']}" if spec.get("to") is not None else f"--pairs {spec.get('pairs')}"
-    what = f"({how}, -P {spec.get('streams')}, {spec.get('seconds'):g} s)"
+    if spec.get("protocol") == "ucx":
+        from gpubench.core.units import format_size
+
+        proto = "UCX"
+        what = (f"({how}, {spec.get('api')} API, -m {spec.get('memory')}, {format_size(spec.get('buffer', 0))} "
+                f"messages, {spec.get('seconds'):g} s)")
+    else:
+        proto, what = "TCP", f"({how}, -P {spec.get('streams')}, {spec.get('seconds'):g} s)"
     out: list = []
     if len(hosts) <= MATRIX_SHOWN:
-        t = report.table(f"TCP Gbit/s between nodes {what}: sender rows, receiver columns",
+        t = report.table(f"{proto} Gbit/s between nodes {safe.term_markup(what)}: sender rows, receiver columns",
                          ["from \\ to", *[safe.term_markup(h) for h in hosts]])
         for h, row in zip(hosts, gbps):
             t.add_row(safe.term_markup(h), *["-" if v is None else f"{v:.2f}" for v in row])
         out.append(t)
     else:
-        out.append(f"TCP Gbit/s between {len(hosts)} nodes {what}: the sender x receiver matrix is in the JSON "
+        out.append(f"{proto} Gbit/s between {len(hosts)} nodes {safe.term(what)}: the sender x receiver matrix is in the JSON "
                    "(timing.matrix).")
     flagged_only = len(result.records) > LINKS_SHOWN
     s = report.table("Links" + (" flagged (every link is in the JSON)" if flagged_only else ""),
@@ -489,8 +559,13 @@ def format_report(result: Result, units: str = "GB") -> list:
         out.append(f"Matrix median {median(values):.2f} Gbit/s over {len(values)} link(s). {RULE_TEXT}")
     for line in slow_summary(result):
         out.append(safe.term_markup(line))
-    out.append("Figures are bytes the receiving rank's server counted per interval (net's method, docs/net.md); "
-               "Gbit/s = 1e9 bit/s.")
+    if spec.get("protocol") == "ucx":
+        out.append("Figures are bytes of the sends completed per interval on the sending rank's clock, the "
+                   "receiver's count checked at the end (net --protocol ucx's method, docs/net.md \"UCX\"); "
+                   "Gbit/s = 1e9 bit/s; each link's transports are in the JSON (extra.transports).")
+    else:
+        out.append("Figures are bytes the receiving rank's server counted per interval (net's method, docs/net.md); "
+                   "Gbit/s = 1e9 bit/s.")
     return out
 
 

@@ -93,7 +93,8 @@ def _launched_ranks() -> int:
     return me.size if me.under_launcher else 0
 
 
-HELP = """Under a launcher (mpirun, srun, torchrun): TCP throughput between the ranks.
+HELP = """Under a launcher (mpirun, srun, torchrun): TCP throughput between the ranks, or UCX
+    with --protocol ucx (host or GPU memory, -m).
 
     Start one rank per node. Every rank runs a net server; tests run in rounds in which no node
     is in two tests: ring neighbours (default), two rings that tell a slow node from a slow link
@@ -103,12 +104,15 @@ HELP = """Under a launcher (mpirun, srun, torchrun): TCP throughput between the 
     """
 
 
-def nodes_command(test_options, build_request) -> click.Command:
-    """The ``nodes`` sub-command, with net's own -P/-t/-O/-i/-l options and their checks."""
+def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -> click.Command:
+    """The ``nodes`` sub-command, with net's own -P/-t/-O/-i/-l options and their checks, and
+    ``ucx_options`` (--protocol, -m, -d, --api, --in-flight, --wait) checked by ``build_ucx(protocol,
+    seconds, omit, interval, length, tcp_only, **ucx)``, which returns the UcxSpec of each test (None:
+    TCP)."""
 
     def callback(streams, seconds, omit, interval, length, pairs, to, bind, rendezvous, timeout, json_path, units,
                  quiet, debug, reverse=False, bidir=False, window=None, bitrate=None, copy=False, ipv4=False,
-                 ipv6=False):
+                 ipv6=False, protocol="tcp", **ucx):
         from gpubench.plugins.net import fleet as net_fleet
         from gpubench.kit import finish
         from gpubench.launch import ranks
@@ -120,7 +124,11 @@ def nodes_command(test_options, build_request) -> click.Command:
         if to is not None and ctx.get_parameter_source("pairs") not in (None, click.core.ParameterSource.DEFAULT):
             # --to is one round of many-to-one; --pairs was silently ignored beside it
             raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
-        req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
+        tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir,
+                    "-w/--window": window is not None, "-b/--bitrate": bitrate is not None, "--copy": copy}
+        ucx_spec = build_ucx(protocol, seconds, omit, interval, length, tcp_only, **ucx) if build_ucx else None
+        req = (ucx_spec.request if ucx_spec is not None else
+               build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy))
         _check_values(build_request, {"timeout": timeout, "to": to}, req)  # before the launcher's checks
         me = ranks.discover()
         if not me.under_launcher:
@@ -133,7 +141,8 @@ def nodes_command(test_options, build_request) -> click.Command:
                              "on one host: gpubench net local")
         if to is not None and me.size and not 0 <= to < me.size:
             raise UsageError(f"--to {to} out of range", f"use a rank 0 to {me.size - 1}")
-        spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout)
+        spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout,
+                                      ucx=ucx_spec)
         group = ranks.join(me, rendezvous, timeout=timeout)
         try:
             result = net_fleet.run(group, spec)
@@ -152,7 +161,7 @@ def nodes_command(test_options, build_request) -> click.Command:
 
     callback.__doc__ = HELP
     f = common_options(callback)
-    opts = [*test_options,
+    opts = [*test_options, *ucx_options,
             click.option("--pairs", type=click.Choice(["ring", "rings", "all"]), default="ring", show_default=True,
                          help="ring: rank i to i+1 (2 rounds, 3 for an odd count); rings: that ring and a second of "
                               "stride s, so a slow node is told from a slow link (4 rounds, 5 for an odd count); "

@@ -143,7 +143,10 @@ def alloc(nbytes: int, memory: str, device: int = 0, fill=None):
 # -- what carried the data ------------------------------------------------------------------------
 
 _LANE = re.compile(r"lane\[(\d+)\]:\s+\d+:([\w-]+)/([\w:-]+(?:\.[A-Za-z_][\w-]*)*)(?:\.\d+)?\s.*?->\s*\S+\s*(.*)$")
-_TABLE_HEAD = re.compile(r"\|\s*\S.*\|\s*(tagged message by ucp_tag_send\*|stream message[^|(]*?)(\([^)|]*\))?\s*from (\S+) memory\s*\|")
+# a table's head: "from host memory", or with the buffer's device known "from cuda/GPU0"
+# (ucp_proto_select_param_str, libucp's src/ucp/proto/proto_select.c)
+_TABLE_HEAD = re.compile(r"\|\s*\S.*\|\s*(tagged message by ucp_tag_send\*|stream message[^|(]*?)(\([^)|]*\))?"
+                         r"\s*from ([a-z][\w-]*)(?:/([^\s|]+)| memory)\s*\|")
 _ROW = re.compile(r"^#?\s*\|\s*(\d+[KMGT]?)(?:\.\.(\d+[KMGT]?|inf))?\s*\|\s*(.*?)\s*\|\s*(\S.*?)\s*\|\s*$")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -160,13 +163,15 @@ def parse_endpoint_info(text: str, api: str = "tag") -> dict:
 
     Returns:
         {"lanes": [{"lane": int, "transport": str, "device": str, "roles": str}], "protocols":
-        [{"memory": str, "first": int, "last": int | None (inf), "protocol": str, "via": str}]}:
+        [{"memory": str, "device": str (where the table names one, e.g. "GPU0"), "first": int,
+        "last": int | None (inf), "protocol": str, "via": str}]}:
         ``protocols`` from the table of ``api``'s plain sends per memory type (``ucp_tag_send*``
         without a variant such as "(fast-completion)"; the first variant where there is none), each
         row a message-size range, the protocol and the transport(s) that carried it.
     """
     lanes: list[dict] = []
     tables: dict[tuple[str, str], list[dict]] = {}  # (memory, variant) -> rows, in the order printed
+    devices: dict[str, str] = {}  # memory -> the device its table names (GPU0), where one does
     rows: list[dict] | None = None
     for line in text.splitlines():
         m = _LANE.search(line)
@@ -180,6 +185,8 @@ def parse_endpoint_info(text: str, api: str = "tag") -> dict:
             kind = "tag" if h.group(1).startswith("tagged") else "stream"
             variant = (h.group(2) or "").strip()
             rows = tables.setdefault((h.group(3), variant), []) if kind == api else None
+            if h.group(4) and h.group(3) not in devices:
+                devices[h.group(3)] = h.group(4)[:40]
             continue
         r = _ROW.match(line.strip())
         if rows is not None and r:
@@ -190,7 +197,8 @@ def parse_endpoint_info(text: str, api: str = "tag") -> dict:
     for memory in dict.fromkeys(mem for mem, _ in tables):
         variants = [v for mem, v in tables if mem == memory]
         chosen = "" if "" in variants else variants[0]
-        protocols += [{"memory": memory, **row} for row in tables[(memory, chosen)]]
+        where = {"device": devices[memory]} if memory in devices else {}
+        protocols += [{"memory": memory, **where, **row} for row in tables[(memory, chosen)]]
     return {"lanes": lanes[:64], "protocols": protocols[:256]}
 
 
