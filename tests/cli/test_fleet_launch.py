@@ -322,7 +322,8 @@ def _run_all(ns: Netns, args: list[str], timeout: float = 240) -> list[tuple[int
 def test_netns_fleet_names_the_slow_sender(tmp_path):
     """Three nodes on a bridge; node1's link shaped to 200 Mbit/s with tc tbf: the fleet suite's
     network step (--pairs rings, every ordered pair at 3 nodes) flags both links out of node1
-    and names node1 the slow sender (exit 1), the other links ok; `net --pairs all` likewise."""
+    and names node1 the slow sender (exit 1), the other links ok (`net nodes` itself: the 8-node
+    test below)."""
     with _namespaces(3) as ns:
         ns.shape(1)
         res = _run_all(ns, ["suite", "-o", str(tmp_path), "--node-timeout", "120",
@@ -347,16 +348,6 @@ def test_netns_fleet_names_the_slow_sender(tmp_path):
         assert len(verdicts) == 1 and 'kind="sender"' in verdicts[0] and 'host="node1"' in verdicts[0] \
             and 'rank="1"' in verdicts[0] and verdicts[0].endswith(" 1.0"), verdicts
         assert "culprit" not in (tmp_path / "m-1.prom").read_text()
-
-        out = tmp_path / "all.json"
-        res = _run_all(ns, ["net", "--pairs", "all", "-P", "2", "-t", "2", "-O", "0.5", "-i", "0.5",
-                            "--json", str(out)])
-        rc0, out0, err0 = res[0]
-        d = json.loads(out.read_text())
-        slow = {(r["params"]["src"], r["params"]["dst"]) for r in d["records"] if r["extra"]["gbit_per_s"] < 0.25}
-        assert slow == {(1, 0), (1, 2)}, d["timing"]["matrix"]
-        assert rc0 == 1 and "node1->node0 (slow)" in err0 and "node1->node2 (slow)" in err0, err0[-800:]
-        assert "SLOW SENDER node1 (rank 1): every link out at" in out0, out0[-1500:]
     # nothing left behind
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in left for n in ns.names)
@@ -396,3 +387,4 @@ def test_netns_rings_names_the_slow_sender_receiver_or_link_at_8_nodes(tmp_path,
     assert top.confidence < 0.99 or words in res[0][2], res[0][2][-800:]
     assert {"sender": "SLOW SENDER node2", "receiver": "SLOW RECEIVER node5",
             "link": "SLOW LINK node3 -> node4"}[named[0]] in res[0][1]
+    assert "link(s) flagged: node" in res[0][2] and "(slow)" in res[0][2], res[0][2][-800:]
