@@ -151,8 +151,8 @@ def main() -> int:
                     rows[s]["gpubench"].append(gbps)
                     ucx_env = res["env"].get("ucx_env", {})
                     t = res["records"][0]["extra"].get("transports", {})
-                    carried[s] = "; ".join(f"{k}: {(v.get('carried_by') or {}).get('protocol')} over "
-                                           f"{(v.get('carried_by') or {}).get('via')}" for k, v in t.items())
+                    row = (t.get("client") or {}).get("carried_by") or {}
+                    carried[s] = f"the sender's protocol {row.get('protocol')} over {row.get('via')}"
                 else:
                     pt_env = {**env, **extra, **ucx_env, **({"UCX_ALLOC_PRIO": "heap"} if a.perftest_heap else {})}
                     iters = max(20, int(a.seconds * est / s))

@@ -66,8 +66,9 @@ def test_endpoint_info_gives_each_lane_and_the_plain_send_protocol_per_size_and_
         ("cuda_copy", "cuda", "rma_bw#2")]
     # the fast-completion variant (tcp here) is not the one a plain tag send uses
     assert ucx.carried_by(info, 8)["via"] == "sysv/memory"
-    assert ucx.carried_by(info, 8192) == {"memory": "host", "first": 8192, "last": None,
+    assert ucx.carried_by(info, 8192) == {"memory": "host", "first": 8192, "last": None, "remote_decides": True,
                                           "protocol": "rendezvous zero-copy read from remote", "via": "cma/memory"}
+    assert "remote_decides" not in ucx.carried_by(info, 100)  # no "(?)" on that row
     assert ucx.carried_by(info, 2**20 - 1, "cuda")["via"] == "cuda_copy/cuda"
     assert ucx.carried_by(info, 64 * 2**20, "cuda")["via"] == "cuda_ipc/cuda"
     assert ucx.carried_by(info, 64 * 2**20, "cuda")["device"] == "GPU0"  # "from cuda/GPU0": no " memory"

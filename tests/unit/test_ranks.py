@@ -459,6 +459,64 @@ def test_torch_store_last_look_is_bounded_by_its_deadline_whatever_the_world_siz
     assert took < ranks.LAST_LOOK_S + 3.0 and store._store.checks < 2 * (ranks.MAX_RANKS - 1), (took, store._store.checks)
 
 
+def _fake_torch(monkeypatch, data: dict) -> None:
+    """torch.distributed.TCPStore as a dict shared by every instance (one server, many clients)."""
+    import sys
+    import types
+
+    class SharedTCPStore:
+        def __init__(self, *a, **k):
+            self.data = data
+
+        def set(self, k, v):
+            data[k] = v.encode() if isinstance(v, str) else v
+
+        def add(self, k, n):
+            data[k] = str(int(data.get(k, b"0")) + n).encode()
+            return int(data[k])
+
+        def check(self, keys):
+            return all(k in data for k in keys)
+
+        def get(self, k):
+            return data[k]
+
+    dist = types.ModuleType("torch.distributed")
+    dist.TCPStore = SharedTCPStore  # type: ignore[attr-defined]
+    torch = types.ModuleType("torch")
+    torch.distributed = dist  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+
+
+def test_torch_store_server_serves_on_until_every_rank_read_the_end(monkeypatch):
+    """Rank 0's process serves torch's TCPStore and ends with it: its close waits until every other
+    rank counted itself out (so the end's confirmation it set last is read before the store goes),
+    and no longer once they have; a rank that never leaves costs at most the linger."""
+    import time
+
+    data: dict = {}
+    _fake_torch(monkeypatch, data)
+    node = ranks.Rank(0, 3, 0, 1, 0, "node0", "torchrun")
+    server = ranks._StoreGroup(node, 5.0, ranks._TorchStore("127.0.0.1", 1, 3, True, 5.0), "torch", "p")
+    clients = [ranks._StoreGroup(ranks.Rank(r, 3, 0, 1, 0, "node0", "torchrun"), 5.0,
+                                 ranks._TorchStore("127.0.0.1", 1, 3, False, 5.0), "torch", "p") for r in (1, 2)]
+    t, box = _in_thread(server._shut)
+    time.sleep(0.3)
+    assert t.is_alive()  # nobody left yet: rank 0 still serves
+    clients[0]._shut()
+    time.sleep(0.2)
+    assert t.is_alive()
+    t0 = time.monotonic()
+    clients[1]._shut()
+    t.join(5.0)
+    assert not t.is_alive() and time.monotonic() - t0 < 1.0 and data["p/left"] == b"2"
+    lone = ranks._StoreGroup(node, 0.4, ranks._TorchStore("127.0.0.1", 1, 3, True, 5.0), "torch", "q")
+    t0 = time.monotonic()
+    lone._shut()  # -T 0.4: the linger is min(10 s, -T)
+    assert 0.35 < time.monotonic() - t0 < 2.0
+
+
 def test_rank_0_store_close_does_not_linger_once_every_rank_disconnected():
     """Rank 0 serves the store until every rank has disconnected (at most the linger): a client's
     close closes its reader too, so the socket really closes and rank 0 does not wait the whole

@@ -995,10 +995,11 @@ class _StoreGroup(Group):
         if self._faulted:
             self._farewell(ack=True)
         try:
+            linger = 0.5 if self._faulted else min(10.0, self.timeout or 10.0)
             if isinstance(self._store, _Store):
-                self._store.close(0.5 if self._faulted else min(10.0, self.timeout or 10.0))
+                self._store.close(linger)
             else:
-                self._store.close()
+                self._store.close(linger, f"{self._prefix}/left", self.size - 1 - len(self._lost))
         except Exception:
             pass
 
@@ -1046,6 +1047,7 @@ class _TorchStore:
 
         self._store = TCPStore(host, port, world, is_master, timeout=datetime.timedelta(seconds=max(1.0, timeout)),
                                wait_for_workers=False)
+        self._master = is_master  # this process serves the store: it ends when this process does
         self._where = f"{host}:{port}"
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._broken: str | None = None
@@ -1113,8 +1115,26 @@ class _TorchStore:
 
         return self._call(look, deadline)
 
-    def close(self) -> None:
-        pass
+    def close(self, linger_s: float = 10.0, left: str | None = None, others: int = 0) -> None:
+        """Leave, as :meth:`_Store.close` does: a client counts itself out under the key ``left``;
+        the process that serves the store serves on until ``others`` clients have (at most
+        ``linger_s`` seconds), so a value it set last (the end's confirmation) is still there to be
+        read. Never raises."""
+        if left is None or self._broken:
+            return
+        end = time.monotonic() + linger_s
+        try:
+            if not self._master:
+                self.add(left, 1, time.monotonic() + 2.0)
+                return
+
+            def count() -> int:
+                return int(self._store.get(left)) if self._store.check([left]) else 0
+
+            while self._call(count, end) < others and time.monotonic() < end:
+                time.sleep(0.005)
+        except Exception:  # noqa: BLE001 - the store or a client gone: nothing more to wait for
+            pass
 
 
 def _peek_reply(reply: dict, req: dict) -> bool:

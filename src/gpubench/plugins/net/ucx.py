@@ -167,7 +167,9 @@ def parse_endpoint_info(text: str, api: str = "tag") -> dict:
         "last": int | None (inf), "protocol": str, "via": str}]}:
         ``protocols`` from the table of ``api``'s plain sends per memory type (``ucp_tag_send*``
         without a variant such as "(fast-completion)"; the first variant where there is none), each
-        row a message-size range, the protocol and the transport(s) that carried it.
+        row a message-size range, the protocol and the transport(s) that carried it, and
+        ``"remote_decides": True`` where UCX marks the row "(?)": a rendezvous whose final
+        protocol the receiver's reply may change (its memory type, what it can reach).
     """
     lanes: list[dict] = []
     tables: dict[tuple[str, str], list[dict]] = {}  # (memory, variant) -> rows, in the order printed
@@ -191,8 +193,11 @@ def parse_endpoint_info(text: str, api: str = "tag") -> dict:
         r = _ROW.match(line.strip())
         if rows is not None and r:
             last = _size(r.group(2) or r.group(1))
-            rows.append({"first": int(_size(r.group(1))), "last": None if last == float("inf") else int(last),
-                         "protocol": r.group(3).replace("(?) ", "")[:120], "via": r.group(4)[:120]})
+            row = {"first": int(_size(r.group(1))), "last": None if last == float("inf") else int(last),
+                   "protocol": r.group(3).replace("(?) ", "")[:120], "via": r.group(4)[:120]}
+            if r.group(3).startswith("(?)"):  # UCX's mark: the peer's reply may change the choice
+                row["remote_decides"] = True
+            rows.append(row)
     protocols = []
     for memory in dict.fromkeys(mem for mem, _ in tables):
         variants = [v for mem, v in tables if mem == memory]

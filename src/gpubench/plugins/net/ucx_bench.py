@@ -215,13 +215,16 @@ class _Client:
 
 def transports(client_text: str, server: dict | None, spec: UcxSpec, nbytes: int) -> dict:
     """``extra.transports``: per endpoint (client, server) its lanes and the protocol row that
-    ``nbytes`` messages from its memory use (:func:`gpubench.plugins.net.ucx.carried_by`)."""
+    ``nbytes`` messages from its memory use (:func:`gpubench.plugins.net.ucx.carried_by`); None
+    for the server of a bandwidth test, which only receives: UCX makes a table only for what an
+    endpoint sends, and the sender's protocol carried the data."""
     from gpubench.plugins.net.ucx import carried_by, parse_endpoint_info
 
     client = parse_endpoint_info(client_text, spec.api)
     out = {"client": {"lanes": client["lanes"], "carried_by": carried_by(client, nbytes, spec.memory[0])}}
     if server is not None:
-        out["server"] = {"lanes": server["lanes"][:32], "carried_by": carried_by(server, nbytes, spec.memory[1])}
+        out["server"] = {"lanes": server["lanes"][:32],
+                         "carried_by": carried_by(server, nbytes, spec.memory[1]) if spec.latency else None}
     return out
 
 

@@ -8,8 +8,10 @@ from gpubench.core.units import format_rate, format_size
 from gpubench.plugins.net.lines import gbit, hostport
 
 
-def transport_lines(transports: dict) -> list[str]:
-    """One line per endpoint: its lanes (transport/device: role) and what carried the messages."""
+def transport_lines(transports: dict, receives_only: str | None = None) -> list[str]:
+    """One line per endpoint: its lanes (transport/device: role) and what carried the messages.
+    ``receives_only``: the side that never sends in this test ("server" in bandwidth tests), whose
+    endpoint has no table of its own for these messages: the sender's protocol carried them."""
     out = []
     for side in ("client", "server"):
         t = transports.get(side)
@@ -18,7 +20,9 @@ def transport_lines(transports: dict) -> list[str]:
             continue
         lanes = ", ".join(f"{ln['transport']}/{ln['device']} ({ln['roles']})" for ln in t.get("lanes", [])) or "none listed"
         row = t.get("carried_by")
-        via = f"; these messages: {row['protocol']} over {row['via']}" if row else ""
+        via = (f"; these messages: {row['protocol']} over {row['via']}"
+               + (" (UCX's choice before the receiver's reply, which may change it)" if row.get("remote_decides") else "")
+               if row else "; it receives: the sender's protocol carried these messages" if side == receives_only else "")
         out.append(safe.term(f"{side} endpoint lanes: {lanes}{via}", 600))
     return out
 
@@ -62,7 +66,7 @@ def ucx_report(result, units: str = "GB") -> list:
         out.append(f"Total: {format_size(ex['counted_bytes'])} in {ex['counted_seconds']:.3f} s = "
                    f"{format_rate(ex['bytes_per_s'], units)} {units}/s ({gbit(ex['bytes_per_s'])} Gbit/s), "
                    f"the counted intervals' bytes over their seconds")
-    out += transport_lines(recs[0].extra.get("transports", {}))
+    out += transport_lines(recs[0].extra.get("transports", {}), None if spec.get("latency") else "server")
     checked = all(r.extra.get("data_checked") for r in recs)
     out.append("Data: the receiver's buffer matched the sent pattern after the last message." if checked and
                not spec.get("latency") else "Data: every size's last echo matched what was sent." if checked else
