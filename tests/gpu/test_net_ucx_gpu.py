@@ -27,10 +27,12 @@ def test_ucx_bandwidth_from_and_into_gpu_memory_is_checked_and_names_a_cuda_tran
     [rec] = json.loads(out.read_text())["records"]
     assert rec["params"]["memory"] == memory and rec["extra"]["data_checked"] is True
     assert rec["extra"]["gb_per_s"] > 0
-    vias = [rec["extra"]["transports"][side]["carried_by"] or {} for side in ("client", "server")]
-    lanes = " ".join(ln["transport"] for side in ("client", "server") for ln in rec["extra"]["transports"][side]["lanes"])
-    assert "cuda" in lanes, rec["extra"]["transports"]
-    assert all(v.get("via") for v in vias), vias
+    t = rec["extra"]["transports"]
+    lanes = " ".join(ln["transport"] for side in ("client", "server") for ln in t[side]["lanes"])
+    assert "cuda" in lanes, t
+    via = t["client"]["carried_by"]["via"]  # the sender's protocol carried the data; the receiver only lists lanes
+    assert ("cuda" in via) == memory.startswith("cuda"), t
+    assert t["server"]["carried_by"] is None
 
 
 def test_ucx_latency_from_gpu_memory(tmp_path):
@@ -45,3 +47,26 @@ def test_ucx_latency_from_gpu_memory(tmp_path):
 def test_ucx_device_not_visible_is_exit_2_before_anything_listens():
     p = gb("net", "local", "--protocol", "ucx", "-m", "cuda", "-d", "999", "-t", "1")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_ucx_nodes_between_two_ranks_on_one_gpu_measure_gpu_memory_and_both_exit_0(tmp_path):
+    """`net nodes --protocol ucx -m cuda` with two torchrun-style ranks on this GPU: both links
+    measured over a cuda transport, and every rank exits 0 (rank 0 serves the rendezvous store until
+    the other rank read the end, torch's TCPStore where torch imports)."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "n.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "gpubench", "net", "nodes", "--protocol", "ucx", "-m", "cuda",
+                               "-B", "127.0.0.1", "-l", "4MiB", "-t", "1", "-i", "0.5", "--json", str(out)],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    ends = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-1500:] for _, e in ends]
+    links = json.loads(out.read_text())["records"]
+    assert len(links) == 2 and all(r["error"] is None and r["params"]["memory"] == "cuda" for r in links)
+    assert all("cuda" in r["extra"]["transports"]["client"]["carried_by"]["via"] for r in links), links
