@@ -226,6 +226,23 @@ def test_a_figure_that_needs_more_nodes_than_its_results_span_is_skipped_not_jud
     assert e.to_dict()["source"] == "a guide" and e.to_dict()["nodes"] == 2
 
 
+def test_an_expectation_on_a_param_added_later_matches_older_records_at_the_value_they_measured():
+    """A TCP profile's `protocol = "tcp"` matches a net result written before net had --protocol
+    (net's added_params, as compare pairs it), never a UCX one."""
+    from gpubench.core.result import Result
+
+    net = json.loads((Path(__file__).resolve().parents[1] / "data" / "net-local.json").read_text())
+    (e,) = suite.parse_expectations(suite._toml_loads(
+        "[[expect]]\ncommand = 'net'\nwhere = { stream = 'total', protocol = 'tcp' }\nmin_gbps = 0.001\n",
+        "t.toml"), "t.toml", [*KNOWN, "net"])
+    for r in net["records"]:
+        r["params"].pop("protocol", None)
+    assert [o.status for o in suite.evaluate([e], [Result.from_dict(net)])] == ["pass"]
+    for r in net["records"]:
+        r["params"]["protocol"] = "ucx"
+    assert [o.status for o in suite.evaluate([e], [Result.from_dict(net)])] == ["missing"]
+
+
 @pytest.mark.parametrize("text,needle", [
     ("[[expect]]\ncommand='copy'\nmin_gbps=1\nnodes=0\n", "nodes = 0 must be an integer 1..1,048,576"),
     ("[[expect]]\ncommand='copy'\nmin_gbps=1\nnodes=true\n", "nodes = True must be an integer"),

@@ -357,7 +357,7 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
     by_cmd: dict[str, _Index] = {}
     nodes: dict[str, int] = {}  # command -> the most nodes one of its results spans
     for res in results:
-        by_cmd.setdefault(res.command, _Index()).records.extend(res.records)
+        by_cmd.setdefault(res.command, _Index(_added_params(res.command))).records.extend(res.records)
         nodes[res.command] = max(nodes.get(res.command, 1), nodes_of(res))
     out: list[Outcome] = []
 
@@ -421,11 +421,23 @@ def _hkey(v: Any) -> tuple:
     return ("s", v) if isinstance(v, str) else ("o", repr(v))
 
 
+def _added_params(command: str) -> dict[str, Any]:
+    """The command's ``added_params`` (its Plugin): params a record written before they existed
+    matches as if it had them at the value it measured (net's ``protocol`` "tcp"), as compare pairs
+    it; nothing for a command not installed here."""
+    from gpubench.core import registry
+
+    own = registry.find(command)
+    return dict(own.added_params) if own is not None else {}
+
+
 class _Index:
     """The records of one command, indexed by (param, value) on first use, so checking E
-    expectations against R records costs O(R + E + matches), not O(E x R)."""
+    expectations against R records costs O(R + E + matches), not O(E x R). ``added``: params a
+    record lacks match at these values (:func:`_added_params`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, added: dict[str, Any] | None = None) -> None:
+        self.added = added or {}
         self.records: list[Record] = []
         self._by: dict[str, dict[tuple, list[int]]] | None = None
         self._sets: dict[tuple[str, tuple], set[int]] = {}
@@ -434,7 +446,7 @@ class _Index:
         if self._by is None:
             by: dict[str, dict[tuple, list[int]]] = {}
             for i, r in enumerate(self.records):
-                for k, v in r.params.items():
+                for k, v in ({**self.added, **r.params} if self.added else r.params).items():
                     by.setdefault(k, {}).setdefault(_hkey(v), []).append(i)
             self._by = by
         return self._by
