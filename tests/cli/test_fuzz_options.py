@@ -301,10 +301,10 @@ def stop_server_at_once(monkeypatch) -> None:
     monkeypatch.setattr(ucx_server.UcxServer, "serve_forever", lambda self, max_tests=None, parent_fd=None: None)
 
 
-FUZZ_SETTINGS = settings(max_examples=200, deadline=None, derandomize=False, print_blob=True,
+FUZZ_SETTINGS = settings(max_examples=120, deadline=None, derandomize=False, print_blob=True,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                                 HealthCheck.function_scoped_fixture])
-SLOW = {"plot": 40, "report": 25, "net local": 30, "env": 60}
+SLOW = {"plot": 30, "report": 20, "net local": 30, "env": 60}
 
 
 @pytest.mark.parametrize("path", list(TARGETS))
@@ -315,7 +315,7 @@ def test_fuzzed_options_never_trace_back(path, workspace, monkeypatch):
         stop_server_at_once(monkeypatch)
     cmd = TARGETS[path]
 
-    @settings(FUZZ_SETTINGS, max_examples=SLOW.get(path, 200))
+    @settings(FUZZ_SETTINGS, max_examples=SLOW.get(path, 120))
     @given(argv_strategy(path, cmd))
     def run(argv):
         code, out, err = invoke(argv)
