@@ -424,49 +424,16 @@ def test_a_store_last_look_is_one_request_of_constant_size_whatever_the_world_si
         store.close(0.0)
 
 
-def test_torch_store_last_look_is_bounded_by_its_deadline_whatever_the_world_size(monkeypatch):
-    """torch's TCPStore checks key by key: its last look stops at the deadline (the sources not
-    looked at count as not there) instead of a check per key of a million silent ranks."""
+def _fake_torch(monkeypatch, data: dict) -> None:
+    """torch.distributed.TCPStore as a dict shared by every instance (one server, many clients);
+    each instance counts its checks, each taking 0.1 ms."""
     import sys
     import time
     import types
 
-    class FakeTCPStore:
-        def __init__(self, *a, **k):
-            self.data = {"p/a1/1/*": b'"one"'}
-            self.checks = 0
-
-        def check(self, keys):
-            self.checks += 1
-            time.sleep(0.0001)
-            return all(k in self.data for k in keys)
-
-        def get(self, k):
-            return self.data[k]
-
-    dist = types.ModuleType("torch.distributed")
-    dist.TCPStore = FakeTCPStore  # type: ignore[attr-defined]
-    torch = types.ModuleType("torch")
-    torch.distributed = dist  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
-    store = ranks._TorchStore("127.0.0.1", 1, 2, True, 5.0)
-    g = ranks._StoreGroup(ranks.Rank(0, ranks.MAX_RANKS, 0, 1, 0, "node0", "torchrun"), 1.0, store, "torch", "p")
-    t0 = time.monotonic()
-    got = g._peek("a1", list(range(1, ranks.MAX_RANKS)))
-    took = time.monotonic() - t0
-    assert got == {1: '"one"'}, got
-    assert took < ranks.LAST_LOOK_S + 3.0 and store._store.checks < 2 * (ranks.MAX_RANKS - 1), (took, store._store.checks)
-
-
-def _fake_torch(monkeypatch, data: dict) -> None:
-    """torch.distributed.TCPStore as a dict shared by every instance (one server, many clients)."""
-    import sys
-    import types
-
     class SharedTCPStore:
         def __init__(self, *a, **k):
-            self.data = data
+            self.checks = 0
 
         def set(self, k, v):
             data[k] = v.encode() if isinstance(v, str) else v
@@ -476,6 +443,8 @@ def _fake_torch(monkeypatch, data: dict) -> None:
             return int(data[k])
 
         def check(self, keys):
+            self.checks += 1
+            time.sleep(0.0001)
             return all(k in data for k in keys)
 
         def get(self, k):
@@ -487,6 +456,21 @@ def _fake_torch(monkeypatch, data: dict) -> None:
     torch.distributed = dist  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+
+
+def test_torch_store_last_look_is_bounded_by_its_deadline_whatever_the_world_size(monkeypatch):
+    """torch's TCPStore checks key by key: its last look stops at the deadline (the sources not
+    looked at count as not there) instead of a check per key of a million silent ranks."""
+    import time
+
+    _fake_torch(monkeypatch, {"p/a1/1/*": b'"one"'})
+    store = ranks._TorchStore("127.0.0.1", 1, 2, True, 5.0)
+    g = ranks._StoreGroup(ranks.Rank(0, ranks.MAX_RANKS, 0, 1, 0, "node0", "torchrun"), 1.0, store, "torch", "p")
+    t0 = time.monotonic()
+    got = g._peek("a1", list(range(1, ranks.MAX_RANKS)))
+    took = time.monotonic() - t0
+    assert got == {1: '"one"'}, got
+    assert took < ranks.LAST_LOOK_S + 3.0 and store._store.checks < 2 * (ranks.MAX_RANKS - 1), (took, store._store.checks)
 
 
 def test_torch_store_server_serves_on_until_every_rank_read_the_end(monkeypatch):
