@@ -241,7 +241,7 @@ def check_tcp(ucx: dict) -> None:
     names = {"memory": "-m/--memory", "device": "-d/--device", "api": "--api", "in_flight": "--in-flight",
              "latency": "--latency", "wait": "--wait"}
     for k, v in ucx.items():
-        if k in defaults and v != defaults[k] and not (k == "memory" and str(v).strip().lower() == "host"):
+        if v != defaults[k] and not (k == "memory" and str(v).strip().lower() == "host"):
             raise UsageError(f"{names[k]} applies to --protocol ucx only", "add --protocol ucx, or leave it out")
 
 
@@ -536,6 +536,8 @@ command.add_command(benchmark_command("client", CLIENT_OPTIONS, build_client_spe
                                       run=_net_run, conditions=False))
 command.add_command(benchmark_command("local", [*TEST_OPTIONS, *UCX_OPTIONS], build_local_spec, format_report, help=LOCAL_HELP,
                                       run=_net_run, conditions=False))
+
+
 def _nodes_ucx_spec(protocol: str, seconds: float, omit: float, interval: float, length: str | None,
                     tcp_only: dict[str, bool], **ucx: Any):
     """`net nodes`' UCX options: with --protocol ucx the UcxSpec of each test (host and port set per
@@ -550,4 +552,4 @@ def _nodes_ucx_spec(protocol: str, seconds: float, omit: float, interval: float,
 
 
 command.add_command(nodes_command(TEST_OPTIONS, build_request, [o for o in UCX_OPTIONS if o is not LATENCY_OPTION],
-                                  _nodes_ucx_spec))  # under a launcher: commands/net_fleet.py
+                                  _nodes_ucx_spec))  # under a launcher: fleet_command.py

@@ -81,7 +81,7 @@ class NetFleetSpec:
     def round_work(self) -> float:
         """Seconds a round's tests may take, also for a sender whose receiver stopped: omit +
         seconds + one interval + CLIENT_STALL_S (net's client gives up on a silent server then)
-        + ROUND_MARGIN_S."""
+        + ROUND_MARGIN_S, + UCX_START_S over UCX."""
         r = self.request
         return r.omit + r.seconds + r.interval + CLIENT_STALL_S + ROUND_MARGIN_S + (UCX_START_S if self.ucx else 0)
 
