@@ -261,6 +261,14 @@ def test_repeated_and_negative_devices(run_cli, argv, needle):
     (["pin", "--op", "pin,,unpin"], r"--op 'pin,,unpin' has an empty 2nd entry"),
     (["copy", "-m", "pinned,pinned"], r"value pinned is repeated in -m/--memory 'pinned,pinned'"),
     (["overlap", "--work", "-0"], r"--work -0 has a minus sign \(write 0\)"),
+    (["copy", "-d", "-0"], r"device -0 in -d '-0' has a minus sign \(write 0\)"),
+    # an empty file or folder name is refused, never read as the current folder (Path("") is ".")
+    (["suite", "-o", "", "--check", "x.json", "--expect", "gcp-a2"], r"-o/--output-dir '' is empty"),
+    (["suite", "--expect", ""], r"--expect '' is empty"),
+    (["suite", "--check", "", "--expect", "gcp-a2"], r"a file name is empty: ''"),
+    (["compare", "", "x.json"], r"a file name is empty: ''"),
+    (["report", " ", "-o", "r.html"], r"a file name is empty: ' '"),
+    (["merge", "-t", "cpu", "-d", "0,-0"], r"device -0 in -d '0,-0' has a minus sign"),
     (["copy", "-b", "-0"], r"-b/--min-bytes '-0'"),
     (["copy", "-w", "-0"], r"-w/--warmup -0 has a minus sign"),
     (["nccl", "--timeout", "-0.0"], r"-0.0 (has a minus sign|must be)"),
@@ -272,6 +280,16 @@ def test_repeated_and_negative_devices(run_cli, argv, needle):
 ])
 def test_every_comma_list_refuses_an_empty_entry_and_every_zero_its_sign(run_cli, argv, needle):
     _refused_matching(run_cli, *argv, needle=needle)
+
+
+def test_a_device_list_reads_each_entry_as_every_integer_option_does():
+    from gpubench.core.options import parse_devices
+
+    assert parse_devices("+1") == (1,) and parse_devices(" 0 , +2") == (0, 2)  # a '+' as -P +2 takes it
+    for bad, needle in [("١", "is not an integer"), ("1_0", "is not an integer"), ("-0", "has a minus sign"),
+                        ("-1", "is negative"), ("+-1", "is not an integer")]:
+        with pytest.raises(Exception, match=needle):
+            parse_devices(bad)
 
 
 def test_split_list_keeps_the_order_and_strips_ascii_space_only():

@@ -413,12 +413,14 @@ def test_frames_are_counted_on_every_worker_with_the_shuffle_copies():
         mc.check_frames_fit(gspec, None, device_free={0: 100 * 2**30})
     assert "GPU 0" in e.value.message and "largest -c/--chunk-size that fits is" in e.value.one_line()
 
-def test_timeout_reads_dasks_units_and_only_ascii_digits():
-    pytest.importorskip("dask.utils")  # units ("10s", "5 minutes") are read by dask.utils.parse_timedelta
+def test_timeout_reads_its_number_as_every_option_does_with_dasks_units():
     from gpubench.core.errors import UsageError
     from gpubench.plugins.merge.command import parse_timeout
 
-    assert parse_timeout("1.5") == 1.5 and parse_timeout("10s") == 10 and parse_timeout("2m") == 120 and parse_timeout("5 minutes") == 300
-    for other_digits in ("١.٥", "１０s"):  # dask reads any script's digits; gpubench's numbers are ASCII
-        with pytest.raises(UsageError, match="is not a duration"):
-            parse_timeout(other_digits)
+    assert parse_timeout("1.5") == 1.5 and parse_timeout("10s") == 10 and parse_timeout("2m") == 120
+    assert parse_timeout("5 minutes") == 300 and parse_timeout("+5") == 5 and parse_timeout(" 5 ") == 5
+    for bad, fragment in [("١.٥", "is not a finite number"), ("１０s", "is not a finite number"),
+                          ("1_0", "is not a finite number"), ("-0", "must be > 0"), ("5x", "is not a duration"),
+                          ("m", "is not a duration"), ("inf", "is not a duration"), ("1e308w", "is too large")]:
+        with pytest.raises(UsageError, match=fragment):
+            parse_timeout(bad)

@@ -32,7 +32,7 @@ from gpubench.analysis import compare as cmpmod
 from gpubench.analysis import plot
 from gpubench.core import limits, safe
 from gpubench.core.errors import UsageError
-from gpubench.core.result import Record, Result, read_json, write_bytes_atomic
+from gpubench.core.result import Record, Result, check_input_name, read_json, write_bytes_atomic
 from gpubench.core.telemetry import SLOWDOWN_REASONS
 from gpubench.core.units import UNITS, format_size
 from gpubench.validation import suite
@@ -105,6 +105,7 @@ def read_inputs(paths: Sequence[str], baseline: str | None = None) -> Inputs:
     inputs = Inputs()
     seen_steps: set[str] = set()
     for p in paths:
+        check_input_name(p, "a result, bundle or folder")
         path = Path(p)
         if path.is_dir():
             # regular files only: a FIFO named x.json would block the read for ever

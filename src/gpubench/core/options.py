@@ -90,13 +90,15 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
                          f"at most {MAX_DEVICE_LIST:,}, e.g. -d 0,1")
     out: list[int] = []
     for p in split_list(text, "-d/--devices", "0,1", "device"):
-        if not re.fullmatch(r"-?[0-9]{1,10}", p):  # ASCII digits: int() also reads "١" and "1_0"
+        if not re.fullmatch(r"[+-]?[0-9]{1,10}", p):  # ASCII digits, as parse_number: int() also reads "١" and "1_0"
             raise UsageError(f"device {p[:40]!r} in -d {text[:80]!r} is not an integer",
                              f"e.g. -d 0 or -d 0,1; ids are at most {MAX_DEVICE_ORDINAL}")
         v = int(p)
         if v > MAX_DEVICE_ORDINAL:
             raise UsageError(f"device {v} in -d is too large", f"CUDA ordinals are at most {MAX_DEVICE_ORDINAL}")
-        if v < 0 or p.startswith("-"):
+        if v == 0 and p.startswith("-"):  # as parse_number words "-0"
+            raise UsageError(f"device {p} in -d {text[:80]!r} has a minus sign", "write 0")
+        if v < 0:
             raise UsageError(f"device {p} in -d {text[:80]!r} is negative", "device ids start at 0")
         if v in out:
             raise UsageError(f"device {v} is repeated in -d {text[:80]!r}", "name each GPU once")

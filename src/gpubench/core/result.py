@@ -419,13 +419,25 @@ def json_schema() -> dict:
     return schema_with(registry.plugins().values())
 
 
+def check_input_name(path: str | os.PathLike, what: str = "a gpubench result") -> None:
+    """Refuse an empty input name before it becomes a Path: ``Path("")`` is the current folder.
+
+    Raises:
+        UsageError: ``path`` is empty or blank.
+    """
+    if not str(path).strip():
+        raise UsageError(f"a file name is empty: {str(path)!r}", f"give {what}, e.g. result.json")
+
+
 def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> bytes:
     """The bytes of ``path``, at most MAX_LOAD_BYTES (64 MiB), never blocking on a named pipe.
 
     Raises:
-        UsageError: unreadable, a device or socket, larger than MAX_LOAD_BYTES, or a named pipe
-            that nothing had written to (it is not waited for); one line naming the file.
+        UsageError: an empty name (``Path("")`` is the current folder), unreadable, a device or
+            socket, larger than MAX_LOAD_BYTES, or a named pipe that nothing had written to (it is
+            not waited for); one line naming the file.
     """
+    check_input_name(path, what)
     p = Path(path)
     name = str(p)
     try:

@@ -30,11 +30,14 @@ def resolve(value: str) -> str:
     a path: a separator or a .toml suffix), else the shipped profile VALUE.
 
     Raises:
-        UsageError: VALUE names no file and no profile (the profiles are listed).
+        UsageError: VALUE is empty, or names no file and no profile (the profiles are listed).
     """
     from gpubench.core import safe
     from gpubench.core.errors import UsageError
 
+    if not value.strip():  # Path("") is ".", which exists: never read as a file
+        raise UsageError(f"--expect {safe.term(repr(value), 80)} is empty",
+                         f"a TOML file or a profile ({', '.join(names())}); leave --expect out for none")
     if Path(value).exists() or "/" in value or value.endswith(".toml") or not NAME.match(value):
         return value
     if value in names():

@@ -6,14 +6,14 @@ functions, once the options have been checked.
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Callable
 
 import click
 
 from gpubench.kit import benchmark_command
 from gpubench.core.errors import UsageError
-from gpubench.core.options import too_small, underflowed
+from gpubench.core.options import parse_number
 from gpubench.core.units import format_rate, parse_size
 
 SEPARATOR_LEN = 80
@@ -133,37 +133,38 @@ def parse_ignore_size(text: str) -> int:
     return 0 if str(text).strip() in ("0", "0B") else parse_size(text, what="--ignore-size")
 
 
+# --timeout's units (the names dask.utils.parse_timedelta knows, in seconds), read case-blind
+_TIMEOUT_UNITS = {**dict.fromkeys(("", "s", "sec", "second", "seconds"), 1.0),
+                  **dict.fromkeys(("ms", "millisecond", "milliseconds"), 1e-3),
+                  **dict.fromkeys(("us", "microsecond", "microseconds"), 1e-6),
+                  **dict.fromkeys(("m", "min", "minute", "minutes"), 60.0),
+                  **dict.fromkeys(("h", "hr", "hour", "hours"), 3600.0),
+                  **dict.fromkeys(("d", "day", "days"), 86400.0),
+                  **dict.fromkeys(("w", "wk", "week", "weeks"), 604800.0)}
+
+
 def parse_timeout(text) -> float:
-    """--timeout as Dask reads a duration (``dask.utils.parse_timedelta``: 600, 1.5, "10s", "5m";
-    Python's float() rules for the number, so Unicode digits such as "١.٥" read as 1.5), imported
-    only when merge runs; a plain float where dask is missing. The range is MergeSpec's check.
+    """--timeout: a number of seconds read as every number option reads one
+    (:func:`gpubench.core.options.parse_number`), with an optional unit as Dask writes durations
+    ("10s", "5m", "2 hours"). The range is MergeSpec's check.
 
     Raises:
-        UsageError: not a duration (inf and nan included), or one too large to be a float.
+        UsageError: the number's own error (not ASCII digits, "-0", inf, 1e400...), or a unit
+            that is not one of :data:`_TIMEOUT_UNITS`.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return text
-    s = str(text).strip()
-    bad = UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
-    if not s or not s.isascii():  # dask reads "١٢" (any script's digits); gpubench's are ASCII (docs/errors.md)
-        raise bad
-    import importlib
+    number, unit = re.fullmatch(r"(.*?)[ ]*([A-Za-z]*)[ ]*", str(text), re.DOTALL).groups()  # type: ignore[union-attr]
+    if unit.lower() not in _TIMEOUT_UNITS or (unit and not number.strip()):
+        raise UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
+    from gpubench.core.bounds import field_bound
+    from gpubench.plugins.merge.bench import MergeSpec
 
-    # through import_module: the name has one type (Any) whether mypy finds dask or not
-    parse_timedelta: Callable[..., Any] | None
-    try:
-        parse_timedelta = importlib.import_module("dask.utils").parse_timedelta
-    except ImportError:
-        parse_timedelta = None
-    try:
-        v = parse_timedelta(s, default="seconds") if parse_timedelta else float(s)
-    except (ValueError, TypeError, KeyError, OverflowError):  # "inf"/"nan": KeyError; "9" x 400: OverflowError
-        raise bad from None
-    if not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
-        raise bad
-    if v == 0 and underflowed(s):  # 1e-400
-        raise too_small("--timeout", repr(s[:40]))
-    return v
+    bound = field_bound(MergeSpec, "timeout_s")
+    seconds = parse_number(number, "--timeout", float, bound.largest(), bound=lambda: bound) * _TIMEOUT_UNITS[unit.lower()]
+    if not math.isfinite(seconds):
+        raise bound.too_large(repr(str(text)[:40]))
+    return seconds
 
 
 def build_spec(**options):
