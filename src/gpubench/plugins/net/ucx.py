@@ -125,9 +125,11 @@ def _array_module(a):
     return numpy
 
 
-def alloc(nbytes: int, memory: str, device: int = 0, fill=None):
+def alloc(nbytes: int, memory: str, device: int = 0, fill=None, pinned: bool = False):
     """A uint8 buffer of ``nbytes`` in ``memory`` ("host": numpy; "cuda": CuPy on ``device``),
-    zeroed, or a copy of ``fill`` (a numpy array of the same size)."""
+    zeroed, or a copy of ``fill`` (a numpy array of the same size). With ``pinned``, host memory is
+    page-locked (``cupy.cuda.alloc_pinned_memory``, cudaHostAlloc) where CuPy sees a GPU, else
+    pageable: :func:`is_pinned` tells which."""
     import numpy as np
 
     if memory == "cuda":
@@ -137,7 +139,31 @@ def alloc(nbytes: int, memory: str, device: int = 0, fill=None):
             buf = cupy.zeros(nbytes, dtype=cupy.uint8) if fill is None else cupy.asarray(fill)
             cupy.cuda.runtime.deviceSynchronize()
         return buf
+    if pinned:
+        try:
+            import cupy
+
+            with cupy.cuda.Device(device):
+                out = np.frombuffer(cupy.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)  # CuPy's own recipe
+        except Exception:  # noqa: BLE001 - no CuPy, no GPU, no driver: pageable memory, said by is_pinned
+            pass
+        else:
+            out[...] = 0 if fill is None else fill
+            return out
     return np.zeros(nbytes, dtype=np.uint8) if fill is None else np.array(fill, copy=True)
+
+
+def is_pinned(buf) -> bool:
+    """Whether a host buffer of :func:`alloc` is page-locked (numpy over CuPy's pinned memory)."""
+    base = getattr(buf, "base", None)
+    return type(base).__name__ == "PinnedMemoryPointer"
+
+
+def host_buffers(memory: tuple[str, str]) -> bool:
+    """Whether the host side of a test is page-locked: when the other side is GPU memory, as
+    ucx_perftest's buffers are registered with UCX (its ucp_mem_map allocation): a pageable host
+    buffer makes UCX move GPU data through small staged fragments, tens of times slower."""
+    return "cuda" in memory
 
 
 # -- what carried the data ------------------------------------------------------------------------

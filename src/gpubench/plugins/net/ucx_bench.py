@@ -141,7 +141,8 @@ class _Client:
         self.side = ucx.Side(spec.api, spec.memory[0], spec.device, spec.wait)
         self.ctl.send({"gpubench_net_ucx": UCX_PROTOCOL_VERSION, "mode": "lat" if spec.latency else "bw",
                        "api": spec.api, "nbytes": spec.nbytes, "in_flight": spec.in_flight,
-                       "memory": spec.memory[1], "wait": spec.wait, "address": self.side.address().hex()})
+                       "memory": spec.memory[1], "wait": spec.wait, "address": self.side.address().hex(),
+                       "pinned": ucx.host_buffers(spec.memory)})
         reply = self.ctl.read(spec.connect_timeout)
         if not (isinstance(reply, dict) and reply.get("ok") is True):
             err = reply.get("error") if isinstance(reply, dict) else None
@@ -191,6 +192,7 @@ class _Client:
         self.info["server"] = info[:60000] if isinstance(info, str) else ""
         cpu_ok = isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and 0 <= cpu < 1e7
         self.end = {"received": got, "server_cpu_s": float(cpu) if cpu_ok and cpu is not None else None,
+                    "server_host_pinned": msg.get("host_pinned") is True,
                     "server": parse_endpoint_info(self.info["server"], self.spec.api)}
         return self.end
 
@@ -264,8 +266,9 @@ class UcxNet(Benchmark):
             try:
                 client.open()
                 n = spec.nbytes
-                ctx.data["out"] = ucx.alloc(n, spec.memory[0], spec.device, ucx.pattern(n))
-                ctx.data["back"] = ucx.alloc(n, spec.memory[0], spec.device) if spec.latency else None
+                pin = ucx.host_buffers(spec.memory)
+                ctx.data["out"] = ucx.alloc(n, spec.memory[0], spec.device, ucx.pattern(n), pinned=pin)
+                ctx.data["back"] = ucx.alloc(n, spec.memory[0], spec.device, pinned=pin) if spec.latency else None
                 if self.live is not None:
                     where = "loopback" if spec.mode == "local" else "connected to"
                     what = "latency (ping-pong), 8 B to" if spec.latency else f"{spec.in_flight} in flight,"
@@ -394,6 +397,8 @@ class UcxNet(Benchmark):
             r.extra["data_checked"] = end is not None
 
     def timing(self, ctx: Context) -> dict:
+        from gpubench.plugins.net import ucx
+
         spec: UcxSpec = ctx.spec
         client: _Client | None = ctx.data.get("client")
         if spec.latency:
@@ -402,7 +407,15 @@ class UcxNet(Benchmark):
         else:
             method = (f"tag_bw: {spec.in_flight} sends of -l bytes kept in flight from one buffer; bytes = "
                       "sends completed per interval on the client's clock; total = counted bytes / counted seconds")
+        end = client.end if client is not None else None
+        out_buf = ctx.data.get("out")
+        sides = {"client": (spec.memory[0], None if out_buf is None else ucx.is_pinned(out_buf)),
+                 "server": (spec.memory[1], None if end is None else end.get("server_host_pinned"))}
+        # per side: "cuda", or host memory page-locked (cudaHostAlloc) or pageable (ucx.host_buffers)
+        buffers = {k: m if m == "cuda" else "host, page-locked" if pinned else "host, pageable" if pinned is False
+                   else "host" for k, (m, pinned) in sides.items()}
         return {"clock": "perf_counter of the client", "method": method, "wait": spec.wait, "interval_s": spec.interval,
+                "buffers": buffers,
                 "omit_s": spec.omit, "server_port": client.port if client is not None else spec.port,
                 "endpoint_error_handling": False,
                 "endpoint_info": {k: v[:20000] for k, v in (client.info.items() if client else [])}}

@@ -67,6 +67,11 @@ def ucx_report(result, units: str = "GB") -> list:
                    f"{format_rate(ex['bytes_per_s'], units)} {units}/s ({gbit(ex['bytes_per_s'])} Gbit/s), "
                    f"the counted intervals' bytes over their seconds")
     out += transport_lines(recs[0].extra.get("transports", {}), None if spec.get("latency") else "server")
+    buffers = result.timing.get("buffers")
+    if isinstance(buffers, dict) and "cuda" in buffers.values() and any("host" in str(v) for v in buffers.values()):
+        out.append(safe.term(f"Buffers: client {buffers.get('client')}, server {buffers.get('server')} "
+                             "(host memory is page-locked when the other side is GPU memory, as ucx_perftest's "
+                             "are registered with UCX; where CuPy sees no GPU it stays pageable).", 400))
     checked = all(r.extra.get("data_checked") for r in recs)
     out.append("Data: the receiver's buffer matched the sent pattern after the last message." if checked and
                not spec.get("latency") else "Data: every size's last echo matched what was sent." if checked else

@@ -5,7 +5,7 @@ Control protocol (version 1), one JSON object per line on a TCP connection to th
 
 1. client -> server: ``{"gpubench_net_ucx": 1, "mode": "bw" | "lat", "api": "tag" | "stream",
    "nbytes": L, "in_flight": W, "memory": "host" | "cuda" (the server's buffers), "wait": "poll" |
-   "sleep", "address": hex}``
+   "sleep", "address": hex, "pinned": bool}`` (``pinned``: page-locked host buffers; absent: false)
    (``address``: the client's UCP worker address).
 2. server -> client: ``{"ok": true, "address": hex}`` (its worker address; both sides make their
    endpoint from the other's) or ``{"ok": false, "error": "<one line>"}`` and it closes.
@@ -15,7 +15,7 @@ Control protocol (version 1), one JSON object per line on a TCP connection to th
    - lat: per ``{"size": s, "iters": k}`` the server echoes ``k`` messages of ``s`` bytes; then
      ``{"stop": true, "sent": 0}``.
 4. server -> client: ``{"end": true, "received": n, "check": null | "<why the data is wrong>",
-   "cpu_s": x, "info": "<ucp_ep_print_info of its endpoint>"}``, or ``{"ok": false, "error": ...}``
+   "cpu_s": x, "info": "<ucp_ep_print_info of its endpoint>", "host_pinned": bool}``, or ``{"ok": false, "error": ...}``
    when it aborts (the client stopped moving data for :data:`ucx.STALL_S`, closed, or lied).
 
 One test at a time: a client that connects while a test runs waits in the listen backlog.
@@ -127,6 +127,8 @@ def check_request(d: Any) -> dict:
         "in_flight": want("in_flight", integer(1, MAX_IN_FLIGHT), f"1 to {MAX_IN_FLIGHT}"),
         "memory": want("memory", lambda v: v in MEMORY_TYPES, " or ".join(MEMORY_TYPES)),
         "wait": want("wait", lambda v: v in WAIT_MODES, " or ".join(WAIT_MODES)) if "wait" in d else "poll",
+        # host buffers page-locked (ucx.host_buffers); absent from older clients: pageable
+        "pinned": want("pinned", lambda v: type(v) is bool, "true or false") if "pinned" in d else False,
         "address": want("address", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_REQUEST_BYTES
                         and all(c in "0123456789abcdef" for c in v), "hex digits"),
     }
@@ -286,7 +288,7 @@ class UcxServer:
             side.wireup(initiator=False, deadline_s=REQUEST_TIMEOUT_S, check=lambda: ctl.poll())
             n = req["nbytes"]
             want = ucx.pattern(n)
-            buf = ucx.alloc(n, req["memory"], self.device)
+            buf = ucx.alloc(n, req["memory"], self.device, pinned=req["pinned"])
             cpu0 = _cpu()
             if req["mode"] == "bw":
                 sent: list[int] = []
@@ -312,7 +314,8 @@ class UcxServer:
             else:
                 got, check = self._echo(ctl, side, buf, n)
             info = side.info()
-            ctl.send({"end": True, "received": got, "check": check, "cpu_s": _cpu() - cpu0, "info": info[:60000]})
+            ctl.send({"end": True, "received": got, "check": check, "cpu_s": _cpu() - cpu0, "info": info[:60000],
+                      "host_pinned": ucx.is_pinned(buf)})
             return f"received {got} message(s) of {n} B" + (f"; DATA WRONG: {check}" if check else "; data checked")
         finally:
             side.close()
