@@ -91,9 +91,28 @@ GOOD = {"gpubench_net_ucx": 1, "mode": "bw", "api": "tag", "nbytes": 1024, "in_f
     ({"gpubench_net_ucx": 2}, "version"), ({"mode": "both"}, "bad mode"), ({"api": "am"}, "bad api"),
     ({"nbytes": 0}, "bad nbytes"), ({"nbytes": 2**31}, "bad nbytes"), ({"nbytes": 1.5}, "bad nbytes"),
     ({"in_flight": 5000}, "bad in_flight"), ({"memory": "rocm"}, "bad memory"), ({"address": "zz"}, "bad address"),
+    ({"pinned": "yes"}, "bad pinned"), ({"pinned": 1}, "bad pinned"),
     ({"address": ""}, "bad address"),
 ])
 def test_the_server_refuses_a_bad_request_naming_the_field(change, fragment):
     assert check_request(GOOD)["nbytes"] == 1024
     with pytest.raises(UsageError, match=fragment):
         check_request({**GOOD, **change})
+
+
+def test_host_buffers_are_page_locked_only_beside_gpu_memory_and_pageable_where_cupy_sees_no_gpu():
+    assert ucx.host_buffers(("cuda", "host")) and ucx.host_buffers(("host", "cuda")) and ucx.host_buffers(("cuda", "cuda"))
+    assert not ucx.host_buffers(("host", "host"))
+    buf = ucx.alloc(4096, "host", pinned=True, fill=ucx.pattern(4096))  # no GPU here: pageable, same contents
+    assert ucx.first_mismatch(buf, ucx.pattern(4096)) is None
+    assert ucx.is_pinned(buf) is _gpu_visible()
+    assert check_request(dict(GOOD))["pinned"] is False  # an older client's request: pageable
+
+
+def _gpu_visible() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
