@@ -70,7 +70,9 @@ def test_ucx_nodes_between_two_ranks_on_one_gpu_measure_gpu_memory_and_both_exit
                                    "MASTER_PORT": str(port)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in (0, 1)]
     ends = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [e[-1500:] for _, e in ends]
+    # rank 0 may flag a link slow by the fleet rule (exit 1); rank 1 ends 0 once rank 0 confirmed the end
+    assert procs[0].returncode in (0, 1) and procs[1].returncode == 0, [e[-1500:] for _, e in ends]
+    assert "(fail)" not in ends[0][1]
     links = json.loads(out.read_text())["records"]
     assert len(links) == 2 and all(r["error"] is None and r["params"]["memory"] == "cuda" for r in links)
     assert all("cuda" in r["extra"]["transports"]["client"]["carried_by"]["via"] for r in links), links

@@ -448,7 +448,10 @@ def test_mpiexec_net_nodes_over_ucx_gives_the_link_matrix_with_each_links_transp
     p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "--protocol", "ucx", "-B", "127.0.0.1",
                         "-l", "256KiB", "-t", "0.6", "-i", "0.3", "--json", str(out)], env=_env(),
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    # two processes spinning on a shared 2-core host move very different rates (27 against 103
+    # Gbit/s under load): the fleet rule may flag one link slow (exit 1), never a failed one
+    assert p.returncode == 0 or (p.returncode == 1 and "(slow)" in p.stderr and "(fail)" not in p.stderr), \
+        p.stdout[-2000:] + p.stderr[-2000:]
     assert "UCX Gbit/s between nodes" in p.stdout and "-m host" in p.stdout
     res = json.loads(out.read_text())
     assert res["spec"]["protocol"] == "ucx" and res["spec"]["memory"] == "host" and res["spec"]["buffer"] == 256 * 1024
