@@ -768,8 +768,12 @@ def test_ucxx_logger_quiet_on_own_workers_unless_the_user_set_it(monkeypatch):
         try:
             env = client.run(os.getenv, "UCXPY_LOG_LEVEL")  # os.environ.get would ship this process's environ
             levels = client.run(logging.getLogger("ucx").getEffectiveLevel)
+            # the worker processes' own distributed loggers (a heartbeat on a closed pool logs a
+            # traceback at ERROR); the cluster's silence_logs reaches only the Nannies, in this process
+            worker_logs = client.run(logging.getLogger("distributed.worker").getEffectiveLevel)
         finally:
             mc.close_all(client, cluster)
+        assert set(worker_logs.values()) == {logging.CRITICAL}, worker_logs
         assert set(env.values()) == {user or "CRITICAL"}, env
         assert set(levels.values()) == {logging.getLevelName(user or "CRITICAL")}, levels
         assert logging.getLogger("ucx").level == (logging.WARNING if user else logging.CRITICAL)
