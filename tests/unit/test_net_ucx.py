@@ -105,7 +105,7 @@ def test_host_buffers_are_page_locked_only_beside_gpu_memory_and_pageable_where_
     assert not ucx.host_buffers(("host", "host"))
     buf = ucx.alloc(4096, "host", pinned=True, fill=ucx.pattern(4096))  # no GPU here: pageable, same contents
     assert ucx.first_mismatch(buf, ucx.pattern(4096)) is None
-    assert ucx.is_pinned(buf) is _gpu_visible()
+    assert ucx.is_pinned(buf) is _gpu_visible() and not ucx.is_pinned(ucx.alloc(4096, "host"))
     assert check_request(dict(GOOD))["pinned"] is False  # an older client's request: pageable
 
 

@@ -154,9 +154,17 @@ def alloc(nbytes: int, memory: str, device: int = 0, fill=None, pinned: bool = F
 
 
 def is_pinned(buf) -> bool:
-    """Whether a host buffer of :func:`alloc` is page-locked (numpy over CuPy's pinned memory)."""
-    base = getattr(buf, "base", None)
-    return type(base).__name__ == "PinnedMemoryPointer"
+    """Whether a host buffer (numpy) is page-locked: CUDA's own answer for its address
+    (cudaPointerGetAttributes: cudaMemoryTypeHost); False for GPU memory and where CuPy or the
+    driver is missing. Imports CuPy: ask only where :func:`alloc` was asked to pin."""
+    if type(buf).__module__.startswith("cupy"):
+        return False
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.pointerGetAttributes(buf.ctypes.data).type) == 1  # cudaMemoryTypeHost
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, memory CUDA does not know: not page-locked
+        return False
 
 
 def host_buffers(memory: tuple[str, str]) -> bool:

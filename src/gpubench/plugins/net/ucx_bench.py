@@ -409,7 +409,8 @@ class UcxNet(Benchmark):
                       "sends completed per interval on the client's clock; total = counted bytes / counted seconds")
         end = client.end if client is not None else None
         out_buf = ctx.data.get("out")
-        sides = {"client": (spec.memory[0], None if out_buf is None else ucx.is_pinned(out_buf)),
+        pin = ucx.host_buffers(spec.memory)
+        sides = {"client": (spec.memory[0], None if out_buf is None else pin and ucx.is_pinned(out_buf)),
                  "server": (spec.memory[1], None if end is None else end.get("server_host_pinned"))}
         # per side: "cuda", or host memory page-locked (cudaHostAlloc) or pageable (ucx.host_buffers)
         buffers = {k: m if m == "cuda" else "host, page-locked" if pinned else "host, pageable" if pinned is False

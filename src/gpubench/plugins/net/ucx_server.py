@@ -315,7 +315,7 @@ class UcxServer:
                 got, check = self._echo(ctl, side, buf, n)
             info = side.info()
             ctl.send({"end": True, "received": got, "check": check, "cpu_s": _cpu() - cpu0, "info": info[:60000],
-                      "host_pinned": ucx.is_pinned(buf)})
+                      "host_pinned": req["pinned"] and ucx.is_pinned(buf)})
             return f"received {got} message(s) of {n} B" + (f"; DATA WRONG: {check}" if check else "; data checked")
         finally:
             side.close()
