@@ -415,6 +415,17 @@ class StrictFloat(_Strict, click.types.FloatParamType):
     kind = float
 
 
+class Text(click.types.StringParamType):
+    """click's TEXT, refusing an empty or blank value (docs/errors.md: an empty value is never read
+    as the option's default)."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(f"{_opt_name(param)} {value!r} is empty", "leave the option out for its default")
+        return value
+
+
 def _opt_name(param) -> str:
     opts = list(getattr(param, "opts", None) or [])
     return "/".join(opts) if opts else str(getattr(param, "name", "value"))

@@ -268,6 +268,8 @@ def test_repeated_and_negative_devices(run_cli, argv, needle):
     (["suite", "--check", "", "--expect", "gcp-a2"], r"a file name is empty: ''"),
     (["compare", "", "x.json"], r"a file name is empty: ''"),
     (["report", " ", "-o", "r.html"], r"a file name is empty: ' '"),
+    (["report", "x.json", "-o", "r.html", "--title", ""], r"--title '' is empty"),
+    (["plot", "x.json", "-o", "p.png", "--title", " "], r"--title ' ' is empty"),
     (["merge", "-t", "cpu", "-d", "0,-0"], r"device -0 in -d '0,-0' has a minus sign"),
     (["copy", "-b", "-0"], r"-b/--min-bytes '-0'"),
     (["copy", "-w", "-0"], r"-w/--warmup -0 has a minus sign"),

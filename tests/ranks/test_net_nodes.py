@@ -436,6 +436,14 @@ def test_a_rank_0_signalled_while_it_waits_in_the_join_tells_the_ranks_already_t
         _cleanup(procs, None)
 
 
+def test_a_bad_option_under_mpiexec_is_said_once_by_rank_0():
+    """Every rank refuses the same options alike: rank 0 alone says so (one line), all exit 2."""
+    p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-P", "0"], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines() == ["gpubench: error: -P/--parallel 0 out of range (use 1 to 128 streams)"]
+
+
 needs_ucx = pytest.mark.skipif(__import__("importlib.util").util.find_spec("ucxx") is None,
                                reason="UCXX is not installed (pip install 'gpubench-cuda[ucx-cu13]')")
 

@@ -421,6 +421,7 @@ def test_timeout_reads_its_number_as_every_option_does_with_dasks_units():
     assert parse_timeout("5 minutes") == 300 and parse_timeout("+5") == 5 and parse_timeout(" 5 ") == 5
     for bad, fragment in [("١.٥", "is not a finite number"), ("１０s", "is not a finite number"),
                           ("1_0", "is not a finite number"), ("-0", "must be > 0"), ("5x", "is not a duration"),
-                          ("m", "is not a duration"), ("inf", "is not a duration"), ("1e308w", "is too large")]:
+                          ("m", "is not a duration"), ("inf", "is not a duration"), ("1e308w", "is too large"),
+                          (" ", "' ' is not a duration"), ("", "'' is not a duration")]:
         with pytest.raises(UsageError, match=fragment):
             parse_timeout(bad)

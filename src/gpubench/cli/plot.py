@@ -8,6 +8,7 @@ import click
 
 from gpubench.core.bounds import MAX_GBPS, Bound
 from gpubench.core.errors import UsageError
+from gpubench.kit import Text
 
 
 @click.command("plot")
@@ -22,7 +23,7 @@ from gpubench.core.errors import UsageError
 @click.option("--peak", "peaks", type=float, multiple=True,
               help="Draw a dashed peak line at this bandwidth (in --units/s), labelled 'user'; repeatable. "
                    "Peaks saved in the results are drawn anyway. Refused where no panel has a bandwidth axis.")
-@click.option("--title", default=None, help="Title over the whole figure.")
+@click.option("--title", type=Text(), default=None, help="Title over the whole figure.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 def command(results, output, units, size, dpi, peaks, title, quiet, debug):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gpubench.core.errors import UsageError
+from gpubench.kit import Text
 
 
 @click.command("report")
@@ -13,7 +14,7 @@ from gpubench.core.errors import UsageError
               help="HTML file to write, e.g. report.html (written atomically).")
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
               help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
-@click.option("--title", default=None, help="Heading of the page [default: gpubench report].")
+@click.option("--title", type=Text(), default=None, help="Heading of the page [default: gpubench report].")
 @click.option("--baseline", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="A saved result to compare each input of its command with (no comparison without it).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")

@@ -155,7 +155,7 @@ def parse_timeout(text) -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return text
     number, unit = re.fullmatch(r"(.*?)[ ]*([A-Za-z]*)[ ]*", str(text), re.DOTALL).groups()  # type: ignore[union-attr]
-    if unit.lower() not in _TIMEOUT_UNITS or (unit and not number.strip()):
+    if unit.lower() not in _TIMEOUT_UNITS or not number.strip():
         raise UsageError(f"--timeout {str(text)[:40]!r} is not a duration", "seconds, e.g. 600, 1.5, 10s or 5m")
     from gpubench.core.bounds import field_bound
     from gpubench.plugins.merge.bench import MergeSpec

@@ -247,7 +247,7 @@ def check_tcp(ucx: dict) -> None:
 
 def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float, interval: float, length: str | None,
                    tcp_only: dict[str, bool], memory: str = "host", device: int = 0, api: str = "tag",
-                   in_flight: int = 32, latency: bool = False, wait: str = "poll"):
+                   in_flight: int = 32, latency: bool = False, wait: str = "poll", check_machine: bool = True):
     """The UcxSpec of `net client|local --protocol ucx`: the schedule and -l checked as TCP's (the
     same caps), the UCX options, then what this machine must have: UCXX importable, and for
     -m cuda a GPU, each exit 2 before anything listens.
@@ -268,11 +268,12 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     spec = UcxSpec(host=host, port=port, mode=mode, memory=mem, device=device, api=api, nbytes=req.buffer,
                    in_flight=in_flight, seconds=req.seconds, omit=req.omit, interval=req.interval, latency=latency,
                    wait=wait)
-    from gpubench.plugins.net import ucx
+    if check_machine:
+        from gpubench.plugins.net import ucx
 
-    ucx.require_ucx()
-    # net local and nodes: both sides are here; net client: the receive side is the server's, which checks its own
-    ucx.require_cuda(mem if mode in ("local", "nodes") else (mem[0], "host"), device)
+        ucx.require_ucx()
+        # net local: both sides are here; net client: the receive side is the server's, which checks its own
+        ucx.require_cuda(mem if mode == "local" else (mem[0], "host"), device)
     return spec
 
 
@@ -541,14 +542,12 @@ command.add_command(benchmark_command("local", [*TEST_OPTIONS, *UCX_OPTIONS], bu
 def _nodes_ucx_spec(protocol: str, seconds: float, omit: float, interval: float, length: str | None,
                     tcp_only: dict[str, bool], **ucx: Any):
     """`net nodes`' UCX options: with --protocol ucx the UcxSpec of each test (host and port set per
-    link; this rank sends and receives, so both sides of -m are checked here), else None once no
-    UCX option is set. Raises UsageError."""
-    from dataclasses import replace
-
+    link), else None once no UCX option is set. The options only: what this rank's machine must
+    have is the fleet's check (:func:`gpubench.plugins.net.fleet.check_machine`). Raises UsageError."""
     if protocol != "ucx":
         check_tcp(ucx)
         return None
-    return replace(build_ucx_spec("", 0, "nodes", seconds, omit, interval, length, tcp_only, **ucx), mode="client")
+    return build_ucx_spec("", 0, "client", seconds, omit, interval, length, tcp_only, **ucx, check_machine=False)
 
 
 command.add_command(nodes_command(TEST_OPTIONS, build_request, [o for o in UCX_OPTIONS if o is not LATENCY_OPTION],

@@ -219,6 +219,18 @@ def _ranks_text(members: Sequence[int]) -> str:
 # Adapter: the only calls into net's data path
 
 
+def check_machine(spec: NetFleetSpec) -> None:
+    """What this rank needs for ``spec``, before it joins: with UCX, UCXX and for ``-m cuda`` on
+    either side the GPU (this rank sends and receives). Raises UsageError naming what to install
+    or the GPU that is missing (this rank's own: not every rank's alike)."""
+    if spec.ucx is None:
+        return
+    from gpubench.plugins.net import ucx
+
+    ucx.require_ucx()
+    ucx.require_cuda(spec.ucx.memory, spec.ucx.device)
+
+
 def serve(stack: contextlib.ExitStack, spec: NetFleetSpec) -> int:
     """Adapter: one of net's servers on ``spec.bind`` (any free port), serving tests one at a time
     in its own thread until ``stack`` closes (5 s at most): a NetServer, or with ``spec.ucx`` a

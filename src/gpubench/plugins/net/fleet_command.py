@@ -118,31 +118,36 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
         from gpubench.launch import ranks
         from gpubench.core.errors import RegressionFound, UsageError
 
-        if ipv4 or ipv6:
-            raise UsageError("-4/-6 are for net client and net local", "under a launcher, choose the family with -B/--bind")
-        ctx = click.get_current_context()
-        if to is not None and ctx.get_parameter_source("pairs") not in (None, click.core.ParameterSource.DEFAULT):
-            # --to is one round of many-to-one; --pairs was silently ignored beside it
-            raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
-        tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir,
-                    "-w/--window": window is not None, "-b/--bitrate": bitrate is not None, "--copy": copy}
-        ucx_spec = build_ucx(protocol, seconds, omit, interval, length, tcp_only, **ucx) if build_ucx else None
-        req = (ucx_spec.request if ucx_spec is not None else
-               build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy))
-        _check_values(build_request, {"timeout": timeout, "to": to}, req)  # before the launcher's checks
-        me = ranks.discover()
-        if not me.under_launcher:
-            raise UsageError("gpubench net nodes runs under a launcher (mpirun, srun, torchrun) or with RANK, "
-                             "WORLD_SIZE, MASTER_ADDR and MASTER_PORT set",
-                             "e.g. mpirun -n 4 gpubench net nodes; between two hosts: net server / net client")
-        if me.size == 1:  # nothing between nodes to measure: an empty matrix and exit 0 would pass a check
-            raise UsageError(f"gpubench net nodes needs 2 or more ranks; the launcher ({me.launcher}) started 1",
-                             "start one rank per node (mpirun -n 4 --map-by node, srun -N 4 --ntasks-per-node=1); "
-                             "on one host: gpubench net local")
-        if to is not None and me.size and not 0 <= to < me.size:
-            raise UsageError(f"--to {to} out of range", f"use a rank 0 to {me.size - 1}")
-        spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout,
-                                      ucx=ucx_spec)
+        try:  # the options alone: every rank refuses them alike, and rank 0 alone says so
+            if ipv4 or ipv6:
+                raise UsageError("-4/-6 are for net client and net local", "under a launcher, choose the family with -B/--bind")
+            ctx = click.get_current_context()
+            if to is not None and ctx.get_parameter_source("pairs") not in (None, click.core.ParameterSource.DEFAULT):
+                # --to is one round of many-to-one; --pairs was silently ignored beside it
+                raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
+            tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir,
+                        "-w/--window": window is not None, "-b/--bitrate": bitrate is not None, "--copy": copy}
+            ucx_spec = build_ucx(protocol, seconds, omit, interval, length, tcp_only, **ucx) if build_ucx else None
+            req = (ucx_spec.request if ucx_spec is not None else
+                   build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy))
+            _check_values(build_request, {"timeout": timeout, "to": to}, req)  # before the launcher's checks
+            me = ranks.discover()
+            if not me.under_launcher:
+                raise UsageError("gpubench net nodes runs under a launcher (mpirun, srun, torchrun) or with RANK, "
+                                 "WORLD_SIZE, MASTER_ADDR and MASTER_PORT set",
+                                 "e.g. mpirun -n 4 gpubench net nodes; between two hosts: net server / net client")
+            if me.size == 1:  # nothing between nodes to measure: an empty matrix and exit 0 would pass a check
+                raise UsageError(f"gpubench net nodes needs 2 or more ranks; the launcher ({me.launcher}) started 1",
+                                 "start one rank per node (mpirun -n 4 --map-by node, srun -N 4 --ntasks-per-node=1); "
+                                 "on one host: gpubench net local")
+            if to is not None and me.size and not 0 <= to < me.size:
+                raise UsageError(f"--to {to} out of range", f"use a rank 0 to {me.size - 1}")
+            spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout,
+                                          ucx=ucx_spec)
+        except UsageError as e:
+            e.every_rank = True
+            raise
+        net_fleet.check_machine(spec)  # this rank's own machine: said by the rank that lacks it
         group = ranks.join(me, rendezvous, timeout=timeout)
         try:
             result = net_fleet.run(group, spec)
