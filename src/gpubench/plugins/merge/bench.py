@@ -393,7 +393,7 @@ def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
     Raises:
         UsageError, MachineError: see merge_cluster.rmm_setup and run_on_workers.
     """
-    devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU")
+    devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU", timeout_s=spec.timeout_s)
     index = address_to_index(devices)
     return {
         "client": client,

@@ -856,12 +856,14 @@ def rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
         UsageError: the pool did not fit on a worker's GPU.
         MachineError: the setup failed on a worker, or on the scheduler of a local cluster.
     """
-    if spec.external and any(run_on_workers(client, _has_rmm_plugin, workers, "looking for RMMSetup").values()):
+    # every call on the workers answers within --timeout, as each step of a run does
+    if spec.external and any(run_on_workers(client, _has_rmm_plugin, workers, "looking for RMMSetup",
+                                            timeout_s=spec.timeout_s).values()):
         return "already set up on the external cluster (RMMSetup plugin); pool options not applied"
     pool = spec.rmm_pool_bytes if spec.rmm_pool_bytes is not None else spec.rmm_pool_fraction
     kw: dict[str, Any] = dict(pool_size=pool, disable_rmm_pool=spec.disable_rmm_pool, rmm_async=spec.rmm_async)
     try:
-        descs = run_on_workers(client, _setup_rmm, workers, "RMM setup", **kw)
+        descs = run_on_workers(client, _setup_rmm, workers, "RMM setup", timeout_s=spec.timeout_s, **kw)
     except MachineError as e:
         if any(w in e.message.lower() for w in ("out of memory", "out_of_memory", "bad_alloc", "memoryerror")):
             raise UsageError(f"the RMM pool did not fit on a worker's GPU: {e.message[:200]}",
