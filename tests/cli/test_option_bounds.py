@@ -217,6 +217,27 @@ def _refused_matching(run_cli, *argv, needle: str) -> str:
 def test_sweep_limits_that_collapse_are_one_line(run_cli, argv, needle):
     _refused_matching(run_cli, *argv, needle=needle)
 
+BIG = "99999999999999999999999"  # beyond int64: parsed before any Spec holds it
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["net", "local", "-P", BIG], r"-P/--parallel \S+ is too large \(at most 128 streams\)"),
+    (["net", "client", "h", "-p", BIG], r"-p/--port \S+ is too large \(at most 65,535\)"),
+    (["net", "server", "-p", BIG], r"-p/--port \S+ is too large \(at most 65,535\)"),
+    (["net", "client", "h", "--cport", BIG], r"--cport \S+ is too large \(at most 65,535\)"),
+    (["net", "nodes", "--to", BIG], r"--to \S+ is too large \(at most 1,048,575\)"),
+    (["plot", "--dpi", BIG, "-o", "x.png", "x.json"], r"--dpi \S+ is too large \(at most 1,000\)"),
+    (["plot", "--dpi", "5", "-o", "x.png", "x.json"], r"--dpi 5 must be >= 10"),
+    (["merge", "-t", "cpu", "-c", "9999999999999999999"], r"at most 9,223,372,036,854,775,807\)"),
+    # 0 is suggested only where the option takes it
+    (["net", "local", "-t", "1e-400"], r"-t/--time 1e-400 is too small to tell from 0 \(use a value of at least [^,]*\)$"),
+    (["net", "local", "-i", "1e-400"], r"-i/--interval 1e-400 .*least [^,]*\)$"),
+    (["net", "local", "-O", "1e-400"], r"-O/--omit 1e-400 .*, or 0\)$"),
+])
+def test_a_number_beyond_its_type_names_the_options_own_range(run_cli, argv, needle):
+    _refused_matching(run_cli, *argv, needle=needle)
+
+
 @pytest.mark.parametrize("argv", [
     ["copy", "-b", "8T", "-e", "8T"],
     ["copy", "--pinned", "-b", "4T", "-e", "8T"],

@@ -8,7 +8,9 @@ import click
 
 from gpubench.core.bounds import MAX_GBPS, Bound
 from gpubench.core.errors import UsageError
-from gpubench.kit import Text
+from gpubench.kit import StrictInt, Text
+
+DPI = Bound("--dpi", lo=10, hi=1000)  # pixels per inch
 
 
 @click.command("plot")
@@ -19,7 +21,7 @@ from gpubench.kit import Text
               help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
 @click.option("--size", "size", default=None,
               help="Figure size WIDTHxHEIGHT in inches, e.g. 12x7 [default: from the panels].")
-@click.option("--dpi", type=int, default=100, show_default=True, help="Pixels per inch.")
+@click.option("--dpi", type=StrictInt(bound=lambda: DPI), default=100, show_default=True, help="Pixels per inch.")
 @click.option("--peak", "peaks", type=float, multiple=True,
               help="Draw a dashed peak line at this bandwidth (in --units/s), labelled 'user'; repeatable. "
                    "Peaks saved in the results are drawn anyway. Refused where no panel has a bandwidth axis.")
@@ -39,8 +41,7 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
     if not output.lower().endswith(".png"):
         raise UsageError(f"-o {output!r} must end in .png", "e.g. -o out.png")
     check_output_path(output, "-o")
-    if not (10 <= dpi <= 1000):
-        raise UsageError(f"--dpi {dpi} must be between 10 and 1000")
+    DPI.check(dpi)
     for p in peaks:
         if not (math.isfinite(p) and p > 0):
             raise UsageError(f"--peak {p} must be a finite bandwidth > 0 (in {units}/s)", "e.g. --peak 63")

@@ -36,7 +36,10 @@ def _shown(v: float) -> str:
 
 
 def _limit(v: float) -> str:
-    """A bound as messages name it: a whole number with thousands separators, else by %g."""
+    """A bound as messages name it: a whole number with thousands separators (an int in full),
+    else by %g."""
+    if isinstance(v, int):
+        return f"{v:,}"
     return f"{v:,.0f}" if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
 
 

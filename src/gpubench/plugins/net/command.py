@@ -16,7 +16,7 @@ import click
 
 from gpubench.plugins.net.lines import gbit, hostport
 from gpubench.plugins.net.protocol import DEFAULT_BIND, DEFAULT_PORT  # the standard library only: --help stays light
-from gpubench.kit import StrictFloat, benchmark_command
+from gpubench.kit import StrictFloat, StrictInt, benchmark_command
 from gpubench.plugins.net.fleet_command import LauncherGroup, nodes_command
 from gpubench.core import report
 from gpubench.core.errors import UsageError
@@ -37,23 +37,31 @@ def command():
 
 # -- client and local: one option list, one check of it -------------------------------------------
 
-def _cap(option: str, name: str) -> Any:
-    """The Bound of a net option whose limit is the protocol's cap ``name`` (server and client
-    check the same :data:`gpubench.plugins.net.protocol.CAPS`)."""
+def _cap(option: str, name: str, lo: str | float = 0, unit: str = "seconds") -> Any:
+    """The Bound of a net option whose upper limit is the protocol's cap ``name`` (server and client
+    check the same :data:`gpubench.plugins.net.protocol.CAPS`) and lower one ``lo``, a cap's name
+    or a number."""
     from gpubench.core.bounds import Bound
     from gpubench.plugins.net.protocol import CAPS
 
-    return Bound(option, hi=getattr(CAPS, name), unit="seconds")
+    return Bound(option, lo=getattr(CAPS, lo) if isinstance(lo, str) else lo, hi=getattr(CAPS, name), unit=unit)
+
+
+def _port(option: str, lo: int) -> StrictInt:
+    """A TCP port option's type: ``lo`` to 65535 (the server takes 0: any free port)."""
+    from gpubench.core.bounds import Bound
+
+    return StrictInt(bound=lambda: Bound(option, lo=lo, hi=65535))
 
 
 TEST_OPTIONS = [
-    click.option("-P", "--parallel", "streams", type=int, default=1, show_default=True,
+    click.option("-P", "--parallel", "streams", type=StrictInt(bound=lambda: _cap("-P/--parallel", "max_streams", 1, unit="streams")), default=1, show_default=True,
                  help="Parallel TCP streams (1 to 128)."),
-    click.option("-t", "--time", "seconds", type=StrictFloat(bound=lambda: _cap("-t/--time", "max_seconds")), default=10.0, show_default=True,
+    click.option("-t", "--time", "seconds", type=StrictFloat(bound=lambda: _cap("-t/--time", "max_seconds", "min_seconds")), default=10.0, show_default=True,
                  help="Counted seconds, after --omit (omit + time <= 3600)."),
     click.option("-O", "--omit", type=StrictFloat(bound=lambda: _cap("-O/--omit", "max_omit")), default=0.0, show_default=True,
                  help="Leading seconds measured but left out of the figures (TCP slow start)."),
-    click.option("-i", "--interval", type=StrictFloat(bound=lambda: _cap("-i/--interval", "max_interval")), default=1.0, show_default=True,
+    click.option("-i", "--interval", type=StrictFloat(bound=lambda: _cap("-i/--interval", "max_interval", "min_interval")), default=1.0, show_default=True,
                  help="Seconds per reported interval (0.1 to 60)."),
     click.option("-l", "--length", "length", default=None,
                  help="Bytes per write on each stream, or per UCX message (64MiB at most; default 128KiB, "
@@ -92,8 +100,8 @@ UCX_OPTIONS = [
 
 CLIENT_OPTIONS = [
     click.argument("host"),
-    click.option("-p", "--port", type=int, default=DEFAULT_PORT, show_default=True, help="The server's TCP port."),
-    click.option("--cport", type=int, default=None,
+    click.option("-p", "--port", type=_port("-p/--port", 1), default=DEFAULT_PORT, show_default=True, help="The server's TCP port."),
+    click.option("--cport", type=_port("--cport", 1), default=None,
                  help="Local port of the first data stream; stream n uses cport + n (iperf3's --cport)."),
     *TEST_OPTIONS,
     *UCX_OPTIONS,
@@ -287,7 +295,7 @@ def _check_port(port: int, *, allow_zero: bool) -> int:
 @command.command("server")
 @click.option("-B", "--bind", default=DEFAULT_BIND, show_default=True,
               help="Address to listen on; 0.0.0.0 or :: to accept other hosts.")
-@click.option("-p", "--port", type=int, default=DEFAULT_PORT, show_default=True, help="TCP port; 0 picks a free one.")
+@click.option("-p", "--port", type=_port("-p/--port", 0), default=DEFAULT_PORT, show_default=True, help="TCP port; 0 picks a free one.")
 @click.option("-1", "--one-off", is_flag=True, help="Serve one test, then exit.")
 @click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True,
               help="Serve TCP tests, or UCX tests (`net client --protocol ucx`).")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.kit import StrictFloat, common_options
+from gpubench.kit import StrictFloat, StrictInt, common_options
 
 
 class LauncherGroup(click.Group):
@@ -34,6 +34,16 @@ def _timeout_bound():
     from gpubench.plugins.net.fleet import NetFleetSpec
 
     return field_bound(NetFleetSpec, "timeout")
+
+
+def _to_bound():
+    """--to's Bound: a rank, 0 to the most ranks gpubench takes less one (its upper end on a run is
+    the launcher's size, checked once that is known)."""
+    from gpubench.core.bounds import Bound
+    from gpubench.launch.ranks import MAX_RANKS
+
+    return Bound("--to", lo=0, hi=MAX_RANKS - 1)
+
 
 def _check_values(build_request, params: dict, req=None) -> None:
     """net nodes' checks that need no launcher: the test options (``build_request``, unless ``req``
@@ -171,7 +181,7 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
                          help="ring: rank i to i+1 (2 rounds, 3 for an odd count); rings: that ring and a second of "
                               "stride s, so a slow node is told from a slow link (4 rounds, 5 for an odd count); "
                               "all: every ordered pair (2(n-1) rounds)."),
-            click.option("--to", "to", type=int, default=None, help="Many-to-one: every other rank sends to RANK at once."),
+            click.option("--to", "to", type=StrictInt(bound=_to_bound), default=None, help="Many-to-one: every other rank sends to RANK at once."),
             click.option("-B", "--bind", default="0.0.0.0", show_default=True,
                          help="Address each rank's server listens on (a specific one is also told to the peers)."),
             click.option("--rendezvous", default=None, help="HOST:PORT of rank 0's store (default: the launcher's)."),
