@@ -414,6 +414,34 @@ def test_a_rank_stopped_by_a_signal_says_so_and_every_other_rank_names_it_at_onc
         _cleanup(procs, None)
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_mpiexec_keeps_the_rounds_that_ended(tmp_path, sig, code):
+    """mpiexec -n 2 (a ring of 2: 0 -> 1, then 1 -> 0), SIGINT or SIGTERM to mpiexec once round 2
+    runs: rank 0 saves the partial result of round 1 (its link 0 -> 1, marked interrupted) and
+    says so; the job's exit is the signal's."""
+    out_json = tmp_path / "nodes.json"
+    top = _start([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-t", "2", "-i", "0.5",
+                  "-T", "20", "--json", str(out_json)], _env())
+    out = Lines(top)
+    try:
+        ranks = _mpi_ranks(top.pid, 2)
+        end = time.monotonic() + 60
+        while _receiving_for(ranks[0]) is None and time.monotonic() < end:  # round 2: rank 0 receives
+            time.sleep(0.02)
+        assert _receiving_for(ranks[0]) is not None, out.text()[-2000:]
+        top.send_signal(sig)
+        assert _wait_all([top], 30) != [None], "".join(line for _, line in out.lines)[-2000:]
+        text = out.text()
+        assert top.returncode == code, text[-2000:]
+        assert f"interrupted by {sig.name}; kept what was measured: 1 point(s)" in text, text[-2000:]
+        assert "Traceback" not in text, text[-2000:]
+        saved = json.loads(out_json.read_text())
+        assert saved["partial"] is True and saved["interrupted_by"] == sig.name, saved
+        assert [(r["params"]["src"], r["params"]["dst"]) for r in saved["records"]] == [(0, 1)], saved["records"]
+    finally:
+        _cleanup([top], None)
+
+
 def test_a_rank_0_signalled_while_it_waits_in_the_join_tells_the_ranks_already_there():
     """torchrun-style, 3 ranks of which rank 1 never comes: rank 0, waiting in the join (a store
     request of its own in flight), gets SIGTERM. It exits 143 and rank 2 exits 3 naming it as

@@ -54,6 +54,10 @@ CLOSE_S = 30.0
 # After a fault rank 0 waits this long for the other ranks' acknowledgement of its farewell
 # before it stops serving the store (they need the store to read it).
 FAREWELL_ACK_S = 3.0
+# A rank that stops on a signal waits this long for rank 0's farewell (not CLOSE_S), so that rank 0
+# can save what it measured before a launcher that ends the job at the first failed exit (MPICH's
+# hydra, Slurm's --kill-on-bad-exit) kills it.
+SIGNALLED_WAIT_S = 10.0
 # A rank waiting for rank 0 (its answer to an all-gather or barrier, its confirmation of a gather
 # with confirm=True or of a healthy close) waits this much longer than rank 0 waits for the others,
 # so that a rank missing at rank 0 is named through rank 0's notice before the waiting ranks would
@@ -479,8 +483,9 @@ class Group:
         self._seq = 0
         self._closed = False
         self._faulted = False  # a peer went missing: close() does not wait for it
-        self._leaving = False  # this rank stops on a signal: it waits for no farewell either
+        self._leaving = False  # this rank stops on a signal: it waits SIGNALLED_WAIT_S for the farewell
         self._lost: set[int] = set()  # the ranks known missing
+        self._signalled: set[int] = set()  # of those, the ranks that stopped on a signal (they wait for the farewell)
 
     def lost(self, ranks) -> None:
         """Mark ``ranks`` as gone (e.g. fleet.Roll's silent ranks): close() then waits for none of
@@ -543,6 +548,7 @@ class Group:
             self._faulted = True
             by = int(d.get("by", -1))
             self._lost.add(by)
+            self._signalled.add(by)
             return MachineError(f"rank {by} on {self._host_of(by)} stopped: interrupted by "
                                 f"{str(d.get('interrupted'))[:20]}", "the other ranks stopped too; see that rank's own output")
         gone = [int(r) for r in d.get("missing", [])]
@@ -574,24 +580,26 @@ class Group:
         return json.loads(self._recv_named(tag, root, deadline, what, timeout))
 
     def gather(self, obj: Any, root: int = 0, timeout: float | None = None, what: str = "gather",
-               confirm: bool = False) -> list | None:
+               confirm: bool = False, waited: float | None = None) -> list | None:
         """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks.
 
         ``confirm``: the root tells the others once it has every part, and they return only then
-        (waiting ``timeout`` + CONFIRM_S for it), so a root that stopped is named by each of them.
+        (waiting ``timeout`` + CONFIRM_S for it), so a root that stopped is named by each of them:
+        a barrier that carries data. ``waited``: see :meth:`allgather`.
         """
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
         tag = self._tag("g")
         text = _dumps(obj)
+        said = timeout if waited is None else waited
         if self.rank != root:
             self._send_all(tag, text, [root], deadline)
             if confirm:
                 self._recv_named(tag + "ok", root, deadline + CONFIRM_S, f"{what} (rank {root}'s receipt)",
-                                 self._waited(timeout) + CONFIRM_S)
+                                 self._waited(said) + CONFIRM_S)
             return None
-        out = self._collect(tag, text, deadline, what, timeout)
+        out = self._collect(tag, text, deadline, what, said)
         if confirm:
             self._send_all(tag + "ok", "1", [r for r in range(self.size) if r != root], deadline)
         return out
@@ -706,9 +714,11 @@ class Group:
         """Each node's host name, in order of node index (first rank seen on it)."""
         return list(dict.fromkeys(r.host for r in self.ranks))
 
-    def close(self, quiet: bool | None = None) -> None:
+    def close(self, quiet: bool | None = None, interrupted: BaseException | None = None) -> None:
         """End this rank's part: the farewell rule (:meth:`_end`), then the transport's own end
-        (:meth:`_shut`); idempotent.
+        (:meth:`_shut`); idempotent. ``interrupted``: the signal this rank stopped on (a
+        KeyboardInterrupt or Interrupted) where it is not on its way (a rank that kept a partial
+        result), told to the others as one on its way is.
 
         Raises:
             MachineError: a healthy run's end was not confirmed (:meth:`_end`), unless ``quiet``
@@ -719,8 +729,9 @@ class Group:
         self._closed = True
         on_its_way = sys.exc_info()[1]
         quiet = on_its_way is not None if quiet is None else quiet
-        if isinstance(on_its_way, (KeyboardInterrupt, Interrupted)):
-            self._interrupted(on_its_way)
+        stopped_by = interrupted or on_its_way
+        if isinstance(stopped_by, (KeyboardInterrupt, Interrupted)):
+            self._interrupted(stopped_by)
         ended = self._ended()
         self._shut()
         if ended is not None and not quiet:
@@ -733,7 +744,8 @@ class Group:
         """This rank stops on a signal (SIGINT, SIGTERM): tell every other rank at once, so each
         stops at its next wait naming this rank and the signal (not, past a deadline, as a rank
         that "did not answer"), and none ends as if the run were whole. Then this rank leaves
-        without the healthy end's wait for rank 0, and without waiting for rank 0's farewell."""
+        without the healthy end's wait for rank 0; a rank other than 0 waits up to
+        SIGNALLED_WAIT_S for rank 0's farewell, which rank 0 says once it has saved what it holds."""
         if self.size == 1 or self._faulted:
             return
         self._faulted = True
@@ -778,11 +790,12 @@ class Group:
         return None
 
     def _farewell(self, ack: bool) -> None:
-        """After a fault: rank 0 tells every rank not known missing that it is done (and, with
-        ``ack``, waits up to FAREWELL_ACK_S for their acknowledgements, since they read the
-        farewell from rank 0's store); the others wait up to CLOSE_S for it, unless rank 0 is
+        """After a fault: rank 0 tells every rank not known missing (or stopped on a signal: it
+        waits) that it is done (and, with ``ack``, waits up to FAREWELL_ACK_S for their
+        acknowledgements, since they read the farewell from rank 0's store); the others wait up to
+        CLOSE_S for it (SIGNALLED_WAIT_S when this rank stopped on a signal), unless rank 0 is
         known missing. Never raises, never waits longer."""
-        live = [r for r in range(self.size) if r != self.rank and r not in self._lost]
+        live = [r for r in range(self.size) if r != self.rank and (r not in self._lost or r in self._signalled)]
         try:
             if self.rank == 0:
                 if not live:
@@ -792,8 +805,8 @@ class Group:
                     end = time.monotonic() + FAREWELL_ACK_S
                     for r in live:
                         self._recv("ack", r, end, aborts=False)
-            elif 0 not in self._lost and not self._leaving:
-                self._recv("bye", 0, time.monotonic() + CLOSE_S, aborts=False)
+            elif 0 not in self._lost:
+                self._recv("bye", 0, time.monotonic() + (SIGNALLED_WAIT_S if self._leaving else CLOSE_S), aborts=False)
                 if ack:
                     self._send_all("ack", "0", [0], time.monotonic() + FAREWELL_ACK_S)
         except Exception:  # a rank or the store gone meanwhile: nothing more to wait for

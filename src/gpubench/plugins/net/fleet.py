@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ from gpubench.plugins.net.protocol import STALL_S, Request
 from gpubench.core.bounds import MAX_TIMEOUT_S, bounded, check_bounds
 from gpubench.core.errors import GpubenchError, MachineError, UsageError
 from gpubench.core.result import Record, Result
+from gpubench.core.signals import Interrupted
 
 PAIRS = ("ring", "rings", "all")
 # A round's allowance beyond omit + seconds + one interval for a healthy test (connecting, starting
@@ -383,11 +385,13 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
         On rank 0 a Result (command "net", spec mode "fleet"): one record per link, params src,
         dst (ranks) and stream "total", extra "gbit_per_s", "src_host", "dst_host", "round";
         ``timing["matrix"]`` = {"hosts": [label per member], "gbps": sender x receiver Gbit/s}.
-        On the other ranks None.
+        Interrupted (SIGINT, SIGTERM) after the start: the rounds that ended, marked partial
+        with ``interrupted_by``. On the other ranks None.
 
     Raises:
         UsageError: ``--to`` names a rank not taking part (on every rank, before any test).
         MachineError: a rank did not reach a round within its deadline (from the group).
+        Interrupted: on the ranks other than 0, a signal during the rounds.
     """
     members = sorted(range(group.size) if members is None else members)
     rounds = schedule(members, spec.pairs, spec.to)
@@ -395,6 +399,8 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
     taking_part = me in members
     senders = [m for m in members if m != spec.to]
     count = (len(senders) if me == spec.to else 1) if taking_part else 0
+    links: list[Record] = []  # rank 0's: every finished round's links, gathered at its end
+    interrupted = None
     with contextlib.ExitStack() as servers:
         ports = [serve(servers, spec) for _ in range(count)]
         mine = {"rank": me, "host": getattr(group.me, "host", socket.gethostname()),
@@ -403,30 +409,41 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
         peers = {d["rank"]: d for d in everyone if d and d["rank"] in members}
         if progress is not None and me == 0:
             progress.start(len(rounds), "net rounds")
-        records: list[Record] = []
         t0 = time.time()
         group.barrier(timeout=spec.timeout, what="start of the net rounds")
-        for k, round_ in enumerate(rounds):
-            started = time.monotonic()
-            for rec in _run_mine(round_, me, peers, spec, senders):
-                rec.extra["round"] = k
-                records.append(rec)
-            if progress is not None and me == 0:
-                progress.advance(f"round {k + 1}")
-            # every rank is due here round_timeout after the round began, whatever it did in it
-            left = started + spec.round_timeout - time.monotonic()
-            group.barrier(timeout=max(left, 0.5), waited=spec.round_timeout,
-                          what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s after its start)")
+        try:
+            for k, round_ in enumerate(rounds):
+                started = time.monotonic()
+                records = []
+                for rec in _run_mine(round_, me, peers, spec, senders):
+                    rec.extra["round"] = k
+                    records.append(rec.to_dict())
+                if progress is not None and me == 0:
+                    progress.advance(f"round {k + 1}")
+                # the round's end: every rank is due here round_timeout after the round began, whatever
+                # it did in it; its links go to rank 0, which confirms the receipt (the barrier's
+                # 2(n - 1) messages), so an interrupt keeps every finished round and a rank 0 that
+                # stopped while it only received is named by the others
+                left = started + spec.round_timeout - time.monotonic()
+                got = group.gather(records, timeout=max(left, 0.5), waited=spec.round_timeout, confirm=True,
+                                   what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s "
+                                        "after its start)")
+                links.extend(Record.from_dict(d) for part in got or [] for d in (part or []))
+        except KeyboardInterrupt:
+            interrupted = "SIGINT"
+        except Interrupted as e:
+            interrupted = signal.Signals(e.signum).name
         elapsed = time.time() - t0
-    # confirmed: every rank returns only once rank 0 has every link, so a rank 0 that stopped while
-    # it only received (the ring's last round) is named here by the others, not left unseen
-    gathered = group.gather([r.to_dict() for r in records], what="final gather of the net results", confirm=True)
     if me != 0:
+        if interrupted is not None:
+            raise Interrupted(signal.Signals[interrupted].value)
         return None
     if progress is not None:
         progress.done()
-    links = [Record.from_dict(d) for part in gathered or [] for d in (part or [])]
-    return build_result(spec, members, peers, rounds, links, elapsed)
+    result = build_result(spec, members, peers, rounds, links, elapsed)
+    if interrupted is not None:
+        result.partial, result.interrupted_by = True, interrupted
+    return result
 
 
 def host_labels(members: Sequence[int], peers: dict[int, dict]) -> list[str]:

@@ -9,6 +9,8 @@ This module imports only click (``--help`` stays light).
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from gpubench.kit import StrictFloat, StrictInt, common_options
@@ -127,6 +129,7 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
         from gpubench.kit import finish
         from gpubench.launch import ranks
         from gpubench.core.errors import RegressionFound, UsageError
+        from gpubench.core.signals import Interrupted
 
         try:  # the options alone: every rank refuses them alike, and rank 0 alone says so
             if ipv4 or ipv6:
@@ -165,6 +168,9 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
                 code = 0
             else:  # rank 0 reports before the close, whose end the others wait for
                 code = finish(result, net_fleet.format_report(result, units), json_path=json_path, quiet=quiet)
+                if result.partial:  # interrupted: kept the rounds that ended; told to the others
+                    group.close(quiet=True, interrupted=Interrupted(signal.Signals[result.interrupted_by].value))
+                    return code
                 why = net_fleet.verdict(result)
                 if why:
                     raise RegressionFound(why)
