@@ -218,10 +218,10 @@ def test_10k_expectations_against_a_large_result_are_linear(run_cli, tmp_path):
                    f'nbytes = {4096 * (i + 1)} }}\nmin_gbps = 1\n' for i in range(10_000))
     f = toml(tmp_path, text)
     # no wall-time bound here (speed is checked by scripts under benchmarks/, not timed tests): the
-    # pairing is by an index, so this finishes in seconds (not O(E x R))
-    code, out, err = run_cli("suite", "--check", big, "--expect", f)
-    assert code == 0, err[-500:]
-    assert "PASSED: 10000 pass" in out
+    # pairing is by an index, so this finishes in seconds (not O(E x R)). -q: exit 0 says every
+    # expectation passed (a missing or failed one is exit 1) without a 10,000-row table to draw
+    code, out, err = run_cli("suite", "--check", big, "--expect", f, "-q")
+    assert (code, out, err) == (0, "", "")
 
 
 def test_more_than_10k_expectations_are_refused(run_cli, tmp_path):

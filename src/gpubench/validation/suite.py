@@ -361,10 +361,13 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
         nodes[res.command] = max(nodes.get(res.command, 1), nodes_of(res))
     out: list[Outcome] = []
 
-    def add(o: Outcome) -> None:
-        if len(out) >= MAX_OUTCOMES:
+    def room(n: int) -> None:  # before the work of n more rows, not after it
+        if len(out) + n > MAX_OUTCOMES:
             raise UsageError(f"the expectations match more than {MAX_OUTCOMES:,} records",
                              "narrow their where tables; each match is one row of the report")
+
+    def add(o: Outcome) -> None:
+        room(1)
         out.append(o)
 
     for e in expectations:
@@ -397,6 +400,7 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
             add(Outcome(e, "missing", note="no {} record has {}".format(
                 e.command, " ".join(f"{k}={v}" for k, v in e.where.items()))))
             continue
+        room(len(hits))
         for r in hits:
             if r.error:
                 add(Outcome(e, "fail", dict(r.params), note=f"point failed: {r.error}"))
