@@ -370,7 +370,9 @@ def test_netns_rings_names_the_slow_sender_receiver_or_link_at_8_nodes(tmp_path,
         {"egress": lambda: ns.shape(2), "ingress": lambda: ns.shape_ingress(5),
          "link": lambda: ns.shape_link(3, 4)}[shaped]()
         out = tmp_path / "rings.json"
-        res = _run_all(ns, ["net", "nodes", "--pairs", "rings", "-P", "1", "-t", "2", "-O", "0.5", "-i", "0.5",
+        # -O 1: a test's first second is left out, as iperf3 users do (-O): on a host loaded by the
+        # rest of the suite one healthy link once read 84% of the median (a late start, likely)
+        res = _run_all(ns, ["net", "nodes", "--pairs", "rings", "-P", "1", "-t", "2", "-O", "1", "-i", "0.5",
                             "-T", "120", "--json", str(out)], timeout=300)
     assert all("Traceback" not in e for _, _, e in res), [e[-800:] for _, _, e in res]
     assert [r[0] for r in res] == [1] + [0] * 7, [(r[0], r[2][-300:]) for r in res]
