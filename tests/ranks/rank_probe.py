@@ -25,7 +25,11 @@ def main() -> int:
     ap.add_argument("--victim", type=int, default=-1)
     ap.add_argument("--victim-at", choices=["barrier", "close"], default="barrier")
     ap.add_argument("--pidfile", default=None)
+    ap.add_argument("--close-s", type=float, default=None,
+                    help="the close's wait (ranks.CLOSE_S) for this run: the same rule, a shorter wait")
     a = ap.parse_args()
+    if a.close_s is not None:
+        ranks.CLOSE_S = a.close_s
     me = ranks.discover()
     g = None
     try:
