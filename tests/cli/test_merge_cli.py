@@ -751,8 +751,9 @@ def test_distributed_ucxx_logger_quiet_on_own_workers_and_here():
 @pytest.mark.skipif(not _has_ucxx(), reason="distributed-ucxx is not installed")
 def test_ucxx_logger_quiet_on_own_workers_unless_the_user_set_it(monkeypatch):
     """gpubench's own workers start with UCXPY_LOG_LEVEL=CRITICAL (dask's distributed.nanny.environ,
-    which dask-cuda's LocalCUDACluster leaves alone) and this process's "ucx" logger is CRITICAL
-    once the close began; a UCXPY_LOG_LEVEL the user set is what the workers get instead."""
+    which dask-cuda's LocalCUDACluster leaves alone) and this process's "ucx" logger (its scheduler's
+    listener) is CRITICAL from the start on; a UCXPY_LOG_LEVEL the user set is what the workers get
+    instead, and this process keeps its level."""
     import logging
 
     from gpubench.plugins.merge import cluster as mc
@@ -771,9 +772,10 @@ def test_ucxx_logger_quiet_on_own_workers_unless_the_user_set_it(monkeypatch):
             # the worker processes' own distributed loggers (a heartbeat on a closed pool logs a
             # traceback at ERROR); the cluster's silence_logs reaches only the Nannies, in this process
             worker_logs = client.run(logging.getLogger("distributed.worker").getEffectiveLevel)
+            during = logging.getLogger("ucx").level
         finally:
             mc.close_all(client, cluster)
         assert set(worker_logs.values()) == {logging.CRITICAL}, worker_logs
         assert set(env.values()) == {user or "CRITICAL"}, env
         assert set(levels.values()) == {logging.getLevelName(user or "CRITICAL")}, levels
-        assert logging.getLogger("ucx").level == (logging.WARNING if user else logging.CRITICAL)
+        assert during == logging.getLogger("ucx").level == (logging.WARNING if user else logging.CRITICAL)

@@ -651,8 +651,9 @@ def worker_preload() -> list[str]:
 def quiet_closing_logs() -> None:
     """Raise this process's UCXX logger ("ucx") to CRITICAL, unless the user set UCXPY_LOG_LEVEL,
     and distributed's and distributed_ucxx's (DISTRIBUTED_LOGGERS) and tornado's callback logger
-    to CRITICAL: the close of gpubench's cluster puts distributed's level back (silence_logs),
-    after which a comm still closing, or a periodic callback on a closed pool, logs a traceback."""
+    to CRITICAL: once gpubench's own cluster started (its scheduler listens in this process) and
+    again at its close, which puts distributed's level back (silence_logs), after which a comm
+    still closing, or a periodic callback on a closed pool, logs a traceback."""
     import logging
 
     if "UCXPY_LOG_LEVEL" not in os.environ:
@@ -760,6 +761,9 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
                                f"--timeout {spec.timeout_s:g} s", "raise --timeout; the host may be busy") from None
         raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start: "
                            f"{error_line(e)[:160]}") from None
+    # the scheduler runs here: UCXX's logger, set up at its import (WARNING), would print a
+    # listener's handshake that a loaded host let time out (the comm retries; the run goes on)
+    quiet_closing_logs()
     return LocalHandle(box[0], runner, before)
 
 
