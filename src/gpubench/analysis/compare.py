@@ -1029,7 +1029,7 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
     for k in sorted((set(base.spec) | set(new.spec)) - incidental):
         va, vb = base.spec.get(k), new.spec.get(k)
         if (k not in base.spec or k not in new.spec) and (va if k in base.spec else vb) == \
-                _added(new.command, "added_options").get(k, _NO_DEFAULT):
+                registry.added(new.command, "added_options").get(k, _NO_DEFAULT):
             continue  # an option an older gpubench did not have, at the value that means "off"
         if va != vb:
             out.append((f"option {k}", _short(va), _short(vb)))
@@ -1041,13 +1041,6 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
 
 
 _NO_DEFAULT = object()
-
-
-def _added(command: str, what: str) -> dict[str, Any]:
-    """The plug-in's ``added_options`` or ``added_params`` (its Plugin says what each means): the
-    value that behaves as, or measures what, a result written before the key existed did."""
-    own = registry.find(command)  # None where not installed here: its results still compare
-    return dict(getattr(own, what)) if own is not None else {}
 
 
 def _filled(params: dict, added: dict[str, Any]) -> dict:
@@ -1112,7 +1105,7 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         if r.partial:
             cmp.notes.append(f"{name} is partial ({partial_why(r, 100)})")
     cmp.notes.extend(_plugin_notes(base, new))
-    added = _added(base.command, "added_params")  # a record without one pairs as if it had that value
+    added = registry.added(base.command, "added_params")  # a record without one pairs as if it had that value
     lacking = [name for name, r in ((base_name, base), (new_name, new))
                if added and any(any(k not in rec.params for k in added) for rec in r.records)]
     for name in lacking:

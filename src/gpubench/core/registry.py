@@ -116,6 +116,14 @@ def find(name: str) -> Plugin | None:
     return _LOADED.get(name)
 
 
+def added(command: str, what: str) -> dict:
+    """The installed plug-in's ``added_options`` or ``added_params`` (``what``; its Plugin says what
+    each means): the value that behaves as, or measures what, a result written before the key
+    existed did. Empty for a command not installed here: its results still compare and check."""
+    own = find(command)
+    return dict(getattr(own, what)) if own is not None else {}
+
+
 def _broken(what: str, why: str) -> None:
     sys.stderr.write(f"gpubench: warning: plug-in {term(what, 200)} left out: {term(why, 300)}\n")
 

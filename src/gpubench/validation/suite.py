@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpubench import __version__
+from gpubench.core import registry
 from gpubench.core.errors import UsageError, first_line
 from gpubench.core.result import Record, Result
 
@@ -357,7 +358,7 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
     by_cmd: dict[str, _Index] = {}
     nodes: dict[str, int] = {}  # command -> the most nodes one of its results spans
     for res in results:
-        by_cmd.setdefault(res.command, _Index(_added_params(res.command))).records.extend(res.records)
+        by_cmd.setdefault(res.command, _Index(registry.added(res.command, "added_params"))).records.extend(res.records)
         nodes[res.command] = max(nodes.get(res.command, 1), nodes_of(res))
     out: list[Outcome] = []
 
@@ -425,20 +426,10 @@ def _hkey(v: Any) -> tuple:
     return ("s", v) if isinstance(v, str) else ("o", repr(v))
 
 
-def _added_params(command: str) -> dict[str, Any]:
-    """The command's ``added_params`` (its Plugin): params a record written before they existed
-    matches as if it had them at the value it measured (net's ``protocol`` "tcp"), as compare pairs
-    it; nothing for a command not installed here."""
-    from gpubench.core import registry
-
-    own = registry.find(command)
-    return dict(own.added_params) if own is not None else {}
-
-
 class _Index:
     """The records of one command, indexed by (param, value) on first use, so checking E
     expectations against R records costs O(R + E + matches), not O(E x R). ``added``: params a
-    record lacks match at these values (:func:`_added_params`)."""
+    record lacks match at these values (:func:`gpubench.core.registry.added`)."""
 
     def __init__(self, added: dict[str, Any] | None = None) -> None:
         self.added = added or {}
