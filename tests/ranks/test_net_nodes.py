@@ -464,12 +464,16 @@ def test_a_rank_0_signalled_while_it_waits_in_the_join_tells_the_ranks_already_t
         _cleanup(procs, None)
 
 
-def test_a_bad_option_under_mpiexec_is_said_once_by_rank_0():
+@pytest.mark.parametrize("bad, line", [
+    (["-P", "0"], "gpubench: error: -P/--parallel 0 out of range (use 1 to 128 streams)"),
+    (["--json", ""], "gpubench: error: --json needs a file name, got '' (e.g. out.json)"),
+])
+def test_a_bad_option_under_mpiexec_is_said_once_by_rank_0(bad, line):
     """Every rank refuses the same options alike: rank 0 alone says so (one line), all exit 2."""
-    p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-P", "0"], env=_env(),
+    p = subprocess.run([mpiexec(), "-n", "2", *GPUBENCH, "net", "nodes", "-B", "127.0.0.1", *bad], env=_env(),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stdout + p.stderr
-    assert p.stderr.strip().splitlines() == ["gpubench: error: -P/--parallel 0 out of range (use 1 to 128 streams)"]
+    assert p.stderr.strip().splitlines() == [line]
 
 
 needs_ucx = pytest.mark.skipif(__import__("importlib.util").util.find_spec("ucxx") is None,

@@ -214,6 +214,25 @@ def _link_hops(path: str | os.PathLike, limit: int = 40) -> list[str]:
 _FD_LINK = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd|dev/fd)(?:/|$)")
 
 
+def _check_name(path: str | os.PathLike, what: str, shown: str) -> None:
+    """The checks of the name alone (no file system): empty, a folder's, over 255 bytes. Every rank
+    of a launcher refuses such a name alike (``every_rank``: rank 0 alone says so).
+
+    Raises:
+        UsageError: as :func:`check_output_target`.
+    """
+    e = None
+    if not str(path).strip():
+        e = UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
+    elif str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):  # "new/": a folder, not a file
+        e = UsageError(f"{what} {shown} names a folder", "give a file name, e.g. out.json")
+    elif (name_len := len(os.fsencode(Path(path).name))) > 255:
+        e = UsageError(f"{what}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
+    if e is not None:
+        e.every_rank = True
+        raise e
+
+
 def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     """Check, before a run, that ``path`` can be replaced by a regular file written atomically, and
     return it as a Path: the one check of every output gpubench writes (--json, plot's PNG, report's
@@ -231,13 +250,7 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
         UsageError: one line naming the option, the path and what would be accepted.
     """
     shown = safe.term(repr(str(path)), 300)
-    if not str(path).strip():
-        raise UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
-    if str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):  # "new/": a folder, not a file
-        raise UsageError(f"{what} {shown} names a folder", "give a file name, e.g. out.json")
-    name_len = len(os.fsencode(Path(path).name))
-    if name_len > 255:
-        raise UsageError(f"{what}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
+    _check_name(path, what, shown)
     regular = "give a regular file's name, e.g. out.json" + (", or --json - for stdout" if what == "--json" else "")
     for hop in _link_hops(path):
         if _FD_LINK.match(os.path.abspath(hop)):
