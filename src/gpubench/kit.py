@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from gpubench.core import report
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, from_the_command_line
 from gpubench.core.result import STDOUT, Result, check_output_target, save
 
 
@@ -76,7 +76,7 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
     """
     from gpubench.core.registry import INVOCATION
 
-    from gpubench.core.signals import CRITICAL, Interrupted
+    from gpubench.core.signals import CRITICAL, Interrupted, note_complete
 
     if result.partial and not result.failed_by and not any(r.samples_s for r in result.records):
         import signal
@@ -90,6 +90,8 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
             save(result, json_path)
             if json_path != STDOUT:
                 report.saved(json_path, note=" (partial)" if result.partial else "", quiet=quiet)
+        if not result.partial:
+            note_complete()  # a signal from here on ends the command, and its line says the result is whole
     if result.partial and result.failed_by:
         return 3  # the caller re-raises the MachineError, whose line says what failed
     if result.partial:
@@ -270,11 +272,8 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         out = {k: kwargs.pop(k) for k in OUTPUT_PARAMS}
         shown = {k: kwargs.pop(k) for k in display}
         cond = {k: kwargs.pop(k) for k in CONDITION_PARAMS if k in kwargs}
-        try:
+        with from_the_command_line():  # the options alone: every rank of a launcher refuses them alike
             spec = build_spec(**kwargs)
-        except UsageError as e:
-            e.every_rank = True  # the options alone: every rank of a launcher refuses them alike
-            raise
         note = quiet_keeps_nothing(out["quiet"], out["json_path"])
         if not gathers_ranks:
             warn_ranks_alone(name, out["json_path"])
@@ -401,8 +400,9 @@ class _Strict:
         if value is None:
             return None
         name = _opt_name(param)
-        return parse_number(value, name, self.kind, digit_groups=self.digit_groups,
-                            bound=self.bound or (lambda: declared(self.bounds_in, name)))
+        with from_the_command_line():
+            return parse_number(value, name, self.kind, digit_groups=self.digit_groups,
+                                bound=self.bound or (lambda: declared(self.bounds_in, name)))
 
 
 class StrictInt(_Strict, click.types.IntParamType):
@@ -422,7 +422,8 @@ class Text(click.types.StringParamType):
     def convert(self, value, param, ctx):
         value = super().convert(value, param, ctx)
         if isinstance(value, str) and not value.strip():
-            raise UsageError(f"{_opt_name(param)} {value!r} is empty", "leave the option out for its default")
+            with from_the_command_line():
+                raise UsageError(f"{_opt_name(param)} {value!r} is empty", "leave the option out for its default")
         return value
 
 

@@ -277,6 +277,22 @@ def test_a_bad_option_under_a_launcher_is_said_once_by_rank_0_and_every_rank_exi
     assert p.returncode == 2 and p.stderr.count("No such option") == 1, p.stderr
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["net", "local", "-t", "nan"], "-t/--time 'nan' is not a finite number"),  # the option's type
+    (["copy", "-f", "nan"], "-f/--step-factor 'nan' is not a finite number"),
+    (["suite", "--node-timeout", "0"], "--node-timeout 0 must be > 0"),  # a declared bound
+    (["net", "nodes", "--rendezvous", "x"], "--rendezvous 'x' is not HOST:PORT"),  # a form
+    (["net", "nodes", "-B", ""], "-B/--bind '' is empty"),
+])
+def test_an_error_of_the_command_line_alone_is_said_once_under_a_launcher(argv, line):
+    """What every rank refuses alike (an option's text, its declared bound, a value's form) is said
+    by rank 0 alone; every rank exits 2."""
+    p = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "gpubench", *argv], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert len(p.stderr.splitlines()) == 1 and line in p.stderr, p.stderr
+
+
 def test_quiet_without_json_warns_once_after_the_run_and_not_with_json(tmp_path):
     args = [sys.executable, "-m", "gpubench", "net", "local", "-t", "0.3", "-q"]
     p = subprocess.run([mpiexec(), "-n", "2", *args], env=_env(), capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import click
 
-from gpubench.core.errors import RegressionFound, UsageError
+from gpubench.core.errors import RegressionFound, UsageError, from_the_command_line
 from gpubench.kit import StrictFloat
 
 
@@ -58,7 +58,8 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
     if list_profiles:
         _show_profiles(profiles.describe())
         return 0
-    _node_timeout().check(node_timeout)  # also with --check and off a launcher
+    with from_the_command_line():
+        _node_timeout().check(node_timeout)  # also with --check and off a launcher
     if not str(out_dir).strip():  # Path("") is the current folder: never read as the default
         raise UsageError(f"-o/--output-dir {out_dir!r} is empty", "give a folder, or leave -o out for the current one")
     known = sorted(p.name for p in registry.measuring())

@@ -9,6 +9,9 @@ Every error carries one line of message and an optional hint; neither contains a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from typing import Any
 
 class GpubenchError(Exception):
@@ -39,6 +42,19 @@ class UsageError(GpubenchError):
 
     exit_code = 2
     every_rank = False
+
+
+@contextlib.contextmanager
+def from_the_command_line() -> Iterator[None]:
+    """A UsageError raised inside comes from the command line alone (an option's text, its
+    declared bound, a name's form), not from this machine: every rank of a launcher raises it
+    alike, so it is marked ``every_rank`` and rank 0 alone says it. What depends on the machine
+    (its GPUs, NUMA nodes, folders, addresses) stays outside, said by the rank that lacks it."""
+    try:
+        yield
+    except UsageError as e:
+        e.every_rank = True
+        raise
 
 
 def check_choices(name: str, got, allowed) -> None:

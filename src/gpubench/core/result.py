@@ -24,7 +24,7 @@ from typing import Any
 
 from gpubench import __version__
 from gpubench.core import safe
-from gpubench.core.errors import MachineError, UsageError, first_line
+from gpubench.core.errors import MachineError, UsageError, first_line, from_the_command_line
 from gpubench.core.stats import Summary, rates
 from gpubench.core.timing import ITERS, STOP_REASONS
 
@@ -221,16 +221,14 @@ def _check_name(path: str | os.PathLike, what: str, shown: str) -> None:
     Raises:
         UsageError: as :func:`check_output_target`.
     """
-    e = None
-    if not str(path).strip():
-        e = UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
-    elif str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):  # "new/": a folder, not a file
-        e = UsageError(f"{what} {shown} names a folder", "give a file name, e.g. out.json")
-    elif (name_len := len(os.fsencode(Path(path).name))) > 255:
-        e = UsageError(f"{what}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
-    if e is not None:
-        e.every_rank = True
-        raise e
+    with from_the_command_line():
+        if not str(path).strip():
+            raise UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
+        if str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):  # "new/": a folder, not a file
+            raise UsageError(f"{what} {shown} names a folder", "give a file name, e.g. out.json")
+        name_len = len(os.fsencode(Path(path).name))
+        if name_len > 255:
+            raise UsageError(f"{what}: the file name is {name_len} bytes long", "a file name has at most 255 bytes")
 
 
 def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:

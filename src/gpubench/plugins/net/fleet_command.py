@@ -13,7 +13,7 @@ import signal
 
 import click
 
-from gpubench.kit import StrictFloat, StrictInt, common_options
+from gpubench.kit import StrictFloat, StrictInt, Text, common_options
 
 
 class LauncherGroup(click.Group):
@@ -128,10 +128,12 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
         from gpubench.plugins.net import fleet as net_fleet
         from gpubench.kit import finish
         from gpubench.launch import ranks
-        from gpubench.core.errors import RegressionFound, UsageError
+        from gpubench.core.errors import RegressionFound, UsageError, from_the_command_line
         from gpubench.core.signals import Interrupted
 
-        try:  # the options alone: every rank refuses them alike, and rank 0 alone says so
+        with from_the_command_line():  # the options alone: every rank refuses them alike, and rank 0 alone says so
+            if rendezvous is not None:
+                ranks.parse_rendezvous(rendezvous)
             if ipv4 or ipv6:
                 raise UsageError("-4/-6 are for net client and net local", "under a launcher, choose the family with -B/--bind")
             ctx = click.get_current_context()
@@ -157,9 +159,6 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
                 raise UsageError(f"--to {to} out of range", f"use a rank 0 to {me.size - 1}")
             spec = net_fleet.NetFleetSpec(req, pairs, to, bind, connect_timeout=min(timeout, 10.0), timeout=timeout,
                                           ucx=ucx_spec)
-        except UsageError as e:
-            e.every_rank = True
-            raise
         net_fleet.check_machine(spec)  # this rank's own machine: said by the rank that lacks it
         group = ranks.join(me, rendezvous, timeout=timeout)
         try:
@@ -188,7 +187,7 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
                               "stride s, so a slow node is told from a slow link (4 rounds, 5 for an odd count); "
                               "all: every ordered pair (2(n-1) rounds)."),
             click.option("--to", "to", type=StrictInt(bound=_to_bound), default=None, help="Many-to-one: every other rank sends to RANK at once."),
-            click.option("-B", "--bind", default="0.0.0.0", show_default=True,
+            click.option("-B", "--bind", type=Text(), default="0.0.0.0", show_default=True,
                          help="Address each rank's server listens on (a specific one is also told to the peers)."),
             click.option("--rendezvous", default=None, help="HOST:PORT of rank 0's store (default: the launcher's)."),
             click.option("-T", "--timeout", type=StrictFloat(bound=_timeout_bound), default=60.0, show_default=True,
