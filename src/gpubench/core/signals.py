@@ -53,9 +53,25 @@ def last_signal() -> int | None:
 
 
 def clear_signals() -> None:
-    """Forget noted signals (at the start of a command)."""
+    """Forget noted signals and a finished result (at the start of a command)."""
     _pending_signals.clear()
     _deferred.clear()
+    _complete.clear()
+
+
+# Set once the command's complete result was shown and saved (kit.finish): an interrupt after that
+# ends the command as any interrupt does (130 / 143), and its line says the result is whole.
+_complete: list[bool] = []
+
+
+def note_complete() -> None:
+    """Remember that this command's complete result was shown and saved."""
+    _complete.append(True)
+
+
+def result_complete() -> bool:
+    """True once this command's complete result was shown and saved."""
+    return bool(_complete)
 
 
 def signal_exception(signum: int) -> BaseException:
