@@ -192,7 +192,8 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
             click.option("--rendezvous", default=None, help="HOST:PORT of rank 0's store (default: the launcher's)."),
             click.option("-T", "--timeout", type=StrictFloat(bound=_timeout_bound), default=60.0, show_default=True,
                          help="Seconds to wait for the other ranks: to join, and from a round's start to its end "
-                              "(at least the round's length: -O + -t + -i + 5 s); a rank later than that is named."),
+                              "(at least the round's length: -O + -t + -i + 10 s + 5 s, 10 s more over UCX); a rank "
+                              "later than that is named."),
             ]
     for opt in reversed(opts):
         f = opt(f)
