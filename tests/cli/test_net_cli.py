@@ -594,6 +594,9 @@ def _no_gpu() -> bool:
     (["nodes", "-m", "cuda"], "-m/--memory applies to --protocol ucx only"),
     (["nodes", "--protocol", "ucx", "--in-flight", "2000"], "--in-flight 2000"),
     (["nodes", "--protocol", "ucx", "--latency"], "No such option '--latency'"),
+    # -d picks the GPU of cuda buffers: given with host memory only, it would be ignored
+    (["local", "--protocol", "ucx", "-m", "host", "-d", "1"], "-d/--device 1 applies to -m cuda"),
+    (["nodes", "--protocol", "ucx", "-d", "0"], "-d/--device 0 applies to -m cuda"),
 ])
 def test_ucx_bad_input_is_one_line_exit_2(args, fragment):
     line = _one_line_error(gb("net", *args), 2)

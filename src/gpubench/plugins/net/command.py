@@ -273,6 +273,11 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     mem = parse_memory(memory)
     Bound("--in-flight", lo=1, hi=MAX_IN_FLIGHT).check(in_flight)
     Bound("-d/--device", lo=0, hi=2**31 - 1).check(device)
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and ctx.get_parameter_source("device") not in (None, click.core.ParameterSource.DEFAULT)
+    if given and "cuda" not in mem:  # -d picks the GPU of cuda buffers: with host memory it would be ignored
+        raise UsageError(f"-d/--device {device} applies to -m cuda; -m {memory} uses host memory only",
+                         "leave -d out, or give -m cuda (or cuda,host / host,cuda)")
     spec = UcxSpec(host=host, port=port, mode=mode, memory=mem, device=device, api=api, nbytes=req.buffer,
                    in_flight=in_flight, seconds=req.seconds, omit=req.omit, interval=req.interval, latency=latency,
                    wait=wait)
