@@ -33,21 +33,29 @@ def test_exit_past_a_crashing_teardown_keeps_the_code_and_leaves_no_semaphore_wa
     assert p.stderr == "", p.stderr  # multiprocessing's resource tracker: "leaked semaphore objects"
 
 
+# the process signals itself right after `saved PATH` is printed: the report and the file are whole
+_SIGNAL_AFTER_SAVE = """
+import os, signal, sys
+from gpubench.core import report
+saved, signum = report.saved, int(sys.argv[1])
+def saved_then_signalled(*args, **kwargs):
+    saved(*args, **kwargs)
+    os.kill(os.getpid(), signum)
+report.saved = saved_then_signalled
+sys.argv = ["gpubench", *sys.argv[2:]]
+from gpubench.cli import main
+main()
+"""
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_after_the_result_is_saved_says_the_result_is_complete(tmp_path, sig, code):
-    """The signal lands once `saved PATH` is printed (the report and the file are whole): the exit is
-    the signal's, and its one line says the result is complete, not the line of a run that kept
-    nothing; the file stays whole."""
+    """A signal once `saved PATH` is printed: the exit is the signal's, and its one line says the
+    result is complete, not the line of a run that kept nothing; the file stays whole."""
     out = tmp_path / "n.json"
-    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-t", "0.4", "-i", "0.2", "--json", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, "PYTHONPATH": str(SRC)})
-    for line in p.stdout:
-        if line.startswith("saved "):
-            os.killpg(p.pid, sig)
-            break
-    _out, err = p.communicate(timeout=60)
-    if p.returncode == 0:  # the process had already ended: nothing to see this time
-        pytest.skip("the run ended before the signal")
-    assert p.returncode == code and err == f"gpubench: interrupted by {sig.name} after the run; its result is complete\n", err
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_AFTER_SAVE, str(int(sig)), "net", "local", "-t", "0.4", "-i", "0.2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert p.returncode == code, (p.returncode, p.stderr)
+    assert p.stderr == f"gpubench: interrupted by {sig.name} after the run; its result is complete\n", p.stderr
     assert json.loads(out.read_text())["partial"] is False
