@@ -43,10 +43,12 @@ $(VENV)/.check: $(BIN)/python pyproject.toml
 run: $(VENV)/.run-$(CUDA)
 	$(BIN)/gpubench copy --pinned
 
-# The suite mostly waits on the processes it starts, so it runs on 4 pytest-xdist workers (on 2 cores
-# too); the 20 slowest tests are listed at the end.
+# The suite runs on 4 pytest-xdist workers (on 2 cores too: many tests wait on the processes they
+# start); the 20 slowest tests are listed at the end. Bytecode is cached even where the environment
+# says not to (PYTHONDONTWRITEBYTECODE): the suite starts hundreds of gpubench processes, each of
+# which would compile its modules again, and every worker would rewrite every test module.
 test: $(VENV)/.test-$(CUDA)
-	$(BIN)/python -m pytest -q -n 4 --dist worksteal --durations=20
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 4 --dist worksteal --durations=20
 
 check: lint package manifests
 
