@@ -372,7 +372,8 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
     return out
 
 
-def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progress=None) -> Result | None:
+def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progress=None,
+        keep_partial: bool = False) -> Result | None:
     """The net test between ranks: every rank of ``group`` calls this with the same spec.
 
     Args:
@@ -385,13 +386,14 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
         On rank 0 a Result (command "net", spec mode "fleet"): one record per link, params src,
         dst (ranks) and stream "total", extra "gbit_per_s", "src_host", "dst_host", "round";
         ``timing["matrix"]`` = {"hosts": [label per member], "gbps": sender x receiver Gbit/s}.
-        Interrupted (SIGINT, SIGTERM) after the start: the rounds that ended, marked partial
-        with ``interrupted_by``. On the other ranks None.
+        With ``keep_partial``, interrupted (SIGINT, SIGTERM) after the start: the rounds that
+        ended, marked partial with ``interrupted_by``. On the other ranks None.
 
     Raises:
         UsageError: ``--to`` names a rank not taking part (on every rank, before any test).
         MachineError: a rank did not reach a round within its deadline (from the group).
-        Interrupted: on the ranks other than 0, a signal during the rounds.
+        KeyboardInterrupt, Interrupted: a signal during the rounds (on rank 0 only without
+            ``keep_partial``).
     """
     members = sorted(range(group.size) if members is None else members)
     rounds = schedule(members, spec.pairs, spec.to)
@@ -400,7 +402,7 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
     senders = [m for m in members if m != spec.to]
     count = (len(senders) if me == spec.to else 1) if taking_part else 0
     links: list[Record] = []  # rank 0's: every finished round's links, gathered at its end
-    interrupted = None
+    stopped: BaseException | None = None
     with contextlib.ExitStack() as servers:
         ports = [serve(servers, spec) for _ in range(count)]
         mine = {"rank": me, "host": getattr(group.me, "host", socket.gethostname()),
@@ -429,20 +431,19 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
                                    what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s "
                                         "after its start)")
                 links.extend(Record.from_dict(d) for part in got or [] for d in (part or []))
-        except KeyboardInterrupt:
-            interrupted = "SIGINT"
-        except Interrupted as e:
-            interrupted = signal.Signals(e.signum).name
+        except (KeyboardInterrupt, Interrupted) as e:
+            if me != 0 or not keep_partial:
+                raise
+            stopped = e
         elapsed = time.time() - t0
     if me != 0:
-        if interrupted is not None:
-            raise Interrupted(signal.Signals[interrupted].value)
         return None
     if progress is not None:
         progress.done()
     result = build_result(spec, members, peers, rounds, links, elapsed)
-    if interrupted is not None:
-        result.partial, result.interrupted_by = True, interrupted
+    if stopped is not None:
+        result.partial = True
+        result.interrupted_by = signal.Signals(getattr(stopped, "signum", signal.SIGINT)).name
     return result
 
 

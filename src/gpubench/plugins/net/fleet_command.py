@@ -162,7 +162,7 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
         net_fleet.check_machine(spec)  # this rank's own machine: said by the rank that lacks it
         group = ranks.join(me, rendezvous, timeout=timeout)
         try:
-            result = net_fleet.run(group, spec)
+            result = net_fleet.run(group, spec, keep_partial=True)
             if result is None:
                 code = 0
             else:  # rank 0 reports before the close, whose end the others wait for
