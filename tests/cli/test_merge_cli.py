@@ -779,3 +779,23 @@ def test_ucxx_logger_quiet_on_own_workers_unless_the_user_set_it(monkeypatch):
         assert set(env.values()) == {user or "CRITICAL"}, env
         assert set(levels.values()) == {logging.getLevelName(user or "CRITICAL")}, levels
         assert during == logging.getLogger("ucx").level == (logging.WARNING if user else logging.CRITICAL)
+
+
+# A process that started the tracker as gpubench's cluster start does, registered a named semaphore
+# (as a Nanny's queue does) and ended without unregistering it (a worker killed in a close that ran
+# out of time): the tracker unlinks it, and says nothing where the user reads gpubench's lines.
+_LEAKED_SEMAPHORE = """
+import multiprocessing, os
+from gpubench.plugins.merge import cluster
+cluster._quiet_resource_tracker()
+q = multiprocessing.get_context("spawn").Queue()
+print("ready", flush=True)
+os._exit(0)
+"""
+
+
+def test_the_resource_tracker_of_gpubench_s_clusters_prints_nothing():
+    p = subprocess.run([sys.executable, "-c", _LEAKED_SEMAPHORE], capture_output=True, text=True, timeout=60)
+    # run() returns once every holder of the stderr pipe is gone: the tracker too, after its clean-up
+    assert p.returncode == 0 and p.stdout == "ready\n", (p.stdout, p.stderr)
+    assert p.stderr == "", p.stderr
