@@ -11,11 +11,13 @@ import click
 
 from gpubench.core import report
 from gpubench.core.errors import MachineError, UsageError, from_the_command_line
-from gpubench.core.result import STDOUT, Result, check_output_target, save
+from gpubench.core.result import STDOUT, Result, check_output_name, check_output_target, save
 
 
-def common_options(f: Callable) -> Callable:
-    """Add --json PATH, --units GB|GiB, -q/--quiet and --debug to a command."""
+def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
+    """Add --json PATH, --units GB|GiB, -q/--quiet and --debug to a command. ``written_by_rank_0``:
+    under a launcher the command gathers its result to rank 0, which alone writes --json; the
+    other ranks check only the name's form (the folder may exist on rank 0's node alone)."""
 
     @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
                   help="Save the result (samples, spec, environment) to this JSON file; '-' writes it to "
@@ -28,13 +30,28 @@ def common_options(f: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         to_stdout = kwargs.get("json_path") == STDOUT
         if kwargs.get("json_path") is not None and not to_stdout:  # --json "" is a mistake, not "don't save"
-            check_output_target(kwargs["json_path"], "--json")
+            if written_by_rank_0 and not _rank_0():
+                check_output_name(kwargs["json_path"], "--json")
+            else:
+                check_output_target(kwargs["json_path"], "--json")
         if to_stdout:
             check_stdout_open()
         with report.human_to_stderr(to_stdout):
             return f(*args, **kwargs)
 
     return wrapper
+
+
+def _rank_0() -> bool:
+    """Whether this process is rank 0 of a launcher, or runs under none."""
+    from gpubench.core.errors import GpubenchError
+    from gpubench.launch import ranks
+
+    try:
+        me = ranks.discover()
+    except GpubenchError:  # launcher variables that do not parse: the command says so itself
+        return True
+    return not me.under_launcher or me.rank == 0
 
 
 def check_stdout_open() -> None:
@@ -293,7 +310,7 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         return code
 
     callback.__doc__ = help
-    f = common_options(callback)
+    f = common_options(callback, written_by_rank_0=gathers_ranks)
     for opt in reversed(list(options) + (condition_options() if conditions else [])):
         f = opt(f)
     cmd = click.command(name, help=help)(f)

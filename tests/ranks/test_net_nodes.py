@@ -442,6 +442,27 @@ def test_a_signal_to_mpiexec_keeps_the_rounds_that_ended(tmp_path, sig, code):
         _cleanup([top], None)
 
 
+def test_the_json_folder_is_needed_on_rank_0s_node_only(tmp_path):
+    """Rank 0 alone writes --json: `--json sub/x.json` where sub/ exists in rank 0's working folder
+    and not in rank 1's runs, and rank 0 saves the matrix (rank 1 checks only the name's form)."""
+    port = _free_port()
+    homes = [tmp_path / "r0", tmp_path / "r1"]
+    (homes[0] / "sub").mkdir(parents=True)
+    homes[1].mkdir()
+    env = [_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port)) for r in (0, 1)]
+    procs = [subprocess.Popen([*GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-t", "0.5", "-i", "0.25", "-q",
+                               "--json", "sub/x.json"], env=env[r], cwd=homes[r], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        _cleanup(procs, None)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert len(json.loads((homes[0] / "sub" / "x.json").read_text())["records"]) == 2
+    assert not (homes[1] / "sub").exists()
+
+
 def test_a_rank_0_signalled_while_it_waits_in_the_join_tells_the_ranks_already_there():
     """torchrun-style, 3 ranks of which rank 1 never comes: rank 0, waiting in the join (a store
     request of its own in flight), gets SIGTERM. It exits 143 and rank 2 exits 3 naming it as

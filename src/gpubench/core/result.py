@@ -214,13 +214,15 @@ def _link_hops(path: str | os.PathLike, limit: int = 40) -> list[str]:
 _FD_LINK = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd|dev/fd)(?:/|$)")
 
 
-def _check_name(path: str | os.PathLike, what: str, shown: str) -> None:
+def check_output_name(path: str | os.PathLike, what: str = "--json") -> None:
     """The checks of the name alone (no file system): empty, a folder's, over 255 bytes. Every rank
-    of a launcher refuses such a name alike (``every_rank``: rank 0 alone says so).
+    of a launcher refuses such a name alike (``every_rank``: rank 0 alone says so); a rank that
+    does not write the file (rank 0 writes a gathered result) checks only this.
 
     Raises:
         UsageError: as :func:`check_output_target`.
     """
+    shown = safe.term(repr(str(path)), 300)
     with from_the_command_line():
         if not str(path).strip():
             raise UsageError(f"{what} needs a file name, got {shown}", "e.g. out.json")
@@ -248,7 +250,7 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
         UsageError: one line naming the option, the path and what would be accepted.
     """
     shown = safe.term(repr(str(path)), 300)
-    _check_name(path, what, shown)
+    check_output_name(path, what)
     regular = "give a regular file's name, e.g. out.json" + (", or --json - for stdout" if what == "--json" else "")
     for hop in _link_hops(path):
         if _FD_LINK.match(os.path.abspath(hop)):

@@ -180,7 +180,7 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
         return code
 
     callback.__doc__ = HELP
-    f = common_options(callback)
+    f = common_options(callback, written_by_rank_0=True)
     opts = [*test_options, *ucx_options,
             click.option("--pairs", type=click.Choice(["ring", "rings", "all"]), default="ring", show_default=True,
                          help="ring: rank i to i+1 (2 rounds, 3 for an odd count); rings: that ring and a second of "
