@@ -442,6 +442,32 @@ def test_a_signal_to_mpiexec_keeps_the_rounds_that_ended(tmp_path, sig, code):
         _cleanup([top], None)
 
 
+def test_a_rank_lost_after_a_round_ended_keeps_that_round_on_rank_0(tmp_path):
+    """Torchrun-style, 2 ranks (0 -> 1, then 1 -> 0): rank 1 killed once round 2 runs. Rank 0 names
+    it (exit 3) and first shows and saves round 1's link, marked partial with the fault."""
+    port = _free_port()
+    out_json = tmp_path / "r.json"
+    env = [_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port)) for r in (0, 1)]
+    procs = [_start([*GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-t", "1", "-i", "0.5", "-T", "8",
+                     "--json", str(out_json)], env[r]) for r in (0, 1)]
+    out = Lines(procs[0])
+    try:
+        end = time.monotonic() + 60
+        while _receiving_for(procs[0].pid) is None and time.monotonic() < end:  # round 2: rank 0 receives
+            time.sleep(0.02)
+        assert _receiving_for(procs[0].pid) is not None, out.text()[-2000:]
+        procs[1].kill()
+        assert _wait_all(procs[:1], 60) != [None], "".join(line for _, line in out.lines)[-2000:]
+        text = out.text()
+    finally:
+        _cleanup(procs, None)
+    assert procs[0].returncode == 3 and "rank 1 on" in text and "Traceback" not in text, text[-2000:]
+    saved = json.loads(out_json.read_text())
+    assert saved["partial"] is True and "rank 1" in saved["failed_by"], saved
+    assert [(r["params"]["src"], r["params"]["dst"]) for r in saved["records"]] == [(0, 1)], saved["records"]
+
+
 def test_the_json_folder_is_needed_on_rank_0s_node_only(tmp_path):
     """Rank 0 alone writes --json: `--json sub/x.json` where sub/ exists in rank 0's working folder
     and not in rank 1's runs, and rank 0 saves the matrix (rank 1 checks only the name's form)."""

@@ -387,7 +387,8 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
         dst (ranks) and stream "total", extra "gbit_per_s", "src_host", "dst_host", "round";
         ``timing["matrix"]`` = {"hosts": [label per member], "gbps": sender x receiver Gbit/s}.
         With ``keep_partial``, interrupted (SIGINT, SIGTERM) after the start: the rounds that
-        ended, marked partial with ``interrupted_by``. On the other ranks None.
+        ended, marked partial with ``interrupted_by`` (a rank lost after a round ended: the same,
+        with ``failed_by``, as the MachineError's ``partial_result``). On the other ranks None.
 
     Raises:
         UsageError: ``--to`` names a rank not taking part (on every rank, before any test).
@@ -435,6 +436,11 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
             if me != 0 or not keep_partial:
                 raise
             stopped = e
+        except MachineError as e:  # a rank lost: rank 0 still holds the rounds that ended
+            if me == 0 and keep_partial and links:
+                e.partial_result = build_result(spec, members, peers, rounds, links, time.time() - t0)
+                e.partial_result.partial, e.partial_result.failed_by = True, e.one_line()
+            raise
         elapsed = time.time() - t0
     if me != 0:
         return None

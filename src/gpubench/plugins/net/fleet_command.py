@@ -128,7 +128,7 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
         from gpubench.plugins.net import fleet as net_fleet
         from gpubench.kit import finish
         from gpubench.launch import ranks
-        from gpubench.core.errors import RegressionFound, UsageError, from_the_command_line
+        from gpubench.core.errors import MachineError, RegressionFound, UsageError, from_the_command_line
         from gpubench.core.signals import Interrupted
 
         with from_the_command_line():  # the options alone: every rank refuses them alike, and rank 0 alone says so
@@ -173,6 +173,12 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
                 why = net_fleet.verdict(result)
                 if why:
                     raise RegressionFound(why)
+        except MachineError as e:  # a rank lost: rank 0 shows and saves the rounds that ended first
+            if e.partial_result is not None:
+                finish(e.partial_result, net_fleet.format_report(e.partial_result, units), json_path=json_path,
+                       quiet=quiet)
+            group.close(quiet=True)
+            raise
         except BaseException:
             group.close(quiet=True)  # the end is still said (rank 0 confirms it), but the error on its way wins
             raise
