@@ -468,6 +468,40 @@ def test_a_rank_lost_after_a_round_ended_keeps_that_round_on_rank_0(tmp_path):
     assert [(r["params"]["src"], r["params"]["dst"]) for r in saved["records"]] == [(0, 1)], saved["records"]
 
 
+# the rank signals itself as soon as its close returned: rank 0 had confirmed the end
+_SIGNAL_AFTER_CLOSE = """
+import os, signal, sys
+from gpubench.launch import ranks
+close = ranks.Group.close
+def close_then_signalled(self, *args, **kwargs):
+    close(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+ranks.Group.close = close_then_signalled
+sys.argv = ["gpubench", *sys.argv[1:]]
+from gpubench.cli import main
+main()
+"""
+
+
+def test_a_signal_after_the_confirmed_end_says_the_result_is_complete_on_every_rank(tmp_path):
+    """Torchrun-style, 2 ranks, each sent SIGTERM once its close returned (rank 0 confirmed the
+    end): rank 0's file is whole, and each rank's one line says the result is complete (143)."""
+    port = _free_port()
+    out_json = tmp_path / "r.json"
+    env = [_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port)) for r in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", _SIGNAL_AFTER_CLOSE, "net", "nodes", "-B", "127.0.0.1", "-t", "0.5",
+                               "-i", "0.25", "-q", "--json", str(out_json)], env=env[r], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        _cleanup(procs, None)
+    assert [p.returncode for p in procs] == [143, 143], errs
+    assert errs == ["gpubench: interrupted by SIGTERM after the run; its result is complete\n"] * 2, errs
+    assert json.loads(out_json.read_text())["partial"] is False
+
+
 def test_the_json_folder_is_needed_on_rank_0s_node_only(tmp_path):
     """Rank 0 alone writes --json: `--json sub/x.json` where sub/ exists in rank 0's working folder
     and not in rank 1's runs, and rank 0 saves the matrix (rank 1 checks only the name's form)."""

@@ -42,7 +42,7 @@ from dataclasses import astuple, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from gpubench.core.errors import MachineError, UsageError
-from gpubench.core.signals import Interrupted
+from gpubench.core.signals import Interrupted, note_complete
 
 # Slurm's step ids that are not an srun step (slurm.h: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT,
 # SLURM_INTERACTIVE_STEP, SLURM_PENDING_STEP, 0xfffffffa..0xfffffffd).
@@ -734,6 +734,8 @@ class Group:
             self._interrupted(stopped_by)
         ended = self._ended()
         self._shut()
+        if ended is None and not self._faulted and self.rank != 0:
+            note_complete()  # rank 0 confirmed the end: this rank's part of the result is whole (rank 0 saved it)
         if ended is not None and not quiet:
             raise ended
 
