@@ -127,6 +127,12 @@ def test_rendezvous_addresses():
             ranks.rendezvous_address(me, f"{bad}:29500", {})
         with pytest.raises(UsageError, match=r"MASTER_ADDR host .* is not a host name"):
             ranks.rendezvous_address(me, None, {"MASTER_ADDR": bad})
+    # a half-bracketed address or a URL is a usage error too (it was a failed lookup, exit 3); a
+    # bracketed IPv6 address is read without its brackets
+    for bad in ("[::1", "::1]", "http://n1", "n 1"):
+        with pytest.raises(UsageError, match=r"MASTER_ADDR host .* is not a host name or address"):
+            ranks.rendezvous_address(me, None, {"MASTER_ADDR": bad})
+    assert ranks.rendezvous_address(me, None, {"MASTER_ADDR": "[::1]", "MASTER_PORT": "7"}) == ("::1", 7)
 
 
 def test_several_ranks_without_a_way_to_meet():

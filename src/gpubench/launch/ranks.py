@@ -1415,6 +1415,9 @@ def _host_name_ok(where: tuple[str, int] | None, what: str) -> tuple[str, int] |
         except UnicodeError:
             raise UsageError(f"{what} host {where[0][:80]!r} is not a host name (an empty label, or one over 63 "
                              "characters)", "give the rendezvous host's name or address") from None
+        if any(c in where[0] for c in "[]/ \t"):  # "[::1": an address half-bracketed, or a URL
+            raise UsageError(f"{what} host {where[0][:80]!r} is not a host name or address",
+                             "give the rendezvous host's name, an IPv4 address, or an IPv6 one without brackets")
     return where
 
 
@@ -1437,7 +1440,10 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
             if raw.startswith("-") or len(raw) > 5 or not 0 < int(raw) < 65536:
                 raise UsageError(f"MASTER_PORT={raw[:40]!r} is not a TCP port", hint)
             port = int(raw)
-        return _host_name_ok((env["MASTER_ADDR"].strip(), port), "MASTER_ADDR")
+        host = env["MASTER_ADDR"].strip()
+        if host.startswith("[") and host.endswith("]"):  # "[::1]": an IPv6 address as URLs write it
+            host = host[1:-1]
+        return _host_name_ok((host, port), "MASTER_ADDR")
     row = launcher_of(me.launcher)
     return _host_name_ok(row.rendezvous(env) if row is not None and row.rendezvous is not None else None,
                          f"{me.launcher}'s rendezvous")
