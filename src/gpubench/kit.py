@@ -30,7 +30,9 @@ def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
     def wrapper(*args, **kwargs):
         to_stdout = kwargs.get("json_path") == STDOUT
         if kwargs.get("json_path") is not None and not to_stdout:  # --json "" is a mistake, not "don't save"
-            if written_by_rank_0 and not _rank_0():
+            from gpubench.launch.ranks import speaks_for_the_job
+
+            if written_by_rank_0 and not speaks_for_the_job():
                 check_output_name(kwargs["json_path"], "--json")
             else:
                 check_output_target(kwargs["json_path"], "--json")
@@ -40,18 +42,6 @@ def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
             return f(*args, **kwargs)
 
     return wrapper
-
-
-def _rank_0() -> bool:
-    """Whether this process is rank 0 of a launcher, or runs under none."""
-    from gpubench.core.errors import GpubenchError
-    from gpubench.launch import ranks
-
-    try:
-        me = ranks.discover()
-    except GpubenchError:  # launcher variables that do not parse: the command says so itself
-        return True
-    return not me.under_launcher or me.rank == 0
 
 
 def check_stdout_open() -> None:

@@ -102,15 +102,12 @@ def _one_line(text: str) -> str:
     return safe.term(text, 4000)
 
 
-def _said_here() -> bool:
+def _speaks_for_the_job() -> bool:
     """Whether this process prints an error that the command line alone caused: every process but
     ranks 1.. of a launcher, whose rank 0 says it once for the job (they exit 2 all the same)."""
-    from gpubench.launch import ranks
+    from gpubench.launch.ranks import speaks_for_the_job
 
-    try:
-        return ranks.discover().rank == 0
-    except GpubenchError:  # launcher variables that do not parse: each process says its own error
-        return True
+    return speaks_for_the_job()
 
 
 def _writing_stdout(e: BaseException) -> bool:
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
         code = 0
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx else "gpubench"
-        if _said_here():
+        if _speaks_for_the_job():
             click.echo(f"{where}: error: {_one_line(e.format_message())}", err=True)
         code = 2
     except click.exceptions.Exit as e:
@@ -164,7 +161,7 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
     except GpubenchError as e:
         if debug:
             traceback.print_exc()
-        if not getattr(e, "every_rank", False) or _said_here():
+        if not getattr(e, "every_rank", False) or _speaks_for_the_job():
             click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
         code = e.exit_code
     except KeyboardInterrupt:  # a command's interrupt that kept nothing: one line (a run that kept what

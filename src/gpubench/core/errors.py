@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-
 from typing import Any
 
 class GpubenchError(Exception):

@@ -41,7 +41,7 @@ from concurrent.futures import Future, wait
 from dataclasses import astuple, dataclass, replace
 from typing import Any, Callable, Mapping
 
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import GpubenchError, MachineError, UsageError
 from gpubench.core.signals import Interrupted, note_complete
 
 # Slurm's step ids that are not an srun step (slurm.h: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT,
@@ -376,6 +376,16 @@ LAUNCHER_TABLE: tuple[Launcher, ...] = (
 def launcher_of(name: str) -> Launcher | None:
     """The table's row of a Rank's ``launcher`` (None for "none")."""
     return next((row for row in LAUNCHER_TABLE if row.name == name), None)
+
+
+def speaks_for_the_job(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process is rank 0 of a launcher, or runs under none: the one that says what
+    every rank would say alike and writes a gathered result. Launcher variables that do not parse:
+    True (each process says its own error)."""
+    try:
+        return discover(env).rank == 0
+    except GpubenchError:
+        return True
 
 
 def discover(env: Mapping[str, str] = os.environ) -> Rank:
