@@ -442,13 +442,31 @@ def test_a_signal_to_mpiexec_keeps_the_rounds_that_ended(tmp_path, sig, code):
         _cleanup([top], None)
 
 
+def _two_ranks(port: int) -> list[dict]:
+    """The environments of ranks 0 and 1 of a torchrun-style job of 2 on this host."""
+    return [_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port)) for r in (0, 1)]
+
+
+def _run_two_ranks(argv: list[str], port: int, cwds=(None, None)) -> tuple[list[int], list[str], list[str]]:
+    """``argv`` as ranks 0 and 1 (:func:`_two_ranks`), each in its folder of ``cwds``, to their end:
+    (exit codes, stdouts, stderrs)."""
+    env = _two_ranks(port)
+    procs = [subprocess.Popen(argv, env=env[r], cwd=cwds[r], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        _cleanup(procs, None)
+    return [p.returncode for p in procs], [o for o, _ in outs], [e for _, e in outs]
+
+
 def test_a_rank_lost_after_a_round_ended_keeps_that_round_on_rank_0(tmp_path):
     """Torchrun-style, 2 ranks (0 -> 1, then 1 -> 0): rank 1 killed once round 2 runs. Rank 0 names
     it (exit 3) and first shows and saves round 1's link, marked partial with the fault."""
     port = _free_port()
     out_json = tmp_path / "r.json"
-    env = [_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port)) for r in (0, 1)]
+    env = _two_ranks(port)
     procs = [_start([*GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-t", "1", "-i", "0.5", "-T", "8",
                      "--json", str(out_json)], env[r]) for r in (0, 1)]
     out = Lines(procs[0])
@@ -488,16 +506,9 @@ def test_a_signal_after_the_confirmed_end_says_the_result_is_complete_on_every_r
     end): rank 0's file is whole, and each rank's one line says the result is complete (143)."""
     port = _free_port()
     out_json = tmp_path / "r.json"
-    env = [_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port)) for r in (0, 1)]
-    procs = [subprocess.Popen([sys.executable, "-c", _SIGNAL_AFTER_CLOSE, "net", "nodes", "-B", "127.0.0.1", "-t", "0.5",
-                               "-i", "0.25", "-q", "--json", str(out_json)], env=env[r], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    try:
-        errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        _cleanup(procs, None)
-    assert [p.returncode for p in procs] == [143, 143], errs
+    codes, _outs, errs = _run_two_ranks([sys.executable, "-c", _SIGNAL_AFTER_CLOSE, "net", "nodes", "-B", "127.0.0.1",
+                                         "-t", "0.5", "-i", "0.25", "-q", "--json", str(out_json)], port)
+    assert codes == [143, 143], errs
     assert errs == ["gpubench: interrupted by SIGTERM after the run; its result is complete\n"] * 2, errs
     assert json.loads(out_json.read_text())["partial"] is False
 
@@ -509,16 +520,9 @@ def test_the_json_folder_is_needed_on_rank_0s_node_only(tmp_path):
     homes = [tmp_path / "r0", tmp_path / "r1"]
     (homes[0] / "sub").mkdir(parents=True)
     homes[1].mkdir()
-    env = [_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port)) for r in (0, 1)]
-    procs = [subprocess.Popen([*GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-t", "0.5", "-i", "0.25", "-q",
-                               "--json", "sub/x.json"], env=env[r], cwd=homes[r], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        _cleanup(procs, None)
-    assert [p.returncode for p in procs] == [0, 0], outs
+    codes, outs, errs = _run_two_ranks([*GPUBENCH, "net", "nodes", "-B", "127.0.0.1", "-t", "0.5", "-i", "0.25", "-q",
+                                        "--json", "sub/x.json"], port, cwds=homes)
+    assert codes == [0, 0], (outs, errs)
     assert len(json.loads((homes[0] / "sub" / "x.json").read_text())["records"]) == 2
     assert not (homes[1] / "sub").exists()
 
