@@ -186,21 +186,12 @@ TEARDOWN_CRASHES = ("ucxx", "pyarrow._s3fs")
 def exit_process(code: int) -> None:
     """End the command-line process with ``code``: ``sys.exit`` as usual, or, once a module of
     :data:`TEARDOWN_CRASHES` is loaded, flush the standard streams and the logs and ``os._exit``
-    (its clusters and workers are closed by then), so the exit code is gpubench's, not a crash's;
-    multiprocessing's exit finalizers still run first.
+    (its clusters and workers are closed by then), so the exit code is gpubench's, not a crash's.
     """
     if not any(m in sys.modules for m in TEARDOWN_CRASHES):
         sys.exit(code)
     import logging
 
-    mp_util = sys.modules.get("multiprocessing.util")
-    run_finalizers = getattr(mp_util, "_run_finalizers", None)
-    if run_finalizers is not None:
-        # multiprocessing's own exit step (its atexit hook runs the same): it unlinks the named
-        # semaphores of the queues a cluster start left (an abandoned Nanny's), which its resource
-        # tracker process would otherwise report as leaked when this process is gone
-        with contextlib.suppress(Exception):
-            run_finalizers(0)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it
             stream.flush()
