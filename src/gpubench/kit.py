@@ -16,8 +16,7 @@ from gpubench.core.result import STDOUT, Result, check_output_name, check_output
 
 def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
     """Add --json PATH, --units GB|GiB, -q/--quiet and --debug to a command. ``written_by_rank_0``:
-    under a launcher the command gathers its result to rank 0, which alone writes --json; the
-    other ranks check only the name's form (the folder may exist on rank 0's node alone)."""
+    rank 0 alone writes --json; the other ranks check only the name's form."""
 
     @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
                   help="Save the result (samples, spec, environment) to this JSON file; '-' writes it to "
@@ -45,16 +44,13 @@ def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
 
 
 def check_stdout_open() -> None:
-    """Before a run with ``--json -``: standard output must be open (``gpubench env --json - >&-``
-    ended in an AttributeError after the run).
+    """Before a run with ``--json -``: standard output must be open.
 
     Raises:
         UsageError: stdout is closed.
     """
     import io
     import os
-
-    from gpubench.core.errors import UsageError
 
     closed = sys.stdout is None or getattr(sys.stdout, "gpubench_closed_at_start", False)
     if not closed:
@@ -69,14 +65,8 @@ def check_stdout_open() -> None:
 
 
 def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
-    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted).
-
-    The one rule for an interrupt, every command, whatever its moment: with a point measured, the
-    partial Result is printed and saved (``saved PATH (partial)``, then ``gpubench: interrupted by
-    SIGINT; kept what was measured: N point(s), M sample(s)``, exit 130 / 143); with nothing
-    measured (the imports, a cluster's start, the warm-up, the first point) nothing is printed or
-    saved and the interrupt ends the command as one before the run does (``gpubench: interrupted
-    by SIGINT``). The suite keeps even an empty partial Result in its bundle (it does not come here).
+    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted,
+    with a point measured; docs/errors.md).
 
     Raises:
         Interrupted: an interrupted run that measured nothing (its signal number).
@@ -110,33 +100,11 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
     return 0
 
 
-def run_keeping_partial(run: Callable[[], Result], report: Callable[[Result], list], *, json_path: str | None,
-                        quiet: bool) -> int:
-    """``run()`` then :func:`finish`; when the run fails with a MachineError that carries what was
-    measured (``partial_result``), print and save that first (marked partial, ``failed_by``), then
-    re-raise the error (exit 3)."""
-    try:
-        result = run()
-    except MachineError as e:
-        if e.partial_result is not None:
-            finish(e.partial_result, report(e.partial_result), json_path=json_path, quiet=quiet)
-        raise
-    return finish(result, report(result), json_path=json_path, quiet=quiet)
-
-
-# -- shared option groups: declared once, composed by each command ----------------------------------
-
-
 def timing_options(*, warmup: int = 2, what: str = "timed copies", min_time: float = 0.1,
                    max_noise: float | None = None, max_time: float = 5.0) -> list[Callable]:
     """-w/--warmup, -n/--iters, --min-time, --max-noise and --max-time (the fields of the spec's
-    :class:`~gpubench.core.timing.TimingPlan`, which checks them; --max-noise and --max-time are
-    applied to the spec's plan by :func:`with_stopping`, so a command's build_spec does not see them).
-
-    Args:
-        min_time, max_noise, max_time: the command's defaults (max_noise None: no noise goal,
-            sampling stops at --min-time as before).
-    """
+    :class:`~gpubench.core.timing.TimingPlan`; the last two are applied to the spec's plan by
+    :func:`stopping_build_spec`, so a command's build_spec does not see them)."""
     goal = f"{max_noise:g}" if max_noise is not None else "off"
     return [
         click.option("-w", "--warmup", type=int, default=warmup, show_default=True, help="Untimed samples per point."),
@@ -157,31 +125,22 @@ def timing_options(*, warmup: int = 2, what: str = "timed copies", min_time: flo
 STOP_PARAMS = ("max_noise", "max_time")
 
 
-def with_stopping(spec, max_noise: float | None, max_time: float | None):
-    """``spec`` with its ``plan``'s noise goal and time cap set (a spec without a plan is returned
-    as it is; None keeps the plan's). The plan checks them (its fields' bounds).
-
-    Raises:
-        UsageError: a bad --max-noise or --max-time.
-    """
-    import dataclasses
-
-    plan = getattr(spec, "plan", None)
-    if plan is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
-        return spec
-    plan = dataclasses.replace(plan, max_noise=max_noise, max_time=plan.max_time if max_time is None else max_time)
-    return dataclasses.replace(spec, plan=plan)
-
-
 def stopping_build_spec(build_spec: Callable) -> Callable:
-    """``build_spec`` that also takes --max-noise/--max-time (``max_noise``, ``max_time``) and
-    applies them to the spec's plan (:func:`with_stopping`); without them, ``build_spec`` as it is."""
+    """``build_spec`` that also takes ``max_noise`` and ``max_time`` and sets them on the spec's plan
+    (None keeps the plan's time cap), which checks them (UsageError)."""
+    import dataclasses
 
     @functools.wraps(build_spec)
     def build(**kwargs):
         stop = {k: kwargs.pop(k) for k in STOP_PARAMS if k in kwargs}
         spec = build_spec(**kwargs)
-        return with_stopping(spec, stop.get("max_noise"), stop.get("max_time")) if stop else spec
+        plan = getattr(spec, "plan", None)
+        if not stop or plan is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+            return spec
+        max_time = stop.get("max_time")
+        plan = dataclasses.replace(plan, max_noise=stop.get("max_noise"),
+                                   max_time=plan.max_time if max_time is None else max_time)
+        return dataclasses.replace(spec, plan=plan)
 
     return build
 
@@ -213,8 +172,7 @@ def _numa_option(ctx, param, value):
 
 
 def condition_options() -> list[Callable]:
-    """--no-telemetry, --numa NODE|none|all|auto, --require-idle: the conditions every measuring
-    command runs under (core/benchmark.Conditions; docs/conditions.md)."""
+    """--no-telemetry, --numa NODE|none|all|auto, --require-idle (docs/conditions.md)."""
     return [
         click.option("--no-telemetry", "no_telemetry", is_flag=True,
                      help="Do not sample GPU clocks, power, temperature and throttle reasons during each point."),
@@ -233,35 +191,15 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
                       *, help: str, display: Sequence[str] = (), run: Callable | None = None,
                       after: Callable | None = None, conditions: bool = True,
                       gathers_ranks: bool = False) -> click.Command:
-    """The click command of a measuring benchmark, generated from its declared options.
+    """The click command of a measuring benchmark, generated from its declared options: those that
+    are not output or ``display`` go to ``build_spec`` by name; the spec runs through ``run(spec)``
+    (default: its plug-in's ``bench`` module's ``run``, imported only then); ``report(result,
+    units=..., **display)`` renders it; ``after(result, spec, code)`` may change the exit code.
+    ``conditions``: add :func:`condition_options`; ``gathers_ranks``: the command joins the
+    launcher's ranks itself (the others :func:`warn_ranks_alone`).
 
-    The callback is the same for every benchmark: the options that are not output (--json,
-    --units, -q, --debug) or display (``display``) go to ``build_spec`` by name (the one place that
-    validates them, no GPU needed); the ``run`` of its plug-in's ``bench`` module runs the spec through the driver
-    with a progress bar; ``report(result, units=..., **display options)`` renders it; the result
-    is saved and the exit code returned (:func:`run_benchmark`). The bench module is imported
-    only when the command runs, so ``--help`` stays light.
-
-    Args:
-        name: the command and its bench module's name.
-        options: click option decorators, top to bottom as --help lists them.
-        build_spec: options -> Spec; raises UsageError naming a bad value.
-        report: (result, units=..., **display) -> renderables.
-        help: the command's help text.
-        display: option names that only change how the result is shown.
-        run: spec -> the run function to use (default the ``run`` of its plug-in's ``bench`` module), e.g. a
-            distributed path chosen by an option.
-        after: (result, spec, code) -> exit code, called once the result is shown and saved (an
-            expectation such as --expect-busbw raises RegressionFound there).
-        conditions: add :func:`condition_options` (telemetry, NUMA, idle check); False for
-            commands that use no GPU.
-        gathers_ranks: the command joins the launcher's ranks itself (nccl); the others warn,
-            under a launcher of more than one rank, that every rank runs alone
-            (:func:`warn_ranks_alone`).
-
-    The returned command carries ``build_spec``, ``bench_name``, ``display``, ``report``,
-    ``select_run`` and ``after`` so ``suite`` can run it through the driver without a JSON round
-    trip and apply the command's own verdict.
+    The command carries ``build_spec``, ``bench_name``, ``display``, ``report``, ``select_run`` and
+    ``after`` so ``suite`` can run it through the driver.
     """
 
     def select_run(spec) -> Callable:
@@ -318,8 +256,7 @@ QUIET_NOTE = "-q without --json: this run's figures were neither shown nor kept;
 
 def quiet_keeps_nothing(quiet: bool, json_path: str | None) -> str | None:
     """:data:`QUIET_NOTE` where -q was given on the command line without --json (on rank 0 only
-    under a launcher), else None: said as a warning once a run ends without an error
-    (:func:`run_benchmark`), so a refusal or a fault stays one line."""
+    under a launcher), else None."""
     ctx = click.get_current_context(silent=True)
     if not quiet or json_path is not None or ctx is None:
         return None
@@ -337,14 +274,11 @@ def quiet_keeps_nothing(quiet: bool, json_path: str | None) -> str | None:
 
 
 def warn_ranks_alone(name: str, json_path: str | None) -> None:
-    """Under a launcher of more than one rank (core/ranks.discover), a command that does not join
-    the ranks says so on stderr: each rank measures its own process's GPUs and prints its own
-    table, and ``--json PATH`` is written by every rank (atomically: the last write stays), which
-    docs/cluster.md's "rank 0 prints and writes the one JSON" does not cover. A launcher
-    environment that does not parse is left to the commands that use it."""
-    from gpubench.launch import ranks
-    from gpubench.core.errors import UsageError
+    """Under a launcher of more than one rank, a command that does not join the ranks says so on
+    stderr (each rank runs alone and writes --json). A launcher environment that does not parse
+    is left to the commands that use it."""
     from gpubench.core.safe import term
+    from gpubench.launch import ranks
 
     try:
         me = ranks.discover()
@@ -367,30 +301,25 @@ def warn_ranks_alone(name: str, json_path: str | None) -> None:
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,
                   quiet: bool, note: str | None = None) -> int:
     """The ending every measuring command shares: ``run(spec, progress)`` through the driver with a
-    progress bar, then :func:`run_keeping_partial` (a machine fault's finished points are printed
-    and saved, marked partial, before exit 3)."""
-
-    def go() -> Result:
+    progress bar, then :func:`finish`; a MachineError's ``partial_result`` is printed and saved
+    (marked partial) before the error is re-raised (exit 3)."""
+    try:
         with report.progress(not quiet) as prog:
-            return run(spec, prog)
-
-    code = run_keeping_partial(go, report_fn, json_path=json_path, quiet=quiet)
+            result = run(spec, prog)
+    except MachineError as e:
+        if e.partial_result is not None:
+            finish(e.partial_result, report_fn(e.partial_result), json_path=json_path, quiet=quiet)
+        raise
+    code = finish(result, report_fn(result), json_path=json_path, quiet=quiet)
     if note:  # after the run: an error line before it stays the only line
         report.err_line(f"gpubench: warning: {note}")
     return code
 
 
-# -- strict numbers: every numeric option, one mechanism --------------------------------------------
-
 class _Strict:
-    """A click number type read by :func:`gpubench.core.options.parse_number` as ``kind``: written as
-    a number, within its type; its range is the Spec's (:mod:`gpubench.core.bounds`). A bad value
-    raises gpubench's UsageError (one line, exit 2).
-
-    ``bound``: for an option that fills no Spec field (compare's --threshold, the suite's
-    --node-timeout, net's limits), returns its :class:`gpubench.core.bounds.Bound`; called only for
-    a value beyond its type (1e400), so that line names the option's own limit, not the type's.
-    """
+    """A click number type read by :func:`gpubench.core.options.parse_number` as ``kind``; its range
+    is the Spec's (:mod:`gpubench.core.bounds`), or ``bound()``'s for an option that fills no Spec
+    field. A bad value raises gpubench's UsageError (one line, exit 2)."""
 
     kind: type = int
 
@@ -441,12 +370,7 @@ def _opt_name(param) -> str:
 
 def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click.Command:
     """Give every int and float parameter of ``cmd`` (a group's subcommands too) the strict types
-    above; in place, idempotent. A value beyond its type is refused naming the bound declared on
-    the field of the plug-in's Spec (its ``bench`` module) or of the timing plan.
-
-    Called where a command is loaded for the command line (cli.LazyGroup) and for suite's steps,
-    so an option added later is read strictly without touching this file.
-    """
+    above, bound by the plug-in's Spec (its ``bench`` module) or the timing plan; in place, idempotent."""
     from gpubench.core import registry
 
     name = name or cmd.name or ""
@@ -470,8 +394,7 @@ def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click
 
 def default_spec(command: click.Command, **options):
     """The Spec a generated command builds from its options' defaults with ``options`` changed (by
-    parameter name, as its ``build_spec`` takes them): how a plug-in declares a suite step with the
-    checks and defaults of its own command line.
+    parameter name): a suite step with its command line's checks and defaults.
 
     Raises:
         TypeError: an option the command does not have (a plug-in's mistake).

@@ -1,19 +1,7 @@
-"""The benchmark contract and the one driver every measuring command runs through.
-
-A benchmark (one module under ``gpubench/bench/``) holds only what differs between commands: its
-Spec, the points it will measure with the bytes each needs, a setup that owns what lives across
-points, the one timed step per point, derived figures and how its timing is described. Everything
-else is the driver's (:func:`run`): the GPU check, preflight of the bytes every point needs,
-capturing the environment, the point loop with progress, interrupts (what was measured is kept,
-exit 130/143), a point that cannot be allocated (an error record; the sweep goes on), a machine
-fault (the finished points kept as a partial result, exit 3) and building the Result.
+"""The benchmark contract and the one driver every measuring command runs through (docs/architecture.md).
 
 The shape follows nvbandwidth's ``Testcase``, nccl-tests' ``testColl`` and dask-cuda's benchmark
 ``Config``: per test only what differs, one driver around them.
-
-The flow of one command: click options -> ``Spec`` (its one constructor validates) -> :func:`run`
-(check, preflight, env, ``setup``, ``measure`` per point, ``derive``) -> Result -> the command's
-report and ``--json`` (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -36,15 +24,8 @@ DEVICE_MARGIN_BYTES = 512 * 2**20  # left free on a GPU for the CUDA context and
 
 @dataclass(frozen=True)
 class Conditions:
-    """The conditions a run measures under, the same for every command (docs/conditions.md).
-
-    Attributes:
-        telemetry: sample NVML on a thread during each point (``--no-telemetry`` turns it off).
-        telemetry_interval_s: seconds between sample sets.
-        numa: "auto", "none", "all" or a node (``--numa``; :func:`gpubench.core.numa.plan`).
-        require_idle: refuse to start when the pre-flight idle check finds the GPU busy
-            (``--require-idle``; exit 3: a machine condition, not a bad command line).
-    """
+    """The conditions a run measures under, the same for every command (docs/conditions.md):
+    ``--no-telemetry``, seconds between telemetry sample sets, ``--numa``, ``--require-idle``."""
 
     telemetry: bool = True
     telemetry_interval_s: float = 0.01
@@ -71,16 +52,9 @@ class BusyGPU(MachineError):
 
 @dataclass(frozen=True)
 class Point:
-    """One unit of the loop: what the progress bar shows, what a plug-in measures, what it needs.
-
-    Attributes:
-        label: shown in the progress bar and in an allocation failure's message.
-        key: the plug-in's own description of the point (a small frozen dataclass).
-        device_bytes: bytes of device memory the point allocates on each of ``devices``.
-        host_bytes: bytes of host memory it holds at once (page-locked included).
-        locked_bytes: bytes of page-locked host memory among ``host_bytes``.
-        devices: the CUDA ordinals whose memory ``device_bytes`` is taken from.
-    """
+    """One unit of the loop: its label, the plug-in's own ``key``, the bytes of device memory it
+    allocates on each of ``devices``, of host memory it holds at once, and of page-locked memory
+    among those."""
 
     label: str
     key: Any
@@ -92,14 +66,7 @@ class Point:
 
 @dataclass
 class Context:
-    """What lives across the points of one run; a plug-in's ``setup`` may subclass or fill ``data``.
-
-    Attributes:
-        spec: the run's Spec.
-        env: the environment captured before the first point (:func:`gpubench.core.env.capture`).
-        devices: the resolved CUDA ordinals.
-        data: the plug-in's own (link peaks, an API handle, a cluster...).
-    """
+    """What lives across the points of one run; a plug-in's ``setup`` may subclass or fill ``data``."""
 
     spec: Any
     env: dict
@@ -108,26 +75,16 @@ class Context:
 
 
 class Benchmark:
-    """The contract of a plug-in. Subclass it, set the class attributes and override what differs.
-
-    Class attributes:
-        name: the command (``copy``), the Result's ``command``.
-        description: one line, for ``--help`` and ``--list``.
-        needs_gpu: the driver checks that a GPU is visible before anything else.
-        host_memory: the plug-in allocates host buffers through gpu.HostBuffer in setup/measure, so
-            the driver binds it to the GPU's NUMA node first (``--numa``; all allows "all").
-    """
+    """The contract of a plug-in (docs/architecture.md). Subclass it, set the class attributes and
+    override what differs."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     needs_gpu: ClassVar[bool] = True
     host_memory: ClassVar[bool] = False
 
-    # -- what a plug-in declares -------------------------------------------------------------
-
     def devices(self, spec) -> tuple[int, ...]:
-        """The CUDA ordinals the run uses, checked visible (default: ``spec.devices``, a one-GPU
-        spec's ``spec.device``, or device 0).
+        """The CUDA ordinals the run uses, checked visible.
 
         Raises:
             UsageError: a device that is not visible, or too few.
@@ -155,8 +112,7 @@ class Benchmark:
         return "lower the largest size"
 
     def environment(self, spec) -> dict:
-        """The machine the run is on, for the Result (default: :func:`gpubench.core.env.capture`:
-        GPUs, driver, CUDA, PCIe, NVLink, topology, NUMA, versions)."""
+        """The machine the run is on, for the Result."""
         from gpubench.core import env as envmod
 
         return envmod.capture()
@@ -185,9 +141,6 @@ class Benchmark:
         """How the records were timed (clock, method, warm-ups, iteration rule), for the Result."""
         plan = getattr(ctx.spec, "plan", None)
         return plan.to_dict() if plan is not None else {}
-
-
-# -- preflight ------------------------------------------------------------------------------------
 
 
 def check_fits(points: Sequence[Point], max_pinned_bytes: int | None, hint: str) -> None:
@@ -222,26 +175,14 @@ def check_fits(points: Sequence[Point], max_pinned_bytes: int | None, hint: str)
                          " or raise --max-pinned")
 
 
-# -- the driver -----------------------------------------------------------------------------------
-
-
 def allocation_message(point: Point, e: BaseException) -> str:
     """The ``error`` of a record whose point could not be allocated."""
     return f"allocation of {point.label} failed: {first_line(e)}"
 
 
 def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions: Conditions | None = None) -> Result:
-    """Run ``bench`` over ``spec``: the one driver of every measuring command.
-
-    Steps: the GPU check (``needs_gpu``), the devices made visible, the points and their preflight,
-    the environment, the pre-flight idle check, the NUMA binding, ``setup``, each point's
-    ``measure`` in turn under telemetry (progress; a point whose allocation fails gives ``failed``
-    records and the loop goes on), ``derive``, the limit flags, the Result. With ``--numa all``
-    setup and the points run once per NUMA node.
-
-    Args:
-        conditions: telemetry, NUMA and idle policy; default: the block's :func:`conditions`, else
-            :class:`Conditions` ().
+    """Run ``bench`` over ``spec``: the one driver of every measuring command (docs/architecture.md).
+    With ``--numa all`` setup and the points run once per NUMA node.
 
     Returns:
         The Result; ``partial`` with ``interrupted_by`` "SIGINT"/"SIGTERM" when a signal stopped the
@@ -303,10 +244,7 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
                             except (KeyboardInterrupt, Interrupted, GeneratorExit):
                                 raise
                             except MachineError as e:
-                                for r in e.point_records:  # what the point had measured before the fault
-                                    if b.tag is not None:
-                                        r.params["numa_node"] = b.tag
-                                    records.append(r)
+                                records.extend(_tagged(e.point_records, b))  # measured before the fault
                                 raise
                             except Exception as e:
                                 if gpu.is_oom(e):
@@ -315,10 +253,7 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
                                     raise gpu.machine_error(f"{bench.name} ({p.label})", e) from None
                                 else:
                                     raise
-                            if b.tag is not None:
-                                for r in got:
-                                    r.params["numa_node"] = b.tag
-                            records.extend(got)
+                            records.extend(_tagged(got, b))
                         raise_if_signalled()
                     except KeyboardInterrupt:
                         interrupted = "SIGINT"
@@ -346,6 +281,13 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
             fault.partial_result = result
         raise fault
     return result
+
+
+def _tagged(recs: list[Record], binding) -> list[Record]:
+    if binding.tag is not None:
+        for r in recs:
+            r.params["numa_node"] = binding.tag
+    return recs
 
 
 def _measure_one(bench: Benchmark, ctx: Context, p: Point, tel, binding) -> list[Record]:

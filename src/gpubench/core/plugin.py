@@ -1,11 +1,7 @@
-"""The plug-in descriptor: everything the layers above a command ask about it.
+"""The plug-in descriptor: everything the layers above a command ask about it (docs/architecture.md).
 
-A command is one package (``gpubench.plugins.copy``, or a third party's) whose ``__init__`` holds a
-:class:`Plugin`, found through the entry-point group ``gpubench.plugins`` (pytest's ``pytest11``
-group and pluggy show the shape: the core declares what it asks, each plug-in answers, the core
-never names one). The descriptor is plain data and ``"module:function"`` references, so reading it
-(``gpubench --help`` lists every command) imports nothing heavy; a hook's module is imported only
-when the hook is called (:meth:`Plugin.hook`). Each field's doc names the layer that asks it.
+Plain data and ``"module:function"`` references, so reading it (``gpubench --help``) imports nothing
+heavy; a hook's module is imported only when the hook is called (:meth:`Plugin.hook`).
 """
 
 from __future__ import annotations
@@ -25,20 +21,13 @@ class SuiteStep:
     """One step of ``gpubench suite`` (and of each node of the fleet suite), declared by a plug-in.
 
     Attributes:
-        name: the step's row in the suite table ("nccl all-reduce").
-        spec: the plug-in's Spec (:func:`gpubench.kit.default_spec` builds one with its command
-            line's defaults and checks), never an argv; or a function of nothing that builds it
-            when the step runs (a Spec that cannot be built where the step is skipped).
-        order: where it runs among every plug-in's steps (copy 10, batch 20, p2p 30, nccl 40,
-            net 45, merge 50; a third party's default 100).
-        min_gpus: GPUs the step needs; fewer visible and it is skipped with that reason.
+        spec: the plug-in's Spec (:func:`gpubench.kit.default_spec`), or a function of nothing that
+            builds it when the step runs.
+        order: where it runs among every plug-in's steps (copy 10 ... merge 50; default 100).
         opt_in: the suite option that asks for it ("--merge"), or None when it always runs.
-        each_rank: on a fleet, every rank runs it on its own GPU (copy); otherwise only each
-            node's local rank 0 does (steps over every GPU of the node).
-        own_process: run it through the plug-in's single-process path even under a launcher
-            (the fleet's per-node NCCL step).
-        run: (spec, progress) -> Result, where the step is not its command's usual run (net's
-            loopback test); None: the command's own.
+        each_rank: on a fleet, every rank runs it on its own GPU; otherwise each node's local rank 0.
+        own_process: run it through the single-process path even under a launcher.
+        run: (spec, progress) -> Result, where the step is not its command's usual run.
     """
 
     name: str
@@ -53,13 +42,8 @@ class SuiteStep:
 
 @dataclass(frozen=True)
 class StepPlace:
-    """What a plug-in's ``suite_steps`` hook is told about the node it runs on.
-
-    Attributes:
-        devices: the CUDA ordinals visible (0..n-1; empty on a node without a GPU).
-        fleet: True on a node of the fleet suite (under a launcher).
-        gpu: on a fleet, this rank's own GPU (its local rank modulo the GPUs); else None.
-    """
+    """What a plug-in's ``suite_steps`` hook is told about the node it runs on: the visible CUDA
+    ordinals, whether it is a fleet node, and there this rank's own GPU."""
 
     devices: tuple[int, ...]
     fleet: bool = False
@@ -68,17 +52,9 @@ class StepPlace:
 
 @dataclass
 class StageContext:
-    """What a fleet stage is told when it runs (every rank calls it, in the same order).
-
-    Attributes:
-        group: the fleet's rank group (:class:`gpubench.launch.ranks.Group`).
-        leaders: the ranks that are local rank 0 of their host, ascending.
-        n_gpus: GPUs visible to this rank.
-        timeout: seconds a rank waits for another (``--node-timeout``).
-        say: prints a progress line on rank 0 (unless ``-q``).
-        stopped: why the fleet stopped before this stage (an earlier stage failed, a rank did not
-            answer), or None.
-    """
+    """What a fleet stage is told when it runs (every rank calls it, in the same order): the rank
+    group, the local-rank-0 ranks ascending, this rank's GPUs, seconds a rank waits for another
+    (``--node-timeout``), a progress printer, why the fleet stopped before this stage (or None)."""
 
     group: Any
     leaders: list[int]
@@ -90,16 +66,8 @@ class StageContext:
 
 @dataclass
 class StageOutcome:
-    """What a fleet stage did: its row in the bundle's steps and what it adds to the fleet.
-
-    Attributes:
-        status: "ok", "error" or "skipped".
-        reason: why it failed or was skipped.
-        result: its Result on rank 0 (the all-node figures, the link matrix), or None.
-        seconds: how long it took.
-        checks: rows added to rank 0's checks (the whole fleet's figure).
-        fault: the error that stops the later stages and fails every rank (a lost rank).
-    """
+    """What a fleet stage did: status ("ok", "error", "skipped"), why, its Result on rank 0, seconds
+    taken, rows added to rank 0's checks, and the error that stops later stages (a lost rank)."""
 
     status: str
     reason: str = ""
@@ -110,15 +78,9 @@ class StageOutcome:
 
 
 class FleetStage:
-    """A step the fleet suite runs across nodes once every node's own steps are gathered (nccl's
-    all-node all-reduce, net's links between nodes); a plug-in's ``fleet_stage`` hook returns one.
-
-    Class attributes:
-        name: the step's row ("net between nodes").
-        order: where it runs among the stages (nccl 10, net 20).
-        judges: words naming the step ("the network step") when the command's expectations are
-            judged on this stage's result instead of the nodes' own results; None otherwise.
-    """
+    """A step the fleet suite runs across nodes after every node's own (a ``fleet_stage`` hook's):
+    its row ``name``, its ``order`` (nccl 10, net 20), and ``judges``: words naming the step when
+    the command's expectations are judged on its result, else None."""
 
     name: str = ""
     order: int = 100
@@ -140,48 +102,15 @@ class FleetStage:
 
 @dataclass(frozen=True)
 class Plugin:
-    """What one command answers.
+    """What one command answers; each field is described in docs/architecture.md's table.
 
     Attributes:
-        name: the command (``gpubench NAME``), also the ``command`` of its Results; lower case,
-            digits, "-" and "_", at most 40 characters.
-        help: one line for ``gpubench --help``.
-        command: the module that defines its click ``command`` (a measuring command makes it with
-            :func:`gpubench.kit.benchmark_command` from its options, spec builder and report).
-        gpu: "yes" (needs a visible GPU), "no", or the form that works without one ("merge -t cpu").
-        writes_results: its runs write Results of its name (False: compare, plot, report, suite,
-            which work on saved ones).
-        docs: the user's guide page of the command, relative to the project ("docs/copy.md").
-        bench: the module whose ``run(spec, progress)`` runs a Spec through the driver (suite steps
-            and the fleet call it); None for a command with no Spec.
-        more_samples: words after "take" that give its figures more samples (compare's hint).
-        added_options: Spec options added after results were saved, with the value that behaves
-            as the results before them did (compare does not call their absence a difference).
-        added_params: record params added later, with the value an older result measured: a
-            record without the param pairs with one holding that value.
-        incidental_options: Spec options that do not change what a figure means (net's port):
-            compare does not list a difference in them.
-        compare_notes: ``"module:function"``, (base, new) -> lines compare adds to its notes.
-        plot_kind: how plot and report draw its records with a size axis: "sweep" (lines vs size), "bars"
-            (one bar per strategy when there is one size) or "collective" (busbw, algbw and time).
-        x_name: plot's x axis of its sweeps, where the size param's own name does not say it.
-        matrix_ends: what the rows and columns of its src/dst matrices are ("GPU": p2p's; "rank":
-            net's node x node test, one rank per node).
-        suite_steps: ``"module:function"``, (StepPlace) -> [SuiteStep]: its steps of the suite.
-        fleet_checks: ``"module:function"``, (Result) -> [check dicts]: the figures the fleet
-            compares across nodes (:func:`gpubench.validation.fleet.checks_of`).
-        fleet_stage: ``"module:function"``, () -> :class:`FleetStage`: a step the fleet runs
-            across nodes after each node's own.
-        metrics: ``"module:function"``, (Result) -> [(name, help, labels, value)]: gauges
-            ``gpubench metrics`` exports besides each figure, named ``gpubench_<command>_<name>``
-            (net's verdict on a slow node); labels a dict of str, value a number.
-        host_memory: it allocates host buffers in this process, so ``--numa NODE|all`` applies.
-        digit_groups: its integer options take "_" between digit groups on the command line
-            (``-c 50_000_000``, as the tool it reproduces reads them).
-        params_schema: its records' ``params`` as a JSON Schema fragment, ``{"properties":
-            {name: schema}, "required": [names]}`` (:func:`params_schema` builds one); the
-            published result schema holds it for results of this command, where no other param
-            is allowed (:func:`gpubench.core.result.json_schema`). Empty: any scalar params.
+        writes_results: its runs write Results of its name (False: compare, plot, report, suite).
+        compare_notes: (base, new) -> lines; suite_steps: (StepPlace) -> [SuiteStep]; fleet_checks:
+            (Result) -> [check dicts]; fleet_stage: () -> :class:`FleetStage`; metrics: (Result) ->
+            [(name, help, labels, value)]: each a ``"module:function"``.
+        params_schema: ``{"properties": {name: schema}, "required": [names]}`` (:func:`params_schema`);
+            empty: any scalar params.
     """
 
     name: str
@@ -208,8 +137,7 @@ class Plugin:
     params_schema: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """Check every field's type and form, so a broken descriptor is refused where it is made
-        (the registry then leaves that plug-in out with one warning) and never breaks a command.
+        """Check every field's type and form, so a broken descriptor is refused where it is made.
 
         Raises:
             ValueError: naming the field and what it takes.
@@ -275,7 +203,6 @@ def param(json_type: str | list[str], description: str, **more: Any) -> dict[str
 
 def params_schema(required: Mapping[str, Mapping[str, Any]],
                   optional: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """A :attr:`Plugin.params_schema`: the params every record has (``required``) and those some
-    records have (``optional``: a part of a bidirectional test, a param added after results were
-    saved), each name -> its schema (:func:`param`)."""
+    """A :attr:`Plugin.params_schema`: the params every record has and those some have, each name ->
+    its schema (:func:`param`)."""
     return {"properties": {**required, **(optional or {})}, "required": list(required)}

@@ -1,23 +1,6 @@
-"""The one timing core: host clocks, the gated core for device work, and the sampling loop.
-
-- :class:`HostClock` (``time.perf_counter``) and :class:`SumClock` (a sample made of parts) time
-  host work: sockets, Dask graphs, a host gather, CUDA runtime calls that return when done.
-- :class:`GatedTimer` over :class:`Lane` s times device work with CUDA events, for one stream or
-  many, on one device or many: nvbandwidth's doMemcpyCore (memcpy.cpp). Every gated lane's stream
-  is held by a spinning kernel (:class:`gpubench.core.gpu.SpinGate`, nvbandwidth's blocking
-  kernel) while its steps are queued, the end events are recorded before the gates open, and
-  then the host waits: the host's launch cost stays out of the figure, and so does its delay
-  between releasing and recording the end. The elapsed time is ``cudaEventElapsedTime``
-  (resolution about 0.5 us per the CUDA programming guide). What a figure divides by follows
-  nvbandwidth's BandwidthValue: the first lane's time, the span until all end, each lane's own,
-  or the sum of the lanes' bandwidths (:func:`policy_seconds`; the sum, SUM_BW, is p2p's bidir
-  total, computed from the lanes' times in ``bench.p2p.bidir_records``).
-- :func:`sample_loop` is the iteration rule every benchmark shares: with ``iters`` given, exactly
-  that many samples; otherwise samples until ``min_time`` seconds of measured time and at least
-  ``min_iters`` samples, then, with a noise goal (``max_noise``), on until the median's noise
-  (:func:`gpubench.core.stats.median_noise`) is at most the goal or ``max_time`` wall seconds
-  have gone by; ``max_iters`` samples at most; ``warmup`` untimed samples first. Why it stopped
-  is kept (:class:`Stop`) and the driver writes it into each record (:func:`annotate`).
+"""The one timing core: host clocks (:class:`HostClock`, :class:`SumClock`), the gated core for
+device work (:class:`GatedTimer`, nvbandwidth's doMemcpyCore in memcpy.cpp; CUDA events, resolution
+about 0.5 us per the CUDA programming guide) and the sampling loop (:func:`sample_loop`).
 
 A *sample* is ``reps`` back-to-back steps; its value is the elapsed time divided by ``reps``
 (seconds per step).
@@ -80,19 +63,8 @@ class HostClock:
 
 @dataclass(frozen=True)
 class TimingPlan:
-    """How a point is timed; stored in every result.
-
-    Attributes:
-        warmup: untimed samples before the timed ones.
-        iters: exact number of timed samples, or None to choose by the rule below.
-        min_time: seconds of measured time to reach when ``iters`` is None.
-        min_iters, max_iters: bounds on the chosen number of samples.
-        max_noise: the noise goal in percent (the median's relative confidence half-width,
-            :func:`gpubench.core.stats.median_noise`), or None for no goal (stop at ``min_time``).
-        max_time: wall seconds of sampling (after the warm-ups) after which a point with a noise
-            goal stops even if the goal is not reached; ``min_time`` and ``min_iters`` are
-            always honoured first.
-    """
+    """How a point is timed (:func:`sample_loop`'s rule); stored in every result. ``min_time``,
+    ``max_time``: seconds; ``max_noise``: percent, or None for no goal."""
 
     warmup: int = bounded(2, "-w/--warmup", lo=0, hi=MAX_REPEATS)
     iters: int | None = bounded(None, "-n/--iters", lo=1, hi=MAX_REPEATS)
@@ -122,16 +94,9 @@ CAPPED = (MAX_TIME, MAX_ITERS)
 
 @dataclass(frozen=True)
 class Stop:
-    """How one :func:`sample_loop` ended.
-
-    Attributes:
-        stopped_by: one of STOP_REASONS.
-        n: timed samples taken.
-        noise_pct: the median's noise of those samples in percent (None under 6 samples).
-        measured_s: measured seconds (sum of samples x reps).
-        wall_s: wall seconds of the timed samples (warm-ups excluded).
-        goal_pct: the plan's max_noise (None: no goal).
-    """
+    """How one :func:`sample_loop` ended: why (one of STOP_REASONS), timed samples, the median's
+    noise in percent (None under 6 samples), measured seconds (samples x reps), wall seconds of the
+    timed samples, the plan's max_noise."""
 
     stopped_by: str
     n: int
@@ -189,31 +154,18 @@ def take_sample(step: Callable[[], None], clock: Clock, reps: int = 1, gate: Gat
 
 
 def sample_loop(take: Callable[[], float], plan: TimingPlan, reps: int = 1) -> list[float]:
-    """The iteration rule every benchmark shares.
+    """The iteration rule every benchmark shares: ``plan.warmup`` untimed calls of ``take``, then
+    exactly ``plan.iters`` samples ("iters"); else at least ``min_iters`` samples and ``min_time``
+    seconds of measured time (``sum(samples) * reps``), the end without a noise goal ("min_time"),
+    with one on until the median's noise (:func:`gpubench.core.stats.median_noise`) is at most
+    ``max_noise`` percent ("noise") or ``max_time`` wall seconds have passed ("max_time"); never
+    more than ``max_iters`` ("max_iters").
 
-    ``plan.warmup`` untimed calls of ``take``, then timed ones:
-
-    - ``plan.iters`` given: exactly that many (stopped_by "iters");
-    - else at least ``plan.min_iters`` samples and ``plan.min_time`` seconds of measured time;
-      without a noise goal that is the end ("min_time"); with one (``plan.max_noise``, percent),
-      sampling goes on until the median's noise (:func:`gpubench.core.stats.median_noise`, the
-      relative half-width of its 95% distribution-free confidence interval) is at most the goal
-      ("noise"), or ``plan.max_time`` wall seconds of timed sampling have passed ("max_time");
-    - never more than ``plan.max_iters`` samples ("max_iters").
-
-    This is nvbench's stopping rule (nvbench/detail/stdrel_criterion.cxx: no stop before
-    min-time of measured time, then stop when the noise is under max-noise; measure_cold.cu: a
-    wall-clock timeout ends a point that never gets there, and says so), with the noise measured
-    as the precision of the median rather than the relative standard deviation of the samples
-    (which does not shrink with more samples; nvbench needs a second rule to end such points).
-
-    Args:
-        take: takes one sample and returns its seconds per step.
-        plan: warm-ups and iteration rule.
-        reps: steps per sample (measured time is ``sum(samples) * reps``).
+    nvbench's stopping rule (nvbench/detail/stdrel_criterion.cxx, measure_cold.cu), with the noise
+    measured as the precision of the median rather than the samples' relative standard deviation.
 
     Returns:
-        Samples in seconds per step. How the loop ended is handed to :func:`collect_stops`.
+        Samples in seconds per step; how the loop ended goes to :func:`collect_stops`.
     """
     for _ in range(plan.warmup):
         take()
@@ -252,16 +204,10 @@ def sample_loop(take: Callable[[], float], plan: TimingPlan, reps: int = 1) -> l
 
 
 def annotate(records: list, stops: list[Stop]) -> None:
-    """Write how each record's samples were taken into its ``extra``: ``noise_pct`` (the median's
-    noise of the record's own samples, percent, None under 6 samples) and ``stopped_by`` (why the
-    loop that took them ended, one of STOP_REASONS).
-
-    Which loop made which record: with one loop in the point, every record (copy's three bidir
-    figures come from one loop); with k loops and a multiple of k records with samples, the
-    records in consecutive equal blocks, in order (a point measuring several directions one after
-    the other); otherwise the first unused loop with the record's number of samples. A record no
-    loop can be matched to gets ``noise_pct`` only. Records without samples are left alone.
-    """
+    """Write ``noise_pct`` (percent, None under 6 samples) and ``stopped_by`` (one of STOP_REASONS)
+    into each measured record's ``extra``. One loop owns every record; k loops own a multiple of k
+    records in consecutive equal blocks; else each record takes the first unused loop with its
+    number of samples (none matched: ``noise_pct`` only)."""
     if not stops:
         return
     measured = [r for r in records if getattr(r, "samples_s", None)]
@@ -325,26 +271,14 @@ def measure(
     reps: int = 1,
     gate: Gate | None = None,
 ) -> list[float]:
-    """Warm up, then take samples of ``step`` per ``plan`` (:func:`sample_loop` of :func:`take_sample`).
-
-    Args:
-        step: one unit of work (e.g. one cudaMemcpyAsync); enqueues or does the work.
-        clock: the clock that times it.
-        plan: warm-ups and iteration rule.
-        reps: steps per sample.
-        gate: optional stream gate (see module docstring).
-
-    Returns:
-        Samples in seconds per step (list of float, length = number of timed samples).
-    """
+    """Warm up, then take samples of ``step`` per ``plan`` (:func:`sample_loop` of :func:`take_sample`);
+    returns seconds per step."""
     return sample_loop(lambda: take_sample(step, clock, reps, gate), plan, reps)
 
 
 def choose_reps(seconds_per_step: float, target: float = 100e-6, cap: int = 32) -> int:
-    """Steps per sample so a sample lasts about ``target`` seconds, between 1 and ``cap``.
-
-    Used with a gate so short copies are timed many at once (nvbandwidth times 16 per sample).
-    """
+    """Steps per sample so a sample lasts about ``target`` seconds, between 1 and ``cap`` (nvbandwidth
+    times 16 per sample)."""
     if seconds_per_step <= 0:
         return cap
     return max(1, min(cap, int(round(target / seconds_per_step))))
@@ -377,17 +311,9 @@ class SumClock:
 
 
 class Lane:
-    """One stream's part of a gated sample.
-
-    Args:
-        stream: the cupy.cuda.Stream that does the work.
-        device: its CUDA ordinal (None: the current device; work is queued with that device current).
-        gated: hold the stream with a :class:`gpubench.core.gpu.SpinGate` while the work is queued
-            (page-locked or device memory only: a pageable copy behind a held stream deadlocks).
-        enqueue: ``enqueue(k)`` queues k steps of this lane's work (used by :meth:`GatedTimer.sample`
-            when no common ``enqueue`` is given, and for the untimed ``warm`` steps).
-        gate_timeout_s: seconds before the spin kernel gives up on its own.
-    """
+    """One stream's part of a gated sample: its device (None: the current one), whether a
+    :class:`gpubench.core.gpu.SpinGate` holds it (page-locked or device memory only: a pageable copy
+    behind a held stream deadlocks), ``enqueue(k)`` queueing k steps, the gate's timeout in seconds."""
 
     def __init__(self, stream, device: int | None = None, *, gated: bool = True,
                  enqueue: Callable[[int], object] | None = None, gate_timeout_s: float = GATE_TIMEOUT_S):
@@ -410,16 +336,9 @@ _NO_LANE_ENQUEUE = ("a Lane made without an enqueue cannot queue its own steps: 
 
 @dataclass
 class LaneTimes:
-    """One sample of a :class:`GatedTimer`, in seconds (not divided by reps).
-
-    Attributes:
-        per_lane: each lane's elapsed time: from the first lane's start event to its end event for
-            a lane on the first lane's device, from its own start event otherwise (CUDA times
-            events of one device only).
-        span: from the first start until every lane has ended (nvbandwidth's TOTAL_BW time); for
-            lanes not linked, the longest lane's own time.
-        queued_s: host seconds spent queueing the sample's work behind the gates.
-    """
+    """One sample of a :class:`GatedTimer`, in seconds (not divided by reps): each lane's time (from
+    the first lane's start on its device, else its own), the span until every lane ended
+    (nvbandwidth's TOTAL_BW time), host seconds spent queueing."""
 
     per_lane: list[float]
     span: float
@@ -427,26 +346,12 @@ class LaneTimes:
 
 
 class GatedTimer:
-    """nvbandwidth's copy core for one or many streams, on one or many devices.
-
-    A sample: every gated lane's stream is held by a spin kernel; ``warm`` untimed steps are queued
-    per lane; the first lane records its start event; with ``linked`` every other lane waits for
-    that event (cudaStreamWaitEvent) and records its own; the timed work is queued; every lane
-    records its end event; for lanes on several devices the first lane waits for every end and
-    records a span event; then the gates open and the events are waited for. So the host's launch
-    cost and its delay between releasing and recording stay out of the figure (nvbandwidth
-    memcpy.cpp, doMemcpyCore; its blocking kernel in kernels.cu).
-
-    Args:
-        lanes: the streams, the first one the reference.
-        linked: lanes start together on the first lane's start event (False: each lane is released
-            by its own gate only, as independent GPUs copying at once).
-
-    Attributes:
-        stalled: a sample's queueing took over half the gate's timeout: the driver's queue filled
-            while the gate held and the spin kernel may have given up; time ungated from then on
-            (:meth:`drop_gates`).
-    """
+    """nvbandwidth's copy core for one or many streams, on one or many devices (memcpy.cpp,
+    doMemcpyCore; its blocking kernel in kernels.cu): the gated streams held, start events (with
+    ``linked``, every lane waits for the first lane's), the work, end events (and a span event for
+    several devices) queued, then the gates open and the events are waited for, so the host's
+    launch cost stays out of the figure. ``stalled``: a sample's queueing took over half the gate's
+    timeout; time ungated from then on (:meth:`drop_gates`)."""
 
     def __init__(self, lanes: list[Lane], *, linked: bool = True):
         if not lanes:
@@ -471,15 +376,7 @@ class GatedTimer:
             ln.gate = None
 
     def sample(self, enqueue: Callable[[], None] | None = None, reps: int = 1, warm: int = 0) -> LaneTimes:
-        """Take one sample.
-
-        Args:
-            enqueue: queues the timed work of every lane at once; None: each lane's ``enqueue(reps)``.
-            reps: steps per lane when ``enqueue`` is None.
-            warm: untimed steps queued per lane behind the gate before the start events.
-
-        Returns:
-            LaneTimes (seconds, not divided by reps).
+        """One sample of ``enqueue`` (None: each lane's ``enqueue(reps)``) after ``warm`` untimed steps per lane.
 
         Raises:
             cupy.cuda.runtime.CUDARuntimeError: a CUDA fault.
@@ -554,12 +451,7 @@ class GatedTimer:
 
 def policy_seconds(times: LaneTimes, policy: str, lane: int = 0) -> float:
     """The seconds a bandwidth figure divides by, per nvbandwidth's BandwidthValue (memcpy.cpp):
-
-    - ``first`` (USE_FIRST_BW): the first lane's time (the timed copy while others interfere);
-    - ``span`` (TOTAL_BW): until every lane ended (total bytes over that time);
-    - ``each`` (VECTOR_BW): lane ``lane``'s own time (one figure per lane);
-    - ``sum`` (SUM_BW) is a sum of per-lane bandwidths, not one lane's time: p2p's bidir total
-      computes it from the lanes' times (``bench.p2p.bidir_records``).
+    ``first`` (USE_FIRST_BW), ``span`` (TOTAL_BW), ``each`` (VECTOR_BW, lane ``lane``'s).
 
     Raises:
         ValueError: an unknown policy, or ``sum``.
@@ -590,12 +482,8 @@ def drop_stalled_gate(timer: GatedTimer, extra: dict) -> None:
 
 
 def time_repeated(stream, gated: bool, one: Callable[[], None], plan: TimingPlan) -> tuple[list[float], int]:
-    """Samples of one enqueue ``one`` (one copy or kernel): a first gated call sets how many calls a
-    sample queues behind the gate (choose_reps, so launch gaps stay out of the events); ungated, one.
-
-    Returns:
-        (seconds per call of each sample, calls per sample).
-    """
+    """(seconds per call of each sample, calls per sample) of one enqueue ``one``: a first gated call
+    sets the calls per sample (choose_reps); ungated, one."""
     timer = GatedTimer([Lane(stream, gated=gated)])
     t1 = timer.time(one)
     reps = choose_reps(t1) if timer.gated else 1
@@ -609,13 +497,8 @@ def time_repeated(stream, gated: bool, one: Callable[[], None], plan: TimingPlan
 
 def time_segments(stream, gated: bool, enqueue: Callable[[range], None], n: int, plan: TimingPlan,
                   extra: dict) -> tuple[list[float], GatedTimer]:
-    """Samples of ``n`` small copies queued one by one (``enqueue(range)`` queues those copies):
-    gated, in segments of SEGMENT per hold of the gate, a sample being the sum of its segments. An
-    untimed trial comes first; a gate that stalled in it is dropped (drop_stalled_gate, noted in extra).
-
-    Returns:
-        (seconds per sample, the timer: ``timer.gated`` is False when the copies were timed ungated).
-    """
+    """(seconds per sample, the timer) of ``n`` small copies (``enqueue(range)`` queues some), gated
+    in segments of SEGMENT, after an untimed trial whose stalled gate is dropped (drop_stalled_gate)."""
     timer = GatedTimer([Lane(stream, gated=gated)])
     segs = segments(n, SEGMENT) if gated else [range(n)]
     clock = SumClock()
