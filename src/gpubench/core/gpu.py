@@ -112,11 +112,9 @@ def device_free_bytes(device: int) -> tuple[int, int]:
 
 
 class HostBuffer:
-    """``nbytes`` of host memory of one kind, with a numpy uint8 view and its address.
-
-    Kinds: "pinned" (cudaHostAlloc, portable), "write-combined" (cudaHostAlloc with
-    cudaHostAllocWriteCombined), "pageable" (a plain numpy array), "registered" (a numpy array
-    page-locked afterwards with cudaHostRegister). Call :meth:`free` (or use ``with``) to release.
+    """``nbytes`` of host memory of one kind, with a numpy uint8 view and its address: "pinned"
+    (cudaHostAlloc, portable), "write-combined" (cudaHostAllocWriteCombined), "pageable" (a numpy
+    array), "registered" (a numpy array page-locked with cudaHostRegister).
 
     Raises:
         MemoryError / CUDARuntimeError: the allocation or registration failed.
@@ -205,17 +203,9 @@ def pattern(nbytes: int, seed: int = 0):
 
 
 class Pattern:
-    """The bytes of :func:`pattern` (``nbytes``, ``seed``) written and checked in bounded chunks, so a
-    buffer under test is the only full-size copy in host memory (nvbandwidth holds one buffer per
-    copy too): filling or checking 32 GiB costs about 2 x :data:`CHUNK_BYTES` of temporaries.
-
-    Byte ``i`` is ``base[i % len(base)]``, ``base`` being :func:`pattern`'s seeded random block, so
-    the bytes are those of ``pattern(n, s)``.
-
-    Args:
-        nbytes: the pattern's length in bytes.
-        seed: as for :func:`pattern`.
-    """
+    """The bytes of :func:`pattern` (``nbytes``, ``seed``) written and checked in chunks of about
+    :data:`CHUNK_BYTES`, so a buffer under test is the only full-size copy in host memory. Byte ``i``
+    is ``base[i % len(base)]``, ``base`` being the seeded random block."""
 
     CHUNK_BYTES = 64 * _PATTERN_LEN  # about 64 MiB, a whole number of periods
 
@@ -288,15 +278,8 @@ _spin_kernels: dict[int, Any] = {}
 
 class SpinGate:
     """Holds a stream with a kernel that spins on a flag in pinned host memory (nvbandwidth's
-    blocking kernel), so many asynchronous copies are queued before the first one starts.
-
-    The kernel gives up after ``timeout_s`` (default 10 s) so a lost release never hangs the GPU.
-    Only for work that does not block the host (pinned copies); a pageable copy queued behind a
-    held stream would wait for the host, which waits for it.
-
-    Args:
-        stream: the cupy.cuda.Stream to hold.
-        timeout_s: seconds before the spinning kernel gives up on its own.
+    blocking kernel), so many asynchronous copies are queued before the first one starts. The
+    kernel gives up after ``timeout_s`` seconds. Only for work that does not block the host.
 
     Raises:
         CUDARuntimeError / CompileException: the kernel cannot be built or launched.

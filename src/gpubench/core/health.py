@@ -1,10 +1,6 @@
-"""GPU health counters from NVML (nvidia-ml-py), read before and after a command's points.
-
-A node can pass a bandwidth test on the day with a link that is failing: DCGM's diagnostic (its
-pcie plugin) fails such a node on PCIe replays, a link trained below its generation or width,
-NVLinks down or counting CRC errors, uncorrectable ECC errors and failed row remapping. The driver
-(:func:`gpubench.core.benchmark.run`) reads these here once before the first point and once after
-the last, watches for XID events in between, and saves the block as ``env["health"]``::
+"""GPU health counters from NVML (nvidia-ml-py), read before and after a command's points (the
+counters DCGM's diagnostic judges a node on), with XID events watched in between; saved as
+``env["health"]``::
 
     {"gpus": [{"index": 0, "uuid": "GPU-...",
                "before": COUNTERS, "after": COUNTERS}],
@@ -24,13 +20,9 @@ the last, watches for XID events in between, and saves the block as ``env["healt
       "retired_pages": {"single_bit", "double_bit", "pending"}}  # nvmlDeviceGetRetiredPages
                                                          # (GPUs before Ampere: no row remapping)
 
-Every value is the counter, ``"unsupported"`` where the driver answers NVML_ERROR_NOT_SUPPORTED for
-this GPU (an H100 PCIe has no NVLink, a GeForce no ECC), or null where the query failed otherwise;
-never a 0 that was not read. ``xid_events`` lists the XID errors (nvmlEventTypeXidCriticalError)
-the driver reported on these GPUs between the two reads; "unsupported" where events cannot be
-registered (a container without the permission), null when NVML is absent.
-
-Both reads run outside the timed points, as the environment is captured.
+Every value is the counter, ``"unsupported"`` where the driver answers NVML_ERROR_NOT_SUPPORTED, or
+null where the query failed otherwise. ``xid_events``: nvmlEventTypeXidCriticalError events;
+"unsupported" where events cannot be registered, null when NVML is absent.
 """
 
 from __future__ import annotations
@@ -111,8 +103,8 @@ def _retired(nv, h) -> Any:
 
 
 def read(nv, h) -> dict[str, Any]:
-    """The COUNTERS of one GPU (module docstring) through the NVML module ``nv`` (pynvml, or a
-    stand-in with the same functions and constants) and the device handle ``h``. Never raises."""
+    """The COUNTERS of one GPU (module docstring) through the NVML module ``nv`` and the device
+    handle ``h``. Never raises."""
     up, errors = _nvlinks(nv, h)
     remapped = _remapped(nv, h)
     return {
@@ -131,13 +123,9 @@ def read(nv, h) -> dict[str, Any]:
 
 
 class Watch:
-    """The health of the run's GPUs: :meth:`start` reads them and registers for XID events,
-    :meth:`stop` reads them again and collects the events; :attr:`block` is ``env["health"]``.
-
-    Args:
-        gpus: the env's ``gpus`` entries (index, uuid, pci_bus_id) of the run's GPUs.
-        nv: the NVML module (default: pynvml, initialised here and shut down in :meth:`stop`).
-    """
+    """The health of the run's GPUs (the env's ``gpus`` entries): :meth:`start` reads them and
+    registers for XID events, :meth:`stop` reads them again and collects the events; :attr:`block`
+    is ``env["health"]``. ``nv``: the NVML module (default: pynvml, owned here)."""
 
     def __init__(self, gpus: Sequence[dict], nv=None):
         self.block: dict[str, Any] = {"gpus": [], "xid_events": None, "error": None}

@@ -3,8 +3,7 @@
 PCIe (per direction, raw after line encoding, before packet/protocol overhead), from the PCI-SIG
 base specifications: Gen1 2.5 GT/s and Gen2 5 GT/s per lane with 8b/10b encoding; Gen3 8, Gen4 16,
 Gen5 32 GT/s with 128b/130b; Gen6 64 GT/s PAM4 with FLIT mode (taken as 1 byte per 8 transfers
-here, FLIT overhead not deducted). Gen5 x16: 32e9 * 16 * 128/130 / 8 = 63.0 GB/s, the figure in
-the reference measurements of the lent 2x H200 machine.
+here, FLIT overhead not deducted). Gen5 x16: 32e9 * 16 * 128/130 / 8 = 63.0 GB/s.
 
 NVLink (per direction per link): NVML's NVML_FI_DEV_NVLINK_GET_SPEED field where the driver reports
 it (an H200 with driver 580 reports 26562 MB/s, so 18 links = 478.1 GB/s), otherwise by NVLink version:
@@ -13,26 +12,12 @@ it (an H200 with driver 580 reports 26562 MB/s, so 18 links = 478.1 GB/s), other
 Device memory (D2D, local copies): bus width x memory clock x 2 (double data rate), NVML's
 nvmlDeviceGetMemoryBusWidth (bits) and nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM) (MHz); the formula
 is NVIDIA's "theoretical bandwidth" (Mark Harris, "How to Implement Performance Metrics in CUDA
-C/C++", NVIDIA Technical Blog, 2012: 1546e6 Hz x 384/8 B x 2 = 148 GB/s for a Tesla M2050). The lent
-H200 reports 6016 bits and 3201 MHz: 4.81 TB/s (the datasheet says 4.8 TB/s). A copy inside one
-GPU's memory reads and writes each byte, so a copy figure counted once (nvbandwidth's
-device_local_copy) is held against half of it: 2.41 TB/s on the H200.
+C/C++", NVIDIA Technical Blog, 2012). A copy inside one GPU's memory reads and writes each byte, so
+a copy figure counted once (nvbandwidth's device_local_copy) is held against half of it.
 
-Collectives (:func:`mark_collective`): with one rank an in-place collective moves nothing (NCCL
-returns at once), so its "bandwidth" is the launch time and is marked ``no_op``, never a speed; an
-out-of-place one-rank collective is a local copy and is held against the device copy limit. With
-several ranks, busbw (nccl-tests' per-link figure) is held against the links' sum of the GPU: its
-NVLink links x per-link rate plus its PCIe link, per direction. NVLink SHARP (NVLS, switch-side
-reduction) can lift an all-reduce's busbw above that; where NCCL_NVLS_ENABLE is not 0 such a figure
-is flagged "above links (NVLS?)" rather than impossible.
-
-Measured copies never reach these raw figures (PCIe TLP headers cost ~10-13%); the "% of peak" is
-against the raw line rate and anything above 100% is flagged as impossible.
-
-Every record that a limit was chosen for has ``extra.peak_bytes_per_s``, ``extra.pct_of_peak``,
-``extra.above_peak`` and ``extra.limit_flag``: None, "above_peak" (a figure over a physical limit:
-a timing fault) or "no_op" (a figure that measures no data movement). compare and the reports read
-``limit_flag``; :func:`finalize` (run by the driver after ``derive``) sets it on every record.
+Collectives (:func:`mark_collective`): busbw (nccl-tests' per-link figure) is held against the GPU's
+NVLink links x per-link rate plus its PCIe link, per direction; NVLink SHARP (NVLS) can lift an
+all-reduce above that. ``extra.limit_flag``: None, "above_peak" (a timing fault) or "no_op".
 """
 
 from __future__ import annotations
@@ -49,10 +34,7 @@ NVML_NVLINK_VERSION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
 
 
 def pcie_peak_bytes_per_s(gen: int | None, width: int | None) -> float | None:
-    """Raw per-direction PCIe bandwidth in bytes/s for generation ``gen`` and ``width`` lanes.
-
-    Returns None when either is unknown.
-    """
+    """Raw per-direction PCIe bandwidth in bytes/s for generation ``gen`` and ``width`` lanes; None when unknown."""
     if not gen or not width or gen not in _PCIE_GTS:
         return None
     return _PCIE_GTS[gen] * 1e9 * width * _PCIE_ENC[gen] / 8
@@ -108,9 +90,8 @@ NO_OP_ONE_RANK = "one rank, in place: NCCL moves no data; the figure is the call
 
 
 def mark_collective(record, gpu: dict | None, nvls_possible: bool) -> None:
-    """The rule for a collective's record (params nranks, placement; extra algbw/busbw_bytes_per_s):
-    see the module docstring. Sets ``extra.no_op`` (a reason) or the limit fields of :func:`mark`
-    (against algbw for one rank, busbw otherwise) and ``extra.limit_flag``."""
+    """The rule for a collective's record: a one-rank in-place one is ``no_op`` (NCCL moves nothing);
+    else the limit fields of :func:`mark` against algbw for one rank (a local copy), busbw otherwise."""
     x = record.extra
     if not record.samples_s or x.get("algbw_bytes_per_s") is None:
         return
@@ -149,11 +130,9 @@ def _positive(v: object) -> TypeGuard[float]:
 
 
 def saved_figure(record) -> float | None:
-    """The rate (B/s) a saved record's limit is held against, recomputed from its samples as the
-    run computed it: the median of nbytes / s (:meth:`Record.mark_peak`), times ``busbw_factor``
-    for a collective of several ranks (busbw, :func:`mark_collective`). None for a record without
-    samples or bytes, or a malformed factor. A time record with bytes (overlap's copies alone)
-    gives its rate too: it has a saved peak only where a bandwidth limit applies."""
+    """The rate (B/s) a saved record's limit is held against, recomputed from its samples: the median
+    of nbytes / s, times ``busbw_factor`` for a collective of several ranks. None for a record
+    without samples or bytes, or a malformed factor."""
     x = record.extra if isinstance(record.extra, dict) else {}
     p = record.params if isinstance(record.params, dict) else {}
     if record.metric not in ("bandwidth", "time") or not record.samples_s or not record.nbytes:
@@ -171,16 +150,10 @@ def saved_figure(record) -> float | None:
 
 
 def saved_flag(record) -> str | None:
-    """The limit flag of a record read back from a file (compare, report, plot): "no_op",
-    "above_peak", "nvls" (busbw above the links' sum where NVLS could do it) or None.
-
-    Not only the saved ``limit_flag`` is trusted: a file from before the flag, or one whose samples
-    were edited, must not show a figure above its limit plainly. So: ``limit_flag`` "no_op", an
-    ``extra.no_op`` reason, or a one-rank in-place collective (params nranks 1, placement
-    "in-place", as :func:`mark_collective` rules) is "no_op"; ``limit_flag`` "above_peak", or
-    ``above_peak`` / ``above_limit`` true, is "above_peak"; otherwise the figure recomputed from the
-    samples (:func:`saved_figure`) above a saved ``peak_bytes_per_s`` is "above_peak" ("nvls" where
-    the record says ``above_links_nvls``). Malformed values are ignored, never raised on."""
+    """The limit flag of a record read back from a file: "no_op", "above_peak", "nvls" (busbw above
+    the links' sum where NVLS could do it) or None. The saved flags are not the only source: a
+    figure recomputed from the samples (:func:`saved_figure`) above a saved peak is flagged too
+    (a file from before the flag, or edited samples). Malformed values are ignored."""
     x = record.extra if isinstance(record.extra, dict) else {}
     p = record.params if isinstance(record.params, dict) else {}
     if x.get("limit_flag") == "no_op" or (isinstance(x.get("no_op"), str) and x.get("no_op")) \
@@ -199,9 +172,8 @@ def saved_flag(record) -> str | None:
 
 
 def saved_pct_of_peak(record) -> float | None:
-    """100 x :func:`saved_figure` / the saved ``peak_bytes_per_s`` (the "% of peak" of a record
-    read back, so an edited sample cannot keep a stale percentage), else the saved
-    ``pct_of_peak`` when it is a finite number, else None."""
+    """100 x :func:`saved_figure` / the saved ``peak_bytes_per_s``, else the saved ``pct_of_peak``
+    when it is a finite number, else None."""
     x = record.extra if isinstance(record.extra, dict) else {}
     peak = x.get("peak_bytes_per_s")
     if _positive(peak):

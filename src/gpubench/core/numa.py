@@ -1,27 +1,8 @@
-"""NUMA placement of host memory: bind the measuring thread to the GPU's CPUs before host buffers are
-allocated and touched, as nvbandwidth does, and record where the buffers' pages really are.
-
-nvbandwidth calls ``nvmlDeviceSetCpuAffinity`` before each ``cuMemHostAlloc`` (memcpy.cpp
-``HostBuffer::HostBuffer``; ``-d`` turns it off), so the pages first touched come from the GPU's
-node (Linux's local allocation). gpubench does the same with ``os.sched_setaffinity`` (the calling
-thread's mask; threads started after inherit it):
-
-- ``auto`` (default): the CPUs of the first GPU's NUMA node (``/sys/bus/pci/devices/BUS/numa_node``,
-  the node's ``cpulist``); where the node is unknown (-1, as in many VMs), the GPU's
-  ``local_cpulist`` (what NVML's affinity reads); each intersected with the CPUs this process may use.
-- ``none``: no binding (nvbandwidth ``-d``).
-- ``N``: the CPUs of node N.
-- ``all``: the points once per node with CPUs, each record tagged ``params.numa_node`` (the
-  per-node table superbench's gpu-copy-bw users ask for).
-
-Where the pages are: ``move_pages(2)`` with ``nodes`` = NULL returns, for each page asked, its
-node (or -errno: -ENOENT for a page not yet touched). Called through ``syscall`` with ctypes, no
-libnuma. :class:`HostBuffer <gpubench.core.gpu.HostBuffer>` registers itself with :func:`track`
-while a placement log is open (the driver opens one per point), and its pages are read when it
-is freed or at the point's end. At most :data:`MAX_PAGES_CHECKED` pages per buffer are asked,
-evenly spread.
-
-Topology comes from /sys/devices/system/node (nodeN/cpulist, has_cpu).
+"""NUMA placement of host memory (docs/conditions.md): bind the measuring thread to the GPU's CPUs
+before host buffers are allocated and touched, as nvbandwidth does (``nvmlDeviceSetCpuAffinity``
+before each ``cuMemHostAlloc``, memcpy.cpp ``HostBuffer::HostBuffer``), with ``os.sched_setaffinity``,
+and record where the buffers' pages really are (``move_pages(2)`` with ``nodes`` = NULL, through
+``syscall`` with ctypes). Topology comes from /sys/devices/system/node.
 """
 
 from __future__ import annotations
@@ -134,14 +115,9 @@ def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
 
 @dataclass(frozen=True)
 class Binding:
-    """Where the measuring thread runs for a pass of the points.
-
-    Attributes:
-        node: the NUMA node bound to, or None (not bound to one node).
-        cpus: the CPUs of the mask set, or None when the mask is left as it is.
-        reason: how they were chosen (for the JSON and the report).
-        tag: with ``--numa all``, the node written into each record's params as ``numa_node``.
-    """
+    """Where the measuring thread runs for a pass of the points: the node (or None), the CPUs of the
+    mask set (None: left as it is), how they were chosen, and with ``--numa all`` the node written
+    into each record's params as ``numa_node``."""
 
     node: int | None
     cpus: tuple[int, ...] | None
@@ -170,11 +146,8 @@ def _use_it_with() -> str:
 
 
 def check_applies(policy: str | int, name: str, *, host_memory: bool, binds: bool) -> None:
-    """Refuse a ``--numa`` the run could not honour, before the GPU check (a command-line mistake is
-    named before "no CUDA device" or an idle warning): "all" for a benchmark without host buffers,
-    and a node or "all" for one whose work runs in other processes (``binds`` False: merge and
-    ``nccl --dask`` run it in Dask workers, which dask-cuda binds to their GPU's CPUs itself),
-    which would otherwise be ignored without a word.
+    """Refuse, before the GPU check, a ``--numa`` the run could not honour: "all" without host
+    buffers, a node or "all" where the work runs in other processes (``binds`` False: Dask workers).
 
     Raises:
         UsageError: as above.
@@ -191,13 +164,9 @@ def check_applies(policy: str | int, name: str, *, host_memory: bool, binds: boo
 
 
 def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NODE_ROOT) -> list[Binding]:
-    """The bindings the driver runs the points under (one, or one per node for "all").
-
-    Args:
-        policy: :func:`parse_policy`'s value.
-        gpu: the env entry of the run's first GPU (numa_node, cpu_affinity), or None.
-        host_memory: the benchmark allocates host buffers (its plug-in's ``host_memory``).
-        root: the sysfs node folder (tests pass a made-up one).
+    """The bindings the driver runs the points under (one, or one per node for "all"); ``gpu``: the
+    env entry of the run's first GPU, or None. "auto" takes the GPU's node's CPUs, else its
+    ``local_cpulist``, each within the CPUs this process may use.
 
     Raises:
         UsageError: "all" for a benchmark without host buffers.
@@ -262,21 +231,15 @@ def bound(b: Binding) -> Iterator[Binding]:
                 os.sched_setaffinity(0, before)
 
 
-# -- where the pages are ---------------------------------------------------------------------------
-
 @functools.cache
 def _syscall():
     return ctypes.CDLL(None, use_errno=True).syscall
 
 
 def page_nodes(ptr: int, nbytes: int, max_pages: int = MAX_PAGES_CHECKED) -> dict[str, Any]:
-    """Where the pages of [ptr, ptr + nbytes) are, through move_pages(2) with nodes = NULL.
-
-    Returns:
-        {"pages": {"0": 256}, "pages_checked": 256, "not_present": 0, "error": None}: pages per node
-        (string keys, for JSON), how many were asked (evenly spread, at most ``max_pages``), how many
-        are not yet touched (-ENOENT) and an error line when the call itself failed.
-    """
+    """Where the pages of [ptr, ptr + nbytes) are, through move_pages(2) with nodes = NULL: {"pages":
+    {"0": 256}, "pages_checked": 256 (evenly spread, at most ``max_pages``), "not_present": 0
+    (-ENOENT), "error": None}."""
     out: dict[str, Any] = {"pages": {}, "pages_checked": 0, "not_present": 0, "error": None}
     nr = SYS_MOVE_PAGES.get(platform.machine())
     if nr is None or nbytes <= 0 or not ptr:

@@ -1,8 +1,4 @@
-"""Rendering: rich tables and the progress bar. ``format_*`` build renderables; ``display`` prints.
-
-Measurement code never prints; it calls a progress callback (``Progress.advance``), and the CLI
-renders the returned Result with the helpers here.
-"""
+"""Rendering: rich tables and the progress bar; measurement code never prints."""
 
 from __future__ import annotations
 
@@ -37,25 +33,17 @@ def human_stream():
 
 
 def err_line(text: str) -> None:
-    """Write ``text`` and its newline to stderr in one write, then flush.
-
-    ``print`` writes the text and its end apart, so under a launcher that forwards every rank's
-    stderr two ranks' lines could run together; one write up to PIPE_BUF (4096 bytes on Linux)
-    reaches the launcher whole.
-    """
+    """Write ``text`` and its newline to stderr in one write (whole up to PIPE_BUF, so two ranks'
+    lines cannot run together), then flush."""
     with suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
 
 
 def is_terminal(stream) -> bool:
-    """Whether ``stream`` is a person's terminal: a tty, except under Open MPI.
-
-    Open MPI gives each rank a pseudo-terminal of its own (0 columns) whatever mpirun's stdout is,
-    so a rank cannot tell a terminal from a log (MPICH's hydra, srun and torchrun give pipes). Under
-    Open MPI (``OMPI_COMM_WORLD_RANK`` set) the output is plain unless the user asks for colour as
-    rich reads it: ``FORCE_COLOR`` (https://force-color.org/) or ``TTY_COMPATIBLE=1``.
-    """
+    """Whether ``stream`` is a person's terminal: a tty, except under Open MPI (each rank gets a
+    0-column pty whatever mpirun's stdout is), unless ``FORCE_COLOR`` (https://force-color.org/)
+    or ``TTY_COMPATIBLE=1`` asks for colour as rich reads them."""
     # rich's own order (Console.is_terminal): TTY_COMPATIBLE 0/1, then FORCE_COLOR, then isatty
     if os.environ.get("TTY_COMPATIBLE") in ("0", "1"):
         return os.environ["TTY_COMPATIBLE"] == "1"
@@ -70,9 +58,8 @@ def is_terminal(stream) -> bool:
 
 
 def _sized_terminal(stream) -> bool:
-    """A tty with a size of its own a person watches: not a rank's pty under Open MPI (0 columns,
-    whatever mpirun writes to), and not a pipe that FORCE_COLOR colours. Decides the width and
-    whether a live progress bar is drawn; :func:`is_terminal` decides colour."""
+    """A tty with a size of its own (not a rank's pty under Open MPI): decides the width and whether
+    a live progress bar is drawn."""
     try:
         return stream.isatty() and "OMPI_COMM_WORLD_RANK" not in os.environ
     except (AttributeError, ValueError):
@@ -93,11 +80,8 @@ def console(stderr: bool = False):
 
 
 def saved(path: object, verb: str = "saved", note: str = "", quiet: bool = False) -> None:
-    """Say where a file was written: one line ``"{verb} {path}{note}"`` on :func:`console`'s stream.
-
-    The one place such a line is made, for every command. The path is the user's text (or a
-    peer's): it is shown as :func:`gpubench.core.safe.term` shows untrusted text, so ESC, CR/LF
-    and rich markup in it are shown, never acted on, and the line is never wrapped."""
+    """Say where a file was written: one line ``"{verb} {path}{note}"`` on :func:`console`'s stream,
+    the path escaped (:func:`gpubench.core.safe.term`) and never wrapped."""
     if quiet:
         return
     from rich.text import Text
@@ -129,11 +113,8 @@ def kv_table(title: str, rows: list[tuple[str, str]]):
 
 
 def rate_cell(rate: Summary, units: str = "GB", spread: str = "iqr") -> str:
-    """'55.41 (55.38-55.44)': median bandwidth with p25-p75 (spread="iqr") or min-max ("range").
-
-    Args:
-        rate: a Summary of rates in bytes per second.
-    """
+    """'55.41 (55.38-55.44)': median bandwidth (``rate``: bytes per second) with p25-p75
+    (spread="iqr") or min-max ("range")."""
     lo, hi = (rate.p25, rate.p75) if spread == "iqr" else (rate.min, rate.max)
     return f"{format_rate(rate.median, units)} ({format_rate(lo, units)}-{format_rate(hi, units)})"
 
@@ -170,12 +151,8 @@ def _fit(t) -> int:
 
 
 def display(renderables, quiet: bool = False) -> None:
-    """Print renderables (tables, strings) to stdout (stderr under ``--json -``) unless quiet.
-
-    Tables never lose digits: on a narrow terminal long text columns fold first, and a table that
-    still does not fit is printed at the width it needs (the terminal wraps its lines) rather
-    than with figures cut to "…".
-    """
+    """Print renderables (tables, strings) to stdout (stderr under ``--json -``) unless quiet; a
+    table too wide for the terminal is printed at the width it needs, never with figures cut."""
     if quiet:
         return
     from rich.table import Table
@@ -191,10 +168,7 @@ def display(renderables, quiet: bool = False) -> None:
 
 
 class ProgressSink:
-    """A progress callback: ``start(total, label)``, ``advance(label)``, ``done()``.
-
-    The CLI passes a :class:`RichProgress`; tests and library users may pass this silent base.
-    """
+    """A silent progress callback: ``start(total, label)``, ``advance(label)``, ``done()``."""
 
     def start(self, total: int, label: str = "") -> None:
         pass
@@ -266,11 +240,8 @@ def partial_note(result, what: str = "points") -> str:
 
 
 def condition_notes(result) -> list[str]:
-    """The lines every measuring command's report ends with about the conditions it measured under,
-    each only when something happened: the pre-flight idle check's warnings, telemetry events
-    ("GPU 0 power-capped during 3 of 10 points; SM clock 1410-1980 MHz"), host pages off the bound
-    NUMA node, figures flagged against a physical limit when the command's own table did not say
-    why (core/limits.notes)."""
+    """The lines every measuring command's report ends with about the conditions it measured under
+    (idle check, telemetry, NUMA, limit flags), each only when something happened."""
     from gpubench.core import limits, numa, telemetry
 
     out = []

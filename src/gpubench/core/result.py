@@ -1,10 +1,8 @@
 """The result model: what every command returns and ``--json`` saves; atomic save and checked load.
 
-The JSON layout (schema version 1) is :meth:`Result.to_dict` with its records' :meth:`Record.to_dict`
-(the fields as the classes below describe them), shown in docs/results.md; its JSON Schema is
-``gpubench/schemas/result-v1.schema.json`` (:func:`json_schema`). Raw bytes and seconds are kept,
-so GB/s or GiB/s can be derived later. Loading a newer schema version is refused; older versions
-are upgraded through ``_MIGRATIONS``.
+The JSON layout (schema version 1, docs/results.md) is :meth:`Result.to_dict`; its JSON Schema is
+``gpubench/schemas/result-v1.schema.json`` (:func:`json_schema`). Loading a newer schema version is
+refused; older versions are upgraded through ``_MIGRATIONS``.
 """
 
 from __future__ import annotations
@@ -33,13 +31,9 @@ SCHEMA_VERSION = 1
 # version -> function upgrading a dict of that version to version + 1
 _MIGRATIONS: dict[int, Any] = {}
 MAX_LOAD_BYTES = 64 * 2**20
-# JSON values a file may hold (commas and opening brackets counted, an overestimate): 64 MiB of
-# "0," would parse into gigabytes of Python objects, so it is refused before parsing.
-MAX_JSON_ITEMS = 8_000_000
-# Nesting a file may hold (a result nests 5 levels; a bundle 8), checked on the raw text before
-# parsing, so no recursion (json, tomllib, rich, a re-save) can fail.
-MAX_DEPTH = 64
-MAX_RECORDS = 1_000_000  # records in one result (a 1000-size sweep x 4 memories x 3 directions x 64 GPUs)
+MAX_JSON_ITEMS = 8_000_000  # JSON values a file may hold (commas and opening brackets counted)
+MAX_DEPTH = 64  # nesting a file may hold (a result nests 5 levels; a bundle 8), checked before parsing
+MAX_RECORDS = 1_000_000  # records in one result
 MAX_INT = 2**63 - 1  # the largest count any field holds: bytes, steps, indices (a signed 64-bit int)
 MAX_REPS = 10**9  # steps per sample (core.options.MAX_COUNT)
 
@@ -52,12 +46,9 @@ class Record:
         params: what identifies the point (compare pairs records on these), JSON scalars only.
         metric: "bandwidth" (nbytes / seconds, higher is better) or "time" (lower is better).
         nbytes: bytes moved per step (0 for a pure time).
-        samples_s: per-step seconds of every timed sample.
-        reps: steps per sample.
+        samples_s: per-step seconds of every timed sample; reps: steps per sample.
         error: one line when the point could not be measured (then samples_s is empty).
-        extra: derived or command-specific values.
-        telemetry: the GPU's state while the point ran (gpubench.core.telemetry), None when off or
-            unavailable.
+        telemetry: the GPU's state while the point ran (gpubench.core.telemetry), or None.
     """
 
     params: dict[str, Any]
@@ -78,8 +69,7 @@ class Record:
         return Summary.of(self.samples_s)
 
     def rates(self) -> list[float]:
-        """Each sample's bandwidth in bytes per second, ``nbytes / seconds`` (:func:`stats.rates`),
-        the one place the division is written for every report, comparison, plot and check.
+        """Each sample's bandwidth in bytes per second, ``nbytes / seconds`` (:func:`stats.rates`).
 
         Raises:
             ValueError: nbytes is 0, or a sample that is not > 0.
@@ -111,11 +101,7 @@ class Record:
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "result", pointer: str = "") -> "Record":
-        """Build a Record from its JSON dict, checked by :func:`check_record`.
-
-        Raises:
-            UsageError: a field of the wrong type or out of range, named by its JSON Pointer.
-        """
+        """Build a Record from its JSON dict, checked by :func:`check_record` (UsageError)."""
         return check_record(d, source, pointer)
 
 
@@ -134,15 +120,9 @@ class Result:
     """A command's whole outcome: spec, timing, environment and records.
 
     Attributes:
-        command: command name ("copy", ...).
-        spec: the parsed options as a JSON-able dict.
-        timing: how the records were timed (clock, warm-ups, iteration rule, method).
-        env: the machine, from :func:`gpubench.core.env.capture`.
-        records: measured points.
         partial: True when the run stopped before the end (a signal, or a machine fault).
         interrupted_by: "SIGINT" / "SIGTERM" when a signal stopped it.
         failed_by: the error line when a machine fault stopped it (the run then exits 3).
-        argv: the command line.
         created: ISO 8601 UTC time of creation.
     """
 
@@ -180,13 +160,8 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "result", pointer: str = "") -> "Result":
-        """Build a Result from the parsed JSON ``d``, upgraded and checked by :func:`check_result`
-        (``source``: the file's name; ``pointer``: the JSON Pointer of ``d`` in it, e.g. a bundle
-        step's "/steps/2/result").
-
-        Raises:
-            UsageError: as :func:`check_result`.
-        """
+        """Build a Result from the parsed JSON ``d`` (at JSON Pointer ``pointer`` of file ``source``),
+        upgraded and checked by :func:`check_result` (UsageError)."""
         return check_result(d, source, pointer)
 
 
@@ -215,9 +190,7 @@ _FD_LINK = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd|dev/
 
 
 def check_output_name(path: str | os.PathLike, what: str = "--json") -> None:
-    """The checks of the name alone (no file system): empty, a folder's, over 255 bytes. Every rank
-    of a launcher refuses such a name alike (``every_rank``: rank 0 alone says so); a rank that
-    does not write the file (rank 0 writes a gathered result) checks only this.
+    """The checks of the name alone (no file system): empty, a folder's, over 255 bytes.
 
     Raises:
         UsageError: as :func:`check_output_target`.
@@ -235,16 +208,10 @@ def check_output_name(path: str | os.PathLike, what: str = "--json") -> None:
 
 def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     """Check, before a run, that ``path`` can be replaced by a regular file written atomically, and
-    return it as a Path: the one check of every output gpubench writes (--json, plot's PNG, report's
-    HTML); ``what`` is the option that named it ("--json", "-o").
-
-    Refused: an empty name or one over 255 bytes; a name that ends in "/" (a folder's, even a missing
-    one: "new/" would be saved as a file "new"); a missing folder or one that cannot be written
-    (tried with a temporary file, which also catches read-only mounts and /sys or /proc); a folder;
-    anything that exists and is not a regular file, directly or through symbolic links (a device,
-    which an atomic save would replace, a FIFO, a socket); a file-descriptor link (/dev/stdout,
-    /dev/fd/N, /proc/self/fd/N: the rename would replace the file the descriptor has open); an
-    existing file this user cannot write.
+    return it as a Path: the one check of every output gpubench writes; ``what`` is the option.
+    Refused besides :func:`check_output_name`'s: a missing or unwritable folder (tried with a
+    temporary file), a folder, anything not a regular file (through links), a file-descriptor link,
+    an existing file this user cannot write.
 
     Raises:
         UsageError: one line naming the option, the path and what would be accepted.
@@ -292,10 +259,8 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
 
 
 def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result") -> Path:
-    """Write ``data`` as JSON atomically: a temporary file in the same folder, fsync, rename.
-
-    An earlier file at ``path`` stays intact if anything fails. A symbolic link is followed: the file
-    it points to is replaced, the link kept.
+    """Write ``data`` as JSON atomically (:func:`_replace_atomically`); a symbolic link's target is
+    replaced, the link kept.
 
     Raises:
         ValueError: data holds NaN or infinity (not JSON); nothing is written.
@@ -314,9 +279,8 @@ def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result")
 
 
 def _replace_atomically(data: bytes, p: Path, failed: str) -> Path:
-    """``data`` into a temporary file beside ``p`` (a short name: the target's own may be near the
-    255-byte limit), mode 0666 less the umask as an ordinary file, fsync, then rename over ``p``.
-    On failure the temporary file is removed, ``p`` is left as it was, and MachineError says
+    """``data`` into a temporary file beside ``p``, mode 0666 less the umask, fsync, then rename over
+    ``p``. On failure the temporary file is removed, ``p`` is left as it was, and MachineError says
     ``failed`` with the reason."""
     parent = p.parent if str(p.parent) else Path(".")
     tmp = None
@@ -343,9 +307,7 @@ def _replace_atomically(data: bytes, p: Path, failed: str) -> Path:
 
 
 def write_bytes_atomic(data: bytes, path: str | os.PathLike, what: str = "file", option: str = "-o") -> Path:
-    """Write ``data`` to ``path`` atomically, as :func:`write_json_atomic` does for JSON (a PNG, an
-    HTML report): a temporary file in the same folder, fsync, rename. On any failure (a full disk)
-    the temporary file is removed and an earlier file at ``path`` is left as it was.
+    """Write ``data`` to ``path`` atomically, as :func:`write_json_atomic` does for JSON.
 
     Raises:
         UsageError: the target is not a regular file (:func:`check_output_target`; ``option`` names it).
@@ -405,9 +367,7 @@ def shipped_schema() -> dict:
 
 def schema_with(plugins) -> dict:
     """The shipped schema with one ``allOf`` entry per plug-in of ``plugins`` that declares
-    :attr:`~gpubench.core.plugin.Plugin.params_schema` (and none of the shipped file's own):
-    a result whose ``command`` is the plug-in's has records whose ``params`` are those, and no
-    other. ``schema_with`` of gpubench's own plug-ins is the shipped file (a test holds it so)."""
+    :attr:`~gpubench.core.plugin.Plugin.params_schema` (in place of the shipped file's own)."""
     schema = shipped_schema()
     entries = [e for e in schema.get("allOf", []) if not str(e.get("$comment", "")).startswith(PARAMS_COMMENT)]
     for p in sorted(plugins, key=lambda p: p.name):
@@ -425,8 +385,7 @@ def schema_with(plugins) -> dict:
 
 
 def json_schema() -> dict:
-    """The JSON Schema (draft 2020-12) of what :func:`save` writes for the plug-ins installed here
-    (:func:`schema_with` of the registry's): the shipped file, with a third party's params too."""
+    """The JSON Schema (draft 2020-12) of what :func:`save` writes for the plug-ins installed here."""
     from gpubench.core import registry
 
     return schema_with(registry.plugins().values())
@@ -480,8 +439,7 @@ def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> by
 
 
 def read_json(path: str | os.PathLike, expected: str = "a file saved by --json") -> Any:
-    """Read a JSON file of at most MAX_LOAD_BYTES (64 MiB) and about MAX_JSON_ITEMS values, so
-    garbage cannot exhaust memory (parsing costs up to ~20x the text for tiny values).
+    """Read a JSON file of at most MAX_LOAD_BYTES (64 MiB) and about MAX_JSON_ITEMS values.
 
     Raises:
         UsageError: unreadable, a device or socket, too large, too many values, nested deeper than
@@ -513,9 +471,7 @@ class _RepeatedKey(Exception):
 
 
 def _no_repeated_keys(pairs: list) -> dict:
-    """json's object_pairs_hook: a dict, unless a key repeats. RFC 8259 §4 leaves repeated names'
-    meaning open and Python keeps the last, so `{"records": [...], "records": []}` read as an empty
-    result; gpubench never writes one."""
+    """json's object_pairs_hook: a dict, unless a key repeats (RFC 8259 §4 leaves its meaning open)."""
     d = dict(pairs)
     if len(d) != len(pairs):
         seen: set = set()
@@ -536,17 +492,9 @@ def load(path: str | os.PathLike) -> Result:
     return Result.from_dict(read_json(path), source=str(path))
 
 
-# -- the one validator of loaded files ------------------------------------------------------------
-#
-# Every file gpubench reads back (a result, a suite bundle, an expectations TOML) is bounded (size,
-# value count, nesting depth) before it is parsed, and every field is checked for its type and range
-# before anything uses it. A bad field is one UsageError (exit 2) naming the file, the field by its
-# JSON Pointer (RFC 6901), the value as found (core.safe.term) and what would be accepted.
-#
-# The checks are the published schema plus what a schema cannot say for Python's json module: no
-# Infinity, NaN or 1e400, no integer beyond 64 bits, no bool where an integer is meant. They are
-# written out: jsonschema is not a runtime dependency (tests/unit/test_result_validate.py holds the
-# two to agree) and is ~50x slower on a file of millions of samples.
+# -- the one validator of loaded files: the published schema, plus no Infinity, NaN or 1e400, no
+# integer beyond 64 bits, no bool for an integer; a bad field is one UsageError naming its JSON
+# Pointer (RFC 6901). Written out: jsonschema is no runtime dependency and ~50x slower.
 
 
 def pointer_join(pointer: str, key: object) -> str:
@@ -585,8 +533,7 @@ def missing_field(source: str, pointer: str, accepted: str) -> UsageError:
 
 
 def _require(d: dict, fields: dict[str, str], source: str, pointer: str) -> None:
-    """Every key of ``fields`` (name -> what it holds) is present in ``d``: the schema's
-    ``required``. Checked after the present fields, so a bad value is named before a gap."""
+    """Every key of ``fields`` (name -> what it holds) is present in ``d``: the schema's ``required``."""
     for k, what in fields.items():
         if k not in d:
             raise missing_field(source, pointer_join(pointer, k), what)
@@ -625,8 +572,7 @@ def check_str(v: object, source: str, pointer: str, *, allow_none: bool = False,
 
 
 def check_obj(v: object, source: str, pointer: str, *, allow_none: bool = False) -> dict:
-    """``v`` as a JSON object (a dict; None -> {} with ``allow_none``), its values checked by
-    :func:`check_values`."""
+    """``v`` as a JSON object (None -> {} with ``allow_none``), its values checked by :func:`check_values`."""
     if v is None and allow_none:
         return {}
     if not isinstance(v, dict):
@@ -636,8 +582,7 @@ def check_obj(v: object, source: str, pointer: str, *, allow_none: bool = False)
 
 
 def check_values(v: object, source: str, pointer: str) -> None:
-    """Every number inside ``v`` (an open part: spec, timing, extra, env) is finite and fits 64
-    bits; walked without recursion (depth is already bounded by :data:`MAX_DEPTH`)."""
+    """Every number inside ``v`` (an open part: spec, timing, extra, env) is finite and fits 64 bits."""
     stack: list[tuple[Any, str]] = [(v, pointer)]
     while stack:
         x, ptr = stack.pop()
@@ -671,9 +616,7 @@ def check_schema_version(where: str, version: object, newest: int, kind: str = "
     return version
 
 
-#: Shortest sample accepted for a record that moves bytes, in seconds (1 ps: three orders below the
-#: nanosecond resolution of CUDA events and perf_counter), so every rate is finite.
-MIN_SAMPLE_S = 1e-12
+MIN_SAMPLE_S = 1e-12  # shortest sample of a record that moves bytes, seconds: every rate is finite
 
 
 # the schema's $defs/record "required" (telemetry is optional: files from before it lack it)
@@ -693,8 +636,7 @@ _MIN_INT = -MAX_INT - 1
 
 
 def _values_ok(v: object) -> bool:
-    """True when every number inside ``v`` is finite and fits 64 bits (:func:`check_values`'s
-    rule), walked without recursion and without building a JSON Pointer per value."""
+    """:func:`check_values`'s rule as a bool, without building a JSON Pointer per value."""
     stack: list[Any] = [v]  # JSON values of any type: each is told apart by its type() below
     pop, push = stack.pop, stack.extend
     while stack:
@@ -730,11 +672,7 @@ def telemetry_reasons() -> tuple[str, ...]:
 
 
 def check_telemetry(t: object, source: str, pointer: str) -> dict:
-    """Check a record's ``telemetry`` block (the schema's ``$defs/telemetry``, docs/conditions.md):
-    an object of exactly its fields; ``n`` an integer >= 0, ``interval_s`` > 0, ``devices`` CUDA
-    ordinals; each of sm_clock_mhz, mem_clock_mhz, power_w, temp_c null or {min, median, max}
-    numbers; ``reasons`` distinct names from the schema's list; ``pcie`` null or {gen, width}
-    integers; the deltas integers or null; ``other_processes`` an integer >= 0 or null.
+    """Check a record's ``telemetry`` block (the schema's ``$defs/telemetry``, docs/conditions.md).
 
     Raises:
         UsageError: the first bad field, by its JSON Pointer, then a missing required one.
@@ -797,8 +735,7 @@ def _int_ok(v: object, lo: int = _MIN_INT) -> bool:
 
 
 def _telemetry_ok(t: object) -> bool:
-    """True when :func:`check_telemetry` would pass ``t``, without building a JSON Pointer or an
-    error (every record may carry a block); anything doubtful goes to the named check."""
+    """True when :func:`check_telemetry` would pass ``t``, without building a JSON Pointer."""
     if type(t) is not dict or not _TELEMETRY_REQUIRED.keys() <= t.keys() <= _TELEMETRY_KEYS:
         return False
     if not _int_ok(t["n"], 0) or not (_num_ok(t["interval_s"]) and t["interval_s"] > 0):
@@ -829,8 +766,7 @@ def _REASONS_SET() -> frozenset:  # noqa: N802
     return frozenset(telemetry_reasons())
 
 
-# the fields of a record's extra the schema declares ($defs/record/properties/extra): the driver's
-# timing facts (core/timing.py); any other key of extra is a command's own
+# the fields of a record's extra the schema declares: the driver's timing facts (core/timing.py)
 def _extra_known_ok(extra: dict) -> bool:
     noise = extra.get("noise_pct")
     return ((noise is None or (type(noise) in (int, float) and noise >= 0))
@@ -847,7 +783,7 @@ def _check_extra_known(extra: dict, source: str, pointer: str) -> None:
 
 def _record_fast(d: object) -> "Record | None":
     """The record of a well-formed ``d`` (every rule of :func:`check_record`), or None when
-    anything is off, for check_record's slow path to name; no JSON Pointer is built here."""
+    anything is off, for check_record's slow path to name."""
     if type(d) is not dict or len(d) < 7 or not d.keys() <= _RECORD_KEYS:
         return None
     try:
@@ -881,16 +817,11 @@ def _record_fast(d: object) -> "Record | None":
 
 
 def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
-    """Check one record (the schema's ``$defs/record``) and build it.
-
-    A well-formed record is checked in one pass without building JSON Pointers
-    (:func:`_record_fast`); anything else goes field by field, the first bad field named.
+    """Check one record (the schema's ``$defs/record``) and build it; a well-formed one in one pass
+    (:func:`_record_fast`), anything else field by field.
 
     Raises:
-        UsageError: naming the bad field: params not an object of scalars, metric not known,
-            nbytes / reps not integers in range, samples_s not an array of finite numbers >= 0,
-            error not a string or null, extra not an object (null included); or, once every
-            present field passed, a required field that is missing.
+        UsageError: naming the first bad field, then a missing required one.
     """
     fast = _record_fast(d)
     if fast is not None:
@@ -935,7 +866,6 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
     extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"))
     _check_extra_known(extra, source, pointer_join(pointer, "extra"))
     _require(d, _RECORD_REQUIRED, source, pointer)
-    # the NVML block of core.telemetry (docs/conditions.md), checked as the schema describes it
     tele = d.get("telemetry")
     telemetry = None if tele is None else dict(check_telemetry(tele, source, pointer_join(pointer, "telemetry")))
     return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=out, reps=reps,  # type: ignore[arg-type]
@@ -953,9 +883,8 @@ _PARAM_WORDS = {"integer": "an integer", "number": "a number", "string": "a stri
 
 @dataclass(frozen=True)
 class ParamsRules:
-    """One command's records' ``params`` (the schema's ``allOf`` entry "params of the plug-in
-    NAME"): the names every record has, the names allowed, per name the Python types of its JSON
-    types and its bounds (only the names that have one)."""
+    """One command's records' ``params`` (the schema's entry "params of the plug-in NAME"): required
+    and allowed names, per name its Python types, their words, and its bounds where it has one."""
 
     required: frozenset
     allowed: frozenset
@@ -978,9 +907,8 @@ def _rules_of(params: dict) -> ParamsRules:
 
 @functools.lru_cache(maxsize=64)
 def params_rules(command: str) -> ParamsRules | None:
-    """The params rules of ``command``'s records: the shipped schema's entry for gpubench's own
-    commands, else the installed plug-in's ``params_schema`` (the registry is consulted only for
-    a command the shipped file does not name); None where neither says (a plug-in not installed)."""
+    """The params rules of ``command``'s records: the shipped schema's entry, else the installed
+    plug-in's ``params_schema``; None where neither says."""
     for e in shipped_schema().get("allOf", []):
         if e.get("$comment") == PARAMS_COMMENT + command:
             return _rules_of(e["then"]["properties"]["records"]["items"]["properties"]["params"])
@@ -1007,9 +935,7 @@ def _params_ok(params: dict, rules: ParamsRules) -> bool:
 
 
 def check_params(params: dict, rules: ParamsRules, source: str, pointer: str) -> None:
-    """A record's params against its command's rules: the schema's ``required``, ``additionalProperties:
-    false``, ``type`` and ``minimum`` / ``maximum`` (JSON types as the loader reads them: true is no
-    integer, 1.0 is no integer).
+    """A record's params against its command's rules (required, no other, type, minimum / maximum).
 
     Raises:
         UsageError: naming the first param that is missing, not the command's, or of the wrong type
@@ -1034,12 +960,8 @@ def check_params(params: dict, rules: ParamsRules, source: str, pointer: str) ->
 
 
 def check_command(v: object, source: str, pointer: str) -> str:
-    """``v`` as the name of the command that made a result: a plug-in's name (the schema's
-    ``command`` pattern, :data:`gpubench.core.plugin.NAME`), installed here or not.
-
-    Raises:
-        ResultFileError: not such a name.
-    """
+    """``v`` as the name of the command that made a result (:data:`gpubench.core.plugin.NAME`),
+    installed here or not; else UsageError."""
     from gpubench.core.plugin import NAME
 
     if not isinstance(v, str) or not NAME.match(v):
@@ -1047,8 +969,7 @@ def check_command(v: object, source: str, pointer: str) -> str:
     return v
 
 
-# env: part -> {field: kind}; kind "str", "int" (>= 0), "i64" or "num" (>= 0), each also null (the schema's
-# $defs/env)
+# env: part -> {field: kind}; kind "str", "int" (>= 0), "i64" or "num" (>= 0), each also null
 _ENV_FIELDS: dict[str, dict[str, str]] = {
     "host": {"hostname": "str", "os": "str", "python": "str", "cpu_count": "int", "cpus_usable": "int",
              "cpu_model": "str", "numa_nodes": "int", "mem_total_bytes": "int", "mem_available_bytes": "int"},
@@ -1082,8 +1003,7 @@ def _check_fields(obj: dict, fields: dict[str, str], source: str, pointer: str) 
 
 
 def check_env(env: object, source: str, pointer: str) -> dict:
-    """Check a result's ``env`` (the schema's ``$defs/env``): each part an object, its known fields
-    of their types."""
+    """Check a result's ``env`` (the schema's ``$defs/env``)."""
     env = check_obj(env, source, pointer)
     for part, fields in _ENV_FIELDS.items():
         if part in env:
@@ -1144,8 +1064,7 @@ def check_env(env: object, source: str, pointer: str) -> dict:
 
 
 def _check_counter(v: object, source: str, pointer: str, depth: int = 0) -> None:
-    """A health counter (core/health.py): an integer >= 0, a bool, "unsupported", null, or (for the
-    grouped counters: ECC, remapped rows, per-link NVLink errors) an object of those, two deep."""
+    """A health counter: an integer >= 0, a bool, "unsupported", null, or an object of those, two deep."""
     if v is None or v == "unsupported" or type(v) is bool:
         return
     if type(v) is int:
@@ -1191,9 +1110,7 @@ def _check_list(v: object, source: str, pointer: str, what: str) -> list:
 
 
 def _check_preflight(v: object, source: str, pointer: str) -> None:
-    """``env.preflight`` (core/env.idle_check; the schema's env/preflight): idle true, false or
-    null; warnings strings; error a string or null; per GPU its index, busy strings, other
-    processes objects and the integer readings (or null)."""
+    """``env.preflight`` (core/env.idle_check; the schema's env/preflight)."""
     pre = check_obj(v, source, pointer)
     if pre.get("idle") is not None and type(pre["idle"]) is not bool:
         raise bad_field(source, pointer_join(pointer, "idle"), pre["idle"], "true, false or null")
@@ -1225,10 +1142,6 @@ def _check_preflight(v: object, source: str, pointer: str) -> None:
 
 def check_result(d: object, source: str = "result", pointer: str = "") -> "Result":
     """Check a parsed result (schema version 1 after migration) field by field and build it.
-
-    Every field the schema requires must be there, the objects (spec, timing, env, a record's
-    extra) must be objects, not null, and a stopped run must say ``partial``: what the published
-    schema refuses, the loader refuses, besides what a schema cannot say (inf, 1e400, bool for int).
 
     Raises:
         UsageError: not a gpubench result; an unknown or newer schema version; or the first bad
@@ -1288,22 +1201,17 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
                   created=created, gpubench_version=version_text)  # type: ignore[arg-type]
 
 
-# JSON strings (with their escapes): removed before brackets are counted, as a '[' inside a string
-# does not nest. The unrolled form keeps the regex linear.
+# JSON strings (with their escapes), removed before brackets are counted; unrolled to stay linear
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
 def json_depth(raw: bytes) -> int:
     """The deepest nesting of arrays and objects in JSON text ``raw`` (0 for a scalar), counted on
-    the text with strings removed, in O(len(raw)) with NumPy (no parsing, no recursion).
-
-    Malformed text (unbalanced brackets, an unterminated string) gives a figure that is still an
-    upper bound of what a parser would recurse into before failing."""
+    the text with strings removed, in O(len(raw)) with NumPy; an upper bound for malformed text."""
     import numpy as np
 
     text = _JSON_STRING.sub(b'""', raw) if b'"' in raw else raw
-    # the brackets alone, in order (bytes.translate deletes the rest at C speed), then the cumulative sum
     brackets = text.translate(None, _NOT_BRACKETS)
     if not brackets:
         return 0

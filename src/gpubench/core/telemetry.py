@@ -1,8 +1,6 @@
 """The GPU's state while each point runs: NVML (nvidia-ml-py) sampled on a thread beside the timed work.
 
-The driver (:func:`gpubench.core.benchmark.run`) opens one :class:`Telemetry` per run and wraps each
-point's ``measure`` in :meth:`Telemetry.point`; every record the point returns gets the block
-(:attr:`PointSampler.block`) as ``Record.telemetry``::
+Every record of a point gets the block (:attr:`PointSampler.block`) as ``Record.telemetry``::
 
     {"n": 14,                          # sample sets taken (one at the start, one at the end, and
                                        # one every interval_s between)
@@ -22,11 +20,7 @@ point's ``measure`` in :meth:`Telemetry.point`; every record the point returns g
                                                   # the point's GPUs at its start or end
 
 A statistic is null when the driver does not answer that query; with several GPUs in a point the
-statistics run over the samples of all of them. ``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES`` are not
-used: on the lent H200 their deltas over 43 GB of copies were negative (issue 19).
-
-Cost (measured in docs/conditions.md): a sample set takes 5 us, so at 10 ms the thread is busy 0.05%
-of the time; the slow reads (replay counter, link width) are made only at a point's start and end.
+statistics run over the samples of all of them (cost: docs/conditions.md).
 """
 
 from __future__ import annotations
@@ -43,9 +37,7 @@ from gpubench.core.env import nvml_call as _call
 
 DEFAULT_INTERVAL_S = 0.01
 
-# nvmlClocksEventReasons (nvml.h: nvmlClocksEventReasonGpuIdle 0x1 ... HwPowerBrakeSlowdown 0x80,
-# DisplayClockSetting 0x100). gpu_idle, applications_clocks and display_clocks are settings or idleness,
-# not events, and are not listed.
+# nvmlClocksEventReasons (nvml.h), the events only (not idle, application or display clocks)
 REASON_BITS = {
     0x4: "sw_power_cap",
     0x8: "hw_slowdown",
@@ -176,15 +168,9 @@ def summarize(samples: list[tuple], start: list[dict], end: list[dict], interval
 
 
 class Telemetry:
-    """NVML opened once for a run; :meth:`point` samples the GPUs of one point.
-
-    Args:
-        gpus: the env's ``gpus`` entries (index, uuid, pci_bus_id) of the GPUs that may be sampled.
-        interval_s: seconds between sample sets (> 0).
-
-    ``status`` is the Result's ``env["telemetry"]``: enabled, interval_s, error (why nothing is
-    sampled: NVML missing, a GPU NVML does not know).
-    """
+    """NVML opened once for a run over the env's ``gpus`` entries, sampled every ``interval_s``
+    seconds; :meth:`point` samples the GPUs of one point. ``status`` is the Result's
+    ``env["telemetry"]``."""
 
     def __init__(self, gpus: Sequence[dict], interval_s: float = DEFAULT_INTERVAL_S):
         self.interval_s = interval_s
@@ -238,13 +224,9 @@ def session(gpus: Sequence[dict], enabled: bool, interval_s: float = DEFAULT_INT
         yield t
 
 
-# -- what the report says --------------------------------------------------------------------------
-
-
 def notes(records: Sequence[Any]) -> list[str]:
     """One line per group of GPUs where something happened during the points: a slowdown reason
-    (with the SM clock range over those points), other processes on the GPU, PCIe replays or NVLink
-    errors. Nothing when nothing happened. ``records`` are Records (``.telemetry``)."""
+    (with the SM clock range), other processes on the GPU, PCIe replays or NVLink errors."""
     by_dev: dict[tuple, list[dict]] = {}
     for r in records:
         t = getattr(r, "telemetry", None)
