@@ -42,20 +42,12 @@ def parse_driver_version(text: str | None) -> tuple[int, ...] | None:
 
 def driver_check(driver_cuda: str | None, runtime_cuda: str | None,
                  nvidia_driver: str | None = None) -> dict[str, Any] | None:
-    """Compare the CUDA version the driver supports with the CUDA runtime CuPy uses.
-
-    Args:
-        driver_cuda: the driver's CUDA version, "13.0" (``cudaDriverGetVersion``).
-        runtime_cuda: the runtime's CUDA version, "13.2" (``cudaRuntimeGetVersion``).
-        nvidia_driver: the NVIDIA driver version from NVML, "580.65.06", or None.
+    """Compare the CUDA version the driver supports ("13.0") with the CUDA runtime CuPy uses.
 
     Returns:
-        None when either CUDA version is unknown (no CuPy, no driver): nothing is claimed. Else a
-        dict: ``status`` "ok", "minor-version-compatibility" (same major, older minor: runs with
-        CUDA's minor version compatibility, without the newer minor's features) or "driver-too-old"
-        (an older major, or a driver below the runtime major's minimum: CUDA calls fail);
-        ``warning`` (one line, None when ok); ``driver_cuda``, ``runtime_cuda``, ``nvidia_driver``,
-        and ``min_driver`` (the Linux minimum for the runtime's major, None for a major not listed).
+        None when either CUDA version is unknown. Else {status: "ok", "minor-version-compatibility"
+        or "driver-too-old", warning: one line or None, driver_cuda, runtime_cuda, nvidia_driver,
+        min_driver: the Linux minimum for the runtime's major, or None}.
     """
     drv, rt = parse_cuda_version(driver_cuda), parse_cuda_version(runtime_cuda)
     if drv is None or rt is None:

@@ -1,12 +1,5 @@
-"""The one bound of each number a command takes, declared on the Spec field that holds it.
-
-A Spec (or the timing plan inside it) declares a numeric field with :func:`bounded`; its
-constructor calls :func:`check_bounds`, which refuses a value outside the field's bound with
-one line naming the option and what would be accepted. The command line only checks that a
-number is written as one (ASCII digits, finite: ``kit.StrictInt``/``StrictFloat``); the range
-is the Spec's, so a Spec built by the suite, a test or a plug-in is held to the same bound.
-Options that fill no Spec (compare's ``--threshold``, plot's ``--dpi``) hold a :class:`Bound`
-of their own and call :meth:`Bound.check` where the command reads them.
+"""The one bound of each number a command takes, declared on the Spec field that holds it with
+:func:`bounded` and checked by :func:`check_bounds` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ MAX_GBPS = 1e6  # GB/s: no link moves a petabyte per second (NVLink 5 x18 is 0.9
 
 def _shown(v: float) -> str:
     """A value as given: an int in full (its digits counted past 15), a float by %g where that is
-    the value, else in full (604800.5 is not shown as 604800 beside "at most 604,800")."""
+    the value, else in full."""
     if isinstance(v, int):
         return str(v) if abs(v) < 10**15 else f"(a {len(str(abs(v)))}-digit number)"
     short = f"{v:g}"
@@ -36,8 +29,7 @@ def _shown(v: float) -> str:
 
 
 def _limit(v: float) -> str:
-    """A bound as messages name it: a whole number with thousands separators (an int in full),
-    else by %g."""
+    """A bound as messages name it: a whole number with thousands separators, else by %g."""
     if isinstance(v, int):
         return f"{v:,}"
     return f"{v:,.0f}" if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
@@ -45,16 +37,9 @@ def _limit(v: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """The accepted range of one number.
-
-    Attributes:
-        option: the option as messages name it ("-n/--iters").
-        lo: the smallest accepted value, or None for no lower bound.
-        hi: the largest accepted value, a function of the machine (called when checked), or None.
-        above: ``lo`` itself is refused (the value must be > lo).
-        below: ``hi`` itself is refused (the value must be < hi).
-        unit: appended to the bounds in messages ("seconds", "GB/s"), or "".
-    """
+    """The accepted range of one number for ``option`` ("-n/--iters"): ``lo`` and ``hi`` (None: none;
+    ``hi`` may be a function of the machine), ``lo`` itself refused with ``above``, ``hi`` with
+    ``below``; ``unit`` follows the bounds in messages."""
 
     option: str
     lo: float | None = None
@@ -67,9 +52,7 @@ class Bound:
         """``value`` when it is None or within the bound.
 
         Raises:
-            UsageError: not a number (a bool counts as none), NaN or infinite, below ``lo``
-                ("-n/--iters 0 must be >= 1"), or above ``hi`` ("-w/--warmup 1000001 is too
-                large (at most 1,000,000)").
+            UsageError: not a number (a bool counts as none), not finite, below ``lo`` or above ``hi``.
         """
         if value is None:
             return None
@@ -116,9 +99,8 @@ def field_bound(cls: Any, name: str) -> Bound:
 
 
 def declared(modules: Iterable[str], option: str) -> Bound | None:
-    """The Bound declared for ``option`` ("-n/--iters") on a field of a dataclass defined in one of
-    ``modules`` (imported here), or None. How the command line names the bound of a value too
-    large to reach its Spec (an integer beyond 64 bits), so that line names the Spec's bound."""
+    """The Bound declared for ``option`` on a field of a dataclass defined in one of ``modules``
+    (imported here), or None: the bound of a value too large to reach its Spec."""
     import importlib
     import inspect
 
@@ -137,8 +119,7 @@ def declared(modules: Iterable[str], option: str) -> Bound | None:
 
 
 def check_bounds(spec: Any) -> None:
-    """Check every field of the dataclass instance ``spec`` declared with :func:`bounded`, in field
-    order.
+    """Check every field of the dataclass instance ``spec`` declared with :func:`bounded`, in order.
 
     Raises:
         UsageError: the first value outside its bound (:meth:`Bound.check`).

@@ -17,12 +17,9 @@
      "topology": {"0,1": "NV18", ...}}          # nvidia-smi topo -m style
 
 The driver adds ``preflight`` (:func:`idle_check`), ``numa`` and ``telemetry`` (docs/conditions.md).
-
-Every query is guarded: a field the driver does not report is None, and an absent driver or
-library leaves ``gpus`` empty with the reason in ``cuda.error`` / ``nvml.error``. Nothing here raises.
-
-GPU indices are CUDA runtime ordinals (as CUDA_VISIBLE_DEVICES presents them), matched to NVML
-devices by PCI bus id.
+A field the driver does not report is None; an absent driver or library leaves ``gpus`` empty with
+the reason in ``cuda.error`` / ``nvml.error``. GPU indices are CUDA runtime ordinals, matched to
+NVML devices by PCI bus id.
 """
 
 from __future__ import annotations
@@ -85,8 +82,7 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-#: The CUDA wheels the cuda12/cuda13 extras install, each under one key whatever its CUDA major:
-#: key -> the distributions that provide it (the CUDA 13 names first; CUDA 12's carry -cu12).
+#: The CUDA wheels the cuda12/cuda13 extras install: key -> the distributions that provide it.
 CUDA_WHEELS: dict[str, tuple[str, ...]] = {
     "cuda-toolkit": ("cuda-toolkit",),
     "nvidia-cuda-nvrtc": kernel_cache.NVRTC_WHEELS,
@@ -96,9 +92,8 @@ CUDA_WHEELS: dict[str, tuple[str, ...]] = {
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of gpubench and the libraries it measures through: numpy, CuPy, nvidia-ml-py, click
-    and rich where installed, and always the CUDA wheels of :data:`CUDA_WHEELS` (None where none is
-    installed). Read from the installed distributions' metadata: nothing is imported."""
+    """Versions of gpubench and the libraries it measures through where installed, and always the
+    CUDA wheels of :data:`CUDA_WHEELS` (None where none is), from the distributions' metadata."""
     from importlib import metadata
 
     def version(dist: str) -> str | None:
@@ -155,8 +150,7 @@ def cuda_info() -> dict[str, Any]:
 
 def nvrtc_version() -> str | None:
     """The version, "major.minor", of the NVRTC that compiles gpubench's kernels: as their cache
-    recorded it (core/kernel_cache.py; NVRTC is then not loaded), else CuPy's
-    ``cupy.cuda.nvrtc.getVersion()``; None where CuPy or NVRTC cannot say."""
+    recorded it, else ``cupy.cuda.nvrtc.getVersion()``; None where neither can say."""
     cached = kernel_cache.cached_nvrtc_version()
     if cached is not None:
         return cached
@@ -243,13 +237,8 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
 
 
 def _nvlink_peers_by_p2p_status(nv, gpus: list[dict], handles: list) -> None:
-    """Fill nvlink_peers where the links' remote PCI ids name no visible GPU.
-
-    Inside a VM NVML reports the remote end's host-side PCI id, which differs from the guest's; and
-    on NVSwitch systems the remote end is a switch. Then NVLink P2P status (NVML_P2P_CAPS_INDEX_NVLINK)
-    says which pairs talk over NVLink, and, as nvidia-smi topo -m does, each such pair is shown with
-    the device's links up (exact for one peer or a switch fabric).
-    """
+    """Fill nvlink_peers where the links' remote PCI ids name no visible GPU (a VM, an NVSwitch):
+    pairs whose NVLink P2P status is OK get the device's links up, as nvidia-smi topo -m shows."""
     idx = getattr(nv, "NVML_P2P_CAPS_INDEX_NVLINK", None)
     if idx is None:
         return
@@ -369,25 +358,16 @@ def gpu_by_index(env: dict[str, Any], index: int) -> dict[str, Any] | None:
 # -- pre-flight idle check ----------------------------------------------------------------------------
 
 HOT_MARGIN_C = 10  # a GPU within this many degrees of its slowdown threshold is called hot
-# NVML's utilisation is the share of its last sample period (1/6 s to 1 s) in which a kernel ran, so
-# a run started right after another shows its tail (1-3% seen on the lent H200 with no other process
-# left). With no other process, utilisation is read again after UTIL_REREAD_S and counts from
-# UTIL_BUSY_PCT; with another process any utilisation counts.
+# With no other process, utilisation (over NVML's last sample period, 1/6 s to 1 s: an earlier run's
+# tail) is read again after UTIL_REREAD_S and counts from UTIL_BUSY_PCT; with another, any counts.
 UTIL_REREAD_S = 1.0
 UTIL_BUSY_PCT = 5
 
 
 def idle_check(gpus: list[dict[str, Any]], devices: tuple[int, ...] | list[int]) -> dict[str, Any]:
-    """Is each GPU of the run idle before the first point? Other compute processes
-    (nvmlDeviceGetComputeRunningProcesses, this process left out), utilisation
-    (nvmlDeviceGetUtilizationRates, over NVML's last sample period, 1/6 to 1 s) and temperature
-    against the slowdown threshold (nvmlDeviceGetTemperatureThreshold SLOWDOWN; hot within
-    :data:`HOT_MARGIN_C`). DCGM's diagnostics refuse to start on a busy GPU for the same reason
-    (DCGM #272: one test can poison the next).
-
-    Args:
-        gpus: the env's ``gpus`` entries (index, uuid).
-        devices: the CUDA ordinals of the run.
+    """Is each GPU of the run idle before the first point? Other compute processes, utilisation and
+    temperature against the slowdown threshold (hot within :data:`HOT_MARGIN_C`), as DCGM's
+    diagnostics check before they start (DCGM #272).
 
     Returns:
         {"idle": bool | None (None: NVML could not tell), "warnings": [one line each],

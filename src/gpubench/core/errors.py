@@ -14,12 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 class GpubenchError(Exception):
-    """Base of gpubench's errors.
-
-    Args:
-        message: one line naming what is wrong (the bad value, the failing call).
-        hint: optional one line saying what would be accepted or what to do.
-    """
+    """Base of gpubench's errors: one line naming what is wrong, and an optional one-line hint."""
 
     exit_code = 1
 
@@ -34,10 +29,8 @@ class GpubenchError(Exception):
 
 
 class UsageError(GpubenchError):
-    """A bad option value or a request this machine cannot serve; exit code 2.
-
-    ``every_rank`` is set where the error comes from the command line alone (its options, read
-    the same way by every rank of a launcher), so only rank 0 prints it."""
+    """A bad option value or a request this machine cannot serve; exit code 2. ``every_rank``: it
+    comes from the command line alone, so only rank 0 prints it."""
 
     exit_code = 2
     every_rank = False
@@ -45,10 +38,8 @@ class UsageError(GpubenchError):
 
 @contextlib.contextmanager
 def from_the_command_line() -> Iterator[None]:
-    """A UsageError raised inside comes from the command line alone (an option's text, its
-    declared bound, a name's form), not from this machine: every rank of a launcher raises it
-    alike, so it is marked ``every_rank`` and rank 0 alone says it. What depends on the machine
-    (its GPUs, NUMA nodes, folders, addresses) stays outside, said by the rank that lacks it."""
+    """Mark a UsageError raised inside ``every_rank``: it comes from the command line alone, not
+    from this machine, so every rank of a launcher raises it alike and rank 0 alone says it."""
     try:
         yield
     except UsageError as e:
@@ -57,11 +48,10 @@ def from_the_command_line() -> Iterator[None]:
 
 
 def check_choices(name: str, got, allowed) -> None:
-    """Check an option's list of choices (strategies, directions, tests...).
+    """Check an option's list of choices.
 
     Raises:
-        UsageError: ``got`` is empty ("no NAME selected"), or holds a value not in ``allowed``; the
-            line lists the accepted values.
+        UsageError: ``got`` is empty, or holds a value not in ``allowed``.
     """
     hint = f"use {', '.join(allowed)}"
     if not got:
@@ -72,11 +62,7 @@ def check_choices(name: str, got, allowed) -> None:
 
 
 class NoGPUError(UsageError):
-    """No CUDA device is visible; exit code 2.
-
-    Args:
-        detail: what the CUDA runtime or CuPy said, kept short.
-    """
+    """No CUDA device is visible (``detail``: what the CUDA runtime or CuPy said); exit code 2."""
 
     def __init__(self, detail: str = ""):
         from gpubench.core.registry import no_gpu_commands
@@ -89,11 +75,9 @@ class MachineError(GpubenchError):
     """A fault of the machine or a library (CUDA, NCCL, Dask) during a run; exit code 3.
 
     Attributes:
-        partial_result: what the run had measured before the fault (a Result with partial=True and
-            failed_by set), for the command to print and save before exiting; None when nothing was.
-        point_records: records of the point being measured that were complete when the fault was
-            found (a plug-in sets it, e.g. net's last interval before a missing end line); the
-            driver keeps them with the finished points.
+        partial_result: what the run had measured before the fault, for the command to print and
+            save before exiting; None when nothing was.
+        point_records: records of the point being measured that were complete at the fault.
     """
 
     exit_code = 3
@@ -106,8 +90,6 @@ class RegressionFound(GpubenchError):
 
 
 def first_line(e: BaseException) -> str:
-    """The first line of an exception's text (CUDA errors carry the code and its description), or its
-    type name where the text is empty: the one way an error from a library becomes a line of a
-    gpubench message."""
+    """The first line of an exception's text, or its type name where the text is empty."""
     s = str(e).strip().splitlines()
     return s[0] if s else type(e).__name__

@@ -1,17 +1,8 @@
-"""gpubench's CUDA kernels as cubins kept on disk, so that a run loads them without NVRTC.
-
-CuPy's ``RawModule(code=...)`` has a disk cache of its own, but its key asks NVRTC for its version
-and compiles an empty program first (cupy/cuda/compiler.py ``_compile_with_cache_cuda``), so every
-process loads libnvrtc: about 30 MiB of host memory that a copy test holds beside its buffers.
-Here the key is made of what the compiled code depends on that can be read without NVRTC, and a
-cached cubin is loaded with ``cuModuleLoad`` (``RawModule(path=...)``). On a miss the source is
-compiled as RawModule would compile it (``cupy.cuda.compiler.compile_using_nvrtc``, the same
-options) and kept, with the version of the NVRTC that compiled it.
-
-Files, in :func:`cache_dir`: ``kernels-KEY.cubin`` per source, ``nvrtc-ENV.json`` per environment
-(``{"nvrtc": "13.0"}``). Each is written to a temporary name and renamed, so a reader never sees
-half of one. A cache that cannot be written or a file that does not load is passed over: the run
-then compiles in its own memory.
+"""gpubench's CUDA kernels as cubins kept on disk, so that a run loads them without NVRTC (CuPy's
+own cache key loads libnvrtc, about 30 MiB, in every process: cupy/cuda/compiler.py
+``_compile_with_cache_cuda``). On a miss the source is compiled as RawModule would
+(``compile_using_nvrtc``) and kept in :func:`cache_dir` as ``kernels-KEY.cubin``, with
+``nvrtc-ENV.json`` (``{"nvrtc": "13.0"}``); a cache that cannot be written or read is passed over.
 """
 
 from __future__ import annotations
@@ -22,8 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-# NVRTC's options: those CuPy's RawModule passes (compiler.py adds the arch,
-# --device-as-default-execution-space and, from NVRTC 12.8, --pch itself)
+# NVRTC's options: those CuPy's RawModule passes (compiler.py adds the arch and the rest itself)
 NVRTC_OPTIONS = ("-ftz=true",)
 # the NVRTC wheels (CUDA 13 first, then 12), whose versions are part of the key
 NVRTC_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12")
@@ -42,9 +32,8 @@ def _hash(*parts: str) -> str:
 
 
 def env_key(compute_capability: str, driver: int, cupy_version: str, nvrtc_wheels: tuple[str | None, ...]) -> str:
-    """What a cubin depends on besides its source: the options, the GPU's compute capability
-    ("90"), the CUDA driver's version (cudaDriverGetVersion), CuPy's version and the NVRTC wheels'
-    (None each where not installed: a system CUDA's NVRTC)."""
+    """What a cubin depends on besides its source: the options, the GPU's compute capability, the
+    CUDA driver's version, CuPy's version and the NVRTC wheels' (None where not installed)."""
     return _hash(" ".join(NVRTC_OPTIONS), compute_capability, str(driver), cupy_version, repr(nvrtc_wheels))
 
 

@@ -18,13 +18,9 @@ LATENCY_NODE_BYTES = 8  # sizeof(struct LatencyNode): one pointer
 
 
 def sm_copy_geometry(nbytes: int, num_sms: int) -> tuple[str, int, int, int]:
-    """How nvbandwidth's copyKernel splits a copy (kernels.cu, memcpy.cpp getAdjustedCopySize).
-
-    Returns:
-        (kernel, grid, block, copied_bytes): "simple" below 64 MiB (block = min(uint4s, 1024),
-        grid = uint4s // block), else "striding" (grid = SMs, block = 512, the copy truncated to a
-        multiple of SMs * 512 uint4s). copied_bytes is what the kernel really moves; 0 if too small.
-    """
+    """How nvbandwidth's copyKernel splits a copy (kernels.cu, memcpy.cpp getAdjustedCopySize):
+    (kernel, grid, block, copied_bytes), "simple" below 64 MiB, else "striding" (the copy truncated
+    to a multiple of SMs * 512 uint4s); copied_bytes is what the kernel really moves."""
     n16 = nbytes // 16
     if nbytes < SM_SMALL_BUFFER:
         if n16 == 0:
@@ -169,12 +165,7 @@ def count_wrong(device: int, ptr: int, nbytes: int, seed: int) -> int:
 
 def sm_copy_enqueue(device: int, dst_ptr: int, src_ptr: int, nbytes: int):
     """nvbandwidth's copy kernel (copyKernel) from ``src_ptr`` to ``dst_ptr``, run on ``device``:
-    either pointer may be another GPU's memory (peer access on) or page-locked host memory (UVA).
-
-    Returns:
-        (enqueue(stream, k): one launch looping k times over the copy, bytes one pass really moves
-        (:func:`sm_copy_geometry`)).
-    """
+    (enqueue(stream, k), one launch looping k times over the copy; bytes one pass really moves)."""
     import numpy as np
 
     sms = num_sms(device)
@@ -201,10 +192,7 @@ def sm_copy_enqueue(device: int, dst_ptr: int, src_ptr: int, nbytes: int):
 
 def chase_layout(host_array) -> int:
     """Lay nvbandwidth's pointer chain into a page-locked host buffer (a uint8 numpy array over
-    it): node i points to node (i + 16) mod n, by host address (UVA: the GPU reads the same one).
-
-    Returns:
-        The number of nodes n (bytes // 8).
+    it): node i points to node (i + 16) mod n, by host address; returns n (bytes // 8).
 
     Raises:
         ValueError: the buffer holds fewer than one node.
@@ -216,8 +204,7 @@ def chase_layout(host_array) -> int:
         raise ValueError("the latency buffer must hold at least one 8-byte node")
     nodes = host_array[: n * LATENCY_NODE_BYTES].view(np.uint64)
     base = np.uint64(host_array.ctypes.data)
-    # 2**20 nodes (8 MiB) per chunk, computed in place in one temporary: the host memory the layout
-    # adds to the buffer it fills stays 8 MiB at any buffer size
+    # 2**20 nodes (8 MiB) per chunk, so the layout's temporary stays 8 MiB at any buffer size
     step = 1 << 20
     for lo in range(0, n, step):
         idx = np.arange(lo, min(n, lo + step), dtype=np.uint64)

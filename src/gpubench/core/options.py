@@ -1,6 +1,5 @@
-"""How option values are read (no GPU needed): comma lists, device lists and numbers as written
-on the command line. Each raises UsageError with one line naming the bad value and what would be
-accepted. The range of each number is its Spec's (:mod:`gpubench.core.bounds`).
+"""How option values are read (no GPU needed): comma lists, device lists and numbers as written on
+the command line; a bad value is one UsageError line. Ranges are the Specs' (:mod:`gpubench.core.bounds`).
 """
 
 from __future__ import annotations
@@ -23,15 +22,9 @@ def _ordinal(i: int) -> str:
 
 
 def split_list(text: object, what: str, example: str, kind: str = "value") -> tuple[str, ...]:
-    """Split a comma list option ("0,1", "h2d,d2h", "4K,8K") into its entries, in the order given: the
-    one rule of every comma list. Entries are stripped of ASCII white space; none may be empty
-    ("0,,1", "pinned,", ",") or repeated as written (callers that parse them also refuse two
-    spellings of one value, "1" and "01").
-
-    Args:
-        text: the option's value (str() of it is used).
-        what, example, kind: for messages: the option ("-d/--devices"), an accepted value ("0,1"),
-            what an entry is ("device").
+    """Split a comma list option ("0,1", "h2d,d2h") into its entries stripped of ASCII white space, in
+    order: the one rule of every comma list. ``what``, ``example``, ``kind``: the option, an accepted
+    value and what an entry is, for messages.
 
     Raises:
         UsageError: an empty list, an empty entry (named by position) or a repeated entry.
@@ -52,8 +45,7 @@ def split_list(text: object, what: str, example: str, kind: str = "value") -> tu
 
 
 def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind: str = "value") -> tuple[str, ...]:
-    """:func:`split_list`'s entries, each checked against ``allowed`` (None: any); ``what`` and
-    ``kind`` as there ("--direction", "direction").
+    """:func:`split_list`'s entries, each checked against ``allowed`` (None: any).
 
     Raises:
         UsageError: as :func:`split_list`, or an item not in ``allowed``.
@@ -66,20 +58,15 @@ def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind:
     return items
 
 
-#: Entries a -d list may hold: CUDA devices of one machine (16 GPUs of 7 MIG instances each is 112);
-#: 1,024 leaves room and bounds the parse (the repeat check is quadratic).
-MAX_DEVICE_LIST = 1024
+MAX_DEVICE_LIST = 1024  # entries a -d list may hold (16 GPUs of 7 MIG instances each is 112)
 
 
 def parse_devices(text: str | None) -> tuple[int, ...] | None:
-    """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU.
-
-    Returns None for None (the option not given: the default device).
+    """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU; None for None.
 
     Raises:
-        UsageError: more than :data:`MAX_DEVICE_LIST` entries (counted before any is parsed), an
-            empty list or entry (:func:`split_list`), an entry that is not
-            an integer, a negative id, or a repeated id.
+        UsageError: more than :data:`MAX_DEVICE_LIST` entries, a bad list (:func:`split_list`), an
+            entry that is not an integer, a negative id, or a repeated id.
     """
     if text is None:
         return None
@@ -106,9 +93,7 @@ def parse_devices(text: str | None) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-# -- numbers as the command line writes them ----------------------------------------------------
-# int() and float() also read Unicode digits, "1_000", "inf", "nan" and "1e400": every numeric option
-# is read by parse_number (kit.StrictInt, StrictFloat) instead; its range is its Spec field's (bounds).
+# int() and float() also read Unicode digits, "1_000", "inf", "nan" and "1e400": numeric options use parse_number
 
 DEFAULT_INT_MAX = 2**63 - 1  # an integer option: what a signed 64-bit C argument holds
 DEFAULT_FLOAT_MAX = 1.7976931348623157e308  # a float option: finite
@@ -143,26 +128,14 @@ def too_small(name: str, shown: str, zero_ok: bool = False) -> UsageError:
 
 def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
                  digit_groups: bool = False, bound: Callable[[], Any] | None = None) -> int | float:
-    """Parse one numeric option strictly and check its upper bound.
-
-    Args:
-        text: the value as given (a str), or an int/float default.
-        name: the option as messages name it ("-n/--iters").
-        kind: int or float.
-        maximum: the largest accepted value (default: DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX).
-        digit_groups: an integer may separate groups of digits with "_" ("50_000_000", as
-            Python's int() reads it; a plug-in's ``digit_groups``).
-        bound: returns the option's declared :class:`gpubench.core.bounds.Bound` (or None), asked
-            only for a value beyond ``maximum``, so that line names the option's own limit.
-
-    Returns:
-        The int or float.
+    """Parse one numeric option (``kind`` int or float) strictly and check its upper bound
+    (``maximum``, default DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX). ``digit_groups``: "50_000_000" is
+    read; ``bound``: returns the option's declared :class:`gpubench.core.bounds.Bound` (or None),
+    asked only for a value out of range, so that line names the option's own limit.
 
     Raises:
-        UsageError: not written with ASCII digits (Unicode digits, underscores, words), not
-            finite (inf, nan, 1e400), a non-zero value that a double reads as 0 (1e-400), a zero
-            with a minus sign ("-0", "-0.0"), or above ``maximum``; the line names the value and
-            the largest accepted.
+        UsageError: not ASCII digits, not finite, a non-zero value a double reads as 0 (1e-400), a
+            zero with a minus sign, or above ``maximum``.
     """
     hi = maximum if maximum is not None else (DEFAULT_INT_MAX if kind is int else DEFAULT_FLOAT_MAX)
 
@@ -219,9 +192,8 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
 
 
 def machine_threads() -> int:
-    """How many threads this machine lets one user run: the kernel's threads-max and the soft
-    RLIMIT_NPROC (Linux counts threads against it), whichever is smaller; 2**31 - 1 where neither
-    is known. Bounds thread-count options (a Dask worker's thread pool)."""
+    """How many threads this machine lets one user run: the smaller of the kernel's threads-max and
+    the soft RLIMIT_NPROC; 2**31 - 1 where neither is known."""
     import resource
 
     limits = [2**31 - 1]

@@ -1,14 +1,6 @@
 """The registry: every command's :class:`~gpubench.core.plugin.Plugin`, found through the entry-point
-group ``gpubench.plugins``.
-
-gpubench's own commands are entry points of its distribution (pyproject.toml), a third party's are
-entry points of theirs (examples/plugin/); both are read the same way. Run from a source tree that
-is not installed (``PYTHONPATH=src``), no installed distribution declares gpubench's own, and they
-are read from the tree's pyproject.toml, the declaration pip would have installed.
-
-Reading the registry imports each plug-in's descriptor module only (plain data: no CuPy, Dask or
-matplotlib), so ``gpubench --help`` stays light; a command's own modules are imported when it runs
-or its help is shown (click's "Lazily Loading Subcommands").
+group ``gpubench.plugins`` (from a source tree that is not installed, gpubench's own are read from
+its pyproject.toml). Only descriptor modules are imported, so ``gpubench --help`` stays light.
 """
 
 from __future__ import annotations
@@ -39,8 +31,7 @@ def _load(value: str) -> object:
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> tuple[tuple[str, str, bool], ...]:
     """(name, "module:attr", gpubench's own) of every entry point of the group: gpubench's own
-    first (they keep their names: a third party's entry of the same name is left out), then the
-    others by name."""
+    first (they keep their names), then the others by name."""
     from importlib.metadata import entry_points
 
     found = []
@@ -92,12 +83,8 @@ def _take(name: str, value: str) -> None:
 
 
 def plugins() -> dict[str, Plugin]:
-    """Every command, by name (the order of ``gpubench --help``).
-
-    A plug-in whose entry point does not load (its import raises, even SystemExit), is not a
-    Plugin of that name, or names a command already taken (gpubench's own keep theirs) is left
-    out and said once on stderr; the others still work.
-    """
+    """Every command, by name; a plug-in that does not load, is not a Plugin of that name or names a
+    command already taken is left out and said once on stderr."""
     global _ALL
     if not _ALL:
         for name, value, _own in _entry_points():
@@ -107,8 +94,7 @@ def plugins() -> dict[str, Plugin]:
 
 
 def find(name: str) -> Plugin | None:
-    """The plug-in of ``name``, loading only the entry points of that name (running one command
-    imports no other plug-in); None when no installed plug-in has it."""
+    """The plug-in of ``name``, loading only the entry points of that name; None when none has it."""
     if name not in _LOADED and not _ALL:
         for n, value, _own in _entry_points():
             if n == name:
@@ -117,9 +103,8 @@ def find(name: str) -> Plugin | None:
 
 
 def added(command: str, what: str) -> dict:
-    """The installed plug-in's ``added_options`` or ``added_params`` (``what``; its Plugin says what
-    each means): the value that behaves as, or measures what, a result written before the key
-    existed did. Empty for a command not installed here: its results still compare and check."""
+    """The installed plug-in's ``added_options`` or ``added_params`` (``what``); empty for a command
+    not installed here."""
     own = find(command)
     return dict(getattr(own, what)) if own is not None else {}
 
@@ -142,14 +127,8 @@ _HOOKS_SAID: set[tuple[str, str]] = set()
 
 
 def call_hook(plugin: Plugin, attr: str, *args, check=None, default=None):
-    """``plugin``'s hook ``attr`` called with ``args``, its answer held to ``check`` (a function that
-    raises TypeError naming what is wrong with it); the one place a plug-in's hook is called from
-    the layers above, so a hook that is missing, raises (not a Ctrl-C or SIGTERM) or answers the
-    wrong shape is said once on stderr (:func:`warn_hook`) and ``default`` stands for it.
-
-    Returns:
-        The hook's answer; ``default`` where the plug-in declares no such hook or it failed.
-    """
+    """``plugin``'s hook ``attr`` called with ``args``, its answer held to ``check`` (raises TypeError);
+    ``default`` where the plug-in declares no such hook, or it failed (said once, :func:`warn_hook`)."""
     if getattr(plugin, attr) is None:
         return default
     try:
@@ -180,13 +159,11 @@ def measuring() -> Iterator[Plugin]:
 
 
 def load_command(name: str):
-    """The click command of ``name``: the ``command`` of its plug-in's command module (imported
-    now; :func:`gpubench.kit.benchmark_command` makes one from a benchmark's declared options).
+    """The click command of ``name``: the ``command`` of its plug-in's command module, imported now.
 
     Raises:
         KeyError: ``name`` is not registered.
-        RuntimeError: the plug-in's command module does not import or has no click command (the
-            command line says so in one line, exit 3, naming the plug-in).
+        RuntimeError: the plug-in's command module does not import or has no click command.
     """
     import click
 

@@ -1,29 +1,10 @@
 """Untrusted text made safe for each place it is shown: the one module that does it.
 
-Strings that come from a result file, a TOML expectation file, a file name or a remote peer (a net
-server, another rank) are data, never instructions to the terminal, the markdown renderer, the
-browser or matplotlib. Every place that shows such a string passes it through one of these functions
-exactly once, at the point where it is rendered:
-
-- ``term(s)``: a terminal line. C0/C1 control characters (ESC, so no ANSI colour, screen clear or
-  OSC 8 hyperlink; CR and LF, so no fake output line), DEL and the Unicode bidirectional overrides
-  (CVE-2021-42574, "Trojan Source") are shown as their Python escapes (``\\x1b``, ``\\n``,
-  ``\\u202e``). The result is plain text: hand it to rich as ``rich.text.Text`` or through
-  ``term_markup`` where a markup string is built.
-- ``term_markup(s)``: ``term(s)`` with rich markup escaped (``[bold]`` shows as written; ``[/]``
-  cannot raise MarkupError).
-- ``markdown(s)``: one table cell or inline text of GitHub-flavoured markdown: ``term`` first, then
-  HTML special characters as entities (no raw ``<img onerror=...>``), and the characters markdown
-  reads as syntax (``|`` would add a column, backticks, ``*``, ``_``, ``[``, ``]``, ``#``, ``~``, ``\\``) backslash-escaped, per the CommonMark spec's "backslash escapes" (any ASCII punctuation);
-  then what GitHub acts on in text (``@name``, ``#12``, ``GH-12``, ``http://``, ``www.``) broken by
-  a zero-width space.
-- ``html(s)``: text or an attribute value in HTML: ``term`` first, then ``html.escape(quote=True)``.
-- ``mpl(s)``: a matplotlib label or title: ``term`` first, then ``$`` escaped so no mathtext is
-  parsed (matplotlib's "Text rendering with mathtext": an unescaped pair of ``$`` starts math mode,
-  and a bad expression raises ValueError at draw time).
-
-Each function takes any object (``str()`` of it is used), so a number or ``None`` read from a file
-where a string was expected is shown, not raised on.
+Strings from a result file, an expectation file, a file name or a remote peer are data, never
+instructions to the terminal, the markdown renderer, the browser or matplotlib; each is passed
+through one of these functions once, where it is rendered. ``term`` shows control characters, DEL
+and the Unicode bidirectional overrides (CVE-2021-42574, "Trojan Source") as Python escapes; the
+others apply ``term`` first. Each takes any object (``str()`` of it is used) and never raises.
 """
 
 from __future__ import annotations
@@ -34,9 +15,7 @@ import unicodedata
 
 __all__ = ["term", "term_markup", "markdown", "html", "mpl", "MAX_SHOWN"]
 
-#: Longest string shown in one place; longer ones are cut with an ellipsis and their length. A
-#: 10 MB "command" in a result file must not become a 10 MB terminal line.
-MAX_SHOWN = 512
+MAX_SHOWN = 512  # longest string shown in one place; longer ones are cut, their length said
 
 # Bidirectional formatting characters (Unicode TR9): embeddings, overrides, isolates, marks.
 _BIDI = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -52,9 +31,7 @@ def _unsafe(c: str) -> bool:
 
 
 def term(s: object, limit: int = MAX_SHOWN) -> str:
-    """``s`` as one printable line: unsafe characters as Python escapes, cut to ``limit`` characters.
-
-    Shape: any object in, ``str`` out; never raises."""
+    """``s`` as one printable line: unsafe characters as Python escapes, cut to ``limit`` characters."""
     text = s if isinstance(s, str) else str(s)
     if len(text) > limit:
         text = f"{text[:limit]}... ({len(text)} characters)"
@@ -70,15 +47,12 @@ def term_markup(s: object, limit: int = MAX_SHOWN) -> str:
     return escape(term(s, limit))
 
 
-# CommonMark: any ASCII punctuation character may be backslash-escaped. Escape those markdown
-# gives meaning inline or in a table cell (emphasis, code, links and images, the cell separator,
-# strikethrough, a heading); '<', '>' and '&' become entities instead.
+# the characters markdown reads as syntax, backslash-escaped (CommonMark "backslash escapes")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
 
 
-# What GitHub acts on in plain text: "@name" mentions, "#12" and "GH-12" issue references, GFM's
-# extended autolinks (GFM spec, section 6.9: "http://", "www.", "a@b.example"). A zero-width space
-# written as the entity &#8203; after the trigger breaks each, invisibly (as Renovate does).
+# What GitHub acts on in plain text (mentions, issue references, GFM spec 6.9 autolinks), broken by
+# a zero-width space after the trigger
 _ZWSP = "&#8203;"
 _MD_TRIGGERS = re.compile(r"(@)(?=[0-9A-Za-z_-])|(#|GH-)(?=[0-9])|(:)(?=//)|\b(www)(?=\.)", re.IGNORECASE)
 
@@ -96,5 +70,5 @@ def html(s: object, limit: int = MAX_SHOWN) -> str:
 
 
 def mpl(s: object, limit: int = 120) -> str:
-    """``s`` safe as a matplotlib label: one line, no mathtext (``$`` escaped)."""
+    """``s`` safe as a matplotlib label: one line, no mathtext (``$`` escaped, matplotlib's mathtext)."""
     return term(s, limit).replace("$", r"\$")

@@ -1,15 +1,6 @@
-"""Signals and critical sections: how SIGINT and SIGTERM stop a run without losing what it measured.
-
-- The CLI installs :func:`on_signal` for SIGINT and SIGTERM (:func:`install`). A signal raises
-  KeyboardInterrupt (SIGINT) or :class:`Interrupted` (SIGTERM) in the main thread; the driver keeps
-  the finished points and the command exits 130 / 143.
-- Inside ``with CRITICAL:`` (every local rank's part of one NCCL iteration or CUDA-graph launch:
-  all or none) a signal is deferred until the section ends.
-- A second signal while the first one's cleanup runs is noted and ignored, so the cleanup does not
-  lose the result; a Ctrl-C swallowed inside a ``__del__`` is noted and acted on between points
-  (:func:`raise_if_signalled`).
-- The process ends through :func:`exit_process`, which skips the interpreter's teardown where a
-  loaded library is known to crash in it (:data:`TEARDOWN_CRASHES`).
+"""Signals and critical sections: how SIGINT and SIGTERM stop a run without losing what it measured
+(KeyboardInterrupt / :class:`Interrupted` in the main thread, deferred inside ``with CRITICAL:``;
+a second signal during cleanup is noted and ignored; the command exits 130 / 143).
 """
 
 from __future__ import annotations
@@ -23,17 +14,14 @@ import threading
 
 class Interrupted(BaseException):
     """Raised by gpubench's SIGTERM handler so a run stops as on Ctrl-C; carries the signal number.
-
-    A BaseException, like KeyboardInterrupt, so ``except Exception`` in measurement code lets it pass.
-    """
+    A BaseException, so ``except Exception`` in measurement code lets it pass."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
 
-# Signals received by this process (the handlers note them before raising), so a Ctrl-C lost in a
-# __del__ or gc callback still stops the run at the driver's next point.
+# Signals received (noted before raising), so a Ctrl-C lost in a __del__ still stops the run
 _pending_signals: list[int] = []
 
 
@@ -59,8 +47,7 @@ def clear_signals() -> None:
     _complete.clear()
 
 
-# Set once the command's complete result was shown and saved (kit.finish): an interrupt after that
-# ends the command as any interrupt does (130 / 143), and its line says the result is whole.
+# Set once the command's complete result was shown and saved (kit.finish)
 _complete: list[bool] = []
 
 
@@ -85,19 +72,16 @@ def raise_if_signalled() -> None:
         raise signal_exception(_pending_signals[-1])
 
 
-# Critical sections: a rank whose kernels were queued while its peer's were not waits for ever, so
-# a signal inside one is deferred (_deferred) until it ends.
+# Critical sections (a rank whose kernels were queued while its peer's were not waits for ever)
 _critical = [0]  # depth of the main thread's open sections
 _deferred: list[int] = []
 _MAIN = threading.main_thread().ident
 
 
 class _CriticalSection:
-    """``with CRITICAL:`` - SIGINT/SIGTERM arriving inside are raised (KeyboardInterrupt,
-    Interrupted) when the outermost section ends, not in the middle of it. Nests. Only the main
-    thread's sections count: Python runs signal handlers there alone, so a section in another
-    thread must not delay the main thread's Ctrl-C. A deferred signal is dropped (it stays noted,
-    see note_signal) when the section ends with an exception of its own: that one propagates."""
+    """``with CRITICAL:`` - SIGINT/SIGTERM arriving inside are raised when the outermost section of
+    the main thread ends. A deferred signal is dropped (it stays noted) when the section ends with
+    an exception of its own."""
 
     __slots__ = ()
 
@@ -141,23 +125,17 @@ def on_signal(signum, frame) -> None:
 
 
 def _unraisable(u) -> None:
-    """An interrupt swallowed inside a __del__ or gc callback is noted (note_signal) and acted on
-    by the driver; do not print it as an "Exception ignored" traceback."""
+    """An interrupt swallowed inside a __del__ or gc callback is noted and acted on by the driver;
+    do not print it as an "Exception ignored" traceback."""
     if isinstance(u.exc_value, (KeyboardInterrupt, Interrupted)):
         return
     sys.__unraisablehook__(u)
 
 
 def install(held: tuple[int, ...] = ()) -> tuple:
-    """Install the handlers for one command (an ignored SIGINT, a background job's, stays ignored).
-
-    Args:
-        held: signals that the process's start-up guard (gpubench.cli.main) holds in place of
-            Python's default handler; replaced as that handler is.
-
-    Returns:
-        The previous (SIGTERM, SIGINT) handlers, for :func:`restore`.
-    """
+    """Install the handlers for one command (an ignored SIGINT stays ignored; ``held``: signals the
+    start-up guard holds, replaced as Python's default handler is); returns the previous (SIGTERM,
+    SIGINT) handlers, for :func:`restore`."""
     clear_signals()
     sys.unraisablehook = _unraisable
     old = _signal.signal(_signal.SIGTERM, on_signal)
@@ -169,25 +147,20 @@ def install(held: tuple[int, ...] = ()) -> tuple:
 
 def restore(previous: tuple | None) -> None:
     """After the command: give an in-process caller its handlers back (``previous`` from install),
-    or, for the process's own run (None), ignore both signals so interpreter teardown (Dask's atexit
-    hooks) cannot turn a decided exit code into a KeyboardInterrupt."""
+    or (None) ignore both signals so interpreter teardown cannot change the decided exit code."""
     term, intr = (_signal.SIG_IGN, _signal.SIG_IGN) if previous is None else previous
     _signal.signal(_signal.SIGTERM, term)
     _signal.signal(_signal.SIGINT, intr)
 
 
-#: Modules whose interpreter-exit finalizers can crash the process after everything is reported and
-#: saved: UCXX's weakref finalizers race its progress thread (SIGSEGV; NVIDIA-NeMo/Curator#2073);
-#: pyarrow's S3 module (loaded with dask.dataframe) crashes in the AWS SDK's static destructors when
-#: S3 was not finalized (apache/arrow#36346).
+#: Modules whose interpreter-exit finalizers can crash the process (NVIDIA-NeMo/Curator#2073,
+#: apache/arrow#36346).
 TEARDOWN_CRASHES = ("ucxx", "pyarrow._s3fs")
 
 
 def exit_process(code: int) -> None:
-    """End the command-line process with ``code``: ``sys.exit`` as usual, or, once a module of
-    :data:`TEARDOWN_CRASHES` is loaded, flush the standard streams and the logs and ``os._exit``
-    (its clusters and workers are closed by then), so the exit code is gpubench's, not a crash's.
-    """
+    """End the command-line process with ``code``: ``sys.exit``, or, once a module of
+    :data:`TEARDOWN_CRASHES` is loaded, flush the streams and logs and ``os._exit``."""
     if not any(m in sys.modules for m in TEARDOWN_CRASHES):
         sys.exit(code)
     import logging

@@ -27,14 +27,7 @@ def _percentile(sorted_x: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class Summary:
-    """Summary of n samples (any unit; the caller knows which: seconds or GB/s).
-
-    Attributes:
-        n: number of samples.
-        median, mean, min, max, p25, p75: in the samples' unit.
-        stdev: sample standard deviation (ddof=1), 0 for n == 1.
-        cv: stdev / mean, 0 when the mean is 0.
-    """
+    """Summary of n samples, in the samples' unit (seconds or B/s; module docstring for stdev, cv)."""
 
     n: int
     median: float
@@ -81,10 +74,6 @@ class Summary:
 def rates(nbytes: float, seconds: Sequence[float]) -> list[float]:
     """Bandwidth of each sample in bytes per second: nbytes / seconds.
 
-    Args:
-        nbytes: bytes moved in one sample.
-        seconds: per-sample times in seconds, each > 0.
-
     Raises:
         ValueError: a time that is zero or negative.
     """
@@ -119,19 +108,12 @@ def _z(confidence: float) -> float:
 @functools.lru_cache(maxsize=None)
 def median_ci_rank(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
     """The rank k of the lower order statistic of the distribution-free confidence interval of the
-    median: [x_(k), x_(n+1-k)] (1-based ranks of the sorted samples) covers the population median
-    with probability 1 - 2 P(B <= k - 1) >= ``confidence``, B ~ Binomial(n, 1/2); k is the largest
-    such rank. 0 when no interval of that coverage exists (n <= 5 at 95%: even [x_(1), x_(n)]
-    covers with only 1 - 2^(1-n)).
+    median: [x_(k), x_(n+1-k)] (1-based) covers the population median with probability
+    1 - 2 P(B <= k - 1) >= ``confidence``, B ~ Binomial(n, 1/2); k the largest such rank, 0 when none
+    exists (n <= 5 at 95%). Exact for n <= 400, beyond k = floor((n + 1)/2 - z sqrt(n)/2).
 
-    Exact (integer binomial sums) for n <= 400; beyond, the normal approximation
-    k = floor((n + 1)/2 - z sqrt(n)/2) (z the two-sided normal quantile), which for n = 100 at 95%
-    gives the exact k = 40 already.
-
-    Source: the binomial (sign-test) interval for a quantile, W. J. Conover, "Practical
-    Nonparametric Statistics", 3rd ed. (1999), section 3.2 ("confidence interval for a quantile");
-    also M. Hollander and D. A. Wolfe, "Nonparametric Statistical Methods", 2nd ed. (1999),
-    section 3.6 (the interval associated with the sign test).
+    Source: W. J. Conover, "Practical Nonparametric Statistics", 3rd ed. (1999), section 3.2; M.
+    Hollander and D. A. Wolfe, "Nonparametric Statistical Methods", 2nd ed. (1999), section 3.6.
 
     Raises:
         ValueError: n < 0 or a confidence outside (0, 1).
@@ -157,17 +139,8 @@ def median_ci_rank(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
 def median_noise(sorted_x: Sequence[float], confidence: float = MEDIAN_CONFIDENCE) -> float | None:
     """The *noise* of the median of ascending samples: the half-width of the median's
     distribution-free confidence interval (:func:`median_ci_rank`) relative to the median,
-    ``(x_(n+1-k) - x_(k)) / 2 / median``, a fraction (0.005 = 0.5%).
-
-    Unlike the relative standard deviation of the samples (nvbench's stdrel "noise", which is a
-    property of the distribution and does not shrink as samples are added), this is the precision
-    of the reported median: it shrinks about as 1/sqrt(n), and a few outliers (an interrupt, a
-    preempted sample) barely move it.
-
-    Returns:
-        The relative half-width, or None when no interval of that coverage exists (too few
-        samples, see :func:`median_ci_rank`) or the median is 0.
-    """
+    ``(x_(n+1-k) - x_(k)) / 2 / median``, a fraction (0.005 = 0.5%); None when no interval of that
+    coverage exists or the median is 0."""
     n = len(sorted_x)
     k = median_ci_rank(n, confidence)
     if k == 0:

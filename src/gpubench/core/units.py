@@ -30,18 +30,11 @@ MAX_SWEEP_POINTS = 1000  # sizes in one -b/-e/-f sweep; more is a typo in -f (1.
 
 
 def parse_size(text: str | int, *, what: str = "size") -> int:
-    """Parse a size into a whole number of bytes.
-
-    Args:
-        text: e.g. ``"4KiB"``, ``"1M"``, ``"30GB"``, ``"4096"`` or an int.
-        what: the option's name, used in the error message.
-
-    Returns:
-        The size in bytes (int, >= 1).
+    """Parse a size (``"4KiB"``, ``"1M"``, ``"30GB"``, ``"4096"`` or an int) into bytes (>= 1);
+    ``what`` names the option in messages.
 
     Raises:
-        UsageError: the text is not a size, is zero or negative, is not a whole number of bytes, or
-            is over MAX_BYTES (2**63 - 1).
+        UsageError: not a size, not >= 1, not a whole number of bytes, or over MAX_BYTES.
     """
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
@@ -70,11 +63,7 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
 
 
 def format_size(nbytes: int) -> str:
-    """Format a byte count compactly in binary units: 4096 -> "4 KiB", 1536 -> "1.5 KiB".
-
-    Args:
-        nbytes: a size in bytes (>= 0).
-    """
+    """Format a byte count (>= 0) in binary units: 4096 -> "4 KiB", 1536 -> "1.5 KiB"."""
     if nbytes < 1024:
         return f"{nbytes} B"
     for unit, mult in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -117,15 +106,11 @@ def format_rate(bytes_per_second: float, units: str = "GB") -> str:
 
 
 def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
-    """Sizes from min to max multiplying by step_factor, as nccl-tests' -b/-e/-f; max always included.
-
-    Args:
-        min_bytes, max_bytes: bounds in bytes, min <= max.
-        step_factor: > 1.
+    """Sizes in bytes from min to max multiplying by step_factor, as nccl-tests' -b/-e/-f; max
+    always included.
 
     Raises:
-        UsageError: min > max, step_factor <= 1, or more than MAX_SWEEP_POINTS sizes (-f 1.0001 would
-            otherwise loop for minutes and fill memory).
+        UsageError: min > max, step_factor <= 1, or more than MAX_SWEEP_POINTS sizes.
     """
     if min_bytes > max_bytes:
         raise UsageError(
