@@ -44,11 +44,7 @@ def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
 
 
 def check_stdout_open() -> None:
-    """Before a run with ``--json -``: standard output must be open.
-
-    Raises:
-        UsageError: stdout is closed.
-    """
+    """Before a run with ``--json -``: standard output must be open. Raises UsageError: stdout is closed."""
     import io
     import os
 
@@ -65,12 +61,8 @@ def check_stdout_open() -> None:
 
 
 def finish(result: Result, renderables: list, *, json_path: str | None, quiet: bool) -> int:
-    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted,
-    with a point measured; docs/errors.md).
-
-    Raises:
-        Interrupted: an interrupted run that measured nothing (its signal number).
-    """
+    """Print the report, save the JSON if asked, and return the exit code (130/143 when interrupted, with a point
+    measured; docs/errors.md). Raises Interrupted: an interrupted run that measured nothing (its signal number)."""
     from gpubench.core.registry import INVOCATION
 
     from gpubench.core.signals import CRITICAL, Interrupted, note_complete
@@ -393,13 +385,9 @@ def harden_numeric_options(cmd: click.Command, name: str | None = None) -> click
 
 
 def default_spec(command: click.Command, **options):
-    """The Spec a generated command builds from its options' defaults with ``options`` changed (by
-    parameter name): a suite step with its command line's checks and defaults.
-
-    Raises:
-        TypeError: an option the command does not have (a plug-in's mistake).
-        UsageError: a bad value (build_spec's or the Spec's line).
-    """
+    """The Spec a generated command builds from its options' defaults with ``options`` changed (by parameter name): a
+    suite step with its command line's checks and defaults. Raises TypeError: an option the command does not have (a
+    plug-in's mistake); UsageError: a bad value (build_spec's or the Spec's line)."""
     with command.make_context(command.name, []) as ctx:
         params = dict(ctx.params)
     unknown = set(options) - set(params)

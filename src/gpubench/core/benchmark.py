@@ -84,11 +84,8 @@ class Benchmark:
     host_memory: ClassVar[bool] = False
 
     def devices(self, spec) -> tuple[int, ...]:
-        """The CUDA ordinals the run uses, checked visible.
-
-        Raises:
-            UsageError: a device that is not visible, or too few.
-        """
+        """The CUDA ordinals the run uses, checked visible. Raises UsageError: a device that is not visible, or too
+        few."""
         from gpubench.core import gpu
 
         if hasattr(spec, "device"):
@@ -100,11 +97,8 @@ class Benchmark:
         raise NotImplementedError
 
     def preflight(self, spec, points: Sequence[Point], devices: tuple[int, ...]) -> None:
-        """Refuse a run that cannot fit before anything is allocated (default: :func:`check_fits`).
-
-        Raises:
-            UsageError: a point does not fit.
-        """
+        """Refuse a run that cannot fit before anything is allocated (default: :func:`check_fits`). Raises UsageError: a
+        point does not fit."""
         check_fits(points, getattr(spec, "max_pinned_bytes", None), self.too_big_hint(spec))
 
     def too_big_hint(self, spec) -> str:
@@ -144,12 +138,9 @@ class Benchmark:
 
 
 def check_fits(points: Sequence[Point], max_pinned_bytes: int | None, hint: str) -> None:
-    """Check the largest point against each GPU's free memory, the host's available memory and the
-    page-locked cap (``max_pinned_bytes``, default half of MemTotal), before allocating anything.
-
-    Raises:
-        UsageError: naming the point, what it needs and what there is.
-    """
+    """Check the largest point against each GPU's free memory, the host's available memory and the page-locked cap
+    (``max_pinned_bytes``, default half of MemTotal), before allocating anything. Raises UsageError: naming the point,
+    what it needs and what there is."""
     from gpubench.core import env as envmod
     from gpubench.core import gpu
 

@@ -49,11 +49,8 @@ class Bound:
     below: bool = False
 
     def check(self, value: Any) -> Any:
-        """``value`` when it is None or within the bound.
-
-        Raises:
-            UsageError: not a number (a bool counts as none), not finite, below ``lo`` or above ``hi``.
-        """
+        """``value`` when it is None or within the bound. Raises UsageError: not a number (a bool counts as none), not
+        finite, below ``lo`` or above ``hi``."""
         if value is None:
             return None
         unit = f" {self.unit}" if self.unit else ""
@@ -90,11 +87,7 @@ def bounded(default: Any, option: str, *, lo: float | None = None, hi: float | C
 
 
 def field_bound(cls: Any, name: str) -> Bound:
-    """The Bound declared on field ``name`` of the dataclass ``cls``.
-
-    Raises:
-        KeyError: the field declares none.
-    """
+    """The Bound declared on field ``name`` of the dataclass ``cls``. Raises KeyError: the field declares none."""
     return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["bound"]
 
 
@@ -119,11 +112,8 @@ def declared(modules: Iterable[str], option: str) -> Bound | None:
 
 
 def check_bounds(spec: Any) -> None:
-    """Check every field of the dataclass instance ``spec`` declared with :func:`bounded`, in order.
-
-    Raises:
-        UsageError: the first value outside its bound (:meth:`Bound.check`).
-    """
+    """Check every field of the dataclass instance ``spec`` declared with :func:`bounded`, in order. Raises UsageError:
+    the first value outside its bound (:meth:`Bound.check`)."""
     for f in dataclasses.fields(spec):
         b = f.metadata.get("bound")
         if b is not None:

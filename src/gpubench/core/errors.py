@@ -48,11 +48,7 @@ def from_the_command_line() -> Iterator[None]:
 
 
 def check_choices(name: str, got, allowed) -> None:
-    """Check an option's list of choices.
-
-    Raises:
-        UsageError: ``got`` is empty, or holds a value not in ``allowed``.
-    """
+    """Check an option's list of choices. Raises UsageError: ``got`` is empty, or holds a value not in ``allowed``."""
     hint = f"use {', '.join(allowed)}"
     if not got:
         raise UsageError(f"no {name} selected", hint)

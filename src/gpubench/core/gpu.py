@@ -22,12 +22,8 @@ MEMORY_KINDS = ("pinned", "pageable", "write-combined", "registered")
 
 
 def require_gpu() -> Any:
-    """Import CuPy and check that at least one CUDA device is visible; return the cupy module.
-
-    Raises:
-        NoGPUError: CuPy is missing, or the runtime sees no device (no driver, insufficient driver,
-            CUDA_VISIBLE_DEVICES empty).
-    """
+    """Import CuPy and check that at least one CUDA device is visible; return the cupy module. Raises NoGPUError: CuPy
+    is missing, or the runtime sees no device (no driver, insufficient driver, CUDA_VISIBLE_DEVICES empty)."""
     try:
         import cupy
         from cupy.cuda import runtime
@@ -71,12 +67,8 @@ def device_count() -> int:
 
 
 def resolve_devices(devices: tuple[int, ...] | None, *, minimum: int = 1) -> tuple[int, ...]:
-    """Check requested ordinals against the visible devices; None means (0,).
-
-    Raises:
-        NoGPUError: no device visible.
-        UsageError: an ordinal >= the visible count, or fewer than ``minimum`` devices.
-    """
+    """Check requested ordinals against the visible devices; None means (0,). Raises NoGPUError: no device visible;
+    UsageError: an ordinal >= the visible count, or fewer than ``minimum`` devices."""
     require_gpu()
     n = device_count()
     devs = devices if devices is not None else tuple(range(minimum)) if minimum > 1 else (0,)
@@ -112,13 +104,9 @@ def device_free_bytes(device: int) -> tuple[int, int]:
 
 
 class HostBuffer:
-    """``nbytes`` of host memory of one kind, with a numpy uint8 view and its address: "pinned"
-    (cudaHostAlloc, portable), "write-combined" (cudaHostAllocWriteCombined), "pageable" (a numpy
-    array), "registered" (a numpy array page-locked with cudaHostRegister).
-
-    Raises:
-        MemoryError / CUDARuntimeError: the allocation or registration failed.
-    """
+    """``nbytes`` of host memory of one kind, with a numpy uint8 view and its address: "pinned" (cudaHostAlloc,
+    portable), "write-combined" (cudaHostAllocWriteCombined), "pageable" (a numpy array), "registered" (a numpy array
+    page-locked with cudaHostRegister). Raises MemoryError / CUDARuntimeError: the allocation or registration failed."""
 
     def __init__(self, nbytes: int, kind: str):
         import numpy as np
@@ -166,12 +154,9 @@ class HostBuffer:
 
 
 class DeviceBuffer:
-    """``nbytes`` of device memory on the current device through cudaMalloc (not CuPy's pool),
-    freed with :meth:`free`, so a sweep returns each size's memory before the next.
-
-    Raises:
-        CUDARuntimeError: cudaErrorMemoryAllocation when it does not fit.
-    """
+    """``nbytes`` of device memory on the current device through cudaMalloc (not CuPy's pool), freed with :meth:`free`,
+    so a sweep returns each size's memory before the next. Raises CUDARuntimeError: cudaErrorMemoryAllocation when it
+    does not fit."""
 
     def __init__(self, nbytes: int):
         from cupy.cuda import runtime
@@ -277,13 +262,10 @@ _spin_kernels: dict[int, Any] = {}
 
 
 class SpinGate:
-    """Holds a stream with a kernel that spins on a flag in pinned host memory (nvbandwidth's
-    blocking kernel), so many asynchronous copies are queued before the first one starts. The
-    kernel gives up after ``timeout_s`` seconds. Only for work that does not block the host.
-
-    Raises:
-        CUDARuntimeError / CompileException: the kernel cannot be built or launched.
-    """
+    """Holds a stream with a kernel that spins on a flag in pinned host memory (nvbandwidth's blocking kernel), so many
+    asynchronous copies are queued before the first one starts. The kernel gives up after ``timeout_s`` seconds. Only
+    for work that does not block the host. Raises CUDARuntimeError / CompileException: the kernel cannot be built or
+    launched."""
 
     def __init__(self, stream, timeout_s: float = 10.0):
         import cupy

@@ -74,12 +74,8 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def load(source: str) -> Any:
-    """``source`` as a cupy.RawModule for the current device: its cubin from the cache when there,
-    else compiled with NVRTC and kept.
-
-    Raises:
-        CompileException: the source does not compile; CUDADriverError: the GPU cannot load it.
-    """
+    """``source`` as a cupy.RawModule for the current device: its cubin from the cache when there, else compiled with
+    NVRTC and kept. Raises CompileException: the source does not compile; CUDADriverError: the GPU cannot load it."""
     import cupy
     from cupy.cuda import compiler
 

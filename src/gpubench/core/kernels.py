@@ -191,12 +191,9 @@ def sm_copy_enqueue(device: int, dst_ptr: int, src_ptr: int, nbytes: int):
 
 
 def chase_layout(host_array) -> int:
-    """Lay nvbandwidth's pointer chain into a page-locked host buffer (a uint8 numpy array over
-    it): node i points to node (i + 16) mod n, by host address; returns n (bytes // 8).
-
-    Raises:
-        ValueError: the buffer holds fewer than one node.
-    """
+    """Lay nvbandwidth's pointer chain into a page-locked host buffer (a uint8 numpy array over it): node i points to
+    node (i + 16) mod n, by host address; returns n (bytes // 8). Raises ValueError: the buffer holds fewer than one
+    node."""
     import numpy as np
 
     n = len(host_array) // LATENCY_NODE_BYTES

@@ -30,11 +30,7 @@ POLICIES = ("auto", "none", "all")
 
 
 def parse_cpulist(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format).
-
-    Raises:
-        ValueError: not a cpulist.
-    """
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format). Raises ValueError: not a cpulist."""
     out: list[int] = []
     for part in text.strip().split(","):
         part = part.strip()
@@ -89,11 +85,8 @@ _NODE_TEXT = re.compile(r"[0-9]{1,9}")  # ASCII digits, no sign ("-0" is no node
 
 
 def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
-    """``--numa`` -> "auto", "none", "all" or a node number checked against ``root``.
-
-    Raises:
-        UsageError: not one of those, or a node this machine does not have or that has no CPUs.
-    """
+    """``--numa`` -> "auto", "none", "all" or a node number checked against ``root``. Raises UsageError: not one of
+    those, or a node this machine does not have or that has no CPUs."""
     if text is None:
         return "auto"
     t = str(text).strip().lower()
@@ -146,12 +139,8 @@ def _use_it_with() -> str:
 
 
 def check_applies(policy: str | int, name: str, *, host_memory: bool, binds: bool) -> None:
-    """Refuse, before the GPU check, a ``--numa`` the run could not honour: "all" without host
-    buffers, a node or "all" where the work runs in other processes (``binds`` False: Dask workers).
-
-    Raises:
-        UsageError: as above.
-    """
+    """Refuse, before the GPU check, a ``--numa`` the run could not honour: "all" without host buffers, a node or "all"
+    where the work runs in other processes (``binds`` False: Dask workers). Raises UsageError: as above."""
     if policy in ("auto", "none"):
         return
     if not binds:
@@ -164,13 +153,9 @@ def check_applies(policy: str | int, name: str, *, host_memory: bool, binds: boo
 
 
 def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NODE_ROOT) -> list[Binding]:
-    """The bindings the driver runs the points under (one, or one per node for "all"); ``gpu``: the
-    env entry of the run's first GPU, or None. "auto" takes the GPU's node's CPUs, else its
-    ``local_cpulist``, each within the CPUs this process may use.
-
-    Raises:
-        UsageError: "all" for a benchmark without host buffers.
-    """
+    """The bindings the driver runs the points under (one, or one per node for "all"); ``gpu``: the env entry of the
+    run's first GPU, or None. "auto" takes the GPU's node's CPUs, else its ``local_cpulist``, each within the CPUs this
+    process may use. Raises UsageError: "all" for a benchmark without host buffers."""
     have = nodes(root)
     allowed = set(allowed_cpus())
 

@@ -22,13 +22,9 @@ def _ordinal(i: int) -> str:
 
 
 def split_list(text: object, what: str, example: str, kind: str = "value") -> tuple[str, ...]:
-    """Split a comma list option ("0,1", "h2d,d2h") into its entries stripped of ASCII white space, in
-    order: the one rule of every comma list. ``what``, ``example``, ``kind``: the option, an accepted
-    value and what an entry is, for messages.
-
-    Raises:
-        UsageError: an empty list, an empty entry (named by position) or a repeated entry.
-    """
+    """Split a comma list option ("0,1", "h2d,d2h") into its entries stripped of ASCII white space, in order: the one
+    rule of every comma list. ``what``, ``example``, ``kind``: the option, an accepted value and what an entry is, for
+    messages. Raises UsageError: an empty list, an empty entry (named by position) or a repeated entry."""
     raw = str(text)
     shown = safe.term(repr(raw), 80)
     items = tuple(x.strip(ASCII_SPACE) for x in raw.split(","))
@@ -45,11 +41,8 @@ def split_list(text: object, what: str, example: str, kind: str = "value") -> tu
 
 
 def csv_list(text: str, what: str, allowed: tuple[str, ...] | None = None, kind: str = "value") -> tuple[str, ...]:
-    """:func:`split_list`'s entries, each checked against ``allowed`` (None: any).
-
-    Raises:
-        UsageError: as :func:`split_list`, or an item not in ``allowed``.
-    """
+    """:func:`split_list`'s entries, each checked against ``allowed`` (None: any). Raises UsageError: as
+    :func:`split_list`, or an item not in ``allowed``."""
     items = split_list(text, what, ",".join(allowed[:2]) if allowed else "a,b", kind)
     if allowed is not None:
         for x in items:
@@ -62,12 +55,9 @@ MAX_DEVICE_LIST = 1024  # entries a -d list may hold (16 GPUs of 7 MIG instances
 
 
 def parse_devices(text: str | None) -> tuple[int, ...] | None:
-    """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU; None for None.
-
-    Raises:
-        UsageError: more than :data:`MAX_DEVICE_LIST` entries, a bad list (:func:`split_list`), an
-            entry that is not an integer, a negative id, or a repeated id.
-    """
+    """Parse ``-d`` ("0", "0,1") into CUDA ordinals without looking at the GPU; None for None. Raises UsageError: more
+    than :data:`MAX_DEVICE_LIST` entries, a bad list (:func:`split_list`), an entry that is not an integer, a negative
+    id, or a repeated id."""
     if text is None:
         return None
     text = str(text)
@@ -128,15 +118,11 @@ def too_small(name: str, shown: str, zero_ok: bool = False) -> UsageError:
 
 def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
                  digit_groups: bool = False, bound: Callable[[], Any] | None = None) -> int | float:
-    """Parse one numeric option (``kind`` int or float) strictly and check its upper bound
-    (``maximum``, default DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX). ``digit_groups``: "50_000_000" is
-    read; ``bound``: returns the option's declared :class:`gpubench.core.bounds.Bound` (or None),
-    asked only for a value out of range, so that line names the option's own limit.
-
-    Raises:
-        UsageError: not ASCII digits, not finite, a non-zero value a double reads as 0 (1e-400), a
-            zero with a minus sign, or above ``maximum``.
-    """
+    """Parse one numeric option (``kind`` int or float) strictly and check its upper bound (``maximum``, default
+    DEFAULT_INT_MAX / DEFAULT_FLOAT_MAX). ``digit_groups``: "50_000_000" is read; ``bound``: returns the option's
+    declared :class:`gpubench.core.bounds.Bound` (or None), asked only for a value out of range, so that line names the
+    option's own limit. Raises UsageError: not ASCII digits, not finite, a non-zero value a double reads as 0 (1e-400),
+    a zero with a minus sign, or above ``maximum``."""
     hi = maximum if maximum is not None else (DEFAULT_INT_MAX if kind is int else DEFAULT_FLOAT_MAX)
 
     def too_large(shown: str) -> UsageError:

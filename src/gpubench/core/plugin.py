@@ -137,11 +137,8 @@ class Plugin:
     params_schema: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """Check every field's type and form, so a broken descriptor is refused where it is made.
-
-        Raises:
-            ValueError: naming the field and what it takes.
-        """
+        """Check every field's type and form, so a broken descriptor is refused where it is made. Raises ValueError:
+        naming the field and what it takes."""
         if not isinstance(self.name, str) or not NAME.match(self.name):
             raise ValueError(f"plug-in name {self.name!r:.60}: use lower case letters, digits, '-' and '_' "
                              "(at most 40, a letter first)")
@@ -183,11 +180,8 @@ class Plugin:
             raise bad("params_schema", "{'properties': {param: schema}, 'required': [params among them]}")
 
     def hook(self, attr: str) -> Callable | None:
-        """The function a ``"module:function"`` field names, imported now; None where unset.
-
-        Raises:
-            ImportError, AttributeError: the reference does not resolve (a broken plug-in).
-        """
+        """The function a ``"module:function"`` field names, imported now; None where unset. Raises ImportError,
+        AttributeError: the reference does not resolve (a broken plug-in)."""
         ref = getattr(self, attr)
         if ref is None:
             return None

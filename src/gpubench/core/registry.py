@@ -142,11 +142,7 @@ def call_hook(plugin: Plugin, attr: str, *args, check=None, default=None):
 
 
 def get(name: str) -> Plugin:
-    """The plug-in of ``name``.
-
-    Raises:
-        KeyError: no such command.
-    """
+    """The plug-in of ``name``. Raises KeyError: no such command."""
     p = find(name)
     if p is None:
         raise KeyError(name)
@@ -159,12 +155,8 @@ def measuring() -> Iterator[Plugin]:
 
 
 def load_command(name: str):
-    """The click command of ``name``: the ``command`` of its plug-in's command module, imported now.
-
-    Raises:
-        KeyError: ``name`` is not registered.
-        RuntimeError: the plug-in's command module does not import or has no click command.
-    """
+    """The click command of ``name``: the ``command`` of its plug-in's command module, imported now. Raises KeyError:
+    ``name`` is not registered; RuntimeError: the plug-in's command module does not import or has no click command."""
     import click
 
     p = get(name)

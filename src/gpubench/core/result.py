@@ -69,21 +69,15 @@ class Record:
         return Summary.of(self.samples_s)
 
     def rates(self) -> list[float]:
-        """Each sample's bandwidth in bytes per second, ``nbytes / seconds`` (:func:`stats.rates`).
-
-        Raises:
-            ValueError: nbytes is 0, or a sample that is not > 0.
-        """
+        """Each sample's bandwidth in bytes per second, ``nbytes / seconds`` (:func:`stats.rates`). Raises ValueError:
+        nbytes is 0, or a sample that is not > 0."""
         if not self.nbytes:
             raise ValueError("record moves no bytes")
         return rates(self.nbytes, self.samples_s)
 
     def rate_summary(self) -> Summary:
-        """Summary of per-sample bandwidth in bytes per second (:meth:`rates`).
-
-        Raises:
-            ValueError: no samples, nbytes is 0, or a sample that is not > 0.
-        """
+        """Summary of per-sample bandwidth in bytes per second (:meth:`rates`). Raises ValueError: no samples, nbytes is
+        0, or a sample that is not > 0."""
         return Summary.of(self.rates())
 
     def mark_peak(self, peak_bytes_per_s: float | None) -> None:
@@ -190,11 +184,8 @@ _FD_LINK = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd|dev/
 
 
 def check_output_name(path: str | os.PathLike, what: str = "--json") -> None:
-    """The checks of the name alone (no file system): empty, a folder's, over 255 bytes.
-
-    Raises:
-        UsageError: as :func:`check_output_target`.
-    """
+    """The checks of the name alone (no file system): empty, a folder's, over 255 bytes. Raises UsageError: as
+    :func:`check_output_target`."""
     shown = safe.term(repr(str(path)), 300)
     with from_the_command_line():
         if not str(path).strip():
@@ -207,15 +198,11 @@ def check_output_name(path: str | os.PathLike, what: str = "--json") -> None:
 
 
 def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
-    """Check, before a run, that ``path`` can be replaced by a regular file written atomically, and
-    return it as a Path: the one check of every output gpubench writes; ``what`` is the option.
-    Refused besides :func:`check_output_name`'s: a missing or unwritable folder (tried with a
-    temporary file), a folder, anything not a regular file (through links), a file-descriptor link,
-    an existing file this user cannot write.
-
-    Raises:
-        UsageError: one line naming the option, the path and what would be accepted.
-    """
+    """Check, before a run, that ``path`` can be replaced by a regular file written atomically, and return it as a Path:
+    the one check of every output gpubench writes; ``what`` is the option. Refused besides :func:`check_output_name`'s:
+    a missing or unwritable folder (tried with a temporary file), a folder, anything not a regular file (through links),
+    a file-descriptor link, an existing file this user cannot write. Raises UsageError: one line naming the option, the
+    path and what would be accepted."""
     shown = safe.term(repr(str(path)), 300)
     check_output_name(path, what)
     regular = "give a regular file's name, e.g. out.json" + (", or --json - for stdout" if what == "--json" else "")
@@ -259,13 +246,9 @@ def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
 
 
 def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result") -> Path:
-    """Write ``data`` as JSON atomically (:func:`_replace_atomically`); a symbolic link's target is
-    replaced, the link kept.
-
-    Raises:
-        ValueError: data holds NaN or infinity (not JSON); nothing is written.
-        MachineError: the write failed (full disk, read-only target...); the message names the path.
-    """
+    """Write ``data`` as JSON atomically (:func:`_replace_atomically`); a symbolic link's target is replaced, the link
+    kept. Raises ValueError: data holds NaN or infinity (not JSON); nothing is written; MachineError: the write failed
+    (full disk, read-only target...); the message names the path."""
     p = _write_target(path)
     text = json.dumps(data, indent=1, allow_nan=False)
     try:  # checked before the run; checked again here, as the target may have changed since
@@ -307,12 +290,9 @@ def _replace_atomically(data: bytes, p: Path, failed: str) -> Path:
 
 
 def write_bytes_atomic(data: bytes, path: str | os.PathLike, what: str = "file", option: str = "-o") -> Path:
-    """Write ``data`` to ``path`` atomically, as :func:`write_json_atomic` does for JSON.
-
-    Raises:
-        UsageError: the target is not a regular file (:func:`check_output_target`; ``option`` names it).
-        MachineError: the write failed; the message names ``what`` and the path.
-    """
+    """Write ``data`` to ``path`` atomically, as :func:`write_json_atomic` does for JSON. Raises UsageError: the target
+    is not a regular file (:func:`check_output_target`; ``option`` names it); MachineError: the write failed; the
+    message names ``what`` and the path."""
     check_output_target(path, option)
     p = _write_target(path)
     return _replace_atomically(data, p, f"could not write {what} to {str(p)!r}")
@@ -322,12 +302,8 @@ STDOUT = "-"  # --json - : the result goes to standard output (a file named "-" 
 
 
 def write_json_stdout(data: dict) -> None:
-    """Write ``data`` as JSON to standard output, with the same text a file gets.
-
-    Raises:
-        ValueError: data holds NaN or infinity (not JSON); nothing is written.
-        MachineError: stdout is closed or its reader went away (a broken pipe).
-    """
+    """Write ``data`` as JSON to standard output, with the same text a file gets. Raises ValueError: data holds NaN or
+    infinity (not JSON); nothing is written; MachineError: stdout is closed or its reader went away (a broken pipe)."""
     text = json.dumps(data, indent=1, allow_nan=False)
     if sys.stdout is None:  # started with standard output closed (`gpubench env --json - >&-`)
         raise MachineError("could not write the result to standard output: it is closed")
@@ -339,12 +315,9 @@ def write_json_stdout(data: dict) -> None:
 
 
 def save(result: Result, path: str | os.PathLike) -> Path:
-    """Write ``result`` as JSON atomically (see :func:`write_json_atomic`); to standard output when
-    ``path`` is "-" (:data:`STDOUT`).
-
-    Raises:
-        MachineError: the write failed (full disk, read-only target...); the message names the path.
-    """
+    """Write ``result`` as JSON atomically (see :func:`write_json_atomic`); to standard output when ``path`` is "-"
+    (:data:`STDOUT`). Raises MachineError: the write failed (full disk, read-only target...); the message names the
+    path."""
     if str(path) == STDOUT:
         write_json_stdout(result.to_dict())
         return Path(STDOUT)
@@ -392,23 +365,16 @@ def json_schema() -> dict:
 
 
 def check_input_name(path: str | os.PathLike, what: str = "a gpubench result") -> None:
-    """Refuse an empty input name before it becomes a Path: ``Path("")`` is the current folder.
-
-    Raises:
-        UsageError: ``path`` is empty or blank.
-    """
+    """Refuse an empty input name before it becomes a Path: ``Path("")`` is the current folder. Raises UsageError:
+    ``path`` is empty or blank."""
     if not str(path).strip():
         raise UsageError(f"a file name is empty: {str(path)!r}", f"give {what}, e.g. result.json")
 
 
 def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> bytes:
-    """The bytes of ``path``, at most MAX_LOAD_BYTES (64 MiB), never blocking on a named pipe.
-
-    Raises:
-        UsageError: an empty name (``Path("")`` is the current folder), unreadable, a device or
-            socket, larger than MAX_LOAD_BYTES, or a named pipe that nothing had written to (it is
-            not waited for); one line naming the file.
-    """
+    """The bytes of ``path``, at most MAX_LOAD_BYTES (64 MiB), never blocking on a named pipe. Raises UsageError: an
+    empty name (``Path("")`` is the current folder), unreadable, a device or socket, larger than MAX_LOAD_BYTES, or a
+    named pipe that nothing had written to (it is not waited for); one line naming the file."""
     check_input_name(path, what)
     p = Path(path)
     name = str(p)
@@ -439,13 +405,9 @@ def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> by
 
 
 def read_json(path: str | os.PathLike, expected: str = "a file saved by --json") -> Any:
-    """Read a JSON file of at most MAX_LOAD_BYTES (64 MiB) and about MAX_JSON_ITEMS values.
-
-    Raises:
-        UsageError: unreadable, a device or socket, too large, too many values, nested deeper than
-            MAX_DEPTH (64), empty (a named pipe with no writer too) or not JSON; one line naming the
-            file.
-    """
+    """Read a JSON file of at most MAX_LOAD_BYTES (64 MiB) and about MAX_JSON_ITEMS values. Raises UsageError:
+    unreadable, a device or socket, too large, too many values, nested deeper than MAX_DEPTH (64), empty (a named pipe
+    with no writer too) or not JSON; one line naming the file."""
     name = safe.term(str(Path(path)), 200)
     raw = read_bounded(path)
     if not raw.strip():
@@ -483,12 +445,9 @@ def _no_repeated_keys(pairs: list) -> dict:
 
 
 def load(path: str | os.PathLike) -> Result:
-    """Read a saved result, refusing files that are not gpubench results.
-
-    Raises:
-        UsageError: unreadable, too large, too deep, not JSON, not a result, a newer schema, or a
-            field of the wrong type or out of range (:func:`check_result`); one line naming it.
-    """
+    """Read a saved result, refusing files that are not gpubench results. Raises UsageError: unreadable, too large, too
+    deep, not JSON, not a result, a newer schema, or a field of the wrong type or out of range (:func:`check_result`);
+    one line naming it."""
     return Result.from_dict(read_json(path), source=str(path))
 
 
@@ -603,11 +562,8 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def check_schema_version(where: str, version: object, newest: int, kind: str = "") -> int:
-    """``version`` as an int from 1 to ``newest`` (a result's or a bundle's ``schema_version``).
-
-    Raises:
-        UsageError: not an integer >= 1 ("unknown"), or newer than ``newest`` ("upgrade gpubench").
-    """
+    """``version`` as an int from 1 to ``newest`` (a result's or a bundle's ``schema_version``). Raises UsageError: not
+    an integer >= 1 ("unknown"), or newer than ``newest`` ("upgrade gpubench")."""
     if type(version) is not int or version < 1:
         raise UsageError(f"{where} has an unknown {kind}schema version {_shown(version)}")
     if version > newest:
@@ -672,11 +628,8 @@ def telemetry_reasons() -> tuple[str, ...]:
 
 
 def check_telemetry(t: object, source: str, pointer: str) -> dict:
-    """Check a record's ``telemetry`` block (the schema's ``$defs/telemetry``, docs/conditions.md).
-
-    Raises:
-        UsageError: the first bad field, by its JSON Pointer, then a missing required one.
-    """
+    """Check a record's ``telemetry`` block (the schema's ``$defs/telemetry``, docs/conditions.md). Raises UsageError:
+    the first bad field, by its JSON Pointer, then a missing required one."""
     t = check_obj(t, source, pointer)
     for k in t:
         if k not in _TELEMETRY_KEYS:
@@ -818,11 +771,8 @@ def _record_fast(d: object) -> "Record | None":
 
 def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
     """Check one record (the schema's ``$defs/record``) and build it; a well-formed one in one pass
-    (:func:`_record_fast`), anything else field by field.
-
-    Raises:
-        UsageError: naming the first bad field, then a missing required one.
-    """
+    (:func:`_record_fast`), anything else field by field. Raises UsageError: naming the first bad field, then a missing
+    required one."""
     fast = _record_fast(d)
     if fast is not None:
         return fast
@@ -935,12 +885,8 @@ def _params_ok(params: dict, rules: ParamsRules) -> bool:
 
 
 def check_params(params: dict, rules: ParamsRules, source: str, pointer: str) -> None:
-    """A record's params against its command's rules (required, no other, type, minimum / maximum).
-
-    Raises:
-        UsageError: naming the first param that is missing, not the command's, or of the wrong type
-            or range, by its JSON Pointer.
-    """
+    """A record's params against its command's rules (required, no other, type, minimum / maximum). Raises UsageError:
+    naming the first param that is missing, not the command's, or of the wrong type or range, by its JSON Pointer."""
     if _params_ok(params, rules):
         return
     keys = params.keys()
@@ -1141,13 +1087,9 @@ def _check_preflight(v: object, source: str, pointer: str) -> None:
 
 
 def check_result(d: object, source: str = "result", pointer: str = "") -> "Result":
-    """Check a parsed result (schema version 1 after migration) field by field and build it.
-
-    Raises:
-        UsageError: not a gpubench result; an unknown or newer schema version; or the first bad
-            field, named by its JSON Pointer with what would be accepted (present fields are
-            checked first, then the required ones that are missing).
-    """
+    """Check a parsed result (schema version 1 after migration) field by field and build it. Raises UsageError: not a
+    gpubench result; an unknown or newer schema version; or the first bad field, named by its JSON Pointer with what
+    would be accepted (present fields are checked first, then the required ones that are missing)."""
     where = safe.term(source, 200) + (f" at {pointer}" if pointer else "")
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:
         raise UsageError(f"{where} is not a gpubench result", "expected a file saved by --json")

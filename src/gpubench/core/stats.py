@@ -41,11 +41,7 @@ class Summary:
 
     @classmethod
     def of(cls, samples: Sequence[float]) -> "Summary":
-        """Summarise samples.
-
-        Raises:
-            ValueError: no samples, or a sample that is NaN or infinite.
-        """
+        """Summarise samples. Raises ValueError: no samples, or a sample that is NaN or infinite."""
         xs = sorted(float(x) for x in samples)
         if not xs:
             raise ValueError("no samples to summarise")
@@ -72,11 +68,8 @@ class Summary:
 
 
 def rates(nbytes: float, seconds: Sequence[float]) -> list[float]:
-    """Bandwidth of each sample in bytes per second: nbytes / seconds.
-
-    Raises:
-        ValueError: a time that is zero or negative.
-    """
+    """Bandwidth of each sample in bytes per second: nbytes / seconds. Raises ValueError: a time that is zero or
+    negative."""
     if seconds and min(seconds) > 0:  # the common case in one pass at C speed
         return [nbytes / t for t in seconds]
     out = []

@@ -376,13 +376,9 @@ class GatedTimer:
             ln.gate = None
 
     def sample(self, enqueue: Callable[[], None] | None = None, reps: int = 1, warm: int = 0) -> LaneTimes:
-        """One sample of ``enqueue`` (None: each lane's ``enqueue(reps)``) after ``warm`` untimed steps per lane.
-
-        Raises:
-            cupy.cuda.runtime.CUDARuntimeError: a CUDA fault.
-            ValueError: a lane without an ``enqueue`` has to queue its own steps (``warm``, or no
-                ``enqueue`` given here).
-        """
+        """One sample of ``enqueue`` (None: each lane's ``enqueue(reps)``) after ``warm`` untimed steps per lane. Raises
+        cupy.cuda.runtime.CUDARuntimeError: a CUDA fault; ValueError: a lane without an ``enqueue`` has to queue its own
+        steps (``warm``, or no ``enqueue`` given here)."""
         import cupy
 
         lanes = self.lanes
@@ -450,12 +446,9 @@ class GatedTimer:
 
 
 def policy_seconds(times: LaneTimes, policy: str, lane: int = 0) -> float:
-    """The seconds a bandwidth figure divides by, per nvbandwidth's BandwidthValue (memcpy.cpp):
-    ``first`` (USE_FIRST_BW), ``span`` (TOTAL_BW), ``each`` (VECTOR_BW, lane ``lane``'s).
-
-    Raises:
-        ValueError: an unknown policy, or ``sum``.
-    """
+    """The seconds a bandwidth figure divides by, per nvbandwidth's BandwidthValue (memcpy.cpp): ``first``
+    (USE_FIRST_BW), ``span`` (TOTAL_BW), ``each`` (VECTOR_BW, lane ``lane``'s). Raises ValueError: an unknown policy, or
+    ``sum``."""
     if policy == FIRST:
         return times.per_lane[0]
     if policy == SPAN:

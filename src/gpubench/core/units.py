@@ -30,12 +30,8 @@ MAX_SWEEP_POINTS = 1000  # sizes in one -b/-e/-f sweep; more is a typo in -f (1.
 
 
 def parse_size(text: str | int, *, what: str = "size") -> int:
-    """Parse a size (``"4KiB"``, ``"1M"``, ``"30GB"``, ``"4096"`` or an int) into bytes (>= 1);
-    ``what`` names the option in messages.
-
-    Raises:
-        UsageError: not a size, not >= 1, not a whole number of bytes, or over MAX_BYTES.
-    """
+    """Parse a size (``"4KiB"``, ``"1M"``, ``"30GB"``, ``"4096"`` or an int) into bytes (>= 1); ``what`` names the
+    option in messages. Raises UsageError: not a size, not >= 1, not a whole number of bytes, or over MAX_BYTES."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
@@ -77,11 +73,7 @@ def format_size(nbytes: int) -> str:
 
 
 def check_units(units: str) -> float:
-    """Return bytes per unit for ``"GB"`` (1e9) or ``"GiB"`` (2**30).
-
-    Raises:
-        UsageError: any other text.
-    """
+    """Return bytes per unit for ``"GB"`` (1e9) or ``"GiB"`` (2**30). Raises UsageError: any other text."""
     try:
         return UNITS[units]
     except KeyError:
@@ -106,12 +98,8 @@ def format_rate(bytes_per_second: float, units: str = "GB") -> str:
 
 
 def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
-    """Sizes in bytes from min to max multiplying by step_factor, as nccl-tests' -b/-e/-f; max
-    always included.
-
-    Raises:
-        UsageError: min > max, step_factor <= 1, or more than MAX_SWEEP_POINTS sizes.
-    """
+    """Sizes in bytes from min to max multiplying by step_factor, as nccl-tests' -b/-e/-f; max always included. Raises
+    UsageError: min > max, step_factor <= 1, or more than MAX_SWEEP_POINTS sizes."""
     if min_bytes > max_bytes:
         raise UsageError(
             f"min size {format_size(min_bytes)} is larger than max size {format_size(max_bytes)}",
