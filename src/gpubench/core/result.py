@@ -18,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gpubench import __version__
 from gpubench.core import safe
@@ -968,10 +968,7 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         for k, v in check_obj(env["versions"], source, vp).items():
             check_str(v, source, pointer_join(vp, k), allow_none=True)
     if "gpus" in env:
-        gp = pointer_join(pointer, "gpus")
-        for i, g in enumerate(_check_list(env["gpus"], source, gp, "an array of GPUs")):
-            p = f"{gp}/{i}"
-            g = check_obj(g, source, p)
+        for p, g in _objects(env["gpus"], source, pointer_join(pointer, "gpus"), "an array of GPUs"):
             check_int(g.get("index"), source, pointer_join(p, "index"))
             _check_fields(g, _GPU_FIELDS, source, p)
     if "topology" in env:
@@ -986,13 +983,12 @@ def check_env(env: object, source: str, pointer: str) -> dict:
         if "policy" in numa:
             check_str(numa["policy"], source, pointer_join(np_, "policy"))
         if "bindings" in numa:
-            bp = pointer_join(np_, "bindings")
-            for i, b in enumerate(_check_list(numa["bindings"], source, bp, "an array of bindings")):
-                _check_fields(check_obj(b, source, f"{bp}/{i}"), {"node": "i64", "cpus": "str"}, source, f"{bp}/{i}")
+            for p, b in _objects(numa["bindings"], source, pointer_join(np_, "bindings"), "an array of bindings"):
+                _check_fields(b, {"node": "i64", "cpus": "str"}, source, p)
                 if "reason" in b:
-                    check_str(b["reason"], source, f"{bp}/{i}/reason")
-                _require(b, {"node": "a node number or null", "cpus": "a CPU list or null",
-                             "reason": "a string"}, source, f"{bp}/{i}")
+                    check_str(b["reason"], source, f"{p}/reason")
+                _require(b, {"node": "a node number or null", "cpus": "a CPU list or null", "reason": "a string"},
+                         source, p)
         _require(numa, {"policy": "a string", "bindings": "an array of bindings"}, source, np_)
     if "telemetry" in env:
         tp = pointer_join(pointer, "telemetry")
@@ -1027,10 +1023,7 @@ def _check_counter(v: object, source: str, pointer: str, depth: int = 0) -> None
 def _check_health(v: object, source: str, pointer: str) -> None:
     """``env.health`` (core/health.py): gpus [{index, uuid, before, after}], xid_events, error."""
     h = check_obj(v, source, pointer)
-    gp = pointer_join(pointer, "gpus")
-    for i, g in enumerate(_check_list(h.get("gpus", []), source, gp, "an array of GPUs")):
-        p = f"{gp}/{i}"
-        g = check_obj(g, source, p)
+    for p, g in _objects(h.get("gpus", []), source, pointer_join(pointer, "gpus"), "an array of GPUs"):
         if g.get("index") is not None:
             check_int(g["index"], source, pointer_join(p, "index"))
         check_str(g.get("uuid"), source, pointer_join(p, "uuid"), allow_none=True)
@@ -1041,11 +1034,10 @@ def _check_health(v: object, source: str, pointer: str) -> None:
     xp = pointer_join(pointer, "xid_events")
     xids = h.get("xid_events")
     if xids is not None and xids != "unsupported":
-        for i, e in enumerate(_check_list(xids, source, xp, 'an array of events, "unsupported" or null')):
-            e = check_obj(e, source, f"{xp}/{i}")
+        for p, e in _objects(xids, source, xp, 'an array of events, "unsupported" or null'):
             for k in ("index", "xid"):
                 if e.get(k) is not None:
-                    check_int(e[k], source, f"{xp}/{i}/{k}")
+                    check_int(e[k], source, f"{p}/{k}")
     check_str(h.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
 
 
@@ -1055,30 +1047,34 @@ def _check_list(v: object, source: str, pointer: str, what: str) -> list:
     return v
 
 
+def _objects(v: object, source: str, pointer: str, what: str) -> Iterator[tuple[str, dict]]:
+    """(JSON Pointer, object) of each item of the array ``v``, checked as it is reached."""
+    for i, x in enumerate(_check_list(v, source, pointer, what)):
+        yield f"{pointer}/{i}", check_obj(x, source, f"{pointer}/{i}")
+
+
+def _strings(v: object, source: str, pointer: str) -> None:
+    """Check the array of strings ``v``."""
+    for i, x in enumerate(_check_list(v, source, pointer, "an array of strings")):
+        check_str(x, source, f"{pointer}/{i}")
+
+
 def _check_preflight(v: object, source: str, pointer: str) -> None:
     """``env.preflight`` (core/env.idle_check; the schema's env/preflight)."""
     pre = check_obj(v, source, pointer)
     if pre.get("idle") is not None and type(pre["idle"]) is not bool:
         raise bad_field(source, pointer_join(pointer, "idle"), pre["idle"], "true, false or null")
     if "warnings" in pre:
-        wp = pointer_join(pointer, "warnings")
-        for i, w in enumerate(_check_list(pre["warnings"], source, wp, "an array of strings")):
-            check_str(w, source, f"{wp}/{i}")
+        _strings(pre["warnings"], source, pointer_join(pointer, "warnings"))
     check_str(pre.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
     if "gpus" in pre:
-        gp = pointer_join(pointer, "gpus")
-        for i, g in enumerate(_check_list(pre["gpus"], source, gp, "an array of GPUs")):
-            p = f"{gp}/{i}"
-            g = check_obj(g, source, p)
+        for p, g in _objects(pre["gpus"], source, pointer_join(pointer, "gpus"), "an array of GPUs"):
             if "index" in g:
                 check_int(g["index"], source, f"{p}/index", _MIN_INT)
             if "busy" in g:
-                for j, b in enumerate(_check_list(g["busy"], source, f"{p}/busy", "an array of strings")):
-                    check_str(b, source, f"{p}/busy/{j}")
+                _strings(g["busy"], source, f"{p}/busy")
             if "other_processes" in g:
-                for j, o in enumerate(_check_list(g["other_processes"], source, f"{p}/other_processes",
-                                                  "an array of processes")):
-                    check_obj(o, source, f"{p}/other_processes/{j}")
+                list(_objects(g["other_processes"], source, f"{p}/other_processes", "an array of processes"))
             _check_fields(g, dict.fromkeys(("utilization_gpu_pct", "utilization_memory_pct", "temperature_c",
                                             "slowdown_temp_c"), "i64"), source, p)
             _require(g, {"index": "an integer", "busy": "an array of strings"}, source, p)
