@@ -234,12 +234,9 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
     for opt in reversed(list(options) + (condition_options() if conditions else [])):
         f = opt(f)
     cmd = click.command(name, help=help)(f)
-    cmd.build_spec = build_spec  # type: ignore[attr-defined]
-    cmd.bench_name = name  # type: ignore[attr-defined]
-    cmd.display = tuple(display)  # type: ignore[attr-defined]
-    cmd.report = report  # type: ignore[attr-defined]
-    cmd.select_run = select_run  # type: ignore[attr-defined]
-    cmd.after = after  # type: ignore[attr-defined]
+    for k, v in dict(build_spec=build_spec, bench_name=name, display=tuple(display), report=report,
+                     select_run=select_run, after=after).items():
+        setattr(cmd, k, v)
     return cmd
 
 

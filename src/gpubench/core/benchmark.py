@@ -166,11 +166,6 @@ def check_fits(points: Sequence[Point], max_pinned_bytes: int | None, hint: str)
                          " or raise --max-pinned")
 
 
-def allocation_message(point: Point, e: BaseException) -> str:
-    """The ``error`` of a record whose point could not be allocated."""
-    return f"allocation of {point.label} failed: {first_line(e)}"
-
-
 def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions: Conditions | None = None) -> Result:
     """Run ``bench`` over ``spec``: the one driver of every measuring command (docs/architecture.md).
     With ``--numa all`` setup and the points run once per NUMA node.
@@ -239,7 +234,7 @@ def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions
                                 raise
                             except Exception as e:
                                 if gpu.is_oom(e):
-                                    got = bench.failed(ctx, p, allocation_message(p, e))
+                                    got = bench.failed(ctx, p, f"allocation of {p.label} failed: {first_line(e)}")
                                 elif bench.needs_gpu and isinstance(e, cupy.cuda.runtime.CUDARuntimeError):
                                     raise gpu.machine_error(f"{bench.name} ({p.label})", e) from None
                                 else:

@@ -4,10 +4,8 @@
 
     {"host": {hostname, os, python, cpu_count, numa_nodes, mem_total_bytes, mem_available_bytes},
      "versions": {gpubench, numpy, cupy, nvidia-ml-py, click, rich,
-                  cuda-toolkit, nvidia-cuda-nvrtc, nvidia-nccl, cuda-bindings},  # the CUDA wheels: null
-                                                                                  # where not installed
-     "cuda": {driver_version, runtime_version, nvrtc_version, device_count, error,
-              driver_check},                     # gpubench.support.driver_check, null when unknown
+                  cuda-toolkit, nvidia-cuda-nvrtc, nvidia-nccl, cuda-bindings},
+     "cuda": {driver_version, runtime_version, nvrtc_version, device_count, error, driver_check},
      "nvml": {driver_version, error},
      "gpus": [{index, name, uuid, pci_bus_id, memory_total_bytes, memory_free_bytes,
                pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, pcie_peak_bytes_per_s,
@@ -94,14 +92,7 @@ CUDA_WHEELS: dict[str, tuple[str, ...]] = {
 def versions() -> dict[str, str | None]:
     """Versions of gpubench and the libraries it measures through where installed, and always the
     CUDA wheels of :data:`CUDA_WHEELS` (None where none is), from the distributions' metadata."""
-    from importlib import metadata
-
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
+    version = kernel_cache.dist_version
     out: dict[str, str | None] = {"gpubench": __version__}
     out.update({d: v for d in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "nvidia-ml-py", "click", "rich")
                 if (v := version(d)) is not None})

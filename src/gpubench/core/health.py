@@ -1,24 +1,15 @@
 """GPU health counters from NVML (nvidia-ml-py), read before and after a command's points (the
 counters DCGM's diagnostic judges a node on), with XID events watched in between; saved as
-``env["health"]``::
+``env["health"]`` (each counter's NVML source: docs/env.md)::
 
-    {"gpus": [{"index": 0, "uuid": "GPU-...",
-               "before": COUNTERS, "after": COUNTERS}],
-     "xid_events": [{"index": 0, "xid": 79}] | "unsupported" | null,
-     "error": null | "why nothing was read"}
+    {"gpus": [{"index": 0, "uuid": "GPU-...", "before": COUNTERS, "after": COUNTERS}],
+     "xid_events": [{"index": 0, "xid": 79}] | "unsupported" | null, "error": null | "why nothing was read"}
 
-    COUNTERS = {
-      "pcie_replays": int,                               # nvmlDeviceGetPcieReplayCounter
-      "pcie_gen": int, "pcie_gen_max": int,              # nvmlDeviceGet{Curr,Max}PcieLinkGeneration
-      "pcie_width": int, "pcie_width_max": int,          # nvmlDeviceGet{Curr,Max}PcieLinkWidth
-      "nvlinks_up": int,                                 # links whose nvmlDeviceGetNvLinkState is 1
-      "nvlink_errors": {"LINK": {"replay", "recovery", "crc_flit", "crc_data"}},  # per link up,
-                                                         # nvmlDeviceGetNvLinkErrorCounter
-      "ecc": {"volatile": {"corrected", "uncorrected"},  # nvmlDeviceGetTotalEccErrors
-              "aggregate": {"corrected", "uncorrected"}},
-      "remapped_rows": {"corrected", "uncorrected", "pending", "failed"},  # nvmlDeviceGetRemappedRows
-      "retired_pages": {"single_bit", "double_bit", "pending"}}  # nvmlDeviceGetRetiredPages
-                                                         # (GPUs before Ampere: no row remapping)
+    COUNTERS = {"pcie_replays", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlinks_up": int,
+                "nvlink_errors": {"LINK": {"replay", "recovery", "crc_flit", "crc_data"}},
+                "ecc": {"volatile", "aggregate": {"corrected", "uncorrected"}},
+                "remapped_rows": {"corrected", "uncorrected", "pending", "failed"},
+                "retired_pages": {"single_bit", "double_bit", "pending"}}  # before Ampere
 
 Every value is the counter, ``"unsupported"`` where the driver answers NVML_ERROR_NOT_SUPPORTED, or
 null where the query failed otherwise. ``xid_events``: nvmlEventTypeXidCriticalError events;

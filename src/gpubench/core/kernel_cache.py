@@ -37,21 +37,23 @@ def env_key(compute_capability: str, driver: int, cupy_version: str, nvrtc_wheel
     return _hash(" ".join(NVRTC_OPTIONS), compute_capability, str(driver), cupy_version, repr(nvrtc_wheels))
 
 
-def _current_env_key() -> str:
-    """:func:`env_key` of the current device (CUDA runtime calls; NVRTC is not loaded)."""
+def dist_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist``, None where it is not installed."""
     from importlib import metadata
 
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _current_env_key() -> str:
+    """:func:`env_key` of the current device (CUDA runtime calls; NVRTC is not loaded)."""
     import cupy
     from cupy.cuda import runtime
 
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
     return env_key(cupy.cuda.Device().compute_capability, runtime.driverGetVersion(), cupy.__version__,
-                   tuple(version(d) for d in NVRTC_WHEELS))
+                   tuple(dist_version(d) for d in NVRTC_WHEELS))
 
 
 def cached_nvrtc_version() -> str | None:

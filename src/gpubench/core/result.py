@@ -1114,8 +1114,7 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
     rules = params_rules(command)
     if rules is not None:
         for i, r in enumerate(checked):
-            if not _params_ok(r.params, rules):
-                check_params(r.params, rules, source, f"{rp}/{i}/params")
+            check_params(r.params, rules, source, f"{rp}/{i}/params")
     interrupted_by = check_str(d.get("interrupted_by"), source, pointer_join(pointer, "interrupted_by"),
                                allow_none=True, choices=("SIGINT", "SIGTERM"))
     failed_by = check_str(d.get("failed_by"), source, pointer_join(pointer, "failed_by"), allow_none=True,

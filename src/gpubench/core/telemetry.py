@@ -1,23 +1,12 @@
 """The GPU's state while each point runs: NVML (nvidia-ml-py) sampled on a thread beside the timed work.
 
-Every record of a point gets the block (:attr:`PointSampler.block`) as ``Record.telemetry``::
+Every record of a point gets the block (:attr:`PointSampler.block`) as ``Record.telemetry`` (each
+field's NVML source: docs/conditions.md)::
 
-    {"n": 14,                          # sample sets taken (one at the start, one at the end, and
-                                       # one every interval_s between)
-     "interval_s": 0.01,
-     "devices": [0],                   # CUDA ordinals sampled (the point's GPUs)
-     "sm_clock_mhz": {"min", "median", "max"},    # nvmlDeviceGetClockInfo(NVML_CLOCK_SM)
-     "mem_clock_mhz": {...},                      # nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)
-     "power_w": {...},                            # nvmlDeviceGetPowerUsage (mW) / 1000
-     "temp_c": {...},                             # nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)
-     "reasons": ["sw_power_cap", ...],            # nvmlDeviceGetCurrentClocksEventReasons, every bit
-                                                  # seen in any sample (REASON_BITS), idle left out
-     "pcie": {"gen": 5, "width": 16} | null,      # the lowest negotiated link read at start and end
-     "pcie_replay_delta": 0 | null,               # nvmlDeviceGetPcieReplayCounter, end - start
-     "nvlink_errors_delta": 0 | null,             # nvmlDeviceGetNvLinkErrorCounter summed over the
-                                                  # links up and the four DL counters, end - start
-     "other_processes": 0 | null}                 # most compute processes of other pids seen on
-                                                  # the point's GPUs at its start or end
+    {"n": 14, "interval_s": 0.01, "devices": [0],
+     "sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c": {"min", "median", "max"} | null,
+     "reasons": ["sw_power_cap", ...], "pcie": {"gen": 5, "width": 16} | null,
+     "pcie_replay_delta", "nvlink_errors_delta", "other_processes": 0 | null}
 
 A statistic is null when the driver does not answer that query; with several GPUs in a point the
 statistics run over the samples of all of them (cost: docs/conditions.md).
@@ -79,7 +68,8 @@ class _Device:
                 _call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
                 power / 1000.0 if power is not None else None,
                 _call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
-                _call(_reasons_fn(nv), h))
+                _call(getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                      or nv.nvmlDeviceGetCurrentClocksThrottleReasons, h))
 
     def counters(self) -> dict[str, Any]:
         """The slow reads, once at a point's start and end: link state, replay and NVLink errors,
@@ -97,10 +87,6 @@ class _Device:
                 "replay": _call(nv.nvmlDeviceGetPcieReplayCounter, h),
                 "nvlink": nvl,
                 "others": None if procs is None else sum(1 for p in procs if p.pid != os.getpid())}
-
-
-def _reasons_fn(nv):
-    return getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
 
 
 class PointSampler:

@@ -124,11 +124,6 @@ def collect_stops() -> Iterator[list[Stop]]:
         stack.pop()
 
 
-def _noted(stop: Stop) -> None:
-    for got in getattr(_collect, "stack", None) or ():
-        got.append(stop)
-
-
 def _pct(x: float | None) -> float | None:
     return None if x is None else 100.0 * x
 
@@ -199,7 +194,9 @@ def sample_loop(take: Callable[[], float], plan: TimingPlan, reps: int = 1) -> l
         if n >= plan.max_iters:
             why = MAX_ITERS
             break
-    _noted(Stop(why, len(samples), _pct(median_noise(ordered)), total, time.perf_counter() - t0, plan.max_noise))
+    stop = Stop(why, len(samples), _pct(median_noise(ordered)), total, time.perf_counter() - t0, plan.max_noise)
+    for got in getattr(_collect, "stack", None) or ():
+        got.append(stop)
     return samples
 
 
