@@ -282,7 +282,6 @@ def warn_ranks_alone(name: str, json_path: str | None) -> None:
             f"result (this is {me.label()})")
     if json_path and json_path != "-":
         line += f"; every rank writes --json {json_path} and the last write stays"
-    # every rank prints it: one write each, so two ranks' lines cannot run together (report.err_line)
     report.err_line(f"gpubench: warning: {term(line, limit=2000)}; `gpubench suite` under the launcher "
                     "gathers every node into one report (docs/cluster.md)")
 

@@ -282,13 +282,9 @@ def _measure_one(bench: Benchmark, ctx: Context, p: Point, tel, binding) -> list
     from gpubench.core import numa
 
     with numa.placement_log() as log, timing.collect_stops() as stops:
-        if tel is None:
+        with tel.point(p.devices or ctx.devices) if tel is not None else contextlib.nullcontext() as sampler:
             recs = bench.measure(ctx, p)
-            block = None
-        else:
-            with tel.point(p.devices or ctx.devices) as sampler:
-                recs = bench.measure(ctx, p)
-            block = sampler.block if sampler is not None else None
+        block = sampler.block if sampler is not None else None
         placed = log.take()
     timing.annotate(recs, stops)  # noise reached and why sampling stopped, per record
     for r in recs:

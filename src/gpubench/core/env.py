@@ -346,8 +346,6 @@ def gpu_by_index(env: dict[str, Any], index: int) -> dict[str, Any] | None:
     return next((g for g in env.get("gpus", []) if g.get("index") == index), None)
 
 
-# -- pre-flight idle check ----------------------------------------------------------------------------
-
 HOT_MARGIN_C = 10  # a GPU within this many degrees of its slowdown threshold is called hot
 # With no other process, utilisation (over NVML's last sample period, 1/6 s to 1 s: an earlier run's
 # tail) is read again after UTIL_REREAD_S and counts from UTIL_BUSY_PCT; with another, any counts.

@@ -73,8 +73,7 @@ def console(stderr: bool = False):
 
     stderr = stderr or _HUMAN_TO_STDERR[0]
     stream = sys.stderr if stderr else sys.stdout
-    # off a sized terminal (logs, pipes, a pipe with FORCE_COLOR, a rank's 0-column pty) rich would
-    # wrap at 80 columns and squeeze wide tables: 200 columns instead
+    # off a sized terminal rich would wrap at 80 columns and squeeze wide tables: 200 columns instead
     return Console(stderr=stderr, highlight=False, soft_wrap=False,
                    width=None if _sized_terminal(stream) else 200, force_terminal=is_terminal(stream))
 

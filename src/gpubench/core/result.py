@@ -382,9 +382,8 @@ def read_bounded(path: str | os.PathLike, what: str = "a gpubench result") -> by
         st = p.stat()
         if _stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode) or _stat.S_ISSOCK(st.st_mode):
             raise UsageError(f"cannot read {name}: a device or socket, not a file")
-        size = st.st_size
-        if size > MAX_LOAD_BYTES:
-            raise UsageError(f"{name} is {size} bytes, too large for {what}")
+        if st.st_size > MAX_LOAD_BYTES:
+            raise UsageError(f"{name} is {st.st_size} bytes, too large for {what}")
         fifo = _stat.S_ISFIFO(st.st_mode)
         if fifo:  # <(cmd) works; a named pipe nobody writes to reads as empty, no wait
             fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
@@ -471,10 +470,8 @@ def _shown(v: object) -> str:
         text = str(v)
     elif isinstance(v, (float, str)):
         text = repr(v)
-    elif isinstance(v, dict):
-        text = "an object"
-    elif isinstance(v, list):
-        text = "an array"
+    elif isinstance(v, (dict, list)):
+        text = "an object" if isinstance(v, dict) else "an array"
     else:
         text = type(v).__name__
     return safe.term(text, 60)

@@ -80,8 +80,6 @@ def rates(nbytes: float, seconds: Sequence[float]) -> list[float]:
     return out
 
 
-# ---- the precision of a median: distribution-free confidence interval from order statistics ----
-
 MEDIAN_CONFIDENCE = 0.95  # coverage of the interval whose half-width is the "noise" of a median
 _EXACT_CI_MAX_N = 400  # exact binomial ranks up to this many samples, the normal approximation beyond
 

@@ -281,8 +281,7 @@ def choose_reps(seconds_per_step: float, target: float = 100e-6, cap: int = 32) 
     return max(1, min(cap, int(round(target / seconds_per_step))))
 
 
-# ---------------------------------------------------------------------------------------------
-# The gated core for one or many streams (nvbandwidth's doMemcpyCore, memcpy.cpp).
+# -- the gated core for one or many streams (nvbandwidth's doMemcpyCore, memcpy.cpp)
 
 GATE_TIMEOUT_S = 2.0  # a lane's spin kernel gives up after this; queueing this slow means a stall
 FIRST, SPAN, EACH = "first", "span", "each"
@@ -380,7 +379,6 @@ class GatedTimer:
 
         lanes = self.lanes
         first = lanes[0]
-        multi = len(lanes) > 1
         t0 = time.perf_counter()
         try:
             for ln in lanes:
@@ -434,7 +432,7 @@ class GatedTimer:
                 self._span_end.synchronize()
                 span = cupy.cuda.get_elapsed_time(first.start, self._span_end) / 1e3
         else:
-            span = max(per) if multi else per[0]
+            span = max(per)
         return LaneTimes(per, span, queued)
 
     def time(self, enqueue: Callable[[], None]) -> float:
@@ -455,8 +453,7 @@ def policy_seconds(times: LaneTimes, policy: str, lane: int = 0) -> float:
     raise ValueError(f"policy {policy!r} has no single time; use {FIRST}, {SPAN} or {EACH}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Samples made of many gated enqueues (batch, memcpy2d, overlap).
+# -- samples made of many gated enqueues (batch, memcpy2d, overlap)
 
 SEGMENT = 128  # copies queued behind one hold of the gate (well under the driver's queue depth)
 
