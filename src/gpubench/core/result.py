@@ -109,6 +109,10 @@ def time_ratios(records: list[Record], baseline: str, key) -> list[tuple[Record,
     return [(r, b / r.time_summary().median if (b := base.get(key(r))) else None) for r in records if r.samples_s]
 
 
+_RESULT_HEAD = ("schema_version", "command", "gpubench_version", "created", "argv", "spec", "timing", "env",
+                "partial", "interrupted_by")
+
+
 @dataclass
 class Result:
     """A command's whole outcome: spec, timing, environment and records.
@@ -136,21 +140,10 @@ class Result:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
-        return {
-            "schema": SCHEMA,
-            "schema_version": self.schema_version,
-            "command": self.command,
-            "gpubench_version": self.gpubench_version,
-            "created": self.created,
-            "argv": self.argv,
-            "spec": self.spec,
-            "timing": self.timing,
-            "env": self.env,
-            "partial": self.partial,
-            "interrupted_by": self.interrupted_by,
-            **({"failed_by": self.failed_by} if self.failed_by else {}),
-            "records": [r.to_dict() for r in self.records],
-        }
+        """The JSON dict, its fields in the layout's order (failed_by only when set)."""
+        return {"schema": SCHEMA, **{k: getattr(self, k) for k in _RESULT_HEAD},
+                **({"failed_by": self.failed_by} if self.failed_by else {}),
+                "records": [r.to_dict() for r in self.records]}
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "result", pointer: str = "") -> "Result":
