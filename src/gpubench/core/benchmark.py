@@ -168,19 +168,10 @@ def check_fits(points: Sequence[Point], max_pinned_bytes: int | None, hint: str)
 
 def run(bench: Benchmark, spec, progress: ProgressSink | None = None, conditions: Conditions | None = None) -> Result:
     """Run ``bench`` over ``spec``: the one driver of every measuring command (docs/architecture.md).
-    With ``--numa all`` setup and the points run once per NUMA node.
-
-    Returns:
-        The Result; ``partial`` with ``interrupted_by`` "SIGINT"/"SIGTERM" when a signal stopped the
-        loop (the finished points are kept).
-
-    Raises:
-        NoGPUError, UsageError: before anything is measured (``--numa all`` for a plug-in without
-            host buffers, a node whose CPUs may not be used).
-        BusyGPU: ``require_idle`` and a GPU is not idle (exit 3), before anything is allocated.
-        MachineError: a CUDA, NCCL or library fault; its ``partial_result`` holds the finished
-            points (``partial``, ``failed_by``), which the command prints and saves before exit 3.
-    """
+    With ``--numa all`` setup and the points run once per NUMA node. The Result is ``partial`` with
+    ``interrupted_by`` when a signal stopped the loop. Raises NoGPUError, UsageError: before anything is
+    measured; BusyGPU: ``require_idle`` and a GPU is not idle (exit 3); MachineError: a CUDA, NCCL or
+    library fault, its ``partial_result`` holding the finished points."""
     from gpubench.core import env as envmod
     from gpubench.core import gpu, health, limits, numa, telemetry
 

@@ -154,13 +154,9 @@ def sample_loop(take: Callable[[], float], plan: TimingPlan, reps: int = 1) -> l
     seconds of measured time (``sum(samples) * reps``), the end without a noise goal ("min_time"),
     with one on until the median's noise (:func:`gpubench.core.stats.median_noise`) is at most
     ``max_noise`` percent ("noise") or ``max_time`` wall seconds have passed ("max_time"); never
-    more than ``max_iters`` ("max_iters").
-
-    nvbench's stopping rule (nvbench/detail/stdrel_criterion.cxx, measure_cold.cu), with the noise
-    measured as the precision of the median rather than the samples' relative standard deviation.
-
-    Returns:
-        Samples in seconds per step; how the loop ended goes to :func:`collect_stops`.
+    more than ``max_iters`` ("max_iters"). Returns seconds per step; how the loop ended goes to
+    :func:`collect_stops`. nvbench's stopping rule (nvbench/detail/stdrel_criterion.cxx,
+    measure_cold.cu), with the noise measured as the precision of the median.
     """
     for _ in range(plan.warmup):
         take()
