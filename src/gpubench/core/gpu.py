@@ -74,10 +74,8 @@ def resolve_devices(devices: tuple[int, ...] | None, *, minimum: int = 1) -> tup
     devs = devices if devices is not None else tuple(range(minimum)) if minimum > 1 else (0,)
     for d in devs:
         if d >= n:
-            raise UsageError(
-                f"device {d} is not visible: this machine shows {n} CUDA device(s)",
-                f"use ids 0..{n - 1}; CUDA_VISIBLE_DEVICES renumbers them",
-            )
+            raise UsageError(f"device {d} is not visible: this machine shows {n} CUDA device(s)",
+                             f"use ids 0..{n - 1}; CUDA_VISIBLE_DEVICES renumbers them")
     if len(devs) < minimum:
         raise UsageError(f"this needs {minimum} GPUs; {len(devs)} selected, {n} visible")
     return devs

@@ -138,9 +138,7 @@ class Watch:
             self._nv = pynvml
         nv = self._nv
         for g in self._gpus:
-            h = None
-            if g.get("uuid"):
-                h = _query(nv, "nvmlDeviceGetHandleByUUID", g["uuid"])
+            h = _query(nv, "nvmlDeviceGetHandleByUUID", g["uuid"]) if g.get("uuid") else None
             if not _handle(h) and g.get("pci_bus_id"):
                 h = _query(nv, "nvmlDeviceGetHandleByPciBusId", g["pci_bus_id"])
             if _handle(h):

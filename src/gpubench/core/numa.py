@@ -166,11 +166,8 @@ def plan(policy: str | int, gpu: dict | None, host_memory: bool, root: str = NOD
         return [Binding(None, None, "--numa none: not bound")]
     if policy == "all":
         check_applies(policy, "", host_memory=host_memory, binds=True)
-        out = []
-        for n, cpus in have.items():
-            mine = usable(cpus)
-            if mine:
-                out.append(Binding(n, tuple(mine), f"--numa all: node {n}", tag=n))
+        out = [Binding(n, tuple(mine), f"--numa all: node {n}", tag=n)
+               for n, cpus in have.items() if (mine := usable(cpus))]
         return out or [Binding(None, None, "--numa all: no node with usable CPUs found; not bound")]
     if isinstance(policy, int):
         mine = usable(have.get(policy, []))

@@ -197,10 +197,8 @@ class RichProgress(ProgressSink):
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._p = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console(stderr=True), transient=True,
-        )
+        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           console=console(stderr=True), transient=True)
         self._p.start()
         self._task = self._p.add_task(label, total=total)
 

@@ -50,17 +50,8 @@ class Summary:
         n = len(xs)
         mean = math.fsum(xs) / n
         stdev = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
-        return cls(
-            n=n,
-            median=_percentile(xs, 50),
-            mean=mean,
-            min=xs[0],
-            max=xs[-1],
-            p25=_percentile(xs, 25),
-            p75=_percentile(xs, 75),
-            stdev=stdev,
-            cv=stdev / mean if mean else 0.0,
-        )
+        return cls(n=n, median=_percentile(xs, 50), mean=mean, min=xs[0], max=xs[-1], p25=_percentile(xs, 25),
+                   p75=_percentile(xs, 75), stdev=stdev, cv=stdev / mean if mean else 0.0)
 
     def to_dict(self) -> dict:
         """The summary as a plain dict for JSON."""

@@ -256,14 +256,8 @@ def stop_cell(extra: dict, n: int) -> str:
     return cell
 
 
-def measure(
-    step: Callable[[], None],
-    clock: Clock,
-    plan: TimingPlan,
-    *,
-    reps: int = 1,
-    gate: Gate | None = None,
-) -> list[float]:
+def measure(step: Callable[[], None], clock: Clock, plan: TimingPlan, *, reps: int = 1,
+            gate: Gate | None = None) -> list[float]:
     """Warm up, then take samples of ``step`` per ``plan`` (:func:`sample_loop` of :func:`take_sample`);
     returns seconds per step."""
     return sample_loop(lambda: take_sample(step, clock, reps, gate), plan, reps)

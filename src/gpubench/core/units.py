@@ -38,10 +38,8 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
         s = str(text)
         m = _SIZE_RE.match(s)
         if not m:
-            raise UsageError(
-                f"{what} {s!r} is not a size",
-                "use bytes or a number with K, M, G, T; KiB/K = 1024, KB = 1000, e.g. 4KiB, 1M, 30GB",
-            )
+            raise UsageError(f"{what} {s!r} is not a size",
+                             "use bytes or a number with K, M, G, T; KiB/K = 1024, KB = 1000, e.g. 4KiB, 1M, 30GB")
         number, prefix, binary_i, b = m.groups()
         prefix = prefix.upper()
         if binary_i and not prefix:
@@ -101,10 +99,8 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
     """Sizes in bytes from min to max multiplying by step_factor, as nccl-tests' -b/-e/-f; max always included. Raises
     UsageError: min > max, step_factor <= 1, or more than MAX_SWEEP_POINTS sizes."""
     if min_bytes > max_bytes:
-        raise UsageError(
-            f"min size {format_size(min_bytes)} is larger than max size {format_size(max_bytes)}",
-            "give -b <= -e",
-        )
+        raise UsageError(f"min size {format_size(min_bytes)} is larger than max size {format_size(max_bytes)}",
+                         "give -b <= -e")
     if not step_factor > 1:
         raise UsageError(f"step factor {step_factor!r} must be greater than 1", "e.g. -f 2")
     if math.isfinite(step_factor) and math.log(max_bytes / min_bytes) / math.log(step_factor) > MAX_SWEEP_POINTS:
