@@ -1,22 +1,10 @@
 """Compare saved results: pair figures, estimate each change with its confidence interval, test it
 against the noise, and say what differs (machine, options, telemetry, limit flags).
 
-Works on saved results only (:func:`gpubench.core.result.load`); no GPU is needed. docs/compare.md
-explains every figure; the statistics are written here, with their sources.
-
-Pairing: two records are the same figure when their ``params`` are equal (:meth:`Record.key`),
-after each param a command gained later (the plug-in's ``added_params``) is filled in where a record lacks it.
-Figures present on one side only are listed, not dropped.
-
-Value of a figure: for metric "bandwidth" each sample's rate nbytes / seconds in B/s (higher is
-better); for metric "time" each sample's seconds (lower is better).
-
-Change: the Hodges-Lehmann estimate of the ratio new / base in percent, with its distribution-free
-(Moses) interval at level 1 - alpha (:func:`hodges_lehmann`). On the log scale a shift is a ratio,
-so the change of a bandwidth is exactly the inverse change of its time. Test: the two-sided
-Mann-Whitney U test on the raw samples (:func:`mann_whitney_u`), whose inversion gives that
-interval. Verdict: same, faster, slower, inconclusive, or undecidable where the sample sizes
-cannot reach alpha at all (:func:`judge`, :func:`samples_needed`).
+Figures pair by equal ``params`` (the plug-in's ``added_params`` filled in). Values: B/s per sample
+for "bandwidth" (higher is better), seconds for "time" (lower is better). Change: Hodges-Lehmann
+with the Moses interval (:func:`hodges_lehmann`); test: two-sided Mann-Whitney U
+(:func:`mann_whitney_u`); verdict: :func:`judge`. docs/compare.md explains every figure.
 """
 
 from __future__ import annotations
@@ -43,17 +31,9 @@ VERDICTS = (SAME, FASTER, SLOWER, INCONCLUSIVE, UNDECIDABLE)
 
 @dataclass(frozen=True)
 class MWU:
-    """Outcome of a Mann-Whitney U test.
-
-    Attributes:
-        u: U statistic of the first sample (number of pairs (x, y) with x > y, ties counting 1/2).
-        z: normal score of u with tie and continuity corrections (0 when the variance is 0).
-        p: two-sided p-value, in [0, 1]: exact for small samples (with ties: given the ties), else
-            from the normal approximation (:func:`mann_whitney_u` says when).
-        method: "exact", "exact (ties)" or "asymptotic".
-        p_min: the smallest p these sample sizes can give (complete separation, no ties): when it
-            is not below alpha the test cannot find any difference, however large.
-    """
+    """Outcome of a Mann-Whitney U test: U of the first sample (ties count 1/2), its normal score
+    z (tie and continuity corrected), the two-sided p, the method ("exact", "exact (ties)",
+    "asymptotic") and p_min, the smallest p these sample sizes can give."""
 
     u: float
     z: float
@@ -69,11 +49,7 @@ EXACT_MAX = 8  # scipy.stats.mannwhitneyu(method="auto"): exact when a sample ha
 def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
     """Number of orderings of n1 + n2 distinct values giving each U = 0 .. n1*n2 (the exact null
     distribution of U), by the recurrence f(u; m, n) = f(u - n; m - 1, n) + f(u; m, n - 1)
-    (Mann and Whitney 1947, eq. 2). Cached: a comparison meets the same sizes again and again.
-
-    O(n1^2 n2^2) time: used only where n1 n2 <= EXACT_TABLE_MAX_PAIRS (the Moses rank, the numpy
-    batches of at most 16 samples a side, the test's small sizes); :func:`_u_at_most` beyond."""
-    # f[m][n] as lists indexed by u, built up over m for every n
+    (Mann and Whitney 1947, eq. 2). O(n1^2 n2^2): for n1 n2 <= EXACT_TABLE_MAX_PAIRS only."""
     prev = [[1] for _ in range(n2 + 1)]  # m = 0: only U = 0
     for m in range(1, n1 + 1):
         cur = [[1]]  # n = 0: only U = 0
@@ -97,25 +73,19 @@ EXACT_TABLE_MAX_PAIRS = 400  # the whole null distribution of U listed (and cach
 @functools.lru_cache(maxsize=1024)
 def _u_at_most(n1: int, n2: int, k: int) -> int | float:
     """Number of orderings of n1 + n2 distinct values with U <= k, in O(min(n1, n2) k) time and
-    O(k) memory, k <= n1 n2 / 2 where it is used: linear in the larger sample for the exact test's
-    smaller side of at most EXACT_MAX values (the whole table, :func:`_u_counts`, is O(n1^2 n2^2)).
+    O(k) memory.
 
     The counts of U are the coefficients of the Gaussian binomial coefficient
     [m + n choose m]_q = prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i), m = min(n1, n2), n = max(n1, n2)
-    (U counts the pairs out of order, so its orderings are the partitions that fit in an m x n box;
-    G. E. Andrews, "The Theory of Partitions" (1976), theorem 3.1): the series truncated at degree
-    k is built factor by factor, dividing by 1 - q^i (a running sum along each residue class mod i)
-    then multiplying by 1 - q^(n+i) (a shifted subtraction); after factor i it holds
-    [n + i choose i]_q, so no term exceeds C(n1 + n2, n1). Exact integers (int64) while
-    C(n1 + n2, n1) < 2^62, equal to the table's counts; beyond, float64 (relative error ~1e-13:
-    for the tail that makes a small p, k < n + 1 and there are only sums of positive terms).
+    (G. E. Andrews, "The Theory of Partitions" (1976), theorem 3.1), built factor by factor and
+    truncated at degree k. Exact integers (int64) while C(n1 + n2, n1) < 2^62, else float64.
     """
     import numpy as np
 
     m, n = min(n1, n2), max(n1, n2)
     k = min(k, m * n)
     exact = math.comb(m + n, m) < 2**62
-    c: Any = np.zeros(k + 1, dtype=np.int64 if exact else np.float64)  # int64 or float64 by `exact`
+    c: Any = np.zeros(k + 1, dtype=np.int64 if exact else np.float64)
     c[0] = 1
     for i in range(1, m + 1):
         if i > 1:  # / (1 - q^i): c[u] += c[u - i] for u ascending
@@ -133,8 +103,7 @@ def _u_at_most(n1: int, n2: int, k: int) -> int | float:
 
 
 def _exact_p(u1: float, n1: int, n2: int) -> float:
-    """Two-sided exact p: 2 * P(U <= min(u1, n1 n2 - u1)), capped at 1: from the cached table of
-    the null distribution up to EXACT_TABLE_MAX_PAIRS pairs, else from :func:`_u_at_most`."""
+    """Two-sided exact p: 2 * P(U <= min(u1, n1 n2 - u1)), capped at 1."""
     k = int(math.floor(min(u1, n1 * n2 - u1) + 1e-9))
     if n1 * n2 <= EXACT_TABLE_MAX_PAIRS:
         cum = _u_cumulative(n1, n2)
@@ -147,10 +116,8 @@ EXACT_TIES_MAX_CELLS = 4_000_000  # ... and its dynamic programme (:func:`_exact
 
 
 def _exact_ties_ok(n: int, n1: int) -> bool:
-    """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled values:
-    at most EXACT_TIES_MAX_CELLS cells of :func:`_rank_sum_counts` (n x (j + 1) x (2 n j + 1),
-    j = min(n1, n - n1): 1 against 49,999 is refused) and, checked second as it is then cheap, at
-    most EXACT_TIES_MAX_SPLITS splits; beyond, the normal approximation, as scipy for every tie."""
+    """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled
+    values (within EXACT_TIES_MAX_CELLS and EXACT_TIES_MAX_SPLITS); else the normal approximation."""
     j = min(n1, n - n1)
     return n * (j + 1) * (2 * n * j + 1) <= EXACT_TIES_MAX_CELLS and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS
 
@@ -158,10 +125,8 @@ def _exact_ties_ok(n: int, n1: int) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _rank_sum_counts(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[int, ...]:
     """Number of ways to choose n1 of the pooled values whose doubled (mid)ranks sum to each t =
-    0 .. the sum of the n1 largest: the permutation distribution of the rank sum given the ties, by
-    dynamic programming over the values (each value in or out), O(n * n1 * 2 n n1) instead of
-    enumerating C(n, n1) subsets (callers pass the smaller side, :func:`_tie_deviations`). Cached
-    by the tie pattern (sorted doubled ranks)."""
+    0 .. the sum of the n1 largest (the permutation distribution of the rank sum given the ties),
+    by dynamic programming over the values."""
     import numpy as np
 
     total = sum(sorted(doubled_ranks)[len(doubled_ranks) - n1:]) if n1 else 0
@@ -177,8 +142,7 @@ def _rank_sum_counts(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[int, ...]
 @functools.lru_cache(maxsize=4096)
 def _tie_deviations(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[int, ...], int]:
     """For a tie pattern: the distinct |U - n1 n2 / 2| values the splits reach, ascending, the
-    number of splits at or beyond each, and the number of splits (cached; see :func:`_exact_p_ties`).
-    Counted on the smaller side: the other side of a split has U2 = n1 n2 - U1, as far from n1 n2 / 2."""
+    number of splits at or beyond each, and the number of splits (counted on the smaller side)."""
     n2 = len(doubled_ranks) - n1
     j = min(n1, n2)
     mu = n1 * n2 / 2.0
@@ -205,18 +169,15 @@ def _doubled_ranks(groups: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _exact_p_ties(n: int, n1: int, u1: float, groups: tuple[int, ...]) -> float:
-    """Two-sided exact p with ties, for ``n`` pooled values whose tie groups, in rank order, have
-    these sizes: every way of choosing which n1 of the pooled (mid)ranks belong to the first sample
-    is equally likely under the null; p is the share of them whose U is at least as far from
-    n1 n2 / 2 as the observed one (the permutation test of U, conditional on the ties)."""
+    """Two-sided exact p with ties (tie group sizes in rank order): the share of the splits of the
+    pooled midranks whose U is at least as far from n1 n2 / 2 as ``u1`` (the permutation test)."""
     devs, beyond, total = _tie_deviations(n1, _doubled_ranks(groups))
     i = bisect.bisect_left(devs, abs(u1 - n1 * (n - n1) / 2.0) - 1e-9)
     return min(1.0, (beyond[i] if i < len(devs) else 0) / total)
 
 
 def min_p(n1: int, n2: int) -> float:
-    """The smallest two-sided p of the test for these sizes (every new value beyond every base value):
-    exact 2 / C(n1 + n2, n1) when the exact test applies, else the normal approximation's."""
+    """The smallest two-sided p of the test for these sizes (complete separation, no ties)."""
     if n1 == 0 or n2 == 0:
         return 1.0
     if min(n1, n2) <= EXACT_MAX:
@@ -231,11 +192,9 @@ SAMPLES_SEARCH_MAX = 100_000  # samples_needed looks no further for the other si
 
 @functools.lru_cache(maxsize=1024)
 def samples_needed(m: int, n: int, alpha: float) -> tuple[int, int | None]:
-    """The sample sizes that can reach p < ``alpha`` (:func:`min_p`: every value of one side
-    beyond every value of the other, no ties): (k, n2) where k is the smallest size of both sides
-    (k vs k) and n2 the smallest size of the new side beside the base's ``m`` (None when none up
-    to SAMPLES_SEARCH_MAX does). ``n`` is the new side's size today (n2 is at least it).
-    E.g. alpha 0.01: 5 vs 5 (2 / C(10, 5) = 0.0079), or 3 vs 9 (2 / C(12, 3) = 0.0091)."""
+    """The sample sizes that can reach p < ``alpha`` (:func:`min_p`): (k, n2), k the smallest size
+    of both sides, n2 (>= ``n``) the smallest new side beside the base's ``m`` (None: none up to
+    SAMPLES_SEARCH_MAX). E.g. alpha 0.01: 5 vs 5, or 3 vs 9."""
     k = 1
     while min_p(k, k) >= alpha:
         k += 1
@@ -252,9 +211,7 @@ RANKS_NUMPY_MIN = 2_000  # values ranked with numpy from this many (pure Python 
 
 
 def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
-    """Average (mid)ranks, 1-based, of ``values`` and the sizes of the tie groups, in rank order
-    (pure Python for the few samples of most figures, where numpy's per-call cost dominates; numpy
-    from RANKS_NUMPY_MIN values: the same ranks, halves of integers, exact either way)."""
+    """Average (mid)ranks, 1-based, of ``values`` and the sizes of the tie groups, in rank order."""
     if len(values) >= RANKS_NUMPY_MIN:
         import numpy as np
 
@@ -293,18 +250,10 @@ def _midranks(P):
 
 
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
-    """Two-sided Mann-Whitney U test: exact for small samples without ties, else the normal
-    approximation with tie and continuity corrections.
-
-    Exact (no ties and a sample of at most EXACT_MAX values, as scipy's method="auto"):
-    p = 2 * P(U <= min(U1, n1 n2 - U1)) under the null distribution of U (every ordering equally
-    likely), from :func:`_exact_p`, linear in the larger sample. With ties, where
-    :func:`_exact_ties_ok`: the exact permutation distribution of U given the tied ranks
-    (:func:`_exact_p_ties`; the normal approximation cannot go under p ~0.012 at 5 vs 5).
-    Otherwise (ranking O(n log n)):
-
-    With the n = n1 + n2 values ranked together (ties get their average rank) and R1 the sum of the
-    ranks of ``x``::
+    """Two-sided Mann-Whitney U test: exact without ties and a sample of at most EXACT_MAX values
+    (:func:`_exact_p`); with ties, where :func:`_exact_ties_ok`, exact given the ties
+    (:func:`_exact_p_ties`); else the normal approximation. With the n = n1 + n2 values ranked
+    together (ties get their average rank) and R1 the sum of the ranks of ``x``::
 
         U1      = R1 - n1 (n1 + 1) / 2
         mu      = n1 n2 / 2
@@ -318,12 +267,7 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     (1.35); the same computation as ``scipy.stats.mannwhitneyu(method="asymptotic")``, and the exact
     branch as ``method="exact"``.
 
-    Args:
-        x, y: samples (any unit, finite), each with at least one value.
-
-    Returns:
-        MWU(u, z, p, method, p_min). When every value is tied (sigma = 0) the samples cannot be told
-        apart: z = 0, p = 1.
+    When every value is tied (sigma = 0): z = 0, p = 1.
 
     Raises:
         ValueError: an empty sample.
@@ -334,17 +278,15 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     allv = [float(v) for v in x] + [float(v) for v in y]
     n = n1 + n2
     ranks, groups = _ranks(allv)
-    r1 = math.fsum(ranks[:n1])
-    u1 = r1 - n1 * (n1 + 1) / 2.0
+    u1 = math.fsum(ranks[:n1]) - n1 * (n1 + 1) / 2.0
     tie_term = float(sum(t ** 3 - t for t in groups))
     var = n1 * n2 / 12.0 * ((n + 1) - (tie_term / (n * (n - 1)) if n > 1 else 0.0))
     return _mwu(u1, var, n1, n2, min_p(n1, n2), len(groups) < n, groups)
 
 
 def _mwu(u1: float, var: float, n1: int, n2: int, pmin: float, ties: bool, groups: Sequence[float]) -> MWU:
-    """The test of :func:`mann_whitney_u` from U1 and its tie-corrected variance: ``ties`` whether
-    any pooled value is tied, ``groups`` the tie-group sizes in rank order (zeros skipped; read only
-    for the exact test with ties)."""
+    """The test of :func:`mann_whitney_u` from U1 and its tie-corrected variance (``groups``: the
+    tie-group sizes in rank order, zeros skipped)."""
     if var <= 0:
         return MWU(u1, 0.0, 1.0, "asymptotic", pmin)
     mu = n1 * n2 / 2.0
@@ -364,12 +306,11 @@ BRUTE_MAX_PAIRS = 40_000  # pairwise differences listed and sorted up to this ma
 
 @functools.lru_cache(maxsize=4096)
 def moses_rank(m: int, n: int, alpha: float) -> int:
-    """C_alpha of the Moses interval: the largest C with P(U <= C - 1) <= alpha / 2 under the null
-    (U the Mann-Whitney statistic of samples of m and n), so that [D_(C), D_(mn + 1 - C)] of the mn
-    ordered pairwise differences covers the shift with probability >= 1 - alpha. Exact from the
-    null distribution of U for m n <= EXACT_CI_MAX_PAIRS; beyond, the large-sample approximation
-    C = floor(mn/2 - z_(alpha/2) sqrt(mn (m + n + 1) / 12)) (Hollander & Wolfe 1999, section 4.3,
-    comment 22's approximation). 0: no interval at that level exists (3 against 3 at 99%).
+    """C_alpha of the Moses interval: the largest C with P(U <= C - 1) <= alpha / 2 under the null,
+    so that [D_(C), D_(mn + 1 - C)] of the mn ordered pairwise differences covers the shift with
+    probability >= 1 - alpha. Exact for m n <= EXACT_CI_MAX_PAIRS; beyond,
+    C = floor(mn/2 - z_(alpha/2) sqrt(mn (m + n + 1) / 12)) (Hollander & Wolfe 1999, section 4.3).
+    0: no interval at that level exists (3 against 3 at 99%).
     """
     if m * n <= EXACT_CI_MAX_PAIRS:
         cum = _u_cumulative(m, n)
@@ -390,15 +331,10 @@ SELECT_MAX_CANDIDATES = 1 << 16  # pairs listed at once by the selection (at lea
 def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> list[float]:
     """The k-th smallest (1-based) of the m n differences ly_j - lx_i, for each k in ``ks``.
 
-    Up to BRUTE_MAX_PAIRS pairs: listed and sorted. Beyond, no m n list is built: per k, a
-    bisection on the value t, counting the differences <= t with searchsorted (O(n log m) a step),
-    narrows (lo, hi] with count(lo) < k <= count(hi) to at most max(m + n, SELECT_MAX_CANDIDATES)
-    pairs, which are listed and the one of rank k - count(lo) selected (np.partition); brackets
-    counted are reused by the next k. About log2(m n / (m + n)) steps: O(m + n) memory. A step
-    that splits nothing (a gap between tied differences) is followed by one at the middle of the
-    smallest and largest difference left; where those are one difference repeated, or the values
-    cannot be split further, that difference is the k-th. (Monahan's selection, ACM TOMS 10
-    (1984) 265-270, narrows by rank instead, in fewer steps.)"""
+    Up to BRUTE_MAX_PAIRS pairs: listed and sorted. Beyond, per k, a bisection on the value t
+    (counting the differences <= t with searchsorted) narrows (lo, hi] to at most
+    max(m + n, SELECT_MAX_CANDIDATES) pairs, which are listed and selected (np.partition): O(m + n)
+    memory. (Monahan's selection, ACM TOMS 10 (1984) 265-270, narrows by rank instead.)"""
     m, n = len(lx), len(ly)
     if m * n <= BRUTE_MAX_PAIRS:
         d = [b - a for b in ly for a in lx]
@@ -414,8 +350,7 @@ def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> lis
         return int(m * n - np.searchsorted(ax, ay - t, side="left").sum())
 
     def spread(lo: float, hi: float) -> tuple[float, float]:
-        # the smallest and the largest difference in (lo, hi] (count_le's rule): for y_j,
-        # y_j - (its last x) and y_j - (its first x)
+        # the smallest and the largest difference in (lo, hi]
         start = np.searchsorted(ax, ay - hi, side="left")
         stop = np.searchsorted(ax, ay - lo, side="left")
         ok = stop > start
@@ -435,9 +370,7 @@ def _kth_differences(lx: list[float], ly: list[float], ks: Sequence[int]) -> lis
             mid = lo + (hi - lo) / 2.0
             if span is not None:
                 # the last step split nothing: halve the differences left, not the empty gap
-                if span[0] == span[1]:
-                    # one difference repeated more than cap times (ties on both sides: 0 and +-1
-                    # for two values): it is the k-th, where halving on towards it takes ~1,000 steps
+                if span[0] == span[1]:  # one difference repeated more than cap times: the k-th
                     same = span[0]
                     break
                 inner = span[0] + (span[1] - span[0]) / 2.0
@@ -480,23 +413,14 @@ _LOG_RATIO_MAX = math.log(1e306)
 
 
 def _pct(d: float) -> float:
-    """The change in percent of a log ratio ``d``: 100 (exp(d) - 1), or CHANGE_PCT_MAX where that
-    is beyond it (1e308 s against 1e-6 s: a ratio of e^720, math.expm1 raises OverflowError).
-    Any finite d gives a finite figure in [-100, CHANGE_PCT_MAX]: the JSON form stays JSON."""
+    """The change in percent of a log ratio ``d``: 100 (exp(d) - 1), or CHANGE_PCT_MAX beyond it."""
     return CHANGE_PCT_MAX if d > _LOG_RATIO_MAX else 100.0 * math.expm1(d)
 
 
 @dataclass(frozen=True)
 class Shift:
-    """The Hodges-Lehmann change of ``new`` against ``base`` and its interval, in percent.
-
-    Attributes:
-        change_pct: 100 (exp(HL) - 1), HL the median of the m n differences log y_j - log x_i;
-            CHANGE_PCT_MAX where the ratio is over 1e306 (:func:`_pct`).
-        ci_low_pct, ci_high_pct: the Moses interval at ``confidence``, or None when these sizes
-            give none (3 against 3 at 99%).
-        confidence: 1 - alpha.
-    """
+    """The Hodges-Lehmann change of ``new`` against ``base`` and its Moses interval at
+    ``confidence`` (1 - alpha), in percent; the interval None when these sizes give none."""
 
     change_pct: float
     ci_low_pct: float | None
@@ -511,17 +435,7 @@ def hodges_lehmann(base: Sequence[float], new: Sequence[float], alpha: float = D
     ``HL = median_ij(log y_j - log x_i)`` (Hodges and Lehmann, Ann. Math. Statist. 34 (1963)
     598-611; Hollander & Wolfe, "Nonparametric Statistical Methods", 2nd ed. (1999), section 4.2),
     and the interval ``[D_(C), D_(mn+1-C)]`` of the ordered differences with C = :func:`moses_rank`
-    covers it with probability >= 1 - alpha (Moses; Hollander & Wolfe section 4.3). It is the set
-    of shifts the two-sided rank-sum test at level alpha does not reject, so an interval that
-    excludes 0 goes with p < alpha (up to ties and the normal approximation). Exponentiated: the
-    ratio new / base and its interval; reported as percentages of change.
-
-    Args:
-        base, new: values > 0 (at least one each).
-        alpha: 1 - the interval's confidence.
-
-    Any finite values > 0 are fine (from 5e-324 to 1.8e308: the logs are within +-745); a change
-    beyond CHANGE_PCT_MAX is given as it.
+    covers it with probability >= 1 - alpha (Moses; Hollander & Wolfe section 4.3).
 
     Raises:
         ValueError: an empty sample or a value that is not > 0.
@@ -531,15 +445,13 @@ def hodges_lehmann(base: Sequence[float], new: Sequence[float], alpha: float = D
         raise ValueError("hodges_lehmann needs two non-empty samples")
     if min(min(base), min(new)) <= 0:
         raise ValueError("hodges_lehmann needs values > 0")
-    lx = [math.log(v) for v in base]
-    ly = [math.log(v) for v in new]
     mn = m * n
     c = moses_rank(m, n, alpha)
     ks = [(mn + 1) // 2, mn // 2 + 1]  # the middle one, or the middle two
     if c:
         ks += [c, mn + 1 - c]
-    got = _kth_differences(lx, ly, ks)
-    hl = (got[0] + got[1]) / 2.0  # logs: |got| < 1455, no overflow
+    got = _kth_differences([math.log(v) for v in base], [math.log(v) for v in new], ks)
+    hl = (got[0] + got[1]) / 2.0
     return Shift(_pct(hl), _pct(got[2]) if c else None, _pct(got[3]) if c else None, 1.0 - alpha)
 
 
@@ -568,8 +480,7 @@ def figure_values(record: Record, source: str = "result") -> list[float]:
 
 
 def _median(xs: Sequence[float]) -> float:
-    """The median of finite values (the mean of the middle two of an even count, halved first
-    where their sum would overflow: two samples of 1e308 s have the median 1e308, not inf)."""
+    """The median of finite values (the middle two halved first where their sum would overflow)."""
     s = sorted(xs)
     n = len(s)
     if n % 2:
@@ -581,24 +492,8 @@ def _median(xs: Sequence[float]) -> float:
 
 @dataclass
 class Row:
-    """One figure of a comparison.
-
-    Attributes:
-        params: the figure's params.
-        metric: "bandwidth" (values in B/s, higher is better) or "time" (values in seconds, lower is better).
-        status: "paired", "only-base", "only-new" or "no-data" (a side has an error or no samples).
-        base_median, new_median: median value of each side (B/s or s), None where absent.
-        n_base, n_new: samples on each side.
-        change_pct: the Hodges-Lehmann change new / base - 1 in %, None unless paired.
-        ci_low_pct, ci_high_pct: its interval at 1 - alpha (None unless paired, or when the sizes
-            give none).
-        p: Mann-Whitney two-sided p-value, None unless paired.
-        verdict: "same", "faster", "slower", "inconclusive", or "" when not paired.
-        why: one line on the verdict ("p = 0.032 >= alpha 0.01", "3 vs 3 samples cannot reach ...").
-        note: why a figure has no verdict (an error text from the file), else "".
-        telemetry: the GPU state that differs between the sides (:func:`telemetry_diff`), [] if none.
-        flags: limit flags read from the records (:func:`limit_flags`), [] if none.
-    """
+    """One figure of a comparison: medians in B/s ("bandwidth") or seconds ("time"); status
+    "paired", "only-base", "only-new" or "no-data"; change, interval (%) and p only when paired."""
 
     params: dict[str, Any]
     metric: str
@@ -644,18 +539,10 @@ class Judgement:
 
 def judge(base: Sequence[float], new: Sequence[float], metric: str, *, threshold_pct: float,
           alpha: float = DEFAULT_ALPHA) -> Judgement:
-    """Verdict on one figure from its two samples of values: "same" when the change is within
-    the threshold; beyond it "faster" / "slower" (more bandwidth or less time is faster) when the
-    test finds it (p < alpha); "undecidable" when these sample sizes cannot reach p < alpha
-    whatever the values (3 against 3 cannot go under p = 0.1; the why names the sizes that can,
-    :func:`samples_needed`); else "inconclusive" (the change may be noise).
-
-    Args:
-        base, new: values (B/s for bandwidth, seconds for time), > 0.
-        metric: "bandwidth" (higher is better) or "time" (lower is better).
-        threshold_pct: a change of at most this (in %) is "same" whatever the test says.
-        alpha: level of the two-sided Mann-Whitney U test, and 1 - the interval's confidence.
-    """
+    """Verdict on one figure from its two samples of values (B/s or seconds, > 0): "same" when the
+    change is within ``threshold_pct``; beyond it "faster" / "slower" when p < ``alpha``;
+    "undecidable" when these sample sizes cannot reach p < alpha (:func:`samples_needed`); else
+    "inconclusive"."""
     shift = hodges_lehmann(base, new, alpha)
     t = mann_whitney_u(new, base)
     return _verdict(shift, t, metric, threshold_pct, alpha, len(base), len(new), _median(base), _median(new))
@@ -681,16 +568,13 @@ def _verdict(shift: Shift, t: MWU, metric: str, threshold_pct: float, alpha: flo
 
 
 def more_samples_hint(command: str) -> str:
-    """What to run to give ``command``'s figures more samples, as words that follow "take"
-    (e.g. net: "more intervals ...: a longer -t (seconds) or a shorter -i (interval)")."""
+    """What to run to give ``command``'s figures more samples, as words that follow "take"."""
     own = registry.find(command)
     return own.more_samples if own is not None else "more samples per figure"
 
 
 def _plugin_notes(base: Result, new: Result) -> list[str]:
-    """The lines the plug-in of ``base.command`` adds to compare's notes (its ``compare_notes``);
-    none where it declares none, is not installed, or its hook fails or gives anything but a list
-    of strings (said once on stderr: saved results still compare)."""
+    """The lines the plug-in of ``base.command`` adds to compare's notes (its ``compare_notes``)."""
 
     def lines(got) -> None:
         if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
@@ -701,8 +585,7 @@ def _plugin_notes(base: Result, new: Result) -> list[str]:
 
 
 def undecided_lines(cmp: "Comparison") -> list[str]:
-    """A sentence each on the undecidable and the inconclusive figures of ``cmp`` (how many, the
-    first one's reason and what would decide them); none where there are none."""
+    """A sentence each on the undecidable and the inconclusive figures of ``cmp``."""
     out = []
     for verdict, rows in ((UNDECIDABLE, cmp.undecidable()), (INCONCLUSIVE, cmp.inconclusive())):
         if rows:
@@ -718,11 +601,8 @@ BATCH_MIN_FIGURES = 32  # of the same sizes; fewer, one by one
 
 def judge_many(items: Sequence[tuple[Sequence[float], Sequence[float], str]], *, threshold_pct: float,
                alpha: float = DEFAULT_ALPHA) -> list[Judgement]:
-    """:func:`judge` of each (base, new, metric), the same results, computed for many small
-    figures of equal sample sizes at once with numpy: pairwise log differences sorted row-wise for
-    the Hodges-Lehmann estimate and the Moses interval; pooled samples ranked row-wise (midranks
-    for ties) for U; p from the cached exact distributions (per tie pattern for rows with ties) or
-    the normal approximation, as :func:`mann_whitney_u` chooses."""
+    """:func:`judge` of each (base, new, metric), the same results, computed with numpy for many
+    small figures of equal sample sizes at once."""
     out: list[Judgement | None] = [None] * len(items)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (b, n_, _) in enumerate(items):
@@ -750,7 +630,6 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     if (X <= 0).any() or (Y <= 0).any():
         raise ValueError("hodges_lehmann needs values > 0")
     G, mn = len(items), m * n
-    # Hodges-Lehmann and Moses: the m n differences log y_j - log x_i, sorted per row
     D = (np.log(Y)[:, :, None] - np.log(X)[:, None, :]).reshape(G, mn)
     D.sort(axis=1)
     hl = (D[:, (mn + 1) // 2 - 1] + D[:, mn // 2]) / 2.0
@@ -763,22 +642,18 @@ def _judge_block(items, m: int, n: int, threshold_pct: float, alpha: float) -> l
     var = n * m / 12.0 * ((N + 1) - tie_term / (N * (N - 1)))
     ties = (sizes > 1).any(axis=1)
     pmin = min_p(n, m)
-    bmed = [_median(it[0]) for it in items]
-    nmed = [_median(it[1]) for it in items]
-    # Python floats and lists once, not a numpy scalar per element in the loop below
-    u1l, varl = u1.tolist(), var.tolist()
+    u1l, varl, hll = u1.tolist(), var.tolist(), hl.tolist()  # Python floats, not numpy scalars
     tiesl = cast("list[bool]", ties.tolist())
-    hll = hl.tolist()
     lol: list[float | None] = D[:, c - 1].tolist() if c else [None] * G
     hil: list[float | None] = D[:, mn - c].tolist() if c else [None] * G
     group_sizes = sizes.tolist() if ties.any() and _exact_ties_ok(N, n) else None
-    pct = _pct
     res = []
     for g in range(G):
         t = _mwu(u1l[g], varl[g], n, m, pmin, tiesl[g], group_sizes[g] if group_sizes is not None else ())
         lo, hi = lol[g], hil[g]
-        shift = Shift(pct(hll[g]), None if lo is None else pct(lo), None if hi is None else pct(hi), 1.0 - alpha)
-        res.append(_verdict(shift, t, items[g][2], threshold_pct, alpha, m, n, bmed[g], nmed[g]))
+        shift = Shift(_pct(hll[g]), None if lo is None else _pct(lo), None if hi is None else _pct(hi), 1.0 - alpha)
+        res.append(_verdict(shift, t, items[g][2], threshold_pct, alpha, m, n, _median(items[g][0]),
+                            _median(items[g][1])))
     return res
 
 
@@ -788,16 +663,15 @@ def _p_text(p: float) -> str:
 
 # ---- telemetry and limit flags, read defensively (the fields may be absent or malformed) ----
 
-def _record_dict_field(record: Record, name: str) -> Any:
-    v = getattr(record, name, None)
+def _telemetry(record: Record) -> Any:
+    v = getattr(record, "telemetry", None)
     if v is None:
-        v = (record.extra or {}).get(name) if isinstance(record.extra, dict) else None
+        v = (record.extra or {}).get("telemetry") if isinstance(record.extra, dict) else None
     return v
 
 
 def _finite(v: Any) -> float | None:
-    """``v`` as a float when it is a finite int or float (bool excluded), else None: how every
-    number read from a telemetry block is taken (an int too large for a float is absent too)."""
+    """``v`` as a float when it is a finite int or float (bool excluded), else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     try:
@@ -808,8 +682,7 @@ def _finite(v: Any) -> float | None:
 
 
 def _num(block: Any, key: str, stat: str = "median") -> float | None:
-    """``block[key][stat]`` (or ``block[key]`` when that is not an object) as a finite float, else
-    None (:func:`_finite`): a missing or malformed value is absent, never raised on."""
+    """``block[key][stat]`` (or ``block[key]`` when that is not an object) as a finite float, else None."""
     if not isinstance(block, dict):
         return None
     v = block.get(key)
@@ -819,13 +692,12 @@ def _num(block: Any, key: str, stat: str = "median") -> float | None:
 
 
 def _count(v: float) -> str:
-    """A telemetry figure as a whole number: "1980", or "1.7e+308" for a huge one (a cell, not 309 digits)."""
+    """A telemetry figure as a whole number: "1980", or "1.7e+308" for a huge one."""
     return f"{v:.0f}" if abs(v) < 1e7 else f"{v:.3g}"
 
 
 def _reasons(t: dict) -> set[str]:
-    """The clock-event reasons of a telemetry block: its ``reasons`` when that is a list, its string
-    items only (anything else in the block or the list is ignored)."""
+    """The clock-event reasons (strings) of a telemetry block's ``reasons`` list."""
     r = t.get("reasons")
     return {x for x in r if isinstance(x, str)} if isinstance(r, list) else set()
 
@@ -839,17 +711,13 @@ def _pcie_link(t: dict) -> tuple[int, int] | None:
 
 def telemetry_diff(rb: Record, rn: Record) -> list[str]:
     """What the GPU's state did differently while the two records were measured, from each
-    record's ``telemetry`` block (``Record.telemetry`` where the field exists, else
-    ``extra["telemetry"]``; shape {"n", "interval_s", "sm_clock_mhz": {"min","median","max"},
-    "mem_clock_mhz", "power_w", "temp_c", "reasons": [str], "pcie": {"gen","width"} | null,
-    "pcie_replay_delta", "nvlink_errors_delta"}). Medians that moved (SM or memory clock by more
-    than 2%, power by more than 5%, temperature by 5 C or more), clock-event reasons seen on one
-    side only, a different PCIe link, a different number of other processes on the GPU, PCIe replays
-    or NVLink errors counted on the new side. Where only one side has a block (a baseline saved
-    before telemetry), what that side's block says happened (reasons, other processes, replays,
-    errors). Strings are returned raw (rendering escapes them); no block on either side, or a
-    malformed one, gives []."""
-    tb, tn = _record_dict_field(rb, "telemetry"), _record_dict_field(rn, "telemetry")
+    record's ``telemetry`` block (shape {"sm_clock_mhz": {"min","median","max"}, "mem_clock_mhz",
+    "power_w", "temp_c", "reasons": [str], "pcie": {"gen","width"} | null, "pcie_replay_delta",
+    "nvlink_errors_delta", ...}): medians that moved (SM or memory clock by more than 2%, power by
+    more than 5%, temperature by 5 C or more), reasons seen on one side only, a different PCIe
+    link or number of other processes, replays or NVLink errors on the new side. Where only one
+    side has a block, what it says happened. Strings are raw (rendering escapes them)."""
+    tb, tn = _telemetry(rb), _telemetry(rn)
     if isinstance(tb, dict) != isinstance(tn, dict):  # one side only (a baseline from before telemetry)
         side, t = ("new", tn) if isinstance(tn, dict) else ("base", tb)
         events = _events(t)
@@ -905,10 +773,7 @@ _LIMIT_TEXT = {"above_peak": "above a physical limit", "no_op": "no-op (moves no
 
 def limit_flags(record: Record, side: str) -> list[str]:
     """Limit flags of a record, each text naming the side: the limit rule read back from the file
-    (:func:`gpubench.core.limits.saved_flag`: ``limit_flag`` "no_op" or "above_peak", a one-rank
-    in-place collective, ``above_peak``/``above_limit`` true, or a median recomputed from the
-    samples above the saved ``peak_bytes_per_s``), then ``extra.flags`` (a list of short texts).
-    Malformed values are ignored."""
+    (:func:`gpubench.core.limits.saved_flag`), then ``extra.flags`` (short texts)."""
     from gpubench.core import limits
 
     extra = record.extra if isinstance(record.extra, dict) else {}
@@ -976,20 +841,17 @@ def env_facts(env: dict) -> dict[str, str]:
     """The machine facts a comparison header shows, as text: GPUs, driver, CUDA, PCIe link, versions, host."""
     host = env.get("host") or {}
     cuda = env.get("cuda") or {}
-    nvml = env.get("nvml") or {}
     gpus = env.get("gpus") or []
     facts = {
         "hostname": str(host.get("hostname", "-")),
         "GPUs": ", ".join(str(g.get("name")) for g in gpus) or "-",
         "GPU count": str(cuda.get("device_count", len(gpus)) or "-"),
         "PCIe link (now)": ", ".join(f"Gen{g.get('pcie_gen') or '?'} x{g.get('pcie_width') or '?'}" for g in gpus) or "-",
-        "NVIDIA driver": str(nvml.get("driver_version") or "-"),
-        "CUDA driver": str(cuda.get("driver_version") or "-"),
-        "CUDA runtime": str(cuda.get("runtime_version") or "-"),
-        "NVRTC": str(cuda.get("nvrtc_version") or "-"),
-        "CPU": str(host.get("cpu_model", "-")),
-        "OS": str(host.get("os", "-")),
-        "python": str(host.get("python", "-")),
+        "NVIDIA driver": str((env.get("nvml") or {}).get("driver_version") or "-"),
+        **{label: str(cuda.get(k) or "-") for label, k in (("CUDA driver", "driver_version"),
+                                                           ("CUDA runtime", "runtime_version"),
+                                                           ("NVRTC", "nvrtc_version"))},
+        **{label: str(host.get(k, "-")) for label, k in (("CPU", "cpu_model"), ("OS", "os"), ("python", "python"))},
     }
     for k, v in sorted((env.get("versions") or {}).items()):
         facts[k] = "-" if v is None else str(v)  # a wheel not installed reads as one an older file did not record
@@ -1001,11 +863,8 @@ def env_facts(env: dict) -> dict[str, str]:
 
 
 def nccl_version_text(code) -> str:
-    """NCCL's version code (``ncclGetVersion``) as people write it: 22809 -> "2.28.9".
-
-    nccl.h: from 2.9 on the code is ``major * 10000 + minor * 100 + patch`` (NCCL_VERSION_CODE),
-    before it ``major * 1000 + minor * 100 + patch`` (2.8.4 -> 2804). Anything else (a string from an
-    older file, null) is shown as it is, "-" for none."""
+    """NCCL's version code (``ncclGetVersion``) as people write it: 22809 -> "2.28.9" (nccl.h:
+    major * 10000 + minor * 100 + patch from 2.9, major * 1000 + ... before); anything else as it is."""
     if isinstance(code, bool) or not isinstance(code, int):
         return "-" if code in (None, "") else str(code)
     if code >= 20900:
@@ -1044,15 +903,11 @@ _NO_DEFAULT = object()
 
 
 def _filled(params: dict, added: dict[str, Any]) -> dict:
-    """``params`` with each added param it lacks at its older-behaviour value (``params`` itself
-    when it lacks none)."""
-    if all(k in params for k in added):
-        return params
-    return {**added, **params}
+    """``params`` with each added param it lacks at its older-behaviour value."""
+    return params if all(k in params for k in added) else {**added, **params}
 
-# timing keys that change what a figure means (nccl: the buffers' allocator, which NCCL's
-# zero-copy registration under -G depends on)
-TIMING_FACTS = ("buffers",)
+
+TIMING_FACTS = ("buffers",)  # timing keys that change what a figure means (nccl: the buffers' allocator)
 
 
 def _short(v: Any, width: int = 60) -> str:
@@ -1083,15 +938,9 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
             threshold_pct: float = DEFAULT_THRESHOLD_PCT, alpha: float = DEFAULT_ALPHA,
             ignore: Sequence[str] = ()) -> Comparison:
     """Compare ``new`` against ``base``, figure by figure (:func:`judge`), in time linear in the
-    number of records (a dict of the new records by key; per figure work that depends only on
-    its own samples, with the exact null distributions cached by sample sizes and tie pattern).
-
-    Args:
-        base, new: results of the same command.
-        threshold_pct: changes at or under this many percent are "same" (>= 0).
-        alpha: level of the Mann-Whitney U test and 1 - the confidence of the change's interval, in (0, 1).
-        ignore: params left out of a figure's identity (--ignore-param), so figures that differ
-            only in them pair (merge tcp against ucx); a note gives their values on each side.
+    number of records. ``threshold_pct``: changes at or under it are "same"; ``alpha``: level of
+    the test and 1 - the interval's confidence; ``ignore``: params left out of a figure's identity
+    (--ignore-param).
 
     Raises:
         UsageError: different commands; a record with an unknown metric or impossible samples;
@@ -1166,8 +1015,7 @@ def _kept(params: dict, ignore: Sequence[str]) -> dict:
 
 
 def _values(r: Result, name: str, added: dict[str, Any] | None = None) -> list:
-    """The values of param ``name`` in ``r``'s records, in first-seen order; a record lacking one
-    of ``added`` (the plug-in's added params) counts at its value there, as in the pairing."""
+    """The values of param ``name`` in ``r``'s records, in first-seen order (``added`` filled in)."""
     params = (_filled(rec.params, added or {}) for rec in r.records)
     return list(dict.fromkeys(p[name] for p in params if name in p))
 
@@ -1194,8 +1042,7 @@ def _ignored_notes(base: Result, new: Result, ignore: Sequence[str]) -> list[str
 
 
 def _nothing_pairs(base: Result, new: Result, ignore: Sequence[str], added: dict[str, Any]) -> str:
-    """Why no figure paired: the params whose values differ between the sides, and the option. A
-    param an older result lacks counts at the value it pairs as (``added``), as in the pairing."""
+    """Why no figure paired: the params whose values differ between the sides, and the option."""
     names = sorted({k for r in (base, new) for rec in r.records for k in _filled(rec.params, added)} - set(ignore))
     sides = {n: (set(map(repr, _values(base, n, added))), set(map(repr, _values(new, n, added)))) for n in names}
     differ = [n for n in names if sides[n][0] != sides[n][1]]
@@ -1216,9 +1063,7 @@ def partial_why(r: Result, clip: int | None = None) -> str:
 
 
 def _repeated(name: str, rec: Record, first: int, again: int, ignore: Sequence[str] = ()) -> UsageError:
-    """Two records of one file with the same params: compare pairs figures by params, so one of
-    them would be dropped unseen (a slower repeat would pass --fail-on-regression); no gpubench
-    command writes such a file, but --ignore-param can make two of its records one figure."""
+    """The error for two records of one file with the same params (one would be dropped unseen)."""
     if ignore:
         return UsageError(f"{safe.term(name)}: /records/{again} and /records/{first} differ only in "
                           f"{safe.term(', '.join(ignore), 100)}, which --ignore-param leaves out",
@@ -1239,9 +1084,8 @@ def _fill(rows: list[Row], pending: list, threshold_pct: float, alpha: float) ->
 
 
 def _key(params: dict) -> tuple:
-    """A record's identity from its params (with the plug-in's ``added_params`` filled in), equal
-    exactly when :meth:`Record.key` is (params compared as JSON: 1, 1.0 and true differ), without a
-    json.dumps per value. Params are JSON scalars: :meth:`Result.from_dict` refuses any other."""
+    """A record's identity from its params, equal exactly when :meth:`Record.key` is (1, 1.0 and
+    true differ), without a json.dumps per value."""
     return tuple([(k, type(v).__name__, repr(v) if type(v) is float else v) for k, v in sorted(params.items())])
 
 
@@ -1262,10 +1106,8 @@ def _side_median(row: Row, r: Record, base: bool, source: str) -> None:
             row.new_median, row.n_new = m, len(r.samples_s)
 
 
-# ---- formatting: format_* return data (rich renderables or lines); the command displays them.
-# Every string that came from a result file (params, env facts, notes, errors, telemetry reasons,
-# flags, file names) is made inert where it is rendered: safe.term for rich (cells and lines are
-# rich Text, never parsed as markup), safe.markdown for markdown. ----
+# ---- formatting: every string from a file is made inert where it is rendered (safe.term for rich
+# Text, safe.markdown for markdown) ----
 
 MAX_TABLE_ROWS = 500  # the terminal table lists at most this many rows; beyond, the ones not "same"
 
@@ -1309,8 +1151,7 @@ def _unit(metric: str, units: str) -> str:
 
 def _value_cell(v: float | None, metric: str, units: str, with_unit: bool = False) -> str:
     """A median as the table shows it: microseconds for "time", GB/s or GiB/s for "bandwidth";
-    figures of 10^7 or more in 3 significant digits (a time of 1e308 s is "1e+314" us, though
-    1e308 x 1e6 is not a float)."""
+    figures of 10^7 or more in 3 significant digits."""
     from gpubench.core.units import format_rate, to_rate
 
     if v is None:
@@ -1328,8 +1169,7 @@ def _value_cell(v: float | None, metric: str, units: str, with_unit: bool = Fals
 
 
 def _pct_cell(c: float | None) -> str:
-    """A change in percent: "+1.23%"; from 10^7 % on 3 significant digits; ">+1e+308%" for
-    CHANGE_PCT_MAX, which stands for any change beyond it."""
+    """A change in percent: "+1.23%"; from 10^7 % on 3 significant digits; ">+1e+308%" for CHANGE_PCT_MAX."""
     if c is None:
         return "-"
     if c >= CHANGE_PCT_MAX:
@@ -1347,9 +1187,7 @@ def _ci_cell(r: Row) -> str:
 
 def medians_part(r: Row, threshold_pct: float) -> float | None:
     """The change of the medians (new / base - 1, %) of a paired row when it parts from the
-    Hodges-Lehmann change by more than ``threshold_pct`` points, else None. The two part when
-    the samples are skewed or spread: the ratio of medians reads one value a side, the
-    Hodges-Lehmann estimate the median of all m x n ratios (:data:`MEDIANS_NOTE`)."""
+    Hodges-Lehmann change by more than ``threshold_pct`` points, else None (:data:`MEDIANS_NOTE`)."""
     if r.status != "paired" or r.change_pct is None or not r.base_median or r.new_median is None:
         return None
     med = (r.new_median / r.base_median - 1.0) * 100.0
@@ -1364,10 +1202,8 @@ MEDIANS_NOTE = ("† the change of the medians parts from the change: the change
 def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
                rows: Sequence[Row] | None = None,
                threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> tuple[list[str], list[list[str]]]:
-    """Column names and raw text cells of a comparison table (shared by the rich and markdown
-    forms; the cells still hold strings from the files: the renderers escape them). ``rows``: the
-    rows to make cells for (default all; the columns are always those of all rows). A change
-    that parts from the medians' change (:func:`medians_part`) shows both, marked †."""
+    """Column names and raw text cells (the renderers escape them) of a comparison table, for
+    ``rows`` (default all; the columns are always those of all rows)."""
     keys = varying_params(cmp.rows)
     metrics = cmp.metrics()
     mixed = len(metrics) > 1
@@ -1409,8 +1245,7 @@ def worst(rows: Sequence[Row]) -> Row | None:
 
 def figure_text(row: Row, keys: Sequence[str] | None = None) -> str:
     """A figure in words, its params (``keys``, default all) and change: "nbytes 1 GiB, direction
-    h2d: -12.30%", or the change alone without keys (raw text from the file: the caller escapes
-    it for where it goes)."""
+    h2d: -12.30%" (raw text: the caller escapes it)."""
     ks = list(row.params) if keys is None else [k for k in keys if k in row.params]
     label = ", ".join(f"{k} {_param_cell(k, row.params[k])}" for k in ks)
     return f"{label}: {_pct_cell(row.change_pct)}" if label else _pct_cell(row.change_pct)
@@ -1448,8 +1283,7 @@ _STYLE = {SLOWER: "red", FASTER: "green", INCONCLUSIVE: "yellow", UNDECIDABLE: "
 
 
 def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float, units: str = "GB") -> list:
-    """Rich renderables: per comparison, the env differences and the figure table (every cell and
-    line a rich Text of safe.term text: nothing from a file is parsed as markup)."""
+    """Rich renderables: per comparison, the env differences and the figure table."""
     from rich.text import Text
 
     from gpubench.core import report
@@ -1492,8 +1326,7 @@ def format_table(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: flo
 
 
 def format_markdown(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float, units: str = "GB") -> list[str]:
-    """Lines of GitHub markdown (for a pull-request comment): the same columns as the table, every
-    cell through safe.markdown (no raw HTML, no extra rows or columns, no links)."""
+    """Lines of GitHub markdown (for a pull-request comment): the same columns as the table."""
     md = safe.markdown
     lines: list[str] = []
     metrics: set[str] = set().union(*(cmp.metrics() for cmp in cmps))
@@ -1542,13 +1375,11 @@ def _markdown_order(r: Row) -> tuple[int, float]:
     gains, faster, without data, same; the biggest loss first within each."""
     if r.status != "paired":
         return 5, 0.0
-    rank = _ORDER.get(r.verdict, 1 if _gain(r) < 0 else 3)
-    return rank, _gain(r)
+    return _ORDER.get(r.verdict, 1 if _gain(r) < 0 else 3), _gain(r)
 
 
 def _markdown_table(cols: list[str], body: list[list[str]]) -> list[str]:
-    """A GitHub table of ``cols`` and ``body`` cells (every one through safe.markdown), the
-    verdicts that are not "same" in bold, a blank line after it."""
+    """A GitHub table of ``cols`` and ``body`` cells, verdicts other than "same" in bold."""
     md = safe.markdown
     verdict_col = cols.index("verdict")
     lines = ["| " + " | ".join(md(x) for x in cols) + " |",
@@ -1564,7 +1395,7 @@ def _markdown_table(cols: list[str], body: list[list[str]]) -> list[str]:
 
 def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float) -> dict:
     """A JSON-able dict: method, then each comparison with its rows (medians in B/s or seconds,
-    changes and intervals in percent)."""
+    changes in percent)."""
     return {
         "schema": "gpubench.analysis.compare",
         "schema_version": 3,
