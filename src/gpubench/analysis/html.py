@@ -1,19 +1,10 @@
-"""One self-contained HTML page of saved results, suite bundles, comparisons and a fleet.
+"""One self-contained HTML page of saved results, suite bundles, comparisons and a fleet
+(docs/report.md describes the page in order).
 
-``gpubench report RESULT_OR_BUNDLE... -o report.html`` reads result files (``--json``), suite
-bundles (or the folder holding them) and fleet bundles (any JSON object with a ``fleet`` object;
-:func:`check_fleet`), and writes one HTML file: verdicts and flags first, then the environment,
-the fleet, each suite bundle, with ``--baseline`` a comparison per input of its command
-(:func:`gpubench.analysis.compare.compare`), and each result's table and plot. docs/report.md
-describes the page in order.
-
-Self-contained: no script, no link, no font or style sheet fetched; plots are PNGs inline as
-``data:`` URIs and a Content-Security-Policy forbids any other source; readable without
-JavaScript, and a print style sheet keeps tables and figures whole. Every string from a file
-passes through :func:`gpubench.core.safe.html` once, where it is written.
-
-Figures: bandwidth = nbytes / seconds per sample (median, p25-p75), in GB/s (1e9 B/s) or GiB/s;
-time in microseconds; busbw = algbw x busbw_factor (nccl-tests).
+No script, no link, nothing fetched: plots are PNGs inline as ``data:`` URIs under a
+Content-Security-Policy. Every string from a file passes through :func:`gpubench.core.safe.html`
+once, where it is written. Bandwidth = nbytes / seconds per sample (median, p25-p75), in GB/s
+(1e9 B/s) or GiB/s; time in microseconds; busbw = algbw x busbw_factor (nccl-tests).
 """
 
 from __future__ import annotations
@@ -108,12 +99,11 @@ def read_inputs(paths: Sequence[str], baseline: str | None = None) -> Inputs:
         check_input_name(p, "a result, bundle or folder")
         path = Path(p)
         if path.is_dir():
-            # regular files only: a FIFO named x.json would block the read for ever
-            files = sorted(f for f in path.glob("*.json") if f.is_file())
+            files = sorted(f for f in path.glob("*.json") if f.is_file())  # a FIFO would block the read
             if not files:
                 raise UsageError(f"{p} is a folder with no .json file", "give results, bundles or their folder")
-            # bundles first, so their steps' own files are not shown twice
-            def is_bundle(f: Path) -> bool:
+
+            def is_bundle(f: Path) -> bool:  # bundles first, so their steps' own files are not shown twice
                 try:
                     return f.read_bytes()[:4096].find(suite.BUNDLE_SCHEMA.encode()) >= 0
                 except OSError:
@@ -128,7 +118,6 @@ def read_inputs(paths: Sequence[str], baseline: str | None = None) -> Inputs:
         inputs.sources.append(str(p))
     if not inputs.items and not inputs.fleets and not inputs.bundles:
         raise UsageError("nothing to report: no result, bundle or fleet in the inputs")
-    # short names: the file name, or as much of the path as tells two apart
     for it, short in zip(inputs.items, plot.display_names([it.name for it in inputs.items])):
         it.name = short
     if baseline is not None:
@@ -153,17 +142,14 @@ def record_flags(r: Record) -> list[str]:
     """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`),
     throttled (an ``extra`` throttle key, or a power or thermal slowdown reason in its telemetry),
     sharing the GPU with another process (telemetry), verification failed."""
-    out = []
-    if r.error:
-        out.append("failed")
-    # the saved flag, or re-derived: a stale or missing one is not trusted
+    out = ["failed"] if r.error else []
     flag = {"above_peak": "above peak", "no_op": "no-op (moves no data)", "nvls": "above links (NVLS?)"}.get(
         limits.saved_flag(r) or "")
     if flag:
         out.append(flag)
     tele = r.telemetry if isinstance(r.telemetry, dict) else {}
     if _throttled(r) or any(x in SLOWDOWN_REASONS for x in cmpmod._reasons(tele)):
-        out.append("throttled")  # the telemetry saw a power or thermal slowdown during the point
+        out.append("throttled")
     others = tele.get("other_processes")
     if isinstance(others, int) and not isinstance(others, bool) and others > 0:
         out.append("GPU shared with another process")
@@ -219,9 +205,7 @@ def records_table(res: Result, units: str) -> str:
     nccl = plot.plot_kind(res.command) == "collective"  # algbw and busbw columns
     metrics = {r.metric for r in recs}
     unit = f"{units}/s" if metrics == {"bandwidth"} else "us" if metrics == {"time"} else f"{units}/s or us"
-    # a record that carries its own Gbit/s (net: bytes of the counted intervals / their seconds,
-    # the figure its terminal report leads with; not the median of the intervals) gets a column of its own
-    gbit = any(isinstance(r.extra.get("gbit_per_s"), (int, float)) for r in recs[:MAX_ROWS])
+    gbit = any(isinstance(r.extra.get("gbit_per_s"), (int, float)) for r in recs[:MAX_ROWS])  # net's own Gbit/s
     cols = keys + ([f"algbw {unit}", f"busbw {unit}"] if nccl else [f"median {unit}"]) + \
         ["p25-p75", "n"] + (["overall Gbit/s"] if gbit else []) + ["% of peak", "flags"]
     rows, classes = [], []
@@ -360,15 +344,17 @@ def _bundle_section(name: str, b) -> str:
                           classes=["bad" if c[-1].startswith(("FAIL", "MISSING")) else "" for c in cells],
                           caption=f"Expectations ({b.expect_file})", numeric_from=4))
         line = suite.verdict_line(b)
-        cls = "bad" if line.startswith("FAILED") else "ok" if line.startswith("PASSED") else "warn"
-        out.append(f"<p class='verdict {cls}'>{h(line)}</p>")
+        out.append(f"<p class='verdict {_line_class(line)}'>{h(line)}</p>")
     out.append("</section>")
     return "\n".join(out)
 
 
+def _line_class(verdict_line: str) -> str:
+    return "bad" if verdict_line.startswith("FAILED") else "ok" if verdict_line.startswith("PASSED") else "warn"
+
+
 def _baseline(path: str, inputs: Inputs) -> Item:
-    """The --baseline result, checked: a measured result (not env, not a bundle) of a command that
-    an input has.
+    """The --baseline result: a measured result of a command that an input has.
 
     Raises:
         UsageError: naming the file and what it is.
@@ -388,8 +374,7 @@ def _baseline(path: str, inputs: Inputs) -> Item:
 
 
 def comparisons(inputs: Inputs) -> list[tuple[str, list]]:
-    """(command, [Comparison]): with a baseline (--baseline), each input of its command against
-    it; without one, none (the page compares only what it is asked to)."""
+    """(command, [Comparison]): each input of the --baseline's command against it; none without one."""
     base = inputs.baseline
     if base is None:
         return []
@@ -420,7 +405,7 @@ def _compare_section(command: str, cmps: list, inputs: Inputs, units: str) -> st
         cols, body = cmpmod.table_rows(cmp, units)
         verdict_class = {"slower": "bad", "faster": "good", "inconclusive": "warn", "undecidable": "warn"}
         vcol = cols.index("verdict")  # telemetry and flags columns may follow it
-        first_figure = vcol - 6  # params, then base, new, n, change, interval, p, verdict
+        first_figure = vcol - 6  # params, then base, new, n, change, interval, p
         paired = [(row, cells) for row, cells in zip(cmp.rows, body) if row.status == "paired"]
         other = [(row, cells) for row, cells in zip(cmp.rows, body) if row.status != "paired"]
         if paired:
@@ -489,24 +474,14 @@ nav ul { columns: 2; } code { font-size: 0.92em; }
 
 
 def build(inputs: Inputs, *, units: str = "GB", title: str | None = None, created: str | None = None) -> str:
-    """The whole HTML page as text.
-
-    Args:
-        inputs: from :func:`read_inputs`.
-        units: "GB" or "GiB" for bandwidth.
-        title: the page's heading (escaped here); default "gpubench report".
-        created: the time shown as "written" (ISO 8601); default now, UTC.
-    """
+    """The whole HTML page as text: ``units`` "GB" or "GiB", ``title`` the heading (default
+    "gpubench report"), ``created`` the ISO 8601 time shown as "written" (default now, UTC)."""
     created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     heading = title or "gpubench report"
     cmps = comparisons(inputs)
-    # (class, text) for the summary
     flags = [("bad", f"{it.name}: {line}") for it in inputs.items for line in result_flags(it.result)]
-    for name, b in inputs.bundles:
-        line = suite.verdict_line(b) if b.outcomes else ""
-        if line:
-            flags.append(("bad" if line.startswith("FAILED") else "ok" if line.startswith("PASSED") else "warn",
-                          f"{name}: {line}"))
+    flags += [(_line_class(line), f"{name}: {line}") for name, b in inputs.bundles if b.outcomes
+              for line in [suite.verdict_line(b)]]
     for name, f in inputs.fleets:
         rows = f.get("rows") or []
         bad = [r for r in rows if r.get("flag") != "ok"]

@@ -1,50 +1,11 @@
 """Saved results as OpenMetrics text for Prometheus (node_exporter's textfile collector).
 
-Every family is a gauge (the textfile collector reads the Prometheus text format, whose parser takes
-OpenMetrics gauges, ``# UNIT`` and ``# EOF`` as they are; it refuses sample timestamps, so none is
-written: when a result was made is its own gauge). Names and units follow Prometheus' naming
-guide: base units (bytes per second, seconds), ``gpubench_`` first, the command second.
-
-Families, for each figure of each result (one record, one point of the sweep)::
-
-    gpubench_<command>_bandwidth_bytes_per_second{host, gpu_uuid, command, stat, <params>}
-    gpubench_<command>_time_seconds{...}        # a "time" figure (latency), lower is better
-        stat: "median", "p25", "p75" (the interquartile band; core.stats.Summary's percentiles)
-    gpubench_<command>_samples{host, gpu_uuid, command, <params>}   # samples behind the figure
-    gpubench_<command>_point_failed{...}        # 1 for a point that has an error and no samples
-    gpubench_<command>_<name>{host, ...}        # a plug-in's own gauges (its metrics hook), e.g.
-    gpubench_net_culprit_confidence{host, kind, rank, peer_host, peer_rank}  # net between nodes:
-                                                # a verdict on a slow node or link (docs/fleet.md)
-
-and for each result, bundle and GPU::
-
-    gpubench_result_created_seconds{host, command, gpubench_version, driver_version}   # Unix time
-    gpubench_result_partial{host, command}      # 1 when the run stopped early (signal or fault)
-    gpubench_gpu_pcie_replays{host, gpu_uuid, command}     # PCIe replays during the command's
-    gpubench_gpu_nvlink_errors{host, gpu_uuid, command}    # points, and NVLink DL errors (summed
-                                                # telemetry deltas, core/telemetry.py)
-    gpubench_gpu_pcie_link_gen{host, gpu_uuid, state}      # state "current" or "max" (env)
-    gpubench_gpu_pcie_link_width{host, gpu_uuid, state}
-    gpubench_gpu_nvlinks_up{host, gpu_uuid}
-    gpubench_gpu_health_counter{host, gpu_uuid, counter}  # env.health's last read: pcie_replays,
-                                                # nvlinks_up, ecc_*, remapped_rows_*, ... (0/1 for flags)
-    gpubench_gpu_xid_events{host, gpu_uuid, command}       # XID errors during the command's points
-    gpubench_expectation_status{host, command, expectation, status}  # 1, status pass / fail /
-                                                # missing / skipped (a suite bundle's outcomes)
-    gpubench_expectation_value{host, command, expectation, unit}     # the checked figure
-    gpubench_suite_verdict{host, verdict}       # 1, verdict "passed" / "failed" / "nothing checked"
-
-``gpu_uuid`` is the UUID of the GPU a point names (its ``device``, else its ``src`` param), "" where it
-names none (nccl's world, merge, net). A param becomes a label of its own name; one that clashes with
-the labels above, or is no valid label name, is ``param_`` + its name with every other character
-``_``. When two inputs give the same series (two runs of one command on one host with the same
-params), the newest result's value is kept and a warning names the count.
-
-A label value from a result file is first shown as a terminal shows untrusted text
-(:func:`gpubench.core.safe.term`: control characters as their Python escapes, cut at 1,024
-characters), since ``-o -`` may print to a terminal; prometheus_client's OpenMetrics writer then
-escapes backslash, double quote and line feed as the OpenMetrics ABNF requires, so no string from a
-result file can end a sample or add one.
+Every family is a gauge, named ``gpubench_<command>_...`` in base units (bytes per second, seconds)
+as Prometheus' naming guide asks; no sample timestamps (the textfile collector refuses them).
+docs/metrics.md lists the families and labels. A param becomes a label of its own name, or
+``param_`` + its name where it clashes or is no valid label name. Label values from a file pass
+through :func:`gpubench.core.safe.term` (cut at MAX_LABEL characters); prometheus_client's writer
+escapes them as the OpenMetrics ABNF requires.
 """
 
 from __future__ import annotations
@@ -82,9 +43,7 @@ def family_part(name: str) -> str:
 
 
 def _label_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return v if isinstance(v, str) else str(v)
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 
 def _unix(created: str) -> float | None:
@@ -138,11 +97,8 @@ class Families:
 
 
 def _uuids(env: dict) -> dict[int, str]:
-    out = {}
-    for g in env.get("gpus") or []:
-        if isinstance(g, dict) and isinstance(g.get("index"), int) and isinstance(g.get("uuid"), str):
-            out[g["index"]] = g["uuid"]
-    return out
+    return {g["index"]: g["uuid"] for g in env.get("gpus") or []
+            if isinstance(g, dict) and isinstance(g.get("index"), int) and isinstance(g.get("uuid"), str)}
 
 
 def _host(env: dict) -> str:
@@ -164,8 +120,7 @@ def _figure(record: Record) -> Summary | None:
     if record.error or not record.samples_s:
         return None
     try:
-        values = record.rates() if record.metric == "bandwidth" else list(record.samples_s)
-        return Summary.of(values)
+        return Summary.of(record.rates() if record.metric == "bandwidth" else list(record.samples_s))
     except (ValueError, ZeroDivisionError, OverflowError):
         return None
 
@@ -301,9 +256,8 @@ def add_outcomes(f: Families, host: str, outcomes: Iterable, verdict: str | None
         f.add("gpubench_expectation_status", "1 for each expectation's outcome (pass, fail, missing, skipped)",
               {**labels, "status": o.status}, 1.0)
         if o.value is not None:
-            unit = e.unit
             f.add("gpubench_expectation_value", "The figure an expectation checked, in its unit (GB/s or us)",
-                  {**labels, "unit": unit}, o.value)
+                  {**labels, "unit": e.unit}, o.value)
     if verdict:
         f.add("gpubench_suite_verdict", "1 for the suite's verdict (passed, failed, nothing checked)",
               {"host": host, "verdict": verdict.lower()}, 1.0)
