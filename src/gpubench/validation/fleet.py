@@ -1,19 +1,12 @@
 """Fleet validation: ``gpubench suite`` under a launcher (srun, mpirun, torchrun), every node measured,
-one bundle and a fleet report written by rank 0, the slow node, GPU or link named.
-
-What each rank does is docs/fleet.md's "What each rank measures": its own steps, the ranks of one
-host taking turns by local rank (:func:`_node_steps`); rank 0's roll call (:class:`Roll`); the
-installed plug-ins' stages across nodes (:func:`stages`: nccl's all-node all-reduce, net's two-ring
-test between the hosts' local ranks 0); then rank 0 writes one bundle with a ``fleet`` object.
+one bundle and a fleet report written by rank 0, the slow node, GPU or link named (docs/fleet.md).
 
 The rule (:func:`flag`), for figures where higher is better (GB/s, Gbit/s): a figure is **slow**
 when it is below ``RATIO`` (0.95) x the fleet median of that check AND it is an outlier by the
 modified z-score of Iglewicz and Hoaglin (1993, "How to Detect and Handle Outliers", ASQC Basic
-References in Quality Control 16), M = 0.6745 (x - median) / MAD with MAD the median absolute
-deviation, M < -3.5; or the MAD is 0 (every other figure identical); or the figure is below
-``GROSS`` (0.5) x the median whatever the spread (with a handful of nodes two outliers inflate the
-MAD itself). A figure outside the TOML expectation is **fail**; a rank that did not answer within
-the deadline is **missing**. Any of the three fails the suite (exit 1), naming nodes and GPUs.
+References in Quality Control 16), M = 0.6745 (x - median) / MAD < -3.5; or the MAD is 0; or the
+figure is below ``GROSS`` (0.5) x the median. A figure outside the TOML expectation is **fail**; a
+rank that did not answer within the deadline is **missing**. Any of the three fails the suite.
 """
 
 from __future__ import annotations
@@ -34,11 +27,8 @@ RULE_NAME = "median-mad"
 RULE_TEXT = (f"Slow: below {RATIO:g} x the fleet median of the check AND (modified z-score "
              f"{MAD_SCALE} (x - median) / MAD below -{Z_LIMIT:g} [Iglewicz & Hoaglin 1993], or MAD = 0, "
              f"or below {GROSS:g} x the median).")
-#: a verdict on the network (a slow sender, receiver, node or link; net's culprits) at this
-#: confidence or above is named in the exit lines; below it is shown in the report only
-NAMED_CONFIDENCE = 0.99
+NAMED_CONFIDENCE = 0.99  # a verdict on the network (net's culprits) this sure is named in the exit lines
 DEFAULT_TIMEOUT_S = 900.0
-#: --node-timeout: how long a rank waits for the others at each step of the fleet suite
 NODE_TIMEOUT = Bound("--node-timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
 
 
@@ -46,8 +36,7 @@ NODE_TIMEOUT = Bound("--node-timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit=
 # The rule (pure)
 
 
-#: the median (mean of the middle two for an even count); ValueError (StatisticsError) when empty
-median = statistics.median
+median = statistics.median  # ValueError (StatisticsError) when empty
 
 
 def mad(xs: Sequence[float]) -> float:
@@ -74,16 +63,14 @@ def _judge(x: float | None, m: float, d: float) -> str:
 
 
 def flag(value: float, values: Sequence[float]) -> str:
-    """"slow" or "ok" for a higher-is-better figure against the fleet's figures of the same check
-    (``values`` includes ``value``); see the module for the rule."""
+    """"slow" or "ok" for a higher-is-better figure against the fleet's figures of the same check."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return _judge(value, median(vals), mad(vals)) if len(vals) >= 2 else "ok"
 
 
 def flags(values: Sequence[float | None]) -> list[str]:
     """:func:`flag` of every figure of one check against all of them ("ok" for None or a
-    non-finite one), the median and MAD computed once: O(N log N) for N figures (a fleet of 1,000
-    nodes has 2,000 links), where calling :func:`flag` per figure is O(N^2)."""
+    non-finite one), the median and MAD computed once."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if len(vals) < 2:
         return ["ok"] * len(values)
@@ -93,8 +80,7 @@ def flags(values: Sequence[float | None]) -> list[str]:
 
 def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
     """(median m, noise sigma, bound t) of one check's figures: a figure below t is slow by the
-    rule, t = min(RATIO m, max(m - Z_LIMIT sigma, GROSS m)), where sigma = MAD / MAD_SCALE is
-    the MAD's estimate of the standard deviation (0 when MAD is 0: then t = RATIO m).
+    rule, t = min(RATIO m, max(m - Z_LIMIT sigma, GROSS m)), sigma = MAD / MAD_SCALE.
 
     Raises:
         ValueError: no finite figure.
@@ -110,13 +96,8 @@ def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def checks_of(result) -> list[dict]:
-    """The fleet's figures in one Result, as its plug-in's ``fleet_checks`` gives them (docs/fleet.md
-    "The figures"); none for a command whose plug-in declares none or is not installed.
-
-    Returns:
-        Dicts with "check", "command", "params" (the record's), "gpu" (CUDA index or None),
-        "value", "unit" ("GB/s" = 1e9 B/s, or "Gbit/s").
-    """
+    """The fleet's figures in one Result, as its plug-in's ``fleet_checks`` gives them: dicts with
+    "check", "command", "params", "gpu" (CUDA index or None), "value", "unit" ("GB/s" or "Gbit/s")."""
     from gpubench.core import registry
 
     def checks(got) -> None:
@@ -131,18 +112,9 @@ def checks_of(result) -> list[dict]:
 
 
 def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
-    """The bound that decides a figure judged by several expectations (two [[expect]] tables
-    matching one record): among the failed outcomes if any failed, else among the rest, the bound
-    with the least margin (value - min, or max - value; an outcome with no value, a failed point,
-    counts as -inf), i.e. the failing or the strictest one.
-
-    Args:
-        outcomes: suite.Outcome of one record (value in GB/s or us).
-        unit: the row's unit: "Gbit/s" converts a GB/s bound x8, any other is left as is.
-
-    Returns:
-        (bound in ``unit``, ">=" or "<="), or (None, None) when no outcome has a bound.
-    """
+    """The bound that decides a figure judged by several outcomes (values in GB/s or us): among the
+    failed ones if any failed, else among the rest, the bound with the least margin. Returns
+    (bound in ``unit``, ">=" or "<="; "Gbit/s" converts a GB/s bound x8), or (None, None)."""
     judged = [o for o in outcomes if o.status in ("pass", "fail")]
     if any(o.status == "fail" for o in judged):
         judged = [o for o in judged if o.status == "fail"]
@@ -162,15 +134,8 @@ def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
 
 
 def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
-    """Mark each check with the TOML expectation that judged its record ("expect" in the check's
-    unit with "expect_op" ">=" or "<=": the deciding bound of :func:`deciding_bound`;
-    "expect_status"); outcomes that match no check become checks of their own (the figure the
-    TOML names, e.g. a copy at 4 KiB, or a missing one).
-
-    Returns:
-        ``checks`` plus the extra ones, each with "expect" (float or None), "expect_op" and
-        "expect_status" (None, "pass", "fail", "missing" or "skipped").
-    """
+    """``checks``, each marked with the deciding bound of the outcomes that judged its record
+    ("expect", "expect_op", "expect_status"), plus a check of its own for each outcome that matches none."""
     for c in checks:
         for k in ("expect", "expect_op", "expect_status"):
             c.setdefault(k, None)
@@ -219,16 +184,9 @@ def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
 
 def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: Any = None,
                 link_outcomes: Sequence = ()) -> dict:
-    """The bundle's ``fleet`` object (its shape: :func:`gpubench.validation.suite.check_fleet`).
-
-    Args:
-        payloads: index = rank; each {"rank", "host", "gpus": [{"index", "uuid"}], "checks": [...]}
-            (:func:`node_payload`), or None for a missing rank.
-        hosts: every rank's host name (for the missing ones).
-        links: the Result of the fleet stage that judges its command's expectations (net's
-            links between nodes), or None; its stage gives the fleet's ``links`` and their rows.
-        link_outcomes: the expectations of that command judged on that Result.
-    """
+    """The bundle's ``fleet`` object (its shape: :func:`gpubench.validation.suite.check_fleet`) from
+    each rank's :func:`node_payload` (None: missing), every rank's host, and the judging stage's
+    Result (``links``, net's links between nodes) with its outcomes."""
     present = [p for p in payloads if p is not None]
     missing = [{"rank": r, "host": str(hosts[r]) if r < len(hosts) else "?"} for r, p in enumerate(payloads)
                if p is None]
@@ -312,8 +270,7 @@ def _expect_cell(r: dict) -> str:
 
 def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
     """Rich renderables: the fleet table (a row per node, GPU and check), what the judging stage
-    shows of its result (net: the link matrix), the rule and the verdict. Every peer string passes
-    through :func:`gpubench.core.safe.term_markup`."""
+    shows of its result (net: the link matrix), the rule and the verdict."""
     from gpubench.core import report, safe
 
     out: list = []
@@ -339,24 +296,12 @@ def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
 # Gathering that outlives a silent rank
 
 
-# How long past --node-timeout a rank waits for rank 0's list of the silent ranks (the messages'
-# way and rank 0 reading the payloads that did arrive).
-ROLL_SLACK_S = 10.0
+ROLL_SLACK_S = 10.0  # how long past --node-timeout a rank waits for rank 0's list of the silent ranks
 
 
 class Roll:
-    """Rank 0's roll call: gathers that keep what arrived when a rank stops answering.
-
-    :meth:`sync` is: rank 0 says it is gathering (a broadcast), every other rank sends it its
-    object, rank 0 receives rank by rank until ``timeout`` after it began (a rank silent that long
-    is noted and not waited for again), then broadcasts the silent ranks, which every rank marks
-    gone in the group (:meth:`Group.lost`). Rank 0 receives through the group's ``_tag`` and
-    ``_recv`` (the tag sequence of :meth:`Group.gather` on the senders), since Group.gather ends
-    the whole group at the first silent rank. Every wait is bounded (:meth:`sync`'s Raises).
-
-    Attributes:
-        silent: ranks that did not answer a sync in time.
-    """
+    """Rank 0's roll call: gathers that keep what arrived when a rank stops answering (``silent``:
+    the ranks that did not answer a sync in time, marked gone in the group)."""
 
     def __init__(self, group, timeout: float):
         self.group, self.timeout = group, float(timeout)
@@ -415,9 +360,8 @@ class Roll:
 
 
 def skipped_lines(steps: Sequence[Any]) -> list[str]:
-    """A line per skipped step of a fleet bundle, the same step and reason on several ranks said
-    once with the ranks: "skipped: copy on ranks 0, 1: no CUDA device is visible" (escaped
-    for rich's markup)."""
+    """A line per skipped step and reason of a fleet bundle, with its ranks: "skipped: copy on
+    ranks 0, 1: no CUDA device is visible" (escaped for rich's markup)."""
     from gpubench.core import safe
 
     by: dict[tuple[str, str], list[str]] = {}
@@ -448,9 +392,8 @@ def _gpu_count() -> int:
 
 
 def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet: bool, host_tag: str) -> None:
-    """This rank's own steps (docs/fleet.md, item 1), recorded into ``bundle``: what every
-    plug-in declares for a fleet node (:mod:`gpubench.validation.steps`); a rank that is not its
-    node's local rank 0 runs only the steps of its own GPU."""
+    """This rank's own steps (docs/fleet.md, item 1), recorded into ``bundle``; a rank that is not
+    its node's local rank 0 runs only the steps of its own GPU."""
     from gpubench.core.plugin import StepPlace
     from gpubench.validation import steps
 
@@ -458,8 +401,7 @@ def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet
     whole = steps.run_planned(bundle, place, n_gpu, {"--merge"} if with_merge else set(),
                               lambda command: out / f"suite-{host_tag}-r{me.rank}-{stamp}-{command}.json", quiet=True,
                               each_rank_only=me.local_rank > 0)
-    if not whole:  # a signal stopped a step (its finished points are saved): this rank stops, and the
-        # group's close tells the others, so no rank goes on or ends as if the fleet were whole
+    if not whole:  # a signal stopped a step: this rank stops, and the group's close tells the others
         from gpubench.core.signals import raise_if_signalled
 
         raise_if_signalled()
@@ -495,8 +437,7 @@ def stage_of(result) -> Any:
 
 
 def judged_between_nodes() -> dict[str, Any]:
-    """command -> the stage whose result its expectations are judged on (net: the links between
-    nodes, never a node's loopback test)."""
+    """command -> the stage whose result its expectations are judged on (net: the links between nodes)."""
     return {c: s for c, s in stages() if s.judges}
 
 
@@ -510,7 +451,7 @@ def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
     bundle.outcomes = outcomes
     checks = attach_expectations(checks, outcomes)
     for c in checks:
-        c["params"] = {k: v for k, v in (c.get("params") or {}).items()}
+        c["params"] = dict(c.get("params") or {})
     return {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
             "gpus": [{"index": g.get("index"), "uuid": g.get("uuid"), "pci_bus_id": g.get("pci_bus_id")}
                      for g in gpus],
@@ -521,18 +462,13 @@ def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
 def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, strict: bool, quiet: bool,
               timeout: float = DEFAULT_TIMEOUT_S, rendezvous: str | None = None,
               node_done: Callable[[Any, Any], None] | None = None) -> int:
-    """``gpubench suite`` under a launcher: every rank calls this (docs/fleet.md). ``node_done``
-    is called on each rank with its own bundle (steps, and the node expectations' outcomes) and its
-    ``ranks.Rank`` once its steps ran, before the ranks exchange them (``suite --metrics`` writes
-    the node's file there); on rank 0 again after the steps across nodes, with theirs added.
-
-    Returns:
-        0 on every rank but 0; on rank 0, 0 when every figure is ok.
+    """``gpubench suite`` under a launcher: every rank calls this (docs/fleet.md); 0 when every
+    figure is ok. ``node_done(bundle, rank)`` is called on each rank once its own steps ran, and on
+    rank 0 again after the steps across nodes.
 
     Raises:
-        RegressionFound: on rank 0, a figure slow, failed or missing, or a step failed (exit 1),
-            naming the nodes and GPUs; on another rank, a rank was missing (exit 1, naming it
-            and its host).
+        RegressionFound: on rank 0, a figure slow, failed or missing, or a step failed (exit 1);
+            on another rank, a rank was missing (exit 1).
         UsageError / MachineError: the group could not be formed (join's).
     """
     from rich.markup import escape
@@ -632,7 +568,6 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             renderables.append(f"[red]stopped:[/red] {safe.term_markup(broken.one_line())}")
         errors = [f"{s.name}: {s.reason}" for s in full.steps if s.status == "error"]
         why = verdict(fleet, errors)
-        # as the one-node suite: --strict counts an expectation whose command did not run as failed
         skipped = [o for o in full.outcomes if o.status == "skipped"] if strict else []
         if skipped:
             names = sorted({f"{o.expectation.index}: {safe.term(o.expectation.label(), 80)} ({o.expectation.command})"
@@ -660,18 +595,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
 
 def check_saved(bundle, expectations) -> list:
     """The expectations judged on a saved fleet bundle as :func:`run_fleet` judged them live: the
-    node expectations against each rank's own steps (named ``STEP [rank R]``), rank by rank;
-    those of a command with a judging fleet stage (net) against that stage's step only (``net
-    between nodes``), never the per-rank loopback test, and skipped with the live run's reason
-    when that step did not run.
-
-    Args:
-        bundle: a suite.Bundle read from a ``suite-fleet-*.json`` (``bundle.fleet`` set).
-        expectations: suite.Expectation list.
-
-    Returns:
-        suite.Outcome list: every rank's in rank order, then the links'.
-    """
+    node expectations against each rank's own steps (``STEP [rank R]``), those of a command with a
+    judging fleet stage (net) against that stage's step only. Outcomes in rank order, then the links'."""
     import re
 
     from gpubench.validation import suite
@@ -698,9 +623,8 @@ def check_saved(bundle, expectations) -> list:
 
 
 def _judged_on_stage(expectations, command: str, stage, step, absent: str) -> list:
-    """The expectations of ``command`` judged on the result of its fleet stage's ``step`` (a
-    suite.Step or the stage's outcome, None where it did not apply), or skipped with why there is
-    none (``absent`` where it did not apply): never dropped from the bundle."""
+    """The expectations of ``command`` judged on its fleet stage's ``step`` (None: it did not
+    apply, skipped with ``absent``), or skipped with why there is no result."""
     from gpubench.validation import suite
 
     exp = [e for e in expectations if e.command == command]
@@ -712,12 +636,8 @@ def _judged_on_stage(expectations, command: str, stage, step, absent: str) -> li
 
 
 def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
-    """What the live run said of its fleet that no TOML decides: missing ranks and slow figures.
-
-    Returns:
-        (report lines with rich markup, peer strings escaped; one line naming the missing ranks
-        and slow nodes, or None when there are none).
-    """
+    """What the live run said of its fleet that no TOML decides: (report lines with rich markup,
+    one line naming the missing ranks and slow nodes or None)."""
     from gpubench.core import safe
 
     rows = [r for r in fleet_obj.get("rows") or [] if r.get("flag") in ("slow", "missing")]
@@ -737,8 +657,7 @@ def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
 
 def under_launcher(env=None) -> bool:
     """True when a launcher (MPI, Slurm's srun, torchrun) started this process with more than one
-    rank (launch.ranks; a world size PMIx alone leaves unsaid counts as more): the fleet suite.
-    One rank is the one-node suite, as without a launcher."""
+    rank (an unsaid world size counts as more): the fleet suite."""
     import os
 
     from gpubench.launch import ranks

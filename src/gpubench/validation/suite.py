@@ -1,18 +1,11 @@
 """Node validation: run a set of benchmarks, keep every result in one bundle, check expectations.
 
-Expectations are TOML ``[[expect]]`` tables (read with :mod:`tomllib`; the format is docs/suite.md
-"Expectations (TOML)"): a ``command``, a ``where`` table, ``min_gbps``/``max_gbps`` or ``min_us``/``max_us``
-and an optional ``figure`` ("median", "p25", "p75", "min", "max" or "extra.KEY"). Every record of
-``command`` whose params contain all of ``where`` is checked (one row each). Bandwidth bounds are
-in GB/s (1e9 B/s) against nbytes / seconds; time bounds in microseconds.
-
-Outcomes: "pass"; "fail" (a figure outside its bound, a failed point, or a step that errored);
-"missing" (results of the command exist but no record matches ``where``); "skipped" (no result of
-that command: the step did not run here, e.g. p2p on one GPU). fail and missing fail the suite
-(exit 1); skipped too with ``strict``.
-
-The bundle (``schema: "gpubench.bundle"``, version 1) holds every step's status and full result,
-the environment, and the outcomes; :func:`load_checkable` reads a bundle or a single result.
+Expectations are TOML ``[[expect]]`` tables (docs/suite.md "Expectations (TOML)"), checked against
+every record of their ``command`` whose params contain all of ``where``: bandwidth bounds in GB/s
+(1e9 B/s) against nbytes / seconds, time bounds in microseconds. Outcomes: "pass", "fail", "missing"
+(no record matches), "skipped" (no result of that command); fail and missing fail the suite (exit
+1), skipped too with ``strict``. The bundle (``schema: "gpubench.bundle"``, version 1) holds every
+step's status and result, the environment and the outcomes.
 """
 
 from __future__ import annotations
@@ -38,9 +31,7 @@ UNITS = {"bandwidth": "GB/s", "time": "us", "count": ""}  # an expectation's kin
 FIGURES = ("median", "p25", "p75", "min", "max")
 _KEYS = {"name", "command", "where", "figure", "source", "nodes", *BOUNDS}
 MAX_NODES = 2**20  # the largest world size a launcher may give (launch/ranks.py)
-# Parse cost of an expectations file: tomllib reads ~2 MB/s of [[expect]] tables, so 4 MiB is about
-# two seconds; a node's file holds tens of expectations, a fleet's a few thousand.
-MAX_EXPECT_BYTES = 4 * 2**20
+MAX_EXPECT_BYTES = 4 * 2**20  # about two seconds of tomllib
 MAX_EXPECTATIONS = 10_000
 MAX_OUTCOMES = 100_000  # rows of the expectations table (one per expectation and matching record)
 _TABLE_HEADER = re.compile(rb"^[ \t]*\[\[", re.MULTILINE)  # an [[array-of-tables]] header line
@@ -49,17 +40,8 @@ MAX_BOUND = 1e12  # GB/s or microseconds: beyond any link (1 EB/s) or any sensib
 
 @dataclass(frozen=True)
 class Expectation:
-    """One threshold from an expectations file.
-
-    Attributes:
-        index: 1-based position in the file (named in messages).
-        command: the command whose results hold the figure.
-        where: params a record must contain (exact values).
-        figure: which statistic of the samples, or "extra.KEY".
-        min_gbps, max_gbps: bandwidth bounds in GB/s (1e9 B/s), or None.
-        min_us, max_us: time bounds in microseconds, or None.
-        name: optional label.
-    """
+    """One threshold from an expectations file (``index``: its 1-based position): bounds in GB/s
+    (1e9 B/s), microseconds, or a count (the health counters), None where unbounded."""
 
     index: int
     command: str
@@ -70,7 +52,7 @@ class Expectation:
     min_us: float | None = None
     max_us: float | None = None
     name: str = ""
-    min_count: float | None = None  # a count's bounds: the health counters (validation/health.py)
+    min_count: float | None = None
     max_count: float | None = None
     source: str = ""  # where the bound comes from (a profile's published figure)
     nodes: int | None = None  # the nodes the figure needs: a result spanning fewer is skipped
@@ -122,7 +104,7 @@ def _toml_loads(text: str, source: str) -> dict:
 
 def _scalar_ok(v: Any) -> bool:
     """A JSON scalar a params value can equal: a string, a bool, None, an int that fits 64 bits, a
-    finite float (TOML datetimes, 400-digit integers, inf and nan never match and do not save)."""
+    finite float."""
     if v is None or isinstance(v, (str, bool)):
         return True
     if type(v) is int:
@@ -132,19 +114,13 @@ def _scalar_ok(v: Any) -> bool:
 
 def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[str] | None = None
                       ) -> Expectation:
-    """Check one expectation table (from TOML, or from a bundle's outcomes) and build it.
-
-    Args:
-        e: the parsed table.
-        index: its 1-based position.
-        where_: how messages name it ("FILE: expectation 3").
-        known_commands: the accepted commands, or None for any string.
+    """Check one expectation table (from TOML, or from a bundle's outcomes) and build it; ``where_``
+    names it in messages ("FILE: expectation 3"), ``known_commands`` None accepts any.
 
     Raises:
-        UsageError: an unknown key, a command not known, ``where`` not a table of scalars (a
-            TOML datetime, a 400-digit integer, inf or nan included), no bound or bounds of both
-            kinds, a bound that is not a finite number in (0, 1e12], min above max, a figure not
-            known, a name that is not a string.
+        UsageError: an unknown key or command, ``where`` not a table of scalars, no bound or bounds
+            of both kinds, a bound that is not a finite number in (0, 1e12], min above max, a figure
+            not known, a name that is not a string.
     """
     from gpubench.core import safe
 
@@ -220,11 +196,9 @@ def parse_expectations(doc: dict, source: str = "expectations", known_commands: 
     """Check a parsed TOML document and build its expectations (:func:`check_expectation` each).
 
     Raises:
-        UsageError: no ``[[expect]]`` tables, more than MAX_EXPECTATIONS (10,000), or a table
-            :func:`check_expectation` refuses.
+        UsageError: no ``[[expect]]`` tables, more than MAX_EXPECTATIONS, or a table refused.
     """
     from gpubench.core import safe
-
     from gpubench.validation import health
 
     source = safe.term(source, 200)
@@ -254,7 +228,7 @@ def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | N
     """Read and check an expectations TOML file.
 
     Raises:
-        UsageError: unreadable, not TOML, or not a valid expectations file (see parse_expectations).
+        UsageError: unreadable, not TOML, or not a valid expectations file.
     """
     from gpubench.core import safe
     from gpubench.core.result import check_depth, object_depth, read_bounded
@@ -264,9 +238,7 @@ def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | N
     if len(raw) > MAX_EXPECT_BYTES:
         raise UsageError(f"{name} is {len(raw):,} bytes, too large for an expectations file",
                          f"at most {MAX_EXPECT_BYTES:,} bytes ({MAX_EXPECTATIONS:,} expectations)")
-    # each expectation opens one [[expect]] header (or one inline table) and at most one where = {...}:
-    # a file with far more is refused before tomllib spends seconds on it
-    opened = len(_TABLE_HEADER.findall(raw)) + raw.count(b"{")
+    opened = len(_TABLE_HEADER.findall(raw)) + raw.count(b"{")  # refused before tomllib spends seconds
     if opened > 2 * MAX_EXPECTATIONS + 16:
         raise UsageError(f"{name} holds about {opened:,} tables", f"at most {MAX_EXPECTATIONS:,} expectations")
     try:
@@ -280,15 +252,8 @@ def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | N
 
 @dataclass
 class Outcome:
-    """The check of one expectation against one record (or against nothing).
-
-    Attributes:
-        expectation: what was checked.
-        status: "pass", "fail", "missing" or "skipped".
-        params: the record's params (None when no record).
-        value: measured figure in GB/s (bandwidth) or microseconds (time), None when none.
-        note: why it failed or was skipped.
-    """
+    """The check of one expectation against one record (params None: against nothing): status
+    "pass", "fail", "missing" or "skipped", the value in GB/s or microseconds, why in ``note``."""
 
     expectation: Expectation
     status: str
@@ -331,8 +296,7 @@ def figure_value(e: Expectation, r: Record) -> float:
 
 
 def nodes_of(res: Result) -> int:
-    """How many nodes a result's figures span: its env's ``nodes`` (net: 2 between two hosts, the
-    fleet's hosts between nodes), else its launch's (nccl under a launcher), else 1."""
+    """How many nodes a result's figures span: its env's ``nodes``, else its launch's, else 1."""
     for v in (res.env.get("nodes"), (res.env.get("launch") or {}).get("nodes")
               if isinstance(res.env.get("launch"), dict) else None):
         if type(v) is int and v >= 1:
@@ -342,17 +306,8 @@ def nodes_of(res: Result) -> int:
 
 def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
              skipped: dict[str, str] | None = None, failed: dict[str, str] | None = None) -> list[Outcome]:
-    """Check every expectation against the records of its command.
-
-    Args:
-        expectations: from :func:`load_expectations`.
-        results: results to look in (several of one command are all searched).
-        skipped: command -> why its step did not run (its expectations become "skipped").
-        failed: command -> the error that stopped its step (its expectations become "fail").
-
-    Returns:
-        Outcomes in expectation order, one per matching record.
-    """
+    """Check every expectation against the records of its command: outcomes in expectation order,
+    one per matching record. ``skipped``/``failed``: command -> why its step did not run / failed."""
     skipped = skipped or {}
     failed = failed or {}
     by_cmd: dict[str, _Index] = {}
@@ -387,8 +342,7 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
             continue
         index = by_cmd.get(e.command)
         if index is None:
-            why = skipped.get(e.command, f"no {e.command} result given")
-            add(Outcome(e, "skipped", note=why))
+            add(Outcome(e, "skipped", note=skipped.get(e.command, f"no {e.command} result given")))
             continue
         have = index.keys()
         absent = [k for k in e.where if k not in have]
@@ -417,8 +371,7 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
 
 
 def _hkey(v: Any) -> tuple:
-    """A hashable key under which equal params values meet: a bool only matches a bool (True == 1
-    in Python), 1 matches 1.0."""
+    """A hashable key under which equal params values meet: a bool only matches a bool, 1 matches 1.0."""
     if isinstance(v, bool) or v is None:
         return ("b", v)
     if isinstance(v, (int, float)):
@@ -427,9 +380,8 @@ def _hkey(v: Any) -> tuple:
 
 
 class _Index:
-    """The records of one command, indexed by (param, value) on first use, so checking E
-    expectations against R records costs O(R + E + matches), not O(E x R). ``added``: params a
-    record lacks match at these values (:func:`gpubench.core.registry.added`)."""
+    """The records of one command, indexed by (param, value) on first use (``added``: params a
+    record lacks match at these values)."""
 
     def __init__(self, added: dict[str, Any] | None = None) -> None:
         self.added = added or {}
@@ -533,12 +485,10 @@ class Bundle:
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "bundle") -> "Bundle":
-        """Check a parsed bundle field by field (the same checks as a result's,
-        :mod:`gpubench.core.result`) and build it.
+        """Check a parsed bundle field by field and build it.
 
         Raises:
-            UsageError: a newer bundle version, or the first bad field named by its JSON Pointer
-                (each step's result checked by Result.from_dict at /steps/N/result).
+            UsageError: a newer bundle version, or the first bad field named by its JSON Pointer.
         """
         from gpubench.core import result as R
         from gpubench.core import safe
@@ -572,7 +522,7 @@ class Bundle:
         if not isinstance(exp, dict):
             raise R.bad_field(source, "/expectations", exp, "an object")
         b.expect_file = R.check_str(exp.get("file"), source, "/expectations/file", allow_none=True)
-        strict = exp.get("strict", False)  # absent in bundles written before it was recorded
+        strict = exp.get("strict", False)
         if not isinstance(strict, bool):
             raise R.bad_field(source, "/expectations/strict", strict, "true or false")
         b.strict = strict
@@ -598,9 +548,8 @@ class Bundle:
                                          choices=("pass", "fail", "missing", "skipped")),
                 params=params, value=None if value is None else R.check_number(value, source, p + "/value"),
                 note=R.check_str(o.get("note"), source, p + "/note", allow_none=True) or ""))
-        if d.get("fleet") is not None:  # written by suite under a launcher: --check judges it as the live run
+        if d.get("fleet") is not None:
             b.fleet = check_fleet(d["fleet"], name)
-
         return b
 
 
@@ -615,7 +564,7 @@ def load_checkable(path: str | os.PathLike) -> Bundle:
     """Read a suite bundle or a single saved result (wrapped into a one-step bundle).
 
     Raises:
-        UsageError: unreadable, empty, not JSON, neither a bundle nor a result, or a newer schema.
+        UsageError: unreadable, not JSON, neither a bundle nor a result, or a newer schema.
     """
     from gpubench.core.result import read_json
 
@@ -644,12 +593,8 @@ def _params_text(o: Outcome) -> str:
 
 
 def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
-    """Text cells: #, command, figure, also-matched params, bound, measured, status (with note).
-
-    Every cell is plain text made inert by :func:`gpubench.core.safe.term` (names, params, notes
-    and errors come from the TOML and the result files: no ANSI, OSC 8 or CR/LF reaches the
-    terminal); :func:`format_report` hands them to rich as ``Text``, so ``[bold]`` is not markup.
-    """
+    """Text cells (through :func:`gpubench.core.safe.term`): #, command, figure, also-matched
+    params, bound, measured, status (with note)."""
     from gpubench.core import safe
 
     rows = []
@@ -665,12 +610,7 @@ def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
 
 
 def format_report(bundle: Bundle, strict: bool = False) -> list:
-    """Rich renderables: the steps table (when steps ran here), the expectations table, a verdict line.
-
-    Strings from files (step names, reasons, paths, the expectations file's name, every outcome
-    cell) are shown as ``rich.text.Text`` of :func:`gpubench.core.safe.term`: never markup, never a
-    control sequence.
-    """
+    """Rich renderables: the steps table (when steps ran here), the expectations table, a verdict line."""
     from rich.text import Text
 
     from gpubench.core import report, safe
@@ -715,8 +655,7 @@ def verdict_line(bundle: Bundle, strict: bool = False) -> str:
     return s + "."
 
 
-# ---------------------------------------------------------------------------------------------
-# A saved fleet object (written by the fleet suite, gpubench.validation.fleet), read and checked
+# ---- a saved fleet object (written by the fleet suite, gpubench.validation.fleet), read and checked
 
 FLEET_KIND = "gpubench-fleet"
 FLEET_VERSION = 1
@@ -730,7 +669,7 @@ def _fleet_bad(source: str, where: str, value: Any, want: str) -> UsageError:
 
 
 def _num_or_none(v: Any) -> bool:
-    if isinstance(v, int) and not isinstance(v, bool):  # a JSON integer past a double's range is no float
+    if isinstance(v, int) and not isinstance(v, bool):
         return abs(v) < 10**300
     return v is None or (isinstance(v, float) and math.isfinite(v) and abs(v) < 1e300)
 
@@ -764,7 +703,7 @@ def check_fleet(f: Any, source: str) -> dict:
     if v > FLEET_VERSION:
         raise UsageError(f"{source}: fleet version {v} is newer than this gpubench reads ({FLEET_VERSION})",
                          "upgrade gpubench")
-    def part(key: str, empty: Any) -> Any:  # absent or null: empty; {} where a list belongs is refused
+    def part(key: str, empty: Any) -> Any:  # absent or null: empty
         return empty if f.get(key) is None else f[key]
 
     rule = part("rule", {})
