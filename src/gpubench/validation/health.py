@@ -1,22 +1,7 @@
-"""Expectations on the GPUs' health counters (``env.health``, core/health.py).
-
-An expectations file may hold one ``[health]`` table; each of its keys becomes an expectation of the
-command ``"health"`` checked against every GPU whose counters a result holds (docs/suite.md)::
-
-    [health]
-    max_pcie_replays = 0        # PCIe replays counted during the runs (after - before, summed)
-    pcie_gen = 5                # the link's generation, at least (the highest read)
-    pcie_width = 16             # its width in lanes, at least (the highest read)
-    nvlinks_up = 18             # NVLinks up, at least (the lowest read)
-    max_nvlink_errors = 0       # NVLink replay, recovery and CRC errors during the runs
-    max_ecc_uncorrected = 0     # uncorrected ECC errors since the driver loaded (volatile, highest read)
-    no_remap_failure = true     # no read says a row remap failed
-    max_xid_events = 0          # XID errors reported during the runs
-
-The link's generation and width are judged on the highest read: an idle GPU trains its link down,
-so a read between runs can be lower than the link does under load, while a link that never reaches
-its generation is degraded (DCGM's pcie plugin checks the same). A counter the GPU does not have
-("unsupported") or a result without counters gives a "skipped" outcome naming why, never a pass.
+"""Expectations on the GPUs' health counters (``env.health``, core/health.py): each key of an
+expectations file's ``[health]`` table (docs/suite.md) becomes an expectation of the command
+``"health"``, checked against every GPU whose counters a result holds. A counter the GPU does not
+have, or a result without counters, gives a "skipped" outcome naming why, never a pass.
 """
 
 from __future__ import annotations
@@ -25,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 UNSUPPORTED = "unsupported"
-# a counter read lower after the runs than before: the GPU or its driver was reset between the reads
-RESET = "reset"
+RESET = "reset"  # a counter read lower after the runs than before: the GPU or its driver was reset
 
 
 @dataclass(frozen=True)
@@ -56,12 +40,11 @@ MAX_COUNT = 10**12
 
 
 def parse(table: Any, source: str, first_index: int) -> list[dict]:
-    """The ``[health]`` table as expectation tables (:func:`gpubench.validation.suite.check_expectation`
-    checks and builds each), numbered from ``first_index``.
+    """The ``[health]`` table as expectation tables, numbered from ``first_index``.
 
     Raises:
-        UsageError: not a table, an unknown key (the known ones are listed), a value of the wrong
-            type (an integer 0..10**12, or true/false for no_remap_failure).
+        UsageError: not a table, an unknown key, a value of the wrong type (an integer 0..10**12, or
+            true/false for no_remap_failure).
     """
     from gpubench.core import safe
     from gpubench.core.errors import UsageError
@@ -91,17 +74,12 @@ def parse(table: Any, source: str, first_index: int) -> list[dict]:
     return out
 
 
-def _num(v: Any) -> int | None:
-    return v if type(v) is int else None
-
-
 def _delta(before: Any, after: Any) -> Any:
     if before == UNSUPPORTED or after == UNSUPPORTED:
         return UNSUPPORTED
-    b, a = _num(before), _num(after)
-    if b is None or a is None:
+    if type(before) is not int or type(after) is not int:
         return None
-    return RESET if a < b else a - b  # NVML's counters only grow while the driver stays loaded
+    return RESET if after < before else after - before  # NVML's counters only grow while the driver stays loaded
 
 
 def _link_errors(c: Any) -> Any:
@@ -167,9 +145,7 @@ def _sum(vals: Sequence[Any]) -> Any:
 
 def _extreme(vals: Sequence[Any], pick: Callable) -> Any:
     nums = [v for v in vals if type(v) is int]
-    if nums:
-        return pick(nums)
-    return UNSUPPORTED if UNSUPPORTED in vals else None
+    return pick(nums) if nums else UNSUPPORTED if UNSUPPORTED in vals else None
 
 
 def measure(counter: str, gpu: _Gpu) -> Any:

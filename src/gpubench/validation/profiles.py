@@ -1,10 +1,5 @@
-"""Expectation profiles shipped with gpubench: ``--expect NAME`` reads ``gpubench/profiles/NAME.toml``.
-
-A profile is an expectations file (docs/suite.md) with a ``[profile]`` table (``description``,
-``source``) and, where a bound is a published figure, a ``source`` on that expectation; ``nodes``
-marks the figures that need several nodes. ``gpubench suite --profiles`` lists them
-(:func:`describe`).
-"""
+"""Expectation profiles shipped with gpubench: ``--expect NAME`` reads ``gpubench/profiles/NAME.toml``,
+an expectations file (docs/suite.md) with a ``[profile]`` table (``description``, ``source``)."""
 
 from __future__ import annotations
 
@@ -26,11 +21,11 @@ def names() -> list[str]:
 
 
 def resolve(value: str) -> str:
-    """The expectations file ``--expect VALUE`` names: VALUE itself when it is a file (or looks like
-    a path: a separator or a .toml suffix), else the shipped profile VALUE.
+    """The expectations file ``--expect VALUE`` names: VALUE itself when it is (or looks like) a
+    file, else the shipped profile VALUE.
 
     Raises:
-        UsageError: VALUE is empty, or names no file and no profile (the profiles are listed).
+        UsageError: VALUE is empty, or names no file and no profile.
     """
     from gpubench.core import safe
     from gpubench.core.errors import UsageError

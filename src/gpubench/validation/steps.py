@@ -1,10 +1,6 @@
-"""The steps of ``gpubench suite`` and of each fleet node: asked of every plug-in, run through its
-driver, recorded into a bundle.
-
-A plug-in declares its steps (:class:`gpubench.core.plugin.SuiteStep`: a name and its own Spec,
-never an argv) through its ``suite_steps`` hook, told where it runs
-(:class:`gpubench.core.plugin.StepPlace`); the suite asks every installed plug-in, runs what it
-gets in ``order`` and skips, with the reason, what the node cannot run or the user did not ask for.
+"""The steps of ``gpubench suite`` and of each fleet node: asked of every plug-in (its
+``suite_steps`` hook, :class:`gpubench.core.plugin.SuiteStep`), run through its driver in ``order``,
+recorded into a bundle; what the node cannot run or the user did not ask for is skipped with why.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ from gpubench.core.result import Result
 
 def planned(place: StepPlace) -> list[tuple[Plugin, SuiteStep]]:
     """Every step the installed plug-ins declare for ``place``, in run order (``order``, then the
-    plug-in's name). A plug-in whose hook fails or gives something other than SuiteSteps is left
-    out with one warning (``registry.warn_hook``); the others' steps run."""
+    plug-in's name); a plug-in whose hook fails is left out with one warning."""
     def steps(got) -> None:
         for s in got if isinstance(got, list) else [got]:
             if not isinstance(s, SuiteStep) or not isinstance(s.order, int) or not isinstance(s.name, str):
@@ -44,13 +39,9 @@ def skip_reason(step: SuiteStep, n_gpus: int, opted: set[str]) -> str | None:
 
 
 def run_step(plugin: Plugin, step: SuiteStep, *, quiet: bool = True):
-    """Run one step in this process: its Spec through the command's own run (the path the command
-    line would choose, or the plug-in's single-process run for ``own_process``, or the step's own
-    ``run``), with a progress bar unless ``quiet``, then the command's own verdict (nccl: wrong
-    data, --expect-busbw).
-
-    Returns:
-        The Result (``partial`` when a signal stopped it); the caller saves it.
+    """Run one step in this process: its Spec through the command's own run (or the plug-in's
+    single-process run for ``own_process``, or the step's own ``run``), then the command's own
+    verdict; the Result is ``partial`` when a signal stopped it.
 
     Raises:
         GpubenchError: what the step raised; a MachineError keeps the finished points in
@@ -82,15 +73,9 @@ def run_step(plugin: Plugin, step: SuiteStep, *, quiet: bool = True):
 
 
 def record_step(bundle, name: str, command: str, path: Path, fn: Callable, say=lambda text: None) -> bool:
-    """Run ``fn(path) -> Result`` as one step of ``bundle`` and save its result at ``path``.
-
-    A GpubenchError makes the step "error" with its one line; a MachineError's ``partial_result``
-    (the finished points) is kept as that step's result and saved. The result's argv is the suite's
-    command line, as a command's own result records its own.
-
-    Returns:
-        False when the step was interrupted (the suite stops), else True.
-    """
+    """Run ``fn(path) -> Result`` as one step of ``bundle`` and save its result at ``path`` (an
+    error makes the step "error"; a MachineError's ``partial_result`` is kept and saved). False when
+    the step was interrupted (the suite stops)."""
     from gpubench.core.registry import INVOCATION
     from gpubench.core.result import save
     from gpubench.validation import suite
@@ -125,17 +110,9 @@ def record_step(bundle, name: str, command: str, path: Path, fn: Callable, say=l
 
 def run_planned(bundle, place: StepPlace, n_gpus: int, opted: set[str], path_of: Callable[[str], Path], *,
                 quiet: bool, say=lambda text: None, each_rank_only: bool = False) -> bool:
-    """Run every planned step of ``place`` into ``bundle``: skipped ones recorded with their reason,
-    a step's error recorded and the next one run.
-
-    Args:
-        path_of: command -> the path its result is saved at.
-        each_rank_only: run only the steps marked ``each_rank`` (a fleet rank that is not its
-            node's local rank 0).
-
-    Returns:
-        False when a step was interrupted (the caller stops), else True.
-    """
+    """Run every planned step of ``place`` into ``bundle`` (skipped ones recorded with their reason,
+    results saved at ``path_of(command)``; ``each_rank_only``: only the steps marked ``each_rank``).
+    False when a step was interrupted (the caller stops)."""
     from gpubench.validation import suite
 
     for plugin, step in planned(place):
