@@ -1,14 +1,10 @@
 """The command line: the click group (:mod:`gpubench.cli.app`) and the commands that work on saved
 results (compare, plot, report, suite). The only layer that turns errors into exit codes.
 
-:func:`main` is the process's one entry point: the ``gpubench`` console script (``gpubench.cli:main``)
-and ``python -m gpubench`` (gpubench/__main__.py) both run it. Its first statements hold SIGINT and
-SIGTERM, so a signal at any moment after them ends with exit 130 / 143 and one line: Python's
-default SIGINT handler would print a KeyboardInterrupt traceback from whatever import it lands in,
-SIGTERM's default would kill the process with no word. For that this module imports nothing at
-import time but the C module ``_signal``; the click group is loaded when first used
-(``gpubench.cli.cli``, :func:`__getattr__`). What runs before it, the interpreter's start-up
-(``site`` and the ``.pth`` files of site-packages), cannot be guarded by gpubench.
+:func:`main` is the process's one entry point (the console script and ``python -m gpubench``). Its
+first statements hold SIGINT and SIGTERM, so a signal at any moment after them ends with exit
+130 / 143 and one line; for that this module imports nothing at import time but the C module
+``_signal`` (the click group is loaded when first used, :func:`__getattr__`).
 """
 
 import _signal  # the C module: the Python-level ``signal`` spends milliseconds building its enums
@@ -16,22 +12,15 @@ import sys
 
 __all__ = ["cli", "main"]
 
-#: A pipe's file descriptor (inherited, e.g. ``pass_fds``) that :func:`main` writes one byte to and
-#: closes once SIGINT and SIGTERM are held: for a supervisor or a test that must know when a signal
-#: reaches gpubench rather than the interpreter's start-up. Removed from the environment first, so
-#: the processes gpubench starts do not see it.
+#: A pipe's file descriptor that :func:`main` writes one byte to and closes once SIGINT and SIGTERM
+#: are held (for a supervisor or a test); removed from the environment first.
 STARTED_FD = "GPUBENCH_STARTED_FD"
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line and end the process (``argv`` None: ``sys.argv``), or, with ``argv``,
     run it in this process (tests, an embedding program) with the caller's signal handlers kept.
-
-    The process's run: SIGINT (where it is not ignored) and SIGTERM (where it has its default
-    action) are noted from the first statement on, and acted on once the command line is imported,
-    where the CLI's own handlers (core/signals) take over; an interrupt that escapes the command
-    line's own handling (one landing between two of its steps) is one line and exit 130 / 143 too.
-    """
+    SIGINT (where not ignored) and SIGTERM (where default) are noted from the first statement on."""
     if argv is not None:
         from gpubench.cli.app import main as run_in_process
 
@@ -62,11 +51,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _stopped(e.signum)
     finally:
-        # A Ctrl-C that lands while code compiled from a string runs (dataclasses and namedtuple
-        # build their methods with exec/eval; imports do this a lot) sets CPython's "unhandled
-        # KeyboardInterrupt" flag even when gpubench catches it, and under -m Py_RunMain then ends
-        # the process by SIGINT (-2) instead of with gpubench's exit code (130). Evaluating a string
-        # resets the flag (pythonrun.c run_eval_code_obj).
+        # a Ctrl-C caught while exec'd code ran leaves CPython's "unhandled KeyboardInterrupt" flag
+        # set (under -m the process would end by SIGINT); evaluating a string resets it
+        # (pythonrun.c run_eval_code_obj)
         exec("pass")
 
 
@@ -88,8 +75,7 @@ def _say_started() -> None:
 
 
 def _stopped(signum: int) -> None:
-    """An interrupt the command line did not turn into its exit code: both signals ignored from
-    here on, one line, exit 128 + ``signum``."""
+    """An interrupt the command line did not turn into its exit code: one line, exit 128 + ``signum``."""
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
     from gpubench.cli.interrupt import interrupted_line

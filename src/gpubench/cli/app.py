@@ -1,8 +1,5 @@
-"""The ``gpubench`` command line: a click group whose commands are imported only when they run.
-
-Every command is a plug-in of the registry (:mod:`gpubench.core.registry`, the entry-point group
-``gpubench.plugins``). ``gpubench --help`` lists them from their descriptors without importing
-their modules (nor cupy, nor dask).
+"""The ``gpubench`` command line: a click group whose commands (the registry's plug-ins) are
+imported only when they run; ``--help`` reads only their descriptors.
 
 Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (bad option, no GPU);
 3 a machine or library fault; 130 / 143 interrupted by SIGINT / SIGTERM (what was measured is kept).
@@ -31,7 +28,7 @@ from gpubench.core.signals import Interrupted
 @contextlib.contextmanager
 def _past_click() -> Iterator[None]:
     """A KeyboardInterrupt raised inside becomes :class:`Interrupted` (SIGINT), which click lets
-    through to :func:`main` as it is: click would print a blank line on stderr and raise Abort."""
+    through to :func:`main` (instead of a blank line and Abort)."""
     try:
         yield
     except KeyboardInterrupt:
@@ -40,8 +37,7 @@ def _past_click() -> Iterator[None]:
 
 class LazyGroup(click.Group):
     """A click Group that imports a command's module only when the command is run or its help shown
-    (click docs, "Lazily Loading Subcommands"). An interrupt while it parses or runs a command
-    reaches :func:`main` past click (:func:`_past_click`), so it is one line."""
+    (click docs, "Lazily Loading Subcommands"); an interrupt reaches :func:`main` past click."""
 
     def make_context(self, *args, **kwargs):
         with _past_click():
@@ -95,24 +91,22 @@ def cli():
 
 
 def _one_line(text: str) -> str:
-    """``text`` made one inert line by :func:`gpubench.core.safe.term` (control characters,
-    bidirectional overrides and other unprintable characters escaped)."""
+    """``text`` made one inert line by :func:`gpubench.core.safe.term`."""
     from gpubench.core import safe
 
     return safe.term(text, 4000)
 
 
 def _speaks_for_the_job() -> bool:
-    """Whether this process prints an error that the command line alone caused: every process but
-    ranks 1.. of a launcher, whose rank 0 says it once for the job (they exit 2 all the same)."""
+    """Whether this process prints an error that the command line alone caused (not ranks 1.. of a launcher)."""
     from gpubench.launch.ranks import speaks_for_the_job
 
     return speaks_for_the_job()
 
 
 def _writing_stdout(e: BaseException) -> bool:
-    """Whether ``e`` was raised where standard output was being written: the innermost Python
-    frame holds ``sys.stdout`` (rich's console writing its buffer, click.echo, a write of ours)."""
+    """Whether ``e`` was raised where standard output was being written (the innermost Python
+    frame holds ``sys.stdout``)."""
     tb = e.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -123,15 +117,9 @@ def _writing_stdout(e: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None, *, early: list[int] | None = None, held: tuple[int, ...] = ()) -> None:
-    """Run the group and turn every error into one line: the process's run (``argv`` None, through
-    :func:`gpubench.cli.main`, which ends the process) or one in this process (``argv`` given: the
-    caller's signal handlers come back after it).
-
-    Args:
-        early: the SIGINT / SIGTERM that gpubench.cli.main's start-up guard noted before this point
-            (the first is acted on at once: nothing was measured yet).
-        held: the signals that guard holds, which the CLI's own handlers replace here.
-    """
+    """Run the group and turn every error into one line: the process's run (``argv`` None) or one
+    in this process (``argv`` given: the caller's signal handlers come back after it). ``early``:
+    the signals :func:`gpubench.cli.main` noted before this point; ``held``: those it holds."""
     args = sys.argv[1:] if argv is None else argv
     INVOCATION[:] = [str(a) for a in args]
     debug = "--debug" in args
@@ -181,9 +169,7 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
         click.echo(f"gpubench: error: {line}", err=True)
         code = 3
     finally:
-        # the process's own run: the exit code is decided and the result saved; in-process (tests):
-        # the caller's handlers come back
-        signals.restore(None if argv is None else previous)
+        signals.restore(None if argv is None else previous)  # in-process: the caller's handlers come back
     noted = signals.last_signal()
     if code == 0 and noted is not None:  # an interrupt swallowed on its way (a library's `except
         click.echo(interrupted_line(noted), err=True)  # BaseException`, a __del__): still the user's stop

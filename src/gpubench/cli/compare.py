@@ -71,9 +71,8 @@ def command(base, new, threshold_pct, alpha, ignore, fail_on_regression, strict,
 
 def raise_on_regression(cmps, *, strict: bool, threshold_pct: float, alpha: float) -> None:
     """The gate of --fail-on-regression: RegressionFound (exit 1, one line naming the worst figure)
-    on a slower figure, a slowdown beyond the threshold that the sample sizes cannot decide, or a
-    figure missing from the new result; with ``strict`` also on an inconclusive figure. An
-    inconclusive figure alone is a warning line on stderr."""
+    on a slower, undecidably slower or missing figure; with ``strict`` also on an inconclusive one
+    (else a warning line on stderr)."""
     from gpubench.analysis import compare as cmpmod
     from gpubench.core import safe
 

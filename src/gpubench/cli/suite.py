@@ -80,9 +80,8 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
         strict = strict or any(b.strict for b in bundles)  # a bundle's own --strict holds when it is checked again
         bundle = suite.Bundle(steps=[s for b in bundles for s in b.steps], expect_file=expect_file,
                               env=bundles[0].env, strict=strict)
-        # a fleet bundle is judged on its own, as its live run judged it (fleet.check_saved); the
-        # other files together: steps skipped or failed in a bundle keep that status only when no
-        # other file has the command (a failed step's partial result does not count)
+        # a fleet bundle is judged on its own (fleet.check_saved); the other files together: a step
+        # skipped or failed keeps that status only when no other file has the command
         plain = suite.Bundle(steps=[s for b in bundles if b.fleet is None for s in b.steps])
         if plain.steps:
             have = {s.command for s in plain.steps if s.status == "ok" and s.result is not None}
@@ -97,7 +96,6 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
                 fleet_lines += lines
                 if why:
                     fleet_why.append(why)
-        # missing ranks and slow figures fail --check as they failed the live run
         failed_why = _finish(bundle, strict, quiet, show_steps=False, extra=fleet_lines, also_failed=fleet_why)
         if metrics_file is not None:
             _write_metrics(metrics_file, bundle, quiet)
@@ -116,9 +114,7 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
                                with_merge=with_merge, strict=strict, quiet=quiet, timeout=node_timeout,
                                node_done=None if metrics_file is None else
                                lambda b, me: _write_metrics(_node_path(metrics_file, me), b, True, keep_going=True))
-    # the output before the GPU: on a machine without one, an unwritable -o (a read-only mount) was
-    # named only after the GPU was fixed; checked without creating anything (a missing folder: the
-    # nearest folder above it that exists must take a file)
+    # the output checked before the GPU, creating nothing: the nearest folder that exists must take a file
     probe_dir = out
     while not probe_dir.exists() and probe_dir.parent != probe_dir:
         probe_dir = probe_dir.parent
@@ -187,9 +183,8 @@ def _node_path(path: str, me) -> str:
 
 
 def _write_metrics(path: str, bundle, quiet: bool, keep_going: bool = False) -> None:
-    """Write ``bundle``'s results, outcomes and verdict as OpenMetrics text (gpubench metrics) to
-    ``path``, atomically. With ``keep_going`` (a node of a fleet run) a failed write is a warning,
-    so the node still reports to the fleet; else it raises MachineError (exit 3)."""
+    """Write ``bundle`` as OpenMetrics text to ``path``, atomically. With ``keep_going`` (a node of
+    a fleet run) a failed write is a warning; else it raises MachineError (exit 3)."""
     from gpubench.analysis import metrics
     from gpubench.core import report
     from gpubench.core.errors import MachineError
@@ -216,8 +211,7 @@ def _made(out: Path, out_dir: str) -> Path:
 
 
 def _host(name: str | None = None) -> str:
-    """A host name (this one's by default) as a file name takes it: other characters than letters,
-    digits, "-" and "_" as "_", at most 64."""
+    """A host name (this one's by default) as a file name takes it: [A-Za-z0-9_-], at most 64."""
     name = socket.gethostname() if name is None else name
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64] or "host"
 
@@ -225,11 +219,8 @@ def _host(name: str | None = None) -> str:
 def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str | None = None,
             extra: Sequence = (), also_failed: Sequence[str] = ()) -> str | None:
     """Display the report; return the one-line reason the suite failed, or None when it passed.
-
-    ``extra``: renderables shown after the expectations (a fleet bundle's MISSING lines);
-    ``also_failed``: one-line reasons that fail the suite whatever the expectations say (a fleet
-    bundle's missing ranks and slow figures, fleet.saved_verdict): the verdict line then says FAILED.
-    """
+    ``extra``: renderables shown after the expectations; ``also_failed``: reasons that fail the
+    suite whatever the expectations say (the verdict line then says FAILED)."""
     from rich.text import Text
 
     from gpubench.validation import suite
@@ -263,13 +254,8 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
 
 
 def run_steps(out: Path, *, with_merge: bool, quiet: bool):
-    """Run env and every step the installed plug-ins declare (:mod:`gpubench.validation.steps`); a
-    step's error is recorded and the next one runs; an interruption stops the run after saving what
-    was measured.
-
-    Returns:
-        A suite.Bundle with every step (ok, skipped with a reason, or error with its one line).
-    """
+    """Run env and every step the installed plug-ins declare into a suite.Bundle (a step's error
+    is recorded and the next one runs; an interruption stops the run)."""
     from gpubench.core import env as envmod
     from gpubench.core import gpu, report
     from gpubench.core.plugin import StepPlace
@@ -277,7 +263,6 @@ def run_steps(out: Path, *, with_merge: bool, quiet: bool):
     from gpubench.validation import steps, suite
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    bundle = suite.Bundle()
     console = report.console(stderr=True)
 
     def say(text: str) -> None:
@@ -290,12 +275,10 @@ def run_steps(out: Path, *, with_merge: bool, quiet: bool):
 
     t0 = time.perf_counter()
     env = envmod.capture()
-    bundle.env = env
+    bundle = suite.Bundle(env=env)
     bundle.steps.append(suite.Step("env", "env", "ok", seconds=time.perf_counter() - t0,
                                    result=Result(command="env", spec={}, env=env)))
     n = gpu.device_count()
-    place = StepPlace(devices=tuple(range(n)))
-    opted = {"--merge"} if with_merge else set()
-    steps.run_planned(bundle, place, n, opted, lambda command: out / f"suite-{_host()}-{stamp}-{command}.json",
-                      quiet=quiet, say=say)
+    steps.run_planned(bundle, StepPlace(devices=tuple(range(n))), n, {"--merge"} if with_merge else set(),
+                      lambda command: out / f"suite-{_host()}-{stamp}-{command}.json", quiet=quiet, say=say)
     return bundle
