@@ -1,16 +1,9 @@
-"""Plot saved results as one PNG (matplotlib's Agg backend: no display needed).
-
-Each command's records are drawn the way they read best (docs/plot.md shows and explains each):
-lines against size (**sweep**), bars per strategy or stage (**bars**), nccl's busbw and algbw
-(**collective**), p2p's annotated matrices (**matrix**), net's rate per interval (**intervals**),
-merge's worker pairs (**pairs**). Several files are overlaid, one colour per file and one line
-style (bars: hatch) per mode. Peak lines are labelled by their source: "measured link" (saved in
-the record by the run), "NVML" (derived here from the result's env) or "user" (``--peak``).
+"""Plot saved results as one PNG (matplotlib's Agg backend: no display needed), each command's
+records drawn the way they read best (docs/plot.md): sweep, bars, collective, matrix, intervals, pairs.
 
 Values: bandwidth = nbytes / seconds per sample (:meth:`Record.rates`), shown in GB/s (1e9 B/s) or
 GiB/s; busbw = algbw x the record's ``busbw_factor`` (nccl-tests' doc/PERFORMANCE.md); time in
-microseconds. Every string taken from a file (names, params, titles) passes through
-:func:`gpubench.core.safe.mpl`.
+microseconds. Every string taken from a file passes through :func:`gpubench.core.safe.mpl`.
 """
 
 from __future__ import annotations
@@ -69,10 +62,8 @@ def _finite(v: Any) -> bool:
 
 
 def check_numbers(d: Any, source: str) -> None:
-    """Refuse a result whose numbers cannot be drawn, naming the field: ``nbytes`` or ``reps`` not a
-    whole number in 0..2^63-1 (``1e400`` reads as infinity, a 400-digit integer overflows a float),
-    a sample that is not a finite number > 0 (NaN, ``Infinity``), a peak or per-interval figure that
-    is not finite. A file saved by ``--json`` never holds these (it is written with allow_nan=False).
+    """Refuse a result whose numbers cannot be drawn: ``nbytes`` or ``reps`` not a whole number in
+    0..2^63-1, a sample that is not a finite number > 0, a peak or per-interval figure not finite.
 
     Raises:
         UsageError: one line naming ``source``, the field (``records[3].nbytes``) and its value.
@@ -125,7 +116,7 @@ def result_of(d: Any, name: str) -> Result:
     """The Result in the parsed JSON ``d``, checked for what plot and report draw.
 
     Raises:
-        UsageError: not a result, or numbers that cannot be drawn (:func:`check_numbers`).
+        UsageError: not a result, or numbers that cannot be drawn.
     """
     check_numbers(d, name)
     try:
@@ -146,8 +137,8 @@ def size_key(r: Record) -> str | None:
 
 
 def _merge_pair_stats(r: Record, scale: float = 1.0) -> dict[str, Summary]:
-    """merge's per worker-pair bandwidth (extra["pairs"]: q25/q50/q75 of B/s per transfer, as
-    dask-cuda's table) as Summaries keyed "(w1,w2)", in B/s / ``scale``; {} when the record has none."""
+    """merge's per worker-pair bandwidth (extra["pairs"], B/s as dask-cuda's table) as Summaries
+    keyed "(w1,w2)", in B/s / ``scale``."""
     out = {}
     for p in r.extra.get("pairs") or []:
         try:
@@ -171,7 +162,7 @@ def require_matplotlib(command: str) -> None:
     """Before anything is drawn: matplotlib (the ``plot`` extra) is installed.
 
     Raises:
-        UsageError: it is not (exit 2, naming the extra), where ``plot`` and ``report`` draw.
+        UsageError: it is not (exit 2, naming the extra).
     """
     try:
         import matplotlib  # noqa: F401
@@ -181,8 +172,7 @@ def require_matplotlib(command: str) -> None:
 
 
 def plot_kind(command: str) -> str:
-    """How ``command``'s sized records read best (its plug-in's ``plot_kind``: "sweep", "bars" or
-    "collective"); "sweep" for a command whose plug-in is not installed here."""
+    """How ``command``'s sized records read best (its plug-in's ``plot_kind``; "sweep" without one)."""
     own = registry.find(command)
     return own.plot_kind if own is not None else "sweep"
 
@@ -264,8 +254,7 @@ def _fixed_text(records: Sequence[Record], skip: set[str]) -> str:
 
 
 def _tied_to_x(records: Sequence[Record], xkey: str) -> set[str]:
-    """Companions of ``xkey`` whose value is fixed by x across ``records``: they say nothing the x
-    axis does not, so they make no separate lines."""
+    """Companions of ``xkey`` whose value is fixed by x across ``records`` (no separate lines)."""
     tied = set()
     for k in _COMPANIONS.get(xkey, ()):
         seen: dict = {}
@@ -318,8 +307,7 @@ class Section:
         return max(1, min(_PANEL[self.kind][2], self.max_cols, len(self.panels)))
 
     def groups(self) -> list[list[int]]:
-        """Panel indices per metric: one group but in a matrix section, where each metric starts a
-        row (its own scale); the other kinds' sections are built per metric."""
+        """Panel indices per metric (a matrix section's metrics each start a row)."""
         out: dict[str, list[int]] = {}
         for i, p in enumerate(self.panels):
             out.setdefault(p.metric, []).append(i)
@@ -385,7 +373,6 @@ def build_sections(results: Sequence[tuple[str, Result]]) -> list[Section]:
         build = {"sweep": _sweep_section, "collective": _collective_section, "matrix": _matrix_section,
                  "intervals": _intervals_section, "pairs": _pairs_section}[kind]
         sources = list(dict.fromkeys(n for n, _ in items))
-        # an overlay (one colour per file) only where this section holds several files
         sec = build(command, metric, items, len(sources) > 1)
         sec.envs = envs
         sec.many = len(sources) > 1
@@ -451,8 +438,7 @@ def _collective_section(command: str, metric: str, items, many: bool) -> Section
 
 
 def _endpoint(command: str) -> str:
-    """What a matrix's rows and columns are (its plug-in's ``matrix_ends``: GPUs for p2p, ranks
-    for net's node x node test); "GPU" for a command whose plug-in is not installed here."""
+    """What a matrix's rows and columns are (its plug-in's ``matrix_ends``; "GPU" without one)."""
     own = registry.find(command)
     return own.matrix_ends if own is not None else "GPU"
 
@@ -525,7 +511,7 @@ def _pairs_section(command: str, metric: str, items, many: bool) -> Section:
 
 def _styles(sections_series: Sequence[Series], many: bool) -> dict[tuple[str, str], tuple]:
     """(colour, linestyle, marker, hatch) per (source, mode): colour by file and style by mode when
-    several files are drawn, else colour by mode (solid lines). No two series share both."""
+    several files are drawn, else colour by mode."""
     import matplotlib
 
     sources = list(dict.fromkeys(s.source for s in sections_series))
@@ -567,7 +553,7 @@ def _pcie_name(env: dict, device: Any) -> str:
 
 def peaks_for(records: Sequence[Series], envs: dict[str, dict], user_bps: Sequence[float]) -> list[Peak]:
     """The peak lines of a panel: those saved in its records ("measured link"), else from the env's
-    NVML PCIe figure for its devices ("NVML", host<->device commands only), then ``--peak`` ("user")."""
+    NVML PCIe figure ("NVML", h2d and d2h only), then ``--peak`` ("user")."""
     out: dict[float, Peak] = {}
     nvml: dict[float, Peak] = {}
     for s in records:
@@ -786,8 +772,7 @@ def _draw_intervals(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak],
 
 
 def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, cols: int = 4) -> None:
-    """Every matrix of one metric on one colour scale (bandwidth from 0, brighter = faster; time
-    from 0 reversed, brighter = lower), each cell annotated with its value."""
+    """Every matrix of one metric on one colour scale from 0 (brighter = better), each cell annotated."""
     import matplotlib
     import numpy as np
 
@@ -883,19 +868,8 @@ def can_take_peak(sections: Sequence[Section]) -> str | None:
 
 def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in: tuple[float, float] | None = None,
            dpi: int = 100, peaks_gbps: Sequence[float] = (), title: str | None = None, max_cols: int = 4):
-    """Draw the results into a matplotlib Figure (no pyplot, no display).
-
-    Args:
-        results: (file name, Result) pairs; several are overlaid, one colour per file.
-        units: "GB" or "GiB" for bandwidth axes.
-        size_in: (width, height) in inches; None: from the sections' panels.
-        dpi: pixels per inch.
-        peaks_gbps: user peak lines, in ``units``/s (finite, > 0).
-        title: a title over the whole figure (shown through :func:`safe.mpl`).
-        max_cols: at most this many panels a row (the HTML report asks for fewer, narrower figures).
-
-    Returns:
-        (figure, sections).
+    """Draw (file name, Result) pairs into a matplotlib Figure (no pyplot): (figure, sections).
+    ``size_in``: inches (None: from the panels); ``peaks_gbps``: user peak lines in ``units``/s.
 
     Raises:
         UsageError: nothing to plot; ``--peak`` with no bandwidth axis to draw it on.
@@ -976,8 +950,7 @@ def png_bytes(results: Sequence[tuple[str, Result]], **kwargs) -> bytes:
 def render(results: Sequence[tuple[str, Result]], out: str | Path, *, units: str = "GB",
            size_in: tuple[float, float] | None = None, dpi: int = 100, peaks_gbps: Sequence[float] = (),
            title: str | None = None) -> Path:
-    """Draw the results into the PNG ``out``, written atomically (a temporary file in the same
-    folder, then a rename: a failed write leaves an earlier file intact and no empty file).
+    """Draw the results into the PNG ``out``, written atomically.
 
     Raises:
         UsageError: nothing to plot, matplotlib missing, a ``--peak`` that cannot be drawn.

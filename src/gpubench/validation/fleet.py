@@ -32,8 +32,7 @@ DEFAULT_TIMEOUT_S = 900.0
 NODE_TIMEOUT = Bound("--node-timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
 
 
-# ---------------------------------------------------------------------------------------------
-# The rule (pure)
+# ---- The rule (pure) ----
 
 
 median = statistics.median  # ValueError (StatisticsError) when empty
@@ -91,8 +90,7 @@ def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
     return m, sigma, min(RATIO * m, max(m - Z_LIMIT * sigma, GROSS * m))
 
 
-# ---------------------------------------------------------------------------------------------
-# Checks of one node's results (pure)
+# ---- Checks of one node's results (pure) ----
 
 
 def checks_of(result) -> list[dict]:
@@ -165,8 +163,7 @@ def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
     return checks + extra
 
 
-# ---------------------------------------------------------------------------------------------
-# The fleet object (pure, on gathered payloads)
+# ---- The fleet object (pure, on gathered payloads) ----
 
 
 def _row_flag(c: dict, values: list[float]) -> str:
@@ -292,8 +289,7 @@ def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Gathering that outlives a silent rank
+# ---- Gathering that outlives a silent rank ----
 
 
 ROLL_SLACK_S = 10.0  # how long past --node-timeout a rank waits for rank 0's list of the silent ranks
@@ -378,8 +374,7 @@ def skipped_lines(steps: Sequence[Any]) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# The run (every rank calls run_fleet)
+# ---- The run (every rank calls run_fleet) ----
 
 def _gpu_count() -> int:
     try:
@@ -589,8 +584,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         group.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# --check on a saved fleet bundle (pure): the live run's judgement again
+# ---- --check on a saved fleet bundle (pure): the live run's judgement again ----
 
 
 def check_saved(bundle, expectations) -> list:
