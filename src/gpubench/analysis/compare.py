@@ -1126,9 +1126,7 @@ def varying_params(rows: Sequence[Row]) -> list[str]:
     """The params a table shows: those whose value differs between rows (:func:`differing_params`),
     else the first one; all names for one row."""
     keys = list(dict.fromkeys(k for r in rows for k in r.params))
-    if len(rows) <= 1:
-        return keys
-    return differing_params(rows) or keys[:1]
+    return keys if len(rows) <= 1 else differing_params(rows) or keys[:1]
 
 
 _MISSING = object()
@@ -1178,8 +1176,7 @@ def _pct_cell(c: float | None) -> str:
 
 
 def _ci_cell(r: Row) -> str:
-    if r.status != "paired":
-        return "-"
+    """A paired row's interval, or why it has none."""
     if r.ci_low_pct is None:
         return "none (too few)"
     return f"{_pct_cell(r.ci_low_pct)} .. {_pct_cell(r.ci_high_pct)}"

@@ -51,7 +51,8 @@ def command(base, new, threshold_pct, alpha, ignore, fail_on_regression, strict,
     sample sizes cannot reach --alpha: the row says how many would). Bandwidth is higher-is-better,
     time lower-is-better. Figures found on one side only are listed. No GPU is needed.
     """
-    check_options(threshold_pct, alpha)
+    THRESHOLD.check(threshold_pct)
+    ALPHA.check(alpha)
     if strict and not fail_on_regression:
         raise UsageError("--strict needs --fail-on-regression", "add --fail-on-regression")
     from gpubench.analysis import compare as cmpmod
@@ -109,12 +110,6 @@ def raise_on_regression(cmps, *, strict: bool, threshold_pct: float, alpha: floa
         raise RegressionFound("; ".join(why + ([note] if note else [])))
     if note:
         print(f"gpubench: warning: {note}; not failed (--strict fails on them)", file=sys.stderr)
-
-
-def check_options(threshold_pct: float, alpha: float) -> None:
-    """Raises UsageError for a threshold outside :data:`THRESHOLD` or an alpha outside :data:`ALPHA`."""
-    THRESHOLD.check(threshold_pct)
-    ALPHA.check(alpha)
 
 
 def display(cmps, fmt: str, *, threshold_pct: float, alpha: float, units: str) -> None:

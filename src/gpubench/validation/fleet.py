@@ -386,7 +386,7 @@ def _gpu_count() -> int:
         return 0
 
 
-def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, quiet: bool, host_tag: str) -> None:
+def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, host_tag: str) -> None:
     """This rank's own steps (docs/fleet.md, item 1), recorded into ``bundle``; a rank that is not
     its node's local rank 0 runs only the steps of its own GPU."""
     from gpubench.core.plugin import StepPlace
@@ -502,7 +502,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
             f"{'GPU' if n_gpu else 'CPU'} steps, {turns} turn(s) per host")
         for k in range(turns):
             if me.local_rank == k or (turns == 1 and k == 0):
-                _node_steps(bundle, me, n_gpu, out, stamp, with_merge, quiet, host_tag)
+                _node_steps(bundle, me, n_gpu, out, stamp, with_merge, host_tag)
             if turns > 1:
                 roll.sync(None)
         gpus: list[dict] = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
