@@ -116,8 +116,7 @@ EXACT_TIES_MAX_CELLS = 4_000_000  # ... and its dynamic programme (:func:`_exact
 
 
 def _exact_ties_ok(n: int, n1: int) -> bool:
-    """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled
-    values (within EXACT_TIES_MAX_CELLS and EXACT_TIES_MAX_SPLITS); else the normal approximation."""
+    """Whether the exact permutation distribution with ties is used for ``n1`` of ``n`` pooled values."""
     j = min(n1, n - n1)
     return n * (j + 1) * (2 * n * j + 1) <= EXACT_TIES_MAX_CELLS and math.comb(n, n1) <= EXACT_TIES_MAX_SPLITS
 
@@ -285,8 +284,7 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
 
 
 def _mwu(u1: float, var: float, n1: int, n2: int, pmin: float, ties: bool, groups: Sequence[float]) -> MWU:
-    """The test of :func:`mann_whitney_u` from U1 and its tie-corrected variance (``groups``: the
-    tie-group sizes in rank order, zeros skipped)."""
+    """The test of :func:`mann_whitney_u` from U1, its tie-corrected variance and the tie-group sizes."""
     if var <= 0:
         return MWU(u1, 0.0, 1.0, "asymptotic", pmin)
     mu = n1 * n2 / 2.0
@@ -601,8 +599,7 @@ BATCH_MIN_FIGURES = 32  # of the same sizes; fewer, one by one
 
 def judge_many(items: Sequence[tuple[Sequence[float], Sequence[float], str]], *, threshold_pct: float,
                alpha: float = DEFAULT_ALPHA) -> list[Judgement]:
-    """:func:`judge` of each (base, new, metric), the same results, computed with numpy for many
-    small figures of equal sample sizes at once."""
+    """:func:`judge` of each (base, new, metric): the same results, with numpy for many small figures at once."""
     out: list[Judgement | None] = [None] * len(items)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (b, n_, _) in enumerate(items):
@@ -758,8 +755,7 @@ def _link_errors(t: dict, suffix: str = "") -> list[str]:
 
 
 def _events(t: dict) -> list[str]:
-    """What one side's telemetry block says happened: clock-event reasons, other processes on the
-    GPU, PCIe replays, NVLink errors (malformed values ignored)."""
+    """What one side's telemetry block says happened: reasons, other processes, PCIe replays, NVLink errors."""
     out = sorted(_reasons(t))
     n = _num(t, "other_processes")
     if n:
@@ -772,8 +768,7 @@ _LIMIT_TEXT = {"above_peak": "above a physical limit", "no_op": "no-op (moves no
 
 
 def limit_flags(record: Record, side: str) -> list[str]:
-    """Limit flags of a record, each text naming the side: the limit rule read back from the file
-    (:func:`gpubench.core.limits.saved_flag`), then ``extra.flags`` (short texts)."""
+    """Limit flags of a record naming the side: the saved limit rule (:func:`limits.saved_flag`), then extra.flags."""
     from gpubench.core import limits
 
     extra = record.extra if isinstance(record.extra, dict) else {}
@@ -1057,8 +1052,7 @@ def _nothing_pairs(base: Result, new: Result, ignore: Sequence[str], added: dict
 
 
 def partial_why(r: Result, clip: int | None = None) -> str:
-    """Why a partial result ended: "stopped by a fault: ..." (its ``failed_by``, clipped to ``clip``
-    characters) or "interrupted by SIGNAL"."""
+    """Why a partial result ended: "stopped by a fault: ..." (clipped to ``clip``) or "interrupted by SIGNAL"."""
     return f"stopped by a fault: {r.failed_by[:clip]}" if r.failed_by else f"interrupted by {r.interrupted_by or 'a signal'}"
 
 
@@ -1084,8 +1078,7 @@ def _fill(rows: list[Row], pending: list, threshold_pct: float, alpha: float) ->
 
 
 def _key(params: dict) -> tuple:
-    """A record's identity from its params, equal exactly when :meth:`Record.key` is (1, 1.0 and
-    true differ), without a json.dumps per value."""
+    """A record's identity from its params, equal exactly when :meth:`Record.key` is (1, 1.0 and true differ)."""
     return tuple([(k, type(v).__name__, repr(v) if type(v) is float else v) for k, v in sorted(params.items())])
 
 
@@ -1113,8 +1106,7 @@ MAX_TABLE_ROWS = 500  # the terminal table lists at most this many rows; beyond,
 
 
 def differing_params(rows: Sequence[Row]) -> list[str]:
-    """Param names whose value differs between rows (a row lacking one counts as differing), in
-    first-seen order; [] for one row."""
+    """Param names whose value differs between rows (absent counts as differing), first-seen order."""
     def differs(k: str) -> bool:
         first = rows[0].params.get(k, _MISSING)
         return any((v := r.params.get(k, _MISSING)) != first or type(v) is not type(first) for r in rows[1:])
@@ -1123,8 +1115,7 @@ def differing_params(rows: Sequence[Row]) -> list[str]:
 
 
 def varying_params(rows: Sequence[Row]) -> list[str]:
-    """The params a table shows: those whose value differs between rows (:func:`differing_params`),
-    else the first one; all names for one row."""
+    """The params a table shows: those that differ between rows, else the first one; all for one row."""
     keys = list(dict.fromkeys(k for r in rows for k in r.params))
     return keys if len(rows) <= 1 else differing_params(rows) or keys[:1]
 
@@ -1148,8 +1139,7 @@ def _unit(metric: str, units: str) -> str:
 
 
 def _value_cell(v: float | None, metric: str, units: str, with_unit: bool = False) -> str:
-    """A median as the table shows it: microseconds for "time", GB/s or GiB/s for "bandwidth";
-    figures of 10^7 or more in 3 significant digits."""
+    """A median as the table shows it: us for "time", GB/s or GiB/s for "bandwidth"; 3 digits from 10^7."""
     from gpubench.core.units import format_rate, to_rate
 
     if v is None:
@@ -1199,8 +1189,7 @@ MEDIANS_NOTE = ("† the change of the medians parts from the change: the change
 def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
                rows: Sequence[Row] | None = None,
                threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> tuple[list[str], list[list[str]]]:
-    """Column names and raw text cells (the renderers escape them) of a comparison table, for
-    ``rows`` (default all; the columns are always those of all rows)."""
+    """Column names and raw text cells of a comparison table for ``rows`` (columns: those of all rows)."""
     keys = varying_params(cmp.rows)
     metrics = cmp.metrics()
     mixed = len(metrics) > 1
@@ -1391,8 +1380,7 @@ def _markdown_table(cols: list[str], body: list[list[str]]) -> list[str]:
 
 
 def format_json(cmps: Sequence[Comparison], *, threshold_pct: float, alpha: float) -> dict:
-    """A JSON-able dict: method, then each comparison with its rows (medians in B/s or seconds,
-    changes in percent)."""
+    """A JSON-able dict: the method, then each comparison (medians in B/s or seconds, changes in %)."""
     return {
         "schema": "gpubench.analysis.compare",
         "schema_version": 3,

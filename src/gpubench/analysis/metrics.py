@@ -230,8 +230,7 @@ def add_health(f: Families, res: Result) -> None:
 
 
 def add_env(f: Families, env: dict) -> None:
-    """Add the link facts of each GPU of ``env``: PCIe generation and width (current and max) and
-    the NVLinks up."""
+    """Add each GPU's PCIe generation and width (current and max) and NVLinks up from ``env``."""
     host = _host(env)
     for g in env.get("gpus") or []:
         if not isinstance(g, dict):

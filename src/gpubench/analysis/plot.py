@@ -195,8 +195,7 @@ def _usable(r: Record) -> bool:
 
 
 def values(r: Record, units: str = "GB", scale_by: float = 1.0) -> Summary:
-    """Summary of a record's plotted values: GB/s (or GiB/s) for bandwidth, times ``scale_by``
-    (nccl's busbw factor); microseconds for time."""
+    """Summary of a record's plotted values: GB/s or GiB/s (times ``scale_by``: busbw) or microseconds."""
     if r.metric == "time":
         return Summary.of([t * 1e6 for t in r.samples_s])
     scale = UNITS[units] / scale_by
@@ -510,8 +509,7 @@ def _pairs_section(command: str, metric: str, items, many: bool) -> Section:
 # ---- styles: one colour per file when several, else per mode ----
 
 def _styles(sections_series: Sequence[Series], many: bool) -> dict[tuple[str, str], tuple]:
-    """(colour, linestyle, marker, hatch) per (source, mode): colour by file and style by mode when
-    several files are drawn, else colour by mode."""
+    """(colour, linestyle, marker, hatch) per (source, mode): colour by file when several, else by mode."""
     import matplotlib
 
     sources = list(dict.fromkeys(s.source for s in sections_series))

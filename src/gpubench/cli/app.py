@@ -27,8 +27,7 @@ from gpubench.core.signals import Interrupted
 
 @contextlib.contextmanager
 def _past_click() -> Iterator[None]:
-    """A KeyboardInterrupt raised inside becomes :class:`Interrupted` (SIGINT), which click lets
-    through to :func:`main` (instead of a blank line and Abort)."""
+    """A KeyboardInterrupt inside becomes :class:`Interrupted` (SIGINT), which click lets through to main."""
     try:
         yield
     except KeyboardInterrupt:
@@ -105,8 +104,7 @@ def _speaks_for_the_job() -> bool:
 
 
 def _writing_stdout(e: BaseException) -> bool:
-    """Whether ``e`` was raised where standard output was being written (the innermost Python
-    frame holds ``sys.stdout``)."""
+    """Whether ``e`` was raised where stdout was being written (the innermost frame holds ``sys.stdout``)."""
     tb = e.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next

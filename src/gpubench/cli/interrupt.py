@@ -6,8 +6,7 @@ import sys
 
 
 def interrupted_line(signum: int) -> str:
-    """The line of an interrupt that ends the command line with nothing kept (exit 128 + ``signum``),
-    or after the complete result was shown and saved."""
+    """The line of an interrupt ending the command line (exit 128 + ``signum``): nothing kept, or a complete result."""
     name = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}.get(signum, f"signal {signum}")
     signals = sys.modules.get("gpubench.core.signals")  # not imported here: loaded by then if a run ended
     if signals is not None and signals.result_complete():  # after the report and --json: both are whole

@@ -35,6 +35,5 @@ def largest(records: Iterable, key: Callable) -> dict:
 
 
 def row(check: str, command: str, rec, value: float | None, unit: str = "GB/s", gpu: Any = None) -> dict:
-    """One check: its name, the command, the record's params, the GPU (CUDA index or None), the
-    higher-is-better value and its unit ("GB/s" = 1e9 B/s, or "Gbit/s")."""
+    """One check: name, command, the record's params, GPU (CUDA index or None), value and unit (GB/s, Gbit/s)."""
     return {"check": check, "gpu": gpu, "value": value, "unit": unit, "command": command, "params": dict(rec.params)}

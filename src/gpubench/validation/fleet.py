@@ -68,8 +68,7 @@ def flag(value: float, values: Sequence[float]) -> str:
 
 
 def flags(values: Sequence[float | None]) -> list[str]:
-    """:func:`flag` of every figure of one check against all of them ("ok" for None or a
-    non-finite one), the median and MAD computed once."""
+    """:func:`flag` of every figure of one check ("ok" for None or non-finite), median and MAD computed once."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if len(vals) < 2:
         return ["ok"] * len(values)
@@ -266,8 +265,7 @@ def _expect_cell(r: dict) -> str:
 
 
 def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
-    """Rich renderables: the fleet table (a row per node, GPU and check), what the judging stage
-    shows of its result (net: the link matrix), the rule and the verdict."""
+    """Rich renderables: the fleet table, the judging stage's report (net: the link matrix), the rule."""
     from gpubench.core import report, safe
 
     out: list = []
@@ -387,8 +385,7 @@ def _gpu_count() -> int:
 
 
 def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, host_tag: str) -> None:
-    """This rank's own steps (docs/fleet.md, item 1), recorded into ``bundle``; a rank that is not
-    its node's local rank 0 runs only the steps of its own GPU."""
+    """This rank's own steps into ``bundle`` (only its own GPU's unless it is its node's local rank 0)."""
     from gpubench.core.plugin import StepPlace
     from gpubench.validation import steps
 
@@ -650,8 +647,7 @@ def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
 
 
 def under_launcher(env=None) -> bool:
-    """True when a launcher (MPI, Slurm's srun, torchrun) started this process with more than one
-    rank (an unsaid world size counts as more): the fleet suite."""
+    """True when a launcher started this process with more than one rank (or an unsaid world size)."""
     import os
 
     from gpubench.launch import ranks

@@ -173,8 +173,7 @@ def measure(counter: str, gpu: _Gpu) -> Any:
 
 
 def outcomes(e: Any, results: Sequence[Any], outcome: Callable) -> list:
-    """The outcomes of the health expectation ``e`` over ``results``: one per GPU, through
-    ``outcome(expectation, status, params, value, note)``."""
+    """The outcomes of the health expectation ``e``, one per GPU, by ``outcome(e, status, params, value, note)``."""
     rule = COUNTERS.get(e.figure.partition(".")[2])
     gpus = _gpus(results)
     if rule is None:

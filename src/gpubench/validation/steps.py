@@ -16,8 +16,7 @@ from gpubench.core.result import Result
 
 
 def planned(place: StepPlace) -> list[tuple[Plugin, SuiteStep]]:
-    """Every step the installed plug-ins declare for ``place``, in run order (``order``, then the
-    plug-in's name); a plug-in whose hook fails is left out with one warning."""
+    """Every step the installed plug-ins declare for ``place``, in run order (``order``, then plug-in name)."""
     def steps(got) -> None:
         for s in got if isinstance(got, list) else [got]:
             if not isinstance(s, SuiteStep) or not isinstance(s.order, int) or not isinstance(s.name, str):

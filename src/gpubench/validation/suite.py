@@ -103,8 +103,7 @@ def _toml_loads(text: str, source: str) -> dict:
 
 
 def _scalar_ok(v: Any) -> bool:
-    """A JSON scalar a params value can equal: a string, a bool, None, an int that fits 64 bits, a
-    finite float."""
+    """A JSON scalar a params value can equal: str, bool, None, a 64-bit int, a finite float."""
     if v is None or isinstance(v, (str, bool)):
         return True
     if type(v) is int:
@@ -380,8 +379,7 @@ def _hkey(v: Any) -> tuple:
 
 
 class _Index:
-    """The records of one command, indexed by (param, value) on first use (``added``: params a
-    record lacks match at these values)."""
+    """The records of one command, indexed by (param, value) on first use (``added``: values of absent params)."""
 
     def __init__(self, added: dict[str, Any] | None = None) -> None:
         self.added = added or {}
@@ -593,8 +591,7 @@ def _params_text(o: Outcome) -> str:
 
 
 def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
-    """Text cells (through :func:`gpubench.core.safe.term`): #, command, figure, also-matched
-    params, bound, measured, status (with note)."""
+    """Text cells (safe.term): #, command, figure, also-matched params, bound, measured, status (with note)."""
     from gpubench.core import safe
 
     rows = []
