@@ -28,6 +28,7 @@ from gpubench.core.telemetry import SLOWDOWN_REASONS
 from gpubench.core.units import UNITS, format_size
 from gpubench.validation import suite
 from gpubench.validation.suite import FLEET_FLAGS, FLEET_KIND, check_fleet
+from gpubench.validation.suite import fmt_value as _fmt
 
 MAX_ROWS = 500  # rows of one table shown; the rest is counted, not drawn
 
@@ -192,10 +193,6 @@ def _table(cols: Sequence[str], rows: Sequence[Sequence[str]], *, classes: Seque
     if total > min(len(rows), MAX_ROWS):
         out.append(f"<p class=note>First {min(len(rows), MAX_ROWS)} of {total} rows shown.</p>")
     return "\n".join(out)
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.1f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
 
 
 def records_table(res: Result, units: str) -> str:

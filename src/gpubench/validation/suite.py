@@ -576,10 +576,8 @@ def load_checkable(path: str | os.PathLike) -> Bundle:
 
 # ---- rendering ----
 
-def _value_text(o: Outcome) -> str:
-    if o.value is None:
-        return "-"
-    v = o.value
+def fmt_value(v: float) -> str:
+    """A measured figure as the tables show it: 1 decimal from 100, 2 from 1, else 3 significant digits."""
     return f"{v:.1f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
 
 
@@ -602,7 +600,8 @@ def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
         if o.note:
             status += f": {o.note}"
         rows.append([safe.term(x) for x in
-                     (str(e.index), e.command, fig, _params_text(o), e.bound_text(), _value_text(o), status)])
+                     (str(e.index), e.command, fig, _params_text(o), e.bound_text(),
+                      "-" if o.value is None else fmt_value(o.value), status)])
     return rows
 
 
