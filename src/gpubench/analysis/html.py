@@ -228,14 +228,8 @@ def records_table(res: Result, units: str) -> str:
         cells.append(f"{pct:.0f}%" if pct is not None else "-")
         cells.append(", ".join(f"failed: {r.error}" if f == "failed" else f for f in flags))
         rows.append(cells)
-        classes.append("bad" if ("above peak" in flags or "failed" in flags or "verification failed" in flags)
-                       else "warn" if flags else "")
+        classes.append("bad" if {"above peak", "failed", "verification failed"} & set(flags) else "warn" if flags else "")
     return _table(cols, rows, classes=classes, numeric_from=len(keys), total=len(recs))
-
-
-def _img(png: bytes, alt: str) -> str:
-    return (f'<figure><img alt="{h(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-            f"<figcaption>{h(alt)}</figcaption></figure>")
 
 
 def _plot(results: Sequence[tuple[str, Result]], units: str, alt: str) -> str:
@@ -243,7 +237,8 @@ def _plot(results: Sequence[tuple[str, Result]], units: str, alt: str) -> str:
         png = plot.png_bytes(list(results), units=units, dpi=90, max_cols=2)
     except UsageError as e:
         return f"<p class=note>No plot: {h(e.message)}</p>"
-    return _img(png, alt)
+    return (f'<figure><img alt="{h(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+            f"<figcaption>{h(alt)}</figcaption></figure>")
 
 
 def _env_section(inputs: Inputs) -> str:
