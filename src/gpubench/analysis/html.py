@@ -140,8 +140,7 @@ def _throttled(r: Record) -> bool:
 
 
 def record_flags(r: Record) -> list[str]:
-    """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`),
-    throttled (an ``extra`` throttle key, or a power or thermal slowdown reason in its telemetry),
+    """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`), throttled,
     sharing the GPU with another process (telemetry), verification failed."""
     out = ["failed"] if r.error else []
     flag = {"above_peak": "above peak", "no_op": "no-op (moves no data)", "nvls": "above links (NVLS?)"}.get(

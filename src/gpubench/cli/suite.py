@@ -218,9 +218,8 @@ def _host(name: str | None = None) -> str:
 
 def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str | None = None,
             extra: Sequence = (), also_failed: Sequence[str] = ()) -> str | None:
-    """Display the report; return the one-line reason the suite failed, or None when it passed.
-    ``extra``: renderables shown after the expectations; ``also_failed``: reasons that fail the
-    suite whatever the expectations say (the verdict line then says FAILED)."""
+    """Display the report; return the one-line reason the suite failed, or None when it passed
+    (``also_failed``: reasons that fail it whatever the expectations say; ``extra``: lines shown after)."""
     from rich.text import Text
 
     from gpubench.validation import suite

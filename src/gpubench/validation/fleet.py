@@ -109,8 +109,7 @@ def checks_of(result) -> list[dict]:
 
 
 def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
-    """The bound that decides a figure judged by several outcomes (values in GB/s or us): among the
-    failed ones if any failed, else among the rest, the bound with the least margin. Returns
+    """The bound with the least margin among the outcomes of one figure (the failed ones if any failed):
     (bound in ``unit``, ">=" or "<="; "Gbit/s" converts a GB/s bound x8), or (None, None)."""
     judged = [o for o in outcomes if o.status in ("pass", "fail")]
     if any(o.status == "fail" for o in judged):
@@ -180,9 +179,8 @@ def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
 
 def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: Any = None,
                 link_outcomes: Sequence = ()) -> dict:
-    """The bundle's ``fleet`` object (its shape: :func:`gpubench.validation.suite.check_fleet`) from
-    each rank's :func:`node_payload` (None: missing), every rank's host, and the judging stage's
-    Result (``links``, net's links between nodes) with its outcomes."""
+    """The bundle's ``fleet`` object (shape: :func:`gpubench.validation.suite.check_fleet`) from each
+    rank's :func:`node_payload` (None: missing) and the judging stage's Result (``links``) with its outcomes."""
     present = [p for p in payloads if p is not None]
     missing = [{"rank": r, "host": str(hosts[r]) if r < len(hosts) else "?"} for r, p in enumerate(payloads)
                if p is None]
@@ -585,9 +583,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
 
 
 def check_saved(bundle, expectations) -> list:
-    """The expectations judged on a saved fleet bundle as :func:`run_fleet` judged them live: the
-    node expectations against each rank's own steps (``STEP [rank R]``), those of a command with a
-    judging fleet stage (net) against that stage's step only. Outcomes in rank order, then the links'."""
+    """The expectations judged on a saved fleet bundle as :func:`run_fleet` judged them live (per rank,
+    then those of a command with a judging fleet stage against that stage's step only)."""
     import re
 
     from gpubench.validation import suite

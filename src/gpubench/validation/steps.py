@@ -72,9 +72,8 @@ def run_step(plugin: Plugin, step: SuiteStep, *, quiet: bool = True):
 
 
 def record_step(bundle, name: str, command: str, path: Path, fn: Callable, say=lambda text: None) -> bool:
-    """Run ``fn(path) -> Result`` as one step of ``bundle`` and save its result at ``path`` (an
-    error makes the step "error"; a MachineError's ``partial_result`` is kept and saved). False when
-    the step was interrupted (the suite stops)."""
+    """Run ``fn(path) -> Result`` as one step of ``bundle``, saving its result (or a MachineError's
+    ``partial_result``) at ``path``; an error makes the step "error". False when it was interrupted."""
     from gpubench.core.registry import INVOCATION
     from gpubench.core.result import save
     from gpubench.validation import suite
@@ -109,9 +108,8 @@ def record_step(bundle, name: str, command: str, path: Path, fn: Callable, say=l
 
 def run_planned(bundle, place: StepPlace, n_gpus: int, opted: set[str], path_of: Callable[[str], Path], *,
                 quiet: bool, say=lambda text: None, each_rank_only: bool = False) -> bool:
-    """Run every planned step of ``place`` into ``bundle`` (skipped ones recorded with their reason,
-    results saved at ``path_of(command)``; ``each_rank_only``: only the steps marked ``each_rank``).
-    False when a step was interrupted (the caller stops)."""
+    """Run every planned step of ``place`` into ``bundle`` (skipped ones with their reason; ``each_rank_only``:
+    only the ``each_rank`` steps). False when a step was interrupted (the caller stops)."""
     from gpubench.validation import suite
 
     for plugin, step in planned(place):

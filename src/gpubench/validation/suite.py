@@ -633,9 +633,8 @@ def format_report(bundle: Bundle, strict: bool = False) -> list:
 
 
 def verdict_line(bundle: Bundle, strict: bool = False) -> str:
-    """"FAILED: ..." when an expectation failed or is missing (skipped too with ``strict`` or the
-    bundle's own --strict) or a step had an error; "PASSED: ..." only when at least one passed;
-    else "NOTHING CHECKED: ..."; with the counts of each outcome."""
+    """"FAILED: ..." when an expectation failed or is missing (skipped too when strict) or a step had an
+    error; "PASSED: ..." when at least one passed; else "NOTHING CHECKED: ..."; with the counts."""
     strict = strict or bundle.strict
     c = Counter(o.status for o in bundle.outcomes)
     bad = len(failures(bundle.outcomes, strict))
