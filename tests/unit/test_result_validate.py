@@ -201,6 +201,7 @@ def _driver_check(status="ok"):
     (("env", "cuda", "driver_check"), {"status": "ok"}, "/env/cuda/driver_check"),
     (("env", "cuda", "driver_check"), dict(_driver_check(), driver_cuda=None), "/env/cuda/driver_check/driver_cuda"),
     (("env", "cuda", "driver_check"), "ok", "/env/cuda/driver_check"),
+    (("argv",), ["gpubench", 5], "/argv/1"),
 ])
 def test_the_schemas_declared_extra_and_driver_check_fields_are_refused_as_the_schema_refuses(path, value, pointer):
     d = json.loads((DATA / "copy-pinned-h200.json").read_text())

@@ -1089,7 +1089,7 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
     command = check_command(d["command"], source, pointer_join(pointer, "command"))
     argv = _check_list(d.get("argv", []), source, pointer_join(pointer, "argv"), "an array of strings")
     for i, a in enumerate(argv):
-        check_str(a, source, pointer_join(pointer, f"argv/{i}"))
+        check_str(a, source, pointer_join(pointer_join(pointer, "argv"), i))
     partial = d.get("partial", False)
     if not isinstance(partial, bool):
         raise bad_field(source, pointer_join(pointer, "partial"), partial, "true or false")
