@@ -1,28 +1,10 @@
 """Scale-out: who this process is among the ranks a launcher started, and a group to talk to them.
 
-:func:`discover` reads the rank, world size, local rank and node from the launcher's environment,
-one row of :data:`LAUNCHER_TABLE` per launcher (Open MPI, PMIx, MPICH/Hydra and Intel MPI, Slurm,
-a Kubernetes Indexed Job, torchrun), tried in order. torchrun's workers (``TORCHELASTIC_RUN_ID``)
-come first: under ``srun torchrun`` the ``SLURM_*`` variables count torchrun's agents; Slurm counts
-only inside a task of an ``srun`` step (a real ``SLURM_STEP_ID``): a batch script also has
-``SLURM_PROCID=0``. Without any of them gpubench runs as one process (:data:`SINGLE`, launcher
-``"none"``).
-
-:func:`join` returns a :class:`Group` of all ranks: over mpi4py under MPI when it imports; else over
-a TCP key-value store at the rendezvous address (``MASTER_ADDR``/``MASTER_PORT`` or ``--rendezvous
-HOST:PORT``): ``torch.distributed.TCPStore`` where torch imports (under torchrun the agent's own
-store), else :class:`_Store`, a small store with the same operations.
-
-Every wait past the join is bounded (docs/cluster.md "Deadlines"): a rank that died or hangs raises
-:class:`MachineError` naming the rank and its host. MPI messages are received with a matched probe
-and a non-blocking receive polled to the deadline; :meth:`Group.close` takes at most
-:data:`CLOSE_S`, entering MPI_Finalize only after a non-blocking barrier of every rank completed in
-that time, never after a fault; a store's every request has a socket timeout. After a fault (a rank
-named missing, by this rank or by an abort notice, or marked gone with :meth:`Group.lost`) close()
-waits only for rank 0's farewell, so that rank 0 finishes its report before a launcher that ends
-the job at the first exit ends it.
-
-Payloads travel as JSON text on every path, MPI too (tuples come back as lists).
+:func:`discover` reads the rank, world size, local rank and node from the launcher's environment
+(:data:`LAUNCHER_TABLE`, one row per launcher, tried in order); :func:`join` returns a :class:`Group`
+of all ranks over mpi4py under MPI, else over a TCP key-value store at the rendezvous address
+(torch's TCPStore where torch imports, else :class:`_Store`). Every wait past the join is bounded
+(docs/cluster.md "Deadlines"). Payloads travel as JSON text on every path (tuples come back as lists).
 """
 
 from __future__ import annotations
@@ -48,40 +30,22 @@ from gpubench.core.signals import Interrupted, note_complete
 # SLURM_INTERACTIVE_STEP, SLURM_PENDING_STEP, 0xfffffffa..0xfffffffd).
 _SLURM_NOT_A_STEP = range(0xFFFFFFF0, 0x100000000)
 DEFAULT_PORT = 29500  # torchrun's default --master-port
-# The longest Group.close() waits: for every rank at the closing barrier (a healthy run: rank 0 may
-# still be writing its report while the others close), or, after a fault, for rank 0's farewell.
-CLOSE_S = 30.0
-# After a fault rank 0 waits this long for the other ranks' acknowledgement of its farewell
-# before it stops serving the store (they need the store to read it).
-FAREWELL_ACK_S = 3.0
-# A rank that stops on a signal waits this long for rank 0's farewell (not CLOSE_S), so that rank 0
-# can save what it measured before a launcher that ends the job at the first failed exit (MPICH's
-# hydra, Slurm's --kill-on-bad-exit) kills it.
-SIGNALLED_WAIT_S = 10.0
-# A rank waiting for rank 0 (its answer to an all-gather or barrier, its confirmation of a gather
-# with confirm=True or of a healthy close) waits this much longer than rank 0 waits for the others,
-# so that a rank missing at rank 0 is named through rank 0's notice before the waiting ranks would
-# blame rank 0 itself.
+CLOSE_S = 30.0  # the longest Group.close() waits (seconds)
+FAREWELL_ACK_S = 3.0  # after a fault, rank 0's wait for the acknowledgements of its farewell
+SIGNALLED_WAIT_S = 10.0  # a rank stopped by a signal waits this long for rank 0's farewell
+# A rank waiting for rank 0 waits this much longer than rank 0 waits for the others, so that a
+# rank missing at rank 0 is named through rank 0's notice first.
 CONFIRM_S = 5.0
-# After a collective's deadline, the ranks not heard yet get this much for a last look, together.
-LAST_LOOK_S = 0.2
+LAST_LOOK_S = 0.2  # after a collective's deadline, one last look at the ranks not heard yet
 
 
 @dataclass(frozen=True)
 class Rank:
     """One process among the ranks a launcher started.
 
-    Attributes:
-        rank: 0..size-1 across the whole job.
-        size: processes in the job (0 only under PMIx alone, whose world size is not in the
-            environment; :func:`join` asks MPI for it).
-        local_rank: index among this node's ranks, which picks the GPU (-1 where the launcher does
-            not say; :func:`join` derives it from the host names).
-        local_size: ranks on this node, or None where the launcher does not say (:func:`join` fills it).
-        node: index of this node in the job, or None where the launcher does not say (:func:`join`
-            fills it from the host names, in order of each host's lowest rank).
-        host: this machine's host name (socket.gethostname()).
-        launcher: a :data:`LAUNCHER_TABLE` row's name, or "none".
+    ``size`` is 0 only under PMIx alone (MPI gives it); ``local_rank`` -1 and ``local_size``,
+    ``node`` None where the launcher does not say (:func:`join` fills them from the host names);
+    ``launcher`` is a :data:`LAUNCHER_TABLE` row's name, or "none".
     """
 
     rank: int
@@ -97,8 +61,7 @@ class Rank:
         return self.launcher != "none"
 
     def label(self) -> str:
-        """``rank 3 on node07`` (the host as the launcher's machine reported it; escape it before
-        showing it: core.safe)."""
+        """``rank 3 on node07`` (escape the host before showing it: core.safe)."""
         return f"rank {self.rank} on {self.host}"
 
 
@@ -112,19 +75,15 @@ def _host() -> str:
 SINGLE = Rank(0, 1, 0, 1, 0, _host(), "none")
 
 
-# The most ranks a job may have: above the largest GPU jobs, and a bound on what a hand-set
-# WORLD_SIZE makes every rank loop over.
 MAX_RANKS = 1 << 20
 _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII only: int() also takes "1_0", "+1" and non-ASCII digits
 
 
 def _check_digits(name: str, raw: str, hint: str) -> None:
-    """A launcher variable's digits (every integer of discover, MASTER_PORT): an optional minus
-    sign and ASCII digits 0-9, nothing around them. The sign is taken so that a negative value is
-    named by its range ("must be >= 0"); a signed zero (``-0``, ``-00``) is no launcher's value.
+    """A launcher variable's digits: an optional minus sign and ASCII digits 0-9.
 
     Raises:
-        UsageError: naming the variable and its value (spaces around the digits said apart).
+        UsageError: naming the variable and its value.
     """
     if _DECIMAL.fullmatch(raw):
         if raw.startswith("-") and not raw.strip("-0"):
@@ -138,11 +97,11 @@ def _check_digits(name: str, raw: str, hint: str) -> None:
 
 
 def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, counts_ranks: bool = True) -> int:
-    """``env[name]`` as a decimal integer from ``minimum`` to MAX_RANKS - 1 (from 1 to MAX_RANKS for
-    a size, ``minimum=1``); ``counts_ranks=False`` (a Slurm job or step id): no upper bound.
+    """``env[name]`` as a decimal integer from ``minimum`` to MAX_RANKS - 1 (MAX_RANKS for a size);
+    ``counts_ranks=False`` (a Slurm job or step id): no upper bound.
 
     Raises:
-        UsageError: not plain ASCII decimal digits (:func:`_check_digits`), or out of that range.
+        UsageError: not plain ASCII decimal digits, or out of that range.
     """
     text = env[name]
     _check_digits(name, text, "the launcher sets it (decimal digits 0-9); unset it when not running under that launcher")
@@ -174,9 +133,8 @@ def _slurm_step(env: Mapping[str, str]) -> bool:
 
 
 def slurm_tasks_on_node(spec: str, node: int) -> int | None:
-    """Tasks on node ``node`` from Slurm's SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE
-    (``"4(x2),3"``: 4 on nodes 0 and 1, 3 on node 2), or None when ``spec`` does not parse or has
-    fewer nodes."""
+    """Tasks on node ``node`` from Slurm's tasks per node (``"4(x2),3"``: 4 on nodes 0 and 1, 3 on
+    node 2), or None when ``spec`` does not parse or has fewer nodes."""
     i = 0
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
@@ -191,16 +149,10 @@ def slurm_tasks_on_node(spec: str, node: int) -> int | None:
 
 @dataclass(frozen=True)
 class MpiLibrary:
-    """The MPI library mpi4py loaded, read from ``MPI_Get_library_version`` (which MPI allows
-    before ``MPI_Init``, so it is read before the library joins anything).
+    """The MPI library mpi4py loaded, read from ``MPI_Get_library_version`` (allowed before MPI_Init).
 
-    Attributes:
-        family: "openmpi", "mpich" (MPICH and its ABI kin: Intel MPI, MVAPICH, Cray MPICH), or None
-            (not known: nothing is refused).
-        name: for messages, e.g. "MPICH 5.0.2", "Open MPI v5.0.3".
-        major: the major version where the text gives it.
-        pmix: whether it can join a PMIx job where the text says (Open MPI: always; MPICH: its
-            configure line names pmix), else None.
+    ``family``: "openmpi", "mpich" (and its ABI kin) or None (not known: nothing is refused);
+    ``pmix``: whether it can join a PMIx job, where the text says.
     """
 
     family: str | None
@@ -228,15 +180,8 @@ def mpi_library(text: str) -> MpiLibrary:
 
 @dataclass(frozen=True)
 class MpiJob:
-    """The MPI job a launcher starts (a :class:`Launcher` row's ``mpi``), and which MPI library
-    can join it (MPI_Init under a launcher it cannot join aborts or runs a world of one: :func:`_mpi`).
-
-    Attributes:
-        job: what started this process, for the message ("Open MPI's mpirun").
-        refuses: (env, library) -> why that library cannot join the job (a clause), or None when it
-            can or that cannot be told from the library's text.
-        hint: what to run instead ("{lib}" is the library's name).
-    """
+    """The MPI job a launcher starts, and which MPI library can join it: ``refuses`` (env, library)
+    gives why that library cannot (a clause) or None; ``hint`` what to run instead ("{lib}")."""
 
     job: str
     refuses: Callable[[Mapping[str, str], MpiLibrary], str | None]
@@ -281,26 +226,11 @@ _PMI = MpiJob("a PMI launcher (MPICH's Hydra, Intel MPI, srun --mpi=pmi2)", _pmi
 
 @dataclass(frozen=True)
 class Launcher:
-    """One launcher: how to tell that it started this process, and which variables say who the
-    process is. :data:`LAUNCHER_TABLE` is tried in order; adding a launcher is one row.
-
-    Attributes:
-        name: the Rank's ``launcher``.
-        detect: env -> True when this launcher started the process.
-        rank: the variable of the rank.
-        size: the world size's variables, the first set one counts.
-        size_needed: the size must be in the environment (False: PMIx, whose size MPI gives).
-        missing_size: (message, hint) when the size is needed and missing; default: "RANK is set
-            without SIZE".
-        local, local_size, node, nodes: the local rank, the ranks on this node, this node's index
-            and the node count, each the first set variable of its list.
-        mpi: the MPI job this launcher starts (:class:`MpiJob`): the ranks talk through mpi4py where
-            it imports (:func:`join`), once the row has found that mpi4py's MPI library can join
-            that job; None: not an MPI launcher.
-        refine: (env, fields) -> None: what the variables alone do not give, filled into
-            ``fields`` ("local_size", "node" with their variable names "lsize_v", "node_v").
-        rendezvous: env -> (host, port) of rank 0's store where MASTER_ADDR is not set, or None.
-    """
+    """One launcher: how to tell that it started this process (``detect``), and which variables
+    say who the process is (of each tuple, the first set one counts). ``mpi``: the MPI job it
+    starts, None for no MPI launcher; ``refine`` fills what the variables alone do not give into
+    the fields ("local_size", "node", "lsize_v", "node_v"); ``rendezvous``: rank 0's store's
+    (host, port) where MASTER_ADDR is not set."""
 
     name: str
     detect: Callable[[Mapping[str, str]], bool]
@@ -322,13 +252,11 @@ def _set(name: str) -> Callable[[Mapping[str, str]], bool]:
 
 
 def _pmix_node(env: Mapping[str, str], f: dict) -> None:
-    """Under ``srun --mpi=pmix`` Slurm's node index is the node."""
     if env.get("SLURM_NODEID", "").strip() and _slurm_step(env):
         f["node"], f["node_v"] = _int(env, "SLURM_NODEID"), "SLURM_NODEID"
 
 
 def _slurm_local_size(env: Mapping[str, str], f: dict) -> None:
-    """Slurm gives the tasks per node as a list ("4(x2),3"), read at this node's index."""
     f["lsize_v"] = "SLURM_STEP_TASKS_PER_NODE"
     tpn = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if tpn and f["node"] is not None:
@@ -347,7 +275,7 @@ def _slurm_rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
 _TORCHRUN: dict[str, Any] = dict(rank="RANK", size=("WORLD_SIZE",), local=("LOCAL_RANK",),
                                  local_size=("LOCAL_WORLD_SIZE",), node=("GROUP_RANK",))
 
-#: The launchers, in the order they are recognised (the module docstring says why this order).
+#: The launchers, in the order they are recognised.
 LAUNCHER_TABLE: tuple[Launcher, ...] = (
     # torchrun's own workers first: under `srun torchrun` the SLURM_* variables count its agents
     Launcher("torchrun", lambda env: bool(env.get("TORCHELASTIC_RUN_ID")) and _set("RANK")(env), **_TORCHRUN),
@@ -363,8 +291,7 @@ LAUNCHER_TABLE: tuple[Launcher, ...] = (
              missing_size=("SLURM_PROCID is set without SLURM_NTASKS", "run under srun, or unset SLURM_PROCID"),
              local=("SLURM_LOCALID",), node=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
              refine=_slurm_local_size, rendezvous=_slurm_rendezvous),
-    # a Kubernetes Indexed Job (examples/kubernetes/indexed-job.yaml): a pod per node, its rank the
-    # completion index; WORLD_SIZE and MASTER_ADDR/MASTER_PORT come from the manifest's env
+    # a Kubernetes Indexed Job (examples/kubernetes/indexed-job.yaml)
     Launcher("kubernetes", _set("JOB_COMPLETION_INDEX"), "JOB_COMPLETION_INDEX", ("WORLD_SIZE",),
              missing_size=("JOB_COMPLETION_INDEX is set without WORLD_SIZE",
                            "set WORLD_SIZE to the Job's completions in the pod's env")),
@@ -379,9 +306,8 @@ def launcher_of(name: str) -> Launcher | None:
 
 
 def speaks_for_the_job(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether this process is rank 0 of a launcher, or runs under none: the one that says what
-    every rank would say alike and writes a gathered result. Launcher variables that do not parse:
-    True (each process says its own error)."""
+    """Whether this process is rank 0 of a launcher, or runs under none (True where the launcher
+    variables do not parse: each process says its own error)."""
     try:
         return discover(env).rank == 0
     except GpubenchError:
@@ -389,19 +315,11 @@ def speaks_for_the_job(env: Mapping[str, str] = os.environ) -> bool:
 
 
 def discover(env: Mapping[str, str] = os.environ) -> Rank:
-    """This process's Rank from the launcher's environment (:data:`LAUNCHER_TABLE`, in order).
-
-    Args:
-        env: the environment to read (os.environ; tests pass a dict).
-
-    Returns:
-        The Rank; :data:`SINGLE`'s values (launcher ``"none"``) when no launcher's variables are set.
+    """This process's Rank from the launcher's environment; :data:`SINGLE`'s values when no
+    launcher's variables are set.
 
     Raises:
-        UsageError: a variable that is not an integer, or values that contradict each other (a rank
-            not below the world size, a local rank not below the local size, a node id not below
-            the node count, a torchrun rank without its world size); the message names the
-            variable.
+        UsageError: a variable that is not an integer, or values that contradict each other.
     """
     row = next((r for r in LAUNCHER_TABLE if r.detect(env)), None)
     host = _host()
@@ -472,15 +390,9 @@ def _signal_name(signum: int) -> str:
 class Group:
     """All ranks of the job, for the small messages of a benchmark (never for timed traffic).
 
-    Rank 0 gathers. Every operation waits at most ``timeout`` seconds (join's, or the one given)
-    for the others, then raises MachineError naming the ranks and hosts that did not answer.
-
-    Attributes:
-        rank, size: this rank and the world size.
-        me: this process's Rank with local_rank, local_size and node filled in from every rank's host
-            name where the launcher did not give them.
-        ranks: every rank's Rank, index = rank (the same list on every rank).
-        transport: "single", "mpi" or "store:<kind>" (kind: torch or gpubench).
+    Every operation waits at most ``timeout`` seconds for the others, then raises MachineError
+    naming the ranks and hosts that did not answer. ``ranks``: every rank's Rank, index = rank;
+    ``transport``: "single", "mpi" or "store:<kind>".
     """
 
     def __init__(self, me: Rank, timeout: float):
@@ -493,13 +405,12 @@ class Group:
         self._seq = 0
         self._closed = False
         self._faulted = False  # a peer went missing: close() does not wait for it
-        self._leaving = False  # this rank stops on a signal: it waits SIGNALLED_WAIT_S for the farewell
+        self._leaving = False  # this rank stops on a signal
         self._lost: set[int] = set()  # the ranks known missing
-        self._signalled: set[int] = set()  # of those, the ranks that stopped on a signal (they wait for the farewell)
+        self._signalled: set[int] = set()  # of those, the ranks that stopped on a signal
 
     def lost(self, ranks) -> None:
-        """Mark ``ranks`` as gone (e.g. fleet.Roll's silent ranks): close() then waits for none of
-        them, and MPI_Finalize (which would wait for every rank) is not entered."""
+        """Mark ``ranks`` as gone: close() then waits for none of them, nor enters MPI_Finalize."""
         gone = {int(r) for r in ranks} - {self.rank}
         if gone:
             self._lost |= gone
@@ -511,7 +422,7 @@ class Group:
 
     def _recv(self, tag: str, src: int, deadline: float, aborts: bool = True) -> str:
         """The message ``tag`` from ``src``; TimeoutError past ``deadline``; _Abort when another
-        rank's abort notice is there first (unless ``aborts`` is False)."""
+        rank's abort notice is there first (with ``aborts``)."""
         raise NotImplementedError
 
     def _deadline(self, timeout: float | None) -> float:
@@ -592,11 +503,7 @@ class Group:
     def gather(self, obj: Any, root: int = 0, timeout: float | None = None, what: str = "gather",
                confirm: bool = False, waited: float | None = None) -> list | None:
         """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks.
-
-        ``confirm``: the root tells the others once it has every part, and they return only then
-        (waiting ``timeout`` + CONFIRM_S for it), so a root that stopped is named by each of them:
-        a barrier that carries data. ``waited``: see :meth:`allgather`.
-        """
+        ``confirm``: the others return only once the root has every part (a barrier that carries data)."""
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
@@ -617,16 +524,14 @@ class Group:
     def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather",
                   waited: float | None = None) -> list:
         """Every rank's ``obj`` on every rank (a list, index = rank); ``what`` names it in the
-        error of a rank that did not answer, and ``waited`` the seconds that error says it was
-        waited for (default ``timeout``: a caller whose deadline began earlier passes the whole)."""
+        error of a rank that did not answer, and ``waited`` the seconds that error says (default ``timeout``)."""
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
         tag = self._tag("a")
         text = _dumps(obj)
         said = timeout if waited is None else waited
-        # through rank 0: 2(n - 1) messages, where each rank sending to each would take n(n - 1)
-        # (on a store, that many requests to rank 0's one server)
+        # through rank 0: 2(n - 1) messages, not n(n - 1)
         if self.rank != 0:
             self._send_all(tag, text, [0], deadline)
             return json.loads(self._recv_named(tag + "all", 0, deadline + CONFIRM_S, what,
@@ -645,12 +550,11 @@ class Group:
         return self.timeout if timeout is None else float(timeout)
 
     def receive(self, tag: str, src: int, deadline: float) -> str:
-        """The message ``tag`` from ``src`` (a caller keeping its own tags, as the fleet's roll call).
+        """The message ``tag`` from ``src`` (a caller keeping its own tags).
 
         Raises:
             TimeoutError: past ``deadline``.
-            MachineError: another rank's abort notice came first (naming the rank it is about, as
-                every collective does), or the transport was lost.
+            MachineError: another rank's abort notice came first, or the transport was lost.
         """
         try:
             return self._recv(tag, src, deadline)
@@ -666,9 +570,7 @@ class Group:
             raise self._aborted(a.text) from None
 
     def _peek(self, tag: str, srcs: list[int]) -> dict[int, str]:
-        """The messages ``tag`` of ``srcs`` there by now (a last look, LAST_LOOK_S for them all),
-        by source; _Abort as :meth:`_recv`. A transport that can look at many at once (a store:
-        one request) overrides this."""
+        """The messages ``tag`` of ``srcs`` there by now (LAST_LOOK_S for them all), by source."""
         end = time.monotonic() + LAST_LOOK_S
         got = {}
         for s in srcs:
@@ -700,8 +602,7 @@ class Group:
         return out
 
     def _learn_ranks(self) -> None:
-        """Every rank's Rank (all-gathered), and ``me`` completed from the hosts where the launcher
-        left local rank, local size or node unsaid."""
+        """Every rank's Rank (all-gathered), and ``me`` completed from the hosts."""
         got = self.allgather(list(astuple(self.me)))
         ranks = [Rank(*g) for g in got]
         for i, r in enumerate(ranks):
@@ -725,14 +626,12 @@ class Group:
         return list(dict.fromkeys(r.host for r in self.ranks))
 
     def close(self, quiet: bool | None = None, interrupted: BaseException | None = None) -> None:
-        """End this rank's part: the farewell rule (:meth:`_end`), then the transport's own end
-        (:meth:`_shut`); idempotent. ``interrupted``: the signal this rank stopped on (a
-        KeyboardInterrupt or Interrupted) where it is not on its way (a rank that kept a partial
-        result), told to the others as one on its way is.
+        """End this rank's part: the farewell rule (:meth:`_end`), then the transport's own end;
+        idempotent. ``interrupted``: the signal this rank stopped on where it is not on its way.
 
         Raises:
-            MachineError: a healthy run's end was not confirmed (:meth:`_end`), unless ``quiet``
-                (default: an exception is already on its way, as in a ``finally``, and wins).
+            MachineError: a healthy run's end was not confirmed, unless ``quiet`` (default: an
+                exception is already on its way).
         """
         if self._closed:
             return
@@ -753,11 +652,8 @@ class Group:
         """The transport's end, after the farewell rule; never raises."""
 
     def _interrupted(self, e: BaseException) -> None:
-        """This rank stops on a signal (SIGINT, SIGTERM): tell every other rank at once, so each
-        stops at its next wait naming this rank and the signal (not, past a deadline, as a rank
-        that "did not answer"), and none ends as if the run were whole. Then this rank leaves
-        without the healthy end's wait for rank 0; a rank other than 0 waits up to
-        SIGNALLED_WAIT_S for rank 0's farewell, which rank 0 says once it has saved what it holds."""
+        """This rank stops on a signal: tell every other rank at once, so each stops at its next
+        wait naming this rank and the signal."""
         if self.size == 1 or self._faulted:
             return
         self._faulted = True
@@ -771,9 +667,7 @@ class Group:
 
     def _end(self) -> None:
         """The farewell rule of a healthy run: every other rank tells rank 0 it is done and returns
-        only once rank 0 has confirmed the end, which rank 0 does when every rank said so. Rank 0
-        waits CLOSE_S for them; the others wait CLOSE_S + CONFIRM_S for rank 0. So a rank that
-        stops at the end is named by every survivor, and none exits 0 on silence.
+        only once rank 0 has confirmed the end, which rank 0 does when every rank said so.
 
         Raises:
             MachineError: rank 0 did not confirm (on the others); a rank did not say it was done
@@ -802,11 +696,8 @@ class Group:
         return None
 
     def _farewell(self, ack: bool) -> None:
-        """After a fault: rank 0 tells every rank not known missing (or stopped on a signal: it
-        waits) that it is done (and, with ``ack``, waits up to FAREWELL_ACK_S for their
-        acknowledgements, since they read the farewell from rank 0's store); the others wait up to
-        CLOSE_S for it (SIGNALLED_WAIT_S when this rank stopped on a signal), unless rank 0 is
-        known missing. Never raises, never waits longer."""
+        """After a fault: rank 0 tells every rank not known missing that it is done (with ``ack``,
+        waiting for their acknowledgements); the others wait for it. Never raises."""
         live = [r for r in range(self.size) if r != self.rank and (r not in self._lost or r in self._signalled)]
         try:
             if self.rank == 0:
@@ -826,12 +717,9 @@ class Group:
 
 
 class _MpiGroup(Group):
-    """The group over a duplicate (Idup) of mpi4py's COMM_WORLD: isend, improbe and Message.irecv
-    polled until the deadline, since a blocking MPI call cannot be interrupted.
-
-    With ``rc.finalize = False``, close() calls MPI_Finalize (which waits for every process of the
-    job, a stopped one too) only when every rank reached a non-blocking barrier within CLOSE_S;
-    otherwise, and after any fault, the process exits without it."""
+    """The group over a duplicate of mpi4py's COMM_WORLD: isend, improbe and irecv polled until the
+    deadline. close() calls MPI_Finalize only when every rank reached a non-blocking barrier within
+    CLOSE_S, never after a fault."""
 
     def __init__(self, me: Rank, timeout: float, MPI):
         super().__init__(me, timeout)
@@ -851,7 +739,6 @@ class _MpiGroup(Group):
 
     @staticmethod
     def _wait(req, deadline: float) -> bool:
-        """Poll ``req`` until it completes (True) or ``deadline`` passes (False)."""
         while not req.Test():
             if time.monotonic() > deadline:
                 return False
@@ -891,7 +778,6 @@ class _MpiGroup(Group):
             time.sleep(0.0005)
 
     def _drain(self, until: float) -> None:
-        """Wait until every message sent is taken, or ``until``."""
         while self._pending and time.monotonic() < until:
             self._pending = [p for p in self._pending if not p.Test()]
             time.sleep(0.001)
@@ -924,10 +810,7 @@ class _StoreForeign(_StoreLost):
 
 
 class _StoreGroup(Group):
-    """The group over a key-value store (set / get with a deadline). Keys: PREFIX/tag/src/dest.
-
-    Every request has a deadline (the collective's); a store that does not answer in time is
-    named: rank 0 and its host when rank 0 serves it, else the address."""
+    """The group over a key-value store (set / get with a deadline). Keys: PREFIX/tag/src/dest."""
 
     def __init__(self, me: Rank, timeout: float, store, kind: str, prefix: str, served_by_rank0: bool = True):
         super().__init__(me, timeout)
@@ -978,10 +861,8 @@ class _StoreGroup(Group):
         super()._interrupted(e)
 
     def claim(self, where: str, deadline: float) -> None:
-        """Claim this rank's index in the store, once per group: a second process with the same
-        RANK (another group on the same MASTER_PORT) is refused. While the group has not formed
-        (rank 0 sets ``joined`` once it has), the refused rank also leaves an abort notice: the
-        group may hold an intruder that claimed first, and every rank of it must stop.
+        """Claim this rank's index in the store: a second process with the same RANK is refused,
+        and, while the group has not formed, leaves an abort notice (the group may hold an intruder).
 
         Raises:
             UsageError: the index was claimed already (names the process that has it).
@@ -1050,20 +931,14 @@ class _StoreGroup(Group):
 
 # -- the stores -----------------------------------------------------------------------------------
 
-# Connections rank 0's store serves beyond one per rank (a reconnect after a signal, a second
-# group's claimant that must be told of the clash); more are closed at once.
-STORE_SPARE_CLIENTS = 16
-# A store request's own allowance beyond its deadline: the reply of a live server is at once.
-STORE_REPLY_S = 5.0
+STORE_SPARE_CLIENTS = 16  # connections rank 0's store serves beyond one per rank
+STORE_REPLY_S = 5.0  # a store request's own allowance beyond its deadline
 _MAX_LINE = 64 << 20  # the longest request or reply line of gpubench's store (bytes)
 
 
 class _TorchStore:
-    """torch.distributed.TCPStore behind set / get_any / close, every call bounded.
-
-    TCPStore's calls wait for the server's reply with no timeout of their own, so each runs in one
-    daemon worker thread and the caller waits for it up to the deadline plus STORE_REPLY_S; a call
-    that does not come back leaves the store unusable and raises :class:`_StoreLost`."""
+    """torch.distributed.TCPStore behind set / get_any / close, every call bounded: each runs in one
+    daemon worker thread, waited for up to the deadline plus STORE_REPLY_S (else :class:`_StoreLost`)."""
 
     def __init__(self, host: str, port: int, world: int, is_master: bool, timeout: float):
         import datetime
@@ -1109,8 +984,7 @@ class _TorchStore:
         return int(self._call(lambda: self._store.add(key, int(amount)), deadline))
 
     def get_any(self, keys: list[str], deadline: float) -> tuple[str, str]:
-        """(the first of ``keys`` that is set, its value); TimeoutError past ``deadline``. Polled
-        with check() every 2 ms (TCPStore.wait takes no "any of")."""
+        """(the first of ``keys`` that is set, its value); TimeoutError past ``deadline``."""
 
         def poll():
             while True:
@@ -1124,9 +998,8 @@ class _TorchStore:
         return self._call(poll, deadline)
 
     def peek(self, under: str, srcs: list[int], dest: int, keys: list[str], deadline: float) -> dict[str, str]:
-        """The messages to ``dest`` under ``under`` of ``srcs`` (keys ``under``SRC/DEST and
-        ``under``SRC/*) and the ``keys`` set by now, with their values. TCPStore has no listing,
-        so this checks key by key until ``deadline``: a source not checked by then counts as not there."""
+        """The messages to ``dest`` under ``under`` of ``srcs`` and the ``keys`` set by now, checked
+        key by key until ``deadline``."""
 
         def look():
             got = {k: self._store.get(k).decode() for k in keys if self._store.check([k])}
@@ -1141,10 +1014,8 @@ class _TorchStore:
         return self._call(look, deadline)
 
     def close(self, linger_s: float = 10.0, left: str | None = None, others: int = 0) -> None:
-        """Leave, as :meth:`_Store.close` does: a client counts itself out under the key ``left``;
-        the process that serves the store serves on until ``others`` clients have (at most
-        ``linger_s`` seconds), so a value it set last (the end's confirmation) is still there to be
-        read. Never raises."""
+        """Leave: a client counts itself out under ``left``; the server serves on until ``others``
+        clients have (at most ``linger_s`` seconds). Never raises."""
         if left is None or self._broken:
             return
         end = time.monotonic() + linger_s
@@ -1163,8 +1034,7 @@ class _TorchStore:
 
 
 def _peek_reply(reply: dict, req: dict) -> bool:
-    """A peek's reply is {"ok": true, "vs": {key: text}} with keys asked for: under its prefix
-    with one of its endings, or one of its keys."""
+    """A peek's reply is {"ok": true, "vs": {key: text}} with keys asked for."""
     vs = reply.get("vs")
     if reply.get("ok") is not True or not isinstance(vs, dict):
         return False
@@ -1173,15 +1043,11 @@ def _peek_reply(reply: dict, req: dict) -> bool:
 
 
 class _Store:
-    """A TCP key-value store: set(key, text) and get(key) that waits up to a deadline; rank 0
-    serves it in a thread, every rank (0 too) is a client: the subset of torch's TCPStore that
-    the group uses, for machines without torch. The wire format is one JSON object a line, so a
-    peer can send data, never code (no pickle). Values are kept until the server stops.
-    """
+    """A TCP key-value store, the subset of torch's TCPStore the group uses: rank 0 serves it in a
+    thread, every rank is a client. One JSON object a line (no pickle)."""
 
     def __init__(self, host: str, port: int, is_master: bool, deadline: float, max_clients: int | None = None):
         self._server: socket.socket | None = None
-        # connections served at once (None: any number); each can hold a request line of _MAX_LINE
         self._max_clients = max_clients
         self._data: dict[str, str] = {}
         self._cv = threading.Condition()
@@ -1245,7 +1111,7 @@ class _Store:
                 self._cv.notify_all()
 
     def _reply(self, req: Any) -> dict | None:
-        """The reply to one request (a JSON object: op set, add, peek or get); None for an unknown op.
+        """The reply to one request (op set, add, peek or get); None for an unknown op.
 
         Raises:
             ValueError, TypeError, AttributeError, OverflowError: a request of another shape.
@@ -1262,8 +1128,7 @@ class _Store:
                 self._data[key] = str(n)
                 self._cv.notify_all()
             reply = {"ok": True, "v": n}
-        elif op == "peek":  # a collective's last look, at once: the keys set under a prefix
-            # with one of these endings (one scan of what is set, whatever the world size), and these keys
+        elif op == "peek":  # a collective's last look: the keys under a prefix with these endings, and these keys
             keys = [str(k) for k in req.get("ks") or []]
             under, ends = str(req.get("p") or ""), tuple(str(e) for e in req.get("e") or [])
             with self._cv:
@@ -1302,8 +1167,7 @@ class _Store:
             time.sleep(0.1)
 
     def _ask(self, req: dict, wait_s: float) -> dict:
-        """One request and its reply, waiting ``wait_s`` (the server's own wait) plus STORE_REPLY_S.
-        Raises _StoreLost when the server does not answer in that time or is gone."""
+        """One request and its reply, waiting ``wait_s`` plus STORE_REPLY_S (else _StoreLost)."""
         with self._lock:
             if self._broken:
                 raise (_StoreForeign if "never sends" in self._broken else _StoreLost)(self._broken)
@@ -1334,9 +1198,8 @@ class _Store:
             return reply
 
     def reconnect(self, deadline: float) -> None:
-        """A new connection for this client's next requests: a request interrupted by a signal (a
-        get the server still holds) would keep the old one out of step. Raises MachineError where
-        the store cannot be reached by the deadline."""
+        """A new connection for this client's next requests (a request cut by a signal leaves the
+        old one out of step). Raises MachineError where the store cannot be reached by the deadline."""
         with self._lock:
             with contextlib.suppress(OSError):
                 self._rfile.close()
@@ -1363,16 +1226,13 @@ class _Store:
 
     def peek(self, under: str, srcs: list[int], dest: int, keys: list[str],
              deadline: float | None = None) -> dict[str, str]:
-        """The messages to ``dest`` set under ``under`` (keys ``under``SRC/DEST and ``under``SRC/*,
-        of any source: the caller keeps those of ``srcs``) and the ``keys`` set, with their values,
-        in one request of a constant size (the server answers at once, scanning what is set)."""
+        """The messages to ``dest`` set under ``under`` (of any source) and the ``keys`` set, in one request."""
         req = {"op": "peek", "p": under, "e": [f"/{dest}", "/*"], "ks": list(keys)}
         return dict(self._ask(req, 0.0)["vs"])
 
     def close(self, linger_s: float = 10.0) -> None:
-        """Disconnect; rank 0 serves on until every other rank has disconnected (at most
-        ``linger_s`` seconds), so a value it set last (a broadcast) is still there to be read."""
-        try:  # the reader too: the socket's descriptor stays open while a makefile() of it is
+        """Disconnect; rank 0 serves on until every other rank has (at most ``linger_s`` seconds)."""
+        try:
             self._rfile.close()
             self._sock.close()
         except OSError:
@@ -1397,7 +1257,6 @@ def parse_rendezvous(text: str, what: str = "--rendezvous") -> tuple[str, int]:
     Raises:
         UsageError: not HOST:PORT with a port 1..65535.
     """
-    # ASCII digits only (\d also takes other scripts' digits); [v6] may carry a zone: [fe80::1%eth0]
     m = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+(?:%[0-9A-Za-z_.-]+)?\]|[^:\s\[\]]+):([0-9]{1,5})\s*", text or "")
     if not m or not 0 < int(m.group(2)) < 65536:
         raise UsageError(f"{what} {text[:80]!r} is not HOST:PORT", "e.g. node01:29500 or [::1]:29500 (port 1..65535)")
@@ -1413,8 +1272,7 @@ def slurm_first_host(nodelist: str) -> str | None:
 
 
 def _host_name_ok(where: tuple[str, int] | None, what: str) -> tuple[str, int] | None:
-    """``where`` when its host can be looked up: a name IDNA cannot encode (an empty label as in
-    ``a..b``, a label over 63 characters) is refused as the net client refuses it.
+    """``where`` when its host can be looked up (IDNA can encode it).
 
     Raises:
         UsageError: naming the host and where it came from.
@@ -1432,9 +1290,8 @@ def _host_name_ok(where: tuple[str, int] | None, what: str) -> tuple[str, int] |
 
 
 def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
-    """Where the store is: ``rendezvous`` (--rendezvous), else MASTER_ADDR/MASTER_PORT (port
-    default 29500), else under Slurm the step's first node on port 29500 + SLURM_JOB_ID % 1000
-    (every rank computes the same), else None.
+    """Where the store is: ``rendezvous``, else MASTER_ADDR/MASTER_PORT, else the launcher row's
+    rendezvous, else None.
 
     Raises:
         UsageError: a port that is not one, or a host name that cannot be looked up.
@@ -1461,12 +1318,8 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
 
 def _mpi(me: Rank, env: Mapping[str, str] = os.environ):
     """mpi4py's MPI module, initialized, when this rank runs under an MPI launcher and mpi4py
-    imports, else None.
-
-    MPI_Init is called here (``rc.initialize = False``) only once the launcher's row has read the
-    library (MPI_Get_library_version, allowed before MPI_Init) and found that it can join the
-    launcher's job: otherwise MPI_Init aborts the process inside MPI (MPICH under ``srun
-    --mpi=pmix``) or runs a world of one (MPICH under Open MPI's variables).
+    imports, else None. MPI_Init only once the launcher's row found that the library can join its
+    job (else MPI_Init aborts inside MPI or runs a world of one).
 
     Raises:
         UsageError: the library cannot join the launcher's job (:func:`mpi_refusal`).
@@ -1502,18 +1355,8 @@ def _mpi(me: Rank, env: Mapping[str, str] = os.environ):
 
 def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
          env: Mapping[str, str] = os.environ) -> Group:
-    """The Group of every rank, and ``me`` completed (Group.me).
-
-    Args:
-        me: from :func:`discover`.
-        rendezvous: ``HOST:PORT`` of rank 0's store (--rendezvous); else MASTER_ADDR/MASTER_PORT.
-        timeout: seconds any rank waits for the others, in joining and in each collective
-            (0 = forever).
-
-    Returns:
-        A group of size 1 when ``me`` is not under a launcher (or the launcher started one rank);
-        over mpi4py under MPI when it imports; else over a TCP store (torch's TCPStore where torch
-        imports, else :class:`_Store`).
+    """The Group of every rank, and ``me`` completed (Group.me). ``timeout``: seconds any rank
+    waits for the others, in joining and in each collective (0 = forever).
 
     Raises:
         UsageError: several ranks, no MPI and no rendezvous address; or MPI's world size differs

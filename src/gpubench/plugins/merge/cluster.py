@@ -1,9 +1,6 @@
-"""merge's cluster: the checks before any worker starts (devices, RMM pool, CUDA_VISIBLE_DEVICES,
---interface), starting or attaching to the cluster (a distributed LocalCluster, dask-cuda's
-LocalCUDACluster, or an external scheduler) and closing it on every path, the RMM setup of the
-workers and the scheduler (dask-cuda's setup_memory_pools), and the functions run on the workers.
-
-Dask, dask-cuda, RMM, CuPy and UCXX are imported inside functions only.
+"""merge's cluster: the checks before any worker starts, starting or attaching to the cluster and
+closing it on every path, the RMM setup (dask-cuda's setup_memory_pools), and the functions run
+on the workers. Dask, dask-cuda, RMM, CuPy and UCXX are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -23,20 +20,14 @@ from gpubench.core.units import format_size
 if TYPE_CHECKING:  # types only: bench/merge imports this module
     from gpubench.plugins.merge.bench import MergeSpec
 
-# Left free on each GPU beyond the RMM pool: the CUDA context (~0.5 GiB on H100/H200) plus cuDF's and
-# UCX's own allocations outside the pool.
-CONTEXT_MARGIN_BYTES = 1 * 2**30
-# dask-cuda's benchmark also makes a 1 GB pool in the scheduler (the client process for a local cluster).
-SCHEDULER_POOL_BYTES = 10**9
-# Entries kept in each worker's transfer_incoming_log (distributed's default is 1000).
-TRANSFER_LOG_LENGTH = 100_000
+CONTEXT_MARGIN_BYTES = 1 * 2**30  # left free on each GPU beyond the RMM pool (the CUDA context, cuDF, UCX)
+SCHEDULER_POOL_BYTES = 10**9  # dask-cuda's benchmark's pool in the scheduler
+TRANSFER_LOG_LENGTH = 100_000  # entries kept in each worker's transfer_incoming_log
 CLOSE_TIMEOUT_S = 10  # a local cluster's close; then its leftover workers are killed (KILL_GRACE_S)
 CLIENT_CLOSE_TIMEOUT_S = 5
 FAILED_START_CLOSE_S = 3  # a start that failed or ran out of time: a short close, then the kill
 KILL_GRACE_S = 2  # SIGTERM to SIGKILL for a worker that outlived its cluster's close
-# After a failed start, how long to keep sweeping for workers: a Nanny's process is spawned by a
-# thread of distributed's AsyncProcess, so a spawn under way when the start was cancelled can land
-# after the first sweep (distributed 2024.9 to 2025.1 do, on a saturated host).
+# After a failed start, how long to keep sweeping for workers (a spawn under way can land late).
 FAILED_START_SETTLE_S = 1.0
 
 
@@ -62,12 +53,8 @@ def check_devices_and_memory(
     scheduler_device: int | None = 0,
 ) -> None:
     """Refuse devices that are not there and pools that do not fit, before any worker starts.
-
-    Args:
-        visible: number of GPUs the machine shows.
-        memory: device -> (free, total) bytes, for every device in spec.devices.
-        scheduler_device: the device on which the client process makes the scheduler's 1 GB pool
-            and its CUDA context (dask-cuda's setup), or None when it makes none there.
+    ``memory``: device -> (free, total) bytes; ``scheduler_device``: where the client makes the
+    scheduler's 1 GB pool, or None.
 
     Raises:
         UsageError: a device id >= visible, or a device whose free memory is smaller than the pool
@@ -128,13 +115,8 @@ def _scheduler_device() -> int:
 
 
 def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> None:
-    """Refuse -d devices (physical GPUs, as dask-cuda's -d) that this process's CUDA_VISIBLE_DEVICES
-    hides; NVML, which the other checks use, ignores it. Entries that are not integers (GPU-UUIDs,
-    MIG names) cannot be matched to -d and are not checked.
-
-    Args:
-        devices: the -d ids.
-        value: the environment variable's value, None when it is not set.
+    """Refuse -d devices (physical GPUs) that CUDA_VISIBLE_DEVICES (``value``, None when unset)
+    hides; UUIDs and MIG names are not checked.
 
     Raises:
         NoGPUError: the variable is set but lists no GPU ("", "-1").
@@ -162,13 +144,11 @@ def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> Non
 
 
 def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
-    """Check, for a local -t gpu cluster, the devices and the pool against NVML and
-    CUDA_VISIBLE_DEVICES, and the frames against each GPU's memory (the pool grows into what the
-    CUDA context and the scheduler leave free); returns the memory.
+    """Check, for a local -t gpu cluster, the devices, the pool and the frames against NVML and
+    CUDA_VISIBLE_DEVICES; returns the memory.
 
     Raises:
-        NoGPUError, UsageError: see check_cuda_visible_devices, check_devices_and_memory and
-            check_frames_fit.
+        NoGPUError, UsageError: see the checks it calls.
     """
     from gpubench.core.env import host_memory
 
@@ -184,18 +164,13 @@ def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
 
 # -- Memory of the frames (both local cluster kinds), before any worker starts -------------------------
 
-# Bytes per row as generate_chunk makes them: the base frame's key, shuffle and payload (int64; the
-# shuffle column becomes the index after set_index), the other frame's key and payload.
+# Bytes per row as generate_chunk makes them (int64 columns): base key, shuffle, payload; other key, payload.
 BASE_ROW_BYTES = 3 * 8
 OTHER_ROW_BYTES = 2 * 8
-# Copies of both frames a worker may hold at its peak (generated partitions, shuffle pieces, the
-# join's partitions and output), counting the whole of both frames on every worker since Dask does
-# not balance partitions evenly. Measured peak (-t cpu): 2.2x with 2 workers, 2.75x with 1.
+# Copies of both frames a worker may hold at its peak. Measured peak (-t cpu): 2.2x with 2 workers, 2.75x with 1.
 FRAME_COPIES = 3
 WORKER_BASE_BYTES = 256 * 2**20  # a worker process before it holds data (measured 193 MiB RSS)
-# This process (client and scheduler of a local cluster) per partition of the two frames: the
-# tasks of generation, shuffle and join (measured 0.55 MiB).
-PARTITION_HOST_BYTES = 2**20
+PARTITION_HOST_BYTES = 2**20  # this process per partition of the two frames (measured 0.55 MiB)
 
 
 def frame_bytes(chunk_size: int, base_chunks: int, other_chunks: int) -> int:
@@ -210,9 +185,7 @@ def worker_need_bytes(spec: MergeSpec, n_workers: int) -> int:
 
 
 def _largest_that_fits(spec: MergeSpec, n_workers: int, room: int) -> tuple[str, int, int]:
-    """The option to name when the frames do not fit in ``room`` bytes per worker: (its flag, its
-    value, the largest value that fits with the others unchanged), choosing among -c and the
-    partition counts the user gave the one furthest over its largest."""
+    """(flag, value, the largest value that fits in ``room`` bytes per worker) of the option furthest over."""
     c, bc, oc = spec.chunk_size, spec.base_chunks or n_workers, spec.other_chunks or n_workers
     per_row = room // FRAME_COPIES
     cands = [("-c/--chunk-size", c, per_row // (bc * BASE_ROW_BYTES + oc * OTHER_ROW_BYTES))]
@@ -242,19 +215,13 @@ def _refuse_frames(spec: MergeSpec, n_workers: int, room: int, where: str) -> Us
 
 def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: Mapping[int, int] | None = None,
                      worker_limit: int | None = None) -> None:
-    """Refuse a local run whose frames cannot fit, before any worker starts.
-
-    Args:
-        host_available: bytes of host memory available (MemAvailable), None when unknown.
-        device_free: -t gpu: device -> bytes one worker may use on it (free memory less the CUDA
-            context and the scheduler's pool); the RMM pool grows into it as the frames need.
-        worker_limit: -t cpu: each worker's memory limit in bytes (distributed's "auto": the
-            host's memory / workers), None for none.
+    """Refuse a local run whose frames cannot fit, before any worker starts. Bytes:
+    ``host_available`` (None: unknown), ``device_free`` (-t gpu: device -> what one worker may use),
+    ``worker_limit`` (-t cpu: each worker's memory limit, None for none).
 
     Raises:
-        UsageError: the frames and their copies do not fit on a worker (naming the option and the
-            largest value that fits), the workers' own memory does not fit on the host (-t cpu),
-            or the partitions' tasks do not fit in this process.
+        UsageError: the frames do not fit on a worker (naming the option and the largest value that
+            fits), the workers do not fit on the host, or the partitions' tasks in this process.
     """
     n = len(spec.devices)
     bc, oc = spec.base_chunks or n, spec.other_chunks or n
@@ -287,8 +254,7 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
 
 
 def cpu_worker_limit(n_workers: int) -> int | None:
-    """Each worker's memory limit as LocalCluster sets it (distributed's parse_memory_limit("auto",
-    1, n_workers)), in bytes; None for no limit."""
+    """Each worker's memory limit as LocalCluster sets it, in bytes; None for no limit."""
     import logging
 
     from distributed.worker_memory import parse_memory_limit
@@ -316,7 +282,7 @@ def clear_transfer_log(dask_worker=None) -> int:
 
 def take_transfer_log(dask_worker=None) -> list[dict]:
     """The worker's incoming transfers since the last clear: who, total (B), bandwidth (B/s),
-    duration (s), start (s, the worker's clock)."""
+    duration (s), start (s)."""
     return [
         {"who": e["who"], "total": int(e["total"]), "bandwidth": float(e["bandwidth"]),
          "duration": float(e["duration"]), "start": float(e["start"])}
@@ -330,12 +296,8 @@ def _has_rmm_plugin(dask_worker=None) -> bool:
 
 def _setup_rmm(pool_size=None, disable_rmm_pool=False, rmm_async=False, dask_worker=None) -> str:
     """Make the worker's RMM memory resource as dask-cuda's benchmark setup_memory_pool does and
-    route CuPy's allocations through it; returns a description.
-
-    Args:
-        pool_size: bytes (int), a fraction of the device's total memory (float), or None (RMM's
-            default: half of the device's memory).
-    """
+    route CuPy's allocations through it; returns a description. ``pool_size``: bytes, a fraction,
+    or None (RMM's default)."""
     import cupy
     import rmm
     from rmm.allocators.cupy import rmm_cupy_allocator
@@ -359,10 +321,8 @@ def _setup_rmm(pool_size=None, disable_rmm_pool=False, rmm_async=False, dask_wor
 
 @contextlib.contextmanager
 def _quiet_ucx_env(spec: MergeSpec | None = None) -> Iterator[None]:
-    """Environment for the cluster's start, inherited by the worker processes: UCX does not warn
-    about the variables distributed-ucxx sets (UCX_MEMTYPE_CACHE); for a local -p ucx -t cpu
-    cluster without --interface, UCX's network transports use the loopback device only
-    (UCX_NET_DEVICES=lo), unless the user set UCX_NET_DEVICES."""
+    """Environment for the cluster's start: UCX's unused-variable warning off; UCX_NET_DEVICES=lo
+    for a local -p ucx -t cpu cluster without --interface, unless the user set it."""
     new = {"UCX_WARN_UNUSED_ENV_VARS": os.environ.get("UCX_WARN_UNUSED_ENV_VARS", "n")}
     if (spec is not None and spec.protocol == "ucx" and spec.merge_type == "cpu" and not spec.external
             and spec.interface is None and "UCX_NET_DEVICES" not in os.environ):
@@ -392,13 +352,8 @@ def _import_ucxx() -> None:
 
 @contextlib.contextmanager
 def _workers_ignore_sigint() -> Iterator[None]:
-    """Worker processes spawned inside this block start with SIGINT ignored, while this process
-    keeps its own Ctrl-C handler (a worker that got the terminal's Ctrl-C would print its own
-    KeyboardInterrupt traceback). An ignored disposition survives exec, and CPython installs no
-    KeyboardInterrupt handler over it, so the workers (multiprocessing "spawn" children of the
-    Nannies) start through a /bin/sh wrapper (``trap '' INT; exec python "$@"``) set as
-    multiprocessing's spawn executable for the block. Without /bin/sh they start as usual.
-    """
+    """Worker processes spawned inside this block start with SIGINT ignored, through a /bin/sh
+    wrapper (``trap '' INT; exec python "$@"``) as multiprocessing's spawn executable."""
     import multiprocessing.spawn as mp_spawn
     import shlex
     import shutil
@@ -422,12 +377,10 @@ def _workers_ignore_sigint() -> Iterator[None]:
 
 
 def check_interface(name: str) -> None:
-    """Refuse a --interface this host does not have (distributed only says so once the cluster is
-    starting, as a RuntimeError).
+    """Refuse a --interface this host does not have.
 
     Raises:
-        UsageError: ``name`` is not an interface of this host with an IPv4 address (distributed
-            binds to the interface's IPv4 address); the line lists those that have one.
+        UsageError: ``name`` is not an interface of this host with an IPv4 address.
     """
     import socket
 
@@ -444,14 +397,9 @@ def check_interface(name: str) -> None:
 
 
 def resolve_lazy_modules() -> int:
-    """Load, in the calling (main) thread, every module of sys.modules that is still an
-    ``importlib.util.LazyLoader`` placeholder; returns how many there were.
-
-    CuPy registers ``cupy.testing`` lazily, and distributed's error logging reads ``__file__`` of
-    every module in sys.modules, which would run that import on the IO loop thread during a
-    cluster's close; LazyLoader is not thread-safe before Python 3.12.3 (CPython gh-114763). A
-    module whose load fails is left as Python leaves it.
-    """
+    """Load, in the calling thread, every module of sys.modules that is still a LazyLoader
+    placeholder; returns how many there were (LazyLoader is not thread-safe before Python 3.12.3,
+    CPython gh-114763)."""
     import importlib.util
 
     lazy = getattr(importlib.util, "_LazyModule", None)
@@ -466,14 +414,11 @@ def resolve_lazy_modules() -> int:
 
 def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     """Start (or attach to) the cluster and connect a client; returns (client, cluster), cluster
-    being None for an external cluster, else a :class:`LocalHandle`. Close both with
-    :func:`close_all`; when the start fails, times out or is interrupted, whatever had started is
-    closed here.
+    None for an external one, else a :class:`LocalHandle`. Close both with :func:`close_all`.
 
     Raises:
         UsageError: an external scheduler that cannot be reached or has no workers; a missing
-            scheduler file; -p ucx without distributed-ucxx; -t gpu without dask-cuda; an
-            --interface this host lacks.
+            package; an --interface this host lacks.
         MachineError: the local cluster did not start within --timeout, or failed to start.
     """
     import dask
@@ -485,7 +430,6 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     if spec.interface is not None and not spec.external:
         check_interface(spec.interface)
     client = cluster = None
-    # The workers inherit this config through their Nanny (a local cluster only).
     cfg = {"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}
     try:
         with dask.config.set(cfg), _quiet_ucx_env(spec), warnings.catch_warnings():
@@ -498,7 +442,6 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
                     raise UsageError(f"the scheduler at {where} has no workers ({error_line(e)})") from None
             else:
                 # -p ucx: a Ctrl-C or SIGTERM waits for the start and the client's connection
-                # (_start_holding_signals says why); tcp stops at once
                 with holding_signals() if spec.protocol == "ucx" else contextlib.nullcontext():
                     cluster = _start_local_cluster(spec)
                     try:
@@ -516,11 +459,10 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
 
 
 def _connect(spec: MergeSpec) -> Any:
-    """A client of the external scheduler (--scheduler-address / --scheduler-file).
+    """A client of the external scheduler.
 
     Raises:
-        UsageError: the address is malformed, the scheduler file is missing, or the scheduler
-            cannot be reached.
+        UsageError: the address is malformed, the scheduler file is missing, or it cannot be reached.
     """
     from distributed import Client
 
@@ -539,8 +481,7 @@ def _connect(spec: MergeSpec) -> Any:
 
 
 def _spawned_children(before: frozenset = frozenset()) -> list:
-    """This process's multiprocessing-spawned descendants (Dask workers) not in ``before`` (pids);
-    the resource tracker is left alone (it ends with this process)."""
+    """This process's multiprocessing-spawned descendants not in ``before`` (pids), not the resource tracker."""
     import psutil
 
     out = []
@@ -556,8 +497,7 @@ def _spawned_children(before: frozenset = frozenset()) -> list:
 
 def kill_leftovers(before: frozenset, grace_s: float = KILL_GRACE_S) -> int:
     """SIGTERM, then after ``grace_s`` SIGKILL, every worker process this process spawned since
-    ``before`` (pids) that is still there; returns how many there were. The last resort of a
-    cluster close that did not end its workers within its time (a loaded host, a stuck start)."""
+    ``before`` (pids) that is still there; returns how many there were."""
     import psutil
 
     procs = _spawned_children(before)
@@ -573,14 +513,7 @@ def kill_leftovers(before: frozenset, grace_s: float = KILL_GRACE_S) -> int:
 
 
 class LocalHandle:
-    """A local cluster started by :func:`_start_local_cluster` on gpubench's own IO loop thread.
-
-    Attributes:
-        cluster: the distributed LocalCluster / dask-cuda LocalCUDACluster (asynchronous, living on
-            ``loop``).
-        loop: the tornado IOLoop it runs on (a distributed LoopRunner's thread).
-        scheduler_address: where its scheduler listens.
-    """
+    """A local cluster (asynchronous) started on gpubench's own IO loop thread (``loop``)."""
 
     def __init__(self, cluster, runner, before: frozenset):
         self.cluster = cluster
@@ -591,10 +524,8 @@ class LocalHandle:
         self._closed = False
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S, settle_s: float = 0.0) -> None:
-        """Close the cluster within ``timeout`` seconds, then kill any worker process it left, then
-        stop the loop, then (``settle_s`` > 0: a start that did not finish) sweep again, up to three
-        times, until no worker has appeared for ``settle_s`` seconds. A Ctrl-C in the middle still kills the
-        workers before it propagates."""
+        """Close the cluster within ``timeout`` seconds, kill any worker process it left, stop the
+        loop, then (``settle_s`` > 0) sweep again, up to three times."""
         from distributed.utils import sync
 
         if self._closed:
@@ -616,31 +547,22 @@ class LocalHandle:
                     break
 
 
-# UCXX's own logger ("ucx") logs a traceback when a listener is destroyed mid-handshake, which a
-# cluster gpubench closes itself may do; like distributed's logs (silence_logs), it is kept at
-# CRITICAL on gpubench's own workers and here, unless the user set UCXPY_LOG_LEVEL.
 UCX_QUIET_LEVEL = "CRITICAL"
 
 
 def worker_environ() -> dict[str, str]:
-    """dask's ``distributed.nanny.environ`` for gpubench's own workers: the configured one with
-    UCXPY_LOG_LEVEL at CRITICAL added (a config key, since LocalCUDACluster replaces the Nanny's
-    ``env``; a variable set in this process's environment wins, nanny._get_env_variables)."""
+    """dask's ``distributed.nanny.environ`` for gpubench's own workers, with UCXPY_LOG_LEVEL added."""
     import dask
 
     return {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
 
 
-# distributed's UCX comm logs to "distributed_ucxx.ucxx", outside "distributed" (silence_logs leaves
-# it alone, and with no handler its tracebacks print bare): it follows distributed's level.
 DISTRIBUTED_LOGGERS = ("distributed", "distributed_ucxx")
 WORKER_PRELOAD = "gpubench.plugins.merge.worker_setup"
 
 
 def worker_preload() -> list[str]:
-    """dask's ``distributed.worker.preload`` for gpubench's own workers: the configured list with
-    gpubench's worker setup (merge_worker_setup) added. Each Worker imports it in its constructor,
-    before it listens or registers, so its quiet loggers hold from the start."""
+    """dask's ``distributed.worker.preload`` for gpubench's own workers, with its worker setup added."""
     import dask
 
     configured = dask.config.get("distributed.worker.preload", []) or []
@@ -649,11 +571,8 @@ def worker_preload() -> list[str]:
 
 
 def quiet_closing_logs() -> None:
-    """Raise this process's UCXX logger ("ucx") to CRITICAL, unless the user set UCXPY_LOG_LEVEL,
-    and distributed's and distributed_ucxx's (DISTRIBUTED_LOGGERS) and tornado's callback logger
-    to CRITICAL: once gpubench's own cluster started (its scheduler listens in this process) and
-    again at its close, which puts distributed's level back (silence_logs), after which a comm
-    still closing, or a periodic callback on a closed pool, logs a traceback."""
+    """Raise this process's UCXX logger (unless the user set UCXPY_LOG_LEVEL), distributed's and
+    tornado's callback logger to CRITICAL."""
     import logging
 
     if "UCXPY_LOG_LEVEL" not in os.environ:
@@ -663,13 +582,8 @@ def quiet_closing_logs() -> None:
 
 
 def _quiet_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (which the Nannies' queues register their
-    semaphores with) with its standard error on /dev/null. A worker killed in a close that ran out
-    of time never unregisters its semaphores, and at the end the tracker unlinks them itself and
-    says so ("There appear to be 12 leaked semaphore objects to clean up at shutdown") under
-    gpubench's last line. Its other words are about the same bookkeeping (a name it could not
-    unlink, a malformed request), none of them about the measurement. Where it already runs,
-    nothing changes."""
+    """Start multiprocessing's resource tracker with its standard error on /dev/null (its leaked
+    semaphore notes of killed workers are not about the measurement)."""
     from multiprocessing import resource_tracker
 
     saved = os.dup(2)
@@ -684,10 +598,8 @@ def _quiet_resource_tracker() -> None:
 
 
 def _quiet_distributed_finalizers() -> None:
-    """Drop the "Exception ignored in ... __del__" tracebacks of distributed's and UCXX's objects
-    that the garbage collector prints after gpubench closed the cluster itself (a start cut short);
-    every other unraisable exception goes to the hook before."""
-
+    """Drop the unraisable-exception tracebacks of distributed's and UCXX's objects; others go to
+    the hook before."""
     previous = sys.unraisablehook
     if getattr(previous, "_gpubench_quiet_distributed", False):
         return
@@ -704,13 +616,7 @@ def _quiet_distributed_finalizers() -> None:
 
 def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     """A LocalCUDACluster (-t gpu, one worker per -d GPU) or a LocalCluster of worker processes
-    (-t cpu, one per -d entry), started within --timeout.
-
-    Built asynchronously on gpubench's own IO loop thread (distributed's LoopRunner) and waited
-    for with ``sync(..., callback_timeout=)``: a start that does not finish in time is cancelled,
-    the cluster closed and its processes killed, and a Ctrl-C reaches this thread at once. Listens
-    on 127.0.0.1 unless --interface names another interface; no dashboard, and the scheduler's
-    HTTP routes on a free loopback port.
+    (-t cpu, one per -d entry), started within --timeout on gpubench's own IO loop thread.
 
     Raises:
         UsageError: -t gpu without dask-cuda.
@@ -727,7 +633,6 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
         protocol=spec.protocol, interface=spec.interface, dashboard_address=None,
         host=None if spec.interface else "127.0.0.1",
         scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-        # A lost worker makes the others log tracebacks; the error we raise names it.
         silence_logs=logging.CRITICAL, asynchronous=True,
     )
     # dask-cuda's benchmark hides this one too: the pool is made after the start.
@@ -783,18 +688,14 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
                                f"--timeout {spec.timeout_s:g} s", "raise --timeout; the host may be busy") from None
         raise MachineError(f"the {spec.merge_type} cluster over {spec.protocol} did not start: "
                            f"{error_line(e)[:160]}") from None
-    # the scheduler runs here: UCXX's logger, set up at its import (WARNING), would print a
-    # listener's handshake that a loaded host let time out (the comm retries; the run goes on)
     quiet_closing_logs()
     return LocalHandle(box[0], runner, before)
 
 
 @contextlib.contextmanager
 def holding_signals() -> Iterator[None]:
-    """``with CRITICAL:`` (a SIGINT or SIGTERM inside is raised when the block ends), and an error
-    raised inside once a signal was noted becomes that signal's exception: the signal reached the
-    process group too, where a worker can die of it ("Nanny failed to start"), so the failure is
-    the user's stop (exit 130 / 143), not a machine fault (exit 3)."""
+    """``with CRITICAL:``, and an error raised inside once a signal was noted becomes that
+    signal's exception (the user's stop, exit 130 / 143, not a machine fault)."""
     try:
         with CRITICAL:
             yield
@@ -807,18 +708,13 @@ UCX_START_GRACE_S = 20.0  # the longest a -p ucx start may go on after a Ctrl-C 
 
 
 def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_START_GRACE_S) -> None:
-    """Run the coroutine function ``start`` on ``loop`` (a tornado IOLoop on its own thread) to its
-    end, within ``timeout_s``; called inside ``with holding_signals():``, so a SIGINT or SIGTERM that
-    lands meanwhile is noted and raised once the start (and the client's connection) ends, or here
-    when the start is still going ``grace_s`` after it: a UCXX cluster closed while it starts
-    (endpoints mid-handshake) can crash this process with SIGSEGV, while one that finished its
-    start closes cleanly.
+    """Run the coroutine function ``start`` on ``loop`` to its end, within ``timeout_s``; a signal
+    noted meanwhile is raised here only when the start is still going ``grace_s`` after it (a UCXX
+    cluster closed while it starts can crash this process with SIGSEGV).
 
     Raises:
-        TimeoutError: ``timeout_s`` passed (the caller names it).
+        TimeoutError: ``timeout_s`` passed.
         KeyboardInterrupt, Interrupted: the signal noted ``grace_s`` before, with the start not done.
-        Whatever ``start`` raised (:func:`holding_signals` turns it into the signal's exception
-            when a signal was noted).
     """
     import asyncio
     import concurrent.futures
@@ -845,18 +741,15 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
 
 
 def close_all(client, cluster) -> KeyboardInterrupt | Interrupted | None:
-    """Close the client, then the cluster (within CLOSE_TIMEOUT_S, then its leftover workers are
-    killed), even when a Ctrl-C or SIGTERM lands in the middle: the interrupted close is tried once
-    more (the CLI notes and ignores later signals) so no worker process is left. Other errors of a
-    close are ignored.
+    """Close the client, then the cluster, even when a Ctrl-C or SIGTERM lands in the middle (the
+    interrupted close is tried once more); other errors of a close are ignored.
 
     Returns:
-        The first interrupt (KeyboardInterrupt or Interrupted) that landed while closing, for the
-        caller to act on once everything is closed; None when none did.
+        The first interrupt that landed while closing, or None.
     """
     pending: KeyboardInterrupt | Interrupted | None = None
-    if cluster is not None:  # gpubench's own cluster: the client's close already cancels comms that
-        quiet_closing_logs()  # distributed logs with a traceback
+    if cluster is not None:
+        quiet_closing_logs()
     for obj, timeout in ((client, CLIENT_CLOSE_TIMEOUT_S), (cluster, CLOSE_TIMEOUT_S)):
         if obj is None:
             continue
@@ -875,14 +768,12 @@ def rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
     """Set up RMM on the workers and the scheduler as dask-cuda's setup_memory_pools does.
 
     Returns:
-        What was set up, e.g. "pool 4000000000" (the workers' descriptions, then the scheduler's
-        failure on an external cluster), or why nothing was (an RMMSetup plugin already there).
+        What was set up, e.g. "pool 4000000000", or why nothing was.
 
     Raises:
         UsageError: the pool did not fit on a worker's GPU.
         MachineError: the setup failed on a worker, or on the scheduler of a local cluster.
     """
-    # every call on the workers answers within --timeout, as each step of a run does
     if spec.external and any(run_on_workers(client, _has_rmm_plugin, workers, "looking for RMMSetup",
                                             timeout_s=spec.timeout_s).values()):
         return "already set up on the external cluster (RMMSetup plugin); pool options not applied"
@@ -895,8 +786,7 @@ def rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
             raise UsageError(f"the RMM pool did not fit on a worker's GPU: {e.message[:200]}",
                              "use a smaller --rmm-pool-size") from None
         raise
-    # dask-cuda also makes a 1 GB pool in the scheduler "due to occasional deserialization of CUDA
-    # objects"; for a local cluster that is this process, on its CUDA device 0.
+    # dask-cuda also makes a 1 GB pool in the scheduler (for a local cluster, this process)
     try:
         client.run_on_scheduler(_setup_rmm, **{**kw, "pool_size": None if (spec.rmm_async or spec.disable_rmm_pool)
                                                else SCHEDULER_POOL_BYTES})
