@@ -1,25 +1,15 @@
 """``gpubench merge``: a distributed inner join of two random dataframes on a Dask(-CUDA) cluster,
 as dask-cuda 26.10's ``benchmarks/local_cudf_merge.py`` (with ``common.py`` and ``utils.py``): the
-same data (merge_data.generate_chunk, copied), join (``ddf_base.merge(ddf_other, on=["key"],
-how="inner", broadcast=...)``, ``persist``, ``wait``), timing and figures; docs/merge.md ("What is
-timed", "Figures and their source") gives them in full.
+same data, join, timing and figures (docs/merge.md, "What is timed", "Figures and their source").
 
-Timed per run, as dask-cuda: both frames are generated and persisted first, untimed (the base frame
-shuffled into ``base_chunks`` partitions by ``set_index("shuffle")``); then ``perf_counter``
-brackets building the join's graph, ``persist`` and ``wait``. Warm-up runs (``warmup_runs``) are the
-same and are not kept. Unlike dask-cuda, the transfer logs are cleared just before each timed join
-and read just after it, so the pair table holds only the timed joins' transfers.
+Timed per run: both frames are generated and persisted untimed; then ``perf_counter`` brackets
+building the join's graph, ``persist`` and ``wait``. Unlike dask-cuda, the transfer logs are
+cleared just before each timed join and read just after it.
 
-Figures (dask-cuda's ``utils.py``): data processed = rows x bytes per row (the sum of the column
-itemsizes) over both frames, bytes; throughput = data processed / wall clock, B/s for the whole
-cluster, summarised by ``hmean``/``hstd`` (merge_stats); per worker pair (w1 received from w2, from
-w1's ``transfer_incoming_log``, transfers under ``ignore_size`` bytes left out) the quantiles (numpy's
-linear rule), harmonic mean and total bytes of distributed's ``total / max(duration, 1 ms)``;
-bandwidth = ``hmean``/``hstd`` over the pairs' harmonic means, per pair, not a total.
-
-The plug-in (:class:`Merge`) runs through the one driver (core/benchmark.run): a point is one run,
-``setup`` owns the cluster (merge_cluster), ``measure`` is :func:`bench_once`, ``derive`` folds the
-timed runs into one record. Dask, dask-cuda, cuDF, RMM and UCXX are imported inside functions only.
+Figures: data processed = rows x bytes per row over both frames, bytes; throughput = data processed
+/ wall clock, B/s, summarised by ``hmean``/``hstd``; bandwidth = ``hmean``/``hstd`` over the worker
+pairs' harmonic means of ``total / max(duration, 1 ms)``, B/s per pair. Dask, dask-cuda, cuDF, RMM
+and UCXX are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -54,9 +44,7 @@ MAX_KEY = 2**63 - 1  # the frames' keys are int64
 
 
 def check_key_space(chunk_size: int, base_chunks: int | None, other_chunks: int | None, n_workers: int) -> None:
-    """Refuse shapes whose keys overflow int64: generate_chunk numbers the base frame's keys up to
-    chunk_size x base_chunks and the other frame's unmatched keys up to 2 x chunk_size x
-    other_chunks (dask-cuda's layout), in int64 arrays.
+    """Refuse shapes whose keys (up to 2 x chunk_size x partitions, dask-cuda's layout) overflow int64.
 
     Raises:
         UsageError: naming -c and the partition count, and the largest -c that fits.
@@ -72,36 +60,10 @@ def check_key_space(chunk_size: int, base_chunks: int | None, other_chunks: int 
 class MergeSpec:
     """Parsed options of ``gpubench merge`` (dask-cuda's names and meanings).
 
-    Attributes:
-        merge_type: "gpu" (cuDF partitions on a LocalCUDACluster) or "cpu" (pandas partitions on a
-            plain distributed LocalCluster).
-        devices: CUDA devices, one worker each; for "cpu" only their count matters (workers).
-        protocol: "tcp" or "ucx" (UCXX through distributed-ucxx).
-        chunk_size: rows per partition of each frame.
-        base_chunks, other_chunks: partitions of each frame; None = the number of workers.
-        frac_match: fraction of the other frame's rows whose key is in the base frame, in (0, 1].
-        broadcast: True (--broadcast-join), False (--shuffle-join) or None (Dask decides).
-        shuffle_method: Dask's dataframe.shuffle.method: "tasks" (dask-cuda's default), "p2p", "disk".
-        no_shuffle: do not shuffle the base frame by set_index (dask-cuda's --no-shuffle).
-        set_index: set_index("key") on the result (dask-cuda's -s/--set-index).
-        rmm_pool_bytes: per-worker RMM pool in bytes, or None.
-        rmm_pool_fraction: per-worker RMM pool as a fraction of the device's total memory, or None.
-            When both are None the pool is RMM's default, half of the device's memory.
-        disable_rmm_pool: RMM without a pool.
-        rmm_async: RMM's CudaAsyncMemoryResource instead of a pool.
-        enable_cudf_spill: cuDF's built-in spilling.
-        enable_tcp_over_ucx, enable_nvlink, enable_infiniband, enable_rdmacm: UCX transports
-            (None = automatic), passed to LocalCUDACluster.
-        interface: network interface for the workers and scheduler, or None.
-        threads_per_worker: Dask threads per worker.
-        runs: timed runs; warmup_runs: untimed runs before them.
-        ignore_size: transfers smaller than this many bytes are left out of the pair table.
-        scheduler_address, scheduler_file: use an existing cluster instead of starting one.
-        timeout_s: the longest a cluster start, a data generation, a join or a call on every worker
-            during a run (the transfer logs) may take.
-
-    Built from the options by merge's ``command.build_spec`` (which converts -d, --rmm-pool-size,
-    --ignore-size, --timeout, --broadcast-join/--shuffle-join); every other check is here, once.
+    ``devices``: one worker each; ``base_chunks``, ``other_chunks``: None = the number of workers;
+    ``broadcast``: None = Dask decides; ``rmm_pool_bytes`` (bytes) or ``rmm_pool_fraction`` (of the
+    device's memory), both None = RMM's default; UCX transports None = automatic; ``ignore_size``:
+    bytes; ``timeout_s``: seconds, the longest any one step of a run may take.
     """
 
     merge_type: str = "gpu"
@@ -125,7 +87,6 @@ class MergeSpec:
     enable_infiniband: bool | None = None
     enable_rdmacm: bool | None = None
     interface: str | None = None
-    # a worker's thread pool: at most what the machine lets one user run, and a share of it (below)
     threads_per_worker: int = bounded(1, "--threads-per-worker", lo=1, hi=machine_threads)
     runs: int = bounded(3, "--runs", lo=1, hi=MAX_REPEATS)
     warmup_runs: int = bounded(1, "--warmup-runs", lo=0, hi=MAX_REPEATS)
@@ -178,7 +139,7 @@ class MergeSpec:
 
     @property
     def external(self) -> bool:
-        """True when an existing cluster is used (--scheduler-address / --scheduler-file)."""
+        """True when an existing cluster is used."""
         return bool(self.scheduler_address or self.scheduler_file)
 
     @property
@@ -192,20 +153,13 @@ class MergeSpec:
         return d
 
 
-
 # -- One run: dask-cuda's bench_once -------------------------------------------------------------------
 
 
 @dataclass
 class RunOutcome:
-    """One timed (or warm-up) run: bytes processed, seconds, and the transfers of its join.
-
-    Attributes:
-        data_processed: bytes (see module docstring).
-        seconds: wall clock of the join.
-        logs: receiving worker's address -> transfers logged during the join.
-        log_full: workers whose log reached its maximum length (older entries were lost).
-    """
+    """One run: bytes processed, the join's seconds, its transfers (receiving worker's address ->
+    entries), and the workers whose log reached its maximum length."""
 
     data_processed: int
     seconds: float
@@ -232,7 +186,6 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
     data_processed = rows_base * sum(t.itemsize for t in ddf_base.dtypes)
     data_processed += rows_other * sum(t.itemsize for t in ddf_other.dtypes)
 
-    # every step of a run answers within --timeout, these two calls too
     maxlens = run_on_workers(client, clear_transfer_log, workers, f"{what} (clearing the transfer logs)",
                              timeout_s=spec.timeout_s)
     t0 = time.perf_counter()
@@ -253,13 +206,7 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
 
 @dataclass(frozen=True)
 class Run:
-    """One point of the loop: a warm-up run or a timed run.
-
-    Attributes:
-        kind: "warm-up" (untimed, not kept) or "run" (timed, one record).
-        index: 0-based among the runs of its kind.
-        of: how many runs of its kind there are.
-    """
+    """One point of the loop: ``kind`` "warm-up" (untimed) or "run" (timed), 0-based ``index`` ``of`` how many."""
 
     kind: str
     index: int
@@ -267,7 +214,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        """"warm-up 1/1", "run 2/3": the progress bar's text, and how an error names the run."""
+        """"warm-up 1/1", "run 2/3"."""
         return f"{self.kind} {self.index + 1}/{self.of}"
 
     @property
@@ -276,16 +223,8 @@ class Run:
 
     @property
     def last(self) -> bool:
-        """The last timed run: its join is kept and checked (merge_data.join_check)."""
+        """The last timed run: its join is kept and checked."""
         return self.timed and self.index == self.of - 1
-
-
-def run_points(spec: MergeSpec) -> list[Point]:
-    """The warm-up runs, then the timed runs. No bytes are declared: the workers' memory is the
-    RMM pool, checked by merge_cluster.preflight."""
-    runs = [Run("warm-up", i, spec.warmup_runs) for i in range(spec.warmup_runs)]
-    runs += [Run("run", i, spec.runs) for i in range(spec.runs)]
-    return [Point(r.label, r) for r in runs]
 
 
 def _params(spec: MergeSpec, n_workers: int) -> dict:
@@ -298,29 +237,17 @@ def _params(spec: MergeSpec, n_workers: int) -> dict:
 
 
 def run_record(spec: MergeSpec, n_workers: int, out: RunOutcome) -> Record:
-    """The raw record of one timed run: data processed (bytes, ``nbytes``) and the join's wall clock
-    (s, one sample), with the run's transfers (``extra["transfers"]``, receiving worker's address ->
-    entries) and the workers whose log overflowed, for :func:`summary_record`."""
+    """The raw record of one timed run: data processed (bytes) and the join's wall clock (s), with
+    the run's transfers, for :func:`summary_record`."""
     return Record(params=_params(spec, n_workers), metric="bandwidth", nbytes=out.data_processed,
                   samples_s=[out.seconds], reps=1,
                   extra={"transfers": out.logs, "transfer_log_overflowed": list(out.log_full)})
 
 
 def summary_record(spec: MergeSpec, runs: list[Record], cluster: Mapping[str, Any]) -> Record:
-    """The one record of a merge Result, from the timed runs' records (:func:`run_record`), as
-    dask-cuda's report reads it.
-
-    Args:
-        runs: one record per timed run that finished, in order.
-        cluster: what setup found: "index" (worker address -> index), "workers", "rmm",
-            "scheduler_address".
-
-    Returns:
-        params identify the configuration; nbytes = data processed per run (bytes); samples_s =
-        each run's wall clock (s); extra holds the throughputs (B/s), their hmean/hstd, the pair
-        table (B/s), the bandwidth hmean/hstd, the wall clock's mean and population std (s), the
-        transfer counts, the workers, the RMM setup and the last run's join check (None when the
-        last run did not finish).
+    """The one record of a merge Result, from the timed runs' records, as dask-cuda's report reads
+    it: nbytes = data processed per run (bytes), samples_s = each run's wall clock (s); rates in
+    ``extra`` are B/s. ``cluster``: what setup found ("index", "workers", "rmm", "scheduler_address").
     """
     index = cluster["index"]
     nbytes = runs[0].nbytes
@@ -365,9 +292,7 @@ def _require_dask() -> None:
         try:
             __import__(mod)
         except Exception as e:
-            # a Ctrl-C inside the import can come back wrapped (a RuntimeError caused by the
-            # KeyboardInterrupt): a noted signal is the user's stop, not a missing package
-            raise_if_signalled()
+            raise_if_signalled()  # a Ctrl-C inside the import can come back wrapped
             raise UsageError(f"merge needs {pkg}, which cannot be imported ({error_line(e)[:120]})",
                              "pip install 'gpubench-cuda[dask]'") from None
 
@@ -387,8 +312,7 @@ def _versions() -> dict[str, str]:
 
 
 def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
-    """The workers of a cluster just started or attached to, numbered as dask-cuda numbers them, and
-    RMM set up on them (-t gpu): the ``ctx.data`` of a run (see :func:`summary_record`).
+    """The workers, numbered as dask-cuda numbers them, and RMM set up on them (-t gpu): ``ctx.data``.
 
     Raises:
         UsageError, MachineError: see merge_cluster.rmm_setup and run_on_workers.
@@ -405,9 +329,7 @@ def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
 
 
 def _join_check_keeping_the_run(client, joined, index: Mapping[str, int], timeout_s: float) -> dict | None:
-    """merge_data.join_check of the last run; None when a signal the CLI's handler noted stops it:
-    the run was measured, so it is kept (unchecked) and the driver stops on that signal right after
-    this point. An interrupt nobody noted is raised, as in any other step."""
+    """merge_data.join_check of the last run; None when a noted signal stops it (the run is kept)."""
     try:
         return join_check(client, joined, index, timeout_s)
     except (KeyboardInterrupt, Interrupted):
@@ -421,19 +343,15 @@ def _signal_name(e: KeyboardInterrupt | Interrupted) -> str:
 
 
 class Merge(Benchmark):
-    """The merge plug-in: a point is one run of dask-cuda's bench_once (the warm-up runs, then the
-    timed runs), all on the one cluster that ``setup`` starts (or attaches to) and closes.
-
-    One instance per run (:func:`run`). A SIGINT or SIGTERM while the run starts (preflight,
-    environment, setup) is kept (``stopped``) and raised by the first point, so the driver ends the
-    run as one interrupted between points (a partial Result). A signal that lands while the
-    cluster closes is noted in ``closing_signal``, so the finished runs are still kept.
+    """The merge plug-in: a point is one run of dask-cuda's bench_once, all on the one cluster that
+    ``setup`` starts (or attaches to) and closes. One instance per run. A signal while the run
+    starts is kept (``stopped``) and raised by the first point; one while the cluster closes is
+    noted in ``closing_signal``.
     """
 
     name = "merge"
     description = "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge."
-    # -t cpu needs no GPU and an external cluster's GPUs are its workers': preflight checks -t gpu
-    # on a local cluster through NVML instead of the driver's CuPy check (same NoGPUError, exit 2)
+    # preflight checks -t gpu on a local cluster through NVML instead
     needs_gpu = False
 
     def __init__(self) -> None:
@@ -442,9 +360,8 @@ class Merge(Benchmark):
 
     @contextlib.contextmanager
     def _starting(self) -> Iterator[None]:
-        """A step of the run's start: an interrupt inside it is kept in ``stopped`` (the first
-        one), as is an error raised once a signal was noted (the signal reached the process group:
-        a worker's start failing of it is the user's stop, not a fault); other errors propagate."""
+        """A step of the run's start: an interrupt inside it, or an error raised once a signal was
+        noted, is kept in ``stopped`` (the first one); other errors propagate."""
         try:
             yield
         except (KeyboardInterrupt, Interrupted) as e:
@@ -456,16 +373,17 @@ class Merge(Benchmark):
             self.stopped = self.stopped or signal_exception(signum)
 
     def points(self, spec: MergeSpec, devices: tuple[int, ...]) -> list[Point]:
-        return run_points(spec)
+        """The warm-up runs, then the timed runs (no bytes declared: preflight checks the pool)."""
+        runs = [Run(kind, i, n) for kind, n in (("warm-up", spec.warmup_runs), ("run", spec.runs)) for i in range(n)]
+        return [Point(r.label, r) for r in runs]
 
     def preflight(self, spec: MergeSpec, points, devices) -> None:
-        """Dask importable; on a local cluster, the frames against the workers' memory
-        (merge_cluster.check_frames_fit), and for -t gpu the GPU, the -d devices and the RMM pool
-        (merge_cluster.preflight), before any worker starts. An interrupt here is kept (``stopped``).
+        """Dask importable; on a local cluster, the frames, and for -t gpu the GPU, the devices and
+        the RMM pool, before any worker starts.
 
         Raises:
-            UsageError: an --interface this host lacks (checked first: Dask's import is slow), Dask
-                missing, a device not visible or hidden, a pool or frames that do not fit.
+            UsageError: an --interface this host lacks, Dask missing, a device not visible or
+                hidden, a pool or frames that do not fit.
             NoGPUError: -t gpu on a local cluster and NVML shows no GPU.
         """
         with self._starting():
@@ -483,8 +401,7 @@ class Merge(Benchmark):
                                                worker_limit=merge_cluster.cpu_worker_limit(len(spec.devices)))
 
     def environment(self, spec: MergeSpec) -> dict:
-        """The driver's (env.capture); nothing when the run was stopped before it, or is stopped in
-        it (``stopped``): the Result's env is then ``{}``."""
+        """The driver's; ``{}`` when the run was stopped before or in it."""
         env: dict = {}
         if self.stopped is None:
             with self._starting():
@@ -493,9 +410,7 @@ class Merge(Benchmark):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
-        """The cluster and its client (merge_cluster.open_client), the workers found and RMM set up;
-        closed on every path. An interrupt during the start is kept in ``stopped`` (nothing more
-        starts), one while closing in ``closing_signal``.
+        """The cluster and its client, the workers found and RMM set up; closed on every path.
 
         Raises:
             UsageError, MachineError: see merge_cluster.open_client and rmm_setup.
@@ -519,13 +434,10 @@ class Merge(Benchmark):
                     self.closing_signal = _signal_name(stopped)
 
     def measure(self, ctx: Context, point: Point) -> list[Record]:
-        """One run: both frames generated, then the join timed (:func:`bench_once`); a timed run
-        gives its raw record (:func:`run_record`), the last one with the join check.
+        """One run (:func:`bench_once`); a timed run gives its raw record, the last one with the join check.
 
         Raises:
-            MachineError: a worker died, a task failed, a timeout (see wait_watching), or the run
-                ran out of memory (which stops the run, as in dask-cuda: a smaller -c or a larger
-                pool is needed, not another point).
+            MachineError: a worker died, a task failed, a timeout, or the run ran out of memory.
             KeyboardInterrupt, Interrupted: the one kept while the run started (``stopped``).
         """
         if self.stopped is not None:  # the start was interrupted: the driver ends the run here
@@ -548,8 +460,7 @@ class Merge(Benchmark):
             raise
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
-        """Fold the timed runs' records into the one record of dask-cuda's report
-        (:func:`summary_record`), in place; nothing when no timed run finished."""
+        """Fold the timed runs' records into the one record of dask-cuda's report, in place."""
         if records:
             records[:] = [summary_record(ctx.spec, records, ctx.data)]
 
@@ -570,20 +481,14 @@ BENCHMARK = Merge()  # the registry's instance (name, description); run() takes 
 
 
 def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
-    """Run the merge benchmark through the driver; ``progress`` is advanced once per run (warm-ups
-    included).
+    """Run the merge benchmark through the driver; ``progress`` is advanced once per run.
 
     Returns:
-        A Result with one Record (:func:`summary_record`), none when no timed run finished;
-        ``partial`` with ``interrupted_by`` when SIGINT/SIGTERM stopped the run at any moment from
-        its preflight to the cluster's close (the finished runs are kept).
+        A Result with one Record, none when no timed run finished; ``partial`` with
+        ``interrupted_by`` when SIGINT/SIGTERM stopped the run (the finished runs are kept).
 
     Raises:
-        NoGPUError: -t gpu on a local cluster with no GPU visible.
-        UsageError: Dask missing, a device not visible, a pool that does not fit, an unreachable
-            scheduler.
-        MachineError: the cluster did not start, a worker died, a task failed, a timeout; its
-            ``partial_result`` keeps the timed runs that finished.
+        NoGPUError, UsageError, MachineError: as the driver and the steps above say.
     """
     bench = Merge()
     result = driver.run(bench, spec, progress)

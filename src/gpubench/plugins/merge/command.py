@@ -1,8 +1,5 @@
 """``gpubench merge`` options and report (dask-cuda's local_cudf_merge options and output).
-
-Nothing here imports Dask, dask-cuda, cuDF, RMM or UCXX; the measurement module does, inside
-functions, once the options have been checked.
-"""
+Nothing here imports Dask, dask-cuda, cuDF, RMM or UCXX."""
 
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ from gpubench.core.units import format_rate, parse_size
 
 SEPARATOR_LEN = 80
 KEY_LEN = 25
-
 
 HELP = """Distributed cuDF (or pandas) merge on Dask(-CUDA) over tcp or ucx: dask-cuda's local_cudf_merge.
 
@@ -88,10 +84,8 @@ _FLOAT_RE = re.compile(r"^\s*\d*\.\d+\s*$|^\s*\d+(\.\d*)?[eE][-+]?\d+\s*$", re.A
 
 
 def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
-    """--rmm-pool-size as dask-cuda reads it: a size through ``dask.utils.parse_bytes`` ("30GB" and
-    "30G" = 30e9 B, "30GiB" and "30Gi" = 30 x 2^30 B, "1.5GB", plain bytes) or a fraction of the GPU's
-    total memory written with a decimal point ("0.5", "1.0"). Dask is imported only when a size is
-    given, so ``--help`` stays free of it.
+    """--rmm-pool-size as dask-cuda reads it: a size through ``dask.utils.parse_bytes`` ("30GB" =
+    30e9 B, "30GiB" = 30 x 2^30 B) or a fraction of the GPU's total memory with a decimal point ("0.5").
 
     Returns:
         (bytes, None), (None, fraction) or (None, None) when not given.
@@ -114,7 +108,7 @@ def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
     except ImportError:
         raise UsageError("--rmm-pool-size reads sizes as dask-cuda does (dask.utils.parse_bytes); dask is not "
                          "installed", "pip install 'gpubench-cuda[dask]'") from None
-    try:  # dask reads "١GB" (any script's digits); gpubench's numbers are ASCII digits (docs/errors.md)
+    try:  # gpubench's numbers are ASCII digits (docs/errors.md)
         nbytes = parse_bytes(text.strip()) if text.isascii() else None
     except (ValueError, TypeError, KeyError, OverflowError):  # "9" x 400 overflows a float
         nbytes = None
@@ -144,13 +138,11 @@ _TIMEOUT_UNITS = {**dict.fromkeys(("", "s", "sec", "second", "seconds"), 1.0),
 
 
 def parse_timeout(text) -> float:
-    """--timeout: a number of seconds read as every number option reads one
-    (:func:`gpubench.core.options.parse_number`), with an optional unit as Dask writes durations
-    ("10s", "5m", "2 hours"). The range is MergeSpec's check.
+    """--timeout: seconds, read as every number option reads one, with an optional unit as Dask
+    writes durations ("10s", "5m", "2 hours").
 
     Raises:
-        UsageError: the number's own error (not ASCII digits, "-0", inf, 1e400...), or a unit
-            that is not one of :data:`_TIMEOUT_UNITS`.
+        UsageError: the number's own error, or a unit that is not one of :data:`_TIMEOUT_UNITS`.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return text
@@ -168,8 +160,7 @@ def parse_timeout(text) -> float:
 
 
 def build_spec(**options):
-    """Build a MergeSpec from the options, by name (MergeSpec checks each); -d, --rmm-pool-size,
-    --ignore-size, --broadcast-join/--shuffle-join and ucxx are converted here. No GPU or Dask needed.
+    """Build a MergeSpec from the options, by name (MergeSpec checks each). No GPU or Dask needed.
 
     Raises:
         UsageError: any bad value, named in the message.
@@ -249,9 +240,7 @@ def _head(left: str, right: str) -> list[str]:
 
 
 def format_lines(result) -> list[str]:
-    """dask-cuda's merge report of a merge Result as text lines: configuration, per-run wall clock
-    and throughput, Throughput/Bandwidth/Wall clock +/-, the (w1,w2) pair table and the worker index
-    table."""
+    """dask-cuda's merge report of a merge Result as text lines."""
     spec = result.spec
     rec = result.records[0] if result.records else None
     ex = rec.extra if rec is not None else {}

@@ -1,9 +1,6 @@
-"""merge's data: the two random frames dask-cuda's local_cudf_merge joins (:func:`generate_chunk`,
-:func:`random_ddf`, copied from dask-cuda 26.10) and the check of the join's result
-(:func:`join_check`: its rows and column sums, to compare with pandas or cuDF on the same data).
-
-cuDF/CuPy (``gpu``) or pandas/numpy and Dask are imported inside the functions; generate_chunk runs
-on the workers.
+"""merge's data: the two random frames dask-cuda's local_cudf_merge joins (copied from dask-cuda
+26.10) and the check of the join's result. cuDF/CuPy or pandas/numpy and Dask are imported inside
+the functions; generate_chunk runs on the workers.
 """
 
 from __future__ import annotations
@@ -22,19 +19,9 @@ from gpubench.launch.scheduler import results_within, wait_watching
 def generate_chunk(input: tuple) -> Any:
     """One partition of the "build" (base) or "other" frame, as dask-cuda makes it.
 
-    Args:
-        input: (i_chunk, local_size, num_chunks, chunk_type, frac_match, gpu): the partition's
-            index, its rows, the frame's partitions, "build" or "other" (None = "build"), the
-            fraction of matching keys (None = 1.0), and True for cuDF/CuPy, False for pandas/numpy.
-
-    Returns:
-        A cudf or pandas DataFrame of ``local_size`` rows: "build" has int64 columns key (unique,
-        ``[local_size*i_chunk, local_size*(i_chunk+1))``), shuffle (a random partition number) and
-        payload; "other" has int64 key (``frac_match`` of the rows match base keys, balanced over
-        the base partitions) and payload.
-
-    The random state is seeded with 2**32 - 1 on every call (dask-cuda's choice, "a seed that
-    triggers max amount of comm in the two-GPU case"), so the data is the same for every run.
+    ``input``: (i_chunk, local_size, num_chunks, chunk_type, frac_match, gpu). Returns a cudf or
+    pandas DataFrame of ``local_size`` rows of int64 columns: "build" key, shuffle, payload; "other"
+    key, payload. Seeded with 2**32 - 1 on every call (dask-cuda's choice).
     """
     i_chunk, local_size, num_chunks, chunk_type, frac_match, gpu = input
     if gpu:
@@ -85,8 +72,7 @@ def generate_chunk(input: tuple) -> Any:
 def random_ddf(chunk_size: int, num_chunks: int, frac_match: float, chunk_type: str, gpu: bool,
                no_shuffle: bool = False):
     """A Dask DataFrame of ``num_chunks`` partitions from :func:`generate_chunk` (dask-cuda's
-    get_random_ddf): the build frame is shuffled by ``set_index("shuffle")`` into
-    ``num_chunks`` partitions unless ``no_shuffle``, which drops the shuffle column instead."""
+    get_random_ddf); the build frame shuffled by ``set_index("shuffle")`` unless ``no_shuffle``."""
     import dask.dataframe as dd
 
     meta = generate_chunk((0, 4, 1, chunk_type, None, gpu))
@@ -107,16 +93,14 @@ def random_ddf(chunk_size: int, num_chunks: int, frac_match: float, chunk_type: 
 
 
 def compute_watching(client, values: Sequence[Any], workers: Mapping[str, int], timeout_s: float, what: str) -> list:
-    """dask.compute of small lazy values (lengths, sums) on the cluster, watched as wait_watching;
-    the values fetched within --timeout too (scheduler.results_within)."""
+    """dask.compute of small lazy values on the cluster, watched as wait_watching, fetched within --timeout."""
     futs = client.compute(list(values))
     wait_watching(client, futs, workers, timeout_s, what)
     return results_within(client, futs, workers, timeout_s, what)
 
 
 def join_check(client, joined, workers: Mapping[str, int], timeout_s: float) -> dict[str, int]:
-    """Rows of the join and sums of its columns (computed after the timed runs), to compare with
-    pandas on the same data: {"rows", "key_sum", "payload_x_sum", "payload_y_sum"}."""
+    """Rows of the join and sums of its columns: {"rows", "key_sum", "payload_x_sum", "payload_y_sum"}."""
     df = joined.reset_index() if "key" not in joined.columns else joined
     rows, k, px, py = compute_watching(
         client, [df.shape[0], df["key"].sum(), df["payload_x"].sum(), df["payload_y"].sum()], workers,

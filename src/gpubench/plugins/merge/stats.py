@@ -1,9 +1,6 @@
-"""merge's statistics: dask-cuda's ``hmean`` / ``hstd``, the per worker-pair bandwidths read from the
-workers' incoming-transfer logs (``bandwidth_statistics``, ``peer_to_peer_bandwidths``) and the
-worker numbering (``address_to_index``), after dask-cuda 26.10's ``benchmarks/utils.py``.
-
-On plain lists and dicts, so they can be checked by hand (tests/unit/test_merge_logic.py); no Dask
-is needed. Bandwidths are in B/s, sizes in bytes.
+"""merge's statistics, after dask-cuda 26.10's ``benchmarks/utils.py``: ``hmean`` / ``hstd``, the per
+worker-pair bandwidths of the incoming-transfer logs and the worker numbering. On plain lists and
+dicts; bandwidths in B/s, sizes in bytes.
 """
 
 from __future__ import annotations
@@ -36,14 +33,7 @@ def hstd(xs: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class PairStats:
-    """Transfers one worker (w1) received from another (w2), as dask-cuda's BandwidthStats.
-
-    Attributes:
-        w1, w2: worker indices (receiver, sender).
-        n: transfers counted (those of at least ignore_size bytes).
-        hmean, hstd, q25, q50, q75, min, max: bandwidth of those transfers, B/s.
-        total_bytes: bytes of those transfers.
-    """
+    """Transfers worker w1 received from w2, as dask-cuda's BandwidthStats: bandwidths in B/s."""
 
     w1: int
     w2: int
@@ -66,18 +56,9 @@ def pair_statistics(
     address_to_index: Mapping[str, int],
     ignore_size: int | None,
 ) -> list[PairStats]:
-    """Per worker-pair bandwidth statistics from the workers' incoming-transfer logs.
-
-    Args:
-        logs: receiving worker's address -> its transfer_incoming_log entries, each with "who"
-            (the sender's address), "total" (bytes) and "bandwidth" (B/s).
-        address_to_index: worker address -> index (see :func:`address_to_index`).
-        ignore_size: entries with fewer bytes are left out (None keeps all), as in dask-cuda.
-
-    Returns:
-        One PairStats per (receiver, sender) with at least one counted transfer, sorted by
-        (w1, w2). Quantiles use linear interpolation (numpy's default, as dask-cuda's np.quantile).
-        Senders that are not in ``address_to_index`` (a worker that left) are skipped.
+    """Per worker-pair bandwidth statistics from the workers' incoming-transfer logs (receiver's
+    address -> entries with "who", "total" bytes, "bandwidth" B/s); entries under ``ignore_size``
+    bytes left out. One PairStats per (receiver, sender), sorted; quantiles as numpy's linear rule.
     """
     out: list[PairStats] = []
     for receiver, entries in logs.items():
@@ -101,12 +82,7 @@ def pair_statistics(
 
 
 def address_to_index(devices: Mapping[str, int]) -> dict[str, int]:
-    """Worker address -> index, workers on one host numbered together and by device within it
-    (dask-cuda's address_to_index).
-
-    Args:
-        devices: worker address -> its first CUDA_VISIBLE_DEVICES entry, -1 when it has none.
-    """
+    """Worker address -> index, by host, then by device (-1: none) within it (dask-cuda's address_to_index)."""
     order = sorted(devices, key=lambda a: (_address_host(a), devices[a]))
     return {a: i for i, a in enumerate(order)}
 
