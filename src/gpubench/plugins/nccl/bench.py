@@ -4,15 +4,8 @@
 as nccl-tests ``-g N``), or one rank per Dask worker (over_dask) or per launched process (ranks).
 
 Timed: ``perf_counter`` from before ``iters`` grouped launches are queued until every rank's stream
-has finished (polled, as testStreamSynchronize); per-iteration time = span / iters. With
-``cuda_graph`` G > 0 (``-G``) the iterations are captured once per point into one CUDA graph per
-rank's stream and a sample is G launches of them: span / (iters * G). Each iteration moves its
-buffers by one operation size (``shift``). Before timing: ``warmup`` iterations and one more (the
-"Sync" call), each followed by a full synchronisation. The report shows the median over samples.
-
-This module holds the spec, the plug-in :class:`Nccl` and the records; the collective's entry is in
-collectives.py, and comm (communicators, buffers, waits, faults), launch (the calls, the launch
-queue, the timed samples, the drain), graphs (-G) and data (initialisation and check) the rest.
+has finished; per-iteration time = span / iters (with ``-G`` G: span / (iters * G)). The report
+shows the median over samples.
 """
 
 from __future__ import annotations
@@ -42,13 +35,9 @@ MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured
 @contextlib.contextmanager
 def local_ranks(ctx: Context, comms: list, first: int = 0) -> Iterator[list[Rank]]:
     """This process's ranks, rank ``first + i`` on ``ctx.devices[i]`` and ``comms[i]`` (a stream and
-    two buffers of the largest size each), with the graph owner, in ``ctx.data``.
-
-    On the way out, whatever happened, what was made is released in the order NCCL needs: CUDA
-    graphs first (they hold NCCL resources that ncclCommDestroy waits for), then the streams
-    drained, the buffers freed, and each communicator whose rank was not aborted destroyed (an
-    aborted one is already gone; ``comms`` may be longer than the ranks when an allocation failed
-    part way). Errors on the way out are ignored.
+    two buffers of the largest size each), with the graph owner, in ``ctx.data``. On the way out
+    what was made is released in the order NCCL needs (CUDA graphs first, they hold NCCL resources
+    that ncclCommDestroy waits for); errors on the way out are ignored.
 
     Raises:
         MachineError: a stream or a buffer failed.
@@ -77,30 +66,11 @@ def local_ranks(ctx: Context, comms: list, first: int = 0) -> Iterator[list[Rank
 
 @dataclass(frozen=True)
 class NcclSpec:
-    """Parsed options of ``gpubench nccl``; its constructor is the one place they are checked.
+    """Parsed options of ``gpubench nccl`` (nccl-tests' names); its constructor checks them.
 
-    Attributes:
-        collective: a key of collectives.COLLECTIVES, or an alias (``allreduce``), stored canonical.
-        sizes: operation sizes in bytes (nccl-tests -b/-e/-f), ascending.
-        dtype: a key of collectives.DTYPES or an alias (``bf16``), stored canonical.
-        op: a key of collectives.OPS (ignored by collectives that do not reduce), stored lower case.
-        root: root rank of the rooted collectives.
-        devices: CUDA ordinals for the single-process run, or None for every visible GPU.
-        warmup: untimed iterations per size before timing (nccl-tests -w).
-        iters: iterations per timed sample (nccl-tests -n).
-        samples: timed samples per point; the median is reported.
-        check: data checks per point (nccl-tests -c; 0 = none).
-        places: subset of PLACES.
-        cuda_graph: graph launches per sample (nccl-tests -G; 0 = the iterations launched one by
-            one, no graph).
-        timeout_s: abort when a wait lasts longer (nccl-tests -T; 0 = never).
-        scheduler_address, scheduler_file: an existing Dask cluster; one rank per worker.
-        expect_busbw_gbps: --expect-busbw, GB/s at the largest size (checked after the run), or None.
-        gpus_per_proc: -g, GPUs per process under a launcher (nccl-tests -g; None: 1, or len(-d));
-            in one process without a launcher, the first N visible GPUs when -d is not given.
-        average: -a, how the ranks' per-sample times combine (nccl-tests -a: 0 rank 0, 1 mean,
-            2 minimum, 3 maximum); :func:`combine`.
-        rendezvous: --rendezvous HOST:PORT of rank 0's store (else MASTER_ADDR/MASTER_PORT).
+    ``collective``, ``dtype``: stored canonical; ``sizes``: bytes, ascending; ``devices``: None for
+    every visible GPU; ``cuda_graph``: graph launches per sample (0 = no graph); ``timeout_s``:
+    seconds (0 = never); ``expect_busbw_gbps``: GB/s at the largest size; ``average``: nccl-tests -a.
 
     Raises:
         UsageError: a bad value, in the words of the CLI option that sets it.
@@ -161,8 +131,7 @@ class NcclSpec:
         return bool(self.scheduler_address or self.scheduler_file)
 
     def to_dict(self, **resolved) -> dict:
-        """The Result's ``spec``: the fields, then ``resolved`` (what the run found: devices,
-        nranks), then ``expect_busbw_gbps`` only when it was given."""
+        """The Result's ``spec``: the fields, then ``resolved``, then ``expect_busbw_gbps`` when given."""
         d = asdict(self)
         expect = d.pop("expect_busbw_gbps")
         d.update(resolved)
@@ -188,8 +157,7 @@ _COMBINE: dict[int, Callable[[list[float]], float]] = {1: lambda c: sum(c) / len
 
 def combine(per_rank: list[list[float]], average: int) -> list[float]:
     """Each sample's time over the ranks, by nccl-tests' -a (src/common.cu Allreduce of deltaSec):
-    0 rank 0's own, 1 the mean (sum / ranks), 2 the minimum, 3 the maximum. ``per_rank[r][k]``:
-    rank r's k-th per-iteration time in seconds; every rank has the same number of samples.
+    0 rank 0's own, 1 the mean, 2 the minimum, 3 the maximum. ``per_rank[r][k]``: seconds.
 
     Raises:
         ValueError: ranks with different sample counts, or an unknown ``average``.
@@ -209,11 +177,10 @@ def combine(per_rank: list[list[float]], average: int) -> list[float]:
 
 def combined_point(nbytes: int, count: int, place: str, reports: Sequence[dict], average: int) -> Point:
     """One point from every rank's report of it ({"samples_s", "wrong", "error"}, rank 0 first): the
-    samples combined by -a (:func:`combine`), the wrong counts summed (a rank's None makes the
-    point unchecked), the first error kept with no samples.
+    samples combined by -a, the wrong counts summed (a rank's None: unchecked), the first error kept.
 
     Raises:
-        ValueError: the ranks have different numbers of samples (see :func:`combine`).
+        ValueError: the ranks have different numbers of samples.
     """
     err = next((x["error"] for x in reports if x.get("error")), None)
     wrongs = [x["wrong"] for x in reports]
@@ -222,8 +189,7 @@ def combined_point(nbytes: int, count: int, place: str, reports: Sequence[dict],
 
 
 def point_keys(spec: NcclSpec) -> list[tuple[int, str]]:
-    """The (size in bytes, placement) of every point, in the order they are measured: sizes
-    ascending, each size's placements in the spec's order (one process and every Dask worker)."""
+    """The (size in bytes, placement) of every point, in the order they are measured."""
     return [(size, place) for size in spec.sizes for place in spec.places]
 
 
@@ -241,26 +207,14 @@ def unmeasured_point(spec: NcclSpec, size: int, place: str, nranks: int, error: 
 
 def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Callable[[], None], size: int,
                   place: str, new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> Point:
-    """Measure one (size, placement) on this process's ``ranks`` (nccl-tests BenchTime for one size):
-    the inputs set to the check's values, ``warmup`` iterations, the "Sync" call, the timed samples
-    (launch.timed_samples), then ``check`` data checks, each after fresh inputs and a barrier,
-    stopping at the first wrong one.
-
-    Args:
-        ranks: the local ranks (all of them in one process, or one per Dask worker).
-        nranks: ranks in the communicator.
-        barrier: called before each timed sample and check (a no-op in one process; an NCCL
-            barrier across processes, as nccl-tests' Barrier).
-        size: the operation size in bytes (nccl-tests -b..-e).
-        new_graphs: makes the CapturedGraphs of -G (the caller's owner, which closes them all
-            before the communicators are destroyed).
-
-    Returns:
-        The Point; one with ``error`` and no samples when ``size`` gives no element per rank.
+    """Measure one (size in bytes, placement) on this process's ``ranks`` (nccl-tests BenchTime for
+    one size): the inputs set to the check's values, ``warmup`` iterations, the "Sync" call, the
+    timed samples, then ``check`` data checks, stopping at the first wrong one. ``barrier`` is
+    called before each timed sample and check (nccl-tests' Barrier across processes).
 
     Raises:
-        MachineError (a wait's NCCL error or deadline), NcclError, CUDARuntimeError, KeyboardInterrupt:
-            with work possibly still queued; the caller drains (nccl_launch.drain) before freeing.
+        MachineError, NcclError, CUDARuntimeError, KeyboardInterrupt: with work possibly still
+            queued; the caller drains before freeing.
     """
     coll = C.collective(spec.collective)
     dt = C.dtype(spec.dtype)
@@ -274,7 +228,6 @@ def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Calla
 
     one = L.launcher(ranks, coll, cc, dt, op_id, spec.root, in_place, nranks, total, max(spec.sizes),
                      max(spec.iters, spec.warmup, 1))
-    # never time on uninitialised memory: the inputs hold the check's values
     D.init_data(ranks, coll, cc, dt, spec.op, in_place, spec.root)
     L.run_iters(ranks, spec.warmup, one, spec.timeout_s)
     wait_all(ranks, spec.timeout_s)
@@ -299,8 +252,7 @@ def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Calla
 
 
 def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]:
-    """Records from points: metric bandwidth with nbytes = S of algbw = S / t; busbw in extra.
-    ``nranks``: ranks in the communicator (GPUs, over every process)."""
+    """Records from points: metric bandwidth with nbytes = S of algbw = S / t; busbw in extra."""
     coll = C.collective(spec.collective)
     dt = C.dtype(spec.dtype)
     factor = C.busbw_factor(coll, nranks)
@@ -327,8 +279,7 @@ def to_records(spec: NcclSpec, points: list[Point], nranks: int) -> list[Record]
 
 
 def mark_collectives(records: list[Record], env: dict, devices: Sequence[int]) -> None:
-    """:func:`gpubench.core.limits.mark_collective` on each record, against the first GPU's links
-    (NVLS is possible where NCCL_NVLS_ENABLE is not 0 and the GPU has NVLink)."""
+    """:func:`gpubench.core.limits.mark_collective` on each record, against the first GPU's links."""
     import os
 
     from gpubench.core import env as envmod
@@ -363,23 +314,14 @@ def _timing(spec: NcclSpec, allocator: str | None = None) -> dict:
 # -- the plug-in ---------------------------------------------------------------------------------------
 
 
-def _no_barrier() -> None:
-    """One process: its ranks' calls are grouped, so nothing needs to wait for a peer."""
-
-
 class Nccl(Benchmark):
-    """The nccl plug-in, one process: a point is one (size, placement); one communicator per GPU.
-
-    ``setup`` opens the communicators, each rank's stream and two buffers of the largest size, and
-    owns the CUDA graphs of -G (:func:`local_ranks`, which releases them on every way out). ``measure`` is
-    :func:`measure_point`; an NCCL or CUDA fault becomes a MachineError (exit 3).
-    """
+    """The nccl plug-in, one process: a point is one (size, placement); one communicator per GPU."""
 
     name = "nccl"
     description = "NCCL collectives (all-reduce, all-gather, ...): algbw and busbw as nccl-tests."
 
     def devices(self, spec: NcclSpec) -> tuple[int, ...]:
-        """-d checked against the visible GPUs, or every visible GPU; the root must be one of the ranks.
+        """-d checked against the visible GPUs, or every visible GPU.
 
         Raises:
             UsageError: a GPU that is not visible, a root that is not a rank.
@@ -403,7 +345,7 @@ class Nccl(Benchmark):
         """NCCL must be importable and two buffers of the largest size must fit on every GPU.
 
         Raises:
-            UsageError: NCCL missing (how to get it), or the sizes do not fit (which -e would).
+            UsageError: NCCL missing, or the sizes do not fit.
         """
         nccl_module()
         need = 2 * max(spec.sizes)
@@ -417,8 +359,7 @@ class Nccl(Benchmark):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
-        """Communicators, ranks (stream, buffers) and the graph owner in ``ctx.data``; the NCCL
-        version and NCCL_* variables in ``ctx.env["nccl"]``.
+        """Communicators, ranks and the graph owner in ``ctx.data``; NCCL's version and variables in ``ctx.env``.
 
         Raises:
             MachineError: ncclCommInitAll, a stream or a buffer failed.
@@ -438,43 +379,40 @@ class Nccl(Benchmark):
 
         Raises:
             MachineError: an NCCL or CUDA fault, or --timeout passed (after the drain).
-            An allocation failure (the driver records it and goes on), KeyboardInterrupt, Interrupted.
         """
         size, place = point.key
         ranks = ctx.data["ranks"]
         try:
             with _as_machine_errors():
-                p = measure_point(ctx.spec, ranks, len(ranks), _no_barrier, size, place, ctx.data["graphs"].new)
+                p = measure_point(ctx.spec, ranks, len(ranks), lambda: None, size, place, ctx.data["graphs"].new)
         except BaseException:  # an interrupt or a fault: nothing is freed under queued work
             L.drain(ranks, ctx.spec.timeout_s)
             raise
         return to_records(ctx.spec, [p], len(ranks))
 
     def failed(self, ctx: Context, point: driver.Point, message: str) -> list[Record]:
-        """The record of a point whose memory could not be allocated: its sizes, ``error``, no samples."""
+        """The record of a point whose memory could not be allocated."""
         size, place = point.key
         nranks = len(ctx.devices)
         return to_records(ctx.spec, [unmeasured_point(ctx.spec, size, place, nranks, message)], nranks)
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
-        """The collective limit rule (core/limits.mark_collective): a one-rank in-place figure is a
-        no-op, a one-rank out-of-place one a local copy, busbw held against the GPU's links."""
+        """The collective limit rule (core/limits.mark_collective)."""
         mark_collectives(records, ctx.env, ctx.devices)
 
     def spec_dict(self, ctx: Context) -> dict:
-        """The spec with the GPUs used and the rank count (and --expect-busbw when given)."""
+        """The spec with the GPUs used and the rank count."""
         return ctx.spec.to_dict(devices=list(ctx.devices), nranks=len(ctx.devices))
 
     def timing(self, ctx: Context) -> dict:
-        """nccl-tests' BenchTime as run here, and the buffers' allocator (ncclMemAlloc or cudaMalloc)."""
+        """nccl-tests' BenchTime as run here, and the buffers' allocator."""
         return _timing(ctx.spec, ctx.data.get("allocator"))
 
 
 @contextlib.contextmanager
 def _as_machine_errors(allocation_passes: bool = True) -> Iterator[None]:
-    """A CUDA runtime or NCCL fault raised inside becomes its one-line MachineError (exit 3). With
-    ``allocation_passes`` (inside a point) an allocation failure passes as it is, for the driver
-    to record; without (the buffers that live across points) it is a fault too."""
+    """A CUDA runtime or NCCL fault raised inside becomes its one-line MachineError (exit 3); with
+    ``allocation_passes`` an allocation failure passes as it is, for the driver to record."""
     try:
         yield
     except Exception as e:
@@ -488,18 +426,13 @@ BENCHMARK = Nccl()
 
 
 def run(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
-    """Run the sweep in this process, one communicator per selected GPU, through the driver (a spec
-    with a Dask scheduler runs through :func:`gpubench.plugins.nccl.over_dask.run_on_dask`).
+    """Run the sweep in this process, one communicator per selected GPU, through the driver.
 
     Returns:
-        A Result with one record per (size, placement); see :func:`to_records`. ``partial`` with
-        ``interrupted_by`` when SIGINT/SIGTERM stopped it (the finished points are kept).
+        A Result with one record per (size, placement); ``partial`` when a signal stopped it.
 
     Raises:
-        NoGPUError / UsageError: no GPU, a GPU not visible, a root that is not a rank, NCCL missing,
-            the sizes do not fit.
-        MachineError: an NCCL or CUDA fault, or --timeout passed; its ``partial_result`` holds the
-            finished points when there are any.
+        NoGPUError, UsageError, MachineError: as the driver and the plug-in's steps say.
     """
     if spec.distributed:
         raise UsageError("a spec with a Dask scheduler runs through gpubench.plugins.nccl.over_dask.run_on_dask")

@@ -1,20 +1,11 @@
 """The NCCL collectives gpubench measures, one table entry each, as nccl-tests 2.19.6
 (github.com/NVIDIA/nccl-tests, the entry's ``source`` file) defines them: the byte counts
 (``<Coll>GetCollByteCount``), the algbw size and busbw factor (``<Coll>GetBw``), the NCCL call(s) of
-one rank (``<Coll>RunColl``), the expected output (``<Coll>InitData``), which ranks hold a checked
-result and whether it is checked in place. The driver iterates entries and names no collective;
-adding one is adding an entry (docs/nccl.md, "Adding a collective").
+one rank (``<Coll>RunColl``), the expected output (``<Coll>InitData``). Adding a collective is adding
+an entry (docs/nccl.md, "Adding a collective").
 
-``count = size // elt_size`` (size: the user's, in bytes); the collectives of per-rank blocks round
-the per-rank count down to a multiple of 16 bytes (``(count / nranks) & ~(16 / eltSize - 1)``).
-``algbw = S / t`` with S = ``paramcount * eltSize`` times the entry's ``size_blocks(nranks)`` (1, n or
-n-1); ``busbw = algbw * factor``, the factor derived in doc/PERFORMANCE.md (2(n-1)/n, (n-1)/n or 1:
-the entry's ``factor_text``). A collective made of dependent steps (hypercube: each step forwards
-what the last one received) separates its calls with :data:`STEP`, and the driver completes one
-step on every local rank before it issues the next.
-
-Pure Python: no CuPy, no NCCL (a call function only names methods of the communicator it is given),
-so the CLI validates options and the unit tests check every formula without a GPU.
+``algbw = S / t`` with S = ``paramcount * eltSize`` times the entry's ``size_blocks(nranks)``;
+``busbw = algbw * factor``, the factor derived in doc/PERFORMANCE.md. Pure Python: no CuPy, no NCCL.
 """
 
 from __future__ import annotations
@@ -28,15 +19,8 @@ from gpubench.core.errors import UsageError
 
 @dataclass(frozen=True)
 class CollCounts:
-    """Element counts of one collective call, as nccl-tests' GetCollByteCount returns them.
-
-    Attributes:
-        send_count: elements each rank sends (its send buffer holds this many).
-        recv_count: elements each rank receives (its receive buffer holds this many).
-        param_count: the ``count`` argument of the NCCL call.
-        send_inplace_offset: in-place runs put rank r's send data at recvbuff + r * this (elements).
-        recv_inplace_offset: in-place runs read rank r's result at recvbuff + r * this (elements).
-    """
+    """Element counts of one collective call, as nccl-tests' GetCollByteCount returns them; in place,
+    rank r's send data is at recvbuff + r * send_inplace_offset, its result at + r * recv_inplace_offset."""
 
     send_count: int
     recv_count: int
@@ -78,20 +62,8 @@ def _alltoall(count: int, elt_size: int, nranks: int) -> CollCounts:
 
 @dataclass(frozen=True)
 class RankCall:
-    """What one rank's NCCL call needs (the arguments of nccl-tests' ``<Coll>RunColl``).
-
-    Attributes:
-        comm: the rank's communicator (cupy.cuda.nccl.NcclCommunicator, or a test's recorder).
-        send, recv: device addresses of the send and receive regions of this call.
-        count: the call's count argument (CollCounts.param_count).
-        dtype: the data type; op: the ncclRedOp_t value; root: the root rank.
-        rank, nranks: this rank and the ranks in the communicator.
-        stream: the rank's cudaStream_t.
-        group_start, group_end: ncclGroupStart and ncclGroupEnd (collectives made of point-to-point
-            calls group them, as nccl-tests does).
-        copy: (dst, src, nbytes, stream) -> a device-to-device cudaMemcpyAsync on the stream
-            (hypercube's own block, out of place).
-    """
+    """What one rank's NCCL call needs (the arguments of nccl-tests' ``<Coll>RunColl``); ``copy``:
+    (dst, src, nbytes, stream) -> a device-to-device cudaMemcpyAsync (hypercube)."""
 
     comm: Any
     send: int
@@ -117,14 +89,12 @@ Calls = list[tuple[Callable, tuple]]  # (function, arguments) pairs, called in o
 
 
 def STEP() -> None:  # noqa: N802 - a marker, named like the constant it is used as
-    """Marks the end of one step of a collective made of dependent steps (never called: the driver
-    splits a rank's calls at it, :func:`steps`)."""
+    """Marks the end of one step of a collective made of dependent steps (never called)."""
     raise AssertionError("STEP is a marker in a call list, not a call")
 
 
 def steps(calls: Calls) -> list[Calls]:
-    """A rank's calls split at :data:`STEP` markers: the dependent steps, in order (one for every
-    collective but hypercube)."""
+    """A rank's calls split at :data:`STEP` markers: the dependent steps, in order."""
     out: list[Calls] = [[]]
     for fn, args in calls:
         if fn is STEP:
@@ -165,9 +135,8 @@ def _send_recv_call(a: RankCall) -> Calls:
 
 
 def _gather_call(a: RankCall) -> Calls:
-    """nccl-tests src/gather.cu GatherRunColl for 2.7 <= NCCL < 2.28 (NCCL 2.28's ncclGather is not
-    in CuPy's bindings): grouped, every rank sends its block to the root, and the root receives
-    rank r's block at r x count elements."""
+    """nccl-tests src/gather.cu GatherRunColl for 2.7 <= NCCL < 2.28: grouped, every rank sends its
+    block to the root, which receives rank r's block at r x count elements."""
     calls: Calls = [(a.comm.send, (a.send, a.count, a.dtype.nccl, a.root, a.stream))]
     if a.rank == a.root:
         calls += [(a.comm.recv, (a.recv + r * a.block_bytes, a.count, a.dtype.nccl, r, a.stream))
@@ -176,9 +145,8 @@ def _gather_call(a: RankCall) -> Calls:
 
 
 def _scatter_call(a: RankCall) -> Calls:
-    """nccl-tests src/scatter.cu ScatterRunColl for 2.7 <= NCCL < 2.28 (NCCL 2.28's ncclScatter is
-    not in CuPy's bindings): grouped, the root sends block r (at r x count elements) to rank r, and
-    every rank receives its block from the root."""
+    """nccl-tests src/scatter.cu ScatterRunColl for 2.7 <= NCCL < 2.28: grouped, the root sends block
+    r (at r x count elements) to rank r, and every rank receives its block from the root."""
     calls: Calls = []
     if a.rank == a.root:
         calls += [(a.comm.send, (a.send + r * a.block_bytes, a.count, a.dtype.nccl, r, a.stream))
@@ -188,10 +156,8 @@ def _scatter_call(a: RankCall) -> Calls:
 
 
 def _hypercube_call(a: RankCall) -> Calls:
-    """nccl-tests src/hypercube.cu HyperCubeRunColl: the rank's own block copied into place (out of
-    place), then for mask = 1, 2, 4 ... < n one grouped step: send the ``mask`` blocks this rank
-    holds (from ``rank & ~(mask - 1)``) to ``rank ^ mask`` and receive its ``mask`` blocks (an
-    all-gather in log2(n) steps, each forwarding what the last received)."""
+    """nccl-tests src/hypercube.cu HyperCubeRunColl: the rank's own block copied into place, then for
+    mask = 1, 2, 4 ... < n one grouped step exchanging ``mask`` blocks with ``rank ^ mask``."""
     if a.copy is None:
         raise ValueError("hypercube needs RankCall.copy (a device-to-device copy)")
     calls: Calls = []
@@ -242,77 +208,25 @@ def _expect_my_block_of_root(xp, idx, a: DataArgs):
     return a.sent(xp, a.root, a.rank * a.base + idx)
 
 
-def _every_rank(rank: int, root: int) -> bool:
-    return True
-
-
 def _root_only(rank: int, root: int) -> bool:
     return rank == root
 
 
-def _one_block(n: int) -> int:
-    return 1
-
-
-def _n_blocks(n: int) -> int:
-    return n
-
-
-def _others_blocks(n: int) -> int:
-    return n - 1
-
-
-def _any_ranks(n: int) -> str | None:
-    return None
-
-
 def _power_of_two_ranks(n: int) -> str | None:
-    # hypercube.cu runs only on a power-of-2 number of ranks ("is not a power of 2, skipping"); one
-    # rank exchanges nothing, so S = count x (n-1) is 0 and there is no figure either
+    # hypercube.cu runs only on a power-of-2 number of ranks; one rank exchanges nothing
     return None if n >= 2 and n & (n - 1) == 0 else f"needs a power-of-2 number of ranks, 2 or more (got {n})"
-
-
-def _twice_share_of_others(n: int) -> float:
-    return 2 * (n - 1) / n
 
 
 def _share_of_others(n: int) -> float:
     return (n - 1) / n
 
 
-def _one(n: int) -> float:
-    return 1.0
-
-
 @dataclass(frozen=True)
 class Collective:
     """One collective's entry: everything that differs between collectives (nccl-tests' testColl:
-    GetCollByteCount, InitData, GetBw, RunColl); the driver (bench/nccl.py) only iterates entries.
-
-    Attributes:
-        name: gpubench's name (``all-reduce``...).
-        nccl_tests: the nccl-tests binary that measures the same thing.
-        source: the nccl-tests file the counts, data, formula and call come from.
-        counts: (count, elt_size, nranks) -> CollCounts (GetCollByteCount).
-        size_blocks: nranks -> how many ``param_count * elt_size`` blocks S (the algbw numerator)
-            is: 1, n for the gathered kinds, n-1 for hypercube (GetBw).
-        factor: nranks -> busbw / algbw (GetBw; doc/PERFORMANCE.md).
-        factor_text: the factor as a formula, for reports and docs.
-        call: RankCall -> the NCCL calls of one rank for one iteration, as (function, arguments)
-            pairs (RunColl).
-        expected: (xp, output indices, nccl_data.DataArgs) -> what the rank must hold there
-            (InitData's ``expected``).
-        holds_result: (rank, root) -> whether that rank's output is checked (reduce and gather: the
-            root only).
-        sends: (rank, root) -> whether that rank's input is initialised (scatter: the root only, as
-            ScatterInitData; the others' send buffers are not read).
-        checked_in_place: False where nccl-tests does not check in place (all-to-all, send/recv:
-            "We don't support in-place alltoall/sendrecv", the regions overlap; it prints N/A).
-        reduces: takes a reduction op (-o).
-        rooted: takes a root rank (-r).
-        aliases: spellings accepted besides those :meth:`spellings` derives.
-        ranks_ok: nranks -> why this collective cannot run on that many ranks, or None (hypercube:
-            a power of 2).
+    GetCollByteCount, InitData, GetBw, RunColl); docs/nccl.md lists each field and its source.
+    ``size_blocks``: nranks -> how many ``param_count * elt_size`` blocks S is; ``factor``: nranks
+    -> busbw / algbw; ``ranks_ok``: nranks -> why it cannot run on that many ranks, or None.
     """
 
     name: str
@@ -324,17 +238,17 @@ class Collective:
     factor_text: str
     call: Callable[[RankCall], Calls]
     expected: Callable[[Any, Any, DataArgs], Any]
-    holds_result: Callable[[int, int], bool] = _every_rank
-    sends: Callable[[int, int], bool] = _every_rank
+    holds_result: Callable[[int, int], bool] = lambda rank, root: True
+    sends: Callable[[int, int], bool] = lambda rank, root: True
     checked_in_place: bool = True
     reduces: bool = False
     rooted: bool = False
     aliases: tuple[str, ...] = ()
-    ranks_ok: Callable[[int], str | None] = _any_ranks
+    ranks_ok: Callable[[int], str | None] = lambda n: None
 
     def spellings(self) -> tuple[str, ...]:
         """Accepted names, lower case: the name, without or with ``_`` for its hyphens, the
-        nccl-tests binary's stem (``alltoall``), and the aliases."""
+        nccl-tests binary's stem, and the aliases."""
         forms = (self.name, self.name.replace("-", ""), self.name.replace("-", "_"),
                  self.nccl_tests.removesuffix("_perf"), *self.aliases)
         return tuple(dict.fromkeys(forms))
@@ -343,27 +257,27 @@ class Collective:
 COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
-        Collective("all-reduce", "all_reduce_perf", "src/all_reduce.cu", _same, _one_block, _twice_share_of_others,
+        Collective("all-reduce", "all_reduce_perf", "src/all_reduce.cu", _same, lambda n: 1, lambda n: 2 * (n - 1) / n,
                    "2(n-1)/n", _single("allReduce", "op"), _expect_reduced, reduces=True),
-        Collective("all-gather", "all_gather_perf", "src/all_gather.cu", _allgather, _n_blocks, _share_of_others,
+        Collective("all-gather", "all_gather_perf", "src/all_gather.cu", _allgather, lambda n: n, _share_of_others,
                    "(n-1)/n", _single("allGather"), _expect_every_rank_block),
-        Collective("reduce-scatter", "reduce_scatter_perf", "src/reduce_scatter.cu", _reducescatter, _n_blocks,
+        Collective("reduce-scatter", "reduce_scatter_perf", "src/reduce_scatter.cu", _reducescatter, lambda n: n,
                    _share_of_others, "(n-1)/n", _single("reduceScatter", "op"), _expect_reduced_block, reduces=True),
-        Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, _one_block, _one, "1",
+        Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, lambda n: 1, lambda n: 1.0, "1",
                    _single("broadcast", "root"), _expect_root, rooted=True, aliases=("bcast",)),
-        Collective("reduce", "reduce_perf", "src/reduce.cu", _same, _one_block, _one, "1",
+        Collective("reduce", "reduce_perf", "src/reduce.cu", _same, lambda n: 1, lambda n: 1.0, "1",
                    _single("reduce", "op", "root"), _expect_reduced, holds_result=_root_only, reduces=True, rooted=True),
-        Collective("all-to-all", "alltoall_perf", "src/alltoall.cu", _alltoall, _n_blocks, _share_of_others, "(n-1)/n",
-                   _all_to_all_call, _expect_my_block_of_every_rank, checked_in_place=False),
-        Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, _one_block, _one, "1", _send_recv_call,
-                   _expect_previous_rank, checked_in_place=False, aliases=("p2p",)),
+        Collective("all-to-all", "alltoall_perf", "src/alltoall.cu", _alltoall, lambda n: n, _share_of_others,
+                   "(n-1)/n", _all_to_all_call, _expect_my_block_of_every_rank, checked_in_place=False),
+        Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, lambda n: 1, lambda n: 1.0, "1",
+                   _send_recv_call, _expect_previous_rank, checked_in_place=False, aliases=("p2p",)),
         # gather.cu's GetCollByteCount is all-gather's, scatter.cu's reduce-scatter's
-        Collective("gather", "gather_perf", "src/gather.cu", _allgather, _n_blocks, _share_of_others, "(n-1)/n",
+        Collective("gather", "gather_perf", "src/gather.cu", _allgather, lambda n: n, _share_of_others, "(n-1)/n",
                    _gather_call, _expect_every_rank_block, holds_result=_root_only, rooted=True),
-        Collective("scatter", "scatter_perf", "src/scatter.cu", _reducescatter, _n_blocks, _share_of_others, "(n-1)/n",
-                   _scatter_call, _expect_my_block_of_root, sends=_root_only, rooted=True),
+        Collective("scatter", "scatter_perf", "src/scatter.cu", _reducescatter, lambda n: n, _share_of_others,
+                   "(n-1)/n", _scatter_call, _expect_my_block_of_root, sends=_root_only, rooted=True),
         # hypercube.cu: an all-gather by log2(n) exchanges; GetBw's S is count x (n-1), factor 1
-        Collective("hypercube", "hypercube_perf", "src/hypercube.cu", _hypercube, _others_blocks, _one, "1",
+        Collective("hypercube", "hypercube_perf", "src/hypercube.cu", _hypercube, lambda n: n - 1, lambda n: 1.0, "1",
                    _hypercube_call, _expect_every_rank_block, ranks_ok=_power_of_two_ranks),
     )
 }
@@ -448,12 +362,7 @@ def op(name: str) -> int:
 
 
 def counts(coll: Collective, size_bytes: int, elt_size: int, nranks: int) -> CollCounts:
-    """Element counts of ``coll`` for a user size of ``size_bytes`` (nccl-tests' setupArgs).
-
-    Args:
-        size_bytes: the size from -b/-e, in bytes.
-        elt_size: bytes per element of the data type.
-        nranks: number of ranks (>= 1).
+    """Element counts of ``coll`` for a user size of ``size_bytes`` bytes (nccl-tests' setupArgs).
 
     Raises:
         ValueError: nranks < 1 or elt_size < 1.
@@ -474,8 +383,7 @@ def reported_bytes(coll: Collective, size_bytes: int, elt_size: int, nranks: int
 
 
 def algbw_bytes(coll: Collective, param_count: int, elt_size: int, nranks: int) -> int:
-    """S of ``algbw = S / t`` in bytes: param_count * elt_size, times the entry's size_blocks(nranks)
-    (nranks for the gathered kinds, nranks - 1 for hypercube)."""
+    """S of ``algbw = S / t`` in bytes: param_count * elt_size, times the entry's size_blocks(nranks)."""
     return param_count * elt_size * coll.size_blocks(nranks)
 
 
