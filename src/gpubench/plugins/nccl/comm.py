@@ -18,8 +18,7 @@ from gpubench.core.units import format_size
 
 @functools.lru_cache(maxsize=None)
 def _libnccl():
-    """The NCCL library CuPy loaded (ctypes), or None. Found in /proc/self/maps, else by its soname
-    (which returns the copy already loaded). ncclMemAlloc/ncclMemFree get their argument types."""
+    """The NCCL library CuPy loaded (ctypes, found in /proc/self/maps, else by its soname), or None."""
     import ctypes
 
     try:
@@ -40,15 +39,8 @@ def _libnccl():
 
 
 class NcclBuffer:
-    """``nbytes`` of device memory on the current device from ncclMemAlloc, freed with ncclMemFree
-    (NCCL >= 2.19), else cudaMalloc.
-
-    ncclMemAlloc is what nccl-tests allocates with since 2.19 (src/common.cu AllocateBuffs): cuMem
-    memory that NCCL can register for zero-copy transfers in CUDA graphs (NCCL_GRAPH_REGISTER),
-    which it cannot do with cudaMalloc memory (lower -G figures).
-
-    Attributes:
-        ptr: the device address; allocator: "ncclMemAlloc" or "cudaMalloc".
+    """``nbytes`` of device memory on the current device from ncclMemAlloc (NCCL >= 2.19, as
+    nccl-tests src/common.cu AllocateBuffs), else cudaMalloc; ``allocator`` says which.
 
     Raises:
         MachineError: ncclMemAlloc failed (its NCCL error string is in the message).
@@ -96,8 +88,7 @@ def _nccl_error(lib, rc: int) -> str:
 
 
 class Rank:
-    """A rank in this process: its communicator, GPU, stream and two buffers of the largest size
-    (NcclBuffer: ncclMemAlloc, as nccl-tests)."""
+    """A rank in this process: its communicator, GPU, stream and two buffers of the largest size."""
 
     def __init__(self, rank: int, device: int, comm, maxbytes: int):
         import cupy
@@ -125,10 +116,8 @@ class Rank:
 
 def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) -> None:
     """Wait for every rank's stream (or, given ``events``, one CUDA event per rank), polling as
-    nccl-tests' testStreamSynchronize does, so that the wait has a deadline.
-
-    The poll spins without yielding (cudaStreamQuery releases the GIL, so other Python threads
-    still run): a sleep or sched_yield between passes added 40-80 us to a timed sample.
+    nccl-tests' testStreamSynchronize does, so that the wait has a deadline. The poll spins without
+    yielding (a sleep between passes added 40-80 us to a timed sample).
 
     Raises:
         MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
@@ -158,8 +147,8 @@ def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) ->
 
 
 def make_barrier(ranks: list[Rank], timeout_s: float) -> Callable[[], None]:
-    """nccl-tests' Barrier across processes: a one-element float sum all-reduce on every rank of
-    ``ranks`` (grouped when there are several), then :func:`wait_all`. The flags are allocated here."""
+    """nccl-tests' Barrier across processes: a one-element float sum all-reduce on every rank, then
+    :func:`wait_all`."""
     import cupy
     from cupy.cuda import nccl
 
@@ -215,9 +204,8 @@ def nccl_env(nccl_mod) -> dict:
 
 
 def as_machine_error(e: BaseException) -> MachineError | None:
-    """The one-line MachineError for a CUDA runtime or NCCL fault ``e`` (exit 3), or None when ``e``
-    is neither."""
-    if type(e).__name__ == "NcclError":  # CuPy's, from every NCCL call that does not return ncclSuccess
+    """The one-line MachineError for a CUDA runtime or NCCL fault ``e`` (exit 3), or None."""
+    if type(e).__name__ == "NcclError":  # CuPy's
         return MachineError(f"NCCL call failed: {first_line(e)}")
     import cupy
 

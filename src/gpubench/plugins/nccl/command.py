@@ -99,8 +99,8 @@ def build_spec(collective, devices, min_bytes, max_bytes, step_factor, dtype, op
 
 
 def select_run(spec):
-    """The run of ``spec``: one rank per Dask worker with a scheduler; this process's rank when a
-    launcher started it (mpirun, srun, torchrun: bench/nccl_ranks); else one process."""
+    """The run of ``spec``: one rank per Dask worker with a scheduler; this process's rank under a
+    launcher; else one process."""
     from gpubench.plugins.nccl import bench
 
     if spec.distributed:
@@ -123,7 +123,7 @@ def _not_rank0() -> bool:
 
 def after(result, spec, code: int) -> int:
     """Once the result is shown and saved: exit 1 (RegressionFound) on wrong data or a busbw below
-    --expect-busbw; an interrupted run keeps its code (130/143)."""
+    --expect-busbw; an interrupted run keeps its code."""
     if code:
         return code
     if _not_rank0():  # rank 0 has every rank's figures and gives the verdict
@@ -228,8 +228,7 @@ def format_report(result, units: str = "GB") -> list:
 
 
 def _launch_lines(result) -> list[str]:
-    """Under a launcher: who ran (processes, nodes, the group), the slowest rank at the largest
-    size, and how NCCL moved the data (its INFO log). Strings from hosts and NCCL's log escaped."""
+    """Under a launcher: who ran, the slowest rank at the largest size, and how NCCL moved the data."""
     from gpubench.core.safe import term
 
     launch = result.env.get("launch")
@@ -265,8 +264,7 @@ command = benchmark_command("nccl", OPTIONS, build_spec, format_report, help=_HE
 
 
 def _rank0_shows(callback):
-    """Under a launcher, ranks other than 0 print nothing and write no JSON (rank 0 has every
-    rank's figures); a fault's one line still reaches each rank's stderr."""
+    """Under a launcher, ranks other than 0 print nothing and write no JSON."""
     import functools
 
     @functools.wraps(callback)

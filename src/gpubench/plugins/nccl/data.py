@@ -1,9 +1,6 @@
 """nccl's data: the values each rank sends, their encoding in every NCCL data type, the count of
-wrong elements, and (on the GPU) the initialisation before a call and the check after it
-(nccl-tests InitData / CheckData).
-
-The pure parts take ``xp`` (numpy or cupy), so the unit tests run them on numpy; CuPy is imported
-only inside :func:`init_data` and :func:`check`.
+wrong elements, and the initialisation and check on the GPU (nccl-tests InitData / CheckData).
+The pure parts take ``xp`` (numpy or cupy).
 """
 
 from __future__ import annotations
@@ -19,10 +16,8 @@ _TOLERANCE = {"half": 1e-3, "bfloat16": 8e-3, "float": 1e-6, "double": 1e-12}
 
 
 def rank_values(xp, p, k, op_name: str):
-    """The value rank(s) ``p`` send at element index(es) ``k``: small integers, exact in every type.
-
-    ``(k + 3p) mod 7 + 1`` (1..7); for prod ``1 + (k + p) mod 2`` (1 or 2) so products stay exact.
-    """
+    """The value rank(s) ``p`` send at element index(es) ``k``: ``(k + 3p) mod 7 + 1``; for prod
+    ``1 + (k + p) mod 2`` (exact in every type)."""
     if op_name == "prod":
         return 1 + (k + p) % 2
     return (k + 3 * p) % 7 + 1
@@ -30,13 +25,8 @@ def rank_values(xp, p, k, op_name: str):
 
 @dataclass(frozen=True)
 class DataArgs:
-    """What a collective's ``expected`` function needs besides the output indices.
-
-    Attributes:
-        rank: the rank whose output is checked; nranks: ranks in the communicator; root: the root.
-        base: the per-rank count (param_count) of the call.
-        op: reduction op name; kind: "int", "uint" or "float" (the data type's kind).
-    """
+    """What a collective's ``expected`` function needs besides the output indices (``base``: the
+    call's per-rank count)."""
 
     rank: int
     nranks: int
@@ -50,8 +40,7 @@ class DataArgs:
         return rank_values(xp, p, k, self.op).astype(xp.float64 if self.kind == "float" else xp.int64)
 
     def reduced(self, xp, k):
-        """The reduction over every rank of what each sent at index(es) ``k``: the array method of
-        the op's name (sum, prod, max, min), or avg = sum / nranks (floor division for integers)."""
+        """The reduction over every rank of what each sent at index(es) ``k`` (avg: floor division for integers)."""
         stack = xp.stack([self.sent(xp, p, k) for p in range(self.nranks)])
         if self.op != "avg":
             return getattr(stack, self.op)(axis=0)
@@ -61,10 +50,8 @@ class DataArgs:
 
 def expected_values(xp, coll: Collective, rank: int, nranks: int, root: int, base: int, idx, op_name: str,
                     kind: str):
-    """What rank ``rank`` must hold at output element indices ``idx`` (int64) after ``coll`` (its
-    ``expected`` function answers), ``base`` being the call's per-rank count (param_count) and
-    ``kind`` "int", "uint" or "float": int64 (integer kinds) or float64 values, before conversion
-    to the data type. ``xp``: numpy or cupy."""
+    """What rank ``rank`` must hold at output element indices ``idx`` after ``coll``: int64 (integer
+    kinds) or float64 values, before conversion to the data type."""
     a = DataArgs(rank, nranks, root, base, op_name, kind)
     out = coll.expected(xp, idx.astype(xp.int64), a)
     return out.astype(xp.float64 if kind == "float" else xp.int64)
@@ -110,9 +97,8 @@ def _view(ptr: int, nelems: int, dt: DType, device: int):
 
 
 def pointers(rk: Any, cc: CollCounts, elt: int, in_place: bool, shift: int) -> tuple[int, int]:
-    """(send, recv) addresses of rank ``rk`` (an object with ``rank``, ``send.ptr``, ``recv.ptr``)
-    for one call (nccl-tests startColl: in place, both lie in the receive buffer at the
-    collective's in-place offsets times the rank)."""
+    """(send, recv) addresses of rank ``rk`` for one call (nccl-tests startColl: in place, both lie in
+    the receive buffer)."""
     if in_place:
         base = rk.recv.ptr + shift
         return base + cc.send_inplace_offset * rk.rank * elt, base + cc.recv_inplace_offset * rk.rank * elt
@@ -121,8 +107,7 @@ def pointers(rk: Any, cc: CollCounts, elt: int, in_place: bool, shift: int) -> t
 
 def init_data(ranks: list, coll: Collective, cc: CollCounts, dt: DType, op_name: str, in_place: bool,
               root: int) -> None:
-    """Zero each rank's output and fill the input region of the ranks that send (``coll.sends``:
-    every rank, or only the root for scatter) with their values (nccl-tests InitData)."""
+    """Zero each rank's output and fill the input of the ranks that send (nccl-tests InitData)."""
     import cupy
 
     elt = dt.size
@@ -142,8 +127,7 @@ def init_data(ranks: list, coll: Collective, cc: CollCounts, dt: DType, op_name:
 
 def check(ranks: list, coll: Collective, cc: CollCounts, dt: DType, op_name: str, in_place: bool,
           nranks: int, root: int) -> int:
-    """Wrong elements on this process's ranks that hold a result (``coll.holds_result``) after one
-    call (nccl-tests CheckData)."""
+    """Wrong elements on this process's ranks that hold a result after one call (nccl-tests CheckData)."""
     import cupy
 
     elt = dt.size

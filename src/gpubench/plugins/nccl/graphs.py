@@ -1,6 +1,5 @@
 """nccl -G: one CUDA graph per local rank's stream, captured from the ranks' NCCL calls, launched
-together and destroyed before the communicators (nccl-tests BenchTime with -G); the run's
-GraphOwner closes any still open when the run ends."""
+together and destroyed before the communicators (nccl-tests BenchTime with -G)."""
 
 from __future__ import annotations
 
@@ -17,22 +16,11 @@ if TYPE_CHECKING:
 class CapturedGraphs:
     """One CUDA graph per local rank's stream, captured from the NCCL calls ``issue()`` makes
     (nccl-tests BenchTime with -G; CUDA programming guide, "Creating a Graph Using Stream Capture").
-    Two steps, ``g = CapturedGraphs()`` then ``g.capture(ranks, issue)``, so that the caller holds
-    the object before any CUDA work and its ``finally`` can always :meth:`close` it.
-
-    :meth:`capture` ends every capture before instantiating any graph (instantiating while another
-    stream of this thread is capturing fails with cudaErrorStreamCaptureUnsupported), then uploads
-    each graph to its stream so the timed samples do not include the first upload.
-
-    The executable graphs hold NCCL resources that ncclCommDestroy waits for, so :meth:`close` must
-    run before the communicators are destroyed. Each runtime call and the bookkeeping of what it
-    made are one critical section (core.signals CRITICAL), so a Ctrl-C cannot land between a
-    graph's creation and its being recorded for close.
+    :meth:`close` must run before the communicators are destroyed (the graphs hold NCCL resources).
     """
 
     def __init__(self, runtime=None):
-        """``runtime``: CuPy's CUDA runtime module (cupy.cuda.runtime) unless given (the CPU tests
-        pass a recorder of the calls)."""
+        """``runtime``: cupy.cuda.runtime unless given."""
         if runtime is None:
             from cupy.cuda import runtime
 
@@ -40,14 +28,12 @@ class CapturedGraphs:
         self.launches: list[tuple[int, int, int]] = []  # (device, graph exec, stream) per rank
 
     def capture(self, ranks: list[Rank], issue: Callable[[], None]) -> None:
-        """Capture ``issue()``'s calls on every rank's stream (``ranks``: objects with ``device``
-        and ``stream.ptr``) into one instantiated, uploaded graph per rank.
+        """Capture ``issue()``'s calls on every rank's stream into one instantiated, uploaded graph per
+        rank; every capture ends before any graph is instantiated.
 
         Raises:
             MachineError: a capture was invalidated or a graph could not be instantiated.
-            Whatever ``issue()`` or the runtime raised (an NcclError, a CUDARuntimeError,
-            KeyboardInterrupt), after every capture was ended and every cudaGraph_t destroyed;
-            executable graphs made so far stay in ``launches`` for :meth:`close`.
+            Whatever ``issue()`` or the runtime raised, after every capture was ended.
         """
         rt = self._rt
         prev = rt.getDevice()
@@ -114,20 +100,17 @@ class CapturedGraphs:
 
 class GraphOwner:
     """Every CapturedGraphs of one run, so that the run's teardown closes any still open before the
-    communicators are destroyed (each is closed by the step that made it as well; close is
-    idempotent). ``new`` is the ``new_graphs`` argument of nccl_launch.timed_samples/checked_call."""
+    communicators are destroyed."""
 
     def __init__(self, make: Callable[[], CapturedGraphs] = CapturedGraphs):
         self._make = make
         self._made: list[CapturedGraphs] = []
 
     def new(self) -> CapturedGraphs:
-        """A new CapturedGraphs, recorded for :meth:`close_all`."""
         g = self._make()
         self._made.append(g)
         return g
 
     def close_all(self) -> None:
-        """Close every graph made (closing one already closed does nothing)."""
         while self._made:
             self._made.pop().close()

@@ -28,8 +28,7 @@ def spec(sizes: tuple[str, str, float]):
 
 
 def suite_steps(place: StepPlace) -> list[SuiteStep]:
-    """The in-node all-reduce over every visible GPU (two at least); on a fleet node in this
-    process alone (under a launcher `gpubench nccl` would join every rank)."""
+    """The in-node all-reduce over every visible GPU (two at least); on a fleet node in its own process."""
     if place.fleet and not place.devices:
         return []
     return [SuiteStep("nccl all-reduce", lambda: spec(SUITE_SIZES), order=40, min_gpus=2, own_process=place.fleet)]
@@ -48,9 +47,8 @@ def fleet_checks(result) -> list[dict]:
 
 
 class AllNodes(FleetStage):
-    """The fleet's all-node NCCL all-reduce at 1 GiB over every rank (each rank its local rank's
-    GPU), through nccl's launcher plug-in (:class:`gpubench.plugins.nccl.ranks.NcclRanks`) on the
-    fleet's own group; with GPUs and more than one rank, when every rank answered."""
+    """The fleet's all-node NCCL all-reduce at 1 GiB over every rank, through nccl's launcher plug-in
+    on the fleet's own group."""
 
     name = "nccl all nodes"
     order = 10

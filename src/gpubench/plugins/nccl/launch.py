@@ -1,7 +1,5 @@
-"""nccl's launching and timing: the calls of one iteration on every local rank, built from the
-collective's table entry before any timing (nccl-tests startColl), the bounded launch queue, the
-timed samples (nccl-tests BenchTime, with or without -G), the checked call and the drain after an
-interrupt or a fault."""
+"""nccl's launching and timing: the calls of one iteration (nccl-tests startColl), the bounded launch
+queue, the timed samples (nccl-tests BenchTime), the checked call and the drain."""
 
 from __future__ import annotations
 
@@ -21,11 +19,8 @@ if TYPE_CHECKING:
 
 def _calls(ranks: list[Rank], coll: C.Collective, cc: C.CollCounts, dt: C.DType, op_id: int, root: int,
            in_place: bool, shift: int, nranks: int) -> C.Calls:
-    """The NCCL calls of one iteration on every local rank (nccl-tests startColl: the entry's
-    ``call`` per rank), as (function, arguments) pairs, grouped between ncclGroupStart/ncclGroupEnd
-    when there are several local ranks (nccl-tests -g N); a collective of dependent steps
-    (:data:`collectives.STEP`) is grouped step by step, so a step's receives complete before the
-    next step sends them on. Built once per buffer shift, so that an iteration is only these calls."""
+    """The NCCL calls of one iteration on every local rank (nccl-tests startColl), as (function,
+    arguments) pairs, grouped when there are several local ranks (nccl-tests -g N), step by step."""
     from cupy.cuda import nccl, runtime
 
     def copy(dst: int, src: int, nbytes: int, stream: int) -> None:
@@ -54,9 +49,7 @@ _MAX_PLANS = 4096
 def launcher(ranks: list[Rank], coll: C.Collective, cc: C.CollCounts, dt: C.DType, op_id: int, root: int,
              in_place: bool, nranks: int, total: int, maxbytes: int, iters: int) -> Callable[[int], None]:
     """``launch(it)``: iteration ``it``'s calls, its buffers moved by one operation size per
-    iteration (nccl-tests' shift). The call lists of iterations 0..iters-1 are built here, before
-    any timing, up to _MAX_PLANS distinct shifts (tiny sizes in large buffers have millions);
-    past that a call list is built at each use."""
+    iteration (nccl-tests' shift). The call lists are built here, before any timing, up to _MAX_PLANS."""
     plans: dict[int, C.Calls] = {}
     for it in range(min(iters, _MAX_PLANS)):
         shift = _shift(it, total, maxbytes)
@@ -77,17 +70,15 @@ def launcher(ranks: list[Rank], coll: C.Collective, cc: C.CollCounts, dt: C.DTyp
     return launch
 
 
-# At most this many iterations are queued ahead of the GPU. Past CUDA's launch-queue depth a launch
-# blocks the host inside the driver, where no deadline can reach it: a rank whose peer died would
-# then hang in a launch instead of timing out in wait_all.
+# At most this many iterations are queued ahead of the GPU: past CUDA's launch-queue depth a launch
+# blocks the host inside the driver, where no deadline can reach it.
 MAX_QUEUED = 256
 _MARK_EVERY = 32  # an event is recorded on each stream every this many iterations
 
 
 def queue_bounds(n: int, per_launch: int = 1) -> tuple[bool, int, int]:
     """How run_iters bounds the launch queue for ``n`` launches of ``per_launch`` iterations each:
-    (bounded, launches between events, events allowed in flight). In flight stay at most
-    max(MAX_QUEUED, per_launch) iterations beyond the ones the oldest awaited event covers."""
+    (bounded, launches between events, events allowed in flight)."""
     every = max(1, _MARK_EVERY // per_launch)
     window = max(1, MAX_QUEUED // (every * per_launch))
     return n * per_launch > MAX_QUEUED + _MARK_EVERY, every, window
@@ -96,13 +87,9 @@ def queue_bounds(n: int, per_launch: int = 1) -> tuple[bool, int, int]:
 def run_iters(ranks: list[Rank], n: int, launch: Callable[[int], None], timeout_s: float,
               per_launch: int = 1) -> None:
     """Queue ``launch(0..n-1)`` with at most about MAX_QUEUED iterations in flight, without waiting
-    for the last ones (the caller's wait_all does). ``per_launch`` is the iterations one launch
-    queues (``iters`` for a CUDA graph of them, else 1).
-
-    While n * per_launch <= MAX_QUEUED + _MARK_EVERY, nothing but the launches happens; past that,
-    an event recorded every _MARK_EVERY iterations (at least every launch) is waited for (with the
-    deadline) once MAX_QUEUED newer iterations are queued behind it (at least one launch), which
-    leaves the GPU a full queue and keeps the host's launch loop out of its timing.
+    for the last ones. ``per_launch``: the iterations one launch queues. Past MAX_QUEUED +
+    _MARK_EVERY, an event recorded every _MARK_EVERY iterations is waited for once MAX_QUEUED
+    newer iterations are queued behind it.
     """
     import cupy
 
@@ -131,8 +118,7 @@ def _shift(it: int, total_bytes: int, maxbytes: int) -> int:
 def timed_samples(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None], barrier: Callable[[], None],
                   new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> list[float]:
     """spec.samples per-iteration times in seconds: span / iters, or with -G G the iterations
-    captured into graphs once (made by ``new_graphs``) and each sample G graph launches, span /
-    (iters * G) (nccl-tests BenchTime). The graphs are closed before returning or raising."""
+    captured into graphs once and each sample G graph launches, span / (iters * G) (nccl-tests BenchTime)."""
     graphs = new_graphs() if spec.cuda_graph else None
     try:
         if graphs is not None:
@@ -160,9 +146,7 @@ def timed_samples(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None],
 
 def checked_call(spec: NcclSpec, ranks: list[Rank], one: Callable[[int], None],
                  new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> None:
-    """The call whose output is checked, run to completion: launched directly, or with -G captured
-    into a graph of one iteration (made by ``new_graphs``) and launched, as nccl-tests checks in
-    graph mode."""
+    """The call whose output is checked, run to completion (with -G, through a graph of one iteration)."""
     if not spec.cuda_graph:
         one(0)
         wait_all(ranks, spec.timeout_s)
@@ -181,9 +165,7 @@ DRAIN_S = 10.0
 
 def drain(ranks: list[Rank], timeout_s: float) -> None:
     """After an interrupt or a fault: let the queued work finish (at most DRAIN_S seconds, or -T if
-    shorter) before graphs, buffers and communicators are freed under it; past that the
-    communicators are aborted (wait_all does), which stops NCCL's kernels. Never raises (a second
-    Ctrl-C meanwhile is noted and ignored by the CLI's handler)."""
+    shorter) before it is freed; past that the communicators are aborted. Never raises."""
     if all(rk.aborted for rk in ranks):
         return
     with contextlib.suppress(BaseException):

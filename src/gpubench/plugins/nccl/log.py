@@ -1,15 +1,7 @@
-"""How NCCL moved the data, read from NCCL's own INFO log of the run.
-
-Capture (:func:`capture`): before NCCL's first call in the process, ``NCCL_DEBUG=INFO`` and
-``NCCL_DEBUG_FILE=<a private temporary file>`` are put in the environment, unless the user set
-NCCL_DEBUG or NCCL_DEBUG_FILE (then nothing is read, and the report says so). Only NCCL's logger
-reads them, and with the default NCCL_DEBUG_SUBSYS the INFO lines are written during init and
-connection set-up, never in a timed iteration.
-
-Parsing (:func:`parse`) keeps the NCCL version, the network ("Using network Socket" / "IB"), the
-net plugin, the interfaces ("NET/Socket : Using [0]eth0:10.0.0.2<0>") and each channel's path
-("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"). The strings come from a file another library
-wrote: they are escaped (core.safe) wherever they are shown.
+"""How NCCL moved the data, read from NCCL's own INFO log of the run (``NCCL_DEBUG=INFO`` into a
+private temporary file, unless the user set NCCL_DEBUG or NCCL_DEBUG_FILE; the INFO lines are
+written during init and connection set-up, never in a timed iteration). The strings are escaped
+(core.safe) wherever they are shown.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ _PLUGIN_LOADED = re.compile(r"NCCL INFO NET/Plugin: Loaded (?:net|coll)? ?plugin
 _PLUGIN_NONE = re.compile(r"NCCL INFO NET/Plugin: (?:Could not find|No plugin found|Plugin load returned)")
 _NET_FAILED = re.compile(r"NCCL INFO Failed to initialize NET plugin (\S+)")
 _IFACE = re.compile(r"NCCL INFO NET/(\w+) ?: Using (.+?)\s*$")
+_FIELDS = (("version", _VERSION), ("network", _NETWORK), ("plugin", _PLUGIN_LOADED))
 _CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\](?: \[(send|receive)\])? via (\S+)")
 
 
@@ -52,21 +45,13 @@ def parse(lines) -> NcclLog:
     for ln in lines:
         if "NCCL INFO" not in ln:
             continue
-        m = _VERSION.search(ln)
-        if m:
-            out.version = m.group(1)
-            continue
         m = _CHANNEL.search(ln)
         if m:
             paths.setdefault(f"{m.group(1)}->{m.group(2)}", set()).add(m.group(4))
             continue
-        m = _NETWORK.search(ln)
+        m, name = next(((m, name) for name, rx in _FIELDS if (m := rx.search(ln))), (None, ""))
         if m:
-            out.network = m.group(1)
-            continue
-        m = _PLUGIN_LOADED.search(ln)
-        if m:
-            out.plugin = m.group(1)
+            setattr(out, name, m.group(1))
             continue
         if _PLUGIN_NONE.search(ln) and out.plugin is None:
             out.plugin = "none"
@@ -107,9 +92,8 @@ class Capture:
 
 
 def capture(env=os.environ) -> Capture:
-    """Point NCCL's INFO log at a private temporary file (see the module docstring), before NCCL
-    is first called in this process. The user's NCCL_DEBUG / NCCL_DEBUG_FILE win: then nothing is
-    captured, and ``reason`` says so."""
+    """Point NCCL's INFO log at a private temporary file, before NCCL is first called in this
+    process; the user's NCCL_DEBUG / NCCL_DEBUG_FILE win (``reason`` says so)."""
     if env.get("NCCL_DEBUG") or env.get("NCCL_DEBUG_FILE"):
         return Capture(None, "NCCL_DEBUG or NCCL_DEBUG_FILE is set by the user: NCCL's log was left as asked")
     fd, path = tempfile.mkstemp(prefix=f"gpubench-nccl-{os.getpid()}-", suffix=".log")
@@ -121,8 +105,7 @@ def capture(env=os.environ) -> Capture:
 
 def summary_line(logs: list[dict | None], nranks: int) -> str:
     """One line from every rank's parsed log (NcclLog.to_dict or None): version, network and
-    plugin, interfaces, and the transports between ranks, e.g. ``NCCL 2.28.3+cuda13.0; network
-    Socket (no net plugin) over Socket [0]eth0:10.0.0.2<0>; paths: P2P/CUMEM/read x2``. Not escaped."""
+    plugin, interfaces, and the transports between ranks. Not escaped."""
     got = [d for d in logs if d]
     if not got:
         return "NCCL's INFO log was not captured"

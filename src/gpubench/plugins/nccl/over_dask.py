@@ -1,12 +1,6 @@
 """nccl across processes: one rank per worker of an existing Dask cluster (nccl-tests under MPI),
-run by the same driver (core/benchmark.run) as one process, on the client.
-
-Each worker runs one rank (:func:`_worker_run`): the NCCL unique id comes from rank 0's worker
-through the scheduler, and the rank measures every point back to back (bench.measure_point, with
-an NCCL barrier before each sample), logging each finished point on the run's event topic. On the
-client, :class:`NcclDask` (no GPU needed there) waits for each point from every rank, watching the
-cluster, and combines the ranks' samples into its record, so finished points are kept when a
-worker leaves, fails or stalls (exit 3) or the run is interrupted (exit 130/143).
+run by the driver on the client. Each worker measures every point back to back, logging each
+finished point on the run's event topic; the client combines the ranks' samples point by point.
 """
 
 from __future__ import annotations
@@ -37,11 +31,8 @@ def _worker_unique_id():
 
 def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) -> dict:
     """Runs on a Dask worker: one rank on the worker's current GPU, every point of ``spec`` in turn;
-    returns the info, "rank", and "points" (every point as a dict).
-
-    Logs on ``topic``: {"rank", "points": 0} once the communicator is up, {"rank", "points": 0,
-    "info"} once the buffers are (host, device, allocator, NCCL version and variables), and
-    {"rank", "points": n, "point"} after each point (n points done; the point as a dict).
+    returns the info, "rank", and "points". Logs {"rank", "points": n} on ``topic`` as it goes,
+    with "info" once the buffers are up and "point" after each point.
     """
     import socket
 
@@ -81,11 +72,8 @@ def _worker_run(spec: NcclSpec, uid: tuple, rank: int, nranks: int, topic: str) 
 
 
 class StallWatch:
-    """Names the rank whose progress stopped: each rank logs (rank, points done) as it goes; if no
-    rank has logged anything new for ``timeout_s``, the ranks with the fewest points are the ones
-    the others wait for.
-
-    ``events`` is a callable returning [(time, {"rank": r, "points": n}), ...] (``client.get_events``).
+    """Names the rank whose progress stopped: if no rank has logged anything new for ``timeout_s``,
+    the ranks with the fewest points. ``events``: a callable returning [(time, {"rank", "points"}), ...].
     """
 
     def __init__(self, events: Callable[[], Any], workers: list[str], timeout_s: float,
@@ -116,8 +104,7 @@ class StallWatch:
 
 
 def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
-    """Points of every rank -> one list, each point by :func:`gpubench.plugins.nccl.bench.combined_point`
-    with the samples averaged over ranks (nccl-tests ``-a 1``), as the launched ranks' points are.
+    """Points of every rank -> one list, the samples averaged over ranks (nccl-tests ``-a 1``).
 
     Raises:
         MachineError: the ranks returned different numbers of points, or of samples for one point.
@@ -136,9 +123,7 @@ def combine_ranks(per_rank: list[list[dict]]) -> list[Point]:
 
 
 def connect_timeout(timeout_s: float) -> float:
-    """Seconds to wait for the Dask scheduler: Dask's own distributed.comm.timeouts.connect (30 s
-    unless configured, e.g. DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=120s), or -T when that is
-    shorter (0 = no -T)."""
+    """Seconds to wait for the Dask scheduler: Dask's distributed.comm.timeouts.connect, or -T when shorter."""
     import dask.config
     from dask.utils import parse_timedelta
 
@@ -167,14 +152,8 @@ def _cluster_faults() -> Iterator[None]:
 
 
 class _Ranks:
-    """The client's view of one run's ranks: their futures, the events they logged, the points and
-    info each has reported.
-
-    Args:
-        client: the distributed Client.
-        workers: the workers' addresses, sorted; rank r runs on workers[r].
-        spec: the run's spec (its timeout is the stall watch's).
-    """
+    """The client's view of one run's ranks (rank r on workers[r]): their futures, the events they
+    logged, the points and info each has reported."""
 
     def __init__(self, client, workers: list[str], spec: NcclSpec):
         self.client, self.workers, self.spec = client, workers, spec
@@ -193,7 +172,7 @@ class _Ranks:
         """Subscribe to the topic, get the unique id from rank 0's worker, submit one rank per worker.
 
         Raises:
-            MachineError: rank 0's worker failed or left, or -T passed, while getting the id.
+            MachineError: getting the id failed or passed -T.
         """
         from gpubench.launch.scheduler import results_within, wait_watching
 
@@ -224,12 +203,11 @@ class _Ranks:
         return all(i in p for p in self.points)
 
     def wait_for(self, i: int, until_returned: bool) -> list[dict]:
-        """Every rank's report of point ``i`` (by rank), once every rank has logged it, or (with
-        ``until_returned``, the last point) once every rank's task has returned.
+        """Every rank's report of point ``i``, once every rank has logged it, or (with
+        ``until_returned``) once every rank's task has returned.
 
         Raises:
-            MachineError: a worker left, a rank's task failed, no rank moved for -T (StallWatch), or
-                the ranks returned without point i.
+            MachineError: a worker left, a rank's task failed or stalled, or point i is missing.
         """
         from gpubench.launch.scheduler import wait_watching
 
@@ -240,13 +218,12 @@ class _Ranks:
 
         if until_returned or not self._have(i):
             try:
-                # no overall deadline: a point of a large size may be long; StallWatch stops one that stalls
+                # no overall deadline: StallWatch stops a point that stalls
                 wait_watching(self.client, self.futures, self.index, float("inf"), self.what, on_poll=poll)
             except _Arrived:
                 pass
             except MachineError:
-                # the point may have come in with the news of the fault: it is kept, and the fault,
-                # which every later wait sees at once, stops the run at the next point
+                # the point may have come in with the fault: it is kept, the fault stops the next
                 if until_returned or not self._have(i):
                     raise
             else:
@@ -258,7 +235,6 @@ class _Ranks:
         return [p[i] for p in self.points]
 
     def _returned(self) -> None:
-        """Every rank's task returned: its list of points and info are the ranks' own account."""
         from gpubench.launch.scheduler import results_within
 
         self.returned = True
@@ -269,8 +245,7 @@ class _Ranks:
             self.points[r].update(enumerate(d.get("points") or []))
 
     def close(self) -> None:
-        """Cancel the ranks' tasks that did not return (a rank still running keeps its worker until
-        its NCCL wait passes -T) and unsubscribe."""
+        """Cancel the ranks' tasks that did not return and unsubscribe."""
         if not self.returned:
             for f in self.futures:
                 f.cancel()
@@ -281,12 +256,11 @@ class _Ranks:
         """The Result's env additions: each worker's rank, host, GPU, NCCL; rank 0's NCCL."""
         workers = [{"address": w, "host": (d or {}).get("host"), "device": (d or {}).get("device"), "rank": r,
                     "nccl": (d or {}).get("nccl")} for r, (w, d) in enumerate(zip(self.workers, self.info))]
-        # rank 0's NCCL version and NCCL_* variables; each worker's above
         return {"dask_workers": workers, "nccl": (self.info[0] or {}).get("nccl")}
 
 
 def _connect(spec: NcclSpec):
-    """A Client of the spec's scheduler, waiting at most :func:`connect_timeout`.
+    """A Client of the spec's scheduler.
 
     Raises:
         UsageError: the scheduler cannot be reached.
@@ -303,13 +277,7 @@ def _connect(spec: NcclSpec):
 
 class NcclDask(Benchmark):
     """The nccl plug-in for one rank per Dask worker, run by the driver on the client (no GPU there).
-
-    A point is (index, size, placement). ``setup`` connects to the scheduler and starts the ranks;
-    ``measure`` waits for every rank's report of the point (the last point: for every rank's task
-    to return) and combines them; on every way out the unfinished tasks are cancelled and the client
-    closed. A worker that leaves, a rank whose task fails, or no rank moving for -T seconds
-    (StallWatch) is a MachineError naming the worker and rank.
-    """
+    A point is (index, size, placement)."""
 
     name = Nccl.name
     description = Nccl.description
@@ -319,7 +287,7 @@ class NcclDask(Benchmark):
         return ()
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
-        """The collective limit rule with no local GPU entry: one-rank in-place figures are no-ops."""
+        """The collective limit rule with no local GPU entry."""
         from gpubench.plugins.nccl.bench import mark_collectives
 
         mark_collectives(records, ctx.env, ())
@@ -329,8 +297,7 @@ class NcclDask(Benchmark):
                 for i, (size, place) in enumerate(point_keys(spec))]
 
     def preflight(self, spec: NcclSpec, points: Sequence[driver.Point], devices: tuple[int, ...]) -> None:
-        """dask.distributed must be installed and the scheduler's address or file must be one (the
-        workers' memory is theirs: no check here).
+        """dask.distributed must be installed and the scheduler's address or file must be one.
 
         Raises:
             UsageError: dask.distributed missing, a malformed address, a missing or bad scheduler file.
@@ -349,8 +316,7 @@ class NcclDask(Benchmark):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
-        """The client, the workers as ranks (``ctx.data["ranks"]``, a _Ranks) and their tasks
-        started; afterwards each worker's rank, host, GPU and NCCL go into ``ctx.env``.
+        """The client, the workers as ranks and their tasks started; afterwards their info in ``ctx.env``.
 
         Raises:
             UsageError: the scheduler cannot be reached, no workers, a root that is not a rank.
@@ -398,16 +364,10 @@ BENCHMARK = NcclDask()
 
 
 def run_on_dask(spec: NcclSpec, progress: ProgressSink | None = None) -> Result:
-    """One rank per worker of an existing Dask cluster, through the driver (:class:`NcclDask`);
-    workers use their current GPU (dask-cuda gives each worker one).
-
-    Returns:
-        A Result with one record per (size, placement), ``env.dask_workers`` and rank 0's
-        ``env.nccl``; ``partial`` with ``interrupted_by`` when SIGINT/SIGTERM stopped it.
+    """One rank per worker of an existing Dask cluster, through the driver; workers use their current GPU.
 
     Raises:
         UsageError: dask.distributed not installed, the scheduler cannot be reached, no workers.
-        MachineError: a worker failed, left or stalled; ``partial_result`` holds the points every
-            rank had finished, when there are any.
+        MachineError: a worker failed, left or stalled; ``partial_result`` holds the finished points.
     """
     return driver.run(BENCHMARK, spec, progress)

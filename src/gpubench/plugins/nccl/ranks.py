@@ -1,15 +1,7 @@
 """``gpubench nccl`` under a launcher (mpirun, srun, torchrun): one process per GPU, or -g N GPUs
-per process, as nccl-tests' all_reduce_perf under MPI.
-
-Every rank runs :class:`NcclRanks` (the single-process plug-in with its own ``setup``) through the
-driver: its GPUs are its local rank's unless -d names them; one communicator per GPU over every
-process (ncclCommInitRank in one group), the unique id made on rank 0 and broadcast through the
-rank :class:`~gpubench.launch.ranks.Group`, or NCCL's own bootstrap where NCCL_COMM_ID is set.
-
-After each point every rank's per-sample times go to rank 0, which combines them with nccl-tests'
--a rule (:func:`combine`) and keeps every rank's figures in ``extra.per_rank``; rank 0 prints and
-writes the JSON. A rank that dies or hangs: the others' -T deadline aborts their communicators
-and a roll call (:data:`ROLL_CALL_S`) names the ranks that do not answer; each exits 3.
+per process, as nccl-tests' all_reduce_perf under MPI. After each point every rank's per-sample
+times go to rank 0, which combines them with nccl-tests' -a rule and keeps every rank's figures in
+``extra.per_rank``.
 """
 
 from __future__ import annotations
@@ -34,10 +26,11 @@ from gpubench.core.result import Record, Result
 AVERAGES = {0: "rank 0", 1: "mean", 2: "minimum", 3: "maximum"}
 ROLL_CALL_S = 5.0  # after a fault, how long the ranks wait for each other to learn who is missing
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # the group's deadline when -T is 0 (never): the gathers still end
+
+
 def slowest(per_rank: list[dict]) -> dict | None:
-    """The rank with the longest median time among ``per_rank`` entries ({"rank", "host",
-    "time_s"}), with ``above_median``: its time / the median rank's time - 1. None when fewer
-    than two ranks have a time."""
+    """The rank with the longest median time among ``per_rank`` entries, with ``above_median``: its
+    time / the median rank's time - 1. None when fewer than two ranks have a time."""
     timed = [p for p in per_rank if p.get("time_s")]
     if len(timed) < 2:
         return None
@@ -68,8 +61,7 @@ def gpu_identity(device: int) -> dict:
 
 
 def _uuid_text(u) -> str | None:
-    """A GPU UUID as NVML writes it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) from the 16 bytes of
-    cudaDeviceProp.uuid or from a text form with or without "GPU-" and dashes; None otherwise."""
+    """A GPU UUID as NVML writes it (GPU-xxxxxxxx-xxxx-...) from 16 bytes or a text form; None otherwise."""
     if isinstance(u, (bytes, bytearray)) and len(u) == 16:
         h = bytes(u).hex()
     elif isinstance(u, str):
@@ -109,9 +101,8 @@ class NcclRanks(N.Nccl):
         """-d, or the local rank's GPUs: local_rank x g .. local_rank x g + g - 1.
 
         Raises:
-            UsageError: the node's ranks need more GPUs than are visible (local size x -g, raised on
-                every rank of that node at once, naming the host and both counts), a GPU of -d that is
-                not visible, a root that is not a rank.
+            UsageError: the node's ranks need more GPUs than are visible, a GPU of -d that is not
+                visible, a root that is not a rank.
         """
         me = self.group.me
         g = self.gpus_per_proc(spec)
@@ -120,8 +111,7 @@ class NcclRanks(N.Nccl):
         else:
             first = me.local_rank * g
             visible = gpu.device_count()
-            # every rank of the node sees the same shortfall, so each one refuses at once (none is left
-            # waiting for a rank that stopped); the join fills local_size, else this rank's own need
+            # every rank of the node sees the same shortfall, so each one refuses at once
             local = me.local_size if me.local_size is not None else me.local_rank + 1
             if local * g > visible:
                 raise UsageError(f"{local} ranks on {me.host} with {g} GPU(s) each need GPUs "
@@ -133,9 +123,8 @@ class NcclRanks(N.Nccl):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
-        """The unique id (rank 0's, broadcast; or NCCL_COMM_ID's), one communicator per local GPU
-        (ncclCommInitRank in one group), each GPU's stream and buffers, the NCCL barrier; the
-        every-rank table (host, GPUs with UUID and PCI bus id) in ctx.env["ranks"].
+        """The unique id (rank 0's, broadcast; or NCCL_COMM_ID's), one communicator per local GPU,
+        each GPU's stream and buffers, the NCCL barrier; the every-rank table in ctx.env["ranks"].
 
         Raises:
             MachineError: NCCL init failed, or a rank did not answer the broadcast.
@@ -195,8 +184,7 @@ class NcclRanks(N.Nccl):
         return e
 
     def measure(self, ctx: Context, point: driver.Point) -> list[Record]:
-        """One (size, placement) on every rank at once; rank 0 gathers every rank's samples and
-        combines them (-a); every rank's figures stay in the record's ``extra.per_rank``."""
+        """One (size, placement) on every rank at once; rank 0 gathers and combines the samples (-a)."""
         size, place = point.key
         ranks = ctx.data["ranks"]
         spec = ctx.spec
@@ -246,17 +234,12 @@ class NcclRanks(N.Nccl):
 
 
 def under_launcher() -> bool:
-    """True when a launcher's variables say this process is one of several ranks (or one rank of
-    a launched job): :func:`gpubench.launch.ranks.discover` is not "none"."""
+    """True when a launcher's variables say this process is a rank of a launched job."""
     return R.discover().under_launcher
 
 
 def run_ranks(spec: N.NcclSpec, progress: ProgressSink | None = None) -> Result:
-    """This rank's part of a launched run (see the module docstring).
-
-    Returns:
-        The Result: on rank 0 the combined records with every rank's figures; on the others that
-        rank's own records (not shown).
+    """This rank's part of a launched run: the Result, on rank 0 with the combined records.
 
     Raises:
         UsageError: bad launcher variables, no GPU for this local rank, no way to reach rank 0.
