@@ -1,7 +1,5 @@
-"""Dask scheduler addresses and files, checked before ``distributed.Client`` sees them (a Client
-waits forever for a missing scheduler file, and one that fails on a malformed address can block
-the process in its close()), so each mistake is one line, exit 2; and waits on a running cluster
-that notice a lost worker or a failed task.
+"""Dask scheduler addresses and files, checked before ``distributed.Client`` sees them (each mistake
+is one line, exit 2), and waits on a running cluster that notice a lost worker or a failed task.
 """
 
 from __future__ import annotations
@@ -44,9 +42,8 @@ _ADDRESS_HINT = "e.g. tcp://HOST:8786"
 
 
 def check_cluster_options(address: str | None, path: str | None) -> None:
-    """--scheduler-address / --scheduler-file as given, before anything is imported: an empty (or
-    blank) value is a mistake, not "start a local cluster", and a value with control characters
-    or over 300 characters is not an address. The full syntax is :func:`check_scheduler_address`'s.
+    """--scheduler-address / --scheduler-file as given, before anything is imported: not blank, and
+    an address without control characters, at most 300 characters.
 
     Raises:
         UsageError: one line naming the option and the value (escaped) and what is accepted.
@@ -68,8 +65,7 @@ def check_scheduler_address(address: str) -> None:
     """Check that ``address`` (tcp://HOST:PORT, ucx://HOST:PORT, HOST:PORT) names a host and port.
 
     Raises:
-        UsageError: a malformed address (no port, an unknown scheme, an unclosed IPv6 bracket), or a
-            port out of range.
+        UsageError: a malformed address, or a port out of range.
     """
     from distributed.comm import get_address_host_port
 
@@ -85,9 +81,7 @@ def check_scheduler_address(address: str) -> None:
         raise UsageError(f"--scheduler-address {address!r}: port {port} out of range", _ADDRESS_HINT)
 
 
-# ---------------------------------------------------------------------------------------------
-# Watching a running cluster (merge, nccl across Dask workers)
-# ---------------------------------------------------------------------------------------------
+# -- Watching a running cluster (merge, nccl across Dask workers) ------------------------------
 
 POLL_S = 0.5  # how often a wait on the cluster checks that every worker is still there
 
@@ -104,8 +98,7 @@ CONFIRM_S = 1.0  # a worker missing from the list is looked for again after this
 
 @functools.lru_cache(maxsize=1)
 def _identity_lists_every_worker() -> dict:
-    """The keyword of Scheduler.identity that asks for every worker: ``n_workers=-1`` where the
-    installed distributed has it (dask/distributed#9045; older ones list every worker anyway)."""
+    """The keyword of Scheduler.identity that asks for every worker (dask/distributed#9045)."""
     import inspect
 
     try:
@@ -117,9 +110,7 @@ def _identity_lists_every_worker() -> dict:
 
 
 def _worker_addresses(client, timeout_s: float = IDENTITY_TIMEOUT_S) -> set[str]:
-    """The addresses of the workers the scheduler knows now, asked of the scheduler itself (not
-    ``client.scheduler_info()``: the client's cached identity, which its periodic refresh fills
-    with ``n_workers=0``, no workers at all).
+    """The addresses of the workers the scheduler knows now, asked of the scheduler itself.
 
     Raises:
         MachineError: the scheduler did not answer within ``timeout_s`` or the connection failed.
@@ -133,11 +124,8 @@ def _worker_addresses(client, timeout_s: float = IDENTITY_TIMEOUT_S) -> set[str]
 
 
 def check_workers(client, workers: Mapping[str, int], what: str) -> None:
-    """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster.
-
-    A worker missing from the scheduler's list is looked for once more, CONFIRM_S later, before it
-    is called lost (a list read while the scheduler changes must not stop a healthy run).
-    """
+    """Raise a MachineError naming every worker of ``workers`` that is no longer in the cluster
+    (looked for once more, CONFIRM_S later)."""
     now = _worker_addresses(client)
     lost = set(workers) - now
     if lost:
@@ -158,7 +146,7 @@ RUN_TIMEOUT_S = 60  # the longest one function run on every worker (client.run) 
 @contextlib.contextmanager
 def _named_failures(client, workers: Mapping[str, int], what: str, late: str, hint: str, where: str):
     """A time-out or failure inside becomes a MachineError naming a lost worker if one left, else
-    ``what`` + ``late`` (with ``hint``) or the failure's first line ("failed on ``where``")."""
+    ``what`` + ``late`` (with ``hint``) or the failure's first line."""
     try:
         yield
     except (KeyboardInterrupt, MachineError, UsageError):
@@ -173,8 +161,7 @@ def _named_failures(client, workers: Mapping[str, int], what: str, late: str, hi
 
 def run_on_workers(client, fn, workers: Mapping[str, int], what: str, timeout_s: float = RUN_TIMEOUT_S,
                    **kwargs) -> dict:
-    """client.run(fn) on every worker, within ``timeout_s`` (distributed's ``callback_timeout``):
-    a worker that does not answer stops the run instead of hanging it.
+    """client.run(fn) on every worker, within ``timeout_s``.
 
     Raises:
         MachineError: a worker left (named), the function failed, or a worker did not answer in time.
@@ -187,25 +174,13 @@ def run_on_workers(client, fn, workers: Mapping[str, int], what: str, timeout_s:
 def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: float, what: str,
                   hint: str = "raise --timeout or use a smaller -c", on_poll=None) -> float:
     """Wait for a persisted collection (or a list of futures) while checking every POLL_S that no
-    worker left and no task failed.
-
-    Args:
-        client: the distributed Client.
-        collection: a persisted Dask collection, or futures.
-        workers: the cluster's workers at the start, address -> index.
-        timeout_s: seconds it may take.
-        what: named in errors, e.g. "run 2/3 (join)".
-        hint: the second line of the time-out error (what the user can change).
-        on_poll: called with no arguments after each poll; may raise (a MachineError naming what
-            stalled) to stop the wait early.
+    worker left and no task failed; ``on_poll`` is called after each poll and may raise.
 
     Returns:
-        time.perf_counter() when the wait returned, before the last check of the workers (so the
-        check's round trip to the scheduler stays out of a timed region).
+        time.perf_counter() when the wait returned, before the last check of the workers.
 
     Raises:
-        MachineError: a worker left (names it), a task failed (its first line, as soon as it fails,
-            without waiting for the others) or was cancelled, or the time ran out.
+        MachineError: a worker left (names it), a task failed or was cancelled, or ``timeout_s`` ran out.
     """
     from distributed import futures_of, wait
 
@@ -231,8 +206,7 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
 
 def results_within(client, futs, workers: Mapping[str, int], timeout_s: float, what: str,
                    hint: str = "raise --timeout; a worker may be stuck") -> list:
-    """The results of finished futures, in the order of ``futs``, fetched within ``timeout_s``
-    seconds in all (a finished future's result still lives on a worker, which may be stopped).
+    """The results of finished futures, in the order of ``futs``, fetched within ``timeout_s`` seconds in all.
 
     Raises:
         MachineError: a worker left (names it), a task failed, or the results did not come back in time.
