@@ -448,12 +448,10 @@ class Group:
         self._lost |= gone - {self.rank}
         if not self._faulted:
             self._faulted = True
-            try:  # tell the ranks still waiting who is missing, so that they name it too
+            with contextlib.suppress(Exception):
                 self._send_all("abort", _dumps({"missing": list(ranks), "by": self.rank, "what": what,
                                                 "s": float(timeout_s)}),
                                [r for r in range(self.size) if r != self.rank and r not in gone], 0.0)
-            except Exception:
-                pass
         return e
 
     def _aborted(self, text: str) -> MachineError:
@@ -574,10 +572,8 @@ class Group:
         end = time.monotonic() + LAST_LOOK_S
         got = {}
         for s in srcs:
-            try:
+            with contextlib.suppress(TimeoutError):
                 got[s] = self._recv(tag, s, end)
-            except TimeoutError:
-                pass
         return got
 
     def _collect(self, tag: str, mine: str, deadline: float, what: str, timeout: float | None = None) -> list:
@@ -659,11 +655,9 @@ class Group:
         self._faulted = True
         self._leaving = True
         name = "SIGINT" if isinstance(e, KeyboardInterrupt) else _signal_name(getattr(e, "signum", 0))
-        try:
+        with contextlib.suppress(Exception):  # the store or a peer gone already: nothing more to tell
             self._send_all("abort", _dumps({"interrupted": name, "by": self.rank}),
                            [r for r in range(self.size) if r != self.rank], time.monotonic() + 2.0)
-        except Exception:  # the store or a peer gone already: nothing more to tell
-            pass
 
     def _end(self) -> None:
         """The farewell rule of a healthy run: every other rank tells rank 0 it is done and returns
@@ -699,7 +693,7 @@ class Group:
         """After a fault: rank 0 tells every rank not known missing that it is done (with ``ack``,
         waiting for their acknowledgements); the others wait for it. Never raises."""
         live = [r for r in range(self.size) if r != self.rank and (r not in self._lost or r in self._signalled)]
-        try:
+        with contextlib.suppress(Exception):  # a rank or the store gone meanwhile: nothing more to wait for
             if self.rank == 0:
                 if not live:
                     return
@@ -712,8 +706,6 @@ class Group:
                 self._recv("bye", 0, time.monotonic() + (SIGNALLED_WAIT_S if self._leaving else CLOSE_S), aborts=False)
                 if ack:
                     self._send_all("ack", "0", [0], time.monotonic() + FAREWELL_ACK_S)
-        except Exception:  # a rank or the store gone meanwhile: nothing more to wait for
-            pass
 
 
 class _MpiGroup(Group):
@@ -791,14 +783,12 @@ class _MpiGroup(Group):
         self._drain(end)
         if self._pending or self._inflight:  # a peer never took our message, or stopped sending
             return
-        try:
+        with contextlib.suppress(Exception):
             if not self._wait(self._comm.Ibarrier(), end):  # a rank stopped before its close
                 return
             self._comm.Free()
             if not self._MPI.Is_finalized():
                 self._MPI.Finalize()
-        except Exception:
-            pass
 
 
 class _StoreLost(MachineError):
@@ -892,22 +882,18 @@ class _StoreGroup(Group):
     def formed(self) -> None:
         """Rank 0, once every rank joined: later claimants of a taken index abort nobody."""
         if self.rank == 0:
-            try:
+            with contextlib.suppress(_StoreLost):
                 self._store.set(f"{self._prefix}/joined", "1", time.monotonic() + 2.0)
-            except _StoreLost:
-                pass
 
     def _shut(self) -> None:
         if self._faulted:
             self._farewell(ack=True)
-        try:
+        with contextlib.suppress(Exception):
             linger = 0.5 if self._faulted else min(10.0, self.timeout or 10.0)
             if isinstance(self._store, _Store):
                 self._store.close(linger)
             else:
                 self._store.close(linger, f"{self._prefix}/left", self.size - 1 - len(self._lost))
-        except Exception:
-            pass
 
     def _peek(self, tag: str, srcs: list[int]) -> dict[int, str]:
         if not srcs:
@@ -1019,7 +1005,7 @@ class _TorchStore:
         if left is None or self._broken:
             return
         end = time.monotonic() + linger_s
-        try:
+        with contextlib.suppress(Exception):  # the store or a client gone: nothing more to wait for
             if not self._master:
                 self.add(left, 1, time.monotonic() + 2.0)
                 return
@@ -1029,8 +1015,6 @@ class _TorchStore:
 
             while self._call(count, end) < others and time.monotonic() < end:
                 time.sleep(0.005)
-        except Exception:  # noqa: BLE001 - the store or a client gone: nothing more to wait for
-            pass
 
 
 def _peek_reply(reply: dict, req: dict) -> bool:
@@ -1232,20 +1216,16 @@ class _Store:
 
     def close(self, linger_s: float = 10.0) -> None:
         """Disconnect; rank 0 serves on until every other rank has (at most ``linger_s`` seconds)."""
-        try:
+        with contextlib.suppress(OSError):
             self._rfile.close()
             self._sock.close()
-        except OSError:
-            pass
         if self._server is not None:
             with self._cv:
                 self._cv.wait_for(lambda: self._conns <= 0, linger_s)
                 self._stop = True
                 self._cv.notify_all()
-            try:
+            with contextlib.suppress(OSError):
                 self._server.close()
-            except OSError:
-                pass
 
 
 # -- join -----------------------------------------------------------------------------------------
