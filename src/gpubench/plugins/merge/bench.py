@@ -228,12 +228,10 @@ class Run:
 
 
 def _params(spec: MergeSpec, n_workers: int) -> dict:
-    return {
-        "type": spec.merge_type, "protocol": spec.protocol, "chunk_size": spec.chunk_size,
-        "base_chunks": spec.base_chunks or n_workers, "other_chunks": spec.other_chunks or n_workers,
-        "frac_match": spec.frac_match, "broadcast": spec.broadcast_label, "n_workers": n_workers,
-        "shuffle_method": spec.shuffle_method,
-    }
+    return {"type": spec.merge_type, "protocol": spec.protocol, "chunk_size": spec.chunk_size,
+            "base_chunks": spec.base_chunks or n_workers, "other_chunks": spec.other_chunks or n_workers,
+            "frac_match": spec.frac_match, "broadcast": spec.broadcast_label, "n_workers": n_workers,
+            "shuffle_method": spec.shuffle_method}
 
 
 def run_record(spec: MergeSpec, n_workers: int, out: RunOutcome) -> Record:
@@ -261,21 +259,15 @@ def summary_record(spec: MergeSpec, runs: list[Record], cluster: Mapping[str, An
     pair_hmeans = [p.hmean for p in pairs if p.hmean > 0]
     mean_s = math.fsum(seconds) / len(seconds)
     extra = {
-        "data_processed_bytes": nbytes,
-        "throughputs_Bps": throughputs,
-        "throughput_hmean_Bps": hmean(throughputs),
-        "throughput_hstd_Bps": hstd(throughputs),
-        "bandwidth_hmean_Bps": hmean(pair_hmeans),
-        "bandwidth_hstd_Bps": hstd(pair_hmeans),
+        "data_processed_bytes": nbytes, "throughputs_Bps": throughputs,
+        "throughput_hmean_Bps": hmean(throughputs), "throughput_hstd_Bps": hstd(throughputs),
+        "bandwidth_hmean_Bps": hmean(pair_hmeans), "bandwidth_hstd_Bps": hstd(pair_hmeans),
         "wall_clock_mean_s": mean_s,
         "wall_clock_std_s": math.sqrt(math.fsum((s - mean_s) ** 2 for s in seconds) / len(seconds)),
-        "pairs": [p.to_dict() for p in pairs],
-        "transfers_logged": sum(len(v) for v in logs.values()),
+        "pairs": [p.to_dict() for p in pairs], "transfers_logged": sum(len(v) for v in logs.values()),
         "transfers_counted": sum(p.n for p in pairs),
         "transfer_log_overflowed": sorted({a for r in runs for a in r.extra["transfer_log_overflowed"]}),
-        "workers": cluster["workers"],
-        "rmm": cluster["rmm"],
-        "scheduler_address": cluster["scheduler_address"],
+        "workers": cluster["workers"], "rmm": cluster["rmm"], "scheduler_address": cluster["scheduler_address"],
         "join_check": runs[-1].extra.get("join_check"),
     }
     return Record(params=_params(spec, len(index)), metric="bandwidth", nbytes=nbytes, samples_s=seconds, reps=1,
@@ -319,13 +311,10 @@ def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
     """
     devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU", timeout_s=spec.timeout_s)
     index = address_to_index(devices)
-    return {
-        "client": client,
-        "index": index,
-        "workers": [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()],
-        "scheduler_address": client.scheduler.address,
-        "rmm": rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)",
-    }
+    return {"client": client, "index": index,
+            "workers": [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()],
+            "scheduler_address": client.scheduler.address,
+            "rmm": rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)"}
 
 
 def _join_check_keeping_the_run(client, joined, index: Mapping[str, int], timeout_s: float) -> dict | None:
@@ -470,9 +459,7 @@ class Merge(Benchmark):
             "clock": "perf_counter",
             "method": "per run: both frames generated and persisted untimed; then perf_counter around "
                       "building the join's graph, persist and wait (dask-cuda's local_cudf_merge)",
-            "warmup_runs": spec.warmup_runs,
-            "runs": spec.runs,
-            "shuffle_method": spec.shuffle_method,
+            "warmup_runs": spec.warmup_runs, "runs": spec.runs, "shuffle_method": spec.shuffle_method,
             "transfer_log": "cleared before each timed join and read after it",
         }
 

@@ -238,16 +238,11 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
                          f"need about {format_size((bc + oc) * PARTITION_HOST_BYTES)} in this process for their "
                          f"tasks; {format_size(host_available)} is available",
                          f"at most {most:,} partitions of both frames together")
-    if spec.merge_type == "gpu":
-        for d, room in sorted((device_free or {}).items()):
-            if worker_need_bytes(spec, n) > room:
-                raise _refuse_frames(spec, n, room, f"GPU {d}")
-        return
-    rooms = []
-    if worker_limit is not None:
-        rooms.append((worker_limit - WORKER_BASE_BYTES, "a worker (its memory limit)"))
-    if host_available is not None:
-        rooms.append((host_available // n - WORKER_BASE_BYTES, f"the host's available memory / {n} workers"))
+    rooms = [(room, f"GPU {d}") for d, room in sorted((device_free or {}).items())]
+    if spec.merge_type != "gpu":
+        rooms = [(worker_limit - WORKER_BASE_BYTES, "a worker (its memory limit)")] if worker_limit is not None else []
+        if host_available is not None:
+            rooms.append((host_available // n - WORKER_BASE_BYTES, f"the host's available memory / {n} workers"))
     for room, where in rooms:
         if worker_need_bytes(spec, n) > room:
             raise _refuse_frames(spec, n, room, where)
@@ -283,11 +278,9 @@ def clear_transfer_log(dask_worker=None) -> int:
 def take_transfer_log(dask_worker=None) -> list[dict]:
     """The worker's incoming transfers since the last clear: who, total (B), bandwidth (B/s),
     duration (s), start (s)."""
-    return [
-        {"who": e["who"], "total": int(e["total"]), "bandwidth": float(e["bandwidth"]),
-         "duration": float(e["duration"]), "start": float(e["start"])}
-        for e in list(dask_worker.transfer_incoming_log)
-    ]
+    return [{"who": e["who"], "total": int(e["total"]), "bandwidth": float(e["bandwidth"]),
+             "duration": float(e["duration"]), "start": float(e["start"])}
+            for e in list(dask_worker.transfer_incoming_log)]
 
 
 def _has_rmm_plugin(dask_worker=None) -> bool:
@@ -320,12 +313,12 @@ def _setup_rmm(pool_size=None, disable_rmm_pool=False, rmm_async=False, dask_wor
 
 
 @contextlib.contextmanager
-def _quiet_ucx_env(spec: MergeSpec | None = None) -> Iterator[None]:
+def _quiet_ucx_env(spec: MergeSpec) -> Iterator[None]:
     """Environment for the cluster's start: UCX's unused-variable warning off; UCX_NET_DEVICES=lo
     for a local -p ucx -t cpu cluster without --interface, unless the user set it."""
     new = {"UCX_WARN_UNUSED_ENV_VARS": os.environ.get("UCX_WARN_UNUSED_ENV_VARS", "n")}
-    if (spec is not None and spec.protocol == "ucx" and spec.merge_type == "cpu" and not spec.external
-            and spec.interface is None and "UCX_NET_DEVICES" not in os.environ):
+    if (spec.protocol == "ucx" and spec.merge_type == "cpu" and not spec.external and spec.interface is None
+            and "UCX_NET_DEVICES" not in os.environ):
         new["UCX_NET_DEVICES"] = "lo"
     old = {k: os.environ.get(k) for k in new}
     os.environ.update(new)

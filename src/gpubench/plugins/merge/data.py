@@ -40,13 +40,9 @@ def generate_chunk(input: tuple) -> Any:
         stop = start + local_size
         parts_array = xp.arange(num_chunks, dtype="int64")
         suffle_array = xp.repeat(parts_array, math.ceil(local_size / num_chunks))
-        return xdf.DataFrame(
-            {
-                "key": xp.arange(start, stop=stop, dtype="int64"),
-                "shuffle": xp.random.permutation(suffle_array)[:local_size],
-                "payload": xp.random.permutation(xp.arange(local_size, dtype="int64")),
-            }
-        )
+        return xdf.DataFrame({"key": xp.arange(start, stop=stop, dtype="int64"),
+                              "shuffle": xp.random.permutation(suffle_array)[:local_size],
+                              "payload": xp.random.permutation(xp.arange(local_size, dtype="int64"))})
     sub_local_size = local_size // num_chunks
     sub_local_size_use = max(int(sub_local_size * frac_match), 1)
     arrays = []
@@ -61,12 +57,8 @@ def generate_chunk(input: tuple) -> Any:
     stop = start + missing_size
     key_array_no_match = xp.arange(start, stop=stop, dtype="int64")
     key_array_combine = xp.concatenate((key_array_match, key_array_no_match), axis=0)
-    return xdf.DataFrame(
-        {
-            "key": xp.random.permutation(key_array_combine),
-            "payload": xp.random.permutation(xp.arange(local_size, dtype="int64")),
-        }
-    )
+    return xdf.DataFrame({"key": xp.random.permutation(key_array_combine),
+                          "payload": xp.random.permutation(xp.arange(local_size, dtype="int64"))})
 
 
 def random_ddf(chunk_size: int, num_chunks: int, frac_match: float, chunk_type: str, gpu: bool,
@@ -76,12 +68,8 @@ def random_ddf(chunk_size: int, num_chunks: int, frac_match: float, chunk_type: 
     import dask.dataframe as dd
 
     meta = generate_chunk((0, 4, 1, chunk_type, None, gpu))
-    ddf = dd.from_map(
-        generate_chunk,
-        [(i, chunk_size, num_chunks, chunk_type, frac_match, gpu) for i in range(num_chunks)],
-        meta=meta,
-        divisions=[None] * (num_chunks + 1),
-    )
+    parts = [(i, chunk_size, num_chunks, chunk_type, frac_match, gpu) for i in range(num_chunks)]
+    ddf = dd.from_map(generate_chunk, parts, meta=meta, divisions=[None] * (num_chunks + 1))
     if chunk_type == "build":
         if not no_shuffle:
             return ddf.set_index("shuffle", divisions=tuple(range(num_chunks)) + (num_chunks,))
