@@ -201,10 +201,8 @@ def _pmi_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
 def mpi_refusal(row: Launcher, env: Mapping[str, str], lib: MpiLibrary) -> UsageError | None:
     """The one-line error when ``row``'s launcher started this process and mpi4py's MPI library
     ``lib`` cannot join its job (the row's ``mpi.refuses`` decides), else None."""
-    if row.mpi is None:
-        return None
-    why = row.mpi.refuses(env, lib)
-    if why is None:
+    why = row.mpi.refuses(env, lib) if row.mpi is not None else None
+    if row.mpi is None or why is None:
         return None
     value = env.get(row.rank, "")
     return UsageError(f"{row.rank}={value[:20]!r} says {row.mpi.job} started this process, but mpi4py here runs "
