@@ -327,10 +327,6 @@ def _join_check_keeping_the_run(client, joined, index: Mapping[str, int], timeou
         return None
 
 
-def _signal_name(e: KeyboardInterrupt | Interrupted) -> str:
-    return "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
-
-
 class Merge(Benchmark):
     """The merge plug-in: a point is one run of dask-cuda's bench_once, all on the one cluster that
     ``setup`` starts (or attaches to) and closes. One instance per run. A signal while the run
@@ -419,8 +415,10 @@ class Merge(Benchmark):
                 yield ctx
             finally:
                 stopped = close_all(client, cluster)
-                if stopped is not None:
-                    self.closing_signal = _signal_name(stopped)
+                if isinstance(stopped, Interrupted):
+                    self.closing_signal = signal.Signals(stopped.signum).name
+                elif stopped is not None:
+                    self.closing_signal = "SIGINT"
 
     def measure(self, ctx: Context, point: Point) -> list[Record]:
         """One run (:func:`bench_once`); a timed run gives its raw record, the last one with the join check.

@@ -186,7 +186,8 @@ class _Ranks:
         self.futures = [self.client.submit(_worker_run, self.spec, uid, r, n, self.topic, workers=[w],
                                            allow_other_workers=False, pure=False) for r, w in enumerate(self.workers)]
 
-    def _absorb(self) -> None:
+    def _have(self, i: int) -> bool:
+        """Whether every rank has logged point ``i`` (the events logged since the last look read first)."""
         new = self.events[self._read:]
         self._read += len(new)
         for _t, msg in new:
@@ -197,9 +198,6 @@ class _Ranks:
                 self.points[r][msg["points"] - 1] = msg["point"]
             if "info" in msg:
                 self.info[r] = msg["info"]
-
-    def _have(self, i: int) -> bool:
-        self._absorb()
         return all(i in p for p in self.points)
 
     def wait_for(self, i: int, until_returned: bool) -> list[dict]:
@@ -209,7 +207,7 @@ class _Ranks:
         Raises:
             MachineError: a worker left, a rank's task failed or stalled, or point i is missing.
         """
-        from gpubench.launch.scheduler import wait_watching
+        from gpubench.launch.scheduler import results_within, wait_watching
 
         def poll() -> None:
             self.stall()
@@ -226,23 +224,17 @@ class _Ranks:
                 # the point may have come in with the fault: it is kept, the fault stops the next
                 if until_returned or not self._have(i):
                     raise
-            else:
-                self._returned()
+            else:  # every rank's task returned: its points and info are the ranks' own account
+                self.returned = True
+                for d in results_within(self.client, self.futures, self.index, self.spec.timeout_s or 3600,
+                                        self.what, hint="raise -T"):
+                    self.info[d["rank"]] = d
+                    self.points[d["rank"]].update(enumerate(d.get("points") or []))
         if not self._have(i):
             missing = [r for r, p in enumerate(self.points) if i not in p]
             raise MachineError(f"rank(s) {', '.join(map(str, missing))} returned without point {i + 1} "
                                f"during {self.what}")
         return [p[i] for p in self.points]
-
-    def _returned(self) -> None:
-        from gpubench.launch.scheduler import results_within
-
-        self.returned = True
-        for d in results_within(self.client, self.futures, self.index, self.spec.timeout_s or 3600,
-                                self.what, hint="raise -T"):
-            r = d["rank"]
-            self.info[r] = d
-            self.points[r].update(enumerate(d.get("points") or []))
 
     def close(self) -> None:
         """Cancel the ranks' tasks that did not return and unsubscribe."""

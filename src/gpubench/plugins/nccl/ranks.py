@@ -92,11 +92,6 @@ class NcclRanks(N.Nccl):
         self.group = group
         self.log = log
 
-    def gpus_per_proc(self, spec: N.NcclSpec) -> int:
-        if spec.devices is not None:
-            return len(spec.devices)
-        return spec.gpus_per_proc or 1
-
     def devices(self, spec: N.NcclSpec) -> tuple[int, ...]:
         """-d, or the local rank's GPUs: local_rank x g .. local_rank x g + g - 1.
 
@@ -105,11 +100,10 @@ class NcclRanks(N.Nccl):
                 visible, a root that is not a rank.
         """
         me = self.group.me
-        g = self.gpus_per_proc(spec)
+        g = len(spec.devices) if spec.devices is not None else spec.gpus_per_proc or 1
         if spec.devices is not None:
             devs = gpu.resolve_devices(spec.devices)
         else:
-            first = me.local_rank * g
             visible = gpu.device_count()
             # every rank of the node sees the same shortfall, so each one refuses at once
             local = me.local_size if me.local_size is not None else me.local_rank + 1
@@ -117,7 +111,7 @@ class NcclRanks(N.Nccl):
                 raise UsageError(f"{local} ranks on {me.host} with {g} GPU(s) each need GPUs "
                                  f"0..{local * g - 1}, but {visible} are visible",
                                  "start at most as many ranks per node as GPUs / -g, or pick GPUs with -d")
-            devs = tuple(range(first, first + g))
+            devs = tuple(range(me.local_rank * g, me.local_rank * g + g))
         N._check_root(spec, self.group.size * g)
         return devs
 
