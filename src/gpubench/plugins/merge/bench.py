@@ -296,10 +296,8 @@ def _versions() -> dict[str, str]:
     for dist in ("dask", "distributed", "pandas", "pyarrow", "dask-cuda", "cudf-cu13", "cudf-cu12",
                  "dask-cudf-cu13", "rmm-cu13", "rmm-cu12", "ucxx-cu13", "ucxx-cu12",
                  "distributed-ucxx-cu13", "distributed-ucxx-cu12", "libucx-cu13", "libucx-cu12"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
     return out
 
 

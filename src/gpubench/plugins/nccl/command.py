@@ -12,12 +12,8 @@ from gpubench.core.errors import RegressionFound
 from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
 
 
-def _listed(names: list[str]) -> str:
-    """``a, b and c``."""
-    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
-
-
-_ROOTED = _listed([c.name for c in C.COLLECTIVES.values() if c.rooted])
+_ROOTED_NAMES = [c.name for c in C.COLLECTIVES.values() if c.rooted]
+_ROOTED = ", ".join(_ROOTED_NAMES[:-1]) + " and " + _ROOTED_NAMES[-1]  # "a, b and c"
 _COLLECTIVE_LINES = "\n".join(f"  {c.name:<15} {c.nccl_tests:<20} busbw = algbw x {c.factor_text}"
                               for c in C.COLLECTIVES.values())
 _HELP = f"""NCCL collective bandwidth, measured as nccl-tests measures it.
