@@ -123,10 +123,8 @@ def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) ->
         MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
             are aborted first, as nccl-tests does.
     """
-    t0 = time.perf_counter()
-    last_check = t0
-    waits = list(zip(ranks, events)) if events is not None else [(rk, rk.stream) for rk in ranks]
-    pending = waits
+    t0 = last_check = time.perf_counter()
+    pending = list(zip(ranks, events)) if events is not None else [(rk, rk.stream) for rk in ranks]
     while pending:
         pending = [(rk, w) for rk, w in pending if not w.done]
         if not pending:
