@@ -1,18 +1,10 @@
-"""``gpubench net client`` / ``net local``: multi-stream TCP throughput (iperf-like), the client
-side as a plug-in of the one driver (:func:`gpubench.core.benchmark.run`).
+"""``gpubench net client`` / ``net local``: multi-stream TCP throughput (iperf-like) through the
+driver (:func:`gpubench.core.benchmark.run`); a point is one interval of the schedule.
 
-What is timed (docs/net.md): every ``interval`` seconds of its own ``time.perf_counter`` clock
-the receiver (c2s: the server, which sends the counts; s2c: the client) reads the bytes each
-stream took; the first ``omit`` seconds are reported but not counted. Figures are bytes *received*.
-
-Formulas: an interval's rate = its bytes / its measured seconds. The total of a stream (or of all
-streams) = bytes of the counted intervals / the sum of their measured seconds, the
-duration-weighted mean of the interval rates. Gbit/s = 8 * B/s / 1e9. CPU per Gbit = (sender +
-receiver worker CPU seconds) / (8 x all bytes received / 1e9).
-
-Through the driver a point is one interval of the schedule, so an interrupt or a fault during
-the test keeps the intervals received (``partial``; a fault exits 3). Entry point for other
-modes: :func:`run_test`.
+Timing (docs/net.md): every ``interval`` seconds of its ``time.perf_counter`` clock the receiver
+(c2s: the server; s2c: the client) reads the bytes each stream took; the first ``omit`` seconds
+are not counted. An interval's rate = its bytes / its seconds; a total = counted bytes / counted
+seconds; Gbit/s = 8 x B/s / 1e9; CPU per Gbit = (sender + receiver CPU s) / (8 x all bytes / 1e9).
 """
 
 from __future__ import annotations
@@ -55,8 +47,7 @@ from gpubench.core.signals import Interrupted
 
 @dataclass(frozen=True)
 class NetSpec:
-    """Parsed options of ``gpubench net client`` / ``net local`` (checked by the command's
-    :func:`gpubench.plugins.net.command.build_request`; a Request is within the caps there)."""
+    """Parsed options of ``gpubench net client`` / ``net local`` (checked by the command)."""
 
     host: str  # the server's name or address
     port: int  # the server's TCP port (net local: 0, any free one; the one it got: timing "server_port")
@@ -71,7 +62,7 @@ class NetSpec:
         return {4: socket.AF_INET, 6: socket.AF_INET6}.get(self.family, 0)
 
     def to_dict(self) -> dict:
-        """The options as asked (net local: port 0), so two local runs do not differ by their ports."""
+        """The options as asked (net local: port 0)."""
         port = 0 if self.mode == "local" else self.port
         return {"host": self.host, "port": port, "mode": self.mode, "family": self.family, "cport": self.cport,
                 **asdict(self.request)}
@@ -81,7 +72,7 @@ class NetSpec:
 class Interval:
     """One reporting interval as the receiver measured it."""
 
-    start_s: float  # seconds after the start, on the receiver's clock (c2s: the server's; s2c: the client's)
+    start_s: float  # seconds after the start, on the receiver's clock
     end_s: float
     omit: bool  # True for the leading intervals left out of the figures
     bytes: list[int]  # received per stream during the interval
@@ -105,13 +96,8 @@ class Interval:
 
 def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port: int | None = None,
             window: int = 0) -> socket.socket:
-    """A TCP connection to (host, port), TCP_NODELAY on.
-
-    Args:
-        family: 0, socket.AF_INET (-4) or socket.AF_INET6 (-6).
-        local_port: bind to this local port first (--cport), else any.
-        window: SO_SNDBUF/SO_RCVBUF set before connecting (-w; 0: the kernel's autotuning), so the
-            window scale of the handshake fits it.
+    """A TCP connection to (host, port), TCP_NODELAY on; ``family`` 0 or socket.AF_INET/AF_INET6,
+    ``local_port`` --cport, ``window`` -w set before connecting (bytes; 0: autotuning).
 
     Raises:
         UsageError: the host does not resolve (in that family), or ``local_port`` is taken.
@@ -154,8 +140,7 @@ def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port
 
 
 def _refusal(reply: Any, what: str, wanted: str = "ok=true") -> str:
-    """Why a reply is not the one asked for: the server's own error line when it sent one
-    ("refused the test: busy..."), else what it sent instead."""
+    """Why a reply is not the one asked for: the server's error line, else what it sent."""
     err = reply.get("error") if isinstance(reply, dict) else None
     if isinstance(err, str) and err.strip():
         return f"{what}: {err}"
@@ -163,13 +148,12 @@ def _refusal(reply: Any, what: str, wanted: str = "ok=true") -> str:
 
 
 def _server_error(host: str, port: int, msg: Any) -> MachineError:
-    """A fault line naming the server; what the server said is shown through core.safe.term."""
+    """A fault line naming the server (what it said escaped by core.safe.term)."""
     return MachineError(f"server {host} port {port}: {safe.term(msg, 200)}")
 
 
 class ServerLied(MachineError):
-    """The server sent something a real server cannot: a count over what was sent, a malformed
-    or out-of-schedule interval, too many intervals, an impossible CPU time."""
+    """The server sent something a real server cannot (a count over what was sent, a bad interval)."""
 
 
 def _finite_number(v: Any) -> TypeGuard[int | float]:
@@ -177,21 +161,12 @@ def _finite_number(v: Any) -> TypeGuard[int | float]:
 
 
 def parse_interval(msg: Any, index: int, req: Request, prev_end: float, ceiling: list[int] | None) -> Interval:
-    """The server's interval ``index`` (bytes it received per c2s stream), checked.
-
-    Args:
-        msg: the parsed line.
-        index: the interval expected (the schedule's order).
-        req: the test asked for (its streams and schedule).
-        prev_end: end_s of the previous interval (0 for the first).
-        ceiling: per stream, bytes the client had sent when the line arrived (plus one write in
-            flight) minus what earlier intervals already counted: a receiver cannot have more;
-            None when nothing flows c2s.
+    """The server's interval ``index`` (bytes it received per c2s stream), checked against the
+    schedule, ``prev_end`` (end_s of the previous one) and ``ceiling`` (per stream, bytes the
+    client sent that earlier intervals did not count, plus one write; None: nothing flows c2s).
 
     Raises:
-        ServerLied: wrong index or omit flag, times not finite, backwards, before the scheduled
-            end or far past it, a count list of the wrong length, a count that is not an integer
-            0 to 2^63-1, or more than was sent.
+        ServerLied: a wrong index, omit flag, time or count list, or a count over the ceiling.
     """
     def lie(what: str) -> ServerLied:
         return ServerLied(f"server sent a bad interval {index}: {what}")
@@ -222,23 +197,14 @@ def parse_interval(msg: Any, index: int, req: Request, prev_end: float, ceiling:
 
 
 def parse_end(msg: Any, req: Request, wall_s: float, received: list[int] | None) -> dict:
-    """The server's end line: its workers' CPU seconds per role, TCP_INFO and bytes sent of its
-    s2c streams, checked.
-
-    Args:
-        wall_s: seconds since the test started on the client; a worker cannot use more CPU than
-            that, and a side has at most ``req.streams`` workers per role.
-        received: per s2c stream, bytes the client received (the server cannot have sent fewer);
-            None when nothing flows s2c.
+    """The server's end line, checked: CPU seconds per role (at most (``wall_s`` + 5) x streams),
+    and per s2c stream TCP_INFO and bytes sent (not fewer than ``received``; None: no s2c).
 
     Returns:
-        {"cpu_s": {"send": float | None, "recv": float | None}, "tcp": [dict | None per s2c
-        stream], "sent": [int per s2c stream]}.
+        {"cpu_s": {"send": float | None, "recv": float | None}, "tcp": [dict | None], "sent": [int]}.
 
     Raises:
-        ServerLied: not an end line, a CPU time that is negative, not finite or over the bound, a
-            TCP_INFO field or a byte count that is not an integer 0 to 2^63-1, fewer bytes sent
-            than received, or lists of the wrong length.
+        ServerLied: not an end line, or a value out of its bounds.
     """
     def lie(what: str) -> ServerLied:
         return ServerLied(f"server sent a bad end line: {what}")
@@ -279,9 +245,7 @@ _NOT_OPEN = "the net test has not started (_Session.open first)"
 
 
 class _Session:
-    """One test seen from the client: the control connection, the data streams and their workers.
-    The arguments are :class:`NetSpec`'s (``req``: its request; ``family``: its address_family).
-    """
+    """One test seen from the client: the control connection, the data streams and their workers."""
 
     def __init__(self, host: str, port: int, req: Request, connect_timeout: float, family: int = 0,
                  cport: int | None = None):
@@ -308,13 +272,11 @@ class _Session:
         self._closed = False
 
     def open(self) -> None:
-        """Ask for the test, connect its streams, start the workers, and release them when the
-        server says start.
+        """Ask for the test, connect its streams, start the workers, release them at "start".
 
         Raises:
             UsageError: the host name does not resolve, --cport is taken.
-            MachineError: cannot connect, the server refused the test (e.g. busy, over its caps),
-                did not start it, or a worker process could not start.
+            MachineError: cannot connect, refused or not started, a worker process failed.
         """
         host, port, req = self.host, self.port, self.req
         self.ctl = connect(host, port, self.connect_timeout, family=self.family)
@@ -329,8 +291,6 @@ class _Session:
         cookie = reply.get("cookie")
         if not (isinstance(cookie, str) and 0 < len(cookie) <= 64):
             raise ServerLied(f"server {host} port {port}: the reply has no valid cookie")
-        # the ok reply echoes the test as the server parsed it (protocol v2): a field it changed
-        # (e.g. streams 99 for 1) would have the client wait for streams it never opens
         changed = [k for k, v in asdict(req).items() if k in reply and reply[k] != v]
         if changed:
             name = changed[0]
@@ -382,12 +342,11 @@ class _Session:
         return msg
 
     def next_intervals(self) -> dict[str, Interval]:
-        """The next interval of each direction: s2c counted here on this clock, c2s as the server
-        reports it; after the last one, the end of the test (:meth:`finish`).
+        """The next interval of each direction: s2c counted here, c2s as the server reports it;
+        after the last one, :meth:`finish`.
 
         Raises:
-            MachineError: the server stopped answering, aborted the test (e.g. "server stopping"),
-                ended early, or lied (:class:`ServerLied`); a data stream failed.
+            MachineError: the server stopped answering, aborted, ended early or lied; a stream failed.
         """
         t0 = self.t0
         if t0 is None:
@@ -411,8 +370,6 @@ class _Session:
         tx = self.sets.get("c2s")
         ceiling = None
         if tx is not None:
-            # a write is counted by the sending worker after the kernel took it, so the receiver can
-            # be up to one write (-l bytes) ahead of the counter read here
             ceiling = [a - b + self.req.buffer for a, b in zip(tx.counts(), self.counted_c2s)]
         iv = parse_interval(msg, i, self.req, self.server_end, ceiling)
         self.server_end = iv.end_s
@@ -427,8 +384,7 @@ class _Session:
         return out
 
     def finish(self) -> None:
-        """After the last interval: the server's "done", then stop and close the streams (TCP_INFO
-        of the sending sockets read first), then the server's end line.
+        """After the last interval: "done", TCP_INFO of the senders, the streams closed, the end line.
 
         Raises:
             MachineError: a line other than "done"; a data stream failed; ServerLied: a bad end line.
@@ -458,9 +414,7 @@ class _Session:
             raise _server_error(self.host, self.port, f"data stream failed: {failed[0]}")
 
     def facts(self, direction: str) -> "DirectionFacts":
-        """What is known of ``direction`` besides its intervals: the bytes each sender handed to
-        the kernel, TCP_INFO of the sending sockets and the (sender, receiver) CPU seconds; the
-        c2s sender is here, the s2c sender is the server (its end line), None where unknown."""
+        """What is known of ``direction`` besides its intervals (the s2c sender is the server)."""
         here = self.sets[direction].cpu_seconds if direction in self.sets else None
         end = self.end
         there = end["cpu_s"]["recv" if direction == "c2s" else "send"] if end is not None else None
@@ -488,10 +442,7 @@ class _Session:
 
 
 def totals(intervals: list[Interval], stream: int | None = None) -> tuple[int, float]:
-    """(bytes, seconds) over the counted (not omitted) intervals, of one stream or of all (None).
-
-    The total rate is bytes / seconds: the duration-weighted mean of the counted intervals' rates.
-    """
+    """(bytes, seconds) over the counted (not omitted) intervals, of one stream or of all (None)."""
     counted = [iv for iv in intervals if not iv.omit]
     return (sum(iv.bytes[stream] if stream is not None else sum(iv.bytes) for iv in counted),
             sum((iv.seconds for iv in counted), 0.0))
@@ -499,8 +450,7 @@ def totals(intervals: list[Interval], stream: int | None = None) -> tuple[int, f
 
 @dataclass
 class DirectionFacts:
-    """What is known of one direction's test besides its intervals (None where unknown, e.g. an
-    interrupted run or a server that sent no end line)."""
+    """What is known of one direction's test besides its intervals (None where unknown)."""
 
     sent: list[int] | None = None  # bytes each stream's sender handed to the kernel
     tcp: list[dict | None] = field(default_factory=list)  # TCP_INFO of each sending socket (stream.parse_tcp_info)
@@ -511,13 +461,11 @@ class DirectionFacts:
 
 def build_records(request: Request, intervals: list[Interval], sent: list[int] | None = None,
                   direction: str = "c2s", facts: DirectionFacts | None = None) -> list[Record]:
-    """One Record per stream of ``direction``, then one for the total (params stream = "total"):
-    metric "bandwidth", nbytes = the write size, and per counted interval with bytes > 0 one sample
-    = interval seconds x buffer / interval bytes (so nbytes / sample is its rate in B/s). ``extra``
-    holds the raw figures (docs/net.md "Results (JSON)"): gbit_per_s = 8 x B/s / 1e9, gb_per_s =
-    B/s / 1e9, per stream the sender's TCP_INFO; on the total ``stalled_streams`` (empty counted
-    intervals adding up to :data:`STALL_S` or more) and cpu_s_per_gbit = (sender + receiver CPU
-    seconds) / (8 x all_bytes / 1e9), all_bytes of every interval: the workers run the whole test.
+    """One Record per stream of ``direction``, then the total (stream "total"): nbytes = the write
+    size, per counted interval with bytes one sample = seconds x buffer / bytes (nbytes / sample =
+    B/s). ``extra`` (docs/net.md "Results (JSON)"): gbit_per_s = 8 x B/s / 1e9, gb_per_s = B/s / 1e9;
+    on the total stalled_streams (empty counted intervals of :data:`STALL_S` or more) and
+    cpu_s_per_gbit = (sender + receiver CPU s) / (8 x all_bytes / 1e9).
     """
     facts = facts or DirectionFacts(sent=sent)
     sent = facts.sent
@@ -575,8 +523,7 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
 
 
 def interval_points(req: Request, host_bytes: int) -> list[Point]:
-    """One point per interval of ``req``'s schedule ("0.0-1.0 s", "(omitted)" for the leading ones),
-    each holding ``host_bytes`` of host memory; TCP's and UCX's bandwidth tests alike."""
+    """One point per interval of ``req``'s schedule, each holding ``host_bytes`` of host memory."""
     ends = req.intervals()
     starts = [0.0, *(end for end, _ in ends)]
     return [Point(f"{start:.1f}-{end:.1f} s" + (" (omitted)" if omitted else ""), i, host_bytes=host_bytes)
@@ -584,12 +531,7 @@ def interval_points(req: Request, host_bytes: int) -> list[Point]:
 
 
 class Net(Benchmark):
-    """The net client plug-in: a point is one interval of the schedule (see the module).
-
-    Args:
-        live: where the interval lines go as the test runs (:class:`gpubench.plugins.net.lines.LiveLines`),
-            or None for none.
-    """
+    """The net client plug-in; ``live``: where the interval lines go as the test runs, or None."""
 
     name = "net"
     description = "Multi-stream TCP throughput between two hosts (server, client, local)."
@@ -599,9 +541,7 @@ class Net(Benchmark):
         self.live = live
 
     def environment(self, spec: NetSpec) -> dict:
-        """The host, the versions (no GPU facts: finding them costs CuPy's import and CUDA/NVML
-        queries before the client connects) and the nodes the test spans: 1 on loopback (net local,
-        or a server at a loopback address), else 2."""
+        """The host, the versions (no GPU facts: no CuPy import) and the nodes: 1 on loopback, else 2."""
         from gpubench.core import env as envmod
 
         nodes = 1 if spec.mode == "local" or is_loopback(spec.host) else 2
@@ -609,8 +549,7 @@ class Net(Benchmark):
 
     def points(self, spec: NetSpec, devices: tuple[int, ...]) -> list[Point]:
         req = spec.request
-        # held at once: the payload file, and per worker process its memory and buffer (every set of
-        # both sides in net local: a sender and a receiver set per direction)
+        # the payload file, and per worker its memory and buffer (net local: both sides)
         workers = min(req.streams, MAX_WORKERS) * len(req.directions()) * (2 if spec.mode == "local" else 1)
         host = req.buffer + workers * (WORKER_BYTES + RECV_BYTES)
         return interval_points(req, host)
@@ -621,9 +560,7 @@ class Net(Benchmark):
     @contextlib.contextmanager
     def setup(self, ctx: Context):
         """Start the local server (net local), connect, start the workers, release them. A Ctrl-C
-        or SIGTERM meanwhile is raised by the first :meth:`measure`, so the driver ends the run as
-        interrupted (exit 130/143, the JSON saved with no records), not half-built.
-        """
+        or SIGTERM meanwhile is raised by the first :meth:`measure` (an interrupted run)."""
         spec: NetSpec = ctx.spec
         with contextlib.ExitStack() as stack:
             ctx.data["port"] = spec.port
@@ -639,29 +576,19 @@ class Net(Benchmark):
                                                          spec.address_family, spec.cport)
                 stack.callback(session.close)
                 session.open()
-                if self.live is not None:
-                    self._go_live(self.live, session, spec, host, port)
+                if self.live is not None:  # the header line, then a line per interval as it arrives
+                    live = self.live
+                    where = (f"loopback {hostport(host, port)}" if spec.mode == "local"
+                             else f"connected to {hostport(spec.host, port)}")
+                    live.header(f"gpubench net: {where}: {test_words(asdict(spec.request), session.window)}")
+                    session.on_intervals = lambda ivs: live.intervals(
+                        {d: (iv.start_s, iv.end_s, iv.omit, iv.bytes) for d, iv in ivs.items()})
             except (KeyboardInterrupt, Interrupted) as e:
                 ctx.data["interrupted"] = e
             yield ctx
 
-    @staticmethod
-    def _go_live(live: LiveLines, session: "_Session", spec: NetSpec, host: str, port: int) -> None:
-        """The header line (where, what was asked, the window the kernel gave), then a line per
-        interval as it arrives."""
-        where = (f"loopback {hostport(host, port)}" if spec.mode == "local"
-                 else f"connected to {hostport(spec.host, port)}")
-        live.header(f"gpubench net: {where}: {test_words(asdict(spec.request), session.window)}")
-        session.on_intervals = lambda ivs: live.intervals(
-            {d: (iv.start_s, iv.end_s, iv.omit, iv.bytes) for d, iv in ivs.items()})
-
     def measure(self, ctx: Context, point: Point) -> list[Record]:
-        """The next interval of each direction (:meth:`_Session.next_intervals`).
-
-        Raises:
-            MachineError: as next_intervals; and after the last interval, a server that sent no
-                end line (every interval kept, ``point_records`` the last one; exit 3).
-        """
+        """The next interval of each direction. Raises MachineError: as next_intervals, or no end line."""
         stopped = ctx.data.pop("interrupted", None)
         if stopped is not None:
             raise stopped
@@ -677,13 +604,11 @@ class Net(Benchmark):
         return recs
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
-        """A memory failure while receiving is this host's fault (net allocates nothing per point).
-        Raises MachineError, always (the driver keeps the intervals received so far)."""
+        """Raises MachineError, always: a memory failure while receiving is this host's fault."""
         raise MachineError(f"net client ({point.label}): {message}")
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
-        """Regroup the intervals received into, per direction, one record per stream and one for
-        the total (:func:`build_records`); none received, no records."""
+        """Regroup the intervals into records per direction (:func:`build_records`)."""
         session: _Session | None = ctx.data.get("session")
         out: list[Record] = []
         for d in ctx.spec.request.directions():
@@ -707,7 +632,7 @@ class Net(Benchmark):
                       "bytes / counted seconds (intervals after --omit)",
             "data_path": {d: {"client_workers": st.nworkers, "zero_copy": not st.copy} for d, st in sets.items()},
             "socket_buffers": session.window if session is not None else {},
-            "server_end_line": None if session is None or session.end_missing is None else session.end_missing,
+            "server_end_line": session.end_missing if session is not None else None,
             "protocol_version": PROTOCOL_VERSION,
         }
 
@@ -718,30 +643,21 @@ BENCHMARK = Net()
 def run(spec: NetSpec, progress: ProgressSink | None = None, live: LiveLines | None = None) -> Result:
     """Run one test against a server (``net local``: one started here) through the driver.
 
-    Args:
-        spec: the parsed options.
-        progress: advanced once per interval (silent when None).
-        live: the interval lines as the test runs (:class:`gpubench.plugins.net.lines.LiveLines`),
-            or None.
-
     Returns:
-        A Result with, per direction (params "direction": "c2s" and/or "s2c"), one record per
-        stream and one for the total (stream "total"); see :func:`build_records`. On Ctrl-C /
-        SIGTERM the intervals received so far, marked partial (none received: no records).
+        A Result: per direction, one record per stream and the total (:func:`build_records`); on
+        Ctrl-C / SIGTERM the intervals received so far, marked partial.
 
     Raises:
         UsageError: the host name does not resolve, --cport is taken.
-        MachineError: cannot connect, the server refused the test (e.g. busy, over its caps), or
-            the server or the network failed during the test (``partial_result`` then keeps the
-            intervals received); :class:`ServerLied` for a server that sent impossible figures.
+        MachineError: cannot connect, refused, or a failure during the test (``partial_result``
+            keeps the intervals received); :class:`ServerLied` for impossible figures.
     """
     return driver.run(BENCHMARK if live is None else Net(live), spec, progress)
 
 
 def run_test(host: str, port: int, request: Request, *, family: int = 0, cport: int | None = None,
              connect_timeout: float = 10.0, progress: ProgressSink | None = None) -> Result:
-    """One client test against a ``gpubench net`` server at host:port, for other modes (``family``,
-    ``cport``: :class:`NetSpec`'s). Returns and raises as :func:`run`."""
+    """One client test against a ``gpubench net`` server at host:port. Returns and raises as :func:`run`."""
     return run(NetSpec(host=host, port=port, request=request, connect_timeout=connect_timeout, family=family,
                        cport=cport), progress)
 

@@ -199,26 +199,9 @@ def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: 
                       api: str = "tag", in_flight: int = 32, latency: bool = False, wait: str = "poll"):
     """The NetSpec of `net client HOST` (the UcxSpec with --protocol ucx). Raises UsageError naming a
     bad option."""
-    from gpubench.plugins.net.bench import NetSpec
-
-    tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
-                "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
-    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency,
-                           "wait": wait}
-    if protocol == "ucx":
-        return build_ucx_spec(host, _check_port(port, allow_zero=False), "client", seconds, omit, interval, length,
-                              tcp_only, **ucx)
-    check_tcp(ucx)
-
-    req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
-    family = _family(ipv4, ipv6)
-    port = _check_port(port, allow_zero=False)
-    if cport is not None:
-        last = cport + req.streams * len(req.directions()) - 1
-        if not 1 <= cport <= 65535 or last > 65535:
-            raise UsageError(f"--cport {cport} out of range",
-                             f"the data streams use cport to cport + {last - cport}: use 1 to {65535 - (last - cport)}")
-    return NetSpec(host=host, port=port, request=req, family=family, cport=cport)
+    return _build_spec("client", host, port, cport, protocol, (streams, seconds, omit, interval, length, reverse,
+                       bidir, window, bitrate, copy), ipv4, ipv6, {"memory": memory, "device": device, "api": api,
+                       "in_flight": in_flight, "latency": latency, "wait": wait})
 
 
 def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
@@ -228,19 +211,33 @@ def build_local_spec(streams: int, seconds: float, omit: float, interval: float,
                      wait: str = "poll"):
     """The NetSpec of `net local` (loopback, any free port; the UcxSpec with --protocol ucx). Raises
     UsageError naming a bad option."""
+    return _build_spec("local", DEFAULT_BIND, 0, None, protocol, (streams, seconds, omit, interval, length, reverse,
+                       bidir, window, bitrate, copy), ipv4, ipv6, {"memory": memory, "device": device, "api": api,
+                       "in_flight": in_flight, "latency": latency, "wait": wait})
+
+
+def _build_spec(mode: str, host: str, port: int, cport: int | None, protocol: str, test: tuple, ipv4: bool,
+                ipv6: bool, ucx: dict[str, Any]):
     from gpubench.plugins.net.bench import NetSpec
 
+    streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy = test
     tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
-                "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6}
-    ucx: dict[str, Any] = {"memory": memory, "device": device, "api": api, "in_flight": in_flight, "latency": latency,
-                           "wait": wait}
+                "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
     if protocol == "ucx":
-        return build_ucx_spec(DEFAULT_BIND, 0, "local", seconds, omit, interval, length, tcp_only, **ucx)
+        port = _check_port(port, allow_zero=False) if mode == "client" else port
+        return build_ucx_spec(host, port, mode, seconds, omit, interval, length, tcp_only, **ucx)
     check_tcp(ucx)
-
-    req = build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy)
+    req = build_request(*test)
     family = _family(ipv4, ipv6)
-    return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
+    if mode == "local":
+        return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
+    port = _check_port(port, allow_zero=False)
+    if cport is not None:
+        last = cport + req.streams * len(req.directions()) - 1
+        if not 1 <= cport <= 65535 or last > 65535:
+            raise UsageError(f"--cport {cport} out of range",
+                             f"the data streams use cport to cport + {last - cport}: use 1 to {65535 - (last - cport)}")
+    return NetSpec(host=host, port=port, request=req, family=family, cport=cport)
 
 
 def check_tcp(ucx: dict) -> None:
@@ -316,7 +313,6 @@ def server(bind, port, one_off, protocol, device, quiet, debug):
     Listens on loopback only unless --bind says otherwise.
     """
     from gpubench.core import safe
-    from gpubench.plugins.net.server import NetServer
 
     _check_port(port, allow_zero=True)
 
@@ -326,41 +322,35 @@ def server(bind, port, one_off, protocol, device, quiet, debug):
             sys.stdout.flush()  # a server's log is read live (pipes are block-buffered)
 
     if protocol == "ucx":
-        return _ucx_server(bind, port, one_off, device, log)
-    if device != 0:
-        raise UsageError("-d/--device applies to --protocol ucx only", "add --protocol ucx, or leave it out")
-    srv = NetServer(bind, port, log=log)
+        from gpubench.core.bounds import Bound
+        from gpubench.plugins.net.ucx_server import UcxServer
+
+        Bound("-d/--device", lo=0, hi=2**31 - 1).check(device)
+        srv, name = UcxServer(bind, port, device=device, log=log), "gpubench net server (ucx)"
+
+        def counts() -> str:
+            return f"{srv.done} test(s) done, {srv.aborted} aborted"
+    else:
+        from gpubench.plugins.net.server import NetServer
+
+        if device != 0:
+            raise UsageError("-d/--device applies to --protocol ucx only", "add --protocol ucx, or leave it out")
+        srv, name = NetServer(bind, port, log=log), "gpubench net server"
+
+        def counts() -> str:
+            s = srv.stats
+            return f"{s.tests_done} test(s) done, {s.tests_aborted} aborted, {s.refused} refused"
     addr, real_port = srv.open()
     scope = " (loopback only; --bind 0.0.0.0 to serve other hosts)" if addr.startswith("127.") or addr == "::1" else ""
-    log(f"gpubench net server: listening on {hostport(addr, real_port)}{scope}")
-    try:
-        stats = srv.serve_forever(max_tests=1 if one_off else None)
-    except (KeyboardInterrupt, Interrupted):
-        s = srv.stats
-        log(f"gpubench net server: stopped; {s.tests_done} test(s) done, {s.tests_aborted} aborted, {s.refused} refused")
-        raise
-    log(f"gpubench net server: done; {stats.tests_done} test(s) done, {stats.tests_aborted} aborted, {stats.refused} refused")
-    return 0
-
-
-def _ucx_server(bind: str, port: int, one_off: bool, device: int, log) -> int:
-    """`net server --protocol ucx`: one UCX test at a time until Ctrl-C (-1: one)."""
-    from gpubench.core.bounds import Bound
-    from gpubench.plugins.net.ucx_server import UcxServer
-
-    Bound("-d/--device", lo=0, hi=2**31 - 1).check(device)
-    srv = UcxServer(bind, port, device=device, log=log)
-    addr, real_port = srv.open()
-    scope = " (loopback only; --bind 0.0.0.0 to serve other hosts)" if addr.startswith("127.") or addr == "::1" else ""
-    log(f"gpubench net server (ucx): listening on {hostport(addr, real_port)}{scope}")
+    log(f"{name}: listening on {hostport(addr, real_port)}{scope}")
     try:
         srv.serve_forever(max_tests=1 if one_off else None)
     except (KeyboardInterrupt, Interrupted):
-        log(f"gpubench net server (ucx): stopped; {srv.done} test(s) done, {srv.aborted} aborted")
+        log(f"{name}: stopped; {counts()}")
         raise
     finally:
         srv.close()
-    log(f"gpubench net server (ucx): done; {srv.done} test(s) done, {srv.aborted} aborted")
+    log(f"{name}: done; {counts()}")
     return 0
 
 
@@ -373,15 +363,12 @@ def _net_run(spec):
     def run(s, progress):
         ctx = click.get_current_context(silent=True)
         own = ctx is not None and ctx.command.name in ("client", "local")  # not a suite's step
+        mod = net
         if getattr(s, "protocol", "tcp") == "ucx":
-            from gpubench.plugins.net import ucx_bench
-
-            if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
-                return ucx_bench.run(s, progress)
-            return ucx_bench.run(s, report.ProgressSink(), live=live_lines(False))
+            from gpubench.plugins.net import ucx_bench as mod
         if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
-            return net.run(s, progress)
-        return net.run(s, report.ProgressSink(), live=live_lines(s.request.direction == "both"))
+            return mod.run(s, progress)
+        return mod.run(s, report.ProgressSink(), live=live_lines(s.request.direction == "both"))
 
     return run
 

@@ -1,6 +1,5 @@
 """``gpubench net``'s control protocol: what a client may ask (:class:`Request` within :class:`Caps`,
-checked by the one table :data:`LIMITS`, which the server and the command both use), the interval
-schedule, and line I/O with limits.
+checked by :data:`LIMITS`), the interval schedule, and line I/O with limits.
 
 Control protocol (version 2), one JSON object per line, each side capping what it reads:
 
@@ -104,17 +103,11 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Limit:
-    """One check of a request against the caps.
+    """One check of a request against the caps."""
 
-    Attributes:
-        key: names the check, for :data:`gpubench.plugins.net.command.OPTION_WORDING`.
-        broken: (request, caps) -> True when the request breaks the limit.
-        reason: (request, caps) -> the one line the server sends back.
-    """
-
-    key: str
-    broken: Callable[[Request, Caps], bool]
-    reason: Callable[[Request, Caps], str]
+    key: str  # names the check, for gpubench.plugins.net.command.OPTION_WORDING
+    broken: Callable[[Request, Caps], bool]  # True when the request breaks the limit
+    reason: Callable[[Request, Caps], str]  # the one line the server sends back
 
 
 def _finite(field: str) -> Limit:
@@ -159,8 +152,7 @@ def wire_int(v: Any) -> bool:
 
 
 def shown(v: Any, limit: int = 40) -> str:
-    """``v`` as JSON, cut to ``limit`` characters, for a one-line message (a 400-digit number
-    is shown as its first digits and its length)."""
+    """``v`` as JSON, cut to ``limit`` characters (and its length), for a one-line message."""
     try:
         text = json.dumps(v)
     except (TypeError, ValueError):
@@ -169,12 +161,11 @@ def shown(v: Any, limit: int = 40) -> str:
 
 
 def _number(d: dict, key: str, *, integer: bool = False, default: Any = None) -> int | float:
-    """``d[key]`` (``default`` when missing) as the JSON number the protocol wants: an integer
-    field takes an int only (not true/false or 1.0), at most :data:`MAX_WIRE_INT`; a number field
-    takes an int or a float, finite once converted.
+    """``d[key]`` (``default`` when missing) as the JSON number the protocol wants: an int (not a
+    bool) of at most :data:`MAX_WIRE_INT` for ``integer``, else an int or float, finite.
 
     Raises:
-        RequestError: missing, the wrong type, or too large (the value shown cut to 40 characters).
+        RequestError: missing, the wrong type, or too large.
     """
     v = d.get(key, default)
     if integer:
@@ -195,8 +186,7 @@ def _number(d: dict, key: str, *, integer: bool = False, default: Any = None) ->
 
 
 def check_request(d: Any, caps: Caps = CAPS) -> Request:
-    """The accepted Request of a control request ``d`` (a parsed JSON line: a dict with the fields
-    of :meth:`Request.header`) within ``caps``.
+    """The accepted Request of a control request ``d`` (a parsed JSON line) within ``caps``.
 
     Raises:
         RequestError: one line naming the bad field and what is accepted.
@@ -224,11 +214,7 @@ def check_request(d: Any, caps: Caps = CAPS) -> Request:
 
 
 def check_version(d: dict) -> None:
-    """Refuse a line whose "gpubench_net" is not the integer :data:`PROTOCOL_VERSION` (not true or 1.0).
-
-    Raises:
-        RequestError: naming the version seen and the one spoken.
-    """
+    """Raises RequestError when ``d``'s "gpubench_net" is not the integer :data:`PROTOCOL_VERSION`."""
     version = d.get("gpubench_net")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise RequestError(f"protocol version {shown(version, 20)} not supported (this server speaks {PROTOCOL_VERSION})")
@@ -245,12 +231,9 @@ def is_loopback(address: str) -> bool:
 
 
 def schedule(omit: float, seconds: float, interval: float) -> list[tuple[float, bool]]:
-    """Interval ends (seconds after the start) and whether each is omitted.
-
-    The omitted part [0, omit) and the counted part [omit, omit + seconds) are each cut into
-    intervals of ``interval`` seconds, the last of each part shortened to fit, so that no interval
-    straddles the omit boundary. E.g. omit 1.5, seconds 2, interval 1 ->
-    [(1.0, True), (1.5, True), (2.5, False), (3.5, False)].
+    """Interval ends (seconds after the start) and whether each is omitted: [0, omit) and [omit,
+    omit + seconds) each cut into ``interval`` seconds, the last of each shortened to fit. E.g.
+    omit 1.5, seconds 2, interval 1 -> [(1.0, True), (1.5, True), (2.5, False), (3.5, False)].
     """
     out: list[tuple[float, bool]] = []
     for start, length, omitted in ((0.0, omit, True), (omit, seconds, False)):
@@ -262,21 +245,13 @@ def schedule(omit: float, seconds: float, interval: float) -> list[tuple[float, 
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Line I/O with limits
-
-
 class ProtocolError(Exception):
     """The peer broke the protocol, went silent, or closed; the message is one line."""
 
 
 class LineReader:
-    """Reads newline-terminated JSON lines from a socket, never holding more than ``limit`` bytes.
-
-    Args:
-        sock: a connected socket.
-        limit: the longest line accepted, in bytes, newline included.
-    """
+    """Reads newline-terminated JSON lines from a socket, never holding more than ``limit`` bytes
+    (the longest line accepted, newline included)."""
 
     def __init__(self, sock: socket.socket, limit: int):
         self.sock = sock
@@ -284,15 +259,11 @@ class LineReader:
         self._buf = bytearray()
 
     def readline(self, timeout: float, stop: threading.Event | None = None) -> bytes:
-        """The next line (without the newline), waiting at most ``timeout`` seconds in all.
-
-        Args:
-            timeout: seconds for the whole line.
-            stop: when given and set, give up within half a second.
+        """The next line (without the newline), waiting at most ``timeout`` seconds in all; a set
+        ``stop`` gives up within half a second.
 
         Raises:
-            ProtocolError: the line is longer than the limit, the peer closed first, the time ran
-                out, ``stop`` was set, or a socket error.
+            ProtocolError: too long, closed, out of time, stopped, or a socket error.
         """
         deadline = time.monotonic() + timeout
         while True:
@@ -329,11 +300,7 @@ class LineReader:
 
 
 def parse_line(line: bytes) -> Any:
-    """One protocol line as JSON: UTF-8 only (not UTF-16/32), nesting as deep as Python's parser allows.
-
-    Raises:
-        ValueError: not UTF-8 JSON (UnicodeDecodeError and RecursionError included as ValueError).
-    """
+    """One protocol line as JSON (UTF-8 only). Raises ValueError: not UTF-8 JSON, or nested too deeply."""
     try:
         return json.loads(line.decode("utf-8"))
     except RecursionError:

@@ -1,15 +1,9 @@
-"""``gpubench net server``: the far end of a test, a long-running service (not a benchmark: it runs
-outside the driver of :mod:`gpubench.core.benchmark`).
+"""``gpubench net server``: the far end of a test, a long-running service outside the driver.
 
-It receives the client's streams (c2s), sends on its own (s2c, the client's -R), or both
-(--bidir), through the worker processes of :mod:`gpubench.plugins.net.stream`; every ``interval``
-seconds of its own ``time.perf_counter`` clock it sends the client the per-stream byte counts it
-received in that interval (the protocol: :mod:`gpubench.plugins.net.protocol`).
-
-Its protections (binds to loopback by default, one test at a time, a bounded wait for each
-request line, the caps, aborting a silent or vanished client, bounded memory and processes) are
-listed in docs/net.md "The server: limits and behaviour"; each is a test in
-tests/unit/test_net_server.py or tests/cli/test_net_cli.py. Use from Python: docs/net.md "From Python".
+It receives the client's streams (c2s), sends on its own (s2c), or both (--bidir), through the
+workers of :mod:`gpubench.plugins.net.stream`; every ``interval`` seconds of its ``perf_counter``
+clock it sends the client the bytes per stream it received (:mod:`gpubench.plugins.net.protocol`).
+Its protections: docs/net.md "The server: limits and behaviour".
 """
 
 from __future__ import annotations
@@ -116,17 +110,13 @@ class NetServer:
     """The far end of a test: accepts one test at a time, moves its data, reports its intervals.
 
     Args:
-        bind: address to listen on; 127.0.0.1 (loopback only) unless the user says otherwise.
-        port: TCP port; 0 picks a free one (see :attr:`address` after :meth:`open`).
-        caps: limits on a request.
-        log: called with one line per event (test done, refusal); silent when None.
+        bind, port: where to listen; port 0 picks a free one (:attr:`address` after :meth:`open`).
+        log: called with one line per event; silent when None.
         header_timeout: seconds a new connection has to send its request line.
         setup_timeout: seconds a client has to connect all its data streams.
         drain_timeout: seconds to wait for the client to close its streams after the end.
-        stall_timeout: seconds without a byte on any stream after which a test is aborted (a
-            client that vanished without closing, e.g. a host that lost power).
-        max_pending: connections waiting for their request line at once; one more makes the
-            oldest of them go ("busy: too many connections waiting").
+        stall_timeout: seconds without a byte on any stream after which a test is aborted.
+        max_pending: connections waiting for their request line at once (one more: the oldest goes).
         workers: worker processes per direction (default one per stream, at most 16).
     """
 
@@ -160,25 +150,11 @@ class NetServer:
         self._listen_info: tuple | None = None  # (family, sockaddr) that open() bound
 
     def open(self) -> tuple[str, int]:
-        """Bind and listen. Returns (address, port) actually bound.
-
-        Raises:
-            UsageError: the address is not one of this host's, or the port is taken or not allowed.
-        """
-        try:
-            infos = socket.getaddrinfo(self.bind, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
-            raise UsageError(f"--bind {self.bind!r} is not an address ({getattr(e, 'strerror', None) or e})",
-                             "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
-        family, _, _, _, sockaddr = infos[0]
-        try:
-            s = _listen(family, sockaddr)
-        except OSError as e:
-            raise UsageError(f"cannot listen on {self.bind} port {self.port}: {e.strerror or e}",
-                             "choose another --port or --bind") from None
+        """Bind and listen. Returns (address, port) actually bound. Raises UsageError as :func:`bind_listener`."""
+        s = bind_listener(self.bind, self.port)
         _raise_fd_limit(self.max_pending + 2 * self.caps.max_streams + 64)
         self._listener = s
-        self._listen_info = (family, s.getsockname())
+        self._listen_info = (s.family, s.getsockname())
         addr = s.getsockname()
         self.address = (addr[0], addr[1])
         return self.address
@@ -228,13 +204,10 @@ class NetServer:
         return self._active is not None
 
     def serve_forever(self, max_tests: int | None = None) -> ServerStats:
-        """Accept connections until :meth:`stop`, a signal, or ``max_tests`` tests have ended.
-
-        One thread (this one) reads every new connection's request line through a selector; a test
-        runs in a thread of its own. KeyboardInterrupt and Interrupted (SIGTERM) propagate after
-        the server has closed its listener and its waiting connections, aborted the running test
-        and waited (at most 3 s) for it.
-        """
+        """Accept connections until :meth:`stop`, a signal, or ``max_tests`` tests have ended; this
+        thread reads the request lines, a test runs in a thread of its own. KeyboardInterrupt and
+        Interrupted propagate once the listener and waiting connections are closed and the running
+        test aborted (waited for 3 s at most)."""
         if self._listener is None:
             self.open()
         self._max_tests = max_tests
@@ -280,25 +253,18 @@ class NetServer:
                 t.join(max(0.0, deadline - time.monotonic()))
         return self.stats
 
-    # -- a test's socket buffers (-w) --------------------------------------------------------------
-
     def _window_listener(self, window: int) -> None:
-        """Give the listening socket the test's SO_SNDBUF/SO_RCVBUF before its data streams connect:
-        Linux sizes the window (and scale) offered in the SYN-ACK from the listener's buffer
-        (``tcp_openreq_init_rwin``), and an accepted socket inherits it (iperf3's iperf_tcp_listen
-        does the same). A buffer once set cannot go back to autotuning: :meth:`_renew_listener`
-        replaces the listener after the test.
-        """
+        """Give the listener the test's SO_SNDBUF/SO_RCVBUF before its data streams connect: Linux
+        sizes the SYN-ACK's window from it (``tcp_openreq_init_rwin``; iperf3's iperf_tcp_listen
+        does the same); :meth:`_renew_listener` replaces the listener after the test."""
         lst = self._listener
         if lst is not None and window > 0:
             set_window(lst, window)
             self._windowed = True
 
     def _renew_listener(self, sel, pending) -> None:
-        """A fresh listener on the same address (autotuned buffers), after a test that set -w. The
-        connections queued on the old one are accepted first; one arriving between close and
-        listen is refused by the kernel. If the address cannot be bound again, the server stops
-        (it says so in its log)."""
+        """A fresh listener on the same address (autotuned buffers) after a -w test, the old one's
+        queue accepted first; if the address cannot be bound again, the server stops (logged)."""
         old = self._listener
         assert old is not None and self._listen_info is not None
         self._accept(old, sel, pending)
@@ -318,8 +284,6 @@ class NetServer:
         new.setblocking(False)
         sel.register(new, selectors.EVENT_READ, None)
         self._listener = new
-
-    # -- the request-reading stage -------------------------------------------------------------
 
     def _accept(self, lst: socket.socket, sel, pending) -> None:
         for _ in range(64):  # then read what is pending, and come back
@@ -439,8 +403,6 @@ class NetServer:
         if why:
             self._refused(conn, peer, why)
 
-    # -- one test ------------------------------------------------------------------------------
-
     def _test_thread(self, conn: socket.socket, peer, test: _Test) -> None:
         who = f"{peer[0]}:{peer[1]}"
         try:
@@ -522,17 +484,15 @@ class NetServer:
         return None
 
     def _measure(self, conn: socket.socket, test: _Test) -> dict[str, tuple[int, float]]:
-        """Run the schedule: the receiver's counts per interval to the client (c2s). Returns, per
-        direction, the bytes and seconds of the counted intervals on this clock: received (c2s),
-        or handed to the kernel by this side's senders (s2c), for the log."""
+        """Run the schedule, the counts per interval to the client (c2s). Returns, per direction,
+        the counted intervals' bytes (received, or sent for s2c) and seconds, for the log."""
         req = test.req
         rx, tx = test.sets.get("c2s"), test.sets.get("s2c")
         sets = list(test.sets.values())
         ends = req.intervals()
         if rx is not None:
             rx.go()  # receivers first: the client's first bytes must find them
-        # the clock and the byte counts start before "start" goes out: a client's first bytes can be
-        # counted before this thread runs again, and were then in no interval
+        # the clock and the counts start before "start" goes out: the client's first bytes are in an interval
         t0 = time.perf_counter()
         prev = rx.counts() if rx is not None else []
         send_json(conn, {"start": True})
@@ -578,8 +538,8 @@ class NetServer:
         return out
 
     def _finish(self, conn: socket.socket, test: _Test) -> None:
-        """After "done": TCP_INFO of the sending sockets, wait for the client to close its streams
-        (at most drain_timeout; no reset mid-write), end the workers, send the end line."""
+        """After "done": TCP_INFO of the senders, wait (drain_timeout) for the client to close its
+        streams, end the workers, send the end line."""
         tx = test.sets.get("s2c")
         tcp = tx.tcp_infos() if tx is not None else []
         deadline = time.monotonic() + self.drain_timeout
@@ -600,23 +560,40 @@ class _Abort(Exception):
     """A running test ends early; the message is the line its client gets."""
 
 
-def _listen(family: int, sockaddr) -> socket.socket:
-    """A listening TCP socket on ``sockaddr``; a backlog of 1024, so a burst of connections waits
-    in the kernel. Raises OSError (the socket closed) when the address cannot be bound."""
+def _listen(family: int, sockaddr, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket on ``sockaddr``. Raises OSError (the socket closed) when it cannot bind."""
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(sockaddr)
-        s.listen(1024)
+        s.listen(backlog)
     except OSError:
         s.close()
         raise
     return s
 
 
+def bind_listener(bind: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A socket listening on ``bind`` port ``port`` (net's servers, TCP and UCX).
+
+    Raises:
+        UsageError: the address is not one of this host's, or the port is taken or not allowed.
+    """
+    try:
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
+        raise UsageError(f"--bind {bind!r} is not an address ({getattr(e, 'strerror', None) or e})",
+                         "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
+    family, _, _, _, sockaddr = infos[0]
+    try:
+        return _listen(family, sockaddr, backlog)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {bind} port {port}: {e.strerror or e}",
+                         "choose another --port or --bind") from None
+
+
 def _raise_fd_limit(want: int) -> None:
-    """Raise the soft RLIMIT_NOFILE towards ``want`` (never above the hard limit), so the waiting
-    connections and a test's 256 sockets fit; never raises."""
+    """Raise the soft RLIMIT_NOFILE towards ``want`` (never above the hard limit); never raises."""
     with contextlib.suppress(ValueError, OSError):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         target = want if hard == resource.RLIM_INFINITY else min(want, hard)

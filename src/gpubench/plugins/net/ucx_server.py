@@ -156,24 +156,11 @@ class UcxServer:
 
     def open(self) -> tuple[str, int]:
         """Bind and listen. Raises UsageError: not an address here, or the port is taken."""
+        from gpubench.plugins.net.server import bind_listener
         from gpubench.plugins.net.ucx import require_ucx
 
         require_ucx()  # before anything listens: a missing UCXX is exit 2
-        try:
-            infos = socket.getaddrinfo(self.bind, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            family, _, _, _, sockaddr = infos[0]
-        except (socket.gaierror, UnicodeError) as e:
-            raise UsageError(f"--bind {self.bind!r} is not an address ({getattr(e, 'strerror', None) or e})",
-                             "e.g. 127.0.0.1, 0.0.0.0, ::1") from None
-        s = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(sockaddr)
-            s.listen(8)
-        except OSError as e:
-            s.close()
-            raise UsageError(f"cannot listen on {self.bind} port {self.port}: {e.strerror or e}",
-                             "choose another --port or --bind") from None
+        s = bind_listener(self.bind, self.port, 8)
         if is_loopback(self.bind):
             limit_to_loopback()
         self.sock = s
