@@ -1,15 +1,11 @@
-"""``gpubench net`` under a launcher: the multi-stream TCP test between ranks, one rank per node
-(the seed's ``iperf -c HOST -P 16 -t 30`` at fleet scale), or with ``--protocol ucx`` the UCX test
-(:mod:`gpubench.plugins.net.ucx_bench`, host or GPU memory).
+"""``gpubench net`` under a launcher: the multi-stream TCP test (or ``--protocol ucx``'s) between
+ranks, one rank per node.
 
-Every taking-part rank starts net's own server in a thread, the ranks all-gather where they
-listen, and the tests run in rounds computed alike on every rank (:func:`schedule`: ``ring``,
-``rings``, ``all`` or ``--to RANK``), each started by a barrier; within a round no node is in two
-tests. The schedules and the deadlines (:attr:`NetFleetSpec.round_timeout`): docs/fleet.md "The
-network between nodes". Rank 0 gathers one record per link and a sender x receiver matrix of
-Gbit/s; a link is flagged slow against the matrix median by the fleet rule
-(:func:`gpubench.validation.fleet.flag`). The only calls into net's data path are in
-:func:`serve` and :func:`run_client`.
+Every taking-part rank starts net's server in a thread, the ranks all-gather where they listen,
+and the tests run in rounds computed alike on every rank (:func:`schedule`), each started by a
+barrier; within a round no node is in two tests (docs/fleet.md "The network between nodes").
+Rank 0 gathers one record per link and a sender x receiver matrix of Gbit/s; a link is flagged
+slow against the matrix median by the fleet rule (:func:`gpubench.validation.fleet.flag`).
 """
 
 from __future__ import annotations
@@ -30,18 +26,14 @@ from gpubench.core.result import Record, Result
 from gpubench.core.signals import Interrupted
 
 PAIRS = ("ring", "rings", "all")
-# A round's allowance beyond omit + seconds + one interval for a healthy test (connecting, starting
-# the workers, the "done" and end lines; docs/fleet.md has what it took).
+# A round's allowance beyond omit + seconds + one interval for a healthy test (docs/fleet.md)
 ROUND_MARGIN_S = 5.0
-# --protocol ucx adds its start: the receiver's test process (Python, UCX, a CUDA context for -m
-# cuda) and the sender's UCP context, worker and endpoint
+# --protocol ucx adds its start: the receiver's test process and the sender's UCP context and endpoint
 UCX_START_S = 10.0
 # net's client waits this long past an interval line's due time before it calls the server stalled
-# (bench.py _Session.next_intervals / finish); a round's deadline covers it, so the stopped
-# receiver is named, not its healthy sender.
+# (bench.py _Session.next_intervals); a round's deadline covers it
 CLIENT_STALL_S = 10.0
-# the report prints the matrix up to this many nodes and every link up to this many links (then
-# only the flagged ones); the JSON has them all
+# the report prints the matrix up to this many nodes, every link up to this many (then the flagged)
 MATRIX_SHOWN = 32
 LINKS_SHOWN = 64
 
@@ -53,15 +45,11 @@ class NetFleetSpec:
     request: Request = field(default_factory=Request)  # -P, -t, -O, -i, -l of each test
     pairs: str = "ring"  # "ring", "rings" or "all" (:func:`schedule`)
     to: int | None = None  # many-to-one: every other rank sends to this rank at once (pairs unused)
-    # the address each rank's server listens on; a specific one is also the one told to the peers
-    # (0.0.0.0: every address, and the one :func:`advertised` finds is told)
-    bind: str = "0.0.0.0"
+    bind: str = "0.0.0.0"  # each rank's server's address; a specific one is told to the peers (:func:`advertised`)
     connect_timeout: float = 10.0  # seconds to connect and for each reply before a test starts
     # -T: seconds a rank waits for the others at the first barrier; see :attr:`round_timeout`
     timeout: float = bounded(60.0, "-T/--timeout", lo=0, above=True, hi=MAX_TIMEOUT_S, unit="seconds")
-    # --protocol ucx: each test's options (a gpubench.plugins.net.ucx_bench.UcxSpec whose host and
-    # port are set per link); None: TCP
-    ucx: Any = None
+    ucx: Any = None  # --protocol ucx: each test's UcxSpec (host and port set per link); None: TCP
 
     def __post_init__(self):
         """Raises UsageError: a field outside its bound."""
@@ -81,9 +69,8 @@ class NetFleetSpec:
 
     @property
     def round_work(self) -> float:
-        """Seconds a round's tests may take, also for a sender whose receiver stopped: omit +
-        seconds + one interval + CLIENT_STALL_S (net's client gives up on a silent server then)
-        + ROUND_MARGIN_S, + UCX_START_S over UCX."""
+        """Seconds a round's tests may take: omit + seconds + one interval + CLIENT_STALL_S +
+        ROUND_MARGIN_S, + UCX_START_S over UCX."""
         r = self.request
         return r.omit + r.seconds + r.interval + CLIENT_STALL_S + ROUND_MARGIN_S + (UCX_START_S if self.ucx else 0)
 
@@ -93,9 +80,6 @@ class NetFleetSpec:
         max(timeout, round_work)."""
         return max(self.timeout, self.round_work)
 
-
-# ---------------------------------------------------------------------------------------------
-# The schedule (pure)
 
 Edge = tuple[int, int]  # (sender, receiver), ranks
 
@@ -107,11 +91,7 @@ def ring_edges(members: Sequence[int]) -> list[Edge]:
 
 
 def first_fit_rounds(edges: Iterable[Edge]) -> list[list[Edge]]:
-    """Put directed tests into rounds, each in the first round where neither node is busy.
-
-    Returns:
-        Rounds in order; every edge once; no node twice in a round.
-    """
+    """Put directed tests into rounds, each in the first round where neither node is busy."""
     rounds: list[list[Edge]] = []
     busy: list[set[int]] = []
     for a, b in edges:
@@ -130,9 +110,6 @@ def circle_rounds(members: Sequence[int]) -> list[list[tuple[int, int]]]:
     """Round-robin tournament by the circle method (Kirkman 1847; E. Lucas, *Recreations
     mathematiques* II, 1883): n - 1 rounds (n even) of n/2 disjoint pairs, every unordered pair
     exactly once; an odd n gets a bye (n rounds, one member idle in each).
-
-    Member 0 stays put; the others rotate one place per round; round r pairs position i with
-    position n - 1 - i.
     """
     players: list[int | None] = list(members)
     if len(players) % 2:
@@ -172,8 +149,7 @@ def _cycle_rounds(order: Sequence[int]) -> list[list[Edge]]:
 
 def rings_rounds(members: Sequence[int]) -> list[list[Edge]]:
     """``--pairs rings``: the ring (i sends to i + 1) and a second ring of stride :func:`stride`,
-    in 4 rounds for an even count and 5 for an odd one (each ring's odd edge left over, the two
-    in one round; optimal: every member is in 4 tests, a round holds at most floor(n / 2)).
+    in 4 rounds for an even count and 5 for an odd one (the two rings' odd edges in one round).
     2 to 4 members: every ordered pair; 6 members: the second ring is the first reversed (s = -1).
     """
     members = list(members)
@@ -202,12 +178,9 @@ def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None)
         if to not in members:
             raise UsageError(f"--to {to} is not a rank taking part", f"use one of {_ranks_text(members)}")
         return [[(m, to) for m in members if m != to]] if len(members) > 1 else []
-    if pairs == "ring":
-        return first_fit_rounds(ring_edges(members))
-    if pairs == "rings":
-        return rings_rounds(members)
-    if pairs == "all":
-        return _both_ways(members)
+    rounds = {"ring": lambda m: first_fit_rounds(ring_edges(m)), "rings": rings_rounds, "all": _both_ways}.get(pairs)
+    if rounds is not None:
+        return rounds(members)
     raise UsageError(f"--pairs {pairs!r} not known", f"use {' or '.join(PAIRS)}")
 
 
@@ -217,14 +190,10 @@ def _ranks_text(members: Sequence[int]) -> str:
     return ", ".join(map(str, members))
 
 
-# ---------------------------------------------------------------------------------------------
-# Adapter: the only calls into net's data path
-
 
 def check_machine(spec: NetFleetSpec) -> None:
-    """What this rank needs for ``spec``, before it joins: with UCX, UCXX and for ``-m cuda`` on
-    either side the GPU (this rank sends and receives). Raises UsageError naming what to install
-    or the GPU that is missing (this rank's own: not every rank's alike)."""
+    """What this rank needs for ``spec`` before it joins: with UCX, UCXX and for ``-m cuda`` the
+    GPU. Raises UsageError naming what is missing."""
     if spec.ucx is None:
         return
     from gpubench.plugins.net import ucx
@@ -234,9 +203,8 @@ def check_machine(spec: NetFleetSpec) -> None:
 
 
 def serve(stack: contextlib.ExitStack, spec: NetFleetSpec) -> int:
-    """Adapter: one of net's servers on ``spec.bind`` (any free port), serving tests one at a time
-    in its own thread until ``stack`` closes (5 s at most): a NetServer, or with ``spec.ucx`` a
-    UcxServer (each test in a process of its own). Returns its TCP port.
+    """One of net's servers (NetServer, or UcxServer with ``spec.ucx``) on ``spec.bind``, any free
+    port, serving in a thread until ``stack`` closes. Returns its TCP port.
 
     Raises:
         UsageError: ``bind`` is not an address of this host (net's server says which).
@@ -275,10 +243,8 @@ def _serve_ucx(stack: contextlib.ExitStack, bind: str, device: int) -> int:
 
 
 def run_client(host: str, port: int, spec: NetFleetSpec) -> Record:
-    """Adapter: one net test from here to ``host:port`` (TCP, or UCX with ``spec.ucx``); the record
-    with params stream = "total" of its result (:func:`gpubench.plugins.net.bench.build_records`).
-    Raises GpubenchError: what net raised (cannot connect, refused, failed during the test);
-    KeyboardInterrupt or Interrupted: a signal stopped the test."""
+    """One net test from here to ``host:port`` (TCP, or UCX with ``spec.ucx``): its "total" record.
+    Raises GpubenchError: what net raised; KeyboardInterrupt or Interrupted: a signal."""
     from dataclasses import replace
 
     from gpubench.core.signals import raise_if_signalled
@@ -299,17 +265,10 @@ def run_client(host: str, port: int, spec: NetFleetSpec) -> Record:
     return totals[0]
 
 
-# ---------------------------------------------------------------------------------------------
-# Addresses
-
 
 def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
-    """The address peers are told to connect to.
-
-    A specific ``bind`` is that address. Otherwise the source address this host uses toward the
-    launcher's rendezvous (``MASTER_ADDR``: a UDP socket is connected, nothing is sent), else the
-    address the host name resolves to, else 127.0.0.1.
-    """
+    """The address peers are told to connect to: a specific ``bind``, else the source address
+    toward ``MASTER_ADDR`` (a connected UDP socket), else the host name's, else 127.0.0.1."""
     if bind not in ("0.0.0.0", "::", ""):
         return bind
     source: Mapping[str, str] = os.environ if env is None else env
@@ -324,13 +283,9 @@ def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
         return "127.0.0.1"
 
 
-# ---------------------------------------------------------------------------------------------
-# The run
-
 
 def link_params(spec: NetFleetSpec, src: int, dst: int) -> dict:
-    """A link record's params: the ranks, and what net's other records carry (so compare pairs a
-    UCX link with a UCX link of the same memory, never with a TCP one)."""
+    """A link record's params: the ranks, and what net's other records carry (protocol, memory)."""
     out = {"src": src, "dst": dst, "stream": "total", "direction": "c2s", "protocol": spec.protocol}
     if spec.ucx is not None:
         out.update(memory=spec.ucx.memory_text(), api=spec.ucx.api)
@@ -340,9 +295,7 @@ def link_params(spec: NetFleetSpec, src: int, dst: int) -> dict:
 
 
 def _link_record(src: int, dst: int, total: Record, streams: int, params: dict | None = None) -> Record:
-    """The link's record from its test's total; a link one of whose streams stalled
-    (:data:`gpubench.plugins.net.protocol.STALL_S`) failed, whatever the other streams carried.
-    ``params``: :func:`link_params` (default: the ranks and stream "total" only)."""
+    """The link's record from its test's total; a stalled stream (:data:`STALL_S`) fails it."""
     ex = total.extra
     stalled = ex.get("stalled_streams") or []
     error = total.error or (f"stream(s) {', '.join(map(str, stalled))} of {streams} received nothing for "
@@ -374,21 +327,14 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
 
 def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progress=None,
         keep_partial: bool = False) -> Result | None:
-    """The net test between ranks: every rank of ``group`` calls this with the same spec.
-
-    Args:
-        group: a :class:`gpubench.launch.ranks.Group` (rank, size, me, allgather, gather, barrier).
-        spec: the options.
-        members: the ranks that take part (the others only join the collectives); default all.
-        progress: advanced once per round on rank 0 (silent when None).
+    """The net test between ranks: every rank of ``group`` (a :class:`gpubench.launch.ranks.Group`)
+    calls this with the same spec; ``members`` the ranks that take part (default all).
 
     Returns:
-        On rank 0 a Result (command "net", spec mode "fleet"): one record per link, params src,
-        dst (ranks) and stream "total", extra "gbit_per_s", "src_host", "dst_host", "round";
-        ``timing["matrix"]`` = {"hosts": [label per member], "gbps": sender x receiver Gbit/s}.
-        With ``keep_partial``, interrupted (SIGINT, SIGTERM) after the start: the rounds that
-        ended, marked partial with ``interrupted_by`` (a rank lost after a round ended: the same,
-        with ``failed_by``, as the MachineError's ``partial_result``). On the other ranks None.
+        On rank 0 a Result (spec mode "fleet"): one record per link, params src, dst and stream
+        "total", extra "gbit_per_s", "src_host", "dst_host", "round"; ``timing["matrix"]`` =
+        {"hosts": [label per member], "gbps": sender x receiver Gbit/s}. With ``keep_partial``,
+        interrupted or a rank lost: the rounds that ended, marked partial. Other ranks: None.
 
     Raises:
         UsageError: ``--to`` names a rank not taking part (on every rank, before any test).
@@ -423,10 +369,7 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
                     records.append(rec.to_dict())
                 if progress is not None and me == 0:
                     progress.advance(f"round {k + 1}")
-                # the round's end: every rank is due here round_timeout after the round began, whatever
-                # it did in it; its links go to rank 0, which confirms the receipt (the barrier's
-                # 2(n - 1) messages), so an interrupt keeps every finished round and a rank 0 that
-                # stopped while it only received is named by the others
+                # the round's end: every rank is due round_timeout after it began; rank 0 confirms the receipt
                 left = started + spec.round_timeout - time.monotonic()
                 got = group.gather(records, timeout=max(left, 0.5), waited=spec.round_timeout, confirm=True,
                                    what=f"end of net round {k + 1} of {len(rounds)} (due {spec.round_timeout:g} s "
@@ -501,14 +444,10 @@ def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, di
     return Result(command="net", spec=spec.to_dict(), timing=timing, env=env, records=links)
 
 
-# ---------------------------------------------------------------------------------------------
-# Report
-
 
 def link_flags(result: Result) -> list[tuple[Record, str, float | None]]:
-    """(link record, flag, matrix median) per link: "fail" when it has no figure, "slow" by the
-    fleet rule against the median of every link's Gbit/s (:func:`gpubench.validation.fleet.flags`,
-    computed once), else "ok"."""
+    """(link record, flag, matrix median) per link: "fail" without a figure, "slow" by the fleet
+    rule (:func:`gpubench.validation.fleet.flags`), else "ok"."""
     from gpubench.validation.fleet import flags, median
 
     measured = [r.error is None and "gbit_per_s" in r.extra for r in result.records]
@@ -519,9 +458,7 @@ def link_flags(result: Result) -> list[tuple[Record, str, float | None]]:
 
 
 def culprits(result: Result) -> list:
-    """The verdicts on the links of a net-between-nodes Result: which node sends or receives
-    slowly, which link is slow between healthy nodes, with a confidence
-    (:func:`gpubench.plugins.net.culprits.infer`, the rule in docs/fleet.md)."""
+    """The verdicts on the links of a net-between-nodes Result (:func:`gpubench.plugins.net.culprits.infer`)."""
     from gpubench.plugins.net.culprits import infer
 
     figures: dict[Edge, float | None] = {}
@@ -536,9 +473,7 @@ def culprits(result: Result) -> list:
 
 
 def slow_summary(result: Result) -> list[str]:
-    """Plain lines naming the slow and failed links, then the verdicts: the node that sends or
-    receives slowly, or the slow link between healthy nodes (untrusted host names still raw: the
-    caller escapes them)."""
+    """Plain lines naming the slow and failed links, then the verdicts (host names raw: the caller escapes them)."""
     flagged = [(r, f, m) for r, f, m in link_flags(result) if f != "ok"]
     if not flagged:
         return []

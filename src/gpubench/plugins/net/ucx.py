@@ -14,13 +14,10 @@ Method (the anchor: ``ucx_perftest -t tag_bw`` / ``-t tag_lat``):
   the receiver has the data, and the receiver's own count is checked against it at the end.
 - **Latency** (:meth:`Side.ping`, :meth:`Side.pong`): ping-pong, one message of each size each way
   per round trip (tag_lat); one-way latency = round-trip seconds / 2.
-- **Endpoints** are made from worker addresses exchanged over gpubench's own TCP control connection
-  (as ucx_perftest exchanges them over its socket), so no UCX listener is opened: UCXX's listener
-  binds every address (``INADDR_ANY``), the control connection binds what ``--bind`` says.
-  Endpoints are made without UCX's peer error handling (ucx_perftest's default; its ``-e`` turns
-  it on): with it UCX 1.21 leaves out the shared-memory transports (sysv, posix, cma) and carries
-  host data over tcp. A dead or stopped peer is found on the control connection and by a stall
-  deadline instead (:data:`STALL_S`).
+- **Endpoints** are made from worker addresses exchanged over gpubench's TCP control connection
+  (as ucx_perftest does), so no UCX listener binds every address; without UCX's peer error
+  handling (ucx_perftest's default: with it UCX 1.21 leaves out the shared-memory transports). A
+  dead peer is found on the control connection and by a stall deadline (:data:`STALL_S`).
 - **Data check**: the sender's buffer holds a pattern (:func:`pattern`, never zero); the receiver's
   buffer starts all zero and, after the last message, must equal the pattern.
 - **Transports**: :func:`endpoint_info` reads ``ucp_ep_print_info`` (libucp): the endpoint's
@@ -42,7 +39,6 @@ from gpubench.core.errors import MachineError, UsageError
 
 MEMORY_TYPES = ("host", "cuda")
 APIS = ("tag", "stream")
-DEFAULT_IN_FLIGHT = 32  # ucx_perftest's window for tag_bw (src/tools/perf/perftest.c, tests[])
 MAX_IN_FLIGHT = 1024
 WAIT_MODES = ("poll", "sleep")
 SLEEP_MS = 5  # --wait sleep: the longest one wait on the worker's events (the loop's clock granularity)
@@ -53,10 +49,7 @@ INSTALL_HINT = "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]): UCXX and 
 
 
 def parse_memory(text: str) -> tuple[str, str]:
-    """``-m/--memory``: one type for both sides, or ``SEND,RECV`` (ucx_perftest's ``-m``).
-
-    Returns:
-        (send memory, receive memory), each "host" or "cuda".
+    """``-m/--memory``: one type for both sides, or ``SEND,RECV``: (send, receive), each "host" or "cuda".
 
     Raises:
         UsageError: a type not in :data:`MEMORY_TYPES`, or more than two.
@@ -72,7 +65,7 @@ def require_ucx() -> None:
     """Import UCXX (with its libucx) here, before anything listens.
 
     Raises:
-        UsageError: UCXX or libucx cannot be imported; the line names what to install (exit 2).
+        UsageError: UCXX or libucx cannot be imported (names what to install).
     """
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # UCXX sets UCX_MEMTYPE_CACHE, which UCX 1.21 does not know
     try:
@@ -83,11 +76,7 @@ def require_ucx() -> None:
 
 
 def require_cuda(memory: tuple[str, str], device: int) -> None:
-    """For ``-m cuda`` (either side): CuPy and a visible GPU ``device``.
-
-    Raises:
-        NoGPUError / UsageError: no CuPy, no GPU, or ``device`` not visible (exit 2).
-    """
+    """For ``-m cuda`` (either side): CuPy and a visible GPU ``device``. Raises UsageError: none."""
     if "cuda" not in memory:
         return
     from gpubench.core import gpu
@@ -101,8 +90,7 @@ def require_cuda(memory: tuple[str, str], device: int) -> None:
 
 
 def pattern(nbytes: int, seed: int = 0):
-    """The payload: a numpy uint8 array of ``nbytes``, byte i = 1 + (i * 7 + seed) % 251 (never 0),
-    so a receive buffer that starts zero shows whether the data arrived, and where it did not."""
+    """The payload: a numpy uint8 array of ``nbytes``, byte i = 1 + (i * 7 + seed) % 251 (never 0)."""
     import numpy as np
 
     return (1 + (np.arange(nbytes, dtype=np.uint64) * 7 + seed) % 251).astype(np.uint8)
@@ -110,26 +98,17 @@ def pattern(nbytes: int, seed: int = 0):
 
 def first_mismatch(got, want) -> int | None:
     """The first byte index where two buffers (numpy or CuPy, same length) differ, or None."""
-    xp = _array_module(got)
+    import importlib
+
+    xp = importlib.import_module("cupy" if type(got).__module__.startswith("cupy") else "numpy")
     bad = xp.nonzero(got != want)[0]
     return None if bad.size == 0 else int(bad[0])
 
 
-def _array_module(a):
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    import numpy
-
-    return numpy
-
-
 def alloc(nbytes: int, memory: str, device: int = 0, fill=None, pinned: bool = False):
     """A uint8 buffer of ``nbytes`` in ``memory`` ("host": numpy; "cuda": CuPy on ``device``),
-    zeroed, or a copy of ``fill`` (a numpy array of the same size). With ``pinned``, host memory is
-    page-locked (``cupy.cuda.alloc_pinned_memory``, cudaHostAlloc) where CuPy sees a GPU, else
-    pageable: :func:`is_pinned` tells which."""
+    zeroed, or a copy of ``fill``. With ``pinned``, host memory is page-locked (cudaHostAlloc)
+    where CuPy sees a GPU, else pageable (:func:`is_pinned`)."""
     import numpy as np
 
     if memory == "cuda":
@@ -154,9 +133,8 @@ def alloc(nbytes: int, memory: str, device: int = 0, fill=None, pinned: bool = F
 
 
 def is_pinned(buf) -> bool:
-    """Whether a host buffer (numpy) is page-locked: CUDA's own answer for its address
-    (cudaPointerGetAttributes: cudaMemoryTypeHost); False for GPU memory and where CuPy or the
-    driver is missing. Imports CuPy: ask only where :func:`alloc` was asked to pin."""
+    """Whether a host buffer (numpy) is page-locked (cudaPointerGetAttributes); False for GPU
+    memory and without CuPy or a driver. Imports CuPy."""
     if type(buf).__module__.startswith("cupy"):
         return False
     try:
@@ -169,12 +147,9 @@ def is_pinned(buf) -> bool:
 
 def host_buffers(memory: tuple[str, str]) -> bool:
     """Whether the host side of a test is page-locked: when the other side is GPU memory, as
-    ucx_perftest's buffers are registered with UCX (its ucp_mem_map allocation): a pageable host
-    buffer makes UCX move GPU data through small staged fragments, tens of times slower."""
+    ucx_perftest's buffers are registered with UCX (ucp_mem_map)."""
     return "cuda" in memory
 
-
-# -- what carried the data ------------------------------------------------------------------------
 
 _LANE = re.compile(r"lane\[(\d+)\]:\s+\d+:([\w-]+)/([\w:-]+(?:\.[A-Za-z_][\w-]*)*)(?:\.\d+)?\s.*?->\s*\S+\s*(.*)$")
 # a table's head: "from host memory", or with the buffer's device known "from cuda/GPU0"
@@ -197,13 +172,10 @@ def parse_endpoint_info(text: str, api: str = "tag") -> dict:
 
     Returns:
         {"lanes": [{"lane": int, "transport": str, "device": str, "roles": str}], "protocols":
-        [{"memory": str, "device": str (where the table names one, e.g. "GPU0"), "first": int,
-        "last": int | None (inf), "protocol": str, "via": str}]}:
-        ``protocols`` from the table of ``api``'s plain sends per memory type (``ucp_tag_send*``
-        without a variant such as "(fast-completion)"; the first variant where there is none), each
-        row a message-size range, the protocol and the transport(s) that carried it, and
-        ``"remote_decides": True`` where UCX marks the row "(?)": a rendezvous whose final
-        protocol the receiver's reply may change (its memory type, what it can reach).
+        [{"memory": str, "device": str (where named, e.g. "GPU0"), "first": int, "last": int | None
+        (inf), "protocol": str, "via": str}]}: from the table of ``api``'s plain sends per memory
+        type (the first variant where there is none), a row per message-size range;
+        ``"remote_decides": True`` where UCX marks the row "(?)" (the receiver's reply may change it).
     """
     lanes: list[dict] = []
     tables: dict[tuple[str, str], list[dict]] = {}  # (memory, variant) -> rows, in the order printed
@@ -250,9 +222,8 @@ def carried_by(info: dict, nbytes: int, memory: str = "host") -> dict | None:
 
 
 def endpoint_info(ep_handle: int) -> str:
-    """``ucp_ep_print_info`` of a UCP endpoint (its ``ucp_ep_h``, UCXX's ``UCXEndpoint.handle``),
-    as text; "" where libucp or the function cannot be found. Cheap: no traffic, a few hundred
-    lines of text at most."""
+    """``ucp_ep_print_info`` of a UCP endpoint (UCXX's ``UCXEndpoint.handle``) as text; "" where
+    libucp or the function cannot be found."""
     try:
         ucp = ctypes.CDLL("libucp.so.0")  # already loaded by UCXX: the same library
         libc = ctypes.CDLL(None)
@@ -276,8 +247,6 @@ def endpoint_info(ep_handle: int) -> str:
     return buf.value.decode("utf-8", "replace")
 
 
-# -- one side -------------------------------------------------------------------------------------
-
 
 @dataclass
 class Counts:
@@ -292,15 +261,9 @@ class PeerGone(MachineError):
 
 
 class Side:
-    """One end: a UCP context (the tag and stream features), a worker progressed from this
-    thread, and after :meth:`connect` one endpoint to the peer.
-
-    Args:
-        api: "tag" or "stream".
-        memory: this side's buffers: "host" or "cuda".
-        device: the GPU of ``memory`` "cuda".
-        wait: "poll" (spin on progress, ucx_perftest's default) or "sleep" (wait on the worker's
-            event descriptor when there is nothing to progress, its ``-E sleep``).
+    """One end: a UCP context (tag and stream features), a worker progressed from this thread, and
+    after :meth:`connect` one endpoint to the peer. ``wait``: "poll" (spin on progress,
+    ucx_perftest's default) or "sleep" (wait on the worker's events, its ``-E sleep``).
 
     Raises:
         UsageError: UCXX not importable (:func:`require_ucx`).
@@ -328,9 +291,6 @@ class Side:
             raise MachineError(f"UCX: cannot start a worker: {e}") from None
         self.wait_mode = wait
         event = self.worker.progress_worker_event
-        # poll (ucx_perftest's -E poll, its default): progress and return at once, the loop spins;
-        # sleep (-E sleep): progress, then wait on the worker's event descriptor for at most
-        # SLEEP_MS (the loops look at their clock and the control connection between calls)
         self.progress: Callable[[], Any] = self.worker.progress if wait == "poll" else (lambda: event(SLEEP_MS))
         self.ep: Any = None
         self._tags: dict[int, Any] = {}
@@ -371,8 +331,7 @@ class Side:
         return self.ep.tag_recv(arr, self._tag(tag))
 
     def _poster(self, kind: str, arr, tag: int) -> Callable[[], Any]:
-        """A no-argument function that posts one send or receive of ``arr`` (the hot loops call it
-        once per message: no attribute look-ups, no tag object made per call)."""
+        """A no-argument function that posts one send or receive of ``arr`` (for the hot loops)."""
         if self.api == "stream":
             fn = self.ep.stream_send if kind == "send" else self.ep.stream_recv
             return lambda: fn(arr)
@@ -409,8 +368,6 @@ class Side:
         reqs = [self._send(out, WIREUP_TAG), self._recv(back, WIREUP_TAG)]
         self.wait(reqs if initiator else reqs[::-1], deadline_s, check)
 
-    # -- bandwidth --
-
     def start_sending(self, buf, in_flight: int) -> None:
         """Post ``in_flight`` sends of ``buf`` (the window :meth:`send_for` keeps full)."""
         self._out = self.array(buf)
@@ -418,10 +375,8 @@ class Side:
         self._last_done = time.perf_counter()  # the last completion, across send_for calls (the stall clock)
 
     def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> Counts:
-        """Keep the window full until ``time.perf_counter() >= until``.
-
-        Returns:
-            the sends completed in this call and the seconds from its start to its end.
+        """Keep the window full until ``time.perf_counter() >= until``; returns the sends completed
+        and the seconds this call took.
 
         Raises:
             PeerGone: nothing completed for ``stall_s`` seconds, or as ``check`` (every 50 ms) raises.
@@ -464,11 +419,8 @@ class Side:
         return len(left)
 
     def recv_until(self, buf, in_flight: int, stop: Callable[[int], bool], stall_s: float = STALL_S) -> int:
-        """Keep ``in_flight`` receives into ``buf`` posted until ``stop(received)`` says so (asked
-        every 20 ms and at each completion batch).
-
-        Returns:
-            messages received.
+        """Keep ``in_flight`` receives into ``buf`` posted until ``stop(received)`` (asked every 20 ms
+        and at each completion batch); returns the messages received.
 
         Raises:
             PeerGone: as ``stop`` raises, or nothing arrived for ``stall_s`` while ``stop`` said go on.
@@ -500,15 +452,10 @@ class Side:
                     if now - last > stall_s:
                         raise PeerGone(f"UCX: no message arrived for {stall_s:g} s (the sender stopped?)")
 
-    # -- latency --
-
     def ping(self, out, back, iters: int, check: Callable[[], None] | None = None,
              stall_s: float = STALL_S) -> float:
-        """``iters`` round trips: send ``out``, receive into ``back`` (same size).
-
-        Returns:
-            seconds of round trips 2..iters (the first, which waits for the peer to take the batch's
-            control line, is not timed; ``iters`` >= 2).
+        """``iters`` (>= 2) round trips: send ``out``, receive into ``back`` (same size). Returns the
+        seconds of round trips 2..iters (the first waits for the peer to read the batch's line).
 
         Raises:
             PeerGone: a round trip not back within ``stall_s``, or as ``check`` (every 50 ms while
@@ -570,7 +517,7 @@ class Side:
             _checked(s)
 
     def close(self) -> None:
-        """Stop the worker's progress use; UCXX frees the endpoint and worker with their objects."""
+        """Close the endpoint; UCXX frees the endpoint and worker with their objects."""
         with contextlib.suppress(Exception):
             if self.ep is not None:
                 self.ep.close_blocking(period=10**8, max_attempts=1)  # at most ~0.1 s

@@ -1,20 +1,14 @@
-"""``gpubench net client|local --protocol ucx``: UCX bandwidth and latency through the one driver
-(:func:`gpubench.core.benchmark.run`), the engine in :mod:`gpubench.plugins.net.ucx`, the far end
-in :mod:`gpubench.plugins.net.ucx_server`.
+"""``gpubench net client|local --protocol ucx``: UCX bandwidth and latency through the driver, the
+engine in :mod:`gpubench.plugins.net.ucx`, the far end in :mod:`gpubench.plugins.net.ucx_server`.
 
-Points. Bandwidth: one point per interval of the same schedule as TCP's (``-O`` omitted seconds,
-``-t`` counted ones, ``-i`` per interval): the client keeps ``--in-flight`` sends of ``-l`` bytes
-posted and counts the sends completed in each interval on its ``perf_counter`` clock (tag_bw's
-method; docs/net.md "UCX"). Latency (``--latency``): one point per message size, 8 B doubling up to
-``-l``; per size, batches of ping-pong round trips for ``-t`` / (number of sizes) seconds, each
-sample = a batch's seconds / (2 x its round trips), the one-way latency (tag_lat's).
+Bandwidth: one point per interval of TCP's schedule; the client keeps ``--in-flight`` sends of
+``-l`` bytes posted and counts the sends completed per interval on its ``perf_counter`` clock
+(tag_bw's method; docs/net.md "UCX"). Latency: one point per message size, 8 B doubling to ``-l``;
+per size, batches of ping-pong round trips for ``-t`` / (sizes) seconds, each sample = a batch's
+seconds / (2 x its round trips), the one-way latency (tag_lat's).
 
-Records (``command: "net"``), params ``protocol`` "ucx", ``memory`` "SEND,RECV" as given to
-``-m`` ("host" when both are host), ``api``, ``direction`` "c2s": bandwidth as TCP's ``total``
-record (``stream`` "total", ``streams`` 1, ``buffer_nbytes`` = -l; the interval figures in
-``extra``); latency ``metric`` "time", ``stream`` "latency", ``nbytes`` = the size (plot draws
-them as a sweep). Both
-carry ``extra.transports``: each endpoint's lanes and the protocol that carried the size.
+Records: bandwidth as TCP's ``total`` record; latency ``metric`` "time", ``stream`` "latency",
+``nbytes`` = the size; both with params ``protocol`` "ucx", ``memory``, ``api`` and ``extra.transports``.
 """
 
 from __future__ import annotations
@@ -101,9 +95,8 @@ class _Client:
         self.end: dict | None = None
 
     def start_local_server(self) -> None:
-        """``python -m gpubench.plugins.net.ucx_server``: its own process, as ucx_perftest's server is
-        (so UCX picks the transports between processes: shared memory, cma). It reads our stdin,
-        whose EOF (this process ended, even killed) ends it."""
+        """``python -m gpubench.plugins.net.ucx_server`` in its own process, as ucx_perftest's (so UCX
+        picks the transports between processes); our stdin's EOF ends it."""
         import json
 
         from gpubench.plugins.net.ucx_server import child_env
@@ -217,9 +210,7 @@ class _Client:
 
 def transports(client_text: str, server: dict | None, spec: UcxSpec, nbytes: int) -> dict:
     """``extra.transports``: per endpoint (client, server) its lanes and the protocol row that
-    ``nbytes`` messages from its memory use (:func:`gpubench.plugins.net.ucx.carried_by`); None
-    for the server of a bandwidth test, which only receives: UCX makes a table only for what an
-    endpoint sends, and the sender's protocol carried the data."""
+    ``nbytes`` messages from its memory use; None for the server of a bandwidth test (it only receives)."""
     from gpubench.plugins.net.ucx import carried_by, parse_endpoint_info
 
     client = parse_endpoint_info(client_text, spec.api)
@@ -239,6 +230,7 @@ class UcxNet(Benchmark):
 
     def __init__(self, live: Any = None):
         self.live = live  # a gpubench.plugins.net.lines.LiveLines, or None
+
     def environment(self, spec: UcxSpec) -> dict:
         from gpubench.core import env as envmod
         nodes = 1 if spec.mode == "local" or is_loopback(spec.host) else 2
@@ -371,9 +363,8 @@ class UcxNet(Benchmark):
         raise MachineError(f"net --protocol ucx ({point.label}): {message}")
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
-        """Bandwidth: the intervals regrouped into one ``total`` record as TCP's
-        (:func:`gpubench.plugins.net.bench.build_records`); every record gets the UCX params and
-        the transports."""
+        """Bandwidth: the intervals regrouped into one ``total`` record as TCP's; every record gets
+        the UCX params and the transports."""
         from gpubench.plugins.net.bench import DirectionFacts, Interval, build_records
 
         spec: UcxSpec = ctx.spec
@@ -423,16 +414,12 @@ class UcxNet(Benchmark):
 
 
 def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -> Result:
-    """One UCX test through the driver.
-
-    Returns:
-        A Result: bandwidth, one ``total`` record of the counted intervals; latency, one record
-        per size (see the module). On Ctrl-C / SIGTERM what was measured, marked partial.
+    """One UCX test through the driver: a Result (the module's records; on Ctrl-C / SIGTERM what
+    was measured, marked partial).
 
     Raises:
         UsageError: UCXX missing, ``-m cuda`` without a GPU (before anything listens).
-        MachineError: cannot connect, refused, the server died, stopped or aborted, a count or a
-            data check that fails (``partial_result`` keeps what was measured; exit 3).
+        MachineError: cannot connect, refused, the server failed, a count or data check failed.
     """
     from gpubench.plugins.net import ucx
 
@@ -442,11 +429,8 @@ def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -
 
 
 def check_not_tcp_only(given: dict[str, Any]) -> None:
-    """Refuse TCP-only options under ``--protocol ucx``. ``given``: option name -> True where set.
-
-    Raises:
-        UsageError: naming the first such option.
-    """
+    """Refuse TCP-only options under ``--protocol ucx`` (``given``: option name -> True where set).
+    Raises UsageError naming the first."""
     for name, on in given.items():
         if on:
             raise UsageError(f"{name} applies to --protocol tcp only", "leave it out with --protocol ucx")

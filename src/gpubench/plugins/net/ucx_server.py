@@ -43,16 +43,13 @@ from gpubench.plugins.net.protocol import (DEFAULT_BIND, LineReader, ProtocolErr
 UCX_PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024  # a request line (a worker address with CUDA transports is a few KiB)
 MAX_NBYTES = 1 << 30  # bytes per message
-MAX_SIZES = 64
 MAX_ITERS = 10**8
 REQUEST_TIMEOUT_S = 5.0
 
 
 def limit_to_loopback() -> bool:
-    """UCX's network transports on the loopback device only (``UCX_NET_DEVICES=lo``), unless the
-    user set UCX_NET_DEVICES: called where the control connection is on loopback, so no UCX
-    transport listens on another address either (shared memory listens on none). Returns whether
-    it set it."""
+    """UCX's network transports on the loopback device only (``UCX_NET_DEVICES=lo``) unless the
+    user set UCX_NET_DEVICES, where the control connection is on loopback. Returns whether it set it."""
     if "UCX_NET_DEVICES" in os.environ:
         return False
     os.environ["UCX_NET_DEVICES"] = "lo"
@@ -80,12 +77,7 @@ class Control:
             raise MachineError(f"{self.peer}: {e}") from None
 
     def poll(self) -> Any:
-        """A complete line when one has arrived, else None.
-
-        Raises:
-            MachineError (:class:`gpubench.plugins.net.ucx.PeerGone`): the peer closed, or sent
-            something that is not a line of JSON.
-        """
+        """A complete line when one has arrived, else None. Raises PeerGone: closed, or not JSON."""
         from gpubench.plugins.net.ucx import PeerGone
 
         if b"\n" not in self.reader._buf:
@@ -136,15 +128,8 @@ def check_request(d: Any) -> dict:
 
 
 class UcxServer:
-    """Serves UCX tests one at a time.
-
-    Args:
-        bind: the control connection's address (127.0.0.1 by default: loopback only; then UCX's
-            network transports are held to ``lo`` too, :func:`limit_to_loopback`).
-        port: TCP port; 0 picks a free one.
-        device: the GPU of ``-m cuda`` buffers.
-        log: one line per event; silent when None.
-    """
+    """Serves UCX tests one at a time on ``bind`` (loopback: UCX held to ``lo`` too) and ``port``
+    (0: a free one); ``device`` the GPU of ``-m cuda`` buffers; ``log`` one line per event."""
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = 0, *, device: int = 0,
                  log: Callable[[str], None] | None = None, isolate: bool = True):
@@ -188,10 +173,8 @@ class UcxServer:
                 self.serve_one(conn, who)
 
     def serve_in_child(self, conn: socket.socket, who: str) -> None:
-        """One test in a process of its own (``python -m gpubench.plugins.net.ucx_server``, the
-        connection inherited): without peer error handling UCX ends a process whose peer dies
-        mid-transfer (cma: ``process_vm_readv ... No such process``), so a client that dies takes
-        only that process with it and the server serves the next test. Its log lines are relayed."""
+        """One test in a process of its own (the connection inherited; its log lines relayed):
+        without peer error handling UCX ends a process whose peer dies mid-transfer."""
         import tempfile
 
         arg = json.dumps({"fd": conn.fileno(), "who": who, "device": self.device})
@@ -201,9 +184,8 @@ class UcxServer:
                                               pass_fds=(conn.fileno(),), env=child_env(), stdin=subprocess.DEVNULL,
                                               stdout=subprocess.PIPE, stderr=err)
             except OSError as e:
-                refuse(conn, f"server cannot start the test's process: {e.strerror or e}")
-                self.log(f"test from {who}: refused: cannot start its process ({e.strerror or e})")
-                self.aborted += 1
+                self._give_up(conn, who, f"server cannot start the test's process: {e.strerror or e}",
+                              f"refused: cannot start its process ({e.strerror or e})")
                 return
             finally:
                 close_socket(conn) if self.child is None else conn.close()
@@ -240,29 +222,27 @@ class UcxServer:
             try:
                 req = check_request(ctl.read(REQUEST_TIMEOUT_S))
             except (UsageError, MachineError) as e:
-                refuse(conn, e.message)
-                self.log(f"test from {who}: refused: {e.message}")
-                self.aborted += 1
-                return False
+                return self._give_up(conn, who, e.message, f"refused: {e.message}")
             self.log(f"test from {who}: ucx {req['api']} {'bandwidth' if req['mode'] == 'bw' else 'latency'}, "
                      f"{req['nbytes']} B messages, {req['in_flight']} in flight, into {req['memory']} memory")
             try:
                 line = self._run(ctl, req)
             except UsageError as e:  # what the client asked for cannot be had here (-m ...,cuda without a GPU)
-                refuse(conn, f"on the server: {e.message}")
-                self.log(f"test from {who}: refused: {e.message}")
-                self.aborted += 1
-                return False
+                return self._give_up(conn, who, f"on the server: {e.message}", f"refused: {e.message}")
             except (PeerGone, MachineError) as e:
-                refuse(conn, f"aborted: {e.message}")
-                self.log(f"test from {who}: aborted: {e.message}")
-                self.aborted += 1
-                return False
+                return self._give_up(conn, who, f"aborted: {e.message}", f"aborted: {e.message}")
             self.done += 1
             self.log(f"test from {who}: {line}")
             return True
         finally:
             close_socket(conn)
+
+    def _give_up(self, conn: socket.socket, who: str, told: str, logged: str) -> bool:
+        """Refuse ``conn`` with ``told``, log ``logged``, count an abort; returns False."""
+        refuse(conn, told)
+        self.log(f"test from {who}: {logged}")
+        self.aborted += 1
+        return False
 
     def _run(self, ctl: Control, req: dict) -> str:
         from gpubench.plugins.net import ucx
@@ -329,8 +309,7 @@ class UcxServer:
 
 
 def child_env() -> dict:
-    """This environment with gpubench's own source root first on PYTHONPATH (a child started with
-    ``-m gpubench...`` finds the same gpubench, installed or a checkout)."""
+    """This environment with gpubench's own source root first on PYTHONPATH (for ``-m gpubench...``)."""
     import gpubench
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(gpubench.__file__)))
