@@ -1,46 +1,20 @@
 """Who is slow between nodes: from the links' figures, the node that sends slowly, the node that
 receives slowly, or the link that is slow between two healthy nodes, each with a confidence.
 
-The model (boolean network tomography: N. Duffield, "Simple network performance tomography",
+The model is boolean network tomography (N. Duffield, "Simple network performance tomography",
 IMC 2003, and "Network tomography of binary network performance characteristics", IEEE Trans.
-Information Theory 52(12), 2006): a test i -> j runs through three parts, node i's sending side
-S_i, the path L_ij and node j's receiving side R_j, and its figure is about the least of their
-capacities, min(S_i, L_ij, R_j), times the noise of the measurement. A link is *low* when the
-fleet rule flags it against the median of every link (:func:`gpubench.validation.fleet.flags`),
-or its test failed; a part is *cleared* when a test through it is not low (a good test proves each
-of its parts good, Duffield's rule). So:
+Information Theory 52(12), 2006): a test i -> j's figure is about min(S_i, L_ij, R_j); a link is
+*low* when the fleet rule flags it (:func:`gpubench.validation.fleet.flags`) or its test failed,
+and a good test clears each of its parts. A node whose every test out (in), two or more, is low
+sends (receives) slowly; the smallest set of verdicts that explains every low link is kept; a low
+link with both ends cleared is a slow link, else unresolved. The rule in full: docs/fleet.md.
 
-- node i **sends slowly** when it sent two or more tests and every one is low (S_i is not
-  cleared); it **receives slowly** when every test (two or more) it received is low; both: a
-  **slow node**. A node's verdict that another explains entirely (every one of its low links also
-  had a named node at its other end) is dropped: the fewest parts that explain every low link
-  (Duffield's smallest consistent failure set).
-- a low link i -> j that no named node explains, with S_i cleared (another test from i is not
-  low) and R_j cleared (another test into j is not low), is a **slow link** between two healthy
-  nodes.
-- a low link with an end that no test clears and that is no candidate (with the ring's one test
-  in each direction, a node has no second test) is **unresolved**: its sender, its receiver or
-  the path, which the schedule cannot tell apart (``--pairs rings`` gives every node two tests
-  each way).
-
-Confidence (derived here, not taken from the sources above): the noise of a healthy figure is
-taken as Gaussian with the fleet's own scale, sigma = MAD / 0.6745 of every link's figure (the
-rule's estimate), about the median m; Phi is the standard normal distribution function.
-
-- that the verdict's low figures are not noise: 1 - min(1, K x prod_k Phi((x_k - m) / sigma)), where
-  x_k are its low figures (a failed test counts 0) and K the places such a pattern could have
-  appeared by chance (the number of links for a link verdict, of nodes for a node's): a Bonferroni
-  bound on the chance that healthy parts read this low somewhere in the fleet, so one healthy link
-  among 20,000 that the rule's 3.5 sigma cut flags by chance gets a confidence near 0;
-- times, that the other ends are not the cause: a clearing figure c (the best other test through
-  that end) gives Phi((c - t) / sigma), the chance it is truly above the rule's slow bound t
-  (:func:`gpubench.validation.fleet.slow_bound`); a link verdict needs both ends cleared (the
-  product), a node verdict at least one of its peers cleared (1 - prod (1 - Phi)), since one
-  slow part that explains two low links is a smaller explanation than two parts that each
-  explain one;
-- a slow node (both ways): the product of its two verdicts' confidences.
-
-With sigma = 0 (every other figure equal) Phi is a step: the verdict is certain or 0.
+Confidence (derived here; docs/fleet.md): with sigma = MAD / 0.6745 of every link's figure about
+the median m and Phi the standard normal distribution function, 1 - min(1, K x prod_k Phi((x_k -
+m) / sigma)) over the verdict's low figures x_k (a failed test 0; K the links, or nodes, where it
+could appear: a Bonferroni bound), times the chance the clearing figures c are above the slow bound
+t, Phi((c - t) / sigma) (a link: both ends, the product; a node: 1 - prod (1 - Phi) over its
+peers); a slow node both ways: the product of its two. With sigma = 0 Phi is a step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """``gpubench net nodes`` (and plain ``gpubench net [OPTIONS]`` under a launcher): the TCP test
-between the launcher's ranks, one rank per node (:mod:`gpubench.plugins.net.fleet`).
-
-``mpirun -n 4 --map-by node gpubench net -P 16 -t 30`` is the seed's ``iperf -c HOST -P 16 -t 30``
-between every neighbour; ``--pairs all`` every ordered pair; ``--to 0`` all ranks to rank 0 at once.
-Rank 0 prints the sender x receiver matrix and saves the JSON; exit 1 when a link is slow or failed.
-This module imports only click (``--help`` stays light).
+between the launcher's ranks, one rank per node (:mod:`gpubench.plugins.net.fleet`). This module
+imports only click (``--help`` stays light).
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ class LauncherGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-
 def _timeout_bound():
     """-T/--timeout's Bound, declared on :class:`gpubench.plugins.net.fleet.NetFleetSpec`."""
     from gpubench.core.bounds import field_bound
@@ -39,8 +34,7 @@ def _timeout_bound():
 
 
 def _to_bound():
-    """--to's Bound: a rank, 0 to the most ranks gpubench takes less one (its upper end on a run is
-    the launcher's size, checked once that is known)."""
+    """--to's Bound: a rank, 0 to MAX_RANKS - 1 (the launcher's size is checked once known)."""
     from gpubench.core.bounds import Bound
     from gpubench.launch.ranks import MAX_RANKS
 
@@ -48,12 +42,8 @@ def _to_bound():
 
 
 def _check_values(build_request, params: dict, req=None) -> None:
-    """net nodes' checks that need no launcher: the test options (``build_request``, unless ``req``
-    was built), -T, and the sign of --to (its upper end is the launcher's size).
-
-    Raises:
-        UsageError: the first bad value, named.
-    """
+    """net nodes' checks that need no launcher: the test options (unless ``req`` was built), -T, and
+    the sign of --to. Raises UsageError naming the first bad value."""
     from gpubench.core.errors import UsageError
 
     if req is None:
@@ -65,12 +55,8 @@ def _check_values(build_request, params: dict, req=None) -> None:
 
 
 def _not_launched(group: click.Group, args: list[str]) -> None:
-    """``gpubench net -P 4`` outside a launcher: when the option is one of ``net nodes``', say that
-    this form runs between a launcher's ranks, and what to run here instead.
-
-    Raises:
-        UsageError: the option belongs to the launcher form.
-    """
+    """``gpubench net -P 4`` outside a launcher. Raises UsageError, when the option is one of ``net
+    nodes``', saying this form runs between a launcher's ranks and what to run here instead."""
     import shlex
 
     from gpubench.core.errors import UsageError
@@ -117,10 +103,8 @@ HELP = """Under a launcher (mpirun, srun, torchrun): TCP throughput between the 
 
 
 def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -> click.Command:
-    """The ``nodes`` sub-command, with net's own -P/-t/-O/-i/-l options and their checks, and
-    ``ucx_options`` (--protocol, -m, -d, --api, --in-flight, --wait) checked by ``build_ucx(protocol,
-    seconds, omit, interval, length, tcp_only, **ucx)``, which returns the UcxSpec of each test (None:
-    TCP)."""
+    """The ``nodes`` sub-command: net's test options checked by ``build_request``, and ``ucx_options``
+    by ``build_ucx(protocol, seconds, omit, interval, length, tcp_only, **ucx)`` (the UcxSpec, or None)."""
 
     def callback(streams, seconds, omit, interval, length, pairs, to, bind, rendezvous, timeout, json_path, units,
                  quiet, debug, reverse=False, bidir=False, window=None, bitrate=None, copy=False, ipv4=False,

@@ -32,15 +32,14 @@ def fleet_checks(result) -> list[dict]:
             if r.params.get("stream") == "total" and "gbit_per_s" in r.extra and "src" not in r.params]
 
 
-# The network step of the fleet suite: net's two-ring test between the nodes (docs/fleet.md),
-# shorter than `gpubench net nodes -P 16 -t 30` so the suite stays quick.
+# The network step of the fleet suite: net's two-ring test between the nodes (docs/fleet.md), short
 NET_STREAMS, NET_SECONDS, NET_OMIT, NET_INTERVAL = 4, 3.0, 1.0, 0.5
 NET_PAIRS = "rings"
 
 
 class BetweenNodes(FleetStage):
-    """net's two-ring test between the nodes (local rank 0 of each host, :mod:`gpubench.plugins.net.fleet`);
-    net's expectations are judged on these links, never on a node's loopback test."""
+    """net's two-ring test between the nodes (local rank 0 of each host); net's expectations are
+    judged on these links."""
 
     name = "net between nodes"
     order = 20
@@ -67,8 +66,7 @@ class BetweenNodes(FleetStage):
         return StageOutcome("ok", result=links) if links is not None else StageOutcome("skipped", "")
 
     def rows(self, result, outcomes) -> tuple[dict | None, list[dict]]:
-        """The link matrix and a row per link: flagged by the fleet rule against every link's
-        Gbit/s, "fail" where an expectation on that link failed."""
+        """The link matrix and a row per link, flagged by the fleet rule or "fail" (an expectation failed)."""
         from gpubench.plugins.net.fleet import culprits, link_flags
         from gpubench.validation.fleet import deciding_bound
 
@@ -102,12 +100,9 @@ def fleet_stage() -> FleetStage:
 
 
 def metrics(result) -> list[tuple[str, str, dict[str, str], float]]:
-    """``gpubench metrics``' gauges of a test between nodes: each verdict of the links' inference
-    (:func:`gpubench.plugins.net.fleet.culprits`) as ``gpubench_net_culprit_confidence`` = its
-    confidence, 0 to 1 (the exit line names those at 0.99 or above), labelled with the kind
-    (sender, receiver, node, link, unresolved), the node's host and rank, and for a link the
-    receiving end's (``peer_host``, ``peer_rank``; "" for a node's verdict). Nothing for other
-    net results."""
+    """``gpubench metrics``' gauges of a test between nodes: each culprit verdict as
+    ``gpubench_net_culprit_confidence`` (0 to 1), labelled kind, host, rank, peer_host, peer_rank
+    ("" for a node's verdict). Nothing for other net results."""
     if not isinstance(result.spec, dict) or result.spec.get("mode") != "fleet":
         return []
     from gpubench.plugins.net.fleet import culprits

@@ -1,7 +1,5 @@
 """net's one-line forms, iperf3's way, shared by the client's live lines, its report and the
-server's log: the test's header, the interval lines, the sender and receiver ``[SUM]`` lines, the
-server's log line per direction. Nothing here prints; standard library and gpubench.core only.
-"""
+server's log. Nothing here prints; standard library and gpubench.core only."""
 
 from __future__ import annotations
 
@@ -49,8 +47,7 @@ def window_text(window: int, got: dict | None = None) -> str:
 
 
 def test_words(spec: dict, window_got: dict | None = None) -> str:
-    """What was asked, in one line (a Result's spec, or a Request's fields): the streams and
-    directions, the write size, the window, the pacing, the data path, the schedule."""
+    """What was asked, in one line (a Result's spec, or a Request's fields)."""
     direction = spec.get("direction", "c2s")
     dirs = "both ways (--bidir)" if direction == "both" else DIRECTION_WORDS.get(direction, direction)
     omit = spec.get("omit") or 0
@@ -83,8 +80,8 @@ def rate_line(label: str, start: float, end: float, nbytes: int, seconds: float 
 
 def interval_lines(direction: str, start: float, end: float, omit: bool, per_stream: Sequence[int],
                    bidir: bool) -> list[str]:
-    """The live lines of one interval of one direction: each stream's at up to
-    :data:`PER_STREAM_LINES` streams, then the ``[SUM]`` line (alone at one stream it is the stream)."""
+    """The live lines of one interval of one direction: each stream's (up to :data:`PER_STREAM_LINES`
+    streams), then the ``[SUM]`` line."""
     note = "(omitted)" if omit else ""
     out = []
     if len(per_stream) <= PER_STREAM_LINES and len(per_stream) > 1:
@@ -94,13 +91,8 @@ def interval_lines(direction: str, start: float, end: float, omit: bool, per_str
 
 
 def summary_lines(by_direction: dict[str, dict[Any, Any]]) -> list[str]:
-    """The end's ``[SUM]`` lines, per direction: the sender's (bytes its side handed to the kernel
-    over the whole test, omitted seconds included: what it can count) with the retransmits, then
-    the receiver's (the counted intervals: the headline figure).
-
-    Args:
-        by_direction: direction -> {stream or "total": Record} (net's records of one Result).
-    """
+    """The end's ``[SUM]`` lines per direction (``by_direction``: direction -> {stream or "total":
+    Record}): the sender's (bytes over the whole test) with the retransmits, then the receiver's."""
     bidir = len(by_direction) > 1
     out = [column_line(bidir)]
     for d, recs in by_direction.items():
@@ -130,8 +122,7 @@ def summary_lines(by_direction: dict[str, dict[Any, Any]]) -> list[str]:
 
 def server_line(direction: str, role: str, nbytes: int, seconds: float, omitted: float = 0.0) -> str:
     """The server's log line of one direction: ``c2s (client -> server) received 9.3 GiB in 3.001 s
-    = 26.61 Gbit/s (3.33 GB/s)``; role "received" (the server receives) or "sent"; ``omitted`` the
-    leading seconds left out."""
+    = 26.61 Gbit/s (3.33 GB/s)``; role "received" or "sent"."""
     rate = nbytes / seconds if seconds > 0 else 0.0
     after = f" after {omitted:g} s omitted" if omitted else ""
     return (f"{direction} ({DIRECTION_WORDS.get(direction, direction)}) {role} {format_size(nbytes)} in "
@@ -139,20 +130,18 @@ def server_line(direction: str, role: str, nbytes: int, seconds: float, omitted:
 
 
 class LiveLines:
-    """The client's lines as the test runs, one ``write`` call each: ``header`` once the streams
-    are connected, then ``intervals`` per interval (the column heads before the first)."""
+    """The client's lines as the test runs, one ``write`` call each."""
 
     def __init__(self, write: Callable[[str], None], bidir: bool = False):
         self._write = write
         self.bidir = bidir
         self._heads = False
 
-    def header(self, text: str) -> None:
+    def line(self, text: str) -> None:
+        """One line: the header, or any other (net --protocol ucx --latency: one per message size)."""
         self._write(text)
 
-    def line(self, text: str) -> None:
-        """Any other line (net --protocol ucx --latency: one per message size)."""
-        self._write(text)
+    header = line
 
     def intervals(self, by_direction: dict[str, tuple[float, float, bool, Sequence[int]]]) -> None:
         """One interval of each direction: direction -> (start_s, end_s, omitted, bytes per stream)."""

@@ -1,10 +1,6 @@
-"""``gpubench net``'s data path, shared by the client and the server: a set of connected TCP
-streams moved by worker processes (:mod:`gpubench.plugins.net.worker`), their byte counters, their
-CPU time, and each socket's ``TCP_INFO``.
-
-Why worker processes, zero copy and MSG_TRUNC: docs/net.md "Data path". The worker is a
-standard-library script started with ``python -I -S`` and the sockets passed as file descriptors;
-the counters live in a shared memory file.
+"""``gpubench net``'s data path, shared by the client and the server: connected TCP streams moved
+by worker processes (:mod:`gpubench.plugins.net.worker`; why: docs/net.md "Data path"), their byte
+counters in a shared memory file, their CPU time, and each socket's ``TCP_INFO``.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ import time
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
-# Workers still running, killed at this process's exit: a worker ends on its own at EOF of its
-# stop pipe, but a stopped one (SIGSTOP, hung) never reads it.
+# Workers still running, killed at this process's exit (a stopped one never reads its stop pipe)
 _LIVE: set = set()
 
 
@@ -37,16 +32,14 @@ def _end_live_workers() -> None:
                 p.kill()
 
 
-# Worker processes per stream set: one per stream up to this many, beyond it the streams are
-# shared out over them. A worker holds about WORKER_BYTES of private memory (python -I -S and
-# its buffer).
+# Worker processes per stream set (beyond it streams share them), each holding about WORKER_BYTES
 MAX_WORKERS = 16
 WORKER_BYTES = 6 * 2**20
 
 
 def _memory_file(name: str) -> int:
-    """A file descriptor of an empty memory file: ``memfd_create`` where the platform has it,
-    else an unlinked temporary file (in /dev/shm when there is one). The caller closes it."""
+    """A file descriptor of an empty memory file (``memfd_create``, else an unlinked temporary
+    file); the caller closes it."""
     try:
         return os.memfd_create(name)
     except (AttributeError, OSError):
@@ -57,10 +50,8 @@ def _memory_file(name: str) -> int:
 
 
 def payload_file(nbytes: int) -> int:
-    """A file descriptor of a memory file holding ``nbytes`` random bytes (a 1 MiB block from
-    ``os.urandom`` repeated; never zeros, nothing to compress), the source ``os.sendfile`` reads.
-    The caller closes it.
-    """
+    """A file descriptor of a memory file holding ``nbytes`` random bytes (a 1 MiB block of
+    ``os.urandom`` repeated), the source ``os.sendfile`` reads; the caller closes it."""
     fd = _memory_file("gpubench-net-payload")
     block = os.urandom(min(nbytes, 2**20))
     left = nbytes
@@ -70,8 +61,7 @@ def payload_file(nbytes: int) -> int:
 
 
 # struct tcp_info, include/uapi/linux/tcp.h (Linux 6.x, 232 bytes up to snd_wnd): (byte offset,
-# struct format) of the fields read; rtt in microseconds, snd_cwnd in segments. getsockopt returns
-# what the kernel filled, so a field is read only when the returned bytes reach past it.
+# struct format) of the fields read; rtt in microseconds, snd_cwnd in segments.
 TCP_INFO_LEN = 232
 TCP_INFO_FIELDS: dict[str, tuple[int, str]] = {
     "snd_mss": (16, "I"),
@@ -87,9 +77,8 @@ TCP_INFO_FIELDS: dict[str, tuple[int, str]] = {
 
 
 def parse_tcp_info(raw: bytes) -> dict[str, int]:
-    """The fields of :data:`TCP_INFO_FIELDS` that ``raw`` (getsockopt's bytes) holds, plus
-    ``cwnd_bytes`` = snd_cwnd x snd_mss (iperf3's src/tcp_info.c ``get_snd_cwnd`` does the same).
-    Native byte order, as the kernel wrote it. Shorter input: the fields it reaches."""
+    """The fields of :data:`TCP_INFO_FIELDS` that ``raw`` (getsockopt's bytes) reaches, plus
+    ``cwnd_bytes`` = snd_cwnd x snd_mss (iperf3's src/tcp_info.c ``get_snd_cwnd``)."""
     out: dict[str, int] = {}
     for name, (off, fmt) in TCP_INFO_FIELDS.items():
         size = struct.calcsize(fmt)
@@ -112,9 +101,7 @@ def tcp_info(sock: socket.socket) -> dict[str, int] | None:
 
 
 def set_window(sock: socket.socket, nbytes: int) -> None:
-    """-w: SO_SNDBUF and SO_RCVBUF of ``sock`` (0: leave the kernel's autotuning). Linux doubles
-    the value it stores and caps it at net.core.wmem_max / rmem_max; :func:`window_of` reads back
-    what it took."""
+    """-w: SO_SNDBUF and SO_RCVBUF of ``sock`` in bytes (0: leave the kernel's autotuning)."""
     if nbytes > 0:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes)
@@ -134,22 +121,10 @@ class WorkerError(Exception):
 
 
 class StreamSet:
-    """Connected TCP sockets that send (or receive) through worker processes.
-
-    Args:
-        socks: the connected sockets, stream k = socks[k]; the set owns them from now on.
-        role: "send" or "recv".
-        buffer, copy: as :class:`gpubench.plugins.net.protocol.Request`'s.
-        rate: target bytes/s per stream, 0 for as fast as possible.
-        workers: processes to spread the streams over; default (and at most) one per stream up
-            to :data:`MAX_WORKERS`.
-
-    Use: ``start()`` (workers started, waiting), ``go()`` (they move data), ``counts()`` at any
-    time, ``stop()`` (the workers end, CPU seconds known), ``close()`` (sockets closed). ``close``
-    is safe at any point, also after a failed or interrupted start, and again.
-
-    Raises:
-        WorkerError: from ``start`` when a worker process cannot be started.
+    """Connected TCP sockets (owned from now on) that send or receive (``role``) through worker
+    processes; ``rate`` target bytes/s per stream (0: as fast as possible), ``workers`` at most
+    :data:`MAX_WORKERS`. Use: ``start()``, ``go()``, ``counts()`` at any time, ``stop()``,
+    ``close()`` (safe at any point, and again).
     """
 
     def __init__(self, socks: list[socket.socket], role: str, *, buffer: int, copy: bool = False,
@@ -171,11 +146,8 @@ class StreamSet:
         self._final_counts: list[int] | None = None
         self.worker_failures: list[str] = []
 
-    # -- life cycle ----------------------------------------------------------------------------
-
     def start(self, timeout: float = 20.0) -> None:
-        """Start the workers and wait until each is ready to move data (at most ``timeout``
-        seconds: an interpreter start on a loaded host can take a while); they wait for :meth:`go`.
+        """Start the workers and wait (``timeout`` seconds) until each is ready; they wait for :meth:`go`.
 
         Raises:
             WorkerError: a worker cannot be started, dies or is not ready in time.
@@ -256,11 +228,9 @@ class StreamSet:
         return [(k, os.strerror(s)) for k, s in enumerate(self.states()) if s > 0]
 
     def stop(self, timeout: float = 3.0, grace: float = 0.5) -> None:
-        """End the workers and read their CPU seconds. Again: nothing more.
-
-        The stop pipe is closed; a sender still running after ``grace`` seconds (inside one long
-        sendfile to a stalled peer) has its sockets' write side shut, which ends the call (EPIPE,
-        read by the worker as the stop); a worker still running after ``timeout`` seconds is killed."""
+        """End the workers and read their CPU seconds (again: nothing). The stop pipe is closed; a
+        sender still running after ``grace`` seconds has its sockets' write side shut (ending a long
+        sendfile); a worker still running after ``timeout`` seconds is killed."""
         if self.t_stop is not None:
             return
         self.t_stop = time.perf_counter()

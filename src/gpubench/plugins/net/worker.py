@@ -1,9 +1,7 @@
 """One data-moving process of ``gpubench net``: sends on, or receives from, a few TCP streams.
 
 Run by :class:`gpubench.plugins.net.stream.StreamSet` as ``python -I -S worker.py ARGS`` with the
-sockets passed as inherited file descriptors (``subprocess.Popen(pass_fds=...)``). It imports the
-standard library only, so it starts in a few milliseconds and never holds the parent's interpreter
-lock (threads would queue for it after every system call; docs/net.md "Data path").
+sockets inherited; the standard library only (docs/net.md "Data path").
 
 Arguments (one JSON object, ``argv[1]``):
 
@@ -16,22 +14,17 @@ Arguments (one JSON object, ``argv[1]``):
   each way, as iperf2 and iperf3 without -Z.
 - ``buffer``: bytes per write (iperf's -l); ``payload``: a file descriptor holding it (random).
 - ``rate``: target bytes/s per stream (0: as fast as possible). A stream ahead of
-  ``rate x seconds since go`` waits until it is due; due times are counted from the start, so
-  lateness does not accumulate (the average rate is the target).
+  ``rate x seconds since go`` waits until it is due (due times from the start: no drift).
 - ``fds``: the sockets; ``slots``: each one's index in the shared counters.
 - ``shm``: a memory file mapped by the parent: per slot an unsigned 64-bit byte counter
   (``counts[slot]``) and a signed 64-bit state (``state[nslots + slot]``: 0 running, -1 closed by
   the peer, errno after an error); per worker a double with its CPU seconds
-  (``cpu[2 * nslots + worker]``) written when it ends, and a 64-bit "ended" flag after it. The
-  counters are aligned 8-byte words written by this one process, so a reader sees whole values.
-- ``ready``: a pipe's write end; the worker writes one byte once its sockets and buffers are set
-  up, so the parent starts the test's clock only when every worker can move data at once.
+  (``cpu[2 * nslots + worker]``) written when it ends, and a 64-bit "ended" flag after it.
+- ``ready``: a pipe's write end; the worker writes one byte once it can move data.
 - ``go``: a pipe's read end; the worker waits for one byte before moving data (EOF: stop).
 - ``stop``: a pipe's read end; EOF (the parent closed it, or died) stops the worker.
 
-CPU seconds are ``resource.getrusage(RUSAGE_SELF)`` user + system from the go byte to the end:
-the interpreter's start is left out, the data path and its kernel work (the TCP stack, softirq
-work the kernel charges to this process) are in.
+CPU seconds are ``resource.getrusage(RUSAGE_SELF)`` user + system from the go byte to the end.
 """
 
 import errno
@@ -57,10 +50,8 @@ def _stopped(stop_fd: int) -> bool:
 
 
 def _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd) -> None:
-    """One unpaced stream: blocking calls, no poll per call (one system call per write or read).
-    SO_SNDTIMEO / SO_RCVTIMEO of 0.2 s make a call that cannot progress return, so the stop pipe
-    is looked at least that often; otherwise every 16 calls. A sendfile that outlasts the stop
-    ends with EPIPE once the parent shuts the socket's write side (StreamSet.stop): the stop."""
+    """One unpaced stream: blocking calls, the stop pipe looked at every 16 calls or after a
+    0.2 s SO_SNDTIMEO / SO_RCVTIMEO; an EPIPE after the stop (StreamSet.stop shut the socket) is the stop."""
     s.setblocking(True)
     tv = struct.pack("ll", 0, 200_000)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO if role == "send" else socket.SO_RCVTIMEO, tv)
@@ -123,11 +114,9 @@ def main(arg: dict) -> None:
     if role == "send" and copy:
         buf = memoryview(os.pread(payload, nbytes, 0))
     else:
-        # receive: MSG_TRUNC writes nothing into the buffer (it only bounds the count); a copy
-        # receives into the same 256 KiB (or -l, if larger) every time
+        # receive: MSG_TRUNC writes nothing into the buffer; a copy receives into 256 KiB (or -l)
         size = (max(nbytes, 1 << 18) if copy else 1 << 20) if role == "recv" else 1
         buf = memoryview(bytearray(size))
-    # ready: the parent starts the clock only once every worker can move data at once
     os.write(arg["ready"], b"r")
     os.close(arg["ready"])
     if not os.read(arg["go"], 1):
