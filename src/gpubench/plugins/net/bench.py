@@ -164,10 +164,7 @@ def parse_interval(msg: Any, index: int, req: Request, prev_end: float, ceiling:
     """The server's interval ``index`` (bytes it received per c2s stream), checked against the
     schedule, ``prev_end`` (end_s of the previous one) and ``ceiling`` (per stream, bytes the
     client sent that earlier intervals did not count, plus one write; None: nothing flows c2s).
-
-    Raises:
-        ServerLied: a wrong index, omit flag, time or count list, or a count over the ceiling.
-    """
+    Raises ServerLied: a wrong index, omit flag, time or count list, or a count over the ceiling."""
     def lie(what: str) -> ServerLied:
         return ServerLied(f"server sent a bad interval {index}: {what}")
 
@@ -202,10 +199,7 @@ def parse_end(msg: Any, req: Request, wall_s: float, received: list[int] | None)
 
     Returns:
         {"cpu_s": {"send": float | None, "recv": float | None}, "tcp": [dict | None], "sent": [int]}.
-
-    Raises:
-        ServerLied: not an end line, or a value out of its bounds.
-    """
+    Raises ServerLied: not an end line, or a value out of its bounds."""
     def lie(what: str) -> ServerLied:
         return ServerLied(f"server sent a bad end line: {what}")
 
@@ -344,10 +338,7 @@ class _Session:
     def next_intervals(self) -> dict[str, Interval]:
         """The next interval of each direction: s2c counted here, c2s as the server reports it;
         after the last one, :meth:`finish`.
-
-        Raises:
-            MachineError: the server stopped answering, aborted, ended early or lied; a stream failed.
-        """
+        Raises MachineError: the server stopped answering, aborted, ended early or lied; a stream failed."""
         t0 = self.t0
         if t0 is None:
             raise RuntimeError(_NOT_OPEN)
@@ -385,10 +376,7 @@ class _Session:
 
     def finish(self) -> None:
         """After the last interval: "done", TCP_INFO of the senders, the streams closed, the end line.
-
-        Raises:
-            MachineError: a line other than "done"; a data stream failed; ServerLied: a bad end line.
-        """
+        Raises MachineError: a line other than "done"; a data stream failed; ServerLied: a bad end line."""
         t0, reader = self.t0, self.reader
         if t0 is None or reader is None:
             raise RuntimeError(_NOT_OPEN)

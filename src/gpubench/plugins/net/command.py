@@ -135,10 +135,7 @@ _RATE_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 def parse_bitrate(text: str | None) -> int:
     """-b: bits/s per stream, iperf3's way (K/M/G/T are powers of 1000). None or "0": unlimited (0).
-
-    Raises:
-        UsageError: not a rate; the line names the value and shows the accepted forms.
-    """
+    Raises UsageError: not a rate; the line names the value and shows the accepted forms."""
     if text is None:
         return 0
     m = _RATE.fullmatch(str(text))
@@ -151,10 +148,7 @@ def build_request(streams: int, seconds: float, omit: float, interval: float, le
                   bidir: bool = False, window: str | None = None, bitrate: str | None = None, copy: bool = False):
     """Check the test options against the server's caps (:data:`gpubench.plugins.net.protocol.LIMITS`,
     worded by :data:`OPTION_WORDING`) and build a Request.
-
-    Raises:
-        UsageError: a value out of range, naming the option and the accepted range.
-    """
+    Raises UsageError: a value out of range, naming the option and the accepted range."""
     from gpubench.plugins.net.protocol import CAPS, Request, first_broken
 
     length = "128KiB" if length is None else length
@@ -246,10 +240,7 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
                    in_flight: int = 32, latency: bool = False, wait: str = "poll", check_machine: bool = True):
     """The UcxSpec of `net client|local --protocol ucx`: the schedule and -l checked as TCP's, the
     UCX options, then (``check_machine``) UCXX and for -m cuda a GPU.
-
-    Raises:
-        UsageError: a TCP-only option, a bad value, UCXX missing, -m cuda without a GPU.
-    """
+    Raises UsageError: a TCP-only option, a bad value, UCXX missing, -m cuda without a GPU."""
     from gpubench.core.bounds import Bound
     from gpubench.plugins.net.ucx import MAX_IN_FLIGHT, parse_memory
     from gpubench.plugins.net.ucx_bench import UcxSpec, check_not_tcp_only

@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from gpubench.plugins.net.protocol import STALL_S, Request
 from gpubench.core.bounds import MAX_TIMEOUT_S, bounded, check_bounds
@@ -84,28 +84,6 @@ class NetFleetSpec:
 Edge = tuple[int, int]  # (sender, receiver), ranks
 
 
-def ring_edges(members: Sequence[int]) -> list[Edge]:
-    """Each member sends to the next one (the last to the first); one member: none."""
-    n = len(members)
-    return [(members[i], members[(i + 1) % n]) for i in range(n)] if n > 1 else []
-
-
-def first_fit_rounds(edges: Iterable[Edge]) -> list[list[Edge]]:
-    """Put directed tests into rounds, each in the first round where neither node is busy."""
-    rounds: list[list[Edge]] = []
-    busy: list[set[int]] = []
-    for a, b in edges:
-        for r, used in zip(rounds, busy):
-            if a not in used and b not in used:
-                r.append((a, b))
-                used.update((a, b))
-                break
-        else:
-            rounds.append([(a, b)])
-            busy.append({a, b})
-    return rounds
-
-
 def circle_rounds(members: Sequence[int]) -> list[list[tuple[int, int]]]:
     """Round-robin tournament by the circle method (Kirkman 1847; E. Lucas, *Recreations
     mathematiques* II, 1883): n - 1 rounds (n even) of n/2 disjoint pairs, every unordered pair
@@ -169,16 +147,14 @@ def rings_rounds(members: Sequence[int]) -> list[list[Edge]]:
 
 def schedule(members: Sequence[int], pairs: str = "ring", to: int | None = None) -> list[list[Edge]]:
     """The rounds of directed tests (sender, receiver) among ``members`` (ranks, in order).
-
-    Raises:
-        UsageError: ``to`` is not one of the members, or ``pairs`` is not known.
-    """
+    Raises UsageError: ``to`` is not one of the members, or ``pairs`` is not known."""
     members = list(members)
     if to is not None:
         if to not in members:
             raise UsageError(f"--to {to} is not a rank taking part", f"use one of {_ranks_text(members)}")
         return [[(m, to) for m in members if m != to]] if len(members) > 1 else []
-    rounds = {"ring": lambda m: first_fit_rounds(ring_edges(m)), "rings": rings_rounds, "all": _both_ways}.get(pairs)
+    rounds = {"ring": lambda m: _cycle_rounds(m) if len(m) > 1 else [], "rings": rings_rounds,
+              "all": _both_ways}.get(pairs)
     if rounds is not None:
         return rounds(members)
     raise UsageError(f"--pairs {pairs!r} not known", f"use {' or '.join(PAIRS)}")
@@ -205,10 +181,7 @@ def check_machine(spec: NetFleetSpec) -> None:
 def serve(stack: contextlib.ExitStack, spec: NetFleetSpec) -> int:
     """One of net's servers (NetServer, or UcxServer with ``spec.ucx``) on ``spec.bind``, any free
     port, serving in a thread until ``stack`` closes. Returns its TCP port.
-
-    Raises:
-        UsageError: ``bind`` is not an address of this host (net's server says which).
-    """
+    Raises UsageError: ``bind`` is not an address of this host (net's server says which)."""
     if spec.ucx is not None:
         return _serve_ucx(stack, spec.bind, spec.ucx.device)
     from gpubench.plugins.net.server import NetServer

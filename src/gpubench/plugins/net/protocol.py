@@ -163,10 +163,7 @@ def shown(v: Any, limit: int = 40) -> str:
 def _number(d: dict, key: str, *, integer: bool = False, default: Any = None) -> int | float:
     """``d[key]`` (``default`` when missing) as the JSON number the protocol wants: an int (not a
     bool) of at most :data:`MAX_WIRE_INT` for ``integer``, else an int or float, finite.
-
-    Raises:
-        RequestError: missing, the wrong type, or too large.
-    """
+    Raises RequestError: missing, the wrong type, or too large."""
     v = d.get(key, default)
     if integer:
         if type(v) is not int:
@@ -187,10 +184,7 @@ def _number(d: dict, key: str, *, integer: bool = False, default: Any = None) ->
 
 def check_request(d: Any, caps: Caps = CAPS) -> Request:
     """The accepted Request of a control request ``d`` (a parsed JSON line) within ``caps``.
-
-    Raises:
-        RequestError: one line naming the bad field and what is accepted.
-    """
+    Raises RequestError: one line naming the bad field and what is accepted."""
     if not isinstance(d, dict):
         raise RequestError("request must be a JSON object")
     check_version(d)
@@ -261,10 +255,7 @@ class LineReader:
     def readline(self, timeout: float, stop: threading.Event | None = None) -> bytes:
         """The next line (without the newline), waiting at most ``timeout`` seconds in all; a set
         ``stop`` gives up within half a second.
-
-        Raises:
-            ProtocolError: too long, closed, out of time, stopped, or a socket error.
-        """
+        Raises ProtocolError: too long, closed, out of time, stopped, or a socket error."""
         deadline = time.monotonic() + timeout
         while True:
             if stop is not None and stop.is_set():

@@ -161,10 +161,7 @@ class NetServer:
 
     def start(self, max_tests: int | None = None) -> tuple[str, int]:
         """Open (when not yet open) and serve in a background thread; returns (address, port).
-
-        Raises:
-            UsageError: as :meth:`open`.
-        """
+        Raises UsageError: as :meth:`open`."""
         address = self.address or self.open()
         t = threading.Thread(target=self.serve_forever, kwargs={"max_tests": max_tests}, daemon=True,
                              name="gpubench-net-server")
@@ -575,10 +572,7 @@ def _listen(family: int, sockaddr, backlog: int = 1024) -> socket.socket:
 
 def bind_listener(bind: str, port: int, backlog: int = 1024) -> socket.socket:
     """A socket listening on ``bind`` port ``port`` (net's servers, TCP and UCX).
-
-    Raises:
-        UsageError: the address is not one of this host's, or the port is taken or not allowed.
-    """
+    Raises UsageError: the address is not one of this host's, or the port is taken or not allowed."""
     try:
         infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)

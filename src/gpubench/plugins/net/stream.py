@@ -148,10 +148,7 @@ class StreamSet:
 
     def start(self, timeout: float = 20.0) -> None:
         """Start the workers and wait (``timeout`` seconds) until each is ready; they wait for :meth:`go`.
-
-        Raises:
-            WorkerError: a worker cannot be started, dies or is not ready in time.
-        """
+        Raises WorkerError: a worker cannot be started, dies or is not ready in time."""
         n = len(self.socks)
         if not n:
             return

@@ -50,10 +50,7 @@ INSTALL_HINT = "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]): UCXX and 
 
 def parse_memory(text: str) -> tuple[str, str]:
     """``-m/--memory``: one type for both sides, or ``SEND,RECV``: (send, receive), each "host" or "cuda".
-
-    Raises:
-        UsageError: a type not in :data:`MEMORY_TYPES`, or more than two.
-    """
+    Raises UsageError: a type not in :data:`MEMORY_TYPES`, or more than two."""
     parts = [p.strip().lower() for p in str(text).split(",")]
     if len(parts) > 2 or any(p not in MEMORY_TYPES for p in parts):
         raise UsageError(f"-m/--memory {str(text)[:40]!r} is not a memory type",
@@ -63,10 +60,7 @@ def parse_memory(text: str) -> tuple[str, str]:
 
 def require_ucx() -> None:
     """Import UCXX (with its libucx) here, before anything listens.
-
-    Raises:
-        UsageError: UCXX or libucx cannot be imported (names what to install).
-    """
+    Raises UsageError: UCXX or libucx cannot be imported (names what to install)."""
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # UCXX sets UCX_MEMTYPE_CACHE, which UCX 1.21 does not know
     try:
         import ucxx._lib.libucxx  # noqa: F401
@@ -421,10 +415,7 @@ class Side:
     def recv_until(self, buf, in_flight: int, stop: Callable[[int], bool], stall_s: float = STALL_S) -> int:
         """Keep ``in_flight`` receives into ``buf`` posted until ``stop(received)`` (asked every 20 ms
         and at each completion batch); returns the messages received.
-
-        Raises:
-            PeerGone: as ``stop`` raises, or nothing arrived for ``stall_s`` while ``stop`` said go on.
-        """
+        Raises PeerGone: as ``stop`` raises, or nothing arrived for ``stall_s`` while ``stop`` said go on."""
         post = self._poster("recv", self.array(buf), DATA_TAG)
         window: deque = deque(post() for _ in range(in_flight))
         progress, clock = self.progress, time.perf_counter

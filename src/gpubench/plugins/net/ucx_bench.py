@@ -116,10 +116,7 @@ class _Client:
 
     def open(self) -> None:
         """Connect, ask for the test, exchange worker addresses, make the endpoint, wire it up.
-
-        Raises:
-            MachineError: cannot connect, refused, or UCX cannot reach the server's worker.
-        """
+        Raises MachineError: cannot connect, refused, or UCX cannot reach the server's worker."""
         from gpubench.plugins.net import ucx
         from gpubench.plugins.net.bench import connect
         from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, limit_to_loopback
@@ -164,10 +161,7 @@ class _Client:
 
     def finish(self, sent: int) -> dict:
         """Tell the server the test ended; its end line, checked.
-
-        Raises:
-            MachineError: no end line, an abort, a count that is not ``sent``, or data that differ.
-        """
+        Raises MachineError: no end line, an abort, a count that is not ``sent``, or data that differ."""
         from gpubench.plugins.net.ucx import parse_endpoint_info
 
         self.ctl.send({"stop": True, "sent": sent})
