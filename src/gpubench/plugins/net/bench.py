@@ -547,8 +547,7 @@ class Net(Benchmark):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context):
-        """Start the local server (net local), connect, start the workers, release them. A Ctrl-C
-        or SIGTERM meanwhile is raised by the first :meth:`measure` (an interrupted run)."""
+        """Start the local server (net local), connect, start the workers; a signal meanwhile: :meth:`measure`."""
         spec: NetSpec = ctx.spec
         with contextlib.ExitStack() as stack:
             ctx.data["port"] = spec.port

@@ -182,8 +182,7 @@ def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: 
                       bitrate: str | None = None, copy: bool = False, ipv4: bool = False, ipv6: bool = False,
                       cport: int | None = None, protocol: str = "tcp", memory: str = "host", device: int = 0,
                       api: str = "tag", in_flight: int = 32, latency: bool = False, wait: str = "poll"):
-    """The NetSpec of `net client HOST` (the UcxSpec with --protocol ucx). Raises UsageError naming a
-    bad option."""
+    """The NetSpec of `net client HOST` (UcxSpec with --protocol ucx). Raises UsageError: a bad option."""
     return _build_spec("client", host, port, cport, protocol, (streams, seconds, omit, interval, length, reverse,
                        bidir, window, bitrate, copy), ipv4, ipv6, {"memory": memory, "device": device, "api": api,
                        "in_flight": in_flight, "latency": latency, "wait": wait})
@@ -194,8 +193,7 @@ def build_local_spec(streams: int, seconds: float, omit: float, interval: float,
                      ipv4: bool = False, ipv6: bool = False, protocol: str = "tcp", memory: str = "host",
                      device: int = 0, api: str = "tag", in_flight: int = 32, latency: bool = False,
                      wait: str = "poll"):
-    """The NetSpec of `net local` (loopback, any free port; the UcxSpec with --protocol ucx). Raises
-    UsageError naming a bad option."""
+    """The NetSpec of `net local` (UcxSpec with --protocol ucx). Raises UsageError: a bad option."""
     return _build_spec("local", DEFAULT_BIND, 0, None, protocol, (streams, seconds, omit, interval, length, reverse,
                        bidir, window, bitrate, copy), ipv4, ipv6, {"memory": memory, "device": device, "api": api,
                        "in_flight": in_flight, "latency": latency, "wait": wait})
@@ -335,8 +333,7 @@ def server(bind, port, one_off, protocol, device, quiet, debug):
 
 
 def _net_run(spec):
-    """net's run for client and local: with the report shown, the interval lines go live where the
-    report goes, in place of the progress bar."""
+    """net's run for client and local: with the report shown, live interval lines for a progress bar."""
     from gpubench.plugins.net import bench as net
 
     def run(s, progress):
@@ -414,8 +411,7 @@ class _Deferred(list):
 
 
 def format_report(result, units: str = "GB") -> list:
-    """Per direction: a per-interval table, a per-stream table with the total, the CPU line; then
-    notes (rich renderables, built when first iterated)."""
+    """Per direction the interval and stream tables and the CPU line, then notes (built when first iterated)."""
     return _Deferred(lambda: _report(result, units))
 
 
@@ -518,8 +514,7 @@ command.add_command(benchmark_command("local", [*TEST_OPTIONS, *UCX_OPTIONS], bu
 
 def _nodes_ucx_spec(protocol: str, seconds: float, omit: float, interval: float, length: str | None,
                     tcp_only: dict[str, bool], **ucx: Any):
-    """`net nodes`' UCX options: with --protocol ucx the UcxSpec of each test (host and port set per
-    link), else None once no UCX option is set. Raises UsageError."""
+    """`net nodes`' UCX options: the UcxSpec of each test with --protocol ucx, else None. Raises UsageError."""
     if protocol != "ucx":
         check_tcp(ucx)
         return None

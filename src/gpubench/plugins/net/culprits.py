@@ -169,8 +169,7 @@ def infer(figures: Mapping[Edge, float | None], labels: Mapping[int, str] | None
 
 
 def named(verdicts: Sequence[Culprit]) -> list[Culprit]:
-    """The verdicts at :data:`gpubench.validation.fleet.NAMED_CONFIDENCE` (0.99) or above: those
-    the exit lines name; the others are shown in the report with their confidence."""
+    """The verdicts the exit lines name: at :data:`gpubench.validation.fleet.NAMED_CONFIDENCE` or above."""
     from gpubench.validation.fleet import NAMED_CONFIDENCE
 
     return [c for c in verdicts if c.confidence >= NAMED_CONFIDENCE]

@@ -69,15 +69,13 @@ class NetFleetSpec:
 
     @property
     def round_work(self) -> float:
-        """Seconds a round's tests may take: omit + seconds + one interval + CLIENT_STALL_S +
-        ROUND_MARGIN_S, + UCX_START_S over UCX."""
+        """Seconds a round's tests may take: omit + seconds + interval + the allowances above."""
         r = self.request
         return r.omit + r.seconds + r.interval + CLIENT_STALL_S + ROUND_MARGIN_S + (UCX_START_S if self.ucx else 0)
 
     @property
     def round_timeout(self) -> float:
-        """Seconds from a round's start by which every rank must reach the barrier that ends it:
-        max(timeout, round_work)."""
+        """Seconds from a round's start to the barrier that ends it: max(timeout, round_work)."""
         return max(self.timeout, self.round_work)
 
 
@@ -116,8 +114,7 @@ def _both_ways(members: Sequence[int]) -> list[list[Edge]]:
 
 
 def _cycle_rounds(order: Sequence[int]) -> list[list[Edge]]:
-    """The cycle order[0] -> order[1] -> ... -> order[0] in rounds of disjoint tests: the edges at
-    even and at odd positions (2 rounds), and for an odd length the last edge alone (a third)."""
+    """The cycle order[0] -> ... -> order[0] in rounds: even edges, odd edges, an odd length's last alone."""
     n = len(order)
     edges = [(order[k], order[(k + 1) % n]) for k in range(n)]
     last = n - 1 if n % 2 else n
@@ -168,8 +165,7 @@ def _ranks_text(members: Sequence[int]) -> str:
 
 
 def check_machine(spec: NetFleetSpec) -> None:
-    """What this rank needs for ``spec`` before it joins: with UCX, UCXX and for ``-m cuda`` the
-    GPU. Raises UsageError naming what is missing."""
+    """With UCX, UCXX and for ``-m cuda`` the GPU here. Raises UsageError naming what is missing."""
     if spec.ucx is None:
         return
     from gpubench.plugins.net import ucx
@@ -419,8 +415,7 @@ def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, di
 
 
 def link_flags(result: Result) -> list[tuple[Record, str, float | None]]:
-    """(link record, flag, matrix median) per link: "fail" without a figure, "slow" by the fleet
-    rule (:func:`gpubench.validation.fleet.flags`), else "ok"."""
+    """(link record, flag, matrix median) per link: "fail" without a figure, "slow" by the fleet rule, or "ok"."""
     from gpubench.validation.fleet import flags, median
 
     measured = [r.error is None and "gbit_per_s" in r.extra for r in result.records]

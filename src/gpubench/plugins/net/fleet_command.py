@@ -13,8 +13,7 @@ from gpubench.kit import StrictFloat, StrictInt, Text, common_options
 
 
 class LauncherGroup(click.Group):
-    """``gpubench net``: under a launcher with more than one rank, ``gpubench net [OPTIONS]`` (no
-    sub-command) runs ``net nodes [OPTIONS]``; otherwise the group as before."""
+    """``gpubench net``: under a launcher of 2 or more ranks, ``gpubench net [OPTIONS]`` is ``net nodes``."""
 
     def parse_args(self, ctx, args):
         if (not args or args[0].startswith("-")) and not any(a in ("-h", "--help") for a in args[:1]) \
@@ -103,8 +102,7 @@ HELP = """Under a launcher (mpirun, srun, torchrun): TCP throughput between the 
 
 
 def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -> click.Command:
-    """The ``nodes`` sub-command: net's test options checked by ``build_request``, and ``ucx_options``
-    by ``build_ucx(protocol, seconds, omit, interval, length, tcp_only, **ucx)`` (the UcxSpec, or None)."""
+    """The ``nodes`` sub-command, its options checked by ``build_request`` and ``build_ucx`` (UcxSpec or None)."""
 
     def callback(streams, seconds, omit, interval, length, pairs, to, bind, rendezvous, timeout, json_path, units,
                  quiet, debug, reverse=False, bidir=False, window=None, bitrate=None, copy=False, ipv4=False,

@@ -38,8 +38,7 @@ NET_PAIRS = "rings"
 
 
 class BetweenNodes(FleetStage):
-    """net's two-ring test between the nodes (local rank 0 of each host); net's expectations are
-    judged on these links."""
+    """net's two-ring test between the nodes; net's expectations are judged on these links."""
 
     name = "net between nodes"
     order = 20

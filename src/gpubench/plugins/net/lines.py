@@ -70,8 +70,7 @@ def column_line(bidir: bool) -> str:
 
 def rate_line(label: str, start: float, end: float, nbytes: int, seconds: float | None = None,
               note: str = "") -> str:
-    """One line: ``[SUM]   0.00-1.00   s    10.2 GiB    87.85 Gbit/s  note`` (rate = bytes / seconds;
-    seconds defaults to end - start)."""
+    """One line: ``[SUM]   0.00-1.00   s    10.2 GiB    87.85 Gbit/s  note`` (bytes / seconds or end - start)."""
     secs = end - start if seconds is None else seconds
     rate = nbytes / secs if secs > 0 else 0.0
     line = f"{label} {start:6.2f}-{end:<6.2f} s  {format_size(nbytes):>10}  {gbit(rate):>7} Gbit/s"
@@ -80,8 +79,7 @@ def rate_line(label: str, start: float, end: float, nbytes: int, seconds: float 
 
 def interval_lines(direction: str, start: float, end: float, omit: bool, per_stream: Sequence[int],
                    bidir: bool) -> list[str]:
-    """The live lines of one interval of one direction: each stream's (up to :data:`PER_STREAM_LINES`
-    streams), then the ``[SUM]`` line."""
+    """One interval's live lines of one direction: each stream's (up to :data:`PER_STREAM_LINES`), then ``[SUM]``."""
     note = "(omitted)" if omit else ""
     out = []
     if len(per_stream) <= PER_STREAM_LINES and len(per_stream) > 1:

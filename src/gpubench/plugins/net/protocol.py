@@ -244,8 +244,7 @@ class ProtocolError(Exception):
 
 
 class LineReader:
-    """Reads newline-terminated JSON lines from a socket, never holding more than ``limit`` bytes
-    (the longest line accepted, newline included)."""
+    """Reads newline-terminated JSON lines from a socket, lines of ``limit`` bytes at most (newline included)."""
 
     def __init__(self, sock: socket.socket, limit: int):
         self.sock = sock

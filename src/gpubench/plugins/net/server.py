@@ -45,13 +45,10 @@ class _Test:
     """One running test on the server: its request and its data sockets per direction."""
 
     def __init__(self, req: Request, peer_ip: str):
-        self.req = req
-        self.peer_ip = peer_ip
-        self.cookie = secrets.token_hex(16)
+        self.req, self.peer_ip, self.cookie = req, peer_ip, secrets.token_hex(16)
         self.socks: dict[str, list[socket.socket | None]] = {d: [None] * req.streams for d in req.directions()}
         self.lock = threading.Lock()
-        self.all_attached = threading.Event()
-        self.closing = threading.Event()
+        self.all_attached, self.closing = threading.Event(), threading.Event()
         self.attached = 0
         self.needed = req.streams * len(self.socks)
         self.sets: dict[str, StreamSet] = {}
@@ -124,20 +121,13 @@ class NetServer:
                  log: Callable[[str], None] | None = None, header_timeout: float = 2.0,
                  setup_timeout: float = 5.0, drain_timeout: float = 5.0, stall_timeout: float = 10.0,
                  max_pending: int = 512, workers: int | None = None):
-        self.bind = bind
-        self.port = port
-        self.caps = caps
-        self.log = log or (lambda line: None)
-        self.header_timeout = header_timeout
-        self.setup_timeout = setup_timeout
-        self.drain_timeout = drain_timeout
-        self.stall_timeout = stall_timeout
-        self.max_pending = max(1, max_pending)
-        self.workers = workers
-        self._stats_lock = threading.Lock()
+        self.bind, self.port, self.caps, self.log = bind, port, caps, log or (lambda line: None)
+        self.header_timeout, self.setup_timeout = header_timeout, setup_timeout
+        self.drain_timeout, self.stall_timeout = drain_timeout, stall_timeout
+        self.max_pending, self.workers = max(1, max_pending), workers
+        self._stats_lock, self._lock = threading.Lock(), threading.Lock()
         self.stats = ServerStats()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._active: _Test | None = None
         self._listener: socket.socket | None = None
         self._threads: set[threading.Thread] = set()
@@ -535,8 +525,7 @@ class NetServer:
         return out
 
     def _finish(self, conn: socket.socket, test: _Test) -> None:
-        """After "done": TCP_INFO of the senders, wait (drain_timeout) for the client to close its
-        streams, end the workers, send the end line."""
+        """After "done": TCP_INFO of the senders, the client's close awaited, the workers ended, the end line."""
         tx = test.sets.get("s2c")
         tcp = tx.tcp_infos() if tx is not None else []
         deadline = time.monotonic() + self.drain_timeout

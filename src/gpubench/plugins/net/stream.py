@@ -38,8 +38,7 @@ WORKER_BYTES = 6 * 2**20
 
 
 def _memory_file(name: str) -> int:
-    """A file descriptor of an empty memory file (``memfd_create``, else an unlinked temporary
-    file); the caller closes it."""
+    """A file descriptor of an empty memory file (``memfd_create``, else a temporary file) to close."""
     try:
         return os.memfd_create(name)
     except (AttributeError, OSError):
@@ -50,8 +49,7 @@ def _memory_file(name: str) -> int:
 
 
 def payload_file(nbytes: int) -> int:
-    """A file descriptor of a memory file holding ``nbytes`` random bytes (a 1 MiB block of
-    ``os.urandom`` repeated), the source ``os.sendfile`` reads; the caller closes it."""
+    """A memory file's descriptor (to close) holding ``nbytes`` random bytes, the source of ``os.sendfile``."""
     fd = _memory_file("gpubench-net-payload")
     block = os.urandom(min(nbytes, 2**20))
     left = nbytes

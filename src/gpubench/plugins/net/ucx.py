@@ -1,27 +1,17 @@
 """``gpubench net --protocol ucx``'s engine: one UCX worker and endpoint through UCXX's core API
-(``ucxx._lib.libucxx``, the layer distributed-ucxx is built on), driven by polling from the calling
-thread, as ucx_perftest drives UCP (libucx's src/tools/perf/lib/ucp_tests.cc).
+(``ucxx._lib.libucxx``), driven by polling from the calling thread, as ucx_perftest drives UCP
+(libucx's src/tools/perf/lib/ucp_tests.cc). UCXX and CuPy are imported inside functions only.
 
-UCXX and CuPy are imported inside functions only (``gpubench --help`` and TCP runs import neither).
+Method (``ucx_perftest -t tag_bw`` / ``-t tag_lat``; docs/net.md "UCX"):
 
-Method (the anchor: ``ucx_perftest -t tag_bw`` / ``-t tag_lat``):
-
-- **Bandwidth** (:meth:`Side.send_for`, :meth:`Side.recv_until`): the sender keeps ``in_flight``
-  sends of ``nbytes`` posted (tag_bw's window: 32 outstanding sends, perftest.c), all from one
-  buffer; as the oldest completes, another is posted. The receiver keeps as many receives posted,
-  all into one buffer, as tag_bw's does. Bytes are counted at the sender as completed sends: UCX
-  completes a rendezvous send (at or above ``UCX_RNDV_THRESH``, 8 KiB as UCXX sets it) only once
-  the receiver has the data, and the receiver's own count is checked against it at the end.
-- **Latency** (:meth:`Side.ping`, :meth:`Side.pong`): ping-pong, one message of each size each way
-  per round trip (tag_lat); one-way latency = round-trip seconds / 2.
-- **Endpoints** are made from worker addresses exchanged over gpubench's TCP control connection
-  (as ucx_perftest does), so no UCX listener binds every address; without UCX's peer error
-  handling (ucx_perftest's default: with it UCX 1.21 leaves out the shared-memory transports). A
-  dead peer is found on the control connection and by a stall deadline (:data:`STALL_S`).
-- **Data check**: the sender's buffer holds a pattern (:func:`pattern`, never zero); the receiver's
-  buffer starts all zero and, after the last message, must equal the pattern.
-- **Transports**: :func:`endpoint_info` reads ``ucp_ep_print_info`` (libucp): the endpoint's
-  lanes and, per message size, the protocol and transport UCX chose.
+- **Bandwidth** (:meth:`Side.send_for`, :meth:`Side.recv_until`): ``in_flight`` sends of ``nbytes``
+  kept posted from one buffer (tag_bw's window), as many receives into one buffer; bytes are
+  counted at the sender as completed sends, the receiver's count checked against them at the end.
+- **Latency** (:meth:`Side.ping`, :meth:`Side.pong`): ping-pong (tag_lat); one-way = round trip / 2.
+- **Endpoints** from worker addresses exchanged over the TCP control connection, without UCX's
+  peer error handling (ucx_perftest's default); a dead peer is found by :data:`STALL_S`.
+- **Data check**: the receiver's zeroed buffer must equal the sender's :func:`pattern` at the end.
+- **Transports**: :func:`endpoint_info` reads ``ucp_ep_print_info`` (libucp).
 """
 
 from __future__ import annotations
@@ -127,8 +117,7 @@ def alloc(nbytes: int, memory: str, device: int = 0, fill=None, pinned: bool = F
 
 
 def is_pinned(buf) -> bool:
-    """Whether a host buffer (numpy) is page-locked (cudaPointerGetAttributes); False for GPU
-    memory and without CuPy or a driver. Imports CuPy."""
+    """Whether a host buffer (numpy) is page-locked (cudaPointerGetAttributes); False for GPU memory."""
     if type(buf).__module__.startswith("cupy"):
         return False
     try:
@@ -216,8 +205,7 @@ def carried_by(info: dict, nbytes: int, memory: str = "host") -> dict | None:
 
 
 def endpoint_info(ep_handle: int) -> str:
-    """``ucp_ep_print_info`` of a UCP endpoint (UCXX's ``UCXEndpoint.handle``) as text; "" where
-    libucp or the function cannot be found."""
+    """``ucp_ep_print_info`` of a UCP endpoint (UCXX's ``UCXEndpoint.handle``) as text; "" without libucp."""
     try:
         ucp = ctypes.CDLL("libucp.so.0")  # already loaded by UCXX: the same library
         libc = ctypes.CDLL(None)
@@ -405,8 +393,7 @@ class Side:
                         raise PeerGone(f"UCX: no send completed for {stall_s:g} s (the receiver stopped?)")
 
     def finish_sending(self, check=None, stall_s: float = STALL_S) -> int:
-        """Wait for the window's last sends (at most ``stall_s`` after the last completion);
-        returns how many there were."""
+        """Wait for the window's last sends (``stall_s`` after the last completion); returns how many."""
         left = list(self._window)
         self._window.clear()
         self.wait(left, max(0.5, stall_s - (time.perf_counter() - self._last_done)), check)

@@ -242,8 +242,7 @@ class UcxNet(Benchmark):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context):
-        """Start the local server (net local), connect, wire up. A Ctrl-C meanwhile is raised by
-        the first :meth:`measure`, as TCP's."""
+        """Start the local server (net local), connect, wire up; a signal meanwhile: :meth:`measure`."""
         from gpubench.plugins.net import ucx
 
         spec: UcxSpec = ctx.spec
@@ -357,8 +356,7 @@ class UcxNet(Benchmark):
         raise MachineError(f"net --protocol ucx ({point.label}): {message}")
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
-        """Bandwidth: the intervals regrouped into one ``total`` record as TCP's; every record gets
-        the UCX params and the transports."""
+        """Bandwidth: the intervals as TCP's ``total`` record; every record gets the UCX params and transports."""
         from gpubench.plugins.net.bench import DirectionFacts, Interval, build_records
 
         spec: UcxSpec = ctx.spec
@@ -423,8 +421,7 @@ def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -
 
 
 def check_not_tcp_only(given: dict[str, Any]) -> None:
-    """Refuse TCP-only options under ``--protocol ucx`` (``given``: option name -> True where set).
-    Raises UsageError naming the first."""
+    """Raises UsageError naming the first TCP-only option set (``given``: name -> set) under ``--protocol ucx``."""
     for name, on in given.items():
         if on:
             raise UsageError(f"{name} applies to --protocol tcp only", "leave it out with --protocol ucx")

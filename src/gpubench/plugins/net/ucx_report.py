@@ -28,8 +28,7 @@ def transport_lines(transports: dict, receives_only: str | None = None) -> list[
 
 
 def ucx_report(result, units: str = "GB") -> list:
-    """Bandwidth: the header, the interval table, the total; latency: one row per size. Then the
-    transports of each endpoint and the notes."""
+    """The header, the interval table and total (or a row per latency size), the transports, the notes."""
     from rich.text import Text
 
     spec = result.spec

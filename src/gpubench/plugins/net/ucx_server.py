@@ -19,8 +19,6 @@ Control protocol (version 1), one JSON object per line on a TCP connection to th
    when it aborts (the client stopped moving data for :data:`ucx.STALL_S`, closed, or lied).
 
 One test at a time: a client that connects while a test runs waits in the listen backlog.
-Run as ``python -m gpubench.plugins.net.ucx_server JSON`` by ``net local --protocol ucx``: it
-writes ``PORT\\n`` to stdout once listening, serves one test, and ends with its parent (stdin EOF).
 """
 
 from __future__ import annotations
@@ -153,8 +151,7 @@ class UcxServer:
         return addr[0], addr[1]
 
     def serve_forever(self, max_tests: int | None = None, parent_fd: int | None = None) -> None:
-        """Accept and serve until ``max_tests`` tests ended (None: forever), or ``parent_fd``
-        (a pipe from the parent) reaches EOF."""
+        """Accept and serve until ``max_tests`` tests ended (None: forever), or ``parent_fd`` is at EOF."""
         assert self.sock is not None
         served = 0
         while max_tests is None or served < max_tests:
@@ -212,8 +209,7 @@ class UcxServer:
                 self.log(f"test from {who}: aborted: its process died ({why})" + (f": {tail[0][:300]}" if tail else ""))
 
     def serve_one(self, conn: socket.socket, who: str) -> bool:
-        """One test on an accepted control connection, in this process; never raises (a fault is
-        logged). Returns whether the test ended (False: refused or aborted)."""
+        """One test on an accepted control connection, here; never raises. Returns whether it ended."""
         from gpubench.plugins.net.ucx import PeerGone
 
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

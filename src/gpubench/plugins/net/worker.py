@@ -6,12 +6,9 @@ sockets inherited; the standard library only (docs/net.md "Data path").
 Arguments (one JSON object, ``argv[1]``):
 
 - ``role``: "send" or "recv".
-- ``copy``: false (default) for zero copy: the sender uses ``os.sendfile`` from a memory file
-  (``memfd_create``) holding the payload, as iperf3 ``-Z`` does; the receiver discards with
-  ``recv_into(buf, n, MSG_TRUNC)``, which on a TCP socket consumes the bytes without copying them
-  to user memory (Linux net/ipv4/tcp.c, ``tcp_recvmsg_locked``: the copy is skipped when
-  ``flags & MSG_TRUNC``). true: ``send`` from a buffer and ``recv_into`` a reused buffer, one copy
-  each way, as iperf2 and iperf3 without -Z.
+- ``copy``: false for zero copy: ``os.sendfile`` from a memory file, as iperf3 ``-Z``, and
+  ``recv_into(buf, n, MSG_TRUNC)``, which on TCP skips the copy to user memory (Linux
+  net/ipv4/tcp.c, ``tcp_recvmsg_locked``); true: ``send`` and ``recv_into`` a buffer, as iperf2.
 - ``buffer``: bytes per write (iperf's -l); ``payload``: a file descriptor holding it (random).
 - ``rate``: target bytes/s per stream (0: as fast as possible). A stream ahead of
   ``rate x seconds since go`` waits until it is due (due times from the start: no drift).
