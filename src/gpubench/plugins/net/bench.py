@@ -425,10 +425,6 @@ class _Session:
         close_socket(self.ctl)
 
 
-# ---------------------------------------------------------------------------------------------
-# Figures
-
-
 def totals(intervals: list[Interval], stream: int | None = None) -> tuple[int, float]:
     """(bytes, seconds) over the counted (not omitted) intervals, of one stream or of all (None)."""
     counted = [iv for iv in intervals if not iv.omit]
@@ -504,10 +500,6 @@ def build_records(request: Request, intervals: list[Interval], sent: list[int] |
         out.append(Record(params={**base, "stream": k if k is not None else "total"}, metric="bandwidth",
                           nbytes=request.buffer, samples_s=samples, reps=1, error=err, extra=extra))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The plug-in
 
 
 def interval_points(req: Request, host_bytes: int) -> list[Point]:

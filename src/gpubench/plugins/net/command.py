@@ -31,8 +31,6 @@ def command():
     """
 
 
-# -- client and local: one option list, one check of it -------------------------------------------
-
 def _cap(option: str, name: str, lo: str | float = 0, unit: str = "seconds") -> Any:
     """The Bound of a net option from the protocol's caps: upper ``name``, lower ``lo`` (a cap's name or a number)."""
     from gpubench.core.bounds import Bound

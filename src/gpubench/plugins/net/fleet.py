@@ -163,7 +163,6 @@ def _ranks_text(members: Sequence[int]) -> str:
     return ", ".join(map(str, members))
 
 
-
 def check_machine(spec: NetFleetSpec) -> None:
     """With UCX, UCXX and for ``-m cuda`` the GPU here. Raises UsageError naming what is missing."""
     if spec.ucx is None:
@@ -234,7 +233,6 @@ def run_client(host: str, port: int, spec: NetFleetSpec) -> Record:
     return totals[0]
 
 
-
 def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
     """The address peers are told to connect to: a specific ``bind``, else the source address
     toward ``MASTER_ADDR`` (a connected UDP socket), else the host name's, else 127.0.0.1."""
@@ -250,7 +248,6 @@ def advertised(bind: str, env: Mapping[str, str] | None = None) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
-
 
 
 def link_params(spec: NetFleetSpec, src: int, dst: int) -> dict:
@@ -411,7 +408,6 @@ def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, di
 
     env = {"host": envmod.host_info(), "versions": envmod.versions(), "nodes": len({str(peers.get(m, {}).get("host", m)) for m in members})}
     return Result(command="net", spec=spec.to_dict(), timing=timing, env=env, records=links)
-
 
 
 def link_flags(result: Result) -> list[tuple[Record, str, float | None]]:

@@ -141,22 +141,19 @@ class NetServer:
 
     def open(self) -> tuple[str, int]:
         """Bind and listen. Returns (address, port) actually bound. Raises UsageError as :func:`bind_listener`."""
-        s = bind_listener(self.bind, self.port)
+        s = self._listener = bind_listener(self.bind, self.port)
         _raise_fd_limit(self.max_pending + 2 * self.caps.max_streams + 64)
-        self._listener = s
         self._listen_info = (s.family, s.getsockname())
-        addr = s.getsockname()
-        self.address = (addr[0], addr[1])
+        self.address = s.getsockname()[:2]
         return self.address
 
     def start(self, max_tests: int | None = None) -> tuple[str, int]:
         """Open (when not yet open) and serve in a background thread; returns (address, port).
         Raises UsageError: as :meth:`open`."""
         address = self.address or self.open()
-        t = threading.Thread(target=self.serve_forever, kwargs={"max_tests": max_tests}, daemon=True,
-                             name="gpubench-net-server")
-        self._serving = t
-        t.start()
+        self._serving = threading.Thread(target=self.serve_forever, kwargs={"max_tests": max_tests}, daemon=True,
+                                         name="gpubench-net-server")
+        self._serving.start()
         return address
 
     def close(self, timeout: float = 5.0) -> ServerStats:

@@ -229,7 +229,6 @@ def endpoint_info(ep_handle: int) -> str:
     return buf.value.decode("utf-8", "replace")
 
 
-
 @dataclass
 class Counts:
     """What one loop moved: completed messages and the seconds it ran (perf_counter)."""
