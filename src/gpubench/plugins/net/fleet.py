@@ -177,23 +177,19 @@ def serve(stack: contextlib.ExitStack, spec: NetFleetSpec) -> int:
     """One of net's servers (NetServer, or UcxServer with ``spec.ucx``) on ``spec.bind``, any free
     port, serving in a thread until ``stack`` closes. Returns its TCP port.
     Raises UsageError: ``bind`` is not an address of this host (net's server says which)."""
-    if spec.ucx is not None:
-        return _serve_ucx(stack, spec.bind, spec.ucx.device)
-    from gpubench.plugins.net.server import NetServer
+    if spec.ucx is None:
+        from gpubench.plugins.net.server import NetServer
 
-    # a test opens one control and ``streams`` data connections; a few more may wait
-    srv = NetServer(spec.bind, 0, max_pending=spec.request.streams + 8)
-    _, port = srv.start()
-    stack.callback(srv.close, 5.0)
-    return port
-
-
-def _serve_ucx(stack: contextlib.ExitStack, bind: str, device: int) -> int:
+        # a test opens one control and ``streams`` data connections; a few more may wait
+        tcp = NetServer(spec.bind, 0, max_pending=spec.request.streams + 8)
+        _, port = tcp.start()
+        stack.callback(tcp.close, 5.0)
+        return port
     import threading
 
     from gpubench.plugins.net.ucx_server import UcxServer
 
-    srv = UcxServer(bind, 0, device=device)
+    srv = UcxServer(spec.bind, 0, device=spec.ucx.device)
     _, port = srv.open()
     stop_r, stop_w = os.pipe()  # its write end closed: serve_forever returns within its 1 s select
     thread = threading.Thread(target=srv.serve_forever, kwargs={"parent_fd": stop_r}, daemon=True,

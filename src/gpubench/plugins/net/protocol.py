@@ -247,9 +247,7 @@ class LineReader:
     """Reads newline-terminated JSON lines from a socket, lines of ``limit`` bytes at most (newline included)."""
 
     def __init__(self, sock: socket.socket, limit: int):
-        self.sock = sock
-        self.limit = limit
-        self._buf = bytearray()
+        self.sock, self.limit, self._buf = sock, limit, bytearray()
 
     def readline(self, timeout: float, stop: threading.Event | None = None) -> bytes:
         """The next line (without the newline), waiting at most ``timeout`` seconds in all; a set

@@ -58,9 +58,7 @@ class Control:
     """The control connection: JSON lines each way; :meth:`poll` never blocks."""
 
     def __init__(self, sock: socket.socket, limit: int, peer: str = "peer"):
-        self.sock = sock
-        self.reader = LineReader(sock, limit)
-        self.peer = peer
+        self.sock, self.reader, self.peer = sock, LineReader(sock, limit), peer
 
     def send(self, obj: Any) -> None:
         try:
@@ -110,7 +108,7 @@ def check_request(d: Any) -> dict:
     def integer(lo, hi):
         return lambda v: type(v) is int and lo <= v <= hi
 
-    out = {
+    return {
         "mode": want("mode", lambda v: v in ("bw", "lat"), "bw or lat"),
         "api": want("api", lambda v: v in APIS, " or ".join(APIS)),
         "nbytes": want("nbytes", integer(1, MAX_NBYTES), f"1 to {MAX_NBYTES} bytes"),
@@ -122,7 +120,6 @@ def check_request(d: Any) -> dict:
         "address": want("address", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_REQUEST_BYTES
                         and all(c in "0123456789abcdef" for c in v), "hex digits"),
     }
-    return out
 
 
 class UcxServer:
