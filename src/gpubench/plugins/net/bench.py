@@ -98,11 +98,7 @@ def connect(host: str, port: int, timeout: float, *, family: int = 0, local_port
             window: int = 0) -> socket.socket:
     """A TCP connection to (host, port), TCP_NODELAY on; ``family`` 0 or socket.AF_INET/AF_INET6,
     ``local_port`` --cport, ``window`` -w set before connecting (bytes; 0: autotuning).
-
-    Raises:
-        UsageError: the host does not resolve (in that family), or ``local_port`` is taken.
-        MachineError: cannot connect (refused, no answer within ``timeout``).
-    """
+    Raises UsageError: the host does not resolve or ``local_port`` is taken; MachineError: cannot connect."""
     try:
         infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode (a label over 63)
@@ -267,11 +263,7 @@ class _Session:
 
     def open(self) -> None:
         """Ask for the test, connect its streams, start the workers, release them at "start".
-
-        Raises:
-            UsageError: the host name does not resolve, --cport is taken.
-            MachineError: cannot connect, refused or not started, a worker process failed.
-        """
+        Raises UsageError: no such host, --cport taken; MachineError: cannot connect, refused, no worker."""
         host, port, req = self.host, self.port, self.req
         self.ctl = connect(host, port, self.connect_timeout, family=self.family)
         self.reader = LineReader(self.ctl, MAX_LINE_BYTES)

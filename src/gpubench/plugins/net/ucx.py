@@ -245,11 +245,7 @@ class Side:
     """One end: a UCP context (tag and stream features), a worker progressed from this thread, and
     after :meth:`connect` one endpoint to the peer. ``wait``: "poll" (spin on progress,
     ucx_perftest's default) or "sleep" (wait on the worker's events, its ``-E sleep``).
-
-    Raises:
-        UsageError: UCXX not importable (:func:`require_ucx`).
-        MachineError: UCX cannot make a context or worker.
-    """
+    Raises UsageError: UCXX not importable (:func:`require_ucx`); MachineError: UCX cannot make a context or worker."""
 
     def __init__(self, api: str = "tag", memory: str = "host", device: int = 0, wait: str = "poll"):
         require_ucx()
@@ -321,11 +317,7 @@ class Side:
 
     def wait(self, reqs: list, deadline_s: float, check: Callable[[], None] | None = None) -> None:
         """Progress until every request completes (each checked), ``check`` called every 50 ms.
-
-        Raises:
-            PeerGone: not done within ``deadline_s`` seconds, or as ``check`` raises.
-            MachineError: a request failed.
-        """
+        Raises PeerGone: not done within ``deadline_s`` seconds, or as ``check``; MachineError: one failed."""
         end = time.perf_counter() + deadline_s
         next_check = 0.0
         progress = self.progress
@@ -358,11 +350,7 @@ class Side:
     def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> Counts:
         """Keep the window full until ``time.perf_counter() >= until``; returns the sends completed
         and the seconds this call took.
-
-        Raises:
-            PeerGone: nothing completed for ``stall_s`` seconds, or as ``check`` (every 50 ms) raises.
-            MachineError: a send failed.
-        """
+        Raises PeerGone: nothing completed for ``stall_s``, or as ``check``; MachineError: a send failed."""
         window, progress = self._window, self.progress
         post = self._poster("send", self._out, DATA_TAG)
         clock = time.perf_counter
@@ -433,11 +421,7 @@ class Side:
              stall_s: float = STALL_S) -> float:
         """``iters`` (>= 2) round trips: send ``out``, receive into ``back`` (same size). Returns the
         seconds of round trips 2..iters (the first waits for the peer to read the batch's line).
-
-        Raises:
-            PeerGone: a round trip not back within ``stall_s``, or as ``check`` (every 50 ms while
-                one is awaited) raises.
-        """
+        Raises PeerGone: a round trip not back within ``stall_s``, or as ``check`` (every 50 ms)."""
         a, b = self.array(out), self.array(back)
         progress, send, recv, clock = self.progress, self._send, self._recv, time.perf_counter
         t0 = 0.0
@@ -472,11 +456,7 @@ class Side:
 
     def pong(self, buf, iters: int, check: Callable[[], None] | None = None, stall_s: float = STALL_S) -> None:
         """``iters`` times: receive into ``buf`` and send it back.
-
-        Raises:
-            PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms while
-                one is awaited) raises.
-        """
+        Raises PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms)."""
         a = self.array(buf)
         progress, send, recv = self.progress, self._send, self._recv
         for i in range(iters):

@@ -408,11 +408,7 @@ class UcxNet(Benchmark):
 def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -> Result:
     """One UCX test through the driver: a Result (the module's records; on Ctrl-C / SIGTERM what
     was measured, marked partial).
-
-    Raises:
-        UsageError: UCXX missing, ``-m cuda`` without a GPU (before anything listens).
-        MachineError: cannot connect, refused, the server failed, a count or data check failed.
-    """
+    Raises UsageError: UCXX missing, ``-m cuda`` without a GPU; MachineError: a failure with the server."""
     from gpubench.plugins.net import ucx
 
     ucx.require_ucx()
