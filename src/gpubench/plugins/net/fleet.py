@@ -299,10 +299,8 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
         interrupted or a rank lost: the rounds that ended, marked partial. Other ranks: None.
 
     Raises:
-        UsageError: ``--to`` names a rank not taking part (on every rank, before any test).
-        MachineError: a rank did not reach a round within its deadline (from the group).
-        KeyboardInterrupt, Interrupted: a signal during the rounds (on rank 0 only without
-            ``keep_partial``).
+        UsageError: ``--to`` names a rank not taking part; MachineError: a rank missed a round's deadline;
+        KeyboardInterrupt, Interrupted: a signal during the rounds (on rank 0 without ``keep_partial``).
     """
     members = sorted(range(group.size) if members is None else members)
     rounds = schedule(members, spec.pairs, spec.to)

@@ -105,16 +105,11 @@ class _Pending:
 
 class NetServer:
     """The far end of a test: accepts one test at a time, moves its data, reports its intervals.
-
-    Args:
-        bind, port: where to listen; port 0 picks a free one (:attr:`address` after :meth:`open`).
-        log: called with one line per event; silent when None.
-        header_timeout: seconds a new connection has to send its request line.
-        setup_timeout: seconds a client has to connect all its data streams.
-        drain_timeout: seconds to wait for the client to close its streams after the end.
-        stall_timeout: seconds without a byte on any stream after which a test is aborted.
-        max_pending: connections waiting for their request line at once (one more: the oldest goes).
-        workers: worker processes per direction (default one per stream, at most 16).
+    ``port`` 0 picks a free one (:attr:`address` after :meth:`open`); ``log`` gets a line per event.
+    Seconds: ``header_timeout`` for a request line, ``setup_timeout`` for the data streams to connect,
+    ``drain_timeout`` for the client to close them, ``stall_timeout`` without a byte before an abort.
+    ``max_pending`` connections may wait for their request line (one more: the oldest goes);
+    ``workers`` per direction (default one per stream, at most 16).
     """
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, caps: Caps = CAPS,
