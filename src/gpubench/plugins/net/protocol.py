@@ -3,13 +3,8 @@ checked by :data:`LIMITS`), the interval schedule, and line I/O with limits.
 
 Control protocol (version 2), one JSON object per line, each side capping what it reads:
 
-1. client -> server on the control connection (<= MAX_HEADER_BYTES)::
-
-       {"gpubench_net": 2, "role": "control", "streams": 4, "seconds": 10, "omit": 0,
-        "interval": 1.0, "buffer": 131072, "direction": "c2s", "window": 0, "bitrate": 0,
-        "copy": false}
-
-   (the fields: :class:`Request`).
+1. client -> server on the control connection (<= MAX_HEADER_BYTES): ``{"gpubench_net": 2,
+   "role": "control", "streams": 4, "seconds": 10, ...}`` (:meth:`Request.header`).
 2. server -> client: ``{"ok": true, "cookie": "<hex>", ...the accepted request...}`` or
    ``{"ok": false, "error": "<one line>"}`` and the server closes (bad request, caps, busy).
 3. client -> server: ``streams`` data connections per direction, each first sending
