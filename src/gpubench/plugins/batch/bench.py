@@ -1,26 +1,14 @@
 """``gpubench batch``: N pieces of S bytes moved H2D or D2H, four ways, each checked for the right data.
 
-Layout (docs/batch.md): piece ``i`` lives on the host at slot ``perm[i]`` (a fixed pseudo-random
-permutation, so the pieces are scattered as a real program's are) and on the device at slot ``i``.
+Piece ``i`` lives on the host at slot ``perm[i]`` (a fixed pseudo-random permutation) and on the
+device at slot ``i`` (docs/batch.md). Strategies: ``separate`` (one ``cudaMemcpyAsync`` per piece;
+from page-locked memory queued behind the spin gate in segments of :data:`SEGMENT`), ``packed``
+(a host gather into pinned staging, timed with :class:`HostClock`, then one copy; D2H: the copy
+then a scatter), ``batched-api`` (one ``cudaMemcpyBatchAsync``, CUDA 12.8+ through cuda-bindings)
+and ``contiguous`` (one copy of N x S bytes: the ceiling).
 
-Strategies:
-
-- ``separate``: one ``cudaMemcpyAsync`` per piece. From page-locked memory the copies are queued
-  behind :class:`gpubench.core.gpu.SpinGate` in segments of at most :data:`SEGMENT` copies (the
-  driver's queue is finite; a full queue would block the host while the gate holds the stream), and
-  each segment is timed with CUDA events; a sample is the sum over segments. What is timed is what
-  the copy engines spend on N small copies, not the host's issue rate (``--no-gate`` times that).
-  Pageable copies are staged by the driver and block the host, so they run with no gate.
-- ``packed``: a host gather of the pieces into a pinned staging buffer (``numpy.take``, timed with
-  :class:`HostClock`), then one copy of N x S bytes (CUDA events); D2H is one copy then a host
-  scatter. Two records: ``packed`` (the copy alone) and ``packed+gather`` (gather + copy per sample).
-- ``batched-api``: one ``cudaMemcpyBatchAsync`` of the N pieces (CUDA 12.8+, reached through
-  cuda-bindings). Where it is missing the record says why (``error`` = "skipped: ...").
-- ``contiguous``: one copy of N x S bytes between the same buffers: the ceiling.
-
-Figures: effective bandwidth = N x S / seconds per transfer of all pieces (bytes moved once, as
-nvbandwidth and bandwidthTest count copies); time per piece = seconds / N; speed-up = separate's
-median time / this strategy's median time, same direction and host-memory kind.
+Figures: bandwidth = N x S / seconds (bytes moved once, as nvbandwidth and bandwidthTest count
+copies); time per piece = seconds / N; speed-up = separate's median time / this one's.
 """
 
 from __future__ import annotations
@@ -452,7 +440,6 @@ class Batch(Benchmark):
 
     name = "batch"
     host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
-    description = "Many small copies vs packed vs cudaMemcpyBatchAsync vs one contiguous copy."
 
     def points(self, spec: BatchSpec, devices: tuple[int, ...]) -> list[Point]:
         out = []

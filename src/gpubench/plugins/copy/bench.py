@@ -1,23 +1,11 @@
 """``gpubench copy``: host<->device copy bandwidth over a size sweep, per host-memory kind.
 
-What is timed (see docs/copy.md): one ``cudaMemcpyAsync`` of ``nbytes`` between a host buffer of
-the given kind and a cudaMalloc'd device buffer, on a non-blocking stream, between two CUDA events
-recorded on that stream. For page-locked kinds (pinned, write-combined, registered) a spinning
-kernel holds the stream while ``reps`` copies are queued (nvbandwidth's method), so the host's
-launch cost is not in the figure; pageable copies are staged by the driver through the host and
-block the host, so they are timed one per sample with no gate. Allocation, pinning, filling and
-first touch happen before the timed region.
-
-Figures: bandwidth of a sample = nbytes / (elapsed / reps), in B/s; the report shows the median
-and p25-p75 over samples. bidir runs H2D and D2H at the same time on two streams released together:
-per direction = nbytes / that stream's elapsed time while a copy twice as long runs the other way
-(as nvbandwidth's bidirectional tests); total = 2 * nbytes / the time until two equal copies end.
-
-The nvbandwidth tests that are not copy-engine copies are entries of the same table (TESTS):
-``h2d-sm`` / ``d2h-sm`` (host_to_device_memcpy_sm / device_to_host_memcpy_sm: nvbandwidth's copy
-kernel on the GPU reading or writing page-locked host memory), ``d2d`` (device_local_copy: a CE
-copy between two buffers of one GPU, bytes counted once) and ``latency`` (host_device_latency_sm:
-a pointer chase over page-locked host memory, time per access).
+What is timed (docs/copy.md): ``cudaMemcpyAsync`` of ``nbytes`` between a host buffer of the given
+kind and a device buffer on a non-blocking stream, between CUDA events. Page-locked kinds are gated
+by a spin kernel while ``reps`` copies are queued (nvbandwidth's method); pageable copies block the
+host, so one per sample, ungated. bidir follows nvbandwidth's bidirectional tests: per direction
+while a copy twice as long runs the other way; total = 2 * nbytes / the time until both end. The
+other nvbandwidth tests (SM copies, device local copy, latency) are entries of TESTS.
 """
 
 from __future__ import annotations
@@ -27,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from gpubench.core import benchmark as driver
+from gpubench.core import env as envmod
 from gpubench.core import gpu, kernels, limits
 from gpubench.core.benchmark import Benchmark, Context, Point
 from gpubench.core.errors import UsageError, check_choices
@@ -43,22 +32,12 @@ WARMUP_COPIES = 4  # SM tests: nvbandwidth memcpy.cpp WARMUP_COUNT, queued behin
 
 @dataclass(frozen=True)
 class Test:
-    """One entry of copy's table: a direction a user names and how it is measured.
-
-    Attributes:
-        key: the ``--direction`` value.
-        nvbandwidth: the nvbandwidth test it matches ("" where none).
-        what: one line for docs and --help.
-        host: needs a host buffer (False: device memory only, ``d2d``).
-        locked_only: needs page-locked host memory (SM access, the gate on both sides).
-        device_units: device buffers of ``nbytes`` the test needs.
-        host_units: host buffers of ``nbytes`` (of the memory kind) the test needs.
-        records: the directions of the records it makes.
-    """
+    """One entry of copy's table: a ``--direction`` value (``key``), the nvbandwidth test it matches,
+    how it is measured, whether it needs a host buffer (False: ``d2d``) or page-locked host memory,
+    the buffers of ``nbytes`` it needs, and the directions of its records (default: the key)."""
 
     key: str
     nvbandwidth: str
-    what: str
     measure: Callable
     host: bool = True
     locked_only: bool = False
@@ -70,28 +49,20 @@ class Test:
         return self.records or (self.key,)
 
 
-def _ce(t: str):
-    return lambda ctx, pt, bufs: _ce_records(ctx, pt, bufs, t)
-
-
 TESTS: dict[str, Test] = {t.key: t for t in (
-    Test("h2d", "host_to_device_memcpy_ce", "copy engine, host to device", _ce("h2d")),
-    Test("d2h", "device_to_host_memcpy_ce", "copy engine, device to host", _ce("d2h")),
-    Test("bidir", "host_to_device_bidirectional_memcpy_ce", "copy engines, both directions at once",
-         lambda ctx, pt, bufs: _bidir_records(ctx, pt, bufs), device_units=3, host_units=3,
-         records=("bidir-h2d", "bidir-d2h", "bidir-total")),
-    Test("h2d-sm", "host_to_device_memcpy_sm", "copy kernel on the GPU reading page-locked host memory",
-         lambda ctx, pt, bufs: _sm_records(ctx, pt, bufs, "h2d-sm"), locked_only=True),
-    Test("d2h-sm", "device_to_host_memcpy_sm", "copy kernel on the GPU writing page-locked host memory",
-         lambda ctx, pt, bufs: _sm_records(ctx, pt, bufs, "d2h-sm"), locked_only=True),
-    Test("d2d", "device_local_copy", "copy engine between two buffers of one GPU (bytes counted once)",
-         lambda ctx, pt, bufs: _d2d_records(ctx, pt), host=False, device_units=2, host_units=0),
-    Test("latency", "host_device_latency_sm", "pointer chase by one GPU thread over page-locked host memory",
-         lambda ctx, pt, bufs: _latency_records(ctx, pt, bufs), locked_only=True, device_units=0),
+    Test("h2d", "host_to_device_memcpy_ce", lambda ctx, g, bufs: _ce_records(ctx, g, bufs, "h2d")),
+    Test("d2h", "device_to_host_memcpy_ce", lambda ctx, g, bufs: _ce_records(ctx, g, bufs, "d2h")),
+    Test("bidir", "host_to_device_bidirectional_memcpy_ce", lambda ctx, g, bufs: _bidir_records(ctx, g, bufs),
+         device_units=3, host_units=3, records=("bidir-h2d", "bidir-d2h", "bidir-total")),
+    Test("h2d-sm", "host_to_device_memcpy_sm", lambda ctx, g, bufs: _sm_records(ctx, g, bufs, "h2d-sm"),
+         locked_only=True),
+    Test("d2h-sm", "device_to_host_memcpy_sm", lambda ctx, g, bufs: _sm_records(ctx, g, bufs, "d2h-sm"),
+         locked_only=True),
+    Test("d2d", "device_local_copy", lambda ctx, g, bufs: _d2d_records(ctx, g), host=False, device_units=2,
+         host_units=0),
+    Test("latency", "host_device_latency_sm", lambda ctx, g, bufs: _latency_records(ctx, g, bufs), locked_only=True,
+         device_units=0),
 )}
-DIRECTIONS = tuple(TESTS)
-DEFAULT_DIRECTIONS = ("h2d", "d2h")
-BUFFER_TESTS = ("h2d", "d2h", "h2d-sm", "d2h-sm", "latency")  # share one host + device pair per point
 
 
 @dataclass(frozen=True)
@@ -109,7 +80,7 @@ class CopySpec:
     """
 
     sizes: tuple[int, ...]
-    directions: tuple[str, ...] = DEFAULT_DIRECTIONS
+    directions: tuple[str, ...] = ("h2d", "d2h")
     memory: tuple[str, ...] = ("pinned", "pageable")
     devices: tuple[int, ...] | None = None
     plan: TimingPlan = field(default_factory=TimingPlan)
@@ -123,7 +94,7 @@ class CopySpec:
             UsageError: a memory kind or direction not known (or none), no sizes.
         """
         check_choices("memory kind", self.memory, gpu.MEMORY_KINDS)
-        check_choices("direction", self.directions, DIRECTIONS)
+        check_choices("direction", self.directions, TESTS)
         if not self.sizes:
             raise UsageError("no sizes to measure")
 
@@ -140,14 +111,10 @@ class _Group:
 
     @property
     def ordinal(self) -> int:
-        """The CUDA ordinal of a one-GPU group (every test but the "all" group's)."""
+        """The CUDA ordinal of a one-GPU group (every group but "all")."""
         if isinstance(self.device, int):
             return self.device
         raise ValueError(f"the group of device {self.device!r} has no single ordinal")
-
-
-def _label(g: _Group) -> str:
-    return f"GPU {g.device} {g.memory} {format_size(g.nbytes)}"
 
 
 def _groups(spec: CopySpec, devices: tuple[int, ...]) -> list[_Group]:
@@ -207,17 +174,8 @@ def _params(pt_group: _Group, direction: str) -> dict:
 def timed(timer: GatedTimer, enqueue_k: Callable[[int], None], plan: TimingPlan, *, policy: str = SPAN,
           warm: int = 0) -> tuple[list[LaneTimes], int]:
     """One probe sample picks the steps per sample (choose_reps, gated lanes only), then
-    :func:`sample_loop` over ``plan``.
-
-    Args:
-        timer: the lanes.
-        enqueue_k: ``enqueue_k(k)`` queues k steps on every lane.
-        plan: warm-ups and iteration rule (the measured time is the ``policy`` time).
-        policy: which time drives the iteration rule.
-        warm: untimed steps queued behind the gate before each sample's start event.
-
-    Returns:
-        (the timed samples' LaneTimes, steps per sample).
+    :func:`sample_loop` over ``plan`` on the ``policy`` time; ``enqueue_k(k)`` queues k steps on every
+    lane, ``warm`` untimed steps go behind the gate first. Returns (the kept LaneTimes, steps per sample).
     """
     probe = timer.sample(lambda: enqueue_k(1))
     reps = choose_reps(policy_seconds(probe, policy)) if timer.gated else 1
@@ -422,8 +380,6 @@ def _d2d_records(ctx: Context, g: _Group) -> list[Record]:
         times, reps = timed(timer, enqueue, spec.plan)
         verified = kernels.count_wrong(g.ordinal, b.ptr, n, seed=n & 0xFFFFFFFF) == 0 if spec.verify else None
         r = _record(_params(g, "d2d"), n, [t.span / reps for t in times], reps, True, verified, None)
-        from gpubench.core import env as envmod
-
         # each byte is read and written in the same memory: held against half its bandwidth
         limits.mark(r, limits.device_copy_peak_bytes_per_s(envmod.gpu_by_index(ctx.env, g.ordinal)),
                     "device memory bandwidth / 2 (read + write)")
@@ -518,7 +474,6 @@ class Copy(Benchmark):
 
     name = "copy"
     host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
-    description = "Host<->device copy bandwidth: pinned vs pageable, H2D, D2H, bidir."
 
     def points(self, spec: CopySpec, devices: tuple[int, ...]) -> list[Point]:
         out = []
@@ -529,7 +484,7 @@ class Copy(Benchmark):
             host = max(t.host_units for t in tests) * n
             locked = host if g.memory not in ("pageable", "device") else 0
             on = devices if g.device == "all" else (g.ordinal,)
-            out.append(Point(_label(g), g, device_bytes=dev, host_bytes=host * len(on), locked_bytes=locked * len(on),
+            out.append(Point(f"GPU {g.device} {g.memory} {format_size(n)}", g, device_bytes=dev, host_bytes=host * len(on), locked_bytes=locked * len(on),
                              devices=on))
         return out
 
@@ -538,8 +493,6 @@ class Copy(Benchmark):
 
     @contextlib.contextmanager
     def setup(self, ctx: Context):
-        from gpubench.core import env as envmod
-
         ctx.data["peaks"] = {d: (envmod.gpu_by_index(ctx.env, d) or {}).get("pcie_peak_bytes_per_s")
                              for d in ctx.devices}
         yield ctx

@@ -1,26 +1,15 @@
 """``gpubench memcpy2d``: a window of W bytes x H rows copied out of rows with a pitch, four ways.
 
-Layout (docs/memcpy2d.md): the source holds H rows of ``src_pitch`` bytes; the window is the first W
-bytes of each row. The destination holds H rows of ``dst_pitch`` bytes between two guard zones of
-:data:`GUARD` bytes; the window lands in the first W bytes of each destination row. Everything in
-the destination outside the window (row tails and guards) is filled with a second pattern first and
-checked to be untouched afterwards.
+The source holds H rows of ``src_pitch`` bytes, the window is the first W bytes of each; the
+destination holds H rows of ``dst_pitch`` bytes between two guard zones of :data:`GUARD` bytes,
+and everything outside the window is checked to stay untouched (docs/memcpy2d.md). Strategies:
+``2d`` (one ``cudaMemcpy2DAsync``), ``row-loop`` (one ``cudaMemcpyAsync`` per row, gated in
+segments of :data:`gpubench.core.timing.SEGMENT`), ``contiguous`` (one copy of W x H bytes: the
+ceiling) and ``cupy-slice`` (the CuPy slice assignment users write, timed with perf_counter around
+the line and a stream synchronize, since CuPy does host work inside it).
 
-Strategies:
-
-- ``2d``: one ``cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, W, H, kind, stream)``.
-- ``row-loop``: H ``cudaMemcpyAsync`` calls of W bytes, one per row (from page-locked or device
-  memory queued behind the spin gate in segments of :data:`gpubench.core.timing.SEGMENT`).
-- ``contiguous``: one ``cudaMemcpyAsync`` of W x H bytes from the start of the source to the window's
-  start: the same bytes with no pitch, the ceiling.
-- ``cupy-slice``: what users write in CuPy: H2D ``dst[:, :W] = cupy.asarray(host[:, :W])``; D2H
-  ``host_dst[:, :W] = cupy.asnumpy(dev[:, :W])``; D2D ``dst[:, :W] = src[:, :W]``. Timed with
-  perf_counter around the line and a stream synchronize, since CuPy does host work (a contiguous
-  host copy, allocations) inside it.
-
-Figures: effective bandwidth = W x H / seconds (window bytes moved once, as nvbandwidth counts
-copies; the pitch padding is not counted); time per row = seconds / H; relative to 2d = 2d's
-median time / this strategy's median time.
+Figures: bandwidth = W x H / seconds (window bytes moved once, as nvbandwidth counts copies; the
+pitch padding is not counted); time per row = seconds / H; relative to 2d = 2d's median / this one's.
 """
 
 from __future__ import annotations
@@ -476,7 +465,6 @@ class Memcpy2d(Benchmark):
 
     name = "memcpy2d"
     host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
-    description = "Pitched 2-D copies vs a row-by-row loop vs one contiguous copy vs CuPy slices."
 
     def points(self, spec: Memcpy2dSpec, devices: tuple[int, ...]) -> list[Point]:
         host_dirs = tuple(d for d in spec.directions if d != "d2d")

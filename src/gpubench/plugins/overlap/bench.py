@@ -1,22 +1,12 @@
 """``gpubench overlap``: H2D -> kernel -> D2H over N bytes, on one stream and split over K streams.
 
-What is timed (docs/overlap.md), all with CUDA events, each sample queued behind
-:class:`gpubench.core.gpu.SpinGate` so the host's launch cost stays out:
-
-- each stage alone over all N bytes: ``h2d`` (pinned host -> device), ``kernel`` (device in -> out),
-  ``d2h`` (device -> pinned host);
-- ``serial``: the three stages one after another on one stream;
-- ``overlapped``: the data cut into C chunks; chunk c runs H2D, kernel, D2H on stream c mod K. The
-  K streams wait on one start event, and the sample ends when the last stream's end event fires.
-
-The kernel reads float32 x and writes y = f^work(x) with f(v) = fmaf(v, a, b): ``work`` dependent
-FMAs per element (2 x work flops per 4 bytes), so the compute per byte is set by ``--work``.
-
-Figures: speed-up = serial median / overlapped median; ratio to the longest stage = overlapped
-median / max(stage medians) (1.0 is the best overlap can do when H2D and D2H use separate copy
-engines, as on every datacenter GPU since Kepler; NVIDIA blog "How to Overlap Data Transfers in
-CUDA C/C++", Harris 2012). Output data are checked against the closed form
-y = a^n x + b (1 - a^n) / (1 - a) (n = work).
+Timed with CUDA events behind :class:`gpubench.core.gpu.SpinGate` (docs/overlap.md): each stage
+alone, ``serial`` (the three on one stream) and ``overlapped`` (C chunks, chunk c on stream c mod K,
+timed from one start event to the last stream's end). The kernel does ``work`` dependent FMAs per
+float32 element, y = f^work(x), f(v) = fmaf(v, a, b); its output is checked against the closed form
+y = a^n x + b (1 - a^n) / (1 - a). Figures: speed-up = serial median / overlapped median; ratio to
+the longest stage = overlapped median / max(stage medians) (NVIDIA blog "How to Overlap Data
+Transfers in CUDA C/C++", Harris 2012).
 """
 
 from __future__ import annotations
@@ -316,7 +306,6 @@ class Overlap(Benchmark):
 
     name = "overlap"
     host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
-    description = "Copy/compute overlap: H2D -> kernel -> D2H on one stream vs chunks on N streams."
 
     def points(self, spec: OverlapSpec, devices: tuple[int, ...]) -> list[Point]:
         return [Point(f"work {w}", w, devices=(spec.device,)) for w in spec.works]

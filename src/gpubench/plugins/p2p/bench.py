@@ -1,27 +1,11 @@
-"""``gpubench p2p``: GPU-to-GPU copies for every ordered pair of the selected GPUs.
+"""``gpubench p2p``: GPU-to-GPU copies for every ordered pair of the selected GPUs (docs/p2p.md).
 
-Methods (see docs/p2p.md), matched to the reference tools:
-
-- ``write`` / ``read`` (nvbandwidth device_to_device_memcpy_write_ce / _read_ce): peer access enabled
-  both ways; ``cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault)`` on a non-blocking stream of the
-  source GPU (write, the copy engine pushes) or of the destination GPU (read, it pulls).
-- ``bidir`` (nvbandwidth device_to_device_bidirectional_memcpy_read_ce): both directions at once,
-  each pulled by its destination's stream; per direction = its own events; total = the sum of the
-  two directions' bandwidths per sample (nvbandwidth's rule). The time until both finished is kept
-  too (``extra.span_samples_s``, p2pBandwidthLatencyTest's rule).
-- ``sm`` (nvbandwidth device_to_device_memcpy_read_sm): nvbandwidth's copy kernel, run on the
-  destination GPU, reading the peer's memory; sizes truncated as nvbandwidth does.
-- ``latency`` / ``off-latency`` (p2pBandwidthLatencyTest): 100 copies of 16 bytes (one int4) per
-  sample, pushed by the source's stream, time per copy.
-- ``off`` / ``off-bidir`` / ``off-latency``: peer access disabled (``cudaDeviceDisablePeerAccess``);
-  ``cudaMemcpyPeerAsync`` then stages through host memory (p2pBandwidthLatencyTest "P2P=Disabled",
-  5 copies per sample as its ``repeat``; off-bidir pushes both ways as that test does, and its total
-  is that test's: both directions' bytes over the time until both finished).
-
-Every sample (nvbandwidth's doMemcpyCore): a spinning kernel holds each stream, 4 untimed warm-up
-copies are queued, the start event is recorded (other streams wait on the first one's), ``reps``
-copies are queued, end events recorded, then the streams are released together. The figure of a
-sample is ``nbytes * reps / elapsed``; the report shows the median over samples.
+Methods: ``write`` / ``read`` / ``bidir`` / ``sm`` follow nvbandwidth's device_to_device tests
+(write/read CE, bidirectional read CE, read SM); ``latency`` and the peer-off tests (``off``,
+``off-bidir``, ``off-latency``: ``cudaMemcpyPeerAsync`` staged through the host) follow
+p2pBandwidthLatencyTest. Every sample is nvbandwidth's doMemcpyCore: a spin kernel holds each
+stream, 4 untimed copies, start events, ``reps`` copies, end events, release; the figure of a
+sample is ``nbytes * reps / elapsed``.
 """
 
 from __future__ import annotations
@@ -529,7 +513,6 @@ class P2P(Benchmark):
 
     name = "p2p"
     host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
-    description = "GPU<->GPU copy matrix: peer access on/off, read/write, bidir, SM copy, latency."
 
     def devices(self, spec: P2PSpec) -> tuple[int, ...]:
         return select_devices(spec)

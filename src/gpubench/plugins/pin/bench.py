@@ -1,20 +1,7 @@
-"""``gpubench pin``: what it costs to get memory a copy engine can use, over a size sweep.
-
-A program chooses between pageable and page-locked (pinned) host memory knowing two figures:
-how much faster a pinned copy is (``gpubench copy``) and how long pinning takes. This plug-in
-measures the second, one CUDA runtime call at a time, timed on the host (``time.perf_counter``
-around the call, which returns when the work is done):
-
-- ``host-alloc``: ``cudaHostAlloc`` (portable) of ``nbytes``, then ``cudaFreeHost``;
-- ``host-register``: ``cudaHostRegister`` (portable) of an already touched ``nbytes`` numpy
-  buffer, then ``cudaHostUnregister``, so the figure is the page-locking alone, not first touch;
-- ``malloc``: ``cudaMalloc`` of ``nbytes`` on the GPU, then ``cudaFree``.
-
-Each operation gives two records per size, ``phase`` "alloc" (or "register") and "free" (or
-"unregister"): seconds per call, and in ``extra.bytes_per_s`` the rate ``nbytes / seconds`` of
-the alloc phase. The sample loop, warm-ups, interrupts and partial results are the driver's
-(``gpubench.core.benchmark``); this module holds only what to allocate and the one timed step.
-Its command line is :mod:`gpubench.plugins.pin.command`; its descriptor, the package's ``PLUGIN``.
+"""``gpubench pin``: what ``cudaHostAlloc``, ``cudaHostRegister`` (of a touched buffer) and
+``cudaMalloc``, and their frees, cost over a size sweep (docs/pin.md): one call per phase per
+sample, timed on the host with ``time.perf_counter``; two records per size (alloc or register,
+free or unregister), seconds per call, ``extra.bytes_per_s`` = nbytes / median seconds.
 """
 
 from __future__ import annotations
@@ -97,7 +84,6 @@ class Pin(Benchmark):
     """The pin plug-in: a point is (operation, size); one timed call of each phase per sample."""
 
     name = "pin"
-    description = "Cost of page-locking host memory and of cudaMalloc: cudaHostAlloc, cudaHostRegister, frees."
 
     def points(self, spec: PinSpec, devices: tuple[int, ...]) -> list[Point]:
         out = []
