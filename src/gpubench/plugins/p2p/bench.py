@@ -30,16 +30,7 @@ from gpubench.core.result import Record, Result
 from gpubench.core.timing import GatedTimer, Lane, TimingPlan, choose_reps
 from gpubench.core.units import format_size
 
-TESTS: dict[str, str] = {
-    "write": "CE copy pushed by the source GPU, peer access on (nvbandwidth d2d write CE)",
-    "read": "CE copy pulled by the destination GPU, peer access on (nvbandwidth d2d read CE)",
-    "bidir": "both directions at once, each pulled by its destination (nvbandwidth d2d bidir read CE)",
-    "sm": "copy kernel on the destination GPU reading the peer's memory (nvbandwidth d2d read SM)",
-    "latency": "time of one 16-byte copy, peer access on (p2pBandwidthLatencyTest P2P writes)",
-    "off": "copy with peer access disabled, staged through the host (p2pBandwidthLatencyTest)",
-    "off-bidir": "both directions at once with peer access disabled (p2pBandwidthLatencyTest)",
-    "off-latency": "time of one 16-byte copy with peer access disabled (p2pBandwidthLatencyTest)",
-}
+TESTS = ("write", "read", "bidir", "sm", "latency", "off", "off-bidir", "off-latency")
 PEER_OFF_TESTS = ("off", "off-bidir", "off-latency")
 LATENCY_TESTS = ("latency", "off-latency")
 BIDIR_TESTS = ("bidir", "off-bidir")
@@ -104,10 +95,6 @@ class _Group:
     test: str
     src: int
     dst: int
-
-
-def _label(g: _Group) -> str:
-    return f"{g.test} GPU {g.src} -> GPU {g.dst}"
 
 
 def order_groups(tests: tuple[str, ...], devices: tuple[int, ...]) -> list[_Group]:
@@ -231,30 +218,16 @@ def loop_count(spec: P2PSpec, test: str) -> int:
 
 def bidir_records(base: dict, copied: int, per: list[list[float]], spans: list[float], reps: int, test: str,
                   extra: dict, peak: float | None, peak_rev: float | None, rev_device: int) -> list[Record]:
-    """The forward, reverse and total records of a bidirectional test.
+    """The forward, reverse and total bandwidth records of a bidirectional test.
 
-    Args:
-        base: params shared by the three records (test, src, dst).
-        copied: bytes per copy in each direction.
-        per: [forward, reverse] elapsed seconds per sample, each from its own stream's events.
-        spans: seconds per sample from the common start until both directions finished.
-        reps: copies per sample in each direction.
-        test: "bidir" or "off-bidir".
-        extra: fields shared by the records; peak / peak_rev: link peaks (B/s) per direction.
-
-    Returns:
-        Three bandwidth Records (part forward, reverse, total); samples are seconds per copy (per
-        copy pair for the total, whose nbytes is 2 * copied).
-
-    The total follows the tool the test mirrors:
-        - bidir (nvbandwidth): the sum of the two directions' bandwidths per sample, kept as the
-          equivalent seconds 2 * copied / (bw_forward + bw_reverse);
-        - off-bidir (p2pBandwidthLatencyTest outputBidirectionalBandwidthMatrix):
-          2 * copied * reps / span, the bytes of both directions over the time until both finished.
-          Peer-off copies are staged through the host and block it while queued, so the directions
-          only partly overlap and the sum of the directions would count time they did not share.
-        Both are recorded: the other rule's samples go in extra ("span_samples_s" or
-        "sum_rule_samples_s").
+    ``per`` holds [forward, reverse] seconds per sample of ``reps`` copies of ``copied`` bytes, each
+    from its own stream's events; ``spans`` the seconds until both finished; peaks in B/s. Samples
+    are seconds per copy (per copy pair for the total, whose nbytes is 2 * copied). The total follows
+    the tool the test mirrors: bidir (nvbandwidth) the sum of the two directions' bandwidths per
+    sample, as seconds 2 * copied / (bw_forward + bw_reverse); off-bidir (p2pBandwidthLatencyTest
+    outputBidirectionalBandwidthMatrix) both directions' bytes over the span, since peer-off copies
+    block the host and overlap only partly. The other rule's samples go in extra
+    ("span_samples_s" or "sum_rule_samples_s").
     """
     fwd = [t / reps for t in per[0]]
     rev = [t / reps for t in per[1]]
@@ -283,12 +256,9 @@ def _bw_record(params, nbytes, per_copy_s, reps, extra) -> Record:
     return r
 
 
-def _choose(lanes, plan_reps_cap: int, warm: int) -> tuple[int, float]:
-    """Copies per sample: nvbandwidth's loop count, cut so a sample of slow copies stays ~0.2 s.
-
-    Returns:
-        (copies per sample, host seconds the probe copy took to queue).
-    """
+def _choose(lanes, plan_reps_cap: int) -> tuple[int, float]:
+    """(copies per sample, host seconds the probe copy took to queue): nvbandwidth's loop count, cut
+    so a sample of slow copies stays ~0.2 s."""
     per, _, queued = _run_lanes(lanes, 1, TimingPlan(warmup=0, iters=1), warm=0)
     return choose_reps(max(per[0]), target=SAMPLE_TARGET_S, cap=plan_reps_cap), queued
 
@@ -343,42 +313,26 @@ def _sm_read(b: _PairBuffers):
     return [_lane(b.j, enqueue, b.gate_timeout)], [(b.j, b.dst.ptr, copied, b.seed)], copied
 
 
-@dataclass(frozen=True)
-class P2PTest:
-    """One entry of p2p's table.
-
-    Attributes:
-        name: the ``-t/--tests`` value.
-        what: one line for --help and docs.
-        lanes: (the point's buffers) -> (lanes, checks, bytes per copy), or error records; a check
-            is (device, address, bytes, seed) of a destination to count wrong bytes in.
-        peer_off: peer access disabled for it (run first, p2pBandwidthLatencyTest's P2P=Disabled).
-        latency: a time per 16-byte copy (metric "time"), LATENCY_REPS copies per sample.
-        bidir: both directions at once (three records: forward, reverse, total).
-    """
-
-    name: str
-    what: str
-    lanes: Callable[[_PairBuffers], tuple[list[Lane], list[tuple[int, int, int, int]], int] | list[Record]]
-    peer_off: bool = False
-    latency: bool = False
-    bidir: bool = False
+# test -> (the point's buffers) -> (lanes, checks, bytes per copy), or error records; a check is
+# (device, address, bytes, seed) of a destination to count wrong bytes in
+LANES: dict[str, Callable[[_PairBuffers], tuple[list[Lane], list[tuple[int, int, int, int]], int] | list[Record]]] = {
+    "write": lambda b: _one_way(b, reader=False),
+    "read": lambda b: _one_way(b, reader=True),
+    "bidir": lambda b: _both_ways(b, pull=True),
+    "sm": _sm_read,
+    "latency": lambda b: _one_way(b, reader=False),
+    "off": lambda b: _one_way(b, reader=False),
+    "off-bidir": lambda b: _both_ways(b, pull=False),
+    "off-latency": lambda b: _one_way(b, reader=False),
+}
 
 
-TEST_TABLE: dict[str, P2PTest] = {t.name: t for t in (
-    P2PTest("write", TESTS["write"], lambda b: _one_way(b, reader=False)),
-    P2PTest("read", TESTS["read"], lambda b: _one_way(b, reader=True)),
-    P2PTest("bidir", TESTS["bidir"], lambda b: _both_ways(b, pull=True), bidir=True),
-    P2PTest("sm", TESTS["sm"], _sm_read),
-    P2PTest("latency", TESTS["latency"], lambda b: _one_way(b, reader=False), latency=True),
-    P2PTest("off", TESTS["off"], lambda b: _one_way(b, reader=False), peer_off=True),
-    P2PTest("off-bidir", TESTS["off-bidir"], lambda b: _both_ways(b, pull=False), peer_off=True, bidir=True),
-    P2PTest("off-latency", TESTS["off-latency"], lambda b: _one_way(b, reader=False), peer_off=True, latency=True),
-)}
-assert tuple(TEST_TABLE) == tuple(TESTS)
-assert PEER_OFF_TESTS == tuple(t.name for t in TEST_TABLE.values() if t.peer_off)
-assert LATENCY_TESTS == tuple(t.name for t in TEST_TABLE.values() if t.latency)
-assert BIDIR_TESTS == tuple(t.name for t in TEST_TABLE.values() if t.bidir)
+def _error_records(spec: P2PSpec, g: _Group, error: str, extra: dict | None = None) -> list[Record]:
+    """The records of a point that did not run: one per part of its test."""
+    n = spec.latency_bytes if g.test in LATENCY_TESTS else spec.nbytes
+    parts = ("forward", "reverse", "total") if g.test in BIDIR_TESTS else (None,)
+    return [Record(params={"test": g.test, "src": g.src, "dst": g.dst, "nbytes": n, **({"part": p} if p else {})},
+                   nbytes=n, error=error, extra=dict(extra or {})) for p in parts]
 
 
 def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[Record]:
@@ -389,14 +343,10 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
     base = {"test": test, "src": i, "dst": j}
     can = peers.can(i, j)
     if not off and not can:
-        n = spec.latency_bytes if test in LATENCY_TESTS else spec.nbytes
-        parts = ("forward", "reverse", "total") if test in BIDIR_TESTS else (None,)
-        return [Record(params={**base, "nbytes": n, **({"part": p} if p else {})}, nbytes=n,
-                       error=f"no peer access between GPU {i} and GPU {j} (cudaDeviceCanAccessPeer = 0)",
-                       extra={"peer_access_capable": False}) for p in parts]
+        return _error_records(spec, g, f"no peer access between GPU {i} and GPU {j} (cudaDeviceCanAccessPeer = 0)",
+                              {"peer_access_capable": False})
     peers.set(i, j, on=not off)
     peak, link = link_peak(env, i, j, peer_access=not off)
-    common = {"peer_access": not off, "peer_access_capable": can, "link": link}
     gate_timeout = OFF_GATE_TIMEOUT_S if off else 10.0
     n = spec.latency_bytes if test in LATENCY_TESTS else spec.nbytes
     bufs: list[tuple[int, gpu.DeviceBuffer]] = []
@@ -414,23 +364,25 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         # never time on zeros: fill the source with a pattern, poison the destination
         _fill(i, src.ptr, n, seed)
         _fill(j, dst.ptr, n, seed ^ 0x5A5A)
-        built = TEST_TABLE[test].lanes(_PairBuffers(i, j, n, seed, src, dst, alloc, gate_timeout, off, base))
+        built = LANES[test](_PairBuffers(i, j, n, seed, src, dst, alloc, gate_timeout, off, base))
         if isinstance(built, list):
             return built
         lanes, checks, copied = built
+
+        def ungate() -> None:
+            for ln in lanes:
+                ln.gate = None
 
         if test in LATENCY_TESTS:
             reps = LATENCY_REPS
         else:
             if off and peers.off_blocks_host:
-                for ln in lanes:
-                    ln.gate = None
-            reps, probe_queued = _choose(lanes, loop_count(spec, test), WARMUP_COPIES)
+                ungate()
+            reps, probe_queued = _choose(lanes, loop_count(spec, test))
             if lanes[0].gate is not None and probe_queued >= 0.9 * gate_timeout:
                 # queueing one copy already outlasted the gate: every gated sample would wait for
                 # its timeout (2 s) and be thrown away, so time this point without the gate
-                for ln in lanes:
-                    ln.gate = None
+                ungate()
                 if off:
                     peers.off_blocks_host = True
         gated = lanes[0].gate is not None
@@ -439,73 +391,32 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         if gated and gate_expired:
             # the copies blocked the host while the gate held the stream: measure again without the
             # gate (events then time the copies as the host queues them; launch cost included)
-            for ln in lanes:
-                ln.gate = None
+            ungate()
             per, spans, queued = _run_lanes(lanes, reps, spec.plan)
         for ln in lanes:
             ln.stream.synchronize()
-        verified = None
-        wrong: int | None = None
-        if spec.verify:
-            wrong = sum(_count_wrong(d, p, size, s) for d, p, size, s in checks)
-            verified = wrong == 0
-        extra = {**common, "verified": verified, "wrong_bytes": wrong, "gate_expired": gate_expired,
-                 "gated": not gate_expired, "stream_device": lanes[0].device}
+        wrong = sum(_count_wrong(d, p, size, s) for d, p, size, s in checks) if spec.verify else None
+        extra = {"peer_access": not off, "peer_access_capable": can, "link": link,
+                 "verified": None if wrong is None else wrong == 0, "wrong_bytes": wrong,
+                 "gate_expired": gate_expired, "gated": not gate_expired, "stream_device": lanes[0].device}
         if gate_expired:
             extra["note"] = ("queueing the copies blocked the host while the spin kernel held the stream, so "
                              "they were timed without it; the figure includes launch time")
-        out: list[Record] = []
         if test in LATENCY_TESTS:
-            r = Record(params={**base, "nbytes": n}, metric="time", nbytes=n,
-                       samples_s=[t / reps for t in per[0]], reps=reps, extra=extra)
-            out.append(r)
-        elif test in BIDIR_TESTS:
+            return [Record(params={**base, "nbytes": n}, metric="time", nbytes=n,
+                           samples_s=[t / reps for t in per[0]], reps=reps, extra=extra)]
+        if test in BIDIR_TESTS:
             peak_rev, _ = link_peak(env, j, i, peer_access=not off)
-            out += bidir_records(base, copied, per, spans, reps, test, extra, peak, peak_rev, lanes[1].device)
-        else:
-            extra["peak_bytes_per_s"] = peak
-            if test == "sm":
-                extra["kernel"] = sm_copy_geometry(n, _num_sms(j))[0]
-                extra["requested_nbytes"] = n
-            out.append(_bw_record({**base, "nbytes": copied}, copied, [t / reps for t in per[0]], reps, extra))
-        return out
+            return bidir_records(base, copied, per, spans, reps, test, extra, peak, peak_rev, lanes[1].device)
+        extra["peak_bytes_per_s"] = peak
+        if test == "sm":
+            extra["kernel"] = sm_copy_geometry(n, _num_sms(j))[0]
+            extra["requested_nbytes"] = n
+        return [_bw_record({**base, "nbytes": copied}, copied, [t / reps for t in per[0]], reps, extra)]
     finally:
         for dev, b in bufs:
             with cupy.cuda.Device(dev):
                 b.free()
-
-
-def preflight(spec: P2PSpec, devices: tuple[int, ...]) -> None:
-    """Check each GPU can hold two buffers of -b (bidirectional tests) before allocating.
-
-    Raises:
-        UsageError: a GPU has too little free memory; the message says which size would fit.
-    """
-    per_dev = (2 if any(t in BIDIR_TESTS for t in spec.tests) else 1) * spec.nbytes
-    for d in devices:
-        free, _total = gpu.device_free_bytes(d)
-        if per_dev + DEVICE_MARGIN_BYTES > free:
-            fit = max(0, free - DEVICE_MARGIN_BYTES) // (per_dev // spec.nbytes)
-            raise UsageError(
-                f"-b {format_size(spec.nbytes)} needs {format_size(per_dev)} on GPU {d}, which has "
-                f"{format_size(free)} free", f"use -b {format_size(fit)} or less")
-
-
-def select_devices(spec: P2PSpec) -> tuple[int, ...]:
-    """The GPUs to use: -d checked against the visible ones, or every visible GPU.
-
-    Raises:
-        NoGPUError: no GPU visible.
-        UsageError: fewer than two GPUs, or an id that is not visible.
-    """
-    gpu.require_gpu()
-    n = gpu.device_count()
-    if spec.devices is None:
-        if n < 2:
-            raise UsageError(f"p2p needs two GPUs; this machine shows {n} CUDA device",
-                             "CUDA_VISIBLE_DEVICES may hide the others")
-        return tuple(range(n))
-    return gpu.resolve_devices(spec.devices, minimum=2)
 
 
 class P2P(Benchmark):
@@ -515,13 +426,34 @@ class P2P(Benchmark):
     host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
 
     def devices(self, spec: P2PSpec) -> tuple[int, ...]:
-        return select_devices(spec)
+        """-d checked against the visible GPUs, or every visible GPU.
+
+        Raises:
+            NoGPUError: no GPU visible.
+            UsageError: fewer than two GPUs, or an id that is not visible.
+        """
+        gpu.require_gpu()
+        n = gpu.device_count()
+        if spec.devices is None:
+            if n < 2:
+                raise UsageError(f"p2p needs two GPUs; this machine shows {n} CUDA device",
+                                 "CUDA_VISIBLE_DEVICES may hide the others")
+            return tuple(range(n))
+        return gpu.resolve_devices(spec.devices, minimum=2)
 
     def points(self, spec: P2PSpec, devices: tuple[int, ...]) -> list[Point]:
-        return [Point(_label(g), g, devices=(g.src, g.dst)) for g in order_groups(spec.tests, devices)]
+        return [Point(f"{g.test} GPU {g.src} -> GPU {g.dst}", g, devices=(g.src, g.dst))
+                for g in order_groups(spec.tests, devices)]
 
     def preflight(self, spec: P2PSpec, points, devices) -> None:
-        preflight(spec, devices)
+        """Each GPU must hold two buffers of -b (bidirectional tests); the message says which size fits."""
+        per_dev = (2 if any(t in BIDIR_TESTS for t in spec.tests) else 1) * spec.nbytes
+        for d in devices:
+            free, _total = gpu.device_free_bytes(d)
+            if per_dev + DEVICE_MARGIN_BYTES > free:
+                fit = max(0, free - DEVICE_MARGIN_BYTES) // (per_dev // spec.nbytes)
+                raise UsageError(f"-b {format_size(spec.nbytes)} needs {format_size(per_dev)} on GPU {d}, which has "
+                                 f"{format_size(free)} free", f"use -b {format_size(fit)} or less")
 
     @contextlib.contextmanager
     def setup(self, ctx: Context):
@@ -543,12 +475,7 @@ class P2P(Benchmark):
             raise MachineError(f"the copy kernels did not compile: {first_line(e)}") from None
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
-        spec: P2PSpec = ctx.spec
-        g: _Group = point.key
-        n = spec.latency_bytes if g.test in LATENCY_TESTS else spec.nbytes
-        parts = ("forward", "reverse", "total") if g.test in BIDIR_TESTS else (None,)
-        return [Record(params={"test": g.test, "src": g.src, "dst": g.dst, "nbytes": n,
-                               **({"part": p} if p else {})}, nbytes=n, error=message) for p in parts]
+        return _error_records(ctx.spec, point.key, message)
 
     def spec_dict(self, ctx: Context) -> dict:
         return {**ctx.spec.to_dict(), "devices": list(ctx.devices)}
@@ -573,8 +500,7 @@ def run(spec: P2PSpec, progress: ProgressSink | None = None) -> Result:
 
     Returns:
         A Result with one record per (test, src, dst) (bidirectional tests: parts forward, reverse,
-        total); params hold "test", "src", "dst", "nbytes" (and "part"). extra holds the link, its
-        peak, % of it, the peer-access state, and the verification.
+        total); extra holds the link, its peak, % of it, the peer-access state, and the verification.
 
     Raises:
         NoGPUError / UsageError: no GPU, fewer than two, or -b does not fit.
