@@ -484,8 +484,8 @@ class Copy(Benchmark):
             host = max(t.host_units for t in tests) * n
             locked = host if g.memory not in ("pageable", "device") else 0
             on = devices if g.device == "all" else (g.ordinal,)
-            out.append(Point(f"GPU {g.device} {g.memory} {format_size(n)}", g, device_bytes=dev, host_bytes=host * len(on), locked_bytes=locked * len(on),
-                             devices=on))
+            out.append(Point(f"GPU {g.device} {g.memory} {format_size(n)}", g, device_bytes=dev,
+                             host_bytes=host * len(on), locked_bytes=locked * len(on), devices=on))
         return out
 
     def too_big_hint(self, spec: CopySpec) -> str:

@@ -98,16 +98,11 @@ def _cell(r, units: str, spread: str) -> str:
 
 
 def format_report(result, units: str = "GB", spread: str = "none") -> list:
-    """One matrix per test (row = source GPU, column = destination), then the pairs' links.
-
-    Returns rich renderables.
-    """
+    """One matrix per test (row = source GPU, column = destination), then the pairs' links (rich renderables)."""
     out: list = []
     devices = list(result.spec.get("devices") or sorted({r.params["src"] for r in result.records}))
     tests = [t for t in result.spec.get("tests", []) if any(r.params.get("test") == t for r in result.records)]
-    index = {}
-    for r in result.records:
-        index[(r.params["test"], r.params.get("part"), r.params["src"], r.params["dst"])] = r
+    index = {(r.params["test"], r.params.get("part"), r.params["src"], r.params["dst"]): r for r in result.records}
     for test in tests:
         parts = ("total", "forward") if test.endswith("bidir") else (None,)
         for part in parts:
@@ -131,20 +126,13 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
     if len(devices) > 1:
         t = report.table("GPU pairs", ["pair", "link", "peer access", "link peak per direction"])
         access = result.env.get("peer_access", {})
-        for a in devices:
-            for b in devices:
-                if a >= b:
-                    continue
-                link = (result.env.get("topology") or {}).get(f"{a},{b}", "?")
-                can = access.get(f"{a},{b}")
-                peak = None
-                for r in result.records:
-                    if r.params.get("src") == a and r.params.get("dst") == b and r.extra.get("peer_access") \
-                            and r.params.get("part") in (None, "forward") and r.extra.get("peak_bytes_per_s"):
-                        peak = r.extra["peak_bytes_per_s"]
-                        break
-                t.add_row(f"GPU {a} <-> GPU {b}", link, {True: "yes", False: "no"}.get(can, "?"),
-                          f"{format_rate(peak, units)} {units}/s" if peak else "?")
+        for a, b in ((a, b) for a in devices for b in devices if a < b):
+            link = (result.env.get("topology") or {}).get(f"{a},{b}", "?")
+            peak = next((r.extra["peak_bytes_per_s"] for r in result.records
+                         if r.params.get("src") == a and r.params.get("dst") == b and r.extra.get("peer_access")
+                         and r.params.get("part") in (None, "forward") and r.extra.get("peak_bytes_per_s")), None)
+            t.add_row(f"GPU {a} <-> GPU {b}", link, {True: "yes", False: "no"}.get(access.get(f"{a},{b}"), "?"),
+                      f"{format_rate(peak, units)} {units}/s" if peak else "?")
         out.append(t)
     notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; median of {result.timing.get('iters')} samples, "
              f"each {result.timing.get('warmup_copies')} untimed + up to "
