@@ -88,10 +88,6 @@ class BatchSpec:
         return d
 
 
-# ---------------------------------------------------------------------------------------------
-# cudaMemcpyBatchAsync through cuda-bindings
-
-
 def batch_api() -> tuple[object | None, str | None]:
     """Find cudaMemcpyBatchAsync: (cuda.bindings.runtime module, None) or (None, why not).
 
@@ -118,18 +114,9 @@ def batch_api() -> tuple[object | None, str | None]:
 
 
 class BatchCall:
-    """One prepared cudaMemcpyBatchAsync: pointer lists and one attribute set for every copy.
-
-    Args:
-        cudart: cuda.bindings.runtime.
-        dsts, srcs: destination / source addresses (ints), one per copy.
-        nbytes: bytes per copy.
-        host_is_src: True for H2D (the source is host memory), False for D2H.
-        device: CUDA ordinal of the device side.
-        stream: cupy.cuda.Stream to enqueue on (never the legacy NULL stream).
-
-    Raises:
-        MachineError: the runtime refused the call (``__call__``).
+    """One prepared cudaMemcpyBatchAsync of ``nbytes`` per copy between the address lists, with one
+    attribute set for every copy (``host_is_src``: H2D), on a cupy.cuda.Stream (never the legacy NULL
+    stream). Calling it raises MachineError when the runtime refuses the call.
     """
 
     def __init__(self, cudart, dsts, srcs, nbytes: int, host_is_src: bool, device: int, stream):
@@ -157,18 +144,11 @@ class BatchCall:
             raise MachineError(f"cudaMemcpyBatchAsync failed{where}: {getattr(err, 'name', err)}")
 
 
-# ---------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class _Group:
     count: int
     piece: int
     memory: str
-
-
-def _label(g: _Group) -> str:
-    return f"{g.count} x {format_size(g.piece)} {g.memory}"
 
 
 def _params(spec: BatchSpec, direction: str, strategy: str, g: _Group) -> dict:
@@ -224,37 +204,28 @@ class _Pieces:
         self.host_off = [int(self.host.ptr + int(perm[i]) * s) for i in range(n)]
         self.dev_off = [int(self.dev.ptr + i * s) for i in range(n)]
 
-    def dev_put(self, data) -> None:
+    def prepare(self, direction: str, contiguous: bool = False) -> tuple:
+        """Put the source data in place and poison the destination with ~expected; returns (h2d,
+        expected), what the destination holds after the copy (the pieces scattered, or the pattern as
+        is for a ``contiguous`` copy)."""
         from cupy.cuda import runtime
 
-        runtime.memcpy(self.dev.ptr, data.ctypes.data, self.total, gpu.H2D)
-
-    def dev_equals(self, expected) -> bool:
-        import numpy as np
-        from cupy.cuda import runtime
-
-        runtime.memcpy(self.check.ctypes.data, self.dev.ptr, self.total, gpu.D2H)
-        return bool(np.array_equal(self.check, expected))
-
-    def expected(self, h2d: bool):
-        """What the destination holds after a scattered copy of every piece."""
-        return self.scattered_dev if h2d else self.scattered_host
-
-    def prepare(self, h2d: bool, expected) -> None:
-        """Put the source data in place and poison the destination with ~expected."""
+        h2d = direction == "h2d"
+        expected = self.pat if contiguous else self.scattered_dev if h2d else self.scattered_host
         self.stream.synchronize()
-        if h2d:
-            self.host.array[:] = self.pat
-            self.dev_put(~expected)
-        else:
-            self.dev_put(self.pat)
-            self.host.array[:] = ~expected
+        dev_data = ~expected if h2d else self.pat
+        self.host.array[:] = self.pat if h2d else ~expected
+        runtime.memcpy(self.dev.ptr, dev_data.ctypes.data, self.total, gpu.H2D)
+        return h2d, expected
 
     def arrived(self, h2d: bool, expected) -> bool:
         import numpy as np
+        from cupy.cuda import runtime
 
         self.stream.synchronize()
-        return self.dev_equals(expected) if h2d else bool(np.array_equal(self.host.array, expected))
+        if h2d:
+            runtime.memcpy(self.check.ctypes.data, self.dev.ptr, self.total, gpu.D2H)
+        return bool(np.array_equal(self.check if h2d else self.host.array, expected))
 
     def params(self, direction: str, strategy: str) -> dict:
         return _params(self.spec, direction, strategy, self.g)
@@ -264,18 +235,15 @@ class _Pieces:
 
     def free(self) -> None:
         for b in (self.staging, self.dev, self.host):
-            if b is not None:
-                b.free()
+            b.free()
 
 
 def _separate(pt: _Pieces, direction: str) -> list[Record]:
     """One cudaMemcpyAsync per piece, gated in segments of SEGMENT (time_segments)."""
     from cupy.cuda import runtime
 
-    h2d = direction == "h2d"
+    h2d, expected = pt.prepare(direction)
     kind = gpu.H2D if h2d else gpu.D2H
-    expected = pt.expected(h2d)
-    pt.prepare(h2d, expected)
     pairs = list(zip(pt.dev_off, pt.host_off)) if h2d else list(zip(pt.host_off, pt.dev_off))
     sp = pt.stream.ptr
     memcpy_async = runtime.memcpyAsync
@@ -297,9 +265,8 @@ def _contiguous(pt: _Pieces, direction: str) -> list[Record]:
     """One copy of N x S bytes between the same buffers: the ceiling."""
     from cupy.cuda import runtime
 
-    h2d = direction == "h2d"
+    h2d, expected = pt.prepare(direction, contiguous=True)
     kind = gpu.H2D if h2d else gpu.D2H
-    pt.prepare(h2d, pt.pat)
     src, dst = (pt.host.ptr, pt.dev.ptr) if h2d else (pt.dev.ptr, pt.host.ptr)
     total, stream = pt.total, pt.stream
 
@@ -307,7 +274,7 @@ def _contiguous(pt: _Pieces, direction: str) -> list[Record]:
         runtime.memcpyAsync(dst, src, total, kind, stream.ptr)
 
     samples, reps = time_repeated(stream, pt.gated, one, pt.spec.plan)
-    extra = dict(pt.base_extra(), gated=pt.gated, verified=pt.arrived(h2d, pt.pat))
+    extra = dict(pt.base_extra(), gated=pt.gated, verified=pt.arrived(h2d, expected))
     return [_record(pt.params(direction, "contiguous"), total, samples, reps, extra)]
 
 
@@ -317,9 +284,7 @@ def _packed(pt: _Pieces, direction: str) -> list[Record]:
     import numpy as np
     from cupy.cuda import runtime
 
-    h2d = direction == "h2d"
-    expected = pt.expected(h2d)
-    pt.prepare(h2d, expected)
+    h2d, expected = pt.prepare(direction)
     timer = GatedTimer([Lane(pt.stream)])  # the copy is always from pinned staging
     host_clock = HostClock()
     clock = SumClock()
@@ -345,25 +310,20 @@ def _packed(pt: _Pieces, direction: str) -> list[Record]:
     used = kept(parts, len(totals))
     gather = [p[0] for p in used]
     copy = [p[1] for p in used]
-    ok = pt.arrived(h2d, expected)
     what = "gather into pinned staging" if h2d else "scatter from pinned staging"
-    extra = dict(pt.base_extra(), gated=True, verified=ok, host_step=what, host_step_samples_s=gather)
+    extra = dict(pt.base_extra(), gated=True, verified=pt.arrived(h2d, expected), host_step=what,
+                 host_step_samples_s=gather)
     params = pt.params(direction, "packed")
-    out = [_record(params, total, copy, 1, extra)]
-    extra2 = dict(pt.base_extra(), gated=True, verified=ok, host_step=what, host_step_samples_s=gather,
-                  copy_samples_s=copy)
-    out.append(_record(dict(params, strategy="packed+gather"), total, totals, 1, extra2))
-    return out
+    return [_record(params, total, copy, 1, extra),
+            _record(dict(params, strategy="packed+gather"), total, totals, 1, dict(extra, copy_samples_s=copy))]
 
 
 def _batched_api(pt: _Pieces, direction: str) -> list[Record]:
     """One cudaMemcpyBatchAsync of the N pieces; where it is missing the record says why."""
-    h2d = direction == "h2d"
     params = pt.params(direction, "batched-api")
     if pt.cudart is None:
         return [Record(params=params, nbytes=pt.total, error=f"skipped: {pt.api_reason}", extra={"skipped": True})]
-    expected = pt.expected(h2d)
-    pt.prepare(h2d, expected)
+    h2d, expected = pt.prepare(direction)
     dsts, srcs = (pt.dev_off, pt.host_off) if h2d else (pt.host_off, pt.dev_off)
     call = BatchCall(pt.cudart, dsts, srcs, pt.s, h2d, pt.spec.device, pt.stream)
     timer = GatedTimer([Lane(pt.stream, gated=pt.gated)])
@@ -385,13 +345,8 @@ def _batched_api(pt: _Pieces, direction: str) -> list[Record]:
 
 @dataclass(frozen=True)
 class Strategy:
-    """One entry of batch's table: a way to move N scattered pieces.
-
-    Attributes:
-        name: the ``-s/--strategy`` value.
-        records: the strategies its records are named (``packed`` adds ``packed+gather``).
-        measure: (point's pieces, direction) -> records.
-    """
+    """One entry of batch's table: the ``-s/--strategy`` value, the strategies its records are named
+    (``packed`` adds ``packed+gather``), and (point's pieces, direction) -> records."""
 
     name: str
     records: tuple[str, ...]
@@ -447,8 +402,9 @@ class Batch(Benchmark):
             total = c * p
             for m in spec.memory:
                 # host: the pieces, pinned staging, pattern, expected, check copy
-                out.append(Point(_label(_Group(c, p, m)), _Group(c, p, m), device_bytes=total, host_bytes=5 * total,
-                                 locked_bytes=total * (2 if m == "pinned" else 1), devices=(spec.device,)))
+                out.append(Point(f"{c} x {format_size(p)} {m}", _Group(c, p, m), device_bytes=total,
+                                 host_bytes=5 * total, locked_bytes=total * (2 if m == "pinned" else 1),
+                                 devices=(spec.device,)))
         return out
 
     def too_big_hint(self, spec: BatchSpec) -> str:

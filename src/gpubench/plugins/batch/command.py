@@ -89,11 +89,7 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
     piece, speed-up over separate and % of the link's peak. Returns rich renderables."""
     recs = result.records
     out: list = []
-    points: list = []
-    for r in recs:
-        key = (r.params["direction"], r.params["count"], r.params["piece_bytes"])
-        if key not in points:
-            points.append(key)
+    points = list(dict.fromkeys((r.params["direction"], r.params["count"], r.params["piece_bytes"]) for r in recs))
     spread_name = "p25-p75" if spread == "iqr" else "min-max"
     for direction, count, piece in points:
         rows = [r for r in recs if (r.params["direction"], r.params["count"], r.params["piece_bytes"])

@@ -89,13 +89,8 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
     kinds = list(result.spec.get("memory", []))
     if any(r.params.get("memory") == "device" for r in recs):
         kinds.append("device")
-    devices: list = []
-    directions: list = []
-    for r in recs:
-        if r.params["device"] not in devices:
-            devices.append(r.params["device"])
-        if r.params["direction"] not in directions:
-            directions.append(r.params["direction"])
+    devices = list(dict.fromkeys(r.params["device"] for r in recs))
+    directions = list(dict.fromkeys(r.params["direction"] for r in recs))
     index = {(r.params["device"], r.params["direction"], r.params["memory"], r.params["nbytes"]): r for r in recs}
     sizes = sorted({r.params["nbytes"] for r in recs})
     spread_name = "p25-p75" if spread == "iqr" else "min-max"

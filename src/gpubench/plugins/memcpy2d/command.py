@@ -122,11 +122,7 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
     """One table per (direction, memory, pitches): a row per (width, strategy). Returns renderables."""
     recs = result.records
     out: list = []
-    tables: list = []
-    for r in recs:
-        key = (r.params["direction"], r.params["memory"])
-        if key not in tables:
-            tables.append(key)
+    tables = list(dict.fromkeys((r.params["direction"], r.params["memory"]) for r in recs))
     spread_name = "p25-p75" if spread == "iqr" else "min-max"
     for direction, memory in tables:
         rows = [r for r in recs if (r.params["direction"], r.params["memory"]) == (direction, memory)]

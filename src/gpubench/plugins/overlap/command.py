@@ -84,10 +84,7 @@ def format_report(result, units: str = "GB") -> list:
     speed-up and the ratio to the longest stage. Returns rich renderables."""
     recs = result.records
     by = {(r.params["work"], r.params["stage"]): r for r in recs}
-    works = []
-    for r in recs:
-        if r.params["work"] not in works:
-            works.append(r.params["work"])
+    works = list(dict.fromkeys(r.params["work"] for r in recs))
     spec = result.spec
     t = report.table(
         f"H2D -> kernel -> D2H over {format_size(spec.get('nbytes', 0))} - {spec.get('chunks')} chunks on "
