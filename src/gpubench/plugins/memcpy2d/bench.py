@@ -40,12 +40,8 @@ CUDA_DEV_ATTR_MAX_PITCH = 11  # cudaDevAttrMaxPitch
 
 
 def check_geometry(width: int, height: int, src_pitch: int, dst_pitch: int) -> None:
-    """Check a window against its pitches, without a GPU.
-
-    Args:
-        width: W, bytes per row of the window.
-        height: H, rows.
-        src_pitch, dst_pitch: bytes from one row's start to the next, in source and destination.
+    """Check a window (W bytes per row, H rows) against its pitches (bytes from one row's start to
+    the next), without a GPU.
 
     Raises:
         UsageError: a size below 1, W larger than a pitch, a pitch above MAX_PITCH, or pitch x rows
@@ -120,16 +116,9 @@ def buffer_sizes(width: int, height: int, src_pitch: int, dst_pitch: int) -> tup
 
 def expected_destination(src, baseline, width: int, height: int, src_pitch: int, dst_pitch: int, *,
                          contiguous: bool = False):
-    """The destination after a correct copy: ``baseline`` with the window written.
-
-    Args:
-        src: uint8 numpy array, the whole source (src_pitch x height bytes).
-        baseline: uint8 numpy array, the destination's prior contents (buffer_sizes()[1] bytes).
-        contiguous: the ``contiguous`` strategy: W x H bytes from src[0] to the window's start.
-
-    Returns:
-        A new uint8 numpy array of baseline's size.
-    """
+    """The destination after a correct copy: a new uint8 numpy array, ``baseline`` (the destination's
+    prior contents) with the window of ``src`` (the whole source) written; ``contiguous``: W x H bytes
+    from src[0] to the window's start."""
     out = baseline.copy()
     if contiguous:
         out[GUARD:GUARD + width * height] = src[:width * height]
@@ -146,49 +135,17 @@ class _Group:
     directions: tuple[str, ...]
 
 
-def _label(g: _Group) -> str:
-    w, h, sp, dp = g.point
-    return f"{format_size(w)} x {h} rows ({g.memory})"
-
-
-def preflight(spec: Memcpy2dSpec) -> None:
-    """Check every window fits on the GPU and under its maximum pitch before allocating.
-
-    Raises:
-        UsageError: a pitch above the device's maximum, or buffers larger than its free memory.
-    """
-    from cupy.cuda import runtime
-
-    try:
-        max_pitch = runtime.deviceGetAttribute(CUDA_DEV_ATTR_MAX_PITCH, spec.device)
-    except Exception:
-        max_pitch = MAX_PITCH
-    free, _ = gpu.device_free_bytes(spec.device)
-    _, avail = envmod.host_memory()
-    for w, h, sp, dp in spec.points:
-        for name, p in (("--src-pitch", sp), ("--dst-pitch", dp)):
-            if p > max_pitch:
-                raise UsageError(f"{name} {format_size(p)} is over GPU {spec.device}'s maximum pitch of "
-                                 f"{max_pitch} bytes")
-        s, d = buffer_sizes(w, h, sp, dp)
-        need = s + d if "d2d" in spec.directions else max(s, d)
-        if need + DEVICE_MARGIN_BYTES > free:
-            raise UsageError(f"a {format_size(w)} x {h}-row window with pitches {format_size(sp)} / {format_size(dp)} "
-                             f"needs {format_size(need)} on GPU {spec.device}, which has {format_size(free)} free",
-                             "lower --height or the pitches")
-        if avail is not None and 4 * max(s, d) > avail:
-            raise UsageError(f"a {format_size(w)} x {h}-row window needs about {format_size(4 * max(s, d))} of host "
-                             f"memory; {format_size(avail)} is available", "lower --height or the pitches")
-
-
 def _device_array(cupy, ptr: int, nbytes: int, owner):
     mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner)
     return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
+_KINDS = {"h2d": gpu.H2D, "d2h": gpu.D2H, "d2d": gpu.D2D}
+
+
 @dataclass
 class _Copy:
-    """One direction of one window: the addresses and what a strategy needs to queue its copy."""
+    """One direction of one window: its source and destination buffers (host or device) and stream."""
 
     spec: Memcpy2dSpec
     direction: str
@@ -198,25 +155,15 @@ class _Copy:
     dp: int
     src_n: int
     dst_n: int
-    src_ptr: int
-    dst_ptr: int
+    src: gpu.HostBuffer | gpu.DeviceBuffer
+    dst: gpu.HostBuffer | gpu.DeviceBuffer
     kind: int
     stream: Any  # a cupy.cuda.Stream
     gated: bool
-    host: gpu.HostBuffer | None  # None for d2d
-    dev_a: gpu.DeviceBuffer
-    dev_b: gpu.DeviceBuffer | None  # d2d's destination, else None
 
     @property
     def win_ptr(self) -> int:
-        return self.dst_ptr + GUARD
-
-    @property
-    def host_buffer(self) -> gpu.HostBuffer:
-        """The host buffer of an h2d or d2h copy."""
-        if self.host is None:
-            raise ValueError(f"a {self.direction} copy has no host buffer")
-        return self.host
+        return self.dst.ptr + GUARD
 
 
 def _two_d(c: _Copy, extra: dict):
@@ -224,7 +171,7 @@ def _two_d(c: _Copy, extra: dict):
     from cupy.cuda import runtime
 
     def one():
-        runtime.memcpy2DAsync(c.win_ptr, c.dp, c.src_ptr, c.sp, c.w, c.h, c.kind, c.stream.ptr)
+        runtime.memcpy2DAsync(c.win_ptr, c.dp, c.src.ptr, c.sp, c.w, c.h, c.kind, c.stream.ptr)
 
     return time_repeated(c.stream, c.gated, one, c.spec.plan)
 
@@ -236,7 +183,7 @@ def _contiguous(c: _Copy, extra: dict):
     window = c.w * c.h
 
     def one():
-        runtime.memcpyAsync(c.win_ptr, c.src_ptr, window, c.kind, c.stream.ptr)
+        runtime.memcpyAsync(c.win_ptr, c.src.ptr, window, c.kind, c.stream.ptr)
 
     return time_repeated(c.stream, c.gated, one, c.spec.plan)
 
@@ -250,7 +197,7 @@ def _row_loop(c: _Copy, extra: dict):
         return f"skipped: {c.h} rows is over {MAX_LOOP_ROWS} one-row copies per sample"
     memcpy_async = runtime.memcpyAsync
     sptr = c.stream.ptr
-    win_ptr, src_ptr, w, dp, sp, kind = c.win_ptr, c.src_ptr, c.w, c.dp, c.sp, c.kind
+    win_ptr, src_ptr, w, dp, sp, kind = c.win_ptr, c.src.ptr, c.w, c.dp, c.sp, c.kind
 
     def enqueue(seg):
         for r in seg:
@@ -265,52 +212,37 @@ def _cupy_slice(c: _Copy, extra: dict):
     import cupy
 
     extra["gated"] = False
-    stream, h, sp, dp, w = c.stream, c.h, c.sp, c.dp, c.w
-    step: Callable[[], None]
+    stream, w = c.stream, c.w
+
+    def view(buf, n: int):  # the buffer's first n bytes: numpy for host memory, CuPy for device memory
+        return buf.array[:n] if isinstance(buf, gpu.HostBuffer) else _device_array(cupy, buf.ptr, n, buf)
+
+    src = view(c.src, c.src_n).reshape(c.h, c.sp)
+    dst = view(c.dst, c.dst_n)[GUARD:GUARD + c.dp * c.h].reshape(c.h, c.dp)
     if c.direction == "d2h":
-        src_arr = _device_array(cupy, c.src_ptr, c.src_n, c.dev_a).reshape(h, sp)
-        dst_rows = c.host_buffer.array[GUARD:GUARD + dp * h].reshape(h, dp)
-
-        def d2h_step(src_arr=src_arr, dst_rows=dst_rows):
+        def step() -> None:
             with stream:
-                dst_rows[:, :w] = cupy.asnumpy(src_arr[:, :w], stream=stream)
+                dst[:, :w] = cupy.asnumpy(src[:, :w], stream=stream)
             stream.synchronize()
-
-        step = d2h_step
+    elif c.direction == "h2d":
+        def step() -> None:
+            with stream:
+                dst[:, :w] = cupy.asarray(src[:, :w])
+            stream.synchronize()
     else:
-        owner = c.dev_a if c.direction == "h2d" else c.dev_b
-        dst_arr = _device_array(cupy, c.dst_ptr, c.dst_n, owner)[GUARD:GUARD + dp * h].reshape(h, dp)
-        if c.direction == "h2d":
-            src_rows = c.host_buffer.array[:c.src_n].reshape(h, sp)
-
-            def h2d_step(dst_arr=dst_arr, src_rows=src_rows):
-                with stream:
-                    dst_arr[:, :w] = cupy.asarray(src_rows[:, :w])
-                stream.synchronize()
-
-            step = h2d_step
-        else:
-            src_arr = _device_array(cupy, c.src_ptr, c.src_n, c.dev_a).reshape(h, sp)
-
-            def d2d_step(dst_arr=dst_arr, src_arr=src_arr):
-                with stream:
-                    dst_arr[:, :w] = src_arr[:, :w]
-                stream.synchronize()
-
-            step = d2d_step
+        def step() -> None:
+            with stream:
+                dst[:, :w] = src[:, :w]
+            stream.synchronize()
 
     return measure(step, HostClock(), c.spec.plan), 1
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """One entry of memcpy2d's table.
-
-    Attributes:
-        name: the ``-s/--strategy`` value.
-        contiguous: the copy lands packed (checked against the packed expectation).
-        measure: (copy, extra) -> (seconds per copy per sample, copies per sample), or a skip reason.
-    """
+    """One entry of memcpy2d's table: the ``-s/--strategy`` value, whether the copy lands packed
+    (checked against the packed expectation), and (copy, extra) -> (seconds per copy per sample,
+    copies per sample), or a skip reason."""
 
     name: str
     contiguous: bool
@@ -337,88 +269,55 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None, d2d_peak: 
     src_n, dst_n = buffer_sizes(w, h, sp, dp)
     src_pat = gpu.pattern(src_n, seed=src_n + w)
     baseline = gpu.pattern(dst_n, seed=dst_n + w + 1)[::-1].copy()  # a different sequence than the source
-    window = w * h
     out: list[Record] = []
     bufs: list = []
     try:
-        # host side (h2d / d2h) or a second device buffer (d2d)
         dev_a = gpu.DeviceBuffer(max(src_n, dst_n))
         bufs.append(dev_a)
-        dev_b: gpu.DeviceBuffer | None = None
-        host: gpu.HostBuffer | None = None
-        if g.memory == "device":
-            dev_b = gpu.DeviceBuffer(dst_n)
-            bufs.append(dev_b)
-        else:
-            host = gpu.HostBuffer(max(src_n, dst_n), g.memory)
-            bufs.append(host)
+        # the other side: host memory (h2d / d2h) or a second device buffer (d2d)
+        far: gpu.HostBuffer | gpu.DeviceBuffer = (gpu.DeviceBuffer(dst_n) if g.memory == "device"
+                                                  else gpu.HostBuffer(max(src_n, dst_n), g.memory))
+        bufs.append(far)
         stream = cupy.cuda.Stream(non_blocking=True)
         gated = spec.gate and g.memory != "pageable"
         check = np.empty(max(src_n, dst_n), dtype=np.uint8)
 
-        def dev_put(ptr, data):
-            runtime.memcpy(ptr, data.ctypes.data, data.size, gpu.H2D)
+        def put(buf, data) -> None:
+            if isinstance(buf, gpu.HostBuffer):
+                buf.array[:data.size] = data
+            else:
+                runtime.memcpy(buf.ptr, data.ctypes.data, data.size, gpu.H2D)
 
-        def dev_get(ptr, n):
-            runtime.memcpy(check.ctypes.data, ptr, n, gpu.D2H)
-            return check[:n]
+        def destination(buf):
+            stream.synchronize()
+            if isinstance(buf, gpu.HostBuffer):
+                return buf.array[:dst_n]
+            runtime.memcpy(check.ctypes.data, buf.ptr, dst_n, gpu.D2H)
+            return check[:dst_n]
 
         for direction in g.directions:
-            if direction in ("h2d", "d2h"):
-                if host is None:  # _groups gives h2d and d2h host memory kinds only
-                    raise ValueError(f"a {direction} copy needs host memory, not {g.memory!r}")
-                if direction == "h2d":
-                    src_ptr, dst_ptr, kind = host.ptr, dev_a.ptr, gpu.H2D
-                else:
-                    src_ptr, dst_ptr, kind = dev_a.ptr, host.ptr, gpu.D2H
-            else:
-                if dev_b is None:  # and d2d memory "device" only
-                    raise ValueError(f"a {direction} copy needs device memory, not {g.memory!r}")
-                src_ptr, dst_ptr, kind = dev_a.ptr, dev_b.ptr, gpu.D2D
-            c = _Copy(spec, direction, w, h, sp, dp, src_n, dst_n, src_ptr, dst_ptr, kind, stream, gated, host,
-                      dev_a, dev_b)
-
-            def prepare():
-                stream.synchronize()
-                if direction == "h2d":
-                    host.array[:src_n] = src_pat
-                    dev_put(dst_ptr, baseline)
-                elif direction == "d2h":
-                    dev_put(src_ptr, src_pat)
-                    host.array[:dst_n] = baseline
-                else:
-                    dev_put(src_ptr, src_pat)
-                    dev_put(dst_ptr, baseline)
-
-            def destination():
-                stream.synchronize()
-                if direction == "d2h":
-                    return host.array[:dst_n]
-                return dev_get(dst_ptr, dst_n)
-
-            exp_window = expected_destination(src_pat, baseline, w, h, sp, dp)
-            exp_contig = None
+            src, dst = (far, dev_a) if direction == "h2d" else (dev_a, far)
+            c = _Copy(spec, direction, w, h, sp, dp, src_n, dst_n, src, dst, _KINDS[direction], stream, gated)
+            expect = {k: expected_destination(src_pat, baseline, w, h, sp, dp, contiguous=k)
+                      for k in {STRATEGY_TABLE[st].contiguous for st in spec.strategies}}
             for strategy in spec.strategies:
                 entry = STRATEGY_TABLE[strategy]
                 params = {"device": spec.device, "direction": direction, "strategy": strategy, "memory": g.memory,
                           "width": w, "height": h, "src_pitch": sp, "dst_pitch": dp}
                 # d2d: a copy inside device memory reads and writes each byte (core/limits.py)
                 extra = {"gated": gated, "peak_bytes_per_s": peak if direction != "d2d" else d2d_peak}
-                expected = exp_window
-                if entry.contiguous:
-                    if exp_contig is None:
-                        exp_contig = expected_destination(src_pat, baseline, w, h, sp, dp, contiguous=True)
-                    expected = exp_contig
-                prepare()
+                stream.synchronize()
+                put(src, src_pat)
+                put(dst, baseline)
                 got_times = entry.measure(c, extra)
                 if isinstance(got_times, str):
-                    out.append(Record(params=params, nbytes=window, extra={"skipped": True}, error=got_times))
+                    out.append(Record(params=params, nbytes=w * h, extra={"skipped": True}, error=got_times))
                     continue
                 samples, reps = got_times
-                got = destination()
-                inside, outside = _compare(got, expected, w, h, dp, contiguous=entry.contiguous)
+                inside, outside = _compare(destination(dst), expect[entry.contiguous], w, h, dp,
+                                           contiguous=entry.contiguous)
                 extra.update(verified=inside, untouched=outside)
-                out.append(Record(params=params, metric="bandwidth", nbytes=window, samples_s=list(samples),
+                out.append(Record(params=params, metric="bandwidth", nbytes=w * h, samples_s=list(samples),
                                   reps=reps, extra=extra))
         stream.synchronize()
     finally:
@@ -474,13 +373,39 @@ class Memcpy2d(Benchmark):
                 groups += [_Group(p, m, host_dirs) for m in spec.memory]
             if "d2d" in spec.directions:
                 groups.append(_Group(p, "device", ("d2d",)))
-        return [Point(_label(g), g, devices=(spec.device,)) for g in groups]
+        return [Point(f"{format_size(g.point[0])} x {g.point[1]} rows ({g.memory})", g, devices=(spec.device,))
+                for g in groups]
 
     def preflight(self, spec: Memcpy2dSpec, points, devices) -> None:
+        """Every window's pitches against the device's maximum, then its buffers against free memory.
+
+        Raises:
+            UsageError: a pitch above the device's maximum, or buffers larger than its free memory.
+        """
         import cupy
+        from cupy.cuda import runtime
 
         with cupy.cuda.Device(spec.device):
-            preflight(spec)  # pitches against the device's maximum, then the buffers' bytes
+            try:
+                max_pitch = runtime.deviceGetAttribute(CUDA_DEV_ATTR_MAX_PITCH, spec.device)
+            except Exception:
+                max_pitch = MAX_PITCH
+            free, _ = gpu.device_free_bytes(spec.device)
+        _, avail = envmod.host_memory()
+        for w, h, sp, dp in spec.points:
+            for name, p in (("--src-pitch", sp), ("--dst-pitch", dp)):
+                if p > max_pitch:
+                    raise UsageError(f"{name} {format_size(p)} is over GPU {spec.device}'s maximum pitch of "
+                                     f"{max_pitch} bytes")
+            s, d = buffer_sizes(w, h, sp, dp)
+            need = s + d if "d2d" in spec.directions else max(s, d)
+            if need + DEVICE_MARGIN_BYTES > free:
+                raise UsageError(f"a {format_size(w)} x {h}-row window with pitches {format_size(sp)} / "
+                                 f"{format_size(dp)} needs {format_size(need)} on GPU {spec.device}, which has "
+                                 f"{format_size(free)} free", "lower --height or the pitches")
+            if avail is not None and 4 * max(s, d) > avail:
+                raise UsageError(f"a {format_size(w)} x {h}-row window needs about {format_size(4 * max(s, d))} of "
+                                 f"host memory; {format_size(avail)} is available", "lower --height or the pitches")
 
     @contextlib.contextmanager
     def setup(self, ctx: Context):
