@@ -140,22 +140,6 @@ def _kernel():
     return _kernels[dev]
 
 
-def preflight(spec: OverlapSpec) -> None:
-    """Check the buffers fit on the GPU and the host before allocating.
-
-    Raises:
-        UsageError: 2 x N does not fit in the GPU's free memory, or the host lacks about 5 x N.
-    """
-    free, _ = gpu.device_free_bytes(spec.device)
-    if 2 * spec.nbytes + DEVICE_MARGIN_BYTES > free:
-        raise UsageError(f"--size {format_size(spec.nbytes)} needs {format_size(2 * spec.nbytes)} on GPU "
-                         f"{spec.device}, which has {format_size(free)} free", "lower --size")
-    _, avail = envmod.host_memory()
-    if avail is not None and 5 * spec.nbytes > avail:
-        raise UsageError(f"--size {format_size(spec.nbytes)} needs about {format_size(5 * spec.nbytes)} of host "
-                         f"memory; {format_size(avail)} is available", "lower --size")
-
-
 def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
     import cupy
     import numpy as np
@@ -171,14 +155,9 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
     bufs: list = []
     out: list[Record] = []
     try:
-        h_in = gpu.HostBuffer(n, "pinned")
-        bufs.append(h_in)
-        h_out = gpu.HostBuffer(n, "pinned")
-        bufs.append(h_out)
-        d_in = gpu.DeviceBuffer(n)
-        bufs.append(d_in)
-        d_out = gpu.DeviceBuffer(n)
-        bufs.append(d_out)
+        for alloc in (lambda: gpu.HostBuffer(n, "pinned"),) * 2 + (lambda: gpu.DeviceBuffer(n),) * 2:
+            bufs.append(alloc())
+        h_in, h_out, d_in, d_out = bufs
         h_in.array.view(np.float32)[:] = x
         h_out_f = h_out.array.view(np.float32)
         streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(spec.streams)]
@@ -198,6 +177,11 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         def d2h(stream, lo=0, hi=n_elems):
             runtime.memcpyAsync(h_out.ptr + lo * 4, d_out.ptr + lo * 4, (hi - lo) * 4, gpu.D2H, stream.ptr)
 
+        def pipeline(stream, lo=0, hi=n_elems):
+            h2d(stream, lo, hi)
+            run_kernel(stream, lo, hi)
+            d2h(stream, lo, hi)
+
         def params(stage):
             return {"device": spec.device, "work": work, "streams": spec.streams, "chunks": spec.chunks,
                     "nbytes": n, "stage": stage}
@@ -216,18 +200,12 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
             h_out_f[:] = np.nan
             runtime.memset(d_out.ptr, 0xFF, n)  # 0xFFFFFFFF is a NaN: a chunk not computed shows
 
-        # one untimed pass fills d_in / d_out and builds the kernel
-        h2d(s0)
-        run_kernel(s0)
-        d2h(s0)
+        pipeline(s0)  # one untimed pass fills d_in / d_out and builds the kernel
         s0.synchronize()
 
         meds: dict[str, float] = {}
         for stage, fn in (("h2d", h2d), ("kernel", run_kernel), ("d2h", d2h)):
-            def one(fn=fn) -> None:
-                fn(s0)
-
-            samples, reps = time_repeated(s0, True, one, spec.plan)
+            samples, reps = time_repeated(s0, True, lambda: fn(s0), spec.plan)
             extra: dict[str, Any] = {"gated": True}
             if stage == "kernel":
                 med = float(np.median(samples))
@@ -240,16 +218,10 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         # serial: the three stages on one stream
         poison()
         timer = GatedTimer([Lane(s0)])
-
-        def serial():
-            h2d(s0)
-            run_kernel(s0)
-            d2h(s0)
-
         clock = SumClock()
 
         def step_serial(timer=timer):
-            clock.add(timer.time(serial))
+            clock.add(timer.time(lambda: pipeline(s0)))
 
         samples = measure(step_serial, clock, spec.plan)
         ok, err = check()
@@ -265,10 +237,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
 
         def overlapped():
             for c, (lo, hi) in enumerate(bounds):
-                s = streams[c % len(streams)]
-                h2d(s, lo, hi)
-                run_kernel(s, lo, hi)
-                d2h(s, lo, hi)
+                pipeline(streams[c % len(streams)], lo, hi)
 
         clock = SumClock()
 
@@ -311,7 +280,15 @@ class Overlap(Benchmark):
         return [Point(f"work {w}", w, devices=(spec.device,)) for w in spec.works]
 
     def preflight(self, spec: OverlapSpec, points, devices) -> None:
-        preflight(spec)
+        """2 x N must fit in the GPU's free memory and about 5 x N in the host's (UsageError)."""
+        free, _ = gpu.device_free_bytes(spec.device)
+        if 2 * spec.nbytes + DEVICE_MARGIN_BYTES > free:
+            raise UsageError(f"--size {format_size(spec.nbytes)} needs {format_size(2 * spec.nbytes)} on GPU "
+                             f"{spec.device}, which has {format_size(free)} free", "lower --size")
+        _, avail = envmod.host_memory()
+        if avail is not None and 5 * spec.nbytes > avail:
+            raise UsageError(f"--size {format_size(spec.nbytes)} needs about {format_size(5 * spec.nbytes)} of "
+                             f"host memory; {format_size(avail)} is available", "lower --size")
 
     def measure(self, ctx: Context, point: Point) -> list[Record]:
         import cupy
@@ -323,7 +300,6 @@ class Overlap(Benchmark):
         """Hold the copies alone (stages h2d and d2h, N bytes per time) against the GPU's PCIe link
         per direction (core/limits, docs/conditions.md), as copy's are: a figure above it gets
         ``limit_flag`` "above_peak" and the report marks it."""
-        from gpubench.core import env as envmod
         from gpubench.core import limits
 
         g = envmod.gpu_by_index(ctx.env, ctx.spec.device) or {}
