@@ -12,14 +12,18 @@ from typing import Callable
 
 import click
 
+from gpubench.kit import sweep_options, timing_options
+
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context, Point
 from gpubench.core.bounds import check_bounds, device_field
 from gpubench.core.errors import UsageError
+from gpubench.core import report
+from gpubench.core.options import csv_list
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.timing import TimingPlan, kept, sample_loop
-from gpubench.core.units import format_size
+from gpubench.core.units import format_rate, format_size, parse_size, size_sweep
 
 # operation -> (first phase, second phase, what it is)
 OPERATIONS: dict[str, tuple[str, str, str]] = {
@@ -117,13 +121,9 @@ class Pin(Benchmark):
 
             firsts = sample_loop(take, spec.plan)
             cleanup()
-        seconds = kept(seconds, len(firsts))
         base = {"device": spec.device, "operation": g.operation, "nbytes": g.nbytes}
-        out = []
-        for phase, samples in ((first_name, firsts), (second_name, seconds)):
-            r = Record(params={**base, "phase": phase}, metric="time", nbytes=g.nbytes, samples_s=list(samples))
-            out.append(r)
-        return out
+        return [Record(params={**base, "phase": phase}, metric="time", nbytes=g.nbytes, samples_s=list(samples))
+                for phase, samples in ((first_name, firsts), (second_name, kept(seconds, len(firsts))))]
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         g: _Group = point.key
@@ -160,7 +160,7 @@ def run(spec: PinSpec, progress: ProgressSink | None = None) -> Result:
     return driver.run(BENCHMARK, spec, progress)
 
 
-# -- the command: options, spec from options, report ----------------------------------------------
+# -- the command: options, spec from options, report
 
 HELP = """Cost of page-locking host memory and of cudaMalloc, over a size sweep.
 
@@ -170,19 +170,13 @@ HELP = """Cost of page-locking host memory and of cudaMalloc, over a size sweep.
     """
 
 
-def _options() -> list:
-    from gpubench.kit import sweep_options, timing_options
-
-    return [
-        click.option("--op", "operations", default=",".join(OPERATIONS), show_default=True,
-                     help="Comma list of host-alloc, host-register, malloc."),
-        *sweep_options(min_bytes="4KiB", max_bytes="256MiB", what="allocation"),
-        click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device."),
-        *timing_options(warmup=1, what="calls"),
-    ]
-
-
-OPTIONS = _options()
+OPTIONS = [
+    click.option("--op", "operations", default=",".join(OPERATIONS), show_default=True,
+                 help="Comma list of host-alloc, host-register, malloc."),
+    *sweep_options(min_bytes="4KiB", max_bytes="256MiB", what="allocation"),
+    click.option("-d", "--device", type=int, default=0, show_default=True, help="CUDA device."),
+    *timing_options(warmup=1, what="calls"),
+]
 
 
 def build_spec(operations, min_bytes, max_bytes, step_factor, device, warmup, iters, min_time) -> PinSpec:
@@ -191,9 +185,6 @@ def build_spec(operations, min_bytes, max_bytes, step_factor, device, warmup, it
     Raises:
         UsageError: any bad value, named in the message.
     """
-    from gpubench.core.options import csv_list
-    from gpubench.core.units import parse_size, size_sweep
-
     ops = csv_list(operations, "--op", kind="operation")
     sizes = size_sweep(parse_size(min_bytes, what="-b/--min-bytes"), parse_size(max_bytes, what="-e/--max-bytes"),
                        step_factor)
@@ -203,9 +194,6 @@ def build_spec(operations, min_bytes, max_bytes, step_factor, device, warmup, it
 
 def format_report(result: Result, units: str = "GB") -> list:
     """One table per operation: size rows, each phase's median us (p25-p75) and the alloc rate."""
-    from gpubench.core import report
-    from gpubench.core.units import format_rate
-
     out: list = []
     for op in [o for o in OPERATIONS if any(r.params["operation"] == o for r in result.records)]:
         first_name, second_name, what = OPERATIONS[op]
