@@ -6,7 +6,7 @@ import click
 
 from gpubench.kit import benchmark_command, spread_option, sweep_options, timing_options
 
-from gpubench.core.options import csv_list
+from gpubench.core.options import csv_list, parse_devices
 from gpubench.core import report
 from gpubench.core.errors import UsageError
 from gpubench.core.timing import TimingPlan, stop_cell, stopping_note
@@ -48,21 +48,17 @@ def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devi
         UsageError: any bad value, named in the message.
     """
     from gpubench.plugins.copy.bench import CopySpec
-    from gpubench.core.options import parse_devices
 
     if only and memory:
         raise UsageError(f"--{only} and --memory {memory!r} both given", "use one of them")
     kinds = (only,) if only else csv_list(memory, "-m/--memory") if memory is not None else ("pinned", "pageable")
     dirs = csv_list(directions, "--direction")
-    lo = parse_size(min_bytes, what="-b/--min-bytes")
-    hi = parse_size(max_bytes, what="-e/--max-bytes")
-    sizes = size_sweep(lo, hi, step_factor)
+    sizes = size_sweep(parse_size(min_bytes, what="-b/--min-bytes"), parse_size(max_bytes, what="-e/--max-bytes"),
+                       step_factor)
     plan = TimingPlan(warmup=warmup, iters=iters, min_time=min_time)
     cap = parse_size(max_pinned, what="--max-pinned") if max_pinned is not None else None
-    return CopySpec(
-        sizes=tuple(sizes), directions=dirs, memory=kinds, devices=parse_devices(devices),
-        plan=plan, verify=verify, max_pinned_bytes=cap,
-    )
+    return CopySpec(sizes=tuple(sizes), directions=dirs, memory=kinds, devices=parse_devices(devices), plan=plan,
+                    verify=verify, max_pinned_bytes=cap)
 
 
 _DIR_TITLES = {
@@ -96,21 +92,15 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
     spread_name = "p25-p75" if spread == "iqr" else "min-max"
     for dev in devices:
         g = gpu_by_index(result.env, dev) if isinstance(dev, int) else None
-        link = ""
-        if g:
-            link = f" - {g.get('name')}, {pcie_label(g.get('pcie_gen_max'), g.get('pcie_width_max'))}"
+        link = f" - {g.get('name')}, {pcie_label(g.get('pcie_gen_max'), g.get('pcie_width_max'))}" if g else ""
         for direction in directions:
             here = [k for k in kinds if any((dev, direction, k, n) in index for n in sizes)]
             if not here:
                 continue
             latency = direction == "latency"
-            cols = ["size"]
-            for k in here:
-                cols += [f"{k} ns ({spread_name})" if latency else f"{k} {units}/s ({spread_name})", "% peak",
-                         "n, noise"]
             ratio = "pinned" in here and "pageable" in here and not latency
-            if ratio:
-                cols.append("pinned/pageable")
+            cols = ["size", *[c for k in here for c in (f"{k} {'ns' if latency else f'{units}/s'} ({spread_name})",
+                                                        "% peak", "n, noise")], *(["pinned/pageable"] if ratio else [])]
             label = f"GPU {dev}" if isinstance(dev, int) else ("all GPUs at once" if dev == "all" else f"GPU {dev.split('@')[0]} while all copy")
             t = report.table(f"{_DIR_TITLES.get(direction, direction)} - {label}{link}", cols)
             for n in sizes:
@@ -143,8 +133,8 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
              and not r.extra.get("peak_source")}
     dev_peaks = {r.extra["peak_bytes_per_s"] for r in recs if r.extra.get("peak_bytes_per_s") and r.extra.get("peak_source")}
     notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; sizes in binary units; median over "
-             f"samples, timed with CUDA events ({result.timing.get('warmup')} warm-up(s))."]
-    notes.append(stopping_note(result.timing, recs))
+             f"samples, timed with CUDA events ({result.timing.get('warmup')} warm-up(s)).",
+             stopping_note(result.timing, recs)]
     if peaks:
         notes.append("% peak: of the raw PCIe line rate per direction " +
                      ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
