@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import click
+from rich.text import Text
 
 from gpubench.kit import common_options, finish
-from gpubench.core import report
+from gpubench.core import env as envmod
+from gpubench.core import report, safe
+from gpubench.core.limits import pcie_label
+from gpubench.core.result import Result
+from gpubench.core.units import format_rate, format_size
 
 
 @click.command("env")
@@ -15,27 +20,18 @@ def command(json_path, units, quiet, debug):
 
     Works without a GPU: then it says so and prints the host part.
     """
-    from gpubench.core import env as envmod
-    from gpubench.core.result import Result
-
     env = envmod.capture()
     result = Result(command="env", spec={}, timing={}, env=env)
     return finish(result, format_report(env, units), json_path=json_path, quiet=quiet)
 
 
 def _fmt_bytes(n):
-    from gpubench.core.units import format_size
-
     return format_size(n) if isinstance(n, int) else "-"
 
 
 def _t(text: object):
     """A cell or line from the machine or a saved file (hostname, CPU model from /proc/cpuinfo, GPU
     names, driver strings, errors): :func:`gpubench.core.safe.term` as rich ``Text``, never markup."""
-    from rich.text import Text
-
-    from gpubench.core import safe
-
     return Text(safe.term(text))
 
 
@@ -43,11 +39,6 @@ def format_report(env: dict, units: str = "GB") -> list:
     """Host table, GPU table, topology matrix (rich renderables). Every string from the
     environment is shown inert (:func:`_t`): a hostname or GPU name holding ANSI, OSC 8, CR/LF or
     rich markup is printed as its escapes."""
-    from gpubench.core import env as envmod
-    from gpubench.core import safe
-    from gpubench.core.limits import pcie_label
-    from gpubench.core.units import format_rate
-
     out: list = []
     h = env.get("host") or {}
     v = env.get("versions") or {}
@@ -82,11 +73,9 @@ def format_report(env: dict, units: str = "GB") -> list:
     t = report.table("GPUs", ["#", "name", "memory (free)", "PCIe now", "PCIe max", f"PCIe peak {units}/s",
                               "NVLink", "NUMA", "CPUs", "bus id"])
     for g in gpus:
-        peak = g.get("pcie_peak_bytes_per_s")
-        nvl = "-"
-        if g.get("nvlink_links_up"):
-            per = g.get("nvlink_bytes_per_s_per_link")
-            nvl = f"{g['nvlink_links_up']} x {format_rate(per, units) if per else '?'} {units}/s"
+        peak, per = g.get("pcie_peak_bytes_per_s"), g.get("nvlink_bytes_per_s_per_link")
+        nvl = f"{g['nvlink_links_up']} x {format_rate(per, units) if per else '?'} {units}/s" \
+            if g.get("nvlink_links_up") else "-"
         t.add_row(
             _t(g["index"]), _t(g.get("name")),
             f"{_fmt_bytes(g.get('memory_total_bytes'))} ({_fmt_bytes(g.get('memory_free_bytes'))})",
@@ -101,23 +90,18 @@ def format_report(env: dict, units: str = "GB") -> list:
         t = report.table("Topology", [""] + [f"GPU{safe.term_markup(i)}" for i in idx],
                          caption="NV# = # NVLinks; PIX/PXB/PHB/NODE/SYS = PCIe path (nvidia-smi topo -m legend)")
         for a in idx:
-            row = [_t(f"GPU{a}")]
-            for b in idx:
-                row.append("X" if a == b else _t(env["topology"].get(f"{min(a, b)},{max(a, b)}", "?")))
-            t.add_row(*row)
+            t.add_row(_t(f"GPU{a}"), *["X" if a == b else _t(env["topology"].get(f"{min(a, b)},{max(a, b)}", "?"))
+                                       for b in idx])
         out.append(t)
     return out
 
 
 def _support_table(python: str | None):
     """What gpubench supports: Python, and per CUDA major the minimum driver and the GPUs."""
-
     from gpubench.support import CUDA_MAJORS, PYTHON_VERSIONS
 
     rows = [("python", f"{', '.join(PYTHON_VERSIONS)}" + (f" (this is {python})" if python else ""))]
     for major, info in sorted(CUDA_MAJORS.items()):
         rows.append((f"CUDA {major}.x", f"driver >= {info['min_driver']} (Linux); {info['architectures']}, compute "
                                         f"capability {info['compute_capability']}; gpubench-cuda[{info['extra']}]"))
-    from gpubench.core import safe
-
     return report.kv_table("Supported", [(k, safe.term_markup(v, 2000)) for k, v in rows])  # python: from a file

@@ -66,17 +66,10 @@ def build_spec(size, works, sweep, streams, chunks, device, warmup, iters, min_t
     from gpubench.plugins.overlap.bench import OverlapSpec
 
     nbytes = parse_size(size, what="--size")
-    if works is None:
-        ws = SWEEP_WORKS if sweep else DEFAULT_WORKS
-    else:
-        ws = parse_works(works)
+    ws = (SWEEP_WORKS if sweep else DEFAULT_WORKS) if works is None else parse_works(works)
     return OverlapSpec(nbytes=nbytes, works=tuple(ws), streams=streams,
                        chunks=chunks if chunks is not None else streams, device=device,
                        plan=TimingPlan(warmup=warmup, iters=iters, min_time=min_time))
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f}"
 
 
 def format_report(result, units: str = "GB") -> list:
@@ -101,7 +94,7 @@ def format_report(result, units: str = "GB") -> list:
                 bad = bad or (r.error if r is not None else "missing")
                 row.append("-")
             else:
-                row.append(_ms(r.time_summary().median))
+                row.append(f"{r.time_summary().median * 1e3:.3f}")
         over = by.get((w, "overlapped"))
         ser = by.get((w, "serial"))
         if bad or over is None:
