@@ -59,12 +59,8 @@ class BatchSpec:
     gate: bool = True
 
     def __post_init__(self):
-        """The one check of a batch run's values (the command only parses its options into these).
-
-        Raises:
-            UsageError: no points, a count below 1 or above MAX_COUNT, a piece below 1 byte, a
-                strategy, direction or memory kind not known (or none), a device ordinal outside 0 to 2**31 - 1.
-        """
+        """Raises UsageError: no points, a count below 1 or above MAX_COUNT, a piece below 1 byte, a strategy,
+        direction or memory kind not known (or none), a device ordinal outside 0 to 2**31 - 1."""
         check_bounds(self)
         if not self.points:
             raise UsageError("no piece sizes to measure")
@@ -449,16 +445,7 @@ BENCHMARK = Batch()
 
 
 def run(spec: BatchSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure every (point, memory kind) group: all directions and strategies, through the driver.
-
-    Returns:
-        A Result with one record per (direction, strategy, memory, count, piece); ``packed`` adds a
-        ``packed+gather`` record. Records of a skipped ``batched-api`` carry ``error`` "skipped: ...".
-
-    Raises:
-        NoGPUError: no CUDA device visible.
-        UsageError: the device is not visible, or the largest point does not fit.
-        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
-            finished points).
-    """
+    """Measure every (point, memory kind) group through :func:`gpubench.core.benchmark.run` (NoGPUError,
+    UsageError, MachineError as it raises them): a record per (direction, strategy, memory, count,
+    piece), ``packed`` adds ``packed+gather``; a skipped ``batched-api`` has ``error`` "skipped: ..."."""
     return driver.run(BENCHMARK, spec, progress)

@@ -47,11 +47,8 @@ OPTIONS = [
 
 def build_spec(count, piece, total, sweep, strategies, directions, memory, device, warmup, iters, min_time,
                no_gate=False):
-    """Parse the options into a BatchSpec (no GPU needed); the spec checks the ranges and names.
-
-    Raises:
-        UsageError: any bad value, named in the message.
-    """
+    """Parse the options into a BatchSpec (no GPU needed); the spec checks the ranges and names; raises UsageError:
+    any bad value, named in the message."""
     from gpubench.plugins.batch.bench import BatchSpec
 
     if sweep:

@@ -88,11 +88,7 @@ class CopySpec:
     max_pinned_bytes: int | None = None
 
     def __post_init__(self):
-        """The one check of a copy run's names (the command only parses its options into these).
-
-        Raises:
-            UsageError: a memory kind or direction not known (or none), no sizes.
-        """
+        """Raises UsageError: a memory kind or direction not known (or none), no sizes."""
         check_choices("memory kind", self.memory, gpu.MEMORY_KINDS)
         check_choices("direction", self.directions, TESTS)
         if not self.sizes:
@@ -526,18 +522,8 @@ BENCHMARK = Copy()
 
 
 def run(spec: CopySpec, progress: ProgressSink | None = None) -> Result:
-    """Run the copy sweep through the driver (:func:`gpubench.core.benchmark.run`).
-
-    Returns:
-        A Result whose records are one per (device, direction, memory kind, size); per-direction
-        records for bidir ("bidir-h2d", "bidir-d2h", "bidir-total"); with several devices also
-        device "all" (aggregate) and "N@all" (GPU N while all copy); ``d2d`` records have memory
-        "device"; ``latency`` records are times per access.
-
-    Raises:
-        NoGPUError: no CUDA device visible.
-        UsageError: a device not visible, or the sweep does not fit (the driver's preflight).
-        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
-            finished points).
-    """
+    """Run the copy sweep through :func:`gpubench.core.benchmark.run` (NoGPUError, UsageError,
+    MachineError as it raises them): a record per (device, direction, memory kind, size); bidir's per
+    direction ("bidir-h2d", "bidir-d2h", "bidir-total"); with several devices also "all" (aggregate)
+    and "N@all" (GPU N while all copy); ``d2d`` records have memory "device", ``latency`` ones are times."""
     return driver.run(BENCHMARK, spec, progress)

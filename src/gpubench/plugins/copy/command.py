@@ -42,11 +42,8 @@ OPTIONS = [
 
 def build_spec(only, memory, directions, min_bytes, max_bytes, step_factor, devices, warmup, iters, min_time,
                verify, max_pinned):
-    """Parse the options into a CopySpec (no GPU needed); the spec checks the names.
-
-    Raises:
-        UsageError: any bad value, named in the message.
-    """
+    """Parse the options into a CopySpec (no GPU needed); the spec checks the names; raises UsageError: any bad value,
+    named in the message."""
     from gpubench.plugins.copy.bench import CopySpec
 
     if only and memory:

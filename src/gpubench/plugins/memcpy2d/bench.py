@@ -87,12 +87,8 @@ class Memcpy2dSpec:
     gate: bool = True
 
     def __post_init__(self):
-        """The one check of a memcpy2d run's values (the command only parses its options into these).
-
-        Raises:
-            UsageError: no window, a geometry :func:`check_geometry` refuses, a strategy, direction
-                or memory kind not known (or none), a device ordinal outside 0 to 2**31 - 1.
-        """
+        """Raises UsageError: no window, a geometry :func:`check_geometry` refuses, a strategy, direction or memory
+        kind not known (or none), a device ordinal outside 0 to 2**31 - 1."""
         check_bounds(self)
         if not self.points:
             raise UsageError("no window to measure")
@@ -444,16 +440,7 @@ BENCHMARK = Memcpy2d()
 
 
 def run(spec: Memcpy2dSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure each window in each direction with each strategy, through the driver.
-
-    Returns:
-        A Result with one record per (direction, strategy, memory, window). A row-loop over more than
-        MAX_LOOP_ROWS rows has ``error`` "skipped: ...".
-
-    Raises:
-        NoGPUError: no CUDA device visible.
-        UsageError: the device is not visible, a pitch over its maximum, or buffers that do not fit.
-        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
-            finished points).
-    """
+    """Measure each window in each direction with each strategy through :func:`gpubench.core.benchmark.run`
+    (NoGPUError, UsageError, MachineError as it raises them): a record per (direction, strategy, memory,
+    window); a row-loop over more than MAX_LOOP_ROWS rows has ``error`` "skipped: ..."."""
     return driver.run(BENCHMARK, spec, progress)

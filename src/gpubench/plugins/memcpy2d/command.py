@@ -71,12 +71,9 @@ def parse_pitch(text: str, width: int, what: str) -> int:
 
 def build_spec(width, height, total, sweep, src_pitch, dst_pitch, strategies, directions, memory, device, warmup,
                iters, min_time, no_gate=False):
-    """Parse the options into a Memcpy2dSpec (no GPU needed); the spec checks the geometry and names.
-
-    Raises:
-        UsageError: any bad value, named in the message (W > pitch, sizes below 1, pitches that
-            do not fit a buffer, unknown names).
-    """
+    """Parse the options into a Memcpy2dSpec (no GPU needed); the spec checks the geometry and names; raises
+    UsageError: any bad value, named in the message (W > pitch, sizes below 1, pitches that do not fit a buffer,
+    unknown names)."""
     from gpubench.plugins.memcpy2d.bench import Memcpy2dSpec
 
     if sweep:

@@ -69,12 +69,8 @@ class OverlapSpec:
     plan: TimingPlan = field(default_factory=TimingPlan)
 
     def __post_init__(self):
-        """The one check of an overlap run's values (the command only parses its options into these).
-
-        Raises:
-            UsageError: a shape :func:`check_shape` refuses, no work value or one outside
-                0..MAX_WORK, a device ordinal outside 0 to 2**31 - 1.
-        """
+        """Raises UsageError: a shape :func:`check_shape` refuses, no work value or one outside 0..MAX_WORK, a device
+        ordinal outside 0 to 2**31 - 1."""
         check_bounds(self)
         check_shape(self.nbytes, self.streams, self.chunks)
         if not self.works:
@@ -330,17 +326,8 @@ BENCHMARK = Overlap()
 
 
 def run(spec: OverlapSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure each --work value: the stages alone, serial, and overlapped, through the driver.
-
-    Returns:
-        A Result with records (metric "time", nbytes = N) per work value and stage in
-        ("h2d", "kernel", "d2h", "serial", "overlapped"); the overlapped record's extra holds
-        speedup_vs_serial and ratio_to_longest_stage.
-
-    Raises:
-        NoGPUError: no CUDA device visible.
-        UsageError: the device is not visible or the buffers do not fit.
-        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
-            finished points).
-    """
+    """Measure each --work value through :func:`gpubench.core.benchmark.run` (NoGPUError, UsageError,
+    MachineError as it raises them): records (metric "time", nbytes = N) per work value and stage in
+    (h2d, kernel, d2h, serial, overlapped); the overlapped one holds speedup_vs_serial and
+    ratio_to_longest_stage."""
     return driver.run(BENCHMARK, spec, progress)

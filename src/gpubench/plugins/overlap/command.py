@@ -58,11 +58,8 @@ def parse_works(text: str) -> tuple[int, ...]:
 
 
 def build_spec(size, works, sweep, streams, chunks, device, warmup, iters, min_time):
-    """Parse the options into an OverlapSpec (no GPU needed); the spec checks the shape and ranges.
-
-    Raises:
-        UsageError: any bad value, named in the message.
-    """
+    """Parse the options into an OverlapSpec (no GPU needed); the spec checks the shape and ranges; raises UsageError:
+    any bad value, named in the message."""
     from gpubench.plugins.overlap.bench import OverlapSpec
 
     nbytes = parse_size(size, what="--size")

@@ -72,12 +72,8 @@ class P2PSpec:
     verify: bool = True
 
     def __post_init__(self):
-        """The one check of a p2p run's values (the command only parses its options into these).
-
-        Raises:
-            UsageError: fewer than two devices, a test not known (or none), no fixed sample count,
-                a field outside its bound.
-        """
+        """Raises UsageError: fewer than two devices, a test not known (or none), no fixed sample count, a field
+        outside its bound."""
         check_bounds(self)
         if self.devices is not None and len(self.devices) < 2:
             named = ",".join(map(str, self.devices))
@@ -496,15 +492,8 @@ BENCHMARK = P2P()
 
 
 def run(spec: P2PSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure every selected test for every ordered pair of GPUs, through the driver.
-
-    Returns:
-        A Result with one record per (test, src, dst) (bidirectional tests: parts forward, reverse,
-        total); extra holds the link, its peak, % of it, the peer-access state, and the verification.
-
-    Raises:
-        NoGPUError / UsageError: no GPU, fewer than two, or -b does not fit.
-        MachineError: a CUDA fault other than an allocation failure (``partial_result`` keeps the
-            finished points).
-    """
+    """Measure every selected test for every ordered pair of GPUs through :func:`gpubench.core.benchmark.run`
+    (NoGPUError, UsageError, MachineError as it raises them): a record per (test, src, dst), parts
+    forward, reverse and total for bidirectional tests; extra holds the link, its peak, % of it, the
+    peer-access state and the verification."""
     return driver.run(BENCHMARK, spec, progress)

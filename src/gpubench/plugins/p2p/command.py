@@ -45,11 +45,8 @@ OPTIONS = [
 
 
 def build_spec(devices, tests, nbytes, latency_bytes, loop_count, warmup, iters, verify):
-    """Parse the options into a P2PSpec (no GPU needed); the spec checks the names and counts.
-
-    Raises:
-        UsageError: any bad value, named in the message.
-    """
+    """Parse the options into a P2PSpec (no GPU needed); the spec checks the names and counts; raises UsageError: any
+    bad value, named in the message."""
     from gpubench.plugins.p2p.bench import TESTS, P2PSpec
     from gpubench.core.options import parse_devices
     from gpubench.core.timing import TimingPlan

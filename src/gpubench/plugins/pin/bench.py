@@ -147,16 +147,9 @@ BENCHMARK = Pin()
 
 
 def run(spec: PinSpec, progress: ProgressSink | None = None) -> Result:
-    """Measure every (operation, size) through the driver.
-
-    Returns:
-        A Result with two records (the two phases) per (operation, size): metric "time", seconds
-        per call; ``extra.bytes_per_s`` = nbytes / median seconds.
-
-    Raises:
-        NoGPUError / UsageError: no GPU, the device not visible, or the largest size does not fit.
-        MachineError: a CUDA fault other than an allocation failure (the finished points kept).
-    """
+    """Measure every (operation, size) through :func:`gpubench.core.benchmark.run` (NoGPUError,
+    UsageError, MachineError as it raises them): two records (the two phases) per (operation, size),
+    metric "time", seconds per call; ``extra.bytes_per_s`` = nbytes / median seconds."""
     return driver.run(BENCHMARK, spec, progress)
 
 
@@ -180,11 +173,8 @@ OPTIONS = [
 
 
 def build_spec(operations, min_bytes, max_bytes, step_factor, device, warmup, iters, min_time) -> PinSpec:
-    """Validate the options (no GPU needed) and build a PinSpec.
-
-    Raises:
-        UsageError: any bad value, named in the message.
-    """
+    """Validate the options (no GPU needed) and build a PinSpec; raises UsageError: any bad value, named in the
+    message."""
     ops = csv_list(operations, "--op", kind="operation")
     sizes = size_sweep(parse_size(min_bytes, what="-b/--min-bytes"), parse_size(max_bytes, what="-e/--max-bytes"),
                        step_factor)
