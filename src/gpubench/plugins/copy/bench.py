@@ -49,22 +49,6 @@ class Test:
         return self.records or (self.key,)
 
 
-TESTS: dict[str, Test] = {t.key: t for t in (
-    Test("h2d", "host_to_device_memcpy_ce", lambda ctx, g, bufs: _ce_records(ctx, g, bufs, "h2d")),
-    Test("d2h", "device_to_host_memcpy_ce", lambda ctx, g, bufs: _ce_records(ctx, g, bufs, "d2h")),
-    Test("bidir", "host_to_device_bidirectional_memcpy_ce", lambda ctx, g, bufs: _bidir_records(ctx, g, bufs),
-         device_units=3, host_units=3, records=("bidir-h2d", "bidir-d2h", "bidir-total")),
-    Test("h2d-sm", "host_to_device_memcpy_sm", lambda ctx, g, bufs: _sm_records(ctx, g, bufs, "h2d-sm"),
-         locked_only=True),
-    Test("d2h-sm", "device_to_host_memcpy_sm", lambda ctx, g, bufs: _sm_records(ctx, g, bufs, "d2h-sm"),
-         locked_only=True),
-    Test("d2d", "device_local_copy", lambda ctx, g, bufs: _d2d_records(ctx, g), host=False, device_units=2,
-         host_units=0),
-    Test("latency", "host_device_latency_sm", lambda ctx, g, bufs: _latency_records(ctx, g, bufs), locked_only=True,
-         device_units=0),
-)}
-
-
 @dataclass(frozen=True)
 class CopySpec:
     """Parsed options of ``gpubench copy``.
@@ -186,35 +170,7 @@ def timed(timer: GatedTimer, enqueue_k: Callable[[int], None], plan: TimingPlan,
     return got[len(got) - n:], reps
 
 
-def _ce_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
-    from cupy.cuda import runtime
-
-    spec: CopySpec = ctx.spec
-    a: _Pair = bufs["pair"]
-    pat: gpu.Pattern = bufs["pattern"]
-    n = g.nbytes
-    src, dst, k = (a.host.ptr, a.dev.ptr, gpu.H2D) if direction == "h2d" else (a.dev.ptr, a.host.ptr, gpu.D2H)
-    if direction == "d2h" and spec.verify:
-        pat.fill(a.host.array, invert=True)  # poison: the copies must overwrite it
-    stream = bufs["stream"]
-    timer = GatedTimer([Lane(stream, g.ordinal, gated=bufs["gated"], gate_timeout_s=GATE_TIMEOUT_S)])
-
-    def enqueue(reps: int) -> None:
-        for _ in range(reps):
-            runtime.memcpyAsync(dst, src, n, k, stream.ptr)
-
-    enqueue(1)  # one untimed copy
-    stream.synchronize()
-    times, reps = timed(timer, enqueue, spec.plan)
-    verified = None
-    if spec.verify:
-        stream.synchronize()
-        verified = pat.matches_device(a.dev.ptr) if direction == "h2d" else pat.matches(a.host.array)
-    return [_record(_params(g, direction), n, [t.span / reps for t in times], reps, bufs["gated"], verified,
-                    ctx.data["peaks"].get(g.device))]
-
-
-def _bidir_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
+def _bidir_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
     """The three bidirectional figures, each from copies released together on two streams.
 
     - bidir-h2d: H2D of nbytes timed while a D2H of 2 x nbytes runs on the other stream, so the
@@ -284,41 +240,53 @@ def _bidir_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
     return out
 
 
-def _sm_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
-    """nvbandwidth's host_to_device_memcpy_sm / device_to_host_memcpy_sm: its copy kernel on the GPU
-    reading (h2d-sm) or writing (d2h-sm) page-locked host memory through UVA; 4 untimed copies
-    behind the gate, then ``reps`` copies per launch; bytes = what the kernel really moves
-    (nvbandwidth's truncation, kernels.sm_copy_geometry)."""
+def _one_way_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
+    """One direction between the point's host and device buffers, on one lane: a CE copy (h2d, d2h),
+    or nvbandwidth's host_to_device_memcpy_sm / device_to_host_memcpy_sm (its copy kernel on the GPU
+    reading or writing page-locked host memory through UVA, 4 untimed copies behind the gate, bytes =
+    what the kernel really moves: nvbandwidth's truncation, kernels.sm_copy_geometry)."""
+    from cupy.cuda import runtime
+
     spec: CopySpec = ctx.spec
     a: _Pair = bufs["pair"]
     pat: gpu.Pattern = bufs["pattern"]
-    src, dst = (a.host.ptr, a.dev.ptr) if direction == "h2d-sm" else (a.dev.ptr, a.host.ptr)
-    enqueue, copied = kernels.sm_copy_enqueue(g.ordinal, dst, src, g.nbytes)
-    params = _params(g, direction)
-    if copied == 0:
-        return [Record(params=params, nbytes=g.nbytes, error=f"skipped: {format_size(g.nbytes)} is below one "
-                       "16-byte element per thread of the copy kernel", extra={"skipped": True})]
-    if direction == "d2h-sm" and spec.verify:
-        pat.fill(a.host.array, invert=True)
     stream = bufs["stream"]
-    lane = Lane(stream, g.ordinal, gated=True, gate_timeout_s=GATE_TIMEOUT_S,
-                enqueue=lambda k: enqueue(stream, k))
-    timer = GatedTimer([lane])
-    enqueue(stream, 1)
+    to_dev, sm = direction.startswith("h2d"), direction.endswith("-sm")
+    src, dst = (a.host.ptr, a.dev.ptr) if to_dev else (a.dev.ptr, a.host.ptr)
+    if sm:
+        kernel, copied = kernels.sm_copy_enqueue(g.ordinal, dst, src, g.nbytes)
+        if copied == 0:
+            return [Record(params=_params(g, direction), nbytes=g.nbytes, error=f"skipped: {format_size(g.nbytes)} "
+                           "is below one 16-byte element per thread of the copy kernel", extra={"skipped": True})]
+
+        def enqueue(reps: int) -> None:
+            kernel(stream, reps)
+    else:
+        copied, kind = g.nbytes, gpu.H2D if to_dev else gpu.D2H
+
+        def enqueue(reps: int) -> None:
+            for _ in range(reps):
+                runtime.memcpyAsync(dst, src, copied, kind, stream.ptr)
+
+    if not to_dev and spec.verify:
+        pat.fill(a.host.array, invert=True)  # poison: the copies must overwrite it
+    gated = sm or bufs["gated"]
+    timer = GatedTimer([Lane(stream, g.ordinal, gated=gated, gate_timeout_s=GATE_TIMEOUT_S, enqueue=enqueue)])
+    enqueue(1)  # one untimed copy
     stream.synchronize()
-    times, reps = timed(timer, lambda k: enqueue(stream, k), spec.plan, warm=WARMUP_COPIES)
+    times, reps = timed(timer, enqueue, spec.plan, warm=WARMUP_COPIES if sm else 0)
     verified = None
     if spec.verify:
         stream.synchronize()
-        verified = pat.matches_device(a.dev.ptr, copied) if direction == "h2d-sm" \
-            else pat.matches(a.host.array[:copied])
-    r = _record(params, copied, [t.span / reps for t in times], reps, True, verified,
+        verified = pat.matches_device(a.dev.ptr, copied) if to_dev else pat.matches(a.host.array[:copied])
+    r = _record(_params(g, direction), copied, [t.span / reps for t in times], reps, gated, verified,
                 ctx.data["peaks"].get(g.device))
-    r.extra["kernel"] = kernels.sm_copy_geometry(g.nbytes, kernels.num_sms(g.ordinal))[0]
+    if sm:
+        r.extra["kernel"] = kernels.sm_copy_geometry(g.nbytes, kernels.num_sms(g.ordinal))[0]
     return [r]
 
 
-def _latency_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
+def _latency_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
     """nvbandwidth's host_device_latency_sm: one GPU thread follows a chain of pointers laid 128
     bytes apart over the page-locked host buffer (kernels.chase_layout); a sample is one launch of
     LATENCY_ACCESSES steps by one block, the block rotating over the SMs as nvbandwidth's loop
@@ -348,7 +316,7 @@ def _latency_records(ctx: Context, g: _Group, bufs: dict) -> list[Record]:
                                                  "stride_bytes": kernels.LATENCY_STRIDE * kernels.LATENCY_NODE_BYTES})]
 
 
-def _d2d_records(ctx: Context, g: _Group) -> list[Record]:
+def _d2d_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Record]:
     """nvbandwidth's device_local_copy: a CE copy between two buffers of one GPU, gated, bytes
     counted once (nbytes / time, as nvbandwidth counts copies)."""
     import cupy
@@ -404,7 +372,7 @@ def _host_records(ctx: Context, g: _Group) -> list[Record]:
                 continue
             if bufs.pop("chased", False):
                 a.fill(bufs["pattern"])  # the latency chain overwrote the pattern
-            out += t.measure(ctx, g, bufs)
+            out += t.measure(ctx, g, bufs, key)
         bufs["stream"].synchronize()
     finally:
         a.free()
@@ -465,6 +433,18 @@ def _all_devices_records(ctx: Context, g: _Group) -> list[Record]:
     return out
 
 
+TESTS: dict[str, Test] = {t.key: t for t in (
+    Test("h2d", "host_to_device_memcpy_ce", _one_way_records),
+    Test("d2h", "device_to_host_memcpy_ce", _one_way_records),
+    Test("bidir", "host_to_device_bidirectional_memcpy_ce", _bidir_records, device_units=3, host_units=3,
+         records=("bidir-h2d", "bidir-d2h", "bidir-total")),
+    Test("h2d-sm", "host_to_device_memcpy_sm", _one_way_records, locked_only=True),
+    Test("d2h-sm", "device_to_host_memcpy_sm", _one_way_records, locked_only=True),
+    Test("d2d", "device_local_copy", _d2d_records, host=False, device_units=2, host_units=0),
+    Test("latency", "host_device_latency_sm", _latency_records, locked_only=True, device_units=0),
+)}
+
+
 class Copy(Benchmark):
     """The copy plug-in: points are (device, size, memory kind) with the tests of TESTS."""
 
@@ -501,7 +481,7 @@ class Copy(Benchmark):
             return _all_devices_records(ctx, g)
         with cupy.cuda.Device(g.device):
             if g.memory == "device":
-                return [r for t in g.tests for r in TESTS[t].measure(ctx, g, {})]
+                return [r for t in g.tests for r in TESTS[t].measure(ctx, g, {}, t)]
             return _host_records(ctx, g)
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
