@@ -97,9 +97,7 @@ def order_groups(tests: tuple[str, ...], devices: tuple[int, ...]) -> list[_Grou
     """Every (test, src, dst) for ordered pairs src != dst; peer-off tests first, so peer access is
     enabled only once, after them (enabling and disabling it per pair costs ~100 ms each)."""
     pairs = [(i, j) for i in devices for j in devices if i != j]
-    off = [t for t in tests if t in PEER_OFF_TESTS]
-    on = [t for t in tests if t not in PEER_OFF_TESTS]
-    return [_Group(t, i, j) for t in off for (i, j) in pairs] + [_Group(t, i, j) for t in on for (i, j) in pairs]
+    return [_Group(t, i, j) for t in sorted(tests, key=lambda t: t not in PEER_OFF_TESTS) for (i, j) in pairs]
 
 
 def link_peak(env: dict, src: int, dst: int, peer_access: bool) -> tuple[float | None, str]:
@@ -113,12 +111,9 @@ def link_peak(env: dict, src: int, dst: int, peer_access: bool) -> tuple[float |
     topo = (env.get("topology") or {}).get(f"{min(src, dst)},{max(src, dst)}", "?")
     pcie = [p for p in (a.get("pcie_peak_bytes_per_s"), b.get("pcie_peak_bytes_per_s")) if p]
     pcie_peak = min(pcie) if pcie else None
-    if peer_access:
-        nv = (a.get("nvlink_peak_bytes_per_s_by_peer") or {}).get(str(dst))
-        if nv:
-            return nv, topo
-        return pcie_peak, topo
-    return pcie_peak, "PCIe via host"
+    if not peer_access:
+        return pcie_peak, "PCIe via host"
+    return (a.get("nvlink_peak_bytes_per_s_by_peer") or {}).get(str(dst)) or pcie_peak, topo
 
 
 class _Peers:
@@ -142,17 +137,11 @@ class _Peers:
         for a, b in ((i, j), (j, i)):
             with cupy.cuda.Device(a):
                 try:
-                    if on:
-                        runtime.deviceEnablePeerAccess(b)
-                    else:
-                        runtime.deviceDisablePeerAccess(b)
+                    (runtime.deviceEnablePeerAccess if on else runtime.deviceDisablePeerAccess)(b)
                 except runtime.CUDARuntimeError as e:
                     if getattr(e, "status", None) not in (_PEER_ALREADY_ENABLED, _PEER_NOT_ENABLED):
                         raise
-            if on:
-                self.enabled.add((a, b))
-            else:
-                self.enabled.discard((a, b))
+            (self.enabled.add if on else self.enabled.discard)((a, b))
 
     def restore(self) -> None:
         """Disable what this run enabled (best effort: never masks the run's own error)."""
@@ -291,12 +280,8 @@ def _both_ways(b: _PairBuffers, pull: bool):
     dst2 = b.alloc(i, n)
     _fill(j, src2.ptr, n, b.seed + 1)
     _fill(i, dst2.ptr, n, (b.seed + 1) ^ 0x5A5A)
-    if pull:
-        lanes = [_lane(j, _ce_enqueue(b.dst.ptr, j, b.src.ptr, i, n, False), b.gate_timeout),
-                 _lane(i, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, False), b.gate_timeout)]
-    else:
-        lanes = [_lane(i, _ce_enqueue(b.dst.ptr, j, b.src.ptr, i, n, True), b.gate_timeout),
-                 _lane(j, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, True), b.gate_timeout)]
+    lanes = [_lane(j if pull else i, _ce_enqueue(b.dst.ptr, j, b.src.ptr, i, n, not pull), b.gate_timeout),
+             _lane(i if pull else j, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, not pull), b.gate_timeout)]
     return lanes, [(j, b.dst.ptr, n, b.seed), (i, dst2.ptr, n, b.seed + 1)], n
 
 
