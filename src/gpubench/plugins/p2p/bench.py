@@ -146,10 +146,8 @@ class _Peers:
     def restore(self) -> None:
         """Disable what this run enabled (best effort: never masks the run's own error)."""
         for a, b in sorted(self.enabled):
-            try:
+            with contextlib.suppress(Exception):
                 self.set(a, b, False)
-            except Exception:
-                pass
         self.enabled.clear()
 
 
@@ -168,16 +166,9 @@ def _run_lanes(lanes: list[Lane], reps: int, plan: TimingPlan, warm: int = WARMU
     timer = GatedTimer(lanes)
     for _ in range(plan.warmup):
         timer.sample(reps=reps, warm=warm)
-    per: list[list[float]] = [[] for _ in lanes]
-    spans: list[float] = []
-    queued = 0.0
-    for _ in range(plan.iters or 1):
-        t = timer.sample(reps=reps, warm=warm)
-        for i, x in enumerate(t.per_lane):
-            per[i].append(x)
-        spans.append(t.span)
-        queued = max(queued, t.queued_s)
-    return per, spans, queued
+    got = [timer.sample(reps=reps, warm=warm) for _ in range(plan.iters or 1)]
+    return ([list(x) for x in zip(*(t.per_lane for t in got))], [t.span for t in got],
+            max(0.0, *(t.queued_s for t in got)))
 
 
 def _ce_enqueue(dst_ptr: int, dst_dev: int, src_ptr: int, src_dev: int, nbytes: int, peer_api: bool):
@@ -196,9 +187,7 @@ def _ce_enqueue(dst_ptr: int, dst_dev: int, src_ptr: int, src_dev: int, nbytes: 
 
 def loop_count(spec: P2PSpec, test: str) -> int:
     """Copies per sample for ``test``: --loop-count if given, else the followed tool's default."""
-    if spec.loop_count is not None:
-        return spec.loop_count
-    return OFF_REPEAT if test in PEER_OFF_TESTS else NVB_LOOP_COUNT
+    return spec.loop_count or (OFF_REPEAT if test in PEER_OFF_TESTS else NVB_LOOP_COUNT)
 
 
 def bidir_records(base: dict, copied: int, per: list[list[float]], spans: list[float], reps: int, test: str,
