@@ -181,17 +181,11 @@ class _Pieces:
         scattered_host = np.empty_like(pat2d)
         scattered_host[perm] = pat2d  # host contents after a scattered D2H of a device holding pat
         self.scattered_host = scattered_host.ravel()
-        self.host = gpu.HostBuffer(total, g.memory)
-        dev: gpu.DeviceBuffer | None = None
-        try:
-            dev = gpu.DeviceBuffer(total)
-            staging = gpu.HostBuffer(total, "pinned")
-        except BaseException:
-            if dev is not None:
-                dev.free()
-            self.host.free()
-            raise
-        self.dev, self.staging = dev, staging
+        with contextlib.ExitStack() as undo:  # a failed allocation frees the ones before it
+            self.host = undo.enter_context(gpu.HostBuffer(total, g.memory))
+            self.dev = undo.enter_context(gpu.DeviceBuffer(total))
+            self.staging = gpu.HostBuffer(total, "pinned")
+            undo.pop_all()
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.gated = spec.gate and g.memory != "pageable"
         self.host2d = self.host.array.reshape(n, s)

@@ -119,12 +119,10 @@ class _Pair:
 
     def __init__(self, nbytes: int, kind: str):
         self.nbytes = nbytes
-        self.host = gpu.HostBuffer(nbytes, kind)
-        try:
+        with contextlib.ExitStack() as undo:  # a failed device allocation frees the host buffer
+            self.host = undo.enter_context(gpu.HostBuffer(nbytes, kind))
             self.dev = gpu.DeviceBuffer(nbytes)
-        except BaseException:
-            self.host.free()
-            raise
+            undo.pop_all()
 
     def fill(self, pat: gpu.Pattern) -> "_Pair":
         """Write the pattern into the host buffer and copy it to the device buffer (untimed)."""
@@ -324,13 +322,7 @@ def _d2d_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Re
 
     spec: CopySpec = ctx.spec
     n = g.nbytes
-    a = gpu.DeviceBuffer(n)
-    try:
-        b = gpu.DeviceBuffer(n)
-    except BaseException:
-        a.free()
-        raise
-    try:
+    with gpu.DeviceBuffer(n) as a, gpu.DeviceBuffer(n) as b:
         kernels.fill(g.ordinal, a.ptr, n, seed=n & 0xFFFFFFFF)
         stream = cupy.cuda.Stream(non_blocking=True)
         timer = GatedTimer([Lane(stream, g.ordinal, gate_timeout_s=GATE_TIMEOUT_S)])
@@ -348,9 +340,6 @@ def _d2d_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Re
         limits.mark(r, limits.device_copy_peak_bytes_per_s(envmod.gpu_by_index(ctx.env, g.ordinal)),
                     "device memory bandwidth / 2 (read + write)")
         return [r]
-    finally:
-        b.free()
-        a.free()
 
 
 def _host_records(ctx: Context, g: _Group) -> list[Record]:
