@@ -149,18 +149,22 @@ def _params(pt_group: _Group, direction: str) -> dict:
             "nbytes": pt_group.nbytes}
 
 
-def timed(timer: GatedTimer, enqueue_k: Callable[[int], None], plan: TimingPlan, *, policy: str = SPAN,
+def timed(timer: GatedTimer, enqueue_k: Callable[[int], None] | None, plan: TimingPlan, *, policy: str = SPAN,
           warm: int = 0) -> tuple[list[LaneTimes], int]:
     """One probe sample picks the steps per sample (choose_reps, gated lanes only), then
     :func:`sample_loop` over ``plan`` on the ``policy`` time; ``enqueue_k(k)`` queues k steps on every
-    lane, ``warm`` untimed steps go behind the gate first. Returns (the kept LaneTimes, steps per sample).
+    lane (None: each lane's own enqueue), ``warm`` untimed steps go behind the gate first. Returns (the
+    kept LaneTimes, steps per sample).
     """
-    probe = timer.sample(lambda: enqueue_k(1))
+    def sample(k: int, warm: int = 0) -> LaneTimes:
+        return timer.sample(None if enqueue_k is None else lambda: enqueue_k(k), reps=k, warm=warm)
+
+    probe = sample(1)
     reps = choose_reps(policy_seconds(probe, policy)) if timer.gated else 1
     got: list[LaneTimes] = []
 
     def take() -> float:
-        t = timer.sample(lambda: enqueue_k(reps), warm=warm)
+        t = sample(reps, warm)
         got.append(t)
         return policy_seconds(t, policy) / reps
 
@@ -395,17 +399,7 @@ def _all_devices_records(ctx: Context, g: _Group) -> list[Record]:
                 src, dst = (p.host.ptr, p.dev.ptr) if k == gpu.H2D else (p.dev.ptr, p.host.ptr)
                 ln.enqueue = (lambda reps, src=src, dst=dst, s=ln.stream:
                               [runtime.memcpyAsync(dst, src, nbytes, k, s.ptr) for _ in range(reps)])
-            first = timer.sample(reps=1)
-            reps = choose_reps(first.span)
-            got: list[LaneTimes] = []
-
-            def take() -> float:
-                t = timer.sample(reps=reps)
-                got.append(t)
-                return t.span / reps
-
-            n = len(sample_loop(take, spec.plan, reps))
-            times = got[len(got) - n:]
+            times, reps = timed(timer, None, spec.plan)
             for i, d in enumerate(devices):
                 params = {"device": f"{d}@all", "direction": direction, "memory": kind, "nbytes": nbytes}
                 out.append(_record(params, nbytes, [policy_seconds(t, "each", i) / reps for t in times], reps, True,
