@@ -38,25 +38,15 @@ BATCH_API_MIN_VERSION = 12080  # cudaMemcpyBatchAsync appeared in CUDA 12.8
 
 @dataclass(frozen=True)
 class BatchSpec:
-    """Parsed options of ``gpubench batch``.
+    """Parsed options of ``gpubench batch``; a sample moves all N pieces once."""
 
-    Attributes:
-        points: (count, piece_bytes) pairs: N pieces of S bytes each.
-        strategies: subset of STRATEGIES.
-        directions: subset of DIRECTIONS.
-        memory: host memory of the pieces, subset of HOST_KINDS.
-        device: CUDA ordinal.
-        plan: warm-ups and iterations (a sample moves all N pieces once).
-        gate: queue page-locked copies behind the spin gate (False: time the host's issue rate too).
-    """
-
-    points: tuple[tuple[int, int], ...]
+    points: tuple[tuple[int, int], ...]  # (count N, piece_bytes S) pairs
     strategies: tuple[str, ...] = STRATEGIES
     directions: tuple[str, ...] = DIRECTIONS
-    memory: tuple[str, ...] = HOST_KINDS
+    memory: tuple[str, ...] = HOST_KINDS  # host memory of the pieces
     device: int = device_field()
     plan: TimingPlan = field(default_factory=TimingPlan)
-    gate: bool = True
+    gate: bool = True  # queue page-locked copies behind the spin gate (False: time the host's issue rate too)
 
     def __post_init__(self):
         """Raises UsageError: no points, a count below 1 or above MAX_COUNT, a piece below 1 byte, a strategy,

@@ -51,25 +51,15 @@ class Test:
 
 @dataclass(frozen=True)
 class CopySpec:
-    """Parsed options of ``gpubench copy``.
+    """Parsed options of ``gpubench copy``."""
 
-    Attributes:
-        sizes: bytes per copy, ascending.
-        directions: keys of TESTS.
-        memory: host memory kinds, subset of gpu.MEMORY_KINDS.
-        devices: CUDA ordinals, or None for device 0.
-        plan: warm-ups and iterations.
-        verify: check the data after the copies.
-        max_pinned_bytes: cap on page-locked host memory held at once; None = half of MemTotal.
-    """
-
-    sizes: tuple[int, ...]
-    directions: tuple[str, ...] = ("h2d", "d2h")
-    memory: tuple[str, ...] = ("pinned", "pageable")
-    devices: tuple[int, ...] | None = None
+    sizes: tuple[int, ...]  # bytes per copy, ascending
+    directions: tuple[str, ...] = ("h2d", "d2h")  # keys of TESTS
+    memory: tuple[str, ...] = ("pinned", "pageable")  # host memory kinds (gpu.MEMORY_KINDS)
+    devices: tuple[int, ...] | None = None  # CUDA ordinals; None: device 0
     plan: TimingPlan = field(default_factory=TimingPlan)
-    verify: bool = False
-    max_pinned_bytes: int | None = None
+    verify: bool = False  # check the data after the copies
+    max_pinned_bytes: int | None = None  # cap on page-locked host memory held at once; None: half of MemTotal
 
     def __post_init__(self):
         """Raises UsageError: a memory kind or direction not known (or none), no sizes."""

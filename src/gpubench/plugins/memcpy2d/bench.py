@@ -66,25 +66,15 @@ def check_geometry(width: int, height: int, src_pitch: int, dst_pitch: int) -> N
 
 @dataclass(frozen=True)
 class Memcpy2dSpec:
-    """Parsed options of ``gpubench memcpy2d``.
+    """Parsed options of ``gpubench memcpy2d``; a sample moves the whole window once."""
 
-    Attributes:
-        points: (width, height, src_pitch, dst_pitch) in bytes / rows.
-        strategies: subset of STRATEGIES.
-        directions: subset of DIRECTIONS.
-        memory: host memory kinds for h2d / d2h (d2d uses device memory only).
-        device: CUDA ordinal.
-        plan: warm-ups and iterations (a sample moves the whole window once).
-        gate: queue page-locked / device copies behind the spin gate.
-    """
-
-    points: tuple[tuple[int, int, int, int], ...]
+    points: tuple[tuple[int, int, int, int], ...]  # (width, height, src_pitch, dst_pitch) in bytes / rows
     strategies: tuple[str, ...] = STRATEGIES
     directions: tuple[str, ...] = DIRECTIONS
-    memory: tuple[str, ...] = ("pinned",)
+    memory: tuple[str, ...] = ("pinned",)  # host memory kinds for h2d / d2h (d2d uses device memory only)
     device: int = device_field()
     plan: TimingPlan = field(default_factory=TimingPlan)
-    gate: bool = True
+    gate: bool = True  # queue page-locked / device copies behind the spin gate
 
     def __post_init__(self):
         """Raises UsageError: no window, a geometry :func:`check_geometry` refuses, a strategy, direction or memory

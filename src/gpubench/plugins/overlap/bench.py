@@ -50,21 +50,12 @@ _kernels: dict[int, object] = {}
 
 @dataclass(frozen=True)
 class OverlapSpec:
-    """Parsed options of ``gpubench overlap``.
+    """Parsed options of ``gpubench overlap``; the plan is per stage."""
 
-    Attributes:
-        nbytes: N, bytes moved each way (a whole number of float32 elements).
-        works: dependent FMAs per element, one group each.
-        streams: K streams of the overlapped run.
-        chunks: C chunks (>= K), given round-robin to the streams.
-        device: CUDA ordinal.
-        plan: warm-ups and iterations per stage.
-    """
-
-    nbytes: int
-    works: tuple[int, ...] = (0, 1024, 4096)
-    streams: int = 4
-    chunks: int = 4
+    nbytes: int  # N, bytes moved each way (a whole number of float32 elements)
+    works: tuple[int, ...] = (0, 1024, 4096)  # dependent FMAs per element, one group each
+    streams: int = 4  # K streams of the overlapped run
+    chunks: int = 4  # C chunks (>= K), given round-robin to the streams
     device: int = device_field()
     plan: TimingPlan = field(default_factory=TimingPlan)
 

@@ -50,26 +50,16 @@ _PEER_NOT_ENABLED = 705
 
 @dataclass(frozen=True)
 class P2PSpec:
-    """Parsed options of ``gpubench p2p``.
+    """Parsed options of ``gpubench p2p``. ``loop_count`` None: 16 copies per sample with peer access on
+    (nvbandwidth --loopCount) and 5 with it off (p2pBandwidthLatencyTest's repeat)."""
 
-    Attributes:
-        devices: CUDA ordinals (two or more), or None for every visible GPU.
-        tests: subset of TESTS, in the order given.
-        nbytes: bytes per bandwidth copy (default 1 GiB).
-        latency_bytes: bytes per latency copy (p2pBandwidthLatencyTest: one int4, 16 bytes).
-        loop_count: copies per sample; None: 16 with peer access on (nvbandwidth --loopCount) and 5 with
-            it off (p2pBandwidthLatencyTest's repeat), the tool each test follows.
-        plan: warm-up samples and timed samples (``iters`` must be set).
-        verify: fill the source with a pattern, poison the destination, check it after the copies.
-    """
-
-    devices: tuple[int, ...] | None = None
-    tests: tuple[str, ...] = tuple(TESTS)
-    nbytes: int = bounded(2**30, "-b/--nbytes", lo=1, unit="bytes")
-    latency_bytes: int = bounded(16, "--latency-bytes", lo=1, unit="bytes")
+    devices: tuple[int, ...] | None = None  # two or more; None: every visible GPU
+    tests: tuple[str, ...] = tuple(TESTS)  # in the order given
+    nbytes: int = bounded(2**30, "-b/--nbytes", lo=1, unit="bytes")  # per bandwidth copy
+    latency_bytes: int = bounded(16, "--latency-bytes", lo=1, unit="bytes")  # p2pBandwidthLatencyTest: one int4
     loop_count: int | None = bounded(None, "--loop-count", lo=1, hi=MAX_LOOP_COUNT)
-    plan: TimingPlan = field(default_factory=lambda: TimingPlan(warmup=1, iters=5))
-    verify: bool = True
+    plan: TimingPlan = field(default_factory=lambda: TimingPlan(warmup=1, iters=5))  # iters must be set
+    verify: bool = True  # fill the source, poison the destination, check it after the copies
 
     def __post_init__(self):
         """Raises UsageError: fewer than two devices, a test not known (or none), no fixed sample count, a field

@@ -35,16 +35,9 @@ OPERATIONS: dict[str, tuple[str, str, str]] = {
 
 @dataclass(frozen=True)
 class PinSpec:
-    """Parsed options of ``gpubench pin``.
+    """Parsed options of ``gpubench pin``; a sample is one call of each phase, on ``device``'s context."""
 
-    Attributes:
-        sizes: bytes per call, ascending.
-        operations: keys of OPERATIONS.
-        device: CUDA ordinal (the context the calls run in).
-        plan: warm-ups and iteration rule (a sample is one call of each phase).
-    """
-
-    sizes: tuple[int, ...]
+    sizes: tuple[int, ...]  # bytes per call, ascending
     operations: tuple[str, ...] = tuple(OPERATIONS)
     device: int = device_field()
     plan: TimingPlan = field(default_factory=lambda: TimingPlan(warmup=1))
