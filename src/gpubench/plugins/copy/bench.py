@@ -141,11 +141,16 @@ def _params(pt_group: _Group, direction: str) -> dict:
 
 def timed(timer: GatedTimer, enqueue_k: Callable[[int], None] | None, plan: TimingPlan, *, policy: str = SPAN,
           warm: int = 0) -> tuple[list[LaneTimes], int]:
-    """One probe sample picks the steps per sample (choose_reps, gated lanes only), then
-    :func:`sample_loop` over ``plan`` on the ``policy`` time; ``enqueue_k(k)`` queues k steps on every
-    lane (None: each lane's own enqueue), ``warm`` untimed steps go behind the gate first. Returns (the
-    kept LaneTimes, steps per sample).
+    """One untimed step, one probe sample that picks the steps per sample (choose_reps, gated lanes
+    only), then :func:`sample_loop` over ``plan`` on the ``policy`` time; ``enqueue_k(k)`` queues k steps
+    on every lane (None: each lane's own enqueue, no untimed step), ``warm`` untimed steps go behind the
+    gate first. Returns (the kept LaneTimes, steps per sample).
     """
+    if enqueue_k is not None:
+        enqueue_k(1)
+        for ln in timer.lanes:
+            ln.stream.synchronize()
+
     def sample(k: int, warm: int = 0) -> LaneTimes:
         return timer.sample(None if enqueue_k is None else lambda: enqueue_k(k), reps=k, warm=warm)
 
@@ -199,9 +204,6 @@ def _bidir_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[
                 runtime.memcpyAsync(d1, s1_, n1, k1, stream.ptr)
                 runtime.memcpyAsync(d2, s2_, n2, k2, s2.ptr)
 
-        both(1)
-        stream.synchronize()
-        s2.synchronize()
         times, reps = timed(timer, both, spec.plan, policy=SPAN)
         verified = None
         if spec.verify:
@@ -264,8 +266,6 @@ def _one_way_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> lis
         pat.fill(a.host.array, invert=True)  # poison: the copies must overwrite it
     gated = sm or bufs["gated"]
     timer = GatedTimer([Lane(stream, g.ordinal, gated=gated, gate_timeout_s=GATE_TIMEOUT_S, enqueue=enqueue)])
-    enqueue(1)  # one untimed copy
-    stream.synchronize()
     times, reps = timed(timer, enqueue, spec.plan, warm=WARMUP_COPIES if sm else 0)
     verified = None
     if spec.verify:
@@ -325,8 +325,6 @@ def _d2d_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[Re
             for _ in range(reps):
                 runtime.memcpyAsync(b.ptr, a.ptr, n, gpu.D2D, stream.ptr)
 
-        enqueue(1)
-        stream.synchronize()
         times, reps = timed(timer, enqueue, spec.plan)
         verified = kernels.count_wrong(g.ordinal, b.ptr, n, seed=n & 0xFFFFFFFF) == 0 if spec.verify else None
         r = _record(_params(g, "d2d"), n, [t.span / reps for t in times], reps, True, verified, None)
@@ -390,13 +388,12 @@ def _all_devices_records(ctx: Context, g: _Group) -> list[Record]:
                 ln.enqueue = (lambda reps, src=src, dst=dst, s=ln.stream:
                               [runtime.memcpyAsync(dst, src, nbytes, k, s.ptr) for _ in range(reps)])
             times, reps = timed(timer, None, spec.plan)
-            for i, d in enumerate(devices):
-                params = {"device": f"{d}@all", "direction": direction, "memory": kind, "nbytes": nbytes}
-                out.append(_record(params, nbytes, [policy_seconds(t, "each", i) / reps for t in times], reps, True,
-                                   None, peaks.get(d)))
-            params = {"device": "all", "direction": direction, "memory": kind, "nbytes": nbytes}
+            out += [_record(dict(_params(g, direction), device=f"{d}@all"), nbytes,
+                            [policy_seconds(t, "each", i) / reps for t in times], reps, True, None, peaks.get(d))
+                    for i, d in enumerate(devices)]
             total_peak = sum(peaks.get(d) or 0 for d in devices) or None
-            r = _record(params, nbytes * len(devices), [t.span / reps for t in times], reps, True, None, total_peak)
+            r = _record(_params(g, direction), nbytes * len(devices), [t.span / reps for t in times], reps, True, None,
+                        total_peak)
             r.extra["aggregate"] = "sum of bytes over the time until the last GPU finished"
             out.append(r)
     finally:
