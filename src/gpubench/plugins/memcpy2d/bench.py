@@ -39,31 +39,6 @@ MAX_LOOP_ROWS = 1 << 18  # row-loop issues one Python call per row; beyond this 
 CUDA_DEV_ATTR_MAX_PITCH = 11  # cudaDevAttrMaxPitch
 
 
-def check_geometry(width: int, height: int, src_pitch: int, dst_pitch: int) -> None:
-    """Check a window (W bytes per row, H rows) against its pitches (bytes from one row's start to
-    the next), without a GPU.
-
-    Raises:
-        UsageError: a size below 1, W larger than a pitch, a pitch above MAX_PITCH, or pitch x rows
-            beyond MAX_BUFFER.
-    """
-    for name, v in (("--width", width), ("-H/--height", height), ("--src-pitch", src_pitch),
-                    ("--dst-pitch", dst_pitch)):
-        if not isinstance(v, int):
-            raise UsageError(f"{name} {v!r} must be a whole number")
-        if v < 1:
-            raise UsageError(f"{name} {v} must be >= 1")
-    for name, p in (("--src-pitch", src_pitch), ("--dst-pitch", dst_pitch)):
-        if width > p:
-            raise UsageError(f"--width {format_size(width)} is wider than {name} {format_size(p)}",
-                             "a row's window must fit in its pitch: W <= pitch")
-        if p > MAX_PITCH:
-            raise UsageError(f"{name} {format_size(p)} is over CUDA's maximum pitch of {MAX_PITCH} bytes")
-        if p * height > MAX_BUFFER:
-            raise UsageError(f"{name} {format_size(p)} x {height} rows = {format_size(p * height)} does not fit "
-                             f"in a buffer (limit {format_size(MAX_BUFFER)})", "lower --height or the pitch")
-
-
 @dataclass(frozen=True)
 class Memcpy2dSpec:
     """Parsed options of ``gpubench memcpy2d``; a sample moves the whole window once."""
@@ -77,13 +52,29 @@ class Memcpy2dSpec:
     gate: bool = True  # queue page-locked / device copies behind the spin gate
 
     def __post_init__(self):
-        """Raises UsageError: no window, a geometry :func:`check_geometry` refuses, a strategy, direction or memory
-        kind not known (or none), a device ordinal outside 0 to 2**31 - 1."""
+        """Raises UsageError: no window, a size below 1, W larger than a pitch, a pitch above MAX_PITCH or pitch x
+        rows beyond MAX_BUFFER, a strategy, direction or memory kind not known (or none), a device ordinal outside
+        0 to 2**31 - 1."""
         check_bounds(self)
         if not self.points:
             raise UsageError("no window to measure")
-        for p in self.points:
-            check_geometry(*p)
+        for width, height, src_pitch, dst_pitch in self.points:
+            for name, v in (("--width", width), ("-H/--height", height), ("--src-pitch", src_pitch),
+                            ("--dst-pitch", dst_pitch)):
+                if not isinstance(v, int):
+                    raise UsageError(f"{name} {v!r} must be a whole number")
+                if v < 1:
+                    raise UsageError(f"{name} {v} must be >= 1")
+            for name, p in (("--src-pitch", src_pitch), ("--dst-pitch", dst_pitch)):
+                if width > p:
+                    raise UsageError(f"--width {format_size(width)} is wider than {name} {format_size(p)}",
+                                     "a row's window must fit in its pitch: W <= pitch")
+                if p > MAX_PITCH:
+                    raise UsageError(f"{name} {format_size(p)} is over CUDA's maximum pitch of {MAX_PITCH} bytes")
+                if p * height > MAX_BUFFER:
+                    raise UsageError(f"{name} {format_size(p)} x {height} rows = {format_size(p * height)} does not "
+                                     f"fit in a buffer (limit {format_size(MAX_BUFFER)})",
+                                     "lower --height or the pitch")
         for name, got, allowed in (("strategy", self.strategies, STRATEGIES),
                                    ("direction", self.directions, DIRECTIONS),
                                    ("memory kind", self.memory, HOST_KINDS)):
@@ -119,6 +110,12 @@ class _Group:
     point: tuple[int, int, int, int]
     memory: str  # "pinned" / "pageable" for h2d, d2h; "device" for d2d
     directions: tuple[str, ...]
+
+
+def _params(spec: Memcpy2dSpec, g: _Group, direction: str, strategy: str) -> dict:
+    w, h, sp, dp = g.point
+    return {"device": spec.device, "direction": direction, "strategy": strategy, "memory": g.memory, "width": w,
+            "height": h, "src_pitch": sp, "dst_pitch": dp}
 
 
 def _device_array(cupy, ptr: int, nbytes: int, owner):
@@ -288,8 +285,7 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None, d2d_peak: 
                       for k in {STRATEGY_TABLE[st].contiguous for st in spec.strategies}}
             for strategy in spec.strategies:
                 entry = STRATEGY_TABLE[strategy]
-                params = {"device": spec.device, "direction": direction, "strategy": strategy, "memory": g.memory,
-                          "width": w, "height": h, "src_pitch": sp, "dst_pitch": dp}
+                params = _params(spec, g, direction, strategy)
                 # d2d: a copy inside device memory reads and writes each byte (core/limits.py)
                 extra = {"gated": gated, "peak_bytes_per_s": peak if direction != "d2d" else d2d_peak}
                 stream.synchronize()
@@ -406,12 +402,9 @@ class Memcpy2d(Benchmark):
             return _group_records(ctx.spec, point.key, ctx.data["peak"], ctx.data.get("d2d_peak"))
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
-        spec: Memcpy2dSpec = ctx.spec
         g: _Group = point.key
-        w, h, sp, dp = g.point
-        return [Record(params={"device": spec.device, "direction": d, "strategy": s, "memory": g.memory, "width": w,
-                               "height": h, "src_pitch": sp, "dst_pitch": dp}, nbytes=w * h, error=message)
-                for d in g.directions for s in spec.strategies]
+        return [Record(params=_params(ctx.spec, g, d, s), nbytes=g.point[0] * g.point[1], error=message)
+                for d in g.directions for s in ctx.spec.strategies]
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
         add_derived(records)

@@ -60,10 +60,22 @@ class OverlapSpec:
     plan: TimingPlan = field(default_factory=TimingPlan)
 
     def __post_init__(self):
-        """Raises UsageError: a shape :func:`check_shape` refuses, no work value or one outside 0..MAX_WORK, a device
-        ordinal outside 0 to 2**31 - 1."""
+        """Raises UsageError: nbytes below 4 or not a multiple of 4, streams or chunks out of range, fewer chunks
+        than streams or elements than chunks, no work value or one outside 0..MAX_WORK, a device ordinal outside 0
+        to 2**31 - 1."""
         check_bounds(self)
-        check_shape(self.nbytes, self.streams, self.chunks)
+        nbytes, streams, chunks = self.nbytes, self.streams, self.chunks
+        if nbytes < ELEMENT_BYTES or nbytes % ELEMENT_BYTES:
+            raise UsageError(f"--size {nbytes} bytes is not a whole number of float32 elements",
+                             "give a multiple of 4 bytes")
+        if not 1 <= streams <= MAX_STREAMS:
+            raise UsageError(f"--streams {streams} is out of range", f"use 1..{MAX_STREAMS}")
+        if not 1 <= chunks <= MAX_CHUNKS:
+            raise UsageError(f"--chunks {chunks} is out of range", f"use 1..{MAX_CHUNKS}")
+        if chunks < streams:
+            raise UsageError(f"--chunks {chunks} is fewer than --streams {streams}", "some streams would have no work")
+        if nbytes // ELEMENT_BYTES < chunks:
+            raise UsageError(f"--size {nbytes} bytes has fewer float32 elements than --chunks {chunks}")
         if not self.works:
             raise UsageError("no --work value to measure")
         for w in self.works:
@@ -72,26 +84,6 @@ class OverlapSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)  # the plan (a dataclass) becomes a dict too
-
-
-def check_shape(nbytes: int, streams: int, chunks: int) -> None:
-    """Check the data size, stream and chunk counts without a GPU.
-
-    Raises:
-        UsageError: nbytes below 4 or not a multiple of 4, streams or chunks out of range, fewer
-            chunks than streams, or fewer elements than chunks.
-    """
-    if nbytes < ELEMENT_BYTES or nbytes % ELEMENT_BYTES:
-        raise UsageError(f"--size {nbytes} bytes is not a whole number of float32 elements",
-                         "give a multiple of 4 bytes")
-    if not 1 <= streams <= MAX_STREAMS:
-        raise UsageError(f"--streams {streams} is out of range", f"use 1..{MAX_STREAMS}")
-    if not 1 <= chunks <= MAX_CHUNKS:
-        raise UsageError(f"--chunks {chunks} is out of range", f"use 1..{MAX_CHUNKS}")
-    if chunks < streams:
-        raise UsageError(f"--chunks {chunks} is fewer than --streams {streams}", "some streams would have no work")
-    if nbytes // ELEMENT_BYTES < chunks:
-        raise UsageError(f"--size {nbytes} bytes has fewer float32 elements than --chunks {chunks}")
 
 
 def chunk_bounds(n_elems: int, chunks: int) -> list[tuple[int, int]]:
@@ -116,6 +108,11 @@ def tolerance(work: int) -> float:
     """
     steps = min(work, int(round(1.0 / (1.0 - FMA_A))))
     return 2.0 * (steps + 1) * 2.0**-24 + 4 * 2.0**-24
+
+
+def _params(spec: OverlapSpec, work: int, stage: str) -> dict:
+    return {"device": spec.device, "work": work, "streams": spec.streams, "chunks": spec.chunks,
+            "nbytes": spec.nbytes, "stage": stage}
 
 
 def _kernel():
@@ -169,10 +166,6 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
             run_kernel(stream, lo, hi)
             d2h(stream, lo, hi)
 
-        def params(stage):
-            return {"device": spec.device, "work": work, "streams": spec.streams, "chunks": spec.chunks,
-                    "nbytes": n, "stage": stage}
-
         def check() -> tuple[bool, float | None]:
             for s in streams:
                 s.synchronize()
@@ -198,7 +191,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
                 med = float(np.median(samples))
                 extra["gflops"] = 2.0 * work * n_elems / med / 1e9 if work else 0.0
                 extra["flops_per_byte"] = 2.0 * work / ELEMENT_BYTES
-            out.append(Record(params=params(stage), metric="time", nbytes=n, samples_s=list(samples), reps=reps,
+            out.append(Record(params=_params(spec, work, stage), metric="time", nbytes=n, samples_s=list(samples), reps=reps,
                               extra=extra))
             meds[stage] = out[-1].time_summary().median
 
@@ -212,7 +205,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
 
         samples = measure(step_serial, clock, spec.plan)
         ok, err = check()
-        out.append(Record(params=params("serial"), metric="time", nbytes=n, samples_s=list(samples),
+        out.append(Record(params=_params(spec, work, "serial"), metric="time", nbytes=n, samples_s=list(samples),
                           extra={"gated": True, "verified": ok, "max_abs_error": err, "tolerance": tol}))
         serial_med = out[-1].time_summary().median
 
@@ -238,7 +231,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         samples = measure(step_over, clock, spec.plan)
         ok, err = check()
         longest = max(meds.values())
-        over = Record(params=params("overlapped"), metric="time", nbytes=n, samples_s=list(samples), extra=extra)
+        over = Record(params=_params(spec, work, "overlapped"), metric="time", nbytes=n, samples_s=list(samples), extra=extra)
         over_med = over.time_summary().median
         over.extra.update(
             verified=ok, max_abs_error=err, tolerance=tol,
@@ -297,10 +290,7 @@ class Overlap(Benchmark):
                 limits.mark(r, peak, source)
 
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
-        spec: OverlapSpec = ctx.spec
-        return [Record(params={"device": spec.device, "work": point.key, "streams": spec.streams,
-                               "chunks": spec.chunks, "nbytes": spec.nbytes, "stage": st}, metric="time",
-                       nbytes=spec.nbytes, error=message)
+        return [Record(params=_params(ctx.spec, point.key, st), metric="time", nbytes=ctx.spec.nbytes, error=message)
                 for st in (*STAGES, "serial", "overlapped")]
 
     def timing(self, ctx: Context) -> dict:
