@@ -1,5 +1,4 @@
-"""``gpubench batch``: many small copies, one per piece vs packed through pinned staging vs
-``cudaMemcpyBatchAsync`` vs one contiguous copy."""
+"""``gpubench batch``'s descriptor: many small copies, four ways."""
 
 from gpubench.core.plugin import Plugin, param, params_schema
 

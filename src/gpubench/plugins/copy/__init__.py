@@ -1,5 +1,4 @@
-"""``gpubench copy``: host<->device copy bandwidth (H2D, D2H, bidir; pinned, pageable, write-combined,
-registered; nvbandwidth's SM copies, device local copy and host latency)."""
+"""``gpubench copy``'s descriptor: host<->device copy bandwidth."""
 
 from gpubench.core.plugin import Plugin, param, params_schema
 

@@ -1,5 +1,4 @@
-"""``gpubench memcpy2d``: pitched 2-D copies (``cudaMemcpy2DAsync``) vs a row loop vs one contiguous
-copy vs a CuPy slice."""
+"""``gpubench memcpy2d``'s descriptor: pitched 2-D copies, four ways."""
 
 from gpubench.core.plugin import Plugin, param, params_schema
 

@@ -1,5 +1,4 @@
-"""``gpubench p2p``: the GPU<->GPU copy matrix (copy engine write/read, bidir, SM copy, latency; peer
-access on and off)."""
+"""``gpubench p2p``'s descriptor: the GPU<->GPU copy matrix."""
 
 from gpubench.core.plugin import Plugin, param, params_schema
 

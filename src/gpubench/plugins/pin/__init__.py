@@ -1,5 +1,4 @@
-"""``gpubench pin``: what ``cudaHostAlloc``, ``cudaHostRegister`` and ``cudaMalloc`` (and their frees)
-cost over a size sweep."""
+"""``gpubench pin``'s descriptor: the cost of pinning host memory and of cudaMalloc."""
 
 from gpubench.core.plugin import Plugin, param, params_schema
 
