@@ -168,9 +168,7 @@ class _Pieces:
         pat2d = self.pat.reshape(n, s)
         # H2D: device slot i receives host slot perm[i]; D2H: host slot perm[i] receives device slot i.
         self.scattered_dev = pat2d[perm].ravel()  # device contents after a scattered H2D of pat
-        scattered_host = np.empty_like(pat2d)
-        scattered_host[perm] = pat2d  # host contents after a scattered D2H of a device holding pat
-        self.scattered_host = scattered_host.ravel()
+        self.scattered_host = pat2d[np.argsort(perm)].ravel()  # host contents after a scattered D2H of pat
         with contextlib.ExitStack() as undo:  # a failed allocation frees the ones before it
             self.host = undo.enter_context(gpu.HostBuffer(total, g.memory))
             self.dev = undo.enter_context(gpu.DeviceBuffer(total))
