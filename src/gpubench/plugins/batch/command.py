@@ -103,12 +103,11 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
             if r.error:
                 t.add_row(name, mem, r.error[:90], "", "", "", "")
                 continue
-            rate = r.rate_summary()
             sp = r.extra.get("speedup_vs_separate")
-            check = {True: "ok", False: "WRONG DATA", None: "-"}[r.extra.get("verified")]
-            t.add_row(name, mem, report.rate_cell(rate, units, spread),
+            t.add_row(name, mem, report.rate_cell(r.rate_summary(), units, spread),
                       f"{r.extra.get('time_per_piece_us', 0):.3f}", f"{sp:.2f}x" if sp else "-",
-                      report.peak_cell(r.extra.get("pct_of_peak")), check)
+                      report.peak_cell(r.extra.get("pct_of_peak")),
+                      {True: "ok", False: "WRONG DATA", None: "-"}[r.extra.get("verified")])
         out.append(t)
     out.extend(_notes(result, units))
     return out
@@ -127,9 +126,7 @@ def _notes(result, units: str) -> list[str]:
     if any(r.params.get("strategy") == "packed+gather" for r in recs):
         notes.append("packed: the copy alone; packed+gather: host gather (H2D) or scatter (D2H) through pinned "
                      "staging, timed with perf_counter, plus the copy.")
-    skipped = {r.error for r in recs if r.extra.get("skipped") and r.error}
-    for s in sorted(skipped):
-        notes.append(f"batched-api {s}")
+    notes += [f"batched-api {s}" for s in sorted({r.error for r in recs if r.extra.get("skipped") and r.error})]
     if any(r.extra.get("gate_dropped") for r in recs):
         notes.append("Some rows were timed without the gate: the driver's queue filled while the gate held.")
     if any(r.extra.get("above_peak") for r in recs):
