@@ -148,11 +148,8 @@ def _record(params, nbytes, samples, reps, extra) -> Record:
 
 
 class _Pieces:
-    """One (count, piece, memory kind) point's buffers and data, shared by the strategies.
-
-    Piece ``i`` lives on the host at slot ``perm[i]`` and on the device at slot ``i``. ``prepare``
-    puts the source data in place and poisons the destination; ``arrived`` checks it.
-    """
+    """One (count, piece, memory kind) point's buffers and data, shared by the strategies: ``prepare``
+    puts the source data in place and poisons the destination, ``arrived`` checks it."""
 
     def __init__(self, spec: BatchSpec, g: _Group, peak: float | None, api):
         import cupy

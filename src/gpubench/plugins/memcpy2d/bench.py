@@ -311,11 +311,8 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None, d2d_peak: 
 
 
 def _compare(got, expected, width: int, height: int, dst_pitch: int, *, contiguous: bool) -> tuple[bool, bool]:
-    """(window correct, everything outside it untouched) for a destination buffer.
-
-    Args:
-        got, expected: uint8 numpy arrays of the destination's size (see buffer_sizes).
-    """
+    """(window correct, everything outside it untouched) for ``got`` and ``expected``, uint8 numpy arrays
+    of the destination's size (see buffer_sizes)."""
     import numpy as np
 
     inside = np.zeros(got.size, dtype=bool)
@@ -359,11 +356,8 @@ class Memcpy2d(Benchmark):
                 for g in groups]
 
     def preflight(self, spec: Memcpy2dSpec, points, devices) -> None:
-        """Every window's pitches against the device's maximum, then its buffers against free memory.
-
-        Raises:
-            UsageError: a pitch above the device's maximum, or buffers larger than its free memory.
-        """
+        """Every window's pitches against the device's maximum, then its buffers against free memory;
+        raises UsageError: a pitch above the device's maximum, or buffers larger than its free memory."""
         import cupy
         from cupy.cuda import runtime
 

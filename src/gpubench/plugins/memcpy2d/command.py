@@ -52,11 +52,8 @@ OPTIONS = [
 
 
 def parse_pitch(text: str, width: int, what: str) -> int:
-    """A pitch in bytes: a size ("16KiB") or a multiple of the width ("4x").
-
-    Raises:
-        UsageError: not a size or multiple, zero, or a multiple giving a fraction of a byte.
-    """
+    """A pitch in bytes: a size ("16KiB") or a multiple of the width ("4x"); raises UsageError: not a size
+    or multiple, zero, or a multiple giving a fraction of a byte."""
     m = _FACTOR_RE.match(str(text))
     if m:
         f = float(m.group(1))

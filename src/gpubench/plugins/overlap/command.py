@@ -42,12 +42,8 @@ OPTIONS = [
 
 
 def parse_works(text: str) -> tuple[int, ...]:
-    """A comma list of integers (:func:`gpubench.core.options.split_list`, each entry by
-    :func:`gpubench.core.options.parse_number`; their range is OverlapSpec's to check).
-
-    Raises:
-        UsageError: empty, an empty entry, not an integer, or repeated.
-    """
+    """A comma list of integers (split_list, each by parse_number; OverlapSpec checks their range);
+    raises UsageError: empty, an empty entry, not an integer, or repeated."""
     out: list[int] = []
     for x in split_list(text, "--work", "0,1024"):
         v = int(parse_number(x, "--work"))

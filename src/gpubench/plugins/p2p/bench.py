@@ -386,12 +386,8 @@ class P2P(Benchmark):
     host_memory = True  # host buffers: the driver binds to the GPU's NUMA node first
 
     def devices(self, spec: P2PSpec) -> tuple[int, ...]:
-        """-d checked against the visible GPUs, or every visible GPU.
-
-        Raises:
-            NoGPUError: no GPU visible.
-            UsageError: fewer than two GPUs, or an id that is not visible.
-        """
+        """-d checked against the visible GPUs, or every visible GPU; raises NoGPUError (none visible) or
+        UsageError (fewer than two GPUs, or an id that is not visible)."""
         gpu.require_gpu()
         n = gpu.device_count()
         if spec.devices is None:
