@@ -191,8 +191,8 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
                 med = float(np.median(samples))
                 extra["gflops"] = 2.0 * work * n_elems / med / 1e9 if work else 0.0
                 extra["flops_per_byte"] = 2.0 * work / ELEMENT_BYTES
-            out.append(Record(params=_params(spec, work, stage), metric="time", nbytes=n, samples_s=list(samples), reps=reps,
-                              extra=extra))
+            out.append(Record(params=_params(spec, work, stage), metric="time", nbytes=n, samples_s=list(samples),
+                              reps=reps, extra=extra))
             meds[stage] = out[-1].time_summary().median
 
         # serial: the three stages on one stream
@@ -231,7 +231,8 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         samples = measure(step_over, clock, spec.plan)
         ok, err = check()
         longest = max(meds.values())
-        over = Record(params=_params(spec, work, "overlapped"), metric="time", nbytes=n, samples_s=list(samples), extra=extra)
+        over = Record(params=_params(spec, work, "overlapped"), metric="time", nbytes=n, samples_s=list(samples),
+                      extra=extra)
         over_med = over.time_summary().median
         over.extra.update(
             verified=ok, max_abs_error=err, tolerance=tol,
