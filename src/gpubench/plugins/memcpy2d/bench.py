@@ -15,6 +15,7 @@ pitch padding is not counted); time per row = seconds / H; relative to 2d = 2d's
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -153,9 +154,7 @@ def _two_d(c: _Copy, extra: dict):
     """One cudaMemcpy2DAsync of the window, reps per sample (time_repeated)."""
     from cupy.cuda import runtime
 
-    def one():
-        runtime.memcpy2DAsync(c.win_ptr, c.dp, c.src.ptr, c.sp, c.w, c.h, c.kind, c.stream.ptr)
-
+    one = functools.partial(runtime.memcpy2DAsync, c.win_ptr, c.dp, c.src.ptr, c.sp, c.w, c.h, c.kind, c.stream.ptr)
     return time_repeated(c.stream, c.gated, one, c.spec.plan)
 
 
@@ -163,11 +162,7 @@ def _contiguous(c: _Copy, extra: dict):
     """One copy of width x height bytes, packed (the ceiling)."""
     from cupy.cuda import runtime
 
-    window = c.w * c.h
-
-    def one():
-        runtime.memcpyAsync(c.win_ptr, c.src.ptr, window, c.kind, c.stream.ptr)
-
+    one = functools.partial(runtime.memcpyAsync, c.win_ptr, c.src.ptr, c.w * c.h, c.kind, c.stream.ptr)
     return time_repeated(c.stream, c.gated, one, c.spec.plan)
 
 

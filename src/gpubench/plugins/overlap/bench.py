@@ -166,17 +166,19 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
             run_kernel(stream, lo, hi)
             d2h(stream, lo, hi)
 
-        def check() -> tuple[bool, float | None]:
+        def sync() -> None:
             for s in streams:
                 s.synchronize()
+
+        def check() -> tuple[bool, float | None]:
+            sync()
             err = float(np.max(np.abs(h_out_f - want)))
             if not np.isfinite(err):  # a NaN left by poison(): some chunk never arrived
                 return False, None
             return bool(err <= tol), err
 
         def poison():
-            for s in streams:
-                s.synchronize()
+            sync()
             h_out_f[:] = np.nan
             runtime.memset(d_out.ptr, 0xFF, n)  # 0xFFFFFFFF is a NaN: a chunk not computed shows
 
@@ -243,8 +245,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         )
         out.append(over)
         out[-2].extra["sum_of_stages_s"] = sum(meds.values())
-        for s in streams:
-            s.synchronize()
+        sync()
     finally:
         for buf in reversed(bufs):
             buf.free()
