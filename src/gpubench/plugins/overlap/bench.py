@@ -148,8 +148,11 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
         s0 = streams[0]
         a, b = np.float32(FMA_A), np.float32(FMA_B)
 
-        def h2d(stream, lo=0, hi=n_elems):
-            runtime.memcpyAsync(d_in.ptr + lo * 4, h_in.ptr + lo * 4, (hi - lo) * 4, gpu.H2D, stream.ptr)
+        def copier(dst, src, kind):  # a copy of elements lo..hi on a stream
+            return lambda stream, lo=0, hi=n_elems: runtime.memcpyAsync(dst.ptr + lo * 4, src.ptr + lo * 4,
+                                                                        (hi - lo) * 4, kind, stream.ptr)
+
+        h2d, d2h = copier(d_in, h_in, gpu.H2D), copier(h_out, d_out, gpu.D2H)
 
         def run_kernel(stream, lo=0, hi=n_elems):
             m = hi - lo
@@ -157,9 +160,6 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
             with stream:
                 kernel((blocks,), (THREADS,), (np.uint64(d_in.ptr + lo * 4), np.uint64(d_out.ptr + lo * 4),
                                                np.uint64(m), np.int32(work), a, b))
-
-        def d2h(stream, lo=0, hi=n_elems):
-            runtime.memcpyAsync(h_out.ptr + lo * 4, d_out.ptr + lo * 4, (hi - lo) * 4, gpu.D2H, stream.ptr)
 
         def pipeline(stream, lo=0, hi=n_elems):
             h2d(stream, lo, hi)
