@@ -134,12 +134,11 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
     notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s; median of {result.timing.get('iters')} samples, "
              f"each {result.timing.get('warmup_copies')} untimed + up to "
              f"{result.spec.get('loop_count') or '16 (peer-off: 5)'} timed "
-             "copies between CUDA events, streams released together by a spin kernel (nvbandwidth's method)."]
-    notes.append("bidir total = sum of the two directions' bandwidths (nvbandwidth); off-bidir total = both "
-                 "directions' bytes over the time until both finished (p2pBandwidthLatencyTest); "
-                 "latency = time per copy of "
-                 f"{result.spec.get('latency_bytes')} B, {result.timing.get('latency_reps')} copies per sample "
-                 "(p2pBandwidthLatencyTest).")
+             "copies between CUDA events, streams released together by a spin kernel (nvbandwidth's method).",
+             "bidir total = sum of the two directions' bandwidths (nvbandwidth); off-bidir total = both "
+             "directions' bytes over the time until both finished (p2pBandwidthLatencyTest); latency = time per copy "
+             f"of {result.spec.get('latency_bytes')} B, {result.timing.get('latency_reps')} copies per sample "
+             "(p2pBandwidthLatencyTest)."]
     if any(r.extra.get("above_peak") for r in result.records):
         notes.append("!! marks a figure above the link's physical peak: a timing fault, not a real speed.")
     if any(r.extra.get("gate_expired") for r in result.records):
@@ -149,9 +148,8 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
         notes.append("WRONG DATA: bytes that did not arrive as sent.")
     elif any(r.extra.get("verified") for r in result.records):
         notes.append("verified: every destination byte arrived as sent.")
-    for r in result.records:
-        if r.error and "cudaDeviceCanAccessPeer" not in r.error:
-            notes.append(f"{r.params['test']} GPU {r.params['src']} -> GPU {r.params['dst']}: {r.error}")
+    notes += [f"{r.params['test']} GPU {r.params['src']} -> GPU {r.params['dst']}: {r.error}"
+              for r in result.records if r.error and "cudaDeviceCanAccessPeer" not in r.error]
     if result.partial:
         notes.append(report.partial_note(result, "cells"))
     out.extend(notes)
