@@ -109,8 +109,7 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
                       report.peak_cell(r.extra.get("pct_of_peak")),
                       {True: "ok", False: "WRONG DATA", None: "-"}[r.extra.get("verified")])
         out.append(t)
-    out.extend(_notes(result, units))
-    return out
+    return out + _notes(result, units)
 
 
 def _notes(result, units: str) -> list[str]:

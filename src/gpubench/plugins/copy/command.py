@@ -147,8 +147,7 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
         notes.append("--verify: every checked copy arrived intact.")
     if result.partial:
         notes.append(report.partial_note(result))
-    out.extend(notes)
-    return out
+    return out + notes
 
 
 command = benchmark_command("copy", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))

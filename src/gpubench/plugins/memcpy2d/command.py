@@ -158,8 +158,7 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
                      ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
     if result.partial:
         notes.append(report.partial_note(result))
-    out.extend(notes)
-    return out
+    return out + notes
 
 
 command = benchmark_command("memcpy2d", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))

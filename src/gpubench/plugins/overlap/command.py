@@ -128,8 +128,7 @@ def format_report(result, units: str = "GB") -> list:
         notes.append("Some runs were timed without the gate: the driver's queue filled while the gate held.")
     if result.partial:
         notes.append(report.partial_note(result, "rows"))
-    out.extend(notes)
-    return out
+    return out + notes
 
 
 command = benchmark_command("overlap", OPTIONS, build_spec, format_report, help=HELP)

@@ -152,8 +152,7 @@ def format_report(result, units: str = "GB", spread: str = "none") -> list:
               for r in result.records if r.error and "cudaDeviceCanAccessPeer" not in r.error]
     if result.partial:
         notes.append(report.partial_note(result, "cells"))
-    out.extend(notes)
-    return out
+    return out + notes
 
 
 command = benchmark_command("p2p", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))
