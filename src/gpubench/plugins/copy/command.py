@@ -79,9 +79,8 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
 
     out: list = []
     recs = result.records
-    kinds = list(result.spec.get("memory", []))
-    if any(r.params.get("memory") == "device" for r in recs):
-        kinds.append("device")
+    kinds = [*result.spec.get("memory", []),
+             *(["device"] if any(r.params.get("memory") == "device" for r in recs) else [])]
     devices = list(dict.fromkeys(r.params["device"] for r in recs))
     directions = list(dict.fromkeys(r.params["direction"] for r in recs))
     index = {(r.params["device"], r.params["direction"], r.params["memory"], r.params["nbytes"]): r for r in recs}
@@ -117,9 +116,8 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
                     else:
                         s = r.rate_summary()
                         med[k] = s.median
-                        cell = report.rate_cell(s, units, spread)
-                        if r.extra.get("verified") is False:
-                            cell += " WRONG DATA"
+                        cell = report.rate_cell(s, units, spread) + (" WRONG DATA" if r.extra.get("verified") is False
+                                                                     else "")
                         row += [cell, report.peak_cell(r.extra.get("pct_of_peak"))]
                     row.append(stop_cell(r.extra, len(r.samples_s)))
                 if ratio:
