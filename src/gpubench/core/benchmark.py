@@ -79,7 +79,6 @@ class Benchmark:
     override what differs."""
 
     name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
     needs_gpu: ClassVar[bool] = True
     host_memory: ClassVar[bool] = False
 

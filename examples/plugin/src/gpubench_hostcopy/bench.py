@@ -49,7 +49,6 @@ class HostCopy(Benchmark):
     """A point per size; one timed copy per sample; records of metric "bandwidth"."""
 
     name = "hostcopy"
-    description = "Host-to-host copy bandwidth with numpy over a size sweep."
     needs_gpu = False
 
     def points(self, spec: HostCopySpec, devices: tuple[int, ...]) -> list[Point]:

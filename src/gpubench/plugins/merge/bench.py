@@ -333,7 +333,6 @@ class Merge(Benchmark):
     """
 
     name = "merge"
-    description = "Dask(-CUDA) cuDF merge over tcp or ucx: dask-cuda's local_cudf_merge."
     # preflight checks -t gpu on a local cluster through NVML instead
     needs_gpu = False
 
@@ -460,7 +459,7 @@ class Merge(Benchmark):
         }
 
 
-BENCHMARK = Merge()  # the registry's instance (name, description); run() takes a fresh one per run
+BENCHMARK = Merge()  # the registry's instance; run() takes a fresh one per run
 
 
 def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:

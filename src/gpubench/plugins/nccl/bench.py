@@ -318,7 +318,6 @@ class Nccl(Benchmark):
     """The nccl plug-in, one process: a point is one (size, placement); one communicator per GPU."""
 
     name = "nccl"
-    description = "NCCL collectives (all-reduce, all-gather, ...): algbw and busbw as nccl-tests."
 
     def devices(self, spec: NcclSpec) -> tuple[int, ...]:
         """-d checked against the visible GPUs, or every visible GPU.

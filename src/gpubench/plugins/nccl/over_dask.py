@@ -272,7 +272,6 @@ class NcclDask(Benchmark):
     A point is (index, size, placement)."""
 
     name = Nccl.name
-    description = Nccl.description
     needs_gpu = False  # the client only schedules; each worker uses its own GPU
 
     def devices(self, spec: NcclSpec) -> tuple[int, ...]:

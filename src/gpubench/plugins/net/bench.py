@@ -506,7 +506,6 @@ class Net(Benchmark):
     """The net client plug-in; ``live``: where the interval lines go as the test runs, or None."""
 
     name = "net"
-    description = "Multi-stream TCP throughput between two hosts (server, client, local)."
     needs_gpu = False
 
     def __init__(self, live: LiveLines | None = None):

@@ -219,7 +219,6 @@ class UcxNet(Benchmark):
     """The UCX client plug-in (see the module)."""
 
     name = "net"
-    description = "UCX bandwidth and latency between two processes (tag or stream API)."
     needs_gpu = False
 
     def __init__(self, live: Any = None):
