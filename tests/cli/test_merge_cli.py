@@ -132,9 +132,11 @@ def shared_cluster():
         assert address.startswith("tcp://"), address
         yield address
     finally:
-        sh.stdin.close()  # the cluster's stdin too: it closes
+        # the cluster's stdin closes too, and it closes: in under a second alone, but past 20 s once
+        # under the whole suite's load, so it gets 5 s before its process group is killed
+        sh.stdin.close()
         try:
-            cluster.wait(timeout=20)
+            cluster.wait(timeout=5)
         except psutil.TimeoutExpired:
             os.killpg(cluster.pid, signal.SIGKILL)
 
