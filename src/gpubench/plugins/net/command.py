@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+from fractions import Fraction
 from typing import Any
 
 import click
@@ -139,7 +140,11 @@ def parse_bitrate(text: str | None) -> int:
     m = _RATE.fullmatch(str(text))
     if not m or len(m.group(1)) > 30:
         raise UsageError(f"-b/--bitrate {str(text)[:40]!r} is not a bit rate", "e.g. 500M, 10G, 2.5G, 0 for unlimited")
-    return int(round(float(m.group(1)) * _RATE_MULT[m.group(2).lower()]))
+    exact = Fraction(m.group(1)) * _RATE_MULT[m.group(2).lower()]  # exact: 0.5 must not round to 0 (unlimited)
+    if exact.denominator != 1:
+        raise UsageError(f"-b/--bitrate {str(text)[:40]!r} is not a whole number of bit/s",
+                         "e.g. 500M, 10G, 2.5G, 0 for unlimited")
+    return int(exact)
 
 
 def build_request(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
