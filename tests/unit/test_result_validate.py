@@ -41,7 +41,8 @@ MUTATIONS = [
     ("env.cuda.nvrtc_version", 13),
     ("records.0", []), ("records.0.params", []), ("records.0.params.x", [1]), ("records.0.metric", "speed"),
     ("records.0.nbytes", 1.5), ("records.0.nbytes", -1), ("records.0.nbytes", "1"), ("records.0.samples_s", [-1.0]),
-    ("records.0.samples_s", ["1"]), ("records.0.samples_s", 1.0), ("records.0.reps", 0),
+    ("records.0.samples_s", ["1"]), ("records.0.samples_s", 1.0), ("records.0.samples_s", [1e-13, 1e-6]),
+    ("records.0.reps", 0),
     ("records.0.error", 1), ("records.0.extra", []),
 ]
 
@@ -229,3 +230,12 @@ def test_the_schemas_declared_extra_and_driver_check_fields_load_where_the_schem
     node[path[-1]] = value
     _validator().validate(d)
     Result.from_dict(d, source="r.json")
+
+
+def test_a_time_record_takes_samples_under_the_byte_moving_floor_in_both():
+    """The 1e-12 s floor keeps rates finite, so it is for records that move bytes: a time (nbytes 0)
+    of 1e-13 s is taken by the schema and the loader alike."""
+    d = json.loads((DATA / "copy-pinned-h200.json").read_text())
+    d["records"][0].update(metric="time", nbytes=0, samples_s=[1e-13, 5e-324])
+    _validator().validate(d)
+    assert Result.from_dict(d, source="r.json").records[0].samples_s == [1e-13, 5e-324]
