@@ -34,7 +34,7 @@ from typing import Any
 from gpubench import __version__
 from gpubench.core import kernel_cache
 from gpubench.core import limits
-from gpubench.core.numa import allowed_cpus, read_text
+from gpubench.core.numa import allowed_cpus, nodes, read_text
 
 
 def host_memory() -> tuple[int | None, int | None]:
@@ -49,13 +49,6 @@ def host_memory() -> tuple[int | None, int | None]:
     return m.get("MemTotal"), m.get("MemAvailable")
 
 
-def _numa_nodes() -> int | None:
-    try:
-        return len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node")])
-    except OSError:
-        return None
-
-
 def host_info() -> dict[str, Any]:
     """The host part of the environment (works with no GPU)."""
     total, avail = host_memory()
@@ -66,7 +59,7 @@ def host_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(allowed_cpus()) or None,  # None where the mask cannot be read
         "cpu_model": _cpu_model(),
-        "numa_nodes": _numa_nodes(),
+        "numa_nodes": len(nodes()) or None,
         "mem_total_bytes": total,
         "mem_available_bytes": avail,
     }

@@ -943,9 +943,9 @@ def check_env(env: object, source: str, pointer: str) -> dict:
     env = check_obj(env, source, pointer)
     for part, fields in _ENV_FIELDS.items():
         if part in env:
-            _check_fields(check_obj(env[part], source, pointer_join(pointer, part)), fields, source,
-                          pointer_join(pointer, part))
-    check = (env.get("cuda") or {}).get("driver_check") if isinstance(env.get("cuda"), dict) else None
+            pp = pointer_join(pointer, part)
+            _check_fields(check_obj(env[part], source, pp), fields, source, pp)
+    check = env.get("cuda", {}).get("driver_check")
     if check is not None:  # gpubench.support.driver_check
         dp = pointer_join(pointer_join(pointer, "cuda"), "driver_check")
         check = check_obj(check, source, dp)
@@ -1087,9 +1087,8 @@ def check_result(d: object, source: str = "result", pointer: str = "") -> "Resul
     if "command" not in d:
         raise UsageError(f"{where} is a malformed gpubench result: it names no command")
     command = check_command(d["command"], source, pointer_join(pointer, "command"))
-    argv = _check_list(d.get("argv", []), source, pointer_join(pointer, "argv"), "an array of strings")
-    for i, a in enumerate(argv):
-        check_str(a, source, pointer_join(pointer_join(pointer, "argv"), i))
+    argv = d.get("argv", [])
+    _strings(argv, source, pointer_join(pointer, "argv"))
     partial = d.get("partial", False)
     if not isinstance(partial, bool):
         raise bad_field(source, pointer_join(pointer, "partial"), partial, "true or false")
@@ -1150,7 +1149,7 @@ def json_depth(raw: bytes) -> int:
 def check_depth(depth: int, name: str, what: str = "a gpubench file") -> None:
     """Refuse nesting beyond :data:`MAX_DEPTH` (64), before any parser recurses into it."""
     if depth > MAX_DEPTH:
-            raise UsageError(f"{safe.term(name, 200)} nests {depth} levels deep, more than the {MAX_DEPTH} "
+        raise UsageError(f"{safe.term(name, 200)} nests {depth} levels deep, more than the {MAX_DEPTH} "
                          f"{what} may", "a result nests 5 levels, a suite bundle 8")
 
 
