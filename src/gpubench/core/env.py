@@ -258,8 +258,7 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
         version = version or nvml_call(nv.nvmlDeviceGetNvLinkVersion, h, link)
         pci = None
         for fn_name in ("nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"):
-            fn = getattr(nv, fn_name, None)
-            pci = nvml_call(fn, h, link) if fn is not None else None
+            pci = nvml_call(getattr(nv, fn_name, None), h, link)  # None where this nvidia-ml-py lacks it
             if pci is not None:
                 break
         if pci is not None:

@@ -183,10 +183,16 @@ class Plugin:
         """The function a ``"module:function"`` field names, imported now; None where unset. Raises ImportError,
         AttributeError: the reference does not resolve (a broken plug-in)."""
         ref = getattr(self, attr)
-        if ref is None:
-            return None
-        module, _, func = ref.partition(":")
-        return getattr(importlib.import_module(module), func)
+        return None if ref is None else resolve(ref)
+
+
+def resolve(ref: str) -> Any:
+    """The object a ``"module:attr"`` reference names (``attr`` may be dotted), its module imported now."""
+    module, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
 
 
 def param(json_type: str | list[str], description: str, **more: Any) -> dict[str, Any]:

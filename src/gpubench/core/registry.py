@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import Iterator
 
-from gpubench.core.plugin import Plugin
+from gpubench.core.plugin import Plugin, resolve
 from gpubench.core.safe import term
 
 GROUP = "gpubench.plugins"
@@ -18,14 +18,6 @@ OWN_DISTRIBUTION = "gpubench-cuda"
 _LOADED: dict[str, Plugin] = {}  # name -> its plug-in, as each is loaded
 _ALL = False  # every entry point loaded
 _TRIED: set[tuple[str, str]] = set()
-
-
-def _load(value: str) -> object:
-    module, _, attr = value.partition(":")
-    obj: object = importlib.import_module(module)
-    for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
-    return obj
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,7 +62,7 @@ def _take(name: str, value: str) -> None:
         _broken(f"{name} = {value}", f"the command {name!r} is taken by {_LOADED[name].command}")
         return
     try:
-        p = _load(value)
+        p = resolve(value)
     except (Exception, SystemExit) as e:  # a third party's broken plug-in must not break every command
         _broken(f"{name} = {value}", f"{type(e).__name__}: {e}")
         return

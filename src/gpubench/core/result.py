@@ -690,7 +690,7 @@ def _telemetry_ok(t: object) -> bool:
             return False
     reasons = t["reasons"]
     if type(reasons) is not list or (reasons and (len(set(map(str, reasons))) != len(reasons) or
-                                                  not all(type(x) is str and x in _REASONS_SET() for x in reasons))):
+                                                  not all(type(x) is str and x in telemetry_reasons() for x in reasons))):
         return False
     pcie = t["pcie"]
     if pcie is not None and (type(pcie) is not dict or pcie.keys() != _PCIE_SET or
@@ -702,11 +702,6 @@ def _telemetry_ok(t: object) -> bool:
     if "devices" in t and (type(t["devices"]) is not list or not all(_int_ok(x, 0) for x in t["devices"])):
         return False
     return t.get("other_processes") is None or _int_ok(t["other_processes"], 0)
-
-
-@functools.lru_cache(maxsize=1)
-def _REASONS_SET() -> frozenset:  # noqa: N802
-    return frozenset(telemetry_reasons())
 
 
 # the fields of a record's extra the schema declares: the driver's timing facts (core/timing.py)
