@@ -49,12 +49,7 @@ def is_terminal(stream) -> bool:
         return os.environ["TTY_COMPATIBLE"] == "1"
     if os.environ.get("FORCE_COLOR") is not None:
         return os.environ["FORCE_COLOR"] != ""
-    if "OMPI_COMM_WORLD_RANK" in os.environ:
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
+    return _sized_terminal(stream)
 
 
 def _sized_terminal(stream) -> bool:
@@ -62,7 +57,7 @@ def _sized_terminal(stream) -> bool:
     a live progress bar is drawn."""
     try:
         return stream.isatty() and "OMPI_COMM_WORLD_RANK" not in os.environ
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
 
 

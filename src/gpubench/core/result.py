@@ -7,6 +7,7 @@ refused; older versions are upgraded through ``_MIGRATIONS``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
@@ -275,10 +276,8 @@ def _replace_atomically(data: bytes, p: Path, failed: str) -> Path:
         raise MachineError(f"{failed}: {e.strerror or e}") from None
     finally:
         if tmp is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
     return p
 
 
