@@ -764,7 +764,8 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
         raise bad_field(source, pointer, d, "a record object")
     unknown = set(d) - _RECORD_KEYS
     if unknown:
-        raise bad_field(source, pointer_join(pointer, sorted(map(str, unknown))[0]), d[sorted(unknown, key=str)[0]],
+        k = min(unknown, key=str)
+        raise bad_field(source, pointer_join(pointer, k), d[k],
                         "no such field (a record has params, metric, nbytes, samples_s, reps, error, extra, telemetry)")
     if "params" not in d:
         raise missing_field(source, pointer_join(pointer, "params"), "an object of parameters")

@@ -61,14 +61,11 @@ class Summary:
 def rates(nbytes: float, seconds: Sequence[float]) -> list[float]:
     """Bandwidth of each sample in bytes per second: nbytes / seconds. Raises ValueError: a time that is zero or
     negative."""
-    if seconds and min(seconds) > 0:  # the common case in one pass at C speed
-        return [nbytes / t for t in seconds]
-    out = []
-    for t in seconds:
-        if t <= 0:
-            raise ValueError(f"non-positive time sample {t!r}")
-        out.append(nbytes / t)
-    return out
+    if not (seconds and min(seconds) > 0):  # the common case passes in one pass at C speed
+        for t in seconds:
+            if t <= 0:
+                raise ValueError(f"non-positive time sample {t!r}")
+    return [nbytes / t for t in seconds]
 
 
 MEDIAN_CONFIDENCE = 0.95  # coverage of the interval whose half-width is the "noise" of a median
