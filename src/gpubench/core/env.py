@@ -159,6 +159,18 @@ def nvml_call(fn, *args):
         return None
 
 
+def nvml_handles(nv, gpus) -> list[tuple[dict, Any]]:
+    """(entry, NVML handle) of each env ``gpus`` entry NVML knows: by its UUID, else its PCI bus id."""
+    out = []
+    for g in gpus:
+        h = nvml_call(getattr(nv, "nvmlDeviceGetHandleByUUID", None), g["uuid"]) if g.get("uuid") else None
+        if h is None and g.get("pci_bus_id"):
+            h = nvml_call(getattr(nv, "nvmlDeviceGetHandleByPciBusId", None), g["pci_bus_id"])
+        if h is not None:
+            out.append((g, h))
+    return out
+
+
 def _dec(x):
     return x.decode() if isinstance(x, bytes) else x
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Sequence
 
+from gpubench.core.env import nvml_handles
+
 UNSUPPORTED = "unsupported"
 # nvmlNvLinkErrorCounter_t, nvml.h: NVML_NVLINK_ERROR_DL_REPLAY 0, _RECOVERY 1, _CRC_FLIT 2, _CRC_DATA 3
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
@@ -137,14 +139,10 @@ class Watch:
                 return
             self._nv = pynvml
         nv = self._nv
-        for g in self._gpus:
-            h = _query(nv, "nvmlDeviceGetHandleByUUID", g["uuid"]) if g.get("uuid") else None
-            if not _handle(h) and g.get("pci_bus_id"):
-                h = _query(nv, "nvmlDeviceGetHandleByPciBusId", g["pci_bus_id"])
-            if _handle(h):
-                self._handles.append((g, h))
-                self.block["gpus"].append({"index": g.get("index"), "uuid": g.get("uuid"), "before": read(nv, h),
-                                           "after": None})
+        self._handles = nvml_handles(nv, self._gpus)
+        for g, h in self._handles:
+            self.block["gpus"].append({"index": g.get("index"), "uuid": g.get("uuid"), "before": read(nv, h),
+                                       "after": None})
         if not self._handles:
             self.block["error"] = "NVML knows none of the GPUs used"
             return

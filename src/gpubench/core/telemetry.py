@@ -23,6 +23,7 @@ import threading
 from typing import Any, Iterator, Sequence
 
 from gpubench.core.env import nvml_call as _call
+from gpubench.core.env import nvml_handles
 
 DEFAULT_INTERVAL_S = 0.01
 
@@ -171,12 +172,7 @@ class Telemetry:
         except Exception as e:
             self.status["error"] = f"NVML not available ({type(e).__name__})"
             return
-        for g in gpus:
-            h = _call(nv.nvmlDeviceGetHandleByUUID, g["uuid"]) if g.get("uuid") else None
-            if h is None and g.get("pci_bus_id"):
-                h = _call(nv.nvmlDeviceGetHandleByPciBusId, g["pci_bus_id"])
-            if h is not None:
-                self._devices[g["index"]] = _Device(nv, g["index"], h)
+        self._devices = {g["index"]: _Device(nv, g["index"], h) for g, h in nvml_handles(nv, gpus)}
         if not self._devices:
             self.status["error"] = "NVML knows none of the GPUs used"
 
