@@ -27,17 +27,15 @@ def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
     @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        to_stdout = kwargs.get("json_path") == STDOUT
-        if kwargs.get("json_path") is not None and not to_stdout:  # --json "" is a mistake, not "don't save"
+        path = kwargs.get("json_path")
+        if path == STDOUT:
+            check_stdout_open()
+        elif path is not None:  # --json "" is a mistake, not "don't save"
             from gpubench.launch.ranks import speaks_for_the_job
 
-            if written_by_rank_0 and not speaks_for_the_job():
-                check_output_name(kwargs["json_path"], "--json")
-            else:
-                check_output_target(kwargs["json_path"], "--json")
-        if to_stdout:
-            check_stdout_open()
-        with report.human_to_stderr(to_stdout):
+            check = check_output_name if written_by_rank_0 and not speaks_for_the_job() else check_output_target
+            check(path, "--json")
+        with report.human_to_stderr(path == STDOUT):
             return f(*args, **kwargs)
 
     return wrapper
