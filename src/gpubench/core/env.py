@@ -52,17 +52,10 @@ def host_memory() -> tuple[int | None, int | None]:
 def host_info() -> dict[str, Any]:
     """The host part of the environment (works with no GPU)."""
     total, avail = host_memory()
-    return {
-        "hostname": socket.gethostname(),
-        "os": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(allowed_cpus()) or None,  # None where the mask cannot be read
-        "cpu_model": _cpu_model(),
-        "numa_nodes": len(nodes()) or None,
-        "mem_total_bytes": total,
-        "mem_available_bytes": avail,
-    }
+    return {"hostname": socket.gethostname(), "os": platform.platform(), "python": sys.version.split()[0],
+            "cpu_count": os.cpu_count(), "cpus_usable": len(allowed_cpus()) or None,  # None: the mask is unreadable
+            "cpu_model": _cpu_model(), "numa_nodes": len(nodes()) or None, "mem_total_bytes": total,
+            "mem_available_bytes": avail}
 
 
 def _cpu_model() -> str | None:
@@ -298,29 +291,17 @@ def _one_gpu(nv, h, index: int, bus: str | None) -> dict[str, Any]:
     with contextlib.suppress(ValueError):
         numa = int(read_text(f"/sys/bus/pci/devices/{bus}/numa_node") or "") if bus else None
     cpus = read_text(f"/sys/bus/pci/devices/{bus}/local_cpulist") if bus else None
-    return {
-        "index": index,
-        "name": _dec(nvml_call(nv.nvmlDeviceGetName, h)),
-        "uuid": _dec(nvml_call(nv.nvmlDeviceGetUUID, h)),
-        "pci_bus_id": bus,
-        "memory_total_bytes": getattr(mem, "total", None),
-        "memory_free_bytes": getattr(mem, "free", None),
-        "pcie_gen": gen,
-        "pcie_width": width,
-        "pcie_gen_max": gen_max,
-        "pcie_width_max": width_max,
-        # The link's capability, not its current state: an idle GPU trains its link down.
-        "pcie_peak_bytes_per_s": limits.pcie_peak_bytes_per_s(gen_max or gen, width_max or width),
-        "nvlink_links_up": links_up,
-        "nvlink_version": version,
-        "nvlink_bytes_per_s_per_link": per_link,
-        "numa_node": numa,
-        "cpu_affinity": cpus,
-        "memory_bus_width_bits": bus_bits,
-        "memory_clock_max_mhz": mem_mhz,
-        "memory_peak_bytes_per_s": limits.device_memory_peak_bytes_per_s(bus_bits, mem_mhz),
-        "_nvlink_remote": remote,
-    }
+    return {"index": index, "name": _dec(nvml_call(nv.nvmlDeviceGetName, h)),
+            "uuid": _dec(nvml_call(nv.nvmlDeviceGetUUID, h)), "pci_bus_id": bus,
+            "memory_total_bytes": getattr(mem, "total", None), "memory_free_bytes": getattr(mem, "free", None),
+            "pcie_gen": gen, "pcie_width": width, "pcie_gen_max": gen_max, "pcie_width_max": width_max,
+            # the link's capability, not its current state: an idle GPU trains its link down
+            "pcie_peak_bytes_per_s": limits.pcie_peak_bytes_per_s(gen_max or gen, width_max or width),
+            "nvlink_links_up": links_up, "nvlink_version": version, "nvlink_bytes_per_s_per_link": per_link,
+            "numa_node": numa, "cpu_affinity": cpus, "memory_bus_width_bits": bus_bits,
+            "memory_clock_max_mhz": mem_mhz,
+            "memory_peak_bytes_per_s": limits.device_memory_peak_bytes_per_s(bus_bits, mem_mhz),
+            "_nvlink_remote": remote}
 
 
 def capture() -> dict[str, Any]:
@@ -335,14 +316,7 @@ def capture() -> dict[str, Any]:
         g["nvlink_peak_bytes_per_s_by_peer"] = {
             k: limits.nvlink_peak_bytes_per_s(v, g.get("nvlink_bytes_per_s_per_link")) for k, v in peers.items()
         }
-    return {
-        "host": host_info(),
-        "versions": versions(),
-        "cuda": cuda,
-        "nvml": nvml,
-        "gpus": gpus,
-        "topology": topo,
-    }
+    return {"host": host_info(), "versions": versions(), "cuda": cuda, "nvml": nvml, "gpus": gpus, "topology": topo}
 
 
 def gpu_by_index(env: dict[str, Any], index: int) -> dict[str, Any] | None:

@@ -100,19 +100,13 @@ def read(nv, h) -> dict[str, Any]:
     handle ``h``. Never raises."""
     up, errors = _nvlinks(nv, h)
     remapped = _remapped(nv, h)
-    return {
-        "pcie_replays": _int(_query(nv, "nvmlDeviceGetPcieReplayCounter", h)),
-        "pcie_gen": _int(_query(nv, "nvmlDeviceGetCurrPcieLinkGeneration", h)),
-        "pcie_gen_max": _int(_query(nv, "nvmlDeviceGetMaxPcieLinkGeneration", h)),
-        "pcie_width": _int(_query(nv, "nvmlDeviceGetCurrPcieLinkWidth", h)),
-        "pcie_width_max": _int(_query(nv, "nvmlDeviceGetMaxPcieLinkWidth", h)),
-        "nvlinks_up": up,
-        "nvlink_errors": errors,
-        "ecc": _ecc(nv, h),
-        "remapped_rows": remapped,
-        # pages are retired only where rows are not remapped (before Ampere)
-        "retired_pages": _retired(nv, h) if remapped == UNSUPPORTED else UNSUPPORTED,
-    }
+    pcie = {k: _int(_query(nv, fn, h)) for k, fn in (
+        ("pcie_replays", "nvmlDeviceGetPcieReplayCounter"), ("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
+        ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"), ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"),
+        ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth"))}
+    return {**pcie, "nvlinks_up": up, "nvlink_errors": errors, "ecc": _ecc(nv, h), "remapped_rows": remapped,
+            # pages are retired only where rows are not remapped (before Ampere)
+            "retired_pages": _retired(nv, h) if remapped == UNSUPPORTED else UNSUPPORTED}
 
 
 class Watch:

@@ -271,9 +271,7 @@ class PlacementLog:
         seen, self.seen = self.seen, []
         if not seen:
             return None
-        pages: Counter[str] = Counter()
-        for s in seen:
-            pages.update(s["pages"])
+        pages: Counter[str] = sum((Counter(s["pages"]) for s in seen), Counter())
         errors = sorted({s["error"] for s in seen if s["error"]})
         return {"buffers": len(seen), "pages": dict(sorted(pages.items())),
                 "pages_checked": sum(s["pages_checked"] for s in seen),

@@ -138,20 +138,13 @@ def summarize(samples: list[tuple], start: list[dict], end: list[dict], interval
     mask = functools.reduce(operator.or_, (int(m) for m in cols[4] if m is not None), 0)
     links = [(c["gen"], c["width"]) for c in start + end if c["gen"] is not None and c["width"] is not None]
     others = [c["others"] for c in start + end if c["others"] is not None]
-    return {
-        "n": len(samples) // max(1, len(devices)),
-        "interval_s": interval_s,
-        "devices": devices,
-        "sm_clock_mhz": summary3(cols[0]),
-        "mem_clock_mhz": summary3(cols[1]),
-        "power_w": summary3(cols[2]),
-        "temp_c": summary3(cols[3]),
-        "reasons": [name for bit, name in REASON_BITS.items() if mask & bit],  # in REASON_BITS order
-        "pcie": {"gen": min(g for g, _ in links), "width": min(w for _, w in links)} if links else None,
-        "pcie_replay_delta": _delta(start, end, "replay"),
-        "nvlink_errors_delta": _delta(start, end, "nvlink"),
-        "other_processes": max(others) if others else None,
-    }
+    return {"n": len(samples) // max(1, len(devices)), "interval_s": interval_s, "devices": devices,
+            "sm_clock_mhz": summary3(cols[0]), "mem_clock_mhz": summary3(cols[1]), "power_w": summary3(cols[2]),
+            "temp_c": summary3(cols[3]),
+            "reasons": [name for bit, name in REASON_BITS.items() if mask & bit],  # in REASON_BITS order
+            "pcie": {"gen": min(g for g, _ in links), "width": min(w for _, w in links)} if links else None,
+            "pcie_replay_delta": _delta(start, end, "replay"), "nvlink_errors_delta": _delta(start, end, "nvlink"),
+            "other_processes": max(others) if others else None}
 
 
 class Telemetry:
