@@ -68,11 +68,8 @@ def _cpu_model() -> str | None:
 
 #: The CUDA wheels the cuda12/cuda13 extras install: key -> the distributions that provide it.
 CUDA_WHEELS: dict[str, tuple[str, ...]] = {
-    "cuda-toolkit": ("cuda-toolkit",),
-    "nvidia-cuda-nvrtc": kernel_cache.NVRTC_WHEELS,
-    "nvidia-nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl"),
-    "cuda-bindings": ("cuda-bindings",),
-}
+    "cuda-toolkit": ("cuda-toolkit",), "nvidia-cuda-nvrtc": kernel_cache.NVRTC_WHEELS,
+    "nvidia-nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl"), "cuda-bindings": ("cuda-bindings",)}
 
 
 def versions() -> dict[str, str | None]:
@@ -208,9 +205,7 @@ def gpu_info() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, Any]]:
         gpus = [_one_gpu(nv, handles[ni], cuda_idx, nvml_bus[ni]) for cuda_idx, ni in enumerate(order)]
         bus_to_idx = {g["pci_bus_id"]: g["index"] for g in gpus}
         for g in gpus:
-            g["nvlink_peers"] = {
-                str(bus_to_idx[b]): c for b, c in g.pop("_nvlink_remote").items() if b in bus_to_idx
-            }
+            g["nvlink_peers"] = {str(bus_to_idx[b]): c for b, c in g.pop("_nvlink_remote").items() if b in bus_to_idx}
         _nvlink_peers_by_p2p_status(nv, gpus, [handles[i] for i in order])
         topo = {}
         for a, b in itertools.combinations(gpus, 2):  # in index order: a's index below b's
@@ -312,10 +307,9 @@ def capture() -> dict[str, Any]:
     gpus, topo, nvml = gpu_info()
     cuda["driver_check"] = driver_check(cuda["driver_version"], cuda["runtime_version"], nvml["driver_version"])
     for g in gpus:
-        peers = g.get("nvlink_peers", {})
-        g["nvlink_peak_bytes_per_s_by_peer"] = {
-            k: limits.nvlink_peak_bytes_per_s(v, g.get("nvlink_bytes_per_s_per_link")) for k, v in peers.items()
-        }
+        per_link = g.get("nvlink_bytes_per_s_per_link")
+        g["nvlink_peak_bytes_per_s_by_peer"] = {k: limits.nvlink_peak_bytes_per_s(v, per_link)
+                                                 for k, v in g.get("nvlink_peers", {}).items()}
     return {"host": host_info(), "versions": versions(), "cuda": cuda, "nvml": nvml, "gpus": gpus, "topology": topo}
 
 

@@ -134,9 +134,7 @@ class Result:
     interrupted_by: str | None = None
     failed_by: str | None = None
     argv: list[str] = field(default_factory=list)
-    created: str = field(
-        default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    )
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     gpubench_version: str = __version__
     schema_version: int = SCHEMA_VERSION
 
@@ -340,11 +338,9 @@ def schema_with(plugins) -> dict:
             continue
         params = {"type": "object", "properties": dict(p.params_schema["properties"]),
                   "required": list(p.params_schema.get("required", [])), "additionalProperties": False}
-        entries.append({
-            "$comment": PARAMS_COMMENT + p.name,
-            "if": {"properties": {"command": {"const": p.name}}, "required": ["command"]},
-            "then": {"properties": {"records": {"items": {"properties": {"params": params}}}}},
-        })
+        entries.append({"$comment": PARAMS_COMMENT + p.name,
+                        "if": {"properties": {"command": {"const": p.name}}, "required": ["command"]},
+                        "then": {"properties": {"records": {"items": {"properties": {"params": params}}}}}})
     schema["allOf"] = entries
     return schema
 

@@ -28,14 +28,8 @@ from gpubench.core.env import nvml_handles
 DEFAULT_INTERVAL_S = 0.01
 
 # nvmlClocksEventReasons (nvml.h), the events only (not idle, application or display clocks)
-REASON_BITS = {
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-}
+REASON_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal",
+               0x80: "hw_power_brake"}
 # the reasons that lower clocks because of power or heat: the report names a point that saw one
 SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 REASON_WORDS = {"sw_power_cap": "power-capped", "hw_slowdown": "in hardware slowdown",
