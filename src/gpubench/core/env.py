@@ -362,10 +362,9 @@ def idle_check(gpus: list[dict[str, Any]], devices: tuple[int, ...] | list[int])
                 util = nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
             temp = nvml_call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
             slow = nvml_call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
-            entry = {"index": d, "other_processes": others,
-                     "utilization_gpu_pct": getattr(util, "gpu", None),
-                     "utilization_memory_pct": getattr(util, "memory", None),
-                     "temperature_c": temp, "slowdown_temp_c": slow, "busy": []}
+            entry = {"index": d, "other_processes": others, "utilization_gpu_pct": getattr(util, "gpu", None),
+                     "utilization_memory_pct": getattr(util, "memory", None), "temperature_c": temp,
+                     "slowdown_temp_c": slow, "busy": []}
             if others:
                 used = sum(p["used_memory_bytes"] or 0 for p in others)
                 entry["busy"].append(f"{len(others)} other process(es) on it (pid "
