@@ -184,28 +184,8 @@ def _expect_reduced(xp, idx, a: DataArgs):
     return a.reduced(xp, idx)
 
 
-def _expect_reduced_block(xp, idx, a: DataArgs):
-    return a.reduced(xp, a.rank * a.base + idx)
-
-
-def _expect_root(xp, idx, a: DataArgs):
-    return a.sent(xp, a.root, idx)
-
-
 def _expect_every_rank_block(xp, idx, a: DataArgs):
     return a.sent(xp, idx // a.base, idx % a.base)
-
-
-def _expect_my_block_of_every_rank(xp, idx, a: DataArgs):
-    return a.sent(xp, idx // a.base, a.rank * a.base + idx % a.base)
-
-
-def _expect_previous_rank(xp, idx, a: DataArgs):
-    return a.sent(xp, (a.rank - 1) % a.nranks, idx)
-
-
-def _expect_my_block_of_root(xp, idx, a: DataArgs):
-    return a.sent(xp, a.root, a.rank * a.base + idx)
 
 
 def _root_only(rank: int, root: int) -> bool:
@@ -262,20 +242,26 @@ COLLECTIVES: dict[str, Collective] = {
         Collective("all-gather", "all_gather_perf", "src/all_gather.cu", _allgather, lambda n: n, _share_of_others,
                    "(n-1)/n", _single("allGather"), _expect_every_rank_block),
         Collective("reduce-scatter", "reduce_scatter_perf", "src/reduce_scatter.cu", _reducescatter, lambda n: n,
-                   _share_of_others, "(n-1)/n", _single("reduceScatter", "op"), _expect_reduced_block, reduces=True),
+                   _share_of_others, "(n-1)/n", _single("reduceScatter", "op"),
+                   lambda xp, idx, a: a.reduced(xp, a.rank * a.base + idx), reduces=True),
         Collective("broadcast", "broadcast_perf", "src/broadcast.cu", _same, lambda n: 1, lambda n: 1.0, "1",
-                   _single("broadcast", "root"), _expect_root, rooted=True, aliases=("bcast",)),
+                   _single("broadcast", "root"), lambda xp, idx, a: a.sent(xp, a.root, idx), rooted=True,
+                   aliases=("bcast",)),
         Collective("reduce", "reduce_perf", "src/reduce.cu", _same, lambda n: 1, lambda n: 1.0, "1",
                    _single("reduce", "op", "root"), _expect_reduced, holds_result=_root_only, reduces=True, rooted=True),
         Collective("all-to-all", "alltoall_perf", "src/alltoall.cu", _alltoall, lambda n: n, _share_of_others,
-                   "(n-1)/n", _all_to_all_call, _expect_my_block_of_every_rank, checked_in_place=False),
+                   "(n-1)/n", _all_to_all_call,
+                   lambda xp, idx, a: a.sent(xp, idx // a.base, a.rank * a.base + idx % a.base),
+                   checked_in_place=False),
         Collective("send-recv", "sendrecv_perf", "src/sendrecv.cu", _same, lambda n: 1, lambda n: 1.0, "1",
-                   _send_recv_call, _expect_previous_rank, checked_in_place=False, aliases=("p2p",)),
+                   _send_recv_call, lambda xp, idx, a: a.sent(xp, (a.rank - 1) % a.nranks, idx), checked_in_place=False,
+                   aliases=("p2p",)),
         # gather.cu's GetCollByteCount is all-gather's, scatter.cu's reduce-scatter's
         Collective("gather", "gather_perf", "src/gather.cu", _allgather, lambda n: n, _share_of_others, "(n-1)/n",
                    _gather_call, _expect_every_rank_block, holds_result=_root_only, rooted=True),
         Collective("scatter", "scatter_perf", "src/scatter.cu", _reducescatter, lambda n: n, _share_of_others,
-                   "(n-1)/n", _scatter_call, _expect_my_block_of_root, sends=_root_only, rooted=True),
+                   "(n-1)/n", _scatter_call, lambda xp, idx, a: a.sent(xp, a.root, a.rank * a.base + idx),
+                   sends=_root_only, rooted=True),
         # hypercube.cu: an all-gather by log2(n) exchanges; GetBw's S is count x (n-1), factor 1
         Collective("hypercube", "hypercube_perf", "src/hypercube.cu", _hypercube, lambda n: n - 1, lambda n: 1.0, "1",
                    _hypercube_call, _expect_every_rank_block, ranks_ok=_power_of_two_ranks),
