@@ -32,14 +32,9 @@ def _calls(ranks: list[Rank], coll: C.Collective, cc: C.CollCounts, dt: C.DType,
         per_rank.append(C.steps(coll.call(C.RankCall(rk.comm, s, r, cc.param_count, dt, op_id, root, rk.rank, nranks,
                                                      rk.stream.ptr, nccl.groupStart, nccl.groupEnd, copy))))
     out: C.Calls = []
-    grouped = len(ranks) > 1
     for k in range(max(len(st) for st in per_rank)):  # step k on every local rank before step k + 1
-        if grouped:
-            out.append((nccl.groupStart, ()))
-        for st in per_rank:
-            out += st[k] if k < len(st) else []
-        if grouped:
-            out.append((nccl.groupEnd, ()))
+        step = [c for st in per_rank if k < len(st) for c in st[k]]
+        out += [(nccl.groupStart, ()), *step, (nccl.groupEnd, ())] if len(ranks) > 1 else step
     return out
 
 
@@ -51,18 +46,21 @@ def launcher(ranks: list[Rank], coll: C.Collective, cc: C.CollCounts, dt: C.DTyp
     """``launch(it)``: iteration ``it``'s calls, its buffers moved by one operation size per
     iteration (nccl-tests' shift). The call lists are built here, before any timing, up to _MAX_PLANS."""
     plans: dict[int, C.Calls] = {}
-    for it in range(min(iters, _MAX_PLANS)):
-        shift = _shift(it, total, maxbytes)
-        if shift not in plans:
-            plans[shift] = _calls(ranks, coll, cc, dt, op_id, root, in_place, shift, nranks)
 
-    def launch(it: int) -> None:
+    def plan(it: int) -> C.Calls:
         shift = _shift(it, total, maxbytes)
         calls = plans.get(shift)
         if calls is None:
             calls = _calls(ranks, coll, cc, dt, op_id, root, in_place, shift, nranks)
             if len(plans) < _MAX_PLANS:
                 plans[shift] = calls
+        return calls
+
+    for it in range(min(iters, _MAX_PLANS)):
+        plan(it)
+
+    def launch(it: int) -> None:
+        calls = plan(it)
         with CRITICAL:  # a Ctrl-C between ncclGroupStart and ncclGroupEnd would leave the group open
             for fn, args in calls:
                 fn(*args)
