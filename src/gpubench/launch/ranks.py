@@ -517,30 +517,27 @@ class Group:
             self._send_all(tag + "ok", "1", [r for r in range(self.size) if r != root], deadline)
         return out
 
-    def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather",
-                  waited: float | None = None) -> list:
+    def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather") -> list:
         """Every rank's ``obj`` on every rank (a list, index = rank); ``what`` names it in the
-        error of a rank that did not answer, and ``waited`` the seconds that error says (default ``timeout``)."""
+        error of a rank that did not answer."""
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
         tag = self._tag("a")
         text = _dumps(obj)
-        said = timeout if waited is None else waited
         # through rank 0: 2(n - 1) messages, not n(n - 1)
         if self.rank != 0:
             self._send_all(tag, text, [0], deadline)
             return json.loads(self._recv_named(tag + "all", 0, deadline + CONFIRM_S, what,
-                                               self._waited(said) + CONFIRM_S))
-        whole = _dumps(self._collect(tag, text, deadline, what, said))
+                                               self._waited(timeout) + CONFIRM_S))
+        whole = _dumps(self._collect(tag, text, deadline, what, timeout))
         self._send_all(tag + "all", whole, list(range(1, self.size)), deadline)
         return json.loads(whole)
 
-    def barrier(self, timeout: float | None = None, what: str = "barrier", waited: float | None = None) -> None:
-        """Return when every rank has reached it; MachineError naming the absent ones after
-        ``timeout`` (``waited``: see :meth:`allgather`)."""
+    def barrier(self, timeout: float | None = None, what: str = "barrier") -> None:
+        """Return when every rank has reached it; MachineError naming the absent ones after ``timeout``."""
         if self.size > 1:
-            self.allgather(None, timeout, what, waited)
+            self.allgather(None, timeout, what)
 
     def _waited(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else float(timeout)
@@ -559,11 +556,9 @@ class Group:
 
     def _recv_named(self, tag: str, src: int, deadline: float, what: str, timeout: float | None = None) -> str:
         try:
-            return self._recv(tag, src, deadline)
+            return self.receive(tag, src, deadline)
         except TimeoutError:
             raise self.missing([src], what, self._waited(timeout)) from None
-        except _Abort as a:
-            raise self._aborted(a.text) from None
 
     def _peek(self, tag: str, srcs: list[int]) -> dict[int, str]:
         """The messages ``tag`` of ``srcs`` there by now (LAST_LOOK_S for them all), by source."""
@@ -888,10 +883,7 @@ class _StoreGroup(Group):
             self._farewell(ack=True)
         with contextlib.suppress(Exception):
             linger = 0.5 if self._faulted else min(10.0, self.timeout or 10.0)
-            if isinstance(self._store, _Store):
-                self._store.close(linger)
-            else:
-                self._store.close(linger, f"{self._prefix}/left", self.size - 1 - len(self._lost))
+            self._store.close(linger, f"{self._prefix}/left", self.size - 1 - len(self._lost))
 
     def _peek(self, tag: str, srcs: list[int]) -> dict[int, str]:
         if not srcs:
@@ -1099,37 +1091,29 @@ class _Store:
             ValueError, TypeError, AttributeError, OverflowError: a request of another shape.
         """
         op, key = req.get("op"), str(req.get("k"))
-        if op == "set":
+        if op in ("set", "add"):  # add: an atomic counter (torch's TCPStore.add), claims of a rank index
             with self._cv:
-                self._data[key] = str(req.get("v"))
+                n = int(self._data.get(key, "0")) + int(req.get("v") or 0) if op == "add" else None
+                self._data[key] = str(req.get("v") if n is None else n)
                 self._cv.notify_all()
-            reply: dict = {"ok": True}
-        elif op == "add":  # atomic counter (torch's TCPStore.add): claims of a rank index
-            with self._cv:
-                n = int(self._data.get(key, "0")) + int(req.get("v") or 0)
-                self._data[key] = str(n)
-                self._cv.notify_all()
-            reply = {"ok": True, "v": n}
-        elif op == "peek":  # a collective's last look: the keys under a prefix with these endings, and these keys
-            keys = [str(k) for k in req.get("ks") or []]
+            return {"ok": True} if n is None else {"ok": True, "v": n}
+        keys = [str(k) for k in req.get("ks") or []]
+        if op == "peek":  # a collective's last look: the keys under a prefix with these endings, and these keys
             under, ends = str(req.get("p") or ""), tuple(str(e) for e in req.get("e") or [])
             with self._cv:
                 vs = {k: v for k, v in self._data.items() if k.startswith(under) and k.endswith(ends)} \
                     if under and ends else {}
                 vs.update({k: self._data[k] for k in keys if k in self._data})
-            reply = {"ok": True, "vs": vs}
-        elif op == "get":
-            keys = [str(k) for k in req.get("ks") or []]
-            with self._cv:
-                wait = float(req.get("t") or 0)
-                if not math.isfinite(wait):
-                    raise ValueError("t")
-                self._cv.wait_for(lambda: self._stop or any(k in self._data for k in keys), min(wait, 3600.0))
-                hit = next((k for k in keys if k in self._data), None)
-            reply = {"ok": True, "k": hit, "v": self._data[hit]} if hit is not None else {"ok": False}
-        else:
+            return {"ok": True, "vs": vs}
+        if op != "get":
             return None
-        return reply
+        with self._cv:
+            wait = float(req.get("t") or 0)
+            if not math.isfinite(wait):
+                raise ValueError("t")
+            self._cv.wait_for(lambda: self._stop or any(k in self._data for k in keys), min(wait, 3600.0))
+            hit = next((k for k in keys if k in self._data), None)
+        return {"ok": True, "k": hit, "v": self._data[hit]} if hit is not None else {"ok": False}
 
     @staticmethod
     def _connect(host: str, port: int, deadline: float) -> socket.socket:
@@ -1212,8 +1196,9 @@ class _Store:
         req = {"op": "peek", "p": under, "e": [f"/{dest}", "/*"], "ks": list(keys)}
         return dict(self._ask(req, 0.0)["vs"])
 
-    def close(self, linger_s: float = 10.0) -> None:
-        """Disconnect; rank 0 serves on until every other rank has (at most ``linger_s`` seconds)."""
+    def close(self, linger_s: float = 10.0, left: str | None = None, others: int = 0) -> None:
+        """Disconnect; rank 0 serves on until every other rank has (at most ``linger_s`` seconds).
+        ``left``, ``others``: :meth:`_TorchStore.close`'s, unused (the server counts connections)."""
         with contextlib.suppress(OSError):
             self._rfile.close()
             self._sock.close()
