@@ -152,7 +152,8 @@ class Point:
     error: str | None = None
 
 
-_COMBINE: dict[int, Callable[[list[float]], float]] = {1: lambda c: sum(c) / len(c), 2: min, 3: max}  # -a 1..3
+_COMBINE: dict[int, Callable[[list[float]], float]] = {0: lambda c: c[0], 1: lambda c: sum(c) / len(c), 2: min,
+                                                       3: max}  # -a 0..3, rank 0 first
 
 
 def combine(per_rank: list[list[float]], average: int) -> list[float]:
@@ -167,8 +168,6 @@ def combine(per_rank: list[list[float]], average: int) -> list[float]:
     n = len(per_rank[0])
     if any(len(s) != n for s in per_rank):
         raise ValueError("ranks returned different numbers of samples")
-    if average == 0:
-        return list(per_rank[0])
     pick = _COMBINE.get(average)
     if pick is None:
         raise ValueError(f"average {average} is not 0..3")

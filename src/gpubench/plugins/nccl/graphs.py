@@ -102,12 +102,11 @@ class GraphOwner:
     """Every CapturedGraphs of one run, so that the run's teardown closes any still open before the
     communicators are destroyed."""
 
-    def __init__(self, make: Callable[[], CapturedGraphs] = CapturedGraphs):
-        self._make = make
+    def __init__(self) -> None:
         self._made: list[CapturedGraphs] = []
 
     def new(self) -> CapturedGraphs:
-        g = self._make()
+        g = CapturedGraphs()
         self._made.append(g)
         return g
 
