@@ -23,7 +23,7 @@ from concurrent.futures import Future, wait
 from dataclasses import astuple, dataclass, replace
 from typing import Any, Callable, Mapping
 
-from gpubench.core.errors import GpubenchError, MachineError, UsageError
+from gpubench.core.errors import GpubenchError, MachineError, UsageError, first_line
 from gpubench.core.signals import Interrupted, note_complete
 
 # Slurm's step ids that are not an srun step (slurm.h: SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT,
@@ -950,8 +950,7 @@ class _TorchStore:
             return fut.result()
         if isinstance(e, TimeoutError):
             raise e
-        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise _StoreLost(f"the store at {self._where}: {first}")
+        raise _StoreLost(f"the store at {self._where}: {first_line(e)[:200]}")
 
     def set(self, key: str, text: str, deadline: float) -> None:
         self._call(lambda: self._store.set(key, text), deadline)
@@ -1311,7 +1310,7 @@ def _mpi(me: Rank, env: Mapping[str, str] = os.environ):
         try:
             MPI.Init()
         except MPI.Exception as e:
-            raise MachineError(f"MPI_Init failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            raise MachineError(f"MPI_Init failed: {first_line(e)}",
                                "is mpi4py built against the MPI that launched gpubench?") from None
     return MPI
 
@@ -1387,7 +1386,7 @@ def _store_group(me: Rank, addr: tuple[str, int], timeout: float, env: Mapping[s
         try:
             store = _TorchStore(host, port, me.size, is_master=(me.rank == 0 and not agent), timeout=timeout or 3600)
         except Exception as e:
-            raise MachineError(f"torch TCPStore at {host}:{port}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            raise MachineError(f"torch TCPStore at {host}:{port}: {first_line(e)}",
                                "is rank 0 running, and MASTER_ADDR/MASTER_PORT (--rendezvous) its address?") from None
         return _StoreGroup(me, timeout, store, "torch", prefix, served_by_rank0=not agent)
     # every rank's one connection, and room for a few more (a reconnect, a late claimant to refuse)

@@ -19,7 +19,7 @@ from gpubench.core import benchmark as driver
 from gpubench.core import gpu
 from gpubench.launch import ranks as R
 from gpubench.core.benchmark import Context
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError, UsageError, first_line
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 
@@ -158,7 +158,7 @@ class NcclRanks(N.Nccl):
                 nccl.groupEnd()
         except Exception as e:
             raise MachineError(f"ncclCommInitRank on rank {group.rank} ({group.me.host}) failed: "
-                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                               f"{first_line(e)}") from None
         ctx.data["nranks"] = nranks
         with N.local_ranks(ctx, comms, group.rank * g) as ranks:
             with N._as_machine_errors(allocation_passes=False):
