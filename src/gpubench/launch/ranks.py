@@ -165,11 +165,9 @@ def mpi_library(text: str) -> MpiLibrary:
     """The :class:`MpiLibrary` of an ``MPI_Get_library_version`` text."""
     text = text or ""
     first = " ".join((text.strip().splitlines() or [""])[0].split())[:60]
-    m = re.match(r"Open MPI v?(\d+)[.\d]*", first)
-    if m:
+    if m := re.match(r"Open MPI v?(\d+)[.\d]*", first):
         return MpiLibrary("openmpi", m.group(0), int(m.group(1)), True)
-    m = re.search(r"^MPICH Version:\s*(\d+)([.\w]*)", text, re.M)
-    if m:
+    if m := re.search(r"^MPICH Version:\s*(\d+)([.\w]*)", text, re.M):
         conf = re.search(r"^MPICH configure:(.*)$", text, re.M)
         return MpiLibrary("mpich", f"MPICH {m.group(1)}{m.group(2)}", int(m.group(1)),
                           None if conf is None else "pmix" in conf.group(1).lower())

@@ -45,8 +45,7 @@ def parse(lines) -> NcclLog:
     for ln in lines:
         if "NCCL INFO" not in ln:
             continue
-        m = _CHANNEL.search(ln)
-        if m:
+        if m := _CHANNEL.search(ln):
             paths.setdefault(f"{m.group(1)}->{m.group(2)}", set()).add(m.group(4))
             continue
         m, name = next(((m, name) for name, rx in _FIELDS if (m := rx.search(ln))), (None, ""))
@@ -56,8 +55,7 @@ def parse(lines) -> NcclLog:
         if _PLUGIN_NONE.search(ln) and out.plugin is None:
             out.plugin = "none"
             continue
-        m = _NET_FAILED.search(ln)
-        if m:  # e.g. IB with no usable device: the interfaces it listed are not used
+        if m := _NET_FAILED.search(ln):  # e.g. IB with no usable device: the interfaces it listed are not used
             failed.add(m.group(1))
             continue
         m = _IFACE.search(ln)

@@ -186,11 +186,10 @@ class NcclRanks(N.Nccl):
             with N._as_machine_errors():
                 p = N.measure_point(spec, ranks, ctx.data["nranks"], ctx.data["barrier"], size, place,
                                     ctx.data["graphs"].new)
-        except MachineError as e:
+        except BaseException as e:  # nothing is freed under queued work
             L.drain(ranks, spec.timeout_s)
-            raise self._fault(ctx, e) from None
-        except BaseException:
-            L.drain(ranks, spec.timeout_s)
+            if isinstance(e, MachineError):
+                raise self._fault(ctx, e) from None
             raise
         mine = {"samples_s": p.samples_s, "wrong": p.wrong, "error": p.error}
         got = self.group.gather(mine)
