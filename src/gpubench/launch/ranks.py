@@ -128,7 +128,7 @@ def _slurm_step(env: Mapping[str, str]) -> bool:
     """A task of an srun step: SLURM_PROCID and a real SLURM_STEP_ID (or SLURM_STEPID)."""
     if not env.get("SLURM_PROCID", "").strip():
         return False
-    name, step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID", counts_ranks=False)
+    step = _first(env, "SLURM_STEP_ID", "SLURM_STEPID", counts_ranks=False)[1]
     return step is not None and step not in _SLURM_NOT_A_STEP
 
 
@@ -225,7 +225,7 @@ class Launcher:
     """One launcher: how to tell that it started this process (``detect``), and which variables
     say who the process is (of each tuple, the first set one counts). ``mpi``: the MPI job it
     starts, None for no MPI launcher; ``refine`` fills what the variables alone do not give into
-    the fields ("local_size", "node", "lsize_v", "node_v"); ``rendezvous``: rank 0's store's
+    the fields ("local_size", "node", "lsize_v"); ``rendezvous``: rank 0's store's
     (host, port) where MASTER_ADDR is not set."""
 
     name: str
@@ -249,7 +249,7 @@ def _set(name: str) -> Callable[[Mapping[str, str]], bool]:
 
 def _pmix_node(env: Mapping[str, str], f: dict) -> None:
     if env.get("SLURM_NODEID", "").strip() and _slurm_step(env):
-        f["node"], f["node_v"] = _int(env, "SLURM_NODEID"), "SLURM_NODEID"
+        f["node"] = _int(env, "SLURM_NODEID")
 
 
 def _slurm_local_size(env: Mapping[str, str], f: dict) -> None:
@@ -334,9 +334,8 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
     local_v, local = _first(env, *row.local)
     lsize_v, local_size = _first(env, *row.local_size, minimum=1)
     node_v, node = _first(env, *row.node)
-    f: dict[str, Any] = {"local_size": local_size,
-                         "lsize_v": lsize_v or (row.local_size[0] if row.local_size else ""),
-                         "node": node, "node_v": node_v}
+    f: dict[str, Any] = {"local_size": local_size, "node": node,
+                         "lsize_v": lsize_v or (row.local_size[0] if row.local_size else "")}
     if row.nodes:
         nnodes_v, nnodes = _first(env, *row.nodes, minimum=1)
         if node is not None and nnodes is not None and node >= nnodes:
