@@ -273,15 +273,7 @@ class NcclDask(Benchmark):
 
     name = Nccl.name
     needs_gpu = False  # the client only schedules; each worker uses its own GPU
-
-    def devices(self, spec: NcclSpec) -> tuple[int, ...]:
-        return ()
-
-    def derive(self, ctx: Context, records: list[Record]) -> None:
-        """The collective limit rule with no local GPU entry."""
-        from gpubench.plugins.nccl.bench import mark_collectives
-
-        mark_collectives(records, ctx.env, ())
+    derive = Nccl.derive  # the collective limit rule, with no local GPU (ctx.devices is empty)
 
     def points(self, spec: NcclSpec, devices: tuple[int, ...]) -> list[driver.Point]:
         return [driver.Point(label=point_label(spec, size, place), key=(i, size, place))
