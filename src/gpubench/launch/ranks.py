@@ -1277,8 +1277,7 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
 
 def _mpi(me: Rank, env: Mapping[str, str] = os.environ):
     """mpi4py's MPI module, initialized, when this rank runs under an MPI launcher and mpi4py
-    imports, else None. MPI_Init only once the launcher's row found that the library can join its
-    job (else MPI_Init aborts inside MPI or runs a world of one).
+    imports, else None. MPI_Init only once the launcher's row found that the library can join its job.
 
     Raises:
         UsageError: the library cannot join the launcher's job (:func:`mpi_refusal`).

@@ -115,9 +115,8 @@ class Rank:
 
 
 def wait_all(ranks: list[Rank], timeout_s: float, events: list | None = None) -> None:
-    """Wait for every rank's stream (or, given ``events``, one CUDA event per rank), polling as
-    nccl-tests' testStreamSynchronize does, so that the wait has a deadline. The poll spins without
-    yielding (a sleep between passes added 40-80 us to a timed sample).
+    """Wait for every rank's stream (or, given ``events``, one CUDA event per rank), polling without
+    yielding as nccl-tests' testStreamSynchronize does, so that the wait has a deadline.
 
     Raises:
         MachineError: an asynchronous NCCL error, or ``timeout_s`` (> 0) passed; the communicators
