@@ -108,18 +108,17 @@ class NetServer:
     ``port`` 0 picks a free one (:attr:`address` after :meth:`open`); ``log`` gets a line per event.
     Seconds: ``header_timeout`` for a request line, ``setup_timeout`` for the data streams to connect,
     ``drain_timeout`` for the client to close them, ``stall_timeout`` without a byte before an abort.
-    ``max_pending`` connections may wait for their request line (one more: the oldest goes);
-    ``workers`` per direction (default one per stream, at most 16).
+    ``max_pending`` connections may wait for their request line (one more: the oldest goes).
     """
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, caps: Caps = CAPS,
                  log: Callable[[str], None] | None = None, header_timeout: float = 2.0,
                  setup_timeout: float = 5.0, drain_timeout: float = 5.0, stall_timeout: float = 10.0,
-                 max_pending: int = 512, workers: int | None = None):
+                 max_pending: int = 512):
         self.bind, self.port, self.caps, self.log = bind, port, caps, log or (lambda line: None)
         self.header_timeout, self.setup_timeout = header_timeout, setup_timeout
         self.drain_timeout, self.stall_timeout = drain_timeout, stall_timeout
-        self.max_pending, self.workers = max(1, max_pending), workers
+        self.max_pending = max(1, max_pending)
         self._stats_lock, self._lock = threading.Lock(), threading.Lock()
         self.stats = ServerStats()
         self._stop = threading.Event()
@@ -231,15 +230,6 @@ class NetServer:
             for t in threads:
                 t.join(max(0.0, deadline - time.monotonic()))
         return self.stats
-
-    def _window_listener(self, window: int) -> None:
-        """Give the listener the test's SO_SNDBUF/SO_RCVBUF before its data streams connect: Linux
-        sizes the SYN-ACK's window from it (``tcp_openreq_init_rwin``; iperf3's iperf_tcp_listen
-        does the same); :meth:`_renew_listener` replaces the listener after the test."""
-        lst = self._listener
-        if lst is not None and window > 0:
-            set_window(lst, window)
-            self._windowed = True
 
     def _renew_listener(self, sel, pending) -> None:
         """A fresh listener on the same address (autotuned buffers) after a -w test, the old one's
@@ -404,7 +394,12 @@ class NetServer:
         tag = f"test from {who}"
         self.log(f"{tag}: {test_words(asdict(req))}")
         try:
-            self._window_listener(req.window)  # before the reply: the data streams connect after it
+            # the listener gets the test's -w before the reply (the data streams connect after it): Linux sizes
+            # the SYN-ACK's window from it (tcp_openreq_init_rwin; iperf3's iperf_tcp_listen does the same);
+            # _renew_listener replaces the listener after the test
+            if self._listener is not None and req.window > 0:
+                set_window(self._listener, req.window)
+                self._windowed = True
             send_json(conn, {"ok": True, "version": 2, "cookie": test.cookie, **asdict(req)})
             why = self._wait_streams(conn, test)
             if why:
@@ -417,7 +412,7 @@ class NetServer:
                 for d, role in (("c2s", "recv"), ("s2c", "send")):
                     if d in test.socks:
                         test.sets[d] = StreamSet([s for s in test.socks[d] if s is not None], role, buffer=req.buffer,
-                                                 copy=req.copy, rate=req.bitrate / 8, workers=self.workers)
+                                                 copy=req.copy, rate=req.bitrate / 8)
             for st in test.sets.values():
                 st.start()
             counted = self._measure(conn, test)

@@ -120,17 +120,16 @@ class WorkerError(Exception):
 
 class StreamSet:
     """Connected TCP sockets (owned from now on) that send or receive (``role``) through worker
-    processes; ``rate`` target bytes/s per stream (0: as fast as possible), ``workers`` at most
-    :data:`MAX_WORKERS`. Use: ``start()``, ``go()``, ``counts()`` at any time, ``stop()``,
+    processes (one per stream, at most :data:`MAX_WORKERS`); ``rate`` target bytes/s per stream (0: as
+    fast as possible). Use: ``start()``, ``go()``, ``counts()`` at any time, ``stop()``,
     ``close()`` (safe at any point, and again).
     """
 
     def __init__(self, socks: list[socket.socket], role: str, *, buffer: int, copy: bool = False,
-                 rate: float = 0.0, workers: int | None = None):
+                 rate: float = 0.0):
         self.socks = list(socks)
         self.role, self.buffer, self.copy, self.rate = role, buffer, copy, float(rate)
-        n = len(self.socks)
-        self.nworkers = max(1, min(n, workers or MAX_WORKERS, MAX_WORKERS)) if n else 0
+        self.nworkers = min(len(self.socks), MAX_WORKERS)
         self.procs: list[subprocess.Popen] = []
         self._shm_fd: int | None = None
         self._shm: mmap.mmap | None = None
