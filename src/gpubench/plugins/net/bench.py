@@ -538,7 +538,7 @@ class Net(Benchmark):
             try:
                 host, port = spec.host, spec.port
                 if spec.mode == "local":  # a server on loopback (a free port) in a thread, for one test
-                    server = NetServer("::1" if spec.address_family == socket.AF_INET6 else DEFAULT_BIND, 0)
+                    server = NetServer(spec.host, 0)  # loopback: "::1" with -6, else DEFAULT_BIND
                     stack.callback(server.close, 5.0)
                     host, port = server.start(max_tests=1)
                 ctx.data["port"] = port
@@ -623,13 +623,6 @@ def run(spec: NetSpec, progress: ProgressSink | None = None, live: LiveLines | N
             keeps the intervals received); :class:`ServerLied` for impossible figures.
     """
     return driver.run(BENCHMARK if live is None else Net(live), spec, progress)
-
-
-def run_test(host: str, port: int, request: Request, *, family: int = 0, cport: int | None = None,
-             connect_timeout: float = 10.0, progress: ProgressSink | None = None) -> Result:
-    """One client test against a ``gpubench net`` server at host:port. Returns and raises as :func:`run`."""
-    return run(NetSpec(host=host, port=port, request=request, connect_timeout=connect_timeout, family=family,
-                       cport=cport), progress)
 
 
 def run_local(request: Request, progress: ProgressSink | None = None, family: int = 0) -> Result:

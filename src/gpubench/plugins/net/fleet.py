@@ -219,7 +219,7 @@ def run_client(host: str, port: int, spec: NetFleetSpec) -> Record:
 
         res = ucx_bench.run(replace(spec.ucx, host=host, port=port, connect_timeout=spec.connect_timeout))
     else:
-        res = net.run_test(host, port, spec.request, connect_timeout=spec.connect_timeout)
+        res = net.run(net.NetSpec(host=host, port=port, request=spec.request, connect_timeout=spec.connect_timeout))
     if res.interrupted_by:  # the test kept what it measured; the rank stops here (its group tells the others)
         raise_if_signalled()
     totals = [r for r in res.records if r.params.get("stream") == "total"]
