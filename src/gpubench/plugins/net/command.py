@@ -183,23 +183,20 @@ def _family(ipv4: bool, ipv6: bool) -> int:
 def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: float, interval: float, length: str,
                       reverse: bool = False, bidir: bool = False, window: str | None = None,
                       bitrate: str | None = None, copy: bool = False, ipv4: bool = False, ipv6: bool = False,
-                      cport: int | None = None, protocol: str = "tcp", memory: str = "host", device: int = 0,
-                      api: str = "tag", in_flight: int = 32, latency: bool = False, wait: str = "poll"):
-    """The NetSpec of `net client HOST` (UcxSpec with --protocol ucx). Raises UsageError: a bad option."""
+                      cport: int | None = None, protocol: str = "tcp", **ucx: Any):
+    """The NetSpec of `net client HOST` (UcxSpec with --protocol ucx; ``ucx``: the options of
+    :func:`build_ucx_spec`, refused by :func:`check_tcp` without it). Raises UsageError: a bad option."""
     return _build_spec("client", host, port, cport, protocol, (streams, seconds, omit, interval, length, reverse,
-                       bidir, window, bitrate, copy), ipv4, ipv6, {"memory": memory, "device": device, "api": api,
-                       "in_flight": in_flight, "latency": latency, "wait": wait})
+                       bidir, window, bitrate, copy), ipv4, ipv6, ucx)
 
 
 def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
                      bidir: bool = False, window: str | None = None, bitrate: str | None = None, copy: bool = False,
-                     ipv4: bool = False, ipv6: bool = False, protocol: str = "tcp", memory: str = "host",
-                     device: int = 0, api: str = "tag", in_flight: int = 32, latency: bool = False,
-                     wait: str = "poll"):
-    """The NetSpec of `net local` (UcxSpec with --protocol ucx). Raises UsageError: a bad option."""
+                     ipv4: bool = False, ipv6: bool = False, protocol: str = "tcp", **ucx: Any):
+    """The NetSpec of `net local` (UcxSpec with --protocol ucx; ``ucx`` as :func:`build_client_spec`'s).
+    Raises UsageError: a bad option."""
     return _build_spec("local", DEFAULT_BIND, 0, None, protocol, (streams, seconds, omit, interval, length, reverse,
-                       bidir, window, bitrate, copy), ipv4, ipv6, {"memory": memory, "device": device, "api": api,
-                       "in_flight": in_flight, "latency": latency, "wait": wait})
+                       bidir, window, bitrate, copy), ipv4, ipv6, ucx)
 
 
 def _build_spec(mode: str, host: str, port: int, cport: int | None, protocol: str, test: tuple, ipv4: bool,
@@ -210,14 +207,14 @@ def _build_spec(mode: str, host: str, port: int, cport: int | None, protocol: st
     tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
                 "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
     if protocol == "ucx":
-        port = _check_port(port, allow_zero=False) if mode == "client" else port
+        port = _check_port(port) if mode == "client" else port
         return build_ucx_spec(host, port, mode, seconds, omit, interval, length, tcp_only, **ucx)
     check_tcp(ucx)
     req = build_request(*test)
     family = _family(ipv4, ipv6)
     if mode == "local":
         return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
-    port = _check_port(port, allow_zero=False)
+    port = _check_port(port)
     if cport is not None:
         last = cport + req.streams * len(req.directions()) - 1
         if not 1 <= cport <= 65535 or last > 65535:
@@ -268,10 +265,9 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     return spec
 
 
-def _check_port(port: int, *, allow_zero: bool) -> int:
-    lo = 0 if allow_zero else 1
-    if not lo <= port <= 65535:
-        raise UsageError(f"--port {port} out of range", f"use {lo} to 65535" + (" (0: any free port)" if allow_zero else ""))
+def _check_port(port: int) -> int:
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port {port} out of range", "use 1 to 65535")
     return port
 
 
@@ -294,8 +290,6 @@ def server(bind, port, one_off, protocol, device, quiet, debug):
     Listens on loopback only unless --bind says otherwise.
     """
     from gpubench.core import safe
-
-    _check_port(port, allow_zero=True)
 
     def log(line: str) -> None:
         if not quiet:
