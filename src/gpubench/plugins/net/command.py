@@ -241,9 +241,11 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     Raises UsageError: a TCP-only option, a bad value, UCXX missing, -m cuda without a GPU."""
     from gpubench.core.bounds import Bound
     from gpubench.plugins.net.ucx import MAX_IN_FLIGHT, parse_memory
-    from gpubench.plugins.net.ucx_bench import UcxSpec, check_not_tcp_only
+    from gpubench.plugins.net.ucx_bench import UcxSpec
 
-    check_not_tcp_only(tcp_only)
+    tcp_given = [name for name, on in tcp_only.items() if on]
+    if tcp_given:
+        raise UsageError(f"{tcp_given[0]} applies to --protocol tcp only", "leave it out with --protocol ucx")
     req = build_request(1, seconds, omit, interval, "1MiB" if length is None else length)
     mem = parse_memory(memory)
     Bound("--in-flight", lo=1, hi=MAX_IN_FLIGHT).check(in_flight)

@@ -24,7 +24,7 @@ from typing import Any
 from gpubench.core import benchmark as driver
 from gpubench.core import safe
 from gpubench.core.benchmark import Benchmark, Context, Point
-from gpubench.core.errors import MachineError, UsageError
+from gpubench.core.errors import MachineError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.signals import Interrupted
@@ -271,11 +271,7 @@ class UcxNet(Benchmark):
         stopped = ctx.data.pop("interrupted", None)
         if stopped is not None:
             raise stopped
-        spec: UcxSpec = ctx.spec
-        client: _Client = ctx.data["client"]
-        if spec.latency:
-            return self._latency(ctx, client, point)
-        return self._interval(ctx, client, point)
+        return (self._latency if ctx.spec.latency else self._interval)(ctx, ctx.data["client"], point)
 
     def _interval(self, ctx: Context, client: _Client, point: Point) -> list[Record]:
         from gpubench.plugins.net.bench import Interval
@@ -338,8 +334,7 @@ class UcxNet(Benchmark):
             k = max(1, min(100_000, int(BATCH_TARGET_S / max(secs / k, 1e-7))))
         bad = ucx.first_mismatch(back, out)
         if bad is not None:
-            e = MachineError(f"net --latency: byte {bad} of the {size} B message came back changed")
-            raise e
+            raise MachineError(f"net --latency: byte {bad} of the {size} B message came back changed")
         if self.live is not None:
             med = sorted(samples)[len(samples) // 2]
             self.live.line(f"[LAT] {size:>10} B  {med * 1e6:10.2f} us one-way (median of {len(samples)} batches, "
@@ -413,12 +408,5 @@ def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -
     ucx.require_ucx()
     ucx.require_cuda(spec.memory if spec.mode == "local" else (spec.memory[0], "host"), spec.device)
     return driver.run(UcxNet(live), spec, progress)
-
-
-def check_not_tcp_only(given: dict[str, Any]) -> None:
-    """Raises UsageError naming the first TCP-only option set (``given``: name -> set) under ``--protocol ucx``."""
-    for name, on in given.items():
-        if on:
-            raise UsageError(f"{name} applies to --protocol tcp only", "leave it out with --protocol ucx")
 
 

@@ -45,13 +45,10 @@ MAX_ITERS = 10**8
 REQUEST_TIMEOUT_S = 5.0
 
 
-def limit_to_loopback() -> bool:
+def limit_to_loopback() -> None:
     """UCX's network transports on the loopback device only (``UCX_NET_DEVICES=lo``) unless the
-    user set UCX_NET_DEVICES, where the control connection is on loopback. Returns whether it set it."""
-    if "UCX_NET_DEVICES" in os.environ:
-        return False
-    os.environ["UCX_NET_DEVICES"] = "lo"
-    return True
+    user set UCX_NET_DEVICES, where the control connection is on loopback."""
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 
 class Control:
@@ -245,7 +242,7 @@ class UcxServer:
         try:
             side.connect(bytes.fromhex(req["address"]))
             ctl.send({"ok": True, "address": side.address().hex()})
-            side.wireup(initiator=False, deadline_s=REQUEST_TIMEOUT_S, check=lambda: ctl.poll())
+            side.wireup(initiator=False, deadline_s=REQUEST_TIMEOUT_S, check=ctl.poll)
             n = req["nbytes"]
             want = ucx.pattern(n)
             buf = ucx.alloc(n, req["memory"], self.device, pinned=req["pinned"])
