@@ -26,7 +26,6 @@ import contextlib
 import json
 import math
 import socket
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -244,14 +243,11 @@ class LineReader:
     def __init__(self, sock: socket.socket, limit: int):
         self.sock, self.limit, self._buf = sock, limit, bytearray()
 
-    def readline(self, timeout: float, stop: threading.Event | None = None) -> bytes:
-        """The next line (without the newline), waiting at most ``timeout`` seconds in all; a set
-        ``stop`` gives up within half a second.
-        Raises ProtocolError: too long, closed, out of time, stopped, or a socket error."""
+    def readline(self, timeout: float) -> bytes:
+        """The next line (without the newline), waiting at most ``timeout`` seconds in all.
+        Raises ProtocolError: too long, closed, out of time, or a socket error."""
         deadline = time.monotonic() + timeout
         while True:
-            if stop is not None and stop.is_set():
-                raise ProtocolError("server stopping")
             nl = self._buf.find(b"\n")
             if nl >= 0:
                 line = bytes(self._buf[:nl])
@@ -273,9 +269,9 @@ class LineReader:
                 raise ProtocolError("connection closed" + (" mid-line" if self._buf else ""))
             self._buf += chunk
 
-    def readjson(self, timeout: float, stop: threading.Event | None = None) -> Any:
+    def readjson(self, timeout: float) -> Any:
         """The next line parsed as JSON. Raises ProtocolError as :meth:`readline`, or the line is not JSON."""
-        line = self.readline(timeout, stop)
+        line = self.readline(timeout)
         try:
             return parse_line(line)
         except (ValueError, UnicodeDecodeError):

@@ -22,7 +22,6 @@ import os
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpubench.core.errors import MachineError, UsageError
@@ -229,14 +228,6 @@ def endpoint_info(ep_handle: int) -> str:
     return buf.value.decode("utf-8", "replace")
 
 
-@dataclass
-class Counts:
-    """What one loop moved: completed messages and the seconds it ran (perf_counter)."""
-
-    messages: int = 0
-    seconds: float = 0.0
-
-
 class PeerGone(MachineError):
     """The peer closed the control connection, sent an abort, or stopped moving data."""
 
@@ -266,11 +257,9 @@ class Side:
                 self.worker.init_blocking_progress_mode()
         except Exception as e:
             raise MachineError(f"UCX: cannot start a worker: {e}") from None
-        self.wait_mode = wait
         event = self.worker.progress_worker_event
         self.progress: Callable[[], Any] = self.worker.progress if wait == "poll" else (lambda: event(SLEEP_MS))
         self.ep: Any = None
-        self._tags: dict[int, Any] = {}
 
     def address(self) -> bytes:
         """This worker's UCP address (what the peer's endpoint is made from)."""
@@ -291,28 +280,12 @@ class Side:
     def array(self, buf) -> Any:
         return self._Array(buf)
 
-    def _tag(self, tag: int):
-        t = self._tags.get(tag)
-        if t is None:
-            t = self._tags[tag] = self._u.UCXXTag(tag)
-        return t
-
-    def _send(self, arr, tag: int):
-        if self.api == "stream":
-            return self.ep.stream_send(arr)
-        return self.ep.tag_send(arr, self._tag(tag))
-
-    def _recv(self, arr, tag: int):
-        if self.api == "stream":
-            return self.ep.stream_recv(arr)
-        return self.ep.tag_recv(arr, self._tag(tag))
-
     def _poster(self, kind: str, arr, tag: int) -> Callable[[], Any]:
-        """A no-argument function that posts one send or receive of ``arr`` (for the hot loops)."""
+        """A no-argument function that posts one send or receive of ``arr`` with the test's API."""
         if self.api == "stream":
             fn = self.ep.stream_send if kind == "send" else self.ep.stream_recv
             return lambda: fn(arr)
-        fn, t = (self.ep.tag_send if kind == "send" else self.ep.tag_recv), self._tag(tag)
+        fn, t = (self.ep.tag_send if kind == "send" else self.ep.tag_recv), self._u.UCXXTag(tag)
         return lambda: fn(arr, t)
 
     def wait(self, reqs: list, deadline_s: float, check: Callable[[], None] | None = None) -> None:
@@ -338,25 +311,21 @@ class Side:
         import numpy as np
 
         out, back = self.array(np.ones(8, dtype=np.uint8)), self.array(np.zeros(8, dtype=np.uint8))
-        reqs = [self._send(out, WIREUP_TAG), self._recv(back, WIREUP_TAG)]
+        reqs = [self._poster("send", out, WIREUP_TAG)(), self._poster("recv", back, WIREUP_TAG)()]
         self.wait(reqs if initiator else reqs[::-1], deadline_s, check)
 
     def start_sending(self, buf, in_flight: int) -> None:
         """Post ``in_flight`` sends of ``buf`` (the window :meth:`send_for` keeps full)."""
-        self._out = self.array(buf)
-        self._window: deque = deque(self._send(self._out, DATA_TAG) for _ in range(in_flight))
+        self._post = self._poster("send", self.array(buf), DATA_TAG)
+        self._window: deque = deque(self._post() for _ in range(in_flight))
         self._last_done = time.perf_counter()  # the last completion, across send_for calls (the stall clock)
 
-    def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> Counts:
-        """Keep the window full until ``time.perf_counter() >= until``; returns the sends completed
-        and the seconds this call took.
+    def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> int:
+        """Keep the window full until ``time.perf_counter() >= until``; returns the sends completed.
         Raises PeerGone: nothing completed for ``stall_s``, or as ``check``; MachineError: a send failed."""
-        window, progress = self._window, self.progress
-        post = self._poster("send", self._out, DATA_TAG)
+        window, progress, post = self._window, self.progress, self._post
         clock = time.perf_counter
-        t0 = clock()
-        last = self._last_done
-        next_check = t0 + 0.05
+        last, next_check = self._last_done, clock() + 0.05
         done = spins = 0
         while True:
             progress()
@@ -372,7 +341,7 @@ class Side:
                     done += n
                     last = self._last_done = now
                 if now >= until:
-                    return Counts(done, now - t0)
+                    return done
                 if now >= next_check:
                     next_check = now + 0.05
                     check()
@@ -422,14 +391,14 @@ class Side:
         """``iters`` (>= 2) round trips: send ``out``, receive into ``back`` (same size). Returns the
         seconds of round trips 2..iters (the first waits for the peer to read the batch's line).
         Raises PeerGone: a round trip not back within ``stall_s``, or as ``check`` (every 50 ms)."""
-        a, b = self.array(out), self.array(back)
-        progress, send, recv, clock = self.progress, self._send, self._recv, time.perf_counter
+        send, recv = self._poster("send", self.array(out), DATA_TAG), self._poster("recv", self.array(back), DATA_TAG)
+        progress, clock = self.progress, time.perf_counter
         t0 = 0.0
         for i in range(iters):
             if i == 1:
                 t0 = clock()
-            r = recv(b, DATA_TAG)
-            s = send(a, DATA_TAG)
+            r = recv()
+            s = send()
             spins = 0
             while not r.completed:
                 progress()
@@ -458,9 +427,9 @@ class Side:
         """``iters`` times: receive into ``buf`` and send it back.
         Raises PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms)."""
         a = self.array(buf)
-        progress, send, recv = self.progress, self._send, self._recv
+        send, recv, progress = self._poster("send", a, DATA_TAG), self._poster("recv", a, DATA_TAG), self.progress
         for i in range(iters):
-            r = recv(a, DATA_TAG)
+            r = recv()
             spins = 0
             while not r.completed:
                 progress()
@@ -468,7 +437,7 @@ class Side:
                 if spins & 4095 == 0:
                     self._awaited(spins, check, stall_s, i, iters)
             _checked(r)
-            s = send(a, DATA_TAG)
+            s = send()
             while not s.completed:
                 progress()
             _checked(s)

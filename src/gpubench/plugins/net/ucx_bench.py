@@ -286,14 +286,14 @@ class UcxNet(Benchmark):
         end_s, omit = schedule[point.key]
         start_s = ctx.data.get("prev_end", 0.0)
         got = side.send_for(t0 + end_s, client.check)
-        client.sent += got.messages
+        client.sent += got
         now_s = time.perf_counter() - t0
         ctx.data["prev_end"] = now_s
         if "client" not in client.info:
             client.info["client"] = side.info()  # protocols are chosen at the first send: now known
-        rec = Interval(start_s=start_s, end_s=now_s, omit=omit, bytes=[got.messages * spec.nbytes]).record(point.key)
+        rec = Interval(start_s=start_s, end_s=now_s, omit=omit, bytes=[got * spec.nbytes]).record(point.key)
         if self.live is not None:
-            self.live.intervals({"c2s": (start_s, now_s, omit, [got.messages * spec.nbytes])})
+            self.live.intervals({"c2s": (start_s, now_s, omit, [got * spec.nbytes])})
         if point.key == len(schedule) - 1:
             self._finish(client, [rec])
         return [rec]
