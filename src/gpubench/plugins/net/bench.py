@@ -550,7 +550,7 @@ class Net(Benchmark):
                     live = self.live
                     where = (f"loopback {hostport(host, port)}" if spec.mode == "local"
                              else f"connected to {hostport(spec.host, port)}")
-                    live.header(f"gpubench net: {where}: {test_words(asdict(spec.request), session.window)}")
+                    live.line(f"gpubench net: {where}: {test_words(asdict(spec.request), session.window)}")
                     session.on_intervals = lambda ivs: live.intervals(
                         {d: (iv.start_s, iv.end_s, iv.omit, iv.bytes) for d, iv in ivs.items()})
             except (KeyboardInterrupt, Interrupted) as e:

@@ -31,11 +31,6 @@ def bitrate_text(bits_per_s: int) -> str:
     return f"{bits_per_s} bit/s"
 
 
-def pacing_text(bitrate: int) -> str:
-    """The header's pacing: "unpaced" or "paced at 2 Gbit/s per stream" (-b)."""
-    return "unpaced" if not bitrate else f"paced at {bitrate_text(bitrate)} per stream"
-
-
 def window_text(window: int, got: dict | None = None) -> str:
     """The header's window: the kernel's autotuning, or -w and what the kernel made of it."""
     if not window:
@@ -50,9 +45,10 @@ def test_words(spec: dict, window_got: dict | None = None) -> str:
     """What was asked, in one line (a Result's spec, or a Request's fields)."""
     direction = spec.get("direction", "c2s")
     dirs = "both ways (--bidir)" if direction == "both" else DIRECTION_WORDS.get(direction, direction)
-    omit = spec.get("omit") or 0
+    omit, bitrate = spec.get("omit") or 0, spec.get("bitrate") or 0
+    pacing = f"paced at {bitrate_text(bitrate)} per stream" if bitrate else "unpaced"
     return (f"{spec['streams']} stream(s) {dirs}, {format_size(spec['buffer'])} writes, "
-            f"{window_text(spec.get('window') or 0, window_got)}, {pacing_text(spec.get('bitrate') or 0)}, "
+            f"{window_text(spec.get('window') or 0, window_got)}, {pacing}, "
             f"{'--copy' if spec.get('copy') else 'zero copy'}; {spec['seconds']:g} s counted"
             + (f" after {omit:g} s omitted" if omit else "") + f", {spec['interval']:g} s intervals")
 
@@ -138,8 +134,6 @@ class LiveLines:
     def line(self, text: str) -> None:
         """One line: the header, or any other (net --protocol ucx --latency: one per message size)."""
         self._write(text)
-
-    header = line
 
     def intervals(self, by_direction: dict[str, tuple[float, float, bool, Sequence[int]]]) -> None:
         """One interval of each direction: direction -> (start_s, end_s, omitted, bytes per stream)."""

@@ -256,7 +256,7 @@ class UcxNet(Benchmark):
                 if self.live is not None:
                     where = "loopback" if spec.mode == "local" else "connected to"
                     what = "latency (ping-pong), 8 B to" if spec.latency else f"{spec.in_flight} in flight,"
-                    self.live.header(f"gpubench net --protocol ucx: {where} {client.host}:{client.port}: {spec.api} API, "
+                    self.live.line(f"gpubench net --protocol ucx: {where} {client.host}:{client.port}: {spec.api} API, "
                                      f"{what} {n} B messages, memory {spec.memory[0]} -> {spec.memory[1]}; "
                                      + (f"{spec.seconds:g} s for the sweep" if spec.latency else
                                         f"{spec.seconds:g} s counted after {spec.omit:g} s omitted, "
