@@ -207,14 +207,14 @@ def _build_spec(mode: str, host: str, port: int, cport: int | None, protocol: st
     tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
                 "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
     if protocol == "ucx":
-        port = _check_port(port) if mode == "client" else port
+        port = _check_port(port, allow_zero=False) if mode == "client" else port
         return build_ucx_spec(host, port, mode, seconds, omit, interval, length, tcp_only, **ucx)
     check_tcp(ucx)
     req = build_request(*test)
     family = _family(ipv4, ipv6)
     if mode == "local":
         return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
-    port = _check_port(port)
+    port = _check_port(port, allow_zero=False)
     if cport is not None:
         last = cport + req.streams * len(req.directions()) - 1
         if not 1 <= cport <= 65535 or last > 65535:
@@ -267,9 +267,10 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     return spec
 
 
-def _check_port(port: int) -> int:
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port {port} out of range", "use 1 to 65535")
+def _check_port(port: int, *, allow_zero: bool) -> int:
+    lo = 0 if allow_zero else 1
+    if not lo <= port <= 65535:
+        raise UsageError(f"--port {port} out of range", f"use {lo} to 65535" + (" (0: any free port)" if allow_zero else ""))
     return port
 
 
@@ -292,6 +293,8 @@ def server(bind, port, one_off, protocol, device, quiet, debug):
     Listens on loopback only unless --bind says otherwise.
     """
     from gpubench.core import safe
+
+    _check_port(port, allow_zero=True)
 
     def log(line: str) -> None:
         if not quiet:
