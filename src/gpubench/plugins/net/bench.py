@@ -57,10 +57,6 @@ class NetSpec:
     family: int = 0  # 0 (any), 4 or 6 (-4 / -6)
     cport: int | None = None  # first local port of the data streams (--cport; stream n uses cport + n)
 
-    @property
-    def address_family(self) -> int:
-        return {4: socket.AF_INET, 6: socket.AF_INET6}.get(self.family, 0)
-
     def to_dict(self) -> dict:
         """The options as asked (net local: port 0)."""
         port = 0 if self.mode == "local" else self.port
@@ -542,8 +538,9 @@ class Net(Benchmark):
                     stack.callback(server.close, 5.0)
                     host, port = server.start(max_tests=1)
                 ctx.data["port"] = port
-                session = ctx.data["session"] = _Session(host, port, spec.request, spec.connect_timeout,
-                                                         spec.address_family, spec.cport)
+                family = {4: socket.AF_INET, 6: socket.AF_INET6}.get(spec.family, 0)
+                session = ctx.data["session"] = _Session(host, port, spec.request, spec.connect_timeout, family,
+                                                         spec.cport)
                 stack.callback(session.close)
                 session.open()
                 if self.live is not None:  # the header line, then a line per interval as it arrives
