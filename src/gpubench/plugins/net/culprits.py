@@ -69,11 +69,6 @@ class Culprit:
                 "suspects": list(self.suspects), "says": self.short()}
 
 
-def _phi(z: float) -> float:
-    """The standard normal distribution function."""
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
 def infer(figures: Mapping[Edge, float | None], labels: Mapping[int, str] | None = None) -> list[Culprit]:
     """The verdicts (module docstring) from every tested link's figure.
 
@@ -101,7 +96,9 @@ def infer(figures: Mapping[Edge, float | None], labels: Mapping[int, str] | None
         return 0.0 if v is None else float(v)
 
     def phi(x: float, ref: float, scale: float = 1.0) -> float:  # Phi((x - ref) / (scale sigma)), a step when sigma is 0
-        return _phi((x - ref) / (scale * sigma)) if sigma > 0 else (0.0 if x < ref else 0.5 if x == ref else 1.0)
+        if sigma > 0:  # Phi(z) = erfc(-z / sqrt 2) / 2
+            return 0.5 * math.erfc(-(x - ref) / (scale * sigma) / math.sqrt(2.0))
+        return 0.0 if x < ref else 0.5 if x == ref else 1.0
 
     def not_noise(xs: Sequence[float], places: int) -> float:
         return 1.0 - min(1.0, places * math.prod(phi(x, m) for x in xs))
