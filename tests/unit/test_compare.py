@@ -977,7 +977,7 @@ def test_half_a_million_tied_samples_a_side_get_the_normal_p_and_the_kth_differe
 
 def test_ranks_with_numpy_for_many_values_equal_the_pure_python_ones():
     rng = np.random.default_rng(4)
-    v = list(np.round(rng.normal(0, 1, cmp.RANKS_NUMPY_MIN + 500), 2))
+    v = list(np.round(rng.normal(0, 1, 2_500), 2))
     ranks, groups = cmp._ranks(v)
     order = sorted(range(len(v)), key=v.__getitem__)
     want, sizes, i = [0.0] * len(v), [], 0

@@ -49,7 +49,7 @@ EXACT_MAX = 8  # scipy.stats.mannwhitneyu(method="auto"): exact when a sample ha
 def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
     """Number of orderings of n1 + n2 distinct values giving each U = 0 .. n1*n2 (the exact null
     distribution of U), by the recurrence f(u; m, n) = f(u - n; m - 1, n) + f(u; m, n - 1)
-    (Mann and Whitney 1947, eq. 2). O(n1^2 n2^2): for n1 n2 <= EXACT_TABLE_MAX_PAIRS only."""
+    (Mann and Whitney 1947, eq. 2). O(n1^2 n2^2): for n1 n2 <= EXACT_CI_MAX_PAIRS only."""
     prev = [[1] for _ in range(n2 + 1)]  # m = 0: only U = 0
     for m in range(1, n1 + 1):
         cur = [[1]]  # n = 0: only U = 0
@@ -65,9 +65,6 @@ def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=1024)
 def _u_cumulative(n1: int, n2: int) -> tuple[int, ...]:
     return tuple(itertools.accumulate(_u_counts(n1, n2)))
-
-
-EXACT_TABLE_MAX_PAIRS = 400  # the whole null distribution of U listed (and cached) up to n1 n2 pairs
 
 
 @functools.lru_cache(maxsize=1024)
@@ -105,9 +102,6 @@ def _u_at_most(n1: int, n2: int, k: int) -> int | float:
 def _exact_p(u1: float, n1: int, n2: int) -> float:
     """Two-sided exact p: 2 * P(U <= min(u1, n1 n2 - u1)), capped at 1."""
     k = int(math.floor(min(u1, n1 * n2 - u1) + 1e-9))
-    if n1 * n2 <= EXACT_TABLE_MAX_PAIRS:
-        cum = _u_cumulative(n1, n2)
-        return min(1.0, 2.0 * cum[k] / cum[-1])
     return min(1.0, 2.0 * _u_at_most(n1, n2, k) / math.comb(n1 + n2, n1))
 
 
@@ -206,26 +200,12 @@ def samples_needed(m: int, n: int, alpha: float) -> tuple[int, int | None]:
     return k, lo
 
 
-RANKS_NUMPY_MIN = 2_000  # values ranked with numpy from this many (pure Python below)
-
-
 def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
     """Average (mid)ranks, 1-based, of ``values`` and the sizes of the tie groups, in rank order."""
-    if len(values) >= RANKS_NUMPY_MIN:
-        import numpy as np
+    import numpy as np
 
-        r, sizes = _midranks(np.asarray(values, dtype=float)[None, :])
-        return r[0].tolist(), [s for s in sizes[0].tolist() if s]
-    ranks = [0.0] * len(values)
-    groups: list[int] = []
-    start = 0
-    for _, tied in itertools.groupby(sorted(range(len(values)), key=values.__getitem__), key=values.__getitem__):
-        idx = list(tied)
-        for k in idx:
-            ranks[k] = start + (len(idx) + 1) / 2.0  # midrank of positions start+1 .. start+len
-        groups.append(len(idx))
-        start += len(idx)
-    return ranks, groups
+    r, sizes = _midranks(np.asarray(values, dtype=float)[None, :])
+    return r[0].tolist(), [s for s in sizes[0].tolist() if s]
 
 
 def _midranks(P):
