@@ -863,7 +863,7 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
     for k in sorted((set(base.spec) | set(new.spec)) - incidental):
         va, vb = base.spec.get(k), new.spec.get(k)
         if (k not in base.spec or k not in new.spec) and (va if k in base.spec else vb) == \
-                registry.added(new.command, "added_options").get(k, _NO_DEFAULT):
+                registry.added(new.command, "added_options").get(k, _MISSING):
             continue  # an option an older gpubench did not have, at the value that means "off"
         if va != vb:
             out.append((f"option {k}", _short(va), _short(vb)))
@@ -872,9 +872,6 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
         if va != vb:
             out.append((f"timing {k}", _short(va), _short(vb)))
     return out
-
-
-_NO_DEFAULT = object()
 
 
 def _filled(params: dict, added: dict[str, Any]) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gpubench.analysis.compare import _unit
 from gpubench.core import limits, registry, safe
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result, read_json, write_bytes_atomic
@@ -200,10 +201,6 @@ def values(r: Record, units: str = "GB", scale_by: float = 1.0) -> Summary:
         return Summary.of([t * 1e6 for t in r.samples_s])
     scale = UNITS[units] / scale_by
     return Summary.of([x / scale for x in r.rates()])
-
-
-def _unit(metric: str, units: str) -> str:
-    return f"{units}/s" if metric == "bandwidth" else "us"
 
 
 def _fmt(v: float) -> str:
@@ -630,14 +627,13 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
         ax.fill_between(xs, [v.p25 for v in ss], [v.p75 for v in ss], color=colour, alpha=0.2, lw=0)
         legend.setdefault(S(s.label), line)
         flags = [limits.saved_flag(r) for r in recs]  # saved, or re-derived from the samples and the peak
-        above = [(x, v.median) for x, v, f in zip(xs, ss, flags) if f == "above_peak"]
-        if above:
-            mark, = ax.plot(*zip(*above), "x", color="red", markersize=9, mew=2, label="_above")
-            legend.setdefault(ABOVE_LABEL, mark)
-        no_op = [(x, v.median) for x, v, f in zip(xs, ss, flags) if f == "no_op"]
-        if no_op:
-            mark, = ax.plot(*zip(*no_op), "s", color="black", mfc="none", markersize=10, mew=1.5, label="_no_op")
-            legend.setdefault(NO_OP_LABEL, mark)
+        for flag, label, style in (("above_peak", ABOVE_LABEL, {"marker": "x", "color": "red", "markersize": 9, "mew": 2}),
+                                   ("no_op", NO_OP_LABEL, {"marker": "s", "color": "black", "mfc": "none",
+                                                           "markersize": 10, "mew": 1.5})):
+            at = [(x, v.median) for x, v, f in zip(xs, ss, flags) if f == flag]
+            if at:
+                mark, = ax.plot(*zip(*at), linestyle="none", label=f"_{flag}", **style)
+                legend.setdefault(label, mark)
         ns += [v.n for v in ss]
         sizes += xs
         top = max([top] + [v.p75 for v in ss])
