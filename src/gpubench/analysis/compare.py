@@ -960,8 +960,8 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         if rb.error or rn.error or not rb.samples_s or not rn.samples_s:
             why = rb.error or rn.error or "no samples"
             row = Row(dict(pb), rb.metric, "no-data", note=str(why), flags=flags)
-            _side_median(row, rb, True, base_name)
-            _side_median(row, rn, False, new_name)
+            _side_median(row, rb, "base", base_name)
+            _side_median(row, rn, "new", new_name)
             cmp.rows.append(row)
             continue
         vb, vn = figure_values(rb, base_name), figure_values(rn, new_name)
@@ -1062,18 +1062,15 @@ def _key(params: dict) -> tuple:
 def _one_side(r: Record, status: str, source: str, params: dict | None = None) -> Row:
     side = "base" if status == "only-base" else "new"
     row = Row(dict(r.params if params is None else params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
-    _side_median(row, r, status == "only-base", source)
+    _side_median(row, r, side, source)
     return row
 
 
-def _side_median(row: Row, r: Record, base: bool, source: str) -> None:
-    """Set the row's median and sample count of one side from ``r``, where it has samples and no error."""
+def _side_median(row: Row, r: Record, side: str, source: str) -> None:
+    """Set the row's median and sample count of ``side`` ("base", "new") from ``r``, where it has samples and no error."""
     if r.samples_s and not r.error:
-        m = _median(figure_values(r, source))
-        if base:
-            row.base_median, row.n_base = m, len(r.samples_s)
-        else:
-            row.new_median, row.n_new = m, len(r.samples_s)
+        setattr(row, f"{side}_median", _median(figure_values(r, source)))
+        setattr(row, f"n_{side}", len(r.samples_s))
 
 
 # ---- formatting: every string from a file is made inert where it is rendered (safe.term for rich
