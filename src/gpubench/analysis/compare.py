@@ -116,57 +116,35 @@ def _exact_ties_ok(n: int, n1: int) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _rank_sum_counts(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[int, ...]:
-    """Number of ways to choose n1 of the pooled values whose doubled (mid)ranks sum to each t =
-    0 .. the sum of the n1 largest (the permutation distribution of the rank sum given the ties),
-    by dynamic programming over the values."""
+def _tie_deviations(n1: int, groups: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[int, ...], int]:
+    """For a tie pattern (the tie groups' sizes in rank order): the distinct |U - n1 n2 / 2| values the
+    splits of the pooled values reach, ascending, the number of splits at or beyond each, and the number
+    of splits; from the permutation distribution of the rank sum given the ties, by dynamic programming
+    over the values' doubled midranks (counted on the smaller side)."""
     import numpy as np
 
-    total = sum(sorted(doubled_ranks)[len(doubled_ranks) - n1:]) if n1 else 0
-    dp = np.zeros((n1 + 1, total + 1), dtype=np.int64)
+    ranks: list[int] = []  # ascending doubled midranks: (start + 1 + start + g) / 2, doubled
+    for start, g in zip(itertools.accumulate(groups, initial=0), groups):
+        ranks += [2 * start + g + 1] * g
+    n2 = len(ranks) - n1
+    j = min(n1, n2)
+    total = sum(ranks[len(ranks) - j:]) if j else 0
+    dp = np.zeros((j + 1, total + 1), dtype=np.int64)
     dp[0, 0] = 1
-    for r in doubled_ranks:
-        # take value with doubled rank r: ways(j, t) += ways(j - 1, t - r), j descending
+    for r in ranks:
+        # take value with doubled rank r: ways(i, t) += ways(i - 1, t - r), i descending
         if r <= total:
             dp[1:, r:] += dp[:-1, : total + 1 - r].copy()
-    return tuple(int(c) for c in dp[n1])
-
-
-@functools.lru_cache(maxsize=4096)
-def _tie_deviations(n1: int, doubled_ranks: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[int, ...], int]:
-    """For a tie pattern: the distinct |U - n1 n2 / 2| values the splits reach, ascending, the
-    number of splits at or beyond each, and the number of splits (counted on the smaller side)."""
-    n2 = len(doubled_ranks) - n1
-    j = min(n1, n2)
     mu = n1 * n2 / 2.0
     base = j * (j + 1) / 2.0
     by_dev: dict[float, int] = {}
-    for t, c in enumerate(_rank_sum_counts(j, doubled_ranks)):
+    for t, c in enumerate(dp[j].tolist()):
         if c:
             d = abs(t / 2.0 - base - mu)
             by_dev[d] = by_dev.get(d, 0) + c
     devs = sorted(by_dev)
     beyond = list(itertools.accumulate(by_dev[d] for d in reversed(devs)))[::-1]
     return tuple(devs), tuple(beyond), beyond[0] if beyond else 0
-
-
-@functools.lru_cache(maxsize=4096)
-def _doubled_ranks(groups: tuple[int, ...]) -> tuple[int, ...]:
-    """The ascending doubled midranks of pooled values whose tie groups, in order, have these sizes."""
-    out: list[int] = []
-    start = 0
-    for g in groups:
-        out += [2 * start + g + 1] * g  # midrank (start + 1 + start + g) / 2, doubled
-        start += g
-    return tuple(out)
-
-
-def _exact_p_ties(n: int, n1: int, u1: float, groups: tuple[int, ...]) -> float:
-    """Two-sided exact p with ties (tie group sizes in rank order): the share of the splits of the
-    pooled midranks whose U is at least as far from n1 n2 / 2 as ``u1`` (the permutation test)."""
-    devs, beyond, total = _tie_deviations(n1, _doubled_ranks(groups))
-    i = bisect.bisect_left(devs, abs(u1 - n1 * (n - n1) / 2.0) - 1e-9)
-    return min(1.0, (beyond[i] if i < len(devs) else 0) / total)
 
 
 def min_p(n1: int, n2: int) -> float:
@@ -231,7 +209,7 @@ def _midranks(P):
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
     """Two-sided Mann-Whitney U test: exact without ties and a sample of at most EXACT_MAX values
     (:func:`_exact_p`); with ties, where :func:`_exact_ties_ok`, exact given the ties
-    (:func:`_exact_p_ties`); else the normal approximation. With the n = n1 + n2 values ranked
+    (:func:`_tie_deviations`); else the normal approximation. With the n = n1 + n2 values ranked
     together (ties get their average rank) and R1 the sum of the ranks of ``x``::
 
         U1      = R1 - n1 (n1 + 1) / 2
@@ -271,8 +249,10 @@ def _mwu(u1: float, var: float, n1: int, n2: int, pmin: float, ties: bool, group
     z = math.copysign(max(abs(u1 - mu) - 0.5, 0.0) / math.sqrt(var), u1 - mu)
     if not ties and min(n1, n2) <= EXACT_MAX:
         return MWU(u1, z, _exact_p(u1, n1, n2), "exact", pmin)
-    if ties and _exact_ties_ok(n1 + n2, n1):
-        return MWU(u1, z, _exact_p_ties(n1 + n2, n1, u1, tuple(int(g) for g in groups if g)), "exact (ties)", pmin)
+    if ties and _exact_ties_ok(n1 + n2, n1):  # the share of the splits whose U is at least as far from mu as u1
+        devs, beyond, total = _tie_deviations(n1, tuple(int(g) for g in groups if g))
+        i = bisect.bisect_left(devs, abs(u1 - mu) - 1e-9)
+        return MWU(u1, z, min(1.0, (beyond[i] if i < len(devs) else 0) / total), "exact (ties)", pmin)
     return MWU(u1, z, min(1.0, math.erfc(abs(z) / math.sqrt(2.0))), "asymptotic", pmin)
 
 
