@@ -1119,13 +1119,6 @@ def _pct_cell(c: float | None) -> str:
     return f"{c:+.3g}%" if abs(c) >= 1e7 else f"{c:+.2f}%"
 
 
-def _ci_cell(r: Row) -> str:
-    """A paired row's interval, or why it has none."""
-    if r.ci_low_pct is None:
-        return "none (too few)"
-    return f"{_pct_cell(r.ci_low_pct)} .. {_pct_cell(r.ci_high_pct)}"
-
-
 def medians_part(r: Row, threshold_pct: float) -> float | None:
     """The change of the medians (new / base - 1, %) of a paired row when it parts from the
     Hodges-Lehmann change by more than ``threshold_pct`` points, else None (:data:`MEDIANS_NOTE`)."""
@@ -1165,7 +1158,8 @@ def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
         if r.status == "paired":
             med = medians_part(r, threshold_pct)
             change = _pct_cell(r.change_pct) + ("" if med is None else f" (medians {_pct_cell(med)})†")
-            cells += [change, _ci_cell(r), _p_text(r.p) if r.p is not None else "-", r.verdict]
+            ci = "none (too few)" if r.ci_low_pct is None else f"{_pct_cell(r.ci_low_pct)} .. {_pct_cell(r.ci_high_pct)}"
+            cells += [change, ci, _p_text(r.p) if r.p is not None else "-", r.verdict]
         else:
             label = {"only-base": "only in base", "only-new": "only in new", "no-data": "no data"}[r.status]
             cells += ["-", "-", "-", label + (f": {r.note[:60]}" if r.note else "")]

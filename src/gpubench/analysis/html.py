@@ -130,15 +130,6 @@ def read_inputs(paths: Sequence[str], baseline: str | None = None) -> Inputs:
 
 # ---- flags ----
 
-def _throttled(r: Record) -> bool:
-    for k, v in r.extra.items():
-        if k == "throttled" and v is True:
-            return True
-        if "throttle" in k and k != "throttled" and v and not isinstance(v, (int, float)):
-            return True
-    return False
-
-
 def record_flags(r: Record) -> list[str]:
     """Short flags of one record: failed, above peak / no-op (:func:`limits.saved_flag`), throttled,
     sharing the GPU with another process (telemetry), verification failed."""
@@ -148,7 +139,9 @@ def record_flags(r: Record) -> list[str]:
     if flag:
         out.append(flag)
     tele = r.telemetry if isinstance(r.telemetry, dict) else {}
-    if _throttled(r) or any(x in SLOWDOWN_REASONS for x in cmpmod._reasons(tele)):
+    throttled = r.extra.get("throttled") is True or any(  # extra's throttle flags, or a slowdown reason in telemetry
+        "throttle" in k and k != "throttled" and v and not isinstance(v, (int, float)) for k, v in r.extra.items())
+    if throttled or any(x in SLOWDOWN_REASONS for x in cmpmod._reasons(tele)):
         out.append("throttled")
     others = tele.get("other_processes")
     if isinstance(others, int) and not isinstance(others, bool) and others > 0:
