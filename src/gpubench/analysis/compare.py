@@ -667,13 +667,10 @@ def _pcie_link(t: dict) -> tuple[int, int] | None:
 
 
 def telemetry_diff(rb: Record, rn: Record) -> list[str]:
-    """What the GPU's state did differently while the two records were measured, from each
-    record's ``telemetry`` block (shape {"sm_clock_mhz": {"min","median","max"}, "mem_clock_mhz",
-    "power_w", "temp_c", "reasons": [str], "pcie": {"gen","width"} | null, "pcie_replay_delta",
-    "nvlink_errors_delta", ...}): medians that moved (SM or memory clock by more than 2%, power by
-    more than 5%, temperature by 5 C or more), reasons seen on one side only, a different PCIe
-    link or number of other processes, replays or NVLink errors on the new side. Where only one
-    side has a block, what it says happened. Strings are raw (rendering escapes them)."""
+    """What the GPU's state did differently while the two records were measured, from each record's
+    ``telemetry`` block ({"sm_clock_mhz": {"min", "median", "max"}, ..., "reasons": [str], "pcie": {"gen",
+    "width"} | null}, docs/conditions.md): medians that moved beyond the table's bounds, reasons seen on one side only, a different PCIe link or number of other processes, replays or NVLink
+    errors on the new side; where only one side has a block, what it says happened. Raw strings."""
     tb, tn = _telemetry(rb), _telemetry(rn)
     if isinstance(tb, dict) != isinstance(tn, dict):  # one side only (a baseline from before telemetry)
         side, t = ("new", tn) if isinstance(tn, dict) else ("base", tb)

@@ -903,24 +903,21 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
                 _draw_matrices(sf, [sec.panels[i] for i in g], gaxes, units, spare, sec.cols)
             continue
         axes = groups[0]
-        many = sec.many
-        styles = _styles([s for p in sec.panels for s in p.series], many)
+        styles = _styles([s for p in sec.panels for s in p.series], sec.many)
         legend: dict = {}
         for ax, panel in zip(axes, sec.panels):
             peaks = peaks_for(panel.series, sec.envs, user_bps) if panel.metric == "bandwidth" else []
             if sec.kind in ("sweep", "collective"):
                 _draw_lines(ax, panel, styles, units, peaks, legend)
-                if sec.kind == "collective" or len(sec.panels) > 1:
-                    ax.set_title(S(panel.title), fontsize=10, loc="left")
             elif sec.kind == "bars":
                 _draw_bars(ax, panel, styles, units, peaks, legend)
             elif sec.kind == "pairs":
                 _draw_bars(ax, panel, styles, units, peaks, legend,
                            summaries=lambda s: _pair_summaries(s.records, units), xlabel="worker pair (w1, w2)")
             else:
-                _draw_intervals(ax, panel, styles, units, peaks, legend, many)
-                if len(sec.panels) > 1:  # per direction: named, on one y scale so they compare
-                    ax.set_title(S(panel.title), fontsize=10, loc="left")
+                _draw_intervals(ax, panel, styles, units, peaks, legend, sec.many)
+            if sec.kind == "collective" or sec.kind in ("sweep", "intervals") and len(sec.panels) > 1:
+                ax.set_title(S(panel.title), fontsize=10, loc="left")  # intervals: per direction, on one y scale
         if sec.kind == "intervals" and len(sec.panels) > 1:
             top = max(ax.get_ylim()[1] for ax in axes)
             for ax in axes:
