@@ -18,6 +18,7 @@ from typing import Any, Sequence, cast
 
 from gpubench.core import registry, safe
 from gpubench.core.errors import UsageError
+from gpubench.core.plugin import Plugin
 from gpubench.core.result import Record, Result
 from gpubench.core.stats import _z
 
@@ -525,10 +526,14 @@ def _verdict(shift: Shift, t: MWU, metric: str, threshold_pct: float, alpha: flo
     return Judgement(shift, t, verdict, why, base_median, new_median)
 
 
+def plugin_of(command: str) -> Plugin | type[Plugin]:
+    """The plug-in of ``command``, or the Plugin class (its fields' defaults) where none is installed."""
+    return registry.find(command) or Plugin
+
+
 def more_samples_hint(command: str) -> str:
     """What to run to give ``command``'s figures more samples, as words that follow "take"."""
-    own = registry.find(command)
-    return own.more_samples if own is not None else "more samples per figure"
+    return plugin_of(command).more_samples
 
 
 def _plugin_notes(base: Result, new: Result) -> list[str]:
@@ -538,8 +543,8 @@ def _plugin_notes(base: Result, new: Result) -> list[str]:
         if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
             raise TypeError(f"it gave {type(got).__name__}, not a list of strings")
 
-    own = registry.find(base.command)
-    return registry.call_hook(own, "compare_notes", base, new, check=lines, default=[]) if own is not None else []
+    plugin = registry.find(base.command)
+    return registry.call_hook(plugin, "compare_notes", base, new, check=lines, default=[]) if plugin is not None else []
 
 
 def undecided_lines(cmp: "Comparison") -> list[str]:
@@ -835,9 +840,7 @@ def env_diff(base: Result, new: Result) -> list[tuple[str, str, str]]:
     out = [(k, a.get(k, "-"), b.get(k, "-")) for k in list(a) + [k for k in b if k not in a] if a.get(k, "-") != b.get(k, "-")]
     if base.gpubench_version != new.gpubench_version:
         out.append(("gpubench (result)", base.gpubench_version, new.gpubench_version))
-    own = registry.find(new.command)
-    incidental = set(own.incidental_options) if own is not None else set()
-    for k in sorted((set(base.spec) | set(new.spec)) - incidental):
+    for k in sorted((set(base.spec) | set(new.spec)) - set(plugin_of(new.command).incidental_options)):
         va, vb = base.spec.get(k), new.spec.get(k)
         if (k not in base.spec or k not in new.spec) and (va if k in base.spec else vb) == \
                 registry.added(new.command, "added_options").get(k, _MISSING):

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpubench.analysis.compare import _unit
-from gpubench.core import limits, registry, safe
+from gpubench.analysis.compare import _unit, plugin_of
+from gpubench.core import limits, safe
 from gpubench.core.errors import UsageError
 from gpubench.core.result import Record, Result, read_json, write_bytes_atomic
 from gpubench.core.stats import Summary
@@ -174,8 +174,7 @@ def require_matplotlib(command: str) -> None:
 
 def plot_kind(command: str) -> str:
     """How ``command``'s sized records read best (its plug-in's ``plot_kind``; "sweep" without one)."""
-    own = registry.find(command)
-    return own.plot_kind if own is not None else "sweep"
+    return plugin_of(command).plot_kind
 
 
 def _kind(r: Record, command: str) -> str:
@@ -433,12 +432,6 @@ def _collective_section(command: str, metric: str, items, many: bool) -> Section
     return Section("collective", command, title, panels)
 
 
-def _endpoint(command: str) -> str:
-    """What a matrix's rows and columns are (its plug-in's ``matrix_ends``; "GPU" without one)."""
-    own = registry.find(command)
-    return own.matrix_ends if own is not None else "GPU"
-
-
 def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
     """Matrices of both metrics: one panel per (file, test, part, other params, metric)."""
     per: dict[tuple, tuple[str, str, list[Record]]] = {}
@@ -462,7 +455,7 @@ def _matrix_section(command: str, metric: str, items, many: bool) -> Section:
                 {r.params["dst"] for _, _, rs in per.values() for r in rs}), 1)
     what = ("bandwidth (brighter = faster)" if metrics == {"bandwidth"} else "latency (brighter = lower)"
             if metrics == {"time"} else "bandwidth and latency (brighter = better)")
-    end = _endpoint(command)
+    end = plugin_of(command).matrix_ends  # what the rows and columns are
     sec = Section("matrix", command, f"{command}: {what}, source {end} (rows) to destination {end} (columns)",
                   sorted(panels, key=lambda p: p.metric != "bandwidth"))
     if n > 4:  # cells of about half an inch, so 3-digit values stay legible
@@ -638,8 +631,7 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
         sizes += xs
         top = max([top] + [v.p75 for v in ss])
     _size_ticks(ax, sizes)
-    own = registry.find(panel.command)
-    ax.set_xlabel(S((own.x_name if own is not None else None) or X_NAMES.get(panel.xkey or "", "size")
+    ax.set_xlabel(S(plugin_of(panel.command).x_name or X_NAMES.get(panel.xkey or "", "size")
                     + " (log2 axis)"))
     what = panel.scale_by or ("bandwidth" if panel.metric == "bandwidth" else "time")
     ax.set_ylabel(f"{what} ({_unit(panel.metric, units)}), median")
@@ -796,7 +788,7 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, co
     for ax, panel, (devs, m, pct, above) in zip(axes, panels, mats):
         im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm, aspect="equal")
         small = len(devs) <= 4
-        end = _endpoint(panel.command)
+        end = plugin_of(panel.command).matrix_ends
         labels = [f"{end} {safe.mpl(d, 8)}" if small else safe.mpl(d, 8) for d in devs]
         ax.set_xticks(range(len(devs)), labels, fontsize=8)
         ax.set_yticks(range(len(devs)), labels, fontsize=8)
