@@ -50,6 +50,7 @@ S = safe.mpl  # every label goes through it: one line, no mathtext
 # ---- checking what a file holds, before drawing ----
 
 _MAX_COUNT = 2**63 - 1
+_INTERVAL_KEYS = ("interval_bytes", "interval_start_s", "interval_end_s")  # net's per-interval bytes and times
 
 
 def _bad(source: str, where: str, value: Any, want: str) -> UsageError:
@@ -90,7 +91,7 @@ def check_numbers(d: Any, source: str) -> None:
             v = extra.get(k)
             if v is not None and (not _finite(v) or v <= 0):
                 raise _bad(source, f"records[{i}].extra.{k}", v, "a finite number > 0 or null")
-        for k in ("interval_bytes", "interval_start_s", "interval_end_s"):
+        for k in _INTERVAL_KEYS:
             vs = extra.get(k)
             if isinstance(vs, list):
                 for j, v in enumerate(vs):
@@ -153,12 +154,6 @@ def _merge_pair_stats(r: Record, scale: float = 1.0) -> dict[str, Summary]:
     return out
 
 
-def _has_intervals(r: Record) -> bool:
-    """net's records: per-interval bytes with start and end times in extra."""
-    e = r.extra
-    return all(isinstance(e.get(k), list) and e.get(k) for k in ("interval_bytes", "interval_start_s", "interval_end_s"))
-
-
 def require_matplotlib(command: str) -> None:
     """Before anything is drawn: matplotlib (the ``plot`` extra) is installed.
 
@@ -182,7 +177,7 @@ def _kind(r: Record, command: str) -> str:
         return "matrix"
     if "pair" in r.params or _merge_pair_stats(r):
         return "pairs"
-    if _has_intervals(r):
+    if all(isinstance(r.extra.get(k), list) and r.extra.get(k) for k in _INTERVAL_KEYS):  # net's
         return "intervals"
     if size_key(r) or plot_kind(command) == "bars" and r.params:
         return "collective" if plot_kind(command) == "collective" else "sweep"
