@@ -234,21 +234,17 @@ def _plot(results: Sequence[tuple[str, Result]], units: str, alt: str) -> str:
 
 
 def _env_section(inputs: Inputs) -> str:
-    seen: list[tuple[dict, list[str]]] = []
+    by_facts: dict[tuple, list[str]] = {}  # env_facts' order is fixed: equal facts, equal tuples
     for it in inputs.items:
         env = it.result.env if isinstance(it.result.env, dict) else {}
         try:
             facts = cmpmod.env_facts(env)
         except (AttributeError, TypeError, ValueError):
             facts = {"environment": "malformed in this file"}
-        for f, names in seen:
-            if f == facts:
-                names.append(it.name)
-                break
-        else:
-            seen.append((facts, [it.name]))
-    if not seen:
+        by_facts.setdefault(tuple(facts.items()), []).append(it.name)
+    if not by_facts:
         return ""
+    seen = [(dict(k), names) for k, names in by_facts.items()]
     # one table: a row per fact, a column per distinct environment; facts that differ are marked
     keys = list(dict.fromkeys(k for facts, _ in seen for k, v in facts.items() if v not in ("-", "")))
     head = "".join(f"<th>{h(', '.join(Path(n).name for n in names[:4]))}"
