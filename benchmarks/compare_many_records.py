@@ -34,8 +34,9 @@ def write_result(path: Path, records: int, samples: int, seed: int = 1) -> int:
     for i in range(records):
         nbytes = 4096 << (i % 19)
         med = nbytes / 50e9
-        recs.append({"params": {"device": 0, "direction": "h2d" if i % 2 else "d2h", "memory": "pinned",
-                                "nbytes": nbytes, "point": i},
+        # copy's params only (the loader refuses others); unique per record: 19 sizes x 2 directions a device
+        recs.append({"params": {"device": i // 38, "direction": "h2d" if i // 19 % 2 else "d2h", "memory": "pinned",
+                                "nbytes": nbytes},
                      "metric": "bandwidth", "nbytes": nbytes,
                      "samples_s": [float(f"{med * rng.lognormvariate(0, 0.01):.6g}") for _ in range(samples)],
                      "reps": 1, "error": None, "extra": {}})
