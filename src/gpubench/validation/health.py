@@ -151,15 +151,11 @@ def _extreme(vals: Sequence[Any], pick: Callable) -> Any:
 def measure(counter: str, gpu: _Gpu) -> Any:
     """The value a rule on ``counter`` judges for ``gpu``: an int, "unsupported" or None."""
     reads = [c for pair in gpu.pairs for c in pair]
-    if counter == "pcie_replays":
-        return _sum([_delta(b.get("pcie_replays"), a.get("pcie_replays")) for b, a in gpu.pairs])
-    if counter == "nvlink_errors":
-        return _sum([_delta(_link_errors(b.get("nvlink_errors")), _link_errors(a.get("nvlink_errors")))
-                     for b, a in gpu.pairs])
-    if counter in ("pcie_gen", "pcie_width"):
-        return _extreme([c.get(counter) for c in reads], max)
-    if counter == "nvlinks_up":
-        return _extreme([c.get(counter) for c in reads], min)
+    if counter in ("pcie_replays", "nvlink_errors"):
+        get = _link_errors if counter == "nvlink_errors" else (lambda v: v)
+        return _sum([_delta(get(b.get(counter)), get(a.get(counter))) for b, a in gpu.pairs])
+    if counter in ("pcie_gen", "pcie_width", "nvlinks_up"):
+        return _extreme([c.get(counter) for c in reads], min if counter == "nvlinks_up" else max)
     if counter == "ecc_uncorrected":
         return _extreme([_path(c, "ecc", "volatile", "uncorrected") for c in reads], max)
     if counter == "remap_failures":

@@ -410,8 +410,7 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     None for an external one, else a :class:`LocalHandle`. Close both with :func:`close_all`.
 
     Raises:
-        UsageError: an external scheduler that cannot be reached or has no workers; a missing
-            package; an --interface this host lacks.
+        UsageError: an external scheduler that cannot be reached or has no workers; a missing package.
         MachineError: the local cluster did not start within --timeout, or failed to start.
     """
     import dask
@@ -420,8 +419,6 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     if spec.protocol == "ucx":
         _import_ucxx()
     resolve_lazy_modules()  # in this thread, before any IO loop thread runs distributed's code
-    if spec.interface is not None and not spec.external:
-        check_interface(spec.interface)
     client = cluster = None
     cfg = {"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}
     try:
@@ -488,8 +485,8 @@ def _spawned_children(before: frozenset = frozenset()) -> list:
     return out
 
 
-def kill_leftovers(before: frozenset, grace_s: float = KILL_GRACE_S) -> int:
-    """SIGTERM, then after ``grace_s`` SIGKILL, every worker process this process spawned since
+def kill_leftovers(before: frozenset) -> int:
+    """SIGTERM, then after KILL_GRACE_S SIGKILL, every worker process this process spawned since
     ``before`` (pids) that is still there; returns how many there were."""
     import psutil
 
@@ -497,11 +494,11 @@ def kill_leftovers(before: frozenset, grace_s: float = KILL_GRACE_S) -> int:
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.terminate()
-    _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+    _gone, alive = psutil.wait_procs(procs, timeout=KILL_GRACE_S)
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
+    psutil.wait_procs(alive, timeout=KILL_GRACE_S)
     return len(procs)
 
 
@@ -550,7 +547,6 @@ def worker_environ() -> dict[str, str]:
     return {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
 
 
-DISTRIBUTED_LOGGERS = ("distributed", "distributed_ucxx")
 WORKER_PRELOAD = "gpubench.plugins.merge.worker_setup"
 
 
@@ -570,7 +566,7 @@ def quiet_closing_logs() -> None:
 
     if "UCXPY_LOG_LEVEL" not in os.environ:
         logging.getLogger("ucx").setLevel(UCX_QUIET_LEVEL)
-    for name in (*DISTRIBUTED_LOGGERS, "tornado.application"):
+    for name in ("distributed", "distributed_ucxx", "tornado.application"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
