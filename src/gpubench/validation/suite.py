@@ -193,10 +193,7 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
 def parse_expectations(doc: dict, source: str = "expectations", known_commands: Sequence[str] | None = None
                        ) -> list[Expectation]:
     """Check a parsed TOML document and build its expectations (:func:`check_expectation` each).
-
-    Raises:
-        UsageError: no ``[[expect]]`` tables, more than MAX_EXPECTATIONS, or a table refused.
-    """
+    UsageError: no ``[[expect]]`` tables, more than MAX_EXPECTATIONS, or a table refused."""
     from gpubench.core import safe
     from gpubench.validation import health
 
@@ -224,11 +221,7 @@ def parse_expectations(doc: dict, source: str = "expectations", known_commands: 
 
 
 def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | None = None) -> list[Expectation]:
-    """Read and check an expectations TOML file.
-
-    Raises:
-        UsageError: unreadable, not TOML, or not a valid expectations file.
-    """
+    """Read and check an expectations TOML file. UsageError: unreadable, not TOML, or not a valid one."""
     from gpubench.core import safe
     from gpubench.core.result import check_depth, object_depth, read_bounded
 
@@ -266,11 +259,8 @@ class Outcome:
 
 
 def figure_value(e: Expectation, r: Record) -> float:
-    """The checked figure of a record: GB/s (1e9 B/s) or microseconds.
-
-    Raises:
-        ValueError: the record's metric does not suit the bound, or the figure cannot be computed.
-    """
+    """The checked figure of a record: GB/s (1e9 B/s) or microseconds. ValueError: the record's
+    metric does not suit the bound, or the figure cannot be computed."""
     from gpubench.core.stats import Summary
 
     if e.figure.startswith("extra."):
@@ -483,11 +473,8 @@ class Bundle:
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "bundle") -> "Bundle":
-        """Check a parsed bundle field by field and build it.
-
-        Raises:
-            UsageError: a newer bundle version, or the first bad field named by its JSON Pointer.
-        """
+        """Check a parsed bundle field by field and build it. UsageError: a newer bundle version, or
+        the first bad field named by its JSON Pointer."""
         from gpubench.core import result as R
         from gpubench.core import safe
 
@@ -559,11 +546,8 @@ def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
 
 
 def load_checkable(path: str | os.PathLike) -> Bundle:
-    """Read a suite bundle or a single saved result (wrapped into a one-step bundle).
-
-    Raises:
-        UsageError: unreadable, not JSON, neither a bundle nor a result, or a newer schema.
-    """
+    """Read a suite bundle or a single saved result (wrapped into a one-step bundle). UsageError:
+    unreadable, not JSON, neither a bundle nor a result, or a newer schema."""
     from gpubench.core.result import read_json
 
     name = str(path)

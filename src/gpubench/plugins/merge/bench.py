@@ -44,11 +44,8 @@ MAX_KEY = 2**63 - 1  # the frames' keys are int64
 
 
 def check_key_space(chunk_size: int, base_chunks: int | None, other_chunks: int | None, n_workers: int) -> None:
-    """Refuse shapes whose keys (up to 2 x chunk_size x partitions, dask-cuda's layout) overflow int64.
-
-    Raises:
-        UsageError: naming -c and the partition count, and the largest -c that fits.
-    """
+    """Refuse shapes whose keys (up to 2 x chunk_size x partitions, dask-cuda's layout) overflow int64:
+    a UsageError naming -c, the partition count and the largest -c that fits."""
     chunks = max(base_chunks or n_workers, other_chunks or n_workers, 1)
     if 2 * chunk_size * chunks > MAX_KEY:
         raise UsageError(f"-c/--chunk-size {big_number(chunk_size)} with {big_number(chunks)} partitions numbers "
@@ -156,21 +153,12 @@ class MergeSpec:
 # -- One run: dask-cuda's bench_once -------------------------------------------------------------------
 
 
-@dataclass
-class RunOutcome:
-    """One run: bytes processed, the join's seconds, its transfers (receiving worker's address ->
-    entries), and the workers whose log reached its maximum length."""
-
-    data_processed: int
-    seconds: float
-    logs: dict[str, list[dict]]
-    log_full: list[str]
-
-
 def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, int], what: str,
                keep_result: bool = False):
-    """Generate both frames, then time their join (dask-cuda's bench_once); returns (RunOutcome,
-    the persisted join when keep_result, else None).
+    """Generate both frames, then time their join (dask-cuda's bench_once); returns (the run's raw
+    record for :func:`summary_record`: data processed in bytes, the join's wall clock in s, its
+    transfers by receiving worker's address and the workers whose log filled up; the persisted join
+    when keep_result, else None).
 
     Raises:
         MachineError: see wait_watching.
@@ -198,7 +186,9 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
                           timeout_s=spec.timeout_s)
     full = [a for a, entries in logs.items() if maxlens.get(a) and len(entries) >= maxlens[a]]
     del ddf_base, ddf_other
-    return RunOutcome(int(data_processed), seconds, logs, full), (joined if keep_result else None)
+    rec = Record(params=_params(spec, n_workers), metric="bandwidth", nbytes=int(data_processed), samples_s=[seconds],
+                 reps=1, extra={"transfers": logs, "transfer_log_overflowed": full})
+    return rec, (joined if keep_result else None)
 
 
 # -- The points (runs) and the records -----------------------------------------------------------------
@@ -232,14 +222,6 @@ def _params(spec: MergeSpec, n_workers: int) -> dict:
             "base_chunks": spec.base_chunks or n_workers, "other_chunks": spec.other_chunks or n_workers,
             "frac_match": spec.frac_match, "broadcast": spec.broadcast_label, "n_workers": n_workers,
             "shuffle_method": spec.shuffle_method}
-
-
-def run_record(spec: MergeSpec, n_workers: int, out: RunOutcome) -> Record:
-    """The raw record of one timed run: data processed (bytes) and the join's wall clock (s), with
-    the run's transfers, for :func:`summary_record`."""
-    return Record(params=_params(spec, n_workers), metric="bandwidth", nbytes=out.data_processed,
-                  samples_s=[out.seconds], reps=1,
-                  extra={"transfers": out.logs, "transfer_log_overflowed": list(out.log_full)})
 
 
 def summary_record(spec: MergeSpec, runs: list[Record], cluster: Mapping[str, Any]) -> Record:
@@ -303,26 +285,13 @@ def _versions() -> dict[str, str]:
 
 def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
     """The workers, numbered as dask-cuda numbers them, and RMM set up on them (-t gpu): ``ctx.data``.
-
-    Raises:
-        UsageError, MachineError: see merge_cluster.rmm_setup and run_on_workers.
-    """
+    UsageError, MachineError: merge_cluster.rmm_setup's and run_on_workers'."""
     devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU", timeout_s=spec.timeout_s)
     index = address_to_index(devices)
     return {"client": client, "index": index,
             "workers": [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()],
             "scheduler_address": client.scheduler.address,
             "rmm": rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)"}
-
-
-def _join_check_keeping_the_run(client, joined, index: Mapping[str, int], timeout_s: float) -> dict | None:
-    """merge_data.join_check of the last run; None when a noted signal stops it (the run is kept)."""
-    try:
-        return join_check(client, joined, index, timeout_s)
-    except (KeyboardInterrupt, Interrupted):
-        if not signal_noted():
-            raise
-        return None
 
 
 class Merge(Benchmark):
@@ -393,10 +362,7 @@ class Merge(Benchmark):
     @contextlib.contextmanager
     def setup(self, ctx: Context) -> Iterator[Context]:
         """The cluster and its client, the workers found and RMM set up; closed on every path.
-
-        Raises:
-            UsageError, MachineError: see merge_cluster.open_client and rmm_setup.
-        """
+        UsageError, MachineError: merge_cluster.open_client's and rmm_setup's."""
         spec: MergeSpec = ctx.spec
         client = cluster = None
         with contextlib.ExitStack() as config:
@@ -430,12 +396,16 @@ class Merge(Benchmark):
         spec: MergeSpec = ctx.spec
         client, index = ctx.data["client"], ctx.data["index"]
         try:
-            out, joined = bench_once(client, spec, len(index), index, point.label, keep_result=run.last)
+            rec, joined = bench_once(client, spec, len(index), index, point.label, keep_result=run.last)
             if not run.timed:
                 return []
-            rec = run_record(spec, len(index), out)
             if joined is not None:
-                rec.extra["join_check"] = _join_check_keeping_the_run(client, joined, index, spec.timeout_s)
+                rec.extra["join_check"] = None  # a noted signal that stops the check keeps the run
+                try:
+                    rec.extra["join_check"] = join_check(client, joined, index, spec.timeout_s)
+                except (KeyboardInterrupt, Interrupted):
+                    if not signal_noted():
+                        raise
             return [rec]
         except Exception as e:
             if is_oom(e):

@@ -51,10 +51,11 @@ def check_devices_and_memory(
     visible: int,
     memory: Mapping[int, tuple[int, int]],
     scheduler_device: int | None = 0,
-) -> None:
+) -> dict[int, int]:
     """Refuse devices that are not there and pools that do not fit, before any worker starts.
     ``memory``: device -> (free, total) bytes; ``scheduler_device``: where the client makes the
-    scheduler's 1 GB pool, or None.
+    scheduler's 1 GB pool, or None. Returns device -> bytes one worker may use (free less what must
+    stay free).
 
     Raises:
         UsageError: a device id >= visible, or a device whose free memory is smaller than the pool
@@ -65,28 +66,28 @@ def check_devices_and_memory(
             raise UsageError(
                 f"device {d} in -d {','.join(map(str, spec.devices))} is not visible: this machine shows "
                 f"{visible} GPU(s)", f"use ids 0..{visible - 1}" if visible else "no GPU is visible")
+    room = {}
     for d in spec.devices:
         free, total = memory[d]
         pool = required_device_bytes(spec, total)
         need = pool + CONTEXT_MARGIN_BYTES
         if d == scheduler_device and not spec.external:
             need += SCHEDULER_POOL_BYTES + CONTEXT_MARGIN_BYTES
+        room[d] = free - (need - pool)
         if need > free:
             raise UsageError(
                 f"RMM pool of {format_size(pool)} per worker does not fit on GPU {d}: "
                 f"{format_size(free)} free of {format_size(total)}, and {format_size(need - pool)} "
                 f"must stay free for the CUDA context" + (" and the scheduler's 1 GB pool"
                                                             if d == scheduler_device else ""),
-                f"use --rmm-pool-size {format_size(max(free - (need - pool), 0))} or less, or a fraction like 0.5",
+                f"use --rmm-pool-size {format_size(max(room[d], 0))} or less, or a fraction like 0.5",
             )
+    return room
 
 
 def _nvml_memory(devices: Sequence[int]) -> tuple[int, dict[int, tuple[int, int]]]:
     """(GPUs visible to NVML, device -> (free, total) bytes) without creating a CUDA context.
-
-    Raises:
-        NoGPUError: NVML cannot be loaded or shows no GPU.
-    """
+    NoGPUError: NVML cannot be loaded or shows no GPU."""
     try:
         import pynvml as nv
 
@@ -145,19 +146,12 @@ def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> Non
 
 def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
     """Check, for a local -t gpu cluster, the devices, the pool and the frames against NVML and
-    CUDA_VISIBLE_DEVICES; returns the memory.
-
-    Raises:
-        NoGPUError, UsageError: see the checks it calls.
-    """
+    CUDA_VISIBLE_DEVICES (NoGPUError, UsageError: the checks' own); returns the memory."""
     from gpubench.core.env import host_memory
 
     check_cuda_visible_devices(spec.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     visible, mem = _nvml_memory(spec.devices)
-    sched = _scheduler_device()
-    check_devices_and_memory(spec, visible, mem, sched)
-    room = {d: free - CONTEXT_MARGIN_BYTES - ((SCHEDULER_POOL_BYTES + CONTEXT_MARGIN_BYTES) if d == sched else 0)
-            for d, (free, _total) in mem.items()}
+    room = check_devices_and_memory(spec, visible, mem, _scheduler_device())
     check_frames_fit(spec, host_memory()[1], device_free=room)
     return mem
 
@@ -370,11 +364,7 @@ def _workers_ignore_sigint() -> Iterator[None]:
 
 
 def check_interface(name: str) -> None:
-    """Refuse a --interface this host does not have.
-
-    Raises:
-        UsageError: ``name`` is not an interface of this host with an IPv4 address.
-    """
+    """Refuse (UsageError) a --interface that is not an interface of this host with an IPv4 address."""
     import socket
 
     import psutil
@@ -449,11 +439,8 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
 
 
 def _connect(spec: MergeSpec) -> Any:
-    """A client of the external scheduler.
-
-    Raises:
-        UsageError: the address is malformed, the scheduler file is missing, or it cannot be reached.
-    """
+    """A client of the external scheduler. UsageError: the address is malformed, the scheduler
+    file is missing, or it cannot be reached."""
     from distributed import Client
 
     from gpubench.launch.scheduler import check_scheduler_address, scheduler_file_address

@@ -119,11 +119,7 @@ def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
 
 
 def parse_ignore_size(text: str) -> int:
-    """--ignore-size: a size ("1MiB", bytes); "0" or "0B" keeps every transfer.
-
-    Raises:
-        UsageError: not a size.
-    """
+    """--ignore-size: a size ("1MiB", bytes); "0" or "0B" keeps every transfer. UsageError: not a size."""
     return 0 if str(text).strip() in ("0", "0B") else parse_size(text, what="--ignore-size")
 
 
@@ -160,11 +156,8 @@ def parse_timeout(text) -> float:
 
 
 def build_spec(**options):
-    """Build a MergeSpec from the options, by name (MergeSpec checks each). No GPU or Dask needed.
-
-    Raises:
-        UsageError: any bad value, named in the message.
-    """
+    """Build a MergeSpec from the options, by name (MergeSpec checks each; UsageError names a bad value).
+    No GPU or Dask needed."""
     from gpubench.plugins.merge.bench import MergeSpec
     from gpubench.core.options import parse_devices
 
