@@ -78,11 +78,8 @@ def flags(values: Sequence[float | None]) -> list[str]:
 
 def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
     """(median m, noise sigma, bound t) of one check's figures: a figure below t is slow by the
-    rule, t = min(RATIO m, max(m - Z_LIMIT sigma, GROSS m)), sigma = MAD / MAD_SCALE.
-
-    Raises:
-        ValueError: no finite figure.
-    """
+    rule, t = min(RATIO m, max(m - Z_LIMIT sigma, GROSS m)), sigma = MAD / MAD_SCALE. ValueError:
+    no finite figure."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     m = median(vals)
     sigma = mad(vals) / MAD_SCALE

@@ -22,10 +22,7 @@ def names() -> list[str]:
 
 def resolve(value: str) -> str:
     """The expectations file ``--expect VALUE`` names: VALUE itself when it is (or looks like) a
-    file, else the shipped profile VALUE.
-
-    Raises:
-        UsageError: VALUE is empty, or names no file and no profile.
+    file, else the shipped profile VALUE. UsageError: VALUE is empty, or names no file and no profile.
     """
     from gpubench.core import safe
     from gpubench.core.errors import UsageError

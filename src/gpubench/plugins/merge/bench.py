@@ -158,10 +158,7 @@ def bench_once(client, spec: MergeSpec, n_workers: int, workers: Mapping[str, in
     """Generate both frames, then time their join (dask-cuda's bench_once); returns (the run's raw
     record for :func:`summary_record`: data processed in bytes, the join's wall clock in s, its
     transfers by receiving worker's address and the workers whose log filled up; the persisted join
-    when keep_result, else None).
-
-    Raises:
-        MachineError: see wait_watching.
+    when keep_result, else None). MachineError: see wait_watching.
     """
     gpu = spec.merge_type == "gpu"
     ddf_base = random_ddf(spec.chunk_size, spec.base_chunks or n_workers, spec.frac_match, "build", gpu,
@@ -433,15 +430,10 @@ BENCHMARK = Merge()  # the registry's instance; run() takes a fresh one per run
 
 
 def run(spec: MergeSpec, progress: ProgressSink | None = None) -> Result:
-    """Run the merge benchmark through the driver; ``progress`` is advanced once per run.
-
-    Returns:
-        A Result with one Record, none when no timed run finished; ``partial`` with
-        ``interrupted_by`` when SIGINT/SIGTERM stopped the run (the finished runs are kept).
-
-    Raises:
-        NoGPUError, UsageError, MachineError: as the driver and the steps above say.
-    """
+    """Run the merge benchmark through the driver; ``progress`` is advanced once per run. The Result
+    has one Record, none when no timed run finished; ``partial`` with ``interrupted_by`` when
+    SIGINT/SIGTERM stopped the run (the finished runs are kept). NoGPUError, UsageError,
+    MachineError: as the driver and the steps above say."""
     bench = Merge()
     result = driver.run(bench, spec, progress)
     if bench.closing_signal is not None and not result.partial:

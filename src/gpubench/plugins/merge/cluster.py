@@ -718,11 +718,8 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
 
 def close_all(client, cluster) -> KeyboardInterrupt | Interrupted | None:
     """Close the client, then the cluster, even when a Ctrl-C or SIGTERM lands in the middle (the
-    interrupted close is tried once more); other errors of a close are ignored.
-
-    Returns:
-        The first interrupt that landed while closing, or None.
-    """
+    interrupted close is tried once more; other errors of a close are ignored); returns the first
+    interrupt that landed while closing, or None."""
     pending: KeyboardInterrupt | Interrupted | None = None
     if cluster is not None:
         quiet_closing_logs()
@@ -741,10 +738,8 @@ def close_all(client, cluster) -> KeyboardInterrupt | Interrupted | None:
 
 
 def rmm_setup(client, spec: MergeSpec, workers: Mapping[str, int]) -> str:
-    """Set up RMM on the workers and the scheduler as dask-cuda's setup_memory_pools does.
-
-    Returns:
-        What was set up, e.g. "pool 4000000000", or why nothing was.
+    """Set up RMM on the workers and the scheduler as dask-cuda's setup_memory_pools does; returns
+    what was set up, e.g. "pool 4000000000", or why nothing was.
 
     Raises:
         UsageError: the pool did not fit on a worker's GPU.

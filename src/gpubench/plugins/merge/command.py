@@ -85,10 +85,8 @@ _FLOAT_RE = re.compile(r"^\s*\d*\.\d+\s*$|^\s*\d+(\.\d*)?[eE][-+]?\d+\s*$", re.A
 
 def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
     """--rmm-pool-size as dask-cuda reads it: a size through ``dask.utils.parse_bytes`` ("30GB" =
-    30e9 B, "30GiB" = 30 x 2^30 B) or a fraction of the GPU's total memory with a decimal point ("0.5").
-
-    Returns:
-        (bytes, None), (None, fraction) or (None, None) when not given.
+    30e9 B, "30GiB" = 30 x 2^30 B) or a fraction of the GPU's total memory with a decimal point ("0.5"):
+    (bytes, None), (None, fraction) or (None, None) when not given.
 
     Raises:
         UsageError: not a size, a size below 1 byte, a fraction outside (0, 1], or dask is missing.
@@ -135,11 +133,8 @@ _TIMEOUT_UNITS = {**dict.fromkeys(("", "s", "sec", "second", "seconds"), 1.0),
 
 def parse_timeout(text) -> float:
     """--timeout: seconds, read as every number option reads one, with an optional unit as Dask
-    writes durations ("10s", "5m", "2 hours").
-
-    Raises:
-        UsageError: the number's own error, or a unit that is not one of :data:`_TIMEOUT_UNITS`.
-    """
+    writes durations ("10s", "5m", "2 hours"). UsageError: the number's own error, or a unit that is
+    not one of :data:`_TIMEOUT_UNITS`."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return text
     number, unit = re.fullmatch(r"(.*?)[ ]*([A-Za-z]*)[ ]*", str(text), re.DOTALL).groups()  # type: ignore[union-attr]
