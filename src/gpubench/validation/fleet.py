@@ -11,13 +11,21 @@ rank that did not answer within the deadline is **missing**. Any of the three fa
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 import statistics
 import time
 from typing import Any, Callable, Sequence
 
+from gpubench.core import registry, safe
 from gpubench.core.bounds import MAX_TIMEOUT_S, Bound
-from gpubench.validation.suite import FLEET_KIND, FLEET_VERSION
+from gpubench.core.errors import MachineError, RegressionFound
+from gpubench.core.plugin import FleetStage, StageContext, StepPlace
+from gpubench.core.registry import INVOCATION
+from gpubench.core.result import Result, write_json_atomic
+from gpubench.validation import suite
 
 RATIO = 0.95
 Z_LIMIT = 3.5
@@ -92,8 +100,6 @@ def slow_bound(values: Sequence[float]) -> tuple[float, float, float]:
 def checks_of(result) -> list[dict]:
     """The fleet's figures in one Result, as its plug-in's ``fleet_checks`` gives them: dicts with
     "check", "command", "params", "gpu" (CUDA index or None), "value", "unit" ("GB/s" or "Gbit/s")."""
-    from gpubench.core import registry
-
     def checks(got) -> None:
         for c in got if isinstance(got, list) else [got]:
             if not (isinstance(c, dict) and isinstance(c.get("check"), str) and isinstance(c.get("unit"), str)
@@ -208,14 +214,12 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
         got, link_rows = stage.rows(links, link_outcomes)
         link_obj = got or link_obj
         rows += link_rows
-    return {"kind": FLEET_KIND, "version": FLEET_VERSION, "rule": {"name": RULE_NAME, "text": RULE_TEXT},
+    return {"kind": suite.FLEET_KIND, "version": suite.FLEET_VERSION, "rule": {"name": RULE_NAME, "text": RULE_TEXT},
             "missing": missing, "rows": rows, "links": link_obj}
 
 
 def verdict(fleet: dict, step_errors: Sequence[str] = ()) -> str | None:
     """One line naming the failed nodes and GPUs (host names escaped for a terminal), or None."""
-    from gpubench.core import safe
-
     bad = [r for r in fleet["rows"] if r["flag"] != "ok"]
     if not bad and not step_errors:
         return None
@@ -253,15 +257,13 @@ def _expect_cell(r: dict) -> str:
     """The deciding bound with its side and the row's unit, e.g. ">= 8000.0 Gbit/s"; "-" for none."""
     if r.get("expect") is None:
         return "-"
-    from gpubench.core import safe
-
     op = r.get("expect_op") if r.get("expect_op") in (">=", "<=") else ""
     return " ".join(x for x in (op, _num(r["expect"]), safe.term_markup(str(r.get("unit") or ""), 20)) if x)
 
 
 def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
     """Rich renderables: the fleet table, the judging stage's report (net: the link matrix), the rule."""
-    from gpubench.core import report, safe
+    from gpubench.core import report
 
     out: list = []
     t = report.table(f"Fleet: {len({(r['host'], r['rank']) for r in fleet['rows']})} rank(s), "
@@ -303,10 +305,6 @@ class Roll:
             MachineError: on a rank but 0, rank 0 did not begin within ``timeout`` or did not send
                 the list of the silent ranks within ``timeout`` + ROLL_SLACK_S after that.
         """
-        import json
-
-        from gpubench.core.errors import MachineError
-
         g = self.group
         if g.size == 1:
             return [json.loads(json.dumps(obj))]
@@ -338,8 +336,6 @@ class Roll:
 
     def missing_line(self) -> str:
         """One line naming the silent ranks and their hosts (peer host names escaped for a terminal)."""
-        from gpubench.core import safe
-
         g = self.group
         hosts = [r.host for r in g.ranks] if len(g.ranks) == g.size else []
         who = ", ".join(f"rank {r} on {safe.term(hosts[r], 80) if r < len(hosts) else '?'}" for r in sorted(self.silent)[:8])
@@ -351,8 +347,6 @@ class Roll:
 def skipped_lines(steps: Sequence[Any]) -> list[str]:
     """A line per skipped step and reason of a fleet bundle, with its ranks: "skipped: copy on
     ranks 0, 1: no CUDA device is visible" (escaped for rich's markup)."""
-    from gpubench.core import safe
-
     by: dict[tuple[str, str], list[str]] = {}
     for s in steps:
         if s.status == "skipped":
@@ -381,7 +375,6 @@ def _gpu_count() -> int:
 
 def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, host_tag: str) -> None:
     """This rank's own steps into ``bundle`` (only its own GPU's unless it is its node's local rank 0)."""
-    from gpubench.core.plugin import StepPlace
     from gpubench.validation import steps
 
     place = StepPlace(devices=tuple(range(n_gpu)), fleet=True, gpu=max(me.local_rank, 0) % n_gpu if n_gpu else None)
@@ -397,17 +390,12 @@ def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, host_
 
 def stages() -> list[tuple[str, Any]]:
     """(command, FleetStage) of every installed plug-in that declares a fleet stage, in order."""
-    from gpubench.core import registry
-
     out = [(p.name, stage) for p in registry.plugins().values() if (stage := _stage(p)) is not None]
     return sorted(out, key=lambda cs: (cs[1].order, cs[0]))
 
 
 def _stage(p) -> Any:
     """``p``'s FleetStage, or None (none declared, or its hook failed: said once)."""
-    from gpubench.core import registry
-    from gpubench.core.plugin import FleetStage
-
     def stage(got) -> None:
         if not isinstance(got, FleetStage) or not isinstance(got.order, int) or not isinstance(got.name, str):
             raise TypeError(f"it gave {type(got).__name__}, not a FleetStage")
@@ -417,8 +405,6 @@ def _stage(p) -> Any:
 
 def stage_of(result) -> Any:
     """The fleet stage of the plug-in that wrote ``result``, or None."""
-    from gpubench.core import registry
-
     own = registry.find(result.command)
     return _stage(own) if own is not None else None
 
@@ -430,8 +416,6 @@ def judged_between_nodes() -> dict[str, Any]:
 
 def node_payload(me, bundle, expectations, gpus: list[dict]) -> dict:
     """What a rank sends rank 0: its identity, GPUs, steps (with results) and checks."""
-    from gpubench.validation import suite
-
     checks = [c for res in bundle.results() for c in checks_of(res)]
     node_exp = [e for e in expectations or [] if e.command not in judged_between_nodes()]
     outcomes = suite.evaluate(node_exp, bundle.results(), bundle.skipped(), bundle.failed()) if node_exp else []
@@ -461,13 +445,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
     from rich.markup import escape
 
     from gpubench.core import env as envmod
-    from gpubench.core import report, safe
-    from gpubench.core.errors import MachineError, RegressionFound
-    from gpubench.core.plugin import StageContext
-    from gpubench.core.registry import INVOCATION
-    from gpubench.core.result import Result, write_json_atomic
+    from gpubench.core import report
     from gpubench.launch import ranks
-    from gpubench.validation import suite
 
     NODE_TIMEOUT.check(timeout)
     group = ranks.join(ranks.discover(), rendezvous, timeout=min(timeout, 120.0))
@@ -582,10 +561,6 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
 def check_saved(bundle, expectations) -> list:
     """The expectations judged on a saved fleet bundle as :func:`run_fleet` judged them live (per rank,
     then those of a command with a judging fleet stage against that stage's step only)."""
-    import re
-
-    from gpubench.validation import suite
-
     judged = judged_between_nodes()
     per_rank: dict[int, list] = {}
     stage_steps: dict[str, Any] = {}
@@ -610,8 +585,6 @@ def check_saved(bundle, expectations) -> list:
 def _judged_on_stage(expectations, command: str, stage, step, absent: str) -> list:
     """The expectations of ``command`` judged on its fleet stage's ``step`` (None: it did not
     apply, skipped with ``absent``), or skipped with why there is no result."""
-    from gpubench.validation import suite
-
     exp = [e for e in expectations if e.command == command]
     if step is not None and step.status == "ok" and step.result is not None:
         return suite.evaluate(exp, [step.result])
@@ -623,8 +596,6 @@ def _judged_on_stage(expectations, command: str, stage, step, absent: str) -> li
 def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
     """What the live run said of its fleet that no TOML decides: (report lines with rich markup,
     one line naming the missing ranks and slow nodes or None)."""
-    from gpubench.core import safe
-
     rows = [r for r in fleet_obj.get("rows") or [] if r.get("flag") in ("slow", "missing")]
     lines = [f"[red]MISSING[/red] rank {safe.term_markup(str(m.get('rank')), 12)} on "
              f"{safe.term_markup(str(m.get('host')), 80)}: did not answer in time ({safe.term_markup(source, 200)})"
@@ -642,8 +613,6 @@ def saved_verdict(fleet_obj: dict, source: str) -> tuple[list[str], str | None]:
 
 def under_launcher(env=None) -> bool:
     """True when a launcher started this process with more than one rank (or an unsaid world size)."""
-    import os
-
     from gpubench.launch import ranks
 
     me = ranks.discover(os.environ if env is None else env)

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpubench import __version__
-from gpubench.core import registry
+from gpubench.core import registry, safe
+from gpubench.core import result as R
 from gpubench.core.errors import UsageError, first_line
-from gpubench.core.result import Record, Result
+from gpubench.core.result import MAX_DEPTH, Record, Result
+from gpubench.core.stats import Summary
 
 BUNDLE_SCHEMA = "gpubench.bundle"
 BUNDLE_VERSION = 1
@@ -92,13 +94,9 @@ def _toml_loads(text: str, source: str) -> dict:
     try:
         return tomllib.loads(text)
     except RecursionError:  # tomllib recurses per nested array or inline table
-        from gpubench.core.result import MAX_DEPTH
-
         raise UsageError(f"{source} nests arrays or tables too deep to read",
                          f"at most {MAX_DEPTH} levels; an expectations file nests 3") from None
     except tomllib.TOMLDecodeError as e:
-        from gpubench.core import safe
-
         raise UsageError(f"{source} is not valid TOML: {safe.term(first_line(e), 200)}") from None
 
 
@@ -121,8 +119,6 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
             of both kinds, a bound that is not a finite number in (0, 1e12], min above max, a figure
             not known, a name that is not a string.
     """
-    from gpubench.core import safe
-
     if not isinstance(e, dict):
         raise UsageError(f"{where_} is not a table")
     unknown = set(e) - _KEYS
@@ -194,7 +190,6 @@ def parse_expectations(doc: dict, source: str = "expectations", known_commands: 
                        ) -> list[Expectation]:
     """Check a parsed TOML document and build its expectations (:func:`check_expectation` each).
     UsageError: no ``[[expect]]`` tables, more than MAX_EXPECTATIONS, or a table refused."""
-    from gpubench.core import safe
     from gpubench.validation import health
 
     source = safe.term(source, 200)
@@ -222,11 +217,8 @@ def parse_expectations(doc: dict, source: str = "expectations", known_commands: 
 
 def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | None = None) -> list[Expectation]:
     """Read and check an expectations TOML file. UsageError: unreadable, not TOML, or not a valid one."""
-    from gpubench.core import safe
-    from gpubench.core.result import check_depth, object_depth, read_bounded
-
     name = safe.term(str(path), 200)
-    raw = read_bounded(path, "an expectations file")  # bounded; a named pipe does not block
+    raw = R.read_bounded(path, "an expectations file")  # bounded; a named pipe does not block
     if len(raw) > MAX_EXPECT_BYTES:
         raise UsageError(f"{name} is {len(raw):,} bytes, too large for an expectations file",
                          f"at most {MAX_EXPECT_BYTES:,} bytes ({MAX_EXPECTATIONS:,} expectations)")
@@ -238,7 +230,7 @@ def load_expectations(path: str | os.PathLike, known_commands: Sequence[str] | N
     except UnicodeDecodeError:
         raise UsageError(f"{name} is not UTF-8 text", "expected a TOML expectations file") from None
     doc = _toml_loads(text, name)
-    check_depth(object_depth(doc), name, "an expectations file")
+    R.check_depth(R.object_depth(doc), name, "an expectations file")
     return parse_expectations(doc, name, known_commands)
 
 
@@ -261,8 +253,6 @@ class Outcome:
 def figure_value(e: Expectation, r: Record) -> float:
     """The checked figure of a record: GB/s (1e9 B/s) or microseconds. ValueError: the record's
     metric does not suit the bound, or the figure cannot be computed."""
-    from gpubench.core.stats import Summary
-
     if e.figure.startswith("extra."):
         key = e.figure[6:]
         v = r.extra.get(key)
@@ -475,9 +465,6 @@ class Bundle:
     def from_dict(cls, d: dict, source: str = "bundle") -> "Bundle":
         """Check a parsed bundle field by field and build it. UsageError: a newer bundle version, or
         the first bad field named by its JSON Pointer."""
-        from gpubench.core import result as R
-        from gpubench.core import safe
-
         name = safe.term(source, 200)
         R.check_schema_version(name, d.get("schema_version"), BUNDLE_VERSION, "bundle ")
         steps = d.get("steps")
@@ -540,18 +527,14 @@ class Bundle:
 
 def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
     """Write the bundle atomically (core.result.write_json_atomic). Raises MachineError on a failed write."""
-    from gpubench.core.result import write_json_atomic
-
-    return write_json_atomic(bundle.to_dict(), path, "bundle")
+    return R.write_json_atomic(bundle.to_dict(), path, "bundle")
 
 
 def load_checkable(path: str | os.PathLike) -> Bundle:
     """Read a suite bundle or a single saved result (wrapped into a one-step bundle). UsageError:
     unreadable, not JSON, neither a bundle nor a result, or a newer schema."""
-    from gpubench.core.result import read_json
-
     name = str(path)
-    d = read_json(path, "a suite bundle or a file saved by --json")
+    d = R.read_json(path, "a suite bundle or a file saved by --json")
     if isinstance(d, dict) and d.get("schema") == BUNDLE_SCHEMA:
         return Bundle.from_dict(d, name)
     res = Result.from_dict(d, source=name)
@@ -574,8 +557,6 @@ def _params_text(o: Outcome) -> str:
 
 def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
     """Text cells (safe.term): #, command, figure, also-matched params, bound, measured, status (with note)."""
-    from gpubench.core import safe
-
     rows = []
     for o in outcomes:
         e = o.expectation
@@ -593,7 +574,7 @@ def format_report(bundle: Bundle, strict: bool = False) -> list:
     """Rich renderables: the steps table (when steps ran here), the expectations table, a verdict line."""
     from rich.text import Text
 
-    from gpubench.core import report, safe
+    from gpubench.core import report
 
     out: list = []
     if any(s.status != "ok" or s.seconds for s in bundle.steps):
@@ -628,8 +609,6 @@ def verdict_line(bundle: Bundle, strict: bool = False) -> str:
     if strict and c["skipped"]:
         s += " (skipped counts as failed: --strict)"
     if errors:
-        from gpubench.core import safe
-
         s += f"; step(s) with errors: {safe.term(', '.join(errors))}"
     return s + "."
 
@@ -642,8 +621,6 @@ FLEET_FLAGS = ("ok", "slow", "fail", "missing")
 
 
 def _fleet_bad(source: str, where: str, value: Any, want: str) -> UsageError:
-    from gpubench.core import safe
-
     return UsageError(f"{source}: fleet.{where} is {safe.term(repr(value), 40)}; expected {want}")
 
 

@@ -620,16 +620,12 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
             raise UsageError(f"-t gpu needs dask-cuda, which cannot be imported "
                              f"({error_line(e)[:100]})",
                              "pip install 'gpubench-cuda[rapids-cu13]' (or [rapids-cu12]), or use -t cpu") from None
-
-        def make():
-            return LocalCUDACluster(
-                CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)), device_memory_limit=None,
-                enable_cudf_spill=spec.enable_cudf_spill, enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
-                enable_infiniband=spec.enable_infiniband, enable_nvlink=spec.enable_nvlink,
-                enable_rdmacm=spec.enable_rdmacm, **common)
+        make, own = LocalCUDACluster, dict(
+            CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)), device_memory_limit=None,
+            enable_cudf_spill=spec.enable_cudf_spill, enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
+            enable_infiniband=spec.enable_infiniband, enable_nvlink=spec.enable_nvlink, enable_rdmacm=spec.enable_rdmacm)
     else:
-        def make():
-            return LocalCluster(processes=True, **common)
+        make, own = LocalCluster, dict(processes=True)
 
     before = frozenset(p.pid for p in _spawned_children())
     _quiet_resource_tracker()
@@ -644,7 +640,7 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     async def start():
         with dask.config.set({"distributed.nanny.environ": worker_environ(),  # the Nannies start in the await
                               "distributed.worker.preload": worker_preload()}):
-            cluster = make()  # on the loop's thread, so the constructor starts nothing itself
+            cluster = make(**common, **own)  # on the loop's thread, so the constructor starts nothing itself
             box.append(cluster)
             return await cluster
 
