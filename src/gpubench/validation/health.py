@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from gpubench.core import safe
+from gpubench.core.errors import UsageError
+
 UNSUPPORTED = "unsupported"
 RESET = "reset"  # a counter read lower after the runs than before: the GPU or its driver was reset
 
@@ -46,9 +49,6 @@ def parse(table: Any, source: str, first_index: int) -> list[dict]:
         UsageError: not a table, an unknown key, a value of the wrong type (an integer 0..10**12, or
             true/false for no_remap_failure).
     """
-    from gpubench.core import safe
-    from gpubench.core.errors import UsageError
-
     if not isinstance(table, dict) or not table:
         raise UsageError(f"{source}: [health] must be a table of counter bounds", "e.g. [health] max_pcie_replays = 0")
     out = []

@@ -25,6 +25,7 @@ from gpubench.core import result as R
 from gpubench.core.errors import UsageError, first_line
 from gpubench.core.result import MAX_DEPTH, Record, Result
 from gpubench.core.stats import Summary
+from gpubench.validation import health
 
 BUNDLE_SCHEMA = "gpubench.bundle"
 BUNDLE_VERSION = 1
@@ -141,11 +142,10 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
         if b in e:
             v = e[b]
             if b.endswith("_count"):  # a health counter's bound: a whole count, 0 allowed
-                from gpubench.validation.health import MAX_COUNT
-
-                if type(v) is not int or not 0 <= v <= MAX_COUNT or cmd != "health":
-                    raise UsageError(f"{where_}: {b} = {safe.term(repr(v), 60)} must be an integer 0..{MAX_COUNT:,} "
-                                     "of a health expectation", "write counter bounds in the [health] table")
+                if type(v) is not int or not 0 <= v <= health.MAX_COUNT or cmd != "health":
+                    raise UsageError(f"{where_}: {b} = {safe.term(repr(v), 60)} must be an integer "
+                                     f"0..{health.MAX_COUNT:,} of a health expectation",
+                                     "write counter bounds in the [health] table")
                 bounds[b] = v  # kept an int: it is saved in bundles and read back as one
                 continue
             ok = (type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) <= MAX_BOUND)
@@ -167,11 +167,9 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
             raise UsageError(f"{where_}: {lo} {bounds[lo]:g} is above {hi} {bounds[hi]:g}")
     fig = e.get("figure", "median")
     if cmd == "health":
-        from gpubench.validation.health import COUNTERS
-
-        if not isinstance(fig, str) or fig.partition(".")[2] not in COUNTERS or not fig.startswith("health."):
+        if not isinstance(fig, str) or fig.partition(".")[2] not in health.COUNTERS or not fig.startswith("health."):
             raise UsageError(f"{where_}: figure {safe.term(repr(fig), 80)} is no health counter",
-                             f"use health.{', health.'.join(COUNTERS)}")
+                             f"use health.{', health.'.join(health.COUNTERS)}")
     elif not isinstance(fig, str) or not (fig in FIGURES or (fig.startswith("extra.") and len(fig) > 6)):
         raise UsageError(f"{where_}: figure {safe.term(repr(fig), 80)} not known",
                          f"use {', '.join(FIGURES)} or extra.KEY")
@@ -190,8 +188,6 @@ def parse_expectations(doc: dict, source: str = "expectations", known_commands: 
                        ) -> list[Expectation]:
     """Check a parsed TOML document and build its expectations (:func:`check_expectation` each).
     UsageError: no ``[[expect]]`` tables, more than MAX_EXPECTATIONS, or a table refused."""
-    from gpubench.validation import health
-
     source = safe.term(source, 200)
     extra = set(doc) - {"expect", "health", "profile"}
     if extra:
@@ -307,8 +303,6 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
 
     for e in expectations:
         if e.command == "health":
-            from gpubench.validation import health
-
             for o in health.outcomes(e, results, Outcome):
                 add(o)
             continue

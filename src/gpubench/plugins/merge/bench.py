@@ -34,7 +34,7 @@ from gpubench.core.errors import MachineError, UsageError
 from gpubench.core.gpu import is_oom
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
-from gpubench.launch.scheduler import error_line, run_on_workers, wait_watching
+from gpubench.launch.scheduler import check_cluster_options, error_line, run_on_workers, wait_watching
 from gpubench.core.signals import Interrupted, last_signal, raise_if_signalled, signal_exception, signal_noted
 
 TYPES = ("gpu", "cpu")
@@ -103,12 +103,10 @@ class MergeSpec:
                              f"use {', '.join(SHUFFLE_METHODS)}")
         check_key_space(self.chunk_size, self.base_chunks, self.other_chunks, len(self.devices))
         threads, workers = machine_threads(), max(1, len(self.devices))
-        if self.threads_per_worker is not None and self.threads_per_worker > max(1, threads // workers):
+        if self.threads_per_worker > max(1, threads // workers):
             raise UsageError(f"--threads-per-worker {self.threads_per_worker} is too large",
                              f"at most {max(1, threads // workers):,}: {threads:,} threads this machine lets one "
                              f"user run (threads-max, RLIMIT_NPROC), shared by {workers} worker(s)")
-        from gpubench.launch.scheduler import check_cluster_options
-
         check_cluster_options(self.scheduler_address, self.scheduler_file)
         if self.scheduler_address and self.scheduler_file:
             raise UsageError("--scheduler-address and --scheduler-file both given", "give one of them")

@@ -6,6 +6,7 @@ on the workers. Dask, dask-cuda, RMM, CuPy and UCXX are imported inside function
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -13,7 +14,8 @@ import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from gpubench.core.errors import MachineError, NoGPUError, UsageError
-from gpubench.launch.scheduler import error_line, run_on_workers
+from gpubench.core.report import err_line
+from gpubench.launch.scheduler import check_scheduler_address, error_line, run_on_workers, scheduler_file_address
 from gpubench.core.signals import CRITICAL, Interrupted, raise_if_signalled, signal_noted
 from gpubench.core.units import format_size
 
@@ -244,8 +246,6 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
 
 def cpu_worker_limit(n_workers: int) -> int | None:
     """Each worker's memory limit as LocalCluster sets it, in bytes; None for no limit."""
-    import logging
-
     from distributed.worker_memory import parse_memory_limit
 
     return parse_memory_limit("auto", 1, n_workers, logger=logging.getLogger("gpubench"))
@@ -443,8 +443,6 @@ def _connect(spec: MergeSpec) -> Any:
     file is missing, or it cannot be reached."""
     from distributed import Client
 
-    from gpubench.launch.scheduler import check_scheduler_address, scheduler_file_address
-
     if spec.scheduler_address:
         check_scheduler_address(spec.scheduler_address)
     else:
@@ -549,8 +547,6 @@ def worker_preload() -> list[str]:
 def quiet_closing_logs() -> None:
     """Raise this process's UCXX logger (unless the user set UCXPY_LOG_LEVEL), distributed's and
     tornado's callback logger to CRITICAL."""
-    import logging
-
     if "UCXPY_LOG_LEVEL" not in os.environ:
         logging.getLogger("ucx").setLevel(UCX_QUIET_LEVEL)
     for name in ("distributed", "distributed_ucxx", "tornado.application"):
@@ -598,8 +594,6 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
         UsageError: -t gpu without dask-cuda.
         MachineError: the cluster did not start (within --timeout).
     """
-    import logging
-
     import dask
     from distributed import LocalCluster
     from distributed.utils import LoopRunner, sync
@@ -623,7 +617,8 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
         make, own = LocalCUDACluster, dict(
             CUDA_VISIBLE_DEVICES=",".join(map(str, spec.devices)), device_memory_limit=None,
             enable_cudf_spill=spec.enable_cudf_spill, enable_tcp_over_ucx=spec.enable_tcp_over_ucx,
-            enable_infiniband=spec.enable_infiniband, enable_nvlink=spec.enable_nvlink, enable_rdmacm=spec.enable_rdmacm)
+            enable_infiniband=spec.enable_infiniband, enable_nvlink=spec.enable_nvlink,
+            enable_rdmacm=spec.enable_rdmacm)
     else:
         make, own = LocalCluster, dict(processes=True)
 
@@ -701,8 +696,6 @@ def _start_holding_signals(loop, start, timeout_s: float, grace_s: float = UCX_S
         now = time.monotonic()
         if signalled_at is None and signal_noted():
             signalled_at = now
-            from gpubench.core.report import err_line
-
             err_line(f"gpubench: stopping once the ucx cluster has started (at most {grace_s:g} s: "
                      f"UCXX crashes when a start is cut short)")
         if now > deadline or (signalled_at is not None and now - signalled_at > grace_s):
