@@ -12,15 +12,12 @@ from typing import Sequence
 
 import click
 
-from gpubench.core.errors import RegressionFound, UsageError, from_the_command_line
+from gpubench.core import registry, report, safe
+from gpubench.core.errors import MachineError, RegressionFound, UsageError, from_the_command_line
+from gpubench.core.plugin import StepPlace
+from gpubench.core.result import Result, check_output_path, check_output_target, write_bytes_atomic
 from gpubench.kit import StrictFloat
-
-
-def _node_timeout():
-    """--node-timeout's Bound (the fleet's module is imported only when a value is checked)."""
-    from gpubench.validation.fleet import NODE_TIMEOUT
-
-    return NODE_TIMEOUT
+from gpubench.validation import fleet, profiles, steps, suite
 
 
 @click.command("suite")
@@ -35,7 +32,7 @@ def _node_timeout():
               help="Check --expect against saved bundles or results instead of running (no GPU needed); repeatable.")
 @click.option("--merge", "with_merge", is_flag=True, help="Also run the Dask-CUDA merge (slow: starts a cluster).")
 @click.option("--strict", is_flag=True, help="Count expectations whose command did not run as failed.")
-@click.option("--node-timeout", type=StrictFloat(bound=_node_timeout), default=900.0, show_default=True,
+@click.option("--node-timeout", type=StrictFloat(bound=lambda: fleet.NODE_TIMEOUT), default=900.0, show_default=True,
               help="Under a launcher: seconds to wait for a node before reporting it missing (docs/fleet.md).")
 @click.option("--metrics", "metrics_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.prom",
               help="Also write the bundle as OpenMetrics text for Prometheus' textfile collector (gpubench "
@@ -52,14 +49,11 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
 
     With --check FILE, check the expectations against saved bundles or results (no GPU).
     """
-    from gpubench.core import registry
-    from gpubench.validation import profiles, suite
-
     if list_profiles:
         _show_profiles(profiles.describe())
         return 0
     with from_the_command_line():
-        _node_timeout().check(node_timeout)  # also with --check and off a launcher
+        fleet.NODE_TIMEOUT.check(node_timeout)  # also with --check and off a launcher
     if not str(out_dir).strip():  # Path("") is the current folder: never read as the default
         raise UsageError(f"-o/--output-dir {out_dir!r} is empty", "give a folder, or leave -o out for the current one")
     known = sorted(p.name for p in registry.measuring())
@@ -74,8 +68,6 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
     if check_files:
         if expectations is None:
             raise UsageError("--check needs --expect FILE.toml", "the expectations to check")
-        from gpubench.validation import fleet
-
         bundles = [suite.load_checkable(p) for p in check_files]
         strict = strict or any(b.strict for b in bundles)  # a bundle's own --strict holds when it is checked again
         bundle = suite.Bundle(steps=[s for b in bundles for s in b.steps], expect_file=expect_file,
@@ -106,8 +98,6 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out_dir!r} is not a folder", "give a folder; it is created if missing")
     from gpubench.core import gpu
-    from gpubench.core.result import check_output_target
-    from gpubench.validation import fleet
 
     if fleet.under_launcher():  # srun / mpirun / torchrun: every node, one fleet report (docs/fleet.md)
         return fleet.run_fleet(expectations=expectations, expect_file=expect_file, out=_made(out, out_dir),
@@ -125,10 +115,7 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
     bundle = run_steps(out, with_merge=with_merge, quiet=quiet)
     bundle.expect_file = expect_file
     bundle.strict = strict
-    from gpubench.core.registry import INVOCATION
-    from gpubench.core.safe import term
-
-    bundle.argv = list(INVOCATION)
+    bundle.argv = list(registry.INVOCATION)
     if expectations is not None:
         bundle.outcomes = suite.evaluate(expectations, bundle.results(), bundle.skipped(), bundle.failed())
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -139,7 +126,8 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
     partial = [s for s in bundle.steps if s.status == "ok" and s.result is not None and s.result.partial]
     if partial:
         sig = partial[0].result.interrupted_by or "SIGINT"
-        print(f"gpubench: suite interrupted by {sig} during {partial[0].name}; bundle kept: {term(path, 4096)}", file=sys.stderr)
+        print(f"gpubench: suite interrupted by {sig} during {partial[0].name}; bundle kept: {safe.term(path, 4096)}",
+              file=sys.stderr)
         return 143 if sig == "SIGTERM" else 130
     if failed_why:
         raise RegressionFound(failed_why)
@@ -149,8 +137,6 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
 def _show_profiles(described) -> None:
     """``--profiles``: each profile's description and source, then its bounds with their sources."""
     from rich.text import Text
-
-    from gpubench.core import report
 
     out: list = []
     for name, head, expectations in described:
@@ -169,8 +155,6 @@ def _show_profiles(described) -> None:
 
 def _check_metrics_path(path: str) -> None:
     """--metrics FILE: a .prom file that can be written, checked before anything runs."""
-    from gpubench.core.result import check_output_path
-
     if not path.endswith(".prom"):
         raise UsageError(f"--metrics {path!r} must end in .prom (node_exporter's textfile collector reads "
                          "only *.prom)", "e.g. --metrics /var/lib/node_exporter/textfile/gpubench.prom")
@@ -186,9 +170,6 @@ def _write_metrics(path: str, bundle, quiet: bool, keep_going: bool = False) -> 
     """Write ``bundle`` as OpenMetrics text to ``path``, atomically. With ``keep_going`` (a node of
     a fleet run) a failed write is a warning; else it raises MachineError (exit 3)."""
     from gpubench.analysis import metrics
-    from gpubench.core import report
-    from gpubench.core.errors import MachineError
-    from gpubench.core.result import write_bytes_atomic
 
     try:
         written = write_bytes_atomic(metrics.build(bundle.results(), [bundle]).text(), path, "the metrics",
@@ -222,9 +203,6 @@ def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str |
     (``also_failed``: reasons that fail it whatever the expectations say; ``extra``: lines shown after)."""
     from rich.text import Text
 
-    from gpubench.validation import suite
-    from gpubench.core import report, safe
-
     renderables = suite.format_report(bundle, strict)
     if not show_steps:
         renderables = [r for r in renderables if getattr(r, "title", None) != "Suite steps"]
@@ -256,10 +234,7 @@ def run_steps(out: Path, *, with_merge: bool, quiet: bool):
     """Run env and every step the installed plug-ins declare into a suite.Bundle (a step's error
     is recorded and the next one runs; an interruption stops the run)."""
     from gpubench.core import env as envmod
-    from gpubench.core import gpu, report
-    from gpubench.core.plugin import StepPlace
-    from gpubench.core.result import Result
-    from gpubench.validation import steps, suite
+    from gpubench.core import gpu
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     console = report.console(stderr=True)
@@ -267,8 +242,6 @@ def run_steps(out: Path, *, with_merge: bool, quiet: bool):
     def say(text: str) -> None:
         if not quiet:
             from rich.text import Text
-
-            from gpubench.core import safe
 
             console.print(Text(safe.term(text, 2000)))  # an error line may quote a file's strings
 

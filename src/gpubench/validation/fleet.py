@@ -19,13 +19,13 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-from gpubench.core import registry, safe
+from gpubench.core import registry, report, safe
 from gpubench.core.bounds import MAX_TIMEOUT_S, Bound
 from gpubench.core.errors import MachineError, RegressionFound
 from gpubench.core.plugin import FleetStage, StageContext, StepPlace
-from gpubench.core.registry import INVOCATION
 from gpubench.core.result import Result, write_json_atomic
-from gpubench.validation import suite
+from gpubench.core.signals import raise_if_signalled
+from gpubench.validation import steps, suite
 
 RATIO = 0.95
 Z_LIMIT = 3.5
@@ -263,8 +263,6 @@ def _expect_cell(r: dict) -> str:
 
 def format_report(fleet: dict, links=None, show_ok: bool = True) -> list:
     """Rich renderables: the fleet table, the judging stage's report (net: the link matrix), the rule."""
-    from gpubench.core import report
-
     out: list = []
     t = report.table(f"Fleet: {len({(r['host'], r['rank']) for r in fleet['rows']})} rank(s), "
                      f"{len(fleet['missing'])} missing",
@@ -375,15 +373,11 @@ def _gpu_count() -> int:
 
 def _node_steps(bundle, me, n_gpu: int, out, stamp: str, with_merge: bool, host_tag: str) -> None:
     """This rank's own steps into ``bundle`` (only its own GPU's unless it is its node's local rank 0)."""
-    from gpubench.validation import steps
-
     place = StepPlace(devices=tuple(range(n_gpu)), fleet=True, gpu=max(me.local_rank, 0) % n_gpu if n_gpu else None)
     whole = steps.run_planned(bundle, place, n_gpu, {"--merge"} if with_merge else set(),
                               lambda command: out / f"suite-{host_tag}-r{me.rank}-{stamp}-{command}.json", quiet=True,
                               each_rank_only=me.local_rank > 0)
     if not whole:  # a signal stopped a step: this rank stops, and the group's close tells the others
-        from gpubench.core.signals import raise_if_signalled
-
         raise_if_signalled()
         raise KeyboardInterrupt
 
@@ -445,7 +439,6 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
     from rich.markup import escape
 
     from gpubench.core import env as envmod
-    from gpubench.core import report
     from gpubench.launch import ranks
 
     NODE_TIMEOUT.check(timeout)
@@ -465,7 +458,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         env = envmod.capture() if n_gpu else {"host": envmod.host_info(), "versions": envmod.versions()}
         bundle = suite.Bundle(env=env)
         bundle.steps.append(suite.Step("env", "env", "ok", seconds=time.perf_counter() - t0,
-                                       result=Result(command="env", spec={}, env=env, argv=list(INVOCATION))))
+                                       result=Result(command="env", spec={}, env=env, argv=list(registry.INVOCATION))))
         broken: MachineError | None = None
         roll = Roll(group, timeout)
         turns = max((r.local_size or 1) for r in group.ranks) if len(group.ranks) == group.size else 1
@@ -519,7 +512,8 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
         steps = [{**s, "name": f"{s['name']} [rank {p['rank']}]"} for p in answered for s in p["steps"]]
         outcomes = [o for p in answered for o in p["outcomes"]] + [o.to_dict() for o in stage_outcomes]
         doc = {"schema_version": suite.BUNDLE_VERSION, "created": bundle.created, "steps": steps, "env": env,
-               "argv": list(INVOCATION), "expectations": {"file": expect_file, "strict": strict, "outcomes": outcomes}}
+               "argv": list(registry.INVOCATION),
+               "expectations": {"file": expect_file, "strict": strict, "outcomes": outcomes}}
         full = suite.Bundle.from_dict(doc, "fleet bundle")
         full.fleet = fleet
         for command, stage, got in staged:

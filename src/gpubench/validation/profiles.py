@@ -8,6 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpubench.core import safe
+from gpubench.core.errors import UsageError
+
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}\Z")
 
 
@@ -24,9 +27,6 @@ def resolve(value: str) -> str:
     """The expectations file ``--expect VALUE`` names: VALUE itself when it is (or looks like) a
     file, else the shipped profile VALUE. UsageError: VALUE is empty, or names no file and no profile.
     """
-    from gpubench.core import safe
-    from gpubench.core.errors import UsageError
-
     if not value.strip():  # Path("") is ".", which exists: never read as a file
         raise UsageError(f"--expect {safe.term(repr(value), 80)} is empty",
                          f"a TOML file or a profile ({', '.join(names())}); leave --expect out for none")

@@ -5,14 +5,16 @@ recorded into a bundle; what the node cannot run or the user did not ask for is 
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 from typing import Callable
 
-from gpubench.core import registry
+from gpubench.core import registry, report
 from gpubench.core.errors import GpubenchError, MachineError, RegressionFound
 from gpubench.core.plugin import Plugin, StepPlace, SuiteStep
-from gpubench.core.result import Result
+from gpubench.core.result import Result, save
+from gpubench.validation import suite
 
 
 def planned(place: StepPlace) -> list[tuple[Plugin, SuiteStep]]:
@@ -46,10 +48,6 @@ def run_step(plugin: Plugin, step: SuiteStep, *, quiet: bool = True):
         GpubenchError: what the step raised; a MachineError keeps the finished points in
             ``partial_result`` (also when the command's verdict failed a complete result).
     """
-    import importlib
-
-    from gpubench.core import report
-
     cmd = registry.load_command(plugin.name)
     spec = step.spec() if callable(step.spec) else step.spec
     if step.run is not None:
@@ -74,16 +72,12 @@ def run_step(plugin: Plugin, step: SuiteStep, *, quiet: bool = True):
 def record_step(bundle, name: str, command: str, path: Path, fn: Callable, say=lambda text: None) -> bool:
     """Run ``fn(path) -> Result`` as one step of ``bundle``, saving its result (or a MachineError's
     ``partial_result``) at ``path``; an error makes the step "error". False when it was interrupted."""
-    from gpubench.core.registry import INVOCATION
-    from gpubench.core.result import save
-    from gpubench.validation import suite
-
     say(f"suite: running {name} ...")
     t = time.perf_counter()
 
     def keep(res) -> None:
         if not res.argv:
-            res.argv = list(INVOCATION)
+            res.argv = list(registry.INVOCATION)
         if not path.exists():
             save(res, path)
 
@@ -110,8 +104,6 @@ def run_planned(bundle, place: StepPlace, n_gpus: int, opted: set[str], path_of:
                 quiet: bool, say=lambda text: None, each_rank_only: bool = False) -> bool:
     """Run every planned step of ``place`` into ``bundle`` (skipped ones with their reason; ``each_rank_only``:
     only the ``each_rank`` steps). False when a step was interrupted (the caller stops)."""
-    from gpubench.validation import suite
-
     for plugin, step in planned(place):
         if each_rank_only and not step.each_rank:
             continue

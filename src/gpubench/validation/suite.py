@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpubench import __version__
-from gpubench.core import registry, safe
+from gpubench.core import registry, report, safe
 from gpubench.core import result as R
 from gpubench.core.errors import UsageError, first_line
 from gpubench.core.result import MAX_DEPTH, Record, Result
 from gpubench.core.stats import Summary
+from gpubench.core.units import format_size
 from gpubench.validation import health
 
 BUNDLE_SCHEMA = "gpubench.bundle"
@@ -543,8 +544,6 @@ def fmt_value(v: float) -> str:
 
 
 def _params_text(o: Outcome) -> str:
-    from gpubench.core.units import format_size
-
     return " ".join(f"{k}={format_size(v) if k == 'nbytes' and type(v) is int and v >= 0 else v}"
                     for k, v in (o.params or {}).items() if k not in o.expectation.where)
 
@@ -567,8 +566,6 @@ def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
 def format_report(bundle: Bundle, strict: bool = False) -> list:
     """Rich renderables: the steps table (when steps ran here), the expectations table, a verdict line."""
     from rich.text import Text
-
-    from gpubench.core import report
 
     out: list = []
     if any(s.status != "ok" or s.seconds for s in bundle.steps):
