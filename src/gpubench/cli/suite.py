@@ -4,7 +4,6 @@ results without a GPU."""
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from gpubench.core.plugin import StepPlace
 from gpubench.core.result import Result, check_output_path, check_output_target, write_bytes_atomic
 from gpubench.kit import StrictFloat
 from gpubench.validation import fleet, profiles, steps, suite
+from gpubench.validation.fleet import file_host as _host
 
 
 @click.command("suite")
@@ -189,12 +189,6 @@ def _made(out: Path, out_dir: str) -> Path:
     except OSError as e:
         raise UsageError(f"-o {out_dir!r}: cannot create the folder ({e.strerror or type(e).__name__})") from None
     return out
-
-
-def _host(name: str | None = None) -> str:
-    """A host name (this one's by default) as a file name takes it: [A-Za-z0-9_-], at most 64."""
-    name = socket.gethostname() if name is None else name
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64] or "host"
 
 
 def _finish(bundle, strict: bool, quiet: bool, *, show_steps: bool, saved: str | None = None,

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import socket
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -361,6 +362,13 @@ def skipped_lines(steps: Sequence[Any]) -> list[str]:
 
 # ---- The run (every rank calls run_fleet) ----
 
+
+def file_host(name: str | None = None) -> str:
+    """A host name (this one's by default) as a file name takes it: [A-Za-z0-9_-], at most 64."""
+    name = socket.gethostname() if name is None else name
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64] or "host"
+
+
 def _gpu_count() -> int:
     try:
         from gpubench.core import gpu
@@ -452,7 +460,7 @@ def run_fleet(*, expectations, expect_file: str | None, out, with_merge: bool, s
     try:
         me = group.me
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        host_tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in me.host)[:64] or "host"
+        host_tag = file_host(me.host)
         n_gpu = _gpu_count()
         t0 = time.perf_counter()
         env = envmod.capture() if n_gpu else {"host": envmod.host_info(), "versions": envmod.versions()}
