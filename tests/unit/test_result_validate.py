@@ -40,7 +40,7 @@ MUTATIONS = [
     ("env.topology", {"0,1": 1}), ("env.versions", {"x": 1}), ("env.cuda.device_count", "1"),
     ("env.cuda.nvrtc_version", 13),
     ("records.0", []), ("records.0.params", []), ("records.0.params.x", [1]), ("records.0.metric", "speed"),
-    ("records.0.nbytes", 1.5), ("records.0.nbytes", -1), ("records.0.nbytes", "1"), ("records.0.samples_s", [-1.0]),
+    ("records.0.nbytes", 1.5), ("records.0.nbytes", -1), ("records.0.nbytes", "1"), ("records.0.nbytes", 0), ("records.0.samples_s", [-1.0]),
     ("records.0.samples_s", ["1"]), ("records.0.samples_s", 1.0), ("records.0.samples_s", [1e-13, 1e-6]),
     ("records.0.reps", 0),
     ("records.0.error", 1), ("records.0.extra", []),

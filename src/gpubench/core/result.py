@@ -740,6 +740,8 @@ def _record_fast(d: object) -> "Record | None":
         total = sum(samples)
         if total - total != 0.0 or min(samples) < (MIN_SAMPLE_S if nbytes else 0.0):  # inf/nan in the sum
             return None
+        if not nbytes and metric == "bandwidth":
+            return None
     if not _values_ok(extra) or not _extra_known_ok(extra):
         return None
     tele = d.get("telemetry")
@@ -793,6 +795,9 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
         i = out.index(min(out))
         raise bad_field(source, f"{sp}/{i}", out[i], f"seconds >= {MIN_SAMPLE_S:g} (a sample that moves bytes; "
                         "no clock gpubench uses resolves less than a nanosecond)")
+    if out and not nbytes and metric == "bandwidth" and "nbytes" in d and "metric" in d:  # else: named missing below
+        raise bad_field(source, pointer_join(pointer, "nbytes"), nbytes,
+                        "at least 1 in a bandwidth record with samples (a sample's rate is nbytes / seconds)")
     error = check_str(d.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
     extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"))
     _check_extra_known(extra, source, pointer_join(pointer, "extra"))
