@@ -132,8 +132,8 @@ def shared_cluster():
         assert address.startswith("tcp://"), address
         yield address
     finally:
-        # the cluster's stdin closes too, and it closes: in under a second alone, but past 20 s once
-        # under the whole suite's load, so it gets 5 s before its process group is killed
+        # the cluster's stdin closes too, and it closes (under a second on an idle host); a close slowed
+        # by the suite's load gets 5 s, then its process group is killed
         sh.stdin.close()
         try:
             cluster.wait(timeout=5)
