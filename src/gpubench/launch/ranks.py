@@ -15,6 +15,7 @@ import math
 import os
 import queue
 import re
+import signal
 import socket
 import sys
 import threading
@@ -359,11 +360,7 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
 
 
 class _Abort(Exception):
-    """Another rank's abort notice arrived instead of the awaited message (``text``: its JSON)."""
-
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
+    """Another rank's abort notice arrived instead of the awaited message (``args[0]``: its JSON)."""
 
 
 def _dumps(obj: Any) -> str:
@@ -371,15 +368,6 @@ def _dumps(obj: Any) -> str:
         return json.dumps(obj, allow_nan=True, separators=(",", ":"))
     except (TypeError, ValueError) as e:
         raise TypeError(f"ranks carry JSON only: {e}") from None
-
-
-def _signal_name(signum: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 class Group:
@@ -480,56 +468,53 @@ class Group:
             e.message += f" (found by rank {by})"
         return e
 
-    def bcast(self, obj: Any = None, root: int = 0, timeout: float | None = None, what: str = "broadcast") -> Any:
-        """``obj`` of rank ``root`` on every rank (as JSON: tuples come back as lists); ``what``
-        names it in the error of a root that did not send it."""
+    def bcast(self, obj: Any = None, timeout: float | None = None, what: str = "broadcast") -> Any:
+        """``obj`` of rank 0 on every rank (as JSON: tuples come back as lists); ``what`` names it
+        in the error of a rank 0 that did not send it."""
         if self.size == 1:
             return json.loads(_dumps(obj))
         deadline = self._deadline(timeout)
         tag = self._tag("b")
-        if self.rank == root:
+        if self.rank == 0:
             text = _dumps(obj)
-            self._send_all(tag, text, [r for r in range(self.size) if r != root], deadline)
+            self._send_all(tag, text, list(range(1, self.size)), deadline)
             return json.loads(text)
-        return json.loads(self._recv_named(tag, root, deadline, what, timeout))
+        return json.loads(self._recv_named(tag, 0, deadline, what, timeout))
 
-    def gather(self, obj: Any, root: int = 0, timeout: float | None = None, what: str = "gather",
-               confirm: bool = False, waited: float | None = None) -> list | None:
-        """Every rank's ``obj`` on ``root`` (a list, index = rank); None on the other ranks.
-        ``confirm``: the others return only once the root has every part (a barrier that carries data)."""
-        if self.size == 1:
-            return [json.loads(_dumps(obj))]
-        deadline = self._deadline(timeout)
-        tag = self._tag("g")
-        text = _dumps(obj)
-        said = timeout if waited is None else waited
-        if self.rank != root:
-            self._send_all(tag, text, [root], deadline)
-            if confirm:
-                self._recv_named(tag + "ok", root, deadline + CONFIRM_S, f"{what} (rank {root}'s receipt)",
-                                 self._waited(said) + CONFIRM_S)
-            return None
-        out = self._collect(tag, text, deadline, what, said)
-        if confirm:
-            self._send_all(tag + "ok", "1", [r for r in range(self.size) if r != root], deadline)
-        return out
+    def gather(self, obj: Any, timeout: float | None = None, what: str = "gather", confirm: bool = False,
+               waited: float | None = None) -> list | None:
+        """Every rank's ``obj`` on rank 0 (a list, index = rank); None on the other ranks.
+        ``confirm``: the others return only once rank 0 has every part (a barrier that carries
+        data); ``waited``: the seconds the error of a silent rank names (default ``timeout``)."""
+        out = self._through_rank0("g", obj, timeout, what, waited, f"{what} (rank 0's receipt)" if confirm else None)
+        return out if self.rank == 0 else None
 
     def allgather(self, obj: Any, timeout: float | None = None, what: str = "all-gather") -> list:
         """Every rank's ``obj`` on every rank (a list, index = rank); ``what`` names it in the
         error of a rank that did not answer."""
+        return self._through_rank0("a", obj, timeout, what, None, what, whole=True)
+
+    def _through_rank0(self, kind: str, obj: Any, timeout: float | None, what: str, waited: float | None,
+                       answer: str | None, whole: bool = False) -> Any:
+        """Every rank's ``obj`` to rank 0 (2(n - 1) messages, not n(n - 1)), which returns them all.
+        With ``answer`` (what the error of a silent rank 0 names), rank 0 then answers every other
+        rank (``whole``: with the list, else a receipt), which waits CONFIRM_S longer than rank 0."""
         if self.size == 1:
             return [json.loads(_dumps(obj))]
         deadline = self._deadline(timeout)
-        tag = self._tag("a")
+        tag = self._tag(kind)
         text = _dumps(obj)
-        # through rank 0: 2(n - 1) messages, not n(n - 1)
+        said = timeout if waited is None else waited
         if self.rank != 0:
             self._send_all(tag, text, [0], deadline)
-            return json.loads(self._recv_named(tag + "all", 0, deadline + CONFIRM_S, what,
-                                               self._waited(timeout) + CONFIRM_S))
-        whole = _dumps(self._collect(tag, text, deadline, what, timeout))
-        self._send_all(tag + "all", whole, list(range(1, self.size)), deadline)
-        return json.loads(whole)
+            if answer is None:
+                return None
+            return json.loads(self._recv_named(tag + "ok", 0, deadline + CONFIRM_S, answer,
+                                               self._waited(said) + CONFIRM_S))
+        out = self._collect(tag, text, deadline, what, said)
+        if answer is not None:
+            self._send_all(tag + "ok", _dumps(out) if whole else "1", list(range(1, self.size)), deadline)
+        return out
 
     def barrier(self, timeout: float | None = None, what: str = "barrier") -> None:
         """Return when every rank has reached it; MachineError naming the absent ones after ``timeout``."""
@@ -549,7 +534,7 @@ class Group:
         try:
             return self._recv(tag, src, deadline)
         except _Abort as a:
-            raise self._aborted(a.text) from None
+            raise self._aborted(a.args[0]) from None
 
     def _recv_named(self, tag: str, src: int, deadline: float, what: str, timeout: float | None = None) -> str:
         try:
@@ -582,7 +567,7 @@ class Group:
                         out[q] = json.loads(text)
                     break
         except _Abort as a:
-            raise self._aborted(a.text) from None
+            raise self._aborted(a.args[0]) from None
         if missing:
             raise self.missing(missing, what, self._waited(timeout))
         return out
@@ -612,7 +597,7 @@ class Group:
         return list(dict.fromkeys(r.host for r in self.ranks))
 
     def close(self, quiet: bool | None = None, interrupted: BaseException | None = None) -> None:
-        """End this rank's part: the farewell rule (:meth:`_end`), then the transport's own end;
+        """End this rank's part: the farewell rule (:meth:`_ended`), then the transport's own end;
         idempotent. ``interrupted``: the signal this rank stopped on where it is not on its way.
 
         Raises:
@@ -644,36 +629,34 @@ class Group:
             return
         self._faulted = True
         self._leaving = True
-        name = "SIGINT" if isinstance(e, KeyboardInterrupt) else _signal_name(getattr(e, "signum", 0))
+        signum = getattr(e, "signum", 0)
+        name = "SIGINT" if isinstance(e, KeyboardInterrupt) else next(
+            (s.name for s in signal.Signals if s == signum), f"signal {signum}")
         with contextlib.suppress(Exception):  # the store or a peer gone already: nothing more to tell
             self._send_all("abort", _dumps({"interrupted": name, "by": self.rank}),
                            [r for r in range(self.size) if r != self.rank], time.monotonic() + 2.0)
 
-    def _end(self) -> None:
+    def _ended(self) -> MachineError | None:
         """The farewell rule of a healthy run: every other rank tells rank 0 it is done and returns
         only once rank 0 has confirmed the end, which rank 0 does when every rank said so.
 
-        Raises:
-            MachineError: rank 0 did not confirm (on the others); a rank did not say it was done
-                (on rank 0, and through rank 0's notice on the others).
+        Returns:
+            None when the end was confirmed (or a fault came first), else the MachineError of rank 0
+            that did not confirm (on the others) or of a rank that did not say it was done (on rank
+            0, and through rank 0's notice on the others).
         """
-        if self.size == 1:
-            return
+        if self._faulted or self.size == 1:
+            return None
         deadline = time.monotonic() + CLOSE_S
         what = "end of the run"
-        if self.rank == 0:
-            self._collect("end", "null", deadline, what, CLOSE_S)
-            self._send_all("fin", "null", [r for r in range(1, self.size)], deadline)
-        else:
-            self._send_all("end", "null", [0], deadline)
-            self._recv_named("fin", 0, deadline + CONFIRM_S, f"{what} (rank 0's confirmation)", CLOSE_S + CONFIRM_S)
-
-    def _ended(self) -> MachineError | None:
-        """:meth:`_end`'s error, or None when the end was confirmed (or a fault came first)."""
-        if self._faulted:
-            return None
         try:
-            self._end()
+            if self.rank == 0:
+                self._collect("end", "null", deadline, what, CLOSE_S)
+                self._send_all("fin", "null", list(range(1, self.size)), deadline)
+            else:
+                self._send_all("end", "null", [0], deadline)
+                self._recv_named("fin", 0, deadline + CONFIRM_S, f"{what} (rank 0's confirmation)",
+                                 CLOSE_S + CONFIRM_S)
         except MachineError as e:
             self._faulted = True
             return e

@@ -163,15 +163,11 @@ def combine(per_rank: list[list[float]], average: int) -> list[float]:
     Raises:
         ValueError: ranks with different sample counts, or an unknown ``average``.
     """
-    if not per_rank:
-        return []
-    n = len(per_rank[0])
-    if any(len(s) != n for s in per_rank):
+    if any(len(s) != len(per_rank[0]) for s in per_rank):
         raise ValueError("ranks returned different numbers of samples")
-    pick = _COMBINE.get(average)
-    if pick is None:
+    if average not in _COMBINE:
         raise ValueError(f"average {average} is not 0..3")
-    return [pick([s[k] for s in per_rank]) for k in range(n)]
+    return [_COMBINE[average](list(sample)) for sample in zip(*per_rank)]
 
 
 def combined_point(nbytes: int, count: int, place: str, reports: Sequence[dict], average: int) -> Point:

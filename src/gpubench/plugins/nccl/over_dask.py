@@ -251,22 +251,6 @@ class _Ranks:
         return {"dask_workers": workers, "nccl": (self.info[0] or {}).get("nccl")}
 
 
-def _connect(spec: NcclSpec):
-    """A Client of the spec's scheduler.
-
-    Raises:
-        UsageError: the scheduler cannot be reached.
-    """
-    from distributed import Client
-
-    try:
-        return Client(spec.scheduler_address, scheduler_file=spec.scheduler_file,
-                      timeout=connect_timeout(spec.timeout_s))
-    except (OSError, ValueError) as e:
-        where = spec.scheduler_address or spec.scheduler_file
-        raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {first_line(e)}") from None
-
-
 class NcclDask(Benchmark):
     """The nccl plug-in for one rank per Dask worker, run by the driver on the client (no GPU there).
     A point is (index, size, placement)."""
@@ -305,8 +289,15 @@ class NcclDask(Benchmark):
             UsageError: the scheduler cannot be reached, no workers, a root that is not a rank.
             MachineError: getting the unique id failed.
         """
+        from distributed import Client
+
         spec = ctx.spec
-        client = _connect(spec)
+        try:
+            client = Client(spec.scheduler_address, scheduler_file=spec.scheduler_file,
+                            timeout=connect_timeout(spec.timeout_s))
+        except (OSError, ValueError) as e:
+            where = spec.scheduler_address or spec.scheduler_file
+            raise UsageError(f"cannot reach the Dask scheduler at {where!r}: {first_line(e)}") from None
         ranks: _Ranks | None = None
         try:
             workers = sorted(client.scheduler_info()["workers"])
