@@ -29,35 +29,28 @@ class CollCounts:
     recv_inplace_offset: int
 
 
-def _per_rank_base(count: int, elt_size: int, nranks: int) -> int:
-    # (count / nranks) & ~(16 / eltSize - 1): a whole number of 16-byte units per rank
-    mask = max(1, 16 // elt_size) - 1
-    return (count // nranks) & ~mask
-
-
 def _same(count: int, elt_size: int, nranks: int) -> CollCounts:
     return CollCounts(count, count, count, 0, 0)
 
 
-def _allgather(count: int, elt_size: int, nranks: int) -> CollCounts:
-    base = _per_rank_base(count, elt_size, nranks)
-    return CollCounts(base, base * nranks, base, base, 0)
+def _blocks(shape: str, align: int = 0) -> Callable[[int, int, int], CollCounts]:
+    """GetCollByteCount of a collective over per-rank blocks. ``shape``: the send count, receive
+    count, send and receive in-place offsets, each "0", "1" (one block) or "n" (nranks blocks)."""
+    def counts(count: int, elt_size: int, nranks: int) -> CollCounts:
+        if align:  # hypercube.cu: (count / (ALIGN * nranks)) * ALIGN
+            base = (count // (align * nranks)) * align
+        else:  # (count / nranks) & ~(16 / eltSize - 1): a whole number of 16-byte units per rank
+            base = (count // nranks) & ~(max(1, 16 // elt_size) - 1)
+        send, recv, send_off, recv_off = ({"0": 0, "1": 1, "n": nranks}[c] * base for c in shape)
+        return CollCounts(send, recv, base, send_off, recv_off)
+
+    return counts
 
 
-def _reducescatter(count: int, elt_size: int, nranks: int) -> CollCounts:
-    base = _per_rank_base(count, elt_size, nranks)
-    return CollCounts(base * nranks, base, base, 0, base)
-
-
-def _hypercube(count: int, elt_size: int, nranks: int) -> CollCounts:
-    # hypercube.cu: base = (count / (ALIGN * nranks)) * ALIGN with ALIGN = 4 elements
-    base = (count // (4 * nranks)) * 4
-    return CollCounts(base, base * nranks, base, base, 0)
-
-
-def _alltoall(count: int, elt_size: int, nranks: int) -> CollCounts:
-    base = _per_rank_base(count, elt_size, nranks)
-    return CollCounts(base * nranks, base * nranks, base, 0, 0)
+_allgather = _blocks("1n10")
+_reducescatter = _blocks("n101")
+_alltoall = _blocks("nn00")
+_hypercube = _blocks("1n10", align=4)  # hypercube.cu: ALIGN = 4 elements
 
 
 @dataclass(frozen=True)
