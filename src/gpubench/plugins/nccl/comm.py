@@ -178,14 +178,13 @@ def abort(ranks: list[Rank]) -> None:
 
 def nccl_module():
     """cupy.cuda.nccl, or a one-line error saying how to get NCCL."""
+    hint = "pip install 'gpubench-cuda[cuda13]' (or [cuda12]): it brings nvidia-nccl-cu13"
     try:
         from cupy.cuda import nccl
     except Exception as e:  # pragma: no cover - depends on the install
-        raise UsageError(f"CuPy's NCCL bindings are not importable ({type(e).__name__})",
-                         "pip install 'gpubench-cuda[cuda13]' (or [cuda12]): it brings nvidia-nccl-cu13") from None
+        raise UsageError(f"CuPy's NCCL bindings are not importable ({type(e).__name__})", hint) from None
     if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
-        raise UsageError("NCCL is not available to CuPy (libnccl.so.2 not found)",
-                         "pip install 'gpubench-cuda[cuda13]' (or [cuda12]): it brings nvidia-nccl-cu13")
+        raise UsageError("NCCL is not available to CuPy (libnccl.so.2 not found)", hint)
     return nccl
 
 

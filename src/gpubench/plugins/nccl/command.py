@@ -103,18 +103,19 @@ def select_run(spec):
         from gpubench.plugins.nccl import over_dask
 
         return over_dask.run_on_dask
-    from gpubench.plugins.nccl import ranks as nccl_ranks
+    from gpubench.launch.ranks import discover
 
-    if nccl_ranks.under_launcher():
+    if discover().under_launcher:
+        from gpubench.plugins.nccl import ranks as nccl_ranks
+
         return nccl_ranks.run_ranks
     return bench.run
 
 
 def _not_rank0() -> bool:
-    from gpubench.launch.ranks import discover
+    from gpubench.launch.ranks import speaks_for_the_job
 
-    me = discover()
-    return me.under_launcher and me.rank != 0
+    return not speaks_for_the_job()
 
 
 def after(result, spec, code: int) -> int:

@@ -14,7 +14,7 @@ from typing import Iterator
 from gpubench.plugins.nccl import bench as N
 from gpubench.plugins.nccl import launch as L
 from gpubench.plugins.nccl import log as nccl_log
-from gpubench.plugins.nccl.comm import make_barrier, nccl_env, nccl_module
+from gpubench.plugins.nccl.comm import abort, make_barrier, nccl_env, nccl_module
 from gpubench.core import benchmark as driver
 from gpubench.core import gpu
 from gpubench.launch import ranks as R
@@ -167,8 +167,6 @@ class NcclRanks(N.Nccl):
 
     def _fault(self, ctx: Context, e: MachineError) -> MachineError:
         """After a fault on this rank: abort, then a roll call names the missing ranks."""
-        from gpubench.plugins.nccl.comm import abort
-
         abort(ctx.data.get("ranks") or [])
         ctx.data["faulted"] = True
         try:
@@ -224,11 +222,6 @@ class NcclRanks(N.Nccl):
         t["method"] = t["method"].replace("averaged over processes",
                                           f"combined over processes by -a {ctx.spec.average} ({AVERAGES[ctx.spec.average]})")
         return t
-
-
-def under_launcher() -> bool:
-    """True when a launcher's variables say this process is a rank of a launched job."""
-    return R.discover().under_launcher
 
 
 def run_ranks(spec: N.NcclSpec, progress: ProgressSink | None = None) -> Result:
