@@ -1,11 +1,7 @@
 """``gpubench nccl``: NCCL collectives through CuPy's bindings, timed as nccl-tests 2.19.6 times them
-(src/common.cu BenchTime; docs/nccl.md). One process with one communicator per GPU
-(``NcclCommunicator.initAll``, the ranks' calls grouped between ``ncclGroupStart``/``ncclGroupEnd``
-as nccl-tests ``-g N``), or one rank per Dask worker (over_dask) or per launched process (ranks).
-
-Timed: ``perf_counter`` from before ``iters`` grouped launches are queued until every rank's stream
-has finished; per-iteration time = span / iters (with ``-G`` G: span / (iters * G)). The report
-shows the median over samples.
+(src/common.cu BenchTime; docs/nccl.md "What is timed"): one process with one communicator per GPU
+(``NcclCommunicator.initAll``, as nccl-tests ``-g N``); per-iteration time = span / iters (with
+``-G`` G: span / (iters * G)), seconds.
 """
 
 from __future__ import annotations
@@ -34,10 +30,9 @@ MAX_GRAPH_ITERS = 100_000  # iterations (graph nodes per GPU, at least) captured
 
 @contextlib.contextmanager
 def local_ranks(ctx: Context, comms: list, first: int = 0) -> Iterator[list[Rank]]:
-    """This process's ranks, rank ``first + i`` on ``ctx.devices[i]`` and ``comms[i]`` (a stream and
-    two buffers of the largest size each), with the graph owner, in ``ctx.data``. On the way out
-    what was made is released in the order NCCL needs (CUDA graphs first, they hold NCCL resources
-    that ncclCommDestroy waits for); errors on the way out are ignored.
+    """This process's ranks, rank ``first + i`` on ``ctx.devices[i]`` and ``comms[i]``, with the graph
+    owner, in ``ctx.data``; released on the way out in the order NCCL needs (CUDA graphs first: they
+    hold NCCL resources that ncclCommDestroy waits for), errors then ignored.
 
     Raises:
         MachineError: a stream or a buffer failed.
@@ -203,9 +198,7 @@ def unmeasured_point(spec: NcclSpec, size: int, place: str, nranks: int, error: 
 def measure_point(spec: NcclSpec, ranks: list[Rank], nranks: int, barrier: Callable[[], None], size: int,
                   place: str, new_graphs: Callable[[], CapturedGraphs] = CapturedGraphs) -> Point:
     """Measure one (size in bytes, placement) on this process's ``ranks`` (nccl-tests BenchTime for
-    one size): the inputs set to the check's values, ``warmup`` iterations, the "Sync" call, the
-    timed samples, then ``check`` data checks, stopping at the first wrong one. ``barrier`` is
-    called before each timed sample and check (nccl-tests' Barrier across processes).
+    one size); ``barrier`` is called before each timed sample and check (nccl-tests' Barrier).
 
     Raises:
         MachineError, NcclError, CUDARuntimeError, KeyboardInterrupt: with work possibly still
@@ -385,21 +378,17 @@ class Nccl(Benchmark):
         return to_records(ctx.spec, [p], len(ranks))
 
     def failed(self, ctx: Context, point: driver.Point, message: str) -> list[Record]:
-        """The record of a point whose memory could not be allocated."""
         size, place = point.key
         nranks = len(ctx.devices)
         return to_records(ctx.spec, [unmeasured_point(ctx.spec, size, place, nranks, message)], nranks)
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
-        """The collective limit rule (core/limits.mark_collective)."""
         mark_collectives(records, ctx.env, ctx.devices)
 
     def spec_dict(self, ctx: Context) -> dict:
-        """The spec with the GPUs used and the rank count."""
         return ctx.spec.to_dict(devices=list(ctx.devices), nranks=len(ctx.devices))
 
     def timing(self, ctx: Context) -> dict:
-        """nccl-tests' BenchTime as run here, and the buffers' allocator."""
         return _timing(ctx.spec, ctx.data.get("allocator"))
 
 

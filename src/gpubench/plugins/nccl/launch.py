@@ -76,7 +76,8 @@ _MARK_EVERY = 32  # an event is recorded on each stream every this many iteratio
 
 def queue_bounds(n: int, per_launch: int = 1) -> tuple[bool, int, int]:
     """How run_iters bounds the launch queue for ``n`` launches of ``per_launch`` iterations each:
-    (bounded, launches between events, events allowed in flight)."""
+    (bounded, launches between events, events allowed in flight). Past MAX_QUEUED + _MARK_EVERY
+    iterations, the event recorded every _MARK_EVERY is waited for once MAX_QUEUED newer are queued."""
     every = max(1, _MARK_EVERY // per_launch)
     window = max(1, MAX_QUEUED // (every * per_launch))
     return n * per_launch > MAX_QUEUED + _MARK_EVERY, every, window
@@ -84,11 +85,8 @@ def queue_bounds(n: int, per_launch: int = 1) -> tuple[bool, int, int]:
 
 def run_iters(ranks: list[Rank], n: int, launch: Callable[[int], None], timeout_s: float,
               per_launch: int = 1) -> None:
-    """Queue ``launch(0..n-1)`` with at most about MAX_QUEUED iterations in flight, without waiting
-    for the last ones. ``per_launch``: the iterations one launch queues. Past MAX_QUEUED +
-    _MARK_EVERY, an event recorded every _MARK_EVERY iterations is waited for once MAX_QUEUED
-    newer iterations are queued behind it.
-    """
+    """Queue ``launch(0..n-1)`` (``per_launch`` iterations each) with at most about MAX_QUEUED
+    iterations in flight (:func:`queue_bounds`), without waiting for the last ones."""
     import cupy
 
     bounded, every, window = queue_bounds(n, per_launch)
