@@ -200,11 +200,9 @@ def _pmi_job(env: Mapping[str, str], lib: MpiLibrary) -> str | None:
 def mpi_refusal(row: Launcher, env: Mapping[str, str], lib: MpiLibrary) -> UsageError | None:
     """The one-line error when ``row``'s launcher started this process and mpi4py's MPI library
     ``lib`` cannot join its job (the row's ``mpi.refuses`` decides), else None."""
-    why = row.mpi.refuses(env, lib) if row.mpi is not None else None
-    if row.mpi is None or why is None:
+    if row.mpi is None or (why := row.mpi.refuses(env, lib)) is None:
         return None
-    value = env.get(row.rank, "")
-    return UsageError(f"{row.rank}={value[:20]!r} says {row.mpi.job} started this process, but mpi4py here runs "
+    return UsageError(f"{row.rank}={env.get(row.rank, '')[:20]!r} says {row.mpi.job} started this process, but mpi4py here runs "
                       f"{lib.name}, {why}", row.mpi.hint.format(lib=lib.name))
 
 
@@ -1308,8 +1306,9 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
     if rendezvous is not None:  # checked on every path: under MPI it is not used, but a typo is still one
         parse_rendezvous(rendezvous)
     if not me.under_launcher or me.size == 1:
-        return Group(replace(me, local_rank=max(me.local_rank, 0), local_size=me.local_size or 1,
-                             node=me.node if me.node is not None else 0), timeout)
+        g = Group(me, timeout)
+        g._learn_ranks()  # local rank 0 of 1 on node 0 where the launcher does not say
+        return g
     addr: tuple[str, int] | None = None  # rank 0's store (the store path only)
     MPI = _mpi(me, env)
     if MPI is not None:
