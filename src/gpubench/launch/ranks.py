@@ -1306,9 +1306,9 @@ def join(me: Rank, rendezvous: str | None = None, timeout: float = 60.0,
     if rendezvous is not None:  # checked on every path: under MPI it is not used, but a typo is still one
         parse_rendezvous(rendezvous)
     if not me.under_launcher or me.size == 1:
-        g = Group(me, timeout)
-        g._learn_ranks()  # local rank 0 of 1 on node 0 where the launcher does not say
-        return g
+        lone = Group(me, timeout)
+        lone._learn_ranks()  # local rank 0 of 1 on node 0 where the launcher does not say
+        return lone
     addr: tuple[str, int] | None = None  # rank 0's store (the store path only)
     MPI = _mpi(me, env)
     if MPI is not None:
