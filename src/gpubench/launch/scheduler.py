@@ -194,7 +194,11 @@ def wait_watching(client, collection, workers: Mapping[str, int], timeout_s: flo
             done = False
         finished_at = time.perf_counter()
         check_workers(client, workers, what)
-        _raise_failed(futs, what)
+        for f in futs:
+            if f.status == "error":
+                raise MachineError(f"{what} failed on the cluster: {error_line(f.exception())[:200]}")
+            if f.status == "cancelled":
+                raise MachineError(f"{what} was cancelled on the cluster (a worker or the scheduler went away)")
         if done:
             break
         if on_poll is not None:
@@ -216,10 +220,3 @@ def results_within(client, futs, workers: Mapping[str, int], timeout_s: float, w
                          hint, "the cluster"):
         return [f.result(timeout=max(deadline - time.monotonic(), 0.001)) for f in futs]
 
-
-def _raise_failed(futs, what: str) -> None:
-    for f in futs:
-        if f.status == "error":
-            raise MachineError(f"{what} failed on the cluster: {error_line(f.exception())[:200]}")
-        if f.status == "cancelled":
-            raise MachineError(f"{what} was cancelled on the cluster (a worker or the scheduler went away)")
