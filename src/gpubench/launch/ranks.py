@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import Future, wait
 from dataclasses import astuple, dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from gpubench.core.errors import GpubenchError, MachineError, UsageError, first_line
 from gpubench.core.signals import Interrupted, note_complete
@@ -780,35 +780,38 @@ class _StoreGroup(Group):
         self._rank0_serves = served_by_rank0
         self.transport = f"store:{kind}"
 
-    def _lost_store(self, e: _StoreLost) -> MachineError:
-        self._faulted = True
-        if isinstance(e, _StoreForeign):
+    @contextlib.contextmanager
+    def _answering(self) -> Iterator[None]:
+        """A store that stopped answering inside becomes the MachineError naming who serves it."""
+        try:
+            yield
+        except _StoreForeign as e:
+            self._faulted = True
             self._lost = set(range(self.size)) - {self.rank}  # nobody of this group is reachable there
-            return MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
-                                "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port")
-        who = "the rendezvous store"
-        if self._rank0_serves and self.rank != 0:
-            self._lost.add(0)
-            who = f"rank 0 on {self._host_of(0)}, which serves the rendezvous store,"
-        return MachineError(f"{who} did not answer ({e.message})", "the other ranks stopped; see that rank's own output")
+            raise MachineError(f"the rendezvous store's port is not gpubench's: {e.message}",
+                               "check MASTER_ADDR/MASTER_PORT (--rendezvous); give each group its own port") from None
+        except _StoreLost as e:
+            self._faulted = True
+            who = "the rendezvous store"
+            if self._rank0_serves and self.rank != 0:
+                self._lost.add(0)
+                who = f"rank 0 on {self._host_of(0)}, which serves the rendezvous store,"
+            raise MachineError(f"{who} did not answer ({e.message})",
+                               "the other ranks stopped; see that rank's own output") from None
 
     def _send_all(self, tag, text, dests, deadline):
         # one key per message for a single receiver; a broadcast (and an abort notice) is one key all read
         dest = dests[0] if len(dests) == 1 else "*"
         key = f"{self._prefix}/abort/*" if tag == "abort" else f"{self._prefix}/{tag}/{self.rank}/{dest}"
-        try:
+        with self._answering():
             self._store.set(key, text, max(deadline, time.monotonic() + 2.0))
-        except _StoreLost as e:
-            raise self._lost_store(e) from None
 
     def _recv(self, tag, src, deadline, aborts=True):
         keys = [f"{self._prefix}/{tag}/{src}/{self.rank}", f"{self._prefix}/{tag}/{src}/*"]
         if aborts:
             keys.append(f"{self._prefix}/abort/*")
-        try:
+        with self._answering():
             key, text = self._store.get_any(keys, deadline)
-        except _StoreLost as e:
-            raise self._lost_store(e) from None
         if aborts and key == keys[2]:
             raise _Abort(text)
         return text
@@ -830,7 +833,7 @@ class _StoreGroup(Group):
         """
         key = f"{self._prefix}/rank/{self.rank}"
         me = f"{self.me.host} pid {os.getpid()}"
-        try:
+        with self._answering():
             if self._store.add(key, 1, deadline) == 1:
                 self._store.set(f"{key}/by", me, deadline)
                 return
@@ -843,8 +846,6 @@ class _StoreGroup(Group):
             except TimeoutError:  # not formed yet
                 self._send_all("abort", _dumps({"clash": self.rank, "by": self.rank, "who": me, "holder": holder,
                                                 "where": where}), [], deadline)
-        except _StoreLost as e:
-            raise self._lost_store(e) from None
         self._faulted = True
         self._lost = set(range(self.size)) - {self.rank}  # not a member: close() waits for no one
         raise UsageError(f"rank {self.rank} already joined the rendezvous store at {where} ({holder}; this is {me}): "
@@ -868,10 +869,8 @@ class _StoreGroup(Group):
             return {}
         under = f"{self._prefix}/{tag}/"
         abort = f"{self._prefix}/abort/*"
-        try:  # one look for them all, bounded by LAST_LOOK_S whatever their number (see the stores' peek)
+        with self._answering():  # one look for them all, bounded by LAST_LOOK_S whatever their number
             got = self._store.peek(under, srcs, self.rank, [abort], time.monotonic() + LAST_LOOK_S)
-        except _StoreLost as e:
-            raise self._lost_store(e) from None
         if abort in got:
             raise _Abort(got[abort])
         wanted = set(srcs)
