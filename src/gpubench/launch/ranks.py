@@ -1190,7 +1190,7 @@ class _Store:
 # -- join -----------------------------------------------------------------------------------------
 
 
-def parse_rendezvous(text: str, what: str = "--rendezvous") -> tuple[str, int]:
+def parse_rendezvous(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port).
 
     Raises:
@@ -1198,7 +1198,7 @@ def parse_rendezvous(text: str, what: str = "--rendezvous") -> tuple[str, int]:
     """
     m = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+(?:%[0-9A-Za-z_.-]+)?\]|[^:\s\[\]]+):([0-9]{1,5})\s*", text or "")
     if not m or not 0 < int(m.group(2)) < 65536:
-        raise UsageError(f"{what} {text[:80]!r} is not HOST:PORT", "e.g. node01:29500 or [::1]:29500 (port 1..65535)")
+        raise UsageError(f"--rendezvous {text[:80]!r} is not HOST:PORT", "e.g. node01:29500 or [::1]:29500 (port 1..65535)")
     return m.group(1).strip("[]"), int(m.group(2))
 
 

@@ -1,11 +1,8 @@
-"""The NCCL collectives gpubench measures, one table entry each, as nccl-tests 2.19.6
-(github.com/NVIDIA/nccl-tests, the entry's ``source`` file) defines them: the byte counts
-(``<Coll>GetCollByteCount``), the algbw size and busbw factor (``<Coll>GetBw``), the NCCL call(s) of
-one rank (``<Coll>RunColl``), the expected output (``<Coll>InitData``). Adding a collective is adding
-an entry (docs/nccl.md, "Adding a collective").
-
-``algbw = S / t`` with S = ``paramcount * eltSize`` times the entry's ``size_blocks(nranks)``;
-``busbw = algbw * factor``, the factor derived in doc/PERFORMANCE.md. Pure Python: no CuPy, no NCCL.
+"""The NCCL collectives gpubench measures, one table entry each, as nccl-tests 2.19.6 defines them
+in the entry's ``source`` file: byte counts (``<Coll>GetCollByteCount``), algbw size and busbw factor
+(``<Coll>GetBw``), one rank's NCCL call(s) (``<Coll>RunColl``), expected output (``<Coll>InitData``).
+``algbw = S / t`` (bytes / seconds) with S = ``paramcount * eltSize * size_blocks(nranks)``;
+``busbw = algbw * factor`` (doc/PERFORMANCE.md). Pure Python: no CuPy, no NCCL (docs/nccl.md).
 """
 
 from __future__ import annotations
