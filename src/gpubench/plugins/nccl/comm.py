@@ -18,7 +18,8 @@ from gpubench.core.units import format_size
 
 @functools.lru_cache(maxsize=None)
 def _libnccl():
-    """The NCCL library CuPy loaded (ctypes, found in /proc/self/maps, else by its soname), or None."""
+    """The NCCL library CuPy loaded (ctypes, found in /proc/self/maps, else by its soname), or None
+    where none loads or it has no ncclMemAlloc (NCCL < 2.19)."""
     import ctypes
 
     try:
@@ -31,9 +32,10 @@ def _libnccl():
             lib = ctypes.CDLL(name)
         except OSError:
             continue
-        if hasattr(lib, "ncclMemAlloc"):
-            lib.ncclMemAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-            lib.ncclMemFree.argtypes = [ctypes.c_void_p]
+        if not hasattr(lib, "ncclMemAlloc"):
+            return None
+        lib.ncclMemAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        lib.ncclMemFree.argtypes = [ctypes.c_void_p]
         return lib
     return None
 
@@ -50,8 +52,7 @@ class NcclBuffer:
     def __init__(self, nbytes: int):
         import ctypes
 
-        lib = _libnccl()
-        self._lib = lib if lib is not None and hasattr(lib, "ncclMemAlloc") else None
+        self._lib = _libnccl()
         self.nbytes = nbytes
         if self._lib is None:
             self.allocator = "cudaMalloc"
