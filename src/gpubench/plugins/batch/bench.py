@@ -249,7 +249,7 @@ def _contiguous(pt: _Pieces, direction: str) -> list[Record]:
         runtime.memcpyAsync(dst, src, total, kind, stream.ptr)
 
     samples, reps = time_repeated(stream, pt.gated, one, pt.spec.plan)
-    extra = dict(pt.base_extra(), gated=pt.gated, verified=pt.arrived(h2d, expected))
+    extra = dict(pt.base_extra(), verified=pt.arrived(h2d, expected))
     return [_record(pt.params(direction, "contiguous"), total, samples, reps, extra)]
 
 
@@ -318,22 +318,9 @@ def _batched_api(pt: _Pieces, direction: str) -> list[Record]:
     return [_record(params, pt.total, samples, 1, extra)]
 
 
-@dataclass(frozen=True)
-class Strategy:
-    """One entry of batch's table: the ``-s/--strategy`` value, the strategies its records are named
-    (``packed`` adds ``packed+gather``), and (point's pieces, direction) -> records."""
-
-    name: str
-    records: tuple[str, ...]
-    measure: Callable[[_Pieces, str], list[Record]]
-
-
-STRATEGY_TABLE: dict[str, Strategy] = {st.name: st for st in (
-    Strategy("separate", ("separate",), _separate),
-    Strategy("packed", ("packed", "packed+gather"), _packed),
-    Strategy("batched-api", ("batched-api",), _batched_api),
-    Strategy("contiguous", ("contiguous",), _contiguous),
-)}
+# -s/--strategy value -> (point's pieces, direction) -> records; packed's add "packed+gather"
+STRATEGY_TABLE: dict[str, Callable[[_Pieces, str], list[Record]]] = {
+    "separate": _separate, "packed": _packed, "batched-api": _batched_api, "contiguous": _contiguous}
 assert tuple(STRATEGY_TABLE) == STRATEGIES
 
 
@@ -344,7 +331,7 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
     try:
         for direction in spec.directions:
             for strategy in spec.strategies:
-                out += STRATEGY_TABLE[strategy].measure(pt, direction)
+                out += STRATEGY_TABLE[strategy](pt, direction)
         pt.stream.synchronize()
     finally:
         pt.free()
@@ -401,7 +388,7 @@ class Batch(Benchmark):
     def failed(self, ctx: Context, point: Point, message: str) -> list[Record]:
         spec: BatchSpec = ctx.spec
         g: _Group = point.key
-        strategies = [x for st in spec.strategies for x in STRATEGY_TABLE[st].records]
+        strategies = [x for st in spec.strategies for x in ((st, "packed+gather") if st == "packed" else (st,))]
         return [Record(params=_params(spec, d, st, g), nbytes=g.count * g.piece, error=message)
                 for d in spec.directions for st in strategies]
 

@@ -196,10 +196,23 @@ def _bidir_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[
     timer = GatedTimer([Lane(stream, g.ordinal, gated=gated, gate_timeout_s=GATE_TIMEOUT_S),
                         Lane(s2, g.ordinal, gated=False)])
 
-    def concurrent(copies, policy, check):
+    out = []
+    # (direction, buffer and pattern poisoned first, the two copies, time policy, bytes, peak, check)
+    cases = (
+        ("bidir-h2d", (b, pat2), ((a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, 2 * n, gpu.D2H)),
+         "first", n, peak, lambda: pat.matches_device(a.dev.ptr) and pat2.matches(b.host.array)),
+        ("bidir-d2h", (a, pat), ((a.host.ptr, a.dev.ptr, n, gpu.D2H), (b.dev.ptr, b.host.ptr, 2 * n, gpu.H2D)),
+         "first", n, peak, lambda: pat.matches(a.host.array) and pat2.matches_device(b.dev.ptr)),
+        ("bidir-total", None, ((a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, n, gpu.D2H)),
+         SPAN, 2 * n, 2 * peak if peak else None,
+         lambda: pat.matches_device(a.dev.ptr) and pat2.matches(b.host.array[:n])),
+    )
+    for direction, poisoned, copies, policy, nbytes, rec_peak, check in cases:
+        if poisoned is not None and spec.verify:
+            poisoned[1].fill(poisoned[0].host.array, invert=True)
         (d1, s1_, n1, k1), (d2, s2_, n2, k2) = copies
 
-        def both(reps: int) -> None:
+        def both(reps: int) -> None:  # called in this pass of the loop only
             for _ in range(reps):
                 runtime.memcpyAsync(d1, s1_, n1, k1, stream.ptr)
                 runtime.memcpyAsync(d2, s2_, n2, k2, s2.ptr)
@@ -210,27 +223,8 @@ def _bidir_records(ctx: Context, g: _Group, bufs: dict, direction: str) -> list[
             stream.synchronize()
             s2.synchronize()
             verified = check()
-        return [policy_seconds(t, policy) / reps for t in times], reps, verified
-
-    def poison(buf: _Pair, p: gpu.Pattern):
-        if spec.verify:
-            p.fill(buf.host.array, invert=True)
-
-    out = []
-    poison(b, pat2)
-    first, reps, ok = concurrent(
-        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, 2 * n, gpu.D2H)], "first",
-        lambda: pat.matches_device(a.dev.ptr) and pat2.matches(b.host.array))
-    out.append(_record(_params(g, "bidir-h2d"), n, first, reps, gated, ok, peak))
-    poison(a, pat)
-    first, reps, ok = concurrent(
-        [(a.host.ptr, a.dev.ptr, n, gpu.D2H), (b.dev.ptr, b.host.ptr, 2 * n, gpu.H2D)], "first",
-        lambda: pat.matches(a.host.array) and pat2.matches_device(b.dev.ptr))
-    out.append(_record(_params(g, "bidir-d2h"), n, first, reps, gated, ok, peak))
-    total, reps, ok = concurrent(
-        [(a.dev.ptr, a.host.ptr, n, gpu.H2D), (b.host.ptr, b.dev.ptr, n, gpu.D2H)], SPAN,
-        lambda: pat.matches_device(a.dev.ptr) and pat2.matches(b.host.array[:n]))
-    out.append(_record(_params(g, "bidir-total"), 2 * n, total, reps, gated, ok, 2 * peak if peak else None))
+        out.append(_record(_params(g, direction), nbytes, [policy_seconds(t, policy) / reps for t in times], reps,
+                           gated, verified, rec_peak))
     return out
 
 

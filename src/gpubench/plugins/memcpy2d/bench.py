@@ -216,23 +216,10 @@ def _cupy_slice(c: _Copy, extra: dict):
     return measure(step, HostClock(), c.spec.plan), 1
 
 
-@dataclass(frozen=True)
-class Strategy:
-    """One entry of memcpy2d's table: the ``-s/--strategy`` value, whether the copy lands packed
-    (checked against the packed expectation), and (copy, extra) -> (seconds per copy per sample,
-    copies per sample), or a skip reason."""
-
-    name: str
-    contiguous: bool
-    measure: Callable[[_Copy, dict], tuple[list[float], int] | str]
-
-
-STRATEGY_TABLE: dict[str, Strategy] = {st.name: st for st in (
-    Strategy("2d", False, _two_d),
-    Strategy("row-loop", False, _row_loop),
-    Strategy("contiguous", True, _contiguous),
-    Strategy("cupy-slice", False, _cupy_slice),
-)}
+# -s/--strategy value -> (copy, extra) -> (seconds per copy per sample, copies per sample), or a skip
+# reason; "contiguous" lands packed (checked against the packed expectation)
+STRATEGY_TABLE: dict[str, Callable[[_Copy, dict], tuple[list[float], int] | str]] = {
+    "2d": _two_d, "row-loop": _row_loop, "contiguous": _contiguous, "cupy-slice": _cupy_slice}
 assert tuple(STRATEGY_TABLE) == STRATEGIES
 
 
@@ -277,22 +264,21 @@ def _group_records(spec: Memcpy2dSpec, g: _Group, peak: float | None, d2d_peak: 
             src, dst = (far, dev_a) if direction == "h2d" else (dev_a, far)
             c = _Copy(spec, direction, w, h, sp, dp, src_n, dst_n, src, dst, _KINDS[direction], stream, gated)
             expect = {k: expected_destination(src_pat, baseline, w, h, sp, dp, contiguous=k)
-                      for k in {STRATEGY_TABLE[st].contiguous for st in spec.strategies}}
+                      for k in {st == "contiguous" for st in spec.strategies}}
             for strategy in spec.strategies:
-                entry = STRATEGY_TABLE[strategy]
+                packed = strategy == "contiguous"
                 params = _params(spec, g, direction, strategy)
                 # d2d: a copy inside device memory reads and writes each byte (core/limits.py)
                 extra = {"gated": gated, "peak_bytes_per_s": peak if direction != "d2d" else d2d_peak}
                 stream.synchronize()
                 put(src, src_pat)
                 put(dst, baseline)
-                got_times = entry.measure(c, extra)
+                got_times = STRATEGY_TABLE[strategy](c, extra)
                 if isinstance(got_times, str):
                     out.append(Record(params=params, nbytes=w * h, extra={"skipped": True}, error=got_times))
                     continue
                 samples, reps = got_times
-                inside, outside = _compare(destination(dst), expect[entry.contiguous], w, h, dp,
-                                           contiguous=entry.contiguous)
+                inside, outside = _compare(destination(dst), expect[packed], w, h, dp, contiguous=packed)
                 extra.update(verified=inside, untouched=outside)
                 out.append(Record(params=params, metric="bandwidth", nbytes=w * h, samples_s=list(samples),
                                   reps=reps, extra=extra))

@@ -1,20 +1,18 @@
 """``gpubench merge``: a distributed inner join of two random dataframes on a Dask(-CUDA) cluster,
-as dask-cuda 26.10's ``benchmarks/local_cudf_merge.py`` (with ``common.py`` and ``utils.py``): the
-same data, join, timing and figures (docs/merge.md, "What is timed", "Figures and their source").
-
-Timed per run: both frames are generated and persisted untimed; then ``perf_counter`` brackets
-building the join's graph, ``persist`` and ``wait``. Unlike dask-cuda, the transfer logs are
-cleared just before each timed join and read just after it.
+as dask-cuda 26.10's ``benchmarks/local_cudf_merge.py``: the same data, join, timing and figures
+(docs/merge.md, "What is timed", "Figures and their source"); only the transfer logs are cleared
+just before each timed join and read just after it.
 
 Figures: data processed = rows x bytes per row over both frames, bytes; throughput = data processed
-/ wall clock, B/s, summarised by ``hmean``/``hstd``; bandwidth = ``hmean``/``hstd`` over the worker
-pairs' harmonic means of ``total / max(duration, 1 ms)``, B/s per pair. Dask, dask-cuda, cuDF, RMM
-and UCXX are imported inside functions only.
+/ wall clock, B/s (``hmean``/``hstd``); bandwidth = ``hmean``/``hstd`` over the worker pairs'
+harmonic means of ``total / max(duration, 1 ms)``, B/s per pair. Dask, dask-cuda, cuDF, RMM and
+UCXX are imported inside functions only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import signal
 import time
@@ -41,16 +39,6 @@ TYPES = ("gpu", "cpu")
 PROTOCOLS = ("tcp", "ucx")
 SHUFFLE_METHODS = ("tasks", "p2p", "disk")
 MAX_KEY = 2**63 - 1  # the frames' keys are int64
-
-
-def check_key_space(chunk_size: int, base_chunks: int | None, other_chunks: int | None, n_workers: int) -> None:
-    """Refuse shapes whose keys (up to 2 x chunk_size x partitions, dask-cuda's layout) overflow int64:
-    a UsageError naming -c, the partition count and the largest -c that fits."""
-    chunks = max(base_chunks or n_workers, other_chunks or n_workers, 1)
-    if 2 * chunk_size * chunks > MAX_KEY:
-        raise UsageError(f"-c/--chunk-size {big_number(chunk_size)} with {big_number(chunks)} partitions numbers "
-                         f"keys past int64 (2 x rows x partitions must stay below 2^63)",
-                         f"the largest -c for {big_number(chunks)} partitions is {MAX_KEY // (2 * chunks):,}")
 
 
 @dataclass(frozen=True)
@@ -101,7 +89,12 @@ class MergeSpec:
         if self.shuffle_method not in SHUFFLE_METHODS:
             raise UsageError(f"--shuffle-method {self.shuffle_method!r} not known",
                              f"use {', '.join(SHUFFLE_METHODS)}")
-        check_key_space(self.chunk_size, self.base_chunks, self.other_chunks, len(self.devices))
+        # keys run up to 2 x -c x partitions (dask-cuda's layout) and must stay int64
+        chunks = max(self.base_chunks or len(self.devices), self.other_chunks or len(self.devices), 1)
+        if 2 * self.chunk_size * chunks > MAX_KEY:
+            raise UsageError(f"-c/--chunk-size {big_number(self.chunk_size)} with {big_number(chunks)} partitions "
+                             f"numbers keys past int64 (2 x rows x partitions must stay below 2^63)",
+                             f"the largest -c for {big_number(chunks)} partitions is {MAX_KEY // (2 * chunks):,}")
         threads, workers = machine_threads(), max(1, len(self.devices))
         if self.threads_per_worker > max(1, threads // workers):
             raise UsageError(f"--threads-per-worker {self.threads_per_worker} is too large",
@@ -278,22 +271,10 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _find_workers(client, cluster, spec: MergeSpec) -> dict[str, Any]:
-    """The workers, numbered as dask-cuda numbers them, and RMM set up on them (-t gpu): ``ctx.data``.
-    UsageError, MachineError: merge_cluster.rmm_setup's and run_on_workers'."""
-    devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU", timeout_s=spec.timeout_s)
-    index = address_to_index(devices)
-    return {"client": client, "index": index,
-            "workers": [{"index": i, "address": a, "device": devices[a]} for a, i in index.items()],
-            "scheduler_address": client.scheduler.address,
-            "rmm": rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)"}
-
-
 class Merge(Benchmark):
-    """The merge plug-in: a point is one run of dask-cuda's bench_once, all on the one cluster that
-    ``setup`` starts (or attaches to) and closes. One instance per run. A signal while the run
-    starts is kept (``stopped``) and raised by the first point; one while the cluster closes is
-    noted in ``closing_signal``.
+    """The merge plug-in, one instance per run: a point is one run of dask-cuda's bench_once on the
+    cluster ``setup`` starts (or attaches to) and closes. A signal while the run starts is kept
+    (``stopped``) and raised by the first point; one while the cluster closes is ``closing_signal``.
     """
 
     name = "merge"
@@ -341,10 +322,13 @@ class Merge(Benchmark):
             if spec.merge_type == "gpu":
                 merge_cluster.preflight(spec)
             else:
+                from distributed.worker_memory import parse_memory_limit
+
                 from gpubench.core.env import host_memory
 
-                merge_cluster.check_frames_fit(spec, host_memory()[1],
-                                               worker_limit=merge_cluster.cpu_worker_limit(len(spec.devices)))
+                # each worker's memory limit as LocalCluster sets it (bytes; None: no limit)
+                limit = parse_memory_limit("auto", 1, len(spec.devices), logger=logging.getLogger("gpubench"))
+                merge_cluster.check_frames_fit(spec, host_memory()[1], worker_limit=limit)
 
     def environment(self, spec: MergeSpec) -> dict:
         """The driver's; ``{}`` when the run was stopped before or in it."""
@@ -369,7 +353,14 @@ class Merge(Benchmark):
                         config.enter_context(dask.config.set({"dataframe.shuffle.method": spec.shuffle_method}))
                         ctx.env.setdefault("versions", {}).update(_versions())
                         client, cluster = open_client(spec)
-                        ctx.data.update(_find_workers(client, cluster, spec))
+                        # the workers, numbered as dask-cuda numbers them, and RMM set up on them (-t gpu)
+                        devices = run_on_workers(client, worker_device, {}, "asking the workers for their GPU",
+                                                 timeout_s=spec.timeout_s)
+                        index = address_to_index(devices)
+                        ctx.data.update(
+                            client=client, index=index, scheduler_address=client.scheduler.address,
+                            workers=[{"index": i, "address": a, "device": devices[a]} for a, i in index.items()],
+                            rmm=rmm_setup(client, spec, index) if spec.merge_type == "gpu" else "not used (-t cpu)")
                 yield ctx
             finally:
                 stopped = close_all(client, cluster)

@@ -111,12 +111,6 @@ def _nvml_memory(devices: Sequence[int]) -> tuple[int, dict[int, tuple[int, int]
             nv.nvmlShutdown()
 
 
-def _scheduler_device() -> int:
-    """The physical GPU that is CUDA device 0 of this process (first of CUDA_VISIBLE_DEVICES)."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(first) if first.isdigit() else 0
-
-
 def check_cuda_visible_devices(devices: Sequence[int], value: str | None) -> None:
     """Refuse -d devices (physical GPUs) that CUDA_VISIBLE_DEVICES (``value``, None when unset)
     hides; UUIDs and MIG names are not checked.
@@ -153,7 +147,8 @@ def preflight(spec: MergeSpec) -> dict[int, tuple[int, int]]:
 
     check_cuda_visible_devices(spec.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     visible, mem = _nvml_memory(spec.devices)
-    room = check_devices_and_memory(spec, visible, mem, _scheduler_device())
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()  # the scheduler's GPU: CUDA device 0
+    room = check_devices_and_memory(spec, visible, mem, int(first) if first.isdigit() else 0)
     check_frames_fit(spec, host_memory()[1], device_free=room)
     return mem
 
@@ -169,27 +164,11 @@ WORKER_BASE_BYTES = 256 * 2**20  # a worker process before it holds data (measur
 PARTITION_HOST_BYTES = 2**20  # this process per partition of the two frames (measured 0.55 MiB)
 
 
-def frame_bytes(chunk_size: int, base_chunks: int, other_chunks: int) -> int:
-    """Bytes of both frames as generated: chunk_size x (base_chunks x 24 + other_chunks x 16)."""
-    return chunk_size * (base_chunks * BASE_ROW_BYTES + other_chunks * OTHER_ROW_BYTES)
-
-
 def worker_need_bytes(spec: MergeSpec, n_workers: int) -> int:
-    """Bytes one worker may need at its peak: FRAME_COPIES x both frames (see FRAME_COPIES)."""
+    """Bytes one worker may need at its peak: FRAME_COPIES x both frames as generated, -c rows x
+    (base chunks x BASE_ROW_BYTES + other chunks x OTHER_ROW_BYTES)."""
     bc, oc = spec.base_chunks or n_workers, spec.other_chunks or n_workers
-    return FRAME_COPIES * frame_bytes(spec.chunk_size, bc, oc)
-
-
-def _largest_that_fits(spec: MergeSpec, n_workers: int, room: int) -> tuple[str, int, int]:
-    """(flag, value, the largest value that fits in ``room`` bytes per worker) of the option furthest over."""
-    c, bc, oc = spec.chunk_size, spec.base_chunks or n_workers, spec.other_chunks or n_workers
-    per_row = room // FRAME_COPIES
-    cands = [("-c/--chunk-size", c, per_row // (bc * BASE_ROW_BYTES + oc * OTHER_ROW_BYTES))]
-    if spec.base_chunks is not None:
-        cands.append(("--base-chunks", bc, max(0, (per_row // c - oc * OTHER_ROW_BYTES) // BASE_ROW_BYTES)))
-    if spec.other_chunks is not None:
-        cands.append(("--other-chunks", oc, max(0, (per_row // c - bc * BASE_ROW_BYTES) // OTHER_ROW_BYTES)))
-    return max(cands, key=lambda t: t[1] / t[2] if t[2] > 0 else float("inf"))
+    return FRAME_COPIES * spec.chunk_size * (bc * BASE_ROW_BYTES + oc * OTHER_ROW_BYTES)
 
 
 def big_number(v: int) -> str:
@@ -198,13 +177,21 @@ def big_number(v: int) -> str:
 
 
 def _refuse_frames(spec: MergeSpec, n_workers: int, room: int, where: str) -> UsageError:
-    flag, value, largest = _largest_that_fits(spec, n_workers, room)
-    bc, oc = spec.base_chunks or n_workers, spec.other_chunks or n_workers
-    need = worker_need_bytes(spec, n_workers)
+    """Frames that need more than ``room`` bytes per worker: the error names the option furthest
+    over and the largest value of it that fits."""
+    c, bc, oc = spec.chunk_size, spec.base_chunks or n_workers, spec.other_chunks or n_workers
+    per_row = room // FRAME_COPIES
+    cands = [("-c/--chunk-size", c, per_row // (bc * BASE_ROW_BYTES + oc * OTHER_ROW_BYTES))]
+    if spec.base_chunks is not None:
+        cands.append(("--base-chunks", bc, max(0, (per_row // c - oc * OTHER_ROW_BYTES) // BASE_ROW_BYTES)))
+    if spec.other_chunks is not None:
+        cands.append(("--other-chunks", oc, max(0, (per_row // c - bc * BASE_ROW_BYTES) // OTHER_ROW_BYTES)))
+    flag, value, largest = max(cands, key=lambda t: t[1] / t[2] if t[2] > 0 else float("inf"))
     return UsageError(
         f"{flag} {big_number(value)}: both frames ({bc} x -c rows x {BASE_ROW_BYTES} B + {oc} x -c rows x "
-        f"{OTHER_ROW_BYTES} B) and the shuffle's copies (x{FRAME_COPIES}) need {format_size(need)} on every "
-        f"worker; {where} has {format_size(max(room, 0))}",
+        f"{OTHER_ROW_BYTES} B) and the shuffle's copies (x{FRAME_COPIES}) need "
+        f"{format_size(worker_need_bytes(spec, n_workers))} on every worker; {where} has "
+        f"{format_size(max(room, 0))}",
         f"the largest {flag} that fits is {largest:,}" if largest >= 1 else
         "even 1 does not fit; lower the other sizes")
 
@@ -242,13 +229,6 @@ def check_frames_fit(spec: MergeSpec, host_available: int | None, device_free: M
     for room, where in rooms:
         if worker_need_bytes(spec, n) > room:
             raise _refuse_frames(spec, n, room, where)
-
-
-def cpu_worker_limit(n_workers: int) -> int | None:
-    """Each worker's memory limit as LocalCluster sets it, in bytes; None for no limit."""
-    from distributed.worker_memory import parse_memory_limit
-
-    return parse_memory_limit("auto", 1, n_workers, logger=logging.getLogger("gpubench"))
 
 
 # -- Functions run on the workers (client.run passes the worker as dask_worker) ------------------------
@@ -326,17 +306,6 @@ def _quiet_ucx_env(spec: MergeSpec) -> Iterator[None]:
                 os.environ[k] = was
 
 
-def _import_ucxx() -> None:
-    try:
-        import distributed_ucxx  # noqa: F401
-    except Exception as e:
-        raise UsageError(
-            f"-p ucx needs distributed-ucxx, which cannot be imported ({type(e).__name__}: "
-            f"{(str(e).splitlines() or [''])[0][:80]})",
-            "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]); UCX-Py is discontinued",
-        ) from None
-
-
 @contextlib.contextmanager
 def _workers_ignore_sigint() -> Iterator[None]:
     """Worker processes spawned inside this block start with SIGINT ignored, through a /bin/sh
@@ -407,7 +376,12 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     from distributed import Client
 
     if spec.protocol == "ucx":
-        _import_ucxx()
+        try:
+            import distributed_ucxx  # noqa: F401
+        except Exception as e:
+            raise UsageError(f"-p ucx needs distributed-ucxx, which cannot be imported ({type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:80]})",
+                             "pip install 'gpubench-cuda[ucx-cu13]' (or [ucx-cu12]); UCX-Py is discontinued") from None
     resolve_lazy_modules()  # in this thread, before any IO loop thread runs distributed's code
     client = cluster = None
     cfg = {"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}
@@ -523,15 +497,6 @@ class LocalHandle:
 
 
 UCX_QUIET_LEVEL = "CRITICAL"
-
-
-def worker_environ() -> dict[str, str]:
-    """dask's ``distributed.nanny.environ`` for gpubench's own workers, with UCXPY_LOG_LEVEL added."""
-    import dask
-
-    return {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
-
-
 WORKER_PRELOAD = "gpubench.plugins.merge.worker_setup"
 
 
@@ -633,7 +598,9 @@ def _start_local_cluster(spec: MergeSpec) -> LocalHandle:
     box: list = []
 
     async def start():
-        with dask.config.set({"distributed.nanny.environ": worker_environ(),  # the Nannies start in the await
+        # dask's own worker environment and preloads, with UCXPY_LOG_LEVEL and the worker setup added
+        environ = {"UCXPY_LOG_LEVEL": UCX_QUIET_LEVEL, **(dask.config.get("distributed.nanny.environ", {}) or {})}
+        with dask.config.set({"distributed.nanny.environ": environ,  # the Nannies start in the await
                               "distributed.worker.preload": worker_preload()}):
             cluster = make(**common, **own)  # on the loop's thread, so the constructor starts nothing itself
             box.append(cluster)

@@ -116,11 +116,6 @@ def parse_pool_size(text: str | None) -> tuple[int | None, float | None]:
     return nbytes, None
 
 
-def parse_ignore_size(text: str) -> int:
-    """--ignore-size: a size ("1MiB", bytes); "0" or "0B" keeps every transfer. UsageError: not a size."""
-    return 0 if str(text).strip() in ("0", "0B") else parse_size(text, what="--ignore-size")
-
-
 # --timeout's units (the names dask.utils.parse_timedelta knows, in seconds), read case-blind
 _TIMEOUT_UNITS = {**dict.fromkeys(("", "s", "sec", "second", "seconds"), 1.0),
                   **dict.fromkeys(("ms", "millisecond", "milliseconds"), 1e-3),
@@ -162,7 +157,8 @@ def build_spec(**options):
     if o["devices"] is None:
         raise UsageError(f"-d/--devices {devices!r} names no device", "e.g. -d 0,1")
     o["rmm_pool_bytes"], o["rmm_pool_fraction"] = parse_pool_size(o.pop("rmm_pool_size"))
-    o["ignore_size"] = parse_ignore_size(o["ignore_size"])
+    size = o["ignore_size"]  # "0" or "0B" keeps every transfer
+    o["ignore_size"] = 0 if str(size).strip() in ("0", "0B") else parse_size(size, what="--ignore-size")
     o["timeout_s"] = parse_timeout(o["timeout_s"])
     broadcast_join, shuffle_join = o.pop("broadcast_join"), o.pop("shuffle_join")
     o["broadcast"] = False if shuffle_join else (True if broadcast_join else None)

@@ -5,7 +5,7 @@ from gpubench.core.plugin import Plugin, param, params_schema
 PLUGIN = Plugin(
     name="pin",
     help="Cost of page-locking host memory and of cudaMalloc: cudaHostAlloc, cudaHostRegister, frees.",
-    command="gpubench.plugins.pin.command",
+    command="gpubench.plugins.pin.bench",
     docs="docs/pin.md",
     bench="gpubench.plugins.pin.bench",
     more_samples="more samples per point: -n N, or a lower --max-noise with a higher --max-time",

@@ -12,7 +12,7 @@ from typing import Callable
 
 import click
 
-from gpubench.kit import sweep_options, timing_options
+from gpubench.kit import benchmark_command, sweep_options, timing_options
 
 from gpubench.core import benchmark as driver
 from gpubench.core.benchmark import Benchmark, Context, Point
@@ -146,7 +146,7 @@ def run(spec: PinSpec, progress: ProgressSink | None = None) -> Result:
     return driver.run(BENCHMARK, spec, progress)
 
 
-# -- the command: options, spec from options, report
+# -- the command (the plug-in's command module is this one): options, spec from options, report
 
 HELP = """Cost of page-locking host memory and of cudaMalloc, over a size sweep.
 
@@ -203,3 +203,6 @@ def format_report(result: Result, units: str = "GB") -> list:
     if result.partial:
         out.append(report.partial_note(result))
     return out
+
+
+command = benchmark_command("pin", OPTIONS, build_spec, format_report, help=HELP)
