@@ -63,7 +63,10 @@ def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict
         from gpubench.launch import ranks
 
         metrics_file = _node_path(metrics_file, ranks.discover())
-        _check_metrics_path(metrics_file)
+        if not metrics_file.endswith(".prom"):  # checked before anything runs
+            raise UsageError(f"--metrics {metrics_file!r} must end in .prom (node_exporter's textfile collector "
+                             "reads only *.prom)", "e.g. --metrics /var/lib/node_exporter/textfile/gpubench.prom")
+        check_output_path(metrics_file, "--metrics")
     expectations = suite.load_expectations(expect_file, known) if expect_file else None
     if check_files:
         if expectations is None:
@@ -151,14 +154,6 @@ def _show_profiles(described) -> None:
         out.append(t)
     out.append(Text("Use one with --expect NAME (docs/suite.md)."))
     report.display(out)
-
-
-def _check_metrics_path(path: str) -> None:
-    """--metrics FILE: a .prom file that can be written, checked before anything runs."""
-    if not path.endswith(".prom"):
-        raise UsageError(f"--metrics {path!r} must end in .prom (node_exporter's textfile collector reads "
-                         "only *.prom)", "e.g. --metrics /var/lib/node_exporter/textfile/gpubench.prom")
-    check_output_path(path, "--metrics")
 
 
 def _node_path(path: str, me) -> str:

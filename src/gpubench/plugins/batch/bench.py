@@ -341,15 +341,11 @@ def _group_records(spec: BatchSpec, g: _Group, peak: float | None, api) -> list[
 def add_derived(records: list[Record]) -> None:
     """Fill each measured record's extra with time per piece (us), speed-up over ``separate`` (same
     direction, memory, count, piece) and % of the link's peak. Mutates ``records``."""
-    for r, ratio in time_ratios(records, "separate", _point_key):
+    point = ("device", "direction", "memory", "count", "piece_bytes")
+    for r, ratio in time_ratios(records, "separate", lambda r: tuple(r.params[k] for k in point)):
         r.extra["time_per_piece_us"] = r.time_summary().median / r.params["count"] * 1e6
         r.extra["speedup_vs_separate"] = ratio
         r.mark_peak(r.extra.get("peak_bytes_per_s"))
-
-
-def _point_key(r: Record) -> tuple:
-    p = r.params
-    return (p["device"], p["direction"], p["memory"], p["count"], p["piece_bytes"])
 
 
 class Batch(Benchmark):

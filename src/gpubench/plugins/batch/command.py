@@ -109,11 +109,6 @@ def format_report(result, units: str = "GB", spread: str = "iqr") -> list:
                       report.peak_cell(r.extra.get("pct_of_peak")),
                       {True: "ok", False: "WRONG DATA", None: "-"}[r.extra.get("verified")])
         out.append(t)
-    return out + _notes(result, units)
-
-
-def _notes(result, units: str) -> list[str]:
-    recs = result.records
     notes = [f"{units}/s = {'1e9' if units == 'GB' else '2^30'} B/s of pieces moved (count x piece / time); "
              f"median over samples ({result.timing.get('warmup')} warm-up(s)); sizes in binary units."]
     if result.spec.get("gate", True):
@@ -140,7 +135,7 @@ def _notes(result, units: str) -> list[str]:
     if peaks:
         notes.append("% peak: of the raw PCIe line rate per direction, " +
                      ", ".join(format_rate(p, units) + f" {units}/s" for p in sorted(peaks)) + ".")
-    return notes
+    return out + notes
 
 
 command = benchmark_command("batch", OPTIONS, build_spec, format_report, help=HELP, display=("spread",))

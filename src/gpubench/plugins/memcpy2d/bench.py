@@ -119,11 +119,6 @@ def _params(spec: Memcpy2dSpec, g: _Group, direction: str, strategy: str) -> dic
             "height": h, "src_pitch": sp, "dst_pitch": dp}
 
 
-def _device_array(cupy, ptr: int, nbytes: int, owner):
-    mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner)
-    return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
-
-
 _KINDS = {"h2d": gpu.H2D, "d2h": gpu.D2H, "d2d": gpu.D2D}
 
 
@@ -193,7 +188,10 @@ def _cupy_slice(c: _Copy, extra: dict):
     stream, w = c.stream, c.w
 
     def view(buf, n: int):  # the buffer's first n bytes: numpy for host memory, CuPy for device memory
-        return buf.array[:n] if isinstance(buf, gpu.HostBuffer) else _device_array(cupy, buf.ptr, n, buf)
+        if isinstance(buf, gpu.HostBuffer):
+            return buf.array[:n]
+        memptr = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(buf.ptr, n, buf), 0)
+        return cupy.ndarray((n,), dtype=cupy.uint8, memptr=memptr)
 
     src = view(c.src, c.src_n).reshape(c.h, c.sp)
     dst = view(c.dst, c.dst_n)[GUARD:GUARD + c.dp * c.h].reshape(c.h, c.dp)
@@ -308,15 +306,11 @@ def _compare(got, expected, width: int, height: int, dst_pitch: int, *, contiguo
 def add_derived(records: list[Record]) -> None:
     """Fill extra with time per row (us), time relative to ``2d`` (2d's median / this median; >1 is
     faster than 2d) and % of the link's peak. Mutates ``records``."""
-    for r, ratio in time_ratios(records, "2d", _key):
+    window = ("device", "direction", "memory", "width", "height", "src_pitch", "dst_pitch")
+    for r, ratio in time_ratios(records, "2d", lambda r: tuple(r.params[k] for k in window)):
         r.extra["time_per_row_us"] = r.time_summary().median / r.params["height"] * 1e6
         r.extra["relative_to_2d"] = ratio
         r.mark_peak(r.extra.get("peak_bytes_per_s"))
-
-
-def _key(r: Record) -> tuple:
-    p = r.params
-    return (p["device"], p["direction"], p["memory"], p["width"], p["height"], p["src_pitch"], p["dst_pitch"])
 
 
 class Memcpy2d(Benchmark):

@@ -16,12 +16,7 @@ from typing import Callable
 
 from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
-from gpubench.core import gpu
-from gpubench.core.kernels import count_wrong as _count_wrong
-from gpubench.core.kernels import fill as _fill
-from gpubench.core.kernels import num_sms as _num_sms
-from gpubench.core.kernels import sm_copy_enqueue as _sm_enqueue
-from gpubench.core.kernels import sm_copy_geometry
+from gpubench.core import gpu, kernels
 from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
 from gpubench.core.bounds import MAX_COUNT, bounded, check_bounds
 from gpubench.core.errors import MachineError, UsageError, check_choices, first_line
@@ -220,13 +215,6 @@ def _bw_record(params, nbytes, per_copy_s, reps, extra) -> Record:
     return r
 
 
-def _choose(lanes, plan_reps_cap: int) -> tuple[int, float]:
-    """(copies per sample, host seconds the probe copy took to queue): nvbandwidth's loop count, cut
-    so a sample of slow copies stays ~0.2 s."""
-    per, _, queued = _run_lanes(lanes, 1, TimingPlan(warmup=0, iters=1), warm=0)
-    return choose_reps(max(per[0]), target=SAMPLE_TARGET_S, cap=plan_reps_cap), queued
-
-
 @dataclass(frozen=True)
 class _PairBuffers:
     """One (src i, dst j) point's filled buffers, for a test's lane builder."""
@@ -257,8 +245,8 @@ def _both_ways(b: _PairBuffers, pull: bool):
     i, j, n = b.i, b.j, b.n
     src2 = b.alloc(j, n)
     dst2 = b.alloc(i, n)
-    _fill(j, src2.ptr, n, b.seed + 1)
-    _fill(i, dst2.ptr, n, (b.seed + 1) ^ 0x5A5A)
+    kernels.fill(j, src2.ptr, n, b.seed + 1)
+    kernels.fill(i, dst2.ptr, n, (b.seed + 1) ^ 0x5A5A)
     lanes = [_lane(j if pull else i, _ce_enqueue(b.dst.ptr, j, b.src.ptr, i, n, not pull), b.gate_timeout),
              _lane(i if pull else j, _ce_enqueue(dst2.ptr, i, src2.ptr, j, n, not pull), b.gate_timeout)]
     return lanes, [(j, b.dst.ptr, n, b.seed), (i, dst2.ptr, n, b.seed + 1)], n
@@ -266,7 +254,7 @@ def _both_ways(b: _PairBuffers, pull: bool):
 
 def _sm_read(b: _PairBuffers):
     """nvbandwidth's copy kernel on the destination GPU reading the peer's memory."""
-    enqueue, copied = _sm_enqueue(b.j, b.dst.ptr, b.src.ptr, b.n)
+    enqueue, copied = kernels.sm_copy_enqueue(b.j, b.dst.ptr, b.src.ptr, b.n)
     if copied == 0:
         return [Record(params={**b.base, "nbytes": b.n}, nbytes=b.n,
                        error=f"{format_size(b.n)} is too small for the copy kernel (16 bytes at least)")]
@@ -322,8 +310,8 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         src = alloc(i, n)
         dst = alloc(j, n)
         # never time on zeros: fill the source with a pattern, poison the destination
-        _fill(i, src.ptr, n, seed)
-        _fill(j, dst.ptr, n, seed ^ 0x5A5A)
+        kernels.fill(i, src.ptr, n, seed)
+        kernels.fill(j, dst.ptr, n, seed ^ 0x5A5A)
         built = LANES[test](_PairBuffers(i, j, n, seed, src, dst, alloc, gate_timeout, off, base))
         if isinstance(built, list):
             return built
@@ -338,7 +326,9 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
         else:
             if off and peers.off_blocks_host:
                 ungate()
-            reps, probe_queued = _choose(lanes, loop_count(spec, test))
+            # nvbandwidth's loop count, cut so a sample of slow copies stays about SAMPLE_TARGET_S
+            probe, _, probe_queued = _run_lanes(lanes, 1, TimingPlan(warmup=0, iters=1), warm=0)
+            reps = choose_reps(max(probe[0]), target=SAMPLE_TARGET_S, cap=loop_count(spec, test))
             if lanes[0].gate is not None and probe_queued >= 0.9 * gate_timeout:
                 # queueing one copy already outlasted the gate: every gated sample would wait for
                 # its timeout (2 s) and be thrown away, so time this point without the gate
@@ -355,7 +345,7 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
             per, spans, queued = _run_lanes(lanes, reps, spec.plan)
         for ln in lanes:
             ln.stream.synchronize()
-        wrong = sum(_count_wrong(d, p, size, s) for d, p, size, s in checks) if spec.verify else None
+        wrong = sum(kernels.count_wrong(d, p, size, s) for d, p, size, s in checks) if spec.verify else None
         extra = {"peer_access": not off, "peer_access_capable": can, "link": link,
                  "verified": None if wrong is None else wrong == 0, "wrong_bytes": wrong,
                  "gate_expired": gate_expired, "gated": not gate_expired, "stream_device": lanes[0].device}
@@ -370,7 +360,7 @@ def _measure_group(g: _Group, spec: P2PSpec, env: dict, peers: _Peers) -> list[R
             return bidir_records(base, copied, per, spans, reps, test, extra, peak, peak_rev, lanes[1].device)
         extra["peak_bytes_per_s"] = peak
         if test == "sm":
-            extra["kernel"] = sm_copy_geometry(n, _num_sms(j))[0]
+            extra["kernel"] = kernels.sm_copy_geometry(n, kernels.num_sms(j))[0]
             extra["requested_nbytes"] = n
         return [_bw_record({**base, "nbytes": copied}, copied, [t / reps for t in per[0]], reps, extra)]
     finally:
