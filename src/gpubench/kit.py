@@ -212,20 +212,13 @@ def benchmark_command(name: str, options: Sequence[Callable], build_spec: Callab
         note = quiet_keeps_nothing(out["quiet"], out["json_path"])
         if not gathers_ranks:
             warn_ranks_alone(name, out["json_path"])
-        result_box: list = []
-
-        def run_fn(s, progress):
-            result_box.append(select_run(s)(s, progress))
-            return result_box[-1]
-
         with benchmark.conditions(benchmark.Conditions(telemetry=not cond.get("no_telemetry", False),
                                                        numa=cond.get("numa", "auto"),
                                                        require_idle=cond.get("require_idle", False))):
-            code = run_benchmark(run_fn, spec, lambda r: report(r, units=out["units"], **shown),
-                                 json_path=out["json_path"], quiet=out["quiet"], note=note)
-        if after is not None and result_box:
-            code = after(result_box[-1], spec, code)
-        return code
+            code, result = run_benchmark(lambda s, progress: select_run(s)(s, progress), spec,
+                                         lambda r: report(r, units=out["units"], **shown),
+                                         json_path=out["json_path"], quiet=out["quiet"], note=note)
+        return code if after is None else after(result, spec, code)
 
     callback.__doc__ = help
     f = common_options(callback, written_by_rank_0=gathers_ranks)
@@ -285,10 +278,10 @@ def warn_ranks_alone(name: str, json_path: str | None) -> None:
 
 
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,
-                  quiet: bool, note: str | None = None) -> int:
+                  quiet: bool, note: str | None = None) -> tuple[int, Result]:
     """The ending every measuring command shares: ``run(spec, progress)`` through the driver with a
-    progress bar, then :func:`finish`; a MachineError's ``partial_result`` is printed and saved
-    (marked partial) before the error is re-raised (exit 3)."""
+    progress bar, then :func:`finish`; returns (the exit code, the Result). A MachineError's
+    ``partial_result`` is printed and saved (marked partial) before the error is re-raised (exit 3)."""
     try:
         with report.progress(not quiet) as prog:
             result = run(spec, prog)
@@ -299,7 +292,7 @@ def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, j
     code = finish(result, report_fn(result), json_path=json_path, quiet=quiet)
     if note:  # after the run: an error line before it stays the only line
         report.err_line(f"gpubench: warning: {note}")
-    return code
+    return code, result
 
 
 class _Strict:

@@ -1,11 +1,6 @@
-"""``gpubench batch``: N pieces of S bytes moved H2D or D2H, four ways, each checked for the right data.
-
-Piece ``i`` lives on the host at slot ``perm[i]`` (a fixed pseudo-random permutation) and on the
-device at slot ``i`` (docs/batch.md). Strategies: ``separate`` (one ``cudaMemcpyAsync`` per piece;
-from page-locked memory queued behind the spin gate in segments of :data:`SEGMENT`), ``packed``
-(a host gather into pinned staging, timed with :class:`HostClock`, then one copy; D2H: the copy
-then a scatter), ``batched-api`` (one ``cudaMemcpyBatchAsync``, CUDA 12.8+ through cuda-bindings)
-and ``contiguous`` (one copy of N x S bytes: the ceiling).
+"""``gpubench batch``: N pieces of S bytes moved H2D or D2H, four ways (``separate``, ``packed``,
+``batched-api``, ``contiguous``), each checked for the right data; the layout and what is timed are
+docs/batch.md's. Piece ``i`` lives on the host at slot ``perm[i]`` and on the device at slot ``i``.
 
 Figures: bandwidth = N x S / seconds (bytes moved once, as nvbandwidth and bandwidthTest count
 copies); time per piece = seconds / N; speed-up = separate's median time / this one's.

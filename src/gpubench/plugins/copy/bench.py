@@ -1,10 +1,7 @@
-"""``gpubench copy``: host<->device copy bandwidth over a size sweep, per host-memory kind.
-
-What is timed (docs/copy.md): ``cudaMemcpyAsync`` of ``nbytes`` between a host buffer of the given
-kind and a device buffer on a non-blocking stream, between CUDA events. Page-locked kinds are gated
-by a spin kernel while ``reps`` copies are queued (nvbandwidth's method); pageable copies block the
-host, so one per sample, ungated. bidir follows nvbandwidth's bidirectional tests: per direction
-while a copy twice as long runs the other way; total = 2 * nbytes / the time until both end. The
+"""``gpubench copy``: host<->device copy bandwidth over a size sweep, per host-memory kind
+(docs/copy.md): ``cudaMemcpyAsync`` of ``nbytes`` between CUDA events, page-locked kinds gated by a
+spin kernel while ``reps`` copies are queued (nvbandwidth's method), pageable ones one per sample.
+bidir follows nvbandwidth's bidirectional tests (total = 2 * nbytes / the time until both end); the
 other nvbandwidth tests (SM copies, device local copy, latency) are entries of TESTS.
 """
 

@@ -1,12 +1,7 @@
-"""``gpubench memcpy2d``: a window of W bytes x H rows copied out of rows with a pitch, four ways.
-
-The source holds H rows of ``src_pitch`` bytes, the window is the first W bytes of each; the
-destination holds H rows of ``dst_pitch`` bytes between two guard zones of :data:`GUARD` bytes,
-and everything outside the window is checked to stay untouched (docs/memcpy2d.md). Strategies:
-``2d`` (one ``cudaMemcpy2DAsync``), ``row-loop`` (one ``cudaMemcpyAsync`` per row, gated in
-segments of :data:`gpubench.core.timing.SEGMENT`), ``contiguous`` (one copy of W x H bytes: the
-ceiling) and ``cupy-slice`` (the CuPy slice assignment users write, timed with perf_counter around
-the line and a stream synchronize, since CuPy does host work inside it).
+"""``gpubench memcpy2d``: a window of W bytes x H rows copied out of rows with a pitch, four ways
+(``2d``, ``row-loop``, ``contiguous``, ``cupy-slice``). The source holds H rows of ``src_pitch``
+bytes; the destination H rows of ``dst_pitch`` bytes between two guards of :data:`GUARD` bytes,
+checked to stay untouched outside the window (layout and timing: docs/memcpy2d.md).
 
 Figures: bandwidth = W x H / seconds (window bytes moved once, as nvbandwidth counts copies; the
 pitch padding is not counted); time per row = seconds / H; relative to 2d = 2d's median / this one's.

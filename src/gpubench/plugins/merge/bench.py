@@ -82,13 +82,10 @@ class MergeSpec:
 
     def __post_init__(self):
         check_bounds(self)
-        if self.merge_type not in TYPES:
-            raise UsageError(f"-t/--type {self.merge_type!r} not known", "use gpu or cpu")
-        if self.protocol not in PROTOCOLS:
-            raise UsageError(f"-p/--protocol {self.protocol!r} not known", "use tcp or ucx")
-        if self.shuffle_method not in SHUFFLE_METHODS:
-            raise UsageError(f"--shuffle-method {self.shuffle_method!r} not known",
-                             f"use {', '.join(SHUFFLE_METHODS)}")
+        for flag, value, known in (("-t/--type", self.merge_type, TYPES), ("-p/--protocol", self.protocol, PROTOCOLS),
+                                   ("--shuffle-method", self.shuffle_method, SHUFFLE_METHODS)):
+            if value not in known:
+                raise UsageError(f"{flag} {value!r} not known", "use " + (" or " if len(known) == 2 else ", ").join(known))
         # keys run up to 2 x -c x partitions (dask-cuda's layout) and must stay int64
         chunks = max(self.base_chunks or len(self.devices), self.other_chunks or len(self.devices), 1)
         if 2 * self.chunk_size * chunks > MAX_KEY:

@@ -48,12 +48,8 @@ def required_device_bytes(spec: MergeSpec, total_bytes: int) -> int:
     return total_bytes // 2
 
 
-def check_devices_and_memory(
-    spec: MergeSpec,
-    visible: int,
-    memory: Mapping[int, tuple[int, int]],
-    scheduler_device: int | None = 0,
-) -> dict[int, int]:
+def check_devices_and_memory(spec: MergeSpec, visible: int, memory: Mapping[int, tuple[int, int]],
+                             scheduler_device: int | None = 0) -> dict[int, int]:
     """Refuse devices that are not there and pools that do not fit, before any worker starts.
     ``memory``: device -> (free, total) bytes; ``scheduler_device``: where the client makes the
     scheduler's 1 GB pool, or None. Returns device -> bytes one worker may use (free less what must
@@ -312,24 +308,22 @@ def _workers_ignore_sigint() -> Iterator[None]:
     wrapper (``trap '' INT; exec python "$@"``) as multiprocessing's spawn executable."""
     import multiprocessing.spawn as mp_spawn
     import shlex
-    import shutil
     import tempfile
 
     if not os.access("/bin/sh", os.X_OK):
         yield
         return
     old = mp_spawn.get_executable()
-    folder = tempfile.mkdtemp(prefix="gpubench-workers-")
-    wrapper = os.path.join(folder, "python-sigint-ignored")
-    try:
+    with tempfile.TemporaryDirectory(prefix="gpubench-workers-", ignore_cleanup_errors=True) as folder:
+        wrapper = os.path.join(folder, "python-sigint-ignored")
         with open(wrapper, "w") as f:
             f.write(f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(os.fsdecode(old))} \"$@\"\n")
         os.chmod(wrapper, 0o700)
         mp_spawn.set_executable(wrapper)
-        yield
-    finally:
-        mp_spawn.set_executable(old)
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            yield
+        finally:
+            mp_spawn.set_executable(old)
 
 
 def check_interface(name: str) -> None:
@@ -369,7 +363,8 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     None for an external one, else a :class:`LocalHandle`. Close both with :func:`close_all`.
 
     Raises:
-        UsageError: an external scheduler that cannot be reached or has no workers; a missing package.
+        UsageError: an external scheduler whose address is malformed, whose file is missing, that cannot
+            be reached or has no workers; a missing package.
         MachineError: the local cluster did not start within --timeout, or failed to start.
     """
     import dask
@@ -388,11 +383,20 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
     try:
         with dask.config.set(cfg), _quiet_ucx_env(spec), warnings.catch_warnings():
             if spec.external:
-                client = _connect(spec)
+                where = spec.scheduler_address or spec.scheduler_file
+                if spec.scheduler_address:
+                    check_scheduler_address(spec.scheduler_address)
+                else:
+                    scheduler_file_address(spec.scheduler_file or "")  # distributed waits forever for a missing one
+                try:
+                    client = Client(spec.scheduler_address, scheduler_file=spec.scheduler_file,
+                                    timeout=min(spec.timeout_s, 10))
+                except (OSError, TimeoutError, ValueError) as e:
+                    raise UsageError(f"cannot reach the scheduler at {where}: {error_line(e)}",
+                                     "check the address (e.g. tcp://HOST:8786) and that it runs") from None
                 try:
                     client.wait_for_workers(1, timeout=min(spec.timeout_s, 60))
                 except (OSError, TimeoutError) as e:
-                    where = spec.scheduler_address or spec.scheduler_file
                     raise UsageError(f"the scheduler at {where} has no workers ({error_line(e)})") from None
             else:
                 # -p ucx: a Ctrl-C or SIGTERM waits for the start and the client's connection
@@ -410,23 +414,6 @@ def open_client(spec: MergeSpec) -> tuple[Any, Any]:
             raise stopped from None
         raise
     return client, cluster
-
-
-def _connect(spec: MergeSpec) -> Any:
-    """A client of the external scheduler. UsageError: the address is malformed, the scheduler
-    file is missing, or it cannot be reached."""
-    from distributed import Client
-
-    if spec.scheduler_address:
-        check_scheduler_address(spec.scheduler_address)
-    else:
-        scheduler_file_address(spec.scheduler_file or "")  # distributed waits forever for a missing one
-    try:
-        return Client(spec.scheduler_address, scheduler_file=spec.scheduler_file, timeout=min(spec.timeout_s, 10))
-    except (OSError, TimeoutError, ValueError) as e:
-        where = spec.scheduler_address or spec.scheduler_file
-        raise UsageError(f"cannot reach the scheduler at {where}: {error_line(e)}",
-                         "check the address (e.g. tcp://HOST:8786) and that it runs") from None
 
 
 def _spawned_children(before: frozenset = frozenset()) -> list:

@@ -51,11 +51,8 @@ class PairStats:
         return asdict(self)
 
 
-def pair_statistics(
-    logs: Mapping[str, Iterable[Mapping[str, Any]]],
-    address_to_index: Mapping[str, int],
-    ignore_size: int | None,
-) -> list[PairStats]:
+def pair_statistics(logs: Mapping[str, Iterable[Mapping[str, Any]]], address_to_index: Mapping[str, int],
+                    ignore_size: int | None) -> list[PairStats]:
     """Per worker-pair bandwidth statistics from the workers' incoming-transfer logs (receiver's
     address -> entries with "who", "total" bytes, "bandwidth" B/s); entries under ``ignore_size``
     bytes left out. One PairStats per (receiver, sender), sorted; quantiles as numpy's linear rule.

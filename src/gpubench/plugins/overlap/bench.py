@@ -1,16 +1,14 @@
-"""``gpubench overlap``: H2D -> kernel -> D2H over N bytes, on one stream and split over K streams.
-
-Timed with CUDA events behind :class:`gpubench.core.gpu.SpinGate` (docs/overlap.md): each stage
-alone, ``serial`` (the three on one stream) and ``overlapped`` (C chunks, chunk c on stream c mod K,
-timed from one start event to the last stream's end). The kernel does ``work`` dependent FMAs per
-float32 element, y = f^work(x), f(v) = fmaf(v, a, b); its output is checked against the closed form
-y = a^n x + b (1 - a^n) / (1 - a). Figures: speed-up = serial median / overlapped median; ratio to
-the longest stage = overlapped median / max(stage medians) (NVIDIA blog "How to Overlap Data
-Transfers in CUDA C/C++", Harris 2012).
+"""``gpubench overlap``: H2D -> kernel -> D2H over N bytes, each stage alone, ``serial`` on one
+stream and ``overlapped`` (C chunks, chunk c on stream c mod K), timed with CUDA events behind the
+spin gate (docs/overlap.md). The kernel does ``work`` dependent FMAs per float32 element, y =
+f^work(x), f(v) = fmaf(v, a, b), checked against y = a^n x + b (1 - a^n) / (1 - a). Figures:
+speed-up = serial median / overlapped median; ratio to the longest stage = overlapped median /
+max(stage medians) (NVIDIA blog "How to Overlap Data Transfers in CUDA C/C++", Harris 2012).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,7 +43,6 @@ extern "C" __global__ void gpubench_fma(const float* __restrict__ x, float* __re
     }
 }
 """
-_kernels: dict[int, object] = {}
 
 
 @dataclass(frozen=True)
@@ -115,13 +112,12 @@ def _params(spec: OverlapSpec, work: int, stage: str) -> dict:
             "nbytes": spec.nbytes, "stage": stage}
 
 
-def _kernel():
+@functools.cache
+def _kernel(device: int):
+    """The FMA kernel for one CUDA device (built once per device)."""
     import cupy
 
-    dev = cupy.cuda.Device().id
-    if dev not in _kernels:
-        _kernels[dev] = cupy.RawKernel(_KERNEL_SRC, "gpubench_fma")
-    return _kernels[dev]
+    return cupy.RawKernel(_KERNEL_SRC, "gpubench_fma")
 
 
 def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
@@ -134,7 +130,7 @@ def _group_records(spec: OverlapSpec, work: int) -> list[Record]:
     x = (gpu.pattern(n_elems, seed=n_elems).astype(np.float32) / np.float32(255.0))
     want = expected_output(x, work)
     tol = tolerance(work)
-    kernel = _kernel()
+    kernel = _kernel(cupy.cuda.Device().id)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     bufs: list = []
     out: list[Record] = []

@@ -1,11 +1,7 @@
 """``gpubench p2p``: GPU-to-GPU copies for every ordered pair of the selected GPUs (docs/p2p.md).
-
-Methods: ``write`` / ``read`` / ``bidir`` / ``sm`` follow nvbandwidth's device_to_device tests
-(write/read CE, bidirectional read CE, read SM); ``latency`` and the peer-off tests (``off``,
-``off-bidir``, ``off-latency``: ``cudaMemcpyPeerAsync`` staged through the host) follow
-p2pBandwidthLatencyTest. Every sample is nvbandwidth's doMemcpyCore: a spin kernel holds each
-stream, 4 untimed copies, start events, ``reps`` copies, end events, release; the figure of a
-sample is ``nbytes * reps / elapsed``.
+``write`` / ``read`` / ``bidir`` / ``sm`` follow nvbandwidth's device_to_device tests, ``latency``
+and the peer-off tests (staged through the host) p2pBandwidthLatencyTest. Every sample is
+nvbandwidth's doMemcpyCore; its figure is ``nbytes * reps / elapsed``.
 """
 
 from __future__ import annotations
@@ -179,14 +175,12 @@ def bidir_records(base: dict, copied: int, per: list[list[float]], spans: list[f
                   extra: dict, peak: float | None, peak_rev: float | None, rev_device: int) -> list[Record]:
     """The forward, reverse and total bandwidth records of a bidirectional test.
 
-    ``per`` holds [forward, reverse] seconds per sample of ``reps`` copies of ``copied`` bytes, each
-    from its own stream's events; ``spans`` the seconds until both finished; peaks in B/s. Samples
-    are seconds per copy (per copy pair for the total, whose nbytes is 2 * copied). The total follows
-    the tool the test mirrors: bidir (nvbandwidth) the sum of the two directions' bandwidths per
-    sample, as seconds 2 * copied / (bw_forward + bw_reverse); off-bidir (p2pBandwidthLatencyTest
-    outputBidirectionalBandwidthMatrix) both directions' bytes over the span, since peer-off copies
-    block the host and overlap only partly. The other rule's samples go in extra
-    ("span_samples_s" or "sum_rule_samples_s").
+    ``per``: [forward, reverse] seconds per sample of ``reps`` copies of ``copied`` bytes, each from
+    its own stream's events; ``spans``: seconds until both finished; peaks in B/s. Samples are
+    seconds per copy (per copy pair for the total, nbytes 2 * copied). The total: bidir (nvbandwidth)
+    2 * copied / (bw_forward + bw_reverse); off-bidir (p2pBandwidthLatencyTest
+    outputBidirectionalBandwidthMatrix) both directions' bytes over the span. The other rule's
+    samples go in extra ("span_samples_s" or "sum_rule_samples_s").
     """
     fwd = [t / reps for t in per[0]]
     rev = [t / reps for t in per[1]]
