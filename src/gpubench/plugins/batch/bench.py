@@ -58,10 +58,9 @@ class BatchSpec:
                                  "transfer", "raise --piece or lower --count / --total")
             if piece < 1:
                 raise UsageError(f"--piece {piece} must be at least 1 byte")
-        for name, got, allowed in (("strategy", self.strategies, STRATEGIES),
-                                   ("direction", self.directions, DIRECTIONS),
-                                   ("memory kind", self.memory, HOST_KINDS)):
-            check_choices(name, got, allowed)
+        check_choices("strategy", self.strategies, STRATEGIES)
+        check_choices("direction", self.directions, DIRECTIONS)
+        check_choices("memory kind", self.memory, HOST_KINDS)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -71,10 +71,9 @@ class Memcpy2dSpec:
                     raise UsageError(f"{name} {format_size(p)} x {height} rows = {format_size(p * height)} does not "
                                      f"fit in a buffer (limit {format_size(MAX_BUFFER)})",
                                      "lower --height or the pitch")
-        for name, got, allowed in (("strategy", self.strategies, STRATEGIES),
-                                   ("direction", self.directions, DIRECTIONS),
-                                   ("memory kind", self.memory, HOST_KINDS)):
-            check_choices(name, got, allowed)
+        check_choices("strategy", self.strategies, STRATEGIES)
+        check_choices("direction", self.directions, DIRECTIONS)
+        check_choices("memory kind", self.memory, HOST_KINDS)
 
     def to_dict(self) -> dict:
         d = asdict(self)
