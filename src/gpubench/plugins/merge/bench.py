@@ -231,7 +231,7 @@ def summary_record(spec: MergeSpec, runs: list[Record], cluster: Mapping[str, An
         "bandwidth_hmean_Bps": hmean(pair_hmeans), "bandwidth_hstd_Bps": hstd(pair_hmeans),
         "wall_clock_mean_s": mean_s,
         "wall_clock_std_s": math.sqrt(math.fsum((s - mean_s) ** 2 for s in seconds) / len(seconds)),
-        "pairs": [p.to_dict() for p in pairs], "transfers_logged": sum(len(v) for v in logs.values()),
+        "pairs": [asdict(p) for p in pairs], "transfers_logged": sum(len(v) for v in logs.values()),
         "transfers_counted": sum(p.n for p in pairs),
         "transfer_log_overflowed": sorted({a for r in runs for a in r.extra["transfer_log_overflowed"]}),
         "workers": cluster["workers"], "rmm": cluster["rmm"], "scheduler_address": cluster["scheduler_address"],

@@ -6,7 +6,7 @@ dicts; bandwidths in B/s, sizes in bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpubench.core.stats import _percentile
@@ -46,9 +46,6 @@ class PairStats:
     min: float
     max: float
     total_bytes: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def pair_statistics(logs: Mapping[str, Iterable[Mapping[str, Any]]], address_to_index: Mapping[str, int],
