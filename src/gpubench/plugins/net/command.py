@@ -180,37 +180,47 @@ def _family(ipv4: bool, ipv6: bool) -> int:
     return 4 if ipv4 else 6 if ipv6 else 0
 
 
+def tcp_only_given(streams: int = 1, reverse: bool = False, bidir: bool = False, window: str | None = None,
+                   bitrate: str | None = None, copy: bool = False, ipv4: bool = False, ipv6: bool = False,
+                   cport: int | None = None, **_: Any) -> list[str]:
+    """The TCP-only options given at other than their defaults (refused with --protocol ucx); others ignored."""
+    given = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
+             "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
+    return [name for name, on in given.items() if on]
+
+
+_TCP_KEYS = ("reverse", "bidir", "window", "bitrate", "copy")
+
+
 def build_client_spec(host: str, port: int, streams: int, seconds: float, omit: float, interval: float, length: str,
-                      reverse: bool = False, bidir: bool = False, window: str | None = None,
-                      bitrate: str | None = None, copy: bool = False, ipv4: bool = False, ipv6: bool = False,
-                      cport: int | None = None, protocol: str = "tcp", **ucx: Any):
-    """The NetSpec of `net client HOST` (UcxSpec with --protocol ucx; ``ucx``: the options of
-    :func:`build_ucx_spec`, refused by :func:`check_tcp` without it). Raises UsageError: a bad option."""
-    return _build_spec("client", host, port, cport, protocol, (streams, seconds, omit, interval, length, reverse,
-                       bidir, window, bitrate, copy), ipv4, ipv6, ucx)
+                      *, cport: int | None = None, ipv4: bool = False, ipv6: bool = False, protocol: str = "tcp",
+                      **opts: Any):
+    """The NetSpec of `net client HOST` (UcxSpec with --protocol ucx). ``opts``: :func:`build_request`'s
+    reverse, bidir, window, bitrate, copy, and the UCX options of :func:`build_ucx_spec` (refused by
+    :func:`check_tcp` without --protocol ucx). Raises UsageError: a bad option."""
+    return _build_spec("client", host, port, cport, protocol, ipv4, ipv6,
+                       dict(streams=streams, seconds=seconds, omit=omit, interval=interval, length=length), opts)
 
 
-def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str, reverse: bool = False,
-                     bidir: bool = False, window: str | None = None, bitrate: str | None = None, copy: bool = False,
-                     ipv4: bool = False, ipv6: bool = False, protocol: str = "tcp", **ucx: Any):
-    """The NetSpec of `net local` (UcxSpec with --protocol ucx; ``ucx`` as :func:`build_client_spec`'s).
+def build_local_spec(streams: int, seconds: float, omit: float, interval: float, length: str, *, ipv4: bool = False,
+                     ipv6: bool = False, protocol: str = "tcp", **opts: Any):
+    """The NetSpec of `net local` (UcxSpec with --protocol ucx; ``opts`` as :func:`build_client_spec`'s).
     Raises UsageError: a bad option."""
-    return _build_spec("local", DEFAULT_BIND, 0, None, protocol, (streams, seconds, omit, interval, length, reverse,
-                       bidir, window, bitrate, copy), ipv4, ipv6, ucx)
+    return _build_spec("local", DEFAULT_BIND, 0, None, protocol, ipv4, ipv6,
+                       dict(streams=streams, seconds=seconds, omit=omit, interval=interval, length=length), opts)
 
 
-def _build_spec(mode: str, host: str, port: int, cport: int | None, protocol: str, test: tuple, ipv4: bool,
-                ipv6: bool, ucx: dict[str, Any]):
+def _build_spec(mode: str, host: str, port: int, cport: int | None, protocol: str, ipv4: bool, ipv6: bool,
+                test: dict[str, Any], opts: dict[str, Any]):
     from gpubench.plugins.net.bench import NetSpec
 
-    streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy = test
-    tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir, "-w/--window": window is not None,
-                "-b/--bitrate": bitrate is not None, "--copy": copy, "-4/-6": ipv4 or ipv6, "--cport": cport is not None}
+    test.update({k: opts.pop(k) for k in _TCP_KEYS if k in opts})
     if protocol == "ucx":
         port = _check_port(port, allow_zero=False) if mode == "client" else port
-        return build_ucx_spec(host, port, mode, seconds, omit, interval, length, tcp_only, **ucx)
-    check_tcp(ucx)
-    req = build_request(*test)
+        return build_ucx_spec(host, port, mode, test["seconds"], test["omit"], test["interval"], test["length"],
+                              tcp_only_given(**test, ipv4=ipv4, ipv6=ipv6, cport=cport), **opts)
+    check_tcp(opts)
+    req = build_request(**test)
     family = _family(ipv4, ipv6)
     if mode == "local":
         return NetSpec(host="::1" if family == 6 else DEFAULT_BIND, port=0, request=req, mode="local", family=family)
@@ -223,27 +233,29 @@ def _build_spec(mode: str, host: str, port: int, cport: int | None, protocol: st
     return NetSpec(host=host, port=port, request=req, family=family, cport=cport)
 
 
+# the UCX options: (the option's name, its default)
+_UCX_OPTIONS = {"memory": ("-m/--memory", "host"), "device": ("-d/--device", 0), "api": ("--api", "tag"),
+                "in_flight": ("--in-flight", 32), "latency": ("--latency", False), "wait": ("--wait", "poll")}
+
+
 def check_tcp(ucx: dict) -> None:
     """Refuse the UCX options with --protocol tcp (each at a value other than its default)."""
-    defaults = {"memory": "host", "device": 0, "api": "tag", "in_flight": 32, "latency": False, "wait": "poll"}
-    names = {"memory": "-m/--memory", "device": "-d/--device", "api": "--api", "in_flight": "--in-flight",
-             "latency": "--latency", "wait": "--wait"}
     for k, v in ucx.items():
-        if v != defaults[k] and not (k == "memory" and str(v).strip().lower() == "host"):
-            raise UsageError(f"{names[k]} applies to --protocol ucx only", "add --protocol ucx, or leave it out")
+        name, default = _UCX_OPTIONS[k]
+        if v != default and not (k == "memory" and str(v).strip().lower() == "host"):
+            raise UsageError(f"{name} applies to --protocol ucx only", "add --protocol ucx, or leave it out")
 
 
 def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float, interval: float, length: str | None,
-                   tcp_only: dict[str, bool], memory: str = "host", device: int = 0, api: str = "tag",
+                   tcp_given: list[str], memory: str = "host", device: int = 0, api: str = "tag",
                    in_flight: int = 32, latency: bool = False, wait: str = "poll", check_machine: bool = True):
     """The UcxSpec of `net client|local --protocol ucx`: the schedule and -l checked as TCP's, the
     UCX options, then (``check_machine``) UCXX and for -m cuda a GPU.
-    Raises UsageError: a TCP-only option, a bad value, UCXX missing, -m cuda without a GPU."""
+    Raises UsageError: a TCP-only option (``tcp_given``), a bad value, UCXX missing, -m cuda without a GPU."""
     from gpubench.core.bounds import Bound
     from gpubench.plugins.net.ucx import MAX_IN_FLIGHT, parse_memory
     from gpubench.plugins.net.ucx_bench import UcxSpec
 
-    tcp_given = [name for name, on in tcp_only.items() if on]
     if tcp_given:
         raise UsageError(f"{tcp_given[0]} applies to --protocol tcp only", "leave it out with --protocol ucx")
     req = build_request(1, seconds, omit, interval, "1MiB" if length is None else length)
@@ -387,37 +399,8 @@ def _cpu(v) -> str:
     return "-" if v is None else f"{v:.2f} s"
 
 
-class _Deferred(list):
-    """A report's renderables, built when first looked at (a quiet client never imports rich)."""
-
-    def __init__(self, build):
-        super().__init__()
-        self._build: Any = build
-
-    def _fill(self) -> None:
-        if self._build is not None:
-            build, self._build = self._build, None
-            self.extend(build())
-
-    def __iter__(self):
-        self._fill()
-        return super().__iter__()
-
-    def __len__(self) -> int:
-        self._fill()
-        return super().__len__()
-
-    def __getitem__(self, i):
-        self._fill()
-        return super().__getitem__(i)
-
-
 def format_report(result, units: str = "GB") -> list:
-    """Per direction the interval and stream tables and the CPU line, then notes (built when first iterated)."""
-    return _Deferred(lambda: _report(result, units))
-
-
-def _report(result, units: str) -> list:
+    """Per direction the interval and stream tables and the CPU line, then notes."""
     from rich.text import Text
 
     if result.spec.get("protocol") == "ucx":
@@ -514,13 +497,14 @@ command.add_command(benchmark_command("local", [*TEST_OPTIONS, *UCX_OPTIONS], bu
                                       run=_net_run, conditions=False))
 
 
-def _nodes_ucx_spec(protocol: str, seconds: float, omit: float, interval: float, length: str | None,
-                    tcp_only: dict[str, bool], **ucx: Any):
-    """`net nodes`' UCX options: the UcxSpec of each test with --protocol ucx, else None. Raises UsageError."""
+def _nodes_ucx_spec(protocol: str, test: dict[str, Any], **ucx: Any):
+    """`net nodes`' UCX options: the UcxSpec of each test with --protocol ucx, else None (``test``:
+    :func:`build_request`'s arguments). Raises UsageError."""
     if protocol != "ucx":
         check_tcp(ucx)
         return None
-    return build_ucx_spec("", 0, "client", seconds, omit, interval, length, tcp_only, **ucx, check_machine=False)
+    return build_ucx_spec("", 0, "client", test["seconds"], test["omit"], test["interval"], test["length"],
+                          tcp_only_given(**test), **ucx, check_machine=False)
 
 
 command.add_command(nodes_command(TEST_OPTIONS, build_request, [o for o in UCX_OPTIONS if o is not LATENCY_OPTION],

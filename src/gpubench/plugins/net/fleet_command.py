@@ -122,11 +122,10 @@ def nodes_command(test_options, build_request, ucx_options=(), build_ucx=None) -
             if to is not None and ctx.get_parameter_source("pairs") not in (None, click.core.ParameterSource.DEFAULT):
                 # --to is one round of many-to-one; --pairs was silently ignored beside it
                 raise UsageError(f"--to {to} and --pairs {pairs} are two schedules", "give one of them")
-            tcp_only = {"-P/--parallel": streams != 1, "-R/--reverse": reverse, "--bidir": bidir,
-                        "-w/--window": window is not None, "-b/--bitrate": bitrate is not None, "--copy": copy}
-            ucx_spec = build_ucx(protocol, seconds, omit, interval, length, tcp_only, **ucx) if build_ucx else None
-            req = (ucx_spec.request if ucx_spec is not None else
-                   build_request(streams, seconds, omit, interval, length, reverse, bidir, window, bitrate, copy))
+            test = dict(streams=streams, seconds=seconds, omit=omit, interval=interval, length=length, reverse=reverse,
+                        bidir=bidir, window=window, bitrate=bitrate, copy=copy)
+            ucx_spec = build_ucx(protocol, test, **ucx) if build_ucx else None
+            req = ucx_spec.request if ucx_spec is not None else build_request(**test)
             _check_values(build_request, {"timeout": timeout, "to": to}, req)  # before the launcher's checks
             me = ranks.discover()
             if not me.under_launcher:
