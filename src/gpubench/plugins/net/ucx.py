@@ -1,18 +1,9 @@
 """``gpubench net --protocol ucx``'s engine: one UCX worker and endpoint through UCXX's core API
-(``ucxx._lib.libucxx``), driven by polling from the calling thread, as ucx_perftest drives UCP
-(libucx's src/tools/perf/lib/ucp_tests.cc). UCXX and CuPy are imported inside functions only.
-
-Method (``ucx_perftest -t tag_bw`` / ``-t tag_lat``; docs/net.md "UCX"):
-
-- **Bandwidth** (:meth:`Side.send_for`, :meth:`Side.recv_until`): ``in_flight`` sends of ``nbytes``
-  kept posted from one buffer (tag_bw's window), as many receives into one buffer; bytes are
-  counted at the sender as completed sends, the receiver's count checked against them at the end.
-- **Latency** (:meth:`Side.ping`, :meth:`Side.pong`): ping-pong (tag_lat); one-way = round trip / 2.
-- **Endpoints** from worker addresses exchanged over the TCP control connection, without UCX's
-  peer error handling (ucx_perftest's default); a dead peer is found by :data:`STALL_S`.
-- **Data check**: the receiver's zeroed buffer must equal the sender's :func:`pattern` at the end.
-- **Transports**: :func:`endpoint_info` reads ``ucp_ep_print_info`` (libucp).
-"""
+(``ucxx._lib.libucxx``), driven by polling from the calling thread as ucx_perftest drives UCP
+(libucx's src/tools/perf/lib/ucp_tests.cc: tag_bw, tag_lat); the method: docs/net.md "UCX".
+Endpoints are made from worker addresses exchanged over the TCP control connection, without UCX's
+peer error handling (ucx_perftest's default): a dead peer is found by :data:`STALL_S`. UCXX and
+CuPy are imported inside functions only."""
 
 from __future__ import annotations
 
@@ -320,12 +311,14 @@ class Side:
         self._window: deque = deque(self._post() for _ in range(in_flight))
         self._last_done = time.perf_counter()  # the last completion, across send_for calls (the stall clock)
 
-    def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> int:
-        """Keep the window full until ``time.perf_counter() >= until``; returns the sends completed.
-        Raises PeerGone: nothing completed for ``stall_s``, or as ``check``; MachineError: a send failed."""
-        window, progress, post = self._window, self.progress, self._post
-        clock = time.perf_counter
-        last, next_check = self._last_done, clock() + 0.05
+    def _pump(self, window: deque, post: Callable[[], Any], stop: Callable[[int, float], bool],
+              check: Callable[[], None] | None, stall_s: float, stalled: str) -> int:
+        """Progress, reposting each completed request of ``window`` (oldest first), until ``stop(completed,
+        now)`` (asked at each completion batch and every 16 progress calls); returns the requests completed.
+        Raises PeerGone: none completed for ``stall_s`` (``stalled``, its {} the seconds), or as ``check`` (every 50 ms);
+        MachineError: one failed."""
+        progress, clock = self.progress, time.perf_counter
+        next_check = clock() + 0.05
         done = spins = 0
         while True:
             progress()
@@ -339,14 +332,21 @@ class Side:
                 now = clock()
                 if n:
                     done += n
-                    last = self._last_done = now
-                if now >= until:
+                    self._last_done = now
+                if stop(done, now):
                     return done
                 if now >= next_check:
                     next_check = now + 0.05
-                    check()
-                    if now - last > stall_s:
-                        raise PeerGone(f"UCX: no send completed for {stall_s:g} s (the receiver stopped?)")
+                    if check is not None:
+                        check()
+                    if now - self._last_done > stall_s:
+                        raise PeerGone("UCX: " + stalled.format(stall_s))
+
+    def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> int:
+        """Keep the window full until ``time.perf_counter() >= until``; returns the sends completed.
+        Raises PeerGone: nothing completed for ``stall_s``, or as ``check``; MachineError: a send failed."""
+        return self._pump(self._window, self._post, lambda done, now: now >= until, check, stall_s,
+                          "no send completed for {:g} s (the receiver stopped?)")
 
     def finish_sending(self, check=None, stall_s: float = STALL_S) -> int:
         """Wait for the window's last sends (``stall_s`` after the last completion); returns how many."""
@@ -356,41 +356,18 @@ class Side:
         return len(left)
 
     def recv_until(self, buf, in_flight: int, stop: Callable[[int], bool], stall_s: float = STALL_S) -> int:
-        """Keep ``in_flight`` receives into ``buf`` posted until ``stop(received)`` (asked every 20 ms
-        and at each completion batch); returns the messages received.
+        """Keep ``in_flight`` receives into ``buf`` posted until ``stop(received)``; returns the messages received.
         Raises PeerGone: as ``stop`` raises, or nothing arrived for ``stall_s`` while ``stop`` said go on."""
         post = self._poster("recv", self.array(buf), DATA_TAG)
-        window: deque = deque(post() for _ in range(in_flight))
-        progress, clock = self.progress, time.perf_counter
-        got = spins = 0
-        last = clock()
-        next_check = last + 0.02
-        while True:
-            progress()
-            n = 0
-            while window[0].completed:
-                _checked(window.popleft())
-                n += 1
-                window.append(post())
-            got += n
-            spins += 1
-            if n or spins & 15 == 0:
-                now = clock()
-                if n:
-                    last = now
-                if now >= next_check or n:
-                    next_check = now + 0.02
-                    if stop(got):
-                        self._leftover = window  # posted receives the peer will never match
-                        return got
-                    if now - last > stall_s:
-                        raise PeerGone(f"UCX: no message arrived for {stall_s:g} s (the sender stopped?)")
+        self._leftover: deque = deque(post() for _ in range(in_flight))  # at the end: receives never matched
+        self._last_done = time.perf_counter()
+        return self._pump(self._leftover, post, lambda got, now: stop(got), None, stall_s,
+                          "no message arrived for {:g} s (the sender stopped?)")
 
-    def ping(self, out, back, iters: int, check: Callable[[], None] | None = None,
-             stall_s: float = STALL_S) -> float:
-        """``iters`` (>= 2) round trips: send ``out``, receive into ``back`` (same size). Returns the
-        seconds of round trips 2..iters (the first waits for the peer to read the batch's line).
-        Raises PeerGone: a round trip not back within ``stall_s``, or as ``check`` (every 50 ms)."""
+    def _trips(self, out, back, iters: int, echo: bool, check: Callable[[], None] | None, stall_s: float) -> float:
+        """``iters`` round trips: send ``out`` and receive into ``back`` (``echo``: receive, then send it
+        back). Returns the seconds of round trips 2..iters (the first waits for the peer to read the
+        batch's line). Raises PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms)."""
         send, recv = self._poster("send", self.array(out), DATA_TAG), self._poster("recv", self.array(back), DATA_TAG)
         progress, clock = self.progress, time.perf_counter
         t0 = 0.0
@@ -398,49 +375,36 @@ class Side:
             if i == 1:
                 t0 = clock()
             r = recv()
-            s = send()
+            s = None if echo else send()
             spins = 0
             while not r.completed:
                 progress()
                 spins += 1
-                if spins & 4095 == 0:
-                    self._awaited(spins, check, stall_s, i, iters)
+                if spins & 4095 == 0:  # inside a long wait: the control connection every ~50 ms, the stall deadline
+                    now = clock()
+                    if spins == 4096:
+                        wait_from, next_check = now, now + 0.05
+                    if now >= next_check:
+                        next_check = now + 0.05
+                        if check is not None:
+                            check()
+                        if now - wait_from > stall_s:
+                            raise PeerGone(f"UCX: round trip {i} of {iters} not back within {stall_s:g} s "
+                                           "(the peer stopped?)")
+            _checked(r)
+            s = send() if s is None else s
             while not s.completed:
                 progress()
-            _checked(r)
             _checked(s)
         return clock() - t0
 
-    def _awaited(self, spins: int, check, stall_s: float, i: int, iters: int) -> None:
-        """Inside a round trip's wait: the control connection every ~50 ms, the stall deadline."""
-        now = time.perf_counter()
-        if spins == 4096:
-            self._wait_from, self._next_check = now, now + 0.05
-        if now >= self._next_check:
-            self._next_check = now + 0.05
-            if check is not None:
-                check()
-            if now - self._wait_from > stall_s:
-                raise PeerGone(f"UCX: round trip {i} of {iters} not back within {stall_s:g} s (the peer stopped?)")
+    def ping(self, out, back, iters: int, check: Callable[[], None] | None = None, stall_s: float = STALL_S) -> float:
+        """``iters`` (>= 2) round trips: send ``out``, receive into ``back`` (same size); as :meth:`_trips`."""
+        return self._trips(out, back, iters, False, check, stall_s)
 
     def pong(self, buf, iters: int, check: Callable[[], None] | None = None, stall_s: float = STALL_S) -> None:
-        """``iters`` times: receive into ``buf`` and send it back.
-        Raises PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms)."""
-        a = self.array(buf)
-        send, recv, progress = self._poster("send", a, DATA_TAG), self._poster("recv", a, DATA_TAG), self.progress
-        for i in range(iters):
-            r = recv()
-            spins = 0
-            while not r.completed:
-                progress()
-                spins += 1
-                if spins & 4095 == 0:
-                    self._awaited(spins, check, stall_s, i, iters)
-            _checked(r)
-            s = send()
-            while not s.completed:
-                progress()
-            _checked(s)
+        """``iters`` times: receive into ``buf`` and send it back; as :meth:`_trips`."""
+        self._trips(buf, buf, iters, True, check, stall_s)
 
     def close(self) -> None:
         """Close the endpoint; UCXX frees the endpoint and worker with their objects."""

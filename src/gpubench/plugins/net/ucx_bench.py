@@ -23,12 +23,12 @@ from typing import Any
 
 from gpubench.core import benchmark as driver
 from gpubench.core import safe
-from gpubench.core.benchmark import Benchmark, Context, Point
+from gpubench.core.benchmark import Context, Point
 from gpubench.core.errors import MachineError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.signals import Interrupted
-from gpubench.plugins.net.bench import interval_points
+from gpubench.plugins.net.bench import Net, interval_points
 from gpubench.plugins.net.protocol import DEFAULT_BIND, Request, close_socket, is_loopback, shown
 
 LATENCY_MIN_BYTES = 8  # the sweep's first size (tag_lat's default -s 8)
@@ -215,29 +215,18 @@ def transports(client_text: str, server: dict | None, spec: UcxSpec, nbytes: int
     return out
 
 
-class UcxNet(Benchmark):
-    """The UCX client plug-in (see the module)."""
+class UcxNet(Net):
+    """The UCX client plug-in (see the module); ``live`` as :class:`Net`'s."""
 
-    name = "net"
-    needs_gpu = False
-
-    def __init__(self, live: Any = None):
-        self.live = live  # a gpubench.plugins.net.lines.LiveLines, or None
-
-    def environment(self, spec: UcxSpec) -> dict:
-        from gpubench.core import env as envmod
-        nodes = 1 if spec.mode == "local" or is_loopback(spec.host) else 2
+    def environment(self, spec: Any) -> dict:
         ucx_env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-        return {"host": envmod.host_info(), "versions": envmod.versions(), "nodes": nodes, "ucx_env": ucx_env}
+        return {**super().environment(spec), "ucx_env": ucx_env}
 
-    def points(self, spec: UcxSpec, devices: tuple[int, ...]) -> list[Point]:
+    def points(self, spec: Any, devices: tuple[int, ...]) -> list[Point]:
         host = spec.nbytes * 2
         if spec.latency:
             return [Point(f"{s} B", s, host_bytes=host) for s in spec.sizes()]
         return interval_points(spec.request, host)
-
-    def too_big_hint(self, spec: UcxSpec) -> str:
-        return "lower -l/--length"
 
     @contextlib.contextmanager
     def setup(self, ctx: Context):
