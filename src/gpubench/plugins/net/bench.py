@@ -152,6 +152,11 @@ def _finite_number(v: Any) -> TypeGuard[int | float]:
     return type(v) in (int, float) and (type(v) is float or abs(v) <= MAX_WIRE_INT) and math.isfinite(v)
 
 
+def _bad_count(x: Any, name: str) -> str | None:
+    """Why ``x`` (``name``) is not a count of bytes: None when it is an integer 0 to MAX_WIRE_INT."""
+    return None if wire_int(x) else f"{name} {safe.term(shown(x))} is not an integer 0 to {MAX_WIRE_INT}"
+
+
 def parse_interval(msg: Any, index: int, req: Request, prev_end: float, ceiling: list[int] | None) -> Interval:
     """The server's interval ``index`` (bytes it received per c2s stream), checked against the
     schedule, ``prev_end`` (end_s of the previous one) and ``ceiling`` (per stream, bytes the
@@ -178,8 +183,8 @@ def parse_interval(msg: Any, index: int, req: Request, prev_end: float, ceiling:
     if not isinstance(b, list) or len(b) != want:
         raise lie(f"bytes must be a list of {want} counts")
     for k, x in enumerate(b):
-        if not wire_int(x):
-            raise lie(f"stream {k}'s count {safe.term(shown(x))} is not an integer 0 to {MAX_WIRE_INT}")
+        if why := _bad_count(x, f"stream {k}'s count"):
+            raise lie(why)
         if ceiling is not None and x > ceiling[k]:
             raise lie(f"stream {k} received {x} bytes, more than the client had sent ({ceiling[k]} at most)")
     return Interval(start_s=a, end_s=e, omit=omitted, bytes=list(b))
@@ -216,18 +221,15 @@ def parse_end(msg: Any, req: Request, wall_s: float, received: list[int] | None)
         if t is not None and not isinstance(t, dict):
             raise lie(f"tcp[{k}] must be an object or null")
         for name in fields:
-            if t and name in t and not wire_int(t[name]):
-                raise lie(f"tcp[{k}].{name} {safe.term(shown(t[name]))} is not an integer 0 to {MAX_WIRE_INT}")
+            if t and name in t and (why := _bad_count(t[name], f"tcp[{k}].{name}")):
+                raise lie(why)
     infos = [None if t is None else {n: t[n] for n in fields if n in t} for t in tcp]
     for k, x in enumerate(sent):
-        if not wire_int(x):
-            raise lie(f"sent[{k}] {safe.term(shown(x))} is not an integer 0 to {MAX_WIRE_INT}")
+        if why := _bad_count(x, f"sent[{k}]"):
+            raise lie(why)
         if received is not None and x < received[k]:
             raise lie(f"stream {k}: sent {x} bytes, fewer than the {received[k]} received")
     return {"cpu_s": out_cpu, "tcp": infos, "sent": list(sent)}
-
-
-_NOT_OPEN = "the net test has not started (_Session.open first)"
 
 
 class _Session:
@@ -255,7 +257,6 @@ class _Session:
         self.window: dict[str, int] = {}
         # called with each interval as it arrives (direction -> Interval), before the test's end
         self.on_intervals: Callable[[dict[str, Interval]], None] | None = None
-        self._closed = False
 
     def open(self) -> None:
         """Ask for the test, connect its streams, start the workers, release them at "start".
@@ -305,8 +306,7 @@ class _Session:
                 self.sets[d].go()
 
     def _read(self, timeout: float) -> Any:
-        if self.reader is None:
-            raise RuntimeError(_NOT_OPEN)
+        assert self.reader is not None, "the net test has not started (_Session.open first)"
         try:
             return self.reader.readjson(timeout)
         except ProtocolError as e:
@@ -328,8 +328,7 @@ class _Session:
         after the last one, :meth:`finish`.
         Raises MachineError: the server stopped answering, aborted, ended early or lied; a stream failed."""
         t0 = self.t0
-        if t0 is None:
-            raise RuntimeError(_NOT_OPEN)
+        assert t0 is not None, "the net test has not started (_Session.open first)"
         i = self.received
         end, omitted = self.schedule[i]
         out: dict[str, Interval] = {}
@@ -366,8 +365,7 @@ class _Session:
         """After the last interval: "done", TCP_INFO of the senders, the streams closed, the end line.
         Raises MachineError: a line other than "done"; a data stream failed; ServerLied: a bad end line."""
         t0, reader = self.t0, self.reader
-        if t0 is None or reader is None:
-            raise RuntimeError(_NOT_OPEN)
+        assert t0 is not None and reader is not None, "the net test has not started (_Session.open first)"
         msg = self._reply(self.req.interval + 10.0)
         if msg.get("done") is not True:
             raise ServerLied(f"server {self.host} port {self.port}: sent more than the {self.expected} intervals asked for")
@@ -402,9 +400,6 @@ class _Session:
 
     def close(self) -> None:
         """Stop the workers and close every connection; safe at any moment, and again."""
-        if self._closed:
-            return
-        self._closed = True
         for st in self.sets.values():
             st.close()
         for ss in self.socks.values():

@@ -24,7 +24,6 @@ from gpubench.plugins.net.protocol import (
     DEFAULT_BIND,
     DEFAULT_PORT,
     MAX_HEADER_BYTES,
-    Caps,
     Request,
     RequestError,
     check_request,
@@ -111,11 +110,10 @@ class NetServer:
     ``max_pending`` connections may wait for their request line (one more: the oldest goes).
     """
 
-    def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, caps: Caps = CAPS,
-                 log: Callable[[str], None] | None = None, header_timeout: float = 2.0,
-                 setup_timeout: float = 5.0, drain_timeout: float = 5.0, stall_timeout: float = 10.0,
-                 max_pending: int = 512):
-        self.bind, self.port, self.caps, self.log = bind, port, caps, log or (lambda line: None)
+    def __init__(self, bind: str = DEFAULT_BIND, port: int = DEFAULT_PORT, *, log: Callable[[str], None] | None = None,
+                 header_timeout: float = 2.0, setup_timeout: float = 5.0, drain_timeout: float = 5.0,
+                 stall_timeout: float = 10.0, max_pending: int = 512):
+        self.bind, self.port, self.log = bind, port, log or (lambda line: None)
         self.header_timeout, self.setup_timeout = header_timeout, setup_timeout
         self.drain_timeout, self.stall_timeout = drain_timeout, stall_timeout
         self.max_pending = max(1, max_pending)
@@ -130,14 +128,11 @@ class NetServer:
         self.pending_peak = 0
         self.address: tuple[str, int] | None = None
         self._windowed = False  # the listener holds a test's -w buffers (renewed once the test ends)
-        self._loop: tuple | None = None  # serve_forever's (selector, pending connections)
-        self._listen_info: tuple | None = None  # (family, sockaddr) that open() bound
 
     def open(self) -> tuple[str, int]:
         """Bind and listen. Returns (address, port) actually bound. Raises UsageError as :func:`bind_listener`."""
         s = self._listener = bind_listener(self.bind, self.port)
-        _raise_fd_limit(self.max_pending + 2 * self.caps.max_streams + 64)
-        self._listen_info = (s.family, s.getsockname())
+        _raise_fd_limit(self.max_pending + 2 * CAPS.max_streams + 64)
         self.address = s.getsockname()[:2]
         return self.address
 
@@ -195,7 +190,6 @@ class NetServer:
         sel = selectors.DefaultSelector()
         sel.register(lst, selectors.EVENT_READ, None)
         pending: dict[socket.socket, _Pending] = {}  # oldest first (insertion order)
-        self._loop = (sel, pending)  # for _dispatch, which renews a windowed listener before a test
         try:
             while not self._stop.is_set():
                 if self._windowed and self._active is None:
@@ -235,12 +229,12 @@ class NetServer:
         """A fresh listener on the same address (autotuned buffers) after a -w test, the old one's
         queue accepted first; if the address cannot be bound again, the server stops (logged)."""
         old = self._listener
-        assert old is not None and self._listen_info is not None
+        assert old is not None
+        family, sockaddr = old.family, old.getsockname()
         self._accept(old, sel, pending)
         with contextlib.suppress(KeyError, ValueError):
             sel.unregister(old)
         old.close()
-        family, sockaddr = self._listen_info
         self._windowed = False
         try:
             new = _listen(family, sockaddr)
@@ -306,12 +300,12 @@ class NetServer:
         pending.pop(p.sock, None)
         sel.unregister(p.sock)
         try:
-            self._dispatch(p.sock, p.peer, bytes(p.buf[:nl]))
+            self._dispatch(p.sock, p.peer, bytes(p.buf[:nl]), sel, pending)
         except Exception as e:  # never let one connection take the server down
             self.log(f"{p.peer[0]}:{p.peer[1]}: internal error: {type(e).__name__}: {e}")
             close_socket(p.sock)
 
-    def _dispatch(self, conn: socket.socket, peer, line: bytes) -> None:
+    def _dispatch(self, conn: socket.socket, peer, line: bytes, sel, pending) -> None:
         try:
             header = parse_line(line)
         except ValueError:
@@ -321,14 +315,14 @@ class NetServer:
             self._data(conn, peer, header)
             return
         try:
-            req = check_request(header, self.caps)
+            req = check_request(header, CAPS)
         except RequestError as e:
             self._refused(conn, peer, str(e))
             return
         with self._lock:
             idle = self._active is None
-        if idle and self._windowed and self._loop is not None:  # the last test's -w must not reach this one's streams
-            self._renew_listener(*self._loop)
+        if idle and self._windowed:  # the last test's -w must not reach this one's streams
+            self._renew_listener(sel, pending)
         with self._lock:
             if self._active is not None or self._stop.is_set():
                 test = None
