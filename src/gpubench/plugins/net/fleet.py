@@ -362,14 +362,18 @@ def host_labels(members: Sequence[int], peers: dict[int, dict]) -> list[str]:
     return [h if hosts.count(h) == 1 else f"{h}#{m}" for h, m in zip(hosts, members)]
 
 
+def _gbit(link: Record) -> float | None:
+    """A link's Gbit/s; None where its test failed."""
+    g = link.extra.get("gbit_per_s")
+    return float(g) if link.error is None and isinstance(g, (int, float)) else None
+
+
 def matrix(members: Sequence[int], links: Sequence[Record]) -> list[list[float | None]]:
     """Sender x receiver Gbit/s (members' order); None where no test ran or it failed."""
     pos = {m: i for i, m in enumerate(members)}
     out: list[list[float | None]] = [[None] * len(members) for _ in members]
     for r in links:
-        g = r.extra.get("gbit_per_s")
-        if r.error is None and isinstance(g, (int, float)):
-            out[pos[r.params["src"]]][pos[r.params["dst"]]] = float(g)
+        out[pos[r.params["src"]]][pos[r.params["dst"]]] = _gbit(r)
     return out
 
 
@@ -423,8 +427,7 @@ def culprits(result: Result) -> list:
     labels: dict[int, str] = {}
     for r in result.records:
         a, b = int(r.params["src"]), int(r.params["dst"])
-        g = r.extra.get("gbit_per_s")
-        figures[(a, b)] = float(g) if r.error is None and isinstance(g, (int, float)) else None
+        figures[(a, b)] = _gbit(r)
         labels.setdefault(a, str(r.extra.get("src_host", f"rank {a}")))
         labels.setdefault(b, str(r.extra.get("dst_host", f"rank {b}")))
     return infer(figures, labels)

@@ -1,10 +1,6 @@
-"""``gpubench net server``: the far end of a test, a long-running service outside the driver.
-
-It receives the client's streams (c2s), sends on its own (s2c), or both (--bidir), through the
-workers of :mod:`gpubench.plugins.net.stream`; every ``interval`` seconds of its ``perf_counter``
-clock it sends the client the bytes per stream it received (:mod:`gpubench.plugins.net.protocol`).
-Its protections: docs/net.md "The server: limits and behaviour".
-"""
+"""``gpubench net server``: the far end of a test (:mod:`gpubench.plugins.net.protocol`), a
+long-running service outside the driver; its data moved by :mod:`gpubench.plugins.net.stream`'s
+workers. Its limits and behaviour: docs/net.md "The server: limits and behaviour"."""
 
 from __future__ import annotations
 
@@ -395,14 +391,10 @@ class NetServer:
                 set_window(self._listener, req.window)
                 self._windowed = True
             send_json(conn, {"ok": True, "version": 2, "cookie": test.cookie, **asdict(req)})
-            why = self._wait_streams(conn, test)
-            if why:
-                self._abort(conn, tag, why)
-                return
+            self._wait_streams(conn, test)
             with test.lock:
                 if test.closing.is_set():
-                    self._abort(conn, tag, "server stopping")
-                    return
+                    raise _Abort("server stopping")
                 for d, role in (("c2s", "recv"), ("s2c", "send")):
                     if d in test.socks:
                         test.sets[d] = StreamSet([s for s in test.socks[d] if s is not None], role, buffer=req.buffer,
@@ -440,16 +432,16 @@ class NetServer:
             return True
         return True  # EOF, or bytes the protocol does not allow here
 
-    def _wait_streams(self, conn: socket.socket, test: _Test) -> str | None:
+    def _wait_streams(self, conn: socket.socket, test: _Test) -> None:
+        """Raises _Abort: the server stops, the client closed, or not every stream connected in time."""
         deadline = time.monotonic() + self.setup_timeout
         while not test.all_attached.is_set():
             if self._stop.is_set() or test.closing.is_set():
-                return "server stopping"
+                raise _Abort("server stopping")
             if time.monotonic() > deadline:
-                return f"only {test.attached} of {test.needed} stream(s) connected within {self.setup_timeout:g} s"
+                raise _Abort(f"only {test.attached} of {test.needed} stream(s) connected within {self.setup_timeout:g} s")
             if self._peer_gone(conn, 0.05):
-                return "client closed the control connection"
-        return None
+                raise _Abort("client closed the control connection")
 
     def _measure(self, conn: socket.socket, test: _Test) -> dict[str, tuple[int, float]]:
         """Run the schedule, the counts per interval to the client (c2s). Returns, per direction,

@@ -1,15 +1,9 @@
-"""``gpubench net client|local --protocol ucx``: UCX bandwidth and latency through the driver, the
-engine in :mod:`gpubench.plugins.net.ucx`, the far end in :mod:`gpubench.plugins.net.ucx_server`.
-
-Bandwidth: one point per interval of TCP's schedule; the client keeps ``--in-flight`` sends of
-``-l`` bytes posted and counts the sends completed per interval on its ``perf_counter`` clock
-(tag_bw's method; docs/net.md "UCX"). Latency: one point per message size, 8 B doubling to ``-l``;
-per size, batches of ping-pong round trips for ``-t`` / (sizes) seconds, each sample = a batch's
-seconds / (2 x its round trips), the one-way latency (tag_lat's).
-
-Records: bandwidth as TCP's ``total`` record; latency ``metric`` "time", ``stream`` "latency",
-``nbytes`` = the size; both with params ``protocol`` "ucx", ``memory``, ``api`` and ``extra.transports``.
-"""
+"""``gpubench net client|local --protocol ucx``: UCX bandwidth (one point per interval of TCP's
+schedule, sends completed per interval: tag_bw) and latency (one point per message size, 8 B
+doubling to ``-l``; a sample = a batch's seconds / (2 x its round trips): tag_lat) through the
+driver; the method: docs/net.md "UCX". Records: bandwidth as TCP's ``total``; latency ``metric``
+"time", ``stream`` "latency", ``nbytes`` the size; both with params ``protocol`` "ucx", ``memory``,
+``api`` and ``extra.transports``."""
 
 from __future__ import annotations
 
@@ -28,8 +22,10 @@ from gpubench.core.errors import MachineError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
 from gpubench.core.signals import Interrupted
-from gpubench.plugins.net.bench import Net, interval_points
+from gpubench.plugins.net import ucx
+from gpubench.plugins.net.bench import DirectionFacts, Interval, Net, build_records, connect, interval_points
 from gpubench.plugins.net.protocol import DEFAULT_BIND, Request, close_socket, is_loopback, shown
+from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, child_env, limit_to_loopback
 
 LATENCY_MIN_BYTES = 8  # the sweep's first size (tag_lat's default -s 8)
 BATCH_TARGET_S = 0.005  # a latency batch's length: round trips per batch = this / the last round trip
@@ -99,8 +95,6 @@ class _Client:
         picks the transports between processes); our stdin's EOF ends it."""
         import json
 
-        from gpubench.plugins.net.ucx_server import child_env
-
         env = child_env()
         arg = json.dumps({"bind": DEFAULT_BIND, "device": self.spec.device})
         self.proc = subprocess.Popen([sys.executable, "-m", "gpubench.plugins.net.ucx_server", arg], env=env,
@@ -117,10 +111,6 @@ class _Client:
     def open(self) -> None:
         """Connect, ask for the test, exchange worker addresses, make the endpoint, wire it up.
         Raises MachineError: cannot connect, refused, or UCX cannot reach the server's worker."""
-        from gpubench.plugins.net import ucx
-        from gpubench.plugins.net.bench import connect
-        from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, limit_to_loopback
-
         spec = self.spec
         if spec.mode == "local":
             self.start_local_server()
@@ -150,20 +140,16 @@ class _Client:
 
     def check(self) -> None:
         """Between messages: a line from the server now is an abort (or it closed)."""
-        from gpubench.plugins.net.ucx import PeerGone
-
         msg = self.ctl.poll()
         if msg is not None:
             err = msg.get("error") if isinstance(msg, dict) else None
-            raise PeerGone(f"server {self.host} port {self.port}: "
+            raise ucx.PeerGone(f"server {self.host} port {self.port}: "
                            + (f"aborted the test: {safe.term(err, 200)}" if isinstance(err, str) else
                               f"sent {safe.term(shown(msg), 80)} during the test"))
 
     def finish(self, sent: int) -> dict:
         """Tell the server the test ended; its end line, checked.
         Raises MachineError: no end line, an abort, a count that is not ``sent``, or data that differ."""
-        from gpubench.plugins.net.ucx import parse_endpoint_info
-
         self.ctl.send({"stop": True, "sent": sent})
         msg = self.ctl.read(30.0)
         where = f"server {self.host} port {self.port}"
@@ -180,7 +166,7 @@ class _Client:
         cpu_ok = isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and 0 <= cpu < 1e7
         self.end = {"received": got, "server_cpu_s": float(cpu) if cpu_ok and cpu is not None else None,
                     "server_host_pinned": msg.get("host_pinned") is True,
-                    "server": parse_endpoint_info(self.info["server"], self.spec.api)}
+                    "server": ucx.parse_endpoint_info(self.info["server"], self.spec.api)}
         return self.end
 
     def close(self) -> None:
@@ -205,13 +191,11 @@ class _Client:
 def transports(client_text: str, server: dict | None, spec: UcxSpec, nbytes: int) -> dict:
     """``extra.transports``: per endpoint (client, server) its lanes and the protocol row that
     ``nbytes`` messages from its memory use; None for the server of a bandwidth test (it only receives)."""
-    from gpubench.plugins.net.ucx import carried_by, parse_endpoint_info
-
-    client = parse_endpoint_info(client_text, spec.api)
-    out = {"client": {"lanes": client["lanes"], "carried_by": carried_by(client, nbytes, spec.memory[0])}}
+    client = ucx.parse_endpoint_info(client_text, spec.api)
+    out = {"client": {"lanes": client["lanes"], "carried_by": ucx.carried_by(client, nbytes, spec.memory[0])}}
     if server is not None:
         out["server"] = {"lanes": server["lanes"][:32],
-                         "carried_by": carried_by(server, nbytes, spec.memory[1]) if spec.latency else None}
+                         "carried_by": ucx.carried_by(server, nbytes, spec.memory[1]) if spec.latency else None}
     return out
 
 
@@ -231,8 +215,6 @@ class UcxNet(Net):
     @contextlib.contextmanager
     def setup(self, ctx: Context):
         """Start the local server (net local), connect, wire up; a signal meanwhile: :meth:`measure`."""
-        from gpubench.plugins.net import ucx
-
         spec: UcxSpec = ctx.spec
         client = ctx.data["client"] = _Client(spec)
         try:
@@ -263,8 +245,6 @@ class UcxNet(Net):
         return (self._latency if ctx.spec.latency else self._interval)(ctx, ctx.data["client"], point)
 
     def _interval(self, ctx: Context, client: _Client, point: Point) -> list[Record]:
-        from gpubench.plugins.net.bench import Interval
-
         spec: UcxSpec = ctx.spec
         side = client.side
         schedule = spec.request.intervals()
@@ -298,8 +278,6 @@ class UcxNet(Net):
             raise
 
     def _latency(self, ctx: Context, client: _Client, point: Point) -> list[Record]:
-        from gpubench.plugins.net import ucx
-
         spec: UcxSpec = ctx.spec
         size = point.key
         out, back = ctx.data["out"][:size], ctx.data["back"][:size]
@@ -340,8 +318,6 @@ class UcxNet(Net):
 
     def derive(self, ctx: Context, records: list[Record]) -> None:
         """Bandwidth: the intervals as TCP's ``total`` record; every record gets the UCX params and transports."""
-        from gpubench.plugins.net.bench import DirectionFacts, Interval, build_records
-
         spec: UcxSpec = ctx.spec
         client: _Client | None = ctx.data.get("client")
         end = client.end if client is not None else None
@@ -363,8 +339,6 @@ class UcxNet(Net):
             r.extra["data_checked"] = end is not None
 
     def timing(self, ctx: Context) -> dict:
-        from gpubench.plugins.net import ucx
-
         spec: UcxSpec = ctx.spec
         client: _Client | None = ctx.data.get("client")
         if spec.latency:
@@ -392,8 +366,6 @@ def run(spec: UcxSpec, progress: ProgressSink | None = None, live: Any = None) -
     """One UCX test through the driver: a Result (the module's records; on Ctrl-C / SIGTERM what
     was measured, marked partial).
     Raises UsageError: UCXX missing, ``-m cuda`` without a GPU; MachineError: a failure with the server."""
-    from gpubench.plugins.net import ucx
-
     ucx.require_ucx()
     ucx.require_cuda(spec.memory if spec.mode == "local" else (spec.memory[0], "host"), spec.device)
     return driver.run(UcxNet(live), spec, progress)

@@ -35,6 +35,7 @@ import time
 from typing import Any, Callable
 
 from gpubench.core.errors import MachineError, UsageError
+from gpubench.plugins.net import ucx
 from gpubench.plugins.net.protocol import (DEFAULT_BIND, LineReader, ProtocolError, close_socket, is_loopback,
                                            refuse, send_json)
 
@@ -70,9 +71,7 @@ class Control:
             raise MachineError(f"{self.peer}: {e}") from None
 
     def poll(self) -> Any:
-        """A complete line when one has arrived, else None. Raises PeerGone: closed, or not JSON."""
-        from gpubench.plugins.net.ucx import PeerGone
-
+        """A complete line when one has arrived, else None. Raises ucx.PeerGone: closed, or not JSON."""
         if b"\n" not in self.reader._buf:
             r, _, _ = select.select([self.sock], [], [], 0)
             if not r:
@@ -80,7 +79,7 @@ class Control:
         try:
             return self.reader.readjson(0.5)
         except ProtocolError as e:
-            raise PeerGone(f"{self.peer}: {e}") from None
+            raise ucx.PeerGone(f"{self.peer}: {e}") from None
 
 
 def _cpu() -> float:
@@ -90,8 +89,6 @@ def _cpu() -> float:
 
 def check_request(d: Any) -> dict:
     """A client's request, checked. Raises UsageError naming the first bad field."""
-    from gpubench.plugins.net.ucx import APIS, MAX_IN_FLIGHT, MEMORY_TYPES, WAIT_MODES
-
     if not isinstance(d, dict) or d.get("gpubench_net_ucx") != UCX_PROTOCOL_VERSION:
         got = d.get("gpubench_net_ucx") if isinstance(d, dict) else None
         raise UsageError(f"UCX control protocol version {got!r:.20}, this server speaks {UCX_PROTOCOL_VERSION}")
@@ -107,11 +104,11 @@ def check_request(d: Any) -> dict:
 
     return {
         "mode": want("mode", lambda v: v in ("bw", "lat"), "bw or lat"),
-        "api": want("api", lambda v: v in APIS, " or ".join(APIS)),
+        "api": want("api", lambda v: v in ucx.APIS, " or ".join(ucx.APIS)),
         "nbytes": want("nbytes", integer(1, MAX_NBYTES), f"1 to {MAX_NBYTES} bytes"),
-        "in_flight": want("in_flight", integer(1, MAX_IN_FLIGHT), f"1 to {MAX_IN_FLIGHT}"),
-        "memory": want("memory", lambda v: v in MEMORY_TYPES, " or ".join(MEMORY_TYPES)),
-        "wait": want("wait", lambda v: v in WAIT_MODES, " or ".join(WAIT_MODES)) if "wait" in d else "poll",
+        "in_flight": want("in_flight", integer(1, ucx.MAX_IN_FLIGHT), f"1 to {ucx.MAX_IN_FLIGHT}"),
+        "memory": want("memory", lambda v: v in ucx.MEMORY_TYPES, " or ".join(ucx.MEMORY_TYPES)),
+        "wait": want("wait", lambda v: v in ucx.WAIT_MODES, " or ".join(ucx.WAIT_MODES)) if "wait" in d else "poll",
         # host buffers page-locked (ucx.host_buffers); absent from older clients: pageable
         "pinned": want("pinned", lambda v: type(v) is bool, "true or false") if "pinned" in d else False,
         "address": want("address", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_REQUEST_BYTES
@@ -134,9 +131,8 @@ class UcxServer:
     def open(self) -> tuple[str, int]:
         """Bind and listen. Raises UsageError: not an address here, or the port is taken."""
         from gpubench.plugins.net.server import bind_listener
-        from gpubench.plugins.net.ucx import require_ucx
 
-        require_ucx()  # before anything listens: a missing UCXX is exit 2
+        ucx.require_ucx()  # before anything listens: a missing UCXX is exit 2
         s = bind_listener(self.bind, self.port, 8)
         if is_loopback(self.bind):
             limit_to_loopback()
@@ -204,8 +200,6 @@ class UcxServer:
 
     def serve_one(self, conn: socket.socket, who: str) -> bool:
         """One test on an accepted control connection, here; never raises. Returns whether it ended."""
-        from gpubench.plugins.net.ucx import PeerGone
-
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ctl = Control(conn, MAX_REQUEST_BYTES, f"client {who}")
         try:
@@ -219,7 +213,7 @@ class UcxServer:
                 line = self._run(ctl, req)
             except UsageError as e:  # what the client asked for cannot be had here (-m ...,cuda without a GPU)
                 return self._give_up(conn, who, f"on the server: {e.message}", f"refused: {e.message}")
-            except (PeerGone, MachineError) as e:
+            except (ucx.PeerGone, MachineError) as e:
                 return self._give_up(conn, who, f"aborted: {e.message}", f"aborted: {e.message}")
             self.done += 1
             self.log(f"test from {who}: {line}")
@@ -235,8 +229,6 @@ class UcxServer:
         return False
 
     def _run(self, ctl: Control, req: dict) -> str:
-        from gpubench.plugins.net import ucx
-
         ucx.require_cuda(("host", req["memory"]), self.device)  # UsageError: no GPU here for the server's side
         side = ucx.Side(req["api"], req["memory"], self.device, req["wait"])
         try:

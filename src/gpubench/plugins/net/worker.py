@@ -1,27 +1,19 @@
 """One data-moving process of ``gpubench net``: sends on, or receives from, a few TCP streams.
-
 Run by :class:`gpubench.plugins.net.stream.StreamSet` as ``python -I -S worker.py ARGS`` with the
-sockets inherited; the standard library only (docs/net.md "Data path").
+sockets inherited; the standard library only (docs/net.md "Data path"). ARGS, one JSON object:
 
-Arguments (one JSON object, ``argv[1]``):
-
-- ``role``: "send" or "recv".
-- ``copy``: false for zero copy: ``os.sendfile`` from a memory file, as iperf3 ``-Z``, and
-  ``recv_into(buf, n, MSG_TRUNC)``, which on TCP skips the copy to user memory (Linux
-  net/ipv4/tcp.c, ``tcp_recvmsg_locked``); true: ``send`` and ``recv_into`` a buffer, as iperf2.
-- ``buffer``: bytes per write (iperf's -l); ``payload``: a file descriptor holding it (random).
-- ``rate``: target bytes/s per stream (0: as fast as possible). A stream ahead of
-  ``rate x seconds since go`` waits until it is due (due times from the start: no drift).
-- ``fds``: the sockets; ``slots``: each one's index in the shared counters.
-- ``shm``: a memory file mapped by the parent: per slot an unsigned 64-bit byte counter
-  (``counts[slot]``) and a signed 64-bit state (``state[nslots + slot]``: 0 running, -1 closed by
-  the peer, errno after an error); per worker a double with its CPU seconds
-  (``cpu[2 * nslots + worker]``) written when it ends, and a 64-bit "ended" flag after it.
-- ``ready``: a pipe's write end; the worker writes one byte once it can move data.
-- ``go``: a pipe's read end; the worker waits for one byte before moving data (EOF: stop).
-- ``stop``: a pipe's read end; EOF (the parent closed it, or died) stops the worker.
-
-CPU seconds are ``resource.getrusage(RUSAGE_SELF)`` user + system from the go byte to the end.
+- ``role`` "send" or "recv"; ``copy`` false: zero copy (``os.sendfile`` from ``payload``, a file
+  descriptor holding ``buffer`` random bytes, and ``recv_into(buf, n, MSG_TRUNC)``, which on TCP skips
+  the copy to user memory: Linux net/ipv4/tcp.c ``tcp_recvmsg_locked``), true: ``send`` and ``recv_into``.
+- ``buffer`` bytes per write (-l); ``rate`` target bytes/s per stream (0: unpaced), due times counted
+  from the go byte (no drift).
+- ``fds`` the sockets, ``slots`` each one's index in the shared counters of ``nslots``; ``worker`` its index.
+- ``shm`` a memory file: per slot an unsigned 64-bit byte count (``counts[slot]``) and a signed 64-bit
+  state (``state[nslots + slot]``: 0 running, -1 closed by the peer, else an errno); per worker a double
+  of its CPU seconds (user + system from the go byte, ``cpu[2 * nslots + worker]``) and then a 64-bit
+  "ended" flag, written when it ends.
+- ``ready`` a pipe's write end (one byte once it can move data); ``go`` a pipe's read end (one byte
+  to start, EOF: stop); ``stop`` a pipe's read end whose EOF (the parent closed it, or died) stops it.
 """
 
 import errno
