@@ -617,7 +617,6 @@ def run(spec: NetSpec, progress: ProgressSink | None = None, live: LiveLines | N
     return driver.run(BENCHMARK if live is None else Net(live), spec, progress)
 
 
-def run_local(request: Request, progress: ProgressSink | None = None, family: int = 0) -> Result:
+def run_local(request: Request, progress: ProgressSink | None = None) -> Result:
     """Run a server on loopback (a free port) in this process and one test against it, as :func:`run`."""
-    host = "::1" if family == 6 else DEFAULT_BIND
-    return run(NetSpec(host=host, port=0, request=request, mode="local", family=family), progress)
+    return run(NetSpec(host=DEFAULT_BIND, port=0, request=request, mode="local"), progress)

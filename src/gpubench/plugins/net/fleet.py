@@ -1,12 +1,8 @@
-"""``gpubench net`` under a launcher: the multi-stream TCP test (or ``--protocol ucx``'s) between
-ranks, one rank per node.
-
-Every taking-part rank starts net's server in a thread, the ranks all-gather where they listen,
-and the tests run in rounds computed alike on every rank (:func:`schedule`), each started by a
-barrier; within a round no node is in two tests (docs/fleet.md "The network between nodes").
-Rank 0 gathers one record per link and a sender x receiver matrix of Gbit/s; a link is flagged
-slow against the matrix median by the fleet rule (:func:`gpubench.validation.fleet.flag`).
-"""
+"""``gpubench net`` under a launcher: net's test (TCP, or ``--protocol ucx``'s) between ranks, one
+rank per node, in rounds computed alike on every rank (:func:`schedule`) where no node is in two
+tests; rank 0 gathers one record per link and a sender x receiver matrix of Gbit/s, a link flagged
+slow by the fleet rule (:func:`gpubench.validation.fleet.flag`). The method: docs/fleet.md "The
+network between nodes"."""
 
 from __future__ import annotations
 
@@ -287,8 +283,8 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
     return out
 
 
-def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progress=None,
-        keep_partial: bool = False) -> Result | None:
+def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, keep_partial: bool = False
+        ) -> Result | None:
     """The net test between ranks: every rank of ``group`` (a :class:`gpubench.launch.ranks.Group`)
     calls this with the same spec; ``members`` the ranks that take part (default all).
 
@@ -316,8 +312,6 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
                 "addr": advertised(spec.bind), "ports": ports}
         everyone = group.allgather(mine)
         peers = {d["rank"]: d for d in everyone if d and d["rank"] in members}
-        if progress is not None and me == 0:
-            progress.start(len(rounds), "net rounds")
         t0 = time.time()
         group.barrier(timeout=spec.timeout, what="start of the net rounds")
         try:
@@ -327,8 +321,6 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
                 for rec in _run_mine(round_, me, peers, spec, senders):
                     rec.extra["round"] = k
                     records.append(rec.to_dict())
-                if progress is not None and me == 0:
-                    progress.advance(f"round {k + 1}")
                 # the round's end: every rank is due round_timeout after it began; rank 0 confirms the receipt
                 left = started + spec.round_timeout - time.monotonic()
                 got = group.gather(records, timeout=max(left, 0.5), waited=spec.round_timeout, confirm=True,
@@ -347,8 +339,6 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, progres
         elapsed = time.time() - t0
     if me != 0:
         return None
-    if progress is not None:
-        progress.done()
     result = build_result(spec, members, peers, rounds, links, elapsed)
     if stopped is not None:
         result.partial = True

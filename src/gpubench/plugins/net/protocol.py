@@ -1,23 +1,19 @@
 """``gpubench net``'s control protocol: what a client may ask (:class:`Request` within :class:`Caps`,
 checked by :data:`LIMITS`), the interval schedule, and line I/O with limits.
 
-Control protocol (version 2), one JSON object per line, each side capping what it reads:
+Version 2, one JSON object per line, each side capping what it reads (MAX_HEADER_BYTES, MAX_LINE_BYTES):
 
-1. client -> server on the control connection (<= MAX_HEADER_BYTES): ``{"gpubench_net": 2,
-   "role": "control", "streams": 4, "seconds": 10, ...}`` (:meth:`Request.header`).
-2. server -> client: ``{"ok": true, "cookie": "<hex>", ...the accepted request...}`` or
-   ``{"ok": false, "error": "<one line>"}`` and the server closes (bad request, caps, busy).
-3. client -> server: ``streams`` data connections per direction, each first sending
-   ``{"gpubench_net": 2, "role": "data", "cookie": "<hex>", "stream": k, "direction": "c2s"}``;
-   then raw payload (c2s), or nothing while it receives (s2c).
-4. server -> client (control): ``{"start": true}`` once every stream is connected; one
-   ``{"interval": i, "omit": bool, "start_s": a, "end_s": b, "bytes": [per c2s stream]}`` per
-   interval (bytes the server received; ``[]`` when nothing flows c2s); ``{"done": true}`` at the
-   end (or ``{"ok": false, "error": ...}`` on abort). s2c intervals are counted by the client, the
-   receiver, on its own clock from the moment it read "start".
-5. the client stops sending and closes its data connections; the server ends its workers and
-   sends ``{"end": true, "cpu_s": {"send": x, "recv": y}, "tcp": [per s2c stream or null]}``
-   (its CPU seconds per role, and TCP_INFO of the sockets it sent on), then serves the next test.
+1. client: ``{"gpubench_net": 2, "role": "control", "streams": 4, "seconds": 10, ...}`` (:meth:`Request.header`).
+2. server: ``{"ok": true, "cookie": "<hex>", ...the accepted request...}``, or ``{"ok": false, "error":
+   "<one line>"}`` and it closes (bad request, caps, busy).
+3. client: ``streams`` data connections per direction, each first sending ``{"gpubench_net": 2, "role":
+   "data", "cookie": "<hex>", "stream": k, "direction": "c2s"}``; then payload (c2s) or nothing (s2c).
+4. server: ``{"start": true}`` once every stream is connected; per interval ``{"interval": i, "omit": bool,
+   "start_s": a, "end_s": b, "bytes": [per c2s stream, [] without c2s]}``; ``{"done": true}`` at the
+   end (``{"ok": false, "error": ...}`` on abort). The client counts s2c itself from reading "start".
+5. the client closes its data connections; the server ends its workers and sends ``{"end": true,
+   "cpu_s": {"send": x, "recv": y}, "tcp": [TCP_INFO per s2c stream or null], "sent": [bytes per s2c
+   stream]}``, then serves the next test.
 """
 
 from __future__ import annotations

@@ -63,11 +63,11 @@ def require_cuda(memory: tuple[str, str], device: int) -> None:
     gpu.resolve_devices((device,))
 
 
-def pattern(nbytes: int, seed: int = 0):
-    """The payload: a numpy uint8 array of ``nbytes``, byte i = 1 + (i * 7 + seed) % 251 (never 0)."""
+def pattern(nbytes: int):
+    """The payload: a numpy uint8 array of ``nbytes``, byte i = 1 + (i * 7) % 251 (never 0)."""
     import numpy as np
 
-    return (1 + (np.arange(nbytes, dtype=np.uint64) * 7 + seed) % 251).astype(np.uint8)
+    return (1 + np.arange(nbytes, dtype=np.uint64) * 7 % 251).astype(np.uint8)
 
 
 def first_mismatch(got, want) -> int | None:
@@ -312,10 +312,10 @@ class Side:
         self._last_done = time.perf_counter()  # the last completion, across send_for calls (the stall clock)
 
     def _pump(self, window: deque, post: Callable[[], Any], stop: Callable[[int, float], bool],
-              check: Callable[[], None] | None, stall_s: float, stalled: str) -> int:
+              check: Callable[[], None] | None, stalled: str) -> int:
         """Progress, reposting each completed request of ``window`` (oldest first), until ``stop(completed,
         now)`` (asked at each completion batch and every 16 progress calls); returns the requests completed.
-        Raises PeerGone: none completed for ``stall_s`` (``stalled``, its {} the seconds), or as ``check`` (every 50 ms);
+        Raises PeerGone: none completed for :data:`STALL_S` (``stalled``, its {} the seconds), or as ``check`` (every 50 ms);
         MachineError: one failed."""
         progress, clock = self.progress, time.perf_counter
         next_check = clock() + 0.05
@@ -339,35 +339,35 @@ class Side:
                     next_check = now + 0.05
                     if check is not None:
                         check()
-                    if now - self._last_done > stall_s:
-                        raise PeerGone("UCX: " + stalled.format(stall_s))
+                    if now - self._last_done > STALL_S:
+                        raise PeerGone("UCX: " + stalled.format(STALL_S))
 
-    def send_for(self, until: float, check: Callable[[], None], stall_s: float = STALL_S) -> int:
+    def send_for(self, until: float, check: Callable[[], None]) -> int:
         """Keep the window full until ``time.perf_counter() >= until``; returns the sends completed.
-        Raises PeerGone: nothing completed for ``stall_s``, or as ``check``; MachineError: a send failed."""
-        return self._pump(self._window, self._post, lambda done, now: now >= until, check, stall_s,
+        Raises PeerGone: nothing completed for :data:`STALL_S`, or as ``check``; MachineError: a send failed."""
+        return self._pump(self._window, self._post, lambda done, now: now >= until, check,
                           "no send completed for {:g} s (the receiver stopped?)")
 
-    def finish_sending(self, check=None, stall_s: float = STALL_S) -> int:
-        """Wait for the window's last sends (``stall_s`` after the last completion); returns how many."""
+    def finish_sending(self, check=None) -> int:
+        """Wait for the window's last sends (:data:`STALL_S` after the last completion); returns how many."""
         left = list(self._window)
         self._window.clear()
-        self.wait(left, max(0.5, stall_s - (time.perf_counter() - self._last_done)), check)
+        self.wait(left, max(0.5, STALL_S - (time.perf_counter() - self._last_done)), check)
         return len(left)
 
-    def recv_until(self, buf, in_flight: int, stop: Callable[[int], bool], stall_s: float = STALL_S) -> int:
+    def recv_until(self, buf, in_flight: int, stop: Callable[[int], bool]) -> int:
         """Keep ``in_flight`` receives into ``buf`` posted until ``stop(received)``; returns the messages received.
-        Raises PeerGone: as ``stop`` raises, or nothing arrived for ``stall_s`` while ``stop`` said go on."""
+        Raises PeerGone: as ``stop`` raises, or nothing arrived for :data:`STALL_S` while ``stop`` said go on."""
         post = self._poster("recv", self.array(buf), DATA_TAG)
         self._leftover: deque = deque(post() for _ in range(in_flight))  # at the end: receives never matched
         self._last_done = time.perf_counter()
-        return self._pump(self._leftover, post, lambda got, now: stop(got), None, stall_s,
+        return self._pump(self._leftover, post, lambda got, now: stop(got), None,
                           "no message arrived for {:g} s (the sender stopped?)")
 
-    def _trips(self, out, back, iters: int, echo: bool, check: Callable[[], None] | None, stall_s: float) -> float:
+    def _trips(self, out, back, iters: int, echo: bool, check: Callable[[], None] | None) -> float:
         """``iters`` round trips: send ``out`` and receive into ``back`` (``echo``: receive, then send it
         back). Returns the seconds of round trips 2..iters (the first waits for the peer to read the
-        batch's line). Raises PeerGone: a message not arrived within ``stall_s``, or as ``check`` (every 50 ms)."""
+        batch's line). Raises PeerGone: a message not arrived within :data:`STALL_S`, or as ``check`` (every 50 ms)."""
         send, recv = self._poster("send", self.array(out), DATA_TAG), self._poster("recv", self.array(back), DATA_TAG)
         progress, clock = self.progress, time.perf_counter
         t0 = 0.0
@@ -388,8 +388,8 @@ class Side:
                         next_check = now + 0.05
                         if check is not None:
                             check()
-                        if now - wait_from > stall_s:
-                            raise PeerGone(f"UCX: round trip {i} of {iters} not back within {stall_s:g} s "
+                        if now - wait_from > STALL_S:
+                            raise PeerGone(f"UCX: round trip {i} of {iters} not back within {STALL_S:g} s "
                                            "(the peer stopped?)")
             _checked(r)
             s = send() if s is None else s
@@ -398,13 +398,13 @@ class Side:
             _checked(s)
         return clock() - t0
 
-    def ping(self, out, back, iters: int, check: Callable[[], None] | None = None, stall_s: float = STALL_S) -> float:
+    def ping(self, out, back, iters: int, check: Callable[[], None] | None = None) -> float:
         """``iters`` (>= 2) round trips: send ``out``, receive into ``back`` (same size); as :meth:`_trips`."""
-        return self._trips(out, back, iters, False, check, stall_s)
+        return self._trips(out, back, iters, False, check)
 
-    def pong(self, buf, iters: int, check: Callable[[], None] | None = None, stall_s: float = STALL_S) -> None:
+    def pong(self, buf, iters: int, check: Callable[[], None] | None = None) -> None:
         """``iters`` times: receive into ``buf`` and send it back; as :meth:`_trips`."""
-        self._trips(buf, buf, iters, True, check, stall_s)
+        self._trips(buf, buf, iters, True, check)
 
     def close(self) -> None:
         """Close the endpoint; UCXX frees the endpoint and worker with their objects."""
