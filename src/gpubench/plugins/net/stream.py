@@ -158,16 +158,14 @@ class StreamSet:
         ready_r, ready_w = os.pipe()
         if self.role == "send" and self._payload is None:
             self._payload = payload_file(self.buffer)
+        payload = -1 if self._payload is None else self._payload
         for w in range(self.nworkers):
             slots = list(range(w, n, self.nworkers))
             fds = [self.socks[k].fileno() for k in slots]
-            passed = [*fds, self._shm_fd, self._go_r, self._stop_r, ready_w]
-            if self._payload is not None:
-                passed.append(self._payload)
+            passed = [*fds, self._shm_fd, self._go_r, self._stop_r, ready_w, *([payload] if payload >= 0 else [])]
             arg = {"role": self.role, "copy": self.copy, "buffer": self.buffer, "rate": self.rate, "fds": fds,
                    "slots": slots, "nslots": n, "worker": w, "shm": self._shm_fd, "go": self._go_r,
-                   "stop": self._stop_r, "ready": ready_w,
-                   "payload": self._payload if self._payload is not None else -1}
+                   "stop": self._stop_r, "ready": ready_w, "payload": payload}
             try:
                 p = subprocess.Popen([sys.executable, "-I", "-S", WORKER, json.dumps(arg)], pass_fds=passed,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -112,7 +112,6 @@ def main(arg: dict) -> None:
         return
     cpu0 = _cpu()
     t0 = time.monotonic()
-    live = len(socks)
     waiting: list[tuple[float, int]] = []  # (due monotonic time, fd) of paced streams ahead of their schedule
     sendfile, MSG_TRUNC = os.sendfile, socket.MSG_TRUNC
     rbytes = len(buf)
@@ -121,19 +120,16 @@ def main(arg: dict) -> None:
     ended = set()
 
     def finish(fd: int, code: int) -> None:
-        nonlocal live
-        s, slot = socks[fd]
-        state[slot] = code
+        state[socks[fd][1]] = code
         poller.unregister(fd)
         ended.add(fd)
-        live -= 1
 
+    running = True
     if len(socks) == 1 and rate <= 0:
         (fd, (s, slot)), = socks.items()
         _blocking_one(role, copy, s, fd, slot, payload, nbytes, buf, rbytes, flags, counts, state, stop_fd)
-        live = 0
-    running = True
-    while running and live:
+        running = False
+    while running and len(ended) < len(socks):
         timeout = 500.0
         if waiting:
             now = time.monotonic()
