@@ -173,32 +173,18 @@ def serve(stack: contextlib.ExitStack, spec: NetFleetSpec) -> int:
     """One of net's servers (NetServer, or UcxServer with ``spec.ucx``) on ``spec.bind``, any free
     port, serving in a thread until ``stack`` closes. Returns its TCP port.
     Raises UsageError: ``bind`` is not an address of this host (net's server says which)."""
+    srv: Any
     if spec.ucx is None:
         from gpubench.plugins.net.server import NetServer
 
         # a test opens one control and ``streams`` data connections; a few more may wait
-        tcp = NetServer(spec.bind, 0, max_pending=spec.request.streams + 8)
-        _, port = tcp.start()
-        stack.callback(tcp.close, 5.0)
-        return port
-    import threading
+        srv = NetServer(spec.bind, 0, max_pending=spec.request.streams + 8)
+    else:
+        from gpubench.plugins.net.ucx_server import UcxServer
 
-    from gpubench.plugins.net.ucx_server import UcxServer
-
-    srv = UcxServer(spec.bind, 0, device=spec.ucx.device)
-    _, port = srv.open()
-    stop_r, stop_w = os.pipe()  # its write end closed: serve_forever returns within its 1 s select
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"parent_fd": stop_r}, daemon=True,
-                              name="gpubench-net-ucx-server")
-    thread.start()
-
-    def close() -> None:
-        os.close(stop_w)
-        thread.join(5.0)
-        srv.close()  # a test's process still running is killed
-        os.close(stop_r)
-
-    stack.callback(close)
+        srv = UcxServer(spec.bind, 0, device=spec.ucx.device)
+    _, port = srv.start()
+    stack.callback(srv.close, 5.0)
     return port
 
 

@@ -439,7 +439,8 @@ class NetServer:
             if self._stop.is_set() or test.closing.is_set():
                 raise _Abort("server stopping")
             if time.monotonic() > deadline:
-                raise _Abort(f"only {test.attached} of {test.needed} stream(s) connected within {self.setup_timeout:g} s")
+                raise _Abort(f"only {test.attached} of {test.needed} stream(s) connected within "
+                             f"{self.setup_timeout:g} s")
             if self._peer_gone(conn, 0.05):
                 raise _Abort("client closed the control connection")
 

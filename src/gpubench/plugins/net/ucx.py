@@ -315,8 +315,8 @@ class Side:
               check: Callable[[], None] | None, stalled: str) -> int:
         """Progress, reposting each completed request of ``window`` (oldest first), until ``stop(completed,
         now)`` (asked at each completion batch and every 16 progress calls); returns the requests completed.
-        Raises PeerGone: none completed for :data:`STALL_S` (``stalled``, its {} the seconds), or as ``check`` (every 50 ms);
-        MachineError: one failed."""
+        Raises PeerGone: none completed for :data:`STALL_S` (``stalled``, its {} the seconds), or as
+        ``check`` (every 50 ms); MachineError: one failed."""
         progress, clock = self.progress, time.perf_counter
         next_check = clock() + 0.05
         done = spins = 0

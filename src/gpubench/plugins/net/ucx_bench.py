@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,7 +23,7 @@ from gpubench.core.signals import Interrupted
 from gpubench.plugins.net import ucx
 from gpubench.plugins.net.bench import DirectionFacts, Interval, Net, build_records, connect, interval_points
 from gpubench.plugins.net.protocol import DEFAULT_BIND, Request, close_socket, is_loopback, shown
-from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, child_env, limit_to_loopback
+from gpubench.plugins.net.ucx_server import UCX_PROTOCOL_VERSION, Control, UcxServer, limit_to_loopback
 
 LATENCY_MIN_BYTES = 8  # the sweep's first size (tag_lat's default -s 8)
 BATCH_TARGET_S = 0.005  # a latency batch's length: round trips per batch = this / the last round trip
@@ -77,43 +75,26 @@ class UcxSpec:
 
 
 class _Client:
-    """The client's test: the control connection, the UCX side, the local server process."""
+    """The client's test: the control connection, the UCX side, net local's server."""
 
     def __init__(self, spec: UcxSpec):
         self.spec = spec
         self.ctl: Any = None
         self.side: Any = None
-        self.proc: subprocess.Popen | None = None
+        self.server: UcxServer | None = None
         self.host, self.port = spec.host, spec.port
         self.sent = 0  # sends completed so far
         self.t0: float | None = None
         self.info: dict[str, str] = {}
         self.end: dict | None = None
 
-    def start_local_server(self) -> None:
-        """``python -m gpubench.plugins.net.ucx_server`` in its own process, as ucx_perftest's (so UCX
-        picks the transports between processes); our stdin's EOF ends it."""
-        import json
-
-        env = child_env()
-        arg = json.dumps({"bind": DEFAULT_BIND, "device": self.spec.device})
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpubench.plugins.net.ucx_server", arg], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode("utf-8", "replace").strip()
-        if not line.isdigit():
-            err = (self.proc.stderr.read().decode("utf-8", "replace") if self.proc.poll() is not None and
-                   self.proc.stderr is not None else "")
-            raise MachineError(f"net local --protocol ucx: the server process did not start: "
-                               f"{safe.term((line or err).strip().splitlines()[-1:] or ['no output'], 300)}")
-        self.host, self.port = DEFAULT_BIND, int(line)
-
     def open(self) -> None:
         """Connect, ask for the test, exchange worker addresses, make the endpoint, wire it up.
         Raises MachineError: cannot connect, refused, or UCX cannot reach the server's worker."""
         spec = self.spec
-        if spec.mode == "local":
-            self.start_local_server()
+        if spec.mode == "local":  # each test in a process of its own, as ucx_perftest's server
+            self.server = UcxServer(DEFAULT_BIND, 0, device=spec.device)
+            self.host, self.port = self.server.start(max_tests=1)
         if is_loopback(self.host):
             limit_to_loopback()
         sock = connect(self.host, self.port, spec.connect_timeout)
@@ -174,18 +155,8 @@ class _Client:
             self.side.close()
         if self.ctl is not None:
             close_socket(self.ctl.sock)
-        if self.proc is not None:
-            with contextlib.suppress(OSError, ValueError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=2)  # it ends at stdin EOF; a stopped one is killed
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-            for f in (self.proc.stdout, self.proc.stderr):
-                with contextlib.suppress(OSError):
-                    f.close() if f is not None else None
+        if self.server is not None:
+            self.server.close()
 
 
 def transports(client_text: str, server: dict | None, spec: UcxSpec, nbytes: int) -> dict:

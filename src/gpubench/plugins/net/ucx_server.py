@@ -23,7 +23,6 @@ One test at a time: a client that connects while a test runs waits in the listen
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -31,6 +30,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -117,16 +117,19 @@ def check_request(d: Any) -> dict:
 
 
 class UcxServer:
-    """Serves UCX tests one at a time on ``bind`` (loopback: UCX held to ``lo`` too) and ``port``
-    (0: a free one); ``device`` the GPU of ``-m cuda`` buffers; ``log`` one line per event."""
+    """Serves UCX tests one at a time, each in a process of its own, on ``bind`` (loopback: UCX held
+    to ``lo`` too) and ``port`` (0: a free one); ``device`` the GPU of ``-m cuda`` buffers; ``log``
+    one line per event."""
 
     def __init__(self, bind: str = DEFAULT_BIND, port: int = 0, *, device: int = 0,
-                 log: Callable[[str], None] | None = None, isolate: bool = True):
-        self.bind, self.port, self.device, self.isolate = bind, port, device, isolate
+                 log: Callable[[str], None] | None = None):
+        self.bind, self.port, self.device = bind, port, device
         self.child: subprocess.Popen | None = None
         self.log = log or (lambda line: None)
         self.sock: socket.socket | None = None
         self.done = self.aborted = 0
+        self._serving: threading.Thread | None = None
+        self._stop_r = self._stop_w = -1
 
     def open(self) -> tuple[str, int]:
         """Bind and listen. Raises UsageError: not an address here, or the port is taken."""
@@ -139,6 +142,16 @@ class UcxServer:
         self.sock = s
         addr = s.getsockname()
         return addr[0], addr[1]
+
+    def start(self, max_tests: int | None = None) -> tuple[str, int]:
+        """Open and serve in a background thread until :meth:`close`; returns (address, port).
+        Raises UsageError: as :meth:`open`."""
+        address = self.open()
+        self._stop_r, self._stop_w = os.pipe()  # the write end closed: serve_forever returns within its 1 s select
+        self._serving = threading.Thread(target=self.serve_forever, args=(max_tests, self._stop_r), daemon=True,
+                                         name="gpubench-net-ucx-server")
+        self._serving.start()
+        return address
 
     def serve_forever(self, max_tests: int | None = None, parent_fd: int | None = None) -> None:
         """Accept and serve until ``max_tests`` tests ended (None: forever), or ``parent_fd`` is at EOF."""
@@ -153,11 +166,7 @@ class UcxServer:
                 continue
             conn, peer = self.sock.accept()
             served += 1
-            who = f"{peer[0]}:{peer[1]}"
-            if self.isolate:
-                self.serve_in_child(conn, who)
-            else:
-                self.serve_one(conn, who)
+            self.serve_in_child(conn, f"{peer[0]}:{peer[1]}")
 
     def serve_in_child(self, conn: socket.socket, who: str) -> None:
         """One test in a process of its own (the connection inherited; its log lines relayed):
@@ -282,12 +291,19 @@ class UcxServer:
             side.pong(buf[: msg["size"]], msg["iters"], check=ctl.poll)
             echoed += msg["iters"]
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread :meth:`start` began (``timeout`` s at most), kill a test's process still running."""
+        if self._serving is not None:
+            os.close(self._stop_w)
+            self._serving.join(timeout)
         if self.child is not None and self.child.poll() is None:
             self.child.kill()
             self.child.wait()
         close_socket(self.sock)
         self.sock = None
+        if self._serving is not None:
+            os.close(self._stop_r)
+            self._serving = None
 
 
 def child_env() -> dict:
@@ -301,30 +317,16 @@ def child_env() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """A child process of the UCX server. ``argv[0]`` = JSON, either {"fd", "who", "device"}: one
-    test on the inherited control connection ``fd``, its log lines on stdout (exit 0: done, 3:
-    refused or aborted); or {"bind", "device"}: the server of ``net local --protocol ucx``, which
-    prints its port, serves one test and ends with its parent (stdin EOF)."""
+    """A test's process: ``argv[0]`` = JSON {"fd", "who", "device"}, one test on the inherited control
+    connection ``fd``, its log lines on stdout. Returns the exit status: 0 done, 3 refused or aborted."""
     arg = json.loads(argv[0])
-    if "fd" in arg:
-        conn = socket.socket(fileno=int(arg["fd"]))
-        srv = UcxServer(device=int(arg.get("device", 0)), log=lambda line: print(line, flush=True))
-        return 0 if srv.serve_one(conn, str(arg.get("who", "?"))) else 3
-    srv = UcxServer(arg.get("bind", DEFAULT_BIND), 0, device=int(arg.get("device", 0)), isolate=False)
-    try:
-        _, port = srv.open()
-    except UsageError as e:
-        print(f"error {e.message}", flush=True)
-        return 2
-    print(port, flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        srv.serve_forever(max_tests=1, parent_fd=sys.stdin.fileno())
-    srv.close()
-    return 0
+    conn = socket.socket(fileno=int(arg["fd"]))
+    srv = UcxServer(device=int(arg.get("device", 0)), log=lambda line: print(line, flush=True))
+    return 0 if srv.serve_one(conn, str(arg.get("who", "?"))) else 3
 
 
 if __name__ == "__main__":
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C ends it through stdin EOF
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C ends it through the control connection
     sys.exit(main(sys.argv[1:]))
