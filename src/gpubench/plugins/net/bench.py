@@ -603,17 +603,11 @@ BENCHMARK = Net()
 
 
 def run(spec: NetSpec, progress: ProgressSink | None = None, live: LiveLines | None = None) -> Result:
-    """Run one test against a server (``net local``: one started here) through the driver.
-
-    Returns:
-        A Result: per direction, one record per stream and the total (:func:`build_records`); on
-        Ctrl-C / SIGTERM the intervals received so far, marked partial.
-
-    Raises:
-        UsageError: the host name does not resolve, --cport is taken.
-        MachineError: cannot connect, refused, or a failure during the test (``partial_result``
-            keeps the intervals received); :class:`ServerLied` for impossible figures.
-    """
+    """Run one test against a server (``net local``: one started here) through the driver. Returns a
+    Result: per direction one record per stream and the total (:func:`build_records`); on Ctrl-C /
+    SIGTERM the intervals received so far, marked partial. Raises UsageError: the host does not
+    resolve, --cport is taken; MachineError: cannot connect, refused, or a failure during the test
+    (``partial_result`` keeps the intervals received; :class:`ServerLied` for impossible figures)."""
     return driver.run(BENCHMARK if live is None else Net(live), spec, progress)
 
 

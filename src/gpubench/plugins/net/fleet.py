@@ -272,18 +272,13 @@ def _run_mine(round_: list[Edge], me: int, peers: dict[int, dict], spec: NetFlee
 def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, keep_partial: bool = False
         ) -> Result | None:
     """The net test between ranks: every rank of ``group`` (a :class:`gpubench.launch.ranks.Group`)
-    calls this with the same spec; ``members`` the ranks that take part (default all).
-
-    Returns:
-        On rank 0 a Result (spec mode "fleet"): one record per link, params src, dst and stream
-        "total", extra "gbit_per_s", "src_host", "dst_host", "round"; ``timing["matrix"]`` =
-        {"hosts": [label per member], "gbps": sender x receiver Gbit/s}. With ``keep_partial``,
-        interrupted or a rank lost: the rounds that ended, marked partial. Other ranks: None.
-
-    Raises:
-        UsageError: ``--to`` names a rank not taking part; MachineError: a rank missed a round's deadline;
-        KeyboardInterrupt, Interrupted: a signal during the rounds (on rank 0 without ``keep_partial``).
-    """
+    calls this with the same spec; ``members`` the ranks that take part (default all). Returns on
+    rank 0 a Result (spec mode "fleet"): one record per link, params src, dst and stream "total",
+    extra "gbit_per_s", "src_host", "dst_host", "round"; ``timing["matrix"]`` = {"hosts": [label per
+    member], "gbps": sender x receiver Gbit/s}; with ``keep_partial``, interrupted or a rank lost: the
+    rounds that ended, marked partial. Other ranks: None. Raises UsageError: ``--to`` names a rank not
+    taking part; MachineError: a rank missed a round's deadline; KeyboardInterrupt, Interrupted: a
+    signal during the rounds (on rank 0 without ``keep_partial``)."""
     members = sorted(range(group.size) if members is None else members)
     rounds = schedule(members, spec.pairs, spec.to)
     me = group.rank
