@@ -1,20 +1,14 @@
 """Who is slow between nodes: from the links' figures, the node that sends slowly, the node that
 receives slowly, or the link that is slow between two healthy nodes, each with a confidence.
 
-The model is boolean network tomography (N. Duffield, "Simple network performance tomography",
-IMC 2003, and "Network tomography of binary network performance characteristics", IEEE Trans.
-Information Theory 52(12), 2006): a test i -> j's figure is about min(S_i, L_ij, R_j); a link is
-*low* when the fleet rule flags it (:func:`gpubench.validation.fleet.flags`) or its test failed,
-and a good test clears each of its parts. A node whose every test out (in), two or more, is low
-sends (receives) slowly; the smallest set of verdicts that explains every low link is kept; a low
-link with both ends cleared is a slow link, else unresolved. The rule in full: docs/fleet.md.
-
-Confidence (derived here; docs/fleet.md): with sigma = MAD / 0.6745 of every link's figure about
-the median m and Phi the standard normal distribution function, 1 - min(1, K x prod_k Phi((x_k -
-m) / sigma)) over the verdict's low figures x_k (a failed test 0; K the links, or nodes, where it
-could appear: a Bonferroni bound), times the chance the clearing figures c are above the slow bound
-t, Phi((c - t) / sigma) (a link: both ends, the product; a node: 1 - prod (1 - Phi) over its
-peers); a slow node both ways: the product of its two. With sigma = 0 Phi is a step.
+Boolean network tomography (N. Duffield, "Simple network performance tomography", IMC 2003): a test
+i -> j's figure is about min(S_i, L_ij, R_j); a link is *low* when the fleet rule flags it
+(:func:`gpubench.validation.fleet.flags`) or its test failed. The rule in full: docs/fleet.md.
+Confidence (docs/fleet.md), with sigma = MAD / 0.6745 about the median m and Phi the standard
+normal distribution function: 1 - min(1, K x prod_k Phi((x_k - m) / sigma)) over the verdict's low
+figures x_k (a failed test 0; K the places it could appear: Bonferroni), times Phi((c - t) / sigma)
+for the clearing figures c above the slow bound t (a link: both ends, the product; a node: 1 -
+prod (1 - Phi) over its peers); a node slow both ways: the product of its two. sigma = 0: Phi a step.
 """
 
 from __future__ import annotations

@@ -73,17 +73,6 @@ def rate_line(label: str, start: float, end: float, nbytes: int, seconds: float 
     return line + (f"  {note}" if note else "")
 
 
-def interval_lines(direction: str, start: float, end: float, omit: bool, per_stream: Sequence[int],
-                   bidir: bool) -> list[str]:
-    """One interval's live lines of one direction: each stream's (up to :data:`PER_STREAM_LINES`), then ``[SUM]``."""
-    note = "(omitted)" if omit else ""
-    out = []
-    if len(per_stream) <= PER_STREAM_LINES and len(per_stream) > 1:
-        out += [rate_line(tag(k, direction, bidir), start, end, b, note=note) for k, b in enumerate(per_stream)]
-    out.append(rate_line(tag(None, direction, bidir), start, end, sum(per_stream), note=note))
-    return out
-
-
 def summary_lines(by_direction: dict[str, dict[Any, Any]]) -> list[str]:
     """The end's ``[SUM]`` lines per direction (``by_direction``: direction -> {stream or "total":
     Record}): the sender's (bytes over the whole test) with the retransmits, then the receiver's."""
@@ -136,12 +125,14 @@ class LiveLines:
         self._write(text)
 
     def intervals(self, by_direction: dict[str, tuple[float, float, bool, Sequence[int]]]) -> None:
-        """One interval of each direction: direction -> (start_s, end_s, omitted, bytes per stream)."""
+        """One interval of each direction: direction -> (start_s, end_s, omitted, bytes per stream); a line
+        per stream (up to :data:`PER_STREAM_LINES` streams), then ``[SUM]``."""
         if not self._heads:
             self._heads = True
             self._write(column_line(self.bidir))
         for d in ("c2s", "s2c"):
             if d in by_direction:
                 start, end, omit, per = by_direction[d]
-                for line in interval_lines(d, start, end, omit, per, self.bidir):
-                    self._write(line)
+                streams = list(enumerate(per)) if 1 < len(per) <= PER_STREAM_LINES else []
+                for k, nbytes in [*streams, (None, sum(per))]:
+                    self._write(rate_line(tag(k, d, self.bidir), start, end, nbytes, note="(omitted)" if omit else ""))
