@@ -297,37 +297,31 @@ class NetServer:
         sel.unregister(p.sock)
         try:
             self._dispatch(p.sock, p.peer, bytes(p.buf[:nl]), sel, pending)
+        except RequestError as e:
+            self._refused(p.sock, p.peer, str(e))
         except Exception as e:  # never let one connection take the server down
             self.log(f"{p.peer[0]}:{p.peer[1]}: internal error: {type(e).__name__}: {e}")
             close_socket(p.sock)
 
     def _dispatch(self, conn: socket.socket, peer, line: bytes, sel, pending) -> None:
+        """A data stream joins the running test, a control line starts one in a thread of its own.
+        Raises RequestError: the refusal line to send back."""
         try:
             header = parse_line(line)
         except ValueError:
-            self._refused(conn, peer, f"not a JSON line: {line[:40]!r}")
-            return
+            raise RequestError(f"not a JSON line: {line[:40]!r}") from None
         if isinstance(header, dict) and header.get("role") == "data":
-            self._data(conn, peer, header)
-            return
-        try:
-            req = check_request(header, CAPS)
-        except RequestError as e:
-            self._refused(conn, peer, str(e))
-            return
+            return self._data(conn, peer, header)
+        req = check_request(header, CAPS)
         with self._lock:
             idle = self._active is None
         if idle and self._windowed:  # the last test's -w must not reach this one's streams
             self._renew_listener(sel, pending)
         with self._lock:
             if self._active is not None or self._stop.is_set():
-                test = None
-            else:
-                test = self._active = _Test(req, peer[0])
-        if test is None:
-            self._refused(conn, peer, "server stopping" if self._stop.is_set()
-                          else "busy: a test is running; try again when it ends")
-            return
+                raise RequestError("server stopping" if self._stop.is_set()
+                                   else "busy: a test is running; try again when it ends")
+            test = self._active = _Test(req, peer[0])
         t = threading.Thread(target=self._test_thread, args=(conn, peer, test), daemon=True, name="gpubench-net-test")
         with self._lock:
             self._threads.add(t)
@@ -337,7 +331,7 @@ class NetServer:
             with self._lock:
                 self._threads.discard(t)
                 self._active = None
-            self._refused(conn, peer, "busy: the server cannot take more connections now")
+            raise RequestError("busy: the server cannot take more connections now") from None
 
     def _refused(self, conn: socket.socket, peer, message: str) -> None:
         self._count("refused")
@@ -345,22 +339,18 @@ class NetServer:
         refuse(conn, message)
 
     def _data(self, conn: socket.socket, peer, header: dict) -> None:
-        try:
-            check_version(header)
-        except RequestError as e:
-            self._refused(conn, peer, str(e))
-            return
+        """Raises RequestError: another version, no running test with this cookie, or as :meth:`_Test.attach`."""
+        check_version(header)
         with self._lock:
             test = self._active
         cookie = header.get("cookie")
         if test is None or not isinstance(cookie, str) or not secrets.compare_digest(
             cookie.encode("utf-8", "replace"), test.cookie.encode()
         ):
-            self._refused(conn, peer, "data stream for no running test")
-            return
+            raise RequestError("data stream for no running test")
         why = test.attach(header, conn, peer[0])
         if why:
-            self._refused(conn, peer, why)
+            raise RequestError(why)
 
     def _test_thread(self, conn: socket.socket, peer, test: _Test) -> None:
         who = f"{peer[0]}:{peer[1]}"
