@@ -48,27 +48,26 @@ class _Test:
         self.needed = req.streams * len(self.socks)
         self.sets: dict[str, StreamSet] = {}
 
-    def attach(self, header: dict, sock: socket.socket, ip: str) -> str | None:
-        """Register a data stream; returns why it is refused, or None (the test owns ``sock``)."""
+    def attach(self, header: dict, sock: socket.socket, ip: str) -> None:
+        """Register a data stream (the test owns ``sock`` from now on). Raises RequestError: why it is refused."""
         k, d = header.get("stream"), header.get("direction", "c2s")
         if d not in self.socks:
-            return f"direction must be one of {', '.join(self.socks)} for this test"
+            raise RequestError(f"direction must be one of {', '.join(self.socks)} for this test")
         if type(k) is not int or not 0 <= k < self.req.streams:
-            return f"stream must be an integer 0 to {self.req.streams - 1}"
+            raise RequestError(f"stream must be an integer 0 to {self.req.streams - 1}")
         if ip != self.peer_ip:
-            return "data streams must come from the control connection's address"
+            raise RequestError("data streams must come from the control connection's address")
         with self.lock:
             if self.closing.is_set():
-                return "test is over"
+                raise RequestError("test is over")
             if self.socks[d][k] is not None:
-                return f"stream {k} ({d}) already connected"
+                raise RequestError(f"stream {k} ({d}) already connected")
             sock.setblocking(True)
             set_window(sock, self.req.window)
             self.socks[d][k] = sock
             self.attached += 1
             if self.attached == self.needed:
                 self.all_attached.set()
-        return None
 
     def close(self) -> None:
         """End the workers and close every data socket; again is harmless."""
@@ -348,9 +347,7 @@ class NetServer:
             cookie.encode("utf-8", "replace"), test.cookie.encode()
         ):
             raise RequestError("data stream for no running test")
-        why = test.attach(header, conn, peer[0])
-        if why:
-            raise RequestError(why)
+        test.attach(header, conn, peer[0])
 
     def _test_thread(self, conn: socket.socket, peer, test: _Test) -> None:
         who = f"{peer[0]}:{peer[1]}"
@@ -393,23 +390,18 @@ class NetServer:
                 st.start()
             counted = self._measure(conn, test)
             self._finish(conn, test)
-        except (WorkerError, _Abort) as e:
-            self._abort(conn, tag, str(e))
-            return
-        except OSError as e:
-            self._abort(conn, tag, f"control connection failed: {e.strerror or e}")
+        except (WorkerError, _Abort, OSError) as e:
+            why = f"control connection failed: {e.strerror or e}" if isinstance(e, OSError) else str(e)
+            self._count("tests_aborted")
+            self.log(f"{tag}: aborted: {why}")
+            with contextlib.suppress(OSError):
+                send_json(conn, {"ok": False, "error": why}, timeout=1.0)
             return
         self._count("tests_done")
         for d, role in (("c2s", "received"), ("s2c", "sent")):  # both halves of --bidir
             if d in counted:
                 nbytes, secs = counted[d]
                 self.log(f"{tag}: {server_line(d, role, nbytes, secs, req.omit)}")
-
-    def _abort(self, conn: socket.socket, tag: str, why: str) -> None:
-        self._count("tests_aborted")
-        self.log(f"{tag}: aborted: {why}")
-        with contextlib.suppress(OSError):
-            send_json(conn, {"ok": False, "error": why}, timeout=1.0)
 
     def _peer_gone(self, conn: socket.socket, wait: float) -> bool:
         """Wait up to ``wait`` s for the control connection; True when the client closed or sent anything."""

@@ -173,11 +173,15 @@ class UcxServer:
         without peer error handling UCX ends a process whose peer dies mid-transfer."""
         import tempfile
 
+        import gpubench
+
         arg = json.dumps({"fd": conn.fileno(), "who": who, "device": self.device})
+        root = os.path.dirname(os.path.dirname(os.path.abspath(gpubench.__file__)))  # first on the path: this copy
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         with tempfile.TemporaryFile() as err:
             try:
                 self.child = subprocess.Popen([sys.executable, "-m", "gpubench.plugins.net.ucx_server", arg],
-                                              pass_fds=(conn.fileno(),), env=child_env(), stdin=subprocess.DEVNULL,
+                                              pass_fds=(conn.fileno(),), env=env, stdin=subprocess.DEVNULL,
                                               stdout=subprocess.PIPE, stderr=err)
             except OSError as e:
                 self._give_up(conn, who, f"server cannot start the test's process: {e.strerror or e}",
@@ -304,16 +308,6 @@ class UcxServer:
         if self._serving is not None:
             os.close(self._stop_r)
             self._serving = None
-
-
-def child_env() -> dict:
-    """This environment with gpubench's own source root first on PYTHONPATH (for ``-m gpubench...``)."""
-    import gpubench
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(gpubench.__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
 
 
 def main(argv: list[str]) -> int:
