@@ -327,12 +327,6 @@ def run(group, spec: NetFleetSpec, members: Sequence[int] | None = None, keep_pa
     return result
 
 
-def host_labels(members: Sequence[int], peers: dict[int, dict]) -> list[str]:
-    """One label per member: its host, with "#rank" when several members share the host."""
-    hosts = [str(peers.get(m, {}).get("host", f"rank {m}")) for m in members]
-    return [h if hosts.count(h) == 1 else f"{h}#{m}" for h, m in zip(hosts, members)]
-
-
 def _gbit(link: Record) -> float | None:
     """A link's Gbit/s; None where its test failed."""
     g = link.extra.get("gbit_per_s")
@@ -351,7 +345,8 @@ def matrix(members: Sequence[int], links: Sequence[Record]) -> list[list[float |
 def build_result(spec: NetFleetSpec, members: Sequence[int], peers: dict[int, dict], rounds: list[list[Edge]],
                  links: list[Record], elapsed_s: float) -> Result:
     """Rank 0's Result of the gathered link records (see :func:`run`)."""
-    labels = host_labels(members, peers)
+    hosts = [str(peers.get(m, {}).get("host", f"rank {m}")) for m in members]
+    labels = [h if hosts.count(h) == 1 else f"{h}#{m}" for h, m in zip(hosts, members)]  # "#rank": a shared host
     label = dict(zip(members, labels))
     links.sort(key=lambda r: (r.extra.get("round", 0), r.params["src"], r.params["dst"]))
     for r in links:
