@@ -192,10 +192,8 @@ def parse_interval(msg: Any, index: int, req: Request, prev_end: float, ceiling:
 
 def parse_end(msg: Any, req: Request, wall_s: float, received: list[int] | None) -> dict:
     """The server's end line, checked: CPU seconds per role (at most (``wall_s`` + 5) x streams),
-    and per s2c stream TCP_INFO and bytes sent (not fewer than ``received``; None: no s2c).
-
-    Returns:
-        {"cpu_s": {"send": float | None, "recv": float | None}, "tcp": [dict | None], "sent": [int]}.
+    and per s2c stream TCP_INFO and bytes sent (not fewer than ``received``; None: no s2c). Returns
+    {"cpu_s": {"send": float | None, "recv": float | None}, "tcp": [dict | None], "sent": [int]}.
     Raises ServerLied: not an end line, or a value out of its bounds."""
     def lie(what: str) -> ServerLied:
         return ServerLied(f"server sent a bad end line: {what}")

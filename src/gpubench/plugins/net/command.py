@@ -424,7 +424,15 @@ def server(bind, port, one_off, protocol, device, quiet, debug):
 
 def _net_run(spec):
     """net's run for client and local: with the report shown, live interval lines for a progress bar."""
+    from gpubench.core import safe
     from gpubench.plugins.net import bench as net
+    from gpubench.plugins.net.lines import LiveLines
+
+    def write(line: str) -> None:  # to the human report's stream, escaped, flushed at once (a pipe is block-buffered)
+        out = report.human_stream()
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: the result is still saved
+            out.write(safe.term(line, 1000) + "\n")
+            out.flush()
 
     def run(s, progress):
         ctx = click.get_current_context(silent=True)
@@ -434,23 +442,9 @@ def _net_run(spec):
             from gpubench.plugins.net import ucx_bench as mod
         if not own or not isinstance(progress, report.RichProgress) or progress.quiet:
             return mod.run(s, progress)
-        return mod.run(s, report.ProgressSink(), live=live_lines(s.request.direction == "both"))
+        return mod.run(s, report.ProgressSink(), live=LiveLines(write, s.request.direction == "both"))
 
     return run
-
-
-def live_lines(bidir: bool):
-    """A LiveLines writing to the human report's stream, each line escaped and flushed at once."""
-    from gpubench.core import safe
-    from gpubench.plugins.net.lines import LiveLines
-
-    def write(line: str) -> None:
-        out = report.human_stream()
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe: the result is still saved
-            out.write(safe.term(line, 1000) + "\n")
-            out.flush()  # read live: a pipe is block-buffered
-
-    return LiveLines(write, bidir)
 
 
 CLIENT_HELP = """Send to a `gpubench net server` on HOST and report the throughput it received.

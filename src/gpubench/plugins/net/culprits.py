@@ -64,15 +64,9 @@ class Culprit:
 
 
 def infer(figures: Mapping[Edge, float | None], labels: Mapping[int, str] | None = None) -> list[Culprit]:
-    """The verdicts (module docstring) from every tested link's figure.
-
-    Args:
-        figures: (sender, receiver) -> Gbit/s of each tested link; None where its test failed.
-        labels: rank -> host label (default "rank N").
-
-    Returns:
-        Nodes first (by rank), then links (by sender, receiver); [] when nothing is low.
-    """
+    """The verdicts (module docstring) from every tested link's figure: ``figures`` (sender,
+    receiver) -> Gbit/s, None where its test failed; ``labels`` rank -> host label (default "rank N").
+    Returns nodes first (by rank), then links (by sender, receiver); [] when nothing is low."""
     from gpubench.validation.fleet import flags, slow_bound
 
     labels = labels or {}

@@ -127,7 +127,12 @@ class NetServer:
     def open(self) -> tuple[str, int]:
         """Bind and listen. Returns (address, port) actually bound. Raises UsageError as :func:`bind_listener`."""
         s = self._listener = bind_listener(self.bind, self.port)
-        _raise_fd_limit(self.max_pending + 2 * CAPS.max_streams + 64)
+        with contextlib.suppress(ValueError, OSError):  # the soft open-files limit: the waiting connections and a test
+            want = self.max_pending + 2 * CAPS.max_streams + 64
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            if soft != resource.RLIM_INFINITY and soft < target:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         self.address = s.getsockname()[:2]
         return self.address
 
@@ -529,13 +534,3 @@ def bind_listener(bind: str, port: int, backlog: int = 1024) -> socket.socket:
     except OSError as e:
         raise UsageError(f"cannot listen on {bind} port {port}: {e.strerror or e}",
                          "choose another --port or --bind") from None
-
-
-def _raise_fd_limit(want: int) -> None:
-    """Raise the soft RLIMIT_NOFILE towards ``want`` (never above the hard limit); never raises."""
-    with contextlib.suppress(ValueError, OSError):
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        if soft != resource.RLIM_INFINITY and soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-

@@ -141,15 +141,12 @@ def _size(text: str) -> float:
 
 
 def parse_endpoint_info(text: str, api: str = "tag") -> dict:
-    """What ``ucp_ep_print_info`` printed, as data.
-
-    Returns:
-        {"lanes": [{"lane": int, "transport": str, "device": str, "roles": str}], "protocols":
-        [{"memory": str, "device": str (where named, e.g. "GPU0"), "first": int, "last": int | None
-        (inf), "protocol": str, "via": str}]}: from the table of ``api``'s plain sends per memory
-        type (the first variant where there is none), a row per message-size range;
-        ``"remote_decides": True`` where UCX marks the row "(?)" (the receiver's reply may change it).
-    """
+    """What ``ucp_ep_print_info`` printed, as data: {"lanes": [{"lane": int, "transport": str,
+    "device": str, "roles": str}], "protocols": [{"memory": str, "device": str (where named, e.g.
+    "GPU0"), "first": int, "last": int | None (inf), "protocol": str, "via": str}]}, from the table of
+    ``api``'s plain sends per memory type (the first variant where there is none), a row per
+    message-size range; ``"remote_decides": True`` where UCX marks the row "(?)" (the receiver's
+    reply may change it)."""
     lanes: list[dict] = []
     tables: dict[tuple[str, str], list[dict]] = {}  # (memory, variant) -> rows, in the order printed
     devices: dict[str, str] = {}  # memory -> the device its table names (GPU0), where one does
