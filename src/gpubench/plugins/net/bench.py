@@ -245,8 +245,7 @@ class _Session:
         self.ctl: socket.socket | None = None
         self.reader: LineReader | None = None
         self.t0: float | None = None
-        self.prev_end = {d: 0.0 for d in req.directions()}
-        self.server_end = 0.0  # end_s of the server's last interval line
+        self.s2c_end = self.server_end = 0.0  # end_s of the last s2c interval (counted here), of the server's last line
         self.counted_c2s = [0] * req.streams
         self.rx_prev = [0] * req.streams
         self.end: dict | None = None
@@ -337,8 +336,8 @@ class _Session:
                 time.sleep(left)
             now = time.perf_counter() - t0
             snap = rx.counts()
-            out["s2c"] = Interval(self.prev_end["s2c"], now, omitted, [a - b for a, b in zip(snap, self.rx_prev)])
-            self.rx_prev, self.prev_end["s2c"] = snap, now
+            out["s2c"] = Interval(self.s2c_end, now, omitted, [a - b for a, b in zip(snap, self.rx_prev)])
+            self.rx_prev, self.s2c_end = snap, now
         left = max(0.0, t0 + end - time.perf_counter())
         msg = self._reply(left + self.req.interval + 10.0)
         if msg.get("done") is True:
