@@ -46,34 +46,11 @@ class MWU:
 EXACT_MAX = 8  # scipy.stats.mannwhitneyu(method="auto"): exact when a sample has <= 8 values and no ties
 
 
-@functools.lru_cache(maxsize=1024)
-def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
-    """Number of orderings of n1 + n2 distinct values giving each U = 0 .. n1*n2 (the exact null
-    distribution of U), by the recurrence f(u; m, n) = f(u - n; m - 1, n) + f(u; m, n - 1)
-    (Mann and Whitney 1947, eq. 2). O(n1^2 n2^2): for n1 n2 <= EXACT_CI_MAX_PAIRS only."""
-    prev = [[1] for _ in range(n2 + 1)]  # m = 0: only U = 0
-    for m in range(1, n1 + 1):
-        cur = [[1]]  # n = 0: only U = 0
-        for n in range(1, n2 + 1):
-            row = [0] * n + prev[n]  # f(u - n; m - 1, n): m n + 1 counts
-            for u, c in enumerate(cur[n - 1]):  # + f(u; m, n - 1)
-                row[u] += c
-            cur.append(row)
-        prev = cur
-    return tuple(prev[n2])
+def _u_counts(n1: int, n2: int, k: int | None = None) -> Any:
+    """Number of orderings of n1 + n2 distinct values giving each U = 0 .. k (default n1 n2), the
+    exact null distribution of U, as a numpy array; O(min(n1, n2) k) time, O(k) memory.
 
-
-@functools.lru_cache(maxsize=1024)
-def _u_cumulative(n1: int, n2: int) -> tuple[int, ...]:
-    return tuple(itertools.accumulate(_u_counts(n1, n2)))
-
-
-@functools.lru_cache(maxsize=1024)
-def _u_at_most(n1: int, n2: int, k: int) -> int | float:
-    """Number of orderings of n1 + n2 distinct values with U <= k, in O(min(n1, n2) k) time and
-    O(k) memory.
-
-    The counts of U are the coefficients of the Gaussian binomial coefficient
+    The counts are the coefficients of the Gaussian binomial coefficient
     [m + n choose m]_q = prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i), m = min(n1, n2), n = max(n1, n2)
     (G. E. Andrews, "The Theory of Partitions" (1976), theorem 3.1), built factor by factor and
     truncated at degree k. Exact integers (int64) while C(n1 + n2, n1) < 2^62, else float64.
@@ -81,7 +58,7 @@ def _u_at_most(n1: int, n2: int, k: int) -> int | float:
     import numpy as np
 
     m, n = min(n1, n2), max(n1, n2)
-    k = min(k, m * n)
+    k = m * n if k is None else min(k, m * n)
     exact = math.comb(m + n, m) < 2**62
     c: Any = np.zeros(k + 1, dtype=np.int64 if exact else np.float64)
     c[0] = 1
@@ -96,8 +73,13 @@ def _u_at_most(n1: int, n2: int, k: int) -> int | float:
         s = n + i
         if s <= k:  # * (1 - q^(n+i)): c[u] -= c[u - n - i], from the values before this step
             c[s:] -= c[: k + 1 - s].copy()
-    got = c.sum()
-    return int(got) if exact else float(got)
+    return c
+
+
+@functools.lru_cache(maxsize=1024)
+def _u_at_most(n1: int, n2: int, k: int) -> int | float:
+    """Number of orderings of n1 + n2 distinct values with U <= k (:func:`_u_counts`)."""
+    return _u_counts(n1, n2, k).sum().item()
 
 
 def _exact_p(u1: float, n1: int, n2: int) -> float:
@@ -272,7 +254,7 @@ def moses_rank(m: int, n: int, alpha: float) -> int:
     0: no interval at that level exists (3 against 3 at 99%).
     """
     if m * n <= EXACT_CI_MAX_PAIRS:
-        cum = _u_cumulative(m, n)
+        cum = _u_counts(m, n).cumsum().tolist()
         total = cum[-1]
         c = 0
         for u, acc in enumerate(cum):  # acc = #orderings with U <= u
