@@ -621,9 +621,23 @@ def _num_or_none(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isfinite(v) and abs(v) < 1e300)
 
 
-def _rank_ok(x: Any, none_ok: bool = False) -> bool:
-    """A rank or GPU index of a fleet object: an int 0..2**31 (not a bool), or None where allowed."""
-    return (x is None and none_ok) or (type(x) is int and 0 <= x <= 2**31)
+def _rank_ok(x: Any) -> bool:
+    """A rank or GPU index of a fleet object: an int 0..2**31 (not a bool)."""
+    return type(x) is int and 0 <= x <= 2**31
+
+
+_NUMBER = (_num_or_none, "a number between -1e300 and 1e300, or null")
+# each field checked, in order, of a fleet row and of a missing rank: (test, what it should be)
+_ROW_FIELDS = {"value": _NUMBER, "fleet_median": _NUMBER, "expect": _NUMBER, "rank": (_rank_ok, "an integer 0..2**31"),
+               "gpu": (lambda x: x is None or _rank_ok(x), "an integer 0..2**31 or null"),
+               "flag": (lambda x: x in FLEET_FLAGS, " or ".join(FLEET_FLAGS))}
+_MISSING_FIELDS = {"rank": _ROW_FIELDS["rank"], "host": (lambda x: isinstance(x, (str, type(None))), "a string or null")}
+
+
+def _check_fields(obj: dict, fields: dict, source: str, where: str) -> None:
+    for k, (ok, want) in fields.items():
+        if not ok(obj.get(k)):
+            raise _fleet_bad(source, f"{where}.{k}", obj.get(k), want)
 
 
 def check_fleet(f: Any, source: str) -> dict:
@@ -662,23 +676,12 @@ def check_fleet(f: Any, source: str) -> dict:
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
             raise _fleet_bad(source, f"rows[{i}]", r, "an object")
-        for k in ("value", "fleet_median", "expect"):
-            if not _num_or_none(r.get(k)):
-                raise _fleet_bad(source, f"rows[{i}].{k}", r.get(k), "a number between -1e300 and 1e300, or null")
-        for k in ("rank", "gpu"):
-            x = r.get(k)
-            if not _rank_ok(x, none_ok=k == "gpu"):
-                raise _fleet_bad(source, f"rows[{i}].{k}", x, "an integer 0..2**31" + (" or null" if k == "gpu" else ""))
-        if r.get("flag") not in FLEET_FLAGS:
-            raise _fleet_bad(source, f"rows[{i}].flag", r.get("flag"), " or ".join(FLEET_FLAGS))
+        _check_fields(r, _ROW_FIELDS, source, f"rows[{i}]")
     missing = part("missing", [])
     if not isinstance(missing, list) or not all(isinstance(m, dict) for m in missing):
         raise _fleet_bad(source, "missing", missing, "a list of {rank, host}")
     for i, m in enumerate(missing):
-        if not _rank_ok(m.get("rank")):
-            raise _fleet_bad(source, f"missing[{i}].rank", m.get("rank"), "an integer 0..2**31")
-        if not isinstance(m.get("host"), (str, type(None))):
-            raise _fleet_bad(source, f"missing[{i}].host", m.get("host"), "a string or null")
+        _check_fields(m, _MISSING_FIELDS, source, f"missing[{i}]")
     links = part("links", {})
     if not isinstance(links, dict):
         raise _fleet_bad(source, "links", links, "an object with hosts and gbps")
@@ -690,5 +693,5 @@ def check_fleet(f: Any, source: str) -> dict:
     for i, row in enumerate(gbps):
         for j, x in enumerate(row):
             if not _num_or_none(x):
-                raise _fleet_bad(source, f"links.gbps[{i}][{j}]", x, "a number between -1e300 and 1e300, or null")
+                raise _fleet_bad(source, f"links.gbps[{i}][{j}]", x, _NUMBER[1])
     return f
