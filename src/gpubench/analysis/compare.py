@@ -895,22 +895,11 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
         cmp.notes.append(f"{name} has records without param(s) {', '.join(sorted(added))} (written by an older "
                          "gpubench); they pair as " + ", ".join(f"{k} {_short(v)}" for k, v in sorted(added.items()))
                          + ", what that gpubench measured")
-    new_params = [_kept(_filled(rec.params, added), ignore) for rec in new.records]
-    new_keys = [_key(p) for p in new_params]
-    new_index: dict[tuple, int] = {}  # key -> its record's index
-    for j, (k, rec) in enumerate(zip(new_keys, new.records)):
-        if k in new_index:
-            raise _repeated(new_name, rec, new_index[k], j, ignore)
-        new_index[k] = j
-    seen: dict[tuple, int] = {}
+    new_params, new_keys, new_index = _indexed(new, new_name, added, ignore)
+    base_params, base_keys, base_index = _indexed(base, base_name, added, ignore)
     pending: list[tuple[list[float], list[float], str]] = []
     paired: list[Row] = []
-    for i, rb in enumerate(base.records):
-        pb = _kept(_filled(rb.params, added), ignore)
-        k = _key(pb)
-        if k in seen:
-            raise _repeated(base_name, rb, seen[k], i, ignore)
-        seen[k] = i
+    for rb, pb, k in zip(base.records, base_params, base_keys):
         rn = new.records[new_index[k]] if k in new_index else None
         if rn is None:
             cmp.rows.append(_one_side(rb, "only-base", base_name, pb))
@@ -937,15 +926,30 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
             pending, paired = [], []
     _fill(paired, pending, threshold_pct, alpha)
     for k, rn, pn in zip(new_keys, new.records, new_params):
-        if k not in seen:
+        if k not in base_index:
             cmp.rows.append(_one_side(rn, "only-new", new_name, pn))
     if base.records and new.records and all(r.status in ("only-base", "only-new") for r in cmp.rows):
         cmp.notes.append(_nothing_pairs(base, new, ignore, added))
     return cmp
 
 
-def _kept(params: dict, ignore: Sequence[str]) -> dict:
-    return {k: v for k, v in params.items() if k not in ignore} if ignore else params
+def _indexed(r: Result, name: str, added: dict[str, Any], ignore: Sequence[str]) -> tuple[list, list, dict]:
+    """Each record's params as they pair (``added`` filled in, ``ignore`` left out), their keys
+    (:func:`_key`) and key -> record index.
+
+    Raises:
+        UsageError: two records of ``r`` with one key (:func:`_repeated`).
+    """
+    params = [_filled(rec.params, added) for rec in r.records]
+    if ignore:
+        params = [{k: v for k, v in p.items() if k not in ignore} for p in params]
+    keys = [_key(p) for p in params]
+    index: dict[tuple, int] = {}
+    for j, k in enumerate(keys):
+        if k in index:
+            raise _repeated(name, r.records[j], index[k], j, ignore)
+        index[k] = j
+    return params, keys, index
 
 
 def _values(r: Result, name: str, added: dict[str, Any] | None = None) -> list:
@@ -1021,9 +1025,9 @@ def _key(params: dict) -> tuple:
     return tuple([(k, type(v).__name__, repr(v) if type(v) is float else v) for k, v in sorted(params.items())])
 
 
-def _one_side(r: Record, status: str, source: str, params: dict | None = None) -> Row:
+def _one_side(r: Record, status: str, source: str, params: dict) -> Row:
     side = "base" if status == "only-base" else "new"
-    row = Row(dict(r.params if params is None else params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
+    row = Row(dict(params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
     _side_median(row, r, side, source)
     return row
 
