@@ -286,11 +286,12 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
     one per matching record. ``skipped``/``failed``: command -> why its step did not run / failed."""
     skipped = skipped or {}
     failed = failed or {}
-    by_cmd: dict[str, _Index] = {}
+    by_cmd: dict[str, list[Record]] = {}
     nodes: dict[str, int] = {}  # command -> the most nodes one of its results spans
     for res in results:
-        by_cmd.setdefault(res.command, _Index(registry.added(res.command, "added_params"))).records.extend(res.records)
+        by_cmd.setdefault(res.command, []).extend(res.records)
         nodes[res.command] = max(nodes.get(res.command, 1), nodes_of(res))
+    index: dict[str, tuple[dict, dict]] = {}  # command -> (added_params, {param: {_hkey(value): [record index]}})
     out: list[Outcome] = []
 
     def room(n: int) -> None:  # before the work of n more rows, not after it
@@ -314,17 +315,24 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
         if e.nodes is not None and e.command in nodes and spans < e.nodes:
             add(Outcome(e, "skipped", note=f"needs {e.nodes} nodes; the {e.command} results span {spans}"))
             continue
-        index = by_cmd.get(e.command)
-        if index is None:
+        records = by_cmd.get(e.command)
+        if records is None:
             add(Outcome(e, "skipped", note=skipped.get(e.command, f"no {e.command} result given")))
             continue
-        have = index.keys()
+        if e.command not in index:  # built on first use
+            added, by = registry.added(e.command, "added_params"), {}
+            for i, r in enumerate(records):
+                for k, v in {**added, **r.params}.items():
+                    by.setdefault(k, {}).setdefault(_hkey(v), []).append(i)
+            index[e.command] = (added, by)
+        added, by = index[e.command]
+        have = by.keys()
         absent = [k for k in e.where if k not in have]
         if absent:
             add(Outcome(e, "missing", note=f"no {e.command} record has param(s) {', '.join(absent)}; "
                                            f"params are {', '.join(sorted(have))}"))
             continue
-        hits = index.matching(e.where)
+        hits = _matching(records, by, added, e.where)
         if not hits:
             add(Outcome(e, "missing", note="no {} record has {}".format(
                 e.command, " ".join(f"{k}={v}" for k, v in e.where.items()))))
@@ -353,44 +361,16 @@ def _hkey(v: Any) -> tuple:
     return ("s", v) if isinstance(v, str) else ("o", repr(v))
 
 
-class _Index:
-    """The records of one command, indexed by (param, value) on first use (``added``: values of absent params)."""
-
-    def __init__(self, added: dict[str, Any] | None = None) -> None:
-        self.added = added or {}
-        self.records: list[Record] = []
-        self._by: dict[str, dict[tuple, list[int]]] | None = None
-        self._sets: dict[tuple[str, tuple], set[int]] = {}
-
-    def _build(self) -> dict[str, dict[tuple, list[int]]]:
-        if self._by is None:
-            by: dict[str, dict[tuple, list[int]]] = {}
-            for i, r in enumerate(self.records):
-                for k, v in ({**self.added, **r.params} if self.added else r.params).items():
-                    by.setdefault(k, {}).setdefault(_hkey(v), []).append(i)
-            self._by = by
-        return self._by
-
-    def keys(self):
-        return self._build().keys()
-
-    def matching(self, where: dict[str, Any]) -> list[Record]:
-        """The records whose params hold every ``where`` value (:func:`_hkey`), in file order."""
-        by = self._build()
-        if not where:
-            return list(self.records)
-        lists = []
-        for k, v in where.items():
-            hit = by.get(k, {}).get(_hkey(v))
-            if not hit:
-                return []
-            lists.append(((k, _hkey(v)), hit))
-        lists.sort(key=lambda t: len(t[1]))
-        for key, lst in lists[1:]:
-            if key not in self._sets:
-                self._sets[key] = set(lst)
-        others = [self._sets[key] for key, _ in lists[1:]]
-        return [self.records[i] for i in lists[0][1] if all(i in o for o in others)]
+def _matching(records: Sequence[Record], by: dict[str, dict[tuple, list[int]]], added: dict[str, Any],
+              where: dict[str, Any]) -> list[Record]:
+    """The records whose params (``added`` filling absent ones) hold every ``where`` value
+    (:func:`_hkey`), in file order: those of the shortest (param, value) list of ``by``, checked."""
+    if not where:
+        return list(records)
+    want = {k: _hkey(v) for k, v in where.items()}
+    first = min((by.get(k, {}).get(h, []) for k, h in want.items()), key=len)
+    params = ({**added, **records[i].params} for i in first)
+    return [records[i] for i, p in zip(first, params) if all(k in p and _hkey(p[k]) == h for k, h in want.items())]
 
 
 def failures(outcomes: Sequence[Outcome], strict: bool = False) -> list[Outcome]:
