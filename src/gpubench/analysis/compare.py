@@ -1,10 +1,7 @@
-"""Compare saved results: pair figures, estimate each change with its confidence interval, test it
-against the noise, and say what differs (machine, options, telemetry, limit flags).
-
-Figures pair by equal ``params`` (the plug-in's ``added_params`` filled in). Values: B/s per sample
-for "bandwidth" (higher is better), seconds for "time" (lower is better). Change: Hodges-Lehmann
-with the Moses interval (:func:`hodges_lehmann`); test: two-sided Mann-Whitney U
-(:func:`mann_whitney_u`); verdict: :func:`judge`. docs/compare.md explains every figure.
+"""Compare saved results figure by figure (equal ``params``): the change with its interval
+(:func:`hodges_lehmann`), the test (:func:`mann_whitney_u`), the verdict (:func:`judge`), and what
+differs (machine, options, telemetry, limit flags). Values: B/s per sample for "bandwidth" (higher
+is better), seconds for "time" (lower is better). docs/compare.md explains every figure.
 """
 
 from __future__ import annotations
@@ -190,24 +187,14 @@ def _midranks(P):
 
 
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> MWU:
-    """Two-sided Mann-Whitney U test: exact without ties and a sample of at most EXACT_MAX values
-    (:func:`_exact_p`); with ties, where :func:`_exact_ties_ok`, exact given the ties
-    (:func:`_tie_deviations`); else the normal approximation. With the n = n1 + n2 values ranked
-    together (ties get their average rank) and R1 the sum of the ranks of ``x``::
+    """Two-sided Mann-Whitney U test of ``x`` against ``y``: exact without ties and a sample of at
+    most EXACT_MAX values (:func:`_exact_p`); with ties, where :func:`_exact_ties_ok`, exact given
+    the ties (:func:`_tie_deviations`); else the normal approximation with tie and continuity
+    corrections (docs/compare.md gives the formulas); every value tied: z = 0, p = 1.
 
-        U1      = R1 - n1 (n1 + 1) / 2
-        mu      = n1 n2 / 2
-        sigma^2 = n1 n2 / 12 * ((n + 1) - sum_k (t_k^3 - t_k) / (n (n - 1)))   # t_k: size of tie group k
-        z       = (|U1 - mu| - 1/2) / sigma        (continuity correction; 0 if that goes negative)
-        p       = erfc(|z| / sqrt(2))              (two-sided)
-
-    Sources: H. B. Mann and D. R. Whitney, "On a test of whether one of two random variables is
-    stochastically larger than the other", Ann. Math. Statist. 18 (1947) 50-60; the tie-corrected
-    variance from E. L. Lehmann, "Nonparametrics: Statistical Methods Based on Ranks" (1975), eq.
-    (1.35); the same computation as ``scipy.stats.mannwhitneyu(method="asymptotic")``, and the exact
-    branch as ``method="exact"``.
-
-    When every value is tied (sigma = 0): z = 0, p = 1.
+    Sources: Mann and Whitney, Ann. Math. Statist. 18 (1947) 50-60; the tie-corrected variance from
+    E. L. Lehmann, "Nonparametrics" (1975), eq. (1.35); as ``scipy.stats.mannwhitneyu`` with
+    ``method="asymptotic"`` and, for the exact branch, ``method="exact"``.
 
     Raises:
         ValueError: an empty sample.
@@ -608,10 +595,10 @@ def _p_text(p: float) -> str:
 # ---- telemetry and limit flags, read defensively (the fields may be absent or malformed) ----
 
 def _telemetry(record: Record) -> Any:
-    v = getattr(record, "telemetry", None)
-    if v is None:
-        v = (record.extra or {}).get("telemetry") if isinstance(record.extra, dict) else None
-    return v
+    """The record's telemetry block, else one an older file kept in extra["telemetry"]."""
+    if record.telemetry is not None:
+        return record.telemetry
+    return record.extra.get("telemetry") if isinstance(record.extra, dict) else None
 
 
 def _finite(v: Any) -> float | None:
