@@ -191,7 +191,7 @@ def records_table(res: Result, units: str) -> str:
     """The figures of one result: the params that vary, median, p25-p75, n, % of peak, flags."""
     recs = res.records
     keys = plot._mode_keys(recs, set()) or (list(recs[0].params)[:3] if recs else [])
-    nccl = plot.plot_kind(res.command) == "collective"  # algbw and busbw columns
+    nccl = cmpmod.plugin_of(res.command).plot_kind == "collective"  # algbw and busbw columns
     metrics = {r.metric for r in recs}
     unit = f"{units}/s" if metrics == {"bandwidth"} else "us" if metrics == {"time"} else f"{units}/s or us"
     gbit = any(isinstance(r.extra.get("gbit_per_s"), (int, float)) for r in recs[:MAX_ROWS])  # net's own Gbit/s
@@ -288,17 +288,14 @@ def _fleet_section(name: str, f: dict) -> str:
     hosts, gbps = links.get("hosts") or [], links.get("gbps") or []
     if hosts and gbps:
         top = max([x for row in gbps for x in row if x is not None] or [1.0])
-        body = []
-        for host, row in zip(hosts, gbps):
-            tds = []
-            for x in row:
-                if x is None:
-                    tds.append("<td class='num gone'>-</td>")
-                else:
-                    frac = max(0.0, min(1.0, float(x) / top)) if top else 0.0
-                    tds.append(f"<td class=num style='background:rgba(31,119,180,{0.12 + 0.6 * frac:.2f})'>"
-                               f"{_fmt(float(x))}</td>")
-            body.append(f"<tr><th>{h(host)}</th>{''.join(tds)}</tr>")
+
+        def cell(x: Any) -> str:  # darker = faster
+            if x is None:
+                return "<td class='num gone'>-</td>"
+            frac = max(0.0, min(1.0, float(x) / top)) if top else 0.0
+            return f"<td class=num style='background:rgba(31,119,180,{0.12 + 0.6 * frac:.2f})'>{_fmt(float(x))}</td>"
+
+        body = [f"<tr><th>{h(host)}</th>{''.join(map(cell, row))}</tr>" for host, row in zip(hosts, gbps)]
         out.append("<table class=matrix><caption>Links between hosts (Gbit/s, row sends to column; "
                    "darker = faster)</caption><thead><tr><th></th>" + "".join(f"<th>{h(x)}</th>" for x in hosts) +
                    "</tr></thead><tbody>" + "".join(body) + "</tbody></table>")

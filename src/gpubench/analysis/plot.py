@@ -167,11 +167,6 @@ def require_matplotlib(command: str) -> None:
                          "pip install 'gpubench-cuda[plot]'") from None
 
 
-def plot_kind(command: str) -> str:
-    """How ``command``'s sized records read best (its plug-in's ``plot_kind``; "sweep" without one)."""
-    return plugin_of(command).plot_kind
-
-
 def _kind(r: Record, command: str) -> str:
     if "src" in r.params and "dst" in r.params:
         return "matrix"
@@ -179,8 +174,9 @@ def _kind(r: Record, command: str) -> str:
         return "pairs"
     if all(isinstance(r.extra.get(k), list) and r.extra.get(k) for k in _INTERVAL_KEYS):  # net's
         return "intervals"
-    if size_key(r) or plot_kind(command) == "bars" and r.params:
-        return "collective" if plot_kind(command) == "collective" else "sweep"
+    kind = plugin_of(command).plot_kind  # how the command's sized records read best ("sweep" without a plug-in)
+    if size_key(r) or kind == "bars" and r.params:
+        return "collective" if kind == "collective" else "sweep"
     return "other"
 
 
@@ -381,7 +377,7 @@ def _sweep_section(command: str, metric: str, items, many: bool) -> Section:
     xkey = size_key(recs[0]) or "nbytes"
     sizes = {r.params.get(xkey) for r in recs}
     what = "bandwidth" if metric == "bandwidth" else "time"
-    if plot_kind(command) == "bars" and len(sizes) <= 1:
+    if plugin_of(command).plot_kind == "bars" and len(sizes) <= 1:
         cat: str | None = "stage" if any("stage" in r.params for r in recs) else "strategy"
         if not any(cat in r.params for r in recs):
             cat = next(iter(_mode_keys(recs, {xkey})), None)
