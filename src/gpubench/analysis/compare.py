@@ -889,18 +889,16 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     for rb, pb, k in zip(base.records, base_params, base_keys):
         rn = new.records[new_index[k]] if k in new_index else None
         if rn is None:
-            cmp.rows.append(_one_side(rb, "only-base", base_name, pb))
+            cmp.rows.append(_unpaired("only-base", pb, rb, str(rb.error or ""), limit_flags(rb, "base"),
+                                      [(rb, "base", base_name)]))
             continue
         if rb.metric != rn.metric:
             raise UsageError(f"figure {safe.term(rb.params)}: metric {safe.term(repr(rb.metric))} in "
                              f"{safe.term(base_name)} but {safe.term(repr(rn.metric))} in {safe.term(new_name)}")
         flags = limit_flags(rb, "base") + limit_flags(rn, "new")
         if rb.error or rn.error or not rb.samples_s or not rn.samples_s:
-            why = rb.error or rn.error or "no samples"
-            row = Row(dict(pb), rb.metric, "no-data", note=str(why), flags=flags)
-            _side_median(row, rb, "base", base_name)
-            _side_median(row, rn, "new", new_name)
-            cmp.rows.append(row)
+            cmp.rows.append(_unpaired("no-data", pb, rb, str(rb.error or rn.error or "no samples"), flags,
+                                      [(rb, "base", base_name), (rn, "new", new_name)]))
             continue
         vb, vn = figure_values(rb, base_name), figure_values(rn, new_name)
         pending.append((vb, vn, rb.metric))
@@ -914,7 +912,8 @@ def compare(base: Result, new: Result, *, base_name: str = "base", new_name: str
     _fill(paired, pending, threshold_pct, alpha)
     for k, rn, pn in zip(new_keys, new.records, new_params):
         if k not in base_index:
-            cmp.rows.append(_one_side(rn, "only-new", new_name, pn))
+            cmp.rows.append(_unpaired("only-new", pn, rn, str(rn.error or ""), limit_flags(rn, "new"),
+                                      [(rn, "new", new_name)]))
     if base.records and new.records and all(r.status in ("only-base", "only-new") for r in cmp.rows):
         cmp.notes.append(_nothing_pairs(base, new, ignore, added))
     return cmp
@@ -1012,18 +1011,15 @@ def _key(params: dict) -> tuple:
     return tuple([(k, type(v).__name__, repr(v) if type(v) is float else v) for k, v in sorted(params.items())])
 
 
-def _one_side(r: Record, status: str, source: str, params: dict) -> Row:
-    side = "base" if status == "only-base" else "new"
-    row = Row(dict(params), r.metric, status, note=str(r.error or ""), flags=limit_flags(r, side))
-    _side_median(row, r, side, source)
+def _unpaired(status: str, params: dict, r: Record, note: str, flags: list[str], sides) -> Row:
+    """A row not judged ("only-base", "only-new", "no-data") of ``r``'s metric, with the median and
+    sample count of each (record, "base" or "new", file name) of ``sides`` that has samples and no error."""
+    row = Row(dict(params), r.metric, status, note=note, flags=flags)
+    for rec, side, source in sides:
+        if rec.samples_s and not rec.error:
+            setattr(row, f"{side}_median", _median(figure_values(rec, source)))
+            setattr(row, f"n_{side}", len(rec.samples_s))
     return row
-
-
-def _side_median(row: Row, r: Record, side: str, source: str) -> None:
-    """Set the row's median and sample count of ``side`` ("base", "new") from ``r``, where it has samples and no error."""
-    if r.samples_s and not r.error:
-        setattr(row, f"{side}_median", _median(figure_values(r, source)))
-        setattr(row, f"n_{side}", len(r.samples_s))
 
 
 # ---- formatting: every string from a file is made inert where it is rendered (safe.term for rich
