@@ -1,11 +1,7 @@
-"""Node validation: run a set of benchmarks, keep every result in one bundle, check expectations.
-
-Expectations are TOML ``[[expect]]`` tables (docs/suite.md "Expectations (TOML)"), checked against
-every record of their ``command`` whose params contain all of ``where``: bandwidth bounds in GB/s
-(1e9 B/s) against nbytes / seconds, time bounds in microseconds. Outcomes: "pass", "fail", "missing"
-(no record matches), "skipped" (no result of that command); fail and missing fail the suite (exit
-1), skipped too with ``strict``. The bundle (``schema: "gpubench.bundle"``, version 1) holds every
-step's status and result, the environment and the outcomes.
+"""Node validation: run a set of benchmarks, keep every result in one bundle (``schema:
+"gpubench.bundle"``, version 1), check TOML expectations (docs/suite.md) against the records of
+their command: bandwidth bounds in GB/s (1e9 B/s) against nbytes / seconds, time bounds in
+microseconds; outcomes "pass", "fail", "missing" (no record matches), "skipped" (no result).
 """
 
 from __future__ import annotations
@@ -320,7 +316,8 @@ def evaluate(expectations: Sequence[Expectation], results: Sequence[Result],
             add(Outcome(e, "skipped", note=skipped.get(e.command, f"no {e.command} result given")))
             continue
         if e.command not in index:  # built on first use
-            added, by = registry.added(e.command, "added_params"), {}
+            added = registry.added(e.command, "added_params")
+            by: dict[str, dict[tuple, list[int]]] = {}
             for i, r in enumerate(records):
                 for k, v in {**added, **r.params}.items():
                     by.setdefault(k, {}).setdefault(_hkey(v), []).append(i)
