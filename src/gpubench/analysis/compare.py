@@ -241,13 +241,8 @@ def moses_rank(m: int, n: int, alpha: float) -> int:
     0: no interval at that level exists (3 against 3 at 99%).
     """
     if m * n <= EXACT_CI_MAX_PAIRS:
-        cum = _u_counts(m, n).cumsum().tolist()
-        total = cum[-1]
-        c = 0
-        for u, acc in enumerate(cum):  # acc = #orderings with U <= u
-            if 2 * acc > alpha * total:
-                break
-            c = u + 1
+        cum = _u_counts(m, n).cumsum().tolist()  # orderings with U <= u, u = 0 .. mn
+        c = next((u for u, acc in enumerate(cum) if 2 * acc > alpha * cum[-1]), len(cum))
         return min(c, (m * n) // 2)
     c = math.floor(m * n / 2.0 - _z(1.0 - alpha) * math.sqrt(m * n * (m + n + 1) / 12.0))
     return max(0, min(c, (m * n) // 2))

@@ -776,14 +776,13 @@ def _draw_matrices(sf, panels: Sequence[Panel], axes, units: str, spare=None, co
     norm = matplotlib.colors.Normalize(vmin=0, vmax=top)
     unit = _unit(metric, units)
     im = None
-    for ax, panel, (devs, m, pct, above) in zip(axes, panels, mats):
+    for k, (ax, panel, (devs, m, pct, above)) in enumerate(zip(axes, panels, mats)):
         im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=norm, aspect="equal")
         small = len(devs) <= 4
         end = plugin_of(panel.command).matrix_ends
         labels = [f"{end} {safe.mpl(d, 8)}" if small else safe.mpl(d, 8) for d in devs]
         ax.set_xticks(range(len(devs)), labels, fontsize=8)
         ax.set_yticks(range(len(devs)), labels, fontsize=8)
-        k = len(mats) and list(axes).index(ax)
         if k >= len(axes) - cols:  # axis names once per row and column: the grid reads the same
             ax.set_xlabel("destination" if small else f"destination {end}", fontsize=8)
         if k % cols == 0:

@@ -170,15 +170,15 @@ def check_expectation(e: Any, index: int, where_: str, known_commands: Sequence[
     elif not isinstance(fig, str) or not (fig in FIGURES or (fig.startswith("extra.") and len(fig) > 6)):
         raise UsageError(f"{where_}: figure {safe.term(repr(fig), 80)} not known",
                          f"use {', '.join(FIGURES)} or extra.KEY")
-    name, source, nodes = e.get("name", ""), e.get("source", ""), e.get("nodes")
-    if not isinstance(name, str):
-        raise UsageError(f"{where_}: name must be a string")
-    if not isinstance(source, str):
-        raise UsageError(f"{where_}: source must be a string")
+    for k in ("name", "source"):
+        if not isinstance(e.get(k, ""), str):
+            raise UsageError(f"{where_}: {k} must be a string")
+    nodes = e.get("nodes")
     if nodes is not None and (type(nodes) is not int or not 1 <= nodes <= MAX_NODES):
         raise UsageError(f"{where_}: nodes = {safe.term(repr(nodes), 60)} must be an integer 1..{MAX_NODES:,}",
                          "the number of nodes the figure needs")
-    return Expectation(index, cmd, dict(w), fig, name=name, source=source, nodes=nodes, **bounds)
+    return Expectation(index, cmd, dict(w), fig, name=e.get("name", ""), source=e.get("source", ""), nodes=nodes,
+                       **bounds)
 
 
 def parse_expectations(doc: dict, source: str = "expectations", known_commands: Sequence[str] | None = None
