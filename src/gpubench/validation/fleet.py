@@ -118,19 +118,13 @@ def deciding_bound(outcomes, unit: str) -> tuple[float | None, str | None]:
     judged = [o for o in outcomes if o.status in ("pass", "fail")]
     if any(o.status == "fail" for o in judged):
         judged = [o for o in judged if o.status == "fail"]
-    best: tuple[float, float, str] | None = None
-    for o in judged:
-        lo, hi = o.expectation.bounds
-        for b, op in ((lo, ">="), (hi, "<=")):
-            if b is None:
-                continue
-            margin = -math.inf if o.value is None else (o.value - b if op == ">=" else b - o.value)
-            if best is None or margin < best[0]:
-                best = (margin, b, op)
-    if best is None:
+    # (margin, bound, side) of every bound; the first of the least margins decides
+    margins = [(-math.inf if o.value is None else (o.value - b if op == ">=" else b - o.value), b, op)
+               for o in judged for b, op in zip(o.expectation.bounds, (">=", "<=")) if b is not None]
+    if not margins:
         return None, None
-    scale = 8.0 if unit == "Gbit/s" else 1.0
-    return best[1] * scale, best[2]
+    _, b, op = min(margins, key=lambda m: m[0])
+    return b * (8.0 if unit == "Gbit/s" else 1.0), op
 
 
 def attach_expectations(checks: list[dict], outcomes) -> list[dict]:
