@@ -1032,12 +1032,6 @@ def differing_params(rows: Sequence[Row]) -> list[str]:
     return [k for k in dict.fromkeys(k for r in rows for k in r.params) if differs(k)]
 
 
-def varying_params(rows: Sequence[Row]) -> list[str]:
-    """The params a table shows: those that differ between rows, else the first one; all for one row."""
-    keys = list(dict.fromkeys(k for r in rows for k in r.params))
-    return keys if len(rows) <= 1 else differing_params(rows) or keys[:1]
-
-
 _MISSING = object()
 
 
@@ -1101,7 +1095,8 @@ def table_rows(cmp: Comparison, units: str = "GB", alpha: float = DEFAULT_ALPHA,
                rows: Sequence[Row] | None = None,
                threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> tuple[list[str], list[list[str]]]:
     """Column names and raw text cells of a comparison table for ``rows`` (columns: those of all rows)."""
-    keys = varying_params(cmp.rows)
+    keys = list(dict.fromkeys(k for r in cmp.rows for k in r.params))  # shown: those that differ, else the first
+    keys = keys if len(cmp.rows) <= 1 else differing_params(cmp.rows) or keys[:1]
     metrics = cmp.metrics()
     mixed = len(metrics) > 1
     unit_label = "" if mixed else f" {_unit(next(iter(metrics)), units)}" if metrics else ""

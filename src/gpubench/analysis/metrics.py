@@ -36,11 +36,6 @@ def label_name(param: str) -> str:
     return "param_" + _NOT_NAME.sub("_", param)
 
 
-def family_part(name: str) -> str:
-    """A command's name as a part of a metric name: characters other than ``[a-zA-Z0-9_]`` as ``_``."""
-    return _NOT_NAME.sub("_", name)
-
-
 def _label_value(v: Any) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
@@ -89,11 +84,6 @@ class Families:
         return generate_latest(SimpleNamespace(collect=lambda: built))  # it reads only the collect() of a registry
 
 
-def _uuids(env: dict) -> dict[int, str]:
-    return {g["index"]: g["uuid"] for g in env.get("gpus") or []
-            if isinstance(g, dict) and isinstance(g.get("index"), int) and isinstance(g.get("uuid"), str)}
-
-
 def _host(env: dict) -> str:
     host = env.get("host") if isinstance(env.get("host"), dict) else {}
     name = host.get("hostname") if isinstance(host, dict) else None
@@ -131,9 +121,10 @@ def _check_gauges(got: Any) -> None:
 def add_result(f: Families, res: Result) -> None:
     """Add one result's figures, its run facts and its GPUs' counters to ``f``."""
     host = _host(res.env)
-    uuids = _uuids(res.env)
+    uuids = {g["index"]: g["uuid"] for g in res.env.get("gpus") or []
+             if isinstance(g, dict) and isinstance(g.get("index"), int) and isinstance(g.get("uuid"), str)}
     cmd = res.command
-    part = family_part(cmd)
+    part = _NOT_NAME.sub("_", cmd)  # the command as a part of a metric name
     nvml = res.env.get("nvml")
     driver = nvml.get("driver_version") if isinstance(nvml, dict) else None
     created = _unix(res.created)

@@ -180,11 +180,6 @@ def _kind(r: Record, command: str) -> str:
     return "other"
 
 
-def _usable(r: Record) -> bool:
-    return bool(r.samples_s) and not r.error and (r.metric == "time" or r.nbytes > 0) and all(
-        math.isfinite(t) and t > 0 for t in r.samples_s)
-
-
 def values(r: Record, units: str = "GB", scale_by: float = 1.0) -> Summary:
     """Summary of a record's plotted values: GB/s or GiB/s (times ``scale_by``: busbw) or microseconds."""
     if r.metric == "time":
@@ -214,11 +209,6 @@ def _value_text(k: str, v: Any) -> str:
 # params whose values name themselves ("h2d", "pinned", "in-place", "ucx"); others show as key=value
 _SELF_NAMED = {"direction", "memory", "strategy", "placement", "protocol", "test", "part", "stage", "collective",
                "device", "stream", "type", "op", "dtype", "peer"} | set(SIZE_KEYS)
-
-
-def _mode_label(r: Record, keys: Sequence[str]) -> str:
-    return " ".join(_value_text(k, r.params.get(k)) if k in _SELF_NAMED else f"{k}={_value_text(k, r.params.get(k))}"
-                    for k in keys if r.params.get(k) is not None)
 
 
 def _fixed_text(records: Sequence[Record], skip: set[str]) -> str:
@@ -324,7 +314,8 @@ def display_names(names: Sequence[str]) -> list[str]:
 def _series(items: Sequence[tuple[str, Record]], keys: Sequence[str], many: bool, fallback: str) -> list[Series]:
     out: dict[tuple[str, str], Series] = {}
     for src, r in items:
-        mode = _mode_label(r, keys) or fallback
+        mode = " ".join(_value_text(k, v) if k in _SELF_NAMED else f"{k}={_value_text(k, v)}"
+                        for k in keys if (v := r.params.get(k)) is not None) or fallback
         label = f"{mode} · {src}" if many else mode
         out.setdefault((src, mode), Series(label, [], src, mode)).records.append(r)
     return list(out.values())
@@ -349,8 +340,9 @@ def build_sections(results: Sequence[tuple[str, Result]]) -> list[Section]:
     for name, (_, res) in zip(names, results):
         envs[name] = res.env if isinstance(res.env, dict) else {}
         for r in res.records:
-            if not _usable(r):
-                continue
+            if not r.samples_s or r.error or (r.metric != "time" and r.nbytes <= 0) or not all(
+                    math.isfinite(t) and t > 0 for t in r.samples_s):
+                continue  # nothing to draw
             k = _kind(r, res.command)
             if k != "other":  # matrices of both metrics share one section (a colour scale each)
                 groups.setdefault((k, res.command, "" if k == "matrix" else r.metric), []).append((name, r))
@@ -566,11 +558,6 @@ def _draw_peaks(ax, peaks: Sequence[Peak], units: str, top: float = 0.0) -> floa
     return max([top] + [p.bytes_per_s / UNITS[units] for p in peaks])
 
 
-def _n_text(ns: Sequence[int]) -> str:
-    lo, hi = min(ns), max(ns)
-    return f"n = {lo} samples per point" if lo == hi else f"n = {lo}-{hi} samples per point"
-
-
 # ---- drawing ----
 
 def _size_ticks(ax, sizes: Sequence[int]) -> None:
@@ -633,7 +620,8 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
         ax.set_ylim(0, top * 1.12 if top > 0 else 1)
         ax.gpubench_top = top
     ax.grid(True, which="major", alpha=0.3)
-    ax.set_title(_n_text(ns), loc="right", fontsize=7, color="0.3")
+    n = f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
+    ax.set_title(f"n = {n} samples per point", loc="right", fontsize=7, color="0.3")
     from matplotlib.patches import Patch
 
     legend.setdefault(BAND_LABEL, Patch(facecolor="0.5", alpha=0.3, label=BAND_LABEL))

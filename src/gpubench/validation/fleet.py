@@ -170,11 +170,6 @@ def _row_flag(c: dict, values: list[float]) -> str:
     return flag(c["value"], values)
 
 
-def _uuid(gpus: list[dict], gpu: int | None) -> str | None:
-    u = next((g.get("uuid") for g in gpus if g.get("index") == gpu), None)
-    return u if isinstance(u, str) else None
-
-
 def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: Any = None,
                 link_outcomes: Sequence = ()) -> dict:
     """The bundle's ``fleet`` object (shape: :func:`gpubench.validation.suite.check_fleet`) from each
@@ -191,8 +186,9 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
     for p in present:
         for c in p["checks"]:
             vals = by_check.get(c["check"], [])
+            uuid = next((g.get("uuid") for g in p.get("gpus") or [] if g.get("index") == c.get("gpu")), None)
             rows.append({"host": str(p["host"]), "rank": int(p["rank"]), "gpu": c.get("gpu"),
-                         "uuid": _uuid(p.get("gpus") or [], c.get("gpu")), "check": c["check"],
+                         "uuid": uuid if isinstance(uuid, str) else None, "check": c["check"],
                          "value": c.get("value"), "unit": c["unit"],
                          "fleet_median": median(vals) if vals else None, "expect": c.get("expect"),
                          "expect_op": c.get("expect_op"), "flag": _row_flag(c, vals)})

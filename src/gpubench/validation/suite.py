@@ -520,11 +520,6 @@ def fmt_value(v: float) -> str:
     return f"{v:.1f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
 
 
-def _params_text(o: Outcome) -> str:
-    return " ".join(f"{k}={format_size(v) if k == 'nbytes' and type(v) is int and v >= 0 else v}"
-                    for k, v in (o.params or {}).items() if k not in o.expectation.where)
-
-
 def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
     """Text cells (safe.term): #, command, figure, also-matched params, bound, measured, status (with note)."""
     rows = []
@@ -534,8 +529,10 @@ def outcome_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
         status = o.status.upper() if o.status in ("fail", "missing") else o.status
         if o.note:
             status += f": {o.note}"
+        also = " ".join(f"{k}={format_size(v) if k == 'nbytes' and type(v) is int and v >= 0 else v}"
+                        for k, v in (o.params or {}).items() if k not in e.where)
         rows.append([safe.term(x) for x in
-                     (str(e.index), e.command, fig, _params_text(o), e.bound_text(),
+                     (str(e.index), e.command, fig, also, e.bound_text(),
                       "-" if o.value is None else fmt_value(o.value), status)])
     return rows
 
