@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from gpubench.core import registry, safe
-from gpubench.core.result import Record, Result
+from gpubench.core.result import Result
 from gpubench.core.stats import Summary
 
 _LABEL_OK = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
@@ -90,24 +90,6 @@ def _host(env: dict) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _gpu_of(record: Record) -> int | None:
-    for k in ("device", "src"):
-        v = record.params.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
-def _figure(record: Record) -> Summary | None:
-    """The figure's summary in base units (B/s or s), None where the point has none."""
-    if record.error or not record.samples_s:
-        return None
-    try:
-        return Summary.of(record.rates() if record.metric == "bandwidth" else list(record.samples_s))
-    except (ValueError, ZeroDivisionError, OverflowError):
-        return None
-
-
 def _check_gauges(got: Any) -> None:
     """A plug-in's metrics hook answers [(name, help, {label: str}, number)] (core/plugin.py)."""
     for g in got:
@@ -137,10 +119,16 @@ def add_result(f: Families, res: Result) -> None:
     replays: dict[int, float] = {}
     nvl_errors: dict[int, float] = {}
     for r in res.records:
-        gpu = _gpu_of(r)
+        gpu = next((v for k in ("device", "src") if isinstance(v := r.params.get(k), int) and not isinstance(v, bool)),
+                   None)
         labels = {"host": host, "gpu_uuid": uuids.get(gpu, "") if gpu is not None else "", "command": cmd}
         labels.update({label_name(k): _label_value(v) for k, v in r.params.items()})
-        s = _figure(r)
+        s = None  # the figure in base units (B/s or s), where the point has one
+        if r.samples_s and not r.error:
+            try:
+                s = Summary.of(r.rates() if r.metric == "bandwidth" else list(r.samples_s))
+            except (ValueError, ZeroDivisionError, OverflowError):
+                pass
         if s is None:
             f.add(f"gpubench_{part}_point_failed", f"1 for a {cmd} point measured with no samples (its error)",
                   labels, 1.0)

@@ -822,14 +822,6 @@ def parse_figsize(text: str | None) -> tuple[float, float] | None:
     return w, h
 
 
-def can_take_peak(sections: Sequence[Section]) -> str | None:
-    """None when some panel has a bandwidth axis a ``--peak`` line can go on, else why not."""
-    if any(s.kind != "matrix" and p.metric == "bandwidth" for s in sections for p in s.panels):
-        return None
-    kinds = sorted({f"{s.command} {'matrices' if s.kind == 'matrix' else 'times'}" for s in sections})
-    return f"--peak: these results have no bandwidth axis to draw a peak on ({', '.join(kinds)})"
-
-
 def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in: tuple[float, float] | None = None,
            dpi: int = 100, peaks_gbps: Sequence[float] = (), title: str | None = None, max_cols: int = 4):
     """Draw (file name, Result) pairs into a matplotlib Figure (no pyplot): (figure, sections).
@@ -843,10 +835,10 @@ def figure(results: Sequence[tuple[str, Result]], *, units: str = "GB", size_in:
     sections = build_sections(results)
     for sec in sections:
         sec.max_cols = max_cols
-    if peaks_gbps:
-        why = can_take_peak(sections)
-        if why:
-            raise UsageError(why, "leave --peak out for these results")
+    if peaks_gbps and not any(s.kind != "matrix" and p.metric == "bandwidth" for s in sections for p in s.panels):
+        kinds = sorted({f"{s.command} {'matrices' if s.kind == 'matrix' else 'times'}" for s in sections})
+        raise UsageError(f"--peak: these results have no bandwidth axis to draw a peak on ({', '.join(kinds)})",
+                         "leave --peak out for these results")
     sizes = [s.size_in() for s in sections]
     w = max(sw for sw, _ in sizes)
     h = sum(sh for _, sh in sizes) + (0.5 if title else 0)
