@@ -697,12 +697,9 @@ def limit_flags(record: Record, side: str) -> list[str]:
     """Limit flags of a record naming the side: the saved limit rule (:func:`limits.saved_flag`), then extra.flags."""
     from gpubench.core import limits
 
-    extra = record.extra if isinstance(record.extra, dict) else {}
-    out = []
     flag = _LIMIT_TEXT.get(limits.saved_flag(record) or "")
-    if flag:
-        out.append(f"{side} {flag}")
-    flags = extra.get("flags")
+    out = [f"{side} {flag}"] if flag else []
+    flags = record.extra.get("flags") if isinstance(record.extra, dict) else None
     if isinstance(flags, list):
         out += [f"{side}: {f}" for f in flags[:5] if isinstance(f, str) or _finite(f) is not None]
     return out

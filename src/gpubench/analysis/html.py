@@ -153,9 +153,7 @@ def record_flags(r: Record) -> list[str]:
 
 def result_flags(res: Result) -> list[str]:
     """Flags of a whole result, each one line: partial, and counts of flagged records."""
-    out = []
-    if res.partial:
-        out.append(f"partial ({cmpmod.partial_why(res)})")
+    out = [f"partial ({cmpmod.partial_why(res)})"] if res.partial else []
     pre = res.env.get("preflight") if isinstance(res.env, dict) else None
     if isinstance(pre, dict) and isinstance(pre.get("warnings"), list):
         out += [f"before the run: {w}" for w in pre["warnings"][:8]]  # the idle check's (GPU not idle)

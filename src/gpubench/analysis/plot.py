@@ -216,12 +216,8 @@ def _fixed_text(records: Sequence[Record], skip: set[str]) -> str:
     if not records:
         return ""
     first = records[0].params
-    out = []
-    for k, v in first.items():
-        if k in skip or isinstance(v, (dict, list)):
-            continue
-        if all(r.params.get(k) == v for r in records):
-            out.append(_value_text(k, v) if k in SIZE_KEYS or k == "device" else f"{k} {_value_text(k, v)}")
+    out = [_value_text(k, v) if k in SIZE_KEYS or k == "device" else f"{k} {_value_text(k, v)}" for k, v in first.items()
+           if k not in skip and not isinstance(v, (dict, list)) and all(r.params.get(k) == v for r in records)]
     if "count" in first and "piece_bytes" in first and all(
             (r.params.get("count"), r.params.get("piece_bytes")) == (first["count"], first["piece_bytes"]) for r in records):
         out = [o for o in out if not o.startswith("count ") and o != _value_text("piece_bytes", first["piece_bytes"])]
