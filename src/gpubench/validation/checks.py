@@ -24,10 +24,7 @@ def largest(records: Iterable, key: Callable) -> dict:
     """The bandwidth record of the largest ``nbytes`` per ``key(record)`` (None: left out)."""
     best: dict = {}
     for r in records:
-        if r.error is not None or r.metric != "bandwidth":
-            continue
-        k = key(r)
-        if k is None:
+        if r.error is not None or r.metric != "bandwidth" or (k := key(r)) is None:
             continue
         if k not in best or r.params.get("nbytes", 0) > best[k].params.get("nbytes", 0):
             best[k] = r

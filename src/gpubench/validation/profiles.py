@@ -44,8 +44,5 @@ def describe() -> list[tuple[str, dict, list]]:
 
     from gpubench.validation.suite import parse_expectations
 
-    out = []
-    for name in names():
-        doc = tomllib.loads((_folder() / f"{name}.toml").read_text(encoding="utf-8"))
-        out.append((name, doc.get("profile", {}), parse_expectations(doc, f"profile {name}")))
-    return out
+    docs = {name: tomllib.loads((_folder() / f"{name}.toml").read_text(encoding="utf-8")) for name in names()}
+    return [(name, doc.get("profile", {}), parse_expectations(doc, f"profile {name}")) for name, doc in docs.items()]

@@ -24,9 +24,8 @@ def planned(place: StepPlace) -> list[tuple[Plugin, SuiteStep]]:
             if not isinstance(s, SuiteStep) or not isinstance(s.order, int) or not isinstance(s.name, str):
                 raise TypeError(f"it gave {type(s).__name__} {s!r:.60}, not a SuiteStep")
 
-    out: list[tuple[Plugin, SuiteStep]] = []
-    for p in registry.plugins().values():
-        out.extend((p, s) for s in registry.call_hook(p, "suite_steps", place, check=steps, default=[]))
+    out = [(p, s) for p in registry.plugins().values()
+           for s in registry.call_hook(p, "suite_steps", place, check=steps, default=[])]
     return sorted(out, key=lambda ps: (ps[1].order, ps[0].name))
 
 
