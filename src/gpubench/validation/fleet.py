@@ -182,23 +182,20 @@ def build_fleet(payloads: Sequence[dict | None], hosts: Sequence[str], links: An
         for c in p["checks"]:
             if c.get("value") is not None:
                 by_check.setdefault(c["check"], []).append(c["value"])
+    medians = {k: median(vals) for k, vals in by_check.items()}
     rows = []
     for p in present:
         for c in p["checks"]:
-            vals = by_check.get(c["check"], [])
             uuid = next((g.get("uuid") for g in p.get("gpus") or [] if g.get("index") == c.get("gpu")), None)
             rows.append({"host": str(p["host"]), "rank": int(p["rank"]), "gpu": c.get("gpu"),
                          "uuid": uuid if isinstance(uuid, str) else None, "check": c["check"],
-                         "value": c.get("value"), "unit": c["unit"],
-                         "fleet_median": median(vals) if vals else None, "expect": c.get("expect"),
-                         "expect_op": c.get("expect_op"), "flag": _row_flag(c, vals)})
+                         "value": c.get("value"), "unit": c["unit"], "fleet_median": medians.get(c["check"]),
+                         "expect": c.get("expect"), "expect_op": c.get("expect_op"),
+                         "flag": _row_flag(c, by_check.get(c["check"], []))})
     names = list(dict.fromkeys(c["check"] for p in present for c in p["checks"]))
-    for m in missing:
-        for name in names or ["(no answer)"]:
-            vals = by_check.get(name, [])
-            rows.append({"host": m["host"], "rank": m["rank"], "gpu": None, "uuid": None, "check": name,
-                         "value": None, "unit": "", "fleet_median": median(vals) if vals else None,
-                         "expect": None, "expect_op": None, "flag": "missing"})
+    rows += [{"host": m["host"], "rank": m["rank"], "gpu": None, "uuid": None, "check": name, "value": None, "unit": "",
+              "fleet_median": medians.get(name), "expect": None, "expect_op": None, "flag": "missing"}
+             for m in missing for name in names or ["(no answer)"]]
     link_obj: dict[str, Any] = {"hosts": [], "gbps": []}
     stage = stage_of(links) if links is not None else None
     if stage is not None:
