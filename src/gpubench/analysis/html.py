@@ -208,8 +208,7 @@ def records_table(res: Result, units: str) -> str:
                 cells.append(_fmt(s.median * f) if isinstance(f, (int, float)) else "-")
             cells += [f"{_fmt(s.p25)}-{_fmt(s.p75)}", str(s.n)]
         else:
-            cells += ["-"] * (3 if nccl else 2)
-            cells.append("0")
+            cells += ["-"] * (3 if nccl else 2) + ["0"]
         if gbit:
             g = r.extra.get("gbit_per_s")
             cells.append(_fmt(g) if isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g)
