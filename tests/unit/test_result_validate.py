@@ -164,28 +164,31 @@ def test_depth_of_raw_text_and_of_objects_agree():
     assert json_depth(b'{"a": "[[[[[[", "b": "\\"[[[", "c": [1, {"d": []}]}') == 4
 
 
-def test_the_one_pass_check_builds_what_the_field_by_field_check_builds(monkeypatch):
-    """check_record takes a one-pass path for well-formed records (no JSON Pointer built);
-    every fixture record takes it, and it builds the same Record as the field-by-field path."""
+def test_the_check_builds_each_fixture_record_as_it_was_saved():
+    """check_record checks a well-formed record in one walk and builds the Record it was saved from,
+    its samples copied rather than shared with the parsed file."""
     from gpubench.core import result as R
 
     for path in FILES:
         recs = json.loads(path.read_text())["records"]
-        assert all(R._record_fast(r) is not None for r in recs), path.name
-        fast = [R.check_record(r, "f", f"/records/{i}") for i, r in enumerate(recs)]
-        with monkeypatch.context() as m:
-            m.setattr(R, "_record_fast", lambda d: None)
-            slow = [R.check_record(r, "f", f"/records/{i}") for i, r in enumerate(recs)]
-        assert fast == slow, path.name
+        for i, r in enumerate(recs):
+            rec = R.check_record(r, "f", f"/records/{i}")
+            assert rec.to_dict() == {"telemetry": None, **r}, path.name
+            assert rec.samples_s is not r["samples_s"]
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, 0.0, True, 1])
-def test_the_one_pass_check_leaves_every_doubtful_sample_to_the_named_check(value):
+def test_every_doubtful_sample_is_named_or_taken_as_seconds(value):
+    """A sample that is no finite float >= 1e-12 s is named by its JSON Pointer, or (an integer) taken as a float."""
     from gpubench.core import result as R
 
     d = json.loads((DATA / "copy-pinned-h200.json").read_text())["records"][0]
     d["samples_s"][3] = value
-    assert R._record_fast(d) is None
+    if value == 1 and type(value) is int:
+        assert type(R.check_record(d, "f", "/records/0").samples_s[3]) is float
+        return
+    with pytest.raises(UsageError, match=r"^f: /records/0/samples_s/3 is"):
+        R.check_record(d, "f", "/records/0")
 
 
 def _driver_check(status="ok"):

@@ -25,7 +25,7 @@ from gpubench import __version__
 from gpubench.core import safe
 from gpubench.core.errors import MachineError, UsageError, first_line, from_the_command_line
 from gpubench.core.stats import Summary, rates
-from gpubench.core.timing import ITERS, STOP_REASONS
+from gpubench.core.timing import STOP_REASONS
 
 SCHEMA = "gpubench.result"
 SCHEMA_VERSION = 1
@@ -36,6 +36,7 @@ MAX_JSON_ITEMS = 8_000_000  # JSON values a file may hold (commas and opening br
 MAX_DEPTH = 64  # nesting a file may hold (a result nests 5 levels; a bundle 8), checked before parsing
 MAX_RECORDS = 1_000_000  # records in one result
 MAX_INT = 2**63 - 1  # the largest count any field holds: bytes, steps, indices (a signed 64-bit int)
+_MIN_INT = -MAX_INT - 1
 MAX_REPS = 10**9  # steps per sample (core.options.MAX_COUNT)
 
 
@@ -478,6 +479,8 @@ def missing_field(source: str, pointer: str, accepted: str) -> UsageError:
 
 def _require(d: dict, fields: dict[str, str], source: str, pointer: str) -> None:
     """Every key of ``fields`` (name -> what it holds) is present in ``d``: the schema's ``required``."""
+    if fields.keys() <= d.keys():
+        return
     for k, what in fields.items():
         if k not in d:
             raise missing_field(source, pointer_join(pointer, k), what)
@@ -495,7 +498,7 @@ def check_number(v: object, source: str, pointer: str, lo: float = 0.0, hi: floa
     """``v`` as a finite float in [lo, hi] (or (lo, hi] with ``lo_open``); an int is accepted when
     a float holds it (not a 400-digit one), a bool is not."""
     ok = False
-    if type(v) is float or (type(v) is int and abs(v) <= MAX_INT):
+    if type(v) is float or (type(v) is int and _MIN_INT <= v <= MAX_INT):
         x = float(v)
         ok = math.isfinite(x) and (x > lo if lo_open else x >= lo) and x <= hi
     if not ok:
@@ -526,21 +529,31 @@ def check_obj(v: object, source: str, pointer: str, *, allow_none: bool = False)
 
 
 def check_values(v: object, source: str, pointer: str) -> None:
-    """Every number inside ``v`` (an open part: spec, timing, extra, env) is finite and fits 64 bits."""
-    stack: list[tuple[Any, str]] = [(v, pointer)]
-    while stack:
-        x, ptr = stack.pop()
+    """Every number inside ``v`` (an open part: spec, timing, extra, env) is finite and fits 64 bits: walked
+    without JSON Pointers, and walked again with them only to name the first bad number."""
+    todo: list[Any] = [v]  # JSON values of any type: each is told apart by its type() below
+    for x in todo:
         t = type(x)
-        if t is float:
-            if not math.isfinite(x):
-                raise bad_field(source, ptr, x, "a finite number")
-        elif t is int:
-            if not -MAX_INT - 1 <= x <= MAX_INT:
-                raise bad_field(source, ptr, x, "an integer that fits 64 bits")
-        elif t is dict:
-            stack.extend((val, pointer_join(ptr, k)) for k, val in x.items())
+        if t is dict:
+            todo.extend(x.values())
         elif t is list:
-            stack.extend((val, f"{ptr}/{i}") for i, val in enumerate(x))
+            todo.extend(x)
+        elif (t is float and x - x != 0.0) or (t is int and not _MIN_INT <= x <= MAX_INT):  # x - x: nan for inf, nan
+            break
+    else:
+        return
+    named: list[tuple[Any, str]] = [(v, pointer)]
+    while named:
+        x, ptr = named.pop()
+        t = type(x)
+        if t is float and not math.isfinite(x):
+            raise bad_field(source, ptr, x, "a finite number")
+        if t is int and not _MIN_INT <= x <= MAX_INT:
+            raise bad_field(source, ptr, x, "an integer that fits 64 bits")
+        if t is dict:
+            named.extend((val, pointer_join(ptr, k)) for k, val in x.items())
+        elif t is list:
+            named.extend((val, f"{ptr}/{i}") for i, val in enumerate(x))
 
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -573,27 +586,7 @@ _CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.
 
 
 _RECORD_KEYS = frozenset(_RECORD_REQUIRED) | {"telemetry"}
-_MIN_INT = -MAX_INT - 1
-
-
-def _values_ok(v: object) -> bool:
-    """:func:`check_values`'s rule as a bool, without building a JSON Pointer per value."""
-    stack: list[Any] = [v]  # JSON values of any type: each is told apart by its type() below
-    pop, push = stack.pop, stack.extend
-    while stack:
-        x = pop()
-        t = type(x)
-        if t is float:
-            if x - x != 0.0:  # inf and nan
-                return False
-        elif t is int:
-            if not _MIN_INT <= x <= MAX_INT:
-                return False
-        elif t is dict:
-            push(x.values())
-        elif t is list:
-            push(x)
-    return True
+_METRICS = ("bandwidth", "time")
 
 
 # the schema's $defs/telemetry: required fields, then the optional ones
@@ -621,24 +614,24 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
             raise bad_field(source, pointer_join(pointer, k), t[k], "no such field (a telemetry block has "
                             + ", ".join(sorted(_TELEMETRY_KEYS)) + ")")
     if "n" in t:
-        check_int(t["n"], source, pointer_join(pointer, "n"))
+        check_int(t["n"], source, f"{pointer}/n")
     if "interval_s" in t:
-        check_number(t["interval_s"], source, pointer_join(pointer, "interval_s"), lo_open=True)
+        check_number(t["interval_s"], source, f"{pointer}/interval_s", lo_open=True)
     if "devices" in t:
-        dp = pointer_join(pointer, "devices")
+        dp = f"{pointer}/devices"
         for i, v in enumerate(_check_list(t["devices"], source, dp, "an array of CUDA ordinals")):
             check_int(v, source, f"{dp}/{i}")
     for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
         v = t.get(k)
         if v is None:
             continue
-        kp = pointer_join(pointer, k)
-        if type(v) is not dict or set(v) != set(_STAT3_KEYS):
+        kp = f"{pointer}/{k}"
+        if type(v) is not dict or v.keys() != set(_STAT3_KEYS):
             raise bad_field(source, kp, v, "null or an object of min, median and max")
         for s in _STAT3_KEYS:
-            check_number(v[s], source, pointer_join(kp, s), lo=-1.8e308)
+            check_number(v[s], source, f"{kp}/{s}", lo=-1.8e308)
     if "reasons" in t:
-        rp = pointer_join(pointer, "reasons")
+        rp = f"{pointer}/reasons"
         known, seen = telemetry_reasons(), set()
         for i, v in enumerate(_check_list(t["reasons"], source, rp, "an array of clock-event reasons")):
             if type(v) is not str or v not in known:
@@ -648,164 +641,68 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
             seen.add(v)
     pcie = t.get("pcie")
     if pcie is not None:
-        pp = pointer_join(pointer, "pcie")
-        if type(pcie) is not dict or set(pcie) != {"gen", "width"}:
+        pp = f"{pointer}/pcie"
+        if type(pcie) is not dict or pcie.keys() != {"gen", "width"}:
             raise bad_field(source, pp, pcie, "null or an object of gen and width")
         for k in ("gen", "width"):
-            check_int(pcie[k], source, pointer_join(pp, k), _MIN_INT)
+            check_int(pcie[k], source, f"{pp}/{k}", _MIN_INT)
     _check_fields(t, {"pcie_replay_delta": "i64", "nvlink_errors_delta": "i64", "other_processes": "int"}, source,
                   pointer)
     _require(t, _TELEMETRY_REQUIRED, source, pointer)
     return t
 
 
-_STAT3_SET = frozenset(_STAT3_KEYS)
-_PCIE_SET = frozenset(("gen", "width"))
-
-
-def _num_ok(v: Any) -> bool:  # any JSON value: told apart by its type() below
-    t = type(v)
-    return (t is float and v - v == 0.0) or (t is int and _MIN_INT <= v <= MAX_INT)
-
-
-def _int_ok(v: object, lo: int = _MIN_INT) -> bool:
-    return type(v) is int and lo <= v <= MAX_INT
-
-
-def _telemetry_ok(t: object) -> bool:
-    """True when :func:`check_telemetry` would pass ``t``, without building a JSON Pointer."""
-    if type(t) is not dict or not _TELEMETRY_REQUIRED.keys() <= t.keys() <= _TELEMETRY_KEYS:
-        return False
-    if not _int_ok(t["n"], 0) or not (_num_ok(t["interval_s"]) and t["interval_s"] > 0):
-        return False
-    for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
-        v = t[k]
-        if v is not None and (type(v) is not dict or v.keys() != _STAT3_SET or not
-                              (_num_ok(v["min"]) and _num_ok(v["median"]) and _num_ok(v["max"]))):
-            return False
-    reasons = t["reasons"]
-    if type(reasons) is not list or (reasons and (len(set(map(str, reasons))) != len(reasons) or
-                                                  not all(type(x) is str and x in telemetry_reasons() for x in reasons))):
-        return False
-    pcie = t["pcie"]
-    if pcie is not None and (type(pcie) is not dict or pcie.keys() != _PCIE_SET or
-                             not (_int_ok(pcie["gen"]) and _int_ok(pcie["width"]))):
-        return False
-    for k in ("pcie_replay_delta", "nvlink_errors_delta"):
-        if t[k] is not None and not _int_ok(t[k]):
-            return False
-    if "devices" in t and (type(t["devices"]) is not list or not all(_int_ok(x, 0) for x in t["devices"])):
-        return False
-    return t.get("other_processes") is None or _int_ok(t["other_processes"], 0)
-
-
-# the fields of a record's extra the schema declares: the driver's timing facts (core/timing.py)
-def _extra_known_ok(extra: dict) -> bool:
-    noise = extra.get("noise_pct")
-    return ((noise is None or (type(noise) in (int, float) and noise >= 0))
-            and extra.get("stopped_by", ITERS) in STOP_REASONS)
-
-
-def _check_extra_known(extra: dict, source: str, pointer: str) -> None:
-    """``extra.noise_pct`` (a number >= 0 or null) and ``extra.stopped_by`` (one of timing's STOP_REASONS)."""
-    if extra.get("noise_pct") is not None:
-        check_number(extra["noise_pct"], source, pointer_join(pointer, "noise_pct"))
-    if "stopped_by" in extra:
-        check_str(extra["stopped_by"], source, pointer_join(pointer, "stopped_by"), choices=STOP_REASONS)
-
-
-def _record_fast(d: object) -> "Record | None":
-    """The record of a well-formed ``d`` (every rule of :func:`check_record`), or None when
-    anything is off, for check_record's slow path to name."""
-    if type(d) is not dict or len(d) < 7 or not d.keys() <= _RECORD_KEYS:
-        return None
-    try:
-        params, metric, nbytes, samples = d["params"], d["metric"], d["nbytes"], d["samples_s"]
-        reps, error, extra = d["reps"], d["error"], d["extra"]
-    except KeyError:
-        return None
-    if type(params) is not dict or type(samples) is not list or type(extra) is not dict:
-        return None
-    for v in params.values():
-        if not (type(v) is str or type(v) is bool or v is None or _num_ok(v)):
-            return None
-    if metric not in ("bandwidth", "time") or type(nbytes) is not int or not 0 <= nbytes <= MAX_INT:
-        return None
-    if type(reps) is not int or not 1 <= reps <= MAX_REPS or not (error is None or type(error) is str):
-        return None
-    if samples:
-        for x in samples:
-            if type(x) is not float:
-                return None
-        total = sum(samples)
-        if total - total != 0.0 or min(samples) < (MIN_SAMPLE_S if nbytes else 0.0):  # inf/nan in the sum
-            return None
-        if not nbytes and metric == "bandwidth":
-            return None
-    if not _values_ok(extra) or not _extra_known_ok(extra):
-        return None
-    tele = d.get("telemetry")
-    if tele is not None and (type(tele) is not dict or not _telemetry_ok(tele)):
-        return None
-    return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=list(samples), reps=reps,
-                  error=error, extra=dict(extra), telemetry=None if tele is None else dict(tele))
-
-
 def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
-    """Check one record (the schema's ``$defs/record``) and build it; a well-formed one in one pass
-    (:func:`_record_fast`), anything else field by field. Raises UsageError: naming the first bad field, then a missing
-    required one."""
-    fast = _record_fast(d)
-    if fast is not None:
-        return fast
+    """Check one record (the schema's ``$defs/record``) and build it. Raises UsageError: naming the first bad field,
+    then a missing required one."""
     if not isinstance(d, dict):
         raise bad_field(source, pointer, d, "a record object")
-    unknown = set(d) - _RECORD_KEYS
-    if unknown:
-        k = min(unknown, key=str)
+    if not d.keys() <= _RECORD_KEYS:
+        k = min(d.keys() - _RECORD_KEYS, key=str)
         raise bad_field(source, pointer_join(pointer, k), d[k],
                         "no such field (a record has params, metric, nbytes, samples_s, reps, error, extra, telemetry)")
     if "params" not in d:
-        raise missing_field(source, pointer_join(pointer, "params"), "an object of parameters")
+        raise missing_field(source, f"{pointer}/params", "an object of parameters")
     params = d["params"]
     if not isinstance(params, dict):
-        raise bad_field(source, pointer_join(pointer, "params"), params, "an object of parameters")
-    for k, v in params.items():
-        if not isinstance(v, _SCALARS):
-            raise bad_field(source, pointer_join(pointer_join(pointer, "params"), k), v,
-                            "a string, number, boolean or null")
-    check_values(params, source, pointer_join(pointer, "params"))
-    metric = check_str(d.get("metric", "bandwidth"), source, pointer_join(pointer, "metric"),
-                       choices=("bandwidth", "time"))
-    nbytes = check_int(d.get("nbytes", 0), source, pointer_join(pointer, "nbytes"))
-    reps = check_int(d.get("reps", 1), source, pointer_join(pointer, "reps"), 1, MAX_REPS)
+        raise bad_field(source, f"{pointer}/params", params, "an object of parameters")
+    for v in params.values():
+        t = type(v)
+        if not (t is str or v is None or t is bool or (t is float and v - v == 0.0)
+                or (t is int and _MIN_INT <= v <= MAX_INT)):  # name the first value that is no scalar, else no number
+            for k, x in params.items():
+                if not isinstance(x, _SCALARS):
+                    raise bad_field(source, pointer_join(f"{pointer}/params", k), x, "a string, number, boolean or null")
+            check_values(params, source, f"{pointer}/params")
+    metric = check_str(d.get("metric", "bandwidth"), source, f"{pointer}/metric", choices=_METRICS)
+    nbytes = check_int(d.get("nbytes", 0), source, f"{pointer}/nbytes")
+    reps = check_int(d.get("reps", 1), source, f"{pointer}/reps", 1, MAX_REPS)
+    sp = f"{pointer}/samples_s"
     samples = d.get("samples_s", [])
-    sp = pointer_join(pointer, "samples_s")
     if not isinstance(samples, list):
         raise bad_field(source, sp, samples, "an array of seconds")
-    out: list[float] = []
-    append = out.append
-    for i, x in enumerate(samples):
-        if type(x) is float and 0.0 <= x < math.inf:  # the common case, checked inline
-            append(x)
-        else:
-            append(check_number(x, source, f"{sp}/{i}"))
-    if nbytes and out and min(out) < MIN_SAMPLE_S:
-        # nbytes / seconds must be a finite rate: 5e-324 s makes it inf (plot, report, compare)
-        i = out.index(min(out))
-        raise bad_field(source, f"{sp}/{i}", out[i], f"seconds >= {MIN_SAMPLE_S:g} (a sample that moves bytes; "
-                        "no clock gpubench uses resolves less than a nanosecond)")
-    if out and not nbytes and metric == "bandwidth" and "nbytes" in d and "metric" in d:  # else: named missing below
-        raise bad_field(source, pointer_join(pointer, "nbytes"), nbytes,
+    floor = MIN_SAMPLE_S if nbytes else 0.0  # nbytes / seconds must be a finite rate: 5e-324 s makes it inf
+    if samples and not (set(map(type, samples)) == {float} and math.isfinite(sum(samples)) and min(samples) >= floor):
+        # not all floats in range (or a sum that overflows): each checked by itself, an int taken as a float
+        samples = [check_number(x, source, f"{sp}/{i}") for i, x in enumerate(samples)]
+        if min(samples) < floor:
+            i = samples.index(min(samples))
+            raise bad_field(source, f"{sp}/{i}", samples[i], f"seconds >= {MIN_SAMPLE_S:g} (a sample that moves "
+                            "bytes; no clock gpubench uses resolves less than a nanosecond)")
+    if samples and not nbytes and metric == "bandwidth" and "nbytes" in d and "metric" in d:  # else: named missing below
+        raise bad_field(source, f"{pointer}/nbytes", nbytes,
                         "at least 1 in a bandwidth record with samples (a sample's rate is nbytes / seconds)")
-    error = check_str(d.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
-    extra = check_obj(d.get("extra", {}), source, pointer_join(pointer, "extra"))
-    _check_extra_known(extra, source, pointer_join(pointer, "extra"))
+    error = check_str(d.get("error"), source, f"{pointer}/error", allow_none=True)
+    extra = check_obj(d.get("extra", {}), source, f"{pointer}/extra")
+    if extra.get("noise_pct") is not None:  # the fields of extra the schema declares: timing's facts
+        check_number(extra["noise_pct"], source, f"{pointer}/extra/noise_pct")
+    if "stopped_by" in extra:
+        check_str(extra["stopped_by"], source, f"{pointer}/extra/stopped_by", choices=STOP_REASONS)
     _require(d, _RECORD_REQUIRED, source, pointer)
     tele = d.get("telemetry")
-    telemetry = None if tele is None else dict(check_telemetry(tele, source, pointer_join(pointer, "telemetry")))
-    return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=out, reps=reps,  # type: ignore[arg-type]
-                  error=error, extra=dict(extra), telemetry=telemetry)
+    telemetry = None if tele is None else dict(check_telemetry(tele, source, f"{pointer}/telemetry"))
+    return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=list(samples),  # type: ignore[arg-type]
+                  reps=reps, error=error, extra=dict(extra), telemetry=telemetry)
 
 
 # a params schema's JSON types -> the Python types json.loads gives for them (a bool is no number)
