@@ -753,25 +753,10 @@ def params_rules(command: str) -> ParamsRules | None:
     return _rules_of(dict(plugin.params_schema))
 
 
-def _params_ok(params: dict, rules: ParamsRules) -> bool:
-    keys = params.keys()
-    if not (rules.required <= keys <= rules.allowed):
-        return False
-    types, bounds = rules.types, rules.bounds
-    for k, v in params.items():
-        if type(v) not in types[k]:
-            return False
-        b = bounds.get(k)
-        if b is not None and type(v) is not str and (b[0] is not None and v < b[0] or b[1] is not None and v > b[1]):
-            return False
-    return True
-
-
 def check_params(params: dict, rules: ParamsRules, source: str, pointer: str) -> None:
     """A record's params against its command's rules (required, no other, type, minimum / maximum). Raises UsageError:
-    naming the first param that is missing, not the command's, or of the wrong type or range, by its JSON Pointer."""
-    if _params_ok(params, rules):
-        return
+    naming the first param that is not the command's, or of the wrong type or range, then a missing one, by its JSON
+    Pointer."""
     keys = params.keys()
     if not keys <= rules.allowed:
         k = sorted(map(str, keys - rules.allowed))[0]
@@ -780,12 +765,16 @@ def check_params(params: dict, rules: ParamsRules, source: str, pointer: str) ->
     for k, v in params.items():
         if type(v) not in rules.types[k]:
             raise bad_field(source, pointer_join(pointer, k), v, rules.words[k])
-        lo, hi = rules.bounds.get(k, (None, None))
+        lo, hi = rules.bounds.get(k, _NO_BOUNDS)
         if type(v) is not str and (lo is not None and v < lo or hi is not None and v > hi):
             rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"{lo}..{hi}"
             raise bad_field(source, pointer_join(pointer, k), v, f"a number {rng}")
-    raise missing_field(source, pointer_join(pointer, sorted(rules.required - keys)[0]),
-                        f"the param (this command's records have {', '.join(sorted(rules.required))})")
+    if not rules.required <= keys:
+        raise missing_field(source, pointer_join(pointer, sorted(rules.required - keys)[0]),
+                            f"the param (this command's records have {', '.join(sorted(rules.required))})")
+
+
+_NO_BOUNDS = (None, None)
 
 
 def check_command(v: object, source: str, pointer: str) -> str:
