@@ -19,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gpubench import __version__
 from gpubench.core import safe
@@ -646,8 +646,8 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
             raise bad_field(source, pp, pcie, "null or an object of gen and width")
         for k in ("gen", "width"):
             check_int(pcie[k], source, f"{pp}/{k}", _MIN_INT)
-    _check_fields(t, {"pcie_replay_delta": "i64", "nvlink_errors_delta": "i64", "other_processes": "int"}, source,
-                  pointer)
+    for k, kind in (("pcie_replay_delta", "i64"), ("nvlink_errors_delta", "i64"), ("other_processes", "int")):
+        _KINDS[kind](t.get(k), source, f"{pointer}/{k}")
     _require(t, _TELEMETRY_REQUIRED, source, pointer)
     return t
 
@@ -787,94 +787,75 @@ def check_command(v: object, source: str, pointer: str) -> str:
     return v
 
 
-# env: part -> {field: kind}; kind "str", "int" (>= 0), "i64" or "num" (>= 0), each also null
-_ENV_FIELDS: dict[str, dict[str, str]] = {
-    "host": {"hostname": "str", "os": "str", "python": "str", "cpu_count": "int", "cpus_usable": "int",
-             "cpu_model": "str", "numa_nodes": "int", "mem_total_bytes": "int", "mem_available_bytes": "int"},
-    "cuda": {"driver_version": "str", "runtime_version": "str", "nvrtc_version": "str", "device_count": "int",
-             "error": "str"},
-    "nvml": {"driver_version": "str", "error": "str"},
+def _check_bool(v: object, source: str, pointer: str, allow_none: bool = False) -> None:
+    if type(v) is not bool and not (allow_none and v is None):
+        raise bad_field(source, pointer, v, "true, false or null" if allow_none else "true or false")
+
+
+def _strings(v: object, source: str, pointer: str) -> None:
+    """Check the array of strings ``v``."""
+    for i, x in enumerate(_check_list(v, source, pointer, "an array of strings")):
+        check_str(x, source, f"{pointer}/{i}")
+
+
+# a field's kind in a part's table (_check_part): a name here, or a check(v, source, pointer) of its own
+_KINDS: dict[str, Any] = {
+    "str": lambda v, s, p: check_str(v, s, p, allow_none=True), "str!": check_str,
+    "int": lambda v, s, p: v is None or check_int(v, s, p), "i64": lambda v, s, p: v is None or check_int(v, s, p, _MIN_INT),
+    "i64!": lambda v, s, p: check_int(v, s, p, _MIN_INT), "num": lambda v, s, p: v is None or check_number(v, s, p),
+    "bool": _check_bool, "bool?": lambda v, s, p: _check_bool(v, s, p, allow_none=True), "strs": _strings,
 }
+
+
+def _check_part(v: object, fields: dict[str, Any], source: str, pointer: str) -> dict:
+    """``v`` as an object (:func:`check_obj`) whose present fields are checked in the order of ``fields``: name -> kind
+    (:data:`_KINDS`), or (kind, what it holds) for a field the schema requires, named missing after the checks."""
+    obj = check_obj(v, source, pointer)
+    for k, kind in fields.items():
+        if k in obj:
+            check = kind[0] if isinstance(kind, tuple) else kind
+            (_KINDS[check] if isinstance(check, str) else check)(obj[k], source, f"{pointer}/{k}")
+    _require(obj, {k: kind[1] for k, kind in fields.items() if isinstance(kind, tuple)}, source, pointer)
+    return obj
+
+
+def _array_of(fields: dict[str, Any], what: str) -> Any:
+    """The kind of an array of parts of ``fields``."""
+    return lambda v, s, p: [_check_part(x, fields, s, f"{p}/{i}") for i, x in enumerate(_check_list(v, s, p, what))]
+
+
+def _map_of(kind: str) -> Any:
+    """The kind of an object of any names whose values are of ``kind``."""
+    return lambda v, s, p: [_KINDS[kind](x, s, pointer_join(p, k)) for k, x in check_obj(v, s, p).items()]
+
+
 DRIVER_CHECK_STATUS = ("ok", "minor-version-compatibility", "driver-too-old")  # gpubench.support.driver_check
 _DRIVER_CHECK_FIELDS = ("status", "warning", "driver_cuda", "runtime_cuda", "nvidia_driver", "min_driver")
+
+
+def _check_driver_check(v: object, source: str, pointer: str) -> None:
+    """``env.cuda.driver_check`` (gpubench.support.driver_check): every field present, then each checked."""
+    if v is None:
+        return
+    check = check_obj(v, source, pointer)
+    _require(check, dict.fromkeys(_DRIVER_CHECK_FIELDS, "a string or null"), source, pointer)
+    check_str(check["status"], source, f"{pointer}/status", choices=DRIVER_CHECK_STATUS)
+    for k in _DRIVER_CHECK_FIELDS[1:]:
+        check_str(check[k], source, f"{pointer}/{k}", allow_none=k not in ("driver_cuda", "runtime_cuda"))
+
+
 _GPU_FIELDS = {"name": "str", "uuid": "str", "pci_bus_id": "str", "memory_total_bytes": "int",
                "memory_free_bytes": "int", "pcie_gen": "int", "pcie_width": "int", "pcie_gen_max": "int",
                "pcie_width_max": "int", "pcie_peak_bytes_per_s": "num", "nvlink_links_up": "int",
-               "nvlink_version": "int", "nvlink_bytes_per_s_per_link": "num", "numa_node": "int",
-               "cpu_affinity": "str"}
+               "nvlink_version": "int", "nvlink_bytes_per_s_per_link": "num",
+               "numa_node": lambda v, s, p: v is None or check_int(v, s, p, -1), "cpu_affinity": "str"}
 
 
-def _check_fields(obj: dict, fields: dict[str, str], source: str, pointer: str) -> None:
-    for k, kind in fields.items():
-        v = obj.get(k)
-        if v is None:
-            continue
-        p = pointer_join(pointer, k)
-        if kind == "str":
-            check_str(v, source, p, allow_none=True)
-        elif kind == "int":
-            check_int(v, source, p, -1 if k == "numa_node" else 0)
-        elif kind == "i64":
-            check_int(v, source, p, _MIN_INT)
-        else:
-            check_number(v, source, p)
-
-
-def check_env(env: object, source: str, pointer: str) -> dict:
-    """Check a result's ``env`` (the schema's ``$defs/env``)."""
-    env = check_obj(env, source, pointer)
-    for part, fields in _ENV_FIELDS.items():
-        if part in env:
-            pp = pointer_join(pointer, part)
-            _check_fields(check_obj(env[part], source, pp), fields, source, pp)
-    check = env.get("cuda", {}).get("driver_check")
-    if check is not None:  # gpubench.support.driver_check
-        dp = pointer_join(pointer_join(pointer, "cuda"), "driver_check")
-        check = check_obj(check, source, dp)
-        _require(check, {k: "a string or null" for k in _DRIVER_CHECK_FIELDS}, source, dp)
-        check_str(check["status"], source, pointer_join(dp, "status"), choices=DRIVER_CHECK_STATUS)
-        for k in _DRIVER_CHECK_FIELDS[1:]:
-            check_str(check[k], source, pointer_join(dp, k), allow_none=k not in ("driver_cuda", "runtime_cuda"))
-    if "versions" in env:
-        vp = pointer_join(pointer, "versions")
-        for k, v in check_obj(env["versions"], source, vp).items():
-            check_str(v, source, pointer_join(vp, k), allow_none=True)
-    if "gpus" in env:
-        for p, g in _objects(env["gpus"], source, pointer_join(pointer, "gpus"), "an array of GPUs"):
-            check_int(g.get("index"), source, pointer_join(p, "index"))
-            _check_fields(g, _GPU_FIELDS, source, p)
-    if "topology" in env:
-        tp = pointer_join(pointer, "topology")
-        for k, v in check_obj(env["topology"], source, tp).items():
-            check_str(v, source, pointer_join(tp, k))
-    if "preflight" in env:
-        _check_preflight(env["preflight"], source, pointer_join(pointer, "preflight"))
-    if "numa" in env:
-        np_ = pointer_join(pointer, "numa")
-        numa = check_obj(env["numa"], source, np_)
-        if "policy" in numa:
-            check_str(numa["policy"], source, pointer_join(np_, "policy"))
-        if "bindings" in numa:
-            for p, b in _objects(numa["bindings"], source, pointer_join(np_, "bindings"), "an array of bindings"):
-                _check_fields(b, {"node": "i64", "cpus": "str"}, source, p)
-                if "reason" in b:
-                    check_str(b["reason"], source, f"{p}/reason")
-                _require(b, {"node": "a node number or null", "cpus": "a CPU list or null", "reason": "a string"},
-                         source, p)
-        _require(numa, {"policy": "a string", "bindings": "an array of bindings"}, source, np_)
-    if "telemetry" in env:
-        tp = pointer_join(pointer, "telemetry")
-        t = check_obj(env["telemetry"], source, tp)
-        if "enabled" in t and type(t["enabled"]) is not bool:
-            raise bad_field(source, pointer_join(tp, "enabled"), t["enabled"], "true or false")
-        _check_fields(t, {"interval_s": "num", "error": "str"}, source, tp)
-        _require(t, {"enabled": "true or false", "interval_s": "a number or null", "error": "a string or null"},
-                 source, tp)
-    if "nodes" in env:
-        check_int(env["nodes"], source, pointer_join(pointer, "nodes"), 1)
-    if "health" in env:
-        _check_health(env["health"], source, pointer_join(pointer, "health"))
-    return env
+def _check_gpus(v: object, source: str, pointer: str) -> None:
+    """``env.gpus``: each an index (>= 0) and :data:`_GPU_FIELDS`."""
+    for i, g in enumerate(_check_list(v, source, pointer, "an array of GPUs")):
+        check_int(check_obj(g, source, f"{pointer}/{i}").get("index"), source, f"{pointer}/{i}/index")
+        _check_part(g, _GPU_FIELDS, source, f"{pointer}/{i}")
 
 
 def _check_counter(v: object, source: str, pointer: str, depth: int = 0) -> None:
@@ -892,66 +873,63 @@ def _check_counter(v: object, source: str, pointer: str, depth: int = 0) -> None
                     + (", or an object of those" if depth < 2 else ""))
 
 
-def _check_health(v: object, source: str, pointer: str) -> None:
-    """``env.health`` (core/health.py): gpus [{index, uuid, before, after}], xid_events, error."""
-    h = check_obj(v, source, pointer)
-    for p, g in _objects(h.get("gpus", []), source, pointer_join(pointer, "gpus"), "an array of GPUs"):
-        if g.get("index") is not None:
-            check_int(g["index"], source, pointer_join(p, "index"))
-        check_str(g.get("uuid"), source, pointer_join(p, "uuid"), allow_none=True)
-        for when in ("before", "after"):
-            counters = check_obj(g.get(when), source, pointer_join(p, when), allow_none=True)
-            for k, c in counters.items():
-                _check_counter(c, source, pointer_join(pointer_join(p, when), k))
-    xp = pointer_join(pointer, "xid_events")
-    xids = h.get("xid_events")
-    if xids is not None and xids != "unsupported":
-        for p, e in _objects(xids, source, xp, 'an array of events, "unsupported" or null'):
-            for k in ("index", "xid"):
-                if e.get(k) is not None:
-                    check_int(e[k], source, f"{p}/{k}")
-    check_str(h.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
+def _check_counters(v: object, source: str, pointer: str) -> None:
+    for k, c in check_obj(v, source, pointer, allow_none=True).items():
+        _check_counter(c, source, pointer_join(pointer, k))
+
+
+def _check_xids(v: object, source: str, pointer: str) -> None:
+    if v is not None and v != "unsupported":
+        _array_of({"index": "int", "xid": "int"}, 'an array of events, "unsupported" or null')(v, source, pointer)
+
+
+_PREFLIGHT_GPU = {"index": ("i64!", "an integer"), "busy": ("strs", "an array of strings"),
+                  "other_processes": _array_of({}, "an array of processes"),
+                  **dict.fromkeys(("utilization_gpu_pct", "utilization_memory_pct", "temperature_c", "slowdown_temp_c"),
+                                  "i64")}
+# env: part -> its fields (the schema's $defs/env; docs/results.md): core/env.py writes host, versions, cuda, nvml,
+# gpus and topology, the driver preflight (core/env.idle_check), numa, telemetry and health (core/health.py)
+_ENV_PARTS: dict[str, Any] = {
+    "host": {"hostname": "str", "os": "str", "python": "str", "cpu_count": "int", "cpus_usable": "int",
+             "cpu_model": "str", "numa_nodes": "int", "mem_total_bytes": "int", "mem_available_bytes": "int"},
+    "cuda": {"driver_version": "str", "runtime_version": "str", "nvrtc_version": "str", "device_count": "int",
+             "error": "str", "driver_check": _check_driver_check},
+    "nvml": {"driver_version": "str", "error": "str"},
+    "versions": _map_of("str"),
+    "gpus": _check_gpus,
+    "topology": _map_of("str!"),
+    "preflight": {"idle": ("bool?", "true, false or null"), "warnings": ("strs", "an array of strings"),
+                  "error": ("str", "a string or null"),
+                  "gpus": (_array_of(_PREFLIGHT_GPU, "an array of GPUs"), "an array of GPUs")},
+    "numa": {"policy": ("str!", "a string"),
+             "bindings": (_array_of({"node": ("i64", "a node number or null"), "cpus": ("str", "a CPU list or null"),
+                                     "reason": ("str!", "a string")}, "an array of bindings"), "an array of bindings")},
+    "telemetry": {"enabled": ("bool", "true or false"), "interval_s": ("num", "a number or null"),
+                  "error": ("str", "a string or null")},
+    "nodes": lambda v, s, p: check_int(v, s, p, 1),
+    "health": {"gpus": _array_of({"index": "int", "uuid": "str", "before": _check_counters, "after": _check_counters},
+                                 "an array of GPUs"),
+               "xid_events": _check_xids, "error": "str"},
+}
+
+
+def check_env(env: object, source: str, pointer: str) -> dict:
+    """Check a result's ``env`` (the schema's ``$defs/env``). Raises UsageError: the first bad field, by its JSON
+    Pointer."""
+    env = check_obj(env, source, pointer)
+    for part, fields in _ENV_PARTS.items():
+        if part in env:
+            if isinstance(fields, dict):
+                _check_part(env[part], fields, source, f"{pointer}/{part}")
+            else:
+                fields(env[part], source, f"{pointer}/{part}")
+    return env
 
 
 def _check_list(v: object, source: str, pointer: str, what: str) -> list:
     if type(v) is not list:
         raise bad_field(source, pointer, v, what)
     return v
-
-
-def _objects(v: object, source: str, pointer: str, what: str) -> Iterator[tuple[str, dict]]:
-    """(JSON Pointer, object) of each item of the array ``v``, checked as it is reached."""
-    for i, x in enumerate(_check_list(v, source, pointer, what)):
-        yield f"{pointer}/{i}", check_obj(x, source, f"{pointer}/{i}")
-
-
-def _strings(v: object, source: str, pointer: str) -> None:
-    """Check the array of strings ``v``."""
-    for i, x in enumerate(_check_list(v, source, pointer, "an array of strings")):
-        check_str(x, source, f"{pointer}/{i}")
-
-
-def _check_preflight(v: object, source: str, pointer: str) -> None:
-    """``env.preflight`` (core/env.idle_check; the schema's env/preflight)."""
-    pre = check_obj(v, source, pointer)
-    if pre.get("idle") is not None and type(pre["idle"]) is not bool:
-        raise bad_field(source, pointer_join(pointer, "idle"), pre["idle"], "true, false or null")
-    if "warnings" in pre:
-        _strings(pre["warnings"], source, pointer_join(pointer, "warnings"))
-    check_str(pre.get("error"), source, pointer_join(pointer, "error"), allow_none=True)
-    if "gpus" in pre:
-        for p, g in _objects(pre["gpus"], source, pointer_join(pointer, "gpus"), "an array of GPUs"):
-            if "index" in g:
-                check_int(g["index"], source, f"{p}/index", _MIN_INT)
-            if "busy" in g:
-                _strings(g["busy"], source, f"{p}/busy")
-            if "other_processes" in g:
-                list(_objects(g["other_processes"], source, f"{p}/other_processes", "an array of processes"))
-            _check_fields(g, dict.fromkeys(("utilization_gpu_pct", "utilization_memory_pct", "temperature_c",
-                                            "slowdown_temp_c"), "i64"), source, p)
-            _require(g, {"index": "an integer", "busy": "an array of strings"}, source, p)
-    _require(pre, {"idle": "true, false or null", "warnings": "an array of strings", "gpus": "an array of GPUs",
-                   "error": "a string or null"}, source, pointer)
 
 
 def check_result(d: object, source: str = "result", pointer: str = "") -> "Result":
