@@ -589,69 +589,6 @@ _RECORD_KEYS = frozenset(_RECORD_REQUIRED) | {"telemetry"}
 _METRICS = ("bandwidth", "time")
 
 
-# the schema's $defs/telemetry: required fields, then the optional ones
-_TELEMETRY_REQUIRED = {"n": "an integer >= 0 (sample sets)", "interval_s": "a number > 0 (seconds)",
-                       "sm_clock_mhz": "null or {min, median, max}", "mem_clock_mhz": "null or {min, median, max}",
-                       "power_w": "null or {min, median, max}", "temp_c": "null or {min, median, max}",
-                       "reasons": "an array of clock-event reasons", "pcie": "null or {gen, width}",
-                       "pcie_replay_delta": "an integer or null", "nvlink_errors_delta": "an integer or null"}
-_TELEMETRY_KEYS = frozenset(_TELEMETRY_REQUIRED) | {"devices", "other_processes"}
-_STAT3_KEYS = ("min", "median", "max")
-
-
-@functools.lru_cache(maxsize=1)
-def telemetry_reasons() -> tuple[str, ...]:
-    """The clock-event reason names a telemetry block may hold: the published schema's enum."""
-    return tuple(shipped_schema()["$defs"]["telemetry"]["properties"]["reasons"]["items"]["enum"])
-
-
-def check_telemetry(t: object, source: str, pointer: str) -> dict:
-    """Check a record's ``telemetry`` block (the schema's ``$defs/telemetry``, docs/conditions.md). Raises UsageError:
-    the first bad field, by its JSON Pointer, then a missing required one."""
-    t = check_obj(t, source, pointer)
-    for k in t:
-        if k not in _TELEMETRY_KEYS:
-            raise bad_field(source, pointer_join(pointer, k), t[k], "no such field (a telemetry block has "
-                            + ", ".join(sorted(_TELEMETRY_KEYS)) + ")")
-    if "n" in t:
-        check_int(t["n"], source, f"{pointer}/n")
-    if "interval_s" in t:
-        check_number(t["interval_s"], source, f"{pointer}/interval_s", lo_open=True)
-    if "devices" in t:
-        dp = f"{pointer}/devices"
-        for i, v in enumerate(_check_list(t["devices"], source, dp, "an array of CUDA ordinals")):
-            check_int(v, source, f"{dp}/{i}")
-    for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
-        v = t.get(k)
-        if v is None:
-            continue
-        kp = f"{pointer}/{k}"
-        if type(v) is not dict or v.keys() != set(_STAT3_KEYS):
-            raise bad_field(source, kp, v, "null or an object of min, median and max")
-        for s in _STAT3_KEYS:
-            check_number(v[s], source, f"{kp}/{s}", lo=-1.8e308)
-    if "reasons" in t:
-        rp = f"{pointer}/reasons"
-        known, seen = telemetry_reasons(), set()
-        for i, v in enumerate(_check_list(t["reasons"], source, rp, "an array of clock-event reasons")):
-            if type(v) is not str or v not in known:
-                raise bad_field(source, f"{rp}/{i}", v, "one of " + ", ".join(known))
-            if v in seen:
-                raise bad_field(source, f"{rp}/{i}", v, "a reason not listed before it (each is listed once)")
-            seen.add(v)
-    pcie = t.get("pcie")
-    if pcie is not None:
-        pp = f"{pointer}/pcie"
-        if type(pcie) is not dict or pcie.keys() != {"gen", "width"}:
-            raise bad_field(source, pp, pcie, "null or an object of gen and width")
-        for k in ("gen", "width"):
-            check_int(pcie[k], source, f"{pp}/{k}", _MIN_INT)
-    for k, kind in (("pcie_replay_delta", "i64"), ("nvlink_errors_delta", "i64"), ("other_processes", "int")):
-        _KINDS[kind](t.get(k), source, f"{pointer}/{k}")
-    _require(t, _TELEMETRY_REQUIRED, source, pointer)
-    return t
-
-
 def check_record(d: object, source: str = "result", pointer: str = "") -> "Record":
     """Check one record (the schema's ``$defs/record``) and build it. Raises UsageError: naming the first bad field,
     then a missing required one."""
@@ -800,23 +737,31 @@ def _strings(v: object, source: str, pointer: str) -> None:
 
 # a field's kind in a part's table (_check_part): a name here, or a check(v, source, pointer) of its own
 _KINDS: dict[str, Any] = {
-    "str": lambda v, s, p: check_str(v, s, p, allow_none=True), "str!": check_str,
+    "str": lambda v, s, p: check_str(v, s, p, allow_none=True), "str!": check_str, "int!": check_int,
     "int": lambda v, s, p: v is None or check_int(v, s, p), "i64": lambda v, s, p: v is None or check_int(v, s, p, _MIN_INT),
     "i64!": lambda v, s, p: check_int(v, s, p, _MIN_INT), "num": lambda v, s, p: v is None or check_number(v, s, p),
     "bool": _check_bool, "bool?": lambda v, s, p: _check_bool(v, s, p, allow_none=True), "strs": _strings,
 }
 
 
-def _check_part(v: object, fields: dict[str, Any], source: str, pointer: str) -> dict:
-    """``v`` as an object (:func:`check_obj`) whose present fields are checked in the order of ``fields``: name -> kind
-    (:data:`_KINDS`), or (kind, what it holds) for a field the schema requires, named missing after the checks."""
-    obj = check_obj(v, source, pointer)
+def _check_fields(obj: dict, fields: dict[str, Any], source: str, pointer: str) -> dict:
+    """The present fields of ``obj`` checked in the order of ``fields``: name -> kind (:data:`_KINDS`, or a check of
+    its own), or (kind, what it holds) for a field the schema requires, named missing after the checks."""
+    missing = None
     for k, kind in fields.items():
+        check = kind[0] if type(kind) is tuple else kind
         if k in obj:
-            check = kind[0] if isinstance(kind, tuple) else kind
-            (_KINDS[check] if isinstance(check, str) else check)(obj[k], source, f"{pointer}/{k}")
-    _require(obj, {k: kind[1] for k, kind in fields.items() if isinstance(kind, tuple)}, source, pointer)
+            (_KINDS[check] if type(check) is str else check)(obj[k], source, f"{pointer}/{k}")
+        elif missing is None and check is not kind:
+            missing = missing_field(source, f"{pointer}/{k}", kind[1])
+    if missing is not None:
+        raise missing
     return obj
+
+
+def _check_part(v: object, fields: dict[str, Any], source: str, pointer: str) -> dict:
+    """``v`` as an object (:func:`check_obj`) of ``fields`` (:func:`_check_fields`)."""
+    return _check_fields(check_obj(v, source, pointer), fields, source, pointer)
 
 
 def _array_of(fields: dict[str, Any], what: str) -> Any:
@@ -827,6 +772,60 @@ def _array_of(fields: dict[str, Any], what: str) -> Any:
 def _map_of(kind: str) -> Any:
     """The kind of an object of any names whose values are of ``kind``."""
     return lambda v, s, p: [_KINDS[kind](x, s, pointer_join(p, k)) for k, x in check_obj(v, s, p).items()]
+
+
+@functools.lru_cache(maxsize=1)
+def telemetry_reasons() -> tuple[str, ...]:
+    """The clock-event reason names a telemetry block may hold: the published schema's enum."""
+    return tuple(shipped_schema()["$defs"]["telemetry"]["properties"]["reasons"]["items"]["enum"])
+
+
+def _check_stat3(v: object, source: str, pointer: str) -> None:
+    if v is not None and (type(v) is not dict or v.keys() != {"min", "median", "max"}):
+        raise bad_field(source, pointer, v, "null or an object of min, median and max")
+    for s in ("min", "median", "max") if v is not None else ():
+        check_number(v[s], source, f"{pointer}/{s}", lo=-1.8e308)  # type: ignore[index]
+
+
+def _check_reasons(v: object, source: str, pointer: str) -> None:
+    known, seen = telemetry_reasons(), set()
+    for i, x in enumerate(_check_list(v, source, pointer, "an array of clock-event reasons")):
+        if type(x) is not str or x not in known:
+            raise bad_field(source, f"{pointer}/{i}", x, "one of " + ", ".join(known))
+        if x in seen:
+            raise bad_field(source, f"{pointer}/{i}", x, "a reason not listed before it (each is listed once)")
+        seen.add(x)
+
+
+def _check_pcie(v: object, source: str, pointer: str) -> None:
+    if v is not None and (type(v) is not dict or v.keys() != {"gen", "width"}):
+        raise bad_field(source, pointer, v, "null or an object of gen and width")
+    for k in ("gen", "width") if v is not None else ():
+        check_int(v[k], source, f"{pointer}/{k}", _MIN_INT)  # type: ignore[index]
+
+
+# the schema's $defs/telemetry (docs/conditions.md)
+_TELEMETRY: dict[str, Any] = {
+    "n": ("int!", "an integer >= 0 (sample sets)"),
+    "interval_s": (lambda v, s, p: check_number(v, s, p, lo_open=True), "a number > 0 (seconds)"),
+    "devices": lambda v, s, p: [check_int(x, s, f"{p}/{i}")
+                                for i, x in enumerate(_check_list(v, s, p, "an array of CUDA ordinals"))],
+    **dict.fromkeys(("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"), (_check_stat3, "null or {min, median, max}")),
+    "reasons": (_check_reasons, "an array of clock-event reasons"), "pcie": (_check_pcie, "null or {gen, width}"),
+    "pcie_replay_delta": ("i64", "an integer or null"), "nvlink_errors_delta": ("i64", "an integer or null"),
+    "other_processes": "int",
+}
+
+
+def check_telemetry(t: object, source: str, pointer: str) -> dict:
+    """Check a record's ``telemetry`` block (:data:`_TELEMETRY`). Raises UsageError: the first bad field, by its JSON
+    Pointer, then a missing required one."""
+    t = check_obj(t, source, pointer)
+    for k in t:
+        if k not in _TELEMETRY:
+            raise bad_field(source, pointer_join(pointer, k), t[k], "no such field (a telemetry block has "
+                            + ", ".join(sorted(_TELEMETRY)) + ")")
+    return _check_fields(t, _TELEMETRY, source, pointer)
 
 
 DRIVER_CHECK_STATUS = ("ok", "minor-version-compatibility", "driver-too-old")  # gpubench.support.driver_check
