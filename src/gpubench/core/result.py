@@ -233,9 +233,7 @@ def check_output_target(path: str | os.PathLike, what: str = "--json") -> Path:
     return Path(path)
 
 
-def check_output_path(path: str | os.PathLike, option: str = "--json") -> Path:
-    """:func:`check_output_target` under the name the plot and report commands call."""
-    return check_output_target(path, option)
+check_output_path = check_output_target  # the name the plot and report commands call
 
 
 def write_json_atomic(data: dict, path: str | os.PathLike, what: str = "result") -> Path:
@@ -829,20 +827,10 @@ def check_telemetry(t: object, source: str, pointer: str) -> dict:
 
 
 DRIVER_CHECK_STATUS = ("ok", "minor-version-compatibility", "driver-too-old")  # gpubench.support.driver_check
-_DRIVER_CHECK_FIELDS = ("status", "warning", "driver_cuda", "runtime_cuda", "nvidia_driver", "min_driver")
-
-
-def _check_driver_check(v: object, source: str, pointer: str) -> None:
-    """``env.cuda.driver_check`` (gpubench.support.driver_check): every field present, then each checked."""
-    if v is None:
-        return
-    check = check_obj(v, source, pointer)
-    _require(check, dict.fromkeys(_DRIVER_CHECK_FIELDS, "a string or null"), source, pointer)
-    check_str(check["status"], source, f"{pointer}/status", choices=DRIVER_CHECK_STATUS)
-    for k in _DRIVER_CHECK_FIELDS[1:]:
-        check_str(check[k], source, f"{pointer}/{k}", allow_none=k not in ("driver_cuda", "runtime_cuda"))
-
-
+_DRIVER_CHECK = {"status": (lambda v, s, p: check_str(v, s, p, choices=DRIVER_CHECK_STATUS), "a string or null"),
+                 "warning": ("str", "a string or null"), "driver_cuda": ("str!", "a string or null"),
+                 "runtime_cuda": ("str!", "a string or null"), "nvidia_driver": ("str", "a string or null"),
+                 "min_driver": ("str", "a string or null")}
 _GPU_FIELDS = {"name": "str", "uuid": "str", "pci_bus_id": "str", "memory_total_bytes": "int",
                "memory_free_bytes": "int", "pcie_gen": "int", "pcie_width": "int", "pcie_gen_max": "int",
                "pcie_width_max": "int", "pcie_peak_bytes_per_s": "num", "nvlink_links_up": "int",
@@ -892,7 +880,7 @@ _ENV_PARTS: dict[str, Any] = {
     "host": {"hostname": "str", "os": "str", "python": "str", "cpu_count": "int", "cpus_usable": "int",
              "cpu_model": "str", "numa_nodes": "int", "mem_total_bytes": "int", "mem_available_bytes": "int"},
     "cuda": {"driver_version": "str", "runtime_version": "str", "nvrtc_version": "str", "device_count": "int",
-             "error": "str", "driver_check": _check_driver_check},
+             "error": "str", "driver_check": lambda v, s, p: v is None or _check_part(v, _DRIVER_CHECK, s, p)},
     "nvml": {"driver_version": "str", "error": "str"},
     "versions": _map_of("str"),
     "gpus": _check_gpus,
