@@ -649,34 +649,21 @@ _PARAM_WORDS = {"integer": "an integer", "number": "a number", "string": "a stri
                 "null": "null"}
 
 
-@dataclass(frozen=True)
-class ParamsRules:
-    """One command's records' ``params`` (the schema's entry "params of the plug-in NAME"): required
-    and allowed names, per name its Python types, their words, and its bounds where it has one."""
-
-    required: frozenset
-    allowed: frozenset
-    types: dict
-    words: dict
-    bounds: dict
-
-
-def _rules_of(params: dict) -> ParamsRules:
-    types, words, bounds = {}, {}, {}
+def _rules_of(params: dict) -> tuple[frozenset, dict[str, tuple]]:
+    """The rules of a params schema: (required names, {name: (its Python types, their words, minimum, maximum)})."""
+    rules = {}
     for k, v in params.get("properties", {}).items():
         t = v.get("type", list(_PARAM_TYPES))
         kinds = tuple(t) if isinstance(t, list) else (t,)
-        types[k] = frozenset().union(*(_PARAM_TYPES.get(x, frozenset()) for x in kinds))
-        words[k] = " or ".join(_PARAM_WORDS.get(x, str(x)) for x in kinds)
-        if v.get("minimum") is not None or v.get("maximum") is not None:
-            bounds[k] = (v.get("minimum"), v.get("maximum"))
-    return ParamsRules(frozenset(params.get("required", ())), frozenset(types), types, words, bounds)
+        rules[k] = (frozenset().union(*(_PARAM_TYPES.get(x, frozenset()) for x in kinds)),
+                    " or ".join(_PARAM_WORDS.get(x, str(x)) for x in kinds), v.get("minimum"), v.get("maximum"))
+    return frozenset(params.get("required", ())), rules
 
 
 @functools.lru_cache(maxsize=64)
-def params_rules(command: str) -> ParamsRules | None:
-    """The params rules of ``command``'s records: the shipped schema's entry, else the installed
-    plug-in's ``params_schema``; None where neither says."""
+def params_rules(command: str) -> tuple[frozenset, dict[str, tuple]] | None:
+    """The params rules (:func:`_rules_of`) of ``command``'s records: the shipped schema's entry (the one "params of
+    the plug-in NAME"), else the installed plug-in's ``params_schema``; None where neither says."""
     for e in shipped_schema().get("allOf", []):
         if e.get("$comment") == PARAMS_COMMENT + command:
             return _rules_of(e["then"]["properties"]["records"]["items"]["properties"]["params"])
@@ -688,28 +675,26 @@ def params_rules(command: str) -> ParamsRules | None:
     return _rules_of(dict(plugin.params_schema))
 
 
-def check_params(params: dict, rules: ParamsRules, source: str, pointer: str) -> None:
+def check_params(params: dict, rules: tuple[frozenset, dict[str, tuple]], source: str, pointer: str) -> None:
     """A record's params against its command's rules (required, no other, type, minimum / maximum). Raises UsageError:
     naming the first param that is not the command's, or of the wrong type or range, then a missing one, by its JSON
     Pointer."""
+    required, allowed = rules
     keys = params.keys()
-    if not keys <= rules.allowed:
-        k = sorted(map(str, keys - rules.allowed))[0]
+    if not keys <= allowed.keys():
+        k = sorted(map(str, keys - allowed.keys()))[0]
         raise bad_field(source, pointer_join(pointer, k), params[k],
-                        f"no such param (this command's records have {', '.join(sorted(rules.allowed))})")
+                        f"no such param (this command's records have {', '.join(sorted(allowed))})")
     for k, v in params.items():
-        if type(v) not in rules.types[k]:
-            raise bad_field(source, pointer_join(pointer, k), v, rules.words[k])
-        lo, hi = rules.bounds.get(k, _NO_BOUNDS)
+        types, words, lo, hi = allowed[k]
+        if type(v) not in types:
+            raise bad_field(source, pointer_join(pointer, k), v, words)
         if type(v) is not str and (lo is not None and v < lo or hi is not None and v > hi):
             rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"{lo}..{hi}"
             raise bad_field(source, pointer_join(pointer, k), v, f"a number {rng}")
-    if not rules.required <= keys:
-        raise missing_field(source, pointer_join(pointer, sorted(rules.required - keys)[0]),
-                            f"the param (this command's records have {', '.join(sorted(rules.required))})")
-
-
-_NO_BOUNDS = (None, None)
+    if not required <= keys:
+        raise missing_field(source, pointer_join(pointer, sorted(required - keys)[0]),
+                            f"the param (this command's records have {', '.join(sorted(required))})")
 
 
 def check_command(v: object, source: str, pointer: str) -> str:
