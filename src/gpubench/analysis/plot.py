@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 from gpubench.analysis.compare import _unit, plugin_of
 from gpubench.core import limits, safe
 from gpubench.core.errors import UsageError
-from gpubench.core.result import Record, Result, read_json, write_bytes_atomic
+from gpubench.core.result import DRAWN_ARRAYS, Record, Result, read_json, write_bytes_atomic
 from gpubench.core.stats import Summary
 from gpubench.core.units import UNITS, format_size
 
@@ -47,66 +47,8 @@ _PANEL = {"sweep": (6.0, 4.2, 3), "bars": (11.0, 4.8, 1), "collective": (6.5, 4.
 S = safe.mpl  # every label goes through it: one line, no mathtext
 
 
-# ---- checking what a file holds, before drawing ----
-
-_MAX_COUNT = 2**63 - 1
-_INTERVAL_KEYS = ("interval_bytes", "interval_start_s", "interval_end_s")  # net's per-interval bytes and times
-
-
-def _bad(source: str, where: str, value: Any, want: str) -> UsageError:
-    shown = safe.term(repr(value), 40)
-    return UsageError(f"{source}: {where} is {shown}; expected {want}", "a file saved by --json holds none")
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and (isinstance(v, int) and abs(v) <= _MAX_COUNT
-                                                                        or isinstance(v, float) and math.isfinite(v))
-
-
-def check_numbers(d: Any, source: str) -> None:
-    """Refuse a result whose numbers cannot be drawn: ``nbytes`` or ``reps`` not a whole number in
-    0..2^63-1, a sample that is not a finite number > 0, a peak or per-interval figure not finite.
-
-    Raises:
-        UsageError: one line naming ``source``, the field (``records[3].nbytes``) and its value.
-    """
-    recs = d.get("records") if isinstance(d, dict) else None
-    for i, r in enumerate(recs if isinstance(recs, list) else []):
-        if not isinstance(r, dict):
-            raise _bad(source, f"records[{i}]", r, "an object")
-        for k, low in (("nbytes", 0), ("reps", 1)):
-            v = r.get(k, low)
-            if not _finite(v) or v < low or float(v) != int(v):
-                raise _bad(source, f"records[{i}].{k}", v, f"a whole number from {low} to 2^63-1")
-        samples = r.get("samples_s", [])
-        if not isinstance(samples, list):
-            raise _bad(source, f"records[{i}].samples_s", samples, "a list of seconds")
-        for j, t in enumerate(samples):
-            if not _finite(t) or t <= 0:
-                raise _bad(source, f"records[{i}].samples_s[{j}]", t, "seconds, a finite number > 0")
-        extra = r.get("extra") or {}
-        if not isinstance(extra, dict):
-            raise _bad(source, f"records[{i}].extra", extra, "an object")
-        for k in ("peak_bytes_per_s", "busbw_factor"):
-            v = extra.get(k)
-            if v is not None and (not _finite(v) or v <= 0):
-                raise _bad(source, f"records[{i}].extra.{k}", v, "a finite number > 0 or null")
-        for k in _INTERVAL_KEYS:
-            vs = extra.get(k)
-            if isinstance(vs, list):
-                for j, v in enumerate(vs):
-                    if not _finite(v) or v < 0:
-                        raise _bad(source, f"records[{i}].extra.{k}[{j}]", v, "a finite number >= 0")
-        for j, p in enumerate(extra.get("pairs") or []):
-            if isinstance(p, dict):
-                for k in ("n", "q25", "q50", "q75", "hmean", "hstd", "min", "max"):
-                    v = p.get(k)
-                    if v is not None and (not _finite(v) or v < 0):
-                        raise _bad(source, f"records[{i}].extra.pairs[{j}].{k}", v, "a finite number >= 0")
-
-
 def load(path: str | Path) -> Result:
-    """A saved result, checked for what plot and report draw (:func:`check_numbers`).
+    """A saved result, checked by the loader (:func:`gpubench.core.result.check_record` holds what is drawn).
 
     Raises:
         UsageError: unreadable, not JSON, nested too deeply, not a result, or numbers that cannot be drawn.
@@ -115,12 +57,11 @@ def load(path: str | Path) -> Result:
 
 
 def result_of(d: Any, name: str) -> Result:
-    """The Result in the parsed JSON ``d``, checked for what plot and report draw.
+    """The Result in the parsed JSON ``d``.
 
     Raises:
         UsageError: not a result, or numbers that cannot be drawn.
     """
-    check_numbers(d, name)
     try:
         return Result.from_dict(d, source=name)
     except (OverflowError, RecursionError) as e:
@@ -172,7 +113,7 @@ def _kind(r: Record, command: str) -> str:
         return "matrix"
     if "pair" in r.params or _merge_pair_stats(r):
         return "pairs"
-    if all(isinstance(r.extra.get(k), list) and r.extra.get(k) for k in _INTERVAL_KEYS):  # net's
+    if all(isinstance(r.extra.get(k), list) and r.extra.get(k) for k in DRAWN_ARRAYS):  # net's
         return "intervals"
     kind = plugin_of(command).plot_kind  # how the command's sized records read best ("sweep" without a plug-in)
     if size_key(r) or kind == "bars" and r.params:

@@ -633,11 +633,41 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
         check_number(extra["noise_pct"], source, f"{pointer}/extra/noise_pct")
     if "stopped_by" in extra:
         check_str(extra["stopped_by"], source, f"{pointer}/extra/stopped_by", choices=STOP_REASONS)
+    _check_drawn(extra, source, f"{pointer}/extra")
     _require(d, _RECORD_REQUIRED, source, pointer)
     tele = d.get("telemetry")
     telemetry = None if tele is None else dict(check_telemetry(tele, source, f"{pointer}/telemetry"))
     return Record(params=dict(params), metric=metric, nbytes=nbytes, samples_s=list(samples),  # type: ignore[arg-type]
                   reps=reps, error=error, extra=dict(extra), telemetry=telemetry)
+
+
+# what plot, report and compare draw or scale by, besides the samples (check_values has held every
+# number in extra finite): a peak and a collective's busbw factor > 0 (or null), net's per-interval
+# bytes and times >= 0, merge's per-pair statistics >= 0 (or null)
+DRAWN_POSITIVE = ("peak_bytes_per_s", "busbw_factor")
+DRAWN_ARRAYS = ("interval_bytes", "interval_start_s", "interval_end_s")
+PAIR_STATS = ("n", "q25", "q50", "q75", "hmean", "hstd", "min", "max")
+
+
+def _check_drawn(extra: dict, source: str, pointer: str) -> None:
+    """Hold the figures of ``extra`` that are drawn (:data:`DRAWN_POSITIVE`, :data:`DRAWN_ARRAYS`,
+    :data:`PAIR_STATS` of ``pairs``) to their ranges. Raises UsageError: naming the first one out of range."""
+    for k in DRAWN_POSITIVE:
+        if extra.get(k) is not None:
+            check_number(extra[k], source, f"{pointer}/{k}", lo_open=True)
+    for k in DRAWN_ARRAYS:
+        if k in extra:
+            vs = extra[k]
+            if not isinstance(vs, list):
+                raise bad_field(source, f"{pointer}/{k}", vs, "an array of numbers >= 0")
+            for j, v in enumerate(vs):
+                if type(v) not in (int, float) or v < 0:
+                    check_number(v, source, f"{pointer}/{k}/{j}")
+    pairs = extra.get("pairs")
+    for j, pair in enumerate(pairs if isinstance(pairs, list) else []):
+        for k in PAIR_STATS if isinstance(pair, dict) else ():
+            if pair.get(k) is not None:
+                check_number(pair[k], source, f"{pointer}/pairs/{j}/{k}")
 
 
 # a params schema's JSON types -> the Python types json.loads gives for them (a bool is no number)
