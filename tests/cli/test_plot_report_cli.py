@@ -95,6 +95,16 @@ def test_plot_takes_mathtext_in_the_title_a_file_name_and_a_param(run_cli, tmp_p
     assert (tmp_path / "o.png").stat().st_size > 1000
 
 
+def test_a_one_rank_nccl_result_is_plotted_and_reported(run_cli, tmp_path):
+    """One rank's busbw factor is 0 (nccl-tests: 2(n-1)/n and the like) and its in-place points
+    are no-ops: the file a one-GPU machine writes is drawn, not refused."""
+    one = DATA / "nccl-h200x1.json"
+    for command, out in (("plot", tmp_path / "n.png"), ("report", tmp_path / "n.html")):
+        code, _out, err = run_cli(command, one, "-o", out)
+        assert code == 0, (command, err)
+        assert out.stat().st_size > 1000
+
+
 # ---- malformed numbers in a result: exit 2 naming the field's JSON Pointer, the loader's line (chosen over skipping the point) ----
 
 @pytest.mark.parametrize("change,field", [

@@ -44,8 +44,8 @@ MUTATIONS = [
     ("records.0.samples_s", ["1"]), ("records.0.samples_s", 1.0), ("records.0.samples_s", [1e-13, 1e-6]),
     ("records.0.reps", 0),
     ("records.0.error", 1), ("records.0.extra", []),
-    ("records.0.extra.peak_bytes_per_s", -1.0), ("records.0.extra.peak_bytes_per_s", 0),
-    ("records.0.extra.busbw_factor", 0.0), ("records.0.extra.interval_bytes", [1, -2]),
+    ("records.0.extra.peak_bytes_per_s", -1.0), ("records.0.extra.peak_bytes_per_s", "1"),
+    ("records.0.extra.busbw_factor", -0.5), ("records.0.extra.interval_bytes", [1, -2]),
     ("records.0.extra.interval_start_s", 1.0), ("records.0.extra.interval_end_s", ["1"]),
     ("records.0.extra.pairs", [{"n": -1}]), ("records.0.extra.pairs", [{"hmean": "1"}]),
 ]

@@ -642,19 +642,19 @@ def check_record(d: object, source: str = "result", pointer: str = "") -> "Recor
 
 
 # what plot, report and compare draw or scale by, besides the samples (check_values has held every
-# number in extra finite): a peak and a collective's busbw factor > 0 (or null), net's per-interval
-# bytes and times >= 0, merge's per-pair statistics >= 0 (or null)
-DRAWN_POSITIVE = ("peak_bytes_per_s", "busbw_factor")
+# number in extra finite), each >= 0: a peak (0 or null: unknown) and a collective's busbw factor
+# (0 for one rank) or null, net's per-interval bytes and times, merge's per-pair statistics or null
+DRAWN_SCALARS = ("peak_bytes_per_s", "busbw_factor")
 DRAWN_ARRAYS = ("interval_bytes", "interval_start_s", "interval_end_s")
 PAIR_STATS = ("n", "q25", "q50", "q75", "hmean", "hstd", "min", "max")
 
 
 def _check_drawn(extra: dict, source: str, pointer: str) -> None:
-    """Hold the figures of ``extra`` that are drawn (:data:`DRAWN_POSITIVE`, :data:`DRAWN_ARRAYS`,
-    :data:`PAIR_STATS` of ``pairs``) to their ranges. Raises UsageError: naming the first one out of range."""
-    for k in DRAWN_POSITIVE:
+    """Hold the figures of ``extra`` that are drawn (:data:`DRAWN_SCALARS`, :data:`DRAWN_ARRAYS`,
+    :data:`PAIR_STATS` of ``pairs``) to >= 0. Raises UsageError: naming the first one out of range."""
+    for k in DRAWN_SCALARS:
         if extra.get(k) is not None:
-            check_number(extra[k], source, f"{pointer}/{k}", lo_open=True)
+            check_number(extra[k], source, f"{pointer}/{k}")
     for k in DRAWN_ARRAYS:
         if k in extra:
             vs = extra[k]
