@@ -119,6 +119,9 @@ def test_the_largest_accepted_value_is_named(run_cli, argv, line):
     (["net", "local", "-t", "1e400"], "-t/--time 1e400 is too large (at most 3,600 seconds)"),
     (["net", "client", "h", "-O", "1e999"], "-O/--omit 1e999 is too large (at most 600 seconds)"),
     (["net", "local", "-i", "1e400"], "-i/--interval 1e400 is too large (at most 60 seconds)"),
+    (["plot", PINNED, "-o", "p.png", "--peak", "1e400"], "--peak 1e400 is too large (at most 1,000,000)"),
+    (["compare", "--threshold", "inf", PINNED, PINNED], "--threshold 'inf' is not a finite number (use the digits "
+     "0-9 with an optional '.' and exponent, at most 1,000,000 percent)"),
 ])
 def test_a_value_beyond_a_double_names_the_options_own_limit(run_cli, argv, line):
     """An option that fills no Spec field (compare, suite, net's protocol caps, net nodes' -T)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import click
 
 from gpubench.core.bounds import MAX_GBPS, Bound
 from gpubench.core.errors import UsageError
-from gpubench.kit import StrictInt, Text
+from gpubench.kit import StrictFloat, StrictInt, Text
 
 DPI = Bound("--dpi", lo=10, hi=1000)  # pixels per inch
+PEAK = Bound("--peak", lo=0, above=True, hi=MAX_GBPS)  # in --units/s
 
 
 @click.command("plot")
@@ -22,7 +23,7 @@ DPI = Bound("--dpi", lo=10, hi=1000)  # pixels per inch
 @click.option("--size", "size", default=None,
               help="Figure size WIDTHxHEIGHT in inches, e.g. 12x7 [default: from the panels].")
 @click.option("--dpi", type=StrictInt(bound=lambda: DPI), default=100, show_default=True, help="Pixels per inch.")
-@click.option("--peak", "peaks", type=float, multiple=True,
+@click.option("--peak", "peaks", type=StrictFloat(bound=lambda: PEAK), multiple=True,
               help="Draw a dashed peak line at this bandwidth (in --units/s), labelled 'user'; repeatable. "
                    "Peaks saved in the results are drawn anyway. Refused where no panel has a bandwidth axis.")
 @click.option("--title", type=Text(), default=None, help="Title over the whole figure.")
@@ -43,9 +44,7 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
     check_output_path(output, "-o")
     DPI.check(dpi)
     for p in peaks:
-        if not (math.isfinite(p) and p > 0):
-            raise UsageError(f"--peak {p} must be a finite bandwidth > 0 (in {units}/s)", "e.g. --peak 63")
-        Bound("--peak", hi=MAX_GBPS, unit=f"{units}/s").check(p)
+        dataclasses.replace(PEAK, unit=f"{units}/s").check(p)
     size_in = plotmod.parse_figsize(size)
     if size_in and dpi * min(size_in) < 100:
         raise UsageError(f"--size {size} at --dpi {dpi} is under 100 pixels a side", "raise --size or --dpi, e.g. --size 8x5")

@@ -70,13 +70,18 @@ class Bound:
         """``hi``, read from the machine where it is a function."""
         return self.hi() if callable(self.hi) else self.hi
 
+    def at_most(self) -> str | None:
+        """The upper bound as messages name it ("at most 1,000,000 percent", "< 1 s"), or None: no ``hi``."""
+        hi = self.largest()
+        if hi is None:
+            return None
+        return f"{'<' if self.below else 'at most'} {_limit(hi)}{f' {self.unit}' if self.unit else ''}"
+
     def too_large(self, shown: str) -> UsageError:
         """The error of a value above ``hi`` shown as ``shown`` ("(a 400-digit number)")."""
-        hi = self.largest()
-        unit = f" {self.unit}" if self.unit else ""
-        if hi is not None and self.below:
-            return UsageError(f"{self.option} {shown} must be < {_limit(hi)}{unit}")
-        return UsageError(f"{self.option} {shown} is too large", None if hi is None else f"at most {_limit(hi)}{unit}")
+        if self.below and self.largest() is not None:
+            return UsageError(f"{self.option} {shown} must be {self.at_most()}")
+        return UsageError(f"{self.option} {shown} is too large", self.at_most())
 
 
 def bounded(default: Any, option: str, *, lo: float | None = None, hi: float | Callable[[], float] | None = None,

@@ -125,11 +125,15 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
     a zero with a minus sign, or above ``maximum``."""
     hi = maximum if maximum is not None else (DEFAULT_INT_MAX if kind is int else DEFAULT_FLOAT_MAX)
 
+    def at_most() -> str:  # the option's own upper bound where it declares one
+        own = bound() if bound is not None else None
+        return (own.at_most() if own is not None else None) or f"at most {_max_text(hi, kind)}"
+
     def too_large(shown: str) -> UsageError:
         own = bound() if bound is not None else None
         if own is not None and own.largest() is not None:
             return own.too_large(shown)
-        return UsageError(f"{name} {shown} is too large", f"at most {_max_text(hi, kind)}")
+        return UsageError(f"{name} {shown} is too large", at_most())
 
     def zero_allowed() -> bool:  # never suggest 0 where the option's declared bound refuses it
         own = bound() if bound is not None else None
@@ -157,7 +161,7 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
         else:
             if not _ASCII_FLOAT.match(s):
                 raise UsageError(f"{name} {_shown_text(text)} is not a finite number",
-                                 f"use the digits 0-9 with an optional '.' and exponent, at most {_max_text(hi, kind)}")
+                                 f"use the digits 0-9 with an optional '.' and exponent, {at_most()}")
             value = float(s)
             if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
                 raise too_large(_shown_text(s))
@@ -171,7 +175,7 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
     else:
         value = kind(text)
     if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"{name} {_shown_text(str(text))} is not a finite number", f"at most {_max_text(hi, kind)}")
+        raise UsageError(f"{name} {_shown_text(str(text))} is not a finite number", at_most())
     if value > hi:
         raise too_large(_shown_text(str(text).strip()))
     return value
