@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from gpubench.core import env, limits
+from gpubench.core.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import edited  # noqa: E402
@@ -68,6 +69,10 @@ def test_saved_flag_rules():
     assert limits.saved_flag(rec(d)) == "above_peak"
     r["extra"]["busbw_factor"] = 1.0
     assert limits.saved_flag(rec(d)) is None
-    # malformed values are ignored, never raised on
-    d = edited.with_rate(edited.pinned(), 54.0, peak_bytes_per_s="x", limit_flag=["no_op"], above_peak="yes", no_op=7)
-    assert limits.saved_flag(rec(d)) is None
+    # malformed values are ignored, never raised on: the loader refuses a peak that is no number, a
+    # Record built in memory may still hold one
+    with pytest.raises(UsageError, match="/records/0/extra/peak_bytes_per_s is 'x'"):
+        rec(edited.with_rate(edited.pinned(), 54.0, peak_bytes_per_s="x"))
+    r = rec(edited.with_rate(edited.pinned(), 54.0, limit_flag=["no_op"], above_peak="yes", no_op=7))
+    r.extra["peak_bytes_per_s"] = "x"
+    assert limits.saved_flag(r) is None
