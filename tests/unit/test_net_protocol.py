@@ -128,6 +128,9 @@ def test_line_reader_times_out_on_silence_and_reports_eof_and_garbage():
         a.sendall(b"\xff\xfe\n")
         with pytest.raises(ProtocolError, match="not a JSON line"):
             LineReader(b, 64).readjson(1.0)
+        a.sendall(b'{"ok": true, "ok": false}\n')
+        with pytest.raises(ProtocolError, match="repeats the key 'ok'"):
+            LineReader(b, 64).readjson(1.0)
         a.sendall(b"half")
         a.close()
         with pytest.raises(ProtocolError, match="closed mid-line"):

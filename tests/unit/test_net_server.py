@@ -130,6 +130,8 @@ def test_a_silent_client_is_timed_out_and_the_server_goes_on(srv):
     (json.dumps({**Request().header(), "buffer": 1.0}).encode() + b"\n", "buffer must be an integer, got 1.0"),
     (json.dumps(Request().header()).encode("utf-16") + b"\n", "not a JSON line"),  # UTF-8 only
     (b"[" * 2000 + b"]" * 2000 + b"\n", "not a JSON line"),  # deeper than the parser goes
+    # a key named twice: which value counts is not JSON's to say (the result loader refuses it too)
+    (json.dumps(Request().header()).encode()[:-1] + b', "streams": 2}\n', "repeats the key 'streams'"),
     (json.dumps({"gpubench_net": True, "role": "data", "cookie": "00", "stream": 0}).encode() + b"\n",
      "protocol version true"),
     (json.dumps({**Request().header(), "streams": "many"}).encode() + b"\n", "streams must be an integer"),

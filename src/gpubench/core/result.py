@@ -404,28 +404,29 @@ def read_json(path: str | os.PathLike, expected: str = "a file saved by --json")
                          f"a gpubench file may hold", f"expected {expected}")
     check_depth(json_depth(raw), name)
     try:
-        return json.loads(raw, object_pairs_hook=_no_repeated_keys)
+        return json.loads(raw, object_pairs_hook=no_repeated_keys)
     except RecursionError:  # not reached after check_depth; kept so no input is ever exit 3
         check_depth(MAX_DEPTH + 1, name)
-    except _RepeatedKey as e:
+    except RepeatedKey as e:
         raise UsageError(f"{name} repeats the key {safe.term(repr(e.args[0]), 80)} in one object",
                          f"expected {expected}; a second value would silently replace the first") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise UsageError(f"{name} is not valid JSON ({first_line(e)[:80]})") from None
 
 
-class _RepeatedKey(Exception):
-    pass
+class RepeatedKey(ValueError):
+    """A JSON object names one key twice; ``args[0]`` is the key."""
 
 
-def _no_repeated_keys(pairs: list) -> dict:
-    """json's object_pairs_hook: a dict, unless a key repeats (RFC 8259 §4 leaves its meaning open)."""
+def no_repeated_keys(pairs: list) -> dict:
+    """json's object_pairs_hook for every JSON gpubench reads (files, net's requests): a dict, unless a key
+    repeats (RFC 8259 §4 leaves its meaning open). Raises RepeatedKey."""
     d = dict(pairs)
     if len(d) != len(pairs):
         seen: set = set()
         for k, _ in pairs:
             if k in seen:
-                raise _RepeatedKey(k)
+                raise RepeatedKey(k)
             seen.add(k)
     return d
 

@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from gpubench.core.result import RepeatedKey, no_repeated_keys
+
 PROTOCOL_VERSION = 2
 DEFAULT_PORT = 5301
 DEFAULT_BIND = "127.0.0.1"
@@ -270,14 +272,17 @@ class LineReader:
         line = self.readline(timeout)
         try:
             return parse_line(line)
+        except RepeatedKey as e:
+            raise ProtocolError(f"a JSON line that repeats the key {e.args[0]!r}: {line[:40]!r}") from None
         except (ValueError, UnicodeDecodeError):
             raise ProtocolError(f"not a JSON line: {line[:40]!r}") from None
 
 
 def parse_line(line: bytes) -> Any:
-    """One protocol line as JSON (UTF-8 only). Raises ValueError: not UTF-8 JSON, or nested too deeply."""
+    """One protocol line as JSON (UTF-8 only). Raises ValueError: not UTF-8 JSON, nested too deeply, or
+    RepeatedKey: an object names a key twice (which one counts is not JSON's to say)."""
     try:
-        return json.loads(line.decode("utf-8"))
+        return json.loads(line.decode("utf-8"), object_pairs_hook=no_repeated_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

@@ -32,6 +32,7 @@ from gpubench.plugins.net.protocol import (
 from gpubench.plugins.net.lines import server_line, test_words
 from gpubench.plugins.net.stream import StreamSet, WorkerError, set_window
 from gpubench.core.errors import UsageError
+from gpubench.core.result import RepeatedKey
 
 RECV_BYTES = 1 << 20  # the receive buffer per worker process (worker.py)
 
@@ -312,6 +313,8 @@ class NetServer:
         Raises RequestError: the refusal line to send back."""
         try:
             header = parse_line(line)
+        except RepeatedKey as e:
+            raise RequestError(f"the request repeats the key {e.args[0]!r}") from None
         except ValueError:
             raise RequestError(f"not a JSON line: {line[:40]!r}") from None
         if isinstance(header, dict) and header.get("role") == "data":
