@@ -72,11 +72,17 @@ def finish(result: Result, renderables: list, *, json_path: str | None, quiet: b
     if not result.argv:
         result.argv = list(INVOCATION)
     with CRITICAL:  # a Ctrl-C now is acted on once what was measured is shown and saved
-        report.display(list(renderables) + report.condition_notes(result), quiet=quiet)
+        lost = None
+        try:
+            report.display(list(renderables) + report.condition_notes(result), quiet=quiet)
+        except report.ReportLost as e:  # the report's reader went away (`| head`): the result is still saved
+            lost = e
         if json_path:
             save(result, json_path)
-            if json_path != STDOUT:
+            if json_path != STDOUT and lost is None:
                 report.saved(json_path, note=" (partial)" if result.partial else "", quiet=quiet)
+        if lost is not None:
+            raise lost
         if not result.partial:
             note_complete()  # a signal from here on ends the command, and its line says the result is whole
     if result.partial and result.failed_by:

@@ -258,6 +258,39 @@ def test_the_saved_line_shows_control_characters_and_markup_of_a_path_escaped(tm
     assert (tmp_path / argv[2]).exists()  # the file itself has the name asked for
 
 
+@pytest.mark.parametrize("argv", [
+    ["compare", "tests/data/copy-all-h200.json", "tests/data/copy-all-h200.json"],
+    ["compare", "tests/data/copy-all-h200.json", "tests/data/copy-all-h200.json", "--format", "markdown"],
+    ["env"],
+])
+def test_a_report_into_a_pipe_closed_by_its_reader_is_one_line_exit_3_not_1(argv):
+    """`gpubench compare ... | head -1`: the reader goes before the report is written; that is the
+    broken pipe of a write fault (exit 3, one line), never exit 1, which says a regression."""
+    root = Path(SRC).parent
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=root, env={**os.environ, "PYTHONPATH": SRC})
+    p.stdout.close()  # the reader is gone before a line is written
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 3, err
+    assert one_line(err) == "gpubench: error: could not write the report to standard output: Broken pipe"
+
+
+def test_a_measured_result_is_saved_when_the_reports_reader_is_gone(tmp_path):
+    """`gpubench net local --json r.json | head -1`: the live lines and the report go nowhere once
+    the reader left, the run goes on and its result is saved whole; exit 3 says the report was lost."""
+    out = tmp_path / "r.json"
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-t", "1", "-i", "0.5", "--json", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 3, err
+    assert one_line(err) == "gpubench: error: could not write the report to standard output: Broken pipe"
+    from gpubench.core.result import load
+
+    r = load(out)
+    assert not r.partial and any(rec.samples_s for rec in r.records)
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
 @pytest.mark.parametrize("argv", [
     ["compare", "tests/data/merge-cpu.json", "tests/data/merge-cpu.json"],  # rich's table

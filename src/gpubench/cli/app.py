@@ -8,6 +8,7 @@ Exit codes: 0 success; 1 a failed expectation or regression; 2 a usage error (ba
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -144,6 +145,14 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
     except click.Abort:  # click's, on an EOF in a prompt
         click.echo(interrupted_line(signal.SIGINT), err=True)
         code = 130
+    except SystemExit:  # click ends a broken pipe (EPIPE) with sys.exit(1), which would read as "regression"
+        pacified = getattr(click.core, "_PacifyFlushWrapper", ())  # what click wraps the streams in then
+        if not isinstance(sys.stdout, pacified) and not isinstance(sys.stderr, pacified):
+            raise
+        with contextlib.suppress(OSError, ValueError):  # stderr may be the pipe that broke
+            click.echo("gpubench: error: could not write the report to standard output: "
+                       f"{os.strerror(errno.EPIPE)}", err=True)
+        code = 3
     except GpubenchError as e:
         if debug:
             traceback.print_exc()
@@ -159,7 +168,8 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
     except Exception as e:  # a bug or an unexpected library fault: one line unless --debug
         if debug:
             traceback.print_exc()
-        if isinstance(e, OSError) and _writing_stdout(e):  # the report met a full disk or a broken pipe
+        lost = getattr(sys.modules.get("gpubench.core.report"), "ReportLost", ())  # raised only once it is loaded
+        if isinstance(e, lost) or isinstance(e, OSError) and _writing_stdout(e):  # a full disk, a broken pipe
             line = f"could not write the report to standard output: {e.strerror or e}"
         else:
             first = (str(e).strip().splitlines() or [""])[0]

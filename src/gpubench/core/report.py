@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import sys
 from contextlib import contextmanager, suppress
@@ -61,16 +63,33 @@ def _sized_terminal(stream) -> bool:
         return False
 
 
-def console(stderr: bool = False):
-    """A rich Console on stdout (or stderr, or inside :func:`human_to_stderr`), without colour when
-    not a terminal (:func:`is_terminal`)."""
+class ReportLost(BrokenPipeError):
+    """The reader of the report went away (EPIPE) while it was written: a write fault, exit 3."""
+
+
+@functools.cache
+def _console_class():
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """rich ends the process with exit 1 here, which gpubench's exit codes read as a
+            regression: the rest goes to /dev/null (as rich does) and ReportLost is raised."""
+            with suppress(OSError, ValueError, AttributeError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise ReportLost(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return _Console
+
+
+def console(stderr: bool = False):
+    """A rich Console on stdout (or stderr, or inside :func:`human_to_stderr`), without colour when
+    not a terminal (:func:`is_terminal`); a reader gone raises :class:`ReportLost`."""
     stderr = stderr or _HUMAN_TO_STDERR[0]
     stream = sys.stderr if stderr else sys.stdout
     # off a sized terminal rich would wrap at 80 columns and squeeze wide tables: 200 columns instead
-    return Console(stderr=stderr, highlight=False, soft_wrap=False,
-                   width=None if _sized_terminal(stream) else 200, force_terminal=is_terminal(stream))
+    return _console_class()(stderr=stderr, highlight=False, soft_wrap=False,
+                            width=None if _sized_terminal(stream) else 200, force_terminal=is_terminal(stream))
 
 
 def saved(path: object, verb: str = "saved", note: str = "", quiet: bool = False) -> None:
