@@ -121,6 +121,9 @@ def test_rendezvous_addresses():
             ranks.parse_rendezvous(bad)
     with pytest.raises(UsageError, match="MASTER_PORT"):
         ranks.rendezvous_address(me, None, {"MASTER_ADDR": "n1", "MASTER_PORT": "http"})
+    for blank in ("", " "):  # set but empty is a typo to name, not torchrun's default port (another group's, maybe)
+        with pytest.raises(UsageError, match=f"MASTER_PORT='{blank}' is not an integer"):
+            ranks.rendezvous_address(me, None, {"MASTER_ADDR": "n1", "MASTER_PORT": blank})
     # a host name the resolver cannot encode is a usage error naming it, not an IDNA exception
     for bad in ("a..b", "x" * 64 + ".example"):
         with pytest.raises(UsageError, match=r"--rendezvous host .* is not a host name"):

@@ -1239,7 +1239,7 @@ def rendezvous_address(me: Rank, rendezvous: str | None, env: Mapping[str, str] 
         return _host_name_ok(parse_rendezvous(rendezvous), "--rendezvous")
     if env.get("MASTER_ADDR", "").strip():
         port = DEFAULT_PORT
-        if env.get("MASTER_PORT", "").strip():
+        if "MASTER_PORT" in env:  # set is set: '' or ' ' is refused as WORLD_SIZE's would be, never the default
             raw = env["MASTER_PORT"]
             hint = "a port 1..65535, the same on every rank (torchrun's default 29500)"
             _check_digits("MASTER_PORT", raw, hint)
