@@ -8,12 +8,13 @@ from gpubench.core.units import check_units, format_rate, format_size, parse_siz
     ("4096", 4096), (4096, 4096), ("4KiB", 4096), ("4K", 4096), ("4k", 4096), ("4KB", 4000),
     ("1M", 2**20), ("1MiB", 2**20), ("1MB", 10**6), ("1G", 2**30), ("1GiB", 2**30), ("1GB", 10**9),
     ("30GB", 30 * 10**9), ("1.5KiB", 1536), ("4096B", 4096), (" 64 KiB ", 65536), ("1T", 2**40), ("4Ki", 4096),
+    ("+4K", 4096),  # a leading + is read on sizes as on numbers (docs/errors.md)
 ])
 def test_parse_size_good(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["0", "-5", "12xb", "", "KiB", "1.3B", "1.0000001K", "1e9", "--1", "0KiB"])
+@pytest.mark.parametrize("text", ["0", "-5", "12xb", "", "KiB", "1.3B", "1.0000001K", "1e9", "--1", "0KiB", "++4K", "+-4K", "+0"])
 def test_parse_size_bad(text):
     with pytest.raises(UsageError) as info:
         parse_size(text, what="-b")

@@ -22,7 +22,7 @@ from gpubench.core.errors import UsageError
 
 _BINARY = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(I?)(B?)\s*$", re.IGNORECASE | re.ASCII)  # not "١K"
+_SIZE_RE = re.compile(r"^\s*\+?([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(I?)(B?)\s*$", re.IGNORECASE | re.ASCII)  # not "١K"
 
 UNITS = {"GB": 1e9, "GiB": float(2**30)}
 MAX_BYTES = 2**63 - 1  # the largest size a signed 64-bit count (CUDA, NumPy) can hold
