@@ -233,7 +233,7 @@ BIG = "99999999999999999999999"  # beyond int64: parsed before any Spec holds it
     (["plot", "--dpi", "5", "-o", "x.png", "x.json"], r"--dpi 5 must be >= 10"),
     (["merge", "-t", "cpu", "-c", "9999999999999999999"], r"at most 9,223,372,036,854,775,807\)"),
     # 0 is suggested only where the option takes it
-    (["net", "local", "-t", "1e-400"], r"-t/--time 1e-400 is too small to tell from 0 \(use a value of at least [^,]*\)$"),
+    (["net", "local", "-t", "1e-400"], r"-t/--time 1e-400 is too small to tell from 0 \(use a value of at least 0.1 seconds\)$"),  # its own floor
     (["net", "local", "-i", "1e-400"], r"-i/--interval 1e-400 .*least [^,]*\)$"),
     (["net", "local", "-O", "1e-400"], r"-O/--omit 1e-400 .*, or 0\)$"),
 ])

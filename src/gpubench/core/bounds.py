@@ -70,6 +70,12 @@ class Bound:
         """``hi``, read from the machine where it is a function."""
         return self.hi() if callable(self.hi) else self.hi
 
+    def at_least(self) -> str | None:
+        """The lower bound as messages name it ("at least 0.1 seconds", "more than 0"), or None: no ``lo``."""
+        if self.lo is None:
+            return None
+        return f"{'more than' if self.above else 'at least'} {_limit(self.lo)}{f' {self.unit}' if self.unit else ''}"
+
     def at_most(self) -> str | None:
         """The upper bound as messages name it ("at most 1,000,000 percent", "< 1 s"), or None: no ``hi``."""
         hi = self.largest()

@@ -110,10 +110,11 @@ def underflowed(text: str) -> bool:
     return any(c.isdecimal() and int(c) for c in text.lower().split("e")[0])
 
 
-def too_small(name: str, shown: str, zero_ok: bool = False) -> UsageError:
-    """The error of a value that underflows to 0 (:func:`underflowed`), for option ``name``."""
+def too_small(name: str, shown: str, zero_ok: bool = False, least: str | None = None) -> UsageError:
+    """The error of a value that underflows to 0 (:func:`underflowed`), for option ``name``; ``least``
+    the option's own lower bound in words (:meth:`gpubench.core.bounds.Bound.at_least`), if it has one."""
     return UsageError(f"{name} {shown} is too small to tell from 0",
-                      "use a value of at least 1e-300" + (", or 0" if zero_ok else ""))
+                      f"use a value of {least}" if least else "use a value of at least 1e-300" + (", or 0" if zero_ok else ""))
 
 
 def parse_number(text: object, name: str, kind: type = int, maximum: float | None = None, *,
@@ -166,7 +167,9 @@ def parse_number(text: object, name: str, kind: type = int, maximum: float | Non
             if not math.isfinite(value):  # digits that overflow a double (1e400, 400 digits)
                 raise too_large(_shown_text(s))
             if value == 0 and underflowed(s):
-                raise too_small(name, _shown_text(s), zero_allowed())
+                own = bound() if bound is not None else None  # its own floor where that is above 0 ("at least 0.1 s")
+                least = own.at_least() if own is not None and own.lo is not None and own.lo > 0 else None
+                raise too_small(name, _shown_text(s), zero_allowed(), least)
         if value == 0 and s.startswith("-"):  # "-0": int() reads 0, parse_size refuses the sign
             own = bound() if bound is not None else None
             if own is not None:
