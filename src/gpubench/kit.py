@@ -23,7 +23,7 @@ def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
                        "stdout and the report to stderr.")
     @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
                   help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
-    @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+    @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
     @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):

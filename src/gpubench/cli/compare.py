@@ -39,7 +39,7 @@ ALPHA = Bound("--alpha", lo=0, above=True, hi=1, below=True)
 @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
               help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
 @click.option("-q", "--quiet", is_flag=True,
-              help="Print nothing but errors (with --fail-on-regression: the exit code and its one line).")
+              help="Print nothing but errors and warnings (with --fail-on-regression: the exit code and its one line).")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 def command(base, new, threshold_pct, alpha, ignore, fail_on_regression, strict, fmt, units, quiet, debug):
     """Compare saved results: BASE.json against NEW.json (and more, each against BASE).

@@ -14,7 +14,7 @@ from gpubench.core.errors import UsageError
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
               help="OpenMetrics file to write, e.g. /var/lib/node_exporter/textfile/gpubench.prom "
                    "(written atomically, so a scraper never reads half of it); - for standard output.")
-@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 def command(inputs, output, quiet, debug):
     """Saved results, suite bundles or their folders as OpenMetrics text for Prometheus

@@ -27,7 +27,7 @@ PEAK = Bound("--peak", lo=0, above=True, hi=MAX_GBPS)  # in --units/s
               help="Draw a dashed peak line at this bandwidth (in --units/s), labelled 'user'; repeatable. "
                    "Peaks saved in the results are drawn anyway. Refused where no panel has a bandwidth axis.")
 @click.option("--title", type=Text(), default=None, help="Title over the whole figure.")
-@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 def command(results, output, units, size, dpi, peaks, title, quiet, debug):
     """Plot saved results into one PNG, each command the way it reads best: copy as lines against

@@ -17,7 +17,7 @@ from gpubench.kit import Text
 @click.option("--title", type=Text(), default=None, help="Heading of the page [default: gpubench report].")
 @click.option("--baseline", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="A saved result to compare each input of its command with (no comparison without it).")
-@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 def command(inputs, output, units, title, baseline, quiet, debug):
     """One self-contained HTML page (no network, plots inline) of saved results, suite bundles or

@@ -38,7 +38,7 @@ from gpubench.validation.fleet import file_host as _host
               help="Also write the bundle as OpenMetrics text for Prometheus' textfile collector (gpubench "
                    "metrics). Under a launcher each rank writes its own: {rank} and {host} in FILE are "
                    "replaced by the rank and its host name.")
-@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict, node_timeout, metrics_file, quiet,
             debug):
