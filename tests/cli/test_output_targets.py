@@ -30,8 +30,9 @@ from gpubench.core.result import Result, check_output_target, save
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def gb(*args, cwd=None, **kw):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+def gb(*args, cwd=None, extra_env=None, **kw):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")])),
+           **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, timeout=60,
                           env=env, cwd=cwd, **kw)
 
@@ -202,7 +203,9 @@ def test_full_disk_keeps_the_earlier_file_intact(tmp_path):
     old = tmp_path / "env.json"
     before = json.dumps({"earlier": "result"})
     old.write_text(before)
-    p = gb("env", "--json", str(old), preexec_fn=_small_file_limit)
+    # no bytecode written under the limit: a .pyc is cut at 1 KiB without an error (importlib's
+    # _write_atomic does not check a short write), and every later process would fail to import it
+    p = gb("env", "--json", str(old), preexec_fn=_small_file_limit, extra_env={"PYTHONDONTWRITEBYTECODE": "1"})
     assert p.returncode == 3, (p.stdout, p.stderr)
     line = _one_error_line(p.stderr)
     assert "could not save" in line and "env.json" in line
@@ -289,6 +292,18 @@ def test_a_measured_result_is_saved_when_the_reports_reader_is_gone(tmp_path):
 
     r = load(out)
     assert not r.partial and any(rec.samples_s for rec in r.records)
+
+
+def test_json_to_stdout_is_whole_when_the_reports_reader_on_stderr_is_gone():
+    """`--json -` sends the report to stderr: with stderr's reader gone, the JSON on stdout is still
+    written whole (the lost stream, not stdout, is the one sent to /dev/null)."""
+    p = subprocess.Popen([sys.executable, "-m", "gpubench", "net", "local", "-t", "1", "-i", "0.5", "--json", "-"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
+    p.stderr.close()
+    out = p.stdout.read()
+    assert p.wait(timeout=60) == 3
+    d = json.loads(out)
+    assert d["partial"] is False and any(r["samples_s"] for r in d["records"])
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")

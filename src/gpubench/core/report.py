@@ -75,8 +75,10 @@ def _console_class():
         def on_broken_pipe(self) -> None:
             """rich ends the process with exit 1 here, which gpubench's exit codes read as a
             regression: the rest goes to /dev/null (as rich does) and ReportLost is raised."""
-            with suppress(OSError, ValueError, AttributeError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            with suppress(OSError, ValueError, AttributeError):  # the stream this console writes (stdout or stderr)
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, self.file.fileno())
+                os.close(null)
             raise ReportLost(errno.EPIPE, os.strerror(errno.EPIPE))
 
     return _Console
