@@ -4,6 +4,9 @@ rendezvous addresses (an IPv6 zone, ASCII ports only); the wording of an abort n
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from gpubench.launch import ranks
@@ -668,26 +671,60 @@ def test_the_store_reads_no_request_line_beyond_its_limit(monkeypatch):
         store.close(0.0)
 
 
-def test_the_store_serves_each_rank_and_a_few_more_connections_at_once_and_closes_the_rest():
+def test_the_store_serves_each_rank_and_a_few_more_connections_and_a_newcomer_takes_a_silent_ones_place():
     """Each connection may hold a request line of up to _MAX_LINE in rank 0's memory, so rank 0's
-    store serves at most its clients' count at once (a rank each, and a few more): a flood of
-    connections to its port is closed, and the ranks' own are served."""
+    store serves at most its clients' count at once (a rank each, and a few more). When every slot
+    is taken, a newcomer takes the place of the oldest connection that has sent no whole request
+    line (idle or trickling: not a rank), so such connections cannot keep a rank from joining; a
+    newcomer finding every slot held by clients that spoke is closed at once."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     store = ranks._Store("127.0.0.1", port, True, 5.0, max_clients=3)  # this client is one
-    extra = []
+    store.set("k", "v", 5.0)  # this client has spoken
+    conns = []
     try:
-        for _ in range(2):
-            extra.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        idle = socket.create_connection(("127.0.0.1", port), timeout=5)
+        trickle = socket.create_connection(("127.0.0.1", port), timeout=5)
+        trickle.sendall(b'{"op": "get", ')  # no end of line: still silent
+        conns += [idle, trickle]
+        time.sleep(0.2)  # both are served before the next one comes
+        rank = socket.create_connection(("127.0.0.1", port), timeout=5)
+        conns.append(rank)
+        assert idle.recv(10) == b""  # the oldest silent one made room
+        rank.sendall(b'{"op": "get", "ks": ["k"]}\n')
+        assert json.loads(rank.makefile("rb").readline()) == {"ok": True, "k": "k", "v": "v"}
+        trickle.sendall(b'"ks": ["k"]}\n')  # its line ends: it spoke, and is served
+        assert json.loads(trickle.makefile("rb").readline())["v"] == "v"
         flood = socket.create_connection(("127.0.0.1", port), timeout=5)
-        assert flood.recv(10) == b""  # closed at once, nothing read from it
-        flood.close()
-        store.set("k", "v", 5.0)
+        conns.append(flood)
+        assert flood.recv(10) == b""  # every slot is held by a client that spoke
         assert store.get_any(["k"], 5.0) == ("k", "v")
     finally:
-        for c in extra:
+        for c in conns:
             c.close()
+        store.close(0.0)
+
+
+def test_the_store_closes_a_connection_that_sends_nothing_within_its_first_request_deadline(monkeypatch):
+    """A connection to rank 0's store that sends no request line within STORE_FIRST_REQUEST_S is
+    closed and frees its slot; a client that spoke is served however long it then waits."""
+    import socket
+
+    monkeypatch.setattr(ranks, "STORE_FIRST_REQUEST_S", 0.3)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = ranks._Store("127.0.0.1", port, True, 5.0, max_clients=2)
+    store.set("k", "v", 5.0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as idle:
+            t0 = time.monotonic()
+            assert idle.recv(10) == b""
+            assert 0.2 < time.monotonic() - t0 < 4.0
+        time.sleep(0.5)  # past the deadline: the store's own client (it spoke) is still served
+        assert store.get_any(["k"], 5.0) == ("k", "v")
+    finally:
         store.close(0.0)

@@ -885,6 +885,7 @@ class _StoreGroup(Group):
 # -- the stores -----------------------------------------------------------------------------------
 
 STORE_SPARE_CLIENTS = 16  # connections rank 0's store serves beyond one per rank
+STORE_FIRST_REQUEST_S = 10.0  # a connection that sends no request line within this is closed
 STORE_REPLY_S = 5.0  # a store request's own allowance beyond its deadline
 _MAX_LINE = 64 << 20  # the longest request or reply line of gpubench's store (bytes)
 
@@ -994,7 +995,13 @@ def _peek_reply(reply: dict, req: dict) -> bool:
 
 class _Store:
     """A TCP key-value store, the subset of torch's TCPStore the group uses: rank 0 serves it in a
-    thread, every rank is a client. One JSON object a line (no pickle)."""
+    thread, every rank is a client. One JSON object a line (no pickle).
+
+    It serves at most ``max_clients`` connections at once. One that has not sent a whole request
+    line yet (silent) is closed after STORE_FIRST_REQUEST_S without a byte, and when every slot is
+    taken a newcomer takes the oldest silent one's place (the net server's rule), so idle or
+    trickling connections to the port cannot keep a rank from joining; a newcomer finding every
+    slot held by clients that spoke is closed."""
 
     def __init__(self, host: str, port: int, is_master: bool, deadline: float, max_clients: int | None = None):
         self._server: socket.socket | None = None
@@ -1003,6 +1010,7 @@ class _Store:
         self._cv = threading.Condition()
         self._stop = False
         self._conns = 0
+        self._silent: dict[socket.socket, None] = {}  # served connections with no request yet, oldest first
         if is_master:
             self._serve(host, port)
         self._addr = (host, port)
@@ -1033,18 +1041,29 @@ class _Store:
                 return
             with self._cv:  # each rank holds one connection; beyond a few more, others are not served
                 if self._max_clients is not None and self._conns >= self._max_clients:
-                    conn.close()
-                    continue
+                    if not self._silent:
+                        conn.close()
+                        continue
+                    oldest = next(iter(self._silent))
+                    del self._silent[oldest]  # its thread ends (and frees its count) on the shutdown
+                    with contextlib.suppress(OSError):
+                        oldest.shutdown(socket.SHUT_RDWR)
                 self._conns += 1
+                self._silent[conn] = None
             threading.Thread(target=self._client, args=(conn,), daemon=True).start()
 
     def _client(self, conn: socket.socket) -> None:
+        conn.settimeout(STORE_FIRST_REQUEST_S)
         f = conn.makefile("rb")
         try:
             while True:
                 line = f.readline(_MAX_LINE + 1)  # bounded: a line without an end is not read whole
                 if not line or len(line) > _MAX_LINE:
                     break
+                if conn in self._silent:  # a whole line: a client that speaks, served without a deadline
+                    with self._cv:
+                        self._silent.pop(conn, None)
+                    conn.settimeout(None)
                 try:
                     reply = self._reply(json.loads(line))
                 except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):  # not a request of the
@@ -1057,6 +1076,7 @@ class _Store:
         finally:
             conn.close()
             with self._cv:
+                self._silent.pop(conn, None)
                 self._conns -= 1
                 self._cv.notify_all()
 
