@@ -12,6 +12,7 @@ import click
 from gpubench.core import report
 from gpubench.core.errors import MachineError, UsageError, from_the_command_line
 from gpubench.core.result import STDOUT, Result, check_output_name, check_output_target, save
+from gpubench.core.units import STEP_FACTOR
 
 
 def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
@@ -147,7 +148,8 @@ def sweep_options(*, min_bytes: str, max_bytes: str, factor: float = 4.0, what: 
         click.option("-b", "--min-bytes", default=min_bytes, show_default=True,
                      help=f"Smallest {what} (4KiB, 1M, 1GB, bytes)."),
         click.option("-e", "--max-bytes", default=max_bytes, show_default=True, help=f"Largest {what}."),
-        click.option("-f", "--step-factor", type=float, default=factor, show_default=True,
+        click.option("-f", "--step-factor", type=StrictFloat(bound=lambda: STEP_FACTOR), default=factor,
+                     show_default=True,
                      help="Multiply the size by this each step."),
     ]
 

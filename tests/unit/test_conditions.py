@@ -47,6 +47,9 @@ def test_parse_policy():
     assert numa.parse_policy(None) == "auto"
     assert numa.parse_policy("ALL") == "all" and numa.parse_policy("none") == "none"
     assert numa.parse_policy(str(first)) == first
+    assert numa.parse_policy(f" {first}\t") == first and numa.parse_policy(" all ") == "all"  # as every value
+    with pytest.raises(UsageError, match="is not a NUMA node"):
+        numa.parse_policy(f"\u00a0{first}")  # only ASCII spaces are dropped
     with pytest.raises(UsageError, match="no NUMA node 4096"):
         numa.parse_policy("4096")
     with pytest.raises(UsageError, match="is not a NUMA node"):

@@ -165,7 +165,7 @@ def test_queue_bounds_keep_at_most_max_queued_iterations_in_flight(n, per_launch
     (dict(devices="a"), "not an integer"),
     (dict(min_bytes="0"), "at least 1 byte"),
     (dict(min_bytes="2G", max_bytes="1G"), "larger than max"),
-    (dict(step_factor=1.0), "step factor"),
+    (dict(step_factor=1.0), "-f/--step-factor 1 must be > 1"),
     (dict(iters=0), "-n/--iters"),
     (dict(samples=0), "--samples"),
     (dict(root=-1), "root"),

@@ -412,3 +412,10 @@ def test_plot_bars_mark_a_figure_above_its_limit():
     d["records"][0]["extra"].update(peak_bytes_per_s=1e9, above_peak=False)
     texts = edited.legend_texts(plot.figure([("batch", Result.from_dict(d))]))
     assert plot.ABOVE_LABEL in texts, texts
+
+
+def test_a_figure_size_drops_ascii_spaces_around_it_as_every_value_does():
+    assert plot.parse_figsize(" 12x7\t") == (12.0, 7.0)
+    for bad in ("12 x 7", "\u00a012x7"):
+        with pytest.raises(UsageError, match="is not WIDTHxHEIGHT"):
+            plot.parse_figsize(bad)

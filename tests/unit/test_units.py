@@ -51,8 +51,11 @@ def test_size_sweep():
     assert size_sweep(1, 3, 1.5) == [1, 2, 3]
     with pytest.raises(UsageError, match="larger than"):
         size_sweep(2**30, 2**20, 2)
-    with pytest.raises(UsageError, match="greater than 1"):
+    with pytest.raises(UsageError, match=r"-f/--step-factor 1 must be > 1"):
         size_sweep(1, 10, 1)
+    with pytest.raises(UsageError, match=r"-f/--step-factor 1e\+19 is too large") as e:
+        size_sweep(1, 10, 1e19)  # the bound its option's parser names is the one held
+    assert e.value.hint == "at most 9.22337e+18"
 
 
 def test_tiny_rate_keeps_digits():

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from gpubench.analysis.compare import _unit, plugin_of
 from gpubench.core import limits, safe
 from gpubench.core.errors import UsageError
+from gpubench.core.options import ASCII_SPACE
 from gpubench.core.result import DRAWN_ARRAYS, Record, Result, read_json, write_bytes_atomic
 from gpubench.core.stats import Summary
 from gpubench.core.units import UNITS, format_size
@@ -750,7 +751,7 @@ def parse_figsize(text: str | None) -> tuple[float, float] | None:
     """
     if text is None:
         return None
-    m = _FIGSIZE.fullmatch(text)
+    m = _FIGSIZE.fullmatch(text.strip(ASCII_SPACE))  # spaces around a value are dropped, as for every value
     if m is None:  # ASCII digits only, as every number (no "١٢x7", "1_2x7", "+12x7")
         raise UsageError(f"--size {text!r} is not WIDTHxHEIGHT in inches", "e.g. --size 12x7") from None
     w, h = float(m.group(1)), float(m.group(2))

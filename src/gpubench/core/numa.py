@@ -21,6 +21,7 @@ from typing import Any, Iterator, Sequence
 
 from gpubench.core import safe
 from gpubench.core.errors import UsageError
+from gpubench.core.options import ASCII_SPACE
 
 NODE_ROOT = "/sys/devices/system/node"
 MAX_PAGES_CHECKED = 256
@@ -89,7 +90,7 @@ def parse_policy(text: str | int | None, root: str = NODE_ROOT) -> str | int:
     those, or a node this machine does not have or that has no CPUs."""
     if text is None:
         return "auto"
-    t = str(text).strip().lower()
+    t = str(text).strip(ASCII_SPACE).lower()  # as every value: ASCII spaces around it dropped
     if t in POLICIES:
         return t
     if not _NODE_TEXT.fullmatch(t):  # int() also takes "٠", "０", "0_0", "+0" and "-0": not node numbers as sysfs writes them

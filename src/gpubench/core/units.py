@@ -18,6 +18,7 @@ import re
 from decimal import Decimal
 from fractions import Fraction
 
+from gpubench.core.bounds import Bound
 from gpubench.core.errors import UsageError
 
 _BINARY = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -27,6 +28,8 @@ _SIZE_RE = re.compile(r"^\s*\+?([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(I?)(B?)\s*$", r
 UNITS = {"GB": 1e9, "GiB": float(2**30)}
 MAX_BYTES = 2**63 - 1  # the largest size a signed 64-bit count (CUDA, NumPy) can hold
 MAX_SWEEP_POINTS = 1000  # sizes in one -b/-e/-f sweep; more is a typo in -f (1.0001), not a study
+# -f/--step-factor: above 1; past MAX_BYTES it adds nothing (a sweep is -b and -e alone from 2**63 on)
+STEP_FACTOR = Bound("-f/--step-factor", lo=1, above=True, hi=float(MAX_BYTES))
 
 
 def parse_size(text: str | int, *, what: str = "size") -> int:
@@ -97,13 +100,12 @@ def format_rate(bytes_per_second: float, units: str = "GB") -> str:
 
 def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
     """Sizes in bytes from min to max multiplying by step_factor, as nccl-tests' -b/-e/-f; max always included. Raises
-    UsageError: min > max, step_factor <= 1, or more than MAX_SWEEP_POINTS sizes."""
+    UsageError: min > max, step_factor outside :data:`STEP_FACTOR`, or more than MAX_SWEEP_POINTS sizes."""
     if min_bytes > max_bytes:
         raise UsageError(f"min size {format_size(min_bytes)} is larger than max size {format_size(max_bytes)}",
                          "give -b <= -e")
-    if not step_factor > 1:
-        raise UsageError(f"step factor {step_factor!r} must be greater than 1", "e.g. -f 2")
-    if math.isfinite(step_factor) and math.log(max_bytes / min_bytes) / math.log(step_factor) > MAX_SWEEP_POINTS:
+    STEP_FACTOR.check(step_factor)
+    if math.log(max_bytes / min_bytes) / math.log(step_factor) > MAX_SWEEP_POINTS:
         raise UsageError(f"step factor {step_factor!r} from {format_size(min_bytes)} to {format_size(max_bytes)} "
                          f"gives more than {MAX_SWEEP_POINTS} sizes", "use a larger -f, e.g. -f 2")
     sizes: list[int] = []

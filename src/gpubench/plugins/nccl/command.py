@@ -6,10 +6,10 @@ from __future__ import annotations
 import click
 
 from gpubench.plugins.nccl import collectives as C
-from gpubench.kit import benchmark_command
+from gpubench.kit import StrictFloat, benchmark_command
 from gpubench.core import limits, report
 from gpubench.core.errors import RegressionFound
-from gpubench.core.units import format_rate, parse_size, size_sweep, to_rate
+from gpubench.core.units import STEP_FACTOR, format_rate, parse_size, size_sweep, to_rate
 
 
 _ROOTED_NAMES = [c.name for c in C.COLLECTIVES.values() if c.rooted]
@@ -33,7 +33,7 @@ OPTIONS = [
                  help="CUDA devices, one rank each, e.g. 0,1 [default: every visible GPU]."),
     click.option("-b", "--min-bytes", default="1M", show_default=True, help="Smallest size (nccl-tests -b; 1M = 2^20 B)."),
     click.option("-e", "--max-bytes", default="1G", show_default=True, help="Largest size (nccl-tests -e)."),
-    click.option("-f", "--step-factor", type=float, default=4.0, show_default=True,
+    click.option("-f", "--step-factor", type=StrictFloat(bound=lambda: STEP_FACTOR), default=4.0, show_default=True,
                  help="Size multiplier per step (nccl-tests -f)."),
     click.option("-t", "--dtype", default="float", show_default=True,
                  help="Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16."),
