@@ -321,6 +321,11 @@ def test_quiet_without_json_warns_once_after_the_run_and_not_with_json(tmp_path)
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}, "MASTER_PORT='0' is not a TCP port"),
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "\uff12\uff19\uff15\uff10\uff10"},
      "MASTER_PORT="),
+    # a rank variable set empty beside its size: named, as RANK='' beside WORLD_SIZE is (never read as no launcher)
+    ({"RANK": "", "WORLD_SIZE": "2"}, "WORLD_SIZE is set without RANK (set both (torchrun does)"),
+    ({"OMPI_COMM_WORLD_RANK": "", "OMPI_COMM_WORLD_SIZE": "2"},
+     "OMPI_COMM_WORLD_SIZE is set without OMPI_COMM_WORLD_RANK (set both (the launcher does)"),
+    ({"PMI_RANK": " ", "PMI_SIZE": "2"}, "PMI_SIZE is set without PMI_RANK"),
     # a Kubernetes Indexed Job's pod: the manifest must give the world size; the index is below it
     ({"JOB_COMPLETION_INDEX": "1"}, "JOB_COMPLETION_INDEX is set without WORLD_SIZE (set WORLD_SIZE to the Job's"),
     ({"JOB_COMPLETION_INDEX": "3", "WORLD_SIZE": "3"}, "JOB_COMPLETION_INDEX=3 is not below WORLD_SIZE=3"),

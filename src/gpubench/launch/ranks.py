@@ -242,8 +242,9 @@ class Launcher:
     rendezvous: Callable[[Mapping[str, str]], tuple[str, int] | None] | None = None
 
 
-def _set(name: str) -> Callable[[Mapping[str, str]], bool]:
-    return lambda env: bool(env.get(name, "").strip())
+def _set(*names: str) -> Callable[[Mapping[str, str]], bool]:
+    """Whether any of ``names`` is set to more than spaces: a row found by its size alone says its rank is missing."""
+    return lambda env: any(env.get(name, "").strip() for name in names)
 
 
 def _pmix_node(env: Mapping[str, str], f: dict) -> None:
@@ -274,12 +275,12 @@ _TORCHRUN: dict[str, Any] = dict(rank="RANK", size=("WORLD_SIZE",), local=("LOCA
 LAUNCHER_TABLE: tuple[Launcher, ...] = (
     # torchrun's own workers first: under `srun torchrun` the SLURM_* variables count its agents
     Launcher("torchrun", lambda env: bool(env.get("TORCHELASTIC_RUN_ID")) and _set("RANK")(env), **_TORCHRUN),
-    Launcher("openmpi", _set("OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",),
+    Launcher("openmpi", _set("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",),
              local=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",), mpi=_OPEN_MPI),
     Launcher("pmix", _set("PMIX_RANK"), "PMIX_RANK", ("PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
              size_needed=False, local=("PMIX_LOCAL_RANK", "SLURM_LOCALID"), local_size=("PMIX_LOCAL_SIZE",),
              mpi=_PMIX, refine=_pmix_node),
-    Launcher("pmi", _set("PMI_RANK"), "PMI_RANK", ("PMI_SIZE",), local=("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+    Launcher("pmi", _set("PMI_RANK", "PMI_SIZE"), "PMI_RANK", ("PMI_SIZE",), local=("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
              local_size=("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), mpi=_PMI),
     Launcher("slurm", _slurm_step, "SLURM_PROCID",
              ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
@@ -291,7 +292,7 @@ LAUNCHER_TABLE: tuple[Launcher, ...] = (
              missing_size=("JOB_COMPLETION_INDEX is set without WORLD_SIZE",
                            "set WORLD_SIZE to the Job's completions in the pod's env")),
     # a torchrun-style environment set by hand (or by another tool): RANK and WORLD_SIZE
-    Launcher("torchrun", lambda env: _set("RANK")(env) or _set("WORLD_SIZE")(env), **_TORCHRUN),
+    Launcher("torchrun", _set("RANK", "WORLD_SIZE"), **_TORCHRUN),
 )
 
 
@@ -321,8 +322,9 @@ def discover(env: Mapping[str, str] = os.environ) -> Rank:
     if row is None:
         return replace(SINGLE, host=host)
     rank_v = row.rank
-    if not env.get(rank_v, "").strip():  # detected by its size alone (a hand-made torchrun environment)
-        raise UsageError(f"{row.size[0]} is set without {rank_v}", "set both (torchrun does), or neither")
+    if not env.get(rank_v, "").strip():  # detected by its size alone (a hand-made environment, a rank set empty)
+        raise UsageError(f"{row.size[0]} is set without {rank_v}",
+                         f"set both ({'torchrun' if row.name == 'torchrun' else 'the launcher'} does), or neither")
     rank = _int(env, rank_v)
     size_v, size = _first(env, *row.size, minimum=1)
     if size is None and row.size_needed:
