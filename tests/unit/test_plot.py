@@ -4,6 +4,7 @@ colour and style, a matrix of equal cells still showing its value, peaks named b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -419,3 +420,21 @@ def test_a_figure_size_drops_ascii_spaces_around_it_as_every_value_does():
     for bad in ("12 x 7", "\u00a012x7"):
         with pytest.raises(UsageError, match="is not WIDTHxHEIGHT"):
             plot.parse_figsize(bad)
+
+
+def test_long_series_labels_wrap_in_the_legend_and_leave_the_axes_their_room(tmp_path):
+    """Labels of 120 characters (a hostile or careless file's params) wrap at LEGEND_WIDTH: the
+    layout still fits, with no matplotlib warning on the user's terminal."""
+    import warnings
+
+    res = synth.copy_like(3, sizes=(4096,), median_gbps=(4.1,))  # one point, one panel: the narrowest figure
+    h2d, d2h = res.records
+    res.records = [h2d, dataclasses.replace(d2h, params={**h2d.params, "memory": "\x1b[31mxxx" * 40})]
+    path = tmp_path / "long.json"
+    save(res, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig, _ = drawn([(str(path), plot.load(path))])
+        plot.png_bytes([(str(path), plot.load(path))])
+    long = [t for t in legend_texts(fig) if "xxx" in t]
+    assert long and all(max(map(len, t.split("\n"))) <= plot.LEGEND_WIDTH and "\n" in t for t in long), long

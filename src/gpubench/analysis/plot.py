@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -46,6 +47,12 @@ _PANEL = {"sweep": (6.0, 4.2, 3), "bars": (11.0, 4.8, 1), "collective": (6.5, 4.
 
 
 S = safe.mpl  # every label goes through it: one line, no mathtext
+LEGEND_WIDTH = 60  # characters a legend line holds: a longer label (a hostile file's) wraps, the axes keep their room
+
+
+def legend_label(label: object) -> str:
+    """A series' legend entry: :data:`S`, wrapped at :data:`LEGEND_WIDTH` characters."""
+    return "\n".join(textwrap.wrap(S(label), LEGEND_WIDTH, drop_whitespace=False)) or S(label)
 
 
 def load(path: str | Path) -> Result:
@@ -534,7 +541,7 @@ def _draw_lines(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], leg
                         markersize=max(3.5, 7 - 1.2 * i), lw=max(1.2, 3.4 - 0.6 * i), zorder=2 + 0.01 * i,
                         label=S(s.label))
         ax.fill_between(xs, [v.p25 for v in ss], [v.p75 for v in ss], color=colour, alpha=0.2, lw=0)
-        legend.setdefault(S(s.label), line)
+        legend.setdefault(legend_label(s.label), line)
         flags = [limits.saved_flag(r) for r in recs]  # saved, or re-derived from the samples and the peak
         for flag, label, style in (("above_peak", ABOVE_LABEL, {"marker": "x", "color": "red", "markersize": 9, "mew": 2}),
                                    ("no_op", NO_OP_LABEL, {"marker": "s", "color": "black", "mfc": "none",
@@ -589,7 +596,7 @@ def _draw_bars(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak], lege
         xs = x + (i - (k - 1) / 2) * width
         bars = ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=colour, hatch=hatch, edgecolor="white"
                       if not hatch else "0.2", lw=0.5, label=S(s.label), error_kw={"lw": 0.8, "ecolor": "0.15"})
-        legend.setdefault(S(s.label), bars)
+        legend.setdefault(legend_label(s.label), bars)
         # a bar above its physical limit gets the red cross the lines get (saved or re-derived flag)
         above = set() if summaries else {str(r.params.get(panel.cat_key or "", "-")) for r in s.records
                                          if limits.saved_flag(r) == "above_peak"}
@@ -656,7 +663,7 @@ def _draw_intervals(ax, panel: Panel, styles, units: str, peaks: Sequence[Peak],
                 colour, ls = "black", "-"
             line, = ax.plot(xs, ys, color=colour, linestyle=ls if many else "-", lw=2.4 if total else 1.3,
                             label=S(s.label))
-            legend.setdefault(S(s.label), line)
+            legend.setdefault(legend_label(s.label), line)
     ax.set_xlim(0, t_end * 1.02 if t_end else 1)
     top = _draw_peaks(ax, peaks, units, top)
     ax.set_ylim(0, top * 1.15 if top else 1)
