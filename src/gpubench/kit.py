@@ -10,10 +10,13 @@ from typing import Any, Callable, Sequence
 import click
 
 from gpubench.core import report
-from gpubench.core.errors import MachineError, UsageError, from_the_command_line
+from gpubench.core.errors import MachineError, UsageError, from_the_command_line, note_debug
 from gpubench.core.result import STDOUT, Result, check_output_name, check_output_target, save
 from gpubench.core.units import STEP_FACTOR
 
+
+#: every command's --debug: eager, so its traceback also shows for an option that fails to parse after it
+DEBUG_OPTION = click.option("--debug", is_flag=True, is_eager=True, callback=note_debug, help="Show tracebacks of errors.")
 
 def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
     """Add --json PATH, --units GB|GiB, -q/--quiet and --debug to a command. ``written_by_rank_0``:
@@ -25,7 +28,7 @@ def common_options(f: Callable, written_by_rank_0: bool = False) -> Callable:
     @click.option("--units", type=click.Choice(["GB", "GiB"]), default="GB", show_default=True,
                   help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
     @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
-    @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+    @DEBUG_OPTION
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         path = kwargs.get("json_path")

@@ -272,3 +272,15 @@ def test_a_mistyped_command_gets_the_closest_names_and_exit_2():
     assert r.returncode == 2 and r.stderr.strip() == "gpubench: error: No such command 'cpoy'. Did you mean 'copy'?"
     r = gb("x\x1b[2J")
     assert r.returncode == 2 and "\x1b" not in r.stderr and "Did you mean" not in r.stderr
+
+
+def test_debug_is_the_parsed_flag_not_a_word_of_the_command_line():
+    """`--debug` given as another option's value (`suite --expect --debug` names a file) shows no
+    traceback: one line, exit 2; the flag itself is eager, so it also shows the traceback of an
+    option that fails to parse before it on the line."""
+    r = gb("suite", "--expect", "--debug")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == ["gpubench: error: cannot read --debug: No such file or directory"]
+    r = gb("copy", "-n", "x", "--debug")
+    assert r.returncode == 2 and "Traceback" in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("gpubench: error: -n/--iters 'x' is not an integer")

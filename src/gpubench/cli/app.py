@@ -20,7 +20,7 @@ import click
 from gpubench import __version__
 from gpubench.cli.interrupt import interrupted_line
 from gpubench.core import signals
-from gpubench.core.errors import GpubenchError
+from gpubench.core.errors import DEBUG, GpubenchError
 from gpubench.core import registry
 from gpubench.core.registry import INVOCATION, load_command
 from gpubench.core.signals import Interrupted
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
     the signals :func:`gpubench.cli.main` noted before this point; ``held``: those it holds."""
     args = sys.argv[1:] if argv is None else argv
     INVOCATION[:] = [str(a) for a in args]
-    debug = "--debug" in args
+    DEBUG.clear()  # the parsed --debug of this run (an in-process run follows another)
     if sys.stdout is None:  # started with stdout closed (`>&-`): the report goes nowhere, as asked;
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         sys.stdout.gpubench_closed_at_start = True  # type: ignore[attr-defined]  # --json - is refused
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
                        f"{os.strerror(errno.EPIPE)}", err=True)
         code = 3
     except GpubenchError as e:
-        if debug:
+        if DEBUG:
             traceback.print_exc()
         if not getattr(e, "every_rank", False) or _speaks_for_the_job():
             click.echo(f"gpubench: error: {_one_line(e.one_line())}", err=True)
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None, *, early: list[int] | None = None, held:
         click.echo(interrupted_line(e.signum), err=True)
         code = 128 + e.signum
     except Exception as e:  # a bug or an unexpected library fault: one line unless --debug
-        if debug:
+        if DEBUG:
             traceback.print_exc()
         lost = getattr(sys.modules.get("gpubench.core.report"), "ReportLost", ())  # raised only once it is loaded
         if isinstance(e, lost) or isinstance(e, OSError) and _writing_stdout(e):  # a full disk, a broken pipe

@@ -8,7 +8,7 @@ import click
 
 from gpubench.core.bounds import Bound
 from gpubench.core.errors import RegressionFound, UsageError
-from gpubench.kit import StrictFloat
+from gpubench.kit import DEBUG_OPTION, StrictFloat
 
 
 #: a change of 10,000x is no longer a threshold
@@ -40,7 +40,7 @@ ALPHA = Bound("--alpha", lo=0, above=True, hi=1, below=True)
               help="Bandwidth units: GB/s = 1e9 B/s, GiB/s = 2^30 B/s.")
 @click.option("-q", "--quiet", is_flag=True,
               help="Print nothing but errors and warnings (with --fail-on-regression: the exit code and its one line).")
-@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+@DEBUG_OPTION
 def command(base, new, threshold_pct, alpha, ignore, fail_on_regression, strict, fmt, units, quiet, debug):
     """Compare saved results: BASE.json against NEW.json (and more, each against BASE).
 

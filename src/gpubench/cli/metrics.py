@@ -7,6 +7,7 @@ import sys
 import click
 
 from gpubench.core.errors import UsageError
+from gpubench.kit import DEBUG_OPTION
 
 
 @click.command("metrics")
@@ -15,7 +16,7 @@ from gpubench.core.errors import UsageError
               help="OpenMetrics file to write, e.g. /var/lib/node_exporter/textfile/gpubench.prom "
                    "(written atomically, so a scraper never reads half of it); - for standard output.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
-@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+@DEBUG_OPTION
 def command(inputs, output, quiet, debug):
     """Saved results, suite bundles or their folders as OpenMetrics text for Prometheus
     (node_exporter's textfile collector): each figure's median and p25/p75 band labelled by host,

@@ -8,7 +8,7 @@ import click
 
 from gpubench.core.bounds import MAX_GBPS, Bound
 from gpubench.core.errors import UsageError
-from gpubench.kit import StrictFloat, StrictInt, Text
+from gpubench.kit import DEBUG_OPTION, StrictFloat, StrictInt, Text
 
 DPI = Bound("--dpi", lo=10, hi=1000)  # pixels per inch
 PEAK = Bound("--peak", lo=0, above=True, hi=MAX_GBPS)  # in --units/s
@@ -28,7 +28,7 @@ PEAK = Bound("--peak", lo=0, above=True, hi=MAX_GBPS)  # in --units/s
                    "Peaks saved in the results are drawn anyway. Refused where no panel has a bandwidth axis.")
 @click.option("--title", type=Text(), default=None, help="Title over the whole figure.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
-@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+@DEBUG_OPTION
 def command(results, output, units, size, dpi, peaks, title, quiet, debug):
     """Plot saved results into one PNG, each command the way it reads best: copy as lines against
     size per direction (one colour per memory kind); batch, memcpy2d and overlap as bars per strategy

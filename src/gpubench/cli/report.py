@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gpubench.core.errors import UsageError
-from gpubench.kit import Text
+from gpubench.kit import DEBUG_OPTION, Text
 
 
 @click.command("report")
@@ -18,7 +18,7 @@ from gpubench.kit import Text
 @click.option("--baseline", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="A saved result to compare each input of its command with (no comparison without it).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
-@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+@DEBUG_OPTION
 def command(inputs, output, units, title, baseline, quiet, debug):
     """One self-contained HTML page (no network, plots inline) of saved results, suite bundles or
     their folders, and fleet bundles: verdicts and flags first (partial, above peak, throttled,

@@ -15,7 +15,7 @@ from gpubench.core import registry, report, safe
 from gpubench.core.errors import MachineError, RegressionFound, UsageError, from_the_command_line
 from gpubench.core.plugin import StepPlace
 from gpubench.core.result import Result, check_output_path, check_output_target, write_bytes_atomic
-from gpubench.kit import StrictFloat
+from gpubench.kit import DEBUG_OPTION, StrictFloat
 from gpubench.validation import fleet, profiles, steps, suite
 from gpubench.validation.fleet import file_host as _host
 
@@ -39,7 +39,7 @@ from gpubench.validation.fleet import file_host as _host
                    "metrics). Under a launcher each rank writes its own: {rank} and {host} in FILE are "
                    "replaced by the rank and its host name.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
-@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+@DEBUG_OPTION
 def command(expect_file, list_profiles, out_dir, check_files, with_merge, strict, node_timeout, metrics_file, quiet,
             debug):
     """Validate a node: env, then every installed command's steps (pinned copy H2D and D2H, batch,

@@ -13,6 +13,18 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+#: [True] once a command's ``--debug`` was parsed (:func:`note_debug`): the top-level handler then
+#: prints tracebacks. The parsed flag, not a word of argv: ``--expect --debug`` names a file.
+DEBUG: list[bool] = []
+
+
+def note_debug(ctx: Any, param: Any, value: bool) -> bool:
+    """``--debug``'s click callback (an eager option, parsed before the others): notes the flag in :data:`DEBUG`."""
+    if value:
+        DEBUG[:] = [True]
+    return value
+
+
 class GpubenchError(Exception):
     """Base of gpubench's errors: one line naming what is wrong, and an optional one-line hint."""
 

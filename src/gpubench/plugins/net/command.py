@@ -369,7 +369,7 @@ def _check_port(port: int, *, allow_zero: bool) -> int:
               help="Serve TCP tests, or UCX tests (`net client --protocol ucx`).")
 @click.option("-d", "--device", type=int, default=0, show_default=True, help="--protocol ucx: the GPU of -m cuda buffers.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
-@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+@kit.DEBUG_OPTION
 def server(bind, port, one_off, protocol, device, quiet, debug):
     """Receive tests from `gpubench net client` until Ctrl-C or SIGTERM.
 
