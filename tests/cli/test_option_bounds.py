@@ -232,6 +232,16 @@ BIG = "99999999999999999999999"  # beyond int64: parsed before any Spec holds it
     (["plot", "--dpi", BIG, "-o", "x.png", "x.json"], r"--dpi \S+ is too large \(at most 1,000\)"),
     (["plot", "--dpi", "5", "-o", "x.png", "x.json"], r"--dpi 5 must be >= 10"),
     (["merge", "-t", "cpu", "-c", "9999999999999999999"], r"at most 9,223,372,036,854,775,807\)"),
+    # a limit checked with others in the Spec is still named by the parser past a 64-bit integer
+    (["net", "local", "--protocol", "ucx", "--in-flight", BIG], r"--in-flight \S+ is too large \(at most 1,024\)"),
+    (["net", "local", "--protocol", "ucx", "--in-flight", "-0"], r"--in-flight -0 must be >= 1$"),
+    (["net", "local", "--protocol", "ucx", "-d", BIG], r"-d/--device \S+ is too large \(at most 2,147,483,647\)"),
+    (["overlap", "--streams", BIG], r"--streams \S+ is too large \(at most 64\)"),
+    (["overlap", "--chunks", BIG], r"--chunks \S+ is too large \(at most 1,024\)"),
+    (["overlap", "--work", f"0,{BIG}"], r"--work \S+ is too large \(at most 1,048,576\)"),
+    (["nccl", "-a", BIG], r"-a/--average \S+ is too large \(at most 3\)"),
+    (["batch", "--count", BIG], r"--count \S+ is too large \(at most 1,048,576\)"),
+    (["net", "local", "-l", "9000000T"], r"-l/--length '9000000T' is over 64 MiB \(use 64MiB or less\)"),
     # 0 is suggested only where the option takes it
     (["net", "local", "-t", "1e-400"], r"-t/--time 1e-400 is too small to tell from 0 \(use a value of at least 0.1 seconds\)$"),  # its own floor
     (["net", "local", "-i", "1e-400"], r"-i/--interval 1e-400 .*least [^,]*\)$"),

@@ -10,7 +10,9 @@ from gpubench.core.gpu import gpu_available
 BAD = [
     (["--size", "10"], "multiple of 4"),
     (["--size", "0"], "at least 1 byte"),
-    (["--work", "-1"], "out of range"),
+    (["--work", "-1"], "--work -1 must be >= 0"),
+    (["--work", "9" * 25], "--work " + "9" * 25 + " is too large (at most 1,048,576)"),
+    (["--streams", "9" * 25], "is too large (at most 64)"),
     (["--work", "lots"], "'lots' is not an integer"),
     (["--streams", "0"], "--streams 0"),
     (["--streams", "8", "--chunks", "2"], "fewer than --streams"),

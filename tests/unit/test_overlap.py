@@ -32,7 +32,7 @@ def test_defaults():
     (dict(size="10"), "multiple of 4"),
     (dict(size="0"), "at least 1 byte"),
     (dict(size="-4"), "not a size"),
-    (dict(works="-1"), "out of range"),
+    (dict(works="-1"), "--work -1 must be >= 0"),
     (dict(works="1,x"), "'x' is not an integer"),
     (dict(works="5,5"), "is repeated in --work"),
     (dict(works=","), "empty"),

@@ -62,3 +62,11 @@ def test_tiny_rate_keeps_digits():
     assert format_rate(0) == "0.000"
     assert format_rate(4.98e5) == "0.000498"  # 498 kB/s is not 0
     assert format_rate(2.5e6) == "0.003"
+
+
+def test_a_size_past_its_options_own_cap_names_that_cap_however_far_over():
+    assert parse_size("64MiB", what="-l/--length", most=64 << 20) == 64 << 20
+    for text in ("128MiB", "9000000T", "9" * 40):
+        with pytest.raises(UsageError, match=r"-l/--length .* is over 64 MiB") as e:
+            parse_size(text, what="-l/--length", most=64 << 20)
+        assert e.value.hint == "use 64MiB or less"

@@ -32,9 +32,10 @@ MAX_SWEEP_POINTS = 1000  # sizes in one -b/-e/-f sweep; more is a typo in -f (1.
 STEP_FACTOR = Bound("-f/--step-factor", lo=1, above=True, hi=float(MAX_BYTES))
 
 
-def parse_size(text: str | int, *, what: str = "size") -> int:
+def parse_size(text: str | int, *, what: str = "size", most: int | None = None) -> int:
     """Parse a size (``"4KiB"``, ``"1M"``, ``"30GB"``, ``"4096"`` or an int) into bytes (>= 1); ``what`` names the
-    option in messages. Raises UsageError: not a size, not >= 1, not a whole number of bytes, or over MAX_BYTES."""
+    option in messages, ``most`` its own upper bound where it has a fixed one. Raises UsageError: not a size, not >= 1,
+    not a whole number of bytes, over ``most`` (named, however far over), or over MAX_BYTES."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
@@ -54,6 +55,9 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
         value = int(exact)
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be at least 1 byte")
+    if most is not None and value > most:
+        raise UsageError(f"{what} {str(text)[:40]!r} is over {format_size(most)}",
+                         f"use {format_size(most).replace(' ', '')} or less")
     if value > MAX_BYTES:
         raise UsageError(f"{what} {str(text)[:40]!r} is over {MAX_BYTES} bytes (8 EiB), more than any machine holds")
     return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpubench.kit import benchmark_command, spread_option, timing_options
+from gpubench.kit import StrictInt, benchmark_command, spread_option, timing_options
 
 from gpubench.core.options import csv_list
 from gpubench.core import report
@@ -24,8 +24,18 @@ HELP = """Many small copies vs one packed copy vs cudaMemcpyBatchAsync vs one co
     ceiling). Every strategy's data is checked. GB/s = N x S / time; see docs/batch.md.
     """
 
+
+def _count():
+    """--count's Bound as the parser names it past a 64-bit integer (BatchSpec holds every point's count to it)."""
+    from gpubench.core.bounds import Bound
+    from gpubench.plugins.batch.bench import MAX_COUNT
+
+    return Bound("--count", lo=1, hi=MAX_COUNT)
+
+
 OPTIONS = [
-    click.option("--count", type=int, default=None, help="Pieces per transfer [default: 4096, or --total / --piece]."),
+    click.option("--count", type=StrictInt(bound=_count), default=None,
+                 help="Pieces per transfer [default: 4096, or --total / --piece]."),
     click.option("--piece", default=None,
                  help="Bytes per piece; a comma list sweeps (e.g. 1KiB,4KiB,64KiB) [default: 4KiB]."),
     click.option("--total", default=None,

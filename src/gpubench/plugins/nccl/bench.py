@@ -88,10 +88,13 @@ class NcclSpec:
     scheduler_file: str | None = None
     expect_busbw_gbps: float | None = bounded(None, "--expect-busbw", lo=0, above=True, hi=MAX_GBPS, unit="GB/s")
     gpus_per_proc: int | None = bounded(None, "-g/--gpus-per-proc", lo=1, hi=1024)
-    average: int = 1
+    average: int = bounded(1, "-a/--average", lo=0, hi=3)  # its meaning said first, in __post_init__
     rendezvous: str | None = None
 
     def __post_init__(self):
+        if self.average not in (0, 1, 2, 3):  # beside its Bound: what each value means
+            raise UsageError(f"-a/--average {self.average} is not 0, 1, 2 or 3",
+                             "0 = rank 0's time, 1 = mean, 2 = minimum, 3 = maximum (nccl-tests -a)")
         check_bounds(self)
         object.__setattr__(self, "collective", C.collective(self.collective).name)
         object.__setattr__(self, "dtype", C.dtype(self.dtype).name)
@@ -106,9 +109,6 @@ class NcclSpec:
         if self.gpus_per_proc is not None and self.devices is not None and len(self.devices) != self.gpus_per_proc:
             raise UsageError(f"-g {self.gpus_per_proc} with -d listing {len(self.devices)} GPU(s)",
                              "give -d the GPUs of one process, or leave one of them out")
-        if self.average not in (0, 1, 2, 3):
-            raise UsageError(f"-a/--average {self.average} is not 0, 1, 2 or 3",
-                             "0 = rank 0's time, 1 = mean, 2 = minimum, 3 = maximum (nccl-tests -a)")
         if self.rendezvous is not None:
             from gpubench.launch.ranks import parse_rendezvous
 

@@ -114,6 +114,21 @@ def _cap(option: str, name: str, lo: str | float = 0, unit: str = "seconds") -> 
     return Bound(option, lo=getattr(CAPS, lo) if isinstance(lo, str) else lo, hi=getattr(CAPS, name), unit=unit)
 
 
+def _in_flight() -> Any:
+    """--in-flight's Bound: 1 to MAX_IN_FLIGHT messages."""
+    from gpubench.core.bounds import Bound
+    from gpubench.plugins.net.ucx import MAX_IN_FLIGHT
+
+    return Bound("--in-flight", lo=1, hi=MAX_IN_FLIGHT)
+
+
+def _device() -> Any:
+    """-d/--device's Bound: a CUDA ordinal (a C int)."""
+    from gpubench.core.bounds import Bound, MAX_DEVICE_ORDINAL
+
+    return Bound("-d/--device", lo=0, hi=MAX_DEVICE_ORDINAL)
+
+
 def _port(option: str, lo: int) -> StrictInt:
     """A TCP port option's type: ``lo`` to 65535 (the server takes 0: any free port)."""
     from gpubench.core.bounds import Bound
@@ -154,10 +169,11 @@ UCX_OPTIONS = [
                  help="tcp (iperf-like streams) or ucx (UCX through UCXX, as ucx_perftest)."),
     click.option("-m", "--memory", default="host", show_default=True,
                  help="--protocol ucx: buffers in host or cuda memory; SEND,RECV for each side (e.g. cuda,host)."),
-    click.option("-d", "--device", type=int, default=0, show_default=True, help="--protocol ucx: the GPU of -m cuda."),
+    click.option("-d", "--device", type=StrictInt(bound=_device), default=0, show_default=True,
+                 help="--protocol ucx: the GPU of -m cuda."),
     click.option("--api", type=click.Choice(["tag", "stream"]), default="tag", show_default=True,
                  help="--protocol ucx: UCX's tag-matching API (distributed-ucxx's) or its stream API."),
-    click.option("--in-flight", type=int, default=32, show_default=True,
+    click.option("--in-flight", type=StrictInt(bound=_in_flight), default=32, show_default=True,
                  help="--protocol ucx: messages kept in flight (ucx_perftest tag_bw's window: 32; 1 to 1024)."),
     click.option("--wait", type=click.Choice(["poll", "sleep"]), default="poll", show_default=True,
                  help="--protocol ucx: both sides spin on UCX's progress (ucx_perftest's default) or sleep on "
@@ -230,12 +246,12 @@ def build_request(streams: int, seconds: float, omit: float, interval: float, le
 
     length = "128KiB" if length is None else length
     try:
-        buffer, bad_length = parse_size(length, what="-l/--length"), None
+        buffer, bad_length = parse_size(length, what="-l/--length", most=CAPS.max_buffer), None
     except UsageError as e:  # reported where -l's checks come: after those of -P, -t, -O, -i
         buffer, bad_length = 1, e
     if reverse and bidir:
         raise UsageError("-R/--reverse and --bidir exclude each other", "--bidir already sends both ways")
-    win = 0 if window is None else parse_size(window, what="-w/--window")
+    win = 0 if window is None else parse_size(window, what="-w/--window", most=CAPS.max_window)
     req = Request(streams=streams, seconds=float(seconds), omit=float(omit), interval=float(interval), buffer=buffer,
                   direction="both" if bidir else "s2c" if reverse else "c2s", window=win,
                   bitrate=parse_bitrate(bitrate), copy=bool(copy))
@@ -326,16 +342,15 @@ def build_ucx_spec(host: str, port: int, mode: str, seconds: float, omit: float,
     """The UcxSpec of `net client|local --protocol ucx`: the schedule and -l checked as TCP's, the
     UCX options, then (``check_machine``) UCXX and for -m cuda a GPU.
     Raises UsageError: a TCP-only option (``tcp_given``), a bad value, UCXX missing, -m cuda without a GPU."""
-    from gpubench.core.bounds import Bound
-    from gpubench.plugins.net.ucx import MAX_IN_FLIGHT, parse_memory
+    from gpubench.plugins.net.ucx import parse_memory
     from gpubench.plugins.net.ucx_bench import UcxSpec
 
     if tcp_given:
         raise UsageError(f"{tcp_given[0]} applies to --protocol tcp only", "leave it out with --protocol ucx")
     req = build_request(1, seconds, omit, interval, "1MiB" if length is None else length)
     mem = parse_memory(memory)
-    Bound("--in-flight", lo=1, hi=MAX_IN_FLIGHT).check(in_flight)
-    Bound("-d/--device", lo=0, hi=2**31 - 1).check(device)
+    _in_flight().check(in_flight)
+    _device().check(device)
     ctx = click.get_current_context(silent=True)
     given = ctx is not None and ctx.get_parameter_source("device") not in (None, click.core.ParameterSource.DEFAULT)
     if given and "cuda" not in mem:  # -d picks the GPU of cuda buffers: with host memory it would be ignored
@@ -367,7 +382,8 @@ def _check_port(port: int, *, allow_zero: bool) -> int:
 @click.option("-1", "--one-off", is_flag=True, help="Serve one test, then exit.")
 @click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True,
               help="Serve TCP tests, or UCX tests (`net client --protocol ucx`).")
-@click.option("-d", "--device", type=int, default=0, show_default=True, help="--protocol ucx: the GPU of -m cuda buffers.")
+@click.option("-d", "--device", type=StrictInt(bound=_device), default=0, show_default=True,
+              help="--protocol ucx: the GPU of -m cuda buffers.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors and warnings.")
 @kit.DEBUG_OPTION
 def server(bind, port, one_off, protocol, device, quiet, debug):

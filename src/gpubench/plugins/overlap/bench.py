@@ -16,7 +16,7 @@ from gpubench.core import benchmark as driver
 from gpubench.core import env as envmod
 from gpubench.core import gpu
 from gpubench.core.benchmark import DEVICE_MARGIN_BYTES, Benchmark, Context, Point
-from gpubench.core.bounds import check_bounds, device_field
+from gpubench.core.bounds import Bound, bounded, check_bounds, device_field
 from gpubench.core.errors import UsageError
 from gpubench.core.report import ProgressSink
 from gpubench.core.result import Record, Result
@@ -27,6 +27,7 @@ STAGES = ("h2d", "kernel", "d2h")
 MAX_WORK = 1 << 20
 MAX_STREAMS = 64
 MAX_CHUNKS = 1024
+WORK = Bound("--work", lo=0, hi=MAX_WORK)  # each entry of the list
 ELEMENT_BYTES = 4  # float32
 FMA_A = 1.0 - 2.0**-12  # f(v) = a v + b keeps v in [0, 1] for x in [0, 1]: fixed point b / (1 - a) = 1
 FMA_B = 2.0**-12
@@ -51,8 +52,8 @@ class OverlapSpec:
 
     nbytes: int  # N, bytes moved each way (a whole number of float32 elements)
     works: tuple[int, ...] = (0, 1024, 4096)  # dependent FMAs per element, one group each
-    streams: int = 4  # K streams of the overlapped run
-    chunks: int = 4  # C chunks (>= K), given round-robin to the streams
+    streams: int = bounded(4, "--streams", lo=1, hi=MAX_STREAMS)  # K streams of the overlapped run
+    chunks: int = bounded(4, "--chunks", lo=1, hi=MAX_CHUNKS)  # C chunks (>= K), given round-robin to the streams
     device: int = device_field()
     plan: TimingPlan = field(default_factory=TimingPlan)
 
@@ -65,10 +66,6 @@ class OverlapSpec:
         if nbytes < ELEMENT_BYTES or nbytes % ELEMENT_BYTES:
             raise UsageError(f"--size {nbytes} bytes is not a whole number of float32 elements",
                              "give a multiple of 4 bytes")
-        if not 1 <= streams <= MAX_STREAMS:
-            raise UsageError(f"--streams {streams} is out of range", f"use 1..{MAX_STREAMS}")
-        if not 1 <= chunks <= MAX_CHUNKS:
-            raise UsageError(f"--chunks {chunks} is out of range", f"use 1..{MAX_CHUNKS}")
         if chunks < streams:
             raise UsageError(f"--chunks {chunks} is fewer than --streams {streams}", "some streams would have no work")
         if nbytes // ELEMENT_BYTES < chunks:
@@ -76,8 +73,7 @@ class OverlapSpec:
         if not self.works:
             raise UsageError("no --work value to measure")
         for w in self.works:
-            if not isinstance(w, int) or w < 0 or w > MAX_WORK:
-                raise UsageError(f"--work {w!r} is out of range", f"use 0..{MAX_WORK}")
+            WORK.check(w)
 
     def to_dict(self) -> dict:
         return asdict(self)  # the plan (a dataclass) becomes a dict too

@@ -41,12 +41,18 @@ OPTIONS = [
 ]
 
 
+def _work():
+    from gpubench.plugins.overlap.bench import WORK
+
+    return WORK
+
+
 def parse_works(text: str) -> tuple[int, ...]:
-    """A comma list of integers (split_list, each by parse_number; OverlapSpec checks their range);
+    """A comma list of integers (split_list, each by parse_number; OverlapSpec checks their range, :data:`WORK`);
     raises UsageError: empty, an empty entry, not an integer, or repeated."""
     out: list[int] = []
     for x in split_list(text, "--work", "0,1024"):
-        v = int(parse_number(x, "--work"))
+        v = int(parse_number(x, "--work", bound=_work))
         if v in out:
             raise UsageError(f"--work {text!r} repeats {v}")
         out.append(v)
