@@ -143,9 +143,11 @@ def test_mpiexec_fleet_suite_from_cpu_steps(tmp_path):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The rank tests' pick, below the ephemeral range (tests/ranks/rank_procs.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ranks"))
+    from rank_procs import _free_port as pick
+
+    return pick()
 
 
 def _torchrun_env(rank: int, world: int, addr: str, port: int) -> dict:

@@ -6,7 +6,9 @@ first calls pytest.importorskip("psutil").
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -50,9 +52,23 @@ def _env(**extra) -> dict:
     return env
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, drawn below the kernel's ephemeral range (32768-60999 by
+    default): a port handed to another process's connect() or bind(0) between this pick and the
+    rank's own bind would be in use by then, and none of those is ever one of these. Drawn from
+    the system's randomness: every xdist worker seeds `random` alike."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randint(20000, max(low, 20001) - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port between 20000 and {low}")
 
 def _alive(pids) -> list[int]:
     out = []
