@@ -185,3 +185,22 @@ def test_suite_metrics_may_name_its_folder_by_host_and_rank(run_cli, tmp_path):
                            str(tmp_path / "{host}" / "{rank}" / "m.prom"), "-q")
     assert code == 0, err
     assert (tmp_path / _host(socket.gethostname()) / "0" / "m.prom").read_text().endswith("# EOF\n")
+
+
+def test_a_written_output_is_a_complete_result_for_a_later_signal(run_cli, tmp_path, monkeypatch):
+    """Once metrics, report or plot has written its file, the command's result is complete: a
+    signal from then on says "after the run; its result is complete", not "interrupted" with
+    nothing kept (the line a benchmark's --json gets). Read as the command ends, before the
+    in-process run forgets it."""
+    from gpubench.cli.interrupt import interrupted_line
+    from gpubench.core import signals
+
+    lines: list[str] = []
+    forget = signals.clear_signals
+    monkeypatch.setattr(signals, "clear_signals", lambda: (lines.append(interrupted_line(15)), forget()))
+    pinned = DATA / "copy-pinned-h200.json"
+    for argv in (["metrics", pinned, "-o", tmp_path / "m.prom"], ["report", pinned, "-o", tmp_path / "r.html"],
+                 ["plot", pinned, "-o", tmp_path / "p.png"]):
+        code, _out, err = run_cli(*argv)
+        assert code == 0, err
+        assert lines[-1] == "gpubench: interrupted by SIGTERM after the run; its result is complete", (argv, lines)

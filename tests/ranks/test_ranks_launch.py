@@ -326,6 +326,9 @@ def test_quiet_without_json_warns_once_after_the_run_and_not_with_json(tmp_path)
     ({"OMPI_COMM_WORLD_RANK": "", "OMPI_COMM_WORLD_SIZE": "2"},
      "OMPI_COMM_WORLD_SIZE is set without OMPI_COMM_WORLD_RANK (set both (the launcher does)"),
     ({"PMI_RANK": " ", "PMI_SIZE": "2"}, "PMI_SIZE is set without PMI_RANK"),
+    # an empty job id would put the store on the default port: named
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "",
+      "SLURM_STEP_NODELIST": "localhost"}, "SLURM_JOB_ID is set but empty"),
     # a Kubernetes Indexed Job's pod: the manifest must give the world size; the index is below it
     ({"JOB_COMPLETION_INDEX": "1"}, "JOB_COMPLETION_INDEX is set without WORLD_SIZE (set WORLD_SIZE to the Job's"),
     ({"JOB_COMPLETION_INDEX": "3", "WORLD_SIZE": "3"}, "JOB_COMPLETION_INDEX=3 is not below WORLD_SIZE=3"),

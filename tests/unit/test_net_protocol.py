@@ -234,13 +234,15 @@ def test_build_request_builds_what_the_server_accepts():
 
 
 @pytest.mark.parametrize("text, bits", [(None, 0), ("0", 0), ("500M", 500_000_000), ("10G", 10**10), ("1.5g", 1_500_000_000),
-                                        ("100k", 100_000), ("7", 7), ("1T", 10**12), ("2Gbit/s", 2 * 10**9)])
+                                        ("100k", 100_000), ("7", 7), ("1T", 10**12), ("2Gbit/s", 2 * 10**9),
+                                        ("+10M", 10**7)])  # a leading + as on every number
 def test_bitrate_is_read_as_iperf3_reads_it(text, bits):
     assert parse_bitrate(text) == bits
 
 
 @pytest.mark.parametrize("kw, fragment", [
     (dict(bitrate="fast"), "-b/--bitrate 'fast' is not a bit rate"),
+    (dict(bitrate="+-5M"), "-b/--bitrate '+-5M' is not a bit rate"),
     (dict(bitrate="-5M"), "-b/--bitrate '-5M' is not a bit rate"),
     (dict(bitrate="1" + "0" * 40), "is not a bit rate"),
     (dict(bitrate="0.5"), "-b/--bitrate '0.5' is not a whole number of bit/s"),

@@ -48,6 +48,9 @@ def test_example_file_parses():
     ("[expect]\ncommand='copy'\n", "no [[expect]] tables"),
     ("threshold = 3\n", "unknown top-level key(s) threshold"),
     ("[[expect]\n", "not valid TOML"),
+    # past Python's int conversion limit tomllib raises ValueError, not its own error
+    ("[[expect]]\ncommand='net'\nmin_gbps=1" + "0" * 5000 + "\n", "holds a number too long to read"),
+    ("[[expect]]\ncommand='net'\nwhere={nbytes=1" + "0" * 5000 + "}\nmin_gbps=1\n", "holds a number too long to read"),
 ])
 def test_bad_expectations_named(text, needle):
     with pytest.raises(UsageError) as e:

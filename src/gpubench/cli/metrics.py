@@ -36,7 +36,8 @@ def command(inputs, output, quiet, debug):
     read = inputs_reader.read_inputs(list(inputs))
     fams = metrics.build([it.result for it in read.items], [b for _, b in read.bundles])
     text = fams.text()
-    from gpubench.core.report import err_line, saved
+    from gpubench.core.report import err_line, wrote
+    from gpubench.core.signals import note_complete
 
     if fams.replaced:
         err_line(f"gpubench: warning: {fams.replaced} series given more than once: the newest result's value "
@@ -44,7 +45,8 @@ def command(inputs, output, quiet, debug):
     if output == STDOUT:
         sys.stdout.buffer.write(text)
         sys.stdout.flush()
+        note_complete()
         return 0
     path = write_bytes_atomic(text, output, "the metrics", "-o")
-    saved(path, "wrote", f" ({sum(len(s) for _, _, s in fams.fams.values())} series)", quiet=quiet)
+    wrote(path, f" ({sum(len(s) for _, _, s in fams.fams.values())} series)", quiet=quiet)
     return 0

@@ -52,7 +52,7 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
         raise UsageError(f"--size {size} at --dpi {dpi} is over 20000 pixels a side", "lower --size or --dpi")
     loaded = [(p, plotmod.load(p)) for p in results]  # the first unreadable file's UsageError
     path = plotmod.render(loaded, output, units=units, size_in=size_in, dpi=dpi, peaks_gbps=peaks, title=title)
-    from gpubench.core.report import saved
+    from gpubench.core.report import wrote
 
-    saved(path, "wrote", quiet=quiet)
+    wrote(path, quiet=quiet)
     return 0

@@ -33,7 +33,7 @@ def command(inputs, output, units, title, baseline, quiet, debug):
         raise UsageError(f"-o {output!r} must end in .html", "e.g. -o report.html")
     check_output_path(output, "-o")
     path = htmlreport.write(list(inputs), output, units=units, title=title, baseline=baseline)
-    from gpubench.core.report import saved
+    from gpubench.core.report import wrote
 
-    saved(path, "wrote", quiet=quiet)
+    wrote(path, quiet=quiet)
     return 0

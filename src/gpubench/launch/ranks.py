@@ -264,6 +264,8 @@ def _slurm_rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
     first = slurm_first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
     if not first:
         return None
+    if "SLURM_JOB_ID" in env and not env["SLURM_JOB_ID"].strip():  # never read as job 0 (port 29500)
+        raise UsageError("SLURM_JOB_ID is set but empty", "srun sets it to the job's number; or give --rendezvous HOST:PORT")
     job = _first(env, "SLURM_JOB_ID", counts_ranks=False)[1] or 0
     return first, DEFAULT_PORT + job % 1000
 

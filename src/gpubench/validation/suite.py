@@ -96,6 +96,9 @@ def _toml_loads(text: str, source: str) -> dict:
                          f"at most {MAX_DEPTH} levels; an expectations file nests 3") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{source} is not valid TOML: {safe.term(first_line(e), 200)}") from None
+    except ValueError as e:  # an integer past Python's int conversion limit (4,300 digits): no TOML error
+        raise UsageError(f"{source} holds a number too long to read: {safe.term(first_line(e), 120)}",
+                         "no expectation needs more than 20 digits") from None
 
 
 def _scalar_ok(v: Any) -> bool:

@@ -218,7 +218,7 @@ OPTION_WORDING = {
                                      f"use 0 (unlimited) to {c.max_bitrate:.0e} bit/s per stream"),
 }
 
-_RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)\s*(?:bit/s|bps|b)?\s*", re.IGNORECASE | re.ASCII)  # not "١٢"
+_RATE = re.compile(r"\s*\+?(\d+(?:\.\d+)?)\s*([kmgt]?)\s*(?:bit/s|bps|b)?\s*", re.IGNORECASE | re.ASCII)  # not "١٢"
 _RATE_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
