@@ -288,6 +288,16 @@ def warn_ranks_alone(name: str, json_path: str | None) -> None:
                     "gathers every node into one report (docs/cluster.md)")
 
 
+def wrote(path: object, note: str = "", quiet: bool = False) -> None:
+    """A command whose output is the file it wrote (plot, report, metrics) is done: its result is
+    complete (:func:`gpubench.core.signals.note_complete`: a signal from here on says so, as after a
+    benchmark's --json in :func:`finish`), then the line ``wrote PATH``."""
+    from gpubench.core.signals import note_complete
+
+    note_complete()
+    report.saved(path, "wrote", note, quiet=quiet)
+
+
 def run_benchmark(run: Callable, spec, report_fn: Callable[[Result], list], *, json_path: str | None,
                   quiet: bool, note: str | None = None) -> tuple[int, Result]:
     """The ending every measuring command shares: ``run(spec, progress)`` through the driver with a

@@ -7,7 +7,7 @@ import sys
 import click
 
 from gpubench.core.errors import UsageError
-from gpubench.kit import DEBUG_OPTION
+from gpubench.kit import DEBUG_OPTION, wrote
 
 
 @click.command("metrics")
@@ -36,7 +36,7 @@ def command(inputs, output, quiet, debug):
     read = inputs_reader.read_inputs(list(inputs))
     fams = metrics.build([it.result for it in read.items], [b for _, b in read.bundles])
     text = fams.text()
-    from gpubench.core.report import err_line, wrote
+    from gpubench.core.report import err_line
     from gpubench.core.signals import note_complete
 
     if fams.replaced:

@@ -8,7 +8,7 @@ import click
 
 from gpubench.core.bounds import MAX_GBPS, Bound
 from gpubench.core.errors import UsageError
-from gpubench.kit import DEBUG_OPTION, StrictFloat, StrictInt, Text
+from gpubench.kit import DEBUG_OPTION, StrictFloat, StrictInt, Text, wrote
 
 DPI = Bound("--dpi", lo=10, hi=1000)  # pixels per inch
 PEAK = Bound("--peak", lo=0, above=True, hi=MAX_GBPS)  # in --units/s
@@ -52,7 +52,5 @@ def command(results, output, units, size, dpi, peaks, title, quiet, debug):
         raise UsageError(f"--size {size} at --dpi {dpi} is over 20000 pixels a side", "lower --size or --dpi")
     loaded = [(p, plotmod.load(p)) for p in results]  # the first unreadable file's UsageError
     path = plotmod.render(loaded, output, units=units, size_in=size_in, dpi=dpi, peaks_gbps=peaks, title=title)
-    from gpubench.core.report import wrote
-
     wrote(path, quiet=quiet)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gpubench.core.errors import UsageError
-from gpubench.kit import DEBUG_OPTION, Text
+from gpubench.kit import DEBUG_OPTION, Text, wrote
 
 
 @click.command("report")
@@ -33,7 +33,5 @@ def command(inputs, output, units, title, baseline, quiet, debug):
         raise UsageError(f"-o {output!r} must end in .html", "e.g. -o report.html")
     check_output_path(output, "-o")
     path = htmlreport.write(list(inputs), output, units=units, title=title, baseline=baseline)
-    from gpubench.core.report import wrote
-
     wrote(path, quiet=quiet)
     return 0

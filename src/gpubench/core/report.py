@@ -104,16 +104,6 @@ def saved(path: object, verb: str = "saved", note: str = "", quiet: bool = False
     console().print(Text(f"{verb} {safe.term(path, 4096)}{note}"), soft_wrap=True)
 
 
-def wrote(path: object, note: str = "", quiet: bool = False) -> None:
-    """A command whose output is the file it wrote (plot, report, metrics) is done: its result is
-    complete (:func:`gpubench.core.signals.note_complete`: a signal from here on says so, as after a
-    benchmark's --json), then the line ``wrote PATH`` (:func:`saved`)."""
-    from gpubench.core.signals import note_complete
-
-    note_complete()
-    saved(path, "wrote", note, quiet=quiet)
-
-
 def table(title: str, columns: list[str], caption: str | None = None):
     """A rich Table with right-aligned columns after the first."""
     from rich.table import Table
